@@ -1,0 +1,94 @@
+"""pytest configuration for kvfence: options, markers, Hypothesis profiles and fixtures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# -- Hypothesis profiles -------------------------------------------------------------------------------
+# Interpreter launches cost milliseconds each: no deadline, and the "too slow" health check is noise.
+_quiet_health = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=_quiet_health)
+settings.register_profile("dev", max_examples=15, deadline=None, print_blob=True, suppress_health_check=_quiet_health)
+settings.register_profile("gpu", max_examples=500, deadline=None, print_blob=True, suppress_health_check=_quiet_health)
+settings.register_profile("nightly", max_examples=5000, deadline=None, print_blob=True,
+                          suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# -- options and markers -------------------------------------------------------------------------------
+def pytest_addoption(parser):
+    group = parser.getgroup("kvfence")
+    group.addoption("--device", default=os.environ.get("KVFENCE_DEVICE", "auto"), choices=["auto", "cpu", "cuda"],
+                    help="where kernels run: cuda (compiled) or cpu (TRITON_INTERPRET=1); auto picks CUDA if present")
+    group.addoption("--kernel", default=os.environ.get("KVFENCE_KERNEL", "reference"),
+                    help="kernel under test: reference, module:attr or file.py:attr (env KVFENCE_KERNEL)")
+    group.addoption("--sizing", default=os.environ.get("KVFENCE_SIZING", "safe"),
+                    help="sizing policy under test: a builtin name, module:attr or file.py:attr (env KVFENCE_SIZING)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
+    config.addinivalue_line("markers", "cpu_only: runs kernels under the Triton interpreter only")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds on the CPU")
+    # The interpreter-or-compiler choice must precede any triton import (harness.device explains why).
+    from harness.device import select
+    from harness.errors import BadInput
+
+    try:
+        config._kvfence_device = select(config.getoption("--device"))
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
+    # pytest-xdist: with several GPUs, each worker pins one (worker index mod device count).
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if config._kvfence_device == "cuda" and worker:
+        from harness.device import pin_worker_gpu
+
+        pin_worker_gpu(worker)
+
+
+def pytest_collection_modifyitems(config, items):
+    device = config._kvfence_device
+    skip_gpu = pytest.mark.skip(reason="needs CUDA (run with --device cuda on a GPU machine)")
+    skip_cpu = pytest.mark.skip(reason="interpreter-only test; this session runs compiled kernels on CUDA")
+    for item in items:
+        if "gpu" in item.keywords and device != "cuda":
+            item.add_marker(skip_gpu)
+        if "cpu_only" in item.keywords and device != "cpu":
+            item.add_marker(skip_cpu)
+
+
+# -- fixtures ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> str:
+    """``cpu`` (interpreter) or ``cuda``, as chosen by ``--device``."""
+    return pytestconfig._kvfence_device
+
+
+@pytest.fixture(scope="session")
+def kernel_spec(pytestconfig) -> str:
+    return pytestconfig.getoption("--kernel")
+
+
+@pytest.fixture(scope="session")
+def sizing_spec(pytestconfig) -> str:
+    return pytestconfig.getoption("--sizing")
+
+
+@pytest.fixture(scope="session")
+def make_session(device):
+    """``make_session(kernel="reference", **kw)``: a cached ``harness.session.Session`` on this device."""
+    from harness.session import Session
+
+    cache = {}
+
+    def make(kernel: str = "reference", **kw):
+        key = (kernel, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = Session(device, kernel, **kw)
+        return cache[key]
+
+    return make

@@ -1,0 +1,291 @@
+"""The case model: a ``Config`` (what is fixed at capture time), a ``Batch`` (one launch's requests)
+and how a batch is fed to the kernel (``LaunchBatch``, with CUDA-graph padding per SPEC §4).
+
+Everything is validated on construction with ``BadInput``: an impossible case never reaches a kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import List, Optional, Sequence, Tuple
+
+from harness import oracle
+from harness.errors import BadInput, require
+
+LAYOUTS = ("redzone", "production")
+MODES = ("graph", "eager")
+#: Offsets are int32 inside the kernel (SPEC §3).
+INT32_LIMIT = 2**31
+#: KV slot ids live in [1, 2**30]; poison and canaries are negative, so no valid slot id equals them.
+SLOT_BITS = 30
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def default_buckets(max_bs: int) -> Tuple[int, ...]:
+    """Capture buckets as upstream runners use them: 1, 2, 4, ... below ``max_bs``, then ``max_bs``."""
+    out, b = [], 1
+    while b < max_bs:
+        out.append(b)
+        b *= 2
+    return tuple(out + [max_bs])
+
+
+def slot_id(token_seed: int, flat_index: int) -> int:
+    """The KV slot id stored at ``req_to_token.view(-1)[flat_index]``.
+
+    A bijection on 30 bits (odd multiply, xor-shift, odd multiply, all mod 2**30) plus one, so every
+    entry of the table is distinct: a shifted, swapped or stale copy never equals the right value.
+    """
+    mask = (1 << SLOT_BITS) - 1
+    h = (flat_index * 0x9E3779B1 + token_seed) & mask
+    h ^= h >> 13
+    h = (h * 0x5BD1E995) & mask
+    return h + 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a CUDA-graph runner fixes once: model-side constants, buckets, buffer sizing and layout.
+
+    ``sizing`` names a row-width policy (``kernels.sizing`` or a plug-in spec). ``layout`` is
+    ``redzone`` (a guard after every step row) or ``production`` (rows contiguous, as upstream).
+    ``mode`` is ``graph`` (buffers sized once at ``max_bs``, batches padded to a bucket) or ``eager``.
+    """
+
+    topk: int
+    num_steps: int
+    page_size: int = 1
+    ctx: int = 64
+    max_bs: int = 4
+    buckets: Optional[Tuple[int, ...]] = None
+    sizing: str = "safe"
+    layout: str = "redzone"
+    mode: str = "graph"
+
+    def __post_init__(self):
+        for name in ("topk", "num_steps", "page_size", "ctx", "max_bs"):
+            value = getattr(self, name)
+            require(_is_int(value) and value >= 1, f"config.{name} must be a positive integer, got {value!r}")
+        require(self.topk <= 64, f"config.topk must be at most 64, got {self.topk}")
+        require(self.num_steps <= 64, f"config.num_steps must be at most 64, got {self.num_steps}")
+        require(self.page_size & (self.page_size - 1) == 0, f"config.page_size must be a power of two, got {self.page_size}")
+        require(self.layout in LAYOUTS, f"config.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        require(self.mode in MODES, f"config.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        require(isinstance(self.sizing, str) and self.sizing, f"config.sizing must be a policy name, got {self.sizing!r}")
+        if self.buckets is None:
+            object.__setattr__(self, "buckets", default_buckets(self.max_bs))
+        else:
+            buckets = tuple(self.buckets)
+            require(
+                len(buckets) > 0 and all(_is_int(b) and b >= 1 for b in buckets),
+                f"config.buckets must be positive integers, got {list(buckets)!r}",
+            )
+            require(list(buckets) == sorted(set(buckets)), f"config.buckets must be strictly increasing, got {list(buckets)}")
+            require(buckets[-1] == self.max_bs, f"config.buckets must end at max_bs={self.max_bs}, got {list(buckets)}")
+            object.__setattr__(self, "buckets", buckets)
+        require(
+            self.max_bs * self.topk * (self.ctx + self.num_steps) < INT32_LIMIT,
+            f"config overflows int32 offsets: max_bs*topk*(ctx+num_steps) = "
+            f"{self.max_bs * self.topk * (self.ctx + self.num_steps)} >= 2**31",
+        )
+
+    # -- derived sizes -----------------------------------------------------------------------------
+    @property
+    def pool_rows(self) -> int:
+        """req_to_token rows: one per possible request, plus one so pool indices can be permuted."""
+        return self.max_bs + 1
+
+    @cached_property
+    def pool_len(self) -> int:
+        """req_to_token row length: every slot any request of length <= ctx reads (SPEC §2, Reads)."""
+        return max(oracle.read_extent(L, self.topk, self.num_steps, self.page_size) for L in range(1, self.ctx + 1))
+
+    def bucket_for(self, raw_bs: int) -> int:
+        """The smallest capture bucket ``>= raw_bs`` (graph mode replays that graph)."""
+        for b in self.buckets:
+            if b >= raw_bs:
+                return b
+        raise BadInput(f"batch of {raw_bs} requests exceeds max_bs={self.max_bs}")
+
+    def sizing_n(self, num_seqs: int) -> int:
+        """The ``n`` a sizing policy is called with: ``max_bs`` in graph mode, ``num_seqs`` in eager mode."""
+        return self.max_bs if self.mode == "graph" else num_seqs
+
+    def row_width(self, num_seqs: int) -> int:
+        """Row width ``W`` of the kv_indices buffer a launch of ``num_seqs`` requests gets."""
+        from harness.targets import resolve_sizing  # late: plug-in policies resolve on first use
+
+        policy = resolve_sizing(self.sizing)
+        n = self.sizing_n(num_seqs)
+        width = policy(n, self.topk, self.ctx, self.num_steps)
+        require(_is_int(width) and width >= 1, f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
+        return width
+
+    def worst_overflow(self) -> int:
+        """How far past its width any step row can be written by a correct kernel under this sizing.
+
+        Guards are at least this long, so a buggy sizing never writes outside our allocation.
+        """
+        worst = 0
+        for n in (self.buckets if self.mode == "graph" else range(1, self.max_bs + 1)):
+            worst_need = oracle.need([self.ctx] * n, self.topk, self.num_steps)
+            worst = max(worst, worst_need - self.row_width(n))
+        return worst
+
+    def to_dict(self) -> dict:
+        return {
+            "topk": self.topk,
+            "num_steps": self.num_steps,
+            "page_size": self.page_size,
+            "ctx": self.ctx,
+            "max_bs": self.max_bs,
+            "buckets": list(self.buckets),
+            "sizing": self.sizing,
+            "layout": self.layout,
+            "mode": self.mode,
+        }
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One launch's requests, before padding: committed lengths, pool rows, and the table's seed.
+
+    ``req_to_token`` is not stored: entry ``i`` of the flattened table is ``slot_id(token_seed, i)``.
+    """
+
+    seq_lens: Tuple[int, ...]
+    req_pool_indices: Tuple[int, ...]
+    token_seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "seq_lens", tuple(self.seq_lens))
+        object.__setattr__(self, "req_pool_indices", tuple(self.req_pool_indices))
+        require(len(self.seq_lens) >= 1, "batch.seq_lens must hold at least one request")
+        require(
+            len(self.req_pool_indices) == len(self.seq_lens),
+            f"batch.req_pool_indices has {len(self.req_pool_indices)} entries for {len(self.seq_lens)} requests",
+        )
+        require(all(_is_int(L) and L >= 1 for L in self.seq_lens), f"batch.seq_lens must be positive integers, got {list(self.seq_lens)}")
+        require(all(_is_int(r) and r >= 0 for r in self.req_pool_indices), "batch.req_pool_indices must be non-negative integers")
+        require(len(set(self.req_pool_indices)) == len(self.req_pool_indices), "batch.req_pool_indices must be distinct")
+        require(_is_int(self.token_seed) and 0 <= self.token_seed < 2**SLOT_BITS, "batch.token_seed must be an integer in [0, 2**30)")
+
+    @property
+    def raw_bs(self) -> int:
+        return len(self.seq_lens)
+
+    def check_fits(self, config: Config) -> None:
+        """Raise ``BadInput`` unless this batch is one the config's runner can launch."""
+        require(self.raw_bs <= config.max_bs, f"batch has {self.raw_bs} requests, more than max_bs={config.max_bs}")
+        bad = [L for L in self.seq_lens if L > config.ctx]
+        require(not bad, f"batch.seq_lens {bad} exceed ctx={config.ctx}")
+        rows = [r for r in self.req_pool_indices if r >= config.pool_rows]
+        require(not rows, f"batch.req_pool_indices {rows} outside the pool's {config.pool_rows} rows")
+
+    def to_dict(self) -> dict:
+        return {"seq_lens": list(self.seq_lens), "req_pool_indices": list(self.req_pool_indices), "token_seed": self.token_seed}
+
+
+def req_to_token_rows(config: Config, token_seed: int) -> List[List[int]]:
+    """The req_to_token table as plain lists (``[pool_rows][pool_len]``), for the oracle."""
+    width = config.pool_len
+    return [[slot_id(token_seed, r * width + t) for t in range(width)] for r in range(config.pool_rows)]
+
+
+@dataclass(frozen=True)
+class LaunchBatch:
+    """What the kernel actually reads for one launch: ``num_seqs`` rows (a bucket, in graph mode).
+
+    In graph mode rows ``raw_bs..num_seqs-1`` are the runner's padding: ``seq_len 1``,
+    ``position 0``, ``req_pool_index 0`` (SPEC §4).
+    """
+
+    seq_lens: Tuple[int, ...]
+    req_pool_indices: Tuple[int, ...]
+    positions: Tuple[int, ...]
+    raw_bs: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+
+def launch_batch(config: Config, batch: Batch) -> LaunchBatch:
+    """Pad (graph mode) and derive ``positions = seq_lens.repeat_interleave(topk)``."""
+    batch.check_fits(config)
+    raw = batch.raw_bs
+    positions = [L for L in batch.seq_lens for _ in range(config.topk)]
+    if config.mode == "eager":
+        return LaunchBatch(batch.seq_lens, batch.req_pool_indices, tuple(positions), raw)
+    pad = config.bucket_for(raw) - raw
+    return LaunchBatch(
+        batch.seq_lens + (1,) * pad,
+        batch.req_pool_indices + (0,) * pad,
+        tuple(positions + [0] * (pad * config.topk)),
+        raw,
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fuzz case: config, batch, which kernel runs it, and the seed of the guard canaries."""
+
+    config: Config
+    batch: Batch
+    kernel: str = "reference"
+    canary_seed: int = 0
+    extras: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        self.batch.check_fits(self.config)
+        require(isinstance(self.kernel, str) and self.kernel, "case.kernel must name a kernel")
+        require(_is_int(self.canary_seed) and 0 <= self.canary_seed < 2**31, "case.canary_seed must be an integer in [0, 2**31)")
+
+    def launch(self) -> LaunchBatch:
+        return launch_batch(self.config, self.batch)
+
+    def expected(self) -> oracle.WriteSet:
+        lb = self.launch()
+        return oracle.expected_writes(
+            lb.seq_lens,
+            lb.req_pool_indices,
+            lb.positions,
+            req_to_token_rows(self.config, self.batch.token_seed),
+            self.config.topk,
+            self.config.num_steps,
+            self.config.page_size,
+        )
+
+    def sizing_summary(self) -> dict:
+        """need vs width for this launch: the arithmetic behind ``SIZING_VIOLATION``."""
+        lb = self.launch()
+        need = oracle.need(lb.seq_lens, self.config.topk, self.config.num_steps)
+        return {"need": need, "width": self.config.row_width(lb.num_seqs), "num_seqs": lb.num_seqs, "sum_seq_lens": sum(lb.seq_lens)}
+
+
+def config_from_dict(d: dict) -> Config:
+    require(isinstance(d, dict), "config must be a JSON object")
+    known = set(Config.__dataclass_fields__)
+    unknown = sorted(set(d) - known)
+    require(not unknown, f"config has unknown fields {unknown}")
+    missing = sorted({"topk", "num_steps"} - set(d))
+    require(not missing, f"config lacks fields {missing}")
+    d = dict(d)
+    if d.get("buckets") is not None:
+        require(isinstance(d["buckets"], list), "config.buckets must be a list")
+        d["buckets"] = tuple(d["buckets"])
+    return Config(**d)
+
+
+def batch_from_dict(d: dict) -> Batch:
+    require(isinstance(d, dict), "batch must be a JSON object")
+    unknown = sorted(set(d) - set(Batch.__dataclass_fields__))
+    require(not unknown, f"batch has unknown fields {unknown}")
+    for key in ("seq_lens", "req_pool_indices"):
+        require(isinstance(d.get(key), list), f"batch.{key} must be a list")
+    return Batch(tuple(d["seq_lens"]), tuple(d["req_pool_indices"]), d.get("token_seed", 0))
+

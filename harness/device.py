@@ -1,0 +1,95 @@
+"""Choosing where kernels run: compiled on CUDA, or under Triton's interpreter on the CPU.
+
+Triton decides interpreter-or-compiler when ``triton.language`` is first imported (its builtins such
+as ``tl.sum`` are themselves jitted), so the choice is made once per process, before Triton loads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from harness.errors import BadInput, require
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def select(device: str = "auto", *, announce=None) -> str:
+    """Resolve ``auto``/``cpu``/``cuda`` to ``cpu`` or ``cuda`` and prepare Triton for it.
+
+    ``announce`` (e.g. a stderr printer) is told when ``auto`` falls back to the interpreter, so the
+    fallback is never silent.
+    """
+    require(device in DEVICES, f"unknown device {device!r}: choose {', '.join(DEVICES)}")
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if device == "auto":
+        device = "cuda" if (not interpreting and cuda_available()) else "cpu"
+        if device == "cpu" and announce is not None:
+            why = "TRITON_INTERPRET=1 is set" if interpreting else "no CUDA device"
+            announce(f"kvfence: {why}; running kernels under the Triton interpreter on the CPU (slow)")
+    if device == "cuda":
+        require(cuda_available(), "--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+        require(not interpreting, "--device cuda: TRITON_INTERPRET=1 is set; unset it to run compiled kernels")
+        return "cuda"
+    if not interpreting:
+        require("triton.language" not in sys.modules,
+                "the CPU interpreter must be chosen before triton is imported (set TRITON_INTERPRET=1)")
+        os.environ["TRITON_INTERPRET"] = "1"
+    skip_discarded_overflow_checks()
+    return "cpu"
+
+
+def skip_discarded_overflow_checks() -> bool:
+    """Stop the interpreter computing int32-overflow checks that it then throws away.
+
+    With ``debug`` off (the default), the interpreter still builds every overflow check of every
+    integer add/mul (``sanitize_overflow``) and discards the result in ``device_assert``: about half
+    of the per-program time (BENCHMARKS.md). Turning it off changes no result. Returns whether the
+    knob was found (Triton internals; absent in a future release means only slower runs).
+    """
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or getattr(options, "debug", True) or not hasattr(options, "sanitize_overflow"):
+        return False
+    import dataclasses
+
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def ensure(device: str) -> None:
+    """Raise unless this process's Triton mode matches ``device`` (``select`` was called for it)."""
+    if device == "cpu":
+        require(interpreting(), "device cpu needs TRITON_INTERPRET=1 set before triton is imported")
+    else:
+        require(not interpreting(), "device cuda cannot run with TRITON_INTERPRET=1 set")
+        if not cuda_available():
+            raise BadInput("device cuda: no CUDA device is available")
+
+
+def pin_worker_gpu(worker_id: str) -> int:
+    """Pin a pytest-xdist worker (``gw3``) to GPU ``index mod device_count``; returns the index.
+
+    Uses ``torch.cuda.set_device`` (every kvfence tensor and Triton launch goes to the current device)
+    rather than ``CUDA_VISIBLE_DEVICES``, which no longer applies once the device count was read.
+    """
+    import torch
+
+    require(worker_id.startswith("gw") and worker_id[2:].isdigit(), f"unexpected xdist worker id {worker_id!r}")
+    count = torch.cuda.device_count()
+    require(count >= 1, "no CUDA device to pin")
+    index = int(worker_id[2:]) % count
+    torch.cuda.set_device(index)
+    return index

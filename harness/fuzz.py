@@ -1,0 +1,117 @@
+"""The fuzz loop: Hypothesis draws cases, the session checks them, a failure is shrunk to a minimal case.
+
+``fuzz(...)`` returns a ``FuzzResult``; the CLI turns it into output, JSON and an exit code. Hypothesis
+shrinks on the exception ``FindingsFound``; once ``shrink_seconds`` have passed, new candidate cases
+are no longer launched (they count as passing) while cases already seen keep their verdict, so the
+final replay of the smallest failure still fails and the run stays deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings, target
+from hypothesis import strategies as st
+
+from harness import oracle
+from harness.case import Case
+from harness.findings import Finding, Kind
+from harness.session import Session
+
+
+class FindingsFound(AssertionError):
+    """Raised inside the Hypothesis test when a case has findings; carries the case and findings."""
+
+    def __init__(self, case: Case, findings: List[Finding]):
+        self.case = case
+        self.findings = findings
+        super().__init__(format_failure(case, findings))
+
+
+def format_failure(case: Case, findings: List[Finding], limit: int = 8) -> str:
+    c, b = case.config, case.batch
+    lines = [f"{len(findings)} finding(s) for topk={c.topk} num_steps={c.num_steps} page_size={c.page_size} "
+             f"ctx={c.ctx} max_bs={c.max_bs} sizing={c.sizing} layout={c.layout} mode={c.mode}; "
+             f"seq_lens={list(b.seq_lens)} req_pool_indices={list(b.req_pool_indices)} token_seed={b.token_seed}"]
+    lines += ["  " + f.headline() for f in findings[:limit]]
+    if len(findings) > limit:
+        lines.append(f"  ... {len(findings) - limit} more")
+    return "\n".join(lines)
+
+
+@dataclass
+class FuzzResult:
+    examples: int = 0
+    launches: int = 0
+    elapsed_s: float = 0.0
+    case: Optional[Case] = None
+    findings: List[Finding] = field(default_factory=list)
+    max_utilisation: float = 0.0
+    shrink_cut: bool = False
+
+    @property
+    def cases_per_s(self) -> float:
+        return self.examples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def utilisation(case: Case) -> float:
+    """need / width of the case's launch: Hypothesis ``target()``s it to press against the limit."""
+    summary = case.sizing_summary()
+    return summary["need"] / summary["width"]
+
+
+def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] = None,
+         shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
+         progress_every_s: float = 2.0, database=None) -> FuzzResult:
+    """Run Hypothesis over ``strategy`` (of ``Case``) for ``max_examples`` cases."""
+    result = FuzzResult()
+    verdicts: Dict[Case, List[Finding]] = {}
+    state = {"first_failure": None, "last_progress": 0.0}
+    start = time.perf_counter()
+
+    def body(case: Case):
+        now = time.perf_counter()
+        shrinking = state["first_failure"] is not None
+        if case in verdicts:
+            findings = verdicts[case]
+        elif shrinking and now - state["first_failure"] > shrink_seconds:
+            result.shrink_cut = True
+            return  # shrink budget spent: unseen candidates are not launched
+        else:
+            findings = session.check(case)
+            verdicts[case] = findings
+            result.launches += 1
+        if not shrinking:
+            result.examples += 1
+            u = utilisation(case)
+            result.max_utilisation = max(result.max_utilisation, u)
+            target(u, label="need/width")
+        if progress is not None and now - state["last_progress"] >= progress_every_s:
+            state["last_progress"] = now
+            result.elapsed_s = now - start
+            progress(result)
+        if findings:
+            if state["first_failure"] is None:
+                state["first_failure"] = time.perf_counter()
+            raise FindingsFound(case, findings)
+
+    test = given(strategy)(body)
+    test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
+                    report_multiple_bugs=False, print_blob=False,
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+                    suppress_health_check=list(HealthCheck))(test)
+    if seed is not None:
+        test = hyp_seed(seed)(test)
+    try:
+        test()
+    except FindingsFound as failure:
+        result.case = failure.case
+        result.findings = failure.findings
+    result.elapsed_s = time.perf_counter() - start
+    return result
+
+
+def damage_kinds(findings: List[Finding]) -> List[str]:
+    return sorted({f.kind.value for f in findings})

@@ -1,0 +1,184 @@
+"""Runners: feed a batch to the kernel the way production does, inside guarded buffers.
+
+Both runners share one interface, ``run(batch) -> Observation``:
+
+* ``EagerRunner`` sizes fresh buffers per batch (``n = num_seqs``) and launches directly.
+* ``GraphRunner`` follows SPEC §4: static inputs and buffers sized once at ``max_bs``, kv_indptr zeroed
+  once, each batch copied into the first ``raw_bs`` rows and padded to its bucket (seq_len 1,
+  position 0, pool index 0). On CUDA each bucket is captured once into a ``torch.cuda.CUDAGraph``
+  (after a warm-up launch) and replayed; on CPU the bucket's launch is run directly (emulation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from harness.case import Batch, Case, Config, LaunchBatch, SLOT_BITS, launch_batch
+from harness.guarded import MIN_GUARD, GuardedBuffer
+from harness.targets import KernelTarget
+
+
+def slot_table(token_seed: int, rows: int, cols: int, device) -> torch.Tensor:
+    """``req_to_token`` with entry ``i`` (flattened) equal to ``harness.case.slot_id(token_seed, i)``."""
+    mask = (1 << SLOT_BITS) - 1
+    i = torch.arange(rows * cols, dtype=torch.int64, device=device)
+    h = (i * 0x9E3779B1 + token_seed) & mask
+    h = h ^ (h >> 13)
+    h = (h * 0x5BD1E995) & mask
+    return (h + 1).to(torch.int32).view(rows, cols)
+
+
+@dataclass
+class Observation:
+    """What one launch left behind: buffers before and after, inputs it changed, and any error."""
+
+    case: Case
+    launch: LaunchBatch
+    kv_indices: GuardedBuffer
+    kv_indptr: GuardedBuffer
+    before: Dict[str, torch.Tensor]
+    after: Dict[str, torch.Tensor]
+    changed_inputs: List[str] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+def _buffers(config: Config, n: int, device, canary_seed: int):
+    """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded.
+
+    Guards are at least as long as the farthest element a correct kernel can write past a row under
+    this sizing (``Config.worst_overflow``), so even the pre-fix policy stays inside our allocation.
+    """
+    overflow = max(0, config.worst_overflow())
+    redzone = config.layout == "redzone"
+    width = config.row_width(n)
+    kv_indices = GuardedBuffer("kv_indices", config.num_steps, width,
+                               row_guard=MIN_GUARD + overflow if redzone else 0,
+                               front=MIN_GUARD, tail=MIN_GUARD + overflow, device=device, canary_seed=canary_seed)
+    kv_indptr = GuardedBuffer("kv_indptr", config.num_steps, n * config.topk + 1,
+                              row_guard=MIN_GUARD if redzone else 0, front=MIN_GUARD, tail=MIN_GUARD,
+                              device=device, canary_seed=canary_seed + 1, keep_zero_column=True)
+    return kv_indices, kv_indptr
+
+
+class _Inputs:
+    """Input tensors of one shape: the req_to_token pool and the per-request vectors."""
+
+    def __init__(self, config: Config, rows: int, device):
+        self.req_to_token = torch.zeros(config.pool_rows, config.pool_len, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
+        self.req_pool_indices = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(rows * config.topk, dtype=torch.int64, device=device)
+        self.token_seed: Optional[int] = None
+
+    def load(self, config: Config, batch: Batch, lb: LaunchBatch) -> None:
+        if self.token_seed != batch.token_seed:  # regenerating the pool is the costliest copy
+            self.req_to_token.copy_(slot_table(batch.token_seed, config.pool_rows, config.pool_len, self.seq_lens.device))
+            self.token_seed = batch.token_seed
+        m = lb.num_seqs
+        self.seq_lens[:m].copy_(torch.tensor(lb.seq_lens, dtype=torch.int32))
+        self.req_pool_indices[:m].copy_(torch.tensor(lb.req_pool_indices, dtype=torch.int64))
+        self.positions[: m * config.topk].copy_(torch.tensor(lb.positions, dtype=torch.int64))
+
+    def named(self) -> Dict[str, torch.Tensor]:
+        return {"req_to_token": self.req_to_token, "seq_lens": self.seq_lens,
+                "req_pool_indices": self.req_pool_indices, "positions": self.positions}
+
+
+class _RunnerBase:
+    def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True):
+        self.config = config
+        self.kernel = kernel
+        self.device = torch.device(device)
+        self.canary_seed = canary_seed
+        # poison=False keeps whatever earlier launches left (the replay state machine checks that).
+        self.poison = poison
+
+    def _kernel_kwargs(self, inputs: _Inputs, kv_indices: GuardedBuffer, kv_indptr: GuardedBuffer, m: int) -> dict:
+        c = self.config
+        return dict(req_pool_indices=inputs.req_pool_indices[:m], req_to_token=inputs.req_to_token,
+                    seq_lens=inputs.seq_lens[:m], kv_indices=kv_indices.view, kv_indptr=kv_indptr.view,
+                    positions=inputs.positions[: m * c.topk], topk=c.topk, num_steps=c.num_steps, page_size=c.page_size)
+
+    def _observe(self, batch: Batch, lb: LaunchBatch, inputs: _Inputs, kv_indices, kv_indptr, launch) -> Observation:
+        case = Case(self.config, batch, self.kernel.spec, self.canary_seed)
+        if self.poison:
+            kv_indices.poison_live()
+            kv_indptr.poison_live()
+        inputs_before = {k: v.clone() for k, v in inputs.named().items()}
+        before = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
+        error = None
+        try:
+            launch()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as exc:  # the verdict reports it as LAUNCH_ERROR
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+        after = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
+        changed = [k for k, v in inputs.named().items() if not torch.equal(v, inputs_before[k])]
+        return Observation(case, lb, kv_indices, kv_indptr, before, after, changed, error)
+
+
+class EagerRunner(_RunnerBase):
+    """Fresh buffers per batch, sized with ``n = num_seqs``; launched directly."""
+
+    def run(self, batch: Batch) -> Observation:
+        lb = launch_batch(self.config, batch)
+        m = lb.num_seqs
+        kv_indices, kv_indptr = _buffers(self.config, m, self.device, self.canary_seed)
+        inputs = _Inputs(self.config, m, self.device)
+        inputs.load(self.config, batch, lb)
+        kw = self._kernel_kwargs(inputs, kv_indices, kv_indptr, m)
+        return self._observe(batch, lb, inputs, kv_indices, kv_indptr, lambda: self.kernel.launch(**kw))
+
+
+class GraphRunner(_RunnerBase):
+    """SPEC §4: buffers sized once at ``max_bs``, batches padded to a bucket, one graph per bucket."""
+
+    def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True):
+        super().__init__(config, kernel, device, canary_seed, poison)
+        self.kv_indices, self.kv_indptr = _buffers(config, config.max_bs, self.device, canary_seed)
+        self.inputs = _Inputs(config, config.max_bs, self.device)
+        self.graphs: Dict[int, "torch.cuda.CUDAGraph"] = {}
+
+    def _bucket_launch(self, bucket: int):
+        kw = self._kernel_kwargs(self.inputs, self.kv_indices, self.kv_indptr, bucket)
+        if self.device.type != "cuda":
+            return lambda: self.kernel.launch(**kw)
+        graph = self.graphs.get(bucket)
+        if graph is None:
+            graph = self._capture(kw)
+            self.graphs[bucket] = graph
+        return graph.replay
+
+    def _capture(self, kw: dict) -> "torch.cuda.CUDAGraph":
+        # Warm up (compiles the kernel) on a side stream, then capture. The warm-up writes into the
+        # buffers; every replay is checked against a snapshot taken just before it, so that is harmless.
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.kernel.launch(**kw)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.kernel.launch(**kw)
+        torch.cuda.synchronize(self.device)
+        return graph
+
+    def run(self, batch: Batch) -> Observation:
+        lb = launch_batch(self.config, batch)
+        self.inputs.load(self.config, batch, lb)
+        try:
+            launch = self._bucket_launch(lb.num_seqs)
+        except Exception as exc:  # capture failed: report as a launch error of this case
+            def launch(exc=exc):
+                raise exc
+        return self._observe(batch, lb, self.inputs, self.kv_indices, self.kv_indptr, launch)
+
+
+def make_runner(config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True):
+    cls = GraphRunner if config.mode == "graph" else EagerRunner
+    return cls(config, kernel, device, canary_seed=canary_seed, poison=poison)

@@ -1,0 +1,109 @@
+"""Hypothesis strategies for kvfence: ``configs()``, ``batches(config)`` and ``cases()``.
+
+They compose: ``cases()`` draws a config, then a batch for it. Every argument is validated up front
+(``BadInput``), as Hypothesis validates its own. Draws are biased toward the edges where sizing and
+layout bugs live, and everything shrinks toward small, readable cases (topk 1, one step, page 1,
+one request of length 1, pool rows in order, token seed 0).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from hypothesis import strategies as st
+
+from harness.case import Batch, Case, Config, MODES, LAYOUTS
+from harness.errors import require
+
+PAGE_SIZES = (1, 2, 4, 16, 64)
+SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
+#: Interpreter-sized defaults: a launch is num_steps*bucket*topk programs of ~2 ms each on CPU.
+DEFAULT_MAX_CTX = 48
+DEFAULT_MAX_BS = 4
+
+
+def _fixed_or(value, strategy, name, ok, what):
+    if value is None:
+        return strategy
+    require(ok(value), f"configs({name}={value!r}): {name} must be {what}")
+    return st.just(value)
+
+
+@st.composite
+def configs(draw, *, topk: Optional[int] = None, num_steps: Optional[int] = None, page_size: Optional[int] = None,
+            ctx: Optional[int] = None, max_bs: Optional[int] = None, sizing: str = "safe", layout: str = "redzone",
+            mode: str = "graph", max_ctx: int = DEFAULT_MAX_CTX, max_max_bs: int = DEFAULT_MAX_BS):
+    """A ``Config``: topk 1-8 (any integer, not only powers of two), num_steps 1-8, a page size from
+    {1, 2, 4, 16, 64}, ``ctx`` above ``num_steps`` (so ``ctx-steps`` batches exist) and a small
+    ``max_bs``. Pin any field by passing it. Shrinks toward topk 1, one step, page 1, the smallest ctx.
+    """
+    require(layout in LAYOUTS, f"configs(layout={layout!r}): choose {', '.join(LAYOUTS)}")
+    require(mode in MODES, f"configs(mode={mode!r}): choose {', '.join(MODES)}")
+    require(isinstance(max_ctx, int) and max_ctx >= 2, f"configs(max_ctx={max_ctx!r}) must be an integer >= 2")
+    require(isinstance(max_max_bs, int) and max_max_bs >= 1, f"configs(max_max_bs={max_max_bs!r}) must be >= 1")
+    positive = (lambda v: isinstance(v, int) and v >= 1)
+    t = draw(_fixed_or(topk, st.integers(1, 8), "topk", positive, "a positive integer"))
+    n = draw(_fixed_or(num_steps, st.integers(1, 8), "num_steps", positive, "a positive integer"))
+    p = draw(_fixed_or(page_size, st.sampled_from(PAGE_SIZES), "page_size",
+                       lambda v: positive(v) and v & (v - 1) == 0, "a power of two"))
+    lo = min(n + 1, max_ctx)
+    c = draw(_fixed_or(ctx, st.integers(lo, max(lo, max_ctx)), "ctx", positive, "a positive integer"))
+    m = draw(_fixed_or(max_bs, st.integers(1, max_max_bs), "max_bs", positive, "a positive integer"))
+    return Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, sizing=sizing, layout=layout, mode=mode)
+
+
+def seq_len_bound(config: Config, seq_len_limit: str) -> int:
+    """Largest request length a batch may hold: ``ctx``, or ``ctx - num_steps`` to keep draft headroom."""
+    require(seq_len_limit in SEQ_LEN_LIMITS, f"seq_len_limit={seq_len_limit!r}: choose {', '.join(SEQ_LEN_LIMITS)}")
+    if seq_len_limit == "ctx":
+        return config.ctx
+    bound = config.ctx - config.num_steps
+    require(bound >= 1, f"seq_len_limit='ctx-steps' needs ctx > num_steps, got ctx={config.ctx}, num_steps={config.num_steps}")
+    return bound
+
+
+def edge_lengths(config: Config, bound: int):
+    """Lengths where bugs live: 1, page boundaries +-1, ``ctx - num_steps`` +-1, and the bound itself."""
+    edges = {1, 2, bound, bound - 1, config.ctx - config.num_steps - 1, config.ctx - config.num_steps,
+             config.ctx - config.num_steps + 1}
+    p = config.page_size
+    for page in {p, 2 * p, (bound // p) * p}:
+        edges.update({page - 1, page, page + 1})
+    return sorted(x for x in edges if 1 <= x <= bound)
+
+
+@st.composite
+def seq_lens(draw, config: Config, count: int, seq_len_limit: str = "ctx"):
+    """``count`` request lengths in ``[1, bound]``. Half the time one length shared by the whole batch
+    (a full bucket at the context limit is what overflows the fixed policy), otherwise each length is
+    an edge value or uniform. Shrinks toward all-ones.
+    """
+    bound = seq_len_bound(config, seq_len_limit)
+    one = st.one_of(st.sampled_from(edge_lengths(config, bound)), st.integers(1, bound))
+    if draw(st.booleans()):
+        return [draw(one)] * count
+    return draw(st.lists(one, min_size=count, max_size=count))
+
+
+@st.composite
+def batches(draw, config: Config, seq_len_limit: str = "ctx", min_requests: int = 1):
+    """A ``Batch`` for ``config``: 1..max_bs requests (graph mode pads to a bucket), lengths from
+    ``seq_lens``, distinct pool rows in permuted order, and a token-table seed.
+    """
+    require(isinstance(config, Config), f"batches(config={config!r}) needs a Config")
+    seq_len_bound(config, seq_len_limit)
+    require(1 <= min_requests <= config.max_bs, f"batches(min_requests={min_requests}) must be in 1..max_bs")
+    raw_bs = draw(st.integers(min_requests, config.max_bs))
+    lens = draw(seq_lens(config, raw_bs, seq_len_limit))
+    rows = draw(st.permutations(range(config.pool_rows)))[:raw_bs]
+    token_seed = draw(st.integers(0, 2**30 - 1))
+    return Batch(tuple(lens), tuple(rows), token_seed)
+
+
+@st.composite
+def cases(draw, config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0):
+    """A ``Case``: a config (from ``config_strategy``, default ``configs()``), then a batch for it."""
+    require(seq_len_limit in SEQ_LEN_LIMITS, f"cases(seq_len_limit={seq_len_limit!r}): choose {', '.join(SEQ_LEN_LIMITS)}")
+    config = draw(config_strategy if config_strategy is not None else configs())
+    batch = draw(batches(config, seq_len_limit))
+    return Case(config, batch, kernel, canary_seed)
