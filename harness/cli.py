@@ -81,19 +81,20 @@ def _config_strategy(args):
                    max_ctx=DEFAULT_MAX_CTX, max_max_bs=DEFAULT_MAX_BS)
 
 
-def _progress_line(result) -> None:
-    rate = result.examples / result.elapsed_s if result.elapsed_s else 0.0
-    _stderr(f"kvfence: {result.examples} examples, {len(result.findings)} findings, {rate:.1f} cases/s, "
-            f"{result.elapsed_s:.0f}s, max need/width {result.max_utilisation:.2f}")
+def _out_dir(path: str) -> Path:
+    """``--out``: must be a folder or not exist yet (created only once all input has been validated)."""
+    p = Path(path)
+    require(not p.exists() or p.is_dir(), f"--out {path}: exists and is not a directory")
+    return p
 
 
 def cmd_fuzz(args) -> int:
     from harness.device import select
     from harness.targets import resolve_sizing
 
-    device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
+    device = select(args.device, announce=_stderr)
 
     from harness.fuzz import fuzz
     from harness.session import Session
@@ -102,43 +103,95 @@ def cmd_fuzz(args) -> int:
     strategy = cases(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     # Validate the strategy's arguments now (BadInput), not inside Hypothesis.
     strategy.validate()
-    session = Session(device, args.kernel)
-    result = fuzz(session, strategy, max_examples=args.max_examples, seed=args.seed,
-                  shrink_seconds=args.shrink_seconds, progress=None if args.quiet else _progress_line)
-    print(f"kvfence fuzz: {result.examples} examples in {result.elapsed_s:.1f}s "
-          f"({result.cases_per_s:.1f} cases/s) on {device}, kernel {args.kernel}, sizing {args.sizing}, "
-          f"mode {args.mode}, layout {args.layout}")
+    out_dir = _out_dir(args.out)
+    session = None if args.resume else Session(device, args.kernel)  # resolves the kernel: BadInput first
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    from harness.fuzz import FuzzResult
+    from harness.journal import Journal, recover
+
+    crashes = recover(out_dir)  # cases in flight when an earlier run's process died: CRASH findings
+    for crash in crashes:
+        _stderr(f"kvfence: CRASH: a run died launching a case: {crash.path}")
+    if args.resume:
+        result = FuzzResult()
+        print(f"kvfence fuzz --resume: {len(crashes)} crashed case(s) recovered from {out_dir}")
+    else:
+        from harness.progress import Progress
+
+        progress = None if args.quiet else Progress(args.max_examples)
+        with Journal(out_dir, device=device) as journal:
+            try:
+                result = fuzz(session, strategy, max_examples=args.max_examples, seed=args.seed,
+                              shrink_seconds=args.shrink_seconds, journal=journal,
+                              progress=progress.update if progress else None,
+                              progress_every_s=progress.every_s if progress else 2.0)
+            finally:
+                if progress:
+                    progress.close()
+        print(f"kvfence fuzz: {result.examples} examples in {result.elapsed_s:.1f}s "
+              f"({result.cases_per_s:.1f} cases/s) on {device}, kernel {args.kernel}, sizing {args.sizing}, "
+              f"mode {args.mode}, layout {args.layout}")
+    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path)
+
+
+def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path]) -> int:
+    """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
+    from harness import casefile
+    from reports import summary as summary_mod
+    from reports.render import write_reports
+
+    case_path = None
     if result.findings:
         from harness.fuzz import format_failure
 
+        extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
+                  "fuzz": {"seed": args.seed, "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples}}
+        case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
+                                            source="fuzz", extras=extras))
         print(format_failure(result.case, result.findings, limit=20))
         if result.shrink_cut:
             print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
-    else:
+    elif not crashes:
         print("no findings")
+    run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
+           "seq_len_limit": args.seq_len_limit, "seed": args.seed, "resume": bool(args.resume)}
+    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
+    text = json.dumps(doc, indent=1) + "\n"
+    casefile.atomic_write_text(out_dir / "summary.json", text)
     if json_path is not None:
-        summary = {
-            "examples": result.examples,
-            "launches": result.launches,
-            "elapsed_s": round(result.elapsed_s, 3),
-            "cases_per_s": round(result.cases_per_s, 3),
-            "device": device,
-            "kernel": args.kernel,
-            "sizing": args.sizing,
-            "mode": args.mode,
-            "layout": args.layout,
-            "seq_len_limit": args.seq_len_limit,
-            "seed": args.seed,
-            "max_need_over_width": round(result.max_utilisation, 4),
-            "findings": [dict(f.to_dict(), case=_case_dict(result.case)) for f in result.findings],
-        }
-        json_path.write_text(json.dumps(summary, indent=2) + "\n")
-    return EXIT_FINDINGS if result.findings else EXIT_CLEAN
+        casefile.atomic_write_text(json_path, text)
+    written = write_reports(doc, out_dir)
+    print()
+    print(summary_mod.text_table(doc))
+    print(f"\nreports: {out_dir / 'summary.json'}, {written['md']}, {written['html']}")
+    if written["plot_skipped"]:
+        _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
+    return EXIT_FINDINGS if doc["findings"] else EXIT_CLEAN
 
 
-def _case_dict(case) -> dict:
-    return {"config": case.config.to_dict(), "batch": case.batch.to_dict(), "kernel": case.kernel,
-            "canary_seed": case.canary_seed}
+# -- repro / report -------------------------------------------------------------------------------------
+def cmd_repro(args) -> int:
+    from harness.repro import run_repro
+
+    return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, verbose=args.verbose,
+                     out=sys.stdout, announce=_stderr)
+
+
+def cmd_report(args) -> int:
+    from harness.casefile import parse_json_file
+    from reports.render import write_reports
+    from reports.summary import validate
+
+    folder = Path(args.dir)
+    require(folder.is_dir(), f"report {args.dir}: no such directory")
+    where = folder / "summary.json"
+    doc = validate(parse_json_file(where, "summary"), str(where))
+    written = write_reports(doc, folder)
+    print(f"kvfence report: {written['md']}, {written['html']}")
+    if written["plot_skipped"]:
+        _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
+    return EXIT_CLEAN
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +208,23 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget for shrinking a failure")
     fz.add_argument("--json", default=None, help="write a JSON summary here")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    fz.add_argument("--out", default="reports/out",
+                    help="folder for cases/, summary.json, report.md and report.html (default reports/out)")
+    fz.add_argument("--resume", action="store_true",
+                    help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
     fz.set_defaults(func=cmd_fuzz)
+
+    rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)")
+    rp.add_argument("file", help="a case file, e.g. reports/out/cases/<hash>.json")
+    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    rp.add_argument("--kernel", default=None, help="run another kernel on this case (does my fix work?)")
+    rp.add_argument("--sizing", default=None, help="run this case under another sizing policy")
+    rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")
+    rp.set_defaults(func=cmd_repro)
+
+    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json")
+    rr.add_argument("dir", help="a fuzz --out folder holding summary.json")
+    rr.set_defaults(func=cmd_report)
     return parser
 
 

@@ -8,9 +8,10 @@ final replay of the smallest failure still fails and the run stays deterministic
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings, target
 from hypothesis import strategies as st
@@ -41,6 +42,23 @@ def format_failure(case: Case, findings: List[Finding], limit: int = 8) -> str:
     return "\n".join(lines)
 
 
+class ExampleStat(NamedTuple):
+    """What one explored example was: the coverage plot's point (reports/render.py)."""
+
+    topk: int
+    num_steps: int
+    page_size: int
+    num_seqs: int  # launched rows (the bucket, in graph mode)
+    raw_bs: int
+    need: int
+    width: int
+    failed: bool
+
+
+#: Example stats kept per run (a uniform reservoir sample beyond this), so long GPU runs stay small.
+MAX_STATS = 20000
+
+
 @dataclass
 class FuzzResult:
     examples: int = 0
@@ -50,6 +68,12 @@ class FuzzResult:
     findings: List[Finding] = field(default_factory=list)
     max_utilisation: float = 0.0
     shrink_cut: bool = False
+    shrinking: bool = False
+    #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
+    stats: List[ExampleStat] = field(default_factory=list)
+    failure_stat: Optional[ExampleStat] = None
+    #: ``harness.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
+    hypothesis: Optional[dict] = None
 
     @property
     def cases_per_s(self) -> float:
@@ -62,11 +86,34 @@ def utilisation(case: Case) -> float:
     return summary["need"] / summary["width"]
 
 
+def example_stat(case: Case, failed: bool) -> ExampleStat:
+    summary = case.sizing_summary()
+    c = case.config
+    return ExampleStat(c.topk, c.num_steps, c.page_size, summary["num_seqs"], case.batch.raw_bs, summary["need"],
+                       summary["width"], failed)
+
+
+def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
+    """Reservoir sampling: ``result.stats`` is a uniform sample of the examples seen so far."""
+    if len(result.stats) < MAX_STATS:
+        result.stats.append(stat)
+    else:
+        j = rng.randrange(result.examples)
+        if j < MAX_STATS:
+            result.stats[j] = stat
+
+
 def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
-         progress_every_s: float = 2.0, database=None) -> FuzzResult:
-    """Run Hypothesis over ``strategy`` (of ``Case``) for ``max_examples`` cases."""
+         progress_every_s: float = 2.0, database=None, journal=None) -> FuzzResult:
+    """Run Hypothesis over ``strategy`` (of ``Case``) for ``max_examples`` cases.
+
+    ``journal`` (a ``harness.journal.Journal``) records each case as in flight around its launch.
+    """
+    from harness.casefile import hypothesis_blob, hypothesis_final
+
     result = FuzzResult()
+    rng = random.Random(0)
     verdicts: Dict[Case, List[Finding]] = {}
     state = {"first_failure": None, "last_progress": 0.0}
     start = time.perf_counter()
@@ -80,12 +127,18 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
             result.shrink_cut = True
             return  # shrink budget spent: unseen candidates are not launched
         else:
+            if journal is not None:
+                journal.begin(case)
             findings = session.check(case)
+            if journal is not None:
+                journal.end()
             verdicts[case] = findings
             result.launches += 1
         if not shrinking:
             result.examples += 1
-            u = utilisation(case)
+            stat = example_stat(case, bool(findings))
+            _keep(result, stat, rng)
+            u = stat.need / stat.width
             result.max_utilisation = max(result.max_utilisation, u)
             target(u, label="need/width")
         if progress is not None and now - state["last_progress"] >= progress_every_s:
@@ -95,6 +148,9 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
         if findings:
             if state["first_failure"] is None:
                 state["first_failure"] = time.perf_counter()
+                result.shrinking = True
+            if hypothesis_final():
+                result.hypothesis = hypothesis_blob()
             raise FindingsFound(case, findings)
 
     test = given(strategy)(body)
@@ -109,6 +165,8 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
     except FindingsFound as failure:
         result.case = failure.case
         result.findings = failure.findings
+        result.failure_stat = example_stat(failure.case, True)
+    result.shrinking = False
     result.elapsed_s = time.perf_counter() - start
     return result
 

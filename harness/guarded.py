@@ -81,12 +81,6 @@ class GuardedBuffer:
         if self.keep_zero_column:
             self.view[:, 0] = 0
 
-    def poison_live(self) -> None:
-        """Poison the rows before a launch (column 0 of kv_indptr goes back to 0)."""
-        self.view.fill_(POISON)
-        if self.keep_zero_column:
-            self.view[:, 0] = 0
-
     def snapshot(self) -> torch.Tensor:
         return self.storage.clone()
 

@@ -16,7 +16,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from harness.audit import for_launch as audit_for_launch, resolve_audit
 from harness.case import Batch, Case, Config, LaunchBatch, SLOT_BITS, launch_batch
+from harness.findings import Finding
 from harness.guarded import MIN_GUARD, GuardedBuffer
 from harness.targets import KernelTarget
 
@@ -43,6 +45,8 @@ class Observation:
     after: Dict[str, torch.Tensor]
     changed_inputs: List[str] = field(default_factory=list)
     error: Optional[str] = None
+    #: ``OOB_READ`` / ``OOB_WRITE`` from the interpreter address audit (``harness.audit``), when it ran.
+    audit_findings: List[Finding] = field(default_factory=list)
 
 
 def _buffers(config: Config, n: int, device, canary_seed: int):
@@ -88,13 +92,16 @@ class _Inputs:
 
 
 class _RunnerBase:
-    def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True):
+    def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True,
+                 audit: Optional[bool] = None):
         self.config = config
         self.kernel = kernel
         self.device = torch.device(device)
         self.canary_seed = canary_seed
         # poison=False keeps whatever earlier launches left (the replay state machine checks that).
         self.poison = poison
+        # The interpreter address audit (harness.audit): on by default on the CPU, impossible on CUDA.
+        self.audit = resolve_audit(audit, self.device.type)
 
     def _kernel_kwargs(self, inputs: _Inputs, kv_indices: GuardedBuffer, kv_indptr: GuardedBuffer, m: int) -> dict:
         c = self.config
@@ -105,11 +112,18 @@ class _RunnerBase:
     def _observe(self, batch: Batch, lb: LaunchBatch, inputs: _Inputs, kv_indices, kv_indptr, launch) -> Observation:
         case = Case(self.config, batch, self.kernel.spec, self.canary_seed)
         if self.poison:
-            kv_indices.poison_live()
-            kv_indptr.poison_live()
+            # Fresh canaries too: damage an earlier case left in a guard would hide the same damage now.
+            kv_indices.reset()
+            kv_indptr.reset()
         inputs_before = {k: v.clone() for k, v in inputs.named().items()}
         before = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
         error = None
+        audit = None
+        if self.audit:
+            audit = audit_for_launch(self._kernel_kwargs(inputs, kv_indices, kv_indptr, lb.num_seqs),
+                                     (kv_indices, kv_indptr), request_axis=self.kernel.request_axis,
+                                     req_pool_indices=lb.req_pool_indices)
+            launch = audit.wrap(launch)
         try:
             launch()
             if self.device.type == "cuda":
@@ -118,7 +132,8 @@ class _RunnerBase:
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
         after = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
         changed = [k for k, v in inputs.named().items() if not torch.equal(v, inputs_before[k])]
-        return Observation(case, lb, kv_indices, kv_indptr, before, after, changed, error)
+        audit_findings = audit.findings() if audit is not None else []
+        return Observation(case, lb, kv_indices, kv_indptr, before, after, changed, error, audit_findings)
 
 
 class EagerRunner(_RunnerBase):
@@ -137,8 +152,9 @@ class EagerRunner(_RunnerBase):
 class GraphRunner(_RunnerBase):
     """SPEC §4: buffers sized once at ``max_bs``, batches padded to a bucket, one graph per bucket."""
 
-    def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True):
-        super().__init__(config, kernel, device, canary_seed, poison)
+    def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True,
+                 audit: Optional[bool] = None):
+        super().__init__(config, kernel, device, canary_seed, poison, audit)
         self.kv_indices, self.kv_indptr = _buffers(config, config.max_bs, self.device, canary_seed)
         self.inputs = _Inputs(config, config.max_bs, self.device)
         self.graphs: Dict[int, "torch.cuda.CUDAGraph"] = {}
@@ -179,6 +195,7 @@ class GraphRunner(_RunnerBase):
         return self._observe(batch, lb, self.inputs, self.kv_indices, self.kv_indptr, launch)
 
 
-def make_runner(config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True):
+def make_runner(config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True,
+                audit: Optional[bool] = None):
     cls = GraphRunner if config.mode == "graph" else EagerRunner
-    return cls(config, kernel, device, canary_seed=canary_seed, poison=poison)
+    return cls(config, kernel, device, canary_seed=canary_seed, poison=poison, audit=audit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable, List, Optional
 
+from harness.audit import resolve_audit
 from harness.case import Case, Config
 from harness.findings import Finding
 from harness.runner import Observation, make_runner
@@ -22,8 +23,11 @@ RUNNER_CACHE = 16
 
 class Session:
     def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True,
-                 expected_builder: Optional[Callable[[Observation], ExpectedWrites]] = None):
+                 expected_builder: Optional[Callable[[Observation], ExpectedWrites]] = None,
+                 audit: Optional[bool] = None):
         self.device = device
+        # Interpreter address audit (harness.audit): None = on for cpu, off for cuda; True on cuda is BadInput.
+        self.audit = resolve_audit(audit, device)
         self.kernel_spec = kernel
         self.kernel: KernelTarget = resolve_kernel(kernel, device)
         self.poison = poison
@@ -35,7 +39,8 @@ class Session:
         key = (config, canary_seed)
         runner = self._runners.get(key)
         if runner is None:
-            runner = make_runner(config, self.kernel, self.device, canary_seed=canary_seed, poison=self.poison)
+            runner = make_runner(config, self.kernel, self.device, canary_seed=canary_seed, poison=self.poison,
+                                 audit=self.audit)
             self._runners[key] = runner
             if len(self._runners) > RUNNER_CACHE:
                 self._runners.popitem(last=False)

@@ -9,14 +9,16 @@ A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything els
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
 import inspect
+import operator
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from harness.device import ensure
 from harness.errors import BadInput, require
@@ -31,10 +33,34 @@ BUILTIN_KERNELS = ("reference", "reference-blocked")
 
 @dataclass(frozen=True)
 class KernelTarget:
-    """A resolved kernel: its spec and a launcher with the ``LAUNCH_KWARGS`` signature."""
+    """A resolved kernel: its spec and a launcher with the ``LAUNCH_KWARGS`` signature.
+
+    ``request_axis`` is the launch grid's axis that indexes requests (1 for classic-ABI kernels; None for
+    a launcher plug-in, whose grid kvfence does not know). The address audit uses it to check that
+    program ``(., b, .)`` reads only its own ``req_to_token`` row.
+    """
 
     spec: str
     launch: Callable[..., None]
+    request_axis: Optional[int] = 1
+
+
+def _load_file(path: Path):
+    """Import a plug-in file once per process (kernel and sizing specs may name the same file)."""
+    resolved = path.resolve()
+    name = "kvfence_plugin_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, "__file__", None) == str(resolved):
+        return module
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # triton.jit needs the module to be importable by name
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _load_attr(spec: str, what: str):
@@ -45,24 +71,47 @@ def _load_attr(spec: str, what: str):
         if where.endswith(".py") or os.sep in where:
             path = Path(where)
             require(path.is_file(), f"{what} file {where} does not exist")
-            name = f"kvfence_plugin_{abs(hash(str(path.resolve())))}"
-            module_spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[name] = module  # triton.jit needs the module to be importable by name
-            module_spec.loader.exec_module(module)
+            module = _load_file(path)
         else:
             module = importlib.import_module(where)
     except BadInput:
         raise
-    except Exception as exc:  # any import-time failure of user code is bad input, in one line
+    except (Exception, SystemExit) as exc:  # any import-time failure of user code is bad input, in one line
         raise BadInput(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from None
     require(hasattr(module, attr), f"{what} {spec!r}: {where} has no attribute {attr!r}")
     return getattr(module, attr)
 
 
 def _is_triton_kernel(obj) -> bool:
-    # JITFunction (compiled) and InterpretedFunction (TRITON_INTERPRET=1) both carry the raw fn.
+    # JITFunction (compiled) and InterpretedFunction (TRITON_INTERPRET=1) both carry the raw fn; so do
+    # the autotune / heuristics wrappers around them (their fn is the JIT function).
     return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn"))
+
+
+def _unwrap(kernel):
+    """``(jit_function, python_function, names the wrappers supply)`` of a possibly autotuned kernel."""
+    supplied, jit = set(), kernel
+    while _is_triton_kernel(jit) and _is_triton_kernel(jit.fn):
+        for config in getattr(jit, "configs", None) or []:  # triton.autotune
+            supplied.update(getattr(config, "kwargs", {}))
+        supplied.update(getattr(jit, "values", None) or {})  # triton.heuristics
+        jit = jit.fn
+    return jit, jit.fn, supplied
+
+
+def _check_classic_signature(spec: str, kernel) -> None:
+    """13 positional parameters without a default (SPEC §2); any other must have one or be supplied."""
+    _, fn, supplied = _unwrap(kernel)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        raise BadInput(f"kernel {spec!r}: cannot read its signature") from None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in params if p.default is inspect.Parameter.empty and p.name not in supplied]
+    require(len(positional) >= CLASSIC_ARITY and required == positional[:len(required)]
+            and len(required) == CLASSIC_ARITY,
+            f"kernel {spec!r} takes {len(required)} required arguments "
+            f"({', '.join(p.name for p in required)}); the classic ABI has {CLASSIC_ARITY} (SPEC §2)")
 
 
 def _for_device(kernel, device: str):
@@ -70,7 +119,7 @@ def _for_device(kernel, device: str):
     from triton.runtime.interpreter import InterpretedFunction
 
     ensure(device)
-    interpreted = isinstance(kernel, InterpretedFunction)
+    interpreted = isinstance(_unwrap(kernel)[0], InterpretedFunction)
     require(interpreted == (device == "cpu"),
             f"kernel was {'interpreted' if interpreted else 'compiled'} but device is {device}: "
             "choose the device before importing the kernel")
@@ -98,10 +147,7 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
                                                    spec == "reference-blocked"))
     obj = _load_attr(spec, "kernel")
     if _is_triton_kernel(obj):
-        params = list(inspect.signature(obj.fn).parameters.values())
-        required = [p for p in params if p.default is inspect.Parameter.empty]
-        require(len(required) == CLASSIC_ARITY,
-                f"kernel {spec!r} takes {len(required)} required arguments; the classic ABI has {CLASSIC_ARITY}")
+        _check_classic_signature(spec, obj)
         return KernelTarget(spec, _kernel_launcher(_for_device(obj, device), False))
     require(callable(obj), f"kernel {spec!r} is neither a @triton.jit function nor a launcher callable")
     try:
@@ -110,7 +156,7 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
     except (TypeError, ValueError):
         raise BadInput(f"launcher {spec!r} must accept keyword arguments {', '.join(LAUNCH_KWARGS)}") from None
     ensure(device)
-    return KernelTarget(spec, obj)
+    return KernelTarget(spec, obj, request_axis=None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,4 +174,14 @@ def resolve_sizing(spec: str) -> Callable[[int, int, int, int], int]:
         inspect.signature(obj).bind(1, 1, 1, 1)
     except (TypeError, ValueError):
         raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
-    return obj
+
+    @functools.wraps(obj)
+    def policy(n: int, topk: int, ctx: int, num_steps: int) -> int:
+        # User code: an exception or a non-integer width is bad input (one line), not a traceback.
+        try:
+            return operator.index(obj(n, topk, ctx, num_steps))
+        except Exception as exc:
+            raise BadInput(f"sizing {spec!r} failed for n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}: "
+                           f"{type(exc).__name__}: {exc}") from None
+
+    return policy

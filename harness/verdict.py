@@ -157,6 +157,8 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
             Kind.SIZING_VIOLATION, "kv_indices", f"row {config.num_steps - 1}", width, expected.need, [], over,
             f"need {expected.need} > width {width} (topk={config.topk}, num_seqs={obs.launch.num_seqs}, "
             f"sum(L)={sum(obs.launch.seq_lens)}, num_steps={config.num_steps}, sizing={config.sizing})"))
+    # The interpreter address audit's OOB_READ / OOB_WRITE (empty when it did not run).
+    findings += obs.audit_findings
     if obs.error is not None:
         findings.append(Finding(Kind.LAUNCH_ERROR, "kernel", "launch", detail=obs.error))
         return findings

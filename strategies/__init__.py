@@ -8,6 +8,7 @@ one request of length 1, pool rows in order, token seed 0).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 from hypothesis import strategies as st
@@ -23,14 +24,14 @@ DEFAULT_MAX_BS = 4
 
 
 def _fixed_or(value, strategy, name, ok, what):
+    """``strategy`` unless the caller pinned ``value`` (validated now, with a one-line error)."""
     if value is None:
         return strategy
     require(ok(value), f"configs({name}={value!r}): {name} must be {what}")
     return st.just(value)
 
 
-@st.composite
-def configs(draw, *, topk: Optional[int] = None, num_steps: Optional[int] = None, page_size: Optional[int] = None,
+def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page_size: Optional[int] = None,
             ctx: Optional[int] = None, max_bs: Optional[int] = None, sizing: str = "safe", layout: str = "redzone",
             mode: str = "graph", max_ctx: int = DEFAULT_MAX_CTX, max_max_bs: int = DEFAULT_MAX_BS):
     """A ``Config``: topk 1-8 (any integer, not only powers of two), num_steps 1-8, a page size from
@@ -39,16 +40,25 @@ def configs(draw, *, topk: Optional[int] = None, num_steps: Optional[int] = None
     """
     require(layout in LAYOUTS, f"configs(layout={layout!r}): choose {', '.join(LAYOUTS)}")
     require(mode in MODES, f"configs(mode={mode!r}): choose {', '.join(MODES)}")
+    require(isinstance(sizing, str) and sizing, f"configs(sizing={sizing!r}) must name a sizing policy")
     require(isinstance(max_ctx, int) and max_ctx >= 2, f"configs(max_ctx={max_ctx!r}) must be an integer >= 2")
     require(isinstance(max_max_bs, int) and max_max_bs >= 1, f"configs(max_max_bs={max_max_bs!r}) must be >= 1")
-    positive = (lambda v: isinstance(v, int) and v >= 1)
-    t = draw(_fixed_or(topk, st.integers(1, 8), "topk", positive, "a positive integer"))
-    n = draw(_fixed_or(num_steps, st.integers(1, 8), "num_steps", positive, "a positive integer"))
-    p = draw(_fixed_or(page_size, st.sampled_from(PAGE_SIZES), "page_size",
-                       lambda v: positive(v) and v & (v - 1) == 0, "a power of two"))
+    positive = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+    topks = _fixed_or(topk, st.integers(1, 8), "topk", positive, "a positive integer")
+    steps = _fixed_or(num_steps, st.integers(1, 8), "num_steps", positive, "a positive integer")
+    pages = _fixed_or(page_size, st.sampled_from(PAGE_SIZES), "page_size",
+                      lambda v: positive(v) and v & (v - 1) == 0, "a power of two")
+    _fixed_or(ctx, None, "ctx", positive, "a positive integer")
+    sizes = _fixed_or(max_bs, st.integers(1, max_max_bs), "max_bs", positive, "a positive integer")
+    return _configs(topks, steps, pages, ctx, sizes, sizing, layout, mode, max_ctx)
+
+
+@st.composite
+def _configs(draw, topks, steps, pages, ctx, sizes, sizing, layout, mode, max_ctx):
+    t, n, p = draw(topks), draw(steps), draw(pages)
     lo = min(n + 1, max_ctx)
-    c = draw(_fixed_or(ctx, st.integers(lo, max(lo, max_ctx)), "ctx", positive, "a positive integer"))
-    m = draw(_fixed_or(max_bs, st.integers(1, max_max_bs), "max_bs", positive, "a positive integer"))
+    c = ctx if ctx is not None else draw(st.integers(lo, max(lo, max_ctx)))
+    m = draw(sizes)
     return Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, sizing=sizing, layout=layout, mode=mode)
 
 
@@ -72,38 +82,62 @@ def edge_lengths(config: Config, bound: int):
     return sorted(x for x in edges if 1 <= x <= bound)
 
 
+@functools.lru_cache(maxsize=256)
+def _one_length(config: Config, bound: int):
+    # Built once per (config, bound): rebuilding strategies per draw costs more than drawing.
+    return st.one_of(st.sampled_from(edge_lengths(config, bound)), st.integers(1, bound))
+
+
 @st.composite
 def seq_lens(draw, config: Config, count: int, seq_len_limit: str = "ctx"):
     """``count`` request lengths in ``[1, bound]``. Half the time one length shared by the whole batch
     (a full bucket at the context limit is what overflows the fixed policy), otherwise each length is
     an edge value or uniform. Shrinks toward all-ones.
     """
-    bound = seq_len_bound(config, seq_len_limit)
-    one = st.one_of(st.sampled_from(edge_lengths(config, bound)), st.integers(1, bound))
+    one = _one_length(config, seq_len_bound(config, seq_len_limit))
     if draw(st.booleans()):
         return [draw(one)] * count
-    return draw(st.lists(one, min_size=count, max_size=count))
+    return [draw(one) for _ in range(count)]
 
 
-@st.composite
-def batches(draw, config: Config, seq_len_limit: str = "ctx", min_requests: int = 1):
+TOKEN_SEEDS = st.integers(0, 2**30 - 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _pool_row(pool_rows: int):
+    return st.integers(0, pool_rows - 1)
+
+
+def batches(config: Config, seq_len_limit: str = "ctx", min_requests: int = 1):
     """A ``Batch`` for ``config``: 1..max_bs requests (graph mode pads to a bucket), lengths from
     ``seq_lens``, distinct pool rows in permuted order, and a token-table seed.
     """
     require(isinstance(config, Config), f"batches(config={config!r}) needs a Config")
     seq_len_bound(config, seq_len_limit)
     require(1 <= min_requests <= config.max_bs, f"batches(min_requests={min_requests}) must be in 1..max_bs")
-    raw_bs = draw(st.integers(min_requests, config.max_bs))
-    lens = draw(seq_lens(config, raw_bs, seq_len_limit))
-    rows = draw(st.permutations(range(config.pool_rows)))[:raw_bs]
-    token_seed = draw(st.integers(0, 2**30 - 1))
-    return Batch(tuple(lens), tuple(rows), token_seed)
+    return _batches(config, seq_len_limit, min_requests)
 
 
 @st.composite
-def cases(draw, config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0):
+def _batches(draw, config: Config, seq_len_limit: str, min_requests: int):
+    raw_bs = draw(st.integers(min_requests, config.max_bs))
+    lens = draw(seq_lens(config, raw_bs, seq_len_limit))
+    # Distinct pool rows in drawn order (shrinks toward 0, 1, 2, ...).
+    rows = draw(st.lists(_pool_row(config.pool_rows), min_size=raw_bs, max_size=raw_bs, unique=True))
+    token_seed = draw(TOKEN_SEEDS)
+    return Batch(tuple(lens), tuple(rows), token_seed)
+
+
+def cases(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0):
     """A ``Case``: a config (from ``config_strategy``, default ``configs()``), then a batch for it."""
     require(seq_len_limit in SEQ_LEN_LIMITS, f"cases(seq_len_limit={seq_len_limit!r}): choose {', '.join(SEQ_LEN_LIMITS)}")
-    config = draw(config_strategy if config_strategy is not None else configs())
+    require(isinstance(kernel, str) and kernel, f"cases(kernel={kernel!r}) must name a kernel")
+    require(isinstance(canary_seed, int) and 0 <= canary_seed < 2**31, f"cases(canary_seed={canary_seed!r}) out of range")
+    return _cases(config_strategy if config_strategy is not None else configs(), kernel, seq_len_limit, canary_seed)
+
+
+@st.composite
+def _cases(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int):
+    config = draw(config_strategy)
     batch = draw(batches(config, seq_len_limit))
     return Case(config, batch, kernel, canary_seed)

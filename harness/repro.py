@@ -1,0 +1,170 @@
+"""``python -m harness repro FILE``: re-run one case file and print a readable diff.
+
+The case runs through the same pipeline as the fuzzer (``Session.observe`` then ``verdict.check``, which
+is ``Session.check`` with the observation kept so that ``--verbose`` can show whole stretches of the
+buffers). Overrides of kernel, sizing and device answer "does my fix work on this case?".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import List, Optional, TextIO
+
+from harness.casefile import CaseFile, load_case
+from harness.case import Case
+from harness.errors import EXIT_CLEAN, EXIT_FINDINGS
+from harness.findings import Finding
+
+#: Elements shown per finding with ``--verbose`` (the finding itself keeps 3 samples).
+VERBOSE_ELEMENTS = 64
+VERBOSE_PROGRAMS = 32
+_ROW = re.compile(r"^(?:slack of )?row (\d+)$")
+_GUARD = re.compile(r"^guard after row (\d+)$")
+
+
+def apply_overrides(loaded: CaseFile, *, kernel: Optional[str] = None, sizing: Optional[str] = None) -> Case:
+    """The loaded case with another kernel and/or sizing policy (validated: ``BadInput`` if impossible)."""
+    from harness.targets import resolve_sizing
+
+    case = loaded.case
+    config = case.config
+    if sizing is not None:
+        resolve_sizing(sizing)
+        config = dataclasses.replace(config, sizing=sizing)
+    return Case(config, case.batch, kernel if kernel is not None else case.kernel, case.canary_seed)
+
+
+def sizing_lines(case: Case) -> List[str]:
+    """need vs width, with the arithmetic written out (``Case.sizing_summary`` plus the policy)."""
+    from harness.targets import resolve_sizing
+
+    c = case.config
+    s = case.sizing_summary()
+    lens = case.launch().seq_lens
+    policy = resolve_sizing(c.sizing)
+    doc = (policy.__doc__ or "").strip().split("\n")[0]
+    formula = doc.split(":")[0].strip("` ") if doc.startswith("``W") else ""
+    n = c.sizing_n(s["num_seqs"])
+    verdict = (f"need > width by {s['need'] - s['width']}: the buffer is too small" if s["need"] > s["width"]
+               else f"fits ({s['width'] - s['need']} spare)")
+    lens_text = "+".join(map(str, lens)) if len(lens) <= 8 else f"sum of {len(lens)} lengths"
+    return [
+        f"need   = topk*sum(L) + num_seqs*topk*num_steps = {c.topk}*({lens_text}) + {s['num_seqs']}*{c.topk}*"
+        f"{c.num_steps} = {s['need']}",
+        f"width  = {c.sizing}(n={n}, topk={c.topk}, ctx={c.ctx}, num_steps={c.num_steps}) = {s['width']}"
+        + (f"   [{formula}; n = {'max_bs' if c.mode == 'graph' else 'num_seqs'}]" if formula else ""),
+        f"=> {verdict}",
+    ]
+
+
+def _flat_of(buf, region: str, offset: int) -> Optional[int]:
+    """Inverse of ``GuardedBuffer.region_of`` for a finding's first region."""
+    first = region.split(" .. ")[0]
+    if first == "front guard":
+        return offset
+    if first == "tail":
+        return buf.front + buf.rows * buf.stride + offset
+    m = _ROW.match(first)
+    if m:
+        return buf.flat_index(int(m.group(1)), offset)
+    m = _GUARD.match(first)
+    if m:
+        return buf.flat_index(int(m.group(1)), buf.width + offset)
+    return None
+
+
+def _element_rows(obs, expected_writes, finding: Finding, limit: int) -> List[str]:
+    buf = {"kv_indices": obs.kv_indices, "kv_indptr": obs.kv_indptr}.get(finding.buffer)
+    if buf is None or finding.count == 0:
+        return []
+    lo = _flat_of(buf, finding.region, finding.start)
+    if lo is None:
+        return []
+    pos, val = ((expected_writes.indices_pos, expected_writes.indices_val) if finding.buffer == "kv_indices"
+                else (expected_writes.indptr_pos, expected_writes.indptr_val))
+    before, after = obs.before[finding.buffer], obs.after[finding.buffer]
+    expected = before.clone()
+    expected[pos] = val
+    hi = min(lo + finding.count, lo + limit, buf.length)
+    rows = [f"      {'offset':>8} {'expected':>12} {'found':>12}"]
+    for flat in range(lo, hi):
+        e, f = int(expected[flat]), int(after[flat])
+        rows.append(f"      {finding.start + flat - lo:>8} {e:>12} {f:>12}{'' if e == f else '   <-'}")
+    if finding.count > hi - lo:
+        rows.append(f"      ... {finding.count - (hi - lo)} more elements")
+    return rows
+
+
+def finding_lines(i: int, f: Finding, *, obs=None, expected_writes=None, verbose: bool = False) -> List[str]:
+    where = f"{f.buffer} {f.region}"
+    if f.count:
+        where += f", elements [{f.start}, {f.stop}) ({f.count})"
+    out = [f"[{i}] {f.kind.value}  {where}"]
+    if f.detail:
+        out.append(f"    {f.detail}")
+    rows = _element_rows(obs, expected_writes, f, VERBOSE_ELEMENTS) if verbose and obs is not None else []
+    if rows:
+        out += rows
+    elif f.samples:
+        out.append(f"      {'offset':>8} {'expected':>12} {'found':>12}")
+        out += [f"      {off:>8} {str(e):>12} {str(g):>12}" for off, e, g in f.samples]
+    if f.programs:
+        limit = VERBOSE_PROGRAMS if verbose else 6
+        shown = ", ".join(f"({s},{b},{k})" for s, b, k in f.programs[:limit])
+        more = f" and {len(f.programs) - limit} more" if len(f.programs) > limit else ""
+        out.append(f"    programs (s,b,k): {shown}{more}")
+        if verbose and expected_writes is not None:
+            wanted = set(map(tuple, f.programs[:limit]))
+            for s, b, k, start, stop in expected_writes.segments:
+                if (s, b, k) in wanted:
+                    out.append(f"      ({s},{b},{k}) writes row {s} [{start}, {stop})")
+    return out
+
+
+def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizing: Optional[str] = None,
+              verbose: bool = False, out: TextIO, announce=None) -> int:
+    """Load, re-run and describe one case file; returns the exit code (1 reproduces, 0 passes)."""
+    from harness.device import select
+
+    loaded = load_case(path)
+    case = apply_overrides(loaded, kernel=kernel, sizing=sizing)
+    device = select(device, announce=announce)
+    from harness.session import Session
+    from harness.verdict import check, expected_from_oracle
+
+    session = Session(device, case.kernel)  # resolves the kernel: BadInput before anything runs
+    c, b = case.config, case.batch
+    lb = case.launch()
+    p = lambda line="": print(line, file=out)  # noqa: E731
+    p(f"kvfence repro {path}")
+    p(f"config  topk={c.topk} num_steps={c.num_steps} page_size={c.page_size} ctx={c.ctx} max_bs={c.max_bs} "
+      f"buckets={list(c.buckets)} mode={c.mode} layout={c.layout} canary_seed={case.canary_seed}")
+    p(f"batch   seq_lens={list(b.seq_lens)} req_pool_indices={list(b.req_pool_indices)} token_seed={b.token_seed}"
+      f" (launched as {lb.num_seqs} rows{', padded' if lb.num_seqs > b.raw_bs else ''})")
+    changed = [f"{name} {new} (file: {old})" for name, new, old in
+               (("kernel", case.kernel, loaded.case.kernel), ("sizing", c.sizing, loaded.case.config.sizing))
+               if new != old]
+    p(f"target  kernel {case.kernel}, sizing {c.sizing}, device {device}"
+      + (f" (found on {loaded.device})" if loaded.device and loaded.device != device else ""))
+    if changed:
+        p(f"override {'; '.join(changed)}")
+    for line in sizing_lines(case):
+        p(f"sizing  {line}")
+    obs = session.observe(case)
+    expected_writes = expected_from_oracle(obs)
+    findings = check(obs, expected_writes)
+    recorded = ", ".join(sorted({f.kind.value for f in loaded.findings})) or "none"
+    p()
+    if not findings:
+        p(f"PASS: no findings (the file recorded {len(loaded.findings)}: {recorded})")
+        return EXIT_CLEAN
+    p(f"FAIL: {len(findings)} finding(s) (the file recorded {len(loaded.findings)}: {recorded})")
+    for i, f in enumerate(findings, 1):
+        p()
+        for line in finding_lines(i, f, obs=obs, expected_writes=expected_writes, verbose=verbose):
+            p(line)
+    if not verbose:
+        p()
+        p("(--verbose shows every element of each finding, up to 64, and each program's segment)")
+    return EXIT_FINDINGS

@@ -1,0 +1,97 @@
+"""The case model, guards and strategies: validation up front, canaries that catch shifted copies,
+and the torch slot table equal to the plain definition."""
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from harness.case import Batch, Case, Config, slot_id
+from harness.errors import BadInput
+from harness.guarded import POISON, GuardedBuffer, canary_values
+from harness.runner import slot_table
+from strategies import batches, cases, configs, seq_len_bound
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(topk=0, num_steps=1), "config.topk must be a positive integer"),
+    (dict(topk=2, num_steps=-1), "config.num_steps must be a positive integer"),
+    (dict(topk=2, num_steps=1, page_size=3), "config.page_size must be a power of two"),
+    (dict(topk=2, num_steps=1, layout="sideways"), "config.layout must be one of"),
+    (dict(topk=2, num_steps=1, mode="lazy"), "config.mode must be one of"),
+    (dict(topk=2, num_steps=1, max_bs=4, buckets=(1, 3)), "must end at max_bs=4"),
+    (dict(topk=2, num_steps=1, max_bs=4, buckets=(2, 1, 4)), "strictly increasing"),
+    (dict(topk=8, num_steps=1, max_bs=4096, ctx=2**17), "overflows int32 offsets"),
+    (dict(topk=True, num_steps=1), "config.topk must be a positive integer"),
+])
+def test_impossible_configs_are_refused_with_one_line(kwargs, message):
+    with pytest.raises(BadInput, match=message) as info:
+        Config(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_batches_that_do_not_fit_are_refused():
+    config = Config(topk=2, num_steps=2, ctx=8, max_bs=2)
+    with pytest.raises(BadInput, match="exceed ctx=8"):
+        Case(config, Batch((9,), (0,)))
+    with pytest.raises(BadInput, match="more than max_bs=2"):
+        Case(config, Batch((1, 1, 1), (0, 1, 2)))
+    with pytest.raises(BadInput, match="must be distinct"):
+        Batch((1, 1), (0, 0))
+    with pytest.raises(BadInput, match="outside the pool"):
+        Case(config, Batch((1,), (3,)))
+
+
+def test_torch_slot_table_equals_the_plain_definition():
+    table = slot_table(12345, 5, 37, "cpu")
+    assert table.flatten().tolist() == [slot_id(12345, i) for i in range(5 * 37)]
+    assert len(set(table.flatten().tolist())) == 5 * 37  # distinct: any shifted copy shows
+    assert int(table.min()) >= 1
+
+
+def test_canaries_depend_on_position_and_seed():
+    a = canary_values(1, 1000, "cpu")
+    assert int(a.max()) < POISON  # never a slot id, never poison
+    assert not torch.equal(a[1:], a[:-1])  # a copy shifted by one is wrong everywhere
+    assert (a[1:] != a[:-1]).all()
+    assert (canary_values(2, 1000, "cpu") != a).all()
+
+
+def test_guarded_buffer_layout_and_regions():
+    buf = GuardedBuffer("kv_indices", 3, 10, row_guard=4, front=5, tail=6, device="cpu", canary_seed=0)
+    assert buf.view.shape == (3, 10) and buf.view.stride() == (14, 1)
+    assert buf.length == 5 + 3 * 14 + 6
+    assert (buf.view == POISON).all() and buf.guards_intact()
+    assert buf.region_of(0).name == "front guard"
+    assert buf.region_of(buf.flat_index(1, 3), used=[10, 5, 10]).name == "row 1"
+    assert buf.region_of(buf.flat_index(1, 7), used=[10, 5, 10]).name == "slack of row 1"
+    r = buf.region_of(buf.flat_index(1, 11))
+    assert (r.name, r.offset, r.is_guard) == ("guard after row 1", 1, True)
+    assert buf.region_of(buf.length - 1).name == "tail"
+    buf.storage[0] = 7
+    assert not buf.guards_intact()
+    buf.reset()
+    assert buf.guards_intact()
+
+
+@given(data=st.data())
+def test_strategies_draw_valid_cases_inside_their_bounds(data):
+    config = data.draw(configs())
+    assert 1 <= config.topk <= 8 and 1 <= config.num_steps <= 8 and config.page_size in (1, 2, 4, 16, 64)
+    assert config.ctx > config.num_steps
+    limit = data.draw(st.sampled_from(["ctx", "ctx-steps"]))
+    batch = data.draw(batches(config, limit))
+    assert 1 <= batch.raw_bs <= config.max_bs
+    assert max(batch.seq_lens) <= seq_len_bound(config, limit)
+    Case(config, batch)  # validates
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: configs(layout="diagonal"), "layout"),
+    (lambda: configs(topk=0), "topk"),
+    (lambda: configs(page_size=3), "page_size"),
+    (lambda: cases(seq_len_limit="forever"), "seq_len_limit"),
+    (lambda: batches(Config(topk=1, num_steps=4, ctx=4), "ctx-steps"), "ctx > num_steps"),
+])
+def test_strategy_arguments_are_validated_up_front(make, message):
+    with pytest.raises(BadInput, match=message):
+        make().validate()
