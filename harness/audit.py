@@ -170,7 +170,8 @@ class Audit:
     def _register_launch_args(self, arg_names: Sequence[str], args_hst, kwargs_hst) -> None:
         named = list(zip(arg_names, args_hst)) + list(kwargs_hst.items())
         for name, arg in named:
-            t = getattr(arg, "base", arg)  # TensorWrapper (reinterpreted dtypes) keeps the tensor in .base
+            # triton's TensorWrapper (a reinterpreted dtype) keeps the tensor in .base
+            t = arg if isinstance(arg, torch.Tensor) else getattr(arg, "base", None)
             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not self._covered(t.untyped_storage().data_ptr()):
                 self.register_tensor(f"{name} (unregistered launch argument)", t)
 
@@ -245,7 +246,14 @@ class Audit:
         if values is not None:
             v = np.broadcast_to(values, p.shape)
             vals = (v[active] if active is not None else v.ravel())[bad]
-        self._record(kind, bad_addr, vals, grid)
+        # Provenance hint: a lane of the same access that is inside an allocation names the tensor the
+        # kernel was indexing (a row copy that runs past the end is partly inside, partly outside).
+        hint = None
+        if wild.any():
+            inside = addr[~self._outside(addr, size, self._store_starts, self._store_ends)]
+            if inside.size:
+                hint = self._containing(int(inside[0]))
+        self._record(kind, bad_addr, vals, grid, hint)
         if not wild.any():
             return None  # inside our own allocations: performed (guard / input checks see stores)
         keep = np.ones(p.shape, dtype=bool) if active is None else active.copy()
@@ -325,36 +333,51 @@ class Audit:
         self._saved = None
 
     # -- recording and reporting -------------------------------------------------------------------
-    def _nearest(self, addr: int) -> Allocation:
-        def distance(a: Allocation) -> int:
-            if addr < a.base:
-                return a.base - addr
-            return max(0, addr - a.end + 1)
+    def _containing(self, addr: int) -> Optional[Allocation]:
+        return next((a for a in self.allocations if a.base <= addr < a.end), None)
 
-        return min(self.allocations, key=distance)
+    def _attribute(self, addr: int, hint: Optional[Allocation]) -> Allocation:
+        """The allocation an address belongs to or, outside all, the one the kernel most likely overran.
 
-    def _locate(self, addr: int, grid) -> Tuple[Allocation, str, int]:
+        Inside one: that one. Else the access's own in-bounds lanes (``hint``); else the allocation it
+        is past the end of by at most that allocation's size (overflows run forward); else one it is
+        before by at most its size; else the nearest.
+        """
+        inside = self._containing(addr)
+        if inside is not None:
+            return inside
+        if hint is not None:
+            return hint
+        before = [a for a in self.allocations if a.end <= addr and addr - a.end < a.nbytes]
+        if before:
+            return max(before, key=lambda a: a.end)
+        after = [a for a in self.allocations if addr < a.base and a.base - addr <= a.nbytes]
+        if after:
+            return min(after, key=lambda a: a.base)
+        return min(self.allocations, key=lambda a: a.base - addr if addr < a.base else addr - a.end + 1)
+
+    def _locate(self, addr: int, grid, hint: Optional[Allocation] = None) -> Tuple[Allocation, str, int]:
         """The allocation an address is attributed to, and its region and element offset there."""
-        alloc = self._nearest(addr)
+        alloc = self._attribute(addr, hint)
         flat = (addr - alloc.base) // alloc.elsize
         if alloc.row_of_program is not None and alloc.base <= addr < alloc.end:
             lo = alloc.readable[0][0]
             if lo <= addr < alloc.readable[0][1]:
                 row = alloc.row_of_program(grid)
                 col = (addr - (lo + row * alloc.row_bytes)) // alloc.elsize
-                return alloc, f"row {row}", col
+                return alloc, f"outside own row {row}", col
         name, offset = alloc.region(flat)
         return alloc, name, offset
 
-    def _record(self, kind: Kind, addrs: np.ndarray, values: Optional[np.ndarray], grid) -> None:
+    def _record(self, kind: Kind, addrs: np.ndarray, values: Optional[np.ndarray], grid,
+                hint: Optional[Allocation] = None) -> None:
         for i, a in enumerate(addrs.tolist()):
-            alloc, region, offset = self._locate(a, grid)
-            ev = self._events.setdefault((kind, alloc.name, region), {"lanes": [], "dropped": 0, "alloc": alloc,
-                                                                      "first": a})
+            alloc, region, offset = self._locate(a, grid, hint)
+            ev = self._events.setdefault((kind, alloc.name, region), {"lanes": [], "dropped": 0, "alloc": alloc})
             if len(ev["lanes"]) >= MAX_LANES:
                 ev["dropped"] += 1
                 continue
-            ev["lanes"].append((offset, grid, None if values is None else int(values[i])))
+            ev["lanes"].append((offset, grid, None if values is None else int(values[i]), a))
 
     def findings(self) -> List[Finding]:
         """Bad lanes grouped into contiguous runs per (kind, argument, region)."""
@@ -371,14 +394,14 @@ class Audit:
             what = "store dropped" if kind is Kind.OOB_WRITE else "read"
             for n, (i0, i1) in enumerate(runs):
                 chunk = lanes[i0:i1]
-                programs = sorted({g for _, g, _ in chunk})
+                programs = sorted({lane[1] for lane in chunk})
                 samples, seen = [], set()
-                for off, _, v in chunk:
-                    if off not in seen and len(samples) < MAX_SAMPLES:
+                for off, _, v, _ in chunk:
+                    # Reads have no value to show; stores show what the kernel tried to write.
+                    if v is not None and off not in seen and len(samples) < MAX_SAMPLES:
                         seen.add(off)
                         samples.append((off, None, v))
-                first_flat = (ev["first"] - alloc.base) // alloc.elsize if n == 0 else None
-                where = alloc.coords(first_flat) if first_flat is not None else ""
+                where = alloc.coords((chunk[0][3] - alloc.base) // alloc.elsize)
                 detail = f"{what} outside the registered extent of {alloc.name}"
                 if where:
                     detail += f"; first lane {where}"

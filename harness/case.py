@@ -245,8 +245,13 @@ class Case:
         require(isinstance(self.kernel, str) and self.kernel, "case.kernel must name a kernel")
         require(_is_int(self.canary_seed) and 0 <= self.canary_seed < 2**31, "case.canary_seed must be an integer in [0, 2**31)")
 
-    def launch(self) -> LaunchBatch:
+    @cached_property
+    def _launch(self) -> LaunchBatch:
         return launch_batch(self.config, self.batch)
+
+    def launch(self) -> LaunchBatch:
+        """The padded batch the kernel reads (computed once per case)."""
+        return self._launch
 
     def expected(self) -> oracle.WriteSet:
         lb = self.launch()

@@ -233,6 +233,7 @@ def finding_from_dict(d, where: str) -> Finding:
         require(key not in d or _is_int(d[key]), f"{where}.{key} must be an integer, got {d.get(key)!r}")
     require(d.get("start", 0) <= d.get("stop", 0), f"{where}: start {d.get('start')} > stop {d.get('stop')}")
     require(isinstance(d.get("detail", ""), str), f"{where}.detail must be a string")
+    require(isinstance(d.get("extra", {}), dict), f"{where}.extra must be a JSON object")
     for sample in _triple_list(d.get("samples", []), f"{where}.samples"):
         require(all(x is None or _is_int(x) for x in sample), f"{where}.samples entries must be integers or null")
     for program in _triple_list(d.get("programs", []), f"{where}.programs"):
@@ -302,7 +303,7 @@ def load_case(path) -> CaseFile:
 
 
 # -- pytest --------------------------------------------------------------------------------------------
-def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: str = "cpu",
+def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: Optional[str] = None,
                       limit: int = 12) -> None:
     """For property tests: if ``findings``, write the case file and raise ``AssertionError``.
 
@@ -318,6 +319,10 @@ def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OU
     final = hypothesis_final()
     if final is False:
         raise AssertionError(message + "\n(case file written once Hypothesis has shrunk this failure)")
+    if device is None:
+        from harness.device import interpreting
+
+        device = "cpu" if interpreting() else "cuda"
     extras = {"hypothesis": hypothesis_blob()}
     test = os.environ.get("PYTEST_CURRENT_TEST")
     if test:

@@ -63,6 +63,8 @@ def _add_target_args(p: argparse.ArgumentParser, *, sizing_default: Optional[str
     p.add_argument("--sizing", default=sizing_default,
                    help="eager, fixed, prefix (the seed's bug), safe, or module:attr / file.py:attr")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-audit", action="store_true",
+                   help="CPU only: turn off the interpreter address audit (OOB_READ/OOB_WRITE; on by default)")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -103,8 +105,15 @@ def cmd_fuzz(args) -> int:
     strategy = cases(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     # Validate the strategy's arguments now (BadInput), not inside Hypothesis.
     strategy.validate()
+    from harness.case import Config
+
+    # The smallest config the pinned fields allow must be valid (e.g. int32 offsets), or nothing could run.
+    Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
+           ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
+           layout=args.layout, mode=args.mode)
     out_dir = _out_dir(args.out)
-    session = None if args.resume else Session(device, args.kernel)  # resolves the kernel: BadInput first
+    # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
+    session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     from harness.fuzz import FuzzResult
@@ -123,7 +132,7 @@ def cmd_fuzz(args) -> int:
         with Journal(out_dir, device=device) as journal:
             try:
                 result = fuzz(session, strategy, max_examples=args.max_examples, seed=args.seed,
-                              shrink_seconds=args.shrink_seconds, journal=journal,
+                              shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
                               progress=progress.update if progress else None,
                               progress_every_s=progress.every_s if progress else 2.0)
             finally:
@@ -174,8 +183,9 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
 def cmd_repro(args) -> int:
     from harness.repro import run_repro
 
-    return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, verbose=args.verbose,
-                     out=sys.stdout, announce=_stderr)
+    return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
+                     layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,
+                     announce=_stderr)
 
 
 def cmd_report(args) -> int:
@@ -194,6 +204,49 @@ def cmd_report(args) -> int:
     return EXIT_CLEAN
 
 
+# -- mutants ------------------------------------------------------------------------------------------
+def cmd_mutants(args) -> int:
+    """The mutation self-test (harness.mutants): exit 0 when every mutant is caught and the reference is clean."""
+    from harness.device import select
+    from harness.mutants import format_table, run_all
+
+    device = select(args.device, announce=_stderr)
+    json_path = _writable(args.json, "--json")
+    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name}: "
+                                                          f"{'detected' if r.detected else 'not detected'} "
+                                                          f"({r.seconds:.1f}s)"))
+    report = run_all(device, max_examples=args.max_examples, seed=args.seed, names=args.only or None,
+                     audit=False if args.no_audit else None, progress=progress)
+    print(format_table(report))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return EXIT_CLEAN if report.passed else EXIT_FINDINGS
+
+
+# -- sweep -------------------------------------------------------------------------------------------
+def cmd_sweep(args) -> int:
+    """The nightly job (harness.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
+    from harness import sanitizer
+    from harness.sweep import run_sweep
+
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    require(tools and all(t in sanitizer.TOOLS for t in tools),
+            f"--tools {args.tools!r}: choose from {', '.join(sanitizer.TOOLS)}")
+    require(args.cases is None or args.max_examples is None, "--cases and --max-examples exclude each other")
+    from harness.targets import resolve_sizing
+
+    resolve_sizing(args.sizing)
+
+    def strategy():
+        from strategies import cases, configs
+
+        return cases(configs(sizing=args.sizing, mode=args.mode, layout=args.layout), seq_len_limit="ctx")
+
+    return run_sweep(tools=tools, cases_dir=args.cases, max_examples=args.max_examples or 500, jobs=args.jobs,
+                     strategy_factory=strategy, out_dir=_out_dir(args.out), seed=args.seed,
+                     max_failing=args.max_failing, sample=args.sample, timeout=args.timeout, announce=_stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m harness", description="kvfence: differential fuzzing and memory-safety "
                      "harness for the EAGLE draft-decode kv-indices kernel")
@@ -208,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget for shrinking a failure")
     fz.add_argument("--json", default=None, help="write a JSON summary here")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    fz.add_argument("--no-target", action="store_true",
+                    help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--out", default="reports/out",
                     help="folder for cases/, summary.json, report.md and report.html (default reports/out)")
     fz.add_argument("--resume", action="store_true",
@@ -219,12 +274,43 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     rp.add_argument("--kernel", default=None, help="run another kernel on this case (does my fix work?)")
     rp.add_argument("--sizing", default=None, help="run this case under another sizing policy")
+    rp.add_argument("--mode", default=None, choices=["graph", "eager"], help="run this case in another mode")
+    rp.add_argument("--layout", default=None, choices=["redzone", "production"], help="run it in another layout")
+    rp.add_argument("--no-absorb", action="store_true",
+                    help="guards of MIN_GUARD only: an overflow leaves the allocation (for compute-sanitizer runs)")
     rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")
     rp.set_defaults(func=cmd_repro)
 
     rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json")
     rr.add_argument("dir", help="a fuzz --out folder holding summary.json")
     rr.set_defaults(func=cmd_report)
+
+    mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected")
+    mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    mu.add_argument("--max-examples", type=_positive_int, default=30, help="example budget per mutant")
+    mu.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
+    mu.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants (file stems)")
+    mu.add_argument("--json", default=None, help="write the results here")
+    mu.add_argument("--no-audit", action="store_true", help="CPU only: turn off the interpreter address audit")
+    mu.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    mu.set_defaults(func=cmd_mutants)
+
+    sw = sub.add_parser("sweep", help="nightly: canary fuzzing, then compute-sanitizer on failing and sampled cases")
+    sw.add_argument("--tools", default=",".join(("memcheck", "initcheck", "racecheck", "synccheck")),
+                    help="comma-separated: memcheck,initcheck,racecheck,synccheck")
+    sw.add_argument("--cases", default=None, help="re-run the case files in this folder instead of fuzzing")
+    sw.add_argument("--max-examples", type=_positive_int, default=None, help="canary examples (default 500)")
+    sw.add_argument("--jobs", type=_positive_int, default=1, help="sanitizer processes at a time")
+    sw.add_argument("--sizing", default="prefix", help="sizing policy of the canary phase (default prefix)")
+    sw.add_argument("--mode", default="eager", choices=["graph", "eager"],
+                    help="eager: caching allocator off under the tools (memcheck sees overflows); graph: on")
+    sw.add_argument("--layout", default="redzone", choices=["redzone", "production"], help="canary-phase layout")
+    sw.add_argument("--max-failing", type=_positive_int, default=12, help="failing cases sent to the tools")
+    sw.add_argument("--sample", type=_non_negative_int, default=3, help="passing cases sent to the tools")
+    sw.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer process")
+    sw.add_argument("--seed", type=_non_negative_int, default=None)
+    sw.add_argument("--out", default="reports/out", help="folder for sweep.json, sweep.html, cases/ and logs")
+    sw.set_defaults(func=cmd_sweep)
     return parser
 
 

@@ -30,6 +30,11 @@ class Kind(str, enum.Enum):
     #: Interpreter address audit: a load or store outside every registered allocation.
     OOB_READ = "OOB_READ"
     OOB_WRITE = "OOB_WRITE"
+    #: compute-sanitizer's verdicts (harness.sanitizer), one kind per tool.
+    SANITIZER_MEMCHECK = "SANITIZER_MEMCHECK"
+    SANITIZER_INITCHECK = "SANITIZER_INITCHECK"
+    SANITIZER_RACECHECK = "SANITIZER_RACECHECK"
+    SANITIZER_SYNCCHECK = "SANITIZER_SYNCCHECK"
 
 
 @dataclass
@@ -50,6 +55,8 @@ class Finding:
     samples: List[Tuple[int, Optional[int], Optional[int]]] = field(default_factory=list)
     programs: List[Tuple[int, int, int]] = field(default_factory=list)
     detail: str = ""
+    #: Structured facts of findings from outside tools (compute-sanitizer: access, address, thread, ...).
+    extra: dict = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -74,6 +81,7 @@ class Finding:
             samples=[tuple(x) for x in d.get("samples", [])],
             programs=[tuple(p) for p in d.get("programs", [])],
             detail=d.get("detail", ""),
+            extra=dict(d.get("extra", {})),
         )
 
     def headline(self) -> str:

@@ -69,6 +69,9 @@ class FuzzResult:
     max_utilisation: float = 0.0
     shrink_cut: bool = False
     shrinking: bool = False
+    #: Seconds from the start to the first failing case, and the examples it took (before shrinking).
+    first_failure_s: Optional[float] = None
+    examples_to_failure: Optional[int] = None
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
     stats: List[ExampleStat] = field(default_factory=list)
     failure_stat: Optional[ExampleStat] = None
@@ -105,10 +108,12 @@ def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
 
 def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
-         progress_every_s: float = 2.0, database=None, journal=None) -> FuzzResult:
+         progress_every_s: float = 2.0, database=None, journal=None, targeting: bool = True) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of ``Case``) for ``max_examples`` cases.
 
     ``journal`` (a ``harness.journal.Journal``) records each case as in flight around its launch.
+    ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
+    limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
     """
     from harness.casefile import hypothesis_blob, hypothesis_final
 
@@ -140,7 +145,8 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
             _keep(result, stat, rng)
             u = stat.need / stat.width
             result.max_utilisation = max(result.max_utilisation, u)
-            target(u, label="need/width")
+            if targeting:
+                target(u, label="need/width")
         if progress is not None and now - state["last_progress"] >= progress_every_s:
             state["last_progress"] = now
             result.elapsed_s = now - start
@@ -148,6 +154,8 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
         if findings:
             if state["first_failure"] is None:
                 state["first_failure"] = time.perf_counter()
+                result.first_failure_s = state["first_failure"] - start
+                result.examples_to_failure = result.examples
                 result.shrinking = True
             if hypothesis_final():
                 result.hypothesis = hypothesis_blob()
@@ -156,7 +164,8 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
     test = given(strategy)(body)
     test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
                     report_multiple_bugs=False, print_blob=False,
-                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.target] if targeting else [])
+                    + [Phase.shrink],
                     suppress_health_check=list(HealthCheck))(test)
     if seed is not None:
         test = hyp_seed(seed)(test)

@@ -68,6 +68,7 @@ class GuardedBuffer:
         live = torch.zeros(self.length, dtype=torch.bool, device=self.device)
         live[front: front + rows * self.stride].view(rows, self.stride)[:, :width] = True
         self.live_mask = live
+        self.canary_seed = canary_seed
         self.canaries = canary_values(canary_seed, self.length, self.device)
         self.reset()
 

@@ -23,6 +23,7 @@ from typing import Dict, List
 
 from harness import casefile
 from harness.case import Case
+from harness.errors import BadInput
 from harness.findings import Finding, Kind
 
 JOURNAL_DIR = "journal"
@@ -124,9 +125,14 @@ def recover(out_dir) -> List[Crash]:
             if not path.exists():
                 continue
             record, problem = _read_slot(path)
+            case = None
             if record is not None:
+                try:
+                    case = casefile.case_from_dict(record.get("case"))
+                except BadInput as exc:
+                    problem = f"journal slot {path.name} holds an unusable case: {exc}"
+            if case is not None:
                 run = record.get("run", {})
-                case = casefile.case_from_dict(record["case"])
                 started = run.get("started")
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
                 finding = Finding(Kind.CRASH, "kernel", "launch",
@@ -135,9 +141,8 @@ def recover(out_dir) -> List[Crash]:
                 case_path = casefile.write_case(case, [finding], out_dir=out_dir, device=device, source="journal",
                                                 extras={"journal": {"slot": path.name, **run}})
                 crashes.append(Crash(case_path, case, finding))
-            elif problem is not None:
-                crashes_note = folder / "torn-records.log"
-                with open(crashes_note, "a") as fh:
+            elif problem is not None:  # kept for a human to read; the run goes on
+                with open(folder / "unusable-slots.log", "a") as fh:
                     fh.write(problem + "\n")
             os.unlink(path)
         finally:

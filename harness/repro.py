@@ -23,8 +23,9 @@ _ROW = re.compile(r"^(?:slack of )?row (\d+)$")
 _GUARD = re.compile(r"^guard after row (\d+)$")
 
 
-def apply_overrides(loaded: CaseFile, *, kernel: Optional[str] = None, sizing: Optional[str] = None) -> Case:
-    """The loaded case with another kernel and/or sizing policy (validated: ``BadInput`` if impossible)."""
+def apply_overrides(loaded: CaseFile, *, kernel: Optional[str] = None, sizing: Optional[str] = None,
+                    mode: Optional[str] = None, layout: Optional[str] = None) -> Case:
+    """The loaded case with another kernel, sizing policy, mode or layout (``BadInput`` if impossible)."""
     from harness.targets import resolve_sizing
 
     case = loaded.case
@@ -32,6 +33,10 @@ def apply_overrides(loaded: CaseFile, *, kernel: Optional[str] = None, sizing: O
     if sizing is not None:
         resolve_sizing(sizing)
         config = dataclasses.replace(config, sizing=sizing)
+    if mode is not None:
+        config = dataclasses.replace(config, mode=mode)
+    if layout is not None:
+        config = dataclasses.replace(config, layout=layout)
     return Case(config, case.batch, kernel if kernel is not None else case.kernel, case.canary_seed)
 
 
@@ -123,17 +128,22 @@ def finding_lines(i: int, f: Finding, *, obs=None, expected_writes=None, verbose
 
 
 def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizing: Optional[str] = None,
+              mode: Optional[str] = None, layout: Optional[str] = None, absorb: bool = True,
               verbose: bool = False, out: TextIO, announce=None) -> int:
-    """Load, re-run and describe one case file; returns the exit code (1 reproduces, 0 passes)."""
+    """Load, re-run and describe one case file; returns the exit code (1 reproduces, 0 passes).
+
+    ``absorb=False`` (``--no-absorb``) lets an overflow leave the buffer's allocation, as in
+    production: for runs under compute-sanitizer (``harness.sanitizer``).
+    """
     from harness.device import select
 
     loaded = load_case(path)
-    case = apply_overrides(loaded, kernel=kernel, sizing=sizing)
+    case = apply_overrides(loaded, kernel=kernel, sizing=sizing, mode=mode, layout=layout)
     device = select(device, announce=announce)
     from harness.session import Session
     from harness.verdict import check, expected_from_oracle
 
-    session = Session(device, case.kernel)  # resolves the kernel: BadInput before anything runs
+    session = Session(device, case.kernel, absorb=absorb)  # resolves the kernel: BadInput before anything runs
     c, b = case.config, case.batch
     lb = case.launch()
     p = lambda line="": print(line, file=out)  # noqa: E731
@@ -141,9 +151,10 @@ def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizin
     p(f"config  topk={c.topk} num_steps={c.num_steps} page_size={c.page_size} ctx={c.ctx} max_bs={c.max_bs} "
       f"buckets={list(c.buckets)} mode={c.mode} layout={c.layout} canary_seed={case.canary_seed}")
     p(f"batch   seq_lens={list(b.seq_lens)} req_pool_indices={list(b.req_pool_indices)} token_seed={b.token_seed}"
-      f" (launched as {lb.num_seqs} rows{', padded' if lb.num_seqs > b.raw_bs else ''})")
+      f" (launched as {lb.num_seqs} row{'s' * (lb.num_seqs != 1)}{', padded' if lb.num_seqs > b.raw_bs else ''})")
     changed = [f"{name} {new} (file: {old})" for name, new, old in
-               (("kernel", case.kernel, loaded.case.kernel), ("sizing", c.sizing, loaded.case.config.sizing))
+               (("kernel", case.kernel, loaded.case.kernel), ("sizing", c.sizing, loaded.case.config.sizing),
+                ("mode", c.mode, loaded.case.config.mode), ("layout", c.layout, loaded.case.config.layout))
                if new != old]
     p(f"target  kernel {case.kernel}, sizing {c.sizing}, device {device}"
       + (f" (found on {loaded.device})" if loaded.device and loaded.device != device else ""))

@@ -19,7 +19,8 @@ import triton.language as tl
 TOKEN_BLOCK = 512
 
 
-@triton.jit
+# Runtime sizes are not specialised (== 1, multiple of 16): one variant per constexpr set.
+@triton.jit(do_not_specialize=['pool_len', 'kv_indices_stride', 'kv_indptr_stride'])
 def generate_draft_decode_kv_indices(
     req_pool_indices,  # [num_seqs] pool row of each request
     req_to_token,  # [pool_rows, pool_len] token position -> KV slot id

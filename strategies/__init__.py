@@ -9,6 +9,7 @@ one request of length 1, pool rows in order, token seed 0).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 from hypothesis import strategies as st
@@ -88,44 +89,67 @@ def _one_length(config: Config, bound: int):
     return st.one_of(st.sampled_from(edge_lengths(config, bound)), st.integers(1, bound))
 
 
+def _draw_lengths(draw, config: Config, bound: int, count: int):
+    one = _one_length(config, bound)
+    if draw(BOOLEANS):
+        return [draw(one)] * count
+    return [draw(one) for _ in range(count)]
+
+
 @st.composite
 def seq_lens(draw, config: Config, count: int, seq_len_limit: str = "ctx"):
     """``count`` request lengths in ``[1, bound]``. Half the time one length shared by the whole batch
     (a full bucket at the context limit is what overflows the fixed policy), otherwise each length is
     an edge value or uniform. Shrinks toward all-ones.
     """
-    one = _one_length(config, seq_len_bound(config, seq_len_limit))
-    if draw(st.booleans()):
-        return [draw(one)] * count
-    return [draw(one) for _ in range(count)]
+    return _draw_lengths(draw, config, seq_len_bound(config, seq_len_limit), count)
 
 
+BOOLEANS = st.booleans()
 TOKEN_SEEDS = st.integers(0, 2**30 - 1)
 
 
+@functools.lru_cache(maxsize=256)
+def _integers(lo: int, hi: int):
+    return st.integers(lo, hi)
+
+
 @functools.lru_cache(maxsize=64)
-def _pool_row(pool_rows: int):
-    return st.integers(0, pool_rows - 1)
+def _multipliers(pool_rows: int):
+    # Affine permutations i -> (a*i + c) mod pool_rows need gcd(a, pool_rows) == 1; a = 1 comes first,
+    # so rows shrink toward 0, 1, 2, ...
+    return st.sampled_from([a for a in range(1, pool_rows + 1) if math.gcd(a, pool_rows) == 1])
 
 
 def batches(config: Config, seq_len_limit: str = "ctx", min_requests: int = 1):
-    """A ``Batch`` for ``config``: 1..max_bs requests (graph mode pads to a bucket), lengths from
-    ``seq_lens``, distinct pool rows in permuted order, and a token-table seed.
+    """A ``Batch`` for ``config``: 1..max_bs requests (graph mode pads to a bucket), lengths as in
+    ``seq_lens``, distinct pool rows in a permuted order, and a token-table seed.
+
+    Pool rows come from an affine permutation ``(a*i + c) mod pool_rows`` (rotated, strided, reversed
+    orders): two draws instead of one per request, which keeps generation cheap enough for the GPU's
+    thousand cases a second while still catching any mix-up of requests and their rows.
     """
     require(isinstance(config, Config), f"batches(config={config!r}) needs a Config")
     seq_len_bound(config, seq_len_limit)
-    require(1 <= min_requests <= config.max_bs, f"batches(min_requests={min_requests}) must be in 1..max_bs")
+    require(isinstance(min_requests, int) and 1 <= min_requests <= config.max_bs,
+            f"batches(min_requests={min_requests}) must be in 1..max_bs")
     return _batches(config, seq_len_limit, min_requests)
 
 
+@functools.lru_cache(maxsize=256)
+def _batches(config: Config, seq_len_limit: str, min_requests: int):
+    # Cached per (config, limit): Hypothesis validates a strategy object once, on its first draw.
+    return _draw_batch(config, seq_len_bound(config, seq_len_limit), min_requests)
+
+
 @st.composite
-def _batches(draw, config: Config, seq_len_limit: str, min_requests: int):
-    raw_bs = draw(st.integers(min_requests, config.max_bs))
-    lens = draw(seq_lens(config, raw_bs, seq_len_limit))
-    # Distinct pool rows in drawn order (shrinks toward 0, 1, 2, ...).
-    rows = draw(st.lists(_pool_row(config.pool_rows), min_size=raw_bs, max_size=raw_bs, unique=True))
-    token_seed = draw(TOKEN_SEEDS)
-    return Batch(tuple(lens), tuple(rows), token_seed)
+def _draw_batch(draw, config: Config, bound: int, min_requests: int):
+    raw_bs = draw(_integers(min_requests, config.max_bs))
+    lens = _draw_lengths(draw, config, bound, raw_bs)
+    rows_total = config.pool_rows
+    a, c = draw(_multipliers(rows_total)), draw(_integers(0, rows_total - 1))
+    rows = [(a * i + c) % rows_total for i in range(raw_bs)]
+    return Batch(tuple(lens), tuple(rows), draw(TOKEN_SEEDS))
 
 
 def cases(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0):
@@ -139,5 +163,5 @@ def cases(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str
 @st.composite
 def _cases(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int):
     config = draw(config_strategy)
-    batch = draw(batches(config, seq_len_limit))
+    batch = draw(_batches(config, seq_len_limit, 1))
     return Case(config, batch, kernel, canary_seed)

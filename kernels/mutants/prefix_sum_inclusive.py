@@ -40,7 +40,8 @@ def generate_draft_decode_kv_indices(
     seq_len = tl.load(paged_kernel_lens + req)
     pool_row = tl.load(req_pool_indices + req)
     r = tl.arange(0, bs_upper)
-    before = tl.sum(tl.load(paged_kernel_lens + r, mask=r <= req, other=0  # BUG: exclusive sum wanted))
+    # BUG: C_b must exclude request b itself (mask r < req)
+    before = tl.sum(tl.load(paged_kernel_lens + r, mask=r <= req, other=0))
     row_base = kv_indices + step * kv_indices_stride
     seg = row_base + topk * before + req * n * topk + branch * (seq_len + n)
     src = req_to_token + pool_row * pool_len

@@ -1,0 +1,176 @@
+"""Throughput of kvfence, side by side with the kernel alone and with a naive harness.
+
+    python benchmarks/throughput.py --json PATH [--device cuda|cpu] [--quick]
+
+Measures, in one run:
+
+* ``small_cases_per_s``: verified cases per second on small batches (<= 16 requests, L <= 512, topk 2,
+  3 steps) through captured graphs, Hypothesis generation included (``harness.fuzz.fuzz`` without its
+  target phase; ``small_cases_per_s_targeting`` with it);
+* ``kernel_replay_us_large``: the kernel's own CUDA-graph replay for a large batch (256 requests x
+  L 4096 x topk 8 x 5 steps), ``triton.testing.do_bench`` median;
+* ``verify_us_large``: the on-device verification graph for that batch (do_bench median), and
+  ``case_us_large``: a whole verified case through ``Session.check`` (CUDA events, median);
+* ``naive_s_large``: a naive harness on the same case: eager launch into plain tensors, copy everything
+  to the host, Python loop over programs comparing each segment with the table.
+
+On ``--device cpu`` (the interpreter) only the small-case rate is measured (``--quick`` shrinks it);
+the large-batch keys are null, since a 50-million-element launch is not an interpreter workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SMALL = dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16)
+LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
+
+
+def small_rate(device: str, examples: int, seed: int) -> dict:
+    from harness.fuzz import fuzz
+    from harness.session import Session
+    from strategies import cases, configs
+
+    session = Session(device, "reference")
+    strategy = cases(configs(sizing="safe", **SMALL))
+    # Warm-up: compiles the kernels and captures every bucket's graphs.
+    fuzz(session, strategy, max_examples=min(examples, 200), seed=seed + 1)
+    out = {}
+    for targeting, key in ((False, "small_cases_per_s"), (True, "small_cases_per_s_targeting")):
+        rates = []
+        for rep in range(3 if device == "cuda" else 1):
+            result = fuzz(session, strategy, max_examples=examples, seed=seed + 2 + rep, targeting=targeting)
+            assert not result.findings, [f.headline() for f in result.findings]
+            rates.append(result.cases_per_s)
+        out[key] = round(statistics.median(rates), 1)
+        out[key.replace("per_s", "rates")] = [round(r, 1) for r in rates]
+    return dict(out, small_examples=examples, small_session_stats=dict(session.stats))
+
+
+def naive_check(config, batch) -> float:
+    """Eager launch into plain tensors, copy to the host, Python loop over programs. Returns seconds."""
+    import torch
+
+    from harness import oracle
+    from harness.case import launch_batch
+    from harness.runner import slot_table
+    from kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+
+    t0 = time.perf_counter()
+    lb = launch_batch(config, batch)
+    dev = "cuda"
+    table = slot_table(batch.token_seed, config.pool_rows, config.pool_len, dev)
+    width = config.row_width(lb.num_seqs)
+    kv_indices = torch.zeros(config.num_steps, width, dtype=torch.int32, device=dev)
+    kv_indptr = torch.zeros(config.num_steps, lb.num_seqs * config.topk + 1, dtype=torch.int32, device=dev)
+    launch(generate_draft_decode_kv_indices, req_pool_indices=torch.tensor(lb.req_pool_indices, device=dev),
+           req_to_token=table, seq_lens=torch.tensor(lb.seq_lens, dtype=torch.int32, device=dev),
+           kv_indices=kv_indices, kv_indptr=kv_indptr, positions=torch.tensor(lb.positions, device=dev),
+           topk=config.topk, num_steps=config.num_steps, page_size=config.page_size)
+    rows, ptr, tab = kv_indices.cpu().tolist(), kv_indptr.cpu().tolist(), table.cpu().tolist()
+    bad = 0
+    for s in range(config.num_steps):
+        row = rows[s]
+        for b, L in enumerate(lb.seq_lens):
+            src = tab[lb.req_pool_indices[b]]
+            for k in range(config.topk):
+                start = oracle.segment_offset(lb.seq_lens, config.topk, s, b, k)
+                e = oracle.draft_slot_start(L, k, config.topk, config.num_steps, config.page_size)
+                expected = src[:L] + src[e:e + s + 1]
+                bad += sum(1 for x, y in zip(row[start:start + L + s + 1], expected) if x != y)
+                z = b * config.topk + k or lb.num_seqs * config.topk
+                bad += ptr[s][z] != sum(lb.positions[:z]) + z * (s + 1)
+    assert bad == 0
+    return time.perf_counter() - t0
+
+
+def large(device: str) -> dict:
+    import torch
+    import triton.testing
+
+    from harness.case import Batch, Case, Config
+    from harness.device_verify import DeviceVerifier
+    from harness.session import Session
+
+    config = Config(sizing="safe", **LARGE)
+    batch = Batch(tuple([LARGE["ctx"]] * LARGE["max_bs"]), tuple(range(1, LARGE["max_bs"] + 1)), 12345)
+    case = Case(config, batch)
+    session = Session(device, "reference")
+    assert session.check(case) == [] and session.stats["fast_clean"] == 1
+    runner = session.runner(config)
+    verifier: DeviceVerifier = session._device_verifiers[runner]
+    prepare, kernel, verify = verifier._steps(case.launch().num_seqs)
+    kernel_us = triton.testing.do_bench(kernel, warmup=25, rep=200, return_mode="median") * 1e3
+    verify_us = triton.testing.do_bench(verify, warmup=25, rep=200, return_mode="median") * 1e3
+    prepare_us = triton.testing.do_bench(prepare, warmup=25, rep=200, return_mode="median") * 1e3
+    # A whole verified case (staging copy, three graph replays, counters back), CUDA events, median.
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        assert session.check(case) == []
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    case_us = statistics.median(times)
+    naive_s = naive_check(config, batch)
+    bytes_out = config.num_steps * config.row_width(LARGE["max_bs"]) * 4
+    return {
+        "kernel_replay_us_large": round(kernel_us, 1),
+        "verify_us_large": round(verify_us, 1),
+        "prepare_us_large": round(prepare_us, 1),
+        "case_us_large": round(case_us, 1),
+        "large_verify_over_kernel": round(verify_us / kernel_us, 2),
+        "naive_s_large": round(naive_s, 2),
+        "speedup_vs_naive": round(naive_s * 1e6 / case_us, 1),
+        "large_kv_indices_mib": round(bytes_out / 2**20, 1),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--quick", action="store_true", help="fewer examples")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from harness.device import select
+    from harness.errors import BadInput
+
+    try:
+        device = select(args.device)
+    except BadInput as exc:
+        print(f"throughput: error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+    import triton
+
+    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
+           "torch": torch.__version__, "triton": triton.__version__,
+           "command": "python benchmarks/throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    examples = (300 if args.quick else 2000) if device == "cuda" else (20 if args.quick else 100)
+    out.update(small_rate(device, examples, args.seed))
+    if device == "cuda":
+        out.update(large(device))
+    else:
+        out.update({k: None for k in ("kernel_replay_us_large", "verify_us_large", "large_verify_over_kernel",
+                                      "naive_s_large", "speedup_vs_naive")})
+    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    width = max(len(k) for k in out)
+    for k, v in out.items():
+        if not isinstance(v, (dict, list)):
+            print(f"{k:<{width}}  {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

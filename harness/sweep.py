@@ -1,0 +1,125 @@
+"""``python -m harness sweep``: the nightly job. Canaries first, then compute-sanitizer on the cases.
+
+1. **Canary phase** (unless ``--cases DIR``): Hypothesis's nightly settings over ``cases()``, every
+   example checked by the canary harness and ``target()``-ed on need/width so the search presses against
+   the buffer limit. Nothing stops at the first failure: every verdict is recorded.
+2. **Sanitizer phase**: every failing case (up to ``max_failing``) and a sample of passing ones are
+   written as case files and re-run, one process per case and tool (``harness.sanitizer``), plus one
+   plain run of the same case for the slowdown's denominator.
+3. **Report**: ``sweep.json`` and ``sweep.html`` (``reports/sweep.py``): per case, the canary verdict beside
+   each tool's verdict and slowdown.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from harness.errors import EXIT_CLEAN, EXIT_FINDINGS, require
+
+
+def canary_phase(session, strategy, *, max_examples: int, seed: Optional[int], progress=None):
+    """All (case, findings) Hypothesis explored, with need/width targeted. No shrinking, no stopping."""
+    from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings, target
+
+    from harness.fuzz import utilisation
+
+    seen = {}
+
+    def body(case):
+        if case in seen:
+            return
+        findings = session.check(case)
+        seen[case] = findings
+        target(utilisation(case), label="need/width")
+        if progress is not None and len(seen) % 200 == 0:
+            progress(len(seen), sum(1 for f in seen.values() if f))
+
+    test = settings(max_examples=max_examples, deadline=None, database=None, phases=[Phase.generate, Phase.target],
+                    suppress_health_check=list(HealthCheck))(given(strategy)(body))
+    if seed is not None:
+        test = hyp_seed(seed)(test)
+    test()
+    return list(seen.items())
+
+
+def select_cases(explored, *, max_failing: int, sample: int, seed: int = 0):
+    """Every failing case (up to ``max_failing``, highest need/width first) and ``sample`` passing ones."""
+    from harness.fuzz import utilisation
+
+    failing = sorted(((c, f) for c, f in explored if f), key=lambda cf: -utilisation(cf[0]))[:max_failing]
+    passing = [(c, f) for c, f in explored if not f]
+    rng = random.Random(seed)
+    return failing + rng.sample(passing, min(sample, len(passing)))
+
+
+def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: int, jobs: int, strategy_factory,
+              out_dir: Path, seed: Optional[int], max_failing: int, sample: int, timeout: float,
+              announce: Callable[[str], None]) -> int:
+    from harness import sanitizer
+    from harness.casefile import load_case, write_case
+    from harness.device import select
+    from harness.session import Session
+    from reports.sweep import write_sweep_reports
+
+    exe = sanitizer.locate()  # exit 2 before anything else when the tool is missing
+    device = select("cuda")  # and when there is no GPU
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = out_dir / "sanitizer"
+    work.mkdir(exist_ok=True)
+
+    t0 = time.perf_counter()
+    if cases_dir is not None:
+        folder = Path(cases_dir)
+        require(folder.is_dir(), f"--cases {cases_dir}: no such directory")
+        files = sorted(folder.glob("*.json"))
+        require(files, f"--cases {cases_dir}: no case files (*.json)")
+        chosen = [(load_case(p).case, load_case(p).findings, p) for p in files]
+        explored_n, failing_n = len(chosen), sum(1 for _, f, _ in chosen if f)
+    else:
+        session = Session(device, "reference")
+        explored = canary_phase(session, strategy_factory(), max_examples=max_examples, seed=seed,
+                                progress=lambda n, bad: announce(f"kvfence sweep: {n} cases, {bad} failing"))
+        explored_n, failing_n = len(explored), sum(1 for _, f in explored if f)
+        chosen = [(c, f, write_case(c, f, out_dir=out_dir, device=device, source="sweep"))
+                  for c, f in select_cases(explored, max_failing=max_failing, sample=sample, seed=seed or 0)]
+    canary_s = time.perf_counter() - t0
+    announce(f"kvfence sweep: {explored_n} cases explored ({failing_n} failing) in {canary_s:.0f}s; "
+             f"{len(chosen)} go to {', '.join(tools)}")
+
+    def sanitize(item):
+        case, findings, path = item
+        base = sanitizer.baseline_seconds(path, case.config.mode, timeout=timeout)
+        verdicts = [sanitizer.run_tool(exe, tool, path, case.config.mode, work, timeout=timeout) for tool in tools]
+        summary = case.sizing_summary()
+        announce(f"kvfence sweep: {path.name}: canary {sorted({f.kind.value for f in findings}) or 'clean'}; "
+                 + ", ".join(f"{v.tool} {len(v.findings)} finding(s)" for v in verdicts))
+        return {
+            "case": str(path), "mode": case.config.mode, "need": summary["need"], "width": summary["width"],
+            "canary": {"kinds": sorted({f.kind.value for f in findings}),
+                       "regions": sorted({f"{f.buffer} {f.region}" for f in findings})},
+            "baseline_s": round(base, 3),
+            "tools": {v.tool: dict(v.to_dict(), slowdown=round(v.seconds / base, 2) if base > 0 else None)
+                      for v in verdicts},
+        }
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        rows = list(pool.map(sanitize, chosen))
+    per_tool = {}
+    for tool in tools:
+        slow = [r["tools"][tool]["slowdown"] for r in rows if r["tools"][tool]["slowdown"] is not None]
+        per_tool[tool] = {"cases_with_findings": sum(1 for r in rows if r["tools"][tool]["findings"]),
+                          "median_slowdown": round(statistics.median(slow), 2) if slow else None}
+    doc = {"tools": list(tools), "explored": explored_n, "failing": failing_n, "canary_seconds": round(canary_s, 1),
+           "cases": rows, "per_tool": per_tool,
+           "canary_cases_with_findings": sum(1 for r in rows if r["canary"]["kinds"])}
+    (out_dir / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
+    html_path = write_sweep_reports(doc, out_dir)
+    announce(f"kvfence sweep: wrote {out_dir / 'sweep.json'} and {html_path}")
+    dirty = doc["canary_cases_with_findings"] or any(v["cases_with_findings"] for v in per_tool.values())
+    return EXIT_FINDINGS if dirty else EXIT_CLEAN

@@ -1,0 +1,194 @@
+"""Render a fuzz summary (``reports/summary.py``) as ``report.md`` and a self-contained ``report.html``.
+
+The coverage plot needs matplotlib, which is optional: it is imported here, lazily, and when it is
+missing (or fails) both reports say the plot was skipped and why. Nothing else in kvfence imports it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import random
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from reports.summary import COVERAGE_FIELDS, finding_rows, run_rows, table
+
+PLOT_NAME = "coverage.png"
+
+
+def _rows_by_topk(doc: dict) -> Dict[int, List[dict]]:
+    out: Dict[int, List[dict]] = {}
+    for row in doc.get("coverage", {}).get("examples", []):
+        r = dict(zip(COVERAGE_FIELDS, row))
+        out.setdefault(r["topk"], []).append(r)
+    return out
+
+
+def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
+    """The coverage plot as PNG bytes, or ``(None, why it was skipped)``.
+
+    One panel per topk: launched requests (x, jittered) against buffer utilisation need/width (y) of
+    every explored example; the line at 1 is where the buffer overflows. Failing examples are red
+    crosses, the case files' cases red stars.
+    """
+    by_topk = _rows_by_topk(doc)
+    cases = list(doc.get("cases", {}).values())
+    if not by_topk and not cases:
+        return None, "no examples were recorded"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # ImportError, or a broken install
+        return None, f"matplotlib is not available ({type(exc).__name__}: {exc}); pip install matplotlib"
+    topks = sorted(set(by_topk) | {c["config"]["topk"] for c in cases})
+    cols = min(4, len(topks))
+    nrows = (len(topks) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 2.9 * nrows), squeeze=False, sharey=True)
+    jitter = random.Random(0)
+    xmax = max([r["num_seqs"] for rows in by_topk.values() for r in rows] + [c["num_seqs"] for c in cases])
+    xticks = list(range(1, xmax + 1, max(1, xmax // 8)))
+    for ax in axes.flat[len(topks):]:
+        ax.set_visible(False)
+    for ax, topk in zip(axes.flat, topks):
+        rows = by_topk.get(topk, [])
+        ok = [r for r in rows if not r["failed"]]
+        bad = [r for r in rows if r["failed"]]
+        for group, style in ((ok, dict(s=9, c="#3a6ea5", alpha=0.35, marker="o", label="explored")),
+                             (bad, dict(s=40, c="#d62728", marker="x", label="failed"))):
+            if group:
+                ax.scatter([r["num_seqs"] + jitter.uniform(-0.18, 0.18) for r in group],
+                           [r["need"] / r["width"] for r in group], linewidths=1, **style)
+        mine = [c for c in cases if c["config"]["topk"] == topk]
+        if mine:
+            ax.scatter([c["num_seqs"] for c in mine], [c["need"] / c["width"] for c in mine], s=150, c="#d62728",
+                       marker="*", edgecolors="black", linewidths=0.6, zorder=5, label="case file")
+        ax.axhline(1.0, color="#d62728", linestyle="--", linewidth=0.9)
+        ax.set_xlim(0.5, xmax + 0.5)
+        ax.set_xticks(xticks)
+        ax.set_title(f"topk={topk}  ({len(rows)} examples, {len(bad)} failed)", fontsize=9)
+        ax.set_xlabel("launched requests (num_seqs)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.25)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("need / width", fontsize=8)
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8, ncol=len(handles))
+    fig.suptitle(f"kvfence coverage: {doc['examples']} examples, sizing {doc.get('sizing', '?')} "
+                 "(dashed: need = width)", fontsize=10, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue(), ""
+
+
+def _sampled_note(doc: dict) -> str:
+    cov = doc.get("coverage", {})
+    if cov.get("sampled"):
+        return f"(plot shows a uniform sample of {len(cov.get('examples', []))} of {doc['examples']} examples)"
+    return ""
+
+
+def markdown(doc: dict, plot_note: str) -> str:
+    def md_table(rows, header):
+        esc = lambda x: str(x).replace("|", "\\|")  # noqa: E731
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(lines + ["| " + " | ".join(esc(x) for x in r) + " |" for r in rows])
+
+    status = "FINDINGS" if doc["findings"] else "clean"
+    out = [f"# kvfence fuzz report: {status}", "", md_table(run_rows(doc), ["run", "value"]), ""]
+    if doc["findings"]:
+        out += ["## Findings", "", md_table(finding_rows(doc), ["kind", "where", "elements", "case file"]), ""]
+        out += ["## Case files", ""]
+        for c in doc.get("cases", {}).values():
+            cfg, b = c["config"], c["batch"]
+            out += [f"- `{c['path']}` ({', '.join(c['kinds'])}; from {c['source']}): topk={cfg['topk']} "
+                    f"num_steps={cfg['num_steps']} page_size={cfg['page_size']} ctx={cfg['ctx']} max_bs={cfg['max_bs']} "
+                    f"sizing={cfg['sizing']} mode={cfg['mode']} layout={cfg['layout']}; seq_lens={b['seq_lens']}; "
+                    f"need {c['need']} vs width {c['width']}", f"  - repro: `{c['repro']}`"]
+        out.append("")
+    if doc.get("shrink_cut"):
+        out += ["Shrinking hit its time budget: the case may not be minimal.", ""]
+    out += ["## Coverage", ""]
+    out += [f"![coverage]({PLOT_NAME})" if not plot_note else f"Plot skipped: {plot_note}.", ""]
+    if _sampled_note(doc):
+        out += [_sampled_note(doc), ""]
+    out += ["Each point is one explored example: launched requests against need/width of its kv_indices buffer, "
+            "one panel per topk. Above the dashed line the buffer is too small.", ""]
+    return "\n".join(out)
+
+
+_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:0.6em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 9px;text-align:left;
+font-size:14px}th{background:#f3f3f3}code{background:#f5f5f5;padding:1px 4px}.bad{color:#b00020}.ok{color:#1b7f3b}
+img{max-width:100%;border:1px solid #ddd}.note{color:#666;font-size:13px}"""
+
+
+def html_report(doc: dict, png: Optional[bytes], plot_note: str) -> str:
+    e = html.escape
+
+    def h_table(rows, header):
+        head = "".join(f"<th>{e(str(h))}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in r) + "</tr>" for r in rows)
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    status = (f'<span class="bad">{len(doc["findings"])} findings</span>' if doc["findings"]
+              else '<span class="ok">clean</span>')
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvfence fuzz report</title>"
+             f"<style>{_CSS}</style></head><body>", f"<h1>kvfence fuzz report: {status}</h1>",
+             h_table(run_rows(doc), ["run", "value"])]
+    if doc["findings"]:
+        parts += ["<h2>Findings</h2>", h_table(finding_rows(doc), ["kind", "where", "elements", "case file"]),
+                  "<h2>Case files</h2><ul>"]
+        for c in doc.get("cases", {}).values():
+            cfg, b = c["config"], c["batch"]
+            parts.append(f"<li><code>{e(c['path'])}</code> ({e(', '.join(c['kinds']))}; from {e(c['source'])}): "
+                         f"topk={cfg['topk']} num_steps={cfg['num_steps']} page_size={cfg['page_size']} "
+                         f"ctx={cfg['ctx']} max_bs={cfg['max_bs']} sizing={e(cfg['sizing'])} mode={e(cfg['mode'])} "
+                         f"layout={e(cfg['layout'])}; seq_lens={e(str(b['seq_lens']))}; need {c['need']} vs width "
+                         f"{c['width']}<br>repro: <code>{e(c['repro'])}</code></li>")
+        parts.append("</ul>")
+    if doc.get("shrink_cut"):
+        parts.append("<p class='note'>Shrinking hit its time budget: the case may not be minimal.</p>")
+    parts.append("<h2>Coverage</h2>")
+    if png is not None:
+        parts.append(f"<img alt='coverage plot' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+    else:
+        parts.append(f"<p class='bad'>Plot skipped: {e(plot_note)}.</p>")
+    note = _sampled_note(doc)
+    parts.append(f"<p class='note'>Each point is one explored example: launched requests against need/width of its "
+                 f"kv_indices buffer, one panel per topk. Above the dashed line the buffer is too small. {e(note)}</p>")
+    versions = doc.get("versions") or {}
+    if versions:
+        parts.append("<p class='note'>" + e(", ".join(f"{k} {v}" for k, v in versions.items())) + "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_reports(doc: dict, out_dir) -> dict:
+    """Write ``report.md``, ``report.html`` (and ``coverage.png`` for the markdown) into ``out_dir``.
+
+    Returns ``{"md": path, "html": path, "png": path or None, "plot_skipped": reason or ""}``.
+    """
+    from harness.casefile import atomic_write_text
+
+    out = Path(out_dir)
+    png, why = coverage_png(doc)
+    png_path = None
+    if png is not None:
+        png_path = out / PLOT_NAME
+        tmp = out / f".{PLOT_NAME}.tmp"
+        tmp.write_bytes(png)
+        tmp.replace(png_path)
+    md_path, html_path = out / "report.md", out / "report.html"
+    atomic_write_text(md_path, markdown(doc, why))
+    atomic_write_text(html_path, html_report(doc, png, why))
+    return {"md": md_path, "html": html_path, "png": png_path, "plot_skipped": why}

@@ -1,0 +1,77 @@
+"""The fast checkers against the plain oracle: the torch write-set builder must build exactly the
+oracle's write set, and the on-device verifier's counters must be zero exactly when the full verdict
+finds nothing (on CPU under the interpreter here, on CUDA in the GPU run)."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from harness.case import Batch, Case, Config
+from harness.device_verify import DeviceVerifier
+from harness.fastcheck import expected_writes_torch
+from harness.findings import Kind
+from harness.runner import GraphRunner
+from harness.session import Session
+from harness.verdict import expected_from_oracle
+from strategies import batches, configs
+
+BAD = Path(__file__).parent / "targets" / "bad_writes.py"
+
+
+def as_maps(ew):
+    return (dict(zip(ew.indices_pos.tolist(), ew.indices_val.tolist())),
+            dict(zip(ew.indptr_pos.tolist(), ew.indptr_val.tolist())),
+            sorted(ew.segments), ew.used, ew.need, ew.bs)
+
+
+@given(data=st.data())
+def test_torch_write_set_equals_the_plain_oracle(make_session, data):
+    config = data.draw(configs(sizing=data.draw(st.sampled_from(["safe", "prefix", "fixed"])),
+                               layout=data.draw(st.sampled_from(["redzone", "production"])),
+                               mode=data.draw(st.sampled_from(["graph", "eager"]))))
+    case = Case(config, data.draw(batches(config)))
+    obs = make_session("reference").observe(case)
+    assert as_maps(expected_writes_torch(obs)) == as_maps(expected_from_oracle(obs))
+
+
+def device_session(device, kernel):
+    return Session(device, kernel, verifier="device")
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_device_verifier_is_clean_exactly_when_the_reference_is(device, data):
+    config = data.draw(configs(sizing="safe", layout=data.draw(st.sampled_from(["redzone", "production"]))))
+    case = Case(config, data.draw(batches(config)))
+    session = device_session(device, "reference")
+    runner = session.runner(config)
+    assert DeviceVerifier(runner).counters(case) == [0, 0, 0, 0]
+    assert session.check(case) == [] and session.stats["fast_clean"] == 1
+
+
+COUNTER_FOR = {  # bad launcher -> the counter that must see it
+    "row_value": 0, "last_row_missing": 0, "slack_write": 2, "row_guard_write": 2, "front_guard_write": 2,
+    "tail_write": 2, "indptr_column0_write": 2, "indptr_value": 1, "input_write": 3,
+}
+
+
+@pytest.mark.parametrize("launcher, counter", sorted(COUNTER_FOR.items()))
+def test_device_verifier_counts_each_bad_write_and_the_full_path_names_it(device, launcher, counter):
+    config = Config(topk=1 if launcher == "last_row_missing" else 2, num_steps=2, ctx=8, max_bs=2, sizing="safe")
+    case = Case(config, Batch((5, 3), (2, 0), 11))
+    good = device_session(device, "reference")
+    assert good.check(case) == []
+    bad = device_session(device, f"{BAD}:{launcher}")
+    counts = DeviceVerifier(bad.runner(config)).counters(case)
+    assert counts[counter] > 0, counts
+    findings = bad.check(case)
+    assert findings and bad.stats["full"] == 1
+    assert {f.kind for f in findings} == {f.kind for f in Session(device, f"{BAD}:{launcher}").check(case)}
+
+
+def test_sizing_violation_skips_the_fast_path(device):
+    config = Config(topk=2, num_steps=2, ctx=8, max_bs=2, sizing="prefix")
+    session = device_session(device, "reference")
+    findings = session.check(Case(config, Batch((8, 7), (1, 2), 3)))
+    assert Kind.SIZING_VIOLATION in {f.kind for f in findings} and session.stats == {"fast_clean": 0, "full": 1}

@@ -1,0 +1,112 @@
+"""The fuzz job's outputs: summary.json, report.md, self-contained report.html with its plot, progress."""
+
+import base64
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.fuzz import fuzz
+from harness.progress import Progress
+from reports import summary as summary_mod
+from reports.render import coverage_png, write_reports
+from strategies import cases, configs
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def doc(make_session, tmp_path_factory):
+    """A real, small fuzz run of the pre-fix sizing (finds the seed's bug) turned into a summary."""
+    from harness import casefile
+
+    strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix"))
+    result = fuzz(make_session(), strategy, max_examples=30, seed=4, shrink_seconds=20)
+    assert result.findings and result.stats and result.failure_stat is not None
+    assert result.hypothesis["blob"].startswith("@reproduce_failure(")
+    out = tmp_path_factory.mktemp("fuzzed")
+    path = str(casefile.write_case(result.case, result.findings, out_dir=out))
+    run = {"device": "cpu", "kernel": "reference", "sizing": "prefix", "mode": "graph", "layout": "redzone", "seed": 4}
+    return summary_mod.build(result, run=run, case_path=path, versions=casefile.versions())
+
+
+def test_summary_lists_findings_with_their_case_file_and_the_coverage(doc):
+    summary_mod.validate(json.loads(json.dumps(doc)), "summary")
+    assert doc["findings"] and {f["case"] for f in doc["findings"]} == set(doc["cases"])
+    rows = doc["coverage"]["examples"]
+    assert len(rows) == doc["examples"] and doc["coverage"]["fields"] == list(summary_mod.COVERAGE_FIELDS)
+    assert any(row[-1] for row in rows)  # the failing example is marked
+    table = summary_mod.text_table(doc)
+    assert "SIZING_VIOLATION" in table and "python -m harness repro" in table
+
+
+def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_path):
+    written = write_reports(doc, tmp_path)
+    assert written["plot_skipped"] == ""
+    html = written["html"].read_text()
+    match = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
+    assert match and base64.b64decode(match.group(1)).startswith(PNG_MAGIC)
+    assert not re.search(r"(src|href)=['\"](?!data:)", html)  # nothing external to load
+    assert "SIZING_VIOLATION" in html and "python -m harness repro" in html
+    md = written["md"].read_text()
+    assert "![coverage](coverage.png)" in md and (tmp_path / "coverage.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_without_matplotlib_the_reports_say_the_plot_was_skipped(doc, tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png, why = coverage_png(doc)
+    assert png is None and "matplotlib is not available" in why
+    written = write_reports(doc, tmp_path)
+    assert "Plot skipped: matplotlib is not available" in written["html"].read_text()
+    assert "Plot skipped: matplotlib is not available" in written["md"].read_text()
+    assert not (tmp_path / "coverage.png").exists()
+
+
+def test_report_command_rerenders_from_summary_json(doc, tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    res = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "base64," in (tmp_path / "report.html").read_text()
+    assert "SIZING_VIOLATION" in (tmp_path / "report.md").read_text()
+
+
+def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
+    from harness.fuzz import FuzzResult
+
+    r = FuzzResult(examples=50, elapsed_s=2.0, max_utilisation=0.5)
+    tty, plain = io.StringIO(), io.StringIO()
+    bar, log = Progress(200, tty, tty=True), Progress(200, plain, tty=False)
+    for p in (bar, log):
+        p.update(r)
+        r.examples = 100
+        p.update(r)
+        p.close()
+        r.examples = 50
+    assert tty.getvalue().count("\r\x1b[2K") == 2 and tty.getvalue().count("\n") == 1
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 2 and "\r" not in plain.getvalue()
+    assert "100/200 examples" in lines[1] and "50.0 cases/s" in lines[1] and "0 findings" in lines[1]
+    assert bar.every_s < log.every_s
+
+
+def test_fuzz_cli_writes_all_outputs_and_progress(tmp_path):
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--device", "cpu", "--sizing", "safe",
+                          "--max-examples", "12", "--seed", "5", "--ctx", "6", "--max-bs", "2", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"kvfence \[[#.]+\] \d+/12 examples \| 0 findings \| [\d.]+ cases/s", res.stderr)
+    assert "no findings" in res.stdout and "throughput" in res.stdout
+    for name in ("summary.json", "report.md", "report.html", "coverage.png"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["examples"] == 12 and summary["findings"] == []
+    assert not list((out / "journal").iterdir())  # a clean end leaves no in-flight slot

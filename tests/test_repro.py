@@ -1,0 +1,83 @@
+"""The issue's "done when": fuzz finds the seed's bug, writes a case file named in --json, repro replays it."""
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import casefile
+from harness.case import Batch, Case, Config
+from harness.repro import run_repro
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def harness(*args):
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory):
+    """One real fuzz run of the pre-fix sizing, as in the issue (seeded, CPU)."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    res = harness("fuzz", "--sizing", "prefix", "--device", "cpu", "--max-examples", "200", "--seed", "1",
+                  "--json", tmp / "s.json", "--out", tmp / "out")
+    return tmp, res
+
+
+def test_fuzz_writes_a_case_file_named_in_the_json_summary(fuzzed):
+    tmp, res = fuzzed
+    assert res.returncode == 1, res.stderr
+    summary = json.loads((tmp / "s.json").read_text())
+    assert summary == json.loads((tmp / "out" / "summary.json").read_text())  # --json: same content
+    for key in ("examples", "elapsed_s", "cases_per_s"):
+        assert key in summary
+    assert summary["findings"] and all(set(f) >= {"kind", "region", "case"} for f in summary["findings"])
+    paths = {f["case"] for f in summary["findings"]}
+    assert len(paths) == 1
+    path = Path(paths.pop())
+    assert path.parent == tmp / "out" / "cases" and path.is_file()
+    assert f"python -m harness repro {path}" in res.stdout
+    loaded = casefile.load_case(path)
+    assert loaded.case.config.sizing == "prefix" and loaded.sizing["need"] > loaded.sizing["width"]
+    assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")
+
+
+def test_repro_exits_1_with_a_readable_diff_and_0_under_the_fixed_sizing(fuzzed):
+    tmp, _ = fuzzed
+    path = json.loads((tmp / "s.json").read_text())["findings"][0]["case"]
+    res = harness("repro", path, "--device", "cpu")
+    assert res.returncode == 1, res.stderr
+    out = res.stdout
+    assert "FAIL:" in out and "GUARD_OVERWRITE" in out and "SIZING_VIOLATION" in out
+    assert "need   = topk*sum(L)" in out and "=> need > width by" in out
+    assert "programs (s,b,k): (0,0," in out
+    assert "expected" in out and "found" in out and "elements [" in out
+    fixed = harness("repro", path, "--device", "cpu", "--sizing", "safe")
+    assert fixed.returncode == 0, fixed.stderr
+    assert "PASS: no findings" in fixed.stdout and "override sizing safe (file: prefix)" in fixed.stdout
+    assert "=> fits" in fixed.stdout
+
+
+def test_repro_verbose_shows_every_element_and_the_program_segments(tmp_path, device):
+    # A wider overflow than the fuzzer's minimal case: 3 requests of 4, topk 2, pre-fix width 3*4.
+    case = Case(Config(topk=2, num_steps=2, ctx=4, max_bs=3, sizing="prefix"), Batch((4, 4, 4), (3, 1, 0), 9))
+    path = casefile.write_case(case, [], out_dir=tmp_path, device=device)
+    short, verbose = io.StringIO(), io.StringIO()
+    assert run_repro(path, device=device, out=short) == 1
+    assert run_repro(path, device=device, out=verbose, verbose=True) == 1
+    assert len(verbose.getvalue().splitlines()) > len(short.getvalue().splitlines()) + 10
+    assert "writes row 0 [" in verbose.getvalue() and "<-" in verbose.getvalue()
+    assert "writes row" not in short.getvalue()
+
+
+def test_repro_kernel_override_runs_the_named_kernel(tmp_path, device):
+    case = Case(Config(topk=2, num_steps=1, ctx=4, max_bs=1, sizing="prefix"), Batch((3,), (1,), 0))
+    path = casefile.write_case(case, [], out_dir=tmp_path, device=device)
+    out = io.StringIO()
+    assert run_repro(path, device=device, kernel="reference-blocked", sizing="safe", out=out) == 0
+    assert "override kernel reference-blocked (file: reference)" in out.getvalue()
