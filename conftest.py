@@ -7,6 +7,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+# A failing property test's report ends with its repro command (harness/pytest_plugin.py).
+pytest_plugins = ["harness.pytest_plugin"]
+
 # -- Hypothesis profiles -------------------------------------------------------------------------------
 # Interpreter launches cost milliseconds each: no deadline, and the "too slow" health check is noise.
 _quiet_health = [HealthCheck.too_slow, HealthCheck.data_too_large]

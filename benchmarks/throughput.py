@@ -37,7 +37,7 @@ LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
 def small_rate(device: str, examples: int, seed: int) -> dict:
     from harness.fuzz import fuzz
     from harness.session import Session
-    from strategies import cases, configs
+    from strategies import case_runs, cases, configs
 
     session = Session(device, "reference")
     strategy = cases(configs(sizing="safe", **SMALL))
@@ -52,6 +52,15 @@ def small_rate(device: str, examples: int, seed: int) -> dict:
             rates.append(result.cases_per_s)
         out[key] = round(statistics.median(rates), 1)
         out[key.replace("per_s", "rates")] = [round(r, 1) for r in rates]
+    # Throughput mode: up to 8 batches of the config per Hypothesis example (strategies.case_runs).
+    runs = case_runs(configs(sizing="safe", **SMALL), max_batches=8)
+    rates = []
+    for rep in range(3 if device == "cuda" else 1):
+        result = fuzz(session, runs, max_examples=max(1, examples // 4), seed=seed + 7 + rep, targeting=False)
+        assert not result.findings, [f.headline() for f in result.findings]
+        rates.append(result.cases_per_s)
+    out["small_cases_per_s_8_per_example"] = round(statistics.median(rates), 1)
+    out["small_rates_8_per_example"] = [round(r, 1) for r in rates]
     return dict(out, small_examples=examples, small_session_stats=dict(session.stats))
 
 

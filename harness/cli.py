@@ -100,9 +100,13 @@ def cmd_fuzz(args) -> int:
 
     from harness.fuzz import fuzz
     from harness.session import Session
-    from strategies import cases
+    from strategies import case_runs, cases
 
-    strategy = cases(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit)
+    if args.batches_per_example > 1:
+        strategy = case_runs(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit,
+                             max_batches=args.batches_per_example)
+    else:
+        strategy = cases(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     # Validate the strategy's arguments now (BadInput), not inside Hypothesis.
     strategy.validate()
     from harness.case import Config
@@ -261,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget for shrinking a failure")
     fz.add_argument("--json", default=None, help="write a JSON summary here")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    fz.add_argument("--batches-per-example", type=_positive_int, default=1,
+                    help="up to N batches of one config per Hypothesis example (GPU throughput mode)")
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--out", default="reports/out",

@@ -109,7 +109,9 @@ def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
 def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
          progress_every_s: float = 2.0, database=None, journal=None, targeting: bool = True) -> FuzzResult:
-    """Run Hypothesis over ``strategy`` (of ``Case``) for ``max_examples`` cases.
+    """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples.
+
+    ``FuzzResult.examples`` counts the cases checked while generating (not while shrinking).
 
     ``journal`` (a ``harness.journal.Journal``) records each case as in flight around its launch.
     ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
@@ -123,14 +125,20 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
     state = {"first_failure": None, "last_progress": 0.0}
     start = time.perf_counter()
 
-    def body(case: Case):
+    def body(example):
+        # An example is one Case, or a list of Cases sharing a config (strategies.case_runs).
+        utilisations = [check_one(case) for case in (example if isinstance(example, list) else (example,))]
+        if targeting and state["first_failure"] is None:
+            target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
+
+    def check_one(case: Case):
         now = time.perf_counter()
         shrinking = state["first_failure"] is not None
         if case in verdicts:
             findings = verdicts[case]
         elif shrinking and now - state["first_failure"] > shrink_seconds:
             result.shrink_cut = True
-            return  # shrink budget spent: unseen candidates are not launched
+            return 0.0  # shrink budget spent: unseen candidates are not launched
         else:
             if journal is not None:
                 journal.begin(case)
@@ -139,14 +147,13 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
                 journal.end()
             verdicts[case] = findings
             result.launches += 1
+        utilisation = 0.0
         if not shrinking:
             result.examples += 1
             stat = example_stat(case, bool(findings))
             _keep(result, stat, rng)
-            u = stat.need / stat.width
-            result.max_utilisation = max(result.max_utilisation, u)
-            if targeting:
-                target(u, label="need/width")
+            utilisation = stat.need / stat.width
+            result.max_utilisation = max(result.max_utilisation, utilisation)
         if progress is not None and now - state["last_progress"] >= progress_every_s:
             state["last_progress"] = now
             result.elapsed_s = now - start
@@ -160,6 +167,7 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
             if hypothesis_final():
                 result.hypothesis = hypothesis_blob()
             raise FindingsFound(case, findings)
+        return utilisation
 
     test = given(strategy)(body)
     test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,

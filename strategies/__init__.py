@@ -51,6 +51,10 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
                       lambda v: positive(v) and v & (v - 1) == 0, "a power of two")
     _fixed_or(ctx, None, "ctx", positive, "a positive integer")
     sizes = _fixed_or(max_bs, st.integers(1, max_max_bs), "max_bs", positive, "a positive integer")
+    if None not in (topk, num_steps, page_size, ctx, max_bs):
+        # Fully pinned: one config, no draws (the GPU fuzzes one captured config at a time).
+        return st.just(Config(topk=topk, num_steps=num_steps, page_size=page_size, ctx=ctx, max_bs=max_bs,
+                              sizing=sizing, layout=layout, mode=mode))
     return _configs(topks, steps, pages, ctx, sizes, sizing, layout, mode, max_ctx)
 
 
@@ -84,16 +88,22 @@ def edge_lengths(config: Config, bound: int):
 
 
 @functools.lru_cache(maxsize=256)
-def _one_length(config: Config, bound: int):
-    # Built once per (config, bound): rebuilding strategies per draw costs more than drawing.
-    return st.one_of(st.sampled_from(edge_lengths(config, bound)), st.integers(1, bound))
+def _length_codes(config: Config, bound: int):
+    # One draw per length (draws dominate generation cost): codes [0, bound) pick an edge length,
+    # codes [bound, 2*bound) a uniform one, so edges get half the mass. Code 0 is edge 1, the
+    # shrink target; edges are sorted, so a failing edge shrinks to the smallest failing edge.
+    return st.integers(0, 2 * bound - 1), tuple(edge_lengths(config, bound))
 
 
 def _draw_lengths(draw, config: Config, bound: int, count: int):
-    one = _one_length(config, bound)
+    codes, edges = _length_codes(config, bound)
+
+    def length(code: int) -> int:
+        return edges[code % len(edges)] if code < bound else code - bound + 1
+
     if draw(BOOLEANS):
-        return [draw(one)] * count
-    return [draw(one) for _ in range(count)]
+        return [length(draw(codes))] * count
+    return [length(draw(codes)) for _ in range(count)]
 
 
 @st.composite
@@ -165,3 +175,22 @@ def _cases(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: 
     config = draw(config_strategy)
     batch = draw(_batches(config, seq_len_limit, 1))
     return Case(config, batch, kernel, canary_seed)
+
+
+def case_runs(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0,
+              max_batches: int = 8):
+    """A list of 1..``max_batches`` ``Case``s sharing one config: successive replays of one captured
+    configuration, as a server replays its graphs. One Hypothesis example then checks several batches,
+    which spreads the engine's per-example cost (the GPU's throughput mode). Shrinks toward one batch.
+    """
+    cases(config_strategy, kernel=kernel, seq_len_limit=seq_len_limit, canary_seed=canary_seed)  # validates
+    require(isinstance(max_batches, int) and max_batches >= 1, f"case_runs(max_batches={max_batches!r}) must be >= 1")
+    return _case_runs(config_strategy if config_strategy is not None else configs(), kernel, seq_len_limit,
+                      canary_seed, max_batches)
+
+
+@st.composite
+def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int, max_batches: int):
+    config = draw(config_strategy)
+    batches_ = draw(st.lists(_batches(config, seq_len_limit, 1), min_size=1, max_size=max_batches))
+    return [Case(config, batch, kernel, canary_seed) for batch in batches_]
