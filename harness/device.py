@@ -37,6 +37,7 @@ def select(device: str = "auto", *, announce=None) -> str:
         require(cuda_available(), "--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
         require(not interpreting, "--device cuda: TRITON_INTERPRET=1 is set; unset it to run compiled kernels")
         return "cuda"
+    check_interpreter_numpy()
     if not interpreting:
         require("triton.language" not in sys.modules,
                 "the CPU interpreter must be chosen before triton is imported (set TRITON_INTERPRET=1)")
@@ -63,6 +64,26 @@ def skip_discarded_overflow_checks() -> bool:
 
     builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True
+
+
+def check_interpreter_numpy() -> None:
+    """Refuse a known-broken pair instead of reporting every launch as LAUNCH_ERROR.
+
+    Triton 3.6's interpreter converts scalar loads with ``__index__`` on 1-element arrays, which numpy
+    2.4 turned into an error ("only 0-dimensional arrays can be converted to Python scalars"): every
+    kernel whose loop bound is loaded fails. Seen with triton 3.6.0 + numpy 2.4.6 (BENCHMARKS.md);
+    3.9 runs; 3.7 and 3.8 were not tried, so only 3.6 is refused.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        triton_v, numpy_v = version("triton"), version("numpy")
+    except PackageNotFoundError:
+        return
+    major_minor = lambda v: tuple(int(x) for x in v.split(".")[:2])  # noqa: E731
+    require(not (major_minor(triton_v) == (3, 6) and major_minor(numpy_v) >= (2, 4)),
+            f"the Triton {triton_v} interpreter fails with numpy {numpy_v} (scalar loads); "
+            "for --device cpu install numpy<2.4 or triton>=3.9")
 
 
 def interpreting() -> bool:

@@ -43,13 +43,13 @@ PADDING_BYTES = 256
 DEFAULT_KERNEL_FILTER = "generate_draft_decode_kv_indices"
 
 
-def locate(env: Optional[Dict[str, str]] = None) -> str:
+def locate(env: Optional[Dict[str, str]] = None, default_root: str = "/usr/local/cuda") -> str:
     """Path of compute-sanitizer: ``PATH``, then ``$CUDA_HOME/bin``, then ``/usr/local/cuda/bin``."""
     env = os.environ if env is None else env
     found = shutil.which("compute-sanitizer", path=env.get("PATH"))
     if found:
         return found
-    for root in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"):
+    for root in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), default_root):
         if root:
             candidate = Path(root, "bin", "compute-sanitizer")
             if candidate.is_file() and os.access(candidate, os.X_OK):

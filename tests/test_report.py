@@ -97,6 +97,7 @@ def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
     assert bar.every_s < log.every_s
 
 
+@pytest.mark.cpu_only  # the CLI runs --device cpu (the interpreter)
 def test_fuzz_cli_writes_all_outputs_and_progress(tmp_path):
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--device", "cpu", "--sizing", "safe",

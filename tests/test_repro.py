@@ -29,6 +29,7 @@ def fuzzed(tmp_path_factory):
     return tmp, res
 
 
+@pytest.mark.cpu_only  # the CLI runs --device cpu (the interpreter)
 def test_fuzz_writes_a_case_file_named_in_the_json_summary(fuzzed):
     tmp, res = fuzzed
     assert res.returncode == 1, res.stderr
@@ -47,6 +48,7 @@ def test_fuzz_writes_a_case_file_named_in_the_json_summary(fuzzed):
     assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")
 
 
+@pytest.mark.cpu_only
 def test_repro_exits_1_with_a_readable_diff_and_0_under_the_fixed_sizing(fuzzed):
     tmp, _ = fuzzed
     path = json.loads((tmp / "s.json").read_text())["findings"][0]["case"]

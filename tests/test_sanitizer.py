@@ -119,8 +119,9 @@ def test_locate_finds_the_tool_on_path_or_in_cuda_home(tmp_path):
     tool.chmod(0o755)
     assert sanitizer.locate({"PATH": str(tool.parent)}) == str(tool)
     assert sanitizer.locate({"PATH": "/nonexistent", "CUDA_HOME": str(tmp_path)}) == str(tool)
+    assert sanitizer.locate({"PATH": "/nonexistent"}, default_root=str(tmp_path)) == str(tool)
     with pytest.raises(BadInput, match="compute-sanitizer not found"):
-        sanitizer.locate({"PATH": "/nonexistent", "CUDA_HOME": "/nonexistent"})
+        sanitizer.locate({"PATH": "/nonexistent", "CUDA_HOME": "/nonexistent"}, default_root="/nonexistent")
 
 
 def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
