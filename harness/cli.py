@@ -22,24 +22,23 @@ class _Parser(argparse.ArgumentParser):
         raise BadInput(f"{self.prog}: {message}")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``, with a one-line error naming ``what`` it must be."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "a non-negative integer")
 
 
 def _stderr(message: str) -> None:
@@ -132,7 +131,8 @@ def cmd_fuzz(args) -> int:
     else:
         from harness.progress import Progress
 
-        progress = None if args.quiet else Progress(args.max_examples)
+        # With several batches per example the bar counts cases against the most there can be.
+        progress = None if args.quiet else Progress(args.max_examples * args.batches_per_example)
         with Journal(out_dir, device=device) as journal:
             try:
                 result = fuzz(session, strategy, max_examples=args.max_examples, seed=args.seed,
@@ -142,7 +142,7 @@ def cmd_fuzz(args) -> int:
             finally:
                 if progress:
                     progress.close()
-        print(f"kvfence fuzz: {result.examples} examples in {result.elapsed_s:.1f}s "
+        print(f"kvfence fuzz: {result.examples} cases checked in {result.elapsed_s:.1f}s "
               f"({result.cases_per_s:.1f} cases/s) on {device}, kernel {args.kernel}, sizing {args.sizing}, "
               f"mode {args.mode}, layout {args.layout}")
     return _fuzz_outputs(args, device, result, crashes, out_dir, json_path)

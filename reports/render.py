@@ -80,10 +80,11 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8, ncol=len(handles))
+        # Below the panels: a one- or two-panel figure is too narrow for title and legend on one line.
+        fig.legend(list(handles.values()), list(handles), loc="lower center", fontsize=8, ncol=len(handles))
     fig.suptitle(f"kvfence coverage: {doc['examples']} examples, sizing {doc.get('sizing', '?')} "
                  "(dashed: need = width)", fontsize=10, x=0.01, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.93))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
