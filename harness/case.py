@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 from harness import oracle
 from harness.errors import BadInput, require

@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings, target
-from hypothesis import strategies as st
 
-from harness import oracle
 from harness.case import Case
-from harness.findings import Finding, Kind
+from harness.findings import Finding
 from harness.session import Session
 
 

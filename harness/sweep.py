@@ -18,7 +18,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from harness.errors import EXIT_CLEAN, EXIT_FINDINGS, require
 

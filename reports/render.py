@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from reports.summary import COVERAGE_FIELDS, finding_rows, run_rows, table
+from reports.summary import COVERAGE_FIELDS, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
 
@@ -75,7 +75,7 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
         ax.grid(alpha=0.25)
     for ax in axes[:, 0]:
         ax.set_ylabel("need / width", fontsize=8)
-    handles, labels = {}, []
+    handles = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)

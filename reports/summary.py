@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional
 
-from harness.errors import BadInput, require
+from harness.errors import require
 
 SUMMARY_VERSION = 1
 MARKER = "kvfence_summary"

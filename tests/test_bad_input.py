@@ -79,7 +79,7 @@ def snapshot(root: Path) -> dict:
 
 
 @pytest.mark.parametrize("name, text, argv, needle", INPUTS, ids=[i[0] for i in INPUTS])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, name, text, argv, needle):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, device, name, text, argv, needle):
     out = tmp_path / "out"
     (out / "cases").mkdir(parents=True)
     # An earlier run's outputs, which no refused command may touch.
@@ -95,6 +95,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, name, text, argv, needle):
         pytest.skip("this machine has a GPU: --device cuda is not bad input here")
     before = snapshot(tmp_path)
     args = [a.format(case=case, dir=tmp_path, out=out, json=tmp_path / "existing.json") for a in argv]
+    if not name.endswith("-cuda"):
+        # The input is what is bad, not the device: run on this session's device.
+        args = [device if prev == "--device" else a for prev, a in zip([None] + args, args)]
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     res = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,

@@ -2,7 +2,6 @@
 
 import json
 import multiprocessing
-import os
 
 import pytest
 from hypothesis import given, settings

@@ -51,7 +51,8 @@ def test_auto_device_says_it_falls_back_to_the_interpreter(tmp_path):
     (["fuzz", "--sizing", "huge"], "unknown sizing 'huge'"),
     (["fuzz", "--max-examples", "0"], "--max-examples"),
     (["fuzz", "--mode", "lazy"], "--mode"),
-    (["fuzz", "--kernel", "no_such_module:kernel", "--device", "cpu"], "cannot import kernel"),
+    pytest.param(["fuzz", "--kernel", "no_such_module:kernel", "--device", "cpu"], "cannot import kernel",
+                 marks=pytest.mark.cpu_only),
     (["frobnicate"], "invalid choice"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, message):

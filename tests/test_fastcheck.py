@@ -11,7 +11,6 @@ from harness.case import Batch, Case, Config
 from harness.device_verify import DeviceVerifier
 from harness.fastcheck import expected_writes_torch
 from harness.findings import Kind
-from harness.runner import GraphRunner
 from harness.session import Session
 from harness.verdict import expected_from_oracle
 from strategies import batches, configs

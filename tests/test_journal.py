@@ -64,6 +64,7 @@ def crash_findings(summary_path: Path):
     return [f for f in summary["findings"] if f["kind"] == Kind.CRASH.value]
 
 
+@pytest.mark.cpu_only  # the fuzz subprocess runs --device cpu (the interpreter)
 def test_sigkill_mid_launch_is_reported_as_crash_by_resume(tmp_path, plugin):
     launcher, marker, env = plugin
     out = tmp_path / "out"
@@ -96,6 +97,7 @@ def test_sigkill_mid_launch_is_reported_as_crash_by_resume(tmp_path, plugin):
     assert again.returncode == 0 and "0 crashed case(s)" in again.stdout
 
 
+@pytest.mark.cpu_only  # the fuzz subprocess runs --device cpu (the interpreter)
 def test_interpreter_abort_is_reported_by_the_next_run(tmp_path, plugin):
     launcher, marker, env = plugin
     out = tmp_path / "out"

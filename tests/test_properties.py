@@ -1,7 +1,6 @@
 """Property tests: the kernel under test (``--kernel``, default ours) against the oracle over the
 strategies' domain, and the fuzz loop catching the sizing bugs it exists for."""
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from harness import oracle

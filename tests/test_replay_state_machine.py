@@ -11,7 +11,7 @@ import torch
 from hypothesis import Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from harness.case import Batch, Case, LaunchBatch
+from harness.case import Batch, Case
 from harness.runner import GraphRunner
 from harness.targets import resolve_kernel
 from harness.verdict import check

@@ -38,7 +38,6 @@ def generate_draft_decode_kv_indices(
     n = step + 1
 
     seq_len = tl.load(paged_kernel_lens + req)
-    pool_row = tl.load(req_pool_indices + req)
     r = tl.arange(0, bs_upper)
     before = tl.sum(tl.load(paged_kernel_lens + r, mask=r < req, other=0))
     row_base = kv_indices + step * kv_indices_stride

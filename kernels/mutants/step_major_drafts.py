@@ -33,7 +33,6 @@ def generate_draft_decode_kv_indices(
     step = tl.program_id(0)
     req = tl.program_id(1)
     branch = tl.program_id(2)
-    num_steps = tl.num_programs(0)
     topk = tl.num_programs(2)
     n = step + 1
 
@@ -49,13 +48,6 @@ def generate_draft_decode_kv_indices(
         t = t0 + tl.arange(0, PREFIX_BLOCK)
         tl.store(seg + t, tl.load(src + t, mask=t < seq_len), mask=t < seq_len)
 
-    if page_size == 1:
-        first = seq_len + branch * num_steps
-    else:
-        last = seq_len % page_size
-        per_branch = (last + num_steps + page_size - 1) // page_size
-        paged = seq_len - last + branch * per_branch * page_size + last
-        first = tl.where(topk == 1, seq_len + branch * num_steps, paged)
     j = tl.arange(0, iter_upper)
     # BUG: step-major slots L + j*topk + k instead of branch-major L + k*num_steps + j
     tl.store(seg + seq_len + j, tl.load(src + seq_len + j * topk + branch, mask=j < n), mask=j < n)
