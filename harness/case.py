@@ -265,11 +265,16 @@ class Case:
             self.config.page_size,
         )
 
-    def sizing_summary(self) -> dict:
-        """need vs width for this launch: the arithmetic behind ``SIZING_VIOLATION``."""
+    @cached_property
+    def _sizing(self) -> dict:
         lb = self.launch()
         need = oracle.need(lb.seq_lens, self.config.topk, self.config.num_steps)
-        return {"need": need, "width": self.config.row_width(lb.num_seqs), "num_seqs": lb.num_seqs, "sum_seq_lens": sum(lb.seq_lens)}
+        return {"need": need, "width": self.config.row_width(lb.num_seqs), "num_seqs": lb.num_seqs,
+                "sum_seq_lens": sum(lb.seq_lens)}
+
+    def sizing_summary(self) -> dict:
+        """need vs width for this launch: the arithmetic behind ``SIZING_VIOLATION`` (computed once)."""
+        return dict(self._sizing)
 
 
 def config_from_dict(d: dict) -> Config:

@@ -12,7 +12,6 @@ from typing import List, Optional
 
 from weakref import WeakKeyDictionary
 
-from harness import oracle
 from harness.audit import resolve_audit
 from harness.case import Case, Config
 from harness.device_verify import COUNTERS, DeviceVerifier
@@ -70,8 +69,8 @@ class Session:
         runner = self.runner(case.config, case.canary_seed)
         counters = None
         if self.verifier == "device" and self.poison and isinstance(runner, GraphRunner):
-            lb = case.launch()
-            if oracle.need(lb.seq_lens, case.config.topk, case.config.num_steps) <= runner.kv_indices.width:
+            sizing = case.sizing_summary()
+            if sizing["need"] <= sizing["width"]:
                 verifier = self._device_verifiers.get(runner)
                 if verifier is None:
                     verifier = self._device_verifiers[runner] = DeviceVerifier(runner)
