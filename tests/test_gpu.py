@@ -65,3 +65,20 @@ def test_worker_pinning_maps_workers_onto_gpus(device):
     assert pin_worker_gpu("gw0") == 0
     assert pin_worker_gpu(f"gw{count}") == 0
     assert torch.cuda.current_device() == 0
+
+
+def test_each_xdist_worker_runs_on_its_own_gpu(device):
+    """Under ``pytest -n N`` with several GPUs, conftest pins worker gwI to GPU I mod count, and the
+    tensors kvfence allocates land there."""
+    import os
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = torch.cuda.device_count()
+    if worker is None or count < 2:
+        pytest.skip("needs pytest-xdist workers and at least 2 GPUs")
+    expected = int(worker[2:]) % count
+    assert torch.cuda.current_device() == expected
+    session = Session(device, "reference")
+    config = Config(topk=2, num_steps=2, ctx=16, max_bs=2, sizing="safe")
+    assert session.check(Case(config, Batch((16, 3), (0, 1)))) == []
+    assert session.runner(config).kv_indices.storage.device.index == expected
