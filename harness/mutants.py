@@ -2,8 +2,10 @@
 
 ``kernels/mutants/`` holds small files, each one known bug (its module docstring says which):
 
-* kernel mutants (``KIND = "kernel"``): a complete classic-ABI ``@triton.jit`` kernel named
-  ``generate_draft_decode_kv_indices``, run with the ``safe`` sizing;
+* kernel mutants (``KIND = "kernel"``): a ``PATCH``, a list of ``(reference text, mutated text)``
+  pairs applied to ``kernels/draft_kv_indices.py`` (each must match exactly once). ``build_kernel``
+  writes the mutated module to a per-process scratch folder and it is loaded through the plug-in path
+  (``file.py:generate_draft_decode_kv_indices``), exactly like a user's kernel file; run with ``safe``;
 * sizing mutants (``KIND = "sizing"``): a policy ``row_width(n, topk, ctx, num_steps)``, run with the
   reference kernel.
 
@@ -25,6 +27,7 @@ from hypothesis import strategies as st
 from harness.errors import require
 
 MUTANTS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "mutants"
+REFERENCE_KERNEL = Path(__file__).resolve().parent.parent / "kernels" / "draft_kv_indices.py"
 KERNEL_ATTR = "generate_draft_decode_kv_indices"
 SIZING_ATTR = "row_width"
 KINDS = ("kernel", "sizing")
@@ -39,9 +42,11 @@ class Mutant:
     pins: dict
     bug: str  # first line of the docstring
 
+    kernel_file: Optional[Path] = None  # the built (mutated) kernel module, for kernel mutants
+
     @property
     def kernel(self) -> str:
-        return f"{self.path}:{KERNEL_ATTR}" if self.kind == "kernel" else REFERENCE
+        return f"{self.kernel_file}:{KERNEL_ATTR}" if self.kind == "kernel" else REFERENCE
 
     @property
     def sizing(self) -> str:
@@ -85,6 +90,41 @@ class SelfTest:
                 "mutants": [m.to_dict() for m in self.mutants]}
 
 
+_SCRATCH: List[Path] = []
+
+
+def build_kernel(name: str, patch) -> Path:
+    """Apply ``patch`` to the reference kernel's source and write the mutated module; returns its path.
+
+    The folder is a per-process temporary one (several pytest-xdist workers never share a file).
+    """
+    require(isinstance(patch, (list, tuple)) and patch and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
+        f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
+    source = REFERENCE_KERNEL.read_text()
+    for old, new in patch:
+        found = source.count(old)
+        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/draft_kv_indices.py "
+                            "(a patch must match exactly once)")
+        require(old != new, f"mutant {name}: a patch pair leaves {old.strip()!r} unchanged")
+        source = source.replace(old, new)
+    if not _SCRATCH:
+        import tempfile
+
+        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
+    path = _SCRATCH[0] / f"{name}.py"
+    path.write_text(f"# kvfence mutant {name!r}: kernels/draft_kv_indices.py with kernels/mutants/{name}.py's PATCH.\n"
+                    + source)
+    return path
+
+
+def kernel_spec(name: str, directory: Path = MUTANTS_DIR) -> str:
+    """``--kernel`` spec of one kernel mutant (built on the way), e.g. for tests and ``fuzz --kernel``."""
+    (mutant,) = discover(directory, names=[name])
+    require(mutant.kind == "kernel", f"mutant {name} is a {mutant.kind} mutant, not a kernel")
+    return mutant.kernel
+
+
 def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -> List[Mutant]:
     """Every mutant file in ``directory`` (sorted), or only ``names``; ``BadInput`` on a malformed file.
 
@@ -106,7 +146,8 @@ def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -
         require(isinstance(pins, dict), f"mutant {path.name}: PINS must be a dict of strategies.configs arguments")
         doc = (_load_attr(f"{path}:__doc__", "mutant") or "").strip()
         require(doc, f"mutant {path.name} has no docstring stating its bug")
-        out.append(Mutant(path.stem, kind, path, dict(pins), doc.splitlines()[0]))
+        kernel_file = build_kernel(path.stem, _load_attr(f"{path}:PATCH", "mutant")) if kind == "kernel" else None
+        out.append(Mutant(path.stem, kind, path, dict(pins), doc.splitlines()[0], kernel_file))
     return out
 
 

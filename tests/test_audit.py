@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 import torch
 
+from harness.mutants import kernel_spec
+
 pytestmark = pytest.mark.cpu_only
 
 ROOT = Path(__file__).resolve().parents[1]
-MUTANTS = ROOT / "kernels" / "mutants"
-PAST_END = f"{MUTANTS / 'last_row_past_end.py'}:generate_draft_decode_kv_indices"
-OTHER_ROW = f"{MUTANTS / 'row_from_request_index.py'}:generate_draft_decode_kv_indices"
+
+PAST_END = kernel_spec("last_row_past_end")  # the reference kernel with that mutant's PATCH applied
+OTHER_ROW = kernel_spec("row_from_request_index")
 PAD = 64  # elements of the sandwich on each side of the tensor
 
 

@@ -56,7 +56,8 @@ def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path):
     from harness.mutants import run_all
 
     src = (ROOT / "kernels" / "mutants" / "off_by_one_n.py").read_text()
-    fixed = src.replace("    n = step  # BUG: the spec's n is step + 1\n", "    n = step + 1\n")
+    # The same patch site, "mutated" into the correct line: a kernel identical in behaviour.
+    fixed = src.replace("\"    n = s  # BUG: the spec's n is s + 1\\n\"", "'    n = (s + 1)\\n'")
     assert fixed != src
     (tmp_path / "not_a_bug.py").write_text(fixed)
     shutil.copy(ROOT / "kernels" / "mutants" / "no_z0_rule.py", tmp_path / "no_z0_rule.py")

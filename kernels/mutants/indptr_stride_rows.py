@@ -5,62 +5,11 @@ Bug class (SPEC §5): stride mismatch between rows. Step rows of kv_indices are 
 (inside an earlier row or its guard). Needs ``num_steps >= 2``.
 """
 
-import triton
-import triton.language as tl
-
 KIND = "kernel"
 #: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
 PINS = dict(topk=1, num_steps=2, page_size=1, ctx=8, max_bs=2)
-
-
-@triton.jit
-def generate_draft_decode_kv_indices(
-    req_pool_indices,
-    req_to_token,
-    paged_kernel_lens,
-    kv_indices,
-    kv_indptr,
-    positions,
-    pool_len,
-    kv_indices_stride,
-    kv_indptr_stride,
-    bs_upper: tl.constexpr,
-    iter_upper: tl.constexpr,
-    num_tokens_upper: tl.constexpr,
-    page_size: tl.constexpr,
-    PREFIX_BLOCK: tl.constexpr = 64,
-):
-    step = tl.program_id(0)
-    req = tl.program_id(1)
-    branch = tl.program_id(2)
-    num_steps = tl.num_programs(0)
-    topk = tl.num_programs(2)
-    n = step + 1
-
-    seq_len = tl.load(paged_kernel_lens + req)
-    pool_row = tl.load(req_pool_indices + req)
-    r = tl.arange(0, bs_upper)
-    before = tl.sum(tl.load(paged_kernel_lens + r, mask=r < req, other=0))
-    row_base = kv_indices + step * kv_indptr_stride  # BUG: kv_indices rows are kv_indices_stride apart
-    seg = row_base + topk * before + req * n * topk + branch * (seq_len + n)
-    src = req_to_token + pool_row * pool_len
-
-    for t0 in range(0, seq_len, PREFIX_BLOCK):
-        t = t0 + tl.arange(0, PREFIX_BLOCK)
-        tl.store(seg + t, tl.load(src + t, mask=t < seq_len), mask=t < seq_len)
-
-    if page_size == 1:
-        first = seq_len + branch * num_steps
-    else:
-        last = seq_len % page_size
-        per_branch = (last + num_steps + page_size - 1) // page_size
-        paged = seq_len - last + branch * per_branch * page_size + last
-        first = tl.where(topk == 1, seq_len + branch * num_steps, paged)
-    j = tl.arange(0, iter_upper)
-    tl.store(seg + seq_len + j, tl.load(src + first + j, mask=j < n), mask=j < n)
-
-    z = req * topk + branch
-    z = tl.where(z == 0, tl.num_programs(1) * topk, z)
-    p = tl.arange(0, num_tokens_upper)
-    total = tl.sum(tl.load(positions + p, mask=p < z, other=0)) + z * n
-    tl.store(kv_indptr + step * kv_indptr_stride + z, total.to(kv_indptr.dtype.element_ty))
+#: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
+PATCH = [
+    ('    out = kv_indices + s * kv_indices_stride + topk * prefix_sum + b * n * topk + k * (L + n)',
+     '    out = kv_indices + s * kv_indptr_stride + topk * prefix_sum + b * n * topk + k * (L + n)  # BUG: rows are kv_indices_stride apart'),
+]
