@@ -15,7 +15,7 @@ indptr value is negative, so an element still holding poison after a launch was 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 
@@ -101,6 +101,3 @@ class GuardedBuffer:
         if used is not None and col >= used[row]:
             return Region(f"slack of row {row}", row, col)
         return Region(f"row {row}", row, col)
-
-    def describe(self) -> Tuple[int, int, int, int, int]:
-        return (self.front, self.rows, self.width, self.row_guard, self.tail)

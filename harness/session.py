@@ -34,7 +34,6 @@ class Session:
         self.device = device
         # Interpreter address audit (harness.audit): None = on for cpu, off for cuda; True on cuda is BadInput.
         self.audit = resolve_audit(audit, device)
-        self.kernel_spec = kernel
         self.kernel: KernelTarget = resolve_kernel(kernel, device)
         self.poison = poison
         self.absorb = absorb  # False only under compute-sanitizer (harness.runner._buffers)
