@@ -19,6 +19,11 @@ MODES = ("graph", "eager")
 INT32_LIMIT = 2**31
 #: KV slot ids live in [1, 2**30]; poison and canaries are negative, so no valid slot id equals them.
 SLOT_BITS = 30
+#: The most bytes one case may allocate (kv_indices with its guards, kv_indptr, the req_to_token pool).
+#: A larger config is refused (``BadInput``) by arithmetic before any allocation or oracle work.
+MAX_CASE_BYTES = 1 << 30
+#: Guard elements counted per guard band in that estimate (``harness.guarded.MIN_GUARD`` is 64).
+_GUARD_ALLOWANCE = 64
 
 
 def _is_int(x) -> bool:
@@ -45,6 +50,16 @@ def slot_id(token_seed: int, flat_index: int) -> int:
     h ^= h >> 13
     h = (h * 0x5BD1E995) & mask
     return h + 1
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes < 2**50 else f"~2**{nbytes.bit_length() - 1} bytes"
+
+
+def _short(n: int) -> str:
+    """An integer for a one-line message: a 5,000-digit number is shown by its size."""
+    text = str(n) if n.bit_length() < 64 else f"~2**{n.bit_length() - 1}"
+    return text
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,12 @@ class Config:
             f"config overflows int32 offsets: max_bs*topk*(ctx+num_steps) = "
             f"{self.max_bs * self.topk * (self.ctx + self.num_steps)} >= 2**31",
         )
+        # The pool alone, from an upper bound of pool_len (O(1): no loop over ctx or page_size yet).
+        pool_bound = 4 * self.pool_rows * (self.ctx + self.topk * (2 * self.page_size + self.num_steps))
+        require(pool_bound <= MAX_CASE_BYTES,
+                f"config too large: req_to_token would take about {_mib(pool_bound)} "
+                f"(page_size={_short(self.page_size)}, ctx={_short(self.ctx)}, max_bs={self.max_bs}); "
+                f"kvfence allocates at most {_mib(MAX_CASE_BYTES)} per case")
 
     # -- derived sizes -----------------------------------------------------------------------------
     @property
@@ -101,8 +122,16 @@ class Config:
 
     @cached_property
     def pool_len(self) -> int:
-        """req_to_token row length: every slot any request of length <= ctx reads (SPEC §2, Reads)."""
-        return max(oracle.read_extent(L, self.topk, self.num_steps, self.page_size) for L in range(1, self.ctx + 1))
+        """req_to_token row length: every slot any request of length <= ctx reads (SPEC §2, Reads).
+
+        ``read_extent(L)`` is ``L`` plus a term that depends only on ``L mod page_size`` and grows with
+        it, so within a page it peaks at the page's last length and a higher page beats a lower one:
+        the maximum over ``1..ctx`` is at ``ctx`` or at the last length of the page below ctx's.
+        (``tests/test_worker_inputs.py`` checks this against the maximum over every length.)
+        """
+        top_page_start = self.ctx - self.ctx % self.page_size
+        candidates = [self.ctx] + ([top_page_start - 1] if top_page_start - 1 >= 1 else [])
+        return max(oracle.read_extent(L, self.topk, self.num_steps, self.page_size) for L in candidates)
 
     def bucket_for(self, raw_bs: int) -> int:
         """The smallest capture bucket ``>= raw_bs`` (graph mode replays that graph)."""
@@ -123,7 +152,30 @@ class Config:
         n = self.sizing_n(num_seqs)
         width = policy(n, self.topk, self.ctx, self.num_steps)
         require(_is_int(width) and width >= 1, f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
+        require(4 * self.num_steps * width <= MAX_CASE_BYTES,
+                f"sizing policy {self.sizing!r} returned width {_short(width)} for n={n}: {self.num_steps} rows of it "
+                f"take {_mib(4 * self.num_steps * width)}, more than the {_mib(MAX_CASE_BYTES)} kvfence allocates per case")
         return width
+
+    def check_size(self) -> int:
+        """Bytes the largest launch of this config allocates (kv_indices rows and guards, kv_indptr, the
+        pool); ``BadInput`` when that exceeds ``MAX_CASE_BYTES``. Arithmetic only: call it before allocating."""
+        return self._size_bytes
+
+    @cached_property
+    def _size_bytes(self) -> int:  # computed once per config (an eager runner allocates per batch)
+        overflow = max(0, self.worst_overflow())
+        sizes = self.buckets if self.mode == "graph" else range(1, self.max_bs + 1)
+        widest = max(self.row_width(n) for n in sizes)
+        guards = (self.num_steps + 2) * _GUARD_ALLOWANCE
+        kv_indices = self.num_steps * (widest + overflow) + overflow + guards
+        kv_indptr = self.num_steps * (self.max_bs * self.topk + 1) + guards
+        total = 4 * (kv_indices + kv_indptr + self.pool_rows * self.pool_len)
+        require(total <= MAX_CASE_BYTES,
+                f"config too large: its buffers would take {_mib(total)} (topk={self.topk}, num_steps={self.num_steps}, "
+                f"ctx={_short(self.ctx)}, max_bs={self.max_bs}, sizing {self.sizing}); "
+                f"kvfence allocates at most {_mib(MAX_CASE_BYTES)} per case")
+        return total
 
     def worst_overflow(self) -> int:
         """How far past its width any step row can be written by a correct kernel under this sizing.

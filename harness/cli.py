@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -41,8 +42,43 @@ _positive_int = _int_at_least(1, "a positive integer")
 _non_negative_int = _int_at_least(0, "a non-negative integer")
 
 
+def _seconds(minimum_exclusive: bool):
+    """An argparse type: finite seconds, > 0 (``minimum_exclusive``) or >= 0; NaN and inf are refused."""
+
+    def parse(text: str) -> float:
+        import math
+
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > 0 if minimum_exclusive else value >= 0)
+        if not ok:
+            what = "a positive" if minimum_exclusive else "a non-negative"
+            raise argparse.ArgumentTypeError(f"expected {what} finite number of seconds, got {text!r}")
+        return value
+
+    return parse
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _probe_folder(folder: Path, what: str, path) -> None:
+    """Create and remove a temp file in ``folder`` (or its nearest existing parent, where the folder
+    would be created): the only check that holds for root, read-only mounts and /proc alike."""
+    import tempfile
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kvfence-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise BadInput(f"{what} {path}: cannot write in {probe}: {exc.strerror or exc}") from None
 
 
 def _writable(path: Optional[str], what: str) -> Optional[Path]:
@@ -52,10 +88,22 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
     p = Path(path)
     require(p.parent.is_dir() if str(p.parent) else True, f"{what} {path}: folder {p.parent} does not exist")
     require(not p.is_dir(), f"{what} {path} is a directory")
+    require(not p.exists() or p.is_file(), f"{what} {path}: not a regular file")
+    _probe_folder(p.parent if str(p.parent) else Path("."), what, path)
     return p
 
 
 # -- fuzz ---------------------------------------------------------------------------------------------
+def _add_worker_args(p: argparse.ArgumentParser) -> None:
+    """Where cases run (harness.worker): a worker process that may crash or hang, or this process."""
+    from harness.worker import DEFAULT_CASE_TIMEOUT
+
+    p.add_argument("--case-timeout", type=_seconds(True), default=DEFAULT_CASE_TIMEOUT,
+                   help="seconds a small case may run before it is a HANG (scaled up by the case's size)")
+    p.add_argument("--in-process", action="store_true",
+                   help="launch kernels in this process instead of a worker (debugging: a crash ends the run)")
+
+
 def _add_target_args(p: argparse.ArgumentParser, *, sizing_default: Optional[str] = "safe") -> None:
     p.add_argument("--kernel", default="reference",
                    help="reference, reference-blocked, package.module:attr or path/file.py:attr")
@@ -86,19 +134,45 @@ def _out_dir(path: str) -> Path:
     """``--out``: must be a folder or not exist yet (created only once all input has been validated)."""
     p = Path(path)
     require(not p.exists() or p.is_dir(), f"--out {path}: exists and is not a directory")
+    _probe_folder(p, "--out", path)
     return p
+
+
+#: What ``fuzz --resume`` uses; any other flag set away from its default is refused (it would be ignored).
+_RESUME_FLAGS = {"out", "device", "json", "quiet", "resume", "in_process", "case_timeout"}
+
+
+def _check_resume_flags(args) -> None:
+    ignored = sorted(dest for dest, default in args.fuzz_defaults.items()
+                     if dest not in _RESUME_FLAGS and getattr(args, dest) != default)
+    require(not ignored, f"--resume only collects cases left in flight by runs that died; it would ignore "
+                         f"{', '.join('--' + d.replace('_', '-') for d in ignored)}: drop them or run without --resume")
+
+
+def _make_session(args, device: str):
+    """The checking session: a worker process (default; crashes and hangs become findings) or, with
+    ``--in-process``, this process itself (for debugging the harness)."""
+    audit = False if args.no_audit else None
+    if args.in_process:
+        from harness.session import Session
+
+        return Session(device, args.kernel, audit=audit)
+    from harness.worker import RemoteSession
+
+    return RemoteSession(device, args.kernel, audit=audit, case_timeout=args.case_timeout)
 
 
 def cmd_fuzz(args) -> int:
     from harness.device import select
     from harness.targets import resolve_sizing
 
+    if args.resume:
+        _check_resume_flags(args)
     json_path = _writable(args.json, "--json")
+    out_dir = _out_dir(args.out)
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     device = select(args.device, announce=_stderr)
 
-    from harness.fuzz import fuzz
-    from harness.session import Session
     from strategies import case_runs, cases
 
     if args.batches_per_example > 1:
@@ -110,17 +184,41 @@ def cmd_fuzz(args) -> int:
     strategy.validate()
     from harness.case import Config
 
-    # The smallest config the pinned fields allow must be valid (e.g. int32 offsets), or nothing could run.
+    # The smallest config the pinned fields allow must be valid (e.g. int32 offsets) and allocatable
+    # (which also calls the sizing policy: a bool, non-int or huge width is refused now), or nothing could run.
     Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
            ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
-           layout=args.layout, mode=args.mode)
-    out_dir = _out_dir(args.out)
+           layout=args.layout, mode=args.mode).check_size()
+    previous = _previous_summary(out_dir) if args.resume else None
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
-    session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    session = None if args.resume else _make_session(args, device)
+    try:
+        return _fuzz_run(args, device, strategy, session, out_dir, json_path, previous)
+    finally:
+        if hasattr(session, "close"):
+            session.close()
 
-    from harness.fuzz import FuzzResult
+
+def _previous_summary(out_dir: Path) -> Optional[dict]:
+    """``--resume`` adds to the folder's summary.json: it must be readable (or absent) before any work."""
+    from harness.casefile import parse_json_file
+    from reports.summary import validate
+
+    where = out_dir / "summary.json"
+    if not where.exists():
+        return None
+    try:
+        return validate(parse_json_file(where, "summary"), str(where))
+    except BadInput as exc:
+        raise BadInput(f"--resume adds to {where}, which cannot be read: {exc}") from None
+
+
+def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Optional[Path], previous) -> int:
+    from harness.fuzz import FuzzResult, fuzz
+    from harness.interrupt import exit_code_for, signals_interrupt
     from harness.journal import Journal, recover
+
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     crashes = recover(out_dir)  # cases in flight when an earlier run's process died: CRASH findings
     for crash in crashes:
@@ -133,7 +231,8 @@ def cmd_fuzz(args) -> int:
 
         # With several batches per example the bar counts cases against the most there can be.
         progress = None if args.quiet else Progress(args.max_examples * args.batches_per_example)
-        with Journal(out_dir, device=device) as journal:
+        # SIGINT/SIGTERM end fuzz() cleanly (harness.interrupt); the journal slot closes as on any exit.
+        with Journal(out_dir, device=device) as journal, signals_interrupt():
             try:
                 result = fuzz(session, strategy, max_examples=args.max_examples, seed=args.seed,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
@@ -142,13 +241,18 @@ def cmd_fuzz(args) -> int:
             finally:
                 if progress:
                     progress.close()
+        if result.interrupted:
+            _stderr(f"kvfence: {result.interrupted}: run stopped; writing what was checked")
         print(f"kvfence fuzz: {result.examples} cases checked in {result.elapsed_s:.1f}s "
               f"({result.cases_per_s:.1f} cases/s) on {device}, kernel {args.kernel}, sizing {args.sizing}, "
               f"mode {args.mode}, layout {args.layout}")
-    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path)
+    code = _fuzz_outputs(args, device, result, crashes, out_dir, json_path, previous=previous,
+                         worker=getattr(session, "stats", None) if not args.in_process else None)
+    return exit_code_for(result.interrupted) if result.interrupted else code
 
 
-def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path]) -> int:
+def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], *,
+                  previous: Optional[dict] = None, worker: Optional[dict] = None) -> int:
     """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
     from harness import casefile
     from reports import summary as summary_mod
@@ -160,16 +264,27 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
 
         extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
                   "fuzz": {"seed": args.seed, "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples}}
+        if result.interrupted:
+            extras["interrupted"] = {"signal": result.interrupted, "shrunk": False,
+                                     "note": "the run was stopped before shrinking finished: the case may not be minimal"}
         case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
                                             source="fuzz", extras=extras))
         print(format_failure(result.case, result.findings, limit=20))
         if result.shrink_cut:
             print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
+        if result.interrupted:
+            print(f"(interrupted by {result.interrupted} before shrinking finished; the case may not be minimal)")
     elif not crashes:
         print("no findings")
     run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
-           "seq_len_limit": args.seq_len_limit, "seed": args.seed, "resume": bool(args.resume)}
+           "seq_len_limit": args.seq_len_limit, "seed": args.seed, "resume": bool(args.resume),
+           "interrupted": result.interrupted}
+    if worker is not None:
+        run["worker"] = dict(worker)
     doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
+    new_findings = bool(doc["findings"])
+    if previous is not None:  # --resume adds to the folder's results (README: "Resuming into a folder")
+        doc = summary_mod.merge(previous, doc)
     text = json.dumps(doc, indent=1) + "\n"
     casefile.atomic_write_text(out_dir / "summary.json", text)
     if json_path is not None:
@@ -180,7 +295,7 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
     print(f"\nreports: {out_dir / 'summary.json'}, {written['md']}, {written['html']}")
     if written["plot_skipped"]:
         _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
-    return EXIT_FINDINGS if doc["findings"] else EXIT_CLEAN
+    return EXIT_FINDINGS if new_findings else EXIT_CLEAN
 
 
 # -- repro / report -------------------------------------------------------------------------------------
@@ -262,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(fz)
     fz.add_argument("--max-examples", type=_positive_int, default=100)
     fz.add_argument("--seed", type=_non_negative_int, default=None, help="Hypothesis seed (deterministic run)")
-    fz.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget for shrinking a failure")
+    fz.add_argument("--shrink-seconds", type=_seconds(False), default=60.0, help="time budget for shrinking a failure")
     fz.add_argument("--json", default=None, help="write a JSON summary here")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     fz.add_argument("--batches-per-example", type=_positive_int, default=1,
@@ -273,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder for cases/, summary.json, report.md and report.html (default reports/out)")
     fz.add_argument("--resume", action="store_true",
                     help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
-    fz.set_defaults(func=cmd_fuzz)
+    _add_worker_args(fz)
+    fz.set_defaults(func=cmd_fuzz, fuzz_defaults={a.dest: a.default for a in fz._actions if a.dest != "help"})
 
     rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)")
     rp.add_argument("file", help="a case file, e.g. reports/out/cases/<hash>.json")
@@ -327,6 +443,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # harness.interrupt.Interrupted carries SIGTERM's 143
         _stderr("kvfence: interrupted")
-        return 130
+        return getattr(exc, "exit_code", 130)

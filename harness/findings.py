@@ -25,8 +25,11 @@ class Kind(str, enum.Enum):
     SIZING_VIOLATION = "SIZING_VIOLATION"
     #: The launch itself raised (compile error, interpreter error, CUDA error).
     LAUNCH_ERROR = "LAUNCH_ERROR"
-    #: A case found in-flight in the journal: its process died before the verdict.
+    #: The process launching the case died before the verdict (journal: a dead fuzzing process;
+    #: harness.worker: a dead worker, or a CUDA context the launch left unusable).
     CRASH = "CRASH"
+    #: The launch ran past its time limit (harness.worker, ``--case-timeout``); its worker was killed.
+    HANG = "HANG"
     #: Interpreter address audit: a load or store outside every registered allocation.
     OOB_READ = "OOB_READ"
     OOB_WRITE = "OOB_WRITE"

@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, s
 
 from harness.case import Case
 from harness.findings import Finding
-from harness.session import Session
 
 
 class FindingsFound(AssertionError):
@@ -75,6 +74,9 @@ class FuzzResult:
     failure_stat: Optional[ExampleStat] = None
     #: ``harness.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
     hypothesis: Optional[dict] = None
+    #: Set when a signal ended the run (``KeyboardInterrupt``, e.g. ``harness.cli``'s SIGINT/SIGTERM
+    #: handler): the signal's name. ``case``/``findings`` are then the smallest failure seen so far.
+    interrupted: Optional[str] = None
 
     @property
     def cases_per_s(self) -> float:
@@ -104,12 +106,14 @@ def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
             result.stats[j] = stat
 
 
-def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] = None,
+def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
          progress_every_s: float = 2.0, database=None, journal=None, targeting: bool = True) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples.
 
     ``FuzzResult.examples`` counts the cases checked while generating (not while shrinking).
+    ``session`` is anything with ``check(case) -> List[Finding]``: ``harness.session.Session`` (in this
+    process) or ``harness.worker.RemoteSession`` (in a worker process that may crash or hang).
 
     ``journal`` (a ``harness.journal.Journal``) records each case as in flight around its launch.
     ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
@@ -164,6 +168,7 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
                 result.shrinking = True
             if hypothesis_final():
                 result.hypothesis = hypothesis_blob()
+            state["last_failure"] = (case, findings)  # Hypothesis only tries smaller ones from here
             raise FindingsFound(case, findings)
         return utilisation
 
@@ -181,6 +186,12 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
         result.case = failure.case
         result.findings = failure.findings
         result.failure_stat = example_stat(failure.case, True)
+    except KeyboardInterrupt as stop:
+        # A signal: keep what was checked and the smallest failure so far (not fully shrunk).
+        result.interrupted = getattr(stop, "signal_name", None) or "SIGINT"
+        if state.get("last_failure") is not None:
+            result.case, result.findings = state["last_failure"]
+            result.failure_stat = example_stat(result.case, True)
     result.shrinking = False
     result.elapsed_s = time.perf_counter() - start
     return result

@@ -57,6 +57,7 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
     ``absorb=False`` keeps only ``MIN_GUARD``: an overflow then leaves the allocation as it does in
     production. Only for runs under compute-sanitizer, which is what reports such writes.
     """
+    config.check_size()  # refuse (BadInput) before allocating anything too large
     overflow = max(0, config.worst_overflow()) if absorb else 0
     redzone = config.layout == "redzone"
     width = config.row_width(n)
@@ -131,7 +132,7 @@ class _RunnerBase:
             launch()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-        except Exception as exc:  # the verdict reports it as LAUNCH_ERROR
+        except (Exception, SystemExit) as exc:  # the verdict reports it as LAUNCH_ERROR (a plug-in's sys.exit too)
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
         after = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
         changed = [k for k, v in inputs.named().items() if not torch.equal(v, inputs_before[k])]

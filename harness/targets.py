@@ -179,8 +179,10 @@ def resolve_sizing(spec: str) -> Callable[[int, int, int, int], int]:
     def policy(n: int, topk: int, ctx: int, num_steps: int) -> int:
         # User code: an exception or a non-integer width is bad input (one line), not a traceback.
         try:
-            return operator.index(obj(n, topk, ctx, num_steps))
-        except Exception as exc:
+            width = obj(n, topk, ctx, num_steps)
+            require(not isinstance(width, bool), f"returned a bool ({width!r}), not a row width")
+            return operator.index(width)
+        except (Exception, SystemExit) as exc:  # SystemExit: a plug-in's sys.exit() is no silent exit 0
             raise BadInput(f"sizing {spec!r} failed for n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}: "
                            f"{type(exc).__name__}: {exc}") from None
 

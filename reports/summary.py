@@ -110,3 +110,16 @@ def text_table(doc: dict) -> str:
         parts.append(table(finding_rows(doc), ["kind", "where", "elements", "case file"]))
         parts.append("\n".join(c["repro"] for c in doc.get("cases", {}).values()))
     return "\n\n".join(parts)
+
+
+def merge(previous: dict, doc: dict) -> dict:
+    """``fuzz --resume`` into a folder: ``previous`` (its summary.json) plus the findings and case files
+    of ``doc``, so resuming never replaces an earlier run's results. The earlier run's statistics and
+    coverage stay; ``resumed`` counts how many times results were added."""
+    key = lambda f: (f["case"], f["kind"], f["region"], f.get("start", 0), f.get("stop", 0))  # noqa: E731
+    seen = {key(f) for f in previous["findings"]}
+    merged = dict(previous)
+    merged["findings"] = list(previous["findings"]) + [f for f in doc["findings"] if key(f) not in seen]
+    merged["cases"] = {**previous.get("cases", {}), **doc.get("cases", {})}
+    merged["resumed"] = int(previous.get("resumed", 0)) + 1
+    return merged

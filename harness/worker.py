@@ -1,0 +1,455 @@
+"""Crash-proof checking: a worker process owns the device and runs cases for a supervisor.
+
+The fuzzing process (the supervisor: Hypothesis, journal, reports) never launches the kernel itself.
+``RemoteSession`` starts one worker process (``python -m harness.worker``: a fresh interpreter that
+picks CUDA or the Triton interpreter for itself) and talks to it over a socket pair: cases go as plain
+JSON data (``harness.casefile.case_to_dict`` fields), findings come back as ``Finding.to_dict`` JSON.
+Nothing is pickled either way, so a kernel plug-in running in the worker cannot make the supervisor
+run code. The worker is started once and reused for many cases; ``check_many`` sends a whole list in
+one message, and a shared 8-byte counter tells the supervisor which case is running.
+
+What the kernel can do to the worker, and what the supervisor makes of it:
+
+* it dies (segfault, ``os.abort``, an extension's trap, ``os._exit``): the case in flight is a ``CRASH``
+  finding, a fresh worker is started on the next case;
+* it leaves the CUDA context unusable (illegal address, misaligned access, device-side assert): the
+  worker sees the launch error, finds the context dead, reports ``CRASH`` for that case and exits;
+* it runs longer than its time limit (``case_timeout`` scaled by the case's size, plus a warm-up
+  allowance for a config the worker has not run yet: compile and capture): ``HANG``; the worker is
+  killed and replaced;
+* it calls ``sys.exit()``: a ``LAUNCH_ERROR`` (``harness.runner`` catches ``SystemExit`` like any
+  launch error), the worker lives on.
+
+A worker killed from outside (SIGKILL or SIGTERM that the supervisor did not send: the OOM killer, a
+user, a chaos test) is not the kernel's fault: its case is re-run once in a fresh worker, and only a
+second death is a ``CRASH``. When a worker dies part-way through a ``check_many`` list, the cases
+whose verdicts did not come back are re-run one at a time, so only the guilty case becomes ``CRASH``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from harness.case import Case
+from harness.errors import BadInput, require
+from harness.findings import Finding, Kind
+
+#: Seconds a small case may take before it is a ``HANG`` (``--case-timeout``); scaled up by case size.
+DEFAULT_CASE_TIMEOUT = 5.0
+#: Elements (buffer + pool + expected writes) that add one more ``case_timeout`` to a case's limit.
+ELEMENTS_PER_TIMEOUT = 1 << 20
+#: A config new to a worker may compile its kernel and capture graphs first: this many extra
+#: ``case_timeout``s (compiling a Triton kernel for CUDA takes seconds; the interpreter compiles nothing).
+WARMUP_FACTOR = {"cuda": 12.0, "cpu": 1.0}
+#: Seconds a worker may take to import torch/triton and resolve the kernel before the run gives up.
+START_TIMEOUT = 300.0
+#: Starts tried when a starting worker is killed from outside (SIGKILL/SIGTERM), before giving up.
+START_ATTEMPTS = 3
+#: How often the supervisor looks at the worker's progress counter while it waits.
+POLL_S = 0.2
+#: Exit statuses of a process killed by a signal the kernel does not send itself.
+_EXTERNAL = {-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT}
+
+
+class WorkerError(RuntimeError):
+    """kvfence itself failed inside the worker (not the kernel): carries the worker's traceback."""
+
+
+def case_elements(case: Case) -> int:
+    """Roughly how many elements one check of ``case`` touches: buffers, the pool and the write set."""
+    c = case.config
+    s = case.sizing_summary()
+    return c.num_steps * (s["width"] + s["need"]) + c.pool_rows * c.pool_len
+
+
+def case_time_limit(case: Case, case_timeout: float, *, warmup: float = 0.0) -> float:
+    """Seconds ``case`` may run: ``case_timeout`` per started ``ELEMENTS_PER_TIMEOUT`` elements, plus ``warmup``."""
+    return case_timeout * (1 + case_elements(case) // ELEMENTS_PER_TIMEOUT) + warmup
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+# -- the worker process -----------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: the worker gets SIGKILL when the supervisor dies, even while a kernel spins."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _cuda_context_alive() -> bool:
+    """After a launch error on CUDA: can the context still run a kernel? (A fault makes it sticky.)"""
+    import torch
+
+    try:
+        x = torch.ones(1, device="cuda")
+        x.add_(1)
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return False
+
+
+def _send(conn, message: dict) -> None:
+    conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
+
+
+def _worker_check(session, case: Case, device: str):
+    """``(finding dicts, fatal)`` for one case; ``fatal`` when the CUDA context died with it."""
+    try:
+        findings = session.check(case)
+    except SystemExit as exc:  # a plug-in exited outside the launch itself (e.g. in a sizing callable)
+        findings = [Finding(Kind.LAUNCH_ERROR, "kernel", "launch", detail=f"SystemExit: {exc.code!r}")]
+    except BadInput:
+        raise
+    except Exception as exc:
+        if device == "cuda" and not _cuda_context_alive():
+            detail = f"CUDA context lost: {type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+            return [Finding(Kind.CRASH, "kernel", "launch", detail=detail).to_dict()], True
+        raise
+    if device == "cuda" and any(f.kind is Kind.LAUNCH_ERROR for f in findings) and not _cuda_context_alive():
+        errors = "; ".join(f.detail for f in findings if f.kind is Kind.LAUNCH_ERROR)
+        crash = Finding(Kind.CRASH, "kernel", "launch", detail=f"CUDA context lost: {errors}"[:500])
+        return [crash.to_dict()] + [f.to_dict() for f in findings if f.kind is not Kind.LAUNCH_ERROR], True
+    return [f.to_dict() for f in findings], False
+
+
+def _worker_main(conn, progress, options: dict) -> None:
+    """Entry point of the worker process: set up the device and session, then serve ``check`` messages."""
+    _die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group: the supervisor decides when the worker ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        from harness.device import select
+
+        device = select(options["device"])
+        from harness.casefile import case_from_dict
+        from harness.session import Session
+
+        session = Session(device, options["kernel"], poison=options["poison"], verifier=options["verifier"],
+                          audit=options["audit"], absorb=options["absorb"])
+    except BadInput as exc:
+        _send(conn, {"op": "bad_input", "message": str(exc)})
+        return
+    except BaseException:  # noqa: BLE001 - reported to the supervisor, which raises it there
+        _send(conn, {"op": "error", "traceback": traceback.format_exc()})
+        return
+    _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the supervisor is gone
+        if message.get("op") != "check":
+            return
+        results = []
+        fatal = False
+        try:
+            for i, d in enumerate(message["cases"]):
+                progress.value = i + 1  # cases started: the supervisor's clock for HANG and CRASH
+                findings, fatal = _worker_check(session, case_from_dict(d), device)
+                results.append(findings)
+                if fatal:
+                    break
+        except BadInput as exc:
+            _send(conn, {"op": "bad_input", "message": str(exc)})
+            continue
+        except BaseException:  # noqa: BLE001 - a kvfence bug: the supervisor raises WorkerError
+            _send(conn, {"op": "error", "traceback": traceback.format_exc()})
+            continue
+        _send(conn, {"op": "results", "results": results, "fatal": fatal})
+        if fatal:
+            return
+
+
+# -- the supervisor side -------------------------------------------------------------------------------
+class _Counter:
+    """One int64 in a shared file mapping: the number of cases the worker has started on the list
+    in flight. The worker writes it before each case, so when it dies or stalls the supervisor knows
+    which case it was on, at the cost of a memory store per case (no message)."""
+
+    def __init__(self, file):
+        self._file = file
+        self._map = mmap.mmap(file.fileno(), 8)
+
+    @property
+    def value(self) -> int:
+        return int.from_bytes(self._map[:8], "little", signed=True)
+
+    @value.setter
+    def value(self, v: int) -> None:
+        self._map[:8] = int(v).to_bytes(8, "little", signed=True)
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m harness.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
+    argv = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(argv[0]))
+    progress = _Counter(os.fdopen(int(argv[1]), "r+b"))
+    _worker_main(conn, progress, json.loads(argv[2]))
+
+
+class _Lost(Exception):
+    """The worker gave no verdict for the case at ``index`` of the list in flight."""
+
+    def __init__(self, index: int, finding: Finding, external: bool):
+        self.index = index
+        self.finding = finding
+        self.external = external  # killed from outside: worth one more try
+
+
+class RemoteSession:
+    """The checking interface of ``harness.session.Session`` (``check``), backed by a worker process.
+
+    ``check_many(cases)`` sends the list in one message and returns one findings list per case.
+    Use as a context manager (or call ``close()``): the worker is stopped on exit.
+    """
+
+    def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True, verifier: str = "auto",
+                 audit: Optional[bool] = None, absorb: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT,
+                 warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT):
+        require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
+                f"--case-timeout must be a positive number of seconds, got {case_timeout!r}")
+        self.device = device
+        self.kernel = kernel
+        self.case_timeout = float(case_timeout)
+        self.warmup_s = case_timeout * WARMUP_FACTOR.get(device, 1.0) if warmup_s is None else float(warmup_s)
+        self.start_timeout = start_timeout
+        self._options = {"device": device, "kernel": kernel, "poison": poison, "verifier": verifier,
+                         "audit": audit, "absorb": absorb}
+        self._proc: Optional[subprocess.Popen] = None
+        self._conn = None
+        self._progress: Optional[_Counter] = None
+        self._warm: set = set()  # (config, canary_seed) this worker has run: no warm-up allowance
+        self._config_dicts: Dict[object, dict] = {}
+        #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
+        #: (re-run, not reported), and cases with a verdict from a worker.
+        self.stats = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0}
+        self._start()  # a kernel spec that cannot be resolved is BadInput now, before any work
+
+    # -- worker lifecycle ----------------------------------------------------------------------------
+    @property
+    def worker_pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        # A worker killed from outside while it starts (not by its kernel import) gets one more try.
+        for attempt in range(START_ATTEMPTS):
+            code = self._start_once()
+            if code is None:
+                return
+            if code not in _EXTERNAL or attempt == START_ATTEMPTS - 1:
+                raise BadInput(f"the checking worker died while starting ({_signal_name(code)}): "
+                               f"importing kernel {self.kernel!r} kills the process")
+
+    def _start_once(self) -> Optional[int]:
+        """Start a worker and wait for it to be ready; the exit status if it died instead."""
+        ours, theirs = socket.socketpair()
+        progress_file = tempfile.TemporaryFile()
+        progress_file.truncate(8)
+        env = dict(os.environ)
+        # The worker imports kvfence from where this process did, wherever it was started from.
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.worker", str(theirs.fileno()),
+                                     str(progress_file.fileno()), json.dumps(self._options)],
+                                    pass_fds=(theirs.fileno(), progress_file.fileno()), env=env,
+                                    stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self._proc = proc
+        self._conn = Connection(ours.detach())
+        self._progress = _Counter(progress_file)
+        self._warm = set()
+        self.stats["worker_starts"] += 1
+        readable = wait([self._conn], timeout=self.start_timeout)
+        message = self._recv() if readable else None
+        if message is None:
+            code = self._kill()
+            if not readable:
+                raise BadInput(f"the checking worker did not start within {self.start_timeout:g}s")
+            return code
+        if message["op"] != "ready":
+            self._kill()
+            self._raise(message)
+        return None
+
+    def _recv(self) -> Optional[dict]:
+        try:
+            return json.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            return None
+
+    @staticmethod
+    def _raise(message: dict) -> None:
+        if message.get("op") == "bad_input":
+            raise BadInput(message["message"])
+        raise WorkerError("the checking worker failed:\n" + message.get("traceback", repr(message)))
+
+    def _kill(self) -> Optional[int]:
+        """Kill the worker (if alive) and return its exit status."""
+        proc, self._proc = self._proc, None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.kill()
+        return proc.wait()
+
+    def close(self) -> None:
+        """Stop the worker: closing the pipe ends its loop; a worker stuck in a kernel is killed."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._conn.close()
+        self._conn = None
+        try:
+            proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self._kill()
+
+    def __enter__(self) -> "RemoteSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- checking --------------------------------------------------------------------------------------
+    def _wire(self, case: Case) -> dict:
+        config = self._config_dicts.get(case.config)
+        if config is None:
+            if len(self._config_dicts) > 256:
+                self._config_dicts.clear()
+            config = self._config_dicts[case.config] = case.config.to_dict()
+        return {"config": config, "batch": case.batch.to_dict(), "kernel": case.kernel,
+                "canary_seed": case.canary_seed}
+
+    def _limit(self, case: Case) -> float:
+        warm = (case.config, case.canary_seed) in self._warm
+        return case_time_limit(case, self.case_timeout, warmup=0.0 if warm else self.warmup_s)
+
+    def _exchange(self, cases: Sequence[Case]) -> List[List[Finding]]:
+        """One message to the worker; the verdicts of a prefix of ``cases`` (all, unless one was fatal).
+
+        Raises ``_Lost`` when the worker dies or hangs before replying (its results are lost).
+        """
+        if self._proc is None:
+            self._start()
+        self._progress.value = 0
+        try:
+            self._conn.send_bytes(json.dumps({"op": "check", "cases": [self._wire(c) for c in cases]},
+                                             separators=(",", ":")).encode())
+        except OSError:
+            pass  # the worker is already dead: the wait below says so
+        started, clock, limit = 0, time.monotonic(), 0.0
+        while True:
+            if wait([self._conn], timeout=POLL_S):
+                message = self._recv()
+                if message is not None:
+                    break
+                # End of file: the worker died without a reply.
+                index = max(self._progress.value - 1, 0)
+                code = self._kill()
+                external = code in _EXTERNAL
+                self.stats["external_kills" if external else "deaths"] += 1
+                detail = f"the checking worker died with {_signal_name(code)} during this launch"
+                if external:
+                    detail += " (a signal the kernel does not raise itself: it died so again when re-run alone)"
+                raise _Lost(index, Finding(Kind.CRASH, "kernel", "launch", detail=detail), external)
+            now = time.monotonic()
+            if self._progress.value != started:
+                started, clock = self._progress.value, now
+                limit = self._limit(cases[started - 1])
+            if started and now - clock > limit:
+                self._kill()
+                self.stats["hangs"] += 1
+                index = started - 1
+                detail = (f"no verdict after {now - clock:.1f}s (limit {limit:.1f}s: --case-timeout "
+                          f"{self.case_timeout:g}s scaled by the case's size): the worker was killed")
+                raise _Lost(index, Finding(Kind.HANG, "kernel", "launch", detail=detail), False)
+        if message["op"] != "results":
+            self._raise(message)
+        for case in cases[:len(message["results"])]:
+            self._warm.add((case.config, case.canary_seed))
+        if message["fatal"]:
+            self.stats["deaths"] += 1
+            self._kill()
+        self.stats["cases"] += len(message["results"])
+        return [[Finding.from_dict(f) for f in findings] for findings in message["results"]]
+
+    def _check_alone(self, case: Case) -> List[Finding]:
+        """One case in its own message: a death is this case's ``CRASH`` (after one retry if external)."""
+        for attempt in (0, 1):
+            try:
+                return self._exchange([case])[0]
+            except _Lost as lost:
+                if not (lost.external and attempt == 0):
+                    return [lost.finding]
+        raise AssertionError("unreachable")
+
+    def check(self, case: Case) -> List[Finding]:
+        """The findings of one case (``CRASH`` / ``HANG`` when the worker died or stalled on it)."""
+        return self._check_alone(case)
+
+    def check_many(self, cases: Sequence[Case]) -> List[List[Finding]]:
+        """One findings list per case, sent to the worker as one message.
+
+        If the worker dies or stalls part-way, the cases without a verdict are re-run one at a time, so
+        only the guilty case is reported as ``CRASH`` (or ``HANG``).
+        """
+        cases = list(cases)
+        results: List[Optional[List[Finding]]] = [None] * len(cases)
+        i = 0
+        while i < len(cases):
+            try:
+                done = self._exchange(cases[i:])
+            except _Lost as lost:
+                if lost.finding.kind is Kind.HANG:
+                    results[i + lost.index] = [lost.finding]  # the progress counter names it exactly
+                for j in range(i, len(cases)):
+                    if results[j] is None:
+                        results[j] = self._check_alone(cases[j])
+                break
+            results[i:i + len(done)] = done
+            i += len(done)
+        return results  # type: ignore[return-value]
+
+
+if __name__ == "__main__":
+    main()

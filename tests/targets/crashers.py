@@ -1,0 +1,80 @@
+"""Launcher plug-ins that kill, hang or exit the process that launches them (tests/test_worker.py).
+
+Each takes the ``harness.targets.LAUNCH_KWARGS`` keyword arguments. ``misbehave`` and the ``*_on_3``
+variants run the reference kernel except for batches whose first request has a given length, so a
+test can tell the guilty case from its neighbours in one ``check_many`` list.
+"""
+
+import ctypes
+import os
+import sys
+import time
+
+from kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+
+#: The first request length that triggers the ``*_on_3`` launchers.
+TRIGGER = 3
+
+
+def _reference(**kw):
+    launch(generate_draft_decode_kv_indices, **kw)
+
+
+def segfault(**kw):
+    """Reads address 0: SIGSEGV, a real one."""
+    ctypes.string_at(0)
+
+
+def abort(**kw):
+    os.abort()
+
+
+def spin(**kw):
+    """Never returns (a kernel whose loop bound is wrong)."""
+    while True:
+        time.sleep(0.01)
+
+
+def exit_zero(**kw):
+    """``sys.exit(0)`` from the launch: must not end a run as if it were clean."""
+    sys.exit(0)
+
+
+def hard_exit(**kw):
+    """``os._exit(0)``: the process vanishes without a signal."""
+    os._exit(0)
+
+
+def exit_on_launch(**kw):
+    sys.exit(3)
+
+
+def _first_len(kw) -> int:
+    return int(kw["seq_lens"][0])
+
+
+#: What ``misbehave`` does for a batch whose first request has this length (other lengths: the reference).
+MISBEHAVIOUR = {2: spin, 3: segfault, 4: abort, 5: exit_on_launch, 6: hard_exit}
+
+
+def misbehave(**kw):
+    """One plug-in for every way of dying, chosen by the first request's length (``MISBEHAVIOUR``)."""
+    MISBEHAVIOUR.get(_first_len(kw), _reference)(**kw)
+
+
+def segfault_on_3(**kw):
+    if _first_len(kw) == TRIGGER:
+        ctypes.string_at(0)
+    _reference(**kw)
+
+
+def spin_on_3(**kw):
+    if _first_len(kw) == TRIGGER:
+        spin()
+    _reference(**kw)
+
+
+def exit_on_3(**kw):
+    if _first_len(kw) == TRIGGER:
+        sys.exit(3)
+    _reference(**kw)

@@ -1,0 +1,116 @@
+"""The worker process (harness.worker): crashes, hangs and exits of the kernel become findings, the
+supervisor lives on, and only the guilty case of a ``check_many`` list is blamed."""
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.case import Batch, Case, Config
+from harness.errors import BadInput
+from harness.findings import Kind
+from harness.session import Session
+from harness.worker import RemoteSession
+
+pytestmark = pytest.mark.cpu_only  # the plug-ins below crash the interpreter's process on purpose
+
+TARGETS = Path(__file__).resolve().parent / "targets"
+CRASHERS = TARGETS / "crashers.py"
+CONFIG = Config(topk=2, num_steps=2, ctx=6, max_bs=2, sizing="safe", mode="eager")
+
+
+def batch_cases(kernel: str, lengths, config: Config = CONFIG):
+    return [Case(config, Batch((L,), (1,), i), kernel=kernel) for i, L in enumerate(lengths)]
+
+
+def kinds(results):
+    return [sorted({f.kind.value for f in r}) for r in results]
+
+
+def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_passes(device):
+    """One list through a launcher that spins (L=2), segfaults (3), aborts (4), calls sys.exit (5) or
+    os._exit (6): each case gets its own verdict, the others stay clean, the supervisor goes on."""
+    spec = f"{CRASHERS}:misbehave"
+    lengths = [1, 2, 3, 4, 5, 6, 1]
+    with RemoteSession(device, spec, case_timeout=0.5, warmup_s=1.5) as rs:
+        got = rs.check_many(batch_cases(spec, lengths))
+        assert kinds(got) == [[], ["HANG"], ["CRASH"], ["CRASH"], ["LAUNCH_ERROR"], ["CRASH"], []]
+        hang, segv, abrt, exit_, gone = (got[i][0].detail for i in range(1, 6))
+        assert "--case-timeout" in hang and "SIGSEGV" in segv and "SIGABRT" in abrt
+        assert "SystemExit: 3" in exit_ and "exit status 0" in gone
+        assert rs.stats["hangs"] == 1 and rs.stats["deaths"] >= 3
+        assert rs.check(batch_cases(spec, [1])[0]) == []  # a fresh worker carries on
+    with RemoteSession(device, "reference", case_timeout=5) as rs:
+        assert kinds(rs.check_many(batch_cases("reference", lengths))) == [[]] * len(lengths)
+        assert rs.stats["worker_starts"] == 1  # one worker, reused for every case
+    # In-process, sys.exit() in a launch is a LAUNCH_ERROR too (harness.runner catches SystemExit).
+    assert [f.kind for f in Session(device, spec).check(batch_cases(spec, [5])[0])] == [Kind.LAUNCH_ERROR]
+
+
+def test_remote_findings_equal_in_process_findings(device):
+    spec = f"{TARGETS / 'bad_writes.py'}:row_guard_write"
+    config = Config(topk=2, num_steps=2, ctx=6, max_bs=2, sizing="safe")
+    cases = batch_cases(spec, [1, 4, 6], config)
+    local = [[f.to_dict() for f in Session(device, spec).check(c)] for c in cases]
+    with RemoteSession(device, spec) as rs:
+        remote = [[f.to_dict() for f in r] for r in rs.check_many(cases)]
+    assert remote == local and all(local)
+
+
+def test_a_kernel_that_cannot_be_loaded_is_bad_input_before_any_case(device, tmp_path):
+    with pytest.raises(BadInput, match="does not exist"):
+        RemoteSession(device, f"{tmp_path}/gone.py:launch")
+    dying = tmp_path / "dies_on_import.py"
+    dying.write_text("import os\nos.abort()\n")
+    with pytest.raises(BadInput, match="died while starting"):
+        RemoteSession(device, f"{dying}:launch")
+
+
+def test_chaos_sigkill_at_random_moments_loses_no_failing_case(device):
+    """SIGKILL the worker at random moments over 100 cases: every verdict is still the true one."""
+    config = Config(topk=2, num_steps=1, ctx=6, max_bs=1, sizing="prefix", mode="eager")
+    rng = random.Random(7)
+    cases = [Case(config, Batch((rng.randint(1, 6),), (rng.randint(0, 1),), i)) for i in range(100)]
+    # The truth: under the prefix sizing (width ctx) a length L overflows when 2*L + 2 > 6.
+    failing = {i for i, c in enumerate(cases) if c.sizing_summary()["need"] > c.sizing_summary()["width"]}
+    assert 10 < len(failing) < 90
+    kills = []
+    stop = threading.Event()
+    with RemoteSession(device, "reference", case_timeout=5) as rs:
+        def killer():
+            # After each kill, wait for a verdict to come back before the next random moment, so the
+            # run makes progress (a worker killed while it starts is retried a few times, not forever).
+            chaos = random.Random(11)
+            done = rs.stats["cases"]
+            while len(kills) < 4 and not stop.wait(chaos.uniform(0.05, 0.6)):
+                pid = rs.worker_pid
+                if pid is None or rs.stats["cases"] == done:
+                    continue
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    kills.append(pid)
+                except ProcessLookupError:
+                    pass
+                done = rs.stats["cases"]
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        try:
+            results = []
+            for start in range(0, len(cases), 10):
+                results += rs.check_many(cases[start:start + 10])
+        finally:
+            stop.set()
+            thread.join()
+    assert len(kills) >= 3, kills  # the chaos really happened
+    assert rs.stats["external_kills"] >= 3
+    lost = [i for i in failing if Kind.SIZING_VIOLATION not in {f.kind for f in results[i]}]
+    assert lost == []
+    # A case killed twice in a row may be reported as CRASH; nothing else may have a finding.
+    wrong = [i for i, r in enumerate(results) if i not in failing and r and {f.kind for f in r} != {Kind.CRASH}]
+    assert wrong == []
+    assert sum(1 for r in results if any(f.kind is Kind.CRASH for f in r)) <= 2
