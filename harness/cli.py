@@ -304,7 +304,8 @@ def cmd_repro(args) -> int:
 
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
                      layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,
-                     announce=_stderr)
+                     announce=_stderr, trust_case=args.trust_case, in_process=args.in_process,
+                     case_timeout=args.case_timeout)
 
 
 def cmd_report(args) -> int:
@@ -401,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-absorb", action="store_true",
                     help="guards of MIN_GUARD only: an overflow leaves the allocation (for compute-sanitizer runs)")
     rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")
+    rp.add_argument("--trust-case", action="store_true",
+                    help="import the kernel/sizing plug-ins the case file names (never done without this or --kernel/--sizing)")
+    _add_worker_args(rp)
     rp.set_defaults(func=cmd_repro)
 
     rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json")

@@ -13,14 +13,32 @@ from typing import List, Optional, TextIO
 
 from harness.casefile import CaseFile, load_case
 from harness.case import Case
-from harness.errors import EXIT_CLEAN, EXIT_FINDINGS
-from harness.findings import Finding
+from harness.errors import EXIT_CLEAN, EXIT_FINDINGS, require
+from harness.findings import Finding, Kind
 
 #: Elements shown per finding with ``--verbose`` (the finding itself keeps 3 samples).
 VERBOSE_ELEMENTS = 64
 VERBOSE_PROGRAMS = 32
 _ROW = re.compile(r"^(?:slack of )?row (\d+)$")
 _GUARD = re.compile(r"^guard after row (\d+)$")
+
+
+def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional[str], trust: bool) -> None:
+    """A case file's plug-ins are data: ``BadInput`` unless the user named them again or trusts the file.
+
+    Re-running a case file must not run code it names (a file from a bug report could name any module),
+    so a plug-in kernel or sizing runs only when ``--kernel`` / ``--sizing`` replace it or
+    ``--trust-case`` is given. Builtin names are always fine.
+    """
+    from harness.targets import is_plugin
+
+    if trust:
+        return
+    for what, named, override, flag in (("kernel", loaded.case.kernel, kernel, "--kernel"),
+                                        ("sizing", loaded.case.config.sizing, sizing, "--sizing")):
+        require(override is not None or not is_plugin(named),
+                f"case file {loaded.path} names {what} plug-in {named!r}, which kvfence does not import from a "
+                f"case file: re-run with {flag} {named} (or --trust-case) if you trust that code")
 
 
 def apply_overrides(loaded: CaseFile, *, kernel: Optional[str] = None, sizing: Optional[str] = None,
@@ -129,21 +147,36 @@ def finding_lines(i: int, f: Finding, *, obs=None, expected_writes=None, verbose
 
 def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizing: Optional[str] = None,
               mode: Optional[str] = None, layout: Optional[str] = None, absorb: bool = True,
-              verbose: bool = False, out: TextIO, announce=None) -> int:
+              verbose: bool = False, out: TextIO, announce=None, trust_case: bool = False,
+              in_process: bool = False, case_timeout: Optional[float] = None) -> int:
     """Load, re-run and describe one case file; returns the exit code (1 reproduces, 0 passes).
 
     ``absorb=False`` (``--no-absorb``) lets an overflow leave the buffer's allocation, as in
-    production: for runs under compute-sanitizer (``harness.sanitizer``).
+    production: for runs under compute-sanitizer (``harness.sanitizer``). The case runs first in a
+    worker process (``harness.worker``), so a case that crashes or hangs is reported as ``CRASH`` /
+    ``HANG`` instead of killing repro; a case that survives is re-run here for the full diff.
+    ``in_process`` skips the worker (debugging).
     """
     from harness.device import select
 
     loaded = load_case(path)
+    require_trusted(loaded, kernel=kernel, sizing=sizing, trust=trust_case)
     case = apply_overrides(loaded, kernel=kernel, sizing=sizing, mode=mode, layout=layout)
     device = select(device, announce=announce)
     from harness.session import Session
     from harness.verdict import check, expected_from_oracle
 
-    session = Session(device, case.kernel, absorb=absorb)  # resolves the kernel: BadInput before anything runs
+    remote = None
+    if not in_process:
+        from harness.worker import DEFAULT_CASE_TIMEOUT, RemoteSession
+
+        # Resolves the kernel in the worker: BadInput before anything runs.
+        worker = RemoteSession(device, case.kernel, absorb=absorb,
+                               case_timeout=DEFAULT_CASE_TIMEOUT if case_timeout is None else case_timeout)
+        with worker:
+            remote = worker.check(case)
+    fatal = [f for f in remote or [] if f.kind in (Kind.CRASH, Kind.HANG)]
+    session = None if fatal else Session(device, case.kernel, absorb=absorb)  # BadInput before anything runs
     c, b = case.config, case.batch
     lb = case.launch()
     p = lambda line="": print(line, file=out)  # noqa: E731
@@ -162,10 +195,18 @@ def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizin
         p(f"override {'; '.join(changed)}")
     for line in sizing_lines(case):
         p(f"sizing  {line}")
+    recorded = ", ".join(sorted({f.kind.value for f in loaded.findings})) or "none"
+    if fatal:  # the worker died or stalled on this case: there is no observation to diff
+        p()
+        p(f"FAIL: {len(fatal)} finding(s) (the file recorded {len(loaded.findings)}: {recorded})")
+        for i, f in enumerate(fatal, 1):
+            p()
+            for line in finding_lines(i, f):
+                p(line)
+        return EXIT_FINDINGS
     obs = session.observe(case)
     expected_writes = expected_from_oracle(obs)
     findings = check(obs, expected_writes)
-    recorded = ", ".join(sorted({f.kind.value for f in loaded.findings})) or "none"
     p()
     if not findings:
         p(f"PASS: no findings (the file recorded {len(loaded.findings)}: {recorded})")

@@ -159,6 +159,28 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
     return KernelTarget(spec, obj, request_axis=None)
 
 
+def is_plugin(spec: str) -> bool:
+    """A ``module:attr`` / ``file.py:attr`` spec (user code), as opposed to a builtin name."""
+    from kernels.sizing import POLICIES
+
+    return spec not in BUILTIN_KERNELS and spec not in POLICIES
+
+
+def check_spec(spec: str, what: str) -> None:
+    """``BadInput`` unless ``spec`` is a builtin ``what`` (kernel or sizing) or looks like a plug-in spec.
+
+    Imports nothing: for specs read from a case file, which are data until the user vouches for them.
+    """
+    from kernels.sizing import POLICIES
+
+    builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
+    if spec in builtins:
+        return
+    where, _, attr = spec.rpartition(":")
+    require(bool(where and attr),
+            f"unknown {what} {spec!r}: expected {', '.join(builtins)}, module:attr or file.py:attr")
+
+
 @functools.lru_cache(maxsize=None)
 def resolve_sizing(spec: str) -> Callable[[int, int, int, int], int]:
     """Resolve a sizing spec to ``(n, topk, ctx, num_steps) -> width``."""
