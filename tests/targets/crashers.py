@@ -78,3 +78,17 @@ def exit_on_3(**kw):
     if _first_len(kw) == TRIGGER:
         sys.exit(3)
     _reference(**kw)
+
+
+def slow_wrong(**kw):
+    """A wrong value whenever a request is longer than 1, slowly: a run is still shrinking such a
+    failure (token seed, pool rows, lengths) when a test signals it. Appends a byte to the file named
+    by ``KVFENCE_TEST_MARKER`` for each failing launch."""
+    _reference(**kw)
+    if int(kw["seq_lens"].max()) > 1:
+        kw["kv_indices"][0, 0] = 777_777
+        marker = os.environ.get("KVFENCE_TEST_MARKER")
+        if marker:
+            with open(marker, "a") as fh:
+                fh.write("x")
+        time.sleep(0.3)

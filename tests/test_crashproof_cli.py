@@ -1,0 +1,141 @@
+"""Crash-proof runs through the real CLI: a crashing kernel is a minimal CRASH case, signals end a run
+with its results written, and --resume adds to a folder instead of replacing it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import casefile, journal
+from harness.findings import Kind
+
+pytestmark = pytest.mark.cpu_only  # the plug-ins crash or stall the interpreter's process on purpose
+
+ROOT = Path(__file__).resolve().parent.parent
+CRASHERS = ROOT / "tests" / "targets" / "crashers.py"
+SMALL = ["--device", "cpu", "--mode", "eager", "--topk", "2", "--num-steps", "1", "--ctx", "6", "--max-bs", "2",
+         "--seed", "1", "--quiet"]
+
+
+def env_without_interpreter(**extra):
+    env = dict(os.environ, **extra)
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def harness(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env or env_without_interpreter())
+
+
+def all_json_valid(folder: Path) -> list:
+    bad = []
+    for p in folder.rglob("*.json"):
+        try:
+            json.loads(p.read_text())
+        except ValueError:
+            bad.append(p)
+    return bad
+
+
+def test_a_segfaulting_kernel_is_a_minimal_crash_case_and_repro_reports_it(tmp_path):
+    out = tmp_path / "out"
+    spec = f"{CRASHERS}:segfault_on_3"
+    res = harness("fuzz", "--kernel", spec, "--out", out, "--max-examples", "30", *SMALL)
+    assert res.returncode == 1, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [f["kind"] for f in summary["findings"]] == ["CRASH"]
+    loaded = casefile.load_case(summary["findings"][0]["case"])
+    # Shrunk like any failure: the one request of length 3 that kills the worker, smallest other fields.
+    assert list(loaded.case.batch.seq_lens) == [3] and list(loaded.case.batch.req_pool_indices) == [0]
+    assert loaded.case.batch.token_seed == 0 and "SIGSEGV" in loaded.findings[0].detail
+    assert all_json_valid(out) == []
+    # repro runs it in a worker: exit 1 with CRASH, never dies with the kernel. The plug-in named in the
+    # file is named again on the command line (a case file's plug-ins are never imported on their own).
+    rep = harness("repro", loaded.path, "--kernel", spec, "--device", "cpu")
+    assert rep.returncode == 1 and "CRASH" in rep.stdout and "SIGSEGV" in rep.stdout, rep.stderr
+    # The fixed kernel passes the same case.
+    fixed = harness("repro", loaded.path, "--kernel", "reference", "--device", "cpu")
+    assert fixed.returncode == 0 and "PASS" in fixed.stdout, fixed.stderr
+
+
+def test_repro_never_imports_a_plugin_named_only_by_the_case_file(tmp_path):
+    evidence = tmp_path / "imported"
+    plugin = tmp_path / "evil.py"
+    plugin.write_text(f"open({str(evidence)!r}, 'w').write('ran')\n"
+                      "def launch(**kw):\n    pass\n")
+    doc = json.loads(json.dumps(casefile.document(
+        casefile.case_from_dict({"config": {"topk": 1, "num_steps": 1, "ctx": 4, "max_bs": 1},
+                                 "batch": {"seq_lens": [2], "req_pool_indices": [0]}}), [], device="cpu",
+        source="test")))
+    doc["case"]["kernel"] = f"{plugin}:launch"
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(doc))
+    res = harness("repro", case, "--device", "cpu")
+    assert res.returncode == 2 and not evidence.exists()
+    line = res.stderr.strip().splitlines()[-1]
+    assert "plug-in" in line and f"--kernel {plugin}:launch" in line and "--trust-case" in line
+    doc["case"]["kernel"] = "reference"
+    doc["case"]["config"]["sizing"] = f"{plugin}:launch"
+    case.write_text(json.dumps(doc))
+    res = harness("repro", case, "--device", "cpu")
+    assert res.returncode == 2 and "--sizing" in res.stderr and not evidence.exists()
+    # A builtin-only case file runs (the correct half of the pair).
+    doc["case"]["config"]["sizing"] = "safe"
+    case.write_text(json.dumps(doc))
+    assert harness("repro", case, "--device", "cpu").returncode == 0
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_the_run_with_its_results_written(tmp_path, sig, code):
+    out = tmp_path / "out"
+    marker = tmp_path / "launches"
+    env = env_without_interpreter(KVFENCE_TEST_MARKER=str(marker))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--kernel", f"{CRASHERS}:slow_wrong",
+                             "--out", str(out), "--max-examples", "50", *SMALL], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        # A failing launch: Hypothesis is shrinking it (seed, pool rows, lengths) from here.
+        while not (marker.exists() and len(marker.read_text()) >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, (stdout, stderr)
+    assert "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] == sig.name
+    assert {f["kind"] for f in summary["findings"]} == {Kind.VALUE_MISMATCH.value}
+    loaded = casefile.load_case(summary["findings"][0]["case"])
+    assert loaded.extras["interrupted"]["signal"] == sig.name and loaded.extras["interrupted"]["shrunk"] is False
+    assert (out / "report.html").exists() and all_json_valid(out) == []
+    # The journal is consistent: the interrupted case is not a crash for the next run.
+    assert not list((out / journal.JOURNAL_DIR).glob("*" + journal.SUFFIX))
+    again = harness("fuzz", "--resume", "--out", out, "--device", "cpu")
+    assert again.returncode == 0 and "0 crashed case(s)" in again.stdout, again.stderr
+
+
+def test_resume_adds_to_the_folder_instead_of_replacing_it(tmp_path):
+    out = tmp_path / "out"
+    first = harness("fuzz", "--sizing", "prefix", "--out", out, "--max-examples", "20", "--shrink-seconds", "5",
+                    *SMALL)
+    assert first.returncode == 1, first.stderr
+    before = json.loads((out / "summary.json").read_text())
+    assert before["findings"]
+    res = harness("fuzz", "--resume", "--out", out, "--device", "cpu")
+    assert res.returncode == 0, res.stderr  # nothing new was recovered
+    after = json.loads((out / "summary.json").read_text())
+    assert after["findings"] == before["findings"] and after["examples"] == before["examples"]
+    assert after["resumed"] == 1
+    # --resume with a flag it would ignore is refused (and touches nothing).
+    bad = harness("fuzz", "--resume", "--out", out, "--device", "cpu", "--max-examples", "5", "--sizing", "fixed")
+    assert bad.returncode == 2 and "--max-examples" in bad.stderr and "--sizing" in bad.stderr
+    assert json.loads((out / "summary.json").read_text()) == after
