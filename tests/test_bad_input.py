@@ -13,6 +13,7 @@ from harness import casefile
 from harness.case import Batch, Case, Config
 
 ROOT = Path(__file__).resolve().parent.parent
+SIZINGS = ROOT / "tests" / "targets" / "sizings.py"
 GOOD = casefile.document(Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2, sizing="prefix"), Batch((3,), (1,), 5)),
                          [], device="cpu", source="test")
 
@@ -68,6 +69,32 @@ INPUTS = [
     ("fuzz-out-is-a-file", None, ["fuzz", "--device", "cpu", "--out", "{json}"], "not a directory"),
     ("fuzz-json-folder-missing", None, ["fuzz", "--device", "cpu", "--out", "{out}", "--json", "{dir}/no/s.json"],
      "does not exist"),
+    # Crash-proof runs (issue 10): unwritable outputs, sizing plug-ins, sizes refused by arithmetic.
+    ("fuzz-json-in-proc", None, ["fuzz", "--device", "cpu", "--out", "{out}", "--json", "/proc/kvfence.json"],
+     "cannot write"),
+    ("fuzz-out-read-only", None, ["fuzz", "--device", "cpu", "--out", "/proc/kvfence-out"], "cannot write"),
+    ("fuzz-sizing-bool", None, ["fuzz", "--device", "cpu", "--sizing", f"{SIZINGS}:as_bool", "--out", "{out}"], "bool"),
+    ("fuzz-sizing-float", None, ["fuzz", "--device", "cpu", "--sizing", f"{SIZINGS}:as_float", "--out", "{out}"],
+     "float"),
+    ("fuzz-sizing-huge", None, ["fuzz", "--device", "cpu", "--sizing", f"{SIZINGS}:huge", "--out", "{out}"],
+     "returned width"),
+    ("fuzz-sizing-sys-exit", None, ["fuzz", "--device", "cpu", "--sizing", f"{SIZINGS}:exits", "--out", "{out}"],
+     "SystemExit"),
+    ("fuzz-page-size-2**40", None, ["fuzz", "--device", "cpu", "--page-size", str(2**40), "--out", "{out}"],
+     "config too large"),
+    ("fuzz-ctx-10**8", None, ["fuzz", "--device", "cpu", "--ctx", str(10**8), "--out", "{out}"], "config too large"),
+    ("fuzz-shrink-seconds-nan", None, ["fuzz", "--device", "cpu", "--shrink-seconds", "nan", "--out", "{out}"],
+     "finite number"),
+    ("fuzz-shrink-seconds-negative", None, ["fuzz", "--device", "cpu", "--shrink-seconds", "-1", "--out", "{out}"],
+     "non-negative"),
+    ("fuzz-case-timeout-zero", None, ["fuzz", "--device", "cpu", "--case-timeout", "0", "--out", "{out}"],
+     "positive"),
+    ("fuzz-resume-ignored-flags", None, ["fuzz", "--resume", "--device", "cpu", "--out", "{out}", "--topk", "2"],
+     "--topk"),
+    ("case-5000-digit-number", json.dumps(GOOD).replace('"page_size": 1', '"page_size": 1' + "0" * 5000),
+     ["repro", "{case}"], "page_size" if sys.version_info < (3, 11) else "number"),
+    ("case-page-size-2**130", mutated(["case", "config", "page_size"], 2**130), ["repro", "{case}"],
+     "config too large"),
     ("report-missing-dir", None, ["report", "{dir}/nowhere"], "no such directory"),
     ("report-bad-summary", None, ["report", "{out}"], "summary"),
 ]
@@ -112,3 +139,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, device, name, text, argv, ne
 
 def test_at_least_twenty_inputs():
     assert len(INPUTS) >= 20
+
+
+@pytest.mark.parametrize("argv", [["--page-size", str(2**40)], ["--ctx", str(10**8)], ["--shrink-seconds", "nan"],
+                                  ["--sizing", f"{SIZINGS}:as_bool"], ["--json", "/proc/kvfence.json"]],
+                         ids=["page-size", "ctx", "shrink-seconds", "sizing", "json"])
+def test_out_folder_is_not_created_when_validation_fails(tmp_path, device, argv):
+    out = tmp_path / "new" / "out"
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    res = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--device", device, "--out", str(out), *argv],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2 and res.stderr.startswith("kvfence: error:"), res.stderr
+    assert not (tmp_path / "new").exists()

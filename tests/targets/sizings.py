@@ -1,0 +1,17 @@
+"""Sizing plug-ins that return what no row width may be (tests/test_bad_input.py)."""
+
+
+def as_bool(n, topk, ctx, num_steps):
+    return True
+
+
+def as_float(n, topk, ctx, num_steps):
+    return n * topk * (ctx + num_steps) * 1.5
+
+
+def huge(n, topk, ctx, num_steps):
+    return 10**30
+
+
+def exits(n, topk, ctx, num_steps):
+    raise SystemExit(0)
