@@ -138,6 +138,56 @@ def _worker_check(session, case: Case, device: str):
     return [f.to_dict() for f in findings], False
 
 
+def encode_cases(cases: Sequence[Case], config_dicts: Dict[object, dict]) -> dict:
+    """The wire form of a case list: each distinct (config, kernel, canary seed) once under ``groups``,
+    then per case ``[group, seq_lens, req_pool_indices, token_seed]``. Plain JSON data, the fields of
+    ``harness.casefile.case_to_dict``; ``config_dicts`` caches ``Config.to_dict`` across calls."""
+    groups: Dict[tuple, int] = {}
+    rows = []
+    for case in cases:
+        key = (case.config, case.kernel, case.canary_seed)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = len(groups)
+        b = case.batch
+        rows.append([g, b.seq_lens, b.req_pool_indices, b.token_seed])
+    wire_groups = []
+    for config, kernel, canary_seed in groups:
+        d = config_dicts.get(config)
+        if d is None:
+            if len(config_dicts) > 256:
+                config_dicts.clear()
+            d = config_dicts[config] = config.to_dict()
+        wire_groups.append({"config": d, "kernel": kernel, "canary_seed": canary_seed})
+    return {"groups": wire_groups, "cases": rows}
+
+
+class _Decoder:
+    """Worker side of ``encode_cases``: every case is validated like a case file's
+    (``case_from_dict``); a group's config is built once and reused while the batches vary."""
+
+    def __init__(self, case_from_dict):
+        self._case_from_dict = case_from_dict
+        self._templates: Dict[str, Case] = {}
+
+    def cases(self, message: dict):
+        templates = []
+        for group in message["groups"]:
+            key = json.dumps(group, sort_keys=True)
+            template = self._templates.get(key)
+            if template is None:
+                if len(self._templates) > 256:
+                    self._templates.clear()
+                template = self._templates[key] = self._case_from_dict(
+                    dict(group, batch={"seq_lens": [1], "req_pool_indices": [0]}))
+            templates.append(template)
+        from harness.case import Batch
+
+        for g, seq_lens, rows, token_seed in message["cases"]:
+            t = templates[g]
+            yield Case(t.config, Batch(tuple(seq_lens), tuple(rows), token_seed), t.kernel, t.canary_seed)
+
+
 def _worker_main(conn, progress, options: dict) -> None:
     """Entry point of the worker process: set up the device and session, then serve ``check`` messages."""
     _die_with_parent()
@@ -159,6 +209,7 @@ def _worker_main(conn, progress, options: dict) -> None:
     except BaseException:  # noqa: BLE001 - reported to the supervisor, which raises it there
         _send(conn, {"op": "error", "traceback": traceback.format_exc()})
         return
+    decoder = _Decoder(case_from_dict)
     _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
     while True:
         try:
@@ -170,9 +221,13 @@ def _worker_main(conn, progress, options: dict) -> None:
         results = []
         fatal = False
         try:
-            for i, d in enumerate(message["cases"]):
+            dry = bool(message.get("dry"))
+            for i, case in enumerate(decoder.cases(message)):
                 progress.value = i + 1  # cases started: the supervisor's clock for HANG and CRASH
-                findings, fatal = _worker_check(session, case_from_dict(d), device)
+                if dry:  # RemoteSession.round_trip: the messaging cost alone
+                    results.append([])
+                    continue
+                findings, fatal = _worker_check(session, case, device)
                 results.append(findings)
                 if fatal:
                     break
@@ -351,20 +406,17 @@ class RemoteSession:
         self.close()
 
     # -- checking --------------------------------------------------------------------------------------
-    def _wire(self, case: Case) -> dict:
-        config = self._config_dicts.get(case.config)
-        if config is None:
-            if len(self._config_dicts) > 256:
-                self._config_dicts.clear()
-            config = self._config_dicts[case.config] = case.config.to_dict()
-        return {"config": config, "batch": case.batch.to_dict(), "kernel": case.kernel,
-                "canary_seed": case.canary_seed}
-
     def _limit(self, case: Case) -> float:
         warm = (case.config, case.canary_seed) in self._warm
         return case_time_limit(case, self.case_timeout, warmup=0.0 if warm else self.warmup_s)
 
-    def _exchange(self, cases: Sequence[Case]) -> List[List[Finding]]:
+    def round_trip(self, cases: Sequence[Case]) -> None:
+        """Send ``cases`` and get empty verdicts back without running them: what ``check_many`` adds to
+        the checking itself (JSON both ways, the socket, rebuilding each ``Case`` in the worker).
+        For ``benchmarks/worker_ipc.py``."""
+        self._exchange(cases, dry=True)
+
+    def _exchange(self, cases: Sequence[Case], dry: bool = False) -> List[List[Finding]]:
         """One message to the worker; the verdicts of a prefix of ``cases`` (all, unless one was fatal).
 
         Raises ``_Lost`` when the worker dies or hangs before replying (its results are lost).
@@ -373,8 +425,8 @@ class RemoteSession:
             self._start()
         self._progress.value = 0
         try:
-            self._conn.send_bytes(json.dumps({"op": "check", "cases": [self._wire(c) for c in cases]},
-                                             separators=(",", ":")).encode())
+            message = {"op": "check", "dry": dry, **encode_cases(cases, self._config_dicts)}
+            self._conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
         except OSError:
             pass  # the worker is already dead: the wait below says so
         started, clock, limit = 0, time.monotonic(), 0.0

@@ -1,0 +1,21 @@
+"""A launcher whose Triton store lands far past its allocation on the GPU (an illegal address), for
+batches whose first request has length 3; other batches get the reference kernel."""
+
+import triton
+import triton.language as tl
+
+from kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+
+#: Elements past kv_indices' first element: 2**36 int32s = 256 GiB, outside anything a process maps.
+FAR = 1 << 36
+
+
+@triton.jit
+def far_store(ptr, offset):
+    tl.store(ptr + offset, 1)
+
+
+def fault_on_3(**kw):
+    if int(kw["seq_lens"][0]) == 3:
+        far_store[(1,)](kw["kv_indices"], FAR)
+    launch(generate_draft_decode_kv_indices, **kw)

@@ -1,0 +1,26 @@
+"""On a GPU: a kernel that really faults (illegal address far past its allocation) is a CRASH of its
+case only; the worker with the dead CUDA context is replaced and the next cases are checked."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.case import Batch, Case, Config
+from harness.findings import Kind
+from harness.worker import RemoteSession
+
+pytestmark = pytest.mark.gpu
+
+FAULT = f"{Path(__file__).resolve().parent / 'targets' / 'gpu_fault.py'}:fault_on_3"
+
+
+def test_an_illegal_address_is_a_crash_of_its_case_and_the_run_goes_on(device):
+    # Eager: the launcher reads seq_lens on the host, which graph capture forbids.
+    config = Config(topk=2, num_steps=2, ctx=8, max_bs=2, mode="eager")
+    cases = [Case(config, Batch((L,), (1,), i), kernel=FAULT) for i, L in enumerate([1, 3, 2, 4])]
+    with RemoteSession(device, FAULT) as rs:
+        got = rs.check_many(cases)
+        assert [[f.kind for f in r] for r in got] == [[], [Kind.CRASH], [], []], got
+        assert rs.stats["worker_starts"] >= 2
+    with RemoteSession(device, "reference") as rs:  # the correct kernel passes the same cases
+        assert rs.check_many([Case(c.config, c.batch) for c in cases]) == [[]] * 4
