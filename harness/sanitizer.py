@@ -72,10 +72,16 @@ def tool_command(exe: str, tool: str, target: Sequence[str], *, xml_path: Path,
     return cmd + list(target)
 
 
+#: The tool watches the repro process itself (no worker: the launch must happen in the traced process,
+#: once); the cases are the sweep's own, or those the user pointed it at with ``--cases``, so their
+#: plug-ins are trusted (harness.repro.require_trusted).
+REPRO_FLAGS = ("--in-process", "--trust-case")
+
+
 def repro_target(case_path: Path, *, python: str = sys.executable) -> List[str]:
     """The child each tool runs: the case, in the production layout, overflow leaving the allocation."""
     return [python, "-m", "harness", "repro", str(case_path), "--device", "cuda", "--layout", "production",
-            "--no-absorb"]
+            "--no-absorb", *REPRO_FLAGS]
 
 
 def case_env(mode: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -267,7 +273,7 @@ def run_tool(exe: str, tool: str, case_path: Path, mode: str, work: Path, *, tim
 
 def baseline_seconds(case_path: Path, mode: str, *, timeout: float = 300.0) -> float:
     """Wall time of the same child without a sanitizer (guards absorbing): the slowdown's denominator."""
-    cmd = [sys.executable, "-m", "harness", "repro", str(case_path), "--device", "cuda"]
+    cmd = [sys.executable, "-m", "harness", "repro", str(case_path), "--device", "cuda", *REPRO_FLAGS]
     t0 = time.perf_counter()
     subprocess.run(cmd, env=case_env(mode), capture_output=True, text=True, timeout=timeout)
     return time.perf_counter() - t0

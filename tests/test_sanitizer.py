@@ -95,7 +95,7 @@ def test_broken_xml_is_bad_input(text, message):
 def test_command_lines_per_tool(tmp_path):
     target = sanitizer.repro_target(tmp_path / "c.json", python="python")
     assert target == ["python", "-m", "harness", "repro", str(tmp_path / "c.json"), "--device", "cuda",
-                      "--layout", "production", "--no-absorb"]
+                      "--layout", "production", "--no-absorb", "--in-process", "--trust-case"]
     mem = sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml")
     assert mem[:9] == ["cs", "--tool", "memcheck", "--error-exitcode", "86", "--print-limit", "0", "--xml", "--save"]
     assert "--padding" in mem and "kns=generate_draft_decode_kv_indices" in mem and mem[-len(target):] == target
