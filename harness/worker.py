@@ -21,8 +21,8 @@ What the kernel can do to the worker, and what the supervisor makes of it:
   launch error), the worker lives on.
 
 A worker killed from outside (SIGKILL or SIGTERM that the supervisor did not send: the OOM killer, a
-user, a chaos test) is not the kernel's fault: its case is re-run once in a fresh worker, and only a
-second death is a ``CRASH``. When a worker dies part-way through a ``check_many`` list, the cases
+user, a chaos test) is not the kernel's fault: its case is re-run alone in a fresh worker, and only a
+case that dies so ``EXTERNAL_RETRIES`` times is a ``CRASH``. When a worker dies part-way through a ``check_many`` list, the cases
 whose verdicts did not come back are re-run one at a time, so only the guilty case becomes ``CRASH``.
 """
 
@@ -56,8 +56,10 @@ ELEMENTS_PER_TIMEOUT = 1 << 20
 WARMUP_FACTOR = {"cuda": 12.0, "cpu": 1.0}
 #: Seconds a worker may take to import torch/triton and resolve the kernel before the run gives up.
 START_TIMEOUT = 300.0
-#: Starts tried when a starting worker is killed from outside (SIGKILL/SIGTERM), before giving up.
-START_ATTEMPTS = 3
+#: Tries when a worker is killed from outside (SIGKILL/SIGTERM it does not raise itself): starts of a
+#: worker, and runs of the case it was on. Only the last death counts (a CRASH, or BadInput at start).
+START_ATTEMPTS = 10
+EXTERNAL_RETRIES = 3
 #: How often the supervisor looks at the worker's progress counter while it waits.
 POLL_S = 0.2
 #: Exit statuses of a process killed by a signal the kernel does not send itself.
@@ -322,6 +324,7 @@ class RemoteSession:
             code = self._start_once()
             if code is None:
                 return
+            self.stats["external_kills" if code in _EXTERNAL else "deaths"] += 1
             if code not in _EXTERNAL or attempt == START_ATTEMPTS - 1:
                 raise BadInput(f"the checking worker died while starting ({_signal_name(code)}): "
                                f"importing kernel {self.kernel!r} kills the process")
@@ -429,6 +432,27 @@ class RemoteSession:
             self._conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
         except OSError:
             pass  # the worker is already dead: the wait below says so
+        try:
+            message = self._await(cases)
+        except _Lost:
+            raise
+        except BaseException:
+            # Interrupted while waiting (a signal): the reply still on its way would be read as the
+            # next list's. The worker's state is unknown, so it goes; the next call starts a fresh one.
+            self._kill()
+            raise
+        if message["op"] != "results":
+            self._raise(message)
+        for case in cases[:len(message["results"])]:
+            self._warm.add((case.config, case.canary_seed))
+        if message["fatal"]:
+            self.stats["deaths"] += 1
+            self._kill()
+        self.stats["cases"] += len(message["results"])
+        return [[Finding.from_dict(f) for f in findings] for findings in message["results"]]
+
+    def _await(self, cases: Sequence[Case]) -> dict:
+        """The worker's reply to the list in flight; ``_Lost`` if it dies or stalls on a case first."""
         started, clock, limit = 0, time.monotonic(), 0.0
         while True:
             if wait([self._conn], timeout=POLL_S):
@@ -442,7 +466,8 @@ class RemoteSession:
                 self.stats["external_kills" if external else "deaths"] += 1
                 detail = f"the checking worker died with {_signal_name(code)} during this launch"
                 if external:
-                    detail += " (a signal the kernel does not raise itself: it died so again when re-run alone)"
+                    detail += (f" (a signal the kernel does not raise itself: it died so in each of "
+                               f"{EXTERNAL_RETRIES} runs of this case alone)")
                 raise _Lost(index, Finding(Kind.CRASH, "kernel", "launch", detail=detail), external)
             now = time.monotonic()
             if self._progress.value != started:
@@ -455,25 +480,18 @@ class RemoteSession:
                 detail = (f"no verdict after {now - clock:.1f}s (limit {limit:.1f}s: --case-timeout "
                           f"{self.case_timeout:g}s scaled by the case's size): the worker was killed")
                 raise _Lost(index, Finding(Kind.HANG, "kernel", "launch", detail=detail), False)
-        if message["op"] != "results":
-            self._raise(message)
-        for case in cases[:len(message["results"])]:
-            self._warm.add((case.config, case.canary_seed))
-        if message["fatal"]:
-            self.stats["deaths"] += 1
-            self._kill()
-        self.stats["cases"] += len(message["results"])
-        return [[Finding.from_dict(f) for f in findings] for findings in message["results"]]
+        return message
 
     def _check_alone(self, case: Case) -> List[Finding]:
         """One case in its own message: a death is this case's ``CRASH`` (after one retry if external)."""
-        for attempt in (0, 1):
+        attempt = 1
+        while True:
             try:
                 return self._exchange([case])[0]
             except _Lost as lost:
-                if not (lost.external and attempt == 0):
+                if not lost.external or attempt >= EXTERNAL_RETRIES:
                     return [lost.finding]
-        raise AssertionError("unreachable")
+            attempt += 1
 
     def check(self, case: Case) -> List[Finding]:
         """The findings of one case (``CRASH`` / ``HANG`` when the worker died or stalled on it)."""

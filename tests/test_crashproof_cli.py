@@ -3,6 +3,7 @@ with its results written, and --resume adds to a folder instead of replacing it.
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -139,3 +140,45 @@ def test_resume_adds_to_the_folder_instead_of_replacing_it(tmp_path):
     bad = harness("fuzz", "--resume", "--out", out, "--device", "cpu", "--max-examples", "5", "--sizing", "fixed")
     assert bad.returncode == 2 and "--max-examples" in bad.stderr and "--sizing" in bad.stderr
     assert json.loads((out / "summary.json").read_text()) == after
+
+
+def children(pid: int) -> list:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_chaos_sigkill_of_workers_during_a_fuzz_run_loses_no_failure_and_leaves_valid_json(tmp_path):
+    """A fuzz run whose workers are SIGKILLed at random moments still reports its failure, and every
+    file it leaves is valid JSON (no torn summary, case file or temp file)."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--sizing", "prefix", "--out", str(out),
+                             "--max-examples", "100", "--shrink-seconds", "20", *SMALL], cwd=ROOT,
+                            env=env_without_interpreter(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rng = random.Random(3)
+    killed, seen = [], {}
+    try:
+        while proc.poll() is None and len(killed) < 5:
+            now = time.monotonic()
+            for pid in children(proc.pid):  # each worker once, at a random moment of its life
+                due = seen.setdefault(pid, now + rng.uniform(0.2, 3.0))
+                if now >= due and pid not in killed:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                    except ProcessLookupError:
+                        pass
+            time.sleep(0.05)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, (stdout, stderr)
+    assert killed, "no worker was killed: the chaos did not happen"
+    summary = json.loads((out / "summary.json").read_text())
+    assert Kind.SIZING_VIOLATION.value in {f["kind"] for f in summary["findings"]}
+    assert Kind.CRASH.value not in {f["kind"] for f in summary["findings"]}
+    # (A kill after the last case changes nothing, so how many were noticed is not asserted.)
+    assert summary["worker"]["worker_starts"] >= 1
+    assert all_json_valid(out) == [] and not list(out.rglob("*.tmp"))
+    assert not list((out / journal.JOURNAL_DIR).glob("*" + journal.SUFFIX))

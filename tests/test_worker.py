@@ -110,7 +110,7 @@ def test_chaos_sigkill_at_random_moments_loses_no_failing_case(device):
     assert rs.stats["external_kills"] >= 3
     lost = [i for i in failing if Kind.SIZING_VIOLATION not in {f.kind for f in results[i]}]
     assert lost == []
-    # A case killed twice in a row may be reported as CRASH; nothing else may have a finding.
-    wrong = [i for i, r in enumerate(results) if i not in failing and r and {f.kind for f in r} != {Kind.CRASH}]
-    assert wrong == []
-    assert sum(1 for r in results if any(f.kind is Kind.CRASH for f in r)) <= 2
+    # The killer waits for a verdict between kills, so no case dies the 3 times (EXTERNAL_RETRIES) that
+    # would make it a CRASH: every verdict is the true one, clean cases included.
+    assert [i for i, r in enumerate(results) if bool(r) != (i in failing)] == []
+    assert not any(f.kind is Kind.CRASH for r in results for f in r)
