@@ -114,3 +114,17 @@ def test_chaos_sigkill_at_random_moments_loses_no_failing_case(device):
     # would make it a CRASH: every verdict is the true one, clean cases included.
     assert [i for i, r in enumerate(results) if bool(r) != (i in failing)] == []
     assert not any(f.kind is Kind.CRASH for r in results for f in r)
+
+
+def test_a_wild_store_without_the_audit_is_a_crash_and_with_it_an_oob_write(device):
+    """The interpreter with --no-audit really writes host memory 256 GiB past kv_indices: the worker
+    segfaults and the case is a CRASH. With the address audit (the default) the store is dropped and
+    reported as OOB_WRITE, and the process never faults."""
+    spec = f"{TARGETS / 'far_store.py'}:fault_on_3"
+    cases = batch_cases(spec, [1, 3])
+    with RemoteSession(device, spec, audit=False) as rs:
+        got = rs.check_many(cases)
+    assert kinds(got) == [[], ["CRASH"]] and "SIGSEGV" in got[1][0].detail
+    with RemoteSession(device, spec) as rs:
+        got = rs.check_many(cases)
+    assert kinds(got)[0] == [] and "OOB_WRITE" in kinds(got)[1] and "CRASH" not in kinds(got)[1]

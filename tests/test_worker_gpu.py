@@ -11,7 +11,7 @@ from harness.worker import RemoteSession
 
 pytestmark = pytest.mark.gpu
 
-FAULT = f"{Path(__file__).resolve().parent / 'targets' / 'gpu_fault.py'}:fault_on_3"
+FAULT = f"{Path(__file__).resolve().parent / 'targets' / 'far_store.py'}:fault_on_3"
 
 
 def test_an_illegal_address_is_a_crash_of_its_case_and_the_run_goes_on(device):

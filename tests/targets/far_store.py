@@ -1,5 +1,6 @@
-"""A launcher whose Triton store lands far past its allocation on the GPU (an illegal address), for
-batches whose first request has length 3; other batches get the reference kernel."""
+"""A launcher whose Triton store lands far past its allocation, for batches whose first request has
+length 3; other batches get the reference kernel. On a GPU: an illegal address. Under the interpreter
+with ``--no-audit``: a store to unmapped host memory (a segfault); with the audit: an ``OOB_WRITE``."""
 
 import triton
 import triton.language as tl
