@@ -5,7 +5,6 @@ import os
 import random
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
