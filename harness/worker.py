@@ -51,6 +51,9 @@ from harness.findings import Finding, Kind
 DEFAULT_CASE_TIMEOUT = 5.0
 #: Elements (buffer + pool + expected writes) that add one more ``case_timeout`` to a case's limit.
 ELEMENTS_PER_TIMEOUT = 1 << 20
+#: A program's fixed cost counted as this many elements: with ``ELEMENTS_PER_TIMEOUT``, 256 programs per
+#: ``case_timeout`` (the interpreter runs a small program in about 2 ms: BENCHMARKS.md).
+PROGRAM_ELEMENTS = 1 << 12
 #: A config new to a worker may compile its kernel and capture graphs first: this many extra
 #: ``case_timeout``s (compiling a Triton kernel for CUDA takes seconds; the interpreter compiles nothing).
 WARMUP_FACTOR = {"cuda": 12.0, "cpu": 1.0}
@@ -71,10 +74,12 @@ class WorkerError(RuntimeError):
 
 
 def case_elements(case: Case) -> int:
-    """Roughly how many elements one check of ``case`` touches: buffers, the pool and the write set."""
+    """Roughly how much work one check of ``case`` is, in elements: buffers, the pool, the write set,
+    and ``PROGRAM_ELEMENTS`` per Triton program (the interpreter's fixed cost per program)."""
     c = case.config
     s = case.sizing_summary()
-    return c.num_steps * (s["width"] + s["need"]) + c.pool_rows * c.pool_len
+    programs = c.num_steps * s["num_seqs"] * c.topk
+    return c.num_steps * (s["width"] + s["need"]) + c.pool_rows * c.pool_len + PROGRAM_ELEMENTS * programs
 
 
 def case_time_limit(case: Case, case_timeout: float, *, warmup: float = 0.0) -> float:
