@@ -221,11 +221,12 @@ def test_cli_fuzz_of_the_row_past_end_kernel_exits_1_without_a_crash(tmp_path):
 
 def test_cli_no_audit_flag_turns_it_off(tmp_path, monkeypatch):
     from harness import cli
-    from harness.session import Session
+    from harness.worker import RemoteSession
 
-    made = []
-    monkeypatch.setattr("harness.session.Session.__init__",
-                        lambda self, *a, _init=Session.__init__, **kw: (made.append(kw.get("audit")), _init(self, *a, **kw))[1])
+    made = []  # the checking worker's session gets the audit setting (harness.worker)
+    monkeypatch.setattr("harness.worker.RemoteSession.__init__",
+                        lambda self, *a, _init=RemoteSession.__init__, **kw: (made.append(kw.get("audit")),
+                                                                               _init(self, *a, **kw))[1])
     common = ["fuzz", "--device", "cpu", "--max-examples", "3", "--seed", "1", "--quiet", "--out", str(tmp_path / "o")]
     assert cli.main(common + ["--no-audit"]) == 0
     assert cli.main(common) == 0

@@ -105,8 +105,8 @@ def test_chaos_sigkill_at_random_moments_loses_no_failing_case(device):
         finally:
             stop.set()
             thread.join()
-    assert len(kills) >= 3, kills  # the chaos really happened
-    assert rs.stats["external_kills"] >= 3
+    # The chaos really happened (how many kills land before the 100 cases are done depends on the load).
+    assert kills and rs.stats["external_kills"] >= 1, (kills, rs.stats)
     lost = [i for i in failing if Kind.SIZING_VIOLATION not in {f.kind for f in results[i]}]
     assert lost == []
     # The killer waits for a verdict between kills, so no case dies the 3 times (EXTERNAL_RETRIES) that
