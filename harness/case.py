@@ -101,8 +101,14 @@ class Config:
 
     @cached_property
     def pool_len(self) -> int:
-        """req_to_token row length: every slot any request of length <= ctx reads (SPEC §2, Reads)."""
-        return max(oracle.read_extent(L, self.topk, self.num_steps, self.page_size) for L in range(1, self.ctx + 1))
+        """req_to_token row length: every slot any request of length <= ctx reads (SPEC §2, Reads).
+
+        ``read_extent(L)`` grows with ``L`` among lengths with the same ``L % page_size``, so its maximum
+        over ``1..ctx`` is reached within the last ``page_size`` lengths: no loop over the whole context
+        (a 131072-token ctx would cost a second per config).
+        """
+        first = max(1, self.ctx - self.page_size + 1)
+        return max(oracle.read_extent(L, self.topk, self.num_steps, self.page_size) for L in range(first, self.ctx + 1))
 
     def bucket_for(self, raw_bs: int) -> int:
         """The smallest capture bucket ``>= raw_bs`` (graph mode replays that graph)."""
