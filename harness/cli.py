@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -74,12 +76,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, type=_positive_int, default=None, help="pin this config field (default: drawn)")
 
 
-def _config_strategy(args):
-    from strategies import DEFAULT_MAX_BS, DEFAULT_MAX_CTX, configs
+def _config_strategy(args, domain, max_bytes):
+    from strategies import configs
 
     return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
-                   max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode,
-                   max_ctx=DEFAULT_MAX_CTX, max_max_bs=DEFAULT_MAX_BS)
+                   max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
+                   max_bytes=max_bytes)
 
 
 def _out_dir(path: str) -> Path:
@@ -89,34 +91,88 @@ def _out_dir(path: str) -> Path:
     return p
 
 
+#: Examples a ``--jobs`` child should get at least, so process start-up does not dominate a short run.
+MIN_EXAMPLES_PER_JOB = 50
+#: Batches of one config per Hypothesis example on CUDA (config-major: compile and capture once, replay many).
+GPU_BATCHES_PER_EXAMPLE = 32
+
+
+def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
+    """All useful CPU cores on CUDA (one left for the parent and the driver), fewer when the example
+    budget is too small to keep them busy; one process on the CPU (the interpreter is the bottleneck)."""
+    if device != "cuda":
+        return 1
+    cores = max(1, (os.cpu_count() or 2) - 1)
+    if max_seconds is not None:
+        return min(cores, 16)
+    return max(1, min(cores, 16, max_examples // MIN_EXAMPLES_PER_JOB))
+
+
+def _resolve_run_shape(args, device: str):
+    """Domain, jobs, batches per example and memory budget of a fuzz run (validated, one-line errors)."""
+    from harness.budget import default_budget, parse_size
+    from harness.domain import domain_named
+
+    scale = args.scale or ("gpu" if device == "cuda" else "cpu")
+    require(not (scale == "gpu" and device != "cuda"),
+            "--scale gpu needs --device cuda: production-sized launches under the interpreter would take hours")
+    domain = domain_named(scale)
+    jobs = args.jobs if args.jobs is not None else _default_jobs(device, args.max_examples, args.max_seconds)
+    require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
+    per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
+    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
+    return domain, jobs, per_example, max_bytes
+
+
+def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -> List[str]:
+    """The flags a ``--jobs`` child gets: the parent's, except those each child gets its own value of."""
+    own = {"jobs", "seed", "out", "max_examples", "json", "quiet", "max_gpu_mem", "progress_file", "resume"}
+    argv = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in own or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value is False or value == action.default:
+            continue
+        argv += [action.option_strings[0]] if value is True else [action.option_strings[0], str(value)]
+    return argv + ["--jobs", "1", "--seed", str(seed), "--max-examples", str(max_examples), "--quiet",
+                   "--max-gpu-mem", str(max_bytes)]
+
+
 def cmd_fuzz(args) -> int:
     from harness.device import select
     from harness.targets import resolve_sizing
 
     json_path = _writable(args.json, "--json")
+    require(args.max_seconds is None or (args.max_seconds > 0 and args.max_seconds == args.max_seconds),
+            f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     device = select(args.device, announce=_stderr)
+    domain, jobs, per_example, max_bytes = _resolve_run_shape(args, device)
 
     from harness.fuzz import fuzz
     from harness.session import Session
     from strategies import case_runs, cases
 
-    if args.batches_per_example > 1:
-        strategy = case_runs(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit,
-                             max_batches=args.batches_per_example)
+    # Validates every pinned field and the budget now (BadInput), not inside Hypothesis.
+    config_strategy = _config_strategy(args, domain, max_bytes)
+    if per_example > 1:
+        strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
+                             max_batches=per_example)
     else:
-        strategy = cases(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit)
-    # Validate the strategy's arguments now (BadInput), not inside Hypothesis.
+        strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     strategy.validate()
-    from harness.case import Config
-
-    # The smallest config the pinned fields allow must be valid (e.g. int32 offsets), or nothing could run.
-    Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
-           ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
-           layout=args.layout, mode=args.mode)
     out_dir = _out_dir(args.out)
+    seed, seed_source = (args.seed, "given") if args.seed is not None else (random.getrandbits(32), "random")
+    run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
+           "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
+           "jobs": jobs, "batches_per_example": per_example, "domain": domain.name, "domain_text": domain.describe(),
+           "max_gpu_mem": max_bytes}
+    if jobs > 1:
+        return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
-    session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None)
+    session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None,
+                                               max_bytes=max_bytes)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     from harness.fuzz import FuzzResult
@@ -131,45 +187,78 @@ def cmd_fuzz(args) -> int:
     else:
         from harness.progress import Progress
 
-        # With several batches per example the bar counts cases against the most there can be.
-        progress = None if args.quiet else Progress(args.max_examples * args.batches_per_example)
+        progress = None if args.quiet else Progress(args.max_examples)
+        callback = progress.update if progress else None
+        if args.progress_file:
+            from harness.jobs import POLL_S, write_progress
+
+            callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
         with Journal(out_dir, device=device) as journal:
             try:
-                result = fuzz(session, strategy, max_examples=args.max_examples, seed=args.seed,
+                result = fuzz(session, strategy, max_examples=args.max_examples, seed=seed,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
-                              progress=progress.update if progress else None,
-                              progress_every_s=progress.every_s if progress else 2.0)
+                              progress=callback, max_seconds=args.max_seconds,
+                              progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0))
             finally:
                 if progress:
                     progress.close()
-        print(f"kvfence fuzz: {result.examples} cases checked in {result.elapsed_s:.1f}s "
-              f"({result.cases_per_s:.1f} cases/s) on {device}, kernel {args.kernel}, sizing {args.sizing}, "
-              f"mode {args.mode}, layout {args.layout}")
-    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path)
+        print(f"kvfence fuzz: {result.verified_cases} cases verified ({result.cached_cases} from cache) in "
+              f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+              f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
+              f"seed {'random (%d)' % seed if seed_source == 'random' else seed}")
+    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path, run)
 
 
-def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path]) -> int:
-    """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
+def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
+    """``--jobs N``: N child fuzz processes (harness.jobs), merged into one summary, report and case folder."""
+    import time
+
+    from harness.jobs import adopt_case_files, run_jobs
+    from harness.progress import Progress
+    from reports import summary as summary_mod
+
+    jobs = run["jobs"]
+    share = [args.max_examples // jobs + (i < args.max_examples % jobs) for i in range(jobs)]
+    require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {args.max_examples}")
+    child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
+                  for i in range(jobs)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress = None if args.quiet else Progress(args.max_examples)
+    start = time.perf_counter()
+    try:
+        docs, problems, crashes = run_jobs(child_args, out_dir, device=device,
+                                           progress=progress.update if progress else None)
+    finally:
+        if progress:
+            progress.close()
+    elapsed = time.perf_counter() - start
+    for line in problems:
+        _stderr(f"kvfence: {line}")
+    adopt_case_files(docs, out_dir)
+    doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed)
+    doc["job_problems"] = problems
+    for crash in crashes:
+        p = str(crash.path)
+        doc["findings"].append(dict(crash.finding.to_dict(), case=p))
+        doc["cases"][p] = summary_mod.case_record(p, crash.case, [crash.finding], source="journal")
+    adopt_case_files([doc], out_dir)
+    print(f"kvfence fuzz: {jobs} jobs, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
+          f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+          f"sizing {args.sizing}, domain {run['domain']}")
+    for path, record in doc["cases"].items():
+        print(f"{', '.join(record['kinds'])}: {path}")
+    if not doc["findings"]:
+        print("no findings")
+    code = _write_summary(doc, out_dir, json_path)
+    return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
+
+
+def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path]) -> int:
+    """summary.json (and --json), report.md / report.html, the table on stdout; the exit code."""
     from harness import casefile
     from reports import summary as summary_mod
     from reports.render import write_reports
 
-    case_path = None
-    if result.findings:
-        from harness.fuzz import format_failure
-
-        extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
-                  "fuzz": {"seed": args.seed, "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples}}
-        case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
-                                            source="fuzz", extras=extras))
-        print(format_failure(result.case, result.findings, limit=20))
-        if result.shrink_cut:
-            print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
-    elif not crashes:
-        print("no findings")
-    run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
-           "seq_len_limit": args.seq_len_limit, "seed": args.seed, "resume": bool(args.resume)}
-    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
     text = json.dumps(doc, indent=1) + "\n"
     casefile.atomic_write_text(out_dir / "summary.json", text)
     if json_path is not None:
@@ -181,6 +270,29 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
     if written["plot_skipped"]:
         _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
     return EXIT_FINDINGS if doc["findings"] else EXIT_CLEAN
+
+
+def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict) -> int:
+    """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
+    from harness import casefile
+    from reports import summary as summary_mod
+
+    case_path = None
+    if result.findings:
+        from harness.fuzz import format_failure
+
+        extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
+                  "fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
+                           "domain": run["domain"]}}
+        case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
+                                            source="fuzz", extras=extras))
+        print(format_failure(result.case, result.findings, limit=20))
+        if result.shrink_cut:
+            print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
+    elif not crashes:
+        print("no findings")
+    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
+    return _write_summary(doc, out_dir, json_path)
 
 
 # -- repro / report -------------------------------------------------------------------------------------
@@ -210,17 +322,20 @@ def cmd_report(args) -> int:
 
 # -- mutants ------------------------------------------------------------------------------------------
 def cmd_mutants(args) -> int:
-    """The mutation self-test (harness.mutants): exit 0 when every mutant is caught and the reference is clean."""
+    """The mutation self-test (harness.mutants): exit 0 when every mutant is caught on its domain in
+    enough seeds, scale mutants stay unreachable on the CPU domain, and the reference is clean."""
+    from harness.budget import default_budget, parse_size
     from harness.device import select
-    from harness.mutants import format_table, run_all
+    from harness.mutants import format_table, run_all, verdict_text
 
     device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
-    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name}: "
-                                                          f"{'detected' if r.detected else 'not detected'} "
+    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device)
+    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name} ({r.ran_on} domain): {verdict_text(r)} "
                                                           f"({r.seconds:.1f}s)"))
-    report = run_all(device, max_examples=args.max_examples, seed=args.seed, names=args.only or None,
-                     audit=False if args.no_audit else None, progress=progress)
+    report = run_all(device, max_examples=args.max_examples, seeds=range(args.seed, args.seed + args.seeds),
+                     names=args.only or None, audit=False if args.no_audit else None, progress=progress,
+                     max_bytes=max_bytes)
     print(format_table(report))
     if json_path is not None:
         json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -265,15 +380,29 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget for shrinking a failure")
     fz.add_argument("--json", default=None, help="write a JSON summary here")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    fz.add_argument("--batches-per-example", type=_positive_int, default=1,
-                    help="up to N batches of one config per Hypothesis example (GPU throughput mode)")
+    fz.add_argument("--batches-per-example", type=_positive_int, default=None,
+                    help=f"up to N batches of one config per Hypothesis example (config-major: one compile and "
+                         f"capture, many replays; default {GPU_BATCHES_PER_EXAMPLE} on CUDA, 1 on the CPU)")
+    fz.add_argument("--scale", default=None, choices=["cpu", "gpu"],
+                    help="config space: cpu (interpreter-sized: ctx <= 48, max_bs <= 4) or gpu (production-sized: "
+                         "max_bs <= 256 in SGLang's capture buckets, ctx <= 131072, topk and steps <= 16, pages "
+                         "1-128); default gpu on CUDA, cpu on the CPU")
+    fz.add_argument("--max-gpu-mem", default=None, metavar="SIZE",
+                    help="device memory one config may take (e.g. 8G, 512M); larger draws are shrunk to fit; "
+                         "default 60%% of free GPU memory split over the jobs (4G per job on the CPU)")
+    fz.add_argument("--jobs", type=_positive_int, default=None,
+                    help="fuzzing processes sharing the GPU(s), merged into one run (default: the CPU cores less "
+                         f"one on CUDA, at most 16 and one per {MIN_EXAMPLES_PER_JOB} examples; 1 on the CPU)")
+    fz.add_argument("--max-seconds", type=float, default=None,
+                    help="stop exploring after this many seconds (shrinking a failure has --shrink-seconds)")
+    fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--out", default="reports/out",
                     help="folder for cases/, summary.json, report.md and report.html (default reports/out)")
     fz.add_argument("--resume", action="store_true",
                     help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
-    fz.set_defaults(func=cmd_fuzz)
+    fz.set_defaults(func=cmd_fuzz, _parser=fz)
 
     rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)")
     rp.add_argument("file", help="a case file, e.g. reports/out/cases/<hash>.json")
@@ -293,8 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected")
     mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    mu.add_argument("--max-examples", type=_positive_int, default=30, help="example budget per mutant")
-    mu.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
+    mu.add_argument("--max-examples", type=_positive_int, default=60, help="example budget per mutant and seed")
+    mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
+    mu.add_argument("--seeds", type=_positive_int, default=1,
+                    help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "
+                         "a mutant passes when detected in >= 95%% of them")
+    mu.add_argument("--max-gpu-mem", default=None, metavar="SIZE", help="memory budget per config (as for fuzz)")
     mu.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants (file stems)")
     mu.add_argument("--json", default=None, help="write the results here")
     mu.add_argument("--no-audit", action="store_true", help="CPU only: turn off the interpreter address audit")

@@ -97,7 +97,7 @@ class Session:
         self.stats["launches"] += 1
         # The classic launcher's constexprs (harness.targets / kernels.draft_kv_indices.launch).
         variant = (c.page_size, next_pow2(m), next_pow2(c.num_steps), next_pow2(m * c.topk), c.mode)
-        if variant not in self._variants:
+        if self.device == "cuda" and variant not in self._variants:
             self._variants.add(variant)
             self.stats["compiles"] += 1
 

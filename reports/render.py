@@ -94,7 +94,8 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
 def _sampled_note(doc: dict) -> str:
     cov = doc.get("coverage", {})
     if cov.get("sampled"):
-        return f"(plot shows a uniform sample of {len(cov.get('examples', []))} of {doc['examples']} examples)"
+        return (f"(plot shows a uniform sample of {len(cov.get('examples', []))} of "
+                f"{doc.get('generated_cases', doc['examples'])} generated cases)")
     return ""
 
 

@@ -39,14 +39,21 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         findings += [dict(f.to_dict(), case=case_path) for f in result.findings]
         cases[case_path] = case_record(case_path, result.case, result.findings, source="fuzz")
     stats = [list(s) for s in result.stats]
+    session = result.session_stats or {}
     return {
         MARKER: SUMMARY_VERSION,
         "examples": result.examples,
-        "launches": result.launches,
+        **{key: getattr(result, key) for key in COUNTS[1:]},
         "elapsed_s": round(result.elapsed_s, 3),
         "cases_per_s": round(result.cases_per_s, 3),
+        "distinct_configs": result.distinct_configs,
+        **{key: (round(session.get(key, 0), 3) if key.endswith("_s") else session.get(key, 0)) for key in SESSION_KEYS},
         **run,
+        "largest_config": result.largest_config,
+        "boundaries": dict(sorted(result.boundaries.items())),
         "max_need_over_width": round(result.max_utilisation, 4),
+        "max_need_over_width_case": result.max_utilisation_case,
+        "time_cut": result.time_cut,
         "shrink_cut": result.shrink_cut,
         "findings": findings,
         "cases": cases,
@@ -55,6 +62,62 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
                      "failure": list(result.failure_stat) if result.failure_stat is not None else None},
         "versions": versions or {},
     }
+
+
+#: The run's counts, in the order every output shows them (harness.fuzz.FuzzResult defines each).
+COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches")
+#: Session counters copied into the summary (harness.session.Session.stats).
+SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s")
+
+
+def merge(docs: List[dict], *, run: dict, elapsed_s: float) -> dict:
+    """One summary from several (``--jobs`` workers, or runs of several hosts): counts and session
+    counters add up, coverage rows are pooled (reservoir-capped like one run's), findings and case
+    files are kept once per case file, and the rate is recomputed over ``elapsed_s`` of wall time."""
+    import random
+
+    out = {MARKER: SUMMARY_VERSION}
+    for key in COUNTS + ("distinct_configs",) + SESSION_KEYS:
+        out[key] = sum(d.get(key, 0) or 0 for d in docs)
+        if key.endswith("_s"):
+            out[key] = round(out[key], 3)
+    out["elapsed_s"] = round(elapsed_s, 3)
+    out["cases_per_s"] = round(out["verified_cases"] / elapsed_s, 3) if elapsed_s > 0 else 0.0
+    out.update(run)
+    sized = [d["largest_config"] for d in docs if d.get("largest_config")]
+    out["largest_config"] = max(sized, key=lambda c: c.get("estimated_bytes", 0)) if sized else None
+    boundaries: Dict[str, int] = {}
+    for d in docs:
+        for name, count in (d.get("boundaries") or {}).items():
+            boundaries[name] = boundaries.get(name, 0) + count
+    out["boundaries"] = dict(sorted(boundaries.items()))
+    best = max(docs, key=lambda d: d.get("max_need_over_width", 0), default={})
+    out["max_need_over_width"] = best.get("max_need_over_width", 0.0)
+    out["max_need_over_width_case"] = best.get("max_need_over_width_case")
+    out["time_cut"] = any(d.get("time_cut") for d in docs)
+    out["shrink_cut"] = any(d.get("shrink_cut") for d in docs)
+    findings, cases, seen = [], {}, set()
+    for d in docs:
+        for f in d.get("findings", []):
+            key = (f.get("case"), f.get("kind"), f.get("region"), f.get("start"), f.get("stop"))
+            if key not in seen:
+                seen.add(key)
+                findings.append(f)
+        cases.update(d.get("cases", {}))
+    out["findings"], out["cases"] = findings, cases
+    rows = [row for d in docs for row in d.get("coverage", {}).get("examples", [])]
+    sampled = any(d.get("coverage", {}).get("sampled") for d in docs)
+    if len(rows) > MAX_COVERAGE_ROWS:
+        rows, sampled = random.Random(0).sample(rows, MAX_COVERAGE_ROWS), True
+    failures = [d["coverage"]["failure"] for d in docs if d.get("coverage", {}).get("failure")]
+    out["coverage"] = {"fields": list(COVERAGE_FIELDS), "examples": rows, "sampled": sampled,
+                       "failure": failures[0] if failures else None}
+    out["versions"] = next((d.get("versions") for d in docs if d.get("versions")), {})
+    return out
+
+
+#: Coverage rows a merged summary keeps (each run keeps at most harness.fuzz.MAX_STATS).
+MAX_COVERAGE_ROWS = 20000
 
 
 def validate(doc, where: str) -> dict:
@@ -86,13 +149,35 @@ def table(rows: List[List[str]], header: List[str]) -> str:
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 
+def _seed_text(doc: dict) -> str:
+    seed = doc.get("seed")
+    return f"random ({seed})" if doc.get("seed_source") == "random" else str(seed)
+
+
+def _largest_text(doc: dict) -> str:
+    c = doc.get("largest_config")
+    if not c:
+        return "-"
+    return (f"max_bs {c['max_bs']} x ctx {c['ctx']} x topk {c['topk']} x {c['num_steps']} steps, page {c['page_size']} "
+            f"({c.get('estimated_bytes', 0) / 2**20:.1f} MiB)")
+
+
 def run_rows(doc: dict) -> List[List[str]]:
-    return [["examples", str(doc["examples"])], ["launches", str(doc["launches"])],
-            ["elapsed", f"{doc['elapsed_s']:.1f} s"], ["throughput", f"{doc['cases_per_s']:.1f} cases/s"],
-            ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
-            ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
-            ["seed", str(doc.get("seed"))], ["max need/width", f"{doc.get('max_need_over_width', 0):.2f}"],
-            ["findings", str(len(doc["findings"]))]]
+    """The run table: the same words and numbers as the progress line and the JSON keys."""
+    rows = [[key.replace("_", " "), str(doc.get(key, 0))] for key in COUNTS]
+    rows += [["elapsed", f"{doc['elapsed_s']:.1f} s"],
+             ["verified cases/s", f"{doc['cases_per_s']:.1f}"],
+             ["distinct configs", str(doc.get("distinct_configs", "?"))],
+             ["compiles / captures", f"{doc.get('compiles', 0)} / {doc.get('captures', 0)} "
+                                     f"({doc.get('compile_s', 0):.1f} s compiling, {doc.get('capture_s', 0):.1f} s capturing)"],
+             ["jobs", str(doc.get("jobs", 1))],
+             ["domain", str(doc.get("domain_text") or doc.get("domain", "?"))],
+             ["largest config", _largest_text(doc)],
+             ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
+             ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
+             ["seed", _seed_text(doc)], ["max need/width", f"{doc.get('max_need_over_width', 0):.2f}"],
+             ["findings", str(len(doc["findings"]))]]
+    return rows
 
 
 def finding_rows(doc: dict) -> List[List[str]]:

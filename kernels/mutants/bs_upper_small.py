@@ -6,8 +6,6 @@ requests in the launch (graph mode pads 3 to a bucket of 4).
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=8, max_bs=4)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    offs_b = tl.arange(0, bs_upper)\n',

@@ -6,8 +6,6 @@ lanes, so steps with ``n`` above that leave their last draft tokens unwritten. N
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=3, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        offs_j = tl.arange(0, iter_upper)\n',

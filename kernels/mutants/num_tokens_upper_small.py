@@ -6,8 +6,6 @@ Bug class (SPEC §5): an upper smaller than needed. The kv_indptr sum over ``pos
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=2, num_steps=1, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        offs_p = tl.arange(0, num_tokens_upper)\n',

@@ -7,8 +7,6 @@ multiple of the page size.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=2, num_steps=2, page_size=4, ctx=12, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('            paged_start = (L - last) + k * pages_per_branch * page_size + last\n',

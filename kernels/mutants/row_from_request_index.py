@@ -6,8 +6,6 @@ the row the program owns). Shows whenever the pool rows are not in order (the fu
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    src = req_to_token + rpi * pool_len\n',

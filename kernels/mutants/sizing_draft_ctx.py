@@ -6,8 +6,6 @@ Shows with any config.
 """
 
 KIND = "sizing"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=12, max_bs=2)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

@@ -5,8 +5,6 @@ length above about ``ctx/topk``). Needs ``topk >= 2``.
 """
 
 KIND = "sizing"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=2, num_steps=2, page_size=1, ctx=8, max_bs=2)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

@@ -7,8 +7,6 @@ that batch likely.
 """
 
 KIND = "sizing"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=3, page_size=1, ctx=8, max_bs=1)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

@@ -6,8 +6,6 @@ Needs ``topk >= 2`` and ``num_steps >= 2`` (with one of them 1 the two layouts c
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=2, num_steps=2, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        draft = tl.load(src + draft_start + offs_j, mask=mask_j)\n',
