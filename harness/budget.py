@@ -114,8 +114,6 @@ def fit(config, max_bytes: Optional[int], free: Iterable[str] = ("ctx", "max_bs"
                 changes = {name: max(floor, value // 2)}
                 if name == "max_bs":
                     changes["buckets"] = tuple(b for b in config.buckets if b < changes[name]) + (changes[name],)
-                if name == "num_steps" and "ctx" not in free:
-                    continue
                 config = replace(config, **changes)
                 break
         else:
