@@ -178,7 +178,13 @@ def cmd_fuzz(args) -> int:
 
     from harness.fuzz import FuzzResult
     from harness.journal import Journal, recover
+    from harness.outdir import set_aside_earlier_cases
 
+    # Before anything is written: the folder's case files from earlier runs go to cases/earlier/<time>/.
+    args.earlier_cases = set_aside_earlier_cases(out_dir)
+    if args.earlier_cases:
+        _stderr(f"kvfence: {args.earlier_cases['count']} case file(s) of an earlier run moved to "
+                f"{args.earlier_cases['folder']}")
     crashes = recover(out_dir)  # cases in flight when an earlier run's process died: CRASH findings
     for crash in crashes:
         _stderr(f"kvfence: CRASH: a run died launching a case: {crash.path}")
@@ -226,7 +232,8 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
         print("no findings")
     run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
            "seq_len_limit": args.seq_len_limit, "seed": args.seed, "resume": bool(args.resume)}
-    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
+    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions(),
+                            earlier=getattr(args, "earlier_cases", None))
     text = json.dumps(doc, indent=1) + "\n"
     casefile.atomic_write_text(out_dir / "summary.json", text)
     if json_path is not None:
@@ -269,13 +276,12 @@ def cmd_report(args) -> int:
 def cmd_mutants(args) -> int:
     """The mutation self-test (harness.mutants): exit 0 when every mutant is caught and the reference is clean."""
     from harness.device import select
-    from harness.mutants import format_table, run_all
+    from harness.mutants import format_table, run_all, verdict
 
     device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
-    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name}: "
-                                                          f"{'detected' if r.detected else 'not detected'} "
-                                                          f"({r.seconds:.1f}s)"))
+    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name}: {verdict(r)} "
+                                                          f"({r.examples} examples, {r.seconds:.1f}s)"))
     report = run_all(device, max_examples=args.max_examples, seed=args.seed, names=args.only or None,
                      audit=False if args.no_audit else None, progress=progress)
     print(format_table(report))

@@ -77,6 +77,8 @@ class SelfTest:
     mutants: List[MutantResult] = field(default_factory=list)
     reference: Optional[MutantResult] = None
     max_examples: int = 0
+    #: The reference's example budget (by default twice ``max_examples``: it covers every mutant's pins).
+    reference_examples: int = 0
     seed: int = 0
     device: str = ""
 
@@ -85,7 +87,8 @@ class SelfTest:
         return all(m.detected for m in self.mutants) and self.reference is not None and not self.reference.detected
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "max_examples": self.max_examples, "seed": self.seed, "passed": self.passed,
+        return {"device": self.device, "max_examples": self.max_examples,
+                "reference_examples": self.reference_examples, "seed": self.seed, "passed": self.passed,
                 "reference": self.reference.to_dict() if self.reference else None,
                 "mutants": [m.to_dict() for m in self.mutants]}
 
@@ -191,6 +194,7 @@ def run_all(device: str, *, max_examples: int = 30, seed: int = 0, names: Option
             progress(result)
     union = st.one_of([_strategy(m, REFERENCE, "safe") for m in mutants])
     budget = reference_examples if reference_examples is not None else max_examples * 2
+    report.reference_examples = budget
     report.reference = _run(REFERENCE, reference, union, max_examples=budget, seed=seed, kind="kernel",
                             bug="the reference kernel with the safe sizing (must stay clean)")
     if progress is not None:
@@ -198,20 +202,32 @@ def run_all(device: str, *, max_examples: int = 30, seed: int = 0, names: Option
     return report
 
 
+def verdict(r: MutantResult) -> str:
+    """What a result means: a mutant should be detected, the reference should stay clean."""
+    if r.name == REFERENCE:
+        return "FINDINGS (unexpected)" if r.detected else "clean (expected)"
+    return "detected" if r.detected else "NOT detected"
+
+
+def examples_text(r: MutantResult, budget: int) -> str:
+    """``examples checked/budget``: a detection stops at the failing example, a clean run uses the budget."""
+    return f"{r.examples_to_detection if r.detected else r.examples}/{budget}"
+
+
 def format_table(report: SelfTest) -> str:
-    rows = [("mutant", "kind", "detected", "examples", "finding kinds", "seconds")]
+    rows = [("mutant", "kind", "verdict", "examples/budget", "finding kinds", "seconds")]
     for r in report.mutants + ([report.reference] if report.reference else []):
-        clean = r.name == REFERENCE
-        detected = ("FOUND (bad)" if r.detected else "clean") if clean else ("yes" if r.detected else "NO")
-        rows.append((r.name, r.kind, detected,
-                     str(r.examples_to_detection) if r.detected else f"-/{r.examples}",
-                     ", ".join(r.kinds) or "-", f"{r.seconds:.2f}"))
+        budget = report.reference_examples if r.name == REFERENCE else report.max_examples
+        rows.append((r.name, r.kind, verdict(r), examples_text(r, budget), ", ".join(r.kinds) or "-",
+                     f"{r.seconds:.2f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     found = sum(r.detected for r in report.mutants)
-    verdict = "PASS" if report.passed else "FAIL"
-    lines.append(f"{verdict}: {found}/{len(report.mutants)} mutants detected, reference "
-                 f"{'clean' if report.reference and not report.reference.detected else 'NOT clean'} "
-                 f"({report.max_examples} examples per mutant, seed {report.seed}, device {report.device})")
+    ref = report.reference
+    ref_text = (f"reference clean in {ref.examples} examples" if ref and not ref.detected
+                else "reference NOT clean" if ref else "reference not run")
+    lines.append(f"{'PASS' if report.passed else 'FAIL'}: {found}/{len(report.mutants)} mutants detected "
+                 f"(budget {report.max_examples} examples each), {ref_text} "
+                 f"(budget {report.reference_examples}); seed {report.seed}, device {report.device}")
     return "\n".join(lines)

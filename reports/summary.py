@@ -26,9 +26,22 @@ def case_record(path: str, case, findings, *, source: str) -> dict:
             "kinds": sorted({f.kind.value for f in findings}), "repro": f"python -m harness repro {path}"}
 
 
-def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None) -> dict:
+def max_example(result) -> Optional[dict]:
+    """The explored example with the highest need/width (the one "max need/width" comes from), as a
+    ``COVERAGE_FIELDS`` dict; ``None`` when it is not among the kept (sampled) stats."""
+    if not result.stats:
+        return None
+    best = max(result.stats, key=lambda s: s.need / s.width)
+    if best.need / best.width < result.max_utilisation:  # dropped by the reservoir sample
+        return None
+    return dict(zip(COVERAGE_FIELDS, best))
+
+
+def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None,
+          earlier: Optional[dict] = None) -> dict:
     """The summary of one fuzz run. ``run`` holds the command's settings (device, kernel, sizing, ...);
-    ``crashes`` are ``harness.journal.Crash`` records recovered at the start of the run."""
+    ``crashes`` are ``harness.journal.Crash`` records recovered at the start of the run; ``earlier`` is
+    where an earlier run's case files were moved (``harness.outdir``), if any."""
     findings: List[dict] = []
     cases: Dict[str, dict] = {}
     for crash in crashes:
@@ -47,6 +60,8 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "cases_per_s": round(result.cases_per_s, 3),
         **run,
         "max_need_over_width": round(result.max_utilisation, 4),
+        "max_need_over_width_example": max_example(result),
+        "earlier_cases": earlier,
         "shrink_cut": result.shrink_cut,
         "findings": findings,
         "cases": cases,
@@ -71,6 +86,13 @@ def validate(doc, where: str) -> dict:
         require(isinstance(f, dict) and all(isinstance(f.get(k), str) for k in ("kind", "region", "case")),
                 f"{where}: findings[{i}] needs string kind, region and case")
     require(isinstance(doc.get("cases", {}), dict), f"{where}: cases must be an object")
+    earlier = doc.get("earlier_cases")
+    require(earlier is None or (isinstance(earlier, dict) and isinstance(earlier.get("folder"), str)
+                                and isinstance(earlier.get("count"), int)),
+            f"{where}: earlier_cases must be null or an object with folder (string) and count (integer)")
+    ex = doc.get("max_need_over_width_example")
+    require(ex is None or (isinstance(ex, dict) and set(COVERAGE_FIELDS) <= set(ex)),
+            f"{where}: max_need_over_width_example must be null or an object with {', '.join(COVERAGE_FIELDS)}")
     cov = doc.get("coverage", {})
     require(isinstance(cov, dict) and isinstance(cov.get("examples", []), list), f"{where}: coverage.examples must be a list")
     for row in cov.get("examples", []):
@@ -91,8 +113,34 @@ def run_rows(doc: dict) -> List[List[str]]:
             ["elapsed", f"{doc['elapsed_s']:.1f} s"], ["throughput", f"{doc['cases_per_s']:.1f} cases/s"],
             ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
             ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
-            ["seed", str(doc.get("seed"))], ["max need/width", f"{doc.get('max_need_over_width', 0):.2f}"],
+            ["seed", str(doc.get("seed"))], ["max need/width", max_need_text(doc)],
             ["findings", str(len(doc["findings"]))]]
+
+
+def max_need_text(doc: dict) -> str:
+    """"max need/width" with the example it came from (config, launched requests, need and width)."""
+    text = f"{doc.get('max_need_over_width', 0):.2f}"
+    ex = doc.get("max_need_over_width_example")
+    if not ex:
+        return text
+    requests = f"{ex['raw_bs']} request{'s' if ex['raw_bs'] != 1 else ''}"
+    if ex["num_seqs"] != ex["raw_bs"]:
+        requests += f" padded to {ex['num_seqs']}"
+    where = (f"topk={ex['topk']} num_steps={ex['num_steps']} page_size={ex['page_size']}, {requests}: "
+             f"need {ex['need']}, width {ex['width']}")
+    if ex["failed"]:
+        cases = [c["path"] for c in doc.get("cases", {}).values() if c.get("source") == "fuzz"]
+        where += "; the failing example" + (f", shrunk into {cases[0]}" if cases else "")
+    return f"{text} ({where})"
+
+
+def earlier_text(doc: dict) -> str:
+    """A line naming where an earlier run's case files went, or ``""``."""
+    e = doc.get("earlier_cases")
+    if not e:
+        return ""
+    return (f"{e['count']} case file(s) of an earlier run in this folder were moved to {e['folder']}; "
+            "they are not part of this report.")
 
 
 def finding_rows(doc: dict) -> List[List[str]]:
@@ -106,6 +154,8 @@ def finding_rows(doc: dict) -> List[List[str]]:
 def text_table(doc: dict) -> str:
     """The end-of-run summary printed by ``fuzz``: the run, then the findings and their case files."""
     parts = [table(run_rows(doc), ["run", "value"])]
+    if earlier_text(doc):
+        parts.append(earlier_text(doc))
     if doc["findings"]:
         parts.append(table(finding_rows(doc), ["kind", "where", "elements", "case file"]))
         parts.append("\n".join(c["repro"] for c in doc.get("cases", {}).values()))

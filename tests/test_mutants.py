@@ -78,13 +78,19 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
     proc = run_cli("--device", "cpu", "--json", str(out), "--only", "no_z0_rule", "sizing_missing_topk",
                    "--max-examples", "10", "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[0].split()[:4] == ["mutant", "kind", "detected", "examples"]
-    assert "PASS: 2/2 mutants detected, reference clean" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:4] == ["mutant", "kind", "verdict", "examples/budget"]
+    # The reference is reported as what it should be, with the examples it ran out of its own budget.
+    (ref,) = [line for line in lines if line.startswith("reference ")]
+    assert "clean (expected)" in ref and "20/20" in ref and "not detected" not in ref
+    assert "PASS: 2/2 mutants detected (budget 10 examples each), reference clean in 20 examples (budget 20)" \
+        in proc.stdout
     data = json.loads(out.read_text())
     assert [m["name"] for m in data["mutants"]] == ["no_z0_rule", "sizing_missing_topk"]
     for m in data["mutants"]:
         assert {"name", "detected", "examples_to_detection", "kinds", "seconds"} <= set(m) and m["detected"]
     assert data["reference"]["detected"] is False and data["passed"] is True
+    assert data["reference"]["examples"] == data["reference_examples"] == 20
 
 
 def test_cli_unknown_mutant_is_one_line_exit_2():
