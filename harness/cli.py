@@ -11,14 +11,64 @@ import json
 import os
 import random
 import sys
+import textwrap
 from pathlib import Path
 from typing import List, Optional
 
 from harness.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 
+#: The name the command line gives itself: the console script is ``kvfence``; ``python -m harness``
+#: passes its own name (``harness.__main__``), so usage lines show what the user actually typed.
+PROG = "kvfence"
+
+_BAD = "bad input or unusable environment (one line on stderr)"
+
+
+def _exit_codes(zero: str = "no finding", one: Optional[str] = "findings", two: str = _BAD) -> str:
+    """An epilog listing a command's exit codes (``harness.errors``)."""
+    rows = [(EXIT_CLEAN, zero), (EXIT_FINDINGS, one), (EXIT_BAD_INPUT, two)]
+    return "exit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in rows if text)
+
+
+#: Exit codes shared by every command; a command's epilog may state what 0 and 1 mean for it.
+EXIT_CODES = _exit_codes()
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows every option's default.
+
+    ``%(default)s`` is appended unless the help text already says what the default is (options whose
+    default is ``None`` describe it in words, e.g. "default: drawn by Hypothesis"); a flag that only
+    switches something on says "default: off". The epilog (exit codes) keeps its line breaks.
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit 2 (no usage dump)."""
+    """argparse, but a usage error is one line and exit 2 (no usage dump).
+
+    Every parser (subcommands included, also ones added later) shows defaults in its help and, unless
+    it states its own, the shared exit codes in its epilog.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("epilog", EXIT_CODES)
+        # The formatter keeps line breaks (for the exit-code list), so long lines are wrapped here.
+        for key in ("description", "epilog"):
+            if kwargs.get(key):
+                kwargs[key] = "\n".join(textwrap.fill(line, 88, break_on_hyphens=False,
+                                                      subsequent_indent=" " * (len(line) - len(line.lstrip())))
+                                        for line in kwargs[key].splitlines())
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise BadInput(f"{self.prog}: {message}")
@@ -60,20 +110,27 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
 # -- fuzz ---------------------------------------------------------------------------------------------
 def _add_target_args(p: argparse.ArgumentParser, *, sizing_default: Optional[str] = "safe") -> None:
     p.add_argument("--kernel", default="reference",
-                   help="reference, reference-blocked, package.module:attr or path/file.py:attr")
+                   help="kernel under test: reference, reference-blocked, package.module:attr or path/file.py:attr")
     p.add_argument("--sizing", default=sizing_default,
-                   help="eager, fixed, prefix (the seed's bug), safe, or module:attr / file.py:attr")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+                   help="row-width policy of kv_indices: eager, fixed, prefix (the pre-fix CUDA-graph policy, "
+                        "W = max_bs*ctx, missing the topk factor), safe, or module:attr / file.py:attr")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
     p.add_argument("--no-audit", action="store_true",
                    help="CPU only: turn off the interpreter address audit (OOB_READ/OOB_WRITE; on by default)")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", default="graph", choices=["graph", "eager"])
-    p.add_argument("--layout", default="redzone", choices=["redzone", "production"])
-    p.add_argument("--seq-len-limit", default="ctx", choices=["ctx", "ctx-steps"])
+    p.add_argument("--mode", default="graph", choices=["graph", "eager"],
+                   help="graph: buffers sized once at max_bs, batches padded to a capture bucket; "
+                        "eager: buffers sized per batch")
+    p.add_argument("--layout", default="redzone", choices=["redzone", "production"],
+                   help="redzone: a guard after every step row; production: rows contiguous, as upstream")
+    p.add_argument("--seq-len-limit", default="ctx", choices=["ctx", "ctx-steps"],
+                   help="longest request: ctx, or ctx-steps (requests keep num_steps of draft headroom)")
     for flag in ("--topk", "--num-steps", "--page-size", "--ctx", "--max-bs"):
-        p.add_argument(flag, type=_positive_int, default=None, help="pin this config field (default: drawn)")
+        p.add_argument(flag, type=_positive_int, default=None,
+                       help="pin this config field (default: drawn by Hypothesis)")
 
 
 def _config_strategy(args, domain, max_bytes):
@@ -177,7 +234,13 @@ def cmd_fuzz(args) -> int:
 
     from harness.fuzz import FuzzResult
     from harness.journal import Journal, recover
+    from harness.outdir import set_aside_earlier_cases
 
+    # Before anything is written: the folder's case files from earlier runs go to cases/earlier/<time>/.
+    args.earlier_cases = set_aside_earlier_cases(out_dir)
+    if args.earlier_cases:
+        _stderr(f"kvfence: {args.earlier_cases['count']} case file(s) of an earlier run moved to "
+                f"{args.earlier_cases['folder']}")
     crashes = recover(out_dir)  # cases in flight when an earlier run's process died: CRASH findings
     for crash in crashes:
         _stderr(f"kvfence: CRASH: a run died launching a case: {crash.path}")
@@ -223,6 +286,11 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
                   for i in range(jobs)]
     out_dir.mkdir(parents=True, exist_ok=True)
+    from harness.outdir import set_aside_earlier_cases
+
+    earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
+    if earlier:
+        _stderr(f"kvfence: {earlier['count']} case file(s) of an earlier run moved to {earlier['folder']}")
     progress = None if args.quiet else Progress(args.max_examples)
     start = time.perf_counter()
     try:
@@ -237,6 +305,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     adopt_case_files(docs, out_dir)
     doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed)
     doc["job_problems"] = problems
+    doc["earlier_cases"] = earlier
     for crash in crashes:
         p = str(crash.path)
         doc["findings"].append(dict(crash.finding.to_dict(), case=p))
@@ -291,7 +360,8 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
             print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
     elif not crashes:
         print("no findings")
-    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
+    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions(),
+                            earlier=getattr(args, "earlier_cases", None))
     return _write_summary(doc, out_dir, json_path)
 
 
@@ -366,19 +436,23 @@ def cmd_sweep(args) -> int:
                      max_failing=args.max_failing, sample=args.sample, timeout=args.timeout, announce=_stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m harness", description="kvfence: differential fuzzing and memory-safety "
-                     "harness for the EAGLE draft-decode kv-indices kernel")
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="kvfence: differential fuzzing and memory-safety "
+                     "harness for the EAGLE draft-decode kv-indices kernel",
+                     epilog=f"Run '{prog} COMMAND --help' for a command's flags and exit codes.\n\n{EXIT_CODES}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
 
-    fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers")
+    fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers",
+                        description="Fuzz the kernel against the oracle inside guarded buffers; a failure is "
+                                    "shrunk and saved as a case file under --out/cases/.",
+                        epilog=_exit_codes(one="findings (the shrunk case file and the reports are written)"))
     _add_target_args(fz)
     _add_config_args(fz)
-    fz.add_argument("--max-examples", type=_positive_int, default=100)
-    fz.add_argument("--seed", type=_non_negative_int, default=None, help="Hypothesis seed (deterministic run)")
+    fz.add_argument("--max-examples", type=_positive_int, default=100, help="Hypothesis examples to generate")
+    fz.add_argument("--seed", type=_non_negative_int, default=None,
+                    help="Hypothesis seed for a repeatable run (default: random)")
     fz.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget for shrinking a failure")
-    fz.add_argument("--json", default=None, help="write a JSON summary here")
+    fz.add_argument("--json", default=None, help="also write the JSON summary here (default: only --out/summary.json)")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     fz.add_argument("--batches-per-example", type=_positive_int, default=None,
                     help=f"up to N batches of one config per Hypothesis example (config-major: one compile and "
@@ -399,63 +473,91 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--out", default="reports/out",
-                    help="folder for cases/, summary.json, report.md and report.html (default reports/out)")
+                    help="folder for cases/, summary.json, report.md and report.html; an earlier run's case "
+                         "files there are moved to cases/earlier/<time>/")
     fz.add_argument("--resume", action="store_true",
                     help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
     fz.set_defaults(func=cmd_fuzz, _parser=fz)
 
-    rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)")
+    rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)",
+                        description="Re-run one case file and print the diff against the oracle.",
+                        epilog=_exit_codes(zero="the case passes", one="a finding reproduces"))
     rp.add_argument("file", help="a case file, e.g. reports/out/cases/<hash>.json")
-    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    rp.add_argument("--kernel", default=None, help="run another kernel on this case (does my fix work?)")
-    rp.add_argument("--sizing", default=None, help="run this case under another sizing policy")
-    rp.add_argument("--mode", default=None, choices=["graph", "eager"], help="run this case in another mode")
-    rp.add_argument("--layout", default=None, choices=["redzone", "production"], help="run it in another layout")
+    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="cpu: Triton interpreter; cuda: compiled kernel; auto: cuda when present")
+    rp.add_argument("--kernel", default=None,
+                    help="run another kernel on this case, does my fix work? (default: the case file's kernel)")
+    rp.add_argument("--sizing", default=None,
+                    help="run this case under another sizing policy (default: the case file's)")
+    rp.add_argument("--mode", default=None, choices=["graph", "eager"],
+                    help="run this case in another mode (default: the case file's)")
+    rp.add_argument("--layout", default=None, choices=["redzone", "production"],
+                    help="run it in another layout (default: the case file's)")
     rp.add_argument("--no-absorb", action="store_true",
                     help="guards of MIN_GUARD only: an overflow leaves the allocation (for compute-sanitizer runs)")
     rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")
     rp.set_defaults(func=cmd_repro)
 
-    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json")
+    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json",
+                        epilog=_exit_codes(zero="reports written", one=None,
+                                           two="bad input, e.g. no valid DIR/summary.json (one line on stderr)"))
     rr.add_argument("dir", help="a fuzz --out folder holding summary.json")
     rr.set_defaults(func=cmd_report)
 
-    mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected")
-    mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected",
+                        description="Fuzz every bug in kernels/mutants/ under a fixed budget and several seeds, with "
+                                    "unpinned draws from the domain it belongs to (cpu or gpu), then the reference "
+                                    "kernel (safe sizing) over the same domains, which must stay clean.",
+                        epilog=_exit_codes(zero="every mutant detected in >= 95% of the seeds on its domain, scale "
+                                                "mutants unreachable on the CPU domain, the reference clean",
+                                           one="a mutant missed too often, or a finding on the reference"))
+    mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
     mu.add_argument("--max-examples", type=_positive_int, default=60, help="example budget per mutant and seed")
     mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
     mu.add_argument("--seeds", type=_positive_int, default=1,
                     help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "
                          "a mutant passes when detected in >= 95%% of them")
     mu.add_argument("--max-gpu-mem", default=None, metavar="SIZE", help="memory budget per config (as for fuzz)")
-    mu.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants (file stems)")
-    mu.add_argument("--json", default=None, help="write the results here")
+    mu.add_argument("--only", nargs="+", metavar="NAME",
+                    help="run only these mutants, by file stem (default: every mutant)")
+    mu.add_argument("--json", default=None, help="write the results here (default: not written)")
     mu.add_argument("--no-audit", action="store_true", help="CPU only: turn off the interpreter address audit")
     mu.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     mu.set_defaults(func=cmd_mutants)
 
-    sw = sub.add_parser("sweep", help="nightly: canary fuzzing, then compute-sanitizer on failing and sampled cases")
+    sw = sub.add_parser("sweep", help="nightly: canary fuzzing, then compute-sanitizer on failing and sampled cases",
+                        epilog=_exit_codes(zero="no canary or sanitizer finding",
+                                           two="bad input, no GPU or no compute-sanitizer (one line on stderr)"))
     sw.add_argument("--tools", default=",".join(("memcheck", "initcheck", "racecheck", "synccheck")),
-                    help="comma-separated: memcheck,initcheck,racecheck,synccheck")
-    sw.add_argument("--cases", default=None, help="re-run the case files in this folder instead of fuzzing")
+                    help="comma-separated compute-sanitizer tools")
+    sw.add_argument("--cases", default=None,
+                    help="re-run the case files in this folder instead of fuzzing (default: fuzz)")
     sw.add_argument("--max-examples", type=_positive_int, default=None, help="canary examples (default 500)")
     sw.add_argument("--jobs", type=_positive_int, default=1, help="sanitizer processes at a time")
-    sw.add_argument("--sizing", default="prefix", help="sizing policy of the canary phase (default prefix)")
+    sw.add_argument("--sizing", default="prefix", help="sizing policy of the canary phase")
     sw.add_argument("--mode", default="eager", choices=["graph", "eager"],
                     help="eager: caching allocator off under the tools (memcheck sees overflows); graph: on")
     sw.add_argument("--layout", default="redzone", choices=["redzone", "production"], help="canary-phase layout")
     sw.add_argument("--max-failing", type=_positive_int, default=12, help="failing cases sent to the tools")
     sw.add_argument("--sample", type=_non_negative_int, default=3, help="passing cases sent to the tools")
     sw.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer process")
-    sw.add_argument("--seed", type=_non_negative_int, default=None)
+    sw.add_argument("--seed", type=_non_negative_int, default=None, help="Hypothesis seed (default: random)")
     sw.add_argument("--out", default="reports/out", help="folder for sweep.json, sweep.html, cases/ and logs")
     sw.set_defaults(func=cmd_sweep)
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+    """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m harness``)."""
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser(prog)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            # No command: the command list, on stderr with exit 2 so a script that lost its arguments
+            # does not pass silently.
+            parser.print_help(sys.stderr)
+            return EXIT_BAD_INPUT
         return args.func(args)
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")

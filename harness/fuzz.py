@@ -90,7 +90,7 @@ class FuzzResult:
     findings: List[Finding] = field(default_factory=list)
     max_utilisation: float = 0.0
     #: The case of ``max_utilisation`` (need/width), so the report can name it.
-    max_utilisation_case: Optional[dict] = None
+    max_utilisation_stat: Optional[ExampleStat] = None
     shrink_cut: bool = False
     shrinking: bool = False
     #: True when ``max_seconds`` ended the run before ``max_examples``.
@@ -227,8 +227,7 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
         _keep(result, stat, rng)
         u = stat.need / stat.width
         if u > result.max_utilisation:
-            result.max_utilisation = u
-            result.max_utilisation_case = {"config": case.config.to_dict(), "batch": case.batch.to_dict()}
+            result.max_utilisation, result.max_utilisation_stat = u, stat
         config = case.config
         if config not in configs_seen:
             configs_seen[config] = size = estimate_bytes(config)

@@ -3,7 +3,7 @@
 Both runners share one interface, ``run(batch) -> Observation``:
 
 * ``EagerRunner`` sizes fresh buffers per batch (``n = num_seqs``) and launches directly.
-* ``GraphRunner`` follows SPEC §4: static inputs and buffers sized once at ``max_bs``, kv_indptr zeroed
+* ``GraphRunner`` follows docs/contract.md §4: static inputs and buffers sized once at ``max_bs``, kv_indptr zeroed
   once, each batch copied into the first ``raw_bs`` rows and padded to its bucket (seq_len 1,
   position 0, pool index 0). On CUDA each bucket is captured once into a ``torch.cuda.CUDAGraph``
   (after a warm-up launch) and replayed; on CPU the bucket's launch is run directly (emulation).
@@ -173,7 +173,7 @@ class EagerRunner(_RunnerBase):
 
 
 class GraphRunner(_RunnerBase):
-    """SPEC §4: buffers sized once at ``max_bs``, batches padded to a bucket, one graph per bucket."""
+    """docs/contract.md §4: buffers sized once at ``max_bs``, batches padded to a bucket, one graph per bucket."""
 
     def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True,
                  audit: Optional[bool] = None, absorb: bool = True, stats: Optional[dict] = None):

@@ -2,7 +2,7 @@
 
 A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
 ``package.module:attr`` or ``path/to/file.py:attr``. A kernel attr is either a ``@triton.jit`` function
-with the classic ABI of SPEC §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
+with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
 A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
 """
 
@@ -26,7 +26,7 @@ from harness.errors import BadInput, require
 #: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
 LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
                  "num_steps", "page_size")
-#: The classic ABI's parameter count (SPEC §2).
+#: The classic ABI's parameter count (docs/contract.md §2).
 CLASSIC_ARITY = 13
 BUILTIN_KERNELS = ("reference", "reference-blocked")
 
@@ -100,7 +100,7 @@ def _unwrap(kernel):
 
 
 def _check_classic_signature(spec: str, kernel) -> None:
-    """13 positional parameters without a default (SPEC §2); any other must have one or be supplied."""
+    """13 positional parameters without a default (docs/contract.md §2); any other must have one or be supplied."""
     _, fn, supplied = _unwrap(kernel)
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -111,7 +111,7 @@ def _check_classic_signature(spec: str, kernel) -> None:
     require(len(positional) >= CLASSIC_ARITY and required == positional[:len(required)]
             and len(required) == CLASSIC_ARITY,
             f"kernel {spec!r} takes {len(required)} required arguments "
-            f"({', '.join(p.name for p in required)}); the classic ABI has {CLASSIC_ARITY} (SPEC §2)")
+            f"({', '.join(p.name for p in required)}); the classic ABI has {CLASSIC_ARITY} (docs/contract.md §2)")
 
 
 def _for_device(kernel, device: str):

@@ -26,9 +26,18 @@ def case_record(path: str, case, findings, *, source: str) -> dict:
             "kinds": sorted({f.kind.value for f in findings}), "repro": f"python -m harness repro {path}"}
 
 
-def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None) -> dict:
+def max_example(result) -> Optional[dict]:
+    """The explored case with the highest need/width (the one "max need/width" comes from), as a
+    ``COVERAGE_FIELDS`` dict (``FuzzResult.max_utilisation_stat``), or ``None`` before any case."""
+    stat = getattr(result, "max_utilisation_stat", None)
+    return dict(zip(COVERAGE_FIELDS, stat)) if stat is not None else None
+
+
+def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None,
+          earlier: Optional[dict] = None) -> dict:
     """The summary of one fuzz run. ``run`` holds the command's settings (device, kernel, sizing, ...);
-    ``crashes`` are ``harness.journal.Crash`` records recovered at the start of the run."""
+    ``crashes`` are ``harness.journal.Crash`` records recovered at the start of the run; ``earlier`` is
+    where an earlier run's case files were moved (``harness.outdir``), if any."""
     findings: List[dict] = []
     cases: Dict[str, dict] = {}
     for crash in crashes:
@@ -52,7 +61,8 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "largest_config": result.largest_config,
         "boundaries": dict(sorted(result.boundaries.items())),
         "max_need_over_width": round(result.max_utilisation, 4),
-        "max_need_over_width_case": result.max_utilisation_case,
+        "max_need_over_width_example": max_example(result),
+        "earlier_cases": earlier,
         "time_cut": result.time_cut,
         "shrink_cut": result.shrink_cut,
         "findings": findings,
@@ -93,7 +103,7 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float) -> dict:
     out["boundaries"] = dict(sorted(boundaries.items()))
     best = max(docs, key=lambda d: d.get("max_need_over_width", 0), default={})
     out["max_need_over_width"] = best.get("max_need_over_width", 0.0)
-    out["max_need_over_width_case"] = best.get("max_need_over_width_case")
+    out["max_need_over_width_example"] = best.get("max_need_over_width_example")
     out["time_cut"] = any(d.get("time_cut") for d in docs)
     out["shrink_cut"] = any(d.get("shrink_cut") for d in docs)
     findings, cases, seen = [], {}, set()
@@ -134,6 +144,13 @@ def validate(doc, where: str) -> dict:
         require(isinstance(f, dict) and all(isinstance(f.get(k), str) for k in ("kind", "region", "case")),
                 f"{where}: findings[{i}] needs string kind, region and case")
     require(isinstance(doc.get("cases", {}), dict), f"{where}: cases must be an object")
+    earlier = doc.get("earlier_cases")
+    require(earlier is None or (isinstance(earlier, dict) and isinstance(earlier.get("folder"), str)
+                                and isinstance(earlier.get("count"), int)),
+            f"{where}: earlier_cases must be null or an object with folder (string) and count (integer)")
+    ex = doc.get("max_need_over_width_example")
+    require(ex is None or (isinstance(ex, dict) and set(COVERAGE_FIELDS) <= set(ex)),
+            f"{where}: max_need_over_width_example must be null or an object with {', '.join(COVERAGE_FIELDS)}")
     cov = doc.get("coverage", {})
     require(isinstance(cov, dict) and isinstance(cov.get("examples", []), list), f"{where}: coverage.examples must be a list")
     for row in cov.get("examples", []):
@@ -175,9 +192,35 @@ def run_rows(doc: dict) -> List[List[str]]:
              ["largest config", _largest_text(doc)],
              ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
              ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
-             ["seed", _seed_text(doc)], ["max need/width", f"{doc.get('max_need_over_width', 0):.2f}"],
+             ["seed", _seed_text(doc)], ["max need/width", max_need_text(doc)],
              ["findings", str(len(doc["findings"]))]]
     return rows
+
+
+def max_need_text(doc: dict) -> str:
+    """"max need/width" with the example it came from (config, launched requests, need and width)."""
+    text = f"{doc.get('max_need_over_width', 0):.2f}"
+    ex = doc.get("max_need_over_width_example")
+    if not ex:
+        return text
+    requests = f"{ex['raw_bs']} request{'s' if ex['raw_bs'] != 1 else ''}"
+    if ex["num_seqs"] != ex["raw_bs"]:
+        requests += f" padded to {ex['num_seqs']}"
+    where = (f"topk={ex['topk']} num_steps={ex['num_steps']} page_size={ex['page_size']}, {requests}: "
+             f"need {ex['need']}, width {ex['width']}")
+    if ex["failed"]:
+        cases = [c["path"] for c in doc.get("cases", {}).values() if c.get("source") == "fuzz"]
+        where += "; the failing example" + (f", shrunk into {cases[0]}" if cases else "")
+    return f"{text} ({where})"
+
+
+def earlier_text(doc: dict) -> str:
+    """A line naming where an earlier run's case files went, or ``""``."""
+    e = doc.get("earlier_cases")
+    if not e:
+        return ""
+    return (f"{e['count']} case file(s) of an earlier run in this folder were moved to {e['folder']}; "
+            "they are not part of this report.")
 
 
 def finding_rows(doc: dict) -> List[List[str]]:
@@ -191,6 +234,8 @@ def finding_rows(doc: dict) -> List[List[str]]:
 def text_table(doc: dict) -> str:
     """The end-of-run summary printed by ``fuzz``: the run, then the findings and their case files."""
     parts = [table(run_rows(doc), ["run", "value"])]
+    if earlier_text(doc):
+        parts.append(earlier_text(doc))
     if doc["findings"]:
         parts.append(table(finding_rows(doc), ["kind", "where", "elements", "case file"]))
         parts.append("\n".join(c["repro"] for c in doc.get("cases", {}).values()))

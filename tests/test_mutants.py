@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.cpu_only
 
 ROOT = Path(__file__).resolve().parents[1]
-#: SPEC §5 classes the shipped mutants must cover (file stems).
+#: docs/contract.md §5 classes the shipped mutants must cover (file stems).
 REQUIRED = {"off_by_one_n", "prefix_sum_inclusive", "no_z0_rule", "step_major_drafts", "paged_no_last",
             "bs_upper_small", "num_tokens_upper_small", "iter_upper_small", "indptr_stride_rows",
             "sizing_missing_topk", "sizing_draft_ctx", "last_row_past_end"}

@@ -22,7 +22,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def doc(make_session, tmp_path_factory):
-    """A real, small fuzz run of the pre-fix sizing (finds the seed's bug) turned into a summary."""
+    """A real, small fuzz run of the pre-fix sizing (finds its missing topk factor) turned into a summary."""
     from harness import casefile
 
     strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix"))

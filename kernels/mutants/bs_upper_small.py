@@ -1,6 +1,6 @@
 """Mutant (kernel): ``bs_upper`` too small.
 
-Bug class (SPEC §5): an upper smaller than needed. The prefix sum over request lengths uses
+Bug class (docs/contract.md §5): an upper smaller than needed. The prefix sum over request lengths uses
 ``ceil(bs_upper / 2)`` lanes, so ``C_b`` misses requests from that index on. Needs at least 3
 requests in the launch (graph mode pads 3 to a bucket of 4).
 """

@@ -1,6 +1,6 @@
 """Mutant (kernel): stride mismatch between rows.
 
-Bug class (SPEC §5): stride mismatch between rows. Step rows of kv_indices are placed with
+Bug class (docs/contract.md §5): stride mismatch between rows. Step rows of kv_indices are placed with
 ``kv_indptr_stride`` instead of ``kv_indices_stride``: every row after row 0 lands at the wrong place
 (inside an earlier row or its guard). Needs ``num_steps >= 2``.
 """

@@ -1,6 +1,6 @@
 """Mutant (kernel): kv_indptr without the draft tokens.
 
-Bug class (SPEC §2 kv_indptr): ``kv_indptr[s, z]`` is ``sum(positions[0:z])`` without ``+ z*n``, so the
+Bug class (docs/contract.md §2 kv_indptr): ``kv_indptr[s, z]`` is ``sum(positions[0:z])`` without ``+ z*n``, so the
 consumer's ranges omit every branch's draft tokens. Shows with any config.
 """
 

@@ -1,6 +1,6 @@
 """Mutant (kernel): ``iter_upper`` too small.
 
-Bug class (SPEC §5): an upper smaller than needed. The draft-token copy uses ``ceil(iter_upper / 2)``
+Bug class (docs/contract.md §5): an upper smaller than needed. The draft-token copy uses ``ceil(iter_upper / 2)``
 lanes, so steps with ``n`` above that leave their last draft tokens unwritten. Needs
 ``num_steps >= 2``.
 """

@@ -1,6 +1,6 @@
 """Mutant (kernel): the ``z == 0`` rule of kv_indptr is dropped.
 
-Bug class (SPEC §5): dropping the ``z == 0`` rule. Program ``(s, 0, 0)`` writes column 0 (with 0, which
+Bug class (docs/contract.md §5): dropping the ``z == 0`` rule. Program ``(s, 0, 0)`` writes column 0 (with 0, which
 the zeroed buffer already holds) instead of column ``bs``, so ``kv_indptr[s, bs]`` (the row's used
 length) is never written. Shows with any config.
 """

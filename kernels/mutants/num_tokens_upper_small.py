@@ -1,6 +1,6 @@
 """Mutant (kernel): ``num_tokens_upper`` too small.
 
-Bug class (SPEC §5): an upper smaller than needed. The kv_indptr sum over ``positions[0:z]`` uses
+Bug class (docs/contract.md §5): an upper smaller than needed. The kv_indptr sum over ``positions[0:z]`` uses
 ``ceil(num_tokens_upper / 2)`` lanes, so columns ``z`` past that count miss positions. Needs
 ``bs = num_seqs*topk >= 2``.
 """

@@ -1,6 +1,6 @@
 """Mutant (kernel): off-by-one in ``n``: step ``s`` copies ``s`` draft tokens instead of ``s + 1``.
 
-Bug class (SPEC §5): off-by-one in ``n``. ``n = s`` shifts every segment offset and drops the last
+Bug class (docs/contract.md §5): off-by-one in ``n``. ``n = s`` shifts every segment offset and drops the last
 draft token of each branch; kv_indptr is off by ``z`` per step. Shows with any config.
 """
 

@@ -1,6 +1,6 @@
 """Mutant (kernel): paged draft-slot formula without ``last``.
 
-Bug class (SPEC §5): paged formula without ``last``. With ``page_size > 1`` and ``topk > 1`` branch
+Bug class (docs/contract.md §5): paged formula without ``last``. With ``page_size > 1`` and ``topk > 1`` branch
 ``k``'s draft tokens start at ``base + k*pages_per_branch*page_size`` instead of ``... + last``: the copy
 of the partial last page is skipped. Needs ``page_size > 1``, ``topk >= 2`` and a length that is not a
 multiple of the page size.

@@ -1,6 +1,6 @@
 """Mutant (kernel): the prefix sum ``C_b`` includes the current request.
 
-Bug class (SPEC §5): prefix sum including the current request. ``C_b = L_0 + ... + L_b`` pushes every
+Bug class (docs/contract.md §5): prefix sum including the current request. ``C_b = L_0 + ... + L_b`` pushes every
 segment ``topk*L_b`` to the right: later requests land past their place (and past the row's used
 length). Shows with any config.
 """

@@ -1,6 +1,6 @@
 """Mutant (kernel): the req_to_token row is taken from the request index, not ``req_pool_indices``.
 
-Bug class (SPEC §2 reads): program ``(s, b, k)`` reads ``req_to_token[b, ...]`` instead of
+Bug class (docs/contract.md §2 reads): program ``(s, b, k)`` reads ``req_to_token[b, ...]`` instead of
 ``req_to_token[req_pool_indices[b], ...]``: another request's KV slots (and, for the audit, reads outside
 the row the program owns). Shows whenever the pool rows are not in order (the fuzzer permutes them).
 """

@@ -1,6 +1,6 @@
 """Mutant (sizing): the width comes from the draft model's smaller context length.
 
-Bug class (SPEC §5): width from a smaller draft ``ctx``. ``W = n * topk * (ctx // 2)``, as if the
+Bug class (docs/contract.md §5): width from a smaller draft ``ctx``. ``W = n * topk * (ctx // 2)``, as if the
 buffer were sized with the draft model's half-length context: requests longer than that overflow.
 Shows with any config.
 """

@@ -1,6 +1,6 @@
-"""Mutant (sizing): the ``topk`` factor is missing (the seed's bug, the pre-fix ``prefix`` policy).
+"""Mutant (sizing): the ``topk`` factor is missing, ``W = n * ctx`` (the pre-fix CUDA-graph ``prefix`` policy).
 
-Bug class (SPEC §3/§5): ``W = n * ctx``. Overflows once ``topk*sum(L) + bs*num_steps > n*ctx`` (mean
+Bug class (docs/contract.md §3/§5): ``W = n * ctx``. Overflows once ``topk*sum(L) + bs*num_steps > n*ctx`` (mean
 length above about ``ctx/topk``). Needs ``topk >= 2``.
 """
 

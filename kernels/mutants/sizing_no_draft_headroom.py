@@ -1,6 +1,6 @@
 """Mutant (sizing): no headroom for draft tokens at the context limit.
 
-Bug class (SPEC §3/§5): context-limit overflow. ``W = n * topk * ctx`` (the post-fix ``fixed`` policy)
+Bug class (docs/contract.md §3/§5): context-limit overflow. ``W = n * topk * ctx`` (the post-fix ``fixed`` policy)
 budgets ``ctx`` per branch, but a branch needs ``L + num_steps``: a full bucket whose requests sit
 within ``num_steps`` of ``ctx`` overflows. The pins (one request, three steps, short ``ctx``) make
 that batch likely.

@@ -1,6 +1,6 @@
 """Mutant (sizing): the width is sized for one request, not for ``n``.
 
-Bug class (SPEC §3): ``W = topk * (ctx + num_steps)`` ignores the batch size: any launch with two or
+Bug class (docs/contract.md §3): ``W = topk * (ctx + num_steps)`` ignores the batch size: any launch with two or
 more requests of enough total length overflows. Needs ``max_bs >= 2``.
 """
 

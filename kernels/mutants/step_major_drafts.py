@@ -1,6 +1,6 @@
 """Mutant (kernel): step-major draft-slot layout.
 
-Bug class (SPEC §5): wrong draft-slot layout. Draft token ``j`` of branch ``k`` is read from
+Bug class (docs/contract.md §5): wrong draft-slot layout. Draft token ``j`` of branch ``k`` is read from
 ``req_to_token[rpi, L + j*topk + k]`` (step-major) instead of ``L + k*num_steps + j`` (branch-major).
 Needs ``topk >= 2`` and ``num_steps >= 2`` (with one of them 1 the two layouts coincide), page size 1.
 """
