@@ -301,10 +301,16 @@ def _pip_download(version: str, dest: Path) -> Path:
 def _extract_to_cache(version: str, wheel: Path) -> Entry:
     wheel_bytes = wheel.read_bytes()
     source_path, source = _find_kernel_module(version, wheel)
-    text, functions = extract(source, source_path)
-    tree = ast.parse(source)
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    abi = {name: detect_abi(defs[name]).to_dict() for name in KERNELS if name in defs}
+    try:
+        tree = ast.parse(source)
+        defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        # The ABI first: a signature no ABI fits is the more useful message than what extraction would say.
+        abi = {name: detect_abi(defs[name]).to_dict() for name in KERNELS if name in defs}
+        text, functions = extract(source, source_path)
+    except SyntaxError as exc:
+        raise BadInput(f"sglang=={version}: {source_path} does not parse: {exc.msg} (line {exc.lineno})") from None
+    except BadInput as exc:
+        raise BadInput(f"sglang=={version}: {exc}") from None
     module_file = Path(source_path).name
     header = (f'"""{", ".join(k for k in KERNELS if k in defs)} of sglang=={version}, extracted by kvfence.\n\n'
               f"Source: {source_path} in {wheel.name} (sha256 {_sha256(wheel_bytes)}).\n"
