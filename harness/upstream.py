@@ -21,9 +21,9 @@ supplies wheels from disk instead of pip.
 from __future__ import annotations
 
 import ast
+import base64
 import builtins
 import hashlib
-import base64
 import json
 import os
 import re
@@ -54,20 +54,21 @@ _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev
 # -- ABIs ---------------------------------------------------------------------------------------------
 _HEAD = ("req_pool_indices", "req_to_token", "paged_kernel_lens", "kv_indices", "kv_indptr", "positions")
 _TAIL = ("kv_indices_stride", "kv_indptr_stride", "bs_upper", "iter_upper", "num_tokens_upper", "page_size")
-#: Required parameters of each known ABI, in order. ``classic`` is SPEC §2; ``row-stride`` is §6 (a runtime
-#: req_to_token row stride where §2 had ``pool_len``); ``num-seqs-topk`` is an older ABI (0.4.3-0.4.7) that
-#: passed the grid's ``num_seqs`` and ``topk`` as constexprs and had no ``page_size``.
+#: Required parameters of each known ABI, in order. ``classic`` is the classic ABI of docs/contract.md;
+#: ``row-stride`` its newer form (0.5.22+: a runtime req_to_token row stride where classic has ``pool_len``);
+#: ``num-seqs-topk`` is an older ABI (0.4.3-0.4.7) that passed the grid's ``num_seqs`` and ``topk`` as
+#: constexprs and had no ``page_size``.
 ABIS: Dict[str, Tuple[str, ...]] = {
     "classic": _HEAD + ("pool_len",) + _TAIL,
     "row-stride": _HEAD + ("row_stride",) + _TAIL,
     "num-seqs-topk": _HEAD + ("num_seqs", "topk", "pool_len") + _TAIL[:-1],
 }
-#: Required parameters the window-rail kernel adds after an ABI's own (SPEC §6).
+#: Required parameters the window-rail kernel adds after an ABI's own (docs/contract.md).
 _RAIL_EXTRA = ("window",)
 #: The rail kernel names its outputs after the rail; same place, same meaning.
 _ALIASES = {"window_kv_indices": "kv_indices", "window_kv_indptr": "kv_indptr"}
 #: Trailing parameters with defaults that are known, and the default under which the kernel does exactly
-#: what §2 says (another default would change the contract, so it is refused).
+#: what the classic contract says (another default would change the contract, so it is refused).
 NEUTRAL_DEFAULTS = {"window_size": 0, "sink_size": 0, "NUM_STEPS": 0, "ENTRY_PAGE_SIZE": 1, "v2p": None,
                     "TRANSLATE": False}
 
@@ -77,7 +78,7 @@ class Abi:
     """How to launch one extracted kernel: ABI name, contract and its parameters (from its signature)."""
 
     name: str  # a key of ABIS
-    contract: str  # "draft" (SPEC §2/§6 kernel) or "window-rail" (§6 rail kernel)
+    contract: str  # "draft" (the draft kernel) or "window-rail" (window-rail kernel)
     required: Tuple[str, ...]  # required parameters, in order
     optional: Tuple[str, ...]  # parameters with defaults (left at their defaults)
 
@@ -94,7 +95,7 @@ class Abi:
 
 def detect_abi(fn: ast.FunctionDef) -> Abi:
     """The ABI of a kernel's definition; ``BadInput`` naming the first difference from every known ABI."""
-    where = f"{fn.name}"
+    where = fn.name
     a = fn.args
     require(not (a.vararg or a.kwarg or a.posonlyargs or a.kwonlyargs),
             f"{where} has *args, **kwargs, positional-only or keyword-only parameters; no known ABI does")
@@ -329,7 +330,12 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         if folder.exists():
             shutil.rmtree(folder)
-        os.replace(staging, folder)
+        try:
+            os.replace(staging, folder)
+        except OSError:
+            # Another process (an xdist worker) put the same release there first: use its entry.
+            if not folder.is_dir():
+                raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -1,7 +1,7 @@
 """SGLang's kernels from its wheel (harness.upstream): ``upstream fetch`` and ``--kernel sglang==VERSION``.
 
 The unit tests build small fake wheels in tmp_path: a zip with a dist-info and an ``sglang/.../spec_utils.py``
-holding a classic-ABI kernel written here from SPEC §2 (no SGLang code), plus module-level code that would
+holding a classic-ABI kernel written here from docs/contract.md (no SGLang code), plus module-level code that would
 fail if kvfence ever imported the module (it must only extract the jit functions). Every subprocess runs
 with ``KVFENCE_OFFLINE=1`` so nothing here touches the network; the ``network``-marked test at the end
 fetches a real release from PyPI (``--network`` or ``KVFENCE_NETWORK=1``).
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.0.1"
 MODULE = "sglang/srt/speculative/spec_utils.py"
 
-# A classic-ABI kernel written from SPEC §2 for these tests, with a jit helper and a constexpr constant
+# A classic-ABI kernel written from docs/contract.md for these tests, with a jit helper and a constexpr constant
 # (both must be extracted), and module-level code that needs SGLang and torch (must not be).
 FAKE_MODULE = '''\
 from __future__ import annotations
@@ -49,7 +49,7 @@ def host_helper(x):
 
 @triton.jit
 def _draft_start(L, k, num_steps, topk, page_size: tl.constexpr):
-    # Paged layout (SPEC 2); with page_size == 1 it reduces to the flat L + k*num_steps.
+    # Paged layout (docs/contract.md); with page_size == 1 it reduces to the flat L + k*num_steps.
     last = L % page_size
     pages = (last + num_steps + page_size - 1) // page_size
     return tl.where(topk == 1, L + k * num_steps, L - last + k * pages * page_size + last)
