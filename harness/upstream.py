@@ -202,6 +202,8 @@ def _validate_entry(version: str, folder: Path) -> Entry:
     # The file will be imported: it must hold only what extraction writes (imports of triton, constants,
     # jit functions), whatever happened to it on disk.
     _check_extracted(ast.parse(text), set(manifest["functions"]))
+    # Extracting the cached module again must give itself: every check of extraction holds for it too.
+    require(extract(text, module.name)[1] == manifest["functions"], "module does not extract to its manifest")
     entry = Entry(version, folder, module, manifest)
     require(DRAFT_KERNEL in entry.abis, f"manifest has no ABI for {DRAFT_KERNEL}")
     return entry
@@ -393,7 +395,25 @@ def _is_jit(fn: ast.FunctionDef) -> bool:
     return False
 
 
-_BUILTINS = set(dir(builtins))
+# Builtins a jit function may name (Triton's own and harmless ones); any other (``__import__``, ``open``,
+# ``eval``) is refused like any unresolvable name. The interpreter runs a jit body as Python.
+_ALLOWED_BUILTINS = {"range", "min", "max", "abs", "int", "float", "bool", "len", "isinstance", "print", "tuple",
+                     "list", "zip", "enumerate", "getattr", "hasattr", "Ellipsis"} & set(dir(builtins))
+# What a module-level constant, a decorator or a default may be: literals, names, Triton attribute chains and
+# calls of them (``tl.constexpr(64)``, ``triton.jit(do_not_specialize=[...])``), arithmetic.
+_SAFE_NODES = (ast.Constant, ast.Name, ast.Load, ast.Attribute, ast.Call, ast.keyword, ast.BinOp, ast.UnaryOp,
+               ast.operator, ast.unaryop, ast.Tuple, ast.List)
+
+
+def _check_safe_expr(node: ast.AST, what: str) -> None:
+    for sub in ast.walk(node):
+        require(isinstance(sub, _SAFE_NODES), f"{what}: {type(sub).__name__} in {ast.unparse(node)!r} is not allowed")
+        if isinstance(sub, ast.Call):
+            root = sub.func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            require(isinstance(root, ast.Name) and root.id in ("triton", "tl"),
+                    f"{what}: {ast.unparse(sub)!r} calls something other than Triton")
 
 
 def _free_names(node: ast.AST, bound: set) -> List[str]:
@@ -409,7 +429,7 @@ def _free_names(node: ast.AST, bound: set) -> List[str]:
                 loaded.append(sub.id)
     seen = []
     for name in loaded:
-        if name not in stored and name not in _BUILTINS and name not in seen:
+        if name not in stored and name not in _ALLOWED_BUILTINS and name not in seen:
             seen.append(name)
     return seen
 
@@ -455,6 +475,7 @@ def extract(source: str, source_path: str = "<module>") -> Tuple[str, List[str]]
             todo.append(name)
         elif name in constants:
             node = constants[name]
+            _check_safe_expr(node.value, f"{source_path}: constant {name}")
             taken[name] = node
             for inner in _free_names(node.value, set()):
                 resolve(inner, name)
@@ -471,6 +492,9 @@ def extract(source: str, source_path: str = "<module>") -> Tuple[str, List[str]]
         if name in taken:
             continue
         fn = functions[name]
+        # Evaluated when the module is imported, not only when the kernel runs: Triton and literals only.
+        for expr in fn.decorator_list + fn.args.defaults + [a.annotation for a in fn.args.args if a.annotation]:
+            _check_safe_expr(expr, f"{source_path}: {name}")
         taken[name] = fn
         for free in _free_names(fn, {name}):
             resolve(free, name)

@@ -108,6 +108,9 @@ NEUTRAL_DEFAULTS = [("    page_size: tl.constexpr,\n):", "    page_size: tl.cons
                                                           "    TRANSLATE: tl.constexpr = False,\n):")]
 CALLS_HOST_CODE = [("    n = s + 1\n", "    n = s + 1\n    host_helper(n)\n")]
 READS_SGLANG = [("    n = s + 1\n", "    n = s + 1 + is_cuda\n")]
+CALLS_DANGEROUS_BUILTIN = [("    n = s + 1\n", "    n = s + 1\n    __import__('os').system('echo pwned')\n")]
+CONSTANT_RUNS_CODE = [("COPY_BLOCK = tl.constexpr(64)", "COPY_BLOCK = tl.constexpr(len(open('/etc/passwd').read()))")]
+DEFAULT_RUNS_CODE = [("    page_size: tl.constexpr,\n):", "    page_size: tl.constexpr,\n    BLOCK=print('x'),\n):")]
 WINDOW_RAIL = '''
 
 @triton.jit
@@ -226,7 +229,10 @@ def test_a_kernel_no_abi_fits_is_one_line_exit_2(tmp_path, cache, edits, needles
 
 
 @pytest.mark.parametrize("edits,needles", [(CALLS_HOST_CODE, ("host_helper", "not a @triton.jit function")),
-                                           (READS_SGLANG, ("is_cuda", "imported from outside Triton"))])
+                                           (READS_SGLANG, ("is_cuda", "imported from outside Triton")),
+                                           (CALLS_DANGEROUS_BUILTIN, ("'__import__'", "cannot resolve")),
+                                           (CONSTANT_RUNS_CODE, ("constant COPY_BLOCK", "other than Triton")),
+                                           (DEFAULT_RUNS_CODE, ("print('x')", "other than Triton"))])
 def test_kernels_reaching_outside_jit_code_are_refused(tmp_path, cache, edits, needles):
     wheel = make_wheel(tmp_path / "wheels", modules={MODULE: edited(edits)})
     one_line_exit_2(kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache), *needles)
