@@ -436,6 +436,18 @@ def cmd_sweep(args) -> int:
                      max_failing=args.max_failing, sample=args.sample, timeout=args.timeout, announce=_stderr)
 
 
+# -- upstream ----------------------------------------------------------------------------------------
+def cmd_upstream(args) -> int:
+    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (harness.upstream)."""
+    from harness import upstream
+
+    entry = upstream.fetch(args.version, wheel=args.wheel, offline=True if args.offline else None,
+                           refresh=args.refresh, announce=_stderr)
+    _stderr(f"kvfence: {upstream.describe(entry)}")
+    print(entry.module_path)
+    return EXIT_CLEAN
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="kvfence: differential fuzzing and memory-safety "
                      "harness for the EAGLE draft-decode kv-indices kernel",
@@ -545,6 +557,23 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     sw.add_argument("--seed", type=_non_negative_int, default=None, help="Hypothesis seed (default: random)")
     sw.add_argument("--out", default="reports/out", help="folder for sweep.json, sweep.html, cases/ and logs")
     sw.set_defaults(func=cmd_sweep)
+
+    up = sub.add_parser("upstream", help="SGLang's own kernels, extracted from its PyPI wheel (--kernel sglang==V)",
+                        description="SGLang's own kernels, extracted from its PyPI wheel without installing or "
+                                    "importing SGLang; fuzz them with --kernel sglang==VERSION.",
+                        epilog=_exit_codes(one=None))
+    up_sub = up.add_subparsers(dest="upstream_command", metavar="ACTION", parser_class=_Parser)
+    up_sub.required = True
+    uf = up_sub.add_parser("fetch", help="download the sglang==VERSION wheel (no install), extract its kernels "
+                           "into the cache ($KVFENCE_CACHE or ~/.cache/kvfence) and print the module's path",
+                           description="Download the sglang==VERSION wheel (no install), extract its kernels into "
+                                       "the cache ($KVFENCE_CACHE or ~/.cache/kvfence) and print the module's path.",
+                           epilog=_exit_codes(zero="extracted (or already cached)", one=None))
+    uf.add_argument("version", help="a release, e.g. 0.5.23")
+    uf.add_argument("--wheel", default=None, help="extract from this wheel file instead of downloading")
+    uf.add_argument("--offline", action="store_true", help="never download (also KVFENCE_OFFLINE=1): cache only")
+    uf.add_argument("--refresh", action="store_true", help="extract again even if the cache has this release")
+    uf.set_defaults(func=cmd_upstream)
     return parser
 
 

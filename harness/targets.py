@@ -1,7 +1,8 @@
 """What is under test: kernels and sizing policies, by builtin name or plug-in spec.
 
 A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
-``package.module:attr`` or ``path/to/file.py:attr``. A kernel attr is either a ``@triton.jit`` function
+``package.module:attr``, ``path/to/file.py:attr`` or, for kernels, ``sglang==VERSION[:attr]`` (SGLang's own
+kernel from its wheel, harness.upstream). A kernel attr is either a ``@triton.jit`` function
 with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
 A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
 """
@@ -145,6 +146,10 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
 
         return KernelTarget(spec, _kernel_launcher(_for_device(generate_draft_decode_kv_indices, device),
                                                    spec == "reference-blocked"))
+    from harness import upstream
+
+    if upstream.is_spec(spec):
+        return _upstream_kernel(spec, device)
     obj = _load_attr(spec, "kernel")
     if _is_triton_kernel(obj):
         _check_classic_signature(spec, obj)
@@ -157,6 +162,17 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
         raise BadInput(f"launcher {spec!r} must accept keyword arguments {', '.join(LAUNCH_KWARGS)}") from None
     ensure(device)
     return KernelTarget(spec, obj, request_axis=None)
+
+
+def _upstream_kernel(spec: str, device: str) -> KernelTarget:
+    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (harness.upstream), fetched if allowed."""
+    from harness import upstream
+
+    entry, attr, abi = upstream.resolve(spec)
+    # The rail kernel has its own contract (docs/contract.md §6), which the oracle does not check yet.
+    require(abi.contract == "draft", f"kernel {spec!r}: contract {abi.contract} not supported yet")
+    kernel = getattr(_load_file(entry.module_path), attr)
+    return KernelTarget(spec, upstream.launcher(_for_device(kernel, device), abi))
 
 
 @functools.lru_cache(maxsize=None)
