@@ -292,7 +292,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     if earlier:
         _stderr(f"kvfence: {earlier['count']} case file(s) of an earlier run moved to {earlier['folder']}")
     progress = None if args.quiet else Progress(args.max_examples)
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     try:
         docs, problems, crashes = run_jobs(child_args, out_dir, device=device,
                                            progress=progress.update if progress else None)
@@ -303,7 +303,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     for line in problems:
         _stderr(f"kvfence: {line}")
     adopt_case_files(docs, out_dir)
-    doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed)
+    doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed, started_at=started_at)
     doc["job_problems"] = problems
     doc["earlier_cases"] = earlier
     for crash in crashes:

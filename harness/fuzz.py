@@ -98,6 +98,8 @@ class FuzzResult:
     #: Seconds from the start to the first failing case, and the examples it took (before shrinking).
     first_failure_s: Optional[float] = None
     examples_to_failure: Optional[int] = None
+    #: Wall-clock time (epoch seconds) of the first failing case: ``--jobs`` parents compare jobs by it.
+    first_failure_at: Optional[float] = None
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
     stats: List[ExampleStat] = field(default_factory=list)
     failure_stat: Optional[ExampleStat] = None
@@ -241,6 +243,7 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
         if state["first_failure"] is None:
             state["first_failure"] = time.perf_counter()
             result.first_failure_s = state["first_failure"] - start
+            result.first_failure_at = time.time()
             result.examples_to_failure = result.examples
             result.shrinking = True
         if hypothesis_final():

@@ -64,6 +64,9 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "max_need_over_width_example": max_example(result),
         "earlier_cases": earlier,
         "time_cut": result.time_cut,
+        "first_failure_s": round(result.first_failure_s, 3) if result.first_failure_s is not None else None,
+        "examples_to_failure": result.examples_to_failure,
+        "first_failure_at": result.first_failure_at,
         "shrink_cut": result.shrink_cut,
         "findings": findings,
         "cases": cases,
@@ -80,10 +83,11 @@ COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shri
 SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s")
 
 
-def merge(docs: List[dict], *, run: dict, elapsed_s: float) -> dict:
+def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional[float] = None) -> dict:
     """One summary from several (``--jobs`` workers, or runs of several hosts): counts and session
     counters add up, coverage rows are pooled (reservoir-capped like one run's), findings and case
-    files are kept once per case file, and the rate is recomputed over ``elapsed_s`` of wall time."""
+    files are kept once per case file, and the rate is recomputed over ``elapsed_s`` of wall time
+    (``started_at``, epoch seconds, dates the first failure from the merged run's start)."""
     import random
 
     out = {MARKER: SUMMARY_VERSION}
@@ -105,6 +109,12 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float) -> dict:
     out["max_need_over_width"] = best.get("max_need_over_width", 0.0)
     out["max_need_over_width_example"] = best.get("max_need_over_width_example")
     out["time_cut"] = any(d.get("time_cut") for d in docs)
+    # The earliest failure of any job, in seconds from the merged run's start (job start-up included).
+    firsts = [d["first_failure_at"] for d in docs if d.get("first_failure_at") is not None]
+    out["first_failure_at"] = min(firsts) if firsts else None
+    out["first_failure_s"] = (round(min(firsts) - started_at, 3) if firsts and started_at is not None
+                              else min((d["first_failure_s"] for d in docs if d.get("first_failure_s") is not None),
+                                       default=None))
     out["shrink_cut"] = any(d.get("shrink_cut") for d in docs)
     findings, cases, seen = [], {}, set()
     for d in docs:
