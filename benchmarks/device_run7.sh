@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# GPU session, run 7 (issue 10, crash-proof runs): worker IPC overhead per small case on CUDA, the GPU
-# fault test, and a fuzz run of a kernel that faults far past its allocation (CRASH, minimal case file).
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HYPOTHESIS_PROFILE=ci
-L=$OUT/logs; mkdir -p $L
-timeout 200 python3 benchmarks/worker_ipc.py --device cuda --json $OUT/worker_ipc_h200.json > $L/worker_ipc.txt 2>&1; echo "worker_ipc rc=$?" >> $L/rc.txt
-timeout 200 python3 -m pytest --device cuda -q -p no:cacheprovider tests/test_worker_gpu.py > $L/pytest_worker_gpu.txt 2>&1; echo "pytest_worker_gpu rc=$?" >> $L/rc.txt
-timeout 180 python3 -m harness fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager --topk 2 --num-steps 2 \
-  --ctx 8 --max-bs 2 --seed 1 --max-examples 200 --quiet --out $OUT/fault_run > $L/fuzz_fault.txt 2>&1; echo "fuzz_fault rc=$? (expect 1)" >> $L/rc.txt
-cp $OUT/fault_run/summary.json $OUT/fault_run_summary.json 2>/dev/null
-cat $L/rc.txt; cat $L/worker_ipc.txt; tail -5 $L/pytest_worker_gpu.txt; tail -25 $L/fuzz_fault.txt
+# GPU smoke run of the scale work (issue: GPU-scale domain): the GPU tests, a default fuzz run with its
+# default --jobs, a scale mutant caught by the default command, and the check-path / large-case numbers.
+# Usage on the device: bash benchmarks/device_run7.sh   (writes logs and JSON under $OUT)
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi -L; python -c "import torch, triton, hypothesis; print(torch.__version__, triton.__version__, hypothesis.__version__)"
+timeout 150 python -m pytest -m gpu --device cuda -q -x -p no:cacheprovider 2>&1 | tail -15
+timeout 150 python -m harness fuzz --device cuda --max-examples 400 --seed 1 --json "$OUT/smoke_default.json" --quiet --out /tmp/o_default 2>&1 | tail -30
+echo "default fuzz exit: $?"
+K=$(python -c "from harness.device import select; select('cuda'); from harness.mutants import kernel_spec; print(kernel_spec('copy_first_block_only'))")
+timeout 150 python -m harness fuzz --device cuda --kernel "$K" --max-examples 100000000 --max-seconds 40 --shrink-seconds 10 --json "$OUT/smoke_mutant.json" --quiet --out /tmp/o_mutant 2>&1 | tail -30
+echo "mutant fuzz exit: $?"
+timeout 200 python benchmarks/throughput.py --json "$OUT/h200_quick.json" --quick --skip-runs 2>&1 | tail -40

@@ -1,5 +1,5 @@
 """The case model: a ``Config`` (what is fixed at capture time), a ``Batch`` (one launch's requests)
-and how a batch is fed to the kernel (``LaunchBatch``, with CUDA-graph padding per SPEC §4).
+and how a batch is fed to the kernel (``LaunchBatch``, with CUDA-graph padding per docs/contract.md §4).
 
 Everything is validated on construction with ``BadInput``: an impossible case never reaches a kernel.
 """
@@ -15,15 +15,15 @@ from harness.errors import BadInput, require
 
 LAYOUTS = ("redzone", "production")
 MODES = ("graph", "eager")
-#: Offsets are int32 inside the kernel (SPEC §3).
+#: Offsets are int32 inside the kernel (docs/contract.md §3).
 INT32_LIMIT = 2**31
 #: KV slot ids live in [1, 2**30]; poison and canaries are negative, so no valid slot id equals them.
 SLOT_BITS = 30
-#: The most bytes one case may allocate (kv_indices with its guards, kv_indptr, the req_to_token pool).
-#: A larger config is refused (``BadInput``) by arithmetic before any allocation or oracle work.
-MAX_CASE_BYTES = 1 << 30
-#: Guard elements counted per guard band in that estimate (``harness.guarded.MIN_GUARD`` is 64).
-_GUARD_ALLOWANCE = 64
+#: The most bytes a config's req_to_token pool may take, checked by arithmetic on construction (before
+#: ``pool_len`` or anything else is computed): far above any real pool (257 rows x 131072 tokens is
+#: 137 MB), so it only refuses absurd inputs such as ``--page-size 2**40`` or a 5,000-digit number in a
+#: case file. The memory budget of a run (``harness.budget``, ``--max-gpu-mem``) is the real limit.
+MAX_POOL_BYTES = 1 << 34
 
 
 def _is_int(x) -> bool:
@@ -109,10 +109,10 @@ class Config:
         )
         # The pool alone, from an upper bound of pool_len (O(1): no loop over ctx or page_size yet).
         pool_bound = 4 * self.pool_rows * (self.ctx + self.topk * (2 * self.page_size + self.num_steps))
-        require(pool_bound <= MAX_CASE_BYTES,
+        require(pool_bound <= MAX_POOL_BYTES,
                 f"config too large: req_to_token would take about {_mib(pool_bound)} "
                 f"(page_size={_short(self.page_size)}, ctx={_short(self.ctx)}, max_bs={self.max_bs}); "
-                f"kvfence allocates at most {_mib(MAX_CASE_BYTES)} per case")
+                f"kvfence allocates at most {_mib(MAX_POOL_BYTES)} for it")
 
     # -- derived sizes -----------------------------------------------------------------------------
     @property
@@ -122,12 +122,13 @@ class Config:
 
     @cached_property
     def pool_len(self) -> int:
-        """req_to_token row length: every slot any request of length <= ctx reads (SPEC §2, Reads).
+        """req_to_token row length: every slot any request of length <= ctx reads (docs/contract.md §2, Reads).
 
         ``read_extent(L)`` is ``L`` plus a term that depends only on ``L mod page_size`` and grows with
         it, so within a page it peaks at the page's last length and a higher page beats a lower one:
-        the maximum over ``1..ctx`` is at ``ctx`` or at the last length of the page below ctx's.
-        (``tests/test_worker_inputs.py`` checks this against the maximum over every length.)
+        the maximum over ``1..ctx`` is at ``ctx`` or at the last length of the page below ctx's. O(topk),
+        whatever ctx and page_size are (a loop over either would hang on ``--page-size 2**40``).
+        (``tests/test_case_limits.py`` checks this against the maximum over every length.)
         """
         top_page_start = self.ctx - self.ctx % self.page_size
         candidates = [self.ctx] + ([top_page_start - 1] if top_page_start - 1 >= 1 else [])
@@ -152,30 +153,11 @@ class Config:
         n = self.sizing_n(num_seqs)
         width = policy(n, self.topk, self.ctx, self.num_steps)
         require(_is_int(width) and width >= 1, f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
-        require(4 * self.num_steps * width <= MAX_CASE_BYTES,
-                f"sizing policy {self.sizing!r} returned width {_short(width)} for n={n}: {self.num_steps} rows of it "
-                f"take {_mib(4 * self.num_steps * width)}, more than the {_mib(MAX_CASE_BYTES)} kvfence allocates per case")
+        # Row offsets are int32 in the kernel (docs/contract.md §3): a wider row cannot be addressed.
+        require(width < INT32_LIMIT,
+                f"sizing policy {self.sizing!r} returned width {_short(width)} for n={n}: wider than int32 row offsets "
+                "(2**31) allow")
         return width
-
-    def check_size(self) -> int:
-        """Bytes the largest launch of this config allocates (kv_indices rows and guards, kv_indptr, the
-        pool); ``BadInput`` when that exceeds ``MAX_CASE_BYTES``. Arithmetic only: call it before allocating."""
-        return self._size_bytes
-
-    @cached_property
-    def _size_bytes(self) -> int:  # computed once per config (an eager runner allocates per batch)
-        overflow = max(0, self.worst_overflow())
-        sizes = self.buckets if self.mode == "graph" else range(1, self.max_bs + 1)
-        widest = max(self.row_width(n) for n in sizes)
-        guards = (self.num_steps + 2) * _GUARD_ALLOWANCE
-        kv_indices = self.num_steps * (widest + overflow) + overflow + guards
-        kv_indptr = self.num_steps * (self.max_bs * self.topk + 1) + guards
-        total = 4 * (kv_indices + kv_indptr + self.pool_rows * self.pool_len)
-        require(total <= MAX_CASE_BYTES,
-                f"config too large: its buffers would take {_mib(total)} (topk={self.topk}, num_steps={self.num_steps}, "
-                f"ctx={_short(self.ctx)}, max_bs={self.max_bs}, sizing {self.sizing}); "
-                f"kvfence allocates at most {_mib(MAX_CASE_BYTES)} per case")
-        return total
 
     def worst_overflow(self) -> int:
         """How far past its width any step row can be written by a correct kernel under this sizing.
@@ -253,7 +235,7 @@ class LaunchBatch:
     """What the kernel actually reads for one launch: ``num_seqs`` rows (a bucket, in graph mode).
 
     In graph mode rows ``raw_bs..num_seqs-1`` are the runner's padding: ``seq_len 1``,
-    ``position 0``, ``req_pool_index 0`` (SPEC §4).
+    ``position 0``, ``req_pool_index 0`` (docs/contract.md §4).
     """
 
     seq_lens: Tuple[int, ...]

@@ -1,20 +1,27 @@
 """On-device verification for the graph runner: a clean case never copies its buffers to the host.
 
-Per case the host packs the batch into one staging vector (one host-to-device copy), then three steps
-run on the device — on CUDA each is a CUDA graph captured once per bucket:
+Cases of one config go to the device as a batch: the host packs each case's batch into one staging row
+(``[token seed | seq_lens | pool rows | positions]``, padding already applied) and all rows travel in
+one host-to-device copy. Then, per case, **one** CUDA graph (captured once per bucket) runs:
 
-1. **prepare**: zero the counters, poison the rows (kv_indptr column 0 back to 0), unpack the staging
-   vector into the runner's static inputs (with the runner's padding already applied on the host), and
-   regenerate req_to_token from the case's token seed;
-2. **kernel**: the runner's own captured graph of the kernel under test (exactly what production replays);
+0. **select**: copy staging row ``cursor`` into the staging vector and advance ``cursor`` (a device
+   scalar, so the same graph serves every row of the batch);
+1. **prepare**: poison the rows (kv_indptr column 0 back to 0), unpack the staging vector into the
+   runner's static inputs, and regenerate req_to_token from the case's token seed;
+2. **kernel**: the kernel under test, launched on the runner's static buffers exactly as its own
+   captured graph launches it;
 3. **verify**: ``kernels/verify/segments.py`` counts write-set elements with a wrong value,
    ``kernels/verify/outside.py`` counts changed elements outside the write set (guards, slack,
    kv_indptr column 0), and torch ops count changed inputs.
 
-Only four counters come back. A non-zero counter (or ``need > width``, known on the host) sends the case
-to the full path (``harness.verdict.check`` with ``harness.fastcheck.expected_writes_torch``), which
-names regions, ranges and programs. Guards are not rewritten per case: a clean verdict proves they are
+Counters only grow, so after the whole batch four numbers come back in one read: all zero proves every
+case clean. Otherwise (or when ``need > width``, known on the host) cases go to the full path
+(``harness.verdict.check`` with ``harness.fastcheck.expected_writes_torch``), one by one, which names
+regions, ranges and programs. Guards are not rewritten per case: a clean verdict proves they are
 intact, and the full path restores them after a dirty one.
+
+``_steps(m)`` keeps the three steps as separate graphs (select folded into prepare), for benchmarks
+that time them one by one.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ import torch
 
 from harness.case import Case, LaunchBatch
 from harness.guarded import POISON
-from harness.runner import GraphRunner, slot_table
+from harness.runner import GraphRunner, capture_graph, slot_table
 
 #: counters: [kv_indices write set, kv_indptr write set, outside the write sets, inputs changed]
 COUNTERS = ("kv_indices", "kv_indptr", "outside", "inputs")
+#: Cases whose staging rows go to the device in one copy (a longer batch is sent in chunks).
+BATCH_ROWS = 64
 
 
 class DeviceVerifier:
@@ -43,10 +52,14 @@ class DeviceVerifier:
         self.counts = torch.zeros(len(COUNTERS), dtype=torch.int32, device=self.device)
         self.width = 1 + 2 * c.max_bs + c.max_bs * c.topk  # [seed | seq_lens | pool rows | positions]
         cuda = self.device.type == "cuda"
-        self.host = torch.zeros(self.width, dtype=torch.int64, pin_memory=cuda)
         self.staging = torch.zeros(self.width, dtype=torch.int64, device=self.device)
         self.table = torch.empty_like(runner.inputs.req_to_token)
         self.graphs: Dict[int, tuple] = {}
+        self.fused: Dict[int, object] = {}
+        # Staging rows of a batch of cases, and the device cursor the fused graph reads them by.
+        self.rows = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, device=self.device)
+        self.rows_host = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, pin_memory=cuda)
+        self.cursor = torch.zeros(1, dtype=torch.int64, device=self.device)
 
     # -- the three steps, for bucket m ---------------------------------------------------------------
     def _slices(self, m: int):
@@ -57,7 +70,6 @@ class DeviceVerifier:
 
     def _prepare(self, m: int) -> None:
         r, c = self.runner, self.runner.config
-        self.counts.zero_()
         r.kv_indices.view.fill_(POISON)
         r.kv_indptr.view.fill_(POISON)
         r.kv_indptr.view[:, 0] = 0
@@ -85,51 +97,93 @@ class DeviceVerifier:
         changed = changed + (inputs.positions[: m * c.topk] != pos).sum()
         self.counts[3:4].add_(changed.to(torch.int32))
 
+    def _select(self) -> None:
+        """Staging row ``cursor`` into the staging vector; advance the cursor (all on the device)."""
+        self.staging.copy_(self.rows.index_select(0, self.cursor).view(-1))
+        self.cursor.add_(1)
+
+    def _kernel(self, m: int):
+        r = self.runner
+        kw = r._kernel_kwargs(r.inputs, r.kv_indices, r.kv_indptr, m)
+        return lambda: r.kernel.launch(**kw)
+
+    def _case_graph(self, m: int):
+        """One replayable step per case of bucket m: select, prepare, kernel, verify (one CUDA graph)."""
+        step = self.fused.get(m)
+        if step is None:
+            kernel = self._kernel(m)
+
+            def case():
+                self._select()
+                self._prepare(m)
+                kernel()
+                self._verify(m)
+
+            step = capture_graph(case, self.device, self.runner.stats).replay if self.device.type == "cuda" else case
+            self.fused[m] = step
+        return step
+
     def _steps(self, m: int):
-        """(prepare, kernel, verify) callables for bucket m: graph replays on CUDA, plain calls on CPU."""
+        """(prepare, kernel, verify) for bucket m as separate graphs (benchmarks time each step)."""
         steps = self.graphs.get(m)
         if steps is not None:
             return steps
-        kernel = self.runner._bucket_launch(m)  # captures the kernel graph on CUDA
+        kernel = self.runner._bucket_launch(m)  # the runner's own captured graph of the kernel
+
+        def prepare():
+            self.cursor.zero_()
+            self._select()
+            self._prepare(m)
+
         if self.device.type != "cuda":
-            steps = (lambda: self._prepare(m), kernel, lambda: self._verify(m))
+            steps = (prepare, kernel, lambda: self._verify(m))
         else:
-            steps = (self._capture(lambda: self._prepare(m)), kernel, self._capture(lambda: self._verify(m)))
+            steps = (self._capture(prepare), kernel, self._capture(lambda: self._verify(m)))
         self.graphs[m] = steps
         return steps
 
     def _capture(self, fn):
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            fn()  # warm-up: compiles the verification kernels outside capture
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
+        # The warm-up inside capture_graph compiles the verification kernels outside capture.
+        return capture_graph(fn, self.device, self.runner.stats).replay
 
-    # -- one case ------------------------------------------------------------------------------------
-    def stage(self, case: Case, lb: LaunchBatch) -> None:
+    # -- cases ---------------------------------------------------------------------------------------
+    def _staged(self, case: Case, lb: LaunchBatch) -> List[int]:
+        """The staging row of one case: ``[token seed | seq_lens | pool rows | positions]``."""
         c = case.config
-        mb = c.max_bs
+        mb, m = c.max_bs, lb.num_seqs
         values = [0] * self.width
         values[0] = case.batch.token_seed
-        m = lb.num_seqs
         values[1:1 + m] = lb.seq_lens
         values[1 + mb:1 + mb + m] = lb.req_pool_indices
         values[1 + 2 * mb:1 + 2 * mb + m * c.topk] = lb.positions
-        self.host.copy_(torch.tensor(values, dtype=torch.int64))
-        self.staging.copy_(self.host, non_blocking=True)
+        return values
 
     def counters(self, case: Case) -> List[int]:
-        """Run the case and return the four mismatch counters (all zero: clean)."""
-        lb = case.launch()
-        prepare, kernel, verify = self._steps(lb.num_seqs)
-        self.stage(case, lb)
-        prepare()
-        kernel()
-        verify()
+        """Run one case and return the four mismatch counters (all zero: clean)."""
+        return self.total_counters([case])
+
+    def total_counters(self, cases: List[Case]) -> List[int]:
+        """Run every case (one config) and return the four counters summed over all of them.
+
+        Staging rows go to the device in one copy per ``BATCH_ROWS`` cases; each case is one graph
+        replay queued without waiting; the counters come back once. An all-zero total proves every case
+        clean; a non-zero one says only that some case is dirty (the caller re-checks them one by one).
+        """
+        self.counts.zero_()
+        for first in range(0, len(cases), BATCH_ROWS):
+            chunk = cases[first:first + BATCH_ROWS]
+            launches = [case.launch() for case in chunk]
+            steps = [self._case_graph(lb.num_seqs) for lb in launches]
+            if first and self.device.type == "cuda":
+                # The pinned rows are about to be rewritten: the previous chunk's copy must have left them.
+                torch.cuda.current_stream(self.device).synchronize()
+            staged = torch.tensor([self._staged(c, lb) for c, lb in zip(chunk, launches)], dtype=torch.int64)
+            self.rows_host[:len(chunk)].copy_(staged)
+            self.rows[:len(chunk)].copy_(self.rows_host[:len(chunk)], non_blocking=True)
+            self.cursor.zero_()
+            for step in steps:
+                step()
         # The runner's static inputs no longer describe its last full-path load.
         self.runner.inputs.token_seed = None
+        # One read-back for the batch; it also waits for the pinned rows' copy, so they can be reused.
         return self.counts.tolist()

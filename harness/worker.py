@@ -145,6 +145,28 @@ def _worker_check(session, case: Case, device: str):
     return [f.to_dict() for f in findings], False
 
 
+#: Exit status of a worker whose CUDA context died during a batch of several cases: the supervisor
+#: re-runs them one at a time to find the guilty one (a single case's CRASH is reported directly).
+EXIT_CONTEXT_LOST = 70
+
+
+def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
+    """Finding dicts for a run of one config, through ``Session.check_many``. If the batch leaves the
+    CUDA context dead, the worker exits without a reply: which case did it is not known here."""
+    try:
+        out = session.check_many(cases)
+    except BadInput:
+        raise
+    except (Exception, SystemExit):
+        if device == "cuda" and not _cuda_context_alive():
+            os._exit(EXIT_CONTEXT_LOST)
+        raise
+    if device == "cuda" and any(f.kind is Kind.LAUNCH_ERROR for fs in out for f in fs) \
+            and not _cuda_context_alive():
+        os._exit(EXIT_CONTEXT_LOST)
+    return [[f.to_dict() for f in findings] for findings in out]
+
+
 def encode_cases(cases: Sequence[Case], config_dicts: Dict[object, dict]) -> dict:
     """The wire form of a case list: each distinct (config, kernel, canary seed) once under ``groups``,
     then per case ``[group, seq_lens, req_pool_indices, token_seed]``. Plain JSON data, the fields of
@@ -209,7 +231,7 @@ def _worker_main(conn, progress, options: dict) -> None:
         from harness.session import Session
 
         session = Session(device, options["kernel"], poison=options["poison"], verifier=options["verifier"],
-                          audit=options["audit"], absorb=options["absorb"])
+                          audit=options["audit"], absorb=options["absorb"], max_bytes=options["max_bytes"])
     except BadInput as exc:
         _send(conn, {"op": "bad_input", "message": str(exc)})
         return
@@ -228,23 +250,33 @@ def _worker_main(conn, progress, options: dict) -> None:
         results = []
         fatal = False
         try:
-            dry = bool(message.get("dry"))
-            for i, case in enumerate(decoder.cases(message)):
+            cases = list(decoder.cases(message))
+            if message.get("dry"):  # RemoteSession.round_trip: the messaging cost alone
+                results = [[] for _ in cases]
+            i = len(results)
+            while i < len(cases):
                 progress.value = i + 1  # cases started: the supervisor's clock for HANG and CRASH
-                if dry:  # RemoteSession.round_trip: the messaging cost alone
-                    results.append([])
-                    continue
-                findings, fatal = _worker_check(session, case, device)
-                results.append(findings)
-                if fatal:
-                    break
+                j = i + 1  # a run of one config goes to Session.check_many (one device round trip)
+                while j < len(cases) and cases[j].config == cases[i].config and \
+                        cases[j].canary_seed == cases[i].canary_seed:
+                    j += 1
+                if j - i > 1 and hasattr(session, "check_many"):
+                    results += _worker_check_many(session, cases[i:j], device)
+                else:
+                    findings, fatal = _worker_check(session, cases[i], device)
+                    results.append(findings)
+                    j = i + 1
+                    if fatal:
+                        break
+                i = j
         except BadInput as exc:
             _send(conn, {"op": "bad_input", "message": str(exc)})
             continue
         except BaseException:  # noqa: BLE001 - a kvfence bug: the supervisor raises WorkerError
             _send(conn, {"op": "error", "traceback": traceback.format_exc()})
             continue
-        _send(conn, {"op": "results", "results": results, "fatal": fatal})
+        stats = {k: v for k, v in session.stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        _send(conn, {"op": "results", "results": results, "fatal": fatal, "stats": stats})
         if fatal:
             return
 
@@ -297,7 +329,8 @@ class RemoteSession:
     """
 
     def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True, verifier: str = "auto",
-                 audit: Optional[bool] = None, absorb: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT,
+                 audit: Optional[bool] = None, absorb: bool = True, max_bytes: Optional[int] = None,
+                 case_timeout: float = DEFAULT_CASE_TIMEOUT,
                  warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT):
         require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
                 f"--case-timeout must be a positive number of seconds, got {case_timeout!r}")
@@ -307,7 +340,7 @@ class RemoteSession:
         self.warmup_s = case_timeout * WARMUP_FACTOR.get(device, 1.0) if warmup_s is None else float(warmup_s)
         self.start_timeout = start_timeout
         self._options = {"device": device, "kernel": kernel, "poison": poison, "verifier": verifier,
-                         "audit": audit, "absorb": absorb}
+                         "audit": audit, "absorb": absorb, "max_bytes": max_bytes}
         self._proc: Optional[subprocess.Popen] = None
         self._conn = None
         self._progress: Optional[_Counter] = None
@@ -315,8 +348,20 @@ class RemoteSession:
         self._config_dicts: Dict[object, dict] = {}
         #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
         #: (re-run, not reported), and cases with a verdict from a worker.
-        self.stats = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0}
+        self.counters = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0}
+        self._retired: Dict[str, float] = {}  # Session.stats of workers that are gone, summed
+        self._live: Dict[str, float] = {}  # Session.stats of the current worker, as of its last reply
         self._start()  # a kernel spec that cannot be resolved is BadInput now, before any work
+
+    @property
+    def stats(self) -> Dict[str, float]:
+        """The workers' ``Session.stats`` (launches, compiles, captures, ...) summed over every worker
+        this session started, plus the supervisor's ``counters``."""
+        out = dict(self._retired)
+        for key, value in self._live.items():
+            out[key] = out.get(key, 0) + value
+        out.update(self.counters)
+        return out
 
     # -- worker lifecycle ----------------------------------------------------------------------------
     @property
@@ -329,7 +374,7 @@ class RemoteSession:
             code = self._start_once()
             if code is None:
                 return
-            self.stats["external_kills" if code in _EXTERNAL else "deaths"] += 1
+            self.counters["external_kills" if code in _EXTERNAL else "deaths"] += 1
             if code not in _EXTERNAL or attempt == START_ATTEMPTS - 1:
                 raise BadInput(f"the checking worker died while starting ({_signal_name(code)}): "
                                f"importing kernel {self.kernel!r} kills the process")
@@ -354,7 +399,7 @@ class RemoteSession:
         self._conn = Connection(ours.detach())
         self._progress = _Counter(progress_file)
         self._warm = set()
-        self.stats["worker_starts"] += 1
+        self.counters["worker_starts"] += 1
         readable = wait([self._conn], timeout=self.start_timeout)
         message = self._recv() if readable else None
         if message is None:
@@ -381,6 +426,9 @@ class RemoteSession:
 
     def _kill(self) -> Optional[int]:
         """Kill the worker (if alive) and return its exit status."""
+        for key, value in self._live.items():
+            self._retired[key] = self._retired.get(key, 0) + value
+        self._live = {}
         proc, self._proc = self._proc, None
         if self._conn is not None:
             self._conn.close()
@@ -414,6 +462,16 @@ class RemoteSession:
         self.close()
 
     # -- checking --------------------------------------------------------------------------------------
+    def _run_limit(self, cases: Sequence[Case], first: int) -> float:
+        """Seconds for the run of one config that starts at ``first`` (the worker checks such a run as
+        one batch and moves its progress counter once): the sum of its cases' limits."""
+        head = cases[first]
+        total, i = 0.0, first
+        while i < len(cases) and cases[i].config == head.config and cases[i].canary_seed == head.canary_seed:
+            total += self._limit(cases[i]) if i == first else case_time_limit(cases[i], self.case_timeout)
+            i += 1
+        return total
+
     def _limit(self, case: Case) -> float:
         warm = (case.config, case.canary_seed) in self._warm
         return case_time_limit(case, self.case_timeout, warmup=0.0 if warm else self.warmup_s)
@@ -450,10 +508,11 @@ class RemoteSession:
             self._raise(message)
         for case in cases[:len(message["results"])]:
             self._warm.add((case.config, case.canary_seed))
+        self._live = {k: v for k, v in message.get("stats", {}).items() if isinstance(v, (int, float))}
         if message["fatal"]:
-            self.stats["deaths"] += 1
+            self.counters["deaths"] += 1
             self._kill()
-        self.stats["cases"] += len(message["results"])
+        self.counters["cases"] += len(message["results"])
         return [[Finding.from_dict(f) for f in findings] for findings in message["results"]]
 
     def _await(self, cases: Sequence[Case]) -> dict:
@@ -468,7 +527,7 @@ class RemoteSession:
                 index = max(self._progress.value - 1, 0)
                 code = self._kill()
                 external = code in _EXTERNAL
-                self.stats["external_kills" if external else "deaths"] += 1
+                self.counters["external_kills" if external else "deaths"] += 1
                 detail = f"the checking worker died with {_signal_name(code)} during this launch"
                 if external:
                     detail += (f" (a signal the kernel does not raise itself: it died so in each of "
@@ -477,10 +536,10 @@ class RemoteSession:
             now = time.monotonic()
             if self._progress.value != started:
                 started, clock = self._progress.value, now
-                limit = self._limit(cases[started - 1])
+                limit = self._run_limit(cases, started - 1)
             if started and now - clock > limit:
                 self._kill()
-                self.stats["hangs"] += 1
+                self.counters["hangs"] += 1
                 index = started - 1
                 detail = (f"no verdict after {now - clock:.1f}s (limit {limit:.1f}s: --case-timeout "
                           f"{self.case_timeout:g}s scaled by the case's size): the worker was killed")
@@ -506,7 +565,8 @@ class RemoteSession:
         """One findings list per case, sent to the worker as one message.
 
         If the worker dies or stalls part-way, the cases without a verdict are re-run one at a time, so
-        only the guilty case is reported as ``CRASH`` (or ``HANG``).
+        only the guilty case is reported as ``CRASH`` (or ``HANG``: a stalled case then waits out its
+        time limit twice).
         """
         cases = list(cases)
         results: List[Optional[List[Finding]]] = [None] * len(cases)
@@ -514,9 +574,9 @@ class RemoteSession:
         while i < len(cases):
             try:
                 done = self._exchange(cases[i:])
-            except _Lost as lost:
-                if lost.finding.kind is Kind.HANG:
-                    results[i + lost.index] = [lost.finding]  # the progress counter names it exactly
+            except _Lost:
+                # Which case did it is certain only when it ran alone (the worker may batch a run of
+                # one config into one launch sequence): every case without a verdict runs alone now.
                 for j in range(i, len(cases)):
                     if results[j] is None:
                         results[j] = self._check_alone(cases[j])

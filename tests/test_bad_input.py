@@ -82,7 +82,7 @@ INPUTS = [
      "SystemExit"),
     ("fuzz-page-size-2**40", None, ["fuzz", "--device", "cpu", "--page-size", str(2**40), "--out", "{out}"],
      "config too large"),
-    ("fuzz-ctx-10**8", None, ["fuzz", "--device", "cpu", "--ctx", str(10**8), "--out", "{out}"], "config too large"),
+    ("fuzz-ctx-10**8", None, ["fuzz", "--device", "cpu", "--ctx", str(10**8), "--out", "{out}"], "memory budget"),
     ("fuzz-shrink-seconds-nan", None, ["fuzz", "--device", "cpu", "--shrink-seconds", "nan", "--out", "{out}"],
      "finite number"),
     ("fuzz-shrink-seconds-negative", None, ["fuzz", "--device", "cpu", "--shrink-seconds", "-1", "--out", "{out}"],

@@ -41,7 +41,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
         hang, segv, abrt, exit_, gone = (got[i][0].detail for i in range(1, 6))
         assert "--case-timeout" in hang and "SIGSEGV" in segv and "SIGABRT" in abrt
         assert "SystemExit: 3" in exit_ and "exit status 0" in gone
-        assert rs.stats["hangs"] == 1 and rs.stats["deaths"] >= 3
+        assert rs.stats["hangs"] >= 1 and rs.stats["deaths"] >= 3  # (a stalled list, then the case alone)
         assert rs.check(batch_cases(spec, [1])[0]) == []  # a fresh worker carries on
     with RemoteSession(device, "reference", case_timeout=5) as rs:
         assert kinds(rs.check_many(batch_cases("reference", lengths))) == [[]] * len(lengths)
