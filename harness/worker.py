@@ -13,7 +13,8 @@ What the kernel can do to the worker, and what the supervisor makes of it:
 * it dies (segfault, ``os.abort``, an extension's trap, ``os._exit``): the case in flight is a ``CRASH``
   finding, a fresh worker is started on the next case;
 * it leaves the CUDA context unusable (illegal address, misaligned access, device-side assert): the
-  worker sees the launch error, finds the context dead, reports ``CRASH`` for that case and exits;
+  worker sees the launch error, finds the context dead, reports ``CRASH`` for that case and exits
+  (when it was checking a run of several cases as one batch, it exits without a verdict instead);
 * it runs longer than its time limit (``case_timeout`` scaled by the case's size, plus a warm-up
   allowance for a config the worker has not run yet: compile and capture): ``HANG``; the worker is
   killed and replaced;
@@ -22,8 +23,10 @@ What the kernel can do to the worker, and what the supervisor makes of it:
 
 A worker killed from outside (SIGKILL or SIGTERM that the supervisor did not send: the OOM killer, a
 user, a chaos test) is not the kernel's fault: its case is re-run alone in a fresh worker, and only a
-case that dies so ``EXTERNAL_RETRIES`` times is a ``CRASH``. When a worker dies part-way through a ``check_many`` list, the cases
-whose verdicts did not come back are re-run one at a time, so only the guilty case becomes ``CRASH``.
+case that dies so ``EXTERNAL_RETRIES`` times is a ``CRASH``. When a worker dies or stalls part-way
+through a ``check_many`` list, the cases whose verdicts did not come back are re-run one at a time, so
+only the guilty case becomes ``CRASH`` or ``HANG``. (The worker hands a run of one config to
+``Session.check_many``, one device round trip; the per-case re-run is what names the guilty case.)
 """
 
 from __future__ import annotations

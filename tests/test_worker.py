@@ -35,7 +35,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
     os._exit (6): each case gets its own verdict, the others stay clean, the supervisor goes on."""
     spec = f"{CRASHERS}:misbehave"
     lengths = [1, 2, 3, 4, 5, 6, 1]
-    with RemoteSession(device, spec, case_timeout=0.5, warmup_s=1.5) as rs:
+    with RemoteSession(device, spec, case_timeout=0.4, warmup_s=1.0) as rs:
         got = rs.check_many(batch_cases(spec, lengths))
         assert kinds(got) == [[], ["HANG"], ["CRASH"], ["CRASH"], ["LAUNCH_ERROR"], ["CRASH"], []]
         hang, segv, abrt, exit_, gone = (got[i][0].detail for i in range(1, 6))
