@@ -54,7 +54,8 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
 
     Guards are at least as long as the farthest element a correct kernel can write past a row under
     this sizing (``Config.worst_overflow``), so even the pre-fix policy stays inside our allocation.
-    ``absorb=False`` keeps only ``MIN_GUARD``: an overflow then leaves the allocation as it does in
+    ``absorb=False`` keeps ``MIN_GUARD`` before and between rows but no tail guard after kv_indices' last
+    row: an overflow past the buffer then leaves the allocation at its first element, as it does in
     production. Only for runs under compute-sanitizer, which is what reports such writes.
     """
     overflow = max(0, config.worst_overflow()) if absorb else 0
@@ -62,7 +63,8 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
     width = config.row_width(n)
     kv_indices = GuardedBuffer("kv_indices", config.num_steps, width,
                                row_guard=MIN_GUARD + overflow if redzone else 0,
-                               front=MIN_GUARD, tail=MIN_GUARD + overflow, device=device, canary_seed=canary_seed)
+                               front=MIN_GUARD, tail=MIN_GUARD + overflow if absorb else 0, device=device,
+                               canary_seed=canary_seed)
     kv_indptr = GuardedBuffer("kv_indptr", config.num_steps, n * config.topk + 1,
                               row_guard=MIN_GUARD if redzone else 0, front=MIN_GUARD, tail=MIN_GUARD,
                               device=device, canary_seed=canary_seed + 1, keep_zero_column=True)

@@ -7,7 +7,8 @@
    written as case files and re-run, one process per case and tool (``harness.sanitizer``), plus one
    plain run of the same case for the slowdown's denominator.
 3. **Report**: ``sweep.json`` and ``sweep.html`` (``reports/sweep.py``): per case, the canary verdict beside
-   each tool's verdict and slowdown.
+   each tool's verdict, its own signals (``SANITIZER_TOOL_ERROR``) and slowdown against the same child
+   run without a tool; with ``--matrix``, the detection matrix (``harness.matrix``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,14 @@ def select_cases(explored, *, max_failing: int, sample: int, seed: int = 0):
 
 def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: int, jobs: int, strategy_factory,
               out_dir: Path, seed: Optional[int], max_failing: int, sample: int, timeout: float,
-              announce: Callable[[str], None]) -> int:
+              announce: Callable[[str], None], kernel: str = "reference", kernel_override: Optional[str] = None,
+              matrix: bool = False) -> int:
+    """The whole sweep; returns the exit code: 1 when the canaries, any tool, or any tool's own signals
+    (``SANITIZER_TOOL_ERROR``, baseline runs included) reported something, else 0.
+
+    ``kernel`` is fuzzed in the canary phase; ``kernel_override`` (``--kernel`` with ``--cases``) replaces
+    the kernel the case files name. ``matrix`` adds the detection matrix (``harness.matrix``).
+    """
     from harness import sanitizer
     from harness.casefile import load_case, write_case
     from harness.device import select
@@ -82,7 +90,7 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
         chosen = [(load_case(p).case, load_case(p).findings, p) for p in files]
         explored_n, failing_n = len(chosen), sum(1 for _, f, _ in chosen if f)
     else:
-        session = Session(device, "reference")
+        session = Session(device, kernel)
         explored = canary_phase(session, strategy_factory(), max_examples=max_examples, seed=seed,
                                 progress=lambda n, bad: announce(f"kvfence sweep: {n} cases, {bad} failing"))
         explored_n, failing_n = len(explored), sum(1 for _, f in explored if f)
@@ -94,16 +102,23 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
 
     def sanitize(item):
         case, findings, path = item
-        base = sanitizer.baseline_seconds(path, case.config.mode, timeout=timeout)
-        verdicts = [sanitizer.run_tool(exe, tool, path, case.config.mode, work, timeout=timeout) for tool in tools]
+        mode = case.config.mode
+        run_kernel = kernel_override or case.kernel
+        kernel_filter = sanitizer.kernel_filter_for(run_kernel)
+        # The denominator runs the same child, layout, flags and allocator as the tools.
+        base, base_exit, base_errors = sanitizer.baseline(path, mode, work, timeout=timeout, kernel=kernel_override)
+        verdicts = [sanitizer.run_tool(exe, tool, path, mode, work, timeout=timeout, kernel_filter=kernel_filter,
+                                       kernel=kernel_override) for tool in tools]
         summary = case.sizing_summary()
         announce(f"kvfence sweep: {path.name}: canary {sorted({f.kind.value for f in findings}) or 'clean'}; "
-                 + ", ".join(f"{v.tool} {len(v.findings)} finding(s)" for v in verdicts))
+                 + ", ".join(f"{v.tool} {len(v.findings)} finding(s)"
+                             + (f" + {len(v.tool_errors)} tool error(s)" if v.tool_errors else "") for v in verdicts))
         return {
-            "case": str(path), "mode": case.config.mode, "need": summary["need"], "width": summary["width"],
+            "case": str(path), "mode": mode, "kernel": run_kernel, "need": summary["need"], "width": summary["width"],
             "canary": {"kinds": sorted({f.kind.value for f in findings}),
                        "regions": sorted({f"{f.buffer} {f.region}" for f in findings})},
-            "baseline_s": round(base, 3),
+            "baseline_s": round(base, 3), "baseline_exit": base_exit,
+            "baseline_errors": [f.to_dict() for f in base_errors],
             "tools": {v.tool: dict(v.to_dict(), slowdown=round(v.seconds / base, 2) if base > 0 else None)
                       for v in verdicts},
         }
@@ -114,12 +129,27 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
     for tool in tools:
         slow = [r["tools"][tool]["slowdown"] for r in rows if r["tools"][tool]["slowdown"] is not None]
         per_tool[tool] = {"cases_with_findings": sum(1 for r in rows if r["tools"][tool]["findings"]),
+                          "cases_with_tool_errors": sum(1 for r in rows if r["tools"][tool]["tool_errors"]),
                           "median_slowdown": round(statistics.median(slow), 2) if slow else None}
-    doc = {"tools": list(tools), "explored": explored_n, "failing": failing_n, "canary_seconds": round(canary_s, 1),
-           "cases": rows, "per_tool": per_tool,
-           "canary_cases_with_findings": sum(1 for r in rows if r["canary"]["kinds"])}
+    doc = {"tools": list(tools), "kernel": kernel_override or kernel, "explored": explored_n, "failing": failing_n,
+           "canary_seconds": round(canary_s, 1), "cases": rows, "per_tool": per_tool,
+           "canary_cases_with_findings": sum(1 for r in rows if r["canary"]["kinds"]),
+           "baseline_errors": sum(len(r["baseline_errors"]) for r in rows)}
+    if matrix:
+        from harness.matrix import run_matrix
+
+        doc["detection_matrix"] = run_matrix(exe, out_dir, work, timeout=timeout, jobs=jobs, device=device,
+                                             announce=announce)
+    doc["wall_s"] = round(time.perf_counter() - t0, 1)
     (out_dir / "sweep.json").write_text(json.dumps(doc, indent=2) + "\n")
     html_path = write_sweep_reports(doc, out_dir)
     announce(f"kvfence sweep: wrote {out_dir / 'sweep.json'} and {html_path}")
-    dirty = doc["canary_cases_with_findings"] or any(v["cases_with_findings"] for v in per_tool.values())
+    return sweep_exit(doc)
+
+
+def sweep_exit(doc: dict) -> int:
+    """1 when anything was reported: canary findings, tool findings, tool errors, failed baselines.
+    The detection matrix is evidence about the detectors, not a verdict on the kernel: it does not count."""
+    dirty = (doc["canary_cases_with_findings"] or doc.get("baseline_errors")
+             or any(v["cases_with_findings"] or v.get("cases_with_tool_errors") for v in doc["per_tool"].values()))
     return EXIT_FINDINGS if dirty else EXIT_CLEAN

@@ -5,6 +5,7 @@ and the missing-tool path."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,16 +94,56 @@ def test_broken_xml_is_bad_input(text, message):
 
 
 def test_command_lines_per_tool(tmp_path):
-    target = sanitizer.repro_target(tmp_path / "c.json", python="python")
-    assert target == ["python", "-m", "harness", "repro", str(tmp_path / "c.json"), "--device", "cuda",
-                      "--layout", "production", "--no-absorb"]
-    mem = sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml")
+    status = tmp_path / "c.status.json"
+    target = sanitizer.repro_target(tmp_path / "c.json", status_path=status, python="python")
+    assert target == ["python", "-m", "harness.sanitizer_child", str(status), "repro", str(tmp_path / "c.json"),
+                      "--device", "cuda", "--layout", "production", "--no-absorb"]
+    assert sanitizer.repro_target(tmp_path / "c.json", status_path=status, kernel="k.py:f", mode="graph")[-4:] == \
+        ["--kernel", "k.py:f", "--mode", "graph"]
+    mem = sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml", padding=256)
     assert mem[:9] == ["cs", "--tool", "memcheck", "--error-exitcode", "86", "--print-limit", "0", "--xml", "--save"]
-    assert "--padding" in mem and "kns=generate_draft_decode_kv_indices" in mem and mem[-len(target):] == target
+    assert mem[mem.index("--padding") + 1] == "256" and "kns=generate_draft_decode_kv_indices" in mem
+    assert mem[-len(target):] == target
+    assert "--padding" not in sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml")
     race = sanitizer.tool_command("cs", "racecheck", target, xml_path=tmp_path / "x.xml", kernel_filter=None)
     assert "--padding" not in race and "--kernel-name" not in race
     with pytest.raises(BadInput, match="unknown sanitizer tool"):
         sanitizer.tool_command("cs", "leakcheck", target, xml_path=tmp_path / "x.xml")
+    with pytest.raises(BadInput, match="memcheck option"):
+        sanitizer.tool_command("cs", "racecheck", target, xml_path=tmp_path / "x.xml", padding=64)
+
+
+def test_initcheck_never_gets_a_kernel_filter(tmp_path):
+    # With a filter, initcheck does not see the stores of PyTorch's kernels, so everything they fill
+    # reads as uninitialised: the noise of the fixture and of every sweep case (harness.sanitizer).
+    target = ["python", "child"]
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        assert "--kernel-name" in sanitizer.tool_command("cs", tool, target, xml_path=tmp_path / "x.xml")
+    assert "--kernel-name" not in sanitizer.tool_command("cs", "initcheck", target, xml_path=tmp_path / "x.xml")
+
+
+def test_the_fixture_noise_is_reads_of_a_buffer_torch_filled():
+    # The clean reference run under initcheck (filtered to the kernel) reports reads, in the kernel, of
+    # req_to_token, the one input the fixture script builds with torch ops (slot_table), not with a copy
+    # from the host. Every record is at the prefix-token load.
+    init = sanitizer.parse_xml(fixture("sanitizer_initcheck_reference.xml"))
+    text = fixture("sanitizer_initcheck_reference.txt")
+    lines = {int(r.location.split(":")[1]) for r in init}
+    assert len(lines) == 1 and all(r.kernel == "generate_draft_decode_kv_indices" and r.size == 4 for r in init)
+    # The same kernel's prefix store (memcheck fixture, same run) is the next line: the read is the
+    # prefix-token load that feeds it, ``tl.load(src + offs_t)`` with src = req_to_token's row.
+    store = {r.location for r in sanitizer.parse_xml(fixture("sanitizer_memcheck_overflow_nocache.xml"))
+             if r.kind == "Precise"}
+    assert store == {f"draft_kv_indices.py:{lines.pop() + 1}"}
+    assert "req_to_token=slot_table(" in fixture("make_sanitizer_fixtures.py")
+    assert sanitizer.error_summary(text) == 6144
+
+
+def test_summary_lines_of_every_tool():
+    assert sanitizer.error_summary(fixture("sanitizer_racecheck_reference.txt")) == 0
+    assert sanitizer.error_summary(fixture("sanitizer_synccheck_reference.txt")) == 0
+    assert sanitizer.error_summary("========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warnings)") == 3
+    assert sanitizer.error_summary("launched: need 4, width 4") is None
 
 
 def test_caching_allocator_is_off_for_eager_and_on_for_graph():
@@ -110,6 +151,8 @@ def test_caching_allocator_is_off_for_eager_and_on_for_graph():
     assert sanitizer.case_env("eager", base)["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
     graph = sanitizer.case_env("graph", base)
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in graph and "TRITON_INTERPRET" not in graph
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in sanitizer.case_env(True, base)
+    assert sanitizer.case_env(False, {})["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 
 
 def test_locate_finds_the_tool_on_path_or_in_cuda_home(tmp_path):
@@ -135,3 +178,159 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "compute-sanitizer not found" in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+# -- every signal counted: a fake compute-sanitizer first on PATH -------------------------------------------
+FAKE_TOOL = r'''#!{python}
+"""Fake compute-sanitizer: behaves as FAKE_SCENARIO says, writing the XML, the log and the child's status."""
+import json, os, shutil, subprocess, sys, time
+argv = sys.argv[1:]
+xml = argv[argv.index("--save") + 1]
+status = argv[argv.index("harness.sanitizer_child") + 1]
+fixtures = os.environ["FAKE_FIXTURES"]
+scenario = os.environ["FAKE_SCENARIO"]
+EMPTY = "<?xml version='1.0'?><ComputeSanitizerOutput></ComputeSanitizerOutput>"
+def child(code, error=None):
+    doc = {{"exit": code}}
+    if error:
+        doc["error"] = error
+    open(status, "w").write(json.dumps(doc))
+def summary(n):
+    print(f"========= ERROR SUMMARY: {{n}} errors")
+if scenario == "hang":
+    subprocess.Popen(["sleep", "60"])  # a grandchild: the whole group must be killed
+    time.sleep(60)
+if scenario in ("clean", "reproduces", "no_summary", "exit86_no_errors", "summary_only", "dead_child",
+                "child_bad_input", "exit_mismatch"):
+    open(xml, "w").write(EMPTY)
+if scenario in ("errors", "errors_exit_ignored"):
+    shutil.copy(os.path.join(fixtures, "sanitizer_memcheck_overflow_nocache.xml"), xml)
+if scenario == "bad_xml":
+    open(xml, "w").write("<ComputeSanitizerOutput><record>")
+    print(open(os.path.join(fixtures, "sanitizer_memcheck_overflow_nocache.txt")).read())
+if scenario == "child_bad_input":
+    print("kvfence: error: case file c.json: not JSON")
+    child(2)
+elif scenario == "dead_child":
+    pass  # killed before it could write its status
+elif scenario == "reproduces":
+    child(1)
+else:
+    child(0)
+if scenario not in ("no_summary", "bad_xml"):
+    summary({{"errors": 6, "errors_exit_ignored": 6, "summary_only": 5}}.get(scenario, 0))
+sys.exit({{"errors": 86, "exit86_no_errors": 86, "summary_only": 86, "bad_xml": 86, "dead_child": 139,
+          "reproduces": 1, "exit_mismatch": 1}}.get(scenario, 0))
+'''
+
+
+@pytest.fixture
+def fake_tool(tmp_path, monkeypatch):
+    """A fake compute-sanitizer first on PATH, found by ``locate`` like the real one; returns
+    ``run(scenario, timeout)`` -> ToolVerdict for a real case file."""
+    from harness.case import Batch, Case, Config
+    from harness.casefile import write_case
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "compute-sanitizer"
+    tool.write_text(FAKE_TOOL.format(python=sys.executable))
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_FIXTURES", str(FIXTURES))
+    exe = sanitizer.locate()
+    assert exe == str(tool)
+    case = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2, mode="eager"), Batch((3, 4), (0, 1), 1))
+    path = write_case(case, [], out_dir=tmp_path / "out", device="cuda", source="test")
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def run(scenario, timeout=60.0):
+        monkeypatch.setenv("FAKE_SCENARIO", scenario)
+        return sanitizer.run_tool(exe, "memcheck", path, "eager", work, timeout=timeout)
+
+    return run
+
+
+@pytest.mark.parametrize("scenario, child_exit", [("clean", 0), ("reproduces", 1)])
+def test_a_consistent_run_has_no_tool_error(fake_tool, scenario, child_exit):
+    v = fake_tool(scenario)
+    assert (v.tool_errors, v.findings, v.errors, v.child_exit, v.exit_code) == ([], [], 0, child_exit, child_exit)
+    assert Path(v.log).is_file()
+
+
+def test_records_with_the_error_exit_code_are_findings_not_tool_errors(fake_tool):
+    v = fake_tool("errors")
+    assert v.exit_code == 86 and v.errors == 6 and v.source == "xml" and v.tool_errors == []
+    assert {f.kind for f in v.findings} == {Kind.SANITIZER_MEMCHECK}
+
+
+@pytest.mark.parametrize("scenario, problem", [
+    ("errors_exit_ignored", "errors reported but exit code 0"),
+    ("exit86_no_errors", "exit code 86 (--error-exitcode) but no error reported"),
+    ("summary_only", "the summary counts 5 error(s) but no record was parsed"),
+    ("no_summary", "no summary line"),
+    ("bad_xml", "XML report"),
+    ("dead_child", "the child left no status"),
+    ("child_bad_input", "the child rejected its input (exit 2): kvfence: error: case file c.json: not JSON"),
+    ("exit_mismatch", "compute-sanitizer exited 1 but its child exited 0"),
+])
+def test_every_inconsistent_signal_is_a_tool_error_with_the_log(fake_tool, scenario, problem):
+    v = fake_tool(scenario)
+    assert v.tool_errors, f"{scenario}: no SANITIZER_TOOL_ERROR"
+    assert all(f.kind == Kind.SANITIZER_TOOL_ERROR for f in v.tool_errors)
+    assert any(problem in f.extra["problem"] for f in v.tool_errors), [f.extra["problem"] for f in v.tool_errors]
+    assert all(f.extra["log"] == v.log and Path(v.log).is_file() for f in v.tool_errors)
+
+
+def test_a_broken_xml_falls_back_to_the_text_log_and_is_still_reported(fake_tool):
+    v = fake_tool("bad_xml")
+    assert v.source == "text" and sum(f.count for f in v.findings if f.extra["record_kind"] == "Precise") == 4
+    assert any("unusable" in f.extra["problem"] for f in v.tool_errors)
+
+
+def test_a_timeout_kills_the_tool_and_its_children_and_is_a_tool_error(fake_tool):
+    t0 = time.perf_counter()
+    v = fake_tool("hang", timeout=2.0)
+    assert time.perf_counter() - t0 < 20  # the grandchild holding the pipe was killed too
+    assert v.timed_out and v.exit_code is None
+    assert [f.extra["problem"] for f in v.tool_errors] == ["timed out after 2 s; its process group was killed"]
+
+
+def test_the_child_wrapper_records_its_own_exit_code(tmp_path):
+    # The real child: a case file that does not exist is bad input (2), recorded in the status file.
+    status = tmp_path / "s.json"
+    proc = subprocess.run([sys.executable, "-m", "harness.sanitizer_child", str(status), "repro",
+                           str(tmp_path / "missing.json"), "--device", "cpu"],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and sanitizer.read_status(status) == {"exit": 2}
+    assert "kvfence: error:" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernel", "no/such/file.py:k"], "kernel file no/such/file.py does not exist"),
+    (["--kernel", "tests/targets/bad_writes.py:BAD_VALUE"], "neither a @triton.jit function nor a launcher"),
+    (["--kernel", "tests/targets/bad_writes.py:nothing"], "has no attribute 'nothing'"),
+    (["--sizing", "bogus"], "unknown sizing 'bogus'"),
+    (["--timeout", "0"], "--timeout 0"),
+])
+def test_sweep_rejects_a_bad_kernel_or_flag_in_one_line(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--out", str(tmp_path / "o"), *args],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_accepts_a_good_kernel_plugin_and_gets_to_the_tool_check(tmp_path):
+    # The same command with a valid launcher passes validation: it stops at the missing tool instead.
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable), CUDA_HOME="/nonexistent", CUDA_PATH="/nonexistent",
+               PYTHONPATH=str(ROOT))
+    if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
+        pytest.skip("compute-sanitizer is installed at /usr/local/cuda on this machine")
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--out", str(tmp_path / "o"),
+                           "--kernel", "tests/targets/bad_writes.py:row_value"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "compute-sanitizer not found" in proc.stderr, proc.stderr
