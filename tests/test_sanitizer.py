@@ -2,6 +2,7 @@
 tests/fixtures/make_sanitizer_fixtures.py, command in its docstring and BENCHMARKS.md), command lines,
 and the missing-tool path."""
 
+import json
 import os
 import subprocess
 import sys
@@ -334,3 +335,18 @@ def test_sweep_accepts_a_good_kernel_plugin_and_gets_to_the_tool_check(tmp_path)
                            "--kernel", "tests/targets/bad_writes.py:row_value"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "compute-sanitizer not found" in proc.stderr, proc.stderr
+
+
+def test_nightly_profile_is_red_when_its_sweeps_cannot_run(tmp_path):
+    # No compute-sanitizer here: both sweeps exit 2, so the profile must not report success.
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable), CUDA_HOME="/nonexistent", CUDA_PATH="/nonexistent",
+               PYTHONPATH=str(ROOT))
+    if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
+        pytest.skip("compute-sanitizer is installed at /usr/local/cuda on this machine")
+    out = tmp_path / "nightly.json"
+    proc = subprocess.run([sys.executable, "benchmarks/nightly.py", "--out", str(tmp_path / "n"), "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    doc = json.loads(out.read_text())
+    assert proc.returncode == 1 and (doc["safe_exit"], doc["prefix_exit"]) == (2, 2)
+    assert not any(doc["checks"].values()) and doc["detection_matrix"] is None
+    assert "compute-sanitizer not found" in doc["safe"]["stderr_tail"][-1]
