@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--cases", default=None, help="re-run the case files in this folder instead of fuzzing")
     sw.add_argument("--max-examples", type=_positive_int, default=None, help="canary examples (default 500)")
     sw.add_argument("--jobs", type=_positive_int, default=1, help="sanitizer processes at a time")
-    sw.add_argument("--sizing", default="prefix", help="sizing policy of the canary phase (default prefix)")
+    sw.add_argument("--sizing", default="safe",
+                    help="sizing policy of the canary phase, as fuzz --sizing (default safe; prefix: the seed's bug)")
     sw.add_argument("--mode", default="eager", choices=["graph", "eager"],
                     help="eager: caching allocator off under the tools (memcheck sees overflows); graph: on")
     sw.add_argument("--layout", default="redzone", choices=["redzone", "production"], help="canary-phase layout")

@@ -58,13 +58,14 @@ def class_case(bug: BugClass, mode: str) -> Case:
     return Case(Config(mode=mode, **CONFIG), BATCH, bug.kernel)
 
 
-def canary_cell(case_path: Path, mode: str, work: Path, *, timeout: float) -> dict:
-    """kvfence's verdict on the case (default layout) in a child: seen = it reproduces (exit 1)."""
+def canary_cell(case_path: Path, mode: str, work: Path, *, timeout: float, device: str = "cuda") -> dict:
+    """kvfence's verdict on the case (default layout) in a child: seen = it reproduces (exit 1).
+    (``device="cpu"`` runs it under the interpreter: the tests exercise the matrix that way.)"""
     stem = f"{case_path.stem}.{mode}.canary"
     status_path, log_path = work / f"{stem}.status.json", work / f"{stem}.log"
     status_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "harness.sanitizer_child", str(status_path), "repro", str(case_path),
-           "--device", "cuda", "--mode", mode]
+           "--device", device, "--mode", mode]
     code, timed_out, seconds, log = sanitizer.run_process(cmd, sanitizer.case_env(sanitizer.default_caching(mode)),
                                                           timeout)
     log_path.write_text(log)
@@ -100,10 +101,12 @@ def run_matrix(exe: str, out_dir: Path, work: Path, *, timeout: float, jobs: int
     for bug in bug_classes():
         row = {"class": bug.name, "kernel": bug.kernel, "description": bug.description, "cases": {}, "cells": {}}
         for mode in MODES:
-            path = write_case(class_case(bug, mode), [], out_dir=out_dir, device=device, source="matrix")
+            # Under matrix/, apart from the sweep's own cases/ (which --cases may re-run later).
+            path = write_case(class_case(bug, mode), [], out_dir=out_dir / "matrix", device=device, source="matrix")
             row["cases"][mode] = str(path)
             row["cells"][mode] = {}
-            jobs_list.append((row, mode, CANARY, lambda p=path, m=mode: canary_cell(p, m, work, timeout=timeout)))
+            canary = lambda p=path, m=mode: canary_cell(p, m, work, timeout=timeout, device=device)  # noqa: E731
+            jobs_list.append((row, mode, CANARY, canary))
             for variant in DETECTORS:
                 jobs_list.append((row, mode, variant.label, lambda p=path, m=mode, v=variant:
                                   memcheck_cell(exe, v, p, m, work, timeout=timeout)))

@@ -380,7 +380,10 @@ def signal_findings(tool: str, *, exit_code: Optional[int], timed_out: bool, tim
         elif child["exit"] == 2:
             problems.append(f"the child rejected its input (exit 2): {_bad_input_line(log_text)}")
         elif child["exit"] not in CHILD_VERDICTS:
-            problems.append(f"the child exited {child['exit']}: {child.get('error', 'no message')}")
+            # After a memory error memcheck has killed the CUDA context, so the child's next CUDA call
+            # raises: expected, but still said, since it also hides any later verdict of the child.
+            after = " after the tool's report (a memory error kills the CUDA context)" if found else ""
+            problems.append(f"the child exited {child['exit']}{after}: {child.get('error', 'no message')}")
         elif not found and exit_code != child["exit"]:
             problems.append(f"compute-sanitizer exited {exit_code} but its child exited {child['exit']}")
     return [tool_error(tool, p, log) for p in problems]

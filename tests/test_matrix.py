@@ -77,3 +77,25 @@ def test_matrix_rendering_shows_seen_missed_and_errored_cells():
     assert summary == {k: v for k, v in row.items() if k != "bug class"}
     md = matrix_markdown(doc).splitlines()
     assert len(md) == 3 and md[0].startswith("| bug class | eager canary |")
+
+
+def test_the_matrix_fills_every_cell_and_never_counts_a_failed_run_as_missed(tmp_path, monkeypatch):
+    # End to end on the CPU: canary cells are real repro children under the interpreter; memcheck is the
+    # fake tool, first clean (every memcheck cell "missed"), then dying (every memcheck cell "error").
+    from harness import sanitizer
+    from tests.fake_sanitizer import install_fake_tool
+
+    install_fake_tool(tmp_path, monkeypatch)
+    exe = sanitizer.locate()
+    work = tmp_path / "work"
+    work.mkdir()
+    doc = matrix.run_matrix(exe, tmp_path / "out", work, timeout=300, jobs=2, device="cpu")
+    table = matrix.summary(doc)
+    assert set(table) == set(CLASSES) and doc["tool_errors"] == 0
+    for name, cells in table.items():
+        assert all(cells[f"{m} canary"] == "seen" for m in matrix.MODES), (name, cells)
+        assert all(v == "missed" for k, v in cells.items() if "memcheck" in k), (name, cells)
+    monkeypatch.setenv("FAKE_SCENARIO", "dead_child")
+    monkeypatch.setattr(matrix, "canary_cell", lambda *a, **k: _cell(True))  # only memcheck runs again
+    dead = matrix.summary(matrix.run_matrix(exe, tmp_path / "out", work, timeout=300, jobs=2, device="cpu"))
+    assert all(v == "error" for cells in dead.values() for k, v in cells.items() if "memcheck" in k)

@@ -14,6 +14,7 @@ import pytest
 from harness import sanitizer
 from harness.errors import BadInput
 from harness.findings import Kind
+from tests.fake_sanitizer import install_fake_tool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,49 +183,6 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
 
 
 # -- every signal counted: a fake compute-sanitizer first on PATH -------------------------------------------
-FAKE_TOOL = r'''#!{python}
-"""Fake compute-sanitizer: behaves as FAKE_SCENARIO says, writing the XML, the log and the child's status."""
-import json, os, shutil, subprocess, sys, time
-argv = sys.argv[1:]
-xml = argv[argv.index("--save") + 1]
-status = argv[argv.index("harness.sanitizer_child") + 1]
-fixtures = os.environ["FAKE_FIXTURES"]
-scenario = os.environ["FAKE_SCENARIO"]
-EMPTY = "<?xml version='1.0'?><ComputeSanitizerOutput></ComputeSanitizerOutput>"
-def child(code, error=None):
-    doc = {{"exit": code}}
-    if error:
-        doc["error"] = error
-    open(status, "w").write(json.dumps(doc))
-def summary(n):
-    print(f"========= ERROR SUMMARY: {{n}} errors")
-if scenario == "hang":
-    subprocess.Popen(["sleep", "60"])  # a grandchild: the whole group must be killed
-    time.sleep(60)
-if scenario in ("clean", "reproduces", "no_summary", "exit86_no_errors", "summary_only", "dead_child",
-                "child_bad_input", "exit_mismatch"):
-    open(xml, "w").write(EMPTY)
-if scenario in ("errors", "errors_exit_ignored"):
-    shutil.copy(os.path.join(fixtures, "sanitizer_memcheck_overflow_nocache.xml"), xml)
-if scenario == "bad_xml":
-    open(xml, "w").write("<ComputeSanitizerOutput><record>")
-    print(open(os.path.join(fixtures, "sanitizer_memcheck_overflow_nocache.txt")).read())
-if scenario == "child_bad_input":
-    print("kvfence: error: case file c.json: not JSON")
-    child(2)
-elif scenario == "dead_child":
-    pass  # killed before it could write its status
-elif scenario == "reproduces":
-    child(1)
-else:
-    child(0)
-if scenario not in ("no_summary", "bad_xml"):
-    summary({{"errors": 6, "errors_exit_ignored": 6, "summary_only": 5}}.get(scenario, 0))
-sys.exit({{"errors": 86, "exit86_no_errors": 86, "summary_only": 86, "bad_xml": 86, "dead_child": 139,
-          "reproduces": 1, "exit_mismatch": 1}}.get(scenario, 0))
-'''
-
-
 @pytest.fixture
 def fake_tool(tmp_path, monkeypatch):
     """A fake compute-sanitizer first on PATH, found by ``locate`` like the real one; returns
@@ -232,13 +190,7 @@ def fake_tool(tmp_path, monkeypatch):
     from harness.case import Batch, Case, Config
     from harness.casefile import write_case
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "compute-sanitizer"
-    tool.write_text(FAKE_TOOL.format(python=sys.executable))
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_FIXTURES", str(FIXTURES))
+    tool = install_fake_tool(tmp_path, monkeypatch)
     exe = sanitizer.locate()
     assert exe == str(tool)
     case = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2, mode="eager"), Batch((3, 4), (0, 1), 1))
@@ -350,3 +302,29 @@ def test_nightly_profile_is_red_when_its_sweeps_cannot_run(tmp_path):
     assert proc.returncode == 1 and (doc["safe_exit"], doc["prefix_exit"]) == (2, 2)
     assert not any(doc["checks"].values()) and doc["detection_matrix"] is None
     assert "compute-sanitizer not found" in doc["safe"]["stderr_tail"][-1]
+
+
+def test_baseline_runs_the_same_child_and_reports_when_it_cannot_run(fake_tool, tmp_path):
+    # The real child, asked for CUDA on a machine without it, rejects its input: a baseline tool error.
+    if subprocess.run([sys.executable, "-c", "import torch,sys; sys.exit(torch.cuda.is_available())"]).returncode:
+        pytest.skip("this machine has CUDA")
+    case = next((tmp_path / "out" / "cases").glob("*.json"))
+    seconds, child_exit, errors = sanitizer.baseline(case, "eager", tmp_path / "work", timeout=120)
+    assert child_exit == 2 and seconds > 0 and len(errors) == 1
+    assert errors[0].kind == Kind.SANITIZER_TOOL_ERROR and errors[0].buffer == "baseline"
+    assert "the child rejected its input (exit 2): kvfence: error:" in errors[0].extra["problem"]
+    assert "CUDA" in errors[0].extra["problem"] and Path(errors[0].extra["log"]).is_file()
+
+
+def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
+    from harness.sweep import sweep_exit
+
+    clean = {"canary_cases_with_findings": 0, "baseline_errors": 0,
+             "per_tool": {"memcheck": {"cases_with_findings": 0, "cases_with_tool_errors": 0}},
+             "detection_matrix": {"classes": ["the matrix runs buggy targets on purpose: never counted"]}}
+    assert sweep_exit(clean) == 0
+    for key, value in (("canary_cases_with_findings", 1), ("baseline_errors", 1)):
+        assert sweep_exit(dict(clean, **{key: value})) == 1
+    for field_ in ("cases_with_findings", "cases_with_tool_errors"):
+        dirty = dict(clean, per_tool={"memcheck": dict(clean["per_tool"]["memcheck"], **{field_: 1})})
+        assert sweep_exit(dirty) == 1
