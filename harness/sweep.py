@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -102,26 +103,8 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
 
     def sanitize(item):
         case, findings, path = item
-        mode = case.config.mode
-        run_kernel = kernel_override or case.kernel
-        kernel_filter = sanitizer.kernel_filter_for(run_kernel)
-        # The denominator runs the same child, layout, flags and allocator as the tools.
-        base, base_exit, base_errors = sanitizer.baseline(path, mode, work, timeout=timeout, kernel=kernel_override)
-        verdicts = [sanitizer.run_tool(exe, tool, path, mode, work, timeout=timeout, kernel_filter=kernel_filter,
-                                       kernel=kernel_override) for tool in tools]
-        summary = case.sizing_summary()
-        announce(f"kvfence sweep: {path.name}: canary {sorted({f.kind.value for f in findings}) or 'clean'}; "
-                 + ", ".join(f"{v.tool} {len(v.findings)} finding(s)"
-                             + (f" + {len(v.tool_errors)} tool error(s)" if v.tool_errors else "") for v in verdicts))
-        return {
-            "case": str(path), "mode": mode, "kernel": run_kernel, "need": summary["need"], "width": summary["width"],
-            "canary": {"kinds": sorted({f.kind.value for f in findings}),
-                       "regions": sorted({f"{f.buffer} {f.region}" for f in findings})},
-            "baseline_s": round(base, 3), "baseline_exit": base_exit,
-            "baseline_errors": [f.to_dict() for f in base_errors],
-            "tools": {v.tool: dict(v.to_dict(), slowdown=round(v.seconds / base, 2) if base > 0 else None)
-                      for v in verdicts},
-        }
+        return sanitize_case(exe, case, findings, path, tools, work, timeout=timeout, kernel_override=kernel_override,
+                             announce=announce)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         rows = list(pool.map(sanitize, chosen))
@@ -134,6 +117,10 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
     doc = {"tools": list(tools), "kernel": kernel_override or kernel, "explored": explored_n, "failing": failing_n,
            "canary_seconds": round(canary_s, 1), "cases": rows, "per_tool": per_tool,
            "canary_cases_with_findings": sum(1 for r in rows if r["canary"]["kinds"]),
+           # The children's own verdict (production layout, no tail guard): a finding the canary phase's
+           # layout did not show still counts.
+           "child_cases_with_findings": sum(1 for r in rows if r["baseline_exit"] == 1
+                                            or any(t["child_exit"] == 1 for t in r["tools"].values())),
            "baseline_errors": sum(len(r["baseline_errors"]) for r in rows)}
     if matrix:
         from harness.matrix import run_matrix
@@ -147,9 +134,47 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
     return sweep_exit(doc)
 
 
+def sanitize_case(exe: str, case, findings, path: Path, tools: Sequence[str], work: Path, *, timeout: float,
+                  kernel_override: Optional[str] = None, announce: Callable[[str], None] = lambda s: None,
+                  python: str = sys.executable) -> dict:
+    """One case under every tool, plus the same child without a tool (slowdown denominator and verdict
+    check): the case's row of ``sweep.json``."""
+    from harness import sanitizer
+
+    mode = case.config.mode
+    run_kernel = kernel_override or case.kernel
+    kernel_filter = sanitizer.kernel_filter_for(run_kernel)
+    # The denominator runs the same child, layout, flags and allocator as the tools.
+    base, base_exit, base_errors = sanitizer.baseline(path, mode, work, timeout=timeout, kernel=kernel_override,
+                                                      python=python)
+    verdicts = [sanitizer.run_tool(exe, tool, path, mode, work, timeout=timeout, kernel_filter=kernel_filter,
+                                   kernel=kernel_override, python=python) for tool in tools]
+    for v in verdicts:
+        # The child's own verdict must not depend on the tool watching it (same child, same flags).
+        if v.child_exit in sanitizer.CHILD_VERDICTS and base_exit in sanitizer.CHILD_VERDICTS \
+                and v.child_exit != base_exit:
+            v.tool_errors.append(sanitizer.tool_error(
+                v.tool, f"the child's verdict under {v.tool} (exit {v.child_exit}) differs from the same "
+                        f"child without a tool (exit {base_exit})", v.log))
+    summary = case.sizing_summary()
+    announce(f"kvfence sweep: {path.name}: canary {sorted({f.kind.value for f in findings}) or 'clean'}; "
+             + ", ".join(f"{v.tool} {len(v.findings)} finding(s)"
+                         + (f" + {len(v.tool_errors)} tool error(s)" if v.tool_errors else "") for v in verdicts))
+    return {
+        "case": str(path), "mode": mode, "kernel": run_kernel, "need": summary["need"], "width": summary["width"],
+        "canary": {"kinds": sorted({f.kind.value for f in findings}),
+                   "regions": sorted({f"{f.buffer} {f.region}" for f in findings})},
+        "baseline_s": round(base, 3), "baseline_exit": base_exit,
+        "baseline_errors": [f.to_dict() for f in base_errors],
+        "tools": {v.tool: dict(v.to_dict(), slowdown=round(v.seconds / base, 2) if base > 0 else None)
+                  for v in verdicts},
+    }
+
+
 def sweep_exit(doc: dict) -> int:
-    """1 when anything was reported: canary findings, tool findings, tool errors, failed baselines.
+    """1 when anything was reported: canary findings, findings of the children's own verdicts, tool
+    findings, tool errors, failed baselines.
     The detection matrix is evidence about the detectors, not a verdict on the kernel: it does not count."""
-    dirty = (doc["canary_cases_with_findings"] or doc.get("baseline_errors")
+    dirty = (doc["canary_cases_with_findings"] or doc.get("baseline_errors") or doc.get("child_cases_with_findings")
              or any(v["cases_with_findings"] or v.get("cases_with_tool_errors") for v in doc["per_tool"].values()))
     return EXIT_FINDINGS if dirty else EXIT_CLEAN

@@ -84,7 +84,8 @@ padding:4px 8px;vertical-align:top;font-size:13px}}th{{background:#eee}}</style>
 <h1>kvfence nightly sweep</h1>
 <p>Kernel {html.escape(str(doc.get('kernel', 'reference')))}: {doc['explored']} cases explored by the canary
 harness ({doc['failing']} failing) in {doc['canary_seconds']} s; {len(doc['cases'])} re-run under compute-sanitizer.
-Canaries: {doc['canary_cases_with_findings']} case(s) with findings. Baseline errors: {doc.get('baseline_errors', 0)}.
+Canaries: {doc['canary_cases_with_findings']} case(s) with findings; the children's own verdicts (production
+layout): {doc.get('child_cases_with_findings', 0)}. Baseline errors: {doc.get('baseline_errors', 0)}.
 Slowdown: each tool's run against the same child (layout, flags, allocator) without a tool.</p><ul>{summary}</ul>
 <table><tr><th>case</th><th>need / width</th><th>canary verdict</th><th>baseline</th>{head}</tr>
 {''.join(rows)}</table>{matrix}</body></html>

@@ -323,8 +323,43 @@ def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
              "per_tool": {"memcheck": {"cases_with_findings": 0, "cases_with_tool_errors": 0}},
              "detection_matrix": {"classes": ["the matrix runs buggy targets on purpose: never counted"]}}
     assert sweep_exit(clean) == 0
-    for key, value in (("canary_cases_with_findings", 1), ("baseline_errors", 1)):
+    for key, value in (("canary_cases_with_findings", 1), ("baseline_errors", 1), ("child_cases_with_findings", 1)):
         assert sweep_exit(dict(clean, **{key: value})) == 1
     for field_ in ("cases_with_findings", "cases_with_tool_errors"):
         dirty = dict(clean, per_tool={"memcheck": dict(clean["per_tool"]["memcheck"], **{field_: 1})})
         assert sweep_exit(dirty) == 1
+
+
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+status = sys.argv[sys.argv.index("harness.sanitizer_child") + 1]
+code = int(os.environ["FAKE_CHILD_EXIT"])
+open(status, "w").write(json.dumps({{"exit": code}}))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("baseline_exit", [0, 1])
+def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool, tmp_path, monkeypatch, baseline_exit):
+    # The baseline child (a fake python) says `baseline_exit`; under the (fake) tools the child says 0.
+    from harness.casefile import load_case
+    from harness.sweep import sanitize_case
+
+    python = tmp_path / "fake-python"
+    python.write_text(FAKE_PYTHON.format(python=sys.executable))
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_CHILD_EXIT", str(baseline_exit))
+    path = next((tmp_path / "out" / "cases").glob("*.json"))
+    loaded = load_case(path)
+    row = sanitize_case(sanitizer.locate(), loaded.case, loaded.findings, path, ["memcheck", "racecheck"],
+                        tmp_path / "work", timeout=60, python=str(python))
+    assert row["baseline_exit"] == baseline_exit and row["baseline_errors"] == []
+    for tool in ("memcheck", "racecheck"):
+        verdict = row["tools"][tool]
+        assert verdict["child_exit"] == 0 and verdict["slowdown"] > 0
+        problems = [f["extra"]["problem"] for f in verdict["tool_errors"]]
+        if baseline_exit == 0:
+            assert problems == []
+        else:
+            assert problems == [f"the child's verdict under {tool} (exit 0) differs from the same child without a "
+                                f"tool (exit 1)"]
