@@ -21,6 +21,7 @@ import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -58,14 +59,15 @@ def class_case(bug: BugClass, mode: str) -> Case:
     return Case(Config(mode=mode, **CONFIG), BATCH, bug.kernel)
 
 
-def canary_cell(case_path: Path, mode: str, work: Path, *, timeout: float, device: str = "cuda") -> dict:
+def canary_cell(case_path: Path, kernel: str, mode: str, work: Path, *, timeout: float,
+                device: str = "cuda") -> dict:
     """kvfence's verdict on the case (default layout) in a child: seen = it reproduces (exit 1).
     (``device="cpu"`` runs it under the interpreter: the tests exercise the matrix that way.)"""
     stem = f"{case_path.stem}.{mode}.canary"
     status_path, log_path = work / f"{stem}.status.json", work / f"{stem}.log"
     status_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "harness.sanitizer_child", str(status_path), "repro", str(case_path),
-           "--device", device, "--mode", mode]
+           "--device", device, "--mode", mode, "--kernel", kernel]
     code, timed_out, seconds, log = sanitizer.run_process(cmd, sanitizer.case_env(sanitizer.default_caching(mode)),
                                                           timeout)
     log_path.write_text(log)
@@ -82,10 +84,10 @@ def canary_cell(case_path: Path, mode: str, work: Path, *, timeout: float, devic
     return {"seen": seen, "what": kinds, "tool_errors": errors, "seconds": round(seconds, 3), "log": str(log_path)}
 
 
-def memcheck_cell(exe: str, variant: sanitizer.Variant, case_path: Path, mode: str, work: Path, *,
+def memcheck_cell(exe: str, variant: sanitizer.Variant, case_path: Path, kernel: str, mode: str, work: Path, *,
                   timeout: float) -> dict:
     """memcheck's verdict: seen = at least one record (an error memcheck attributes to this run)."""
-    v = sanitizer.run_tool(exe, variant, case_path, mode, work, timeout=timeout, kernel_filter=None)
+    v = sanitizer.run_tool(exe, variant, case_path, mode, work, timeout=timeout, kernel_filter=None, kernel=kernel)
     what = sorted({f.extra.get("message", "") for f in v.findings})
     return {"seen": bool(v.findings), "what": what, "tool_errors": [f.extra["problem"] for f in v.tool_errors],
             "seconds": round(v.seconds, 3), "log": v.log, "exit_code": v.exit_code, "child_exit": v.child_exit}
@@ -105,11 +107,11 @@ def run_matrix(exe: str, out_dir: Path, work: Path, *, timeout: float, jobs: int
             path = write_case(class_case(bug, mode), [], out_dir=out_dir / "matrix", device=device, source="matrix")
             row["cases"][mode] = str(path)
             row["cells"][mode] = {}
-            canary = lambda p=path, m=mode: canary_cell(p, m, work, timeout=timeout, device=device)  # noqa: E731
-            jobs_list.append((row, mode, CANARY, canary))
+            jobs_list.append((row, mode, CANARY, partial(canary_cell, path, bug.kernel, mode, work, timeout=timeout,
+                                                         device=device)))
             for variant in DETECTORS:
-                jobs_list.append((row, mode, variant.label, lambda p=path, m=mode, v=variant:
-                                  memcheck_cell(exe, v, p, m, work, timeout=timeout)))
+                jobs_list.append((row, mode, variant.label, partial(memcheck_cell, exe, variant, path, bug.kernel,
+                                                                    mode, work, timeout=timeout)))
         rows.append(row)
 
     def one(job):

@@ -60,6 +60,28 @@ def select_cases(explored, *, max_failing: int, sample: int, seed: int = 0):
     return failing + rng.sample(passing, min(sample, len(passing)))
 
 
+def load_cases(cases_dir: str, kernel_override: Optional[str]):
+    """``(case, findings, path)`` of every case file in ``cases_dir``; ``BadInput`` on anything wrong.
+
+    A case file is data: it never makes kvfence import the code it names. A plug-in kernel runs only when
+    the command line names it (``--kernel``, which then replaces every file's kernel).
+    """
+    from harness.casefile import load_case
+    from harness.targets import BUILTIN_KERNELS
+
+    folder = Path(cases_dir)
+    require(folder.is_dir(), f"--cases {cases_dir}: no such directory")
+    files = sorted(folder.glob("*.json"))
+    require(files, f"--cases {cases_dir}: no case files (*.json)")
+    chosen = []
+    for path in files:
+        loaded = load_case(path)
+        require(kernel_override is not None or loaded.case.kernel in BUILTIN_KERNELS,
+                f"--cases: {path.name} names the plug-in kernel {loaded.case.kernel!r}; pass --kernel to run a plug-in")
+        chosen.append((loaded.case, loaded.findings, path))
+    return chosen
+
+
 def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: int, jobs: int, strategy_factory,
               out_dir: Path, seed: Optional[int], max_failing: int, sample: int, timeout: float,
               announce: Callable[[str], None], kernel: str = "reference", kernel_override: Optional[str] = None,
@@ -71,24 +93,20 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
     the kernel the case files name. ``matrix`` adds the detection matrix (``harness.matrix``).
     """
     from harness import sanitizer
-    from harness.casefile import load_case, write_case
+    from harness.casefile import write_case
     from harness.device import select
     from harness.session import Session
     from reports.sweep import write_sweep_reports
 
-    exe = sanitizer.locate()  # exit 2 before anything else when the tool is missing
-    device = select("cuda")  # and when there is no GPU
+    chosen = load_cases(cases_dir, kernel_override) if cases_dir is not None else None  # bad input first
+    exe = sanitizer.locate()  # then exit 2 when the tool is missing
+    device = select("cuda")  # or when there is no GPU
     out_dir.mkdir(parents=True, exist_ok=True)
     work = out_dir / "sanitizer"
     work.mkdir(exist_ok=True)
 
     t0 = time.perf_counter()
-    if cases_dir is not None:
-        folder = Path(cases_dir)
-        require(folder.is_dir(), f"--cases {cases_dir}: no such directory")
-        files = sorted(folder.glob("*.json"))
-        require(files, f"--cases {cases_dir}: no case files (*.json)")
-        chosen = [(load_case(p).case, load_case(p).findings, p) for p in files]
+    if chosen is not None:
         explored_n, failing_n = len(chosen), sum(1 for _, f, _ in chosen if f)
     else:
         session = Session(device, kernel)
@@ -145,10 +163,11 @@ def sanitize_case(exe: str, case, findings, path: Path, tools: Sequence[str], wo
     run_kernel = kernel_override or case.kernel
     kernel_filter = sanitizer.kernel_filter_for(run_kernel)
     # The denominator runs the same child, layout, flags and allocator as the tools.
-    base, base_exit, base_errors = sanitizer.baseline(path, mode, work, timeout=timeout, kernel=kernel_override,
+    # The kernel always goes on the child's command line: the child never takes code from the case file.
+    base, base_exit, base_errors = sanitizer.baseline(path, mode, work, timeout=timeout, kernel=run_kernel,
                                                       python=python)
     verdicts = [sanitizer.run_tool(exe, tool, path, mode, work, timeout=timeout, kernel_filter=kernel_filter,
-                                   kernel=kernel_override, python=python) for tool in tools]
+                                   kernel=run_kernel, python=python) for tool in tools]
     for v in verdicts:
         # The child's own verdict must not depend on the tool watching it (same child, same flags).
         if v.child_exit in sanitizer.CHILD_VERDICTS and base_exit in sanitizer.CHILD_VERDICTS \

@@ -363,3 +363,18 @@ def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool
         else:
             assert problems == [f"the child's verdict under {tool} (exit 0) differs from the same child without a "
                                 f"tool (exit 1)"]
+
+
+def test_sweep_cases_never_runs_a_plugin_a_case_file_names(tmp_path):
+    # A case file is data: a plug-in kernel it names runs only when --kernel names it too.
+    from harness.case import Batch, Case, Config
+    from harness.casefile import write_case
+    from harness.sweep import load_cases
+
+    case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, mode="eager"), Batch((2,), (0,), 1),
+                kernel="evil.py:payload")
+    write_case(case, [], out_dir=tmp_path, device="cuda", source="test")
+    with pytest.raises(BadInput, match="names the plug-in kernel 'evil.py:payload'; pass --kernel"):
+        load_cases(str(tmp_path / "cases"), None)
+    # Named on the command line, the same file is accepted (its kernel is replaced).
+    assert [c.kernel for c, _, _ in load_cases(str(tmp_path / "cases"), "reference")] == ["evil.py:payload"]
