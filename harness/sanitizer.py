@@ -9,8 +9,9 @@ tool in its own process (the first memory error destroys the CUDA context), pars
 How each case is run under a tool (``tool_command`` + ``case_env``):
 
 * the child is ``python -m harness.sanitizer_child STATUS repro CASE --device cuda --layout production
-  --no-absorb``: rows contiguous and guards of ``MIN_GUARD`` only, so an overflow leaves the allocation as
-  in production; the child writes its own exit code to ``STATUS`` (compute-sanitizer hides it);
+  --no-absorb``: rows contiguous and nothing after kv_indices' last row, so an overflow past the buffer
+  leaves the allocation as in production; the child writes its own exit code to ``STATUS``
+  (compute-sanitizer replaces it when it reports errors);
 * ``caching=False`` sets ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: every tensor is its own cudaMalloc, so
   memcheck can see a write past kv_indices (with the caching allocator on, the write lands in memory
   the allocator owns and memcheck reports nothing). The plain sweep uses it for eager cases; graph
@@ -20,10 +21,12 @@ How each case is run under a tool (``tool_command`` + ``case_env``):
   ``arange``, the canary ``where``) stays "uninitialised" in its shadow memory. Each later host copy of
   such a buffer (``clone`` / ``copy_`` / ``.tolist()`` / ``.item()``, i.e. cudaMemcpy) is then reported as
   "Host API uninitialized memory access", and each kernel read of a PyTorch-filled input as an
-  uninitialised ``__global__`` read (the fixture ``sanitizer_initcheck_reference``: every prefix-token
-  load of ``req_to_token``, which ``slot_table`` builds with torch ops). kvfence initialises every element
-  it copies (guarded buffers are fully written by ``reset``, inputs are ``zeros``/``ones``), so the
-  unfiltered run is the check that means something;
+  uninitialised ``__global__`` read (the fixture ``sanitizer_initcheck_reference``: 6144 errors on a clean
+  launch, the records kept all at the prefix-token load of ``req_to_token``, which ``slot_table`` builds
+  with torch ops). kvfence initialises every element it copies (guarded buffers are fully written by
+  ``reset``, inputs are ``zeros``/``ones``), so the unfiltered run is the check that means something.
+  This is read from the logs and the code; ``benchmarks/device_sweep_check.sh a`` confirms it on a GPU
+  (a clean case under initcheck with and without the filter);
 * every signal counts (``signal_findings``): the tool's exit code (``--error-exitcode``), its summary
   line, an unreadable XML report, a timeout, and the child's own status become ``SANITIZER_TOOL_ERROR``
   findings carrying the log path, never silence.
@@ -187,7 +190,8 @@ def parse_xml(text: str) -> List[Record]:
 
 _HEAD = re.compile(r"^========= (Invalid __\w+__ (read|write) of size (\d+) bytes"
                    r"|Uninitialized __\w+__ memory (read|write) of size (\d+) bytes"
-                   r"|Program hit (\w+) .*|(?:Race|Error|Warning).*hazard.*|Barrier error.*)$")
+                   r"|Program hit (\w+) .*|(?:Race|Error|Warning).*hazard.*|Barrier error.*"
+                   r"|Host API .*)$")
 _AT = re.compile(r"^=========\s+at (\S+?)\+0x[0-9a-f]+ in (\S+)$")
 _WHO = re.compile(r"^=========\s+by thread \((\d+),(\d+),(\d+)\) in block \((\d+),(\d+),(\d+)\)")
 _ADDR = re.compile(r"^=========\s+(?:Access to|Address) (0x[0-9a-f]+)")
@@ -206,7 +210,9 @@ def parse_text(text: str) -> List[Record]:
             else:
                 access = head.group(2) or head.group(4) or ""
                 size = head.group(3) or head.group(5)
-                kind = "Initcheck" if message.startswith("Uninitialized") else "Precise"
+                # A host API call (cudaMemcpy, ...) touching memory initcheck considers uninitialised.
+                kind = ("Initcheck" if message.startswith("Uninitialized")
+                        else "HostApi" if message.startswith("Host API") else "Precise")
                 out.append(Record(kind, message, access=access, size=int(size) if size else None))
             continue
         if not out:

@@ -378,3 +378,15 @@ def test_sweep_cases_never_runs_a_plugin_a_case_file_names(tmp_path):
         load_cases(str(tmp_path / "cases"), None)
     # Named on the command line, the same file is accepted (its kernel is replaced).
     assert [c.kernel for c, _, _ in load_cases(str(tmp_path / "cases"), "reference")] == ["evil.py:payload"]
+
+
+def test_a_host_api_report_in_the_text_log_is_a_record():
+    # initcheck's host-side report as the text log prints it (format seen in public initcheck output).
+    log = ("========= Host API memory access error at host access to 0x7f7fcdc01200 of size 400 bytes\n"
+           "=========     Uninitialized access at 0x7f7fcdc01300 on access by cudaMemcpy source\n"
+           "========= ERROR SUMMARY: 1 error\n")
+    records = sanitizer.parse_text(log)
+    assert [(r.kind, r.text) for r in records] == \
+        [("HostApi", "Host API memory access error at host access to 0x7f7fcdc01200 of size 400 bytes")]
+    assert sanitizer.signal_findings("initcheck", exit_code=86, timed_out=False, timeout=1, summary=1,
+                                     records=len(records), xml_problem=None, child={"exit": 0}, log="x") == []
