@@ -40,28 +40,35 @@ PY
       F=$FILTER; [ "$T" = initcheck ] && F=""
       LOG=$L/a_${MODE}_${T}.txt; rm -f "$L/status.json"
       $ENVC timeout 150 "$CS" --tool $T --error-exitcode 86 --print-limit 0 $F $CHILD > "$LOG" 2>&1
-      echo "a $MODE $T: rc=$? child=$(cat "$L/status.json" 2>/dev/null || echo none) | $(summary "$LOG")"; kinds "$LOG"
+      RC=$?
+      echo "a $MODE $T: rc=$RC child=$(cat "$L/status.json" 2>/dev/null || echo none) | $(summary "$LOG")"; kinds "$LOG"
     done
     LOG=$L/a_${MODE}_initcheck_filtered.txt; rm -f "$L/status.json"
     $ENVC timeout 150 "$CS" --tool initcheck --error-exitcode 86 --print-limit 0 $FILTER $CHILD > "$LOG" 2>&1
-    echo "a $MODE initcheck WITH kernel filter (old): rc=$? | $(summary "$LOG")"; kinds "$LOG"
+    RC=$?
+    echo "a $MODE initcheck WITH kernel filter (old): rc=$RC | $(summary "$LOG")"; kinds "$LOG"
   done
   for F in "" "$FILTER"; do
     LOG=$L/a_fixture_initcheck${F:+_filtered}.txt
     timeout 120 "$CS" --tool initcheck --error-exitcode 86 --print-limit 0 $F python3 tests/fixtures/make_sanitizer_fixtures.py --sizing safe > "$LOG" 2>&1
-    echo "a fixture script initcheck ${F:+WITH filter}${F:-unfiltered}: rc=$? | $(summary "$LOG")"; kinds "$LOG"
+    RC=$?
+    echo "a fixture script initcheck $([ -n "$F" ] && echo 'WITH kernel filter (old)' || echo unfiltered): rc=$RC | $(summary "$LOG")"; kinds "$LOG"
   done
   timeout 300 python3 -m harness sweep --cases "$L/clean/cases" --jobs 4 --timeout 150 --out "$L/sweep_clean" > "$L/sweep_clean.txt" 2>&1
-  echo "a kvfence sweep over the clean cases: rc=$? (must be 0)"; tail -4 "$L/sweep_clean.txt"
+  RC=$?
+  echo "a kvfence sweep over the clean cases: rc=$RC (must be 0)"; tail -4 "$L/sweep_clean.txt"
   cp "$L/sweep_clean/sweep.json" "$OUT/h200_sweep_clean.json" 2>/dev/null
 fi
 
 if [ "$PART" = b ] || [ "$PART" = all ]; then
   timeout 560 python3 benchmarks/nightly.py --out "$L/nightly" --json "$OUT/h200_nightly.json" --max-examples 300 --jobs 4 \
     --timeout 120 > "$L/nightly.txt" 2>&1
-  echo "b nightly: rc=$? (0 = safe exited 0 and prefix exited 1 with canary and memcheck findings)"; cat "$L/nightly.txt"
+  RC=$?
+  echo "b nightly: rc=$RC (0 = safe exited 0 and prefix exited 1 with canary and memcheck findings)"; cat "$L/nightly.txt"
   python3 -c "import json; from reports.sweep import matrix_markdown; d=json.load(open('$OUT/h200_nightly.json')); print(matrix_markdown(d['detection_matrix']) if d.get('detection_matrix') else 'no matrix')" 2>&1
   cp "$L/nightly/prefix/sweep.html" "$OUT/nightly_prefix_sweep.html" 2>/dev/null
 fi
-rm -f "$L"/*/sanitizer/*.xml
+# Keep what comes back small: big XML reports go (the text logs say the same), long logs are cut.
+find "$L" -name '*.xml' -size +1M -delete
+find "$L" \( -name '*.log' -o -name '*.txt' \) -size +2M -exec truncate -s 2M {} \;
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
