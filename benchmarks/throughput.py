@@ -242,6 +242,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each fuzz-command run (CUDA)")
     parser.add_argument("--jobs", type=int, default=None, help="--jobs of the pinned run (default: fuzz's default)")
     parser.add_argument("--pinned-seconds", type=float, default=None, help="length of the pinned run (default --seconds)")
+    parser.add_argument("--scale-seconds", type=float, default=None,
+                        help="--max-seconds of each scale-mutant run (default --seconds)")
     parser.add_argument("--skip-runs", action="store_true", help="skip the fuzz-command runs and the scale mutants")
     args = parser.parse_args(argv)
 
@@ -266,7 +268,7 @@ def main(argv=None) -> int:
         out.update(large(device))
         if not args.skip_runs:
             out.update(fuzz_runs(args.seconds, args.jobs, args.pinned_seconds or args.seconds))
-            out.update(scale_mutants(args.seconds))
+            out.update(scale_mutants(args.scale_seconds or args.seconds))
     else:
         out.update({k: None for k in ("kernel_replay_us_large", "verify_us_large", "large_verify_over_kernel",
                                       "naive_s_large", "speedup_vs_naive")})
