@@ -5,7 +5,8 @@ what lies past it is the sizing bug and is seen by ``outside.py`` as guard or st
 kv_indptr column, and adds its mismatch counts to ``counts[0]`` (kv_indices) and ``counts[1]``
 (kv_indptr). An independent implementation of the contract, tested equal to the plain oracle.
 
-No constexpr depends on the batch: sums over requests and branches loop over ``LANES``-wide blocks and
+With ``POISON_BACK`` each checked element is set back to the poison after its comparison: the
+verification is also the re-poisoning for the next case. No constexpr depends on the batch: sums over requests and branches loop over ``LANES``-wide blocks and
 the page size is a runtime value, so one compiled variant verifies every config (a fuzz run over
 thousands of configs compiles the kernel under test per variant, never its verifier).
 """
@@ -17,11 +18,11 @@ BLOCK_TOKENS = 512
 
 
 # Runtime sizes are not specialised (== 1, multiple of 16): one variant per constexpr set.
-@triton.jit(do_not_specialize=['pool_len', 'indices_stride', 'indptr_stride', 'width', 'num_steps', 'page_size'])
+@triton.jit(do_not_specialize=['pool_len', 'indices_stride', 'indptr_stride', 'width', 'num_steps', 'page_size', 'poison'])
 def verify_segments_kernel(
     kv_indices, kv_indptr, req_to_token, seq_lens, req_pool_indices, positions, counts,
-    pool_len, indices_stride, indptr_stride, width, num_steps, page_size,
-    LANES: tl.constexpr, BLOCK: tl.constexpr,
+    pool_len, indices_stride, indptr_stride, width, num_steps, page_size, poison,
+    LANES: tl.constexpr, BLOCK: tl.constexpr, POISON_BACK: tl.constexpr,
 ):
     s = tl.program_id(0)
     b = tl.program_id(1)
@@ -55,6 +56,8 @@ def verify_segments_kernel(
         expected = tl.load(src + token, mask=check, other=0)
         found = tl.load(out + e, mask=check, other=0)
         bad += (check & (found != expected)).to(tl.int32)
+        if POISON_BACK:
+            tl.store(out + e, tl.full([BLOCK], poison, tl.int32), mask=check)  # ready for the next case
     tl.atomic_add(counts + 0, tl.sum(bad))
 
     z = b * topk + k
@@ -66,6 +69,8 @@ def verify_segments_kernel(
         pos += tl.load(positions + offs_p, mask=offs_p < z, other=0).to(tl.int64)
     found_ptr = tl.load(kv_indptr + s.to(tl.int64) * indptr_stride + z).to(tl.int64)
     tl.atomic_add(counts + 1, (found_ptr != tl.sum(pos) + z * n).to(tl.int32))
+    if POISON_BACK:
+        tl.store(kv_indptr + s.to(tl.int64) * indptr_stride + z, poison)
 
 
 #: Requests (and branches) summed per loop iteration.
@@ -73,11 +78,16 @@ LANES = 128
 
 
 def verify_segments(*, kv_indices, kv_indptr, req_to_token, seq_lens, req_pool_indices, positions, counts,
-                    topk: int, num_steps: int, page_size: int):
-    """Launch over ``(num_steps, num_seqs, topk)``; ``kv_indices``/``kv_indptr`` are 2-D row views."""
+                    topk: int, num_steps: int, page_size: int, poison_back: bool = False, poison: int = -1):
+    """Launch over ``(num_steps, num_seqs, topk)``; ``kv_indices``/``kv_indptr`` are 2-D row views.
+
+    ``poison_back``: each checked element is overwritten with ``poison`` after the comparison (one pass
+    that reads and writes every element once), so the rows are ready for the next case without a
+    separate re-poisoning pass.
+    """
     num_seqs = seq_lens.shape[0]
     verify_segments_kernel[(num_steps, num_seqs, topk)](
         kv_indices, kv_indptr, req_to_token, seq_lens, req_pool_indices, positions, counts,
         req_to_token.shape[1], kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[1], num_steps, page_size,
-        LANES=LANES, BLOCK=BLOCK_TOKENS,
+        poison, LANES=LANES, BLOCK=BLOCK_TOKENS, POISON_BACK=poison_back,
     )
