@@ -41,6 +41,16 @@ _positive_int = _int_at_least(1, "a positive integer")
 _non_negative_int = _int_at_least(0, "a non-negative integer")
 
 
+def _shard(text: str):
+    """An argparse type: ``--shard I/N`` (harness.campaign.parse_shard), one-line error otherwise."""
+    from harness.campaign import parse_shard
+
+    try:
+        return parse_shard(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--shard ")) from None
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -101,11 +111,19 @@ def cmd_fuzz(args) -> int:
     from harness.session import Session
     from strategies import case_runs, cases
 
+    from harness import campaign
+
+    # --shard: this host's part of the config space (harness.campaign); validated here, before work.
+    config_strategy, shard_info = _config_strategy(args), None
+    if args.shard is not None:
+        config_strategy, shard_info = campaign.shard_configs(
+            args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins})),
+            {name: getattr(args, name) for name in campaign.CELL_FIELDS})
     if args.batches_per_example > 1:
-        strategy = case_runs(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit,
+        strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
                              max_batches=args.batches_per_example)
     else:
-        strategy = cases(_config_strategy(args), kernel=args.kernel, seq_len_limit=args.seq_len_limit)
+        strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     # Validate the strategy's arguments now (BadInput), not inside Hypothesis.
     strategy.validate()
     from harness.case import Config
@@ -115,8 +133,15 @@ def cmd_fuzz(args) -> int:
            ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
            layout=args.layout, mode=args.mode)
     out_dir = _out_dir(args.out)
+    db_spec = campaign.parse_database(args.database if args.database is not None else campaign.default_database(out_dir))
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
     session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None)
+    # The example database: an unreachable Redis is exit 2 here, before any case runs.
+    database = None if args.resume else campaign.open_database(db_spec)
+    db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing, domain=campaign.fuzz_domain(args))
+    campaign_block = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
+                                            campaign.shard_seed(args.seed, args.shard),
+                                            campaign.stored_failures(database, db_key))
     out_dir.mkdir(parents=True, exist_ok=True)
 
     from harness.fuzz import FuzzResult
@@ -135,20 +160,26 @@ def cmd_fuzz(args) -> int:
         progress = None if args.quiet else Progress(args.max_examples * args.batches_per_example)
         with Journal(out_dir, device=device) as journal:
             try:
-                result = fuzz(session, strategy, max_examples=args.max_examples, seed=args.seed,
+                result = fuzz(session, strategy, max_examples=args.max_examples,
+                              seed=campaign_block["hypothesis_seed"], database=database, database_key=db_key,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
                               progress=progress.update if progress else None,
                               progress_every_s=progress.every_s if progress else 2.0)
             finally:
                 if progress:
                     progress.close()
+        if campaign_block["stored_failures_at_start"]:
+            print(f"kvfence fuzz: replaying {campaign_block['stored_failures_at_start']} stored failure(s) "
+                  f"from {db_spec.display} first")
         print(f"kvfence fuzz: {result.examples} cases checked in {result.elapsed_s:.1f}s "
               f"({result.cases_per_s:.1f} cases/s) on {device}, kernel {args.kernel}, sizing {args.sizing}, "
               f"mode {args.mode}, layout {args.layout}")
-    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path)
+    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path,
+                         campaign_block=None if args.resume else campaign_block)
 
 
-def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path]) -> int:
+def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path],
+                  campaign_block: Optional[dict] = None) -> int:
     """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
     from harness import casefile
     from reports import summary as summary_mod
@@ -169,6 +200,8 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
         print("no findings")
     run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
            "seq_len_limit": args.seq_len_limit, "seed": args.seed, "resume": bool(args.resume)}
+    if campaign_block is not None:
+        run["campaign"] = campaign_block  # database, its key, the shard (harness.campaign)
     doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
     text = json.dumps(doc, indent=1) + "\n"
     casefile.atomic_write_text(out_dir / "summary.json", text)
@@ -273,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder for cases/, summary.json, report.md and report.html (default reports/out)")
     fz.add_argument("--resume", action="store_true",
                     help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
+    fz.add_argument("--database", default=None,
+                    help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; failures stored "
+                         "there are replayed first (default: OUT/.hypothesis)")
+    fz.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                    help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds")
     fz.set_defaults(func=cmd_fuzz)
 
     rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)")

@@ -106,12 +106,15 @@ def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
 
 def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
-         progress_every_s: float = 2.0, database=None, journal=None, targeting: bool = True) -> FuzzResult:
+         progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
+         targeting: bool = True) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples.
 
     ``FuzzResult.examples`` counts the cases checked while generating (not while shrinking).
 
     ``journal`` (a ``harness.journal.Journal``) records each case as in flight around its launch.
+    ``database`` (a Hypothesis ``ExampleDatabase``) needs ``database_key`` (``harness.campaign.database_key``):
+    every kernel shares this one test function, so Hypothesis's default key would mix their examples.
     ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
     limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
     """
@@ -168,13 +171,20 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
         return utilisation
 
     test = given(strategy)(body)
+    if seed is not None:
+        # Before @settings: @seed on its own turns the example database off; the settings below decide.
+        test = hyp_seed(seed)(test)
     test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
                     report_multiple_bugs=False, print_blob=False,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.target] if targeting else [])
                     + [Phase.shrink],
                     suppress_health_check=list(HealthCheck))(test)
-    if seed is not None:
-        test = hyp_seed(seed)(test)
+    if database is not None:
+        from harness.campaign import apply_database_key
+
+        if database_key is None:
+            raise ValueError("fuzz(database=...) needs a database_key (harness.campaign.database_key)")
+        apply_database_key(test, body, database_key)
     try:
         test()
     except FindingsFound as failure:

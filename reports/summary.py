@@ -47,6 +47,8 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "cases_per_s": round(result.cases_per_s, 3),
         **run,
         "max_need_over_width": round(result.max_utilisation, 4),
+        # How soon the (first) failure came: 1 when it was replayed from the example database.
+        "examples_to_failure": result.examples_to_failure,
         "shrink_cut": result.shrink_cut,
         "findings": findings,
         "cases": cases,
@@ -92,7 +94,22 @@ def run_rows(doc: dict) -> List[List[str]]:
             ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
             ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
             ["seed", str(doc.get("seed"))], ["max need/width", f"{doc.get('max_need_over_width', 0):.2f}"],
-            ["findings", str(len(doc["findings"]))]]
+            ["findings", str(len(doc["findings"]))]] + campaign_rows(doc)
+
+
+def campaign_rows(doc: dict) -> List[List[str]]:
+    """The example database and shard of a run (``harness.campaign``), when it recorded them."""
+    c = doc.get("campaign")
+    if not isinstance(c, dict):
+        return []
+    rows = [["database", str(c.get("database"))]]
+    if c.get("stored_failures_at_start"):
+        rows.append(["replayed from database", f"{c['stored_failures_at_start']} stored failure(s)"])
+    shard = c.get("shard")
+    if isinstance(shard, dict):
+        rows.append(["shard", f"{shard.get('shard')} ({shard.get('cells')} of {shard.get('of_cells')} config cells; "
+                              f"{shard.get('partition')})"])
+    return rows
 
 
 def finding_rows(doc: dict) -> List[List[str]]:

@@ -18,6 +18,9 @@ from harness.case import Batch, Case, Config, MODES, LAYOUTS
 from harness.errors import require
 
 PAGE_SIZES = (1, 2, 4, 16, 64)
+#: The topk and num_steps values ``configs()`` draws (``harness.campaign`` deals them to shards).
+TOPKS = tuple(range(1, 9))
+NUM_STEPS = tuple(range(1, 9))
 SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
 #: Interpreter-sized defaults: a launch is num_steps*bucket*topk programs of ~2 ms each on CPU.
 DEFAULT_MAX_CTX = 48
@@ -45,8 +48,8 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     require(isinstance(max_ctx, int) and max_ctx >= 2, f"configs(max_ctx={max_ctx!r}) must be an integer >= 2")
     require(isinstance(max_max_bs, int) and max_max_bs >= 1, f"configs(max_max_bs={max_max_bs!r}) must be >= 1")
     positive = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
-    topks = _fixed_or(topk, st.integers(1, 8), "topk", positive, "a positive integer")
-    steps = _fixed_or(num_steps, st.integers(1, 8), "num_steps", positive, "a positive integer")
+    topks = _fixed_or(topk, st.integers(TOPKS[0], TOPKS[-1]), "topk", positive, "a positive integer")
+    steps = _fixed_or(num_steps, st.integers(NUM_STEPS[0], NUM_STEPS[-1]), "num_steps", positive, "a positive integer")
     pages = _fixed_or(page_size, st.sampled_from(PAGE_SIZES), "page_size",
                       lambda v: positive(v) and v & (v - 1) == 0, "a power of two")
     _fixed_or(ctx, None, "ctx", positive, "a positive integer")
