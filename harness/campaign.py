@@ -28,6 +28,7 @@ import functools
 import hashlib
 import itertools
 import json
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,7 +275,7 @@ def stored_failures(database, key: bytes) -> int:
 def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict], hypothesis_seed,
                   stored: int) -> dict:
     """What ``summary.json`` records about the campaign: where examples live, under which key, the shard."""
-    return {"database": spec.display, "database_key": key.hex()[:24] if key else None,
+    return {"host": platform.node(), "database": spec.display, "database_key": key.hex()[:24] if key else None,
             "stored_failures_at_start": stored, "shard": shard_info, "hypothesis_seed": hypothesis_seed}
 
 

@@ -230,6 +230,19 @@ def cmd_report(args) -> int:
     from reports.render import write_reports
     from reports.summary import validate
 
+    require((args.dir is None) != (args.merge is None), "report: name one run folder DIR, or --merge DIR... --out OUT")
+    if args.merge is not None:
+        from reports.merge import merge
+
+        out = Path(args.out)
+        doc = merge([Path(d) for d in args.merge], out)
+        written = write_reports(doc, out)
+        print(f"kvfence report --merge: {len(args.merge)} runs, {doc['examples']} examples, "
+              f"{len(doc['cases'])} distinct failing case(s) ({doc['merged']['duplicate_cases']} duplicate(s) "
+              f"dropped): {out / 'summary.json'}, {written['md']}, {written['html']}")
+        if written["plot_skipped"]:
+            _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
+        return EXIT_FINDINGS if doc["findings"] else EXIT_CLEAN
     folder = Path(args.dir)
     require(folder.is_dir(), f"report {args.dir}: no such directory")
     where = folder / "summary.json"
@@ -325,8 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")
     rp.set_defaults(func=cmd_repro)
 
-    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json")
-    rr.add_argument("dir", help="a fuzz --out folder holding summary.json")
+    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json, or merge runs")
+    rr.add_argument("dir", nargs="?", default=None, help="a fuzz --out folder holding summary.json")
+    rr.add_argument("--merge", nargs="+", metavar="DIR", default=None,
+                    help="merge these fuzz --out folders (hosts, shards) into one report, identical cases once")
+    rr.add_argument("--out", default="reports/merged", help="folder of the merged report (default reports/merged)")
     rr.set_defaults(func=cmd_report)
 
     mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected")
