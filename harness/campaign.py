@@ -196,8 +196,9 @@ def default_database(out_dir) -> str:
 
 
 def open_database(spec: DatabaseSpec):
-    """The Hypothesis ``ExampleDatabase`` for ``spec`` (``None`` for ``none``). A directory is created;
-    a Redis server is pinged first, so an unreachable one is one line and exit 2 before any work."""
+    """The Hypothesis ``ExampleDatabase`` for ``spec`` (``None`` for ``none``), as a ``CampaignDatabase``.
+    A directory is created; a Redis server is pinged first, so an unreachable one is one line and exit 2
+    before any work."""
     if spec.kind == "none":
         return None
     if spec.kind == "directory":
@@ -207,7 +208,7 @@ def open_database(spec: DatabaseSpec):
             spec.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise BadInput(f"{spec.what} {spec.display}: cannot create the directory: {exc.strerror or exc}") from None
-        return DirectoryBasedExampleDatabase(str(spec.path))
+        return CampaignDatabase(DirectoryBasedExampleDatabase(str(spec.path)))
     try:
         import redis
         from hypothesis.extra.redis import RedisExampleDatabase
@@ -219,7 +220,7 @@ def open_database(spec: DatabaseSpec):
         client.ping()
     except redis.exceptions.RedisError as exc:
         raise BadInput(f"{spec.what} {spec.display}: cannot reach Redis: {type(exc).__name__}: {exc}") from None
-    return RedisExampleDatabase(client)
+    return CampaignDatabase(RedisExampleDatabase(client))
 
 
 # -- database key -------------------------------------------------------------------------------------
@@ -280,32 +281,46 @@ def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional
 
 
 # -- pytest -------------------------------------------------------------------------------------------
-class Namespaced(ExampleDatabase):
-    """``inner`` with every key under ``prefix``: one pytest session's kernel and sizing."""
+#: Sub-key suffix under which Hypothesis keeps the target phase's pareto front (engine ``pareto_key``).
+PARETO_SUFFIX = b".pareto"
 
-    def __init__(self, inner, prefix: bytes):
+
+class CampaignDatabase(ExampleDatabase):
+    """``inner`` with every key under ``prefix``, minus Hypothesis's pareto-front entries.
+
+    The pareto front is one run's targeting state (the best need/width examples), re-saved on many
+    examples while the target phase runs. Only failures (Hypothesis's primary and secondary corpora)
+    need to travel between runs and hosts, so pareto saves are dropped (no database write per pareto
+    update, no per-run state in a shared Redis) and pareto fetches come back empty.
+    """
+
+    def __init__(self, inner, prefix: bytes = b""):
         super().__init__()
         self.inner, self.prefix = inner, prefix
 
     def __repr__(self) -> str:
-        return f"Namespaced({self.inner!r}, {self.prefix!r})"
+        return f"CampaignDatabase({self.inner!r}, prefix={self.prefix!r})"
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Namespaced) and (self.inner, self.prefix) == (other.inner, other.prefix)
+        return isinstance(other, CampaignDatabase) and (self.inner, self.prefix) == (other.inner, other.prefix)
 
     def __hash__(self) -> int:
         return hash(self.prefix)
 
     def fetch(self, key):
-        return self.inner.fetch(self.prefix + key)
+        return iter(()) if key.endswith(PARETO_SUFFIX) else self.inner.fetch(self.prefix + key)
 
     def save(self, key, value):
-        self.inner.save(self.prefix + key, value)
+        if not key.endswith(PARETO_SUFFIX):
+            self.inner.save(self.prefix + key, value)
 
     def delete(self, key, value):
-        self.inner.delete(self.prefix + key, value)
+        if not key.endswith(PARETO_SUFFIX):
+            self.inner.delete(self.prefix + key, value)
 
     def move(self, src, dest, value):
+        if src.endswith(PARETO_SUFFIX) or dest.endswith(PARETO_SUFFIX):
+            return
         self.inner.move(self.prefix + src, self.prefix + dest, value)
 
 
@@ -319,4 +334,4 @@ def pytest_database(text: str, *, kernel: str, sizing: str):
     if database is None:
         return None
     prefix = hashlib.sha256(f"kvfence-pytest:{KEY_VERSION}:{kernel}:{sizing}".encode()).hexdigest()[:16]
-    return Namespaced(database, prefix.encode() + b":")
+    return CampaignDatabase(database.inner, prefix.encode() + b":")

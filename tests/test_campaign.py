@@ -128,6 +128,25 @@ def test_a_sharded_strategy_draws_only_its_own_cells():
     assert seen_all - mine  # the unsharded strategy does reach other shards' cells
 
 
+# -- the database wrapper -------------------------------------------------------------------------------
+def test_the_campaign_database_keeps_failures_and_drops_the_pareto_front():
+    from hypothesis.database import InMemoryExampleDatabase
+
+    inner = InMemoryExampleDatabase()
+    db = campaign.CampaignDatabase(inner, prefix=b"ns:")
+    db.save(b"key", b"failure")
+    db.save(b"key.secondary", b"bigger failure")
+    db.save(b"key.pareto", b"best need/width")
+    assert set(inner.fetch(b"ns:key")) == {b"failure"} and set(inner.fetch(b"ns:key.secondary")) == {b"bigger failure"}
+    assert list(inner.fetch(b"ns:key.pareto")) == [] and list(db.fetch(b"key.pareto")) == []
+    assert list(db.fetch(b"key")) == [b"failure"] and list(inner.fetch(b"key")) == []  # namespaced
+    db.move(b"key", b"key.secondary", b"failure")
+    assert list(db.fetch(b"key")) == [] and b"failure" in set(db.fetch(b"key.secondary"))
+    db.delete(b"key.secondary", b"failure")
+    assert set(db.fetch(b"key.secondary")) == {b"bigger failure"}
+    assert campaign.stored_failures(db, b"key.secondary") == 1 and campaign.stored_failures(None, b"key") == 0
+
+
 # -- the database key -----------------------------------------------------------------------------------
 def _key(**kw):
     base = dict(kernel="reference", sizing="prefix", domain={"mode": "graph", "shard": None})
