@@ -75,7 +75,8 @@ def main() -> int:
         rows.append({"variant": variant, "targeting": targeting, "examples": args.examples,
                      "cases_per_cpu_s_median": round(statistics.median(values), 1),
                      "cases_per_cpu_s": [round(r, 1) for r in values]})
-        print(f"{variant:13s} target={'on ' if targeting else 'off'} {rows[-1]['cases_per_cpu_s_median']:8.1f} cases/cpu-s  "
+        median = rows[-1]["cases_per_cpu_s_median"]
+        print(f"{variant:13s} target={'on ' if targeting else 'off'} {median:8.1f} cases/cpu-s  "
               f"(runs: {rows[-1]['cases_per_cpu_s']})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")

@@ -157,7 +157,8 @@ class DatabaseSpec:
 def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
     """``none``, ``redis://[:PASSWORD@]HOST[:PORT][/DB]`` or a directory path; ``BadInput`` if malformed.
     ``what`` names the source in messages."""
-    require(isinstance(text, str) and text.strip(), f"{what}: empty value (use none, a directory or redis://HOST:PORT/DB)")
+    require(isinstance(text, str) and text.strip(),
+            f"{what}: empty value (use none, a directory or redis://HOST:PORT/DB)")
     if text.strip().lower() == "none":
         return DatabaseSpec("none", "none", what)
     if "://" not in text:

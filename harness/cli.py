@@ -133,7 +133,7 @@ def cmd_fuzz(args) -> int:
            ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
            layout=args.layout, mode=args.mode)
     out_dir = _out_dir(args.out)
-    db_spec = campaign.parse_database(args.database if args.database is not None else campaign.default_database(out_dir))
+    db_spec = campaign.parse_database(campaign.default_database(out_dir) if args.database is None else args.database)
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
     session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None)
     # The example database: an unreachable Redis is exit 2 here, before any case runs.

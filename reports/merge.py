@@ -78,8 +78,8 @@ def _coverage(docs: List[dict]) -> dict:
         rows += run_rows if want == len(run_rows) else rng.sample(run_rows, want)
     failures = [d["coverage"]["failure"] for d in docs if d.get("coverage", {}).get("failure")]
     fields = docs[0].get("coverage", {}).get("fields")
-    return {"fields": fields, "examples": rows,
-            "sampled": len(rows) < sum(d["examples"] for d in docs) or any(d.get("coverage", {}).get("sampled") for d in docs),
+    sampled = len(rows) < sum(d["examples"] for d in docs) or any(d.get("coverage", {}).get("sampled") for d in docs)
+    return {"fields": fields, "examples": rows, "sampled": sampled,
             "failure": failures[0] if failures else None}
 
 
