@@ -51,12 +51,15 @@ def pytest_addoption(parser):
                     help="kernel under test: reference, module:attr or file.py:attr (env KVFENCE_KERNEL)")
     group.addoption("--sizing", default=os.environ.get("KVFENCE_SIZING", "safe"),
                     help="sizing policy under test: a builtin name, module:attr or file.py:attr (env KVFENCE_SIZING)")
+    group.addoption("--network", action="store_true", default=os.environ.get("KVFENCE_NETWORK") == "1",
+                    help="run tests marked network (they download from PyPI; env KVFENCE_NETWORK=1)")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
     config.addinivalue_line("markers", "cpu_only: runs kernels under the Triton interpreter only")
     config.addinivalue_line("markers", "slow: takes more than a few seconds on the CPU")
+    config.addinivalue_line("markers", "network: downloads from PyPI; skipped without --network / KVFENCE_NETWORK=1")
     # The interpreter-or-compiler choice must precede any triton import (harness.device explains why).
     from harness.device import select
     from harness.errors import BadInput
@@ -78,7 +81,10 @@ def pytest_collection_modifyitems(config, items):
     device = config._kvfence_device
     skip_gpu = pytest.mark.skip(reason="needs CUDA (run with --device cuda on a GPU machine)")
     skip_cpu = pytest.mark.skip(reason="interpreter-only test; this session runs compiled kernels on CUDA")
+    skip_network = pytest.mark.skip(reason="downloads from PyPI (run with --network or KVFENCE_NETWORK=1)")
     for item in items:
+        if "network" in item.keywords and not config.getoption("--network"):
+            item.add_marker(skip_network)
         if "gpu" in item.keywords and device != "cuda":
             item.add_marker(skip_gpu)
         if "cpu_only" in item.keywords and device != "cpu":

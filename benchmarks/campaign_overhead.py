@@ -37,7 +37,10 @@ def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, fold
 
     shard = campaign.Shard(3, 8) if variant == "shard 3/8" else None
     if shard is not None:
-        config_strategy, _ = campaign.shard_configs(shard, lambda **pins: configs(**pins), {})
+        from harness.domain import CPU
+
+        config_strategy, _ = campaign.shard_configs(shard, lambda **pins: configs(**pins), {},
+                                                    campaign.cell_domains(CPU))
     else:
         config_strategy = configs()
     database = None

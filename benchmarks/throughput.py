@@ -1,21 +1,26 @@
 """Throughput of kvfence, side by side with the kernel alone and with a naive harness.
 
-    python benchmarks/throughput.py --json PATH [--device cuda|cpu] [--quick]
+    python benchmarks/throughput.py --json PATH [--device cuda|cpu] [--quick] [--skip-runs]
 
-Measures, in one run:
+Measures, in one run (every rate counts only cases launched and verified, never cache hits):
 
-* ``small_cases_per_s``: verified cases per second on small batches (<= 16 requests, L <= 512, topk 2,
-  3 steps) through captured graphs, Hypothesis generation included (``harness.fuzz.fuzz`` without its
-  target phase; ``small_cases_per_s_targeting`` with it);
+* ``default_verified_cases_per_s``: the default ``python -m harness fuzz --device cuda`` (no pinned field:
+  the GPU domain, default ``--jobs``, config-major batches) over a ``--max-seconds`` run, process start,
+  compiles and captures included (wall time of the whole command); ``default_run`` keeps its summary;
+* ``pinned_verified_cases_per_s``: the same with a pinned small config (``SMALL``) and ``--jobs``;
+* ``check_us_small``: kvfence's own check path on pre-drawn small cases (``Session.check_many`` in
+  batches of 32: staging, three graph replays per case, one read-back per batch), per case;
+* ``scale_mutants_caught_s``: for each scale mutant (``DOMAIN = "gpu"``), seconds from the start of the
+  default fuzz command until its first finding (``first_failure_s`` of the merged summary);
+* ``small_cases_per_s`` (and variants): one process, one Hypothesis example per case or up to 8;
 * ``kernel_replay_us_large``: the kernel's own CUDA-graph replay for a large batch (256 requests x
-  L 4096 x topk 8 x 5 steps), ``triton.testing.do_bench`` median;
-* ``verify_us_large``: the on-device verification graph for that batch (do_bench median), and
+  L 4096 x topk 8 x 5 steps), ``triton.testing.do_bench`` median; ``verify_us_large`` and
+  ``prepare_us_large``: the on-device verification and re-poison graphs (do_bench medians);
   ``case_us_large``: a whole verified case through ``Session.check`` (CUDA events, median);
 * ``naive_s_large``: a naive harness on the same case: eager launch into plain tensors, copy everything
   to the host, Python loop over programs comparing each segment with the table.
 
-On ``--device cpu`` (the interpreter) only the small-case rate is measured (``--quick`` shrinks it);
-the large-batch keys are null, since a 50-million-element launch is not an interpreter workload.
+On ``--device cpu`` (the interpreter) only the small-case rate is measured (``--quick`` shrinks it).
 """
 
 from __future__ import annotations
@@ -144,12 +149,97 @@ def large(device: str) -> dict:
     }
 
 
+def _fuzz_cli(args, timeout: float) -> dict:
+    """Run ``python -m harness fuzz ARGS --json`` as a user would; its summary plus the command's wall time."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        cmd = [sys.executable, "-m", "harness", "fuzz", *args, "--out", str(out), "--json", str(Path(tmp) / "s.json"),
+               "--quiet"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        wall = time.perf_counter() - t0
+        assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+        doc = json.loads((Path(tmp) / "s.json").read_text())
+    keys = ("examples", "generated_cases", "verified_cases", "cached_cases", "launches", "elapsed_s", "cases_per_s",
+            "distinct_configs", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
+            "boundaries", "first_failure_s", "time_cut", "batches_per_example", "max_gpu_mem")
+    return dict({k: doc.get(k) for k in keys}, wall_s=round(wall, 2), exit=proc.returncode,
+                command="python -m harness fuzz " + " ".join(args),
+                findings=sorted({f["kind"] for f in doc.get("findings", [])}))
+
+
+def fuzz_runs(seconds: float, jobs) -> dict:
+    """The default GPU command and a pinned small config with --jobs, over ``seconds`` each."""
+    out = {}
+    default = _fuzz_cli(["--device", "cuda", "--max-examples", "100000000", "--max-seconds", str(seconds)],
+                        timeout=seconds + 240)
+    assert not default["findings"], default
+    out["default_run"] = default
+    out["default_verified_cases_per_s"] = round(default["verified_cases"] / default["wall_s"], 1)
+    pinned_flags = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
+    pinned = _fuzz_cli(["--device", "cuda", "--max-examples", "100000000", "--max-seconds", str(seconds),
+                        *pinned_flags] + (["--jobs", str(jobs)] if jobs else []), timeout=seconds + 240)
+    assert not pinned["findings"], pinned
+    out["pinned_run"] = pinned
+    out["pinned_verified_cases_per_s"] = round(pinned["verified_cases"] / pinned["wall_s"], 1)
+    return out
+
+
+def scale_mutants(seconds: float) -> dict:
+    """Seconds until the default GPU fuzz command catches each scale mutant (DOMAIN = "gpu")."""
+    from harness.mutants import discover
+
+    caught, runs = {}, {}
+    for m in discover():
+        if m.domain != "gpu":
+            continue
+        run = _fuzz_cli(["--device", "cuda", "--kernel", m.kernel, "--max-examples", "100000000", "--max-seconds",
+                         str(seconds), "--shrink-seconds", "10"], timeout=seconds + 240)
+        runs[m.name] = run
+        caught[m.name] = run["first_failure_s"] if run["findings"] else None
+    return {"scale_mutants_caught_s": caught, "scale_mutant_runs": runs}
+
+
+def check_small(device: str, cases: int = 4096, batch: int = 32) -> dict:
+    """kvfence's check path alone on pre-drawn small cases: ``Session.check_many`` per batch of one config."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from harness.session import Session
+    from strategies import case_runs, configs
+
+    drawn = []
+
+    @settings(max_examples=cases // batch, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case_runs(configs(sizing="safe", **SMALL), max_batches=batch))
+    def collect(runs):
+        drawn.append(runs)
+
+    collect()
+    session = Session(device, "reference")
+    for runs in drawn[:4]:
+        assert all(f == [] for f in session.check_many(runs))  # warm-up: compile and capture every bucket
+    total = sum(len(r) for r in drawn)
+    t0 = time.perf_counter()
+    for runs in drawn:
+        assert all(f == [] for f in session.check_many(runs))
+    elapsed = time.perf_counter() - t0
+    return {"check_us_small": round(elapsed / total * 1e6, 1), "check_small_cases": total,
+            "check_small_batches": len(drawn), "check_small_stats": dict(session.stats)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="fewer examples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of each fuzz-command run (CUDA)")
+    parser.add_argument("--jobs", type=int, default=None, help="--jobs of the pinned run (default: fuzz's default)")
+    parser.add_argument("--skip-runs", action="store_true", help="skip the fuzz-command runs and the scale mutants")
     args = parser.parse_args(argv)
 
     from harness.device import select
@@ -169,14 +259,18 @@ def main(argv=None) -> int:
     examples = (300 if args.quick else 2000) if device == "cuda" else (20 if args.quick else 100)
     out.update(small_rate(device, examples, args.seed))
     if device == "cuda":
+        out.update(check_small(device))
         out.update(large(device))
+        if not args.skip_runs:
+            out.update(fuzz_runs(args.seconds, args.jobs))
+            out.update(scale_mutants(args.seconds))
     else:
         out.update({k: None for k in ("kernel_replay_us_large", "verify_us_large", "large_verify_over_kernel",
                                       "naive_s_large", "speedup_vs_naive")})
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     width = max(len(k) for k in out)
     for k, v in out.items():
-        if not isinstance(v, (dict, list)):
+        if not isinstance(v, list) and not k.endswith("_run") and k != "scale_mutant_runs":
             print(f"{k:<{width}}  {v}")
     return 0
 

@@ -1,7 +1,7 @@
-"""``python -m harness``: see ``harness.cli``."""
+"""``python -m harness``: see ``harness.cli``. Usage lines name it ``python -m harness``."""
 
 import sys
 
 from harness.cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m harness"))

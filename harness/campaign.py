@@ -24,7 +24,6 @@ Three things live here and nowhere else:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -107,36 +106,52 @@ def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[T
     return tuple(mine), len(grid)
 
 
-def shard_configs(shard: Shard, build: Callable, pinned: Dict[str, Optional[int]]):
+def cell_domains(domain) -> Dict[str, Tuple[int, ...]]:
+    """The values each of ``CELL_FIELDS`` ranges over in a ``harness.domain.Domain``, simplest first."""
+    return {"topk": tuple(range(1, domain.max_topk + 1)), "num_steps": tuple(range(1, domain.max_steps + 1)),
+            "page_size": tuple(domain.page_sizes)}
+
+
+def shard_configs(shard: Shard, build: Callable, pinned: Dict[str, Optional[int]],
+                  domains: Dict[str, Sequence[int]]):
     """A config strategy drawing only from ``shard``'s cells, and a description of the part.
 
     ``build(**pins)`` returns the unsharded config strategy (``strategies.configs`` with the run's
     arguments) with the ``CELL_FIELDS`` in ``pins`` pinned; ``pinned`` holds the fields the user pinned
-    (``None`` = drawn), whose domain is then that one value. The others range over ``strategies.TOPKS``,
-    ``NUM_STEPS`` and ``PAGE_SIZES``. One draw picks a cell; the remaining fields (ctx, max_bs) are
-    drawn by ``configs`` itself, so sharding adds no rejection and no second definition of them.
+    (``None`` = drawn), whose domain is then that one value; ``domains`` (``cell_domains``) the values of
+    the others. One draw picks a cell; the remaining fields (ctx, max_bs) are drawn by ``configs``
+    itself, so sharding adds no rejection and no second definition of them. Cells are dealt before
+    anything else, so the partition is the same on every host; a cell whose smallest config exceeds
+    this host's memory budget (``build`` says ``BadInput``) is then left out here and counted.
     """
-    from strategies import NUM_STEPS, PAGE_SIZES, TOPKS
-
-    domains = {"topk": TOPKS, "num_steps": NUM_STEPS, "page_size": PAGE_SIZES}
     values = [(pinned[name],) if pinned.get(name) is not None else tuple(domains[name]) for name in CELL_FIELDS]
     cells, total = shard_cells(shard, values)
-
-    @functools.lru_cache(maxsize=None)
-    def in_cell(cell):
-        # Cached: Hypothesis validates a strategy object on its first draw only.
-        return build(**dict(zip(CELL_FIELDS, cell)))
-
-    in_cell(cells[0])  # validates the arguments now (BadInput), not inside Hypothesis
-    index = st.integers(0, len(cells) - 1)
+    strategies, unfit = {}, 0
+    for cell in cells:  # built now: BadInput here, not inside Hypothesis; cached for the draws
+        try:
+            strategies[cell] = build(**dict(zip(CELL_FIELDS, cell)))
+        except BadInput:
+            unfit += 1
+    require(strategies, f"--shard {shard}: none of its {len(cells)} config cell(s) fits this run's limits "
+                        f"(e.g. {dict(zip(CELL_FIELDS, cells[0]))}: {_why(build, cells[0])})")
+    usable = tuple(cell for cell in cells if cell in strategies)
+    index = st.integers(0, len(usable) - 1)
 
     @st.composite
     def sharded(draw):
-        return draw(in_cell(cells[draw(index)]))
+        return draw(strategies[usable[draw(index)]])
 
-    info = {"shard": str(shard), "cells": len(cells), "of_cells": total,
+    info = {"shard": str(shard), "cells": len(usable), "of_cells": total, "unfit_cells": unfit,
             "partition": "configs and seeds" if total >= shard.count else "seeds only (fewer cells than shards)"}
     return sharded(), info
+
+
+def _why(build: Callable, cell) -> str:
+    try:
+        build(**dict(zip(CELL_FIELDS, cell)))
+    except BadInput as exc:
+        return str(exc)
+    return "?"
 
 
 # -- database URL -------------------------------------------------------------------------------------
@@ -237,21 +252,21 @@ def database_key(*, kernel: str, sizing: str, domain: dict) -> bytes:
     return hashlib.sha384(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
-#: ``fuzz`` flags that change what a drawn choice sequence means (``scale``: the strategy bounds, when
-#: that flag exists). A new flag of that kind belongs here, or its runs would replay each other's examples.
-DOMAIN_FLAGS = ("mode", "layout", "seq_len_limit", "topk", "num_steps", "page_size", "ctx", "max_bs",
-                "batches_per_example", "shard", "scale")
+#: ``fuzz`` flags that change what a drawn choice sequence means. A new flag of that kind belongs here,
+#: or runs that differ in it would replay (and delete) each other's examples.
+DOMAIN_FLAGS = ("mode", "layout", "seq_len_limit", "topk", "num_steps", "page_size", "ctx", "max_bs", "shard")
 
 
-def fuzz_domain(args) -> dict:
-    """The domain part of a ``fuzz`` run's database key: ``DOMAIN_FLAGS`` and the strategies' bounds."""
-    from strategies import DEFAULT_MAX_BS, DEFAULT_MAX_CTX, NUM_STEPS, PAGE_SIZES, TOPKS
-
-    domain = {flag: getattr(args, flag, None) for flag in DOMAIN_FLAGS}
-    domain["shard"] = str(domain["shard"]) if domain["shard"] is not None else None
-    domain["bounds"] = {"max_ctx": DEFAULT_MAX_CTX, "max_bs": DEFAULT_MAX_BS, "topk": list(TOPKS),
-                        "num_steps": list(NUM_STEPS), "page_size": list(PAGE_SIZES)}
-    return domain
+def fuzz_domain(args, domain, batches_per_example: int) -> dict:
+    """The domain part of a ``fuzz`` run's database key: ``DOMAIN_FLAGS``, the resolved ``Domain``
+    (``--scale``) and batches per example. Not the memory budget: its default follows free GPU
+    memory, which would make every night a new key (a stored failure whose config no longer fits
+    is replayed as the smaller config the budget allows)."""
+    out = {flag: getattr(args, flag, None) for flag in DOMAIN_FLAGS}
+    out["shard"] = str(out["shard"]) if out["shard"] is not None else None
+    out["domain"] = domain.to_dict()
+    out["batches_per_example"] = batches_per_example
+    return out
 
 
 def apply_database_key(test, inner, key: bytes) -> None:

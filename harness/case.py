@@ -1,5 +1,5 @@
 """The case model: a ``Config`` (what is fixed at capture time), a ``Batch`` (one launch's requests)
-and how a batch is fed to the kernel (``LaunchBatch``, with CUDA-graph padding per SPEC §4).
+and how a batch is fed to the kernel (``LaunchBatch``, with CUDA-graph padding per docs/contract.md §4).
 
 Everything is validated on construction with ``BadInput``: an impossible case never reaches a kernel.
 """
@@ -15,7 +15,7 @@ from harness.errors import BadInput, require
 
 LAYOUTS = ("redzone", "production")
 MODES = ("graph", "eager")
-#: Offsets are int32 inside the kernel (SPEC §3).
+#: Offsets are int32 inside the kernel (docs/contract.md §3).
 INT32_LIMIT = 2**31
 #: KV slot ids live in [1, 2**30]; poison and canaries are negative, so no valid slot id equals them.
 SLOT_BITS = 30
@@ -101,8 +101,14 @@ class Config:
 
     @cached_property
     def pool_len(self) -> int:
-        """req_to_token row length: every slot any request of length <= ctx reads (SPEC §2, Reads)."""
-        return max(oracle.read_extent(L, self.topk, self.num_steps, self.page_size) for L in range(1, self.ctx + 1))
+        """req_to_token row length: every slot any request of length <= ctx reads (docs/contract.md §2, Reads).
+
+        ``read_extent(L)`` grows with ``L`` among lengths with the same ``L % page_size``, so its maximum
+        over ``1..ctx`` is reached within the last ``page_size`` lengths: no loop over the whole context
+        (a 131072-token ctx would cost a second per config).
+        """
+        first = max(1, self.ctx - self.page_size + 1)
+        return max(oracle.read_extent(L, self.topk, self.num_steps, self.page_size) for L in range(first, self.ctx + 1))
 
     def bucket_for(self, raw_bs: int) -> int:
         """The smallest capture bucket ``>= raw_bs`` (graph mode replays that graph)."""
@@ -201,7 +207,7 @@ class LaunchBatch:
     """What the kernel actually reads for one launch: ``num_seqs`` rows (a bucket, in graph mode).
 
     In graph mode rows ``raw_bs..num_seqs-1`` are the runner's padding: ``seq_len 1``,
-    ``position 0``, ``req_pool_index 0`` (SPEC §4).
+    ``position 0``, ``req_pool_index 0`` (docs/contract.md §4).
     """
 
     seq_lens: Tuple[int, ...]

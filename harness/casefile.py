@@ -289,8 +289,11 @@ def from_document(doc, path="<memory>") -> CaseFile:
         from harness.targets import BUILTIN_KERNELS, resolve_sizing
 
         resolve_sizing(case.config.sizing)  # unknown policy: refused here, not at launch
-        require(case.kernel in BUILTIN_KERNELS or ":" in case.kernel,
-                f"unknown kernel {case.kernel!r}: expected {', '.join(BUILTIN_KERNELS)}, module:attr or file.py:attr")
+        from harness.upstream import is_spec as is_upstream_spec
+
+        require(case.kernel in BUILTIN_KERNELS or ":" in case.kernel or is_upstream_spec(case.kernel),
+                f"unknown kernel {case.kernel!r}: expected {', '.join(BUILTIN_KERNELS)}, module:attr, file.py:attr "
+                "or sglang==VERSION")
     except BadInput as exc:
         raise BadInput(f"case file {path}: {exc}") from None
     return CaseFile(Path(path), case, findings, doc.get("device", ""), doc.get("source", ""), doc.get("sizing", {}),

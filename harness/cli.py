@@ -8,15 +8,67 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import sys
+import textwrap
 from pathlib import Path
 from typing import List, Optional
 
 from harness.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 
+#: The name the command line gives itself: the console script is ``kvfence``; ``python -m harness``
+#: passes its own name (``harness.__main__``), so usage lines show what the user actually typed.
+PROG = "kvfence"
+
+_BAD = "bad input or unusable environment (one line on stderr)"
+
+
+def _exit_codes(zero: str = "no finding", one: Optional[str] = "findings", two: str = _BAD) -> str:
+    """An epilog listing a command's exit codes (``harness.errors``)."""
+    rows = [(EXIT_CLEAN, zero), (EXIT_FINDINGS, one), (EXIT_BAD_INPUT, two)]
+    return "exit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in rows if text)
+
+
+#: Exit codes shared by every command; a command's epilog may state what 0 and 1 mean for it.
+EXIT_CODES = _exit_codes()
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows every option's default.
+
+    ``%(default)s`` is appended unless the help text already says what the default is (options whose
+    default is ``None`` describe it in words, e.g. "default: drawn by Hypothesis"); a flag that only
+    switches something on says "default: off". The epilog (exit codes) keeps its line breaks.
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit 2 (no usage dump)."""
+    """argparse, but a usage error is one line and exit 2 (no usage dump).
+
+    Every parser (subcommands included, also ones added later) shows defaults in its help and, unless
+    it states its own, the shared exit codes in its epilog.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("epilog", EXIT_CODES)
+        # The formatter keeps line breaks (for the exit-code list), so long lines are wrapped here.
+        for key in ("description", "epilog"):
+            if kwargs.get(key):
+                kwargs[key] = "\n".join(textwrap.fill(line, 88, break_on_hyphens=False,
+                                                      subsequent_indent=" " * (len(line) - len(line.lstrip())))
+                                        for line in kwargs[key].splitlines())
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise BadInput(f"{self.prog}: {message}")
@@ -48,7 +100,7 @@ def _shard(text: str):
     try:
         return parse_shard(text)
     except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--shard ")) from None
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--shard ")) from None
 
 
 def _stderr(message: str) -> None:
@@ -68,28 +120,35 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
 # -- fuzz ---------------------------------------------------------------------------------------------
 def _add_target_args(p: argparse.ArgumentParser, *, sizing_default: Optional[str] = "safe") -> None:
     p.add_argument("--kernel", default="reference",
-                   help="reference, reference-blocked, package.module:attr or path/file.py:attr")
+                   help="kernel under test: reference, reference-blocked, package.module:attr or path/file.py:attr")
     p.add_argument("--sizing", default=sizing_default,
-                   help="eager, fixed, prefix (the seed's bug), safe, or module:attr / file.py:attr")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+                   help="row-width policy of kv_indices: eager, fixed, prefix (the pre-fix CUDA-graph policy, "
+                        "W = max_bs*ctx, missing the topk factor), safe, or module:attr / file.py:attr")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
     p.add_argument("--no-audit", action="store_true",
                    help="CPU only: turn off the interpreter address audit (OOB_READ/OOB_WRITE; on by default)")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", default="graph", choices=["graph", "eager"])
-    p.add_argument("--layout", default="redzone", choices=["redzone", "production"])
-    p.add_argument("--seq-len-limit", default="ctx", choices=["ctx", "ctx-steps"])
+    p.add_argument("--mode", default="graph", choices=["graph", "eager"],
+                   help="graph: buffers sized once at max_bs, batches padded to a capture bucket; "
+                        "eager: buffers sized per batch")
+    p.add_argument("--layout", default="redzone", choices=["redzone", "production"],
+                   help="redzone: a guard after every step row; production: rows contiguous, as upstream")
+    p.add_argument("--seq-len-limit", default="ctx", choices=["ctx", "ctx-steps"],
+                   help="longest request: ctx, or ctx-steps (requests keep num_steps of draft headroom)")
     for flag in ("--topk", "--num-steps", "--page-size", "--ctx", "--max-bs"):
-        p.add_argument(flag, type=_positive_int, default=None, help="pin this config field (default: drawn)")
+        p.add_argument(flag, type=_positive_int, default=None,
+                       help="pin this config field (default: drawn by Hypothesis)")
 
 
-def _config_strategy(args):
-    from strategies import DEFAULT_MAX_BS, DEFAULT_MAX_CTX, configs
+def _config_strategy(args, domain, max_bytes):
+    from strategies import configs
 
     return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
-                   max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode,
-                   max_ctx=DEFAULT_MAX_CTX, max_max_bs=DEFAULT_MAX_BS)
+                   max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
+                   max_bytes=max_bytes)
 
 
 def _out_dir(path: str) -> Path:
@@ -99,13 +158,64 @@ def _out_dir(path: str) -> Path:
     return p
 
 
+#: Examples a ``--jobs`` child should get at least, so process start-up does not dominate a short run.
+MIN_EXAMPLES_PER_JOB = 50
+#: Batches of one config per Hypothesis example on CUDA (config-major: compile and capture once, replay many).
+GPU_BATCHES_PER_EXAMPLE = 32
+
+
+def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
+    """All useful CPU cores on CUDA (one left for the parent and the driver), fewer when the example
+    budget is too small to keep them busy; one process on the CPU (the interpreter is the bottleneck)."""
+    if device != "cuda":
+        return 1
+    cores = max(1, (os.cpu_count() or 2) - 1)
+    if max_seconds is not None:
+        return min(cores, 16)
+    return max(1, min(cores, 16, max_examples // MIN_EXAMPLES_PER_JOB))
+
+
+def _resolve_run_shape(args, device: str):
+    """Domain, jobs, batches per example and memory budget of a fuzz run (validated, one-line errors)."""
+    from harness.budget import default_budget, parse_size
+    from harness.domain import domain_named
+
+    scale = args.scale or ("gpu" if device == "cuda" else "cpu")
+    require(not (scale == "gpu" and device != "cuda"),
+            "--scale gpu needs --device cuda: production-sized launches under the interpreter would take hours")
+    domain = domain_named(scale)
+    jobs = args.jobs if args.jobs is not None else _default_jobs(device, args.max_examples, args.max_seconds)
+    require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
+    per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
+    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
+    return domain, jobs, per_example, max_bytes
+
+
+def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -> List[str]:
+    """The flags a ``--jobs`` child gets: the parent's, except those each child gets its own value of."""
+    own = {"jobs", "seed", "out", "max_examples", "json", "quiet", "max_gpu_mem", "progress_file", "resume"}
+    argv = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in own or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value is False or value == action.default:
+            continue
+        argv += [action.option_strings[0]] if value is True else [action.option_strings[0], str(value)]
+    return argv + ["--jobs", "1", "--seed", str(seed), "--max-examples", str(max_examples), "--quiet",
+                   "--max-gpu-mem", str(max_bytes)]
+
+
 def cmd_fuzz(args) -> int:
     from harness.device import select
     from harness.targets import resolve_sizing
 
     json_path = _writable(args.json, "--json")
+    require(args.max_seconds is None or (args.max_seconds > 0 and args.max_seconds == args.max_seconds),
+            f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     device = select(args.device, announce=_stderr)
+    domain, jobs, per_example, max_bytes = _resolve_run_shape(args, device)
 
     from harness.fuzz import fuzz
     from harness.session import Session
@@ -113,40 +223,55 @@ def cmd_fuzz(args) -> int:
 
     from harness import campaign
 
-    # --shard: this host's part of the config space (harness.campaign); validated here, before work.
-    config_strategy, shard_info = _config_strategy(args), None
-    if args.shard is not None:
+    # Validates every pinned field and the budget now (BadInput), not inside Hypothesis.
+    config_strategy, shard_info = _config_strategy(args, domain, max_bytes), None
+    if args.shard is not None:  # this host's part of the config space (harness.campaign)
         config_strategy, shard_info = campaign.shard_configs(
-            args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins})),
-            {name: getattr(args, name) for name in campaign.CELL_FIELDS})
-    if args.batches_per_example > 1:
+            args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins}), domain, max_bytes),
+            {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
+    if per_example > 1:
         strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
-                             max_batches=args.batches_per_example)
+                             max_batches=per_example)
     else:
         strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
-    # Validate the strategy's arguments now (BadInput), not inside Hypothesis.
     strategy.validate()
-    from harness.case import Config
-
-    # The smallest config the pinned fields allow must be valid (e.g. int32 offsets), or nothing could run.
-    Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
-           ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
-           layout=args.layout, mode=args.mode)
     out_dir = _out_dir(args.out)
-    db_spec = campaign.parse_database(campaign.default_database(out_dir) if args.database is None else args.database)
+    seed, seed_source = (args.seed, "given") if args.seed is not None else (random.getrandbits(32), "random")
+    run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
+           "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
+           "jobs": jobs, "batches_per_example": per_example, "domain": domain.name, "domain_text": domain.describe(),
+           "max_gpu_mem": max_bytes}
+    # The example database: a malformed URL here, an unreachable Redis below, both before any work.
+    if args.database is None:
+        args.database = campaign.default_database(out_dir)  # --jobs children share it
+    db_spec = campaign.parse_database(args.database)
+    if jobs > 1:
+        database = campaign.open_database(db_spec)
+        db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
+                                       domain=campaign.fuzz_domain(args, domain, per_example))
+        run["campaign"] = campaign.summary_block(db_spec, db_key, shard_info, None,
+                                                 campaign.stored_failures(database, db_key))
+        return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
-    session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None)
-    # The example database: an unreachable Redis is exit 2 here, before any case runs.
+    session = None if args.resume else Session(device, args.kernel, audit=False if args.no_audit else None,
+                                               max_bytes=max_bytes)
     database = None if args.resume else campaign.open_database(db_spec)
-    db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing, domain=campaign.fuzz_domain(args))
-    campaign_block = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
-                                            campaign.shard_seed(args.seed, args.shard),
-                                            campaign.stored_failures(database, db_key))
+    db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
+                                   domain=campaign.fuzz_domain(args, domain, per_example))
+    run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
+                                             campaign.shard_seed(seed, args.shard),
+                                             campaign.stored_failures(database, db_key))
     out_dir.mkdir(parents=True, exist_ok=True)
 
     from harness.fuzz import FuzzResult
     from harness.journal import Journal, recover
+    from harness.outdir import set_aside_earlier_cases
 
+    # Before anything is written: the folder's case files from earlier runs go to cases/earlier/<time>/.
+    args.earlier_cases = set_aside_earlier_cases(out_dir)
+    if args.earlier_cases:
+        _stderr(f"kvfence: {args.earlier_cases['count']} case file(s) of an earlier run moved to "
+                f"{args.earlier_cases['folder']}")
     crashes = recover(out_dir)  # cases in flight when an earlier run's process died: CRASH findings
     for crash in crashes:
         _stderr(f"kvfence: CRASH: a run died launching a case: {crash.path}")
@@ -156,53 +281,88 @@ def cmd_fuzz(args) -> int:
     else:
         from harness.progress import Progress
 
-        # With several batches per example the bar counts cases against the most there can be.
-        progress = None if args.quiet else Progress(args.max_examples * args.batches_per_example)
+        progress = None if args.quiet else Progress(args.max_examples)
+        callback = progress.update if progress else None
+        if args.progress_file:
+            from harness.jobs import POLL_S, write_progress
+
+            callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
         with Journal(out_dir, device=device) as journal:
             try:
                 result = fuzz(session, strategy, max_examples=args.max_examples,
-                              seed=campaign_block["hypothesis_seed"], database=database, database_key=db_key,
+                              seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
-                              progress=progress.update if progress else None,
-                              progress_every_s=progress.every_s if progress else 2.0)
+                              progress=callback, max_seconds=args.max_seconds,
+                              progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0))
             finally:
                 if progress:
                     progress.close()
-        if campaign_block["stored_failures_at_start"]:
-            print(f"kvfence fuzz: replaying {campaign_block['stored_failures_at_start']} stored failure(s) "
+        if run["campaign"]["stored_failures_at_start"]:
+            print(f"kvfence fuzz: replayed {run['campaign']['stored_failures_at_start']} stored failure(s) "
                   f"from {db_spec.display} first")
-        print(f"kvfence fuzz: {result.examples} cases checked in {result.elapsed_s:.1f}s "
-              f"({result.cases_per_s:.1f} cases/s) on {device}, kernel {args.kernel}, sizing {args.sizing}, "
-              f"mode {args.mode}, layout {args.layout}")
-    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path,
-                         campaign_block=None if args.resume else campaign_block)
+        print(f"kvfence fuzz: {result.verified_cases} cases verified ({result.cached_cases} from cache) in "
+              f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+              f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
+              f"seed {'random (%d)' % seed if seed_source == 'random' else seed}")
+    return _fuzz_outputs(args, device, result, crashes, out_dir, json_path, run)
 
 
-def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path],
-                  campaign_block: Optional[dict] = None) -> int:
-    """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
+def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
+    """``--jobs N``: N child fuzz processes (harness.jobs), merged into one summary, report and case folder."""
+    import time
+
+    from harness.jobs import adopt_case_files, run_jobs
+    from harness.progress import Progress
+    from reports import summary as summary_mod
+
+    jobs = run["jobs"]
+    share = [args.max_examples // jobs + (i < args.max_examples % jobs) for i in range(jobs)]
+    require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {args.max_examples}")
+    child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
+                  for i in range(jobs)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from harness.outdir import set_aside_earlier_cases
+
+    earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
+    if earlier:
+        _stderr(f"kvfence: {earlier['count']} case file(s) of an earlier run moved to {earlier['folder']}")
+    progress = None if args.quiet else Progress(args.max_examples)
+    start, started_at = time.perf_counter(), time.time()
+    try:
+        docs, problems, crashes = run_jobs(child_args, out_dir, device=device,
+                                           progress=progress.update if progress else None)
+    finally:
+        if progress:
+            progress.close()
+    elapsed = time.perf_counter() - start
+    for line in problems:
+        _stderr(f"kvfence: {line}")
+    adopt_case_files(docs, out_dir)
+    doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed, started_at=started_at)
+    doc["job_problems"] = problems
+    doc["earlier_cases"] = earlier
+    for crash in crashes:
+        p = str(crash.path)
+        doc["findings"].append(dict(crash.finding.to_dict(), case=p))
+        doc["cases"][p] = summary_mod.case_record(p, crash.case, [crash.finding], source="journal")
+    adopt_case_files([doc], out_dir)
+    print(f"kvfence fuzz: {jobs} jobs, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
+          f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+          f"sizing {args.sizing}, domain {run['domain']}")
+    for path, record in doc["cases"].items():
+        print(f"{', '.join(record['kinds'])}: {path}")
+    if not doc["findings"]:
+        print("no findings")
+    code = _write_summary(doc, out_dir, json_path)
+    return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
+
+
+def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path]) -> int:
+    """summary.json (and --json), report.md / report.html, the table on stdout; the exit code."""
     from harness import casefile
     from reports import summary as summary_mod
     from reports.render import write_reports
 
-    case_path = None
-    if result.findings:
-        from harness.fuzz import format_failure
-
-        extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
-                  "fuzz": {"seed": args.seed, "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples}}
-        case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
-                                            source="fuzz", extras=extras))
-        print(format_failure(result.case, result.findings, limit=20))
-        if result.shrink_cut:
-            print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
-    elif not crashes:
-        print("no findings")
-    run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
-           "seq_len_limit": args.seq_len_limit, "seed": args.seed, "resume": bool(args.resume)}
-    if campaign_block is not None:
-        run["campaign"] = campaign_block  # database, its key, the shard (harness.campaign)
-    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions())
     text = json.dumps(doc, indent=1) + "\n"
     casefile.atomic_write_text(out_dir / "summary.json", text)
     if json_path is not None:
@@ -214,6 +374,30 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
     if written["plot_skipped"]:
         _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
     return EXIT_FINDINGS if doc["findings"] else EXIT_CLEAN
+
+
+def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict) -> int:
+    """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
+    from harness import casefile
+    from reports import summary as summary_mod
+
+    case_path = None
+    if result.findings:
+        from harness.fuzz import format_failure
+
+        extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
+                  "fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
+                           "domain": run["domain"]}}
+        case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
+                                            source="fuzz", extras=extras))
+        print(format_failure(result.case, result.findings, limit=20))
+        if result.shrink_cut:
+            print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
+    elif not crashes:
+        print("no findings")
+    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions(),
+                            earlier=getattr(args, "earlier_cases", None))
+    return _write_summary(doc, out_dir, json_path)
 
 
 # -- repro / report -------------------------------------------------------------------------------------
@@ -256,17 +440,20 @@ def cmd_report(args) -> int:
 
 # -- mutants ------------------------------------------------------------------------------------------
 def cmd_mutants(args) -> int:
-    """The mutation self-test (harness.mutants): exit 0 when every mutant is caught and the reference is clean."""
+    """The mutation self-test (harness.mutants): exit 0 when every mutant is caught on its domain in
+    enough seeds, scale mutants stay unreachable on the CPU domain, and the reference is clean."""
+    from harness.budget import default_budget, parse_size
     from harness.device import select
-    from harness.mutants import format_table, run_all
+    from harness.mutants import format_table, run_all, verdict_text
 
     device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
-    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name}: "
-                                                          f"{'detected' if r.detected else 'not detected'} "
+    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device)
+    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name} ({r.ran_on} domain): {verdict_text(r)} "
                                                           f"({r.seconds:.1f}s)"))
-    report = run_all(device, max_examples=args.max_examples, seed=args.seed, names=args.only or None,
-                     audit=False if args.no_audit else None, progress=progress)
+    report = run_all(device, max_examples=args.max_examples, seeds=range(args.seed, args.seed + args.seeds),
+                     names=args.only or None, audit=False if args.no_audit else None, progress=progress,
+                     max_bytes=max_bytes)
     print(format_table(report))
     if json_path is not None:
         json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -297,86 +484,168 @@ def cmd_sweep(args) -> int:
                      max_failing=args.max_failing, sample=args.sample, timeout=args.timeout, announce=_stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m harness", description="kvfence: differential fuzzing and memory-safety "
-                     "harness for the EAGLE draft-decode kv-indices kernel")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+# -- upstream ----------------------------------------------------------------------------------------
+def cmd_upstream(args) -> int:
+    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (harness.upstream)."""
+    from harness import upstream
 
-    fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers")
+    entry = upstream.fetch(args.version, wheel=args.wheel, offline=True if args.offline else None,
+                           refresh=args.refresh, announce=_stderr)
+    _stderr(f"kvfence: {upstream.describe(entry)}")
+    print(entry.module_path)
+    return EXIT_CLEAN
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="kvfence: differential fuzzing and memory-safety "
+                     "harness for the EAGLE draft-decode kv-indices kernel",
+                     epilog=f"Run '{prog} COMMAND --help' for a command's flags and exit codes.\n\n{EXIT_CODES}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers",
+                        description="Fuzz the kernel against the oracle inside guarded buffers; a failure is "
+                                    "shrunk and saved as a case file under --out/cases/.",
+                        epilog=_exit_codes(one="findings (the shrunk case file and the reports are written)"))
     _add_target_args(fz)
     _add_config_args(fz)
-    fz.add_argument("--max-examples", type=_positive_int, default=100)
-    fz.add_argument("--seed", type=_non_negative_int, default=None, help="Hypothesis seed (deterministic run)")
+    fz.add_argument("--max-examples", type=_positive_int, default=100, help="Hypothesis examples to generate")
+    fz.add_argument("--seed", type=_non_negative_int, default=None,
+                    help="Hypothesis seed for a repeatable run (default: random)")
     fz.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget for shrinking a failure")
-    fz.add_argument("--json", default=None, help="write a JSON summary here")
+    fz.add_argument("--json", default=None, help="also write the JSON summary here (default: only --out/summary.json)")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    fz.add_argument("--batches-per-example", type=_positive_int, default=1,
-                    help="up to N batches of one config per Hypothesis example (GPU throughput mode)")
+    fz.add_argument("--batches-per-example", type=_positive_int, default=None,
+                    help=f"up to N batches of one config per Hypothesis example (config-major: one compile and "
+                         f"capture, many replays; default {GPU_BATCHES_PER_EXAMPLE} on CUDA, 1 on the CPU)")
+    fz.add_argument("--scale", default=None, choices=["cpu", "gpu"],
+                    help="config space: cpu (interpreter-sized: ctx <= 48, max_bs <= 4) or gpu (production-sized: "
+                         "max_bs <= 256 in SGLang's capture buckets, ctx <= 131072, topk and steps <= 16, pages "
+                         "1-128); default gpu on CUDA, cpu on the CPU")
+    fz.add_argument("--max-gpu-mem", default=None, metavar="SIZE",
+                    help="device memory one config may take (e.g. 8G, 512M); larger draws are shrunk to fit; "
+                         "default 60%% of free GPU memory split over the jobs (4G per job on the CPU)")
+    fz.add_argument("--jobs", type=_positive_int, default=None,
+                    help="fuzzing processes sharing the GPU(s), merged into one run (default: the CPU cores less "
+                         f"one on CUDA, at most 16 and one per {MIN_EXAMPLES_PER_JOB} examples; 1 on the CPU)")
+    fz.add_argument("--max-seconds", type=float, default=None,
+                    help="stop exploring after this many seconds (shrinking a failure has --shrink-seconds)")
+    fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--out", default="reports/out",
-                    help="folder for cases/, summary.json, report.md and report.html (default reports/out)")
+                    help="folder for cases/, summary.json, report.md and report.html; an earlier run's case "
+                         "files there are moved to cases/earlier/<time>/")
     fz.add_argument("--resume", action="store_true",
                     help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
     fz.add_argument("--database", default=None,
-                    help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; failures stored "
-                         "there are replayed first (default: OUT/.hypothesis)")
+                    help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; its failures "
+                         "are replayed first (default: OUT/.hypothesis)")
     fz.add_argument("--shard", type=_shard, default=None, metavar="I/N",
-                    help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds")
-    fz.set_defaults(func=cmd_fuzz)
+                    help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds "
+                         "(default: all of it)")
+    fz.set_defaults(func=cmd_fuzz, _parser=fz)
 
-    rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)")
+    rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)",
+                        description="Re-run one case file and print the diff against the oracle.",
+                        epilog=_exit_codes(zero="the case passes", one="a finding reproduces"))
     rp.add_argument("file", help="a case file, e.g. reports/out/cases/<hash>.json")
-    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    rp.add_argument("--kernel", default=None, help="run another kernel on this case (does my fix work?)")
-    rp.add_argument("--sizing", default=None, help="run this case under another sizing policy")
-    rp.add_argument("--mode", default=None, choices=["graph", "eager"], help="run this case in another mode")
-    rp.add_argument("--layout", default=None, choices=["redzone", "production"], help="run it in another layout")
+    rp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="cpu: Triton interpreter; cuda: compiled kernel; auto: cuda when present")
+    rp.add_argument("--kernel", default=None,
+                    help="run another kernel on this case, does my fix work? (default: the case file's kernel)")
+    rp.add_argument("--sizing", default=None,
+                    help="run this case under another sizing policy (default: the case file's)")
+    rp.add_argument("--mode", default=None, choices=["graph", "eager"],
+                    help="run this case in another mode (default: the case file's)")
+    rp.add_argument("--layout", default=None, choices=["redzone", "production"],
+                    help="run it in another layout (default: the case file's)")
     rp.add_argument("--no-absorb", action="store_true",
                     help="guards of MIN_GUARD only: an overflow leaves the allocation (for compute-sanitizer runs)")
     rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")
     rp.set_defaults(func=cmd_repro)
 
-    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json, or merge runs")
+    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json, or merge runs",
+                        epilog=_exit_codes(zero="reports written (with --merge: and no findings)",
+                                           one="--merge only: the merged runs have findings",
+                                           two="bad input, e.g. no valid DIR/summary.json (one line on stderr)"))
     rr.add_argument("dir", nargs="?", default=None, help="a fuzz --out folder holding summary.json")
     rr.add_argument("--merge", nargs="+", metavar="DIR", default=None,
-                    help="merge these fuzz --out folders (hosts, shards) into one report, identical cases once")
-    rr.add_argument("--out", default="reports/merged", help="folder of the merged report (default reports/merged)")
+                    help="merge these fuzz --out folders (hosts, shards, nights) into one report; identical "
+                         "failing cases are kept once (default: off)")
+    rr.add_argument("--out", default="reports/merged", help="folder of the merged report")
     rr.set_defaults(func=cmd_report)
 
-    mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected")
-    mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    mu.add_argument("--max-examples", type=_positive_int, default=30, help="example budget per mutant")
-    mu.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
-    mu.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants (file stems)")
-    mu.add_argument("--json", default=None, help="write the results here")
+    mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected",
+                        description="Fuzz every bug in kernels/mutants/ under a fixed budget and several seeds, with "
+                                    "unpinned draws from the domain it belongs to (cpu or gpu), then the reference "
+                                    "kernel (safe sizing) over the same domains, which must stay clean.",
+                        epilog=_exit_codes(zero="every mutant detected in >= 95% of the seeds on its domain, scale "
+                                                "mutants unreachable on the CPU domain, the reference clean",
+                                           one="a mutant missed too often, or a finding on the reference"))
+    mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
+    mu.add_argument("--max-examples", type=_positive_int, default=60, help="example budget per mutant and seed")
+    mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
+    mu.add_argument("--seeds", type=_positive_int, default=1,
+                    help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "
+                         "a mutant passes when detected in >= 95%% of them")
+    mu.add_argument("--max-gpu-mem", default=None, metavar="SIZE", help="memory budget per config (as for fuzz)")
+    mu.add_argument("--only", nargs="+", metavar="NAME",
+                    help="run only these mutants, by file stem (default: every mutant)")
+    mu.add_argument("--json", default=None, help="write the results here (default: not written)")
     mu.add_argument("--no-audit", action="store_true", help="CPU only: turn off the interpreter address audit")
     mu.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     mu.set_defaults(func=cmd_mutants)
 
-    sw = sub.add_parser("sweep", help="nightly: canary fuzzing, then compute-sanitizer on failing and sampled cases")
+    sw = sub.add_parser("sweep", help="nightly: canary fuzzing, then compute-sanitizer on failing and sampled cases",
+                        epilog=_exit_codes(zero="no canary or sanitizer finding",
+                                           two="bad input, no GPU or no compute-sanitizer (one line on stderr)"))
     sw.add_argument("--tools", default=",".join(("memcheck", "initcheck", "racecheck", "synccheck")),
-                    help="comma-separated: memcheck,initcheck,racecheck,synccheck")
-    sw.add_argument("--cases", default=None, help="re-run the case files in this folder instead of fuzzing")
+                    help="comma-separated compute-sanitizer tools")
+    sw.add_argument("--cases", default=None,
+                    help="re-run the case files in this folder instead of fuzzing (default: fuzz)")
     sw.add_argument("--max-examples", type=_positive_int, default=None, help="canary examples (default 500)")
     sw.add_argument("--jobs", type=_positive_int, default=1, help="sanitizer processes at a time")
-    sw.add_argument("--sizing", default="prefix", help="sizing policy of the canary phase (default prefix)")
+    sw.add_argument("--sizing", default="prefix", help="sizing policy of the canary phase")
     sw.add_argument("--mode", default="eager", choices=["graph", "eager"],
                     help="eager: caching allocator off under the tools (memcheck sees overflows); graph: on")
     sw.add_argument("--layout", default="redzone", choices=["redzone", "production"], help="canary-phase layout")
     sw.add_argument("--max-failing", type=_positive_int, default=12, help="failing cases sent to the tools")
     sw.add_argument("--sample", type=_non_negative_int, default=3, help="passing cases sent to the tools")
     sw.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer process")
-    sw.add_argument("--seed", type=_non_negative_int, default=None)
+    sw.add_argument("--seed", type=_non_negative_int, default=None, help="Hypothesis seed (default: random)")
     sw.add_argument("--out", default="reports/out", help="folder for sweep.json, sweep.html, cases/ and logs")
     sw.set_defaults(func=cmd_sweep)
+
+    up = sub.add_parser("upstream", help="SGLang's own kernels, extracted from its PyPI wheel (--kernel sglang==V)",
+                        description="SGLang's own kernels, extracted from its PyPI wheel without installing or "
+                                    "importing SGLang; fuzz them with --kernel sglang==VERSION.",
+                        epilog=_exit_codes(one=None))
+    up_sub = up.add_subparsers(dest="upstream_command", metavar="ACTION", parser_class=_Parser)
+    up_sub.required = True
+    uf = up_sub.add_parser("fetch", help="download the sglang==VERSION wheel (no install), extract its kernels "
+                           "into the cache ($KVFENCE_CACHE or ~/.cache/kvfence) and print the module's path",
+                           description="Download the sglang==VERSION wheel (no install), extract its kernels into "
+                                       "the cache ($KVFENCE_CACHE or ~/.cache/kvfence) and print the module's path.",
+                           epilog=_exit_codes(zero="extracted (or already cached)", one=None))
+    uf.add_argument("version", help="a release, e.g. 0.5.23")
+    uf.add_argument("--wheel", default=None, help="extract from this wheel file instead of downloading")
+    uf.add_argument("--offline", action="store_true", help="never download (also KVFENCE_OFFLINE=1): cache only")
+    uf.add_argument("--refresh", action="store_true", help="extract again even if the cache has this release")
+    uf.set_defaults(func=cmd_upstream)
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+    """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m harness``)."""
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser(prog)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            # No command: the command list, on stderr with exit 2 so a script that lost its arguments
+            # does not pass silently.
+            parser.print_help(sys.stderr)
+            return EXIT_BAD_INPUT
         return args.func(args)
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")

@@ -3,7 +3,7 @@
 Per case the host packs the batch into one staging vector (one host-to-device copy), then three steps
 run on the device — on CUDA each is a CUDA graph captured once per bucket:
 
-1. **prepare**: zero the counters, poison the rows (kv_indptr column 0 back to 0), unpack the staging
+1. **prepare**: poison the rows (kv_indptr column 0 back to 0), unpack the staging
    vector into the runner's static inputs (with the runner's padding already applied on the host), and
    regenerate req_to_token from the case's token seed;
 2. **kernel**: the runner's own captured graph of the kernel under test (exactly what production replays);
@@ -25,7 +25,7 @@ import torch
 
 from harness.case import Case, LaunchBatch
 from harness.guarded import POISON
-from harness.runner import GraphRunner, slot_table
+from harness.runner import GraphRunner, capture_graph, slot_table
 
 #: counters: [kv_indices write set, kv_indptr write set, outside the write sets, inputs changed]
 COUNTERS = ("kv_indices", "kv_indptr", "outside", "inputs")
@@ -47,6 +47,9 @@ class DeviceVerifier:
         self.staging = torch.zeros(self.width, dtype=torch.int64, device=self.device)
         self.table = torch.empty_like(runner.inputs.req_to_token)
         self.graphs: Dict[int, tuple] = {}
+        # Staging rows of a whole batch of cases (total_counters), grown on demand.
+        self._batch_host = None
+        self._batch_dev = None
 
     # -- the three steps, for bucket m ---------------------------------------------------------------
     def _slices(self, m: int):
@@ -57,7 +60,6 @@ class DeviceVerifier:
 
     def _prepare(self, m: int) -> None:
         r, c = self.runner, self.runner.config
-        self.counts.zero_()
         r.kv_indices.view.fill_(POISON)
         r.kv_indptr.view.fill_(POISON)
         r.kv_indptr.view[:, 0] = 0
@@ -99,27 +101,23 @@ class DeviceVerifier:
         return steps
 
     def _capture(self, fn):
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            fn()  # warm-up: compiles the verification kernels outside capture
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
+        # The warm-up inside capture_graph compiles the verification kernels outside capture.
+        return capture_graph(fn, self.device, self.runner.stats).replay
 
-    # -- one case ------------------------------------------------------------------------------------
-    def stage(self, case: Case, lb: LaunchBatch) -> None:
+    # -- cases ---------------------------------------------------------------------------------------
+    def _staged(self, case: Case, lb: LaunchBatch) -> List[int]:
+        """The staging vector of one case: ``[token seed | seq_lens | pool rows | positions]``."""
         c = case.config
-        mb = c.max_bs
+        mb, m = c.max_bs, lb.num_seqs
         values = [0] * self.width
         values[0] = case.batch.token_seed
-        m = lb.num_seqs
         values[1:1 + m] = lb.seq_lens
         values[1 + mb:1 + mb + m] = lb.req_pool_indices
         values[1 + 2 * mb:1 + 2 * mb + m * c.topk] = lb.positions
-        self.host.copy_(torch.tensor(values, dtype=torch.int64))
+        return values
+
+    def stage(self, case: Case, lb: LaunchBatch) -> None:
+        self.host.copy_(torch.tensor(self._staged(case, lb), dtype=torch.int64))
         self.staging.copy_(self.host, non_blocking=True)
 
     def counters(self, case: Case) -> List[int]:
@@ -127,9 +125,39 @@ class DeviceVerifier:
         lb = case.launch()
         prepare, kernel, verify = self._steps(lb.num_seqs)
         self.stage(case, lb)
+        self.counts.zero_()
         prepare()
         kernel()
         verify()
         # The runner's static inputs no longer describe its last full-path load.
         self.runner.inputs.token_seed = None
+        return self.counts.tolist()
+
+    def total_counters(self, cases: List[Case]) -> List[int]:
+        """Run every case (one config) and return the four counters summed over all of them.
+
+        All staging vectors go to the device in one copy; then, per case, one device-to-device copy
+        and the three graph replays are queued without waiting, and the counters come back once at
+        the end. Counters only grow, so an all-zero total proves every case clean; a non-zero total
+        says only that some case is dirty (the caller re-checks them one by one).
+        """
+        launches = [case.launch() for case in cases]
+        steps = [self._steps(lb.num_seqs) for lb in launches]
+        rows = len(cases)
+        if self._batch_host is None or self._batch_host.shape[0] < rows:
+            cuda = self.device.type == "cuda"
+            capacity = max(rows, 2 * (self._batch_host.shape[0] if self._batch_host is not None else 16))
+            self._batch_host = torch.zeros(capacity, self.width, dtype=torch.int64, pin_memory=cuda)
+            self._batch_dev = torch.zeros(capacity, self.width, dtype=torch.int64, device=self.device)
+        self._batch_host[:rows].copy_(torch.tensor([self._staged(c, lb) for c, lb in zip(cases, launches)],
+                                                   dtype=torch.int64))
+        self._batch_dev[:rows].copy_(self._batch_host[:rows], non_blocking=True)
+        self.counts.zero_()
+        for i, (prepare, kernel, verify) in enumerate(steps):
+            self.staging.copy_(self._batch_dev[i], non_blocking=True)
+            prepare()
+            kernel()
+            verify()
+        self.runner.inputs.token_seed = None
+        # One read-back for the batch; it also waits for the pinned rows' copy, so they can be reused.
         return self.counts.tolist()

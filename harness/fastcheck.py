@@ -3,7 +3,7 @@
 ``expected_writes_torch(obs)`` returns the same ``ExpectedWrites`` as
 ``harness.verdict.expected_from_oracle(obs)`` (tests/test_fastcheck.py checks equality on drawn cases),
 without a Python loop over elements: on a GPU it runs where the buffers are, so a large batch's
-expected contents never cross to the host. The formulas are SPEC §2's, vectorised over programs
+expected contents never cross to the host. The formulas are docs/contract.md §2's, vectorised over programs
 ``z = b*topk + k`` and over the elements of each program's segment.
 """
 

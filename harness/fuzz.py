@@ -41,7 +41,7 @@ def format_failure(case: Case, findings: List[Finding], limit: int = 8) -> str:
 
 
 class ExampleStat(NamedTuple):
-    """What one explored example was: the coverage plot's point (reports/render.py)."""
+    """What one explored case was: the coverage plot's point (reports/render.py)."""
 
     topk: int
     num_steps: int
@@ -57,28 +57,65 @@ class ExampleStat(NamedTuple):
 MAX_STATS = 20000
 
 
+class TimeBudgetSpent(BaseException):
+    """Raised inside the Hypothesis test when ``max_seconds`` have passed before any failure.
+
+    A ``BaseException``: Hypothesis lets it through (it is not a failure to shrink), and ``fuzz`` ends
+    the run cleanly with what was checked so far.
+    """
+
+
 @dataclass
 class FuzzResult:
+    """What one run did. The counts use one vocabulary everywhere (progress, summary, table, JSON):
+
+    * ``examples``: Hypothesis examples explored (each holds one case, or several of one config);
+    * ``generated_cases``: cases drawn while exploring, repeats included;
+    * ``verified_cases``: distinct cases launched and verified (exploring and shrinking);
+    * ``cached_cases``: repeats answered from the verdict cache, never launched again;
+    * ``shrink_cases``: cases checked while shrinking a failure (verified or cached);
+    * ``launches``: kernel launches (a dirty case on the device path is launched twice).
+
+    ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done.
+    """
+
     examples: int = 0
+    generated_cases: int = 0
+    verified_cases: int = 0
+    cached_cases: int = 0
+    shrink_cases: int = 0
     launches: int = 0
     elapsed_s: float = 0.0
     case: Optional[Case] = None
     findings: List[Finding] = field(default_factory=list)
     max_utilisation: float = 0.0
+    #: The case of ``max_utilisation`` (need/width), so the report can name it.
+    max_utilisation_stat: Optional[ExampleStat] = None
     shrink_cut: bool = False
     shrinking: bool = False
+    #: True when ``max_seconds`` ended the run before ``max_examples``.
+    time_cut: bool = False
     #: Seconds from the start to the first failing case, and the examples it took (before shrinking).
     first_failure_s: Optional[float] = None
     examples_to_failure: Optional[int] = None
+    #: Wall-clock time (epoch seconds) of the first failing case: ``--jobs`` parents compare jobs by it.
+    first_failure_at: Optional[float] = None
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
     stats: List[ExampleStat] = field(default_factory=list)
     failure_stat: Optional[ExampleStat] = None
     #: ``harness.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
     hypothesis: Optional[dict] = None
+    #: Distinct configs checked, and the largest one launched (by its memory estimate).
+    distinct_configs: int = 0
+    largest_config: Optional[dict] = None
+    #: Boundary class -> cases that reached it (``harness.domain.boundary_classes``).
+    boundaries: Dict[str, int] = field(default_factory=dict)
+    #: The session's compile / capture counters and times (``Session.stats``), copied at the end.
+    session_stats: Dict[str, float] = field(default_factory=dict)
 
     @property
     def cases_per_s(self) -> float:
-        return self.examples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self.verified_cases / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
 def utilisation(case: Case) -> float:
@@ -95,80 +132,125 @@ def example_stat(case: Case, failed: bool) -> ExampleStat:
 
 
 def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
-    """Reservoir sampling: ``result.stats`` is a uniform sample of the examples seen so far."""
+    """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far."""
     if len(result.stats) < MAX_STATS:
         result.stats.append(stat)
     else:
-        j = rng.randrange(result.examples)
+        j = rng.randrange(result.generated_cases)
         if j < MAX_STATS:
             result.stats[j] = stat
+
+
+def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
+    """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them."""
+    batch = getattr(session, "check_many", None)
+    if batch is not None and len(cases) > 1:
+        if journal is not None:
+            journal.begin_many(cases)
+        out = batch(cases)
+        if journal is not None:
+            journal.end()
+        return out
+    out = []
+    for case in cases:
+        if journal is not None:
+            journal.begin(case)
+        out.append(session.check(case))
+        if journal is not None:
+            journal.end()
+    return out
 
 
 def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
          progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
-         targeting: bool = True) -> FuzzResult:
-    """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples.
+         targeting: bool = True, max_seconds: Optional[float] = None) -> FuzzResult:
+    """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples,
+    or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
 
-    ``FuzzResult.examples`` counts the cases checked while generating (not while shrinking).
-
-    ``journal`` (a ``harness.journal.Journal``) records each case as in flight around its launch.
+    ``journal`` (a ``harness.journal.Journal``) records the cases in flight around each launch.
     ``database`` (a Hypothesis ``ExampleDatabase``) needs ``database_key`` (``harness.campaign.database_key``):
     every kernel shares this one test function, so Hypothesis's default key would mix their examples.
     ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
     limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
     """
+    from harness.budget import estimate_bytes
     from harness.casefile import hypothesis_blob, hypothesis_final
+    from harness.domain import boundary_classes
 
     result = FuzzResult()
     rng = random.Random(0)
     verdicts: Dict[Case, List[Finding]] = {}
-    state = {"first_failure": None, "last_progress": 0.0}
+    configs_seen: Dict[object, int] = {}
+    state = {"first_failure": None, "last_progress": 0.0, "largest": -1}
     start = time.perf_counter()
 
     def body(example):
         # An example is one Case, or a list of Cases sharing a config (strategies.case_runs).
-        utilisations = [check_one(case) for case in (example if isinstance(example, list) else (example,))]
-        if targeting and state["first_failure"] is None:
-            target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
-
-    def check_one(case: Case):
+        cases = example if isinstance(example, list) else [example]
         now = time.perf_counter()
         shrinking = state["first_failure"] is not None
-        if case in verdicts:
-            findings = verdicts[case]
-        elif shrinking and now - state["first_failure"] > shrink_seconds:
-            result.shrink_cut = True
-            return 0.0  # shrink budget spent: unseen candidates are not launched
-        else:
-            if journal is not None:
-                journal.begin(case)
-            findings = session.check(case)
-            if journal is not None:
-                journal.end()
-            verdicts[case] = findings
-            result.launches += 1
-        utilisation = 0.0
+        if not shrinking and max_seconds is not None and now - start > max_seconds:
+            result.time_cut = True
+            raise TimeBudgetSpent()
         if not shrinking:
             result.examples += 1
-            stat = example_stat(case, bool(findings))
-            _keep(result, stat, rng)
-            utilisation = stat.need / stat.width
-            result.max_utilisation = max(result.max_utilisation, utilisation)
+        fresh = [c for c in dict.fromkeys(cases) if c not in verdicts]
+        if fresh and shrinking and now - state["first_failure"] > shrink_seconds:
+            result.shrink_cut = True
+            fresh = []  # shrink budget spent: unseen candidates are not launched (they count as passing)
+        if fresh:
+            for case, findings in zip(fresh, _check_many(session, fresh, journal)):
+                verdicts[case] = findings
+            result.verified_cases += len(fresh)
+        utilisations = []
+        for case in cases:
+            findings = verdicts.get(case)
+            if findings is None:
+                continue  # unseen candidate after the shrink budget: passes
+            if case not in fresh:
+                result.cached_cases += 1
+            if shrinking:
+                result.shrink_cases += 1
+            else:
+                _explored(case, findings)
+                utilisations.append(case.sizing_summary()["need"] / case.sizing_summary()["width"])
+            if findings:
+                _failed(case, findings)
         if progress is not None and now - state["last_progress"] >= progress_every_s:
             state["last_progress"] = now
             result.elapsed_s = now - start
+            result.launches = session.stats.get("launches", result.verified_cases)
             progress(result)
-        if findings:
-            if state["first_failure"] is None:
-                state["first_failure"] = time.perf_counter()
-                result.first_failure_s = state["first_failure"] - start
-                result.examples_to_failure = result.examples
-                result.shrinking = True
-            if hypothesis_final():
-                result.hypothesis = hypothesis_blob()
-            raise FindingsFound(case, findings)
-        return utilisation
+        if targeting and utilisations and state["first_failure"] is None:
+            target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
+
+    def _explored(case: Case, findings) -> None:
+        result.generated_cases += 1
+        stat = example_stat(case, bool(findings))
+        _keep(result, stat, rng)
+        u = stat.need / stat.width
+        if u > result.max_utilisation:
+            result.max_utilisation, result.max_utilisation_stat = u, stat
+        config = case.config
+        if config not in configs_seen:
+            configs_seen[config] = size = estimate_bytes(config)
+            if size > state["largest"]:
+                state["largest"] = size
+                result.largest_config = dict(config.to_dict(), estimated_bytes=size)
+        for name in boundary_classes(config, case.batch.seq_lens, case.batch.raw_bs):
+            result.boundaries[name] = result.boundaries.get(name, 0) + 1
+
+    def _failed(case: Case, findings) -> None:
+        if state["first_failure"] is None:
+            state["first_failure"] = time.perf_counter()
+            result.first_failure_s = state["first_failure"] - start
+            result.first_failure_at = time.time()
+            result.examples_to_failure = result.examples
+            result.shrinking = True
+        if hypothesis_final():
+            result.hypothesis = hypothesis_blob()
+        raise FindingsFound(case, findings)
 
     test = given(strategy)(body)
     if seed is not None:
@@ -191,8 +273,13 @@ def fuzz(session: Session, strategy, *, max_examples: int, seed: Optional[int] =
         result.case = failure.case
         result.findings = failure.findings
         result.failure_stat = example_stat(failure.case, True)
+    except TimeBudgetSpent:
+        pass
     result.shrinking = False
     result.elapsed_s = time.perf_counter() - start
+    result.distinct_configs = len(configs_seen)
+    result.session_stats = dict(session.stats)
+    result.launches = session.stats.get("launches", result.verified_cases)
     return result
 
 

@@ -23,8 +23,6 @@ from harness.case import SLOT_BITS
 
 #: Fills the live region before a launch; every valid kv_indices / kv_indptr value is >= 0.
 POISON = -1
-#: Minimum guard length (elements) at the front, after rows (redzone layout) and at the tail.
-MIN_GUARD = 64
 
 
 def canary_values(seed: int, length: int, device) -> torch.Tensor:

@@ -47,8 +47,7 @@ class Journal:
         self._prefix: Dict[tuple, str] = {}
         os.pwrite(self.fd, DONE + b"\n", 0)
 
-    def begin(self, case: Case) -> None:
-        """Record ``case`` as in flight (call right before launching it)."""
+    def _record(self, case: Case, tail: str = "") -> str:
         key = (case.config, case.kernel, case.canary_seed)
         prefix = self._prefix.get(key)
         if prefix is None:
@@ -58,9 +57,19 @@ class Journal:
                       f'"kernel":{json.dumps(case.kernel)},"canary_seed":{case.canary_seed},"batch":')
             self._prefix[key] = prefix
         b = case.batch
-        record = (f'{prefix}{{"seq_lens":{list(b.seq_lens)},"req_pool_indices":{list(b.req_pool_indices)},'
-                  f'"token_seed":{b.token_seed}}}}}}}\n')
-        os.pwrite(self.fd, IN_FLIGHT + record.encode(), 0)
+        return (f'{prefix}{{"seq_lens":{list(b.seq_lens)},"req_pool_indices":{list(b.req_pool_indices)},'
+                f'"token_seed":{b.token_seed}}}}}{tail}}}\n')
+
+    def begin(self, case: Case) -> None:
+        """Record ``case`` as in flight (call right before launching it)."""
+        os.pwrite(self.fd, IN_FLIGHT + self._record(case).encode(), 0)
+
+    def begin_many(self, cases) -> None:
+        """Record a batch of cases of one config checked in one device round trip: the first as the case
+        in flight, the others' batches beside it. A fault surfaces only when the batch's results are
+        read back, so the journal cannot know which case caused it; ``recover`` says so."""
+        others = json.dumps([c.batch.to_dict() for c in cases[1:]], separators=(",", ":"))
+        os.pwrite(self.fd, IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
 
     def end(self) -> None:
         """The verdict is in: nothing is in flight."""
@@ -135,11 +144,15 @@ def recover(out_dir) -> List[Crash]:
                 run = record.get("run", {})
                 started = run.get("started")
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+                others = record.get("batch_of") or []
+                where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others' batches "
+                         "are in the case file's extras: repro each to find the guilty one)") if others else "this launch"
                 finding = Finding(Kind.CRASH, "kernel", "launch",
-                                  detail=f"process {run.get('pid', '?')} (run started {when}) died during this launch")
+                                  detail=f"process {run.get('pid', '?')} (run started {when}) died during {where}")
                 device = run.get("device", "")
                 case_path = casefile.write_case(case, [finding], out_dir=out_dir, device=device, source="journal",
-                                                extras={"journal": {"slot": path.name, **run}})
+                                                extras={"journal": {"slot": path.name, **run},
+                                                        **({"batch_of": others} if others else {})})
                 crashes.append(Crash(case_path, case, finding))
             elif problem is not None:  # kept for a human to read; the run goes on
                 with open(folder / "unusable-slots.log", "a") as fh:

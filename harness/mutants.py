@@ -1,4 +1,4 @@
-"""Mutation self-test: does kvfence catch the bugs it exists for?
+"""Mutation self-test: does kvfence catch the bugs it exists for, reliably?
 
 ``kernels/mutants/`` holds small files, each one known bug (its module docstring says which):
 
@@ -9,10 +9,14 @@
 * sizing mutants (``KIND = "sizing"``): a policy ``row_width(n, topk, ctx, num_steps)``, run with the
   reference kernel.
 
-Each file's ``PINS`` are ``strategies.configs`` keyword arguments under which its bug shows (e.g.
-``topk >= 2`` for a draft-layout bug). ``run_all`` fuzzes every mutant under a fixed example budget and
-seed and records whether (and after how many examples) a finding appeared. The reference kernel with
-the ``safe`` sizing is fuzzed over the same pinned configs and must stay clean.
+Each file's ``DOMAIN`` (``cpu`` unless stated) is the config space whose *default, unpinned* draws must
+reach the bug (``harness.domain``): no field is pinned, so a detection is the strategies' doing, not
+the test author's. ``gpu`` mutants are scale bugs (past a copy block, a lane width, a page of 64): on a
+CUDA device they are fuzzed on the GPU domain the way ``fuzz --device cuda`` does (config-major, many
+batches per example) and must be caught; on the CPU they are fuzzed on the CPU domain and must *not*
+be, which proves they really are scale-only. ``run_all(seeds=N)`` runs every mutant under N seeds and
+reports its detection rate and median / worst examples-to-detection; the reference kernel with the
+``safe`` sizing is fuzzed over the same domains and must stay clean.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ KERNEL_ATTR = "generate_draft_decode_kv_indices"
 SIZING_ATTR = "row_width"
 KINDS = ("kernel", "sizing")
 REFERENCE = "reference"
+#: Fraction of seeds under which a mutant must be detected (on its own domain) for the self-test to pass.
+REQUIRED_RATE = 0.95
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class Mutant:
     name: str
     kind: str  # "kernel" or "sizing"
     path: Path
-    pins: dict
+    domain: str  # "cpu" or "gpu": where default draws must reach the bug
     bug: str  # first line of the docstring
 
     kernel_file: Optional[Path] = None  # the built (mutated) kernel module, for kernel mutants
@@ -55,38 +61,78 @@ class Mutant:
 
 @dataclass
 class MutantResult:
+    """One mutant under ``len(seeds)`` seeds. ``expected`` is whether it should be detected here (False
+    for the reference, and for a GPU-domain mutant fuzzed on the CPU domain)."""
+
     name: str
-    detected: bool
-    examples_to_detection: Optional[int]
-    kinds: List[str]
-    seconds: float
-    examples: int
+    kind: str
+    domain: str
+    ran_on: str  # the domain its cases were drawn from
+    expected: bool
+    seeds: List[int] = field(default_factory=list)
+    #: Per seed: examples to the first finding (None: not detected within the budget).
+    to_detection: List[Optional[int]] = field(default_factory=list)
+    seconds_to_detection: List[Optional[float]] = field(default_factory=list)
+    kinds: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+    budget: int = 0
     bug: str = ""
-    kind: str = ""
     headline: str = ""
 
+    @property
+    def detections(self) -> int:
+        return sum(x is not None for x in self.to_detection)
+
+    @property
+    def detected(self) -> bool:
+        return self.detections > 0
+
+    @property
+    def rate(self) -> float:
+        return self.detections / len(self.seeds) if self.seeds else 0.0
+
+    @property
+    def examples_to_detection(self) -> Optional[int]:
+        """Median examples to detection over the seeds that detected it."""
+        found = sorted(x for x in self.to_detection if x is not None)
+        return found[len(found) // 2] if found else None
+
+    @property
+    def worst_to_detection(self) -> Optional[int]:
+        found = [x for x in self.to_detection if x is not None]
+        return max(found) if found else None
+
+    @property
+    def passed(self) -> bool:
+        return self.rate >= REQUIRED_RATE if self.expected else self.detections == 0
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "detected": self.detected,
-                "examples_to_detection": self.examples_to_detection, "kinds": self.kinds,
-                "seconds": round(self.seconds, 3), "examples": self.examples, "bug": self.bug,
-                "first_finding": self.headline}
+        secs = [x for x in self.seconds_to_detection if x is not None]
+        return {"name": self.name, "kind": self.kind, "domain": self.domain, "ran_on": self.ran_on,
+                "expected": self.expected, "passed": self.passed, "detected": self.detected,
+                "seeds": len(self.seeds), "detections": self.detections, "rate": round(self.rate, 3),
+                "examples_to_detection": self.examples_to_detection, "worst_examples_to_detection": self.worst_to_detection,
+                "median_seconds_to_detection": round(sorted(secs)[len(secs) // 2], 3) if secs else None,
+                "worst_seconds_to_detection": round(max(secs), 3) if secs else None,
+                "per_seed": self.to_detection, "kinds": self.kinds, "seconds": round(self.seconds, 3),
+                "budget": self.budget, "bug": self.bug, "first_finding": self.headline}
 
 
 @dataclass
 class SelfTest:
     mutants: List[MutantResult] = field(default_factory=list)
-    reference: Optional[MutantResult] = None
+    reference: List[MutantResult] = field(default_factory=list)
     max_examples: int = 0
-    seed: int = 0
+    seeds: List[int] = field(default_factory=list)
     device: str = ""
 
     @property
     def passed(self) -> bool:
-        return all(m.detected for m in self.mutants) and self.reference is not None and not self.reference.detected
+        return bool(self.reference) and all(r.passed for r in self.mutants + self.reference)
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "max_examples": self.max_examples, "seed": self.seed, "passed": self.passed,
-                "reference": self.reference.to_dict() if self.reference else None,
+        return {"device": self.device, "max_examples": self.max_examples, "seeds": self.seeds, "passed": self.passed,
+                "required_rate": REQUIRED_RATE, "reference": [r.to_dict() for r in self.reference],
                 "mutants": [m.to_dict() for m in self.mutants]}
 
 
@@ -141,77 +187,117 @@ def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -
     out = []
     for path in paths:
         kind = _load_attr(f"{path}:KIND", "mutant")
-        pins = _load_attr(f"{path}:PINS", "mutant")
         require(kind in KINDS, f"mutant {path.name}: KIND must be one of {', '.join(KINDS)}, got {kind!r}")
-        require(isinstance(pins, dict), f"mutant {path.name}: PINS must be a dict of strategies.configs arguments")
+        domain = getattr(_module_of(path), "DOMAIN", "cpu")
+        require(domain in ("cpu", "gpu"), f"mutant {path.name}: DOMAIN must be cpu or gpu, got {domain!r}")
         doc = (_load_attr(f"{path}:__doc__", "mutant") or "").strip()
         require(doc, f"mutant {path.name} has no docstring stating its bug")
         kernel_file = build_kernel(path.stem, _load_attr(f"{path}:PATCH", "mutant")) if kind == "kernel" else None
-        out.append(Mutant(path.stem, kind, path, dict(pins), doc.splitlines()[0], kernel_file))
+        out.append(Mutant(path.stem, kind, path, domain, doc.splitlines()[0], kernel_file))
     return out
 
 
-def _strategy(mutant: Mutant, kernel: str, sizing: str):
-    from strategies import cases, configs
+def _module_of(path: Path):
+    from harness.targets import _load_file
 
-    return cases(configs(sizing=sizing, **mutant.pins), kernel=kernel)
+    return _load_file(path)
 
 
-def _run(name: str, session, strategy, *, max_examples: int, seed: int, kind: str = "", bug: str = "") -> MutantResult:
+#: Batches per example on the GPU domain, as ``fuzz --device cuda`` draws them (config-major).
+GPU_BATCHES = 32
+
+
+def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int]):
+    from strategies import case_runs, cases, configs
+
+    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes)
+    if domain == "gpu":
+        return case_runs(config, kernel=kernel, max_batches=GPU_BATCHES)
+    return cases(config, kernel=kernel)
+
+
+def _run(result: MutantResult, session, strategy, *, max_examples: int, seeds: List[int],
+         progress: Optional[Callable[[MutantResult], None]] = None) -> MutantResult:
     from harness.fuzz import damage_kinds, fuzz
 
     start = time.perf_counter()
-    # No shrinking budget: the first failing example is the detection; its findings are reported.
-    result = fuzz(session, strategy, max_examples=max_examples, seed=seed, shrink_seconds=0.0)
-    detected = bool(result.findings)
-    return MutantResult(name, detected, result.examples if detected else None,
-                        damage_kinds(result.findings) if detected else [], time.perf_counter() - start,
-                        result.examples, bug, kind, result.findings[0].headline() if detected else "")
+    for seed in seeds:
+        # No shrinking budget: the first failing example is the detection; its findings are reported.
+        r = fuzz(session, strategy, max_examples=max_examples, seed=seed, shrink_seconds=0.0, targeting=False)
+        result.seeds.append(seed)
+        found = bool(r.findings)
+        result.to_detection.append(r.examples_to_failure if found else None)
+        result.seconds_to_detection.append(r.first_failure_s if found else None)
+        if found and not result.kinds:
+            result.kinds, result.headline = damage_kinds(r.findings), r.findings[0].headline()
+    result.seconds = time.perf_counter() - start
+    result.budget = max_examples
+    if progress is not None:
+        progress(result)
+    return result
 
 
-def run_all(device: str, *, max_examples: int = 30, seed: int = 0, names: Optional[List[str]] = None,
+def run_all(device: str, *, max_examples: int = 60, seeds=(0,), names: Optional[List[str]] = None,
             reference_examples: Optional[int] = None, audit: Optional[bool] = None,
-            progress: Optional[Callable[[MutantResult], None]] = None, directory: Path = MUTANTS_DIR) -> SelfTest:
-    """Fuzz every mutant (``max_examples`` each), then the reference over the union of their pins."""
+            progress: Optional[Callable[[MutantResult], None]] = None, directory: Path = MUTANTS_DIR,
+            max_bytes: Optional[int] = None) -> SelfTest:
+    """Fuzz every mutant under each seed (``max_examples`` each, unpinned draws from its domain), then
+    the reference over every domain that ran, which must stay clean."""
     from harness.session import Session
     from harness.targets import resolve_sizing
 
     require(max_examples >= 1, f"max_examples must be positive, got {max_examples}")
+    seeds = list(seeds)
+    require(seeds and all(isinstance(x, int) and x >= 0 for x in seeds), f"seeds must be non-negative integers, got {seeds}")
     mutants = discover(directory, names=names)
     require(mutants, f"no mutant files in {directory}")
-    report = SelfTest(max_examples=max_examples, seed=seed, device=device)
-    reference = Session(device, REFERENCE, audit=audit)
+    report = SelfTest(max_examples=max_examples, seeds=seeds, device=device)
+    reference = Session(device, REFERENCE, audit=audit, max_bytes=max_bytes)
+    ran_on = set()
     for m in mutants:
         resolve_sizing(m.sizing)  # a broken sizing file is bad input before anything runs
-        session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit)
-        result = _run(m.name, session, _strategy(m, m.kernel, m.sizing), max_examples=max_examples, seed=seed,
-                      kind=m.kind, bug=m.bug)
-        report.mutants.append(result)
-        if progress is not None:
-            progress(result)
-    union = st.one_of([_strategy(m, REFERENCE, "safe") for m in mutants])
+        domain = m.domain if device == "cuda" else "cpu"
+        ran_on.add(domain)
+        session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit, max_bytes=max_bytes)
+        result = MutantResult(m.name, m.kind, m.domain, domain, expected=(domain == m.domain), bug=m.bug)
+        report.mutants.append(_run(result, session, _strategy(domain, m.kernel, m.sizing, max_bytes),
+                                   max_examples=max_examples, seeds=seeds, progress=progress))
     budget = reference_examples if reference_examples is not None else max_examples * 2
-    report.reference = _run(REFERENCE, reference, union, max_examples=budget, seed=seed, kind="kernel",
-                            bug="the reference kernel with the safe sizing (must stay clean)")
-    if progress is not None:
-        progress(report.reference)
+    for domain in sorted(ran_on):
+        result = MutantResult(REFERENCE, "kernel", domain, domain, expected=False,
+                              bug="the reference kernel with the safe sizing (must stay clean)")
+        report.reference.append(_run(result, reference, _strategy(domain, REFERENCE, "safe", max_bytes),
+                                     max_examples=budget, seeds=seeds[:1], progress=progress))
     return report
 
 
+def verdict_text(r: MutantResult) -> str:
+    """What a row means, in words: the reference is "clean (expected)", a scale mutant on the CPU domain
+    "not reachable here (expected)", a mutant on its own domain its detection count."""
+    if r.name == REFERENCE:
+        return "clean (expected)" if not r.detected else "FOUND: the reference is not clean"
+    if not r.expected:
+        return "not reachable here (expected)" if not r.detected else "DETECTED off its domain"
+    return f"{r.detections}/{len(r.seeds)} seeds" + ("" if r.passed else " (below 95%)")
+
+
 def format_table(report: SelfTest) -> str:
-    rows = [("mutant", "kind", "detected", "examples", "finding kinds", "seconds")]
-    for r in report.mutants + ([report.reference] if report.reference else []):
-        clean = r.name == REFERENCE
-        detected = ("FOUND (bad)" if r.detected else "clean") if clean else ("yes" if r.detected else "NO")
-        rows.append((r.name, r.kind, detected,
-                     str(r.examples_to_detection) if r.detected else f"-/{r.examples}",
+    rows = [("mutant", "kind", "domain", "ran on", "verdict", "examples (median/worst)", "budget", "finding kinds",
+             "seconds")]
+    for r in report.mutants + report.reference:
+        examples = f"{r.examples_to_detection}/{r.worst_to_detection}" if r.detected else "-"
+        rows.append((r.name, r.kind, r.domain, r.ran_on, verdict_text(r), examples, str(r.budget),
                      ", ".join(r.kinds) or "-", f"{r.seconds:.2f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    found = sum(r.detected for r in report.mutants)
+    own = [m for m in report.mutants if m.expected]
+    caught = sum(m.passed for m in own)
+    off = [m for m in report.mutants if not m.expected]
     verdict = "PASS" if report.passed else "FAIL"
-    lines.append(f"{verdict}: {found}/{len(report.mutants)} mutants detected, reference "
-                 f"{'clean' if report.reference and not report.reference.detected else 'NOT clean'} "
-                 f"({report.max_examples} examples per mutant, seed {report.seed}, device {report.device})")
+    lines.append(f"{verdict}: {caught}/{len(own)} mutants detected in >= {REQUIRED_RATE:.0%} of {len(report.seeds)} "
+                 f"seed(s) on their domain"
+                 + (f", {sum(m.passed for m in off)}/{len(off)} scale mutants unreachable on the CPU domain" if off else "")
+                 + f", reference {'clean' if all(r.passed for r in report.reference) else 'NOT clean'} "
+                 f"({report.max_examples} examples per mutant and seed, device {report.device})")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
-"""The oracle: SPEC §2 written as plain Python (no torch, numpy or Triton).
+"""The oracle: docs/contract.md §2 written as plain Python (no torch, numpy or Triton).
 
-Read it beside SPEC.md. Given what a launch is fed, it returns exactly what the kernel must write:
+Read it beside docs/contract.md §2. Given what a launch is fed, it returns exactly what the kernel must write:
 every kv_indices element ``(s, e)`` (step row ``s``, element ``e`` of that row, possibly past the row's
 width: that is the sizing bug, not the oracle's business) and every kv_indptr column, plus, for
 attributing findings, the segment ``[start, stop)`` of row ``s`` that each program ``(s, b, k)`` writes.

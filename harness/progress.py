@@ -24,15 +24,21 @@ class Progress:
         self._start = time.perf_counter()
 
     def line(self, result) -> str:
+        """One line in the run's vocabulary (harness.fuzz.FuzzResult): examples against the budget,
+        verified and cached cases, the verified rate, and what the run is doing now."""
         elapsed = result.elapsed_s or (time.perf_counter() - self._start)
-        rate = result.examples / elapsed if elapsed > 0 else 0.0
+        rate = result.verified_cases / elapsed if elapsed > 0 else 0.0
         done = min(result.examples, self.total)
         filled = int(BAR_WIDTH * done / self.total) if self.total else BAR_WIDTH
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
         n = len(result.findings)
-        found = "failure found, shrinking" if result.shrinking else f"{n} finding{'s' * (n != 1)}"
-        return (f"kvfence [{bar}] {done}/{self.total} examples | {found} | "
-                f"{rate:.1f} cases/s | {elapsed:.0f}s | max need/width {result.max_utilisation:.2f}")
+        if result.shrinking:
+            state = f"failure found, shrinking ({result.shrink_cases} shrink cases)"
+        else:
+            state = f"{n} finding{'s' * (n != 1)}"
+        return (f"kvfence [{bar}] {done}/{self.total} examples | {result.verified_cases} verified, "
+                f"{result.cached_cases} cached | {rate:.1f} verified cases/s | {state} | {elapsed:.0f}s | "
+                f"max need/width {result.max_utilisation:.2f}")
 
     def update(self, result) -> None:
         text = self.line(result)

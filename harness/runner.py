@@ -3,7 +3,7 @@
 Both runners share one interface, ``run(batch) -> Observation``:
 
 * ``EagerRunner`` sizes fresh buffers per batch (``n = num_seqs``) and launches directly.
-* ``GraphRunner`` follows SPEC §4: static inputs and buffers sized once at ``max_bs``, kv_indptr zeroed
+* ``GraphRunner`` follows docs/contract.md §4: static inputs and buffers sized once at ``max_bs``, kv_indptr zeroed
   once, each batch copied into the first ``raw_bs`` rows and padded to its bucket (seq_len 1,
   position 0, pool index 0). On CUDA each bucket is captured once into a ``torch.cuda.CUDAGraph``
   (after a warm-up launch) and replayed; on CPU the bucket's launch is run directly (emulation).
@@ -11,6 +11,7 @@ Both runners share one interface, ``run(batch) -> Observation``:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -19,7 +20,8 @@ import torch
 from harness.audit import for_launch as audit_for_launch, resolve_audit
 from harness.case import Batch, Case, Config, LaunchBatch, SLOT_BITS, launch_batch
 from harness.findings import Finding
-from harness.guarded import MIN_GUARD, GuardedBuffer
+from harness.budget import buffer_geometry
+from harness.guarded import GuardedBuffer
 from harness.targets import KernelTarget
 
 
@@ -50,22 +52,13 @@ class Observation:
 
 
 def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = True):
-    """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded.
-
-    Guards are at least as long as the farthest element a correct kernel can write past a row under
-    this sizing (``Config.worst_overflow``), so even the pre-fix policy stays inside our allocation.
-    ``absorb=False`` keeps only ``MIN_GUARD``: an overflow then leaves the allocation as it does in
-    production. Only for runs under compute-sanitizer, which is what reports such writes.
-    """
-    overflow = max(0, config.worst_overflow()) if absorb else 0
-    redzone = config.layout == "redzone"
-    width = config.row_width(n)
-    kv_indices = GuardedBuffer("kv_indices", config.num_steps, width,
-                               row_guard=MIN_GUARD + overflow if redzone else 0,
-                               front=MIN_GUARD, tail=MIN_GUARD + overflow, device=device, canary_seed=canary_seed)
-    kv_indptr = GuardedBuffer("kv_indptr", config.num_steps, n * config.topk + 1,
-                              row_guard=MIN_GUARD if redzone else 0, front=MIN_GUARD, tail=MIN_GUARD,
-                              device=device, canary_seed=canary_seed + 1, keep_zero_column=True)
+    """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded, laid out
+    by ``harness.budget.buffer_geometry`` (the same numbers the memory budget counts)."""
+    kvi, kvp = buffer_geometry(config, n, absorb)
+    kv_indices = GuardedBuffer("kv_indices", kvi.rows, kvi.width, row_guard=kvi.row_guard, front=kvi.front,
+                               tail=kvi.tail, device=device, canary_seed=canary_seed)
+    kv_indptr = GuardedBuffer("kv_indptr", kvp.rows, kvp.width, row_guard=kvp.row_guard, front=kvp.front,
+                              tail=kvp.tail, device=device, canary_seed=canary_seed + 1, keep_zero_column=True)
     return kv_indices, kv_indptr
 
 
@@ -93,10 +86,37 @@ class _Inputs:
                 "req_pool_indices": self.req_pool_indices, "positions": self.positions}
 
 
+def capture_graph(fn, device, stats: Optional[dict] = None) -> "torch.cuda.CUDAGraph":
+    """Run ``fn`` once on a side stream (compiling what it launches), then capture it into a CUDA graph.
+
+    ``stats`` (a ``Session.stats``) counts ``captures`` and adds the warm-up time to ``compile_s`` and
+    the capture time to ``capture_s``, so a run reports them apart from checking time.
+    """
+    t0 = time.perf_counter()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize(device)
+    if stats is not None:
+        stats["captures"] = stats.get("captures", 0) + 1
+        stats["compile_s"] = stats.get("compile_s", 0.0) + (t1 - t0)
+        stats["capture_s"] = stats.get("capture_s", 0.0) + (time.perf_counter() - t1)
+    return graph
+
+
 class _RunnerBase:
     def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True,
-                 audit: Optional[bool] = None, absorb: bool = True):
+                 audit: Optional[bool] = None, absorb: bool = True, stats: Optional[dict] = None):
         self.config = config
+        #: The owning session's counters (captures, compile and capture seconds), or a private dict.
+        self.stats = stats if stats is not None else {}
         self.absorb = absorb
         self.kernel = kernel
         self.device = torch.device(device)
@@ -153,11 +173,11 @@ class EagerRunner(_RunnerBase):
 
 
 class GraphRunner(_RunnerBase):
-    """SPEC §4: buffers sized once at ``max_bs``, batches padded to a bucket, one graph per bucket."""
+    """docs/contract.md §4: buffers sized once at ``max_bs``, batches padded to a bucket, one graph per bucket."""
 
     def __init__(self, config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True,
-                 audit: Optional[bool] = None, absorb: bool = True):
-        super().__init__(config, kernel, device, canary_seed, poison, audit, absorb)
+                 audit: Optional[bool] = None, absorb: bool = True, stats: Optional[dict] = None):
+        super().__init__(config, kernel, device, canary_seed, poison, audit, absorb, stats)
         self.kv_indices, self.kv_indptr = _buffers(config, config.max_bs, self.device, canary_seed, absorb)
         self.inputs = _Inputs(config, config.max_bs, self.device)
         self.graphs: Dict[int, "torch.cuda.CUDAGraph"] = {}
@@ -179,19 +199,10 @@ class GraphRunner(_RunnerBase):
             self._bucket_launch(bucket)
 
     def _capture(self, kw: dict) -> "torch.cuda.CUDAGraph":
-        # Warm up (compiles the kernel) on a side stream, then capture. The warm-up writes into the
-        # buffers; every replay is checked against a snapshot taken just before it, so that is harmless.
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self.kernel.launch(**kw)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.kernel.launch(**kw)
-        torch.cuda.synchronize(self.device)
-        return graph
+        # Warm up (compiles the kernel, or loads it from Triton's on-disk cache) on a side stream, then
+        # capture. The warm-up writes into the buffers; every replay is checked against a snapshot
+        # taken just before it (or re-poisoned first), so that is harmless.
+        return capture_graph(lambda: self.kernel.launch(**kw), self.device, self.stats)
 
     def run(self, batch: Batch) -> Observation:
         lb = launch_batch(self.config, batch)
@@ -205,6 +216,6 @@ class GraphRunner(_RunnerBase):
 
 
 def make_runner(config: Config, kernel: KernelTarget, device: str, canary_seed: int = 0, poison: bool = True,
-                audit: Optional[bool] = None, absorb: bool = True):
+                audit: Optional[bool] = None, absorb: bool = True, stats: Optional[dict] = None):
     cls = GraphRunner if config.mode == "graph" else EagerRunner
-    return cls(config, kernel, device, canary_seed=canary_seed, poison=poison, audit=audit, absorb=absorb)
+    return cls(config, kernel, device, canary_seed=canary_seed, poison=poison, audit=audit, absorb=absorb, stats=stats)

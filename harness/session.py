@@ -7,12 +7,14 @@ and return the verdict's findings.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import List, Optional
 
 from weakref import WeakKeyDictionary
 
 from harness.audit import resolve_audit
+from harness.budget import estimate_bytes
 from harness.case import Case, Config
 from harness.device_verify import COUNTERS, DeviceVerifier
 from harness.errors import require
@@ -22,6 +24,10 @@ from harness.runner import GraphRunner, Observation, make_runner
 from harness.targets import KernelTarget, resolve_kernel
 from harness.verdict import check
 
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
 VERIFIERS = ("auto", "oracle", "device")
 
 #: Configs whose runners (buffers, graphs) stay alive; Hypothesis revisits recent configs when shrinking.
@@ -30,8 +36,11 @@ RUNNER_CACHE = 16
 
 class Session:
     def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True,
-                 verifier: str = "auto", audit: Optional[bool] = None, absorb: bool = True):
+                 verifier: str = "auto", audit: Optional[bool] = None, absorb: bool = True,
+                 max_bytes: Optional[int] = None):
         self.device = device
+        #: Device memory the cached runners may hold together (harness.budget estimates); None: no bound.
+        self.max_bytes = max_bytes
         # Interpreter address audit (harness.audit): None = on for cpu, off for cuda; True on cuda is BadInput.
         self.audit = resolve_audit(audit, device)
         self.kernel: KernelTarget = resolve_kernel(kernel, device)
@@ -44,19 +53,38 @@ class Session:
         # case goes through the full verdict, with the torch write-set builder (CUDA default).
         require(verifier in VERIFIERS, f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
         self.verifier = ("device" if device == "cuda" else "oracle") if verifier == "auto" else verifier
-        self.stats = {"fast_clean": 0, "full": 0}
+        #: fast_clean / full: cases judged by the device counters alone / by the full verdict;
+        #: launches: kernel launches; runners: configs built; captures, compile_s, capture_s: CUDA-graph
+        #: captures and the time spent warming up (compiling) and capturing them (harness.runner);
+        #: compiles: distinct constexpr variants of the kernel under test first launched by this process
+        #: (each a Triton compile, or a load from Triton's on-disk cache); batches: check_many round trips.
+        self.stats = {"fast_clean": 0, "full": 0, "launches": 0, "runners": 0, "runner_s": 0.0, "captures": 0,
+                      "compile_s": 0.0, "capture_s": 0.0, "compiles": 0, "batches": 0}
+        self._variants = set()
         self._runners: "OrderedDict[tuple, object]" = OrderedDict()
+        self._runner_bytes: dict = {}
         self._device_verifiers: "WeakKeyDictionary[GraphRunner, DeviceVerifier]" = WeakKeyDictionary()
 
     def runner(self, config: Config, canary_seed: int = 0):
         key = (config, canary_seed)
         runner = self._runners.get(key)
         if runner is None:
+            t0 = time.perf_counter()
             runner = make_runner(config, self.kernel, self.device, canary_seed=canary_seed, poison=self.poison,
-                                 audit=self.audit, absorb=self.absorb)
+                                 audit=self.audit, absorb=self.absorb, stats=self.stats)
+            self.stats["runners"] += 1
+            self.stats["runner_s"] += time.perf_counter() - t0
             self._runners[key] = runner
-            if len(self._runners) > RUNNER_CACHE:
-                self._runners.popitem(last=False)
+            self._runner_bytes[key] = estimate_bytes(config) if self.max_bytes is not None else 0
+            evicted = False
+            while len(self._runners) > 1 and (len(self._runners) > RUNNER_CACHE or (
+                    self.max_bytes is not None and sum(self._runner_bytes.values()) > self.max_bytes)):
+                old, _ = self._runners.popitem(last=False)
+                evicted |= self._runner_bytes.pop(old) > 0
+            if evicted and self.device == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()  # hand the evicted buffers and graph pools back for the next config
         else:
             self._runners.move_to_end(key)
         return runner
@@ -64,20 +92,71 @@ class Session:
     def observe(self, case: Case) -> Observation:
         return self.runner(case.config, case.canary_seed).run(case.batch)
 
+    def _count_launch(self, case: Case) -> None:
+        c, m = case.config, case.launch().num_seqs
+        self.stats["launches"] += 1
+        # The classic launcher's constexprs (harness.targets / kernels.draft_kv_indices.launch).
+        variant = (c.page_size, next_pow2(m), next_pow2(c.num_steps), next_pow2(m * c.topk), c.mode)
+        if self.device == "cuda" and variant not in self._variants:
+            self._variants.add(variant)
+            self.stats["compiles"] += 1
+
+    def _device_verifier(self, runner) -> DeviceVerifier:
+        verifier = self._device_verifiers.get(runner)
+        if verifier is None:
+            verifier = self._device_verifiers[runner] = DeviceVerifier(runner)
+        return verifier
+
+    def _fast_path(self, case: Case, runner) -> bool:
+        if not (self.verifier == "device" and self.poison and isinstance(runner, GraphRunner)):
+            return False
+        sizing = case.sizing_summary()
+        return sizing["need"] <= sizing["width"]
+
+    def check_many(self, cases: List[Case]) -> List[List[Finding]]:
+        """Verdicts of ``cases``, in order. Cases of one config that the device verifier can judge go
+        in one round trip (``DeviceVerifier.total_counters``); if that batch is not all clean, each of
+        its cases is checked again on its own, so a finding is always one case's."""
+        out: List[Optional[List[Finding]]] = [None] * len(cases)
+        groups: "OrderedDict[tuple, List[int]]" = OrderedDict()
+        for i, case in enumerate(cases):
+            runner = self.runner(case.config, case.canary_seed)
+            if self._fast_path(case, runner):
+                groups.setdefault((case.config, case.canary_seed), []).append(i)
+            else:
+                out[i] = self.check(case)
+        for (config, canary_seed), idx in groups.items():
+            if len(idx) == 1:
+                out[idx[0]] = self.check(cases[idx[0]])
+                continue
+            runner = self.runner(config, canary_seed)
+            batch = [cases[i] for i in idx]
+            for case in batch:
+                self._count_launch(case)
+            self.stats["batches"] += 1
+            if not any(self._device_verifier(runner).total_counters(batch)):
+                self.stats["fast_clean"] += len(batch)
+                for i in idx:
+                    out[i] = []
+                continue
+            for i in idx:  # some case is dirty: find which, one by one
+                out[i] = self.check(cases[i])
+        return out
+
     def check(self, case: Case) -> List[Finding]:
         runner = self.runner(case.config, case.canary_seed)
+        self._count_launch(case)
         counters = None
         if self.verifier == "device" and self.poison and isinstance(runner, GraphRunner):
             sizing = case.sizing_summary()
             if sizing["need"] <= sizing["width"]:
-                verifier = self._device_verifiers.get(runner)
-                if verifier is None:
-                    verifier = self._device_verifiers[runner] = DeviceVerifier(runner)
-                counters = verifier.counters(case)
+                counters = self._device_verifier(runner).counters(case)
                 if not any(counters):
                     self.stats["fast_clean"] += 1
                     return []
         self.stats["full"] += 1
+        if counters is not None:
+            self.stats["launches"] += 1  # the full path launches the dirty case again
         obs = runner.run(case.batch)
         expected = expected_writes_torch(obs) if self.verifier == "device" else None
         findings = check(obs, expected)

@@ -1,8 +1,9 @@
 """What is under test: kernels and sizing policies, by builtin name or plug-in spec.
 
 A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
-``package.module:attr`` or ``path/to/file.py:attr``. A kernel attr is either a ``@triton.jit`` function
-with the classic ABI of SPEC §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
+``package.module:attr``, ``path/to/file.py:attr`` or, for kernels, ``sglang==VERSION[:attr]`` (SGLang's own
+kernel from its wheel, harness.upstream). A kernel attr is either a ``@triton.jit`` function
+with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
 A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
 """
 
@@ -26,7 +27,7 @@ from harness.errors import BadInput, require
 #: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
 LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
                  "num_steps", "page_size")
-#: The classic ABI's parameter count (SPEC §2).
+#: The classic ABI's parameter count (docs/contract.md §2).
 CLASSIC_ARITY = 13
 BUILTIN_KERNELS = ("reference", "reference-blocked")
 
@@ -100,7 +101,7 @@ def _unwrap(kernel):
 
 
 def _check_classic_signature(spec: str, kernel) -> None:
-    """13 positional parameters without a default (SPEC §2); any other must have one or be supplied."""
+    """13 positional parameters without a default (docs/contract.md §2); any other must have one or be supplied."""
     _, fn, supplied = _unwrap(kernel)
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -111,7 +112,7 @@ def _check_classic_signature(spec: str, kernel) -> None:
     require(len(positional) >= CLASSIC_ARITY and required == positional[:len(required)]
             and len(required) == CLASSIC_ARITY,
             f"kernel {spec!r} takes {len(required)} required arguments "
-            f"({', '.join(p.name for p in required)}); the classic ABI has {CLASSIC_ARITY} (SPEC §2)")
+            f"({', '.join(p.name for p in required)}); the classic ABI has {CLASSIC_ARITY} (docs/contract.md §2)")
 
 
 def _for_device(kernel, device: str):
@@ -145,6 +146,10 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
 
         return KernelTarget(spec, _kernel_launcher(_for_device(generate_draft_decode_kv_indices, device),
                                                    spec == "reference-blocked"))
+    from harness import upstream
+
+    if upstream.is_spec(spec):
+        return _upstream_kernel(spec, device)
     obj = _load_attr(spec, "kernel")
     if _is_triton_kernel(obj):
         _check_classic_signature(spec, obj)
@@ -157,6 +162,17 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
         raise BadInput(f"launcher {spec!r} must accept keyword arguments {', '.join(LAUNCH_KWARGS)}") from None
     ensure(device)
     return KernelTarget(spec, obj, request_axis=None)
+
+
+def _upstream_kernel(spec: str, device: str) -> KernelTarget:
+    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (harness.upstream), fetched if allowed."""
+    from harness import upstream
+
+    entry, attr, abi = upstream.resolve(spec)
+    # The rail kernel has its own contract (docs/contract.md §6), which the oracle does not check yet.
+    require(abi.contract == "draft", f"kernel {spec!r}: contract {abi.contract} not supported yet")
+    kernel = getattr(_load_file(entry.module_path), attr)
+    return KernelTarget(spec, upstream.launcher(_for_device(kernel, device), abi))
 
 
 @functools.lru_cache(maxsize=None)

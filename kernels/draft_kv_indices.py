@@ -1,4 +1,4 @@
-"""kvfence's own Triton implementation of the EAGLE draft-decode kv-indices kernel (SPEC §2).
+"""kvfence's own Triton implementation of the EAGLE draft-decode kv-indices kernel (docs/contract.md §2).
 
 Written from the contract, not from upstream code. Two launch shapes share one kernel:
 
@@ -6,8 +6,8 @@ Written from the contract, not from upstream code. Two launch shapes share one k
 * token-block (``NUM_STEPS > 0``): grid ``(NUM_STEPS * blocks, num_seqs, topk)``; axis 0 packs the step
   and a 512-wide token block, so long prefixes are copied by several programs. Output is bit-identical.
 
-The first 13 parameters are the classic ABI, in SPEC order; ``BLOCK`` and ``NUM_STEPS`` are trailing
-constexprs with defaults, so a classic 13-argument launch works unchanged.
+The first 13 parameters are the classic ABI, in the order of docs/contract.md §2; ``BLOCK`` and
+``NUM_STEPS`` are trailing constexprs with defaults, so a classic 13-argument launch works unchanged.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Row-width policies for the kv_indices buffer (SPEC §3).
+"""Row-width policies for the kv_indices buffer (docs/contract.md §3).
 
 Each policy maps ``(n, topk, ctx, num_steps)`` to the width ``W`` of one step row of the
 ``(num_steps, W)`` kv_indices buffer. ``n`` is ``max_bs`` in graph mode (buffers are sized once, at

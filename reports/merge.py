@@ -6,23 +6,21 @@ it, plus a ``merged`` block listing the runs. Identical failing cases (same case
 ``<hash>.json`` name) are kept once, with every run that found them; identical findings of one case are
 kept once. Case files are validated as data and copied byte for byte: nothing they name is imported.
 
-Totals: ``examples``, ``launches`` and ``elapsed_s`` are sums over the runs (machine time, whether the
-runs were parallel or not), so ``cases_per_s`` is the mean rate of one run; each run's own numbers are
-in ``merged.runs``. The coverage sample takes from each run in proportion to its examples, as many rows
-as the largest input sample holds.
+Counts, coverage and findings are merged by ``reports.summary.merge`` (as for ``fuzz --jobs``);
+``elapsed_s`` is the runs' elapsed seconds summed (machine time, whether the runs were parallel or
+not), so ``cases_per_s`` is the mean rate of one run; each run's own numbers are in ``merged.runs``.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Dict, List
 
 from harness.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
     case_hash, parse_json_file, repro_command
 from harness.errors import BadInput, require
-from reports.summary import MARKER, SUMMARY_VERSION, validate
+from reports.summary import merge as merge_summaries, validate
 
 #: Run settings that should agree across merged runs; when they do not, the merged value says "mixed".
 SHARED_FIELDS = ("device", "kernel", "sizing", "mode", "layout", "seq_len_limit")
@@ -59,30 +57,6 @@ def _mixed(values: List) -> object:
     return values[0] if len(distinct) == 1 else "mixed: " + ", ".join(distinct)
 
 
-def _versions(folders: List[Path], docs: List[dict]) -> dict:
-    """The tool versions when every run agrees, else each run's (a fleet should agree: worth seeing)."""
-    versions = [d.get("versions") or {} for d in docs]
-    if all(v == versions[0] for v in versions):
-        return versions[0]
-    return {str(f): ", ".join(f"{k} {x}" for k, x in v.items()) for f, v in zip(folders, versions)}
-
-
-def _coverage(docs: List[dict]) -> dict:
-    rows_by_run = [d.get("coverage", {}).get("examples", []) for d in docs]
-    cap = max((len(rows) for rows in rows_by_run), default=0)
-    total = sum(d["examples"] for d in docs) or 1
-    rng = random.Random(0)
-    rows: List[list] = []
-    for doc, run_rows in zip(docs, rows_by_run):
-        want = min(len(run_rows), max(1, round(cap * doc["examples"] / total)) if run_rows else 0)
-        rows += run_rows if want == len(run_rows) else rng.sample(run_rows, want)
-    failures = [d["coverage"]["failure"] for d in docs if d.get("coverage", {}).get("failure")]
-    fields = docs[0].get("coverage", {}).get("fields")
-    sampled = len(rows) < sum(d["examples"] for d in docs) or any(d.get("coverage", {}).get("sampled") for d in docs)
-    return {"fields": fields, "examples": rows, "sampled": sampled,
-            "failure": failures[0] if failures else None}
-
-
 def merge(folders: List[Path], out: Path) -> dict:
     """Merge the runs in ``folders`` into ``out`` (summary.json and cases/); return the merged summary."""
     require(folders, "report --merge: name at least one run folder")
@@ -93,60 +67,49 @@ def merge(folders: List[Path], out: Path) -> dict:
     require(not out.exists() or out.is_dir(), f"report --merge: --out {out} exists and is not a directory")
     docs = [_load_run(f) for f in folders]
 
-    # Validate every case file before writing anything.
-    cases: Dict[str, dict] = {}  # content hash -> merged case record
-    sources: Dict[str, Path] = {}
-    renamed: List[Dict[str, str]] = []  # per run: recorded path -> merged path
+    # Every case file is validated before anything is written; each is renamed by its content hash.
+    sources: Dict[str, Path] = {}  # merged path -> a run's case file
+    found_in: Dict[str, List[str]] = {}
     for folder, doc in zip(folders, docs):
         mapping = {}
-        for recorded, record in doc.get("cases", {}).items():
+        for recorded in doc.get("cases", {}):
             path = _case_file(folder, recorded)
-            key = _case_key(path)
-            target = str(out / CASES_DIR / f"{key}.json")
-            mapping[recorded] = target
-            if key not in cases:
-                sources[key] = path
-                cases[key] = dict(record, path=target, repro=repro_command(target), found_in=[])
-            cases[key]["found_in"].append(str(folder))
-        renamed.append(mapping)
-    findings, seen = [], set()
-    for doc, mapping in zip(docs, renamed):
+            mapping[recorded] = target = str(out / CASES_DIR / f"{_case_key(path)}.json")
+            sources.setdefault(target, path)
+            found_in.setdefault(target, []).append(str(folder))
         for f in doc["findings"]:
-            require(f["case"] in mapping, f"report --merge: a finding names case {f['case']}, which its summary's "
-                                          "cases do not list")
-            merged = dict(f, case=mapping[f["case"]])
-            text = json.dumps(merged, sort_keys=True)
-            if text not in seen:
-                seen.add(text)
-                findings.append(merged)
+            require(f["case"] in mapping, f"report --merge: {folder / 'summary.json'} has a finding for case "
+                                          f"{f['case']}, which its cases do not list")
+            f["case"] = mapping[f["case"]]
+        doc["cases"] = {mapping[k]: dict(v, path=mapping[k], repro=repro_command(mapping[k]),
+                                         found_in=found_in[mapping[k]]) for k, v in doc.get("cases", {}).items()}
 
-    examples = sum(d["examples"] for d in docs)
-    elapsed = sum(d["elapsed_s"] for d in docs)
-    runs = [{"dir": str(folder), "host": (d.get("campaign") or {}).get("host"),
-             "shard": ((d.get("campaign") or {}).get("shard") or {}).get("shard"), "device": d.get("device"),
-             "seed": d.get("seed"), "examples": d["examples"], "elapsed_s": d["elapsed_s"],
-             "findings": len(d["findings"]), "cases": len(d.get("cases", {}))} for folder, d in zip(folders, docs)]
-    doc = {
-        MARKER: SUMMARY_VERSION,
-        "examples": examples,
-        "launches": sum(d["launches"] for d in docs),
-        "elapsed_s": round(elapsed, 3),
-        "cases_per_s": round(examples / elapsed, 3) if elapsed > 0 else 0.0,
-        **{name: _mixed([d.get(name) for d in docs]) for name in SHARED_FIELDS},
-        "seed": None,
-        "resume": False,
-        "max_need_over_width": max(d.get("max_need_over_width", 0) for d in docs),
-        "shrink_cut": any(d.get("shrink_cut") for d in docs),
-        "findings": findings,
-        "cases": {c["path"]: c for c in cases.values()},
-        "coverage": _coverage(docs),
-        "versions": _versions(folders, docs),
-        "merged": {"runs": runs, "duplicate_cases": sum(len(c["found_in"]) - 1 for c in cases.values())},
-    }
+    # Counts, coverage and findings as for --jobs (one definition: reports.summary.merge); identical
+    # findings of one case file are kept once. Time is machine time: the runs' elapsed seconds summed.
+    shared = {name: _mixed([d.get(name) for d in docs]) for name in SHARED_FIELDS}
+    doc = merge_summaries(docs, run=dict(shared, seed=None, resume=False),
+                          elapsed_s=sum(d["elapsed_s"] for d in docs))
+    doc["versions"] = _versions(folders, docs)
+    doc["merged"] = {"runs": [_run_row(folder, d) for folder, d in zip(folders, docs)],
+                     "duplicate_cases": sum(len(v) - 1 for v in found_in.values())}
 
     (out / CASES_DIR).mkdir(parents=True, exist_ok=True)
-    for key, source in sources.items():
-        target = out / CASES_DIR / f"{key}.json"
-        target.write_bytes(source.read_bytes())
+    for target, source in sources.items():
+        Path(target).write_bytes(source.read_bytes())
     atomic_write_text(out / "summary.json", json.dumps(doc, indent=1) + "\n")
     return doc
+
+
+def _run_row(folder: Path, doc: dict) -> dict:
+    campaign = doc.get("campaign") or {}
+    return {"dir": str(folder), "host": campaign.get("host"), "shard": (campaign.get("shard") or {}).get("shard"),
+            "device": doc.get("device"), "seed": doc.get("seed"), "examples": doc["examples"],
+            "elapsed_s": doc["elapsed_s"], "findings": len(doc["findings"]), "cases": len(doc.get("cases", {}))}
+
+
+def _versions(folders: List[Path], docs: List[dict]) -> dict:
+    """The tool versions when every run agrees, else each run's (a fleet should agree: worth seeing)."""
+    versions = [d.get("versions") or {} for d in docs]
+    if all(v == versions[0] for v in versions):
+        return versions[0]
+    return {str(f): ", ".join(f"{k} {x}" for k, x in v.items()) for f, v in zip(folders, versions)}

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from reports.summary import COVERAGE_FIELDS, finding_rows, run_rows
+from reports.summary import COVERAGE_FIELDS, earlier_text, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
 
@@ -24,6 +24,30 @@ def _rows_by_topk(doc: dict) -> Dict[int, List[dict]]:
         r = dict(zip(COVERAGE_FIELDS, row))
         out.setdefault(r["topk"], []).append(r)
     return out
+
+
+def panel_counts(doc: dict) -> Dict[int, dict]:
+    """Per topk, what its panel holds: explored examples, of them failed, and case files (always failing).
+
+    The case files' cases are shrunk failures, not explored examples, but they are drawn in the panel
+    and counted in its title, so a panel never shows a point its title says is not there.
+    """
+    out: Dict[int, dict] = {}
+    for topk, rows in _rows_by_topk(doc).items():
+        out[topk] = {"explored": len(rows), "failed": sum(1 for r in rows if r["failed"]), "case_files": 0}
+    for c in doc.get("cases", {}).values():
+        counts = out.setdefault(c["config"]["topk"], {"explored": 0, "failed": 0, "case_files": 0})
+        counts["case_files"] += 1
+    return dict(sorted(out.items()))
+
+
+def panel_title(topk: int, counts: dict) -> str:
+    """``topk=2: 3 examples (1 case file), 2 failed``: every point of the panel is counted."""
+    total = counts["explored"] + counts["case_files"]
+    failed = counts["failed"] + counts["case_files"]
+    files = counts["case_files"]
+    of_which = f" ({files} case file{'s' if files != 1 else ''})" if files else ""
+    return f"topk={topk}: {total} example{'s' if total != 1 else ''}{of_which}, {failed} failed"
 
 
 def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
@@ -44,7 +68,8 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
         import matplotlib.pyplot as plt
     except Exception as exc:  # ImportError, or a broken install
         return None, f"matplotlib is not available ({type(exc).__name__}: {exc}); pip install matplotlib"
-    topks = sorted(set(by_topk) | {c["config"]["topk"] for c in cases})
+    counts = panel_counts(doc)
+    topks = list(counts)
     cols = min(4, len(topks))
     nrows = (len(topks) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 2.9 * nrows), squeeze=False, sharey=True)
@@ -69,7 +94,7 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
         ax.axhline(1.0, color="#d62728", linestyle="--", linewidth=0.9)
         ax.set_xlim(0.5, xmax + 0.5)
         ax.set_xticks(xticks)
-        ax.set_title(f"topk={topk}  ({len(rows)} examples, {len(bad)} failed)", fontsize=9)
+        ax.set_title(panel_title(topk, counts[topk]), fontsize=9)
         ax.set_xlabel("launched requests (num_seqs)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.25)
@@ -82,7 +107,8 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
     if handles:
         # Below the panels: a one- or two-panel figure is too narrow for title and legend on one line.
         fig.legend(list(handles.values()), list(handles), loc="lower center", fontsize=8, ncol=len(handles))
-    fig.suptitle(f"kvfence coverage: {doc['examples']} examples, sizing {doc.get('sizing', '?')} "
+    files = f" + {len(cases)} case file{'s' if len(cases) != 1 else ''}" if cases else ""
+    fig.suptitle(f"kvfence coverage: {doc['examples']} explored examples{files}, sizing {doc.get('sizing', '?')} "
                  "(dashed: need = width)", fontsize=10, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.93))
     buf = io.BytesIO()
@@ -103,7 +129,8 @@ def merged_rows(doc: dict) -> List[List[str]]:
 def _sampled_note(doc: dict) -> str:
     cov = doc.get("coverage", {})
     if cov.get("sampled"):
-        return f"(plot shows a uniform sample of {len(cov.get('examples', []))} of {doc['examples']} examples)"
+        return (f"(plot shows a uniform sample of {len(cov.get('examples', []))} of "
+                f"{doc.get('generated_cases', doc['examples'])} generated cases)")
     return ""
 
 
@@ -118,6 +145,8 @@ def markdown(doc: dict, plot_note: str) -> str:
     if merged_rows(doc):
         out += [f"## Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)", "",
                 md_table(merged_rows(doc), MERGED_HEADER), ""]
+    if earlier_text(doc):
+        out += [earlier_text(doc), ""]
     if doc["findings"]:
         out += ["## Findings", "", md_table(finding_rows(doc), ["kind", "where", "elements", "case file"]), ""]
         out += ["## Case files", ""]
@@ -161,6 +190,8 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str) -> str:
     if merged_rows(doc):
         parts += [f"<h2>Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)</h2>",
                   h_table(merged_rows(doc), MERGED_HEADER)]
+    if earlier_text(doc):
+        parts.append(f"<p class='note'>{e(earlier_text(doc))}</p>")
     if doc["findings"]:
         parts += ["<h2>Findings</h2>", h_table(finding_rows(doc), ["kind", "where", "elements", "case file"]),
                   "<h2>Case files</h2><ul>"]
@@ -199,6 +230,8 @@ def write_reports(doc: dict, out_dir) -> dict:
     out = Path(out_dir)
     png, why = coverage_png(doc)
     png_path = None
+    if png is None and (out / PLOT_NAME).exists():
+        (out / PLOT_NAME).unlink()  # an earlier run's plot must not pass for this run's
     if png is not None:
         png_path = out / PLOT_NAME
         tmp = out / f".{PLOT_NAME}.tmp"

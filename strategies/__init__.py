@@ -1,30 +1,55 @@
-"""Hypothesis strategies for kvfence: ``configs()``, ``batches(config)`` and ``cases()``.
+"""Hypothesis strategies for kvfence: ``configs()``, ``batches(config)``, ``cases()`` and ``case_runs()``.
 
-They compose: ``cases()`` draws a config, then a batch for it. Every argument is validated up front
-(``BadInput``), as Hypothesis validates its own. Draws are biased toward the edges where sizing and
-layout bugs live, and everything shrinks toward small, readable cases (topk 1, one step, page 1,
-one request of length 1, pool rows in order, token seed 0).
+They compose: ``cases()`` draws a config, then a batch for it; ``case_runs()`` draws a config, then
+several batches for it (one captured configuration replayed many times, as a server does). Every
+argument is validated up front (``BadInput``), as Hypothesis validates its own.
+
+Where the draws come from is a ``Domain`` (``harness.domain``): ``cpu`` keeps interpreter-sized
+launches, ``gpu`` reaches production sizes. Draws are biased toward the edges where bugs live (copy
+blocks, lane widths, pages, the context limit, full and padded buckets) while small cases stay the most
+frequent, and everything shrinks toward small, readable cases (topk 1, one step, page 1, one request of
+length 1, pool rows in order, token seed 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Optional
+from typing import Optional, Union
 
 from hypothesis import strategies as st
 
 from harness.case import Batch, Case, Config, MODES, LAYOUTS
 from harness.errors import require
+from harness.domain import COPY_BLOCKS, CPU, Domain, LANE_WIDTHS, domain_named
 
-PAGE_SIZES = (1, 2, 4, 16, 64)
-#: The topk and num_steps values ``configs()`` draws (``harness.campaign`` deals them to shards).
-TOPKS = tuple(range(1, 9))
-NUM_STEPS = tuple(range(1, 9))
+PAGE_SIZES = CPU.page_sizes
 SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
-#: Interpreter-sized defaults: a launch is num_steps*bucket*topk programs of ~2 ms each on CPU.
-DEFAULT_MAX_CTX = 48
-DEFAULT_MAX_BS = 4
+#: The CPU domain's bounds (interpreter-sized: a launch is num_steps*bucket*topk programs of ~2 ms each).
+DEFAULT_MAX_CTX = CPU.max_ctx
+DEFAULT_MAX_BS = CPU.max_bs
+
+BOOLEANS = st.booleans()
+TOKEN_SEEDS = st.integers(0, 2**30 - 1)
+#: Tier of a size draw: 0-1 small (half the mass, and the shrink target), 2 an edge, 3 log-uniform.
+TIERS = st.integers(0, 3)
+#: Length pattern of a batch: 0 one shared length (shrink target), 1 one length per request, 2 a palette.
+LENGTH_MODES = st.integers(0, 2)
+
+
+@functools.lru_cache(maxsize=1024)
+def _integers(lo: int, hi: int):
+    return st.integers(lo, hi)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sampled(values: tuple):
+    return st.sampled_from(values)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def _fixed_or(value, strategy, name, ok, what):
@@ -35,41 +60,123 @@ def _fixed_or(value, strategy, name, ok, what):
     return st.just(value)
 
 
+def _domain(domain: Union[str, Domain]) -> Domain:
+    if isinstance(domain, Domain):
+        return domain
+    require(isinstance(domain, str), f"domain={domain!r} must be a Domain or one of cpu, gpu")
+    return domain_named(domain)
+
+
+def sized(draw, lo: int, hi: int, edges=(), small: int = 8) -> int:
+    """An integer in ``[lo, hi]``: half the time a small one (``lo .. lo+small-1``), a quarter an edge
+    from ``edges``, a quarter log-uniform (a power-of-two range, then a value in it). Shrinks toward ``lo``.
+    """
+    if hi <= lo:
+        return lo
+    tier = draw(TIERS)
+    if tier <= 1:
+        return draw(_integers(lo, min(hi, lo + small - 1)))
+    inside = tuple(sorted({e for e in edges if lo <= e <= hi}))
+    if tier == 2 and inside:
+        return draw(_sampled(inside))
+    top = hi.bit_length() - 1
+    e = draw(_integers(max(0, lo.bit_length() - 1), top))
+    return draw(_integers(max(lo, 1 << e), min(hi, (2 << e) - 1)))
+
+
+# -- configs --------------------------------------------------------------------------------------------
 def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page_size: Optional[int] = None,
             ctx: Optional[int] = None, max_bs: Optional[int] = None, sizing: str = "safe", layout: str = "redzone",
-            mode: str = "graph", max_ctx: int = DEFAULT_MAX_CTX, max_max_bs: int = DEFAULT_MAX_BS):
-    """A ``Config``: topk 1-8 (any integer, not only powers of two), num_steps 1-8, a page size from
-    {1, 2, 4, 16, 64}, ``ctx`` above ``num_steps`` (so ``ctx-steps`` batches exist) and a small
-    ``max_bs``. Pin any field by passing it. Shrinks toward topk 1, one step, page 1, the smallest ctx.
+            mode: str = "graph", max_ctx: Optional[int] = None, max_max_bs: Optional[int] = None,
+            domain: Union[str, Domain] = "cpu", max_bytes: Optional[int] = None):
+    """A ``Config`` from ``domain`` (``cpu``: topk 1-8, steps 1-8, pages 1-64, ctx <= 48, max_bs <= 4;
+    ``gpu``: topk 1-16, steps 1-16, pages 1-128, ctx <= 131072, max_bs <= 256 with SGLang's capture
+    buckets). ``max_ctx`` / ``max_max_bs`` narrow the domain. Pin any field by passing it.
+
+    ``max_bytes`` bounds the device memory a config costs (``harness.budget``): a draw over it is
+    halved in its unpinned fields, ctx first, until it fits. Shrinks toward topk 1, one step, page 1,
+    the smallest ctx and max_bs.
     """
+    dom = _domain(domain)
     require(layout in LAYOUTS, f"configs(layout={layout!r}): choose {', '.join(LAYOUTS)}")
     require(mode in MODES, f"configs(mode={mode!r}): choose {', '.join(MODES)}")
     require(isinstance(sizing, str) and sizing, f"configs(sizing={sizing!r}) must name a sizing policy")
-    require(isinstance(max_ctx, int) and max_ctx >= 2, f"configs(max_ctx={max_ctx!r}) must be an integer >= 2")
-    require(isinstance(max_max_bs, int) and max_max_bs >= 1, f"configs(max_max_bs={max_max_bs!r}) must be >= 1")
-    positive = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
-    topks = _fixed_or(topk, st.integers(TOPKS[0], TOPKS[-1]), "topk", positive, "a positive integer")
-    steps = _fixed_or(num_steps, st.integers(NUM_STEPS[0], NUM_STEPS[-1]), "num_steps", positive, "a positive integer")
-    pages = _fixed_or(page_size, st.sampled_from(PAGE_SIZES), "page_size",
-                      lambda v: positive(v) and v & (v - 1) == 0, "a power of two")
-    _fixed_or(ctx, None, "ctx", positive, "a positive integer")
-    sizes = _fixed_or(max_bs, st.integers(1, max_max_bs), "max_bs", positive, "a positive integer")
-    if None not in (topk, num_steps, page_size, ctx, max_bs):
-        # Fully pinned: one config, no draws (the GPU fuzzes one captured config at a time).
-        return st.just(Config(topk=topk, num_steps=num_steps, page_size=page_size, ctx=ctx, max_bs=max_bs,
-                              sizing=sizing, layout=layout, mode=mode))
-    return _configs(topks, steps, pages, ctx, sizes, sizing, layout, mode, max_ctx)
+    if max_ctx is not None:
+        require(isinstance(max_ctx, int) and max_ctx >= 2, f"configs(max_ctx={max_ctx!r}) must be an integer >= 2")
+        dom = dataclasses.replace(dom, max_ctx=max_ctx)
+    if max_max_bs is not None:
+        require(isinstance(max_max_bs, int) and max_max_bs >= 1, f"configs(max_max_bs={max_max_bs!r}) must be >= 1")
+        dom = dataclasses.replace(dom, max_bs=max_max_bs)
+    require(max_bytes is None or (isinstance(max_bytes, int) and max_bytes >= 1),
+            f"configs(max_bytes={max_bytes!r}) must be a positive number of bytes")
+    for name, value, what in (("topk", topk, "a positive integer"), ("num_steps", num_steps, "a positive integer"),
+                              ("ctx", ctx, "a positive integer"), ("max_bs", max_bs, "a positive integer")):
+        _fixed_or(value, None, name, _positive, what)
+    _fixed_or(page_size, None, "page_size", lambda v: _positive(v) and v & (v - 1) == 0, "a power of two")
+    pins = dict(topk=topk, num_steps=num_steps, page_size=page_size, ctx=ctx, max_bs=max_bs)
+    fixed = dict(sizing=sizing, layout=layout, mode=mode)
+    if None not in pins.values():
+        # Fully pinned: one config, no draws (a pinned GPU run replays one captured config).
+        config = Config(**pins, buckets=dom.buckets_for(max_bs), **fixed)
+        _require_fits(config, max_bytes)
+        return st.just(config)
+    # The smallest config the pins allow must fit the budget, or no draw ever could.
+    smallest = Config(topk=topk or 1, num_steps=num_steps or 1, page_size=page_size or 1,
+                      ctx=ctx or (num_steps or 1) + 1, max_bs=max_bs or 1,
+                      buckets=dom.buckets_for(max_bs or 1), **fixed)
+    _require_fits(smallest, max_bytes)
+    return _configs(dom, tuple(sorted((k, v) for k, v in pins.items() if v is not None)), tuple(sorted(fixed.items())),
+                    max_bytes)
+
+
+def _require_fits(config: Config, max_bytes: Optional[int]) -> None:
+    if max_bytes is None:
+        return
+    from harness.budget import estimate_bytes
+
+    need = estimate_bytes(config)
+    require(need <= max_bytes, f"memory budget {max_bytes} bytes is below the smallest config allowed "
+                               f"({need} bytes for {config.to_dict()}); raise --max-gpu-mem or pin smaller fields")
+
+
+def _ctx_edges(dom: Domain, lo: int):
+    return {lo, lo + 1, *COPY_BLOCKS, *(b + 1 for b in COPY_BLOCKS), 1024, 4096, 32768, 65536, dom.max_ctx}
+
+
+def _bs_edges(dom: Domain):
+    buckets = dom.buckets_for(dom.max_bs)
+    return {*buckets, *(lanes + 1 for lanes in LANE_WIDTHS), dom.max_bs}
 
 
 @st.composite
-def _configs(draw, topks, steps, pages, ctx, sizes, sizing, layout, mode, max_ctx):
-    t, n, p = draw(topks), draw(steps), draw(pages)
-    lo = min(n + 1, max_ctx)
-    c = ctx if ctx is not None else draw(st.integers(lo, max(lo, max_ctx)))
-    m = draw(sizes)
-    return Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, sizing=sizing, layout=layout, mode=mode)
+def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[int]):
+    pinned = dict(pins)
+    t = pinned["topk"] if "topk" in pinned else draw(_integers(1, dom.max_topk))
+    n = pinned["num_steps"] if "num_steps" in pinned else draw(_integers(1, dom.max_steps))
+    p = pinned["page_size"] if "page_size" in pinned else draw(_sampled(dom.page_sizes))
+    lo = min(n + 1, dom.max_ctx)
+    if "ctx" in pinned:
+        c = pinned["ctx"]
+    elif dom.name == "cpu":
+        c = draw(_integers(lo, max(lo, dom.max_ctx)))
+    else:
+        c = sized(draw, lo, max(lo, dom.max_ctx), _ctx_edges(dom, lo), small=64)
+    if "max_bs" in pinned:
+        m = pinned["max_bs"]
+    elif dom.name == "cpu":
+        m = draw(_integers(1, dom.max_bs))
+    else:
+        m = sized(draw, 1, dom.max_bs, _bs_edges(dom))
+    config = Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m), **dict(fixed))
+    if max_bytes is not None:
+        from harness.budget import fit
+
+        free = [name for name in ("ctx", "max_bs", "topk", "num_steps") if name not in pinned]
+        config = fit(config, max_bytes, free)  # configs() checked that the smallest one fits
+    return config
 
 
+# -- batches --------------------------------------------------------------------------------------------
 def seq_len_bound(config: Config, seq_len_limit: str) -> int:
     """Largest request length a batch may hold: ``ctx``, or ``ctx - num_steps`` to keep draft headroom."""
     require(seq_len_limit in SEQ_LEN_LIMITS, f"seq_len_limit={seq_len_limit!r}: choose {', '.join(SEQ_LEN_LIMITS)}")
@@ -81,12 +188,15 @@ def seq_len_bound(config: Config, seq_len_limit: str) -> int:
 
 
 def edge_lengths(config: Config, bound: int):
-    """Lengths where bugs live: 1, page boundaries +-1, ``ctx - num_steps`` +-1, and the bound itself."""
+    """Lengths where bugs live: 1, page boundaries +-1, copy blocks (128, 512, 1024) +-1,
+    ``ctx - num_steps`` +-1, and the bound itself."""
     edges = {1, 2, bound, bound - 1, config.ctx - config.num_steps - 1, config.ctx - config.num_steps,
              config.ctx - config.num_steps + 1}
     p = config.page_size
     for page in {p, 2 * p, (bound // p) * p}:
         edges.update({page - 1, page, page + 1})
+    for block in COPY_BLOCKS + (1024,):
+        edges.update({block - 1, block, block + 1})
     return sorted(x for x in edges if 1 <= x <= bound)
 
 
@@ -98,33 +208,39 @@ def _length_codes(config: Config, bound: int):
     return st.integers(0, 2 * bound - 1), tuple(edge_lengths(config, bound))
 
 
-def _draw_lengths(draw, config: Config, bound: int, count: int):
+def _small_domain_length(draw, config: Config, bound: int) -> int:
     codes, edges = _length_codes(config, bound)
+    code = draw(codes)
+    return edges[code % len(edges)] if code < bound else code - bound + 1
 
-    def length(code: int) -> int:
-        return edges[code % len(edges)] if code < bound else code - bound + 1
 
-    if draw(BOOLEANS):
-        return [length(draw(codes))] * count
-    return [length(draw(codes)) for _ in range(count)]
+def _large_domain_length(draw, config: Config, bound: int) -> int:
+    return sized(draw, 1, bound, edge_lengths(config, bound), small=16)
+
+
+#: Bounds up to this draw lengths with one code (uniform is cheap and covers everything); above it,
+#: ``sized`` (small / edge / log-uniform), so a 131072-token context is not mostly giant requests.
+SMALL_BOUND = 256
+
+
+def _draw_lengths(draw, config: Config, bound: int, count: int):
+    """``count`` lengths: one shared length (a full bucket at the context limit overflows the fixed
+    policy), one per request (up to 16 requests), or a palette of 2-4 lengths cycled over the batch
+    (many distinct lengths in a large batch for a handful of draws)."""
+    one = _small_domain_length if bound <= SMALL_BOUND else _large_domain_length
+    mode = draw(LENGTH_MODES)
+    if mode == 0 or count == 1:
+        return [one(draw, config, bound)] * count
+    if mode == 1 and count <= 16:
+        return [one(draw, config, bound) for _ in range(count)]
+    palette = [one(draw, config, bound) for _ in range(draw(_integers(2, min(4, count))))]
+    return [palette[i % len(palette)] for i in range(count)]
 
 
 @st.composite
 def seq_lens(draw, config: Config, count: int, seq_len_limit: str = "ctx"):
-    """``count`` request lengths in ``[1, bound]``. Half the time one length shared by the whole batch
-    (a full bucket at the context limit is what overflows the fixed policy), otherwise each length is
-    an edge value or uniform. Shrinks toward all-ones.
-    """
+    """``count`` request lengths in ``[1, bound]`` (see ``_draw_lengths``). Shrinks toward all-ones."""
     return _draw_lengths(draw, config, seq_len_bound(config, seq_len_limit), count)
-
-
-BOOLEANS = st.booleans()
-TOKEN_SEEDS = st.integers(0, 2**30 - 1)
-
-
-@functools.lru_cache(maxsize=256)
-def _integers(lo: int, hi: int):
-    return st.integers(lo, hi)
 
 
 @functools.lru_cache(maxsize=64)
@@ -134,13 +250,28 @@ def _multipliers(pool_rows: int):
     return st.sampled_from([a for a in range(1, pool_rows + 1) if math.gcd(a, pool_rows) == 1])
 
 
+def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
+    """Requests in a batch. Small configs: uniform. Large ones: half small, else a full bucket, a
+    bucket plus one (the runner pads it), just past a lane width, or uniform."""
+    lo, hi = min_requests, config.max_bs
+    if hi - lo < 8:
+        return draw(_integers(lo, hi))
+    tier = draw(TIERS)
+    if tier <= 1:
+        return draw(_integers(lo, lo + 3))
+    if tier == 2:
+        edges = {b for b in config.buckets} | {b + 1 for b in config.buckets} | {w + 1 for w in LANE_WIDTHS}
+        return draw(_sampled(tuple(sorted(e for e in edges if lo <= e <= hi))))
+    return draw(_integers(lo, hi))
+
+
 def batches(config: Config, seq_len_limit: str = "ctx", min_requests: int = 1):
     """A ``Batch`` for ``config``: 1..max_bs requests (graph mode pads to a bucket), lengths as in
     ``seq_lens``, distinct pool rows in a permuted order, and a token-table seed.
 
     Pool rows come from an affine permutation ``(a*i + c) mod pool_rows`` (rotated, strided, reversed
     orders): two draws instead of one per request, which keeps generation cheap enough for the GPU's
-    thousand cases a second while still catching any mix-up of requests and their rows.
+    thousands of cases a second while still catching any mix-up of requests and their rows.
     """
     require(isinstance(config, Config), f"batches(config={config!r}) needs a Config")
     seq_len_bound(config, seq_len_limit)
@@ -157,7 +288,7 @@ def _batches(config: Config, seq_len_limit: str, min_requests: int):
 
 @st.composite
 def _draw_batch(draw, config: Config, bound: int, min_requests: int):
-    raw_bs = draw(_integers(min_requests, config.max_bs))
+    raw_bs = _raw_batch_size(draw, config, min_requests)
     lens = _draw_lengths(draw, config, bound, raw_bs)
     rows_total = config.pool_rows
     a, c = draw(_multipliers(rows_total)), draw(_integers(0, rows_total - 1))
@@ -165,11 +296,16 @@ def _draw_batch(draw, config: Config, bound: int, min_requests: int):
     return Batch(tuple(lens), tuple(rows), draw(TOKEN_SEEDS))
 
 
+# -- cases ----------------------------------------------------------------------------------------------
+def _check_case_args(kernel: str, seq_len_limit: str, canary_seed: int, where: str) -> None:
+    require(seq_len_limit in SEQ_LEN_LIMITS, f"{where}(seq_len_limit={seq_len_limit!r}): choose {', '.join(SEQ_LEN_LIMITS)}")
+    require(isinstance(kernel, str) and kernel, f"{where}(kernel={kernel!r}) must name a kernel")
+    require(isinstance(canary_seed, int) and 0 <= canary_seed < 2**31, f"{where}(canary_seed={canary_seed!r}) out of range")
+
+
 def cases(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0):
     """A ``Case``: a config (from ``config_strategy``, default ``configs()``), then a batch for it."""
-    require(seq_len_limit in SEQ_LEN_LIMITS, f"cases(seq_len_limit={seq_len_limit!r}): choose {', '.join(SEQ_LEN_LIMITS)}")
-    require(isinstance(kernel, str) and kernel, f"cases(kernel={kernel!r}) must name a kernel")
-    require(isinstance(canary_seed, int) and 0 <= canary_seed < 2**31, f"cases(canary_seed={canary_seed!r}) out of range")
+    _check_case_args(kernel, seq_len_limit, canary_seed, "cases")
     return _cases(config_strategy if config_strategy is not None else configs(), kernel, seq_len_limit, canary_seed)
 
 
@@ -183,10 +319,12 @@ def _cases(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: 
 def case_runs(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0,
               max_batches: int = 8):
     """A list of 1..``max_batches`` ``Case``s sharing one config: successive replays of one captured
-    configuration, as a server replays its graphs. One Hypothesis example then checks several batches,
-    which spreads the engine's per-example cost (the GPU's throughput mode). Shrinks toward one batch.
+    configuration, as a server replays its graphs. One Hypothesis example then checks many batches,
+    which spreads the engine's per-example cost and the config's compile and capture (the GPU's
+    config-major mode). The count is drawn uniformly (not list-shrinking's short average), and
+    shrinks toward one batch: the failing batch is always the last one checked.
     """
-    cases(config_strategy, kernel=kernel, seq_len_limit=seq_len_limit, canary_seed=canary_seed)  # validates
+    _check_case_args(kernel, seq_len_limit, canary_seed, "case_runs")
     require(isinstance(max_batches, int) and max_batches >= 1, f"case_runs(max_batches={max_batches!r}) must be >= 1")
     return _case_runs(config_strategy if config_strategy is not None else configs(), kernel, seq_len_limit,
                       canary_seed, max_batches)
@@ -195,5 +333,6 @@ def case_runs(config_strategy=None, *, kernel: str = "reference", seq_len_limit:
 @st.composite
 def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int, max_batches: int):
     config = draw(config_strategy)
-    batches_ = draw(st.lists(_batches(config, seq_len_limit, 1), min_size=1, max_size=max_batches))
-    return [Case(config, batch, kernel, canary_seed) for batch in batches_]
+    count = draw(_integers(1, max_batches))
+    batch = _batches(config, seq_len_limit, 1)
+    return [Case(config, draw(batch), kernel, canary_seed) for _ in range(count)]

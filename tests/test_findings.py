@@ -77,7 +77,7 @@ def test_failing_launch_is_a_launch_error(make_session):
 
 @pytest.mark.parametrize("layout, damage_region", [("redzone", "guard after row 0"), ("production", "tail")])
 def test_sizing_violation_is_known_before_launch_and_its_damage_is_seen(make_session, layout, damage_region):
-    """The seed's bug: pre-fix sizing (no topk factor) with long requests."""
+    """The ``prefix`` overflow: pre-fix CUDA-graph sizing (no topk factor) with long requests."""
     batch = Batch((8, 7), (1, 2), 3)
     assert run(make_session, "reference", config(sizing="safe", layout=layout), batch) == []
     findings = run(make_session, "reference", config(sizing="prefix", layout=layout), batch)

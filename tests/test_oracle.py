@@ -1,4 +1,4 @@
-"""The oracle against examples worked by hand from SPEC §2, and the contract's invariants.
+"""The oracle against examples worked by hand from docs/contract.md §2, and the contract's invariants.
 
 In the hand-worked examples ``req_to_token[r][t] = 100*r + t`` so every expected value can be read
 back to the (row, token) it came from.

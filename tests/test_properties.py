@@ -48,7 +48,7 @@ def _fuzz(make_session, kernel, sizing, seq_len_limit, max_examples=120, seed=7)
 
 
 def test_prefix_sizing_is_caught_and_shrunk_to_a_topk_bug(make_session, kernel_spec):
-    """The seed's bug: the CUDA-graph buffer without the topk factor. With draft headroom kept
+    """The pre-fix ``prefix`` sizing: the CUDA-graph buffer without the topk factor. With draft headroom kept
     (ctx-steps) the only way to overflow is topk >= 2."""
     result = _fuzz(make_session, kernel_spec, "prefix", "ctx-steps")
     kinds = {f.kind for f in result.findings}

@@ -1,4 +1,4 @@
-"""CUDA-graph replay as production does it (SPEC §4): buckets captured once, then replays whose batch
+"""CUDA-graph replay as production does it (docs/contract.md §4): buckets captured once, then replays whose batch
 size grows and shrinks, with buffers never cleared. After every replay the oracle's write set must be
 there, every guard intact, and everything outside the write set exactly what the previous replays left.
 

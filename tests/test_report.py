@@ -22,7 +22,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def doc(make_session, tmp_path_factory):
-    """A real, small fuzz run of the pre-fix sizing (finds the seed's bug) turned into a summary."""
+    """A real, small fuzz run of the pre-fix sizing (finds its missing topk factor) turned into a summary."""
     from harness import casefile
 
     strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix"))
@@ -81,7 +81,7 @@ def test_report_command_rerenders_from_summary_json(doc, tmp_path):
 def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
     from harness.fuzz import FuzzResult
 
-    r = FuzzResult(examples=50, elapsed_s=2.0, max_utilisation=0.5)
+    r = FuzzResult(examples=50, verified_cases=100, cached_cases=3, elapsed_s=2.0, max_utilisation=0.5)
     tty, plain = io.StringIO(), io.StringIO()
     bar, log = Progress(200, tty, tty=True), Progress(200, plain, tty=False)
     for p in (bar, log):
@@ -93,7 +93,10 @@ def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
     assert tty.getvalue().count("\r\x1b[2K") == 2 and tty.getvalue().count("\n") == 1
     lines = plain.getvalue().splitlines()
     assert len(lines) == 2 and "\r" not in plain.getvalue()
-    assert "100/200 examples" in lines[1] and "50.0 cases/s" in lines[1] and "0 findings" in lines[1]
+    assert "100/200 examples" in lines[1] and "100 verified, 3 cached" in lines[1]
+    assert "50.0 verified cases/s" in lines[1] and "0 findings" in lines[1]
+    r.shrinking, r.shrink_cases = True, 7
+    assert "shrinking (7 shrink cases)" in log.line(r)
     assert bar.every_s < log.every_s
 
 
@@ -104,8 +107,9 @@ def test_fuzz_cli_writes_all_outputs_and_progress(tmp_path):
                           "--max-examples", "12", "--seed", "5", "--ctx", "6", "--max-bs", "2", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    assert re.search(r"kvfence \[[#.]+\] \d+/12 examples \| 0 findings \| [\d.]+ cases/s", res.stderr)
-    assert "no findings" in res.stdout and "throughput" in res.stdout
+    assert re.search(r"kvfence \[[#.]+\] \d+/12 examples \| \d+ verified, \d+ cached \| [\d.]+ verified cases/s \| "
+                     r"0 findings", res.stderr)
+    assert "no findings" in res.stdout and "verified cases/s" in res.stdout
     for name in ("summary.json", "report.md", "report.html", "coverage.png"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())

@@ -1,4 +1,5 @@
-"""The issue's "done when": fuzz finds the seed's bug, writes a case file named in --json, repro replays it."""
+"""The issue's "done when": fuzz finds the ``prefix`` overflow (pre-fix sizing, no topk factor), writes a
+case file named in --json, and repro replays it."""
 
 import io
 import json

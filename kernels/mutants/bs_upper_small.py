@@ -1,13 +1,11 @@
 """Mutant (kernel): ``bs_upper`` too small.
 
-Bug class (SPEC §5): an upper smaller than needed. The prefix sum over request lengths uses
+Bug class (docs/contract.md §5): an upper smaller than needed. The prefix sum over request lengths uses
 ``ceil(bs_upper / 2)`` lanes, so ``C_b`` misses requests from that index on. Needs at least 3
 requests in the launch (graph mode pads 3 to a bucket of 4).
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=8, max_bs=4)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    offs_b = tl.arange(0, bs_upper)\n',

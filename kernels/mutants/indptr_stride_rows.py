@@ -1,13 +1,11 @@
 """Mutant (kernel): stride mismatch between rows.
 
-Bug class (SPEC §5): stride mismatch between rows. Step rows of kv_indices are placed with
+Bug class (docs/contract.md §5): stride mismatch between rows. Step rows of kv_indices are placed with
 ``kv_indptr_stride`` instead of ``kv_indices_stride``: every row after row 0 lands at the wrong place
 (inside an earlier row or its guard). Needs ``num_steps >= 2``.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=2, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    out = kv_indices + s * kv_indices_stride + topk * prefix_sum + b * n * topk + k * (L + n)',

@@ -1,13 +1,11 @@
 """Mutant (kernel): ``iter_upper`` too small.
 
-Bug class (SPEC §5): an upper smaller than needed. The draft-token copy uses ``ceil(iter_upper / 2)``
+Bug class (docs/contract.md §5): an upper smaller than needed. The draft-token copy uses ``ceil(iter_upper / 2)``
 lanes, so steps with ``n`` above that leave their last draft tokens unwritten. Needs
 ``num_steps >= 2``.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=3, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        offs_j = tl.arange(0, iter_upper)\n',

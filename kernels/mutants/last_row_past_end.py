@@ -1,6 +1,6 @@
 """Mutant (kernel): the last step writes a whole row past its buffer.
 
-Bug class (SPEC §3/§5): an out-of-bounds row. The last step ``s = num_steps - 1`` writes at row
+Bug class (docs/contract.md §3/§5): an out-of-bounds row. The last step ``s = num_steps - 1`` writes at row
 ``s + 1``, one whole row past the last row of kv_indices: into the tail guard and, past it, outside the
 allocation. Without the interpreter address audit such stores land in host memory; with it they are
 ``OOB_WRITE`` findings and are dropped. Shows with any config; the pins make rows longer than the
@@ -8,8 +8,6 @@ tail guard so the stores leave the allocation.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=2, page_size=1, ctx=48, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    out = kv_indices + s * kv_indices_stride + topk * prefix_sum + b * n * topk + k * (L + n)',

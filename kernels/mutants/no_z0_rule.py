@@ -1,13 +1,11 @@
 """Mutant (kernel): the ``z == 0`` rule of kv_indptr is dropped.
 
-Bug class (SPEC §5): dropping the ``z == 0`` rule. Program ``(s, 0, 0)`` writes column 0 (with 0, which
+Bug class (docs/contract.md §5): dropping the ``z == 0`` rule. Program ``(s, 0, 0)`` writes column 0 (with 0, which
 the zeroed buffer already holds) instead of column ``bs``, so ``kv_indptr[s, bs]`` (the row's used
 length) is never written. Shows with any config.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        z = tl.where(z == 0, num_seqs * topk, z)\n',

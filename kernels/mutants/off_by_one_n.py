@@ -1,12 +1,10 @@
 """Mutant (kernel): off-by-one in ``n``: step ``s`` copies ``s`` draft tokens instead of ``s + 1``.
 
-Bug class (SPEC §5): off-by-one in ``n``. ``n = s`` shifts every segment offset and drops the last
+Bug class (docs/contract.md §5): off-by-one in ``n``. ``n = s`` shifts every segment offset and drops the last
 draft token of each branch; kv_indptr is off by ``z`` per step. Shows with any config.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=2, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    n = s + 1\n',

@@ -1,14 +1,12 @@
 """Mutant (kernel): paged draft-slot formula without ``last``.
 
-Bug class (SPEC §5): paged formula without ``last``. With ``page_size > 1`` and ``topk > 1`` branch
+Bug class (docs/contract.md §5): paged formula without ``last``. With ``page_size > 1`` and ``topk > 1`` branch
 ``k``'s draft tokens start at ``base + k*pages_per_branch*page_size`` instead of ``... + last``: the copy
 of the partial last page is skipped. Needs ``page_size > 1``, ``topk >= 2`` and a length that is not a
 multiple of the page size.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=2, num_steps=2, page_size=4, ctx=12, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('            paged_start = (L - last) + k * pages_per_branch * page_size + last\n',

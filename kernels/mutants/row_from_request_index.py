@@ -1,13 +1,11 @@
 """Mutant (kernel): the req_to_token row is taken from the request index, not ``req_pool_indices``.
 
-Bug class (SPEC §2 reads): program ``(s, b, k)`` reads ``req_to_token[b, ...]`` instead of
+Bug class (docs/contract.md §2 reads): program ``(s, b, k)`` reads ``req_to_token[b, ...]`` instead of
 ``req_to_token[req_pool_indices[b], ...]``: another request's KV slots (and, for the audit, reads outside
 the row the program owns). Shows whenever the pool rows are not in order (the fuzzer permutes them).
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    src = req_to_token + rpi * pool_len\n',

@@ -1,13 +1,11 @@
 """Mutant (sizing): the width comes from the draft model's smaller context length.
 
-Bug class (SPEC §5): width from a smaller draft ``ctx``. ``W = n * topk * (ctx // 2)``, as if the
+Bug class (docs/contract.md §5): width from a smaller draft ``ctx``. ``W = n * topk * (ctx // 2)``, as if the
 buffer were sized with the draft model's half-length context: requests longer than that overflow.
 Shows with any config.
 """
 
 KIND = "sizing"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=12, max_bs=2)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

@@ -1,12 +1,10 @@
-"""Mutant (sizing): the ``topk`` factor is missing (the seed's bug, the pre-fix ``prefix`` policy).
+"""Mutant (sizing): the ``topk`` factor is missing, ``W = n * ctx`` (the pre-fix CUDA-graph ``prefix`` policy).
 
-Bug class (SPEC §3/§5): ``W = n * ctx``. Overflows once ``topk*sum(L) + bs*num_steps > n*ctx`` (mean
+Bug class (docs/contract.md §3/§5): ``W = n * ctx``. Overflows once ``topk*sum(L) + bs*num_steps > n*ctx`` (mean
 length above about ``ctx/topk``). Needs ``topk >= 2``.
 """
 
 KIND = "sizing"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=2, num_steps=2, page_size=1, ctx=8, max_bs=2)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

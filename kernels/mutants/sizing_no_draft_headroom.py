@@ -1,14 +1,12 @@
 """Mutant (sizing): no headroom for draft tokens at the context limit.
 
-Bug class (SPEC §3/§5): context-limit overflow. ``W = n * topk * ctx`` (the post-fix ``fixed`` policy)
+Bug class (docs/contract.md §3/§5): context-limit overflow. ``W = n * topk * ctx`` (the post-fix ``fixed`` policy)
 budgets ``ctx`` per branch, but a branch needs ``L + num_steps``: a full bucket whose requests sit
 within ``num_steps`` of ``ctx`` overflows. The pins (one request, three steps, short ``ctx``) make
 that batch likely.
 """
 
 KIND = "sizing"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=3, page_size=1, ctx=8, max_bs=1)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

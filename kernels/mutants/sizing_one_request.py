@@ -1,12 +1,10 @@
 """Mutant (sizing): the width is sized for one request, not for ``n``.
 
-Bug class (SPEC §3): ``W = topk * (ctx + num_steps)`` ignores the batch size: any launch with two or
+Bug class (docs/contract.md §3): ``W = topk * (ctx + num_steps)`` ignores the batch size: any launch with two or
 more requests of enough total length overflows. Needs ``max_bs >= 2``.
 """
 
 KIND = "sizing"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=1, num_steps=1, page_size=1, ctx=8, max_bs=2)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

@@ -1,13 +1,11 @@
 """Mutant (kernel): step-major draft-slot layout.
 
-Bug class (SPEC §5): wrong draft-slot layout. Draft token ``j`` of branch ``k`` is read from
+Bug class (docs/contract.md §5): wrong draft-slot layout. Draft token ``j`` of branch ``k`` is read from
 ``req_to_token[rpi, L + j*topk + k]`` (step-major) instead of ``L + k*num_steps + j`` (branch-major).
 Needs ``topk >= 2`` and ``num_steps >= 2`` (with one of them 1 the two layouts coincide), page size 1.
 """
 
 KIND = "kernel"
-#: ``strategies.configs`` pins under which the bug shows (the mutation self-test fuzzes these).
-PINS = dict(topk=2, num_steps=2, page_size=1, ctx=8, max_bs=2)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        draft = tl.load(src + draft_start + offs_j, mask=mask_j)\n',

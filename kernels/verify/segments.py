@@ -1,4 +1,4 @@
-"""Count elements of the write set that do not hold their expected value (SPEC §2, recomputed).
+"""Count elements of the write set that do not hold their expected value (docs/contract.md §2, recomputed).
 
 Program ``(s, b, k)`` walks its own segment of step row ``s`` (only the part inside the row width;
 what lies past it is the sizing bug and is seen by ``outside.py`` as guard or stray damage) and its

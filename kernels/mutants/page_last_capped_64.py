@@ -1,0 +1,16 @@
+"""Mutant (kernel): the partial last page is computed for pages of at most 64 tokens.
+
+Bug class (docs/contract.md §5, scale): paged draft-slot arithmetic that assumes small pages.
+``last = L % 64`` when ``page_size > 64``: with pages of 128 tokens, topk >= 2 and ``L % 128 >= 64``,
+branch ``k``'s draft tokens are read from the wrong slots. Appears only with ``page_size = 128``, which
+the CPU domain (pages up to 64) never draws.
+"""
+
+KIND = "kernel"
+#: The domain whose default draws must reach the bug (``harness.domain``): production-sized.
+DOMAIN = "gpu"
+#: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
+PATCH = [
+    ('            last = L % page_size\n',
+     '            last = L % (page_size if page_size <= 64 else 64)  # BUG: pages > 64 tokens\n'),
+]
