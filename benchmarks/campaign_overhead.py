@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 class NullSession:
     """Every case is clean: measures everything but the kernel and the verdict."""
 
+    stats: dict = {}
+
     def check(self, case):
         return []
 

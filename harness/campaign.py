@@ -8,16 +8,17 @@ Three things live here and nowhere else:
   is ``BadInput`` before any work).
 * **The database key** — ``database_key(...)``: a digest of the kernel spec, the sizing spec, the
   contract version (``KEY_VERSION``) and the domain (mode, layout, seq-len limit, pinned config fields,
-  strategy bounds, batches per example, shard). Hypothesis's default key is a digest of the test
+  ``--scale``'s bounds, batches per example, shard). Hypothesis's default key is a digest of the test
   function's source, and ``harness.fuzz`` builds one test function for every kernel, so without an
   explicit key every kernel would replay (and, when the example passes, delete) every other kernel's
-  failures. The key does not depend on the device, the seed, the example budget or kvfence's own
-  source, so last night's CPU failure is replayed by tonight's GPU run of the same target.
+  failures. The key does not depend on the host, the device, the seed, the example or memory budget
+  or kvfence's own source, so last night's failure is replayed by tonight's run of the same target
+  and domain on any host (``--scale cpu`` and ``gpu`` are different domains).
 * **``--shard I/N``** — a deterministic partition of the config space and of the seeds. The config
   cells (every ``(topk, num_steps, page_size)`` the strategy can draw) are dealt to N shards by a hash
   (balanced, and each shard gets a spread of topks, steps and page sizes); a shard draws one index into
   its own cells (no rejection sampling), then the rest of the config from ``strategies.configs`` with
-  the cell pinned. ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run
+  the cell pinned (cells whose smallest config exceeds the memory budget are left out, and counted). ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run
   distinct random streams. When fewer cells than shards exist (e.g. a fully pinned GPU config),
   shards share cells and differ by seed only; the summary says so.
 """
