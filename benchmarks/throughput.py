@@ -143,6 +143,8 @@ def large(device: str) -> dict:
         "prepare_us_large": round(prepare_us, 1),
         "case_us_large": round(case_us, 1),
         "large_verify_over_kernel": round(verify_us / kernel_us, 2),
+        # The whole check of a replay (prepare + verify-and-re-poison) against the kernel's own replay.
+        "large_check_over_kernel": round((prepare_us + verify_us) / kernel_us, 2),
         "naive_s_large": round(naive_s, 2),
         "speedup_vs_naive": round(naive_s * 1e6 / case_us, 1),
         "large_kv_indices_mib": round(bytes_out / 2**20, 1),
@@ -171,8 +173,8 @@ def _fuzz_cli(args, timeout: float) -> dict:
                 findings=sorted({f["kind"] for f in doc.get("findings", [])}))
 
 
-def fuzz_runs(seconds: float, jobs) -> dict:
-    """The default GPU command and a pinned small config with --jobs, over ``seconds`` each."""
+def fuzz_runs(seconds: float, jobs, pinned_seconds: float) -> dict:
+    """The default GPU command over ``seconds`` and a pinned small config with --jobs over ``pinned_seconds``."""
     out = {}
     default = _fuzz_cli(["--device", "cuda", "--max-examples", "100000000", "--max-seconds", str(seconds)],
                         timeout=seconds + 240)
@@ -180,8 +182,8 @@ def fuzz_runs(seconds: float, jobs) -> dict:
     out["default_run"] = default
     out["default_verified_cases_per_s"] = round(default["verified_cases"] / default["wall_s"], 1)
     pinned_flags = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
-    pinned = _fuzz_cli(["--device", "cuda", "--max-examples", "100000000", "--max-seconds", str(seconds),
-                        *pinned_flags] + (["--jobs", str(jobs)] if jobs else []), timeout=seconds + 240)
+    pinned = _fuzz_cli(["--device", "cuda", "--max-examples", "100000000", "--max-seconds", str(pinned_seconds),
+                        *pinned_flags] + (["--jobs", str(jobs)] if jobs else []), timeout=pinned_seconds + 240)
     assert not pinned["findings"], pinned
     out["pinned_run"] = pinned
     out["pinned_verified_cases_per_s"] = round(pinned["verified_cases"] / pinned["wall_s"], 1)
@@ -239,6 +241,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each fuzz-command run (CUDA)")
     parser.add_argument("--jobs", type=int, default=None, help="--jobs of the pinned run (default: fuzz's default)")
+    parser.add_argument("--pinned-seconds", type=float, default=None, help="length of the pinned run (default --seconds)")
+    parser.add_argument("--scale-seconds", type=float, default=None,
+                        help="--max-seconds of each scale-mutant run (default --seconds)")
     parser.add_argument("--skip-runs", action="store_true", help="skip the fuzz-command runs and the scale mutants")
     args = parser.parse_args(argv)
 
@@ -262,8 +267,8 @@ def main(argv=None) -> int:
         out.update(check_small(device))
         out.update(large(device))
         if not args.skip_runs:
-            out.update(fuzz_runs(args.seconds, args.jobs))
-            out.update(scale_mutants(args.seconds))
+            out.update(fuzz_runs(args.seconds, args.jobs, args.pinned_seconds or args.seconds))
+            out.update(scale_mutants(args.scale_seconds or args.seconds))
     else:
         out.update({k: None for k in ("kernel_replay_us_large", "verify_us_large", "large_verify_over_kernel",
                                       "naive_s_large", "speedup_vs_naive")})

@@ -1,20 +1,29 @@
 """On-device verification for the graph runner: a clean case never copies its buffers to the host.
 
-Per case the host packs the batch into one staging vector (one host-to-device copy), then three steps
-run on the device — on CUDA each is a CUDA graph captured once per bucket:
+Cases of one config go to the device as a batch: the host packs each case's batch into one staging row
+(``[token seed | seq_lens | pool rows | positions]``, all ``max_bs`` rows: live requests, the runner's
+padding, and padding values past the bucket) and all rows travel in one host-to-device copy. Then, per
+case, **one** CUDA graph (captured once per bucket) reads staging row ``cursor`` (a device scalar, so the
+same graph serves every row) and runs:
 
-1. **prepare**: poison the rows (kv_indptr column 0 back to 0), unpack the staging
-   vector into the runner's static inputs (with the runner's padding already applied on the host), and
+1. **prepare** (``kernels/verify/prepare.py``): unpack the row into the runner's static inputs and
    regenerate req_to_token from the case's token seed;
-2. **kernel**: the runner's own captured graph of the kernel under test (exactly what production replays);
-3. **verify**: ``kernels/verify/segments.py`` counts write-set elements with a wrong value,
+2. **kernel**: the kernel under test, launched on the runner's static buffers exactly as its own
+   captured graph launches it;
+3. **verify**: ``kernels/verify/segments.py`` counts write-set elements with a wrong value and writes
+   the poison back into each element it checked (verification and re-poisoning in one pass),
    ``kernels/verify/outside.py`` counts changed elements outside the write set (guards, slack,
-   kv_indptr column 0), and torch ops count changed inputs.
+   kv_indptr column 0), ``kernels/verify/inputs.py`` changed input elements (whole tensors); then the
+   cursor moves to the next row.
 
-Only four counters come back. A non-zero counter (or ``need > width``, known on the host) sends the case
-to the full path (``harness.verdict.check`` with ``harness.fastcheck.expected_writes_torch``), which
-names regions, ranges and programs. Guards are not rewritten per case: a clean verdict proves they are
-intact, and the full path restores them after a dirty one.
+Counters only grow, so after the whole batch four numbers come back in one read: all zero proves every
+case clean, and leaves the rows poisoned for the next batch. Otherwise (or when ``need > width``, known
+on the host) cases go to the full path (``harness.verdict.check`` with
+``harness.fastcheck.expected_writes_torch``), one by one, which names regions, ranges and programs and
+resets the buffers. Guards are not rewritten per case: a clean verdict proves they are intact.
+
+``_steps(m)`` keeps prepare, the runner's own kernel graph and verify as separate graphs, for
+benchmarks that time them one by one.
 """
 
 from __future__ import annotations
@@ -25,78 +34,96 @@ import torch
 
 from harness.case import Case, LaunchBatch
 from harness.guarded import POISON
-from harness.runner import GraphRunner, capture_graph, slot_table
+from harness.runner import GraphRunner, capture_graph
 
 #: counters: [kv_indices write set, kv_indptr write set, outside the write sets, inputs changed]
 COUNTERS = ("kv_indices", "kv_indptr", "outside", "inputs")
+#: Cases whose staging rows go to the device in one copy (a longer batch is sent in chunks).
+BATCH_ROWS = 64
 
 
 class DeviceVerifier:
     def __init__(self, runner: GraphRunner):
+        from kernels.verify.inputs import verify_inputs
         from kernels.verify.outside import verify_outside
+        from kernels.verify.prepare import prepare_case
         from kernels.verify.segments import verify_segments
 
         self.runner = runner
+        self._prepare_case, self._inputs = prepare_case, verify_inputs
         self._segments, self._outside = verify_segments, verify_outside
         c = runner.config
         self.device = runner.device
         self.counts = torch.zeros(len(COUNTERS), dtype=torch.int32, device=self.device)
         self.width = 1 + 2 * c.max_bs + c.max_bs * c.topk  # [seed | seq_lens | pool rows | positions]
         cuda = self.device.type == "cuda"
-        self.host = torch.zeros(self.width, dtype=torch.int64, pin_memory=cuda)
-        self.staging = torch.zeros(self.width, dtype=torch.int64, device=self.device)
-        self.table = torch.empty_like(runner.inputs.req_to_token)
         self.graphs: Dict[int, tuple] = {}
-        # Staging rows of a whole batch of cases (total_counters), grown on demand.
-        self._batch_host = None
-        self._batch_dev = None
+        self.fused: Dict[int, object] = {}
+        # Staging rows of a batch of cases, and the device cursor the graphs read them by.
+        self.rows = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, device=self.device)
+        self.rows_host = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, pin_memory=cuda)
+        self.cursor = torch.zeros(1, dtype=torch.int64, device=self.device)
 
-    # -- the three steps, for bucket m ---------------------------------------------------------------
-    def _slices(self, m: int):
-        c = self.runner.config
-        mb = c.max_bs
-        return (self.staging[1:1 + m], self.staging[1 + mb:1 + mb + m],
-                self.staging[1 + 2 * mb:1 + 2 * mb + m * c.topk])
-
+    # -- the steps, for bucket m ---------------------------------------------------------------------
     def _prepare(self, m: int) -> None:
+        """Unpack staging row ``cursor`` into the static inputs (all ``max_bs`` rows) and regenerate the pool."""
         r, c = self.runner, self.runner.config
-        r.kv_indices.view.fill_(POISON)
-        r.kv_indptr.view.fill_(POISON)
-        r.kv_indptr.view[:, 0] = 0
-        lens, rows, pos = self._slices(m)
-        r.inputs.seq_lens[:m].copy_(lens)
-        r.inputs.req_pool_indices[:m].copy_(rows)
-        r.inputs.positions[: m * c.topk].copy_(pos)
-        r.inputs.req_to_token.copy_(slot_table(self.staging[0], c.pool_rows, c.pool_len, self.device))
-        self.table.copy_(r.inputs.req_to_token)  # what the kernel must leave unchanged
+        self._prepare_case(rows=self.rows, cursor=self.cursor, seq_lens=r.inputs.seq_lens,
+                           req_pool_indices=r.inputs.req_pool_indices, positions=r.inputs.positions,
+                           req_to_token=r.inputs.req_to_token, max_bs=c.max_bs, topk=c.topk)
 
     def _verify(self, m: int) -> None:
+        """Count mismatches (poisoning back what it checks), then advance the cursor to the next row."""
         r, c = self.runner, self.runner.config
         inputs = r.inputs
-        lens, rows, pos = self._slices(m)
         seq_lens = inputs.seq_lens[:m]
         self._segments(kv_indices=r.kv_indices.view, kv_indptr=r.kv_indptr.view, req_to_token=inputs.req_to_token,
                        seq_lens=seq_lens, req_pool_indices=inputs.req_pool_indices[:m],
                        positions=inputs.positions[: m * c.topk], counts=self.counts, topk=c.topk,
-                       num_steps=c.num_steps, page_size=c.page_size)
+                       num_steps=c.num_steps, page_size=c.page_size, poison_back=True, poison=POISON)
         for buf, is_indptr in ((r.kv_indices, False), (r.kv_indptr, True)):
             self._outside(buf, counts=self.counts, slot=2, seq_lens=seq_lens, topk=c.topk,
                           is_indptr=is_indptr, poison=POISON)
-        changed = (inputs.req_to_token != self.table).sum()
-        changed = changed + (seq_lens != lens).sum() + (inputs.req_pool_indices[:m] != rows).sum()
-        changed = changed + (inputs.positions[: m * c.topk] != pos).sum()
-        self.counts[3:4].add_(changed.to(torch.int32))
+        self._inputs(rows=self.rows, cursor=self.cursor, seq_lens=inputs.seq_lens,
+                     req_pool_indices=inputs.req_pool_indices, positions=inputs.positions,
+                     req_to_token=inputs.req_to_token, counts=self.counts, max_bs=c.max_bs, topk=c.topk)
+        self.cursor.add_(1)
+
+    def _kernel(self, m: int):
+        r = self.runner
+        kw = r._kernel_kwargs(r.inputs, r.kv_indices, r.kv_indptr, m)
+        return lambda: r.kernel.launch(**kw)
+
+    def _case_graph(self, m: int):
+        """One replayable step per case of bucket m: prepare, kernel, verify (one CUDA graph)."""
+        step = self.fused.get(m)
+        if step is None:
+            kernel = self._kernel(m)
+
+            def case():
+                self._prepare(m)
+                kernel()
+                self._verify(m)
+
+            step = capture_graph(case, self.device, self.runner.stats).replay if self.device.type == "cuda" else case
+            self.fused[m] = step
+        return step
 
     def _steps(self, m: int):
-        """(prepare, kernel, verify) callables for bucket m: graph replays on CUDA, plain calls on CPU."""
+        """(prepare, kernel, verify) for bucket m as separate graphs (benchmarks time each step)."""
         steps = self.graphs.get(m)
         if steps is not None:
             return steps
-        kernel = self.runner._bucket_launch(m)  # captures the kernel graph on CUDA
+        kernel = self.runner._bucket_launch(m)  # the runner's own captured graph of the kernel
+
+        def prepare():
+            self.cursor.zero_()
+            self._prepare(m)
+
         if self.device.type != "cuda":
-            steps = (lambda: self._prepare(m), kernel, lambda: self._verify(m))
+            steps = (prepare, kernel, lambda: self._verify(m))
         else:
-            steps = (self._capture(lambda: self._prepare(m)), kernel, self._capture(lambda: self._verify(m)))
+            steps = (self._capture(prepare), kernel, self._capture(lambda: self._verify(m)))
         self.graphs[m] = steps
         return steps
 
@@ -106,58 +133,47 @@ class DeviceVerifier:
 
     # -- cases ---------------------------------------------------------------------------------------
     def _staged(self, case: Case, lb: LaunchBatch) -> List[int]:
-        """The staging vector of one case: ``[token seed | seq_lens | pool rows | positions]``."""
+        """The staging row of one case: ``[token seed | seq_lens | pool rows | positions]``."""
         c = case.config
         mb, m = c.max_bs, lb.num_seqs
         values = [0] * self.width
         values[0] = case.batch.token_seed
-        values[1:1 + m] = lb.seq_lens
+        values[1:1 + mb] = lb.seq_lens + (1,) * (mb - m)  # rows past the bucket hold padding values too
         values[1 + mb:1 + mb + m] = lb.req_pool_indices
         values[1 + 2 * mb:1 + 2 * mb + m * c.topk] = lb.positions
         return values
 
-    def stage(self, case: Case, lb: LaunchBatch) -> None:
-        self.host.copy_(torch.tensor(self._staged(case, lb), dtype=torch.int64))
-        self.staging.copy_(self.host, non_blocking=True)
-
     def counters(self, case: Case) -> List[int]:
-        """Run the case and return the four mismatch counters (all zero: clean)."""
-        lb = case.launch()
-        prepare, kernel, verify = self._steps(lb.num_seqs)
-        self.stage(case, lb)
-        self.counts.zero_()
-        prepare()
-        kernel()
-        verify()
-        # The runner's static inputs no longer describe its last full-path load.
-        self.runner.inputs.token_seed = None
-        return self.counts.tolist()
+        """Run one case and return the four mismatch counters (all zero: clean)."""
+        return self.total_counters([case])
 
     def total_counters(self, cases: List[Case]) -> List[int]:
         """Run every case (one config) and return the four counters summed over all of them.
 
-        All staging vectors go to the device in one copy; then, per case, one device-to-device copy
-        and the three graph replays are queued without waiting, and the counters come back once at
-        the end. Counters only grow, so an all-zero total proves every case clean; a non-zero total
-        says only that some case is dirty (the caller re-checks them one by one).
+        Staging rows go to the device in one copy per ``BATCH_ROWS`` cases; each case is one graph
+        replay queued without waiting; the counters come back once. An all-zero total proves every case
+        clean; a non-zero one says only that some case is dirty (the caller re-checks them one by one).
         """
-        launches = [case.launch() for case in cases]
-        steps = [self._steps(lb.num_seqs) for lb in launches]
-        rows = len(cases)
-        if self._batch_host is None or self._batch_host.shape[0] < rows:
-            cuda = self.device.type == "cuda"
-            capacity = max(rows, 2 * (self._batch_host.shape[0] if self._batch_host is not None else 16))
-            self._batch_host = torch.zeros(capacity, self.width, dtype=torch.int64, pin_memory=cuda)
-            self._batch_dev = torch.zeros(capacity, self.width, dtype=torch.int64, device=self.device)
-        self._batch_host[:rows].copy_(torch.tensor([self._staged(c, lb) for c, lb in zip(cases, launches)],
-                                                   dtype=torch.int64))
-        self._batch_dev[:rows].copy_(self._batch_host[:rows], non_blocking=True)
         self.counts.zero_()
-        for i, (prepare, kernel, verify) in enumerate(steps):
-            self.staging.copy_(self._batch_dev[i], non_blocking=True)
-            prepare()
-            kernel()
-            verify()
+        for first in range(0, len(cases), BATCH_ROWS):
+            chunk = cases[first:first + BATCH_ROWS]
+            launches = [case.launch() for case in chunk]
+            if first and self.device.type == "cuda":
+                # The pinned rows are about to be rewritten: the previous chunk's copy must have left them.
+                torch.cuda.current_stream(self.device).synchronize()
+            staged = torch.tensor([self._staged(c, lb) for c, lb in zip(chunk, launches)], dtype=torch.int64)
+            self.rows_host[:len(chunk)].copy_(staged)
+            self.rows[:len(chunk)].copy_(self.rows_host[:len(chunk)], non_blocking=True)
+            if any(lb.num_seqs not in self.fused for lb in launches):
+                # Capturing runs each new graph once on these rows (a warm-up): count only what follows.
+                self.cursor.zero_()
+                for lb in launches:
+                    self._case_graph(lb.num_seqs)
+                self.counts.zero_()
+            self.cursor.zero_()
+            for lb in launches:
+                self.fused[lb.num_seqs]()
+        # The runner's static inputs no longer describe its last full-path load.
         self.runner.inputs.token_seed = None
         # One read-back for the batch; it also waits for the pinned rows' copy, so they can be reused.
         return self.counts.tolist()

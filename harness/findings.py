@@ -35,6 +35,10 @@ class Kind(str, enum.Enum):
     SANITIZER_INITCHECK = "SANITIZER_INITCHECK"
     SANITIZER_RACECHECK = "SANITIZER_RACECHECK"
     SANITIZER_SYNCCHECK = "SANITIZER_SYNCCHECK"
+    #: A compute-sanitizer run whose own signals cannot be trusted or disagree: a timeout, an exit code that
+    #: does not match its report, an ``ERROR SUMMARY`` with no parsed record, an unreadable XML report, or
+    #: a child that died or rejected its input. ``extra["log"]`` is the run's log file.
+    SANITIZER_TOOL_ERROR = "SANITIZER_TOOL_ERROR"
 
 
 @dataclass

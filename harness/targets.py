@@ -138,9 +138,34 @@ def _kernel_launcher(kernel, token_blocks_for_batch: bool):
     return launch_kernel
 
 
+def check_kernel_spec(spec: str):
+    """The device-independent part of ``resolve_kernel``: import the plug-in and check its signature.
+    Returns the object (None for a builtin); ``BadInput`` on anything unusable. Commands that pick their
+    device later (``sweep``) call it first, so a bad ``--kernel`` is reported as such."""
+    require(isinstance(spec, str) and spec, "kernel spec must be a non-empty string")
+    if spec in BUILTIN_KERNELS:
+        return None
+    from harness import upstream
+
+    if upstream.is_spec(spec):
+        upstream.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
+        return None
+    obj = _load_attr(spec, "kernel")
+    if _is_triton_kernel(obj):
+        _check_classic_signature(spec, obj)
+        return obj
+    require(callable(obj), f"kernel {spec!r} is neither a @triton.jit function nor a launcher callable")
+    try:
+        sig = inspect.signature(obj)
+        sig.bind(**{name: None for name in LAUNCH_KWARGS})
+    except (TypeError, ValueError):
+        raise BadInput(f"launcher {spec!r} must accept keyword arguments {', '.join(LAUNCH_KWARGS)}") from None
+    return obj
+
+
 def resolve_kernel(spec: str, device: str) -> KernelTarget:
     """Resolve a kernel spec for ``device`` (``cpu`` or ``cuda``); ``BadInput`` on anything unusable."""
-    require(isinstance(spec, str) and spec, "kernel spec must be a non-empty string")
+    obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
         from kernels.draft_kv_indices import generate_draft_decode_kv_indices
 
@@ -150,16 +175,8 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
 
     if upstream.is_spec(spec):
         return _upstream_kernel(spec, device)
-    obj = _load_attr(spec, "kernel")
     if _is_triton_kernel(obj):
-        _check_classic_signature(spec, obj)
         return KernelTarget(spec, _kernel_launcher(_for_device(obj, device), False))
-    require(callable(obj), f"kernel {spec!r} is neither a @triton.jit function nor a launcher callable")
-    try:
-        sig = inspect.signature(obj)
-        sig.bind(**{name: None for name in LAUNCH_KWARGS})
-    except (TypeError, ValueError):
-        raise BadInput(f"launcher {spec!r} must accept keyword arguments {', '.join(LAUNCH_KWARGS)}") from None
     ensure(device)
     return KernelTarget(spec, obj, request_axis=None)
 

@@ -44,7 +44,7 @@ def test_device_verifier_agrees_with_the_oracle_verdict_on_graph_replays(device)
 
 
 def test_prefix_policy_is_caught_inside_a_captured_graph_in_under_a_second(device):
-    """The seed's bug, found by fuzzing compiled graph replays. Kernels are compiled and graphs captured
+    """The pre-fix sizing (max_bs*ctx, no topk factor), found by fuzzing compiled graph replays. Kernels are compiled and graphs captured
     by a clean warm-up first: the second counts fuzzing, not Triton's compiler."""
     pinned = dict(topk=4, num_steps=3, page_size=1, ctx=256, max_bs=8)
     session = Session(device, "reference")

@@ -2,9 +2,11 @@
 tests/fixtures/make_sanitizer_fixtures.py, command in its docstring and BENCHMARKS.md), command lines,
 and the missing-tool path."""
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from harness import sanitizer
 from harness.errors import BadInput
 from harness.findings import Kind
+from tests.fake_sanitizer import install_fake_tool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,16 +96,56 @@ def test_broken_xml_is_bad_input(text, message):
 
 
 def test_command_lines_per_tool(tmp_path):
-    target = sanitizer.repro_target(tmp_path / "c.json", python="python")
-    assert target == ["python", "-m", "harness", "repro", str(tmp_path / "c.json"), "--device", "cuda",
-                      "--layout", "production", "--no-absorb"]
-    mem = sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml")
+    status = tmp_path / "c.status.json"
+    target = sanitizer.repro_target(tmp_path / "c.json", status_path=status, python="python")
+    assert target == ["python", "-m", "harness.sanitizer_child", str(status), "repro", str(tmp_path / "c.json"),
+                      "--device", "cuda", "--layout", "production", "--no-absorb"]
+    assert sanitizer.repro_target(tmp_path / "c.json", status_path=status, kernel="k.py:f", mode="graph")[-4:] == \
+        ["--kernel", "k.py:f", "--mode", "graph"]
+    mem = sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml", padding=256)
     assert mem[:9] == ["cs", "--tool", "memcheck", "--error-exitcode", "86", "--print-limit", "0", "--xml", "--save"]
-    assert "--padding" in mem and "kns=generate_draft_decode_kv_indices" in mem and mem[-len(target):] == target
+    assert mem[mem.index("--padding") + 1] == "256" and "kns=generate_draft_decode_kv_indices" in mem
+    assert mem[-len(target):] == target
+    assert "--padding" not in sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml")
     race = sanitizer.tool_command("cs", "racecheck", target, xml_path=tmp_path / "x.xml", kernel_filter=None)
     assert "--padding" not in race and "--kernel-name" not in race
     with pytest.raises(BadInput, match="unknown sanitizer tool"):
         sanitizer.tool_command("cs", "leakcheck", target, xml_path=tmp_path / "x.xml")
+    with pytest.raises(BadInput, match="memcheck option"):
+        sanitizer.tool_command("cs", "racecheck", target, xml_path=tmp_path / "x.xml", padding=64)
+
+
+def test_initcheck_never_gets_a_kernel_filter(tmp_path):
+    # With a filter, initcheck does not see the stores of PyTorch's kernels, so everything they fill
+    # reads as uninitialised: the noise of the fixture and of every sweep case (harness.sanitizer).
+    target = ["python", "child"]
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        assert "--kernel-name" in sanitizer.tool_command("cs", tool, target, xml_path=tmp_path / "x.xml")
+    assert "--kernel-name" not in sanitizer.tool_command("cs", "initcheck", target, xml_path=tmp_path / "x.xml")
+
+
+def test_the_fixture_noise_is_reads_of_a_buffer_torch_filled():
+    # The clean reference run under initcheck (filtered to the kernel) reports reads, in the kernel, of
+    # req_to_token, the one input the fixture script builds with torch ops (slot_table), not with a copy
+    # from the host. Every record is at the prefix-token load.
+    init = sanitizer.parse_xml(fixture("sanitizer_initcheck_reference.xml"))
+    text = fixture("sanitizer_initcheck_reference.txt")
+    lines = {int(r.location.split(":")[1]) for r in init}
+    assert len(lines) == 1 and all(r.kernel == "generate_draft_decode_kv_indices" and r.size == 4 for r in init)
+    # The same kernel's prefix store (memcheck fixture, same run) is the next line: the read is the
+    # prefix-token load that feeds it, ``tl.load(src + offs_t)`` with src = req_to_token's row.
+    store = {r.location for r in sanitizer.parse_xml(fixture("sanitizer_memcheck_overflow_nocache.xml"))
+             if r.kind == "Precise"}
+    assert store == {f"draft_kv_indices.py:{lines.pop() + 1}"}
+    assert "req_to_token=slot_table(" in fixture("make_sanitizer_fixtures.py")
+    assert sanitizer.error_summary(text) == 6144
+
+
+def test_summary_lines_of_every_tool():
+    assert sanitizer.error_summary(fixture("sanitizer_racecheck_reference.txt")) == 0
+    assert sanitizer.error_summary(fixture("sanitizer_synccheck_reference.txt")) == 0
+    assert sanitizer.error_summary("========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warnings)") == 3
+    assert sanitizer.error_summary("launched: need 4, width 4") is None
 
 
 def test_caching_allocator_is_off_for_eager_and_on_for_graph():
@@ -110,6 +153,8 @@ def test_caching_allocator_is_off_for_eager_and_on_for_graph():
     assert sanitizer.case_env("eager", base)["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
     graph = sanitizer.case_env("graph", base)
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in graph and "TRITON_INTERPRET" not in graph
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in sanitizer.case_env(True, base)
+    assert sanitizer.case_env(False, {})["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 
 
 def test_locate_finds_the_tool_on_path_or_in_cuda_home(tmp_path):
@@ -135,3 +180,213 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "compute-sanitizer not found" in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+# -- every signal counted: a fake compute-sanitizer first on PATH -------------------------------------------
+@pytest.fixture
+def fake_tool(tmp_path, monkeypatch):
+    """A fake compute-sanitizer first on PATH, found by ``locate`` like the real one; returns
+    ``run(scenario, timeout)`` -> ToolVerdict for a real case file."""
+    from harness.case import Batch, Case, Config
+    from harness.casefile import write_case
+
+    tool = install_fake_tool(tmp_path, monkeypatch)
+    exe = sanitizer.locate()
+    assert exe == str(tool)
+    case = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2, mode="eager"), Batch((3, 4), (0, 1), 1))
+    path = write_case(case, [], out_dir=tmp_path / "out", device="cuda", source="test")
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def run(scenario, timeout=60.0):
+        monkeypatch.setenv("FAKE_SCENARIO", scenario)
+        return sanitizer.run_tool(exe, "memcheck", path, "eager", work, timeout=timeout)
+
+    return run
+
+
+@pytest.mark.parametrize("scenario, child_exit", [("clean", 0), ("reproduces", 1)])
+def test_a_consistent_run_has_no_tool_error(fake_tool, scenario, child_exit):
+    v = fake_tool(scenario)
+    assert (v.tool_errors, v.findings, v.errors, v.child_exit, v.exit_code) == ([], [], 0, child_exit, child_exit)
+    assert Path(v.log).is_file()
+
+
+def test_records_with_the_error_exit_code_are_findings_not_tool_errors(fake_tool):
+    v = fake_tool("errors")
+    assert v.exit_code == 86 and v.errors == 6 and v.source == "xml" and v.tool_errors == []
+    assert {f.kind for f in v.findings} == {Kind.SANITIZER_MEMCHECK}
+
+
+@pytest.mark.parametrize("scenario, problem", [
+    ("errors_exit_ignored", "errors reported but exit code 0"),
+    ("exit86_no_errors", "exit code 86 (--error-exitcode) but no error reported"),
+    ("summary_only", "the summary counts 5 error(s) but no record was parsed"),
+    ("no_summary", "no summary line"),
+    ("bad_xml", "XML report"),
+    ("dead_child", "the child left no status"),
+    ("child_bad_input", "the child rejected its input (exit 2): kvfence: error: case file c.json: not JSON"),
+    ("exit_mismatch", "compute-sanitizer exited 1 but its child exited 0"),
+])
+def test_every_inconsistent_signal_is_a_tool_error_with_the_log(fake_tool, scenario, problem):
+    v = fake_tool(scenario)
+    assert v.tool_errors, f"{scenario}: no SANITIZER_TOOL_ERROR"
+    assert all(f.kind == Kind.SANITIZER_TOOL_ERROR for f in v.tool_errors)
+    assert any(problem in f.extra["problem"] for f in v.tool_errors), [f.extra["problem"] for f in v.tool_errors]
+    assert all(f.extra["log"] == v.log and Path(v.log).is_file() for f in v.tool_errors)
+
+
+def test_a_broken_xml_falls_back_to_the_text_log_and_is_still_reported(fake_tool):
+    v = fake_tool("bad_xml")
+    assert v.source == "text" and sum(f.count for f in v.findings if f.extra["record_kind"] == "Precise") == 4
+    assert any("unusable" in f.extra["problem"] for f in v.tool_errors)
+
+
+def test_a_timeout_kills_the_tool_and_its_children_and_is_a_tool_error(fake_tool):
+    t0 = time.perf_counter()
+    v = fake_tool("hang", timeout=2.0)
+    assert time.perf_counter() - t0 < 20  # the grandchild holding the pipe was killed too
+    assert v.timed_out and v.exit_code is None
+    assert [f.extra["problem"] for f in v.tool_errors] == ["timed out after 2 s; its process group was killed"]
+
+
+def test_the_child_wrapper_records_its_own_exit_code(tmp_path):
+    # The real child: a case file that does not exist is bad input (2), recorded in the status file.
+    status = tmp_path / "s.json"
+    proc = subprocess.run([sys.executable, "-m", "harness.sanitizer_child", str(status), "repro",
+                           str(tmp_path / "missing.json"), "--device", "cpu"],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and sanitizer.read_status(status) == {"exit": 2}
+    assert "kvfence: error:" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernel", "no/such/file.py:k"], "kernel file no/such/file.py does not exist"),
+    (["--kernel", "tests/targets/bad_writes.py:BAD_VALUE"], "neither a @triton.jit function nor a launcher"),
+    (["--kernel", "tests/targets/bad_writes.py:nothing"], "has no attribute 'nothing'"),
+    (["--sizing", "bogus"], "unknown sizing 'bogus'"),
+    (["--timeout", "0"], "--timeout 0"),
+])
+def test_sweep_rejects_a_bad_kernel_or_flag_in_one_line(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--out", str(tmp_path / "o"), *args],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_accepts_a_good_kernel_plugin_and_gets_to_the_tool_check(tmp_path):
+    # The same command with a valid launcher passes validation: it stops at the missing tool instead.
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable), CUDA_HOME="/nonexistent", CUDA_PATH="/nonexistent",
+               PYTHONPATH=str(ROOT))
+    if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
+        pytest.skip("compute-sanitizer is installed at /usr/local/cuda on this machine")
+    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--out", str(tmp_path / "o"),
+                           "--kernel", "tests/targets/bad_writes.py:row_value"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "compute-sanitizer not found" in proc.stderr, proc.stderr
+
+
+def test_nightly_profile_is_red_when_its_sweeps_cannot_run(tmp_path):
+    # No compute-sanitizer here: both sweeps exit 2, so the profile must not report success.
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable), CUDA_HOME="/nonexistent", CUDA_PATH="/nonexistent",
+               PYTHONPATH=str(ROOT))
+    if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
+        pytest.skip("compute-sanitizer is installed at /usr/local/cuda on this machine")
+    out = tmp_path / "nightly.json"
+    proc = subprocess.run([sys.executable, "benchmarks/nightly.py", "--out", str(tmp_path / "n"), "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    doc = json.loads(out.read_text())
+    assert proc.returncode == 1 and (doc["safe_exit"], doc["prefix_exit"]) == (2, 2)
+    assert not any(doc["checks"].values()) and doc["detection_matrix"] is None
+    assert "compute-sanitizer not found" in doc["safe"]["stderr_tail"][-1]
+
+
+def test_baseline_runs_the_same_child_and_reports_when_it_cannot_run(fake_tool, tmp_path):
+    # The real child, asked for CUDA on a machine without it, rejects its input: a baseline tool error.
+    if subprocess.run([sys.executable, "-c", "import torch,sys; sys.exit(torch.cuda.is_available())"]).returncode:
+        pytest.skip("this machine has CUDA")
+    case = next((tmp_path / "out" / "cases").glob("*.json"))
+    seconds, child_exit, errors = sanitizer.baseline(case, "eager", tmp_path / "work", timeout=120)
+    assert child_exit == 2 and seconds > 0 and len(errors) == 1
+    assert errors[0].kind == Kind.SANITIZER_TOOL_ERROR and errors[0].buffer == "baseline"
+    assert "the child rejected its input (exit 2): kvfence: error:" in errors[0].extra["problem"]
+    assert "CUDA" in errors[0].extra["problem"] and Path(errors[0].extra["log"]).is_file()
+
+
+def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
+    from harness.sweep import sweep_exit
+
+    clean = {"canary_cases_with_findings": 0, "baseline_errors": 0,
+             "per_tool": {"memcheck": {"cases_with_findings": 0, "cases_with_tool_errors": 0}},
+             "detection_matrix": {"classes": ["the matrix runs buggy targets on purpose: never counted"]}}
+    assert sweep_exit(clean) == 0
+    for key, value in (("canary_cases_with_findings", 1), ("baseline_errors", 1), ("child_cases_with_findings", 1)):
+        assert sweep_exit(dict(clean, **{key: value})) == 1
+    for field_ in ("cases_with_findings", "cases_with_tool_errors"):
+        dirty = dict(clean, per_tool={"memcheck": dict(clean["per_tool"]["memcheck"], **{field_: 1})})
+        assert sweep_exit(dirty) == 1
+
+
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+status = sys.argv[sys.argv.index("harness.sanitizer_child") + 1]
+code = int(os.environ["FAKE_CHILD_EXIT"])
+open(status, "w").write(json.dumps({{"exit": code}}))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("baseline_exit", [0, 1])
+def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool, tmp_path, monkeypatch, baseline_exit):
+    # The baseline child (a fake python) says `baseline_exit`; under the (fake) tools the child says 0.
+    from harness.casefile import load_case
+    from harness.sweep import sanitize_case
+
+    python = tmp_path / "fake-python"
+    python.write_text(FAKE_PYTHON.format(python=sys.executable))
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_CHILD_EXIT", str(baseline_exit))
+    path = next((tmp_path / "out" / "cases").glob("*.json"))
+    loaded = load_case(path)
+    row = sanitize_case(sanitizer.locate(), loaded.case, loaded.findings, path, ["memcheck", "racecheck"],
+                        tmp_path / "work", timeout=60, python=str(python))
+    assert row["baseline_exit"] == baseline_exit and row["baseline_errors"] == []
+    for tool in ("memcheck", "racecheck"):
+        verdict = row["tools"][tool]
+        assert verdict["child_exit"] == 0 and verdict["slowdown"] > 0
+        problems = [f["extra"]["problem"] for f in verdict["tool_errors"]]
+        if baseline_exit == 0:
+            assert problems == []
+        else:
+            assert problems == [f"the child's verdict under {tool} (exit 0) differs from the same child without a "
+                                f"tool (exit 1)"]
+
+
+def test_sweep_cases_never_runs_a_plugin_a_case_file_names(tmp_path):
+    # A case file is data: a plug-in kernel it names runs only when --kernel names it too.
+    from harness.case import Batch, Case, Config
+    from harness.casefile import write_case
+    from harness.sweep import load_cases
+
+    case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, mode="eager"), Batch((2,), (0,), 1),
+                kernel="evil.py:payload")
+    write_case(case, [], out_dir=tmp_path, device="cuda", source="test")
+    with pytest.raises(BadInput, match="names the plug-in kernel 'evil.py:payload'; pass --kernel"):
+        load_cases(str(tmp_path / "cases"), None)
+    # Named on the command line, the same file is accepted (its kernel is replaced).
+    assert [c.kernel for c, _, _ in load_cases(str(tmp_path / "cases"), "reference")] == ["evil.py:payload"]
+
+
+def test_a_host_api_report_in_the_text_log_is_a_record():
+    # initcheck's host-side report as the text log prints it (format seen in public initcheck output).
+    log = ("========= Host API memory access error at host access to 0x7f7fcdc01200 of size 400 bytes\n"
+           "=========     Uninitialized access at 0x7f7fcdc01300 on access by cudaMemcpy source\n"
+           "========= ERROR SUMMARY: 1 error\n")
+    records = sanitizer.parse_text(log)
+    assert [(r.kind, r.text) for r in records] == \
+        [("HostApi", "Host API memory access error at host access to 0x7f7fcdc01200 of size 400 bytes")]
+    assert sanitizer.signal_findings("initcheck", exit_code=86, timed_out=False, timeout=1, summary=1,
+                                     records=len(records), xml_problem=None, child={"exit": 0}, log="x") == []

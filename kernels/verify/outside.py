@@ -21,7 +21,7 @@ BLOCK_ELEMENTS = 1024
 @triton.jit(do_not_specialize=['slot', 'front', 'rows', 'width', 'stride', 'tail', 'num_seqs', 'topk', 'seed_term', 'first_col', 'poison'])
 def verify_outside_kernel(
     storage, counts, seq_lens, slot, front, rows, width, stride, tail, num_seqs, topk, seed_term, first_col, poison,
-    bs_upper: tl.constexpr, KEEP_ZERO_COL: tl.constexpr, SUM_LENS: tl.constexpr, BLOCK: tl.constexpr,
+    LANES: tl.constexpr, KEEP_ZERO_COL: tl.constexpr, SUM_LENS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     s = tl.program_id(0)
     blk = tl.program_id(1)
@@ -31,8 +31,11 @@ def verify_outside_kernel(
     # kv_indptr: columns 1..bs.
     bs = num_seqs * topk
     if SUM_LENS:
-        offs_b = tl.arange(0, bs_upper)
-        used = topk * tl.sum(tl.load(seq_lens + offs_b, mask=offs_b < num_seqs, other=0)) + bs * (s + 1)
+        total = tl.zeros([LANES], dtype=tl.int64)  # sum(L), LANES requests at a time
+        for lane0 in range(0, num_seqs, LANES):
+            offs_b = lane0 + tl.arange(0, LANES)
+            total += tl.load(seq_lens + offs_b, mask=offs_b < num_seqs, other=0).to(tl.int64)
+        used = topk * tl.sum(total) + bs * (s + 1)
     else:
         used = bs + 1
     used = tl.minimum(used, width)
@@ -70,6 +73,6 @@ def verify_outside(buf, *, counts, slot: int, seq_lens, topk: int, is_indptr: bo
     verify_outside_kernel[grid](
         buf.storage, counts, seq_lens, slot, buf.front, buf.rows, buf.width, buf.stride, buf.tail, num_seqs, topk,
         (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), 1 if is_indptr else 0, poison,
-        bs_upper=triton.next_power_of_2(num_seqs), KEEP_ZERO_COL=buf.keep_zero_column, SUM_LENS=not is_indptr,
+        LANES=128, KEEP_ZERO_COL=buf.keep_zero_column, SUM_LENS=not is_indptr,
         BLOCK=BLOCK_ELEMENTS,
     )
