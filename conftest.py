@@ -22,6 +22,26 @@ settings.register_profile("nightly", max_examples=5000, deadline=None, print_blo
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def _load_example_database(config):
+    """``KVFENCE_DATABASE`` (``none``, a directory or ``redis://HOST:PORT/DB``, as ``fuzz --database``):
+    the property tests' Hypothesis example database, layered on the loaded profile as profile
+    ``kvfence+database``. Keys are namespaced by ``--kernel`` and ``--sizing`` (harness.campaign). A
+    database replays stored failures, so it turns ``derandomize`` off (Hypothesis forbids both)."""
+    text = os.environ.get("KVFENCE_DATABASE")
+    if not text:
+        return
+    from harness.campaign import pytest_database
+    from harness.errors import BadInput
+
+    try:
+        database = pytest_database(text, kernel=config.getoption("--kernel"), sizing=config.getoption("--sizing"))
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
+    # settings() inherits the profile loaded now (HYPOTHESIS_PROFILE or --hypothesis-profile).
+    settings.register_profile("kvfence+database", settings(), database=database, derandomize=False)
+    settings.load_profile("kvfence+database")
+
+
 # -- options and markers -------------------------------------------------------------------------------
 def pytest_addoption(parser):
     group = parser.getgroup("kvfence")
@@ -48,6 +68,7 @@ def pytest_configure(config):
         config._kvfence_device = select(config.getoption("--device"))
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from None
+    _load_example_database(config)
     # pytest-xdist: with several GPUs, each worker pins one (worker index mod device count).
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if config._kvfence_device == "cuda" and worker:

@@ -112,6 +112,16 @@ def _seconds(minimum_exclusive: bool):
     return parse
 
 
+def _shard(text: str):
+    """An argparse type: ``--shard I/N`` (harness.campaign.parse_shard), one-line error otherwise."""
+    from harness.campaign import parse_shard
+
+    try:
+        return parse_shard(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--shard ")) from None
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -284,8 +294,14 @@ def cmd_fuzz(args) -> int:
 
     from strategies import case_runs, cases
 
+    from harness import campaign
+
     # Validates every pinned field and the budget now (BadInput), not inside Hypothesis.
-    config_strategy = _config_strategy(args, domain, max_bytes)
+    config_strategy, shard_info = _config_strategy(args, domain, max_bytes), None
+    if args.shard is not None:  # this host's part of the config space (harness.campaign)
+        config_strategy, shard_info = campaign.shard_configs(
+            args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins}), domain, max_bytes),
+            {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
     if per_example > 1:
         strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
                              max_batches=per_example)
@@ -304,13 +320,29 @@ def cmd_fuzz(args) -> int:
            "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
            "jobs": jobs, "batches_per_example": per_example, "domain": domain.name, "domain_text": domain.describe(),
            "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker"}
+    # The example database: a malformed URL here, an unreachable Redis below, both before any work.
+    if args.database is None:
+        args.database = campaign.default_database(out_dir)  # --jobs children share it
+    db_spec = campaign.parse_database(args.database)
     if jobs > 1:
+        database = campaign.open_database(db_spec)
+        db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
+                                       domain=campaign.fuzz_domain(args, domain, per_example))
+        run["campaign"] = campaign.summary_block(db_spec, db_key, shard_info, None,
+                                                 campaign.stored_failures(database, db_key))
         return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
     previous = _previous_summary(out_dir) if args.resume else None
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
     session = None if args.resume else _make_session(args, device, max_bytes)
+    database = None if args.resume else campaign.open_database(db_spec)
+    db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
+                                   domain=campaign.fuzz_domain(args, domain, per_example))
+    run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
+                                             campaign.shard_seed(seed, args.shard),
+                                             campaign.stored_failures(database, db_key))
     try:
-        return _fuzz_run(args, device, strategy, session, out_dir, json_path, previous, run, domain)
+        return _fuzz_run(args, device, strategy, session, out_dir, json_path, previous, run, domain,
+                         database=database, db_key=db_key, db_spec=db_spec)
     finally:
         if hasattr(session, "close"):
             session.close()
@@ -331,7 +363,7 @@ def _previous_summary(out_dir: Path) -> Optional[dict]:
 
 
 def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Optional[Path], previous, run: dict,
-              domain) -> int:
+              domain, *, database, db_key, db_spec) -> int:
     from harness.fuzz import FuzzResult, fuzz
     from harness.interrupt import exit_code_for, signals_interrupt
     from harness.journal import Journal, recover
@@ -363,7 +395,8 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
         # SIGINT/SIGTERM end fuzz() cleanly (harness.interrupt); the journal slot closes as on any exit.
         with Journal(out_dir, device=device) as journal, signals_interrupt():
             try:
-                result = fuzz(session, strategy, max_examples=args.max_examples, seed=seed,
+                result = fuzz(session, strategy, max_examples=args.max_examples,
+                              seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
                               progress=callback, max_seconds=args.max_seconds,
                               progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0))
@@ -372,6 +405,9 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
                     progress.close()
         if result.interrupted:
             _stderr(f"kvfence: {result.interrupted}: run stopped; writing what was checked")
+        if run["campaign"]["stored_failures_at_start"]:
+            print(f"kvfence fuzz: replayed {run['campaign']['stored_failures_at_start']} stored failure(s) "
+                  f"from {db_spec.display} first")
         print(f"kvfence fuzz: {result.verified_cases} cases verified ({result.cached_cases} from cache) in "
               f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
               f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
@@ -503,6 +539,19 @@ def cmd_report(args) -> int:
     from reports.render import write_reports
     from reports.summary import validate
 
+    require((args.dir is None) != (args.merge is None), "report: name one run folder DIR, or --merge DIR... --out OUT")
+    if args.merge is not None:
+        from reports.merge import merge
+
+        out = Path(args.out)
+        doc = merge([Path(d) for d in args.merge], out)
+        written = write_reports(doc, out)
+        print(f"kvfence report --merge: {len(args.merge)} runs, {doc['examples']} examples, "
+              f"{len(doc['cases'])} distinct failing case(s) ({doc['merged']['duplicate_cases']} duplicate(s) "
+              f"dropped): {out / 'summary.json'}, {written['md']}, {written['html']}")
+        if written["plot_skipped"]:
+            _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
+        return EXIT_FINDINGS if doc["findings"] else EXIT_CLEAN
     folder = Path(args.dir)
     require(folder.is_dir(), f"report {args.dir}: no such directory")
     where = folder / "summary.json"
@@ -622,6 +671,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                          "files there are moved to cases/earlier/<time>/")
     fz.add_argument("--resume", action="store_true",
                     help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
+    fz.add_argument("--database", default=None,
+                    help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; its failures "
+                         "are replayed first (default: OUT/.hypothesis)")
+    fz.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                    help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds "
+                         "(default: all of it)")
     _add_worker_args(fz)
     fz.set_defaults(func=cmd_fuzz, _parser=fz,
                     fuzz_defaults={a.dest: a.default for a in fz._actions if a.dest != "help"})
@@ -648,10 +703,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     _add_worker_args(rp)
     rp.set_defaults(func=cmd_repro)
 
-    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json",
-                        epilog=_exit_codes(zero="reports written", one=None,
+    rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json, or merge runs",
+                        epilog=_exit_codes(zero="reports written (with --merge: and no findings)",
+                                           one="--merge only: the merged runs have findings",
                                            two="bad input, e.g. no valid DIR/summary.json (one line on stderr)"))
-    rr.add_argument("dir", help="a fuzz --out folder holding summary.json")
+    rr.add_argument("dir", nargs="?", default=None, help="a fuzz --out folder holding summary.json")
+    rr.add_argument("--merge", nargs="+", metavar="DIR", default=None,
+                    help="merge these fuzz --out folders (hosts, shards, nights) into one report; identical "
+                         "failing cases are kept once (default: off)")
+    rr.add_argument("--out", default="reports/merged", help="folder of the merged report")
     rr.set_defaults(func=cmd_report)
 
     mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected",

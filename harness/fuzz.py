@@ -165,8 +165,8 @@ def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
 
 def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
-         progress_every_s: float = 2.0, database=None, journal=None, targeting: bool = True,
-         max_seconds: Optional[float] = None) -> FuzzResult:
+         progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
+         targeting: bool = True, max_seconds: Optional[float] = None) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples,
     or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
 
@@ -175,6 +175,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     process that may crash or hang).
 
     ``journal`` (a ``harness.journal.Journal``) records the cases in flight around each launch.
+    ``database`` (a Hypothesis ``ExampleDatabase``) needs ``database_key`` (``harness.campaign.database_key``):
+    every kernel shares this one test function, so Hypothesis's default key would mix their examples.
     ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
     limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
     """
@@ -258,13 +260,20 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         raise FindingsFound(case, findings)
 
     test = given(strategy)(body)
+    if seed is not None:
+        # Before @settings: @seed on its own turns the example database off; the settings below decide.
+        test = hyp_seed(seed)(test)
     test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
                     report_multiple_bugs=False, print_blob=False,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.target] if targeting else [])
                     + [Phase.shrink],
                     suppress_health_check=list(HealthCheck))(test)
-    if seed is not None:
-        test = hyp_seed(seed)(test)
+    if database is not None:
+        from harness.campaign import apply_database_key
+
+        if database_key is None:
+            raise ValueError("fuzz(database=...) needs a database_key (harness.campaign.database_key)")
+        apply_database_key(test, body, database_key)
     try:
         test()
     except FindingsFound as failure:

@@ -117,6 +117,15 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
     return buf.getvalue(), ""
 
 
+MERGED_HEADER = ["run folder", "host", "shard", "device", "seed", "examples", "elapsed s", "findings", "cases"]
+
+
+def merged_rows(doc: dict) -> List[List[str]]:
+    """One row per run of a merged report (``reports/merge.py``); empty for a single run."""
+    return [[str(r.get(k)) for k in ("dir", "host", "shard", "device", "seed", "examples", "elapsed_s", "findings",
+                                     "cases")] for r in (doc.get("merged") or {}).get("runs", [])]
+
+
 def _sampled_note(doc: dict) -> str:
     cov = doc.get("coverage", {})
     if cov.get("sampled"):
@@ -133,6 +142,9 @@ def markdown(doc: dict, plot_note: str) -> str:
 
     status = "FINDINGS" if doc["findings"] else "clean"
     out = [f"# kvfence fuzz report: {status}", "", md_table(run_rows(doc), ["run", "value"]), ""]
+    if merged_rows(doc):
+        out += [f"## Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)", "",
+                md_table(merged_rows(doc), MERGED_HEADER), ""]
     if earlier_text(doc):
         out += [earlier_text(doc), ""]
     if doc["findings"]:
@@ -175,6 +187,9 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str) -> str:
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvfence fuzz report</title>"
              f"<style>{_CSS}</style></head><body>", f"<h1>kvfence fuzz report: {status}</h1>",
              h_table(run_rows(doc), ["run", "value"])]
+    if merged_rows(doc):
+        parts += [f"<h2>Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)</h2>",
+                  h_table(merged_rows(doc), MERGED_HEADER)]
     if earlier_text(doc):
         parts.append(f"<p class='note'>{e(earlier_text(doc))}</p>")
     if doc["findings"]:

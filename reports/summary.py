@@ -204,6 +204,21 @@ def run_rows(doc: dict) -> List[List[str]]:
              ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
              ["seed", _seed_text(doc)], ["max need/width", max_need_text(doc)],
              ["findings", str(len(doc["findings"]))]]
+    return rows + campaign_rows(doc)
+
+
+def campaign_rows(doc: dict) -> List[List[str]]:
+    """The example database and shard of a run (``harness.campaign``), when it recorded them."""
+    c = doc.get("campaign")
+    if not isinstance(c, dict):
+        return []
+    rows = [["database", str(c.get("database"))]]
+    if c.get("stored_failures_at_start"):
+        rows.append(["replayed from database", f"{c['stored_failures_at_start']} stored failure(s)"])
+    shard = c.get("shard")
+    if isinstance(shard, dict):
+        rows.append(["shard", f"{shard.get('shard')} ({shard.get('cells')} of {shard.get('of_cells')} config cells; "
+                              f"{shard.get('partition')})"])
     return rows
 
 
