@@ -125,6 +125,32 @@ def large(device: str) -> dict:
     kernel_us = triton.testing.do_bench(kernel, warmup=25, rep=200, return_mode="median") * 1e3
     verify_us = triton.testing.do_bench(verify, warmup=25, rep=200, return_mode="median") * 1e3
     prepare_us = triton.testing.do_bench(prepare, warmup=25, rep=200, return_mode="median") * 1e3
+    # Where verification time goes: each verify kernel alone (direct launches, do_bench medians).
+    from harness.guarded import POISON
+
+    c, m, inputs = config, case.launch().num_seqs, runner.inputs
+
+    def segments(poison_back):
+        return lambda: verifier._segments(
+            kv_indices=runner.kv_indices.view, kv_indptr=runner.kv_indptr.view, req_to_token=inputs.req_to_token,
+            seq_lens=inputs.seq_lens[:m], req_pool_indices=inputs.req_pool_indices[:m],
+            positions=inputs.positions[: m * c.topk], counts=verifier.counts, topk=c.topk, num_steps=c.num_steps,
+            page_size=c.page_size, poison_back=poison_back, poison=POISON)
+
+    bench = lambda fn: round(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3, 1)  # noqa: E731
+    parts = {
+        "segments_us": bench(segments(False)),
+        "segments_poison_back_us": bench(segments(True)),
+        "outside_kv_indices_us": bench(lambda: verifier._outside(runner.kv_indices, counts=verifier.counts, slot=2,
+                                                                 seq_lens=inputs.seq_lens[:m], topk=c.topk,
+                                                                 is_indptr=False, poison=POISON)),
+        "inputs_us": bench(lambda: verifier._inputs(rows=verifier.rows, cursor=verifier.cursor.zero_(),
+                                                    seq_lens=inputs.seq_lens, req_pool_indices=inputs.req_pool_indices,
+                                                    positions=inputs.positions, req_to_token=inputs.req_to_token,
+                                                    counts=verifier.counts, max_bs=c.max_bs, topk=c.topk)),
+    }
+    runner.kv_indices.reset()
+    runner.kv_indptr.reset()
     # A whole verified case (staging copy, three graph replays, counters back), CUDA events, median.
     times = []
     for _ in range(30):
@@ -148,6 +174,7 @@ def large(device: str) -> dict:
         "naive_s_large": round(naive_s, 2),
         "speedup_vs_naive": round(naive_s * 1e6 / case_us, 1),
         "large_kv_indices_mib": round(bytes_out / 2**20, 1),
+        "large_verify_parts_us": parts,
     }
 
 

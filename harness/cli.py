@@ -574,11 +574,22 @@ def cmd_mutants(args) -> int:
     device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device)
-    progress = None if args.quiet else (lambda r: _stderr(f"kvfence: {r.name} ({r.ran_on} domain): {verdict_text(r)} "
-                                                          f"({r.seconds:.1f}s)"))
-    report = run_all(device, max_examples=args.max_examples, seeds=range(args.seed, args.seed + args.seeds),
-                     names=args.only or None, audit=False if args.no_audit else None, progress=progress,
-                     max_bytes=max_bytes)
+    seeds = range(args.seed, args.seed + args.seeds)
+    partial = {}
+
+    def progress(r):
+        # Called after every seed; the finished mutant is printed, and with --json every result so far
+        # is kept in JSON.partial, so a self-test cut short by a time limit still leaves its numbers.
+        if json_path is not None:
+            partial[f"{r.name}@{r.ran_on}"] = r.to_dict()
+            casefile.atomic_write_text(Path(str(json_path) + ".partial"), json.dumps(partial, indent=1) + "\n")
+        if not args.quiet and len(r.seeds) == len(seeds):
+            _stderr(f"kvfence: {r.name} ({r.ran_on} domain): {verdict_text(r)} ({r.seconds:.1f}s)")
+
+    from harness import casefile
+
+    report = run_all(device, max_examples=args.max_examples, seeds=seeds, names=args.only or None,
+                     audit=False if args.no_audit else None, progress=progress, max_bytes=max_bytes)
     print(format_table(report))
     if json_path is not None:
         json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")

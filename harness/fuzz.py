@@ -73,7 +73,9 @@ class FuzzResult:
     * ``verified_cases``: distinct cases launched and verified (exploring and shrinking);
     * ``cached_cases``: repeats answered from the verdict cache, never launched again;
     * ``shrink_cases``: cases checked while shrinking a failure (verified or cached);
-    * ``launches``: kernel launches (a dirty case on the device path is launched twice).
+    * ``launches``: kernel launches (a dirty case on the device path is launched twice);
+    * ``structural_cases``: explored cases distinct in config, lengths and pool rows (token tables
+      aside): how much *shape* the verified cases covered.
 
     ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done.
     """
@@ -84,6 +86,7 @@ class FuzzResult:
     cached_cases: int = 0
     shrink_cases: int = 0
     launches: int = 0
+    structural_cases: int = 0
     elapsed_s: float = 0.0
     case: Optional[Case] = None
     findings: List[Finding] = field(default_factory=list)
@@ -188,6 +191,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     rng = random.Random(0)
     verdicts: Dict[Case, List[Finding]] = {}
     configs_seen: Dict[object, int] = {}
+    shapes = set()
     state = {"first_failure": None, "last_progress": 0.0, "largest": -1}
     start = time.perf_counter()
 
@@ -233,6 +237,10 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
 
     def _explored(case: Case, findings) -> None:
         result.generated_cases += 1
+        shape = hash((case.config, case.batch.seq_lens, case.batch.req_pool_indices))
+        if shape not in shapes:
+            shapes.add(shape)
+            result.structural_cases += 1
         stat = example_stat(case, bool(findings))
         _keep(result, stat, rng)
         u = stat.need / stat.width

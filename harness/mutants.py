@@ -230,10 +230,10 @@ def _run(result: MutantResult, session, strategy, *, max_examples: int, seeds: L
         result.seconds_to_detection.append(r.first_failure_s if found else None)
         if found and not result.kinds:
             result.kinds, result.headline = damage_kinds(r.findings), r.findings[0].headline()
-    result.seconds = time.perf_counter() - start
-    result.budget = max_examples
-    if progress is not None:
-        progress(result)
+        result.seconds = time.perf_counter() - start
+        result.budget = max_examples
+        if progress is not None:
+            progress(result)  # after every seed: a long self-test shows (and can save) where it is
     return result
 
 

@@ -78,7 +78,8 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
 
 
 #: The run's counts, in the order every output shows them (harness.fuzz.FuzzResult defines each).
-COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches")
+COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches",
+          "structural_cases")
 #: Session counters copied into the summary (harness.session.Session.stats).
 SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s")
 
