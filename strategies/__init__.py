@@ -253,18 +253,23 @@ def _multipliers(pool_rows: int):
 
 def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
     """Requests in a batch. Small configs: a full batch a quarter of the time (bugs in sums over
-    requests need several of them), else uniform. Large ones: half small, else a full bucket, a bucket
-    plus one (the runner pads it), just past a lane width, or uniform. Shrinks toward ``min_requests``."""
+    requests need several of them), else uniform. Large ones: half small; else a full capture bucket
+    or a uniform count; else a count the runner must pad (one past a bucket, or just past a lane width:
+    with SGLang's capture list every count up to 8 is a bucket, so padding lives in the gaps above).
+    Shrinks toward ``min_requests``."""
     lo, hi = min_requests, config.max_bs
     if hi - lo < 8:
         return hi if draw(TIERS) == 3 else draw(_integers(lo, hi))
     tier = draw(TIERS)
     if tier <= 1:
         return draw(_integers(lo, lo + 3))
+    buckets = set(config.buckets)
     if tier == 2:
-        edges = {b for b in config.buckets} | {b + 1 for b in config.buckets} | {w + 1 for w in LANE_WIDTHS}
-        return draw(_sampled(tuple(sorted(e for e in edges if lo <= e <= hi))))
-    return draw(_integers(lo, hi))
+        full = tuple(sorted(b for b in buckets if lo <= b <= hi))
+        return draw(_sampled(full)) if full and draw(BOOLEANS) else draw(_integers(lo, hi))
+    padded = {b + 1 for b in buckets} | {w + 1 for w in LANE_WIDTHS}
+    padded = tuple(sorted(x for x in padded if lo <= x <= hi and x not in buckets))
+    return draw(_sampled(padded)) if padded else draw(_integers(lo, hi))
 
 
 def batches(config: Config, seq_len_limit: str = "ctx", min_requests: int = 1):
