@@ -387,18 +387,26 @@ def signal_findings(tool: str, *, exit_code: Optional[int], timed_out: bool, tim
             problems.append(f"errors reported but exit code {exit_code}, not --error-exitcode {ERROR_EXIT}")
         if not found and exit_code == ERROR_EXIT:
             problems.append(f"exit code {ERROR_EXIT} (--error-exitcode) but no error reported")
-        if child is None:
-            problems.append(f"the child left no status: it died before its verdict (tool exit {exit_code})")
-        elif child["exit"] == 2:
-            problems.append(f"the child rejected its input (exit 2): {_bad_input_line(log_text)}")
-        elif child["exit"] not in CHILD_VERDICTS:
-            # After a memory error memcheck has killed the CUDA context, so the child's next CUDA call
-            # raises: expected, but still said, since it also hides any later verdict of the child.
-            after = " after the tool's report (a memory error kills the CUDA context)" if found else ""
-            problems.append(f"the child exited {child['exit']}{after}: {child.get('error', 'no message')}")
+        # After a memory error memcheck has killed the CUDA context, so the child's next CUDA call
+        # raises: expected, but still said, since it also hides any later verdict of the child.
+        after = " after the tool's report (a memory error kills the CUDA context)" if found else ""
+        child_problem = _child_problem(child, log_text, f"tool exit {exit_code}", after)
+        if child_problem:
+            problems.append(child_problem)
         elif not found and exit_code != child["exit"]:
             problems.append(f"compute-sanitizer exited {exit_code} but its child exited {child['exit']}")
     return [tool_error(tool, p, log) for p in problems]
+
+
+def _child_problem(child, log_text: str, exit_text: str, after: str = "") -> str:
+    """What is wrong with a sanitizer child's own status (``harness.sanitizer_child``), or ``""``."""
+    if child is None:
+        return f"the child left no status: it died before its verdict ({exit_text})"
+    if child["exit"] == 2:
+        return f"the child rejected its input (exit 2): {_bad_input_line(log_text)}"
+    if child["exit"] not in CHILD_VERDICTS:
+        return f"the child exited {child['exit']}{after}: {child.get('error', 'no message')}"
+    return ""
 
 
 def _parse_report(xml_path: Path, log_text: str):
@@ -459,10 +467,6 @@ def baseline(case_path: Path, mode: str, work: Path, *, caching: Optional[bool] 
     problems = []
     if timed_out:
         problems.append(f"timed out after {timeout:g} s; its process group was killed")
-    elif child is None:
-        problems.append(f"the child left no status: it died before its verdict (exit {code})")
-    elif child["exit"] == 2:
-        problems.append(f"the child rejected its input (exit 2): {_bad_input_line(log)}")
-    elif child["exit"] not in CHILD_VERDICTS:
-        problems.append(f"the child exited {child['exit']}: {child.get('error', 'no message')}")
+    elif _child_problem(child, log, f"exit {code}"):
+        problems.append(_child_problem(child, log, f"exit {code}"))
     return seconds, (child["exit"] if child else None), [tool_error("baseline", p, str(log_path)) for p in problems]

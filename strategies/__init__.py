@@ -259,7 +259,10 @@ def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
     Shrinks toward ``min_requests``."""
     lo, hi = min_requests, config.max_bs
     if hi - lo < 8:
-        return hi if draw(TIERS) == 3 else draw(_integers(lo, hi))
+        # The count is drawn first and the tier after it, so shrinking the tier to 0 leaves a count that
+        # shrinks on its own (a tier deciding whether a draw happens at all shrinks badly).
+        count = draw(_integers(lo, hi))
+        return hi if draw(TIERS) == 3 else count
     tier = draw(TIERS)
     if tier <= 1:
         return draw(_integers(lo, lo + 3))
