@@ -49,7 +49,7 @@ class GuardedBuffer:
     """One output buffer of ``rows x width`` int32 elements inside guards (see module docstring)."""
 
     def __init__(self, name: str, rows: int, width: int, *, row_guard: int, front: int, tail: int,
-                 device, canary_seed: int, keep_zero_column: bool = False):
+                 device, canary_seed: int, guard_column0: bool = False):
         self.name = name
         self.rows = rows
         self.width = width
@@ -59,8 +59,9 @@ class GuardedBuffer:
         self.stride = width + row_guard
         self.length = front + rows * self.stride + tail
         self.device = torch.device(device)
-        # kv_indptr column 0 is never written by the kernel: production zeroes it once.
-        self.keep_zero_column = keep_zero_column
+        # kv_indptr column 0 is never written by the kernel (production zeroes it once and relies on it).
+        # kvfence keeps its canary there instead of 0, so a write of any value, 0 included, is seen.
+        self.guard_column0 = guard_column0
         self.storage = torch.empty(self.length, dtype=torch.int32, device=self.device)
         self.view = self.storage.as_strided((rows, width), (self.stride, 1), front)
         live = torch.zeros(self.length, dtype=torch.bool, device=self.device)
@@ -75,10 +76,13 @@ class GuardedBuffer:
         return self.front + row * self.stride + element
 
     def reset(self) -> None:
-        """Canaries everywhere outside the rows, poison in the rows (and 0 in column 0 when kept)."""
-        self.storage.copy_(torch.where(self.live_mask, torch.full_like(self.canaries, POISON), self.canaries))
-        if self.keep_zero_column:
-            self.view[:, 0] = 0
+        """Canaries everywhere outside the rows, poison in the rows; with ``guard_column0`` the canary
+        stays in column 0 of every row too (the kernel never writes it)."""
+        live = self.live_mask
+        if self.guard_column0:
+            live = live.clone()
+            live[self.front: self.front + self.rows * self.stride: self.stride] = False
+        self.storage.copy_(torch.where(live, torch.full_like(self.canaries, POISON), self.canaries))
 
     def snapshot(self) -> torch.Tensor:
         return self.storage.clone()

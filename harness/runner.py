@@ -58,7 +58,7 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
     kv_indices = GuardedBuffer("kv_indices", kvi.rows, kvi.width, row_guard=kvi.row_guard, front=kvi.front,
                                tail=kvi.tail, device=device, canary_seed=canary_seed)
     kv_indptr = GuardedBuffer("kv_indptr", kvp.rows, kvp.width, row_guard=kvp.row_guard, front=kvp.front,
-                              tail=kvp.tail, device=device, canary_seed=canary_seed + 1, keep_zero_column=True)
+                              tail=kvp.tail, device=device, canary_seed=canary_seed + 1, guard_column0=True)
     return kv_indices, kv_indptr
 
 

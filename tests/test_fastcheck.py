@@ -51,7 +51,7 @@ def test_device_verifier_is_clean_exactly_when_the_reference_is(device, data):
 
 COUNTER_FOR = {  # bad launcher -> the counter that must see it
     "row_value": 0, "last_row_missing": 0, "slack_write": 2, "row_guard_write": 2, "front_guard_write": 2,
-    "tail_write": 2, "indptr_column0_write": 2, "indptr_value": 1, "input_write": 3,
+    "tail_write": 2, "indptr_column0_write": 2, "indptr_column0_zero": 2, "indptr_value": 1, "input_write": 3,
 }
 
 

@@ -32,6 +32,7 @@ CASES = [
     ("tail_write", {}, Kind.GUARD_OVERWRITE, "kv_indices", "tail"),
     ("tail_write", {"layout": "production"}, Kind.GUARD_OVERWRITE, "kv_indices", "tail"),
     ("indptr_column0_write", {}, Kind.STRAY_WRITE, "kv_indptr", "row 0"),
+    ("indptr_column0_zero", {}, Kind.STRAY_WRITE, "kv_indptr", "row 0"),
     ("indptr_value", {}, Kind.INDPTR_MISMATCH, "kv_indptr", "row 0"),
     ("input_write", {}, Kind.STRAY_WRITE, "req_to_token", "input"),
 ]
@@ -47,7 +48,8 @@ def test_bad_write_is_reported_where_it_landed(make_session, launcher, overrides
     assert hits, f"expected {kind.value} in {buffer} {region}, got {[f.headline() for f in findings]}"
     if kind not in (Kind.MISSING_WRITE,) and buffer != "req_to_token":
         # The sample shows the value the bad store wrote.
-        assert any(found == BAD_VALUE for f in hits for _, _, found in f.samples)
+        written = 0 if launcher == "indptr_column0_zero" else BAD_VALUE
+        assert any(found == written for f in hits for _, _, found in f.samples)
     # Nothing else is blamed: the one bad store (or missing row) is the only finding besides its
     # kv_indptr twin for the missing row.
     others = [f for f in findings if f not in hits]

@@ -2,7 +2,7 @@
 
 Every element of the allocation that the contract does not write must still hold what the harness
 put there before the launch: the positional canary in guards (front, after each row, tail), poison in
-a row past its used length ``U(s)``, and 0 in column 0 when the buffer keeps it (kv_indptr). Written
+a row past its used length ``U(s)``, and the canary in column 0 when the buffer guards it (kv_indptr). Written
 elements (row ``s``, columns ``[first_col, U(s))``) are skipped: ``segments.py`` checks them.
 
 Grid ``(rows + 2, blocks)``: program ``(s, blk)`` with ``s < rows`` checks columns ``blk*BLOCK ...`` of
@@ -21,7 +21,7 @@ BLOCK_ELEMENTS = 1024
 @triton.jit(do_not_specialize=['slot', 'front', 'rows', 'width', 'stride', 'tail', 'num_seqs', 'topk', 'seed_term', 'first_col', 'poison'])
 def verify_outside_kernel(
     storage, counts, seq_lens, slot, front, rows, width, stride, tail, num_seqs, topk, seed_term, first_col, poison,
-    LANES: tl.constexpr, KEEP_ZERO_COL: tl.constexpr, SUM_LENS: tl.constexpr, BLOCK: tl.constexpr,
+    LANES: tl.constexpr, GUARD_COL0: tl.constexpr, SUM_LENS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     s = tl.program_id(0)
     blk = tl.program_id(1)
@@ -54,8 +54,8 @@ def verify_outside_kernel(
     # harness.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
     h = (i * 0x2545F491 + seed_term) & ((1 << 30) - 1)
     expected = tl.where(live, poison, -(h + 2))
-    if KEEP_ZERO_COL:
-        expected = tl.where(live & (cols == 0), 0, expected)
+    if GUARD_COL0:
+        expected = tl.where(live & (cols == 0), -(h + 2), expected)  # the canary stays in column 0
     check = in_range & ~written
     found = tl.load(storage + i, mask=check, other=0).to(tl.int64)
     bad = (check & (found != expected)).to(tl.int32)
@@ -73,6 +73,6 @@ def verify_outside(buf, *, counts, slot: int, seq_lens, topk: int, is_indptr: bo
     verify_outside_kernel[grid](
         buf.storage, counts, seq_lens, slot, buf.front, buf.rows, buf.width, buf.stride, buf.tail, num_seqs, topk,
         (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), 1 if is_indptr else 0, poison,
-        LANES=128, KEEP_ZERO_COL=buf.keep_zero_column, SUM_LENS=not is_indptr,
+        LANES=128, GUARD_COL0=buf.guard_column0, SUM_LENS=not is_indptr,
         BLOCK=BLOCK_ELEMENTS,
     )

@@ -24,8 +24,8 @@ def _reference(**kw):
     launch(generate_draft_decode_kv_indices, **kw)
 
 
-def _poke(tensor, offset):
-    poke[(1,)](tensor, offset, BAD_VALUE)
+def _poke(tensor, offset, value=BAD_VALUE):
+    poke[(1,)](tensor, offset, value)
 
 
 def row_value(**kw):
@@ -72,6 +72,13 @@ def indptr_column0_write(**kw):
     """kv_indptr column 0 must never be written: STRAY_WRITE in kv_indptr ``row 0``."""
     _reference(**kw)
     _poke(kw["kv_indptr"], 0)
+
+
+def indptr_column0_zero(**kw):
+    """kv_indptr column 0 written with 0, the value production keeps there: still a STRAY_WRITE, since
+    kvfence keeps a canary in that column (a buffer pre-set to 0 would hide this write)."""
+    _reference(**kw)
+    _poke(kw["kv_indptr"], 0, 0)
 
 
 def indptr_value(**kw):
