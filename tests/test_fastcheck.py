@@ -74,3 +74,31 @@ def test_sizing_violation_skips_the_fast_path(device):
     session = device_session(device, "reference")
     findings = session.check(Case(config, Batch((8, 7), (1, 2), 3)))
     assert Kind.SIZING_VIOLATION in {f.kind for f in findings} and (session.stats["fast_clean"], session.stats["full"]) == (0, 1)
+
+
+#: Mutants whose bug shows on every case (docstrings: "Shows with any config").
+ALWAYS_DIRTY = {"off_by_one_n", "prefix_sum_inclusive", "no_z0_rule"}
+DIRTY_MUTANTS = ["off_by_one_n", "prefix_sum_inclusive", "no_z0_rule", "step_major_drafts", "paged_no_last",
+                 "bs_upper_small", "last_row_past_end", "row_from_request_index"]
+
+
+@pytest.mark.cpu_only
+@settings(max_examples=12)
+@given(data=st.data())
+def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, data):
+    """The verdict with the torch write-set builder (the device path's full verdict) equals the verdict
+    with the plain oracle, finding for finding, on kernels that really are wrong (the mutants) and under
+    a sizing that overflows: kind, buffer, region and element range all agree."""
+    from harness.mutants import kernel_spec
+    from harness.verdict import check
+
+    name = data.draw(st.sampled_from(DIRTY_MUTANTS))
+    config = data.draw(configs(sizing=data.draw(st.sampled_from(["safe", "prefix"])),
+                               layout=data.draw(st.sampled_from(["redzone", "production"]))))
+    case = Case(config, data.draw(batches(config)), kernel_spec(name))
+    obs = Session(device, kernel_spec(name), audit=False).observe(case)
+    plain = [(f.kind, f.buffer, f.region, f.start, f.stop) for f in check(obs)]
+    torch_built = [(f.kind, f.buffer, f.region, f.start, f.stop) for f in check(obs, expected_writes_torch(obs))]
+    assert torch_built == plain
+    if name in ALWAYS_DIRTY:
+        assert plain, f"{name} should be caught on every case"  # the comparison is never vacuous
