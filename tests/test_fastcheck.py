@@ -96,7 +96,7 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
     config = data.draw(configs(sizing=data.draw(st.sampled_from(["safe", "prefix"])),
                                layout=data.draw(st.sampled_from(["redzone", "production"]))))
     case = Case(config, data.draw(batches(config)), kernel_spec(name))
-    obs = Session(device, kernel_spec(name), audit=False).observe(case)
+    obs = Session(device, kernel_spec(name)).observe(case)  # the address audit drops any wild store
     plain = [(f.kind, f.buffer, f.region, f.start, f.stop) for f in check(obs)]
     torch_built = [(f.kind, f.buffer, f.region, f.start, f.stop) for f in check(obs, expected_writes_torch(obs))]
     assert torch_built == plain
