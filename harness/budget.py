@@ -90,13 +90,29 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def free_device_memory() -> int:
+    """Free memory of the current GPU, asked of ``nvidia-smi`` so the asking process (the one running
+    Hypothesis) never creates a CUDA context of its own; torch's ``mem_get_info`` when that fails."""
+    import os
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    cmd = ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"]
+    if visible:
+        cmd.insert(1, f"--id={visible}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout.split()
+        return int(out[0]) * 2**20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        import torch
+
+        return torch.cuda.mem_get_info()[0]
+
+
 def default_budget(device: str, jobs: int = 1) -> int:
     """``DEFAULT_FRACTION`` of the device's free memory split over ``jobs`` (CPU: 4 GiB per job)."""
     if device == "cuda":
-        import torch
-
-        free, _ = torch.cuda.mem_get_info()
-        return int(free * DEFAULT_FRACTION / max(1, jobs))
+        return int(free_device_memory() * DEFAULT_FRACTION / max(1, jobs))
     return 4 * 2**30
 
 
