@@ -172,7 +172,10 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     if max_bytes is not None:
         from harness.budget import fit
 
-        free = [name for name in ("ctx", "max_bs", "topk", "num_steps") if name not in pinned]
+        # Which field gives way first is drawn too: long contexts and large batches both survive the
+        # budget (ctx first is the shrink target).
+        order = ("ctx", "max_bs", "topk", "num_steps") if not draw(BOOLEANS) else ("max_bs", "topk", "num_steps", "ctx")
+        free = [name for name in order if name not in pinned]
         config = fit(config, max_bytes, free)  # configs() checked that the smallest one fits
     return config
 

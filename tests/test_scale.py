@@ -35,9 +35,9 @@ def _draw_all(strategy, examples: int):
 
 
 def test_gpu_domain_reaches_every_boundary_class():
-    """Not luck: a seeded run of 600 examples covers every boundary class at least once, while small
+    """Not luck: a seeded run of 1000 examples covers every boundary class at least once, while small
     cases stay the most frequent."""
-    drawn = _draw_all(case_runs(configs(domain="gpu", max_bytes=8 * 2**30), max_batches=32), 600)
+    drawn = _draw_all(case_runs(configs(domain="gpu", max_bytes=8 * 2**30), max_batches=32), 1000)
     seen = collections.Counter()
     for case in drawn:
         seen.update(boundary_classes(case.config, case.batch.seq_lens, case.batch.raw_bs))
