@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from hypothesis import strategies as st
 
 from harness.errors import require
 
