@@ -441,8 +441,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     progress = None if args.quiet else Progress(args.max_examples)
     start, started_at = time.perf_counter(), time.time()
     try:
-        docs, problems, crashes = run_jobs(child_args, out_dir, device=device,
-                                           progress=progress.update if progress else None)
+        docs, problems, crashes, interrupted = run_jobs(child_args, out_dir, device=device,
+                                                        progress=progress.update if progress else None)
     finally:
         if progress:
             progress.close()
@@ -453,6 +453,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed, started_at=started_at)
     doc["job_problems"] = problems
     doc["earlier_cases"] = earlier
+    doc["interrupted"] = interrupted
     for crash in crashes:
         p = str(crash.path)
         doc["findings"].append(dict(crash.finding.to_dict(), case=p))
@@ -465,7 +466,13 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         print(f"{', '.join(record['kinds'])}: {path}")
     if not doc["findings"]:
         print("no findings")
+    if interrupted:
+        _stderr(f"kvfence: {interrupted}: jobs stopped; merged what they had checked")
     code = _write_summary(doc, out_dir, json_path)
+    if interrupted:
+        from harness.interrupt import exit_code_for
+
+        return exit_code_for(interrupted)
     return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
 
 

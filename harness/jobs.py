@@ -31,6 +31,8 @@ JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
 #: How often the parent redraws the summed progress line and children rewrite their progress file.
 POLL_S = 1.0
+#: Seconds the parent waits, after a signal, for jobs that got it too to stop before it signals them.
+GRACE_S = 5.0
 
 
 def job_dir(out_dir: Path, i: int) -> Path:
@@ -67,10 +69,12 @@ def _visible_gpus() -> List[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, announce=print):
-    """Run one ``python -m harness fuzz`` child per argument list; return ``(docs, problems, crashes)``:
-    the children's summaries, one line per child that ended abnormally, and the ``CRASH`` records
-    recovered from dead children's journals."""
+def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None):
+    """Run one ``python -m harness fuzz`` child per argument list; return ``(docs, problems, crashes,
+    interrupted)``: the children's summaries, one line per child that ended abnormally, the ``CRASH``
+    records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
+    the run (the children are then stopped too, and what they wrote is still merged)."""
+    from harness.interrupt import Interrupted, signals_interrupt
     from harness.journal import recover
 
     gpus = _visible_gpus() if device == "cuda" else []
@@ -88,35 +92,48 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                "--progress-file", str(folder / PROGRESS_FILE)]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), folder, log))
     start = time.perf_counter()
+    interrupted = None
     try:
-        while any(p.poll() is None for p, _, _ in procs):
-            time.sleep(POLL_S)
-            if progress is not None:
-                docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
-                progress(_Summed(docs, time.perf_counter() - start))
-    except KeyboardInterrupt:
+        with signals_interrupt():
+            while any(p.poll() is None for p, _, _ in procs):
+                time.sleep(POLL_S)
+                if progress is not None:
+                    docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
+                    progress(_Summed(docs, time.perf_counter() - start))
+    except Interrupted as exc:
+        # Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
+        # far written); the parent then merges what they wrote, like a finished run.
+        interrupted = exc.signal_name
+        # A Ctrl-C in a terminal reaches the jobs too (one process group): give them a moment to stop on
+        # their own, since a second signal would cut their own summary short. Then signal the rest.
+        grace = time.monotonic() + GRACE_S
+        while time.monotonic() < grace and any(p.poll() is None for p, _, _ in procs):
+            time.sleep(0.1)
         for p, _, _ in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
         for p, _, _ in procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-        raise
+                p.wait()
     finally:
         for _, _, log in procs:
             log.close()
     docs, problems, crashes = [], [], []
     for i, (p, folder, _) in enumerate(procs):
         doc = _read_json(folder / "summary.json")
+        if interrupted and doc is not None and p.returncode in (0, 1, 130, 143):
+            docs.append(doc)  # stopped by the signal we forwarded: a partial run, not a dead job
+            continue
         if p.returncode not in (0, 1) or doc is None:
             tail = (folder / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             problems.append(f"job {i} ended with exit code {p.returncode}: {tail[0]} (log: {folder / 'log.txt'})")
             crashes += recover(folder)
         if doc is not None:
             docs.append(doc)
-    return docs, problems, crashes
+    return docs, problems, crashes, interrupted
 
 
 def _read_json(path: Path) -> Optional[dict]:

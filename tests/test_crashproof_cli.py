@@ -124,6 +124,35 @@ def test_a_signal_ends_the_run_with_its_results_written(tmp_path, sig, code):
     assert again.returncode == 0 and "0 crashed case(s)" in again.stdout, again.stderr
 
 
+def test_a_signal_to_a_jobs_run_merges_what_the_jobs_checked(tmp_path):
+    """--jobs 2: SIGTERM to the parent stops both jobs the way one run stops (each writes its summary and
+    its failure so far); the parent merges them into one summary and exits 143."""
+    out = tmp_path / "out"
+    marker = tmp_path / "launches"
+    env = env_without_interpreter(KVFENCE_TEST_MARKER=str(marker))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--kernel", f"{CRASHERS}:slow_wrong",
+                             "--out", str(out), "--max-examples", "50", "--jobs", "2", *SMALL], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (marker.exists() and len(marker.read_text()) >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, (stdout, stderr)
+    assert "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] == "SIGTERM" and summary["jobs"] == 2 and not summary["job_problems"]
+    children = [json.loads((out / "jobs" / f"job-{i}" / "summary.json").read_text()) for i in range(2)]
+    assert summary["verified_cases"] == sum(c["verified_cases"] for c in children)
+    assert Kind.VALUE_MISMATCH.value in {f["kind"] for f in summary["findings"]}
+    assert all(Path(f["case"]).parent == out / "cases" for f in summary["findings"])
+    assert (out / "report.html").exists() and all_json_valid(out) == []
+
+
 def test_resume_adds_to_the_folder_instead_of_replacing_it(tmp_path):
     out = tmp_path / "out"
     first = harness("fuzz", "--sizing", "prefix", "--out", out, "--max-examples", "20", "--shrink-seconds", "5",
