@@ -9,7 +9,7 @@ attributing findings, the segment ``[start, stop)`` of row ``s`` that each progr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 def draft_slot_start(L: int, k: int, topk: int, num_steps: int, page_size: int) -> int:
@@ -102,4 +102,105 @@ def expected_writes(
                     # Program (s, 0, 0) writes the last column; column 0 is never written.
                     z = bs
                 out.kv_indptr[(s, z)] = sum(positions[:z]) + z * n
+    return out
+
+
+# -- the newer upstream family (docs/contract.md §6) -------------------------------------------------------
+# Plain Python again, from the contract's words. Not wired into the runners yet: kvfence's kernels,
+# strategies and verdict still implement §2; these functions state §6 so that work has its reference.
+
+
+def read_token(row: Sequence[int], p: int, *, entry_page_size: int = 1, v2p: Optional[Sequence[int]] = None,
+               page_size: int = 1) -> int:
+    """``token_b(p)``: the KV slot of token position ``p`` of a request whose req_to_token row is ``row``.
+
+    ``entry_page_size = E > 1``: the row holds one entry per page of ``E`` tokens. ``v2p`` (TRANSLATE):
+    the id is virtual and maps through the page table, one entry per page of ``page_size`` tokens; a
+    negative id reads as 0, and a negative result is clipped to 0.
+    """
+    if entry_page_size == 1:
+        token = row[p]
+    else:
+        token = row[p // entry_page_size] * entry_page_size + p % entry_page_size
+    if v2p is None:
+        return token
+    if token < 0:
+        return 0
+    return max(v2p[token // page_size] * page_size + token % page_size, 0)
+
+
+def clipped_length(L: int, window_size: int, sink_size: int) -> int:
+    """``L'``: the committed length the sliding-window draft sees (``min(L, w + S)``; ``L`` with no window)."""
+    return min(L, window_size + sink_size) if window_size > 0 else L
+
+
+def expected_writes_family(seq_lens: Sequence[int], req_pool_indices: Sequence[int], positions: Sequence[int],
+                           req_to_token: Sequence[Sequence[int]], topk: int, num_steps: int, page_size: int, *,
+                           window_size: int = 0, sink_size: int = 0, entry_page_size: int = 1,
+                           v2p: Optional[Sequence[int]] = None) -> WriteSet:
+    """The write set of the 0.5.2x draft kernel (§6): §2 with every length clipped to the window and its
+    sinks, and every token read through ``read_token``. With every default it is ``expected_writes``."""
+    num_seqs = len(seq_lens)
+    bs = num_seqs * topk
+    clipped = [clipped_length(L, window_size, sink_size) for L in seq_lens]
+    cap = window_size + sink_size
+    out = WriteSet()
+    for s in range(num_steps):
+        n = s + 1
+        for b in range(num_seqs):
+            L, Lc = seq_lens[b], clipped[b]
+            row = req_to_token[req_pool_indices[b]]
+            sinks = min(sink_size, L)
+            recent = L - (Lc - sinks)  # first recent position kept after the sinks
+
+            def token(p):
+                return read_token(row, p, entry_page_size=entry_page_size, v2p=v2p, page_size=page_size)
+
+            for k in range(topk):
+                start = topk * sum(clipped[:b]) + b * n * topk + k * (Lc + n)
+                for t in range(Lc):
+                    out.kv_indices[(s, start + t)] = token(t if t < sinks else recent + t - sinks)
+                e_k = draft_slot_start(L, k, topk, num_steps, page_size)  # from the full length
+                for j in range(n):
+                    out.kv_indices[(s, start + Lc + j)] = token(e_k + j)
+                out.segments.append(ProgramSegment(s, b, k, start, start + Lc + n))
+                z = b * topk + k or bs
+                clip = (lambda x: min(x, cap)) if window_size > 0 else (lambda x: x)
+                out.kv_indptr[(s, z)] = sum(clip(x) for x in positions[:z]) + z * n
+    return out
+
+
+def expected_window_rail(seq_lens: Sequence[int], req_pool_indices: Sequence[int], positions: Sequence[int],
+                         req_to_token: Sequence[Sequence[int]], topk: int, num_steps: int, page_size: int, *,
+                         window: int, entry_page_size: int = 1, v2p: Optional[Sequence[int]] = None) -> WriteSet:
+    """The write set of ``generate_draft_decode_window_kv_indices`` (§6, the window rail): step ``s`` of
+    branch ``(b, k)`` keeps the last ``min(L + n, w)`` of the ``L + n`` tokens it sees (committed prefix,
+    then its own draft chain), at ``B(s, z) = sum(min(positions[i] + n, w) for i < z)``."""
+    num_seqs = len(seq_lens)
+    bs = num_seqs * topk
+    out = WriteSet()
+    for s in range(num_steps):
+        n = s + 1
+        bases = [sum(min(p + n, window) for p in positions[:z]) for z in range(bs + 1)]
+        for b in range(num_seqs):
+            L = seq_lens[b]
+            row = req_to_token[req_pool_indices[b]]
+            for k in range(topk):
+                z = b * topk + k
+                kept = min(L + n, window)
+                first = L + n - kept  # position of the first kept token in prefix-then-chain order
+                prefix_from = min(first, L)
+                prefix_len = L - prefix_from
+                chain_from = max(first - L, 0)
+                base = bases[z]
+                e_k = draft_slot_start(L, k, topk, num_steps, page_size)
+                for t in range(prefix_len):
+                    out.kv_indices[(s, base + t)] = read_token(row, prefix_from + t, entry_page_size=entry_page_size,
+                                                               v2p=v2p, page_size=page_size)
+                for j in range(n - chain_from):
+                    out.kv_indices[(s, base + prefix_len + j)] = read_token(
+                        row, e_k + chain_from + j, entry_page_size=entry_page_size, v2p=v2p, page_size=page_size)
+                out.segments.append(ProgramSegment(s, b, k, base, base + kept))
+                column = z or bs
+                out.kv_indptr[(s, column)] = bases[column]
     return out
