@@ -289,13 +289,20 @@ def main(argv=None) -> int:
            "torch": torch.__version__, "triton": triton.__version__,
            "command": "python benchmarks/throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     examples = (300 if args.quick else 2000) if device == "cuda" else (20 if args.quick else 100)
-    out.update(small_rate(device, examples, args.seed))
+    def stage(results: dict) -> None:
+        # Written after every stage: a run cut short by a time limit still leaves what it measured.
+        out.update(results)
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"throughput: {', '.join(k for k in results if not isinstance(results[k], (dict, list)))} done",
+              file=sys.stderr, flush=True)
+
+    stage(small_rate(device, examples, args.seed))
     if device == "cuda":
-        out.update(check_small(device))
-        out.update(large(device))
+        stage(check_small(device))
+        stage(large(device))
         if not args.skip_runs:
-            out.update(fuzz_runs(args.seconds, args.jobs, args.pinned_seconds or args.seconds))
-            out.update(scale_mutants(args.scale_seconds or args.seconds))
+            stage(fuzz_runs(args.seconds, args.jobs, args.pinned_seconds or args.seconds))
+            stage(scale_mutants(args.scale_seconds or args.seconds))
     else:
         out.update({k: None for k in ("kernel_replay_us_large", "verify_us_large", "large_verify_over_kernel",
                                       "naive_s_large", "speedup_vs_naive")})
