@@ -223,8 +223,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             if shrinking:
                 result.shrink_cases += 1
             else:
-                _explored(case, findings)
-                utilisations.append(case.sizing_summary()["need"] / case.sizing_summary()["width"])
+                utilisations.append(_explored(case, findings))
             if findings:
                 _failed(case, findings)
         if progress is not None and now - state["last_progress"] >= progress_every_s:
@@ -235,7 +234,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         if targeting and utilisations and state["first_failure"] is None:
             target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
 
-    def _explored(case: Case, findings) -> None:
+    def _explored(case: Case, findings) -> float:
+        """Record one explored case (stats, coverage, largest config); returns its need/width."""
         result.generated_cases += 1
         shape = hash((case.config, case.batch.seq_lens, case.batch.req_pool_indices))
         if shape not in shapes:
@@ -254,6 +254,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                 result.largest_config = dict(config.to_dict(), estimated_bytes=size)
         for name in boundary_classes(config, case.batch.seq_lens, case.batch.raw_bs):
             result.boundaries[name] = result.boundaries.get(name, 0) + 1
+        return u
 
     def _failed(case: Case, findings) -> None:
         if state["first_failure"] is None:

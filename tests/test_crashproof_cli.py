@@ -92,24 +92,30 @@ def test_repro_never_imports_a_plugin_named_only_by_the_case_file(tmp_path):
     assert harness("repro", case, "--device", "cpu").returncode == 0
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_ends_the_run_with_its_results_written(tmp_path, sig, code):
-    out = tmp_path / "out"
+def signal_a_failing_run(tmp_path, out, sig, *extra):
+    """Start a fuzz run of a kernel that fails slowly, send ``sig`` once a failing case has launched twice
+    (Hypothesis is shrinking it from there), and return ``(process, stdout, stderr)`` once it has ended."""
     marker = tmp_path / "launches"
     env = env_without_interpreter(KVFENCE_TEST_MARKER=str(marker))
     proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--kernel", f"{CRASHERS}:slow_wrong",
-                             "--out", str(out), "--max-examples", "50", *SMALL], cwd=ROOT, env=env,
+                             "--out", str(out), "--max-examples", "50", *extra, *SMALL], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        # A failing launch: Hypothesis is shrinking it (seed, pool rows, lengths) from here.
+        deadline = time.monotonic() + 180
         while not (marker.exists() and len(marker.read_text()) >= 2):
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.05)
         proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=180)
     finally:
         proc.kill()
+    return proc, stdout, stderr
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_the_run_with_its_results_written(tmp_path, sig, code):
+    out = tmp_path / "out"
+    proc, stdout, stderr = signal_a_failing_run(tmp_path, out, sig)
     assert proc.returncode == code, (stdout, stderr)
     assert "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -128,20 +134,7 @@ def test_a_signal_to_a_jobs_run_merges_what_the_jobs_checked(tmp_path):
     """--jobs 2: SIGTERM to the parent stops both jobs the way one run stops (each writes its summary and
     its failure so far); the parent merges them into one summary and exits 143."""
     out = tmp_path / "out"
-    marker = tmp_path / "launches"
-    env = env_without_interpreter(KVFENCE_TEST_MARKER=str(marker))
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--kernel", f"{CRASHERS}:slow_wrong",
-                             "--out", str(out), "--max-examples", "50", "--jobs", "2", *SMALL], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not (marker.exists() and len(marker.read_text()) >= 2):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
+    proc, stdout, stderr = signal_a_failing_run(tmp_path, out, signal.SIGTERM, "--jobs", "2")
     assert proc.returncode == 143, (stdout, stderr)
     assert "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
