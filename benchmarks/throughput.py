@@ -132,19 +132,21 @@ def large(device: str) -> dict:
 
     def segments(poison_back):
         return lambda: verifier._segments(
-            kv_indices=runner.kv_indices.view, kv_indptr=runner.kv_indptr.view, req_to_token=inputs.req_to_token,
-            seq_lens=inputs.seq_lens[:m], req_pool_indices=inputs.req_pool_indices[:m],
-            positions=inputs.positions[: m * c.topk], counts=verifier.counts, topk=c.topk, num_steps=c.num_steps,
-            page_size=c.page_size, poison_back=poison_back, poison=POISON)
+            kv_indices=runner.kv_indices.view, seq_lens=inputs.seq_lens[:m], req_pool_indices=inputs.req_pool_indices[:m],
+            rows=verifier.rows, cursor=verifier.cursor, counts=verifier.counts, pool_len=inputs.req_to_token.shape[1],
+            topk=c.topk, num_steps=c.num_steps, page_size=c.page_size, poison_back=poison_back, poison=POISON)
 
     bench = lambda fn: round(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3, 1)  # noqa: E731
+    verifier.cursor.zero_()
     parts = {
         "segments_us": bench(segments(False)),
         "segments_poison_back_us": bench(segments(True)),
+        "indptr_us": bench(lambda: verifier._indptr(runner.kv_indptr, positions=inputs.positions, counts=verifier.counts,
+                                                    num_seqs=m, topk=c.topk, poison=POISON, poison_back=True)),
         "outside_kv_indices_us": bench(lambda: verifier._outside(runner.kv_indices, counts=verifier.counts, slot=2,
                                                                  seq_lens=inputs.seq_lens[:m], topk=c.topk,
-                                                                 is_indptr=False, poison=POISON)),
-        "inputs_us": bench(lambda: verifier._inputs(rows=verifier.rows, cursor=verifier.cursor.zero_(),
+                                                                 poison=POISON)),
+        "inputs_us": bench(lambda: verifier._inputs(rows=verifier.rows, cursor=verifier.cursor,
                                                     seq_lens=inputs.seq_lens, req_pool_indices=inputs.req_pool_indices,
                                                     positions=inputs.positions, req_to_token=inputs.req_to_token,
                                                     counts=verifier.counts, max_bs=c.max_bs, topk=c.topk)),

@@ -147,10 +147,17 @@ class Config:
 
     def row_width(self, num_seqs: int) -> int:
         """Row width ``W`` of the kv_indices buffer a launch of ``num_seqs`` requests gets."""
+        n = self.sizing_n(num_seqs)
+        # A policy is a function of its arguments: ask it once per n (this runs for every case checked).
+        widths = self.__dict__.setdefault("_row_widths", {})
+        if n not in widths:
+            widths[n] = self._policy_width(n)
+        return widths[n]
+
+    def _policy_width(self, n: int) -> int:
         from harness.targets import resolve_sizing  # late: plug-in policies resolve on first use
 
         policy = resolve_sizing(self.sizing)
-        n = self.sizing_n(num_seqs)
         width = policy(n, self.topk, self.ctx, self.num_steps)
         require(_is_int(width) and width >= 1, f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
         # Row offsets are int32 in the kernel (docs/contract.md §3): a wider row cannot be addressed.

@@ -10,11 +10,13 @@ same graph serves every row) and runs:
    regenerate req_to_token from the case's token seed;
 2. **kernel**: the kernel under test, launched on the runner's static buffers exactly as its own
    captured graph launches it;
-3. **verify**: ``kernels/verify/segments.py`` counts write-set elements with a wrong value and writes
-   the poison back into each element it checked (verification and re-poisoning in one pass),
-   ``kernels/verify/outside.py`` counts changed elements outside the write set (guards, slack,
-   kv_indptr column 0), ``kernels/verify/inputs.py`` changed input elements (whole tensors); then the
-   cursor moves to the next row.
+3. **verify**: ``kernels/verify/segments.py`` counts kv_indices write-set elements with a wrong value
+   (the expected slot id computed on the fly from the case's token seed) and writes the poison back
+   into each element it checked (verification and re-poisoning in one pass),
+   ``kernels/verify/indptr.py`` does the same for the whole kv_indptr allocation (column-0 canary,
+   written columns, slack, guards), ``kernels/verify/outside.py`` counts changed kv_indices elements
+   outside the write set (guards, slack), ``kernels/verify/inputs.py`` changed input elements (whole
+   tensors); then the cursor moves to the next row.
 
 Counters only grow, so after the whole batch four numbers come back in one read: all zero proves every
 case clean, and leaves the rows poisoned for the next batch. Otherwise (or when ``need > width``, known
@@ -44,6 +46,7 @@ BATCH_ROWS = 64
 
 class DeviceVerifier:
     def __init__(self, runner: GraphRunner):
+        from kernels.verify.indptr import verify_indptr
         from kernels.verify.inputs import verify_inputs
         from kernels.verify.outside import verify_outside
         from kernels.verify.prepare import prepare_case
@@ -51,7 +54,7 @@ class DeviceVerifier:
 
         self.runner = runner
         self._prepare_case, self._inputs = prepare_case, verify_inputs
-        self._segments, self._outside = verify_segments, verify_outside
+        self._segments, self._indptr, self._outside = verify_segments, verify_indptr, verify_outside
         c = runner.config
         self.device = runner.device
         self.counts = torch.zeros(len(COUNTERS), dtype=torch.int32, device=self.device)
@@ -72,22 +75,22 @@ class DeviceVerifier:
                            req_pool_indices=r.inputs.req_pool_indices, positions=r.inputs.positions,
                            req_to_token=r.inputs.req_to_token, max_bs=c.max_bs, topk=c.topk)
 
-    def _verify(self, m: int) -> None:
+    def _verify(self, m: int, advance: bool = True) -> None:
         """Count mismatches (poisoning back what it checks), then advance the cursor to the next row."""
         r, c = self.runner, self.runner.config
         inputs = r.inputs
         seq_lens = inputs.seq_lens[:m]
-        self._segments(kv_indices=r.kv_indices.view, kv_indptr=r.kv_indptr.view, req_to_token=inputs.req_to_token,
-                       seq_lens=seq_lens, req_pool_indices=inputs.req_pool_indices[:m],
-                       positions=inputs.positions[: m * c.topk], counts=self.counts, topk=c.topk,
-                       num_steps=c.num_steps, page_size=c.page_size, poison_back=True, poison=POISON)
-        for buf, is_indptr in ((r.kv_indices, False), (r.kv_indptr, True)):
-            self._outside(buf, counts=self.counts, slot=2, seq_lens=seq_lens, topk=c.topk,
-                          is_indptr=is_indptr, poison=POISON)
+        self._segments(kv_indices=r.kv_indices.view, seq_lens=seq_lens, req_pool_indices=inputs.req_pool_indices[:m],
+                       rows=self.rows, cursor=self.cursor, counts=self.counts, pool_len=inputs.req_to_token.shape[1],
+                       topk=c.topk, num_steps=c.num_steps, page_size=c.page_size, poison_back=True, poison=POISON)
+        self._indptr(r.kv_indptr, positions=inputs.positions, counts=self.counts, num_seqs=m, topk=c.topk,
+                     poison=POISON, poison_back=True)
+        self._outside(r.kv_indices, counts=self.counts, slot=2, seq_lens=seq_lens, topk=c.topk, poison=POISON)
         self._inputs(rows=self.rows, cursor=self.cursor, seq_lens=inputs.seq_lens,
                      req_pool_indices=inputs.req_pool_indices, positions=inputs.positions,
                      req_to_token=inputs.req_to_token, counts=self.counts, max_bs=c.max_bs, topk=c.topk)
-        self.cursor.add_(1)
+        if advance:
+            self.cursor.add_(1)
 
     def _kernel(self, m: int):
         r = self.runner
@@ -121,9 +124,10 @@ class DeviceVerifier:
             self._prepare(m)
 
         if self.device.type != "cuda":
-            steps = (prepare, kernel, lambda: self._verify(m))
+            steps = (prepare, kernel, lambda: self._verify(m, advance=False))
         else:
-            steps = (self._capture(prepare), kernel, self._capture(lambda: self._verify(m)))
+            # Verify keeps the cursor on row 0, so it can be replayed any number of times.
+            steps = (self._capture(prepare), kernel, self._capture(lambda: self._verify(m, advance=False)))
         self.graphs[m] = steps
         return steps
 

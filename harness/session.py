@@ -118,28 +118,33 @@ class Session:
         in one round trip (``DeviceVerifier.total_counters``); if that batch is not all clean, each of
         its cases is checked again on its own, so a finding is always one case's."""
         out: List[Optional[List[Finding]]] = [None] * len(cases)
-        groups: "OrderedDict[tuple, List[int]]" = OrderedDict()
+        # Grouped by the config object first (the cases of one example share it): hashing a config
+        # per case would cost more than checking the case on the device.
+        by_object: "OrderedDict[tuple, List[int]]" = OrderedDict()
         for i, case in enumerate(cases):
-            runner = self.runner(case.config, case.canary_seed)
-            if self._fast_path(case, runner):
-                groups.setdefault((case.config, case.canary_seed), []).append(i)
-            else:
-                out[i] = self.check(case)
-        for (config, canary_seed), idx in groups.items():
-            if len(idx) == 1:
-                out[idx[0]] = self.check(cases[idx[0]])
+            by_object.setdefault((id(case.config), case.canary_seed), []).append(i)
+        for idx in by_object.values():
+            first = cases[idx[0]]
+            runner = self.runner(first.config, first.canary_seed)
+            fast = [i for i in idx if self._fast_path(cases[i], runner)]
+            if len(fast) < 2:
+                fast = []  # one case: Session.check is the same round trip
+            on_device = set(fast)
+            for i in idx:
+                if i not in on_device:
+                    out[i] = self.check(cases[i])
+            if not fast:
                 continue
-            runner = self.runner(config, canary_seed)
-            batch = [cases[i] for i in idx]
+            batch = [cases[i] for i in fast]
             for case in batch:
                 self._count_launch(case)
             self.stats["batches"] += 1
             if not any(self._device_verifier(runner).total_counters(batch)):
                 self.stats["fast_clean"] += len(batch)
-                for i in idx:
+                for i in fast:
                     out[i] = []
                 continue
-            for i in idx:  # some case is dirty: find which, one by one
+            for i in fast:  # some case is dirty: find which, one by one
                 out[i] = self.check(cases[i])
         return out
 

@@ -5,6 +5,8 @@ finds nothing (on CPU under the interpreter here, on CUDA in the GPU run)."""
 from pathlib import Path
 
 import pytest
+import triton
+import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from harness.case import Batch, Case, Config
@@ -13,9 +15,16 @@ from harness.fastcheck import expected_writes_torch
 from harness.findings import Kind
 from harness.session import Session
 from harness.verdict import expected_from_oracle
+from kernels.verify.slots import slot_ids
 from strategies import batches, configs
 
 BAD = Path(__file__).parent / "targets" / "bad_writes.py"
+
+
+@triton.jit
+def eval_slot_ids(index, seeds, out, N: tl.constexpr):
+    j = tl.arange(0, N)
+    tl.store(out + j, slot_ids(tl.load(index + j), tl.load(seeds + j)))
 
 
 def as_maps(ew):
@@ -102,3 +111,20 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
     assert torch_built == plain
     if name in ALWAYS_DIRTY:
         assert plain, f"{name} should be caught on every case"  # the comparison is never vacuous
+
+
+@pytest.mark.cpu_only
+def test_verifier_slot_ids_equal_the_case_model_in_32_bit_arithmetic():
+    """kernels/verify/slots.py computes slot ids with wrapping 32-bit products; they must equal
+    harness.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
+    import torch
+
+    from harness.case import slot_id
+
+    pairs = [(0, 0), (1, 0), (7, 2**30 - 1), (2**31 - 1, 12345), (2**31, 99), (2**32 + 5, 2**29), (2**33 + 77, 7),
+             (123456789, 987654321 % 2**30)] + [(i * 104729 + 3, (i * 7919) % 2**30) for i in range(8)]
+    index = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
+    seeds = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+    out = torch.zeros(len(pairs), dtype=torch.int32)
+    eval_slot_ids[(1,)](index, seeds, out, N=len(pairs))
+    assert out.tolist() == [slot_id(seed, i) for i, seed in pairs]

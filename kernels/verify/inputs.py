@@ -12,7 +12,8 @@ Grid ``(cdiv(pool_numel, BLOCK) + 1,)`` as in ``prepare.py``.
 import triton
 import triton.language as tl
 
-from kernels.verify.prepare import BLOCK_ELEMENTS, slot_ids
+from kernels.verify.prepare import BLOCK_ELEMENTS
+from kernels.verify.slots import slot_ids
 
 
 @triton.jit(do_not_specialize=['width', 'max_bs', 'topk', 'pool_numel'])
@@ -25,7 +26,7 @@ def verify_inputs_kernel(rows, cursor, width, seq_lens, req_pool_indices, positi
     if pid < pool_blocks:
         i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = i < pool_numel
-        found = tl.load(req_to_token + i, mask=live, other=0).to(tl.int64)
+        found = tl.load(req_to_token + i, mask=live, other=0)
         bad += (live & (found != slot_ids(i, tl.load(row)))).to(tl.int32)
     else:
         for start in range(0, max_bs, BLOCK):

@@ -3,8 +3,8 @@ req_to_token pool from its token seed (harness/device_verify.py).
 
 The staging row is row ``cursor`` of ``rows`` (``[token seed | seq_lens | pool rows | positions]``, each
 part ``max_bs`` or ``max_bs*topk`` long, the runner's padding already applied), so one captured graph
-serves every case of a batch. Slot ids follow ``harness.case.slot_id``: entry ``i`` of the flattened
-pool is ``((((i*0x9E3779B1 + seed) mod 2**30) ^ (... >> 13)) * 0x5BD1E995 mod 2**30) + 1``.
+serves every case of a batch. Entry ``i`` of the flattened pool is ``harness.case.slot_id(seed, i)``
+(``kernels/verify/slots.py``).
 
 Grid ``(cdiv(pool_numel, BLOCK) + 1,)``: the first programs write the pool, the last one the per-request
 inputs. The rows themselves are not poisoned here: the previous case's verification poisoned back what
@@ -15,17 +15,9 @@ resets the buffers.
 import triton
 import triton.language as tl
 
+from kernels.verify.slots import slot_ids
+
 BLOCK_ELEMENTS = 1024
-
-
-@triton.jit
-def slot_ids(i, seed):
-    """``harness.case.slot_id(seed, i)`` for an int64 block ``i``."""
-    mask = (1 << 30) - 1
-    h = (i * 0x9E3779B1 + seed) & mask
-    h = h ^ (h >> 13)
-    h = (h * 0x5BD1E995) & mask
-    return h + 1
 
 
 @triton.jit(do_not_specialize=['width', 'max_bs', 'topk', 'pool_numel'])
@@ -37,7 +29,7 @@ def prepare_case_kernel(rows, cursor, width, seq_lens, req_pool_indices, positio
     if pid < pool_blocks:
         i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         seed = tl.load(row)
-        tl.store(req_to_token + i, slot_ids(i, seed).to(tl.int32), mask=i < pool_numel)
+        tl.store(req_to_token + i, slot_ids(i, seed), mask=i < pool_numel)
     else:
         for start in range(0, max_bs, BLOCK):
             j = start + tl.arange(0, BLOCK)
