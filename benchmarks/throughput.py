@@ -125,6 +125,11 @@ def large(device: str) -> dict:
     kernel_us = triton.testing.do_bench(kernel, warmup=25, rep=200, return_mode="median") * 1e3
     verify_us = triton.testing.do_bench(verify, warmup=25, rep=200, return_mode="median") * 1e3
     prepare_us = triton.testing.do_bench(prepare, warmup=25, rep=200, return_mode="median") * 1e3
+    # The graph a fuzz run replays per case (prepare, kernel, verify in one), with the cursor put back
+    # on row 0 before each replay (one extra tiny launch, counted against kvfence).
+    fused = verifier._case_graph(case.launch().num_seqs)
+    fused_us = triton.testing.do_bench(lambda: (verifier.cursor.zero_(), fused()), warmup=25, rep=200,
+                                       return_mode="median") * 1e3
     # Where verification time goes: each verify kernel alone (direct launches, do_bench medians).
     from harness.guarded import POISON
 
@@ -132,7 +137,7 @@ def large(device: str) -> dict:
 
     def segments(poison_back):
         return lambda: verifier._segments(
-            kv_indices=runner.kv_indices.view, seq_lens=inputs.seq_lens[:m], req_pool_indices=inputs.req_pool_indices[:m],
+            runner.kv_indices, seq_lens=inputs.seq_lens[:m], req_pool_indices=inputs.req_pool_indices[:m],
             rows=verifier.rows, cursor=verifier.cursor, counts=verifier.counts, pool_len=inputs.req_to_token.shape[1],
             topk=c.topk, num_steps=c.num_steps, page_size=c.page_size, poison_back=poison_back, poison=POISON)
 
@@ -144,8 +149,8 @@ def large(device: str) -> dict:
         "indptr_us": bench(lambda: verifier._indptr(runner.kv_indptr, positions=inputs.positions, counts=verifier.counts,
                                                     num_seqs=m, topk=c.topk, poison=POISON, poison_back=True)),
         "outside_kv_indices_us": bench(lambda: verifier._outside(runner.kv_indices, counts=verifier.counts, slot=2,
-                                                                 seq_lens=inputs.seq_lens[:m], topk=c.topk,
-                                                                 poison=POISON)),
+                                                                 rows=verifier.rows, cursor=verifier.cursor,
+                                                                 num_seqs=m, topk=c.topk, poison=POISON)),
         "inputs_us": bench(lambda: verifier._inputs(rows=verifier.rows, cursor=verifier.cursor,
                                                     seq_lens=inputs.seq_lens, req_pool_indices=inputs.req_pool_indices,
                                                     positions=inputs.positions, req_to_token=inputs.req_to_token,
@@ -173,6 +178,9 @@ def large(device: str) -> dict:
         "large_verify_over_kernel": round(verify_us / kernel_us, 2),
         # The whole check of a replay (prepare + verify-and-re-poison) against the kernel's own replay.
         "large_check_over_kernel": round((prepare_us + verify_us) / kernel_us, 2),
+        # The same from the fused per-case graph: (fused replay - kernel replay) / kernel replay.
+        "fused_case_us_large": round(fused_us, 1),
+        "large_fused_check_over_kernel": round((fused_us - kernel_us) / kernel_us, 2),
         "naive_s_large": round(naive_s, 2),
         "speedup_vs_naive": round(naive_s * 1e6 / case_us, 1),
         "large_kv_indices_mib": round(bytes_out / 2**20, 1),

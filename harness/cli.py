@@ -663,7 +663,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     fz.add_argument("--max-examples", type=_positive_int, default=100, help="Hypothesis examples to generate")
     fz.add_argument("--seed", type=_non_negative_int, default=None,
                     help="Hypothesis seed for a repeatable run (default: random)")
-    fz.add_argument("--shrink-seconds", type=_seconds(False), default=60.0, help="time budget for shrinking a failure")
+    fz.add_argument("--shrink-seconds", type=_seconds(False), default=60.0, help="time budget for shrinking a failure (0: report the first failing case unshrunk)")
     fz.add_argument("--json", default=None, help="also write the JSON summary here (default: only --out/summary.json)")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     fz.add_argument("--batches-per-example", type=_positive_int, default=None,

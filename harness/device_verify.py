@@ -1,8 +1,8 @@
 """On-device verification for the graph runner: a clean case never copies its buffers to the host.
 
 Cases of one config go to the device as a batch: the host packs each case's batch into one staging row
-(``[token seed | seq_lens | pool rows | positions]``, all ``max_bs`` rows: live requests, the runner's
-padding, and padding values past the bucket) and all rows travel in one host-to-device copy. Then, per
+(``[token seed | seq_lens | pool rows | positions | sum(seq_lens)]``, all ``max_bs`` rows: live
+requests, the runner's padding, and padding values past the bucket) and all rows travel in one host-to-device copy. Then, per
 case, **one** CUDA graph (captured once per bucket) reads staging row ``cursor`` (a device scalar, so the
 same graph serves every row) and runs:
 
@@ -58,7 +58,8 @@ class DeviceVerifier:
         c = runner.config
         self.device = runner.device
         self.counts = torch.zeros(len(COUNTERS), dtype=torch.int32, device=self.device)
-        self.width = 1 + 2 * c.max_bs + c.max_bs * c.topk  # [seed | seq_lens | pool rows | positions]
+        # [seed | seq_lens | pool rows | positions | sum of the launch's lengths]
+        self.width = 1 + 2 * c.max_bs + c.max_bs * c.topk + 1
         cuda = self.device.type == "cuda"
         self.graphs: Dict[int, tuple] = {}
         self.fused: Dict[int, object] = {}
@@ -80,12 +81,13 @@ class DeviceVerifier:
         r, c = self.runner, self.runner.config
         inputs = r.inputs
         seq_lens = inputs.seq_lens[:m]
-        self._segments(kv_indices=r.kv_indices.view, seq_lens=seq_lens, req_pool_indices=inputs.req_pool_indices[:m],
+        self._segments(r.kv_indices, seq_lens=seq_lens, req_pool_indices=inputs.req_pool_indices[:m],
                        rows=self.rows, cursor=self.cursor, counts=self.counts, pool_len=inputs.req_to_token.shape[1],
                        topk=c.topk, num_steps=c.num_steps, page_size=c.page_size, poison_back=True, poison=POISON)
         self._indptr(r.kv_indptr, positions=inputs.positions, counts=self.counts, num_seqs=m, topk=c.topk,
                      poison=POISON, poison_back=True)
-        self._outside(r.kv_indices, counts=self.counts, slot=2, seq_lens=seq_lens, topk=c.topk, poison=POISON)
+        self._outside(r.kv_indices, counts=self.counts, slot=2, rows=self.rows, cursor=self.cursor, num_seqs=m,
+                      topk=c.topk, poison=POISON)
         self._inputs(rows=self.rows, cursor=self.cursor, seq_lens=inputs.seq_lens,
                      req_pool_indices=inputs.req_pool_indices, positions=inputs.positions,
                      req_to_token=inputs.req_to_token, counts=self.counts, max_bs=c.max_bs, topk=c.topk)
@@ -137,7 +139,7 @@ class DeviceVerifier:
 
     # -- cases ---------------------------------------------------------------------------------------
     def _staged(self, case: Case, lb: LaunchBatch) -> List[int]:
-        """The staging row of one case: ``[token seed | seq_lens | pool rows | positions]``."""
+        """The staging row of one case: ``[token seed | seq_lens | pool rows | positions | sum(seq_lens)]``."""
         c = case.config
         mb, m = c.max_bs, lb.num_seqs
         values = [0] * self.width
@@ -145,6 +147,7 @@ class DeviceVerifier:
         values[1:1 + mb] = lb.seq_lens + (1,) * (mb - m)  # rows past the bucket hold padding values too
         values[1 + mb:1 + mb + m] = lb.req_pool_indices
         values[1 + 2 * mb:1 + 2 * mb + m * c.topk] = lb.positions
+        values[-1] = sum(lb.seq_lens)
         return values
 
     def counters(self, case: Case) -> List[int]:

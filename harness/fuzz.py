@@ -275,7 +275,9 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
                     report_multiple_bugs=False, print_blob=False,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.target] if targeting else [])
-                    + [Phase.shrink],
+                    # No shrink budget: the first failure is the answer (Hypothesis's shrinker would
+                    # still replay thousands of candidates through the strategy, for nothing).
+                    + ([Phase.shrink] if shrink_seconds > 0 else []),
                     suppress_health_check=list(HealthCheck))(test)
     if database is not None:
         from harness.campaign import apply_database_key

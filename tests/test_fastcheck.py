@@ -78,6 +78,34 @@ def test_device_verifier_counts_each_bad_write_and_the_full_path_names_it(device
     assert {f.kind for f in findings} == {f.kind for f in Session(device, f"{BAD}:{launcher}").check(case)}
 
 
+@pytest.mark.parametrize("launcher, counter", [("reference", None), ("indptr_last_column", 1), ("slack_write", 2)])
+def test_device_verifier_on_more_branches_than_one_verify_block(device, launcher, counter):
+    """600 branches: kv_indptr's prefix sum spans several verifier pieces (kernels/verify/indptr.py), and
+    the reference stays clean while a wrong total in the last column is counted."""
+    config = Config(topk=8, num_steps=1, ctx=2, max_bs=75, sizing="safe", buckets=(75,))
+    case = Case(config, Batch(tuple(1 + i % 2 for i in range(75)), tuple(range(75)), 5))
+    spec = "reference" if launcher == "reference" else f"{BAD}:{launcher}"
+    counts = DeviceVerifier(device_session(device, spec).runner(config)).counters(case)
+    if counter is None:
+        assert counts == [0, 0, 0, 0]
+    else:
+        assert counts[counter] > 0 and counts[0] == 0, counts
+
+
+@pytest.mark.parametrize("launcher, counter", [("reference", None), ("row_value", 0), ("last_row_missing", 0)])
+def test_device_verifier_on_segments_across_verify_blocks(device, launcher, counter):
+    """Segments of 1,400 and 700 tokens cross the verifier's 1,024-element aligned pieces
+    (kernels/verify/segments.py) at different offsets: clean stays clean, a wrong or missing value counts."""
+    config = Config(topk=1 if launcher == "last_row_missing" else 2, num_steps=2, ctx=1500, max_bs=2, sizing="safe")
+    case = Case(config, Batch((1400, 700), (2, 0), 9))
+    spec = "reference" if launcher == "reference" else f"{BAD}:{launcher}"
+    counts = DeviceVerifier(device_session(device, spec).runner(config)).counters(case)
+    if counter is None:
+        assert counts == [0, 0, 0, 0]
+    else:
+        assert counts[counter] > 0, counts
+
+
 def test_sizing_violation_skips_the_fast_path(device):
     config = Config(topk=2, num_steps=2, ctx=8, max_bs=2, sizing="prefix")
     session = device_session(device, "reference")

@@ -5,9 +5,11 @@ the launch: the positional canary in guards (front, after each row, tail) and po
 its used length ``U(s)``. Written elements (row ``s``, columns ``[0, U(s))``) are skipped:
 ``segments.py`` checks them. (kv_indptr is small; ``indptr.py`` checks all of it in one pass.)
 
-Grid ``(rows + 2, blocks)``: program ``(s, blk)`` with ``s < rows`` checks columns ``blk*BLOCK ...`` of
+Grid ``(blocks, rows + 2)``: program ``(blk, s)`` with ``s < rows`` checks columns ``blk*BLOCK ...`` of
 row ``s`` plus the guard after it (``stride`` columns in all); ``s == rows`` is the front guard and
-``s == rows + 1`` the tail. No division per element, and a block wholly inside the written part of
+``s == rows + 1`` the tail. (Blocks on the first axis: a row can need more than the 65,535 blocks
+CUDA allows on the others.) ``sum(L)`` of the launch comes from the case's staging row (its last
+column, ``harness/device_verify.py``): one load per program instead of a loop over the requests. No division per element, and a block wholly inside the written part of
 a row loads nothing (all its lanes are masked). Adds the count to ``counts[slot]``.
 """
 
@@ -19,21 +21,18 @@ BLOCK_ELEMENTS = 1024
 
 # Runtime sizes are not specialised (== 1, multiple of 16): one variant per constexpr set.
 @triton.jit(do_not_specialize=['slot', 'front', 'rows', 'width', 'stride', 'tail', 'num_seqs', 'topk', 'seed_term',
-                               'poison'])
+                               'poison', 'rows_width'])
 def verify_outside_kernel(
-    storage, counts, seq_lens, slot, front, rows, width, stride, tail, num_seqs, topk, seed_term, poison,
-    LANES: tl.constexpr, BLOCK: tl.constexpr,
+    storage, counts, staging, cursor, rows_width, slot, front, rows, width, stride, tail, num_seqs, topk, seed_term,
+    poison, BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0)
-    blk = tl.program_id(1)
+    blk = tl.program_id(0)
+    s = tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
 
     # Written columns of row s: [0, U(s)) with U(s) = topk*sum(L) + bs*(s+1), clipped to the width.
-    total = tl.zeros([LANES], dtype=tl.int64)  # sum(L), LANES requests at a time
-    for lane0 in range(0, num_seqs, LANES):
-        offs_b = lane0 + tl.arange(0, LANES)
-        total += tl.load(seq_lens + offs_b, mask=offs_b < num_seqs, other=0).to(tl.int64)
-    used = tl.minimum(topk * tl.sum(total) + num_seqs * topk * (s + 1), width)
+    total = tl.load(staging + tl.load(cursor) * rows_width + rows_width - 1)  # sum(L), staged by the host
+    used = tl.minimum(topk * total + num_seqs * topk * (s + 1), width)
 
     # Branch-free region selection: rows, then the front guard (s == rows), then the tail.
     is_row = s < rows
@@ -55,15 +54,13 @@ def verify_outside_kernel(
     tl.atomic_add(counts + slot, tl.sum(bad))
 
 
-def verify_outside(buf, *, counts, slot: int, seq_lens, topk: int, poison: int):
-    """Launch over the whole allocation of ``buf`` (the kv_indices ``harness.guarded.GuardedBuffer``).
-
-    ``seq_lens`` are the launch's (padded) lengths; the canary seed is the buffer's own.
-    """
-    num_seqs = seq_lens.shape[0]
+def verify_outside(buf, *, counts, slot: int, rows, cursor, num_seqs: int, topk: int, poison: int):
+    """Launch over the whole allocation of ``buf`` (the kv_indices ``harness.guarded.GuardedBuffer``)
+    for a launch of ``num_seqs`` requests; ``rows[cursor, -1]`` is the sum of their (padded) lengths.
+    The canary seed is the buffer's own."""
     span = max(buf.stride, buf.front, buf.tail)
-    grid = (buf.rows + 2, triton.cdiv(span, BLOCK_ELEMENTS))
+    grid = (triton.cdiv(span, BLOCK_ELEMENTS), buf.rows + 2)
     verify_outside_kernel[grid](
-        buf.storage, counts, seq_lens, slot, buf.front, buf.rows, buf.width, buf.stride, buf.tail, num_seqs, topk,
-        (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), poison, LANES=128, BLOCK=BLOCK_ELEMENTS,
+        buf.storage, counts, rows, cursor, rows.shape[1], slot, buf.front, buf.rows, buf.width, buf.stride, buf.tail,
+        num_seqs, topk, (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), poison, BLOCK=BLOCK_ELEMENTS,
     )

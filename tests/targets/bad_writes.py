@@ -87,6 +87,13 @@ def indptr_value(**kw):
     _poke(kw["kv_indptr"], 1)
 
 
+def indptr_last_column(**kw):
+    """kv_indptr[0, bs] (written by program 0: the total) gets a wrong value: INDPTR_MISMATCH. With more
+    than a few hundred branches it sits past the first piece a verifier prefix-sums."""
+    _reference(**kw)
+    _poke(kw["kv_indptr"], kw["positions"].shape[0])
+
+
 def input_write(**kw):
     """The kernel writes its input req_to_token: STRAY_WRITE on an input."""
     _reference(**kw)
