@@ -248,8 +248,12 @@ class Paths:
     def __init__(self, device: str, kernel: str):
         from harness.session import Session
 
+        from weakref import WeakKeyDictionary
+
         self.device = device
         self.oracle = Session(device, kernel, verifier="oracle")  # the address audit as by default
+        # Our own verifier per device-path runner (its graphs are captured once per bucket, as the session's).
+        self._verifiers = WeakKeyDictionary()
         self.dev = Session(device, kernel, verifier="device", audit=False)
         if device == "cpu":
             self.dev.kernel = _dropping_wild_stores(self.dev.kernel)
@@ -264,7 +268,8 @@ class Paths:
         if case.config.mode == "graph" and sizing["need"] <= sizing["width"]:
             # A verifier of our own on the device path's runner, for the counters themselves; then the
             # buffers are reset, so the session's own check starts from the state it would have had.
-            counters = DeviceVerifier(runner).counters(case)
+            verifier = self._verifiers.get(runner) or self._verifiers.setdefault(runner, DeviceVerifier(runner))
+            counters = verifier.counters(case)
             runner.kv_indices.reset()
             runner.kv_indptr.reset()
         device = self.dev.check(case)
