@@ -17,10 +17,14 @@ Measures, in one run (every rate counts only cases launched and verified, never 
   L 4096 x topk 8 x 5 steps), ``triton.testing.do_bench`` median; ``verify_us_large`` and
   ``prepare_us_large``: the on-device verification and re-poison graphs (do_bench medians);
   ``case_us_large``: a whole verified case through ``Session.check`` (CUDA events, median);
-* ``naive_s_large``: a naive harness on the same case: eager launch into plain tensors, copy everything
-  to the host, Python loop over programs comparing each segment with the table.
+* ``naive_s_large``: a naive harness on the same case (``naive_errors``: fresh poisoned buffers, eager
+  launch, copy to the host, every element compared with the plain oracle's formulas, slack and
+  kv_indptr included), warm, median of ``NAIVE_RUNS``;
+* ``naive_over_kvfence_large`` / ``naive_over_kvfence_small``: that naive harness over kvfence's own
+  check, both warm medians on the same cases (``naive_vs_kvfence``; on the CPU too, at interpreter sizes).
 
-On ``--device cpu`` (the interpreter) only the small-case rate is measured (``--quick`` shrinks it).
+On ``--device cpu`` (the interpreter) only the small-case rate and the naive comparison are measured
+(``--quick`` shrinks both).
 """
 
 from __future__ import annotations
@@ -69,41 +73,172 @@ def small_rate(device: str, examples: int, seed: int) -> dict:
     return dict(out, small_examples=examples, small_session_stats=dict(session.stats))
 
 
-def naive_check(config, batch) -> float:
-    """Eager launch into plain tensors, copy to the host, Python loop over programs. Returns seconds."""
+#: Configs of the naive-vs-kvfence comparison under the interpreter (``--device cpu``): the CPU domain's
+#: scale, and a smoke-test scale with ``--quick``.
+SMALL_CPU = dict(topk=2, num_steps=3, page_size=1, ctx=32, max_bs=4)
+LARGE_CPU = dict(topk=8, num_steps=5, page_size=1, ctx=48, max_bs=4)
+SMALL_CPU_QUICK = dict(topk=2, num_steps=2, page_size=1, ctx=8, max_bs=2)
+LARGE_CPU_QUICK = dict(topk=4, num_steps=2, page_size=1, ctx=16, max_bs=2)
+#: Timed runs of each side (after one warm-up run); the median is reported.
+NAIVE_RUNS = 3
+
+
+def naive_errors(config, batch, kernel: str = "reference", device: str = "cuda") -> int:
+    """One case checked the way a careful hand-written test would: fresh buffers filled with a poison
+    (so a missing write is seen), an eager launch, everything copied to the host, and every element of
+    every row compared with the plain oracle's formulas (``harness.oracle``, program by program):
+    each segment's values, the slack after the used length (must still hold the poison), and every
+    kv_indptr column (column 0 and the columns past ``bs`` must still hold the poison). Returns the
+    number of wrong elements (0: clean). No guards: a naive harness has none."""
     import torch
 
     from harness import oracle
     from harness.case import launch_batch
     from harness.runner import slot_table
-    from kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+    from harness.targets import resolve_kernel
 
-    t0 = time.perf_counter()
+    poison = -1
     lb = launch_batch(config, batch)
-    dev = "cuda"
-    table = slot_table(batch.token_seed, config.pool_rows, config.pool_len, dev)
-    width = config.row_width(lb.num_seqs)
-    kv_indices = torch.zeros(config.num_steps, width, dtype=torch.int32, device=dev)
-    kv_indptr = torch.zeros(config.num_steps, lb.num_seqs * config.topk + 1, dtype=torch.int32, device=dev)
-    launch(generate_draft_decode_kv_indices, req_pool_indices=torch.tensor(lb.req_pool_indices, device=dev),
-           req_to_token=table, seq_lens=torch.tensor(lb.seq_lens, dtype=torch.int32, device=dev),
-           kv_indices=kv_indices, kv_indptr=kv_indptr, positions=torch.tensor(lb.positions, device=dev),
-           topk=config.topk, num_steps=config.num_steps, page_size=config.page_size)
+    topk, steps, m = config.topk, config.num_steps, lb.num_seqs
+    table = slot_table(batch.token_seed, config.pool_rows, config.pool_len, device)
+    kv_indices = torch.full((steps, config.row_width(m)), poison, dtype=torch.int32, device=device)
+    kv_indptr = torch.full((steps, m * topk + 1), poison, dtype=torch.int32, device=device)
+    resolve_kernel(kernel, device).launch(
+        req_pool_indices=torch.tensor(lb.req_pool_indices, device=device), req_to_token=table,
+        seq_lens=torch.tensor(lb.seq_lens, dtype=torch.int32, device=device), kv_indices=kv_indices,
+        kv_indptr=kv_indptr, positions=torch.tensor(lb.positions, device=device), topk=topk, num_steps=steps,
+        page_size=config.page_size)
     rows, ptr, tab = kv_indices.cpu().tolist(), kv_indptr.cpu().tolist(), table.cpu().tolist()
     bad = 0
-    for s in range(config.num_steps):
+    for s in range(steps):
         row = rows[s]
         for b, L in enumerate(lb.seq_lens):
             src = tab[lb.req_pool_indices[b]]
-            for k in range(config.topk):
-                start = oracle.segment_offset(lb.seq_lens, config.topk, s, b, k)
-                e = oracle.draft_slot_start(L, k, config.topk, config.num_steps, config.page_size)
+            for k in range(topk):
+                start = oracle.segment_offset(lb.seq_lens, topk, s, b, k)
+                e = oracle.draft_slot_start(L, k, topk, steps, config.page_size)
                 expected = src[:L] + src[e:e + s + 1]
-                bad += sum(1 for x, y in zip(row[start:start + L + s + 1], expected) if x != y)
-                z = b * config.topk + k or lb.num_seqs * config.topk
-                bad += ptr[s][z] != sum(lb.positions[:z]) + z * (s + 1)
-    assert bad == 0
-    return time.perf_counter() - t0
+                got = row[start:start + L + s + 1]
+                bad += sum(x != y for x, y in zip(got, expected)) + len(expected) - len(got)
+        used = oracle.used_length(lb.seq_lens, topk, s)
+        bad += sum(x != poison for x in row[used:])  # the slack: nothing may be written past U(s)
+        want = [poison] * (m * topk + 1)
+        for z in range(m * topk):
+            col = z or m * topk
+            want[col] = sum(lb.positions[:col]) + col * (s + 1)
+        bad += sum(x != y for x, y in zip(ptr[s], want))
+    return bad
+
+
+#: (config, batch, device) -> the naive harness's median microseconds (measured once per process: the
+#: large case costs seconds per run, and ``large`` and ``naive_vs_kvfence`` both report it).
+_NAIVE_US: dict = {}
+
+
+def _naive_us(config, batch, device: str) -> float:
+    key = (config, batch, device)
+    if key not in _NAIVE_US:
+        assert naive_errors(config, batch, device=device) == 0  # the reference is clean (and this is the warm-up)
+        _NAIVE_US[key] = statistics.median(_timed_us(lambda: naive_errors(config, batch, device=device), device,
+                                                     NAIVE_RUNS, warm=False))
+    return _NAIVE_US[key]
+
+
+def naive_check(config, batch) -> float:
+    """Seconds the naive harness takes on one case (CUDA), warm, median of ``NAIVE_RUNS``."""
+    return _naive_us(config, batch, "cuda") / 1e6
+
+
+def _timed_us(fn, device: str, runs: int, warm: bool = True) -> list:
+    """Microseconds of ``runs`` calls of ``fn`` after one warm-up call (``warm=False``: the caller warmed
+    it): CUDA events on the GPU (each side syncs on its own results before it returns), ``perf_counter``
+    on the CPU."""
+    import torch
+
+    if warm:
+        fn()
+    out = []
+    for _ in range(runs):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def _small_cases(small: dict, count: int, seed: int) -> list:
+    """``count`` graph-mode cases of the pinned small config, drawn as the fuzzer draws batches."""
+    from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed
+
+    from harness.case import Case
+    from strategies import batches, configs
+
+    drawn = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate], derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(configs(sizing="safe", **small).flatmap(lambda c: batches(c).map(lambda b: Case(c, b))))
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    return drawn[:count]
+
+
+def naive_vs_kvfence(device: str, quick: bool = False, seed: int = 0) -> dict:
+    """The naive harness against kvfence, both warm, median of ``NAIVE_RUNS``, on the same cases:
+
+    * large: one case (256 requests x L 4096 x topk 8 x 5 steps on CUDA; the CPU domain's largest on the
+      CPU), naive vs ``Session.check`` (kvfence's default path: the device verifier on CUDA);
+    * small: cases of the pinned small config, naive one by one vs ``Session.check_many`` on all of them
+      (kvfence's batched path), per case.
+
+    Both sides check the same elements: values, missing writes, the slack after the used length and
+    every kv_indptr column (kvfence also guards and inputs). Each side must find the reference clean.
+    """
+    from harness.case import Batch, Case, Config
+    from harness.session import Session
+
+    if device == "cuda":
+        large_cfg, small_cfg = LARGE, SMALL
+    else:
+        large_cfg, small_cfg = (LARGE_CPU_QUICK, SMALL_CPU_QUICK) if quick else (LARGE_CPU, SMALL_CPU)
+    config = Config(sizing="safe", **large_cfg)
+    batch = Batch(tuple([config.ctx] * config.max_bs), tuple(range(1, config.max_bs + 1)), 12345)
+    case = Case(config, batch)
+    session = Session(device, "reference")
+    assert session.check(case) == []
+    naive_large = _naive_us(config, batch, device)
+    # kvfence's check is short on a GPU: more runs for a stable median (as many as the naive on the CPU).
+    kvfence_large = statistics.median(_timed_us(lambda: session.check(case), device,
+                                                NAIVE_RUNS * (10 if device == "cuda" else 1)))
+
+    cases = _small_cases(small_cfg, 32 if device == "cuda" else (4 if quick else 16), seed)
+
+    def naive_small():
+        assert all(naive_errors(c.config, c.batch, device=device) == 0 for c in cases)
+
+    def kvfence_small():
+        assert all(f == [] for f in session.check_many(cases))
+
+    naive_small_us = statistics.median(_timed_us(naive_small, device, NAIVE_RUNS)) / len(cases)
+    kvfence_small_us = statistics.median(_timed_us(kvfence_small, device, NAIVE_RUNS)) / len(cases)
+    return {
+        "naive_us_large": round(naive_large, 1), "kvfence_us_large": round(kvfence_large, 1),
+        "naive_over_kvfence_large": round(naive_large / kvfence_large, 1),
+        "naive_us_small": round(naive_small_us, 1), "kvfence_us_small": round(kvfence_small_us, 1),
+        "naive_over_kvfence_small": round(naive_small_us / kvfence_small_us, 1),
+        "naive_cases_small": len(cases), "naive_runs": NAIVE_RUNS,
+        "naive_large_config": large_cfg, "naive_small_config": small_cfg,
+    }
 
 
 def large(device: str) -> dict:
@@ -307,6 +442,7 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
 
     stage(small_rate(device, examples, args.seed))
+    stage(naive_vs_kvfence(device, args.quick, args.seed))
     if device == "cuda":
         stage(check_small(device))
         stage(large(device))

@@ -578,6 +578,9 @@ def cmd_mutants(args) -> int:
     from harness.device import select
     from harness.mutants import format_table, run_all, verdict_text
 
+    if args.verifiers == "both":
+        return _mutants_both_verifiers(args)
+    args.max_examples = args.max_examples or 60
     device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device)
@@ -596,8 +599,39 @@ def cmd_mutants(args) -> int:
     from harness import casefile
 
     report = run_all(device, max_examples=args.max_examples, seeds=seeds, names=args.only or None,
-                     audit=False if args.no_audit else None, progress=progress, max_bytes=max_bytes)
+                     audit=False if args.no_audit else None, progress=progress, max_bytes=max_bytes,
+                     verifier=args.verifiers)
     print(format_table(report))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return EXIT_CLEAN if report.passed else EXIT_FINDINGS
+
+
+def _mutants_both_verifiers(args) -> int:
+    """``mutants --verifiers both`` (harness.compare): the device verifier and the oracle path on the same
+    cases of every mutant, planted bad write and the reference; exit 1 on any disagreement."""
+    from harness import casefile, compare
+    from harness.budget import parse_size
+    from harness.device import select
+
+    require(args.seeds == 1, "--seeds applies to the mutation self-test; --verifiers both draws --max-examples "
+                             "cases per target from --seed")
+    require(not args.no_audit, "--no-audit: with --verifiers both the audit only guards host memory and is not compared")
+    device = select(args.device, announce=_stderr)
+    json_path = _writable(args.json, "--json")
+    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
+
+    def progress(report, row):
+        # After every target: with --json the rows so far are kept in JSON.partial (a time limit keeps them).
+        if json_path is not None:
+            casefile.atomic_write_text(Path(str(json_path) + ".partial"), json.dumps(report.to_dict(), indent=1) + "\n")
+        if not args.quiet:
+            _stderr(f"kvfence: {row.target.name} ({row.target.domain} domain): {compare.row_verdict(row)}, "
+                    f"{row.cases} cases, {row.dirty} dirty ({row.seconds:.1f}s)")
+
+    report = compare.run(device, max_examples=args.max_examples or compare.DEFAULT_EXAMPLES, seed=args.seed,
+                         names=args.only or None, max_bytes=max_bytes, progress=progress)
+    print(compare.format_table(report))
     if json_path is not None:
         json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     return EXIT_CLEAN if report.passed else EXIT_FINDINGS
@@ -737,18 +771,28 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                                     "unpinned draws from the domain it belongs to (cpu or gpu), then the reference "
                                     "kernel (safe sizing) over the same domains, which must stay clean.",
                         epilog=_exit_codes(zero="every mutant detected in >= 95% of the seeds on its domain, scale "
-                                                "mutants unreachable on the CPU domain, the reference clean",
-                                           one="a mutant missed too often, or a finding on the reference"))
+                                                "mutants unreachable on the CPU domain, the reference clean "
+                                                "(--verifiers both: every case agrees, every planted write seen)",
+                                           one="a mutant missed too often, or a finding on the reference "
+                                               "(--verifiers both: a disagreement, or a planted write never seen)"))
     mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
-    mu.add_argument("--max-examples", type=_positive_int, default=60, help="example budget per mutant and seed")
+    mu.add_argument("--max-examples", type=_positive_int, default=None,
+                    help="example budget per mutant and seed (default: 60; with --verifiers both, cases per "
+                         "target, default 8)")
     mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
     mu.add_argument("--seeds", type=_positive_int, default=1,
                     help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "
                          "a mutant passes when detected in >= 95%% of them")
     mu.add_argument("--max-gpu-mem", default=None, metavar="SIZE", help="memory budget per config (as for fuzz)")
     mu.add_argument("--only", nargs="+", metavar="NAME",
-                    help="run only these mutants, by file stem (default: every mutant)")
+                    help="run only these mutants, by file stem (default: every mutant); with --verifiers both "
+                         "also 'reference' or a planted write of kernels/planted.py")
+    mu.add_argument("--verifiers", default="auto", choices=["auto", "oracle", "device", "both"],
+                    help="the verifier of the self-test's sessions (auto: device on CUDA, oracle on the CPU); "
+                         "both: instead of the self-test, judge every mutant, planted bad write and the reference "
+                         "on both paths, same cases, and compare verdicts, counters and findings (exit 1 on any "
+                         "disagreement)")
     mu.add_argument("--json", default=None, help="write the results here (default: not written)")
     mu.add_argument("--no-audit", action="store_true", help="CPU only: turn off the interpreter address audit")
     mu.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -239,9 +239,10 @@ def _run(result: MutantResult, session, strategy, *, max_examples: int, seeds: L
 def run_all(device: str, *, max_examples: int = 60, seeds=(0,), names: Optional[List[str]] = None,
             reference_examples: Optional[int] = None, audit: Optional[bool] = None,
             progress: Optional[Callable[[MutantResult], None]] = None, directory: Path = MUTANTS_DIR,
-            max_bytes: Optional[int] = None) -> SelfTest:
+            max_bytes: Optional[int] = None, verifier: str = "auto") -> SelfTest:
     """Fuzz every mutant under each seed (``max_examples`` each, unpinned draws from its domain), then
-    the reference over every domain that ran, which must stay clean."""
+    the reference over every domain that ran, which must stay clean. ``verifier`` is the sessions'
+    (``harness.session.VERIFIERS``)."""
     from harness.session import Session
     from harness.targets import resolve_sizing
 
@@ -251,13 +252,13 @@ def run_all(device: str, *, max_examples: int = 60, seeds=(0,), names: Optional[
     mutants = discover(directory, names=names)
     require(mutants, f"no mutant files in {directory}")
     report = SelfTest(max_examples=max_examples, seeds=seeds, device=device)
-    reference = Session(device, REFERENCE, audit=audit, max_bytes=max_bytes)
+    reference = Session(device, REFERENCE, audit=audit, max_bytes=max_bytes, verifier=verifier)
     ran_on = set()
     for m in mutants:
         resolve_sizing(m.sizing)  # a broken sizing file is bad input before anything runs
         domain = m.domain if device == "cuda" else "cpu"
         ran_on.add(domain)
-        session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit, max_bytes=max_bytes)
+        session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit, max_bytes=max_bytes, verifier=verifier)
         result = MutantResult(m.name, m.kind, m.domain, domain, expected=(domain == m.domain), bug=m.bug)
         report.mutants.append(_run(result, session, _strategy(domain, m.kernel, m.sizing, max_bytes),
                                    max_examples=max_examples, seeds=seeds, progress=progress))

@@ -80,6 +80,11 @@ class _Inputs:
         self.seq_lens[:m].copy_(torch.tensor(lb.seq_lens, dtype=torch.int32))
         self.req_pool_indices[:m].copy_(torch.tensor(lb.req_pool_indices, dtype=torch.int64))
         self.positions[: m * config.topk].copy_(torch.tensor(lb.positions, dtype=torch.int64))
+        # Rows past the bucket get the padding values on every load, as the device verifier's staging
+        # rows do: what a kernel wrote there in an earlier case must not make the same write invisible now.
+        self.seq_lens[m:].fill_(1)
+        self.req_pool_indices[m:].zero_()
+        self.positions[m * config.topk:].zero_()
 
     def named(self) -> Dict[str, torch.Tensor]:
         return {"req_to_token": self.req_to_token, "seq_lens": self.seq_lens,
@@ -155,6 +160,8 @@ class _RunnerBase:
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
         after = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
         changed = [k for k, v in inputs.named().items() if not torch.equal(v, inputs_before[k])]
+        if "req_to_token" in changed:
+            inputs.token_seed = None  # the next load regenerates the pool instead of keeping this damage
         audit_findings = audit.findings() if audit is not None else []
         return Observation(case, lb, kv_indices, kv_indptr, before, after, changed, error, audit_findings)
 

@@ -1,0 +1,164 @@
+"""The device verifier and the oracle path compared on dirty cases (``harness.compare``,
+``python -m harness mutants --verifiers both``).
+
+Each planted bad write must be seen by both paths the same way (verdict, counter, findings), the clean
+reference must be clean on both, and a verifier that is blind to one region must be reported as a
+disagreement: the comparison can fail. On the CPU the device verifier runs eagerly under the Triton
+interpreter; the ``gpu`` test runs the same comparison with compiled kernels inside CUDA graphs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import compare
+from harness.case import Batch, Case, Config
+from harness.device_verify import COUNTERS, DeviceVerifier
+from harness.findings import Kind
+from harness.session import Session
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANTED = compare.PLANTED_FILE
+
+#: A graph-mode case whose bucket (2) is smaller than max_bs (4): every plant has a place to land,
+#: rows past the bucket included.
+CONFIG = Config(topk=2, num_steps=2, ctx=8, max_bs=4, sizing="safe")
+BATCH = Batch((5, 3), (2, 0), 11)
+
+#: One plant per region kind and per input tensor -> (the counter that must see it, the oracle's kind).
+PLANTS = {
+    "kvi_value": ("kv_indices", Kind.VALUE_MISMATCH),
+    "kvi_missing": ("kv_indices", Kind.MISSING_WRITE),
+    "kvi_slack": ("outside", Kind.STRAY_WRITE),
+    "kvi_row_overflow": ("outside", Kind.GUARD_OVERWRITE),
+    "kvi_tail": ("outside", Kind.GUARD_OVERWRITE),
+    "indptr_column0_zero": ("outside", Kind.STRAY_WRITE),
+    "indptr_bs": ("kv_indptr", Kind.INDPTR_MISMATCH),
+    "seq_lens_past": ("inputs", Kind.STRAY_WRITE),
+    "req_pool_indices_live": ("inputs", Kind.STRAY_WRITE),
+    "positions_bucket_end": ("inputs", Kind.STRAY_WRITE),
+    "req_to_token_first": ("inputs", Kind.STRAY_WRITE),
+}
+
+
+def case_for(kernel: str, layout: str = "redzone") -> Case:
+    return Case(Config(**{**CONFIG.to_dict(), "buckets": CONFIG.buckets, "layout": layout}), BATCH, kernel)
+
+
+def test_the_reference_is_clean_on_both_paths(device):
+    result = compare.Paths(device, "reference").check(case_for("reference"))
+    assert result.agree, result.problems
+    assert result.counters == [0, 0, 0, 0] and not result.oracle and not result.device
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_each_planted_write_is_seen_the_same_way_on_both_paths(device, plant):
+    counter, kind = PLANTS[plant]
+    result = compare.Paths(device, f"{PLANTED}:{plant}").check(case_for(f"{PLANTED}:{plant}"))
+    assert result.agree, (result.problems, result.to_dict())
+    assert result.counters[COUNTERS.index(counter)] > 0, result.counters
+    assert kind in {f.kind for f in result.oracle}, [f.headline() for f in result.oracle]
+    assert compare.named(result.device) == compare.named(result.oracle) != []
+
+
+def test_a_verifier_blind_to_one_region_is_a_disagreement(device, monkeypatch):
+    """The detection test: the device verifier with its ``outside`` counter forced to zero misses a slack
+    write, and the comparison says so; the same blind verifier still agrees on a wrong value (another
+    counter), so the report points at the blind region, not at everything."""
+    real = DeviceVerifier.total_counters
+
+    def blind(self, cases):
+        counts = real(self, cases)
+        counts[COUNTERS.index("outside")] = 0
+        return counts
+
+    monkeypatch.setattr(DeviceVerifier, "total_counters", blind)
+    slack = compare.Paths(device, f"{PLANTED}:kvi_slack").check(case_for(f"{PLANTED}:kvi_slack"))
+    assert not slack.agree
+    assert "device verdict clean, oracle verdict dirty" in slack.problems
+    assert slack.device == [] and Kind.STRAY_WRITE in {f.kind for f in slack.oracle}
+    value = compare.Paths(device, f"{PLANTED}:kvi_value").check(case_for(f"{PLANTED}:kvi_value"))
+    assert value.agree, value.problems
+
+
+def test_the_run_reports_a_blind_verifier_with_both_finding_lists(device, monkeypatch):
+    real = DeviceVerifier.total_counters
+
+    def blind(self, cases):
+        counts = real(self, cases)
+        counts[COUNTERS.index("inputs")] = 0
+        return counts
+
+    monkeypatch.setattr(DeviceVerifier, "total_counters", blind)
+    report = compare.run(device, max_examples=3, names=["req_to_token_last"])
+    doc = report.to_dict()
+    assert not report.passed and doc["disagree"] >= 1 and doc["cases"] == doc["agree"] + doc["disagree"]
+    (row,) = doc["rows"]
+    first = row["first_disagreement"]
+    assert first["oracle_findings"] and first["device_findings"] == []
+    assert first["counters"]["inputs"] == 0 and first["counters_implied_by_oracle"] == ["inputs"]
+
+
+def test_the_run_agrees_on_the_reference_and_planted_writes_it_draws(device):
+    report = compare.run(device, max_examples=2, names=["reference", "kvi_missing", "indptr_column0", "positions_live"])
+    assert report.disagree == 0, compare.format_table(report)
+    assert report.passed and report.cases == 8
+    rows = {r.target.name: r for r in report.rows}
+    assert rows["reference"].dirty == 0 and all(rows[n].dirty == 2 for n in ("kvi_missing", "indptr_column0",
+                                                                             "positions_live"))
+
+
+def test_a_planted_write_that_never_lands_fails_the_run():
+    target = compare.Target("seq_lens_past", "planted", "x", "safe", "cpu", "")
+    report = compare.Comparison("cpu", 1, 0, None, [compare.Row(target, cases=1, agree=1)])
+    assert report.disagree == 0 and not report.passed and report.to_dict()["not_exercised"] == ["seq_lens_past"]
+    clean_reference = compare.Comparison("cpu", 1, 0, None, [compare.Row(
+        compare.Target("reference", "reference", "reference", "safe", "cpu", ""), cases=1, agree=1)])
+    assert clean_reference.passed
+
+
+@pytest.mark.parametrize("plant, buffer", [("seq_lens_past", "seq_lens"), ("positions_past", "positions"),
+                                           ("req_to_token_first", "req_to_token")])
+def test_the_oracle_path_sees_a_repeated_input_write_every_time(device, plant, buffer):
+    """What the comparison found: the graph runner kept what a kernel wrote past the bucket (and a damaged
+    pool when the next case had the same token seed), so the same write in the next case changed nothing
+    and went unseen on the oracle path. Every case now starts from the padding values and a fresh pool."""
+    spec = f"{PLANTED}:{plant}"
+    session = Session(device, spec, verifier="oracle")
+    for _ in range(2):
+        kinds = {(f.kind, f.buffer) for f in session.check(case_for(spec))}
+        assert (Kind.STRAY_WRITE, buffer) in kinds, kinds
+    assert Session(device, "reference", verifier="oracle").check(case_for("reference")) == []
+
+
+def test_cli_both_verifiers_writes_the_agreement_table(tmp_path):
+    out = tmp_path / "v.json"
+    proc = subprocess.run([sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--verifiers", "both",
+                           "--only", "reference", "kvi_front_guard", "--max-examples", "2", "--json", str(out),
+                           "--quiet"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert (doc["cases"], doc["agree"], doc["disagree"]) == (4, 4, 0)
+    assert [r["name"] for r in doc["rows"]] == ["reference", "kvi_front_guard"]
+    assert "PASS: 4/4 cases agree" in proc.stdout
+
+
+def test_cli_both_verifiers_refuses_seeds():
+    proc = subprocess.run([sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--verifiers", "both",
+                           "--seeds", "3"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--seeds" in proc.stderr, proc.stderr
+
+
+@pytest.mark.gpu
+def test_both_verifiers_agree_on_cuda(device):
+    """The same comparison with compiled kernels in captured CUDA graphs (the device verifier as it runs
+    in a GPU fuzz run): the reference, a kernel mutant, a sizing mutant and one plant per buffer."""
+    report = compare.run(device, max_examples=3, names=["reference", "off_by_one_n", "sizing_one_request",
+                                                         "kvi_slack", "indptr_column0_zero", "seq_lens_past"])
+    assert report.disagree == 0, compare.format_table(report)
