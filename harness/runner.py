@@ -213,12 +213,17 @@ class GraphRunner(_RunnerBase):
 
     def run(self, batch: Batch) -> Observation:
         lb = launch_batch(self.config, batch)
-        self.inputs.load(self.config, batch, lb)
+        captured = len(self.graphs)
         try:
             launch = self._bucket_launch(lb.num_seqs)
         except Exception as exc:  # capture failed: report as a launch error of this case
             def launch(exc=exc):
                 raise exc
+        if len(self.graphs) != captured:
+            # Capturing ran the kernel once (its warm-up): a write into an input then would already be in
+            # the snapshot taken before the replay, and be invisible. Load the inputs afresh after it.
+            self.inputs.token_seed = None
+        self.inputs.load(self.config, batch, lb)
         return self._observe(batch, lb, self.inputs, self.kv_indices, self.kv_indptr, launch)
 
 
