@@ -580,7 +580,6 @@ def cmd_mutants(args) -> int:
 
     if args.verifiers == "both":
         return _mutants_both_verifiers(args)
-    args.max_examples = args.max_examples or 60
     device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device)
@@ -778,8 +777,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
     mu.add_argument("--max-examples", type=_positive_int, default=None,
-                    help="example budget per mutant and seed (default: 60; with --verifiers both, cases per "
-                         "target, default 8)")
+                    help="example budget per mutant and seed (default: 60 on the CPU domain, 100 on the GPU "
+                         "domain; with --verifiers both, cases per target, default 8)")
     mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
     mu.add_argument("--seeds", type=_positive_int, default=1,
                     help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "

@@ -68,15 +68,16 @@ def _domain(domain: Union[str, Domain]) -> Domain:
     return domain_named(domain)
 
 
-def sized(draw, lo: int, hi: int, edges=(), small: int = 8) -> int:
-    """An integer in ``[lo, hi]``: half the time a small one (``lo .. lo+small-1``), a quarter an edge
-    from ``edges``, a quarter log-uniform (a power-of-two range, then a value in it). Shrinks toward ``lo``.
-    """
+def sized(draw, lo: int, hi: int, edges=(), small: int = 8, small_from: Optional[int] = None) -> int:
+    """An integer in ``[lo, hi]``: half the time a small one (``small_from .. small_from+small-1``,
+    ``small_from`` defaulting to ``lo``), a quarter an edge from ``edges``, a quarter log-uniform (a
+    power-of-two range, then a value in it). Shrinks toward ``small_from`` (``lo`` when it is None)."""
     if hi <= lo:
         return lo
     tier = draw(TIERS)
     if tier <= 1:
-        return draw(_integers(lo, min(hi, lo + small - 1)))
+        first = min(hi, max(lo, small_from if small_from is not None else lo))
+        return draw(_integers(first, min(hi, first + small - 1)))
     inside = tuple(sorted({e for e in edges if lo <= e <= hi}))
     if tier == 2 and inside:
         return draw(_sampled(inside))
@@ -92,7 +93,8 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
             domain: Union[str, Domain] = "cpu", max_bytes: Optional[int] = None):
     """A ``Config`` from ``domain`` (``cpu``: topk 1-8, steps 1-8, pages 1-64, ctx <= 48, max_bs <= 4;
     ``gpu``: topk 1-16, steps 1-16, pages 1-128, ctx <= 131072, max_bs <= 256 with SGLang's capture
-    buckets). ``max_ctx`` / ``max_max_bs`` narrow the domain. Pin any field by passing it.
+    buckets; small contexts there start past one page). ``max_ctx`` / ``max_max_bs`` narrow the domain.
+    Pin any field by passing it.
 
     ``max_bytes`` bounds the device memory a config costs (``harness.budget``): a draw over it is
     halved in its unpinned fields, ctx first, until it fits. Shrinks toward topk 1, one step, page 1,
@@ -144,6 +146,20 @@ def _ctx_edges(dom: Domain, lo: int):
     return {lo, lo + 1, *COPY_BLOCKS, *(b + 1 for b in COPY_BLOCKS), 1024, 4096, 32768, 65536, dom.max_ctx}
 
 
+def _page_edges(page_size: int):
+    """Contexts that end just before, at and after the first few page boundaries."""
+    return {k * page_size + d for k in (1, 2, 4) for d in (-1, 0, 1)} - {0}
+
+
+def _page_size(draw, dom: Domain) -> int:
+    """A page size of the domain. On the GPU domain the largest page gets a quarter of the draws on
+    top of its uniform share: arithmetic that assumes small pages breaks only there, and it is one
+    value of eight. Shrinks toward page 1."""
+    if dom.name != "cpu" and draw(_integers(0, 3)) == 3:
+        return dom.page_sizes[-1]
+    return draw(_sampled(dom.page_sizes))
+
+
 def _bs_edges(dom: Domain):
     buckets = dom.buckets_for(dom.max_bs)
     return {*buckets, *(lanes + 1 for lanes in LANE_WIDTHS), dom.max_bs}
@@ -154,14 +170,17 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     pinned = dict(pins)
     t = pinned["topk"] if "topk" in pinned else draw(_integers(1, dom.max_topk))
     n = pinned["num_steps"] if "num_steps" in pinned else draw(_integers(1, dom.max_steps))
-    p = pinned["page_size"] if "page_size" in pinned else draw(_sampled(dom.page_sizes))
+    p = pinned["page_size"] if "page_size" in pinned else _page_size(draw, dom)
     lo = min(n + 1, dom.max_ctx)
     if "ctx" in pinned:
         c = pinned["ctx"]
     elif dom.name == "cpu":
         c = draw(_integers(lo, max(lo, dom.max_ctx)))
     else:
-        c = sized(draw, lo, max(lo, dom.max_ctx), _ctx_edges(dom, lo), small=64)
+        # A small context still spans a page and more: a page-size bug needs requests that fill and
+        # cross pages (edges and log-uniform draws still reach contexts below one page).
+        c = sized(draw, lo, max(lo, dom.max_ctx), _ctx_edges(dom, lo) | _page_edges(p), small=max(64, 2 * p),
+                  small_from=p + 1 if p > 1 else None)
     if "max_bs" in pinned:
         m = pinned["max_bs"]
     elif dom.name == "cpu":
@@ -192,13 +211,14 @@ def seq_len_bound(config: Config, seq_len_limit: str) -> int:
 
 
 def edge_lengths(config: Config, bound: int):
-    """Lengths where bugs live: 1, page boundaries +-1, copy blocks (128, 512, 1024) +-1,
-    ``ctx - num_steps`` +-1, and the bound itself."""
+    """Lengths where bugs live: 1, the first page boundaries +-1 and minus ``num_steps`` (drafts that
+    just fill a page), copy blocks (128, 512, 1024) +-1, ``ctx - num_steps`` +-1, and the bound itself."""
     edges = {1, 2, bound, bound - 1, config.ctx - config.num_steps - 1, config.ctx - config.num_steps,
              config.ctx - config.num_steps + 1}
     p = config.page_size
-    for page in {p, 2 * p, (bound // p) * p}:
-        edges.update({page - 1, page, page + 1})
+    for page in {p, 2 * p, 3 * p, (bound // p) * p}:
+        # page - num_steps: the drafts fill the page exactly; one more and they spill into the next.
+        edges.update({page - config.num_steps, page - 1, page, page + 1})
     for block in COPY_BLOCKS + (1024,):
         edges.update({block - 1, block, block + 1})
     return sorted(x for x in edges if 1 <= x <= bound)
