@@ -135,6 +135,7 @@ def test_the_oracle_path_sees_a_repeated_input_write_every_time(device, plant, b
     assert Session(device, "reference", verifier="oracle").check(case_for("reference")) == []
 
 
+@pytest.mark.cpu_only  # it runs the CLI with --device cpu (the interpreter)
 def test_cli_both_verifiers_writes_the_agreement_table(tmp_path):
     out = tmp_path / "v.json"
     proc = subprocess.run([sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--verifiers", "both",
