@@ -394,12 +394,19 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
             callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
         # SIGINT/SIGTERM end fuzz() cleanly (harness.interrupt); the journal slot closes as on any exit.
         with Journal(out_dir, device=device) as journal, signals_interrupt():
+            run_fuzz, keep_going = fuzz, {}
+            if args.keep_going:  # phases until the budgets are spent; each new failure saved at once
+                from harness.keepgoing import fuzz_keep_going
+
+                run_fuzz = fuzz_keep_going
+                keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
             try:
-                result = fuzz(session, strategy, max_examples=args.max_examples,
+                result = run_fuzz(session, strategy, max_examples=args.max_examples,
                               seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
                               progress=callback, max_seconds=args.max_seconds,
-                              progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0))
+                              progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0),
+                              **keep_going)
             finally:
                 if progress:
                     progress.close()
@@ -501,6 +508,30 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
     return EXIT_FINDINGS if new_findings else EXIT_CLEAN
 
 
+def _case_extras(args, run: dict, *, interrupted: Optional[str], shrink_cut: bool) -> dict:
+    """What a fuzz case file records besides the case: how it was found and how far it was shrunk."""
+    extras = {"fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
+                       "domain": run["domain"]}}
+    if interrupted:
+        extras["interrupted"] = {"signal": interrupted, "shrunk": False,
+                                 "note": "the run was stopped before shrinking finished: the case may not be minimal"}
+    if shrink_cut:
+        extras["shrink"] = {"cut": True, "shrink_seconds": args.shrink_seconds,
+                            "note": "shrunk as far as it got within --shrink-seconds: the case may not be minimal"}
+    return extras
+
+
+def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
+    """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
+    from harness import casefile
+
+    extras = _case_extras(args, run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
+    extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
+    extras["fuzz"]["keep_going_phase"] = failure.phase + 1
+    return str(casefile.write_case(failure.case, failure.findings, out_dir=out_dir, device=device, source="fuzz",
+                                   extras=extras))
+
+
 def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict, *,
                   previous: Optional[dict] = None) -> int:
     """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
@@ -508,15 +539,18 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
     from reports import summary as summary_mod
 
     case_path = None
-    if result.findings:
+    if result.failures:  # --keep-going: every distinct failure already has its case file
         from harness.fuzz import format_failure
 
-        extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
-                  "fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
-                           "domain": run["domain"]}}
-        if result.interrupted:
-            extras["interrupted"] = {"signal": result.interrupted, "shrunk": False,
-                                     "note": "the run was stopped before shrinking finished: the case may not be minimal"}
+        for failure in result.failures:
+            print(format_failure(failure.case, failure.findings, limit=20))
+            print(f"  case file: {failure.path}")
+        case_path = result.failures[0].path
+    elif result.findings:
+        from harness.fuzz import format_failure
+
+        extras = _case_extras(args, run, interrupted=result.interrupted, shrink_cut=result.shrink_cut)
+        extras["hypothesis"] = result.hypothesis or {"unavailable": "the final replay did not run"}
         case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
                                             source="fuzz", extras=extras))
         print(format_failure(result.case, result.findings, limit=20))
@@ -528,6 +562,14 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
         print("no findings")
     doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions(),
                             earlier=getattr(args, "earlier_cases", None))
+    if result.keep_going is not None:
+        for failure in result.failures[1:]:
+            doc["findings"] += [dict(f.to_dict(), case=failure.path) for f in failure.findings]
+            doc["cases"][failure.path] = summary_mod.case_record(failure.path, failure.case, failure.findings,
+                                                                 source="fuzz")
+        doc["keep_going"] = result.keep_going
+        print(f"kvfence fuzz --keep-going: {result.keep_going['distinct_failures']} distinct failure(s) in "
+              f"{result.keep_going['phases']} phase(s) ({result.keep_going['duplicates']} found again and dropped)")
     return _write_summary(doc, out_dir, json_path, previous=previous)
 
 
@@ -684,6 +726,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
+    fz.add_argument("--keep-going", action="store_true",
+                    help="after a failure is shrunk and saved, go on looking for other failures until --max-examples "
+                         "or --max-seconds is spent; each distinct failure (finding kinds + config) gets a case file")
     fz.add_argument("--out", default="reports/out",
                     help="folder for cases/, summary.json, report.md and report.html; an earlier run's case "
                          "files there are moved to cases/earlier/<time>/")
