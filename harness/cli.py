@@ -332,6 +332,8 @@ def cmd_fuzz(args) -> int:
                                                  campaign.stored_failures(database, db_key))
         return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
     previous = _previous_summary(out_dir) if args.resume else None
+    if out_dir.is_dir():  # another run in this folder: refused now, before a worker starts
+        _lock_out(out_dir)
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
     session = None if args.resume else _make_session(args, device, max_bytes)
     database = None if args.resume else campaign.open_database(db_spec)
@@ -346,6 +348,23 @@ def cmd_fuzz(args) -> int:
     finally:
         if hasattr(session, "close"):
             session.close()
+
+
+def _lock_out(out_dir: Path) -> None:
+    """Create ``--out`` and hold its lock (harness.outlock): a second run into it is refused, exit 2."""
+    from harness import outlock
+
+    outlock.acquire(out_dir, announce=_stderr)
+
+
+def _fuzz_command(args) -> int:
+    """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
+    from harness import outlock
+
+    try:
+        return cmd_fuzz(args)
+    finally:
+        outlock.release_all()
 
 
 def _previous_summary(out_dir: Path) -> Optional[dict]:
@@ -369,7 +388,7 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
     from harness.journal import Journal, recover
     from harness.outdir import set_aside_earlier_cases
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _lock_out(out_dir)
     seed = run["seed"]
     if not args.resume:  # --resume adds to the folder's results: its case files stay where they are
         # Before anything is written: the folder's case files from earlier runs go to cases/earlier/<time>/.
@@ -439,7 +458,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {args.max_examples}")
     child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
                   for i in range(jobs)]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _lock_out(out_dir)
     from harness.outdir import set_aside_earlier_cases
 
     earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
@@ -741,7 +760,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds "
                          "(default: all of it)")
     _add_worker_args(fz)
-    fz.set_defaults(func=cmd_fuzz, _parser=fz,
+    fz.set_defaults(func=_fuzz_command, _parser=fz,
                     fuzz_defaults={a.dest: a.default for a in fz._actions if a.dest != "help"})
 
     rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)",
