@@ -363,6 +363,11 @@ def _fuzz_command(args) -> int:
 
     try:
         return cmd_fuzz(args)
+    except OSError as exc:
+        # An output that stopped being writable mid-run (journal, case file): one line, never a traceback.
+        if exc.errno is None or exc.filename is None:
+            raise
+        raise _output_failure(exc.filename, exc) from None
     finally:
         outlock.release_all()
 
@@ -502,6 +507,38 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
 
 
+def _output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
+    """The one-line error for an output that cannot be written (full disk, read-only filesystem, ...):
+    the path, the errno, and where the run's findings already are (case files are written first)."""
+    import errno as errno_mod
+
+    name = errno_mod.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
+    text = f"cannot write {path}: {exc.strerror or exc} ({name})"
+    cases = sorted((doc or {}).get("cases") or {})
+    if cases:
+        shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
+        text += (f"; the run has {len(doc['findings'])} finding(s), saved before this in {len(cases)} case "
+                 f"file(s): {shown}")
+    elif doc is not None and doc.get("findings"):
+        text += f"; the run has {len(doc['findings'])} finding(s) (printed above)"
+    return BadInput(text)
+
+
+class _output_errors:
+    """``with _output_errors(path, doc):`` turns an ``OSError`` of writing ``path`` into ``_output_failure``."""
+
+    def __init__(self, path, doc: Optional[dict] = None):
+        self.path, self.doc = path, doc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, OSError):
+            raise _output_failure(self.path, exc, self.doc) from None
+        return False
+
+
 def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previous: Optional[dict] = None) -> int:
     """summary.json (and --json), report.md / report.html, the table on stdout; the exit code.
 
@@ -515,10 +552,14 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
     if previous is not None:  # README: "Resuming into a folder"
         doc = summary_mod.merge_resumed(previous, doc)
     text = json.dumps(doc, indent=1) + "\n"
-    casefile.atomic_write_text(out_dir / "summary.json", text)
+    # A disk that fills up (or turns read-only) now, after the case files, is one line and exit 2.
+    with _output_errors(out_dir / "summary.json", doc):
+        casefile.atomic_write_text(out_dir / "summary.json", text)
     if json_path is not None:
-        casefile.atomic_write_text(json_path, text)
-    written = write_reports(doc, out_dir)
+        with _output_errors(json_path, doc):
+            casefile.atomic_write_text(json_path, text)
+    with _output_errors(out_dir / "report.md", doc):
+        written = write_reports(doc, out_dir)
     print()
     print(summary_mod.text_table(doc))
     print(f"\nreports: {out_dir / 'summary.json'}, {written['md']}, {written['html']}")
@@ -547,8 +588,15 @@ def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
     extras = _case_extras(args, run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
     extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
     extras["fuzz"]["keep_going_phase"] = failure.phase + 1
-    return str(casefile.write_case(failure.case, failure.findings, out_dir=out_dir, device=device, source="fuzz",
-                                   extras=extras))
+    where = out_dir / casefile.CASES_DIR / f"{casefile.case_hash(failure.case)}.json"
+    try:
+        return str(casefile.write_case(failure.case, failure.findings, out_dir=out_dir, device=device,
+                                       source="fuzz", extras=extras))
+    except OSError as exc:
+        from harness.fuzz import format_failure
+
+        print(format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
+        raise _output_failure(where, exc, {"findings": failure.findings}) from None
 
 
 def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict, *,
@@ -570,9 +618,11 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
 
         extras = _case_extras(args, run, interrupted=result.interrupted, shrink_cut=result.shrink_cut)
         extras["hypothesis"] = result.hypothesis or {"unavailable": "the final replay did not run"}
-        case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
-                                            source="fuzz", extras=extras))
-        print(format_failure(result.case, result.findings, limit=20))
+        print(format_failure(result.case, result.findings, limit=20))  # first: the finding is never lost
+        with _output_errors(out_dir / casefile.CASES_DIR / f"{casefile.case_hash(result.case)}.json",
+                            {"findings": result.findings}):
+            case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
+                                                source="fuzz", extras=extras))
         if result.shrink_cut:
             print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
         if result.interrupted:
