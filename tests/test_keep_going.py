@@ -52,3 +52,13 @@ def test_the_correct_kernel_runs_its_whole_budget_clean(tmp_path):
     assert summary["findings"] == [] and summary["examples"] == 30
     assert summary["keep_going"] == {"phases": 1, "distinct_failures": 0, "duplicates": 0, "known_repeats": 0}
     assert not list((out / "cases").glob("*.json"))
+
+
+def test_a_failure_cut_by_shrink_seconds_says_so_in_its_case_file(tmp_path):
+    cut = fuzz("--sizing", "prefix", "--shrink-seconds", "0", "--max-examples", "20", "--out", tmp_path / "cut", *SMALL)
+    whole = fuzz("--sizing", "prefix", "--max-examples", "20", "--out", tmp_path / "whole", *SMALL)
+    assert cut.returncode == whole.returncode == 1, (cut.stderr, whole.stderr)
+    (cut_case,), (whole_case,) = ((tmp_path / d / "cases").glob("*.json") for d in ("cut", "whole"))
+    shrink = casefile.load_case(cut_case).extras["shrink"]
+    assert shrink["cut"] is True and "shrunk as far as it got" in shrink["note"]
+    assert "shrink" not in casefile.load_case(whole_case).extras  # fully shrunk: nothing to say
