@@ -357,6 +357,10 @@ def _lock_out(out_dir: Path) -> None:
     outlock.acquire(out_dir, announce=_stderr)
 
 
+#: Errnos of storage that stopped taking writes: a full disk or quota, a filesystem remounted read-only.
+_FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
+
+
 def _fuzz_command(args) -> int:
     """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
     from harness import outlock
@@ -364,8 +368,11 @@ def _fuzz_command(args) -> int:
     try:
         return cmd_fuzz(args)
     except OSError as exc:
-        # An output that stopped being writable mid-run (journal, case file): one line, never a traceback.
-        if exc.errno is None or exc.filename is None:
+        # Storage that stopped taking writes mid-run (journal, case file): one line, never a traceback.
+        # Other OSErrors are not the disk's doing and stay loud.
+        import errno as errno_mod
+
+        if exc.filename is None or exc.errno not in {getattr(errno_mod, name, None) for name in _FULL_DISK}:
             raise
         raise _output_failure(exc.filename, exc) from None
     finally:
