@@ -332,6 +332,8 @@ def cmd_fuzz(args) -> int:
                                                  campaign.stored_failures(database, db_key))
         return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
     previous = _previous_summary(out_dir) if args.resume else None
+    if out_dir.is_dir():  # another run in this folder: refused now, before a worker starts
+        _lock_out(out_dir)
     # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
     session = None if args.resume else _make_session(args, device, max_bytes)
     database = None if args.resume else campaign.open_database(db_spec)
@@ -346,6 +348,35 @@ def cmd_fuzz(args) -> int:
     finally:
         if hasattr(session, "close"):
             session.close()
+
+
+def _lock_out(out_dir: Path) -> None:
+    """Create ``--out`` and hold its lock (harness.outlock): a second run into it is refused, exit 2."""
+    from harness import outlock
+
+    outlock.acquire(out_dir, announce=_stderr)
+
+
+#: Errnos of storage that stopped taking writes: a full disk or quota, a filesystem remounted read-only.
+_FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
+
+
+def _fuzz_command(args) -> int:
+    """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
+    from harness import outlock
+
+    try:
+        return cmd_fuzz(args)
+    except OSError as exc:
+        # Storage that stopped taking writes mid-run (journal, case file): one line, never a traceback.
+        # Other OSErrors are not the disk's doing and stay loud.
+        import errno as errno_mod
+
+        if exc.filename is None or exc.errno not in {getattr(errno_mod, name, None) for name in _FULL_DISK}:
+            raise
+        raise _output_failure(exc.filename, exc) from None
+    finally:
+        outlock.release_all()
 
 
 def _previous_summary(out_dir: Path) -> Optional[dict]:
@@ -369,7 +400,7 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
     from harness.journal import Journal, recover
     from harness.outdir import set_aside_earlier_cases
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _lock_out(out_dir)
     seed = run["seed"]
     if not args.resume:  # --resume adds to the folder's results: its case files stay where they are
         # Before anything is written: the folder's case files from earlier runs go to cases/earlier/<time>/.
@@ -394,12 +425,19 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
             callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
         # SIGINT/SIGTERM end fuzz() cleanly (harness.interrupt); the journal slot closes as on any exit.
         with Journal(out_dir, device=device) as journal, signals_interrupt():
+            run_fuzz, keep_going = fuzz, {}
+            if args.keep_going:  # phases until the budgets are spent; each new failure saved at once
+                from harness.keepgoing import fuzz_keep_going
+
+                run_fuzz = fuzz_keep_going
+                keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
             try:
-                result = fuzz(session, strategy, max_examples=args.max_examples,
+                result = run_fuzz(session, strategy, max_examples=args.max_examples,
                               seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
                               progress=callback, max_seconds=args.max_seconds,
-                              progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0))
+                              progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0),
+                              **keep_going)
             finally:
                 if progress:
                     progress.close()
@@ -432,7 +470,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {args.max_examples}")
     child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
                   for i in range(jobs)]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _lock_out(out_dir)
     from harness.outdir import set_aside_earlier_cases
 
     earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
@@ -476,6 +514,38 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
 
 
+def _output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
+    """The one-line error for an output that cannot be written (full disk, read-only filesystem, ...):
+    the path, the errno, and where the run's findings already are (case files are written first)."""
+    import errno as errno_mod
+
+    name = errno_mod.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
+    text = f"cannot write {path}: {exc.strerror or exc} ({name})"
+    cases = sorted((doc or {}).get("cases") or {})
+    if cases:
+        shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
+        text += (f"; the run has {len(doc['findings'])} finding(s), saved before this in {len(cases)} case "
+                 f"file(s): {shown}")
+    elif doc is not None and doc.get("findings"):
+        text += f"; the run has {len(doc['findings'])} finding(s) (printed above)"
+    return BadInput(text)
+
+
+class _output_errors:
+    """``with _output_errors(path, doc):`` turns an ``OSError`` of writing ``path`` into ``_output_failure``."""
+
+    def __init__(self, path, doc: Optional[dict] = None):
+        self.path, self.doc = path, doc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, OSError):
+            raise _output_failure(self.path, exc, self.doc) from None
+        return False
+
+
 def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previous: Optional[dict] = None) -> int:
     """summary.json (and --json), report.md / report.html, the table on stdout; the exit code.
 
@@ -489,16 +559,51 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
     if previous is not None:  # README: "Resuming into a folder"
         doc = summary_mod.merge_resumed(previous, doc)
     text = json.dumps(doc, indent=1) + "\n"
-    casefile.atomic_write_text(out_dir / "summary.json", text)
+    # A disk that fills up (or turns read-only) now, after the case files, is one line and exit 2.
+    with _output_errors(out_dir / "summary.json", doc):
+        casefile.atomic_write_text(out_dir / "summary.json", text)
     if json_path is not None:
-        casefile.atomic_write_text(json_path, text)
-    written = write_reports(doc, out_dir)
+        with _output_errors(json_path, doc):
+            casefile.atomic_write_text(json_path, text)
+    with _output_errors(out_dir / "report.md", doc):
+        written = write_reports(doc, out_dir)
     print()
     print(summary_mod.text_table(doc))
     print(f"\nreports: {out_dir / 'summary.json'}, {written['md']}, {written['html']}")
     if written["plot_skipped"]:
         _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
     return EXIT_FINDINGS if new_findings else EXIT_CLEAN
+
+
+def _case_extras(args, run: dict, *, interrupted: Optional[str], shrink_cut: bool) -> dict:
+    """What a fuzz case file records besides the case: how it was found and how far it was shrunk."""
+    extras = {"fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
+                       "domain": run["domain"]}}
+    if interrupted:
+        extras["interrupted"] = {"signal": interrupted, "shrunk": False,
+                                 "note": "the run was stopped before shrinking finished: the case may not be minimal"}
+    if shrink_cut:
+        extras["shrink"] = {"cut": True, "shrink_seconds": args.shrink_seconds,
+                            "note": "shrunk as far as it got within --shrink-seconds: the case may not be minimal"}
+    return extras
+
+
+def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
+    """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
+    from harness import casefile
+
+    extras = _case_extras(args, run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
+    extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
+    extras["fuzz"]["keep_going_phase"] = failure.phase + 1
+    where = out_dir / casefile.CASES_DIR / f"{casefile.case_hash(failure.case)}.json"
+    try:
+        return str(casefile.write_case(failure.case, failure.findings, out_dir=out_dir, device=device,
+                                       source="fuzz", extras=extras))
+    except OSError as exc:
+        from harness.fuzz import format_failure
+
+        print(format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
+        raise _output_failure(where, exc, {"findings": failure.findings}) from None
 
 
 def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict, *,
@@ -508,18 +613,23 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
     from reports import summary as summary_mod
 
     case_path = None
-    if result.findings:
+    if result.failures:  # --keep-going: every distinct failure already has its case file
         from harness.fuzz import format_failure
 
-        extras = {"hypothesis": result.hypothesis or {"unavailable": "the final replay did not run"},
-                  "fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
-                           "domain": run["domain"]}}
-        if result.interrupted:
-            extras["interrupted"] = {"signal": result.interrupted, "shrunk": False,
-                                     "note": "the run was stopped before shrinking finished: the case may not be minimal"}
-        case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
-                                            source="fuzz", extras=extras))
-        print(format_failure(result.case, result.findings, limit=20))
+        for failure in result.failures:
+            print(format_failure(failure.case, failure.findings, limit=20))
+            print(f"  case file: {failure.path}")
+        case_path = result.failures[0].path
+    elif result.findings:
+        from harness.fuzz import format_failure
+
+        extras = _case_extras(args, run, interrupted=result.interrupted, shrink_cut=result.shrink_cut)
+        extras["hypothesis"] = result.hypothesis or {"unavailable": "the final replay did not run"}
+        print(format_failure(result.case, result.findings, limit=20))  # first: the finding is never lost
+        with _output_errors(out_dir / casefile.CASES_DIR / f"{casefile.case_hash(result.case)}.json",
+                            {"findings": result.findings}):
+            case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
+                                                source="fuzz", extras=extras))
         if result.shrink_cut:
             print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
         if result.interrupted:
@@ -528,6 +638,14 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
         print("no findings")
     doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions(),
                             earlier=getattr(args, "earlier_cases", None))
+    if result.keep_going is not None:
+        for failure in result.failures[1:]:
+            doc["findings"] += [dict(f.to_dict(), case=failure.path) for f in failure.findings]
+            doc["cases"][failure.path] = summary_mod.case_record(failure.path, failure.case, failure.findings,
+                                                                 source="fuzz")
+        doc["keep_going"] = result.keep_going
+        print(f"kvfence fuzz --keep-going: {result.keep_going['distinct_failures']} distinct failure(s) in "
+              f"{result.keep_going['phases']} phase(s) ({result.keep_going['duplicates']} found again and dropped)")
     return _write_summary(doc, out_dir, json_path, previous=previous)
 
 
@@ -717,6 +835,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
+    fz.add_argument("--keep-going", action="store_true",
+                    help="after a failure is shrunk and saved, go on looking for other failures until --max-examples "
+                         "or --max-seconds is spent; each distinct failure (finding kinds + config) gets a case file")
     fz.add_argument("--out", default="reports/out",
                     help="folder for cases/, summary.json, report.md and report.html; an earlier run's case "
                          "files there are moved to cases/earlier/<time>/")
@@ -729,7 +850,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds "
                          "(default: all of it)")
     _add_worker_args(fz)
-    fz.set_defaults(func=cmd_fuzz, _parser=fz,
+    fz.set_defaults(func=_fuzz_command, _parser=fz,
                     fuzz_defaults={a.dest: a.default for a in fz._actions if a.dest != "help"})
 
     rp = sub.add_parser("repro", help="re-run one case file and print the diff (exit 1 if a finding reproduces)",

@@ -56,6 +56,16 @@ class ExampleStat(NamedTuple):
 MAX_STATS = 20000
 
 
+class DuplicateFailure(BaseException):
+    """Raised inside the Hypothesis test when, with ``known`` failures (``--keep-going``), shrinking
+    reaches one already saved: the phase ends there instead of shrinking a failure it already has."""
+
+
+def failure_signature(case: Case, findings: List[Finding]) -> tuple:
+    """What makes two failures the same for ``--keep-going``: their finding kinds and config."""
+    return tuple(sorted({f.kind.value for f in findings})), case.config
+
+
 class TimeBudgetSpent(BaseException):
     """Raised inside the Hypothesis test when ``max_seconds`` have passed before any failure.
 
@@ -117,6 +127,17 @@ class FuzzResult:
     #: Set when a signal ended the run (``KeyboardInterrupt``, e.g. ``harness.cli``'s SIGINT/SIGTERM
     #: handler): the signal's name. ``case``/``findings`` are then the smallest failure seen so far.
     interrupted: Optional[str] = None
+    #: ``--keep-going`` (``harness.keepgoing``): failures already saved that exploring met again (they
+    #: pass there), the saved failure this run's shrinking reached, the signature of the first failure
+    #: explored (before shrinking), every distinct failure of the run
+    #: (``keepgoing.Failure``), and the final replay's Hypothesis choices (to store it in the database).
+    known_repeats: int = 0
+    duplicate_of: Optional[tuple] = None
+    first_signature: Optional[tuple] = None
+    failures: list = field(default_factory=list)
+    choices: Optional[bytes] = None
+    #: ``--keep-going`` only: phases run, distinct failures, duplicates, known repeats.
+    keep_going: Optional[dict] = None
 
     @property
     def cases_per_s(self) -> float:
@@ -169,7 +190,8 @@ def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
 def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
          progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
-         targeting: bool = True, max_seconds: Optional[float] = None) -> FuzzResult:
+         targeting: bool = True, max_seconds: Optional[float] = None, known=None,
+         carry: Optional[dict] = None) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples,
     or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
 
@@ -182,6 +204,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     every kernel shares this one test function, so Hypothesis's default key would mix their examples.
     ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
     limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
+    ``known`` (``failure_signature``s) and ``carry`` (verdict cache, shapes and configs seen, shared by
+    the phases of one run) are for ``harness.keepgoing``.
     """
     from harness.budget import estimate_bytes
     from harness.casefile import hypothesis_blob, hypothesis_final
@@ -189,9 +213,10 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
 
     result = FuzzResult()
     rng = random.Random(0)
-    verdicts: Dict[Case, List[Finding]] = {}
-    configs_seen: Dict[object, int] = {}
-    shapes = set()
+    carry = {} if carry is None else carry
+    verdicts: Dict[Case, List[Finding]] = carry.setdefault("verdicts", {})
+    configs_seen: Dict[object, int] = carry.setdefault("configs", {})
+    shapes = carry.setdefault("shapes", set())
     state = {"first_failure": None, "last_progress": 0.0, "largest": -1}
     start = time.perf_counter()
 
@@ -257,6 +282,18 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         return u
 
     def _failed(case: Case, findings) -> None:
+        if known is not None:  # --keep-going (harness.keepgoing)
+            signature = failure_signature(case, findings)
+            if state["first_failure"] is None and signature in known:
+                result.known_repeats += 1  # already saved by an earlier phase: passes while exploring
+                return
+            if state["first_failure"] is not None and not set(signature[0]) & set(result.first_signature[0]):
+                return  # another failure than the one being shrunk: no slipping from one bug to another
+            if state["first_failure"] is not None and signature in known:
+                result.duplicate_of = signature
+                raise DuplicateFailure()
+            if state["first_failure"] is None:
+                result.first_signature = signature
         if state["first_failure"] is None:
             state["first_failure"] = time.perf_counter()
             result.first_failure_s = state["first_failure"] - start
@@ -265,6 +302,10 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             result.shrinking = True
         if hypothesis_final():
             result.hypothesis = hypothesis_blob()
+            if known is not None:
+                from harness.keepgoing import current_choices
+
+                result.choices = current_choices()
         state["last_failure"] = (case, findings)  # Hypothesis only tries smaller ones from here
         raise FindingsFound(case, findings)
 
@@ -297,7 +338,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         if state.get("last_failure") is not None:
             result.case, result.findings = state["last_failure"]
             result.failure_stat = example_stat(result.case, True)
-    except TimeBudgetSpent:
+    except (TimeBudgetSpent, DuplicateFailure):
         pass
     result.shrinking = False
     result.elapsed_s = time.perf_counter() - start

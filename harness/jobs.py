@@ -124,7 +124,9 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
     docs, problems, crashes = [], [], []
     for i, (p, folder, _) in enumerate(procs):
         doc = _read_json(folder / "summary.json")
-        if interrupted and doc is not None and p.returncode in (0, 1, 130, 143):
+        # -SIGINT: a job that had already written its summary got the forwarded SIGINT while it was
+        # exiting (past its own handler), so Python died of it: still a job we stopped, not a dead one.
+        if interrupted and doc is not None and p.returncode in (0, 1, 130, 143, -signal.SIGINT):
             docs.append(doc)  # stopped by the signal we forwarded: a partial run, not a dead job
             continue
         if p.returncode not in (0, 1) or doc is None:

@@ -66,6 +66,9 @@ START_TIMEOUT = 300.0
 #: worker, and runs of the case it was on. Only the last death counts (a CRASH, or BadInput at start).
 START_ATTEMPTS = 10
 EXTERNAL_RETRIES = 3
+#: Replacement workers kept starting once a session has seen a crash or hang (``RemoteSession(spares=)``):
+#: on CUDA a start (torch import, CUDA context, kernel load) takes seconds and the host has cores to spare.
+SPARES = {"cuda": 2, "cpu": 1}
 #: How often the supervisor looks at the worker's progress counter while it waits.
 POLL_S = 0.2
 #: Exit statuses of a process killed by a signal the kernel does not send itself.
@@ -241,6 +244,10 @@ def _worker_main(conn, progress, options: dict) -> None:
     except BaseException:  # noqa: BLE001 - reported to the supervisor, which raises it there
         _send(conn, {"op": "error", "traceback": traceback.format_exc()})
         return
+    if device == "cuda":  # create the CUDA context before "ready": a spare worker has it waiting
+        import torch
+
+        torch.zeros(1, device="cuda")
     decoder = _Decoder(case_from_dict)
     _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
     while True:
@@ -315,6 +322,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     _worker_main(conn, progress, json.loads(argv[2]))
 
 
+class _Pending:
+    """A worker process that was started and may not be ready yet: its pipe and progress counter."""
+
+    def __init__(self, proc: subprocess.Popen, conn, progress: _Counter):
+        self.proc, self.conn, self.progress = proc, conn, progress
+
+    def kill(self) -> None:
+        self.conn.close()
+        self.progress.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
 class _Lost(Exception):
     """The worker gave no verdict for the case at ``index`` of the list in flight."""
 
@@ -334,7 +355,8 @@ class RemoteSession:
     def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True, verifier: str = "auto",
                  audit: Optional[bool] = None, absorb: bool = True, max_bytes: Optional[int] = None,
                  case_timeout: float = DEFAULT_CASE_TIMEOUT,
-                 warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT):
+                 warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
+                 spares: Optional[int] = None):
         require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
                 f"--case-timeout must be a positive number of seconds, got {case_timeout!r}")
         self.device = device
@@ -347,11 +369,18 @@ class RemoteSession:
         self._proc: Optional[subprocess.Popen] = None
         self._conn = None
         self._progress: Optional[_Counter] = None
+        #: After the first crash or hang, ``spares`` replacement workers are always starting in the
+        #: background (a crash is usually followed by more while Hypothesis shrinks it), oldest used
+        #: first, so a restart costs what is left of a start begun earlier instead of a whole one
+        #: (imports, CUDA context, kernel load from Triton's on-disk cache).
+        self._spare_count = SPARES.get(device, 1) if spares is None else spares
+        self._spares: List[_Pending] = []
         self._warm: set = set()  # (config, canary_seed) this worker has run: no warm-up allowance
         self._config_dicts: Dict[object, dict] = {}
         #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
         #: (re-run, not reported), and cases with a verdict from a worker.
-        self.counters = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0}
+        self.counters = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0,
+                         "spares_used": 0}
         self._retired: Dict[str, float] = {}  # Session.stats of workers that are gone, summed
         self._live: Dict[str, float] = {}  # Session.stats of the current worker, as of its last reply
         self._start()  # a kernel spec that cannot be resolved is BadInput now, before any work
@@ -374,16 +403,26 @@ class RemoteSession:
     def _start(self) -> None:
         # A worker killed from outside while it starts (not by its kernel import) gets one more try.
         for attempt in range(START_ATTEMPTS):
-            code = self._start_once()
+            spare = self._spares.pop(0) if self._spares else None
+            if spare is not None:
+                self.counters["spares_used"] += 1
+            code = self._adopt(spare if spare is not None else self._spawn())
             if code is None:
+                if self.counters["deaths"] + self.counters["hangs"]:
+                    self._prestart()  # this session has crashed before: have the next workers starting
                 return
             self.counters["external_kills" if code in _EXTERNAL else "deaths"] += 1
             if code not in _EXTERNAL or attempt == START_ATTEMPTS - 1:
                 raise BadInput(f"the checking worker died while starting ({_signal_name(code)}): "
                                f"importing kernel {self.kernel!r} kills the process")
 
-    def _start_once(self) -> Optional[int]:
-        """Start a worker and wait for it to be ready; the exit status if it died instead."""
+    def _prestart(self) -> None:
+        """Start replacement workers now, in the background, until ``spares`` are starting or ready."""
+        while len(self._spares) < self._spare_count:
+            self._spares.append(self._spawn())
+
+    def _spawn(self) -> "_Pending":
+        """Start a worker process; it imports, sets up its device and says ``ready`` on its own time."""
         ours, theirs = socket.socketpair()
         progress_file = tempfile.TemporaryFile()
         progress_file.truncate(8)
@@ -398,11 +437,13 @@ class RemoteSession:
                                     stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        self._proc = proc
-        self._conn = Connection(ours.detach())
-        self._progress = _Counter(progress_file)
-        self._warm = set()
         self.counters["worker_starts"] += 1
+        return _Pending(proc, Connection(ours.detach()), _Counter(progress_file))
+
+    def _adopt(self, pending: "_Pending") -> Optional[int]:
+        """Make ``pending`` the worker and wait for it to be ready; the exit status if it died instead."""
+        self._proc, self._conn, self._progress = pending.proc, pending.conn, pending.progress
+        self._warm = set()
         readable = wait([self._conn], timeout=self.start_timeout)
         message = self._recv() if readable else None
         if message is None:
@@ -447,6 +488,9 @@ class RemoteSession:
 
     def close(self) -> None:
         """Stop the worker: closing the pipe ends its loop; a worker stuck in a kernel is killed."""
+        spares, self._spares = self._spares, []
+        for spare in spares:
+            spare.kill()
         proc = self._proc
         if proc is None:
             return
@@ -514,6 +558,7 @@ class RemoteSession:
         self._live = {k: v for k, v in message.get("stats", {}).items() if isinstance(v, (int, float))}
         if message["fatal"]:
             self.counters["deaths"] += 1
+            self._prestart()
             self._kill()
         self.counters["cases"] += len(message["results"])
         return [[Finding.from_dict(f) for f in findings] for findings in message["results"]]
@@ -528,6 +573,7 @@ class RemoteSession:
                     break
                 # End of file: the worker died without a reply.
                 index = max(self._progress.value - 1, 0)
+                self._prestart()  # the replacement starts while this one is reaped
                 code = self._kill()
                 external = code in _EXTERNAL
                 self.counters["external_kills" if external else "deaths"] += 1
@@ -541,6 +587,7 @@ class RemoteSession:
                 started, clock = self._progress.value, now
                 limit = self._run_limit(cases, started - 1)
             if started and now - clock > limit:
+                self._prestart()
                 self._kill()
                 self.counters["hangs"] += 1
                 index = started - 1

@@ -127,3 +127,26 @@ def test_a_wild_store_without_the_audit_is_a_crash_and_with_it_an_oob_write(devi
     with RemoteSession(device, spec) as rs:
         got = rs.check_many(cases)
     assert kinds(got)[0] == [] and "OOB_WRITE" in kinds(got)[1] and "CRASH" not in kinds(got)[1]
+
+
+def child_pids() -> set:
+    me = os.getpid()
+    try:
+        return {int(p) for p in Path(f"/proc/{me}/task/{me}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(device):
+    """Once a session has crashed, replacement workers start in the background (harness.worker.SPARES):
+    the next restart adopts one, verdicts stay the true ones, and close() leaves no process behind."""
+    spec = f"{CRASHERS}:segfault_on_3"
+    before = child_pids()
+    for spares, used in ((0, 0), (1, 2)):
+        with RemoteSession(device, spec, spares=spares) as rs:
+            for i in range(2):
+                assert kinds([rs.check(c) for c in batch_cases(spec, [3, 1])]) == [["CRASH"], []]
+            assert rs.stats["deaths"] == 2 and rs.stats["spares_used"] == used, rs.stats
+            if spares:
+                assert len(child_pids() - before) == 2  # the worker and one spare, already starting
+        assert child_pids() - before == set()

@@ -92,3 +92,15 @@ def slow_wrong(**kw):
             with open(marker, "a") as fh:
                 fh.write("x")
         time.sleep(0.3)
+
+
+def crash_or_wrong(**kw):
+    """Two bugs in one launcher (``fuzz --keep-going`` must find both): a segfault for page size 64
+    when a request is longer than 1, a wrong value for page sizes up to 4 when a request is longer
+    than 2; the reference kernel otherwise."""
+    page_size, longest = int(kw["page_size"]), int(kw["seq_lens"].max())
+    if page_size == 64 and longest > 1:
+        ctypes.string_at(0)
+    _reference(**kw)
+    if page_size <= 4 and longest > 2:
+        kw["kv_indices"][0, 0] = 777_777
