@@ -341,6 +341,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     except (TimeBudgetSpent, DuplicateFailure):
         pass
     result.shrinking = False
+    if result.case is not None and shrink_seconds <= 0:
+        result.shrink_cut = True  # no shrink phase ran: the failure is reported as first found
     result.elapsed_s = time.perf_counter() - start
     result.distinct_configs = len(configs_seen)
     result.session_stats = dict(session.stats)
