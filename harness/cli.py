@@ -662,6 +662,15 @@ def cmd_upstream_matrix(args) -> int:
     contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
     offline = bool(args.offline) or offline_by_env()
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
+    if args.fetch_only:  # fill the cache for an offline host (e.g. a GPU machine without network)
+        releases = [rm.prepare(v, offline, _stderr) for v in versions]
+        for r in releases:
+            print(f"{r.version}: {r.status or 'testable'}: {r.reason or r.source_path + ' ' + str(r.abis)}")
+        failed = [r for r in releases if r.status in ("error", "not-cached")]
+        if failed:
+            raise BadInput(f"{len(failed)} of {len(releases)} release(s) not in the cache: "
+                           f"{failed[0].version}: {failed[0].reason}")
+        return EXIT_CLEAN
     device = select(args.device, announce=_stderr)
     jobs = args.jobs or (max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1)
     max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
@@ -870,6 +879,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     um.add_argument("--offline", action="store_true",
                     help="never download (also KVFENCE_OFFLINE=1): releases not in the cache are 'not cached' cells")
     um.add_argument("--json", default=None, help="also write every cell here (default: only OUT/matrix.json)")
+    um.add_argument("--fetch-only", action="store_true",
+                    help="only fetch the releases into the cache and print what each is (testable, no kernel, ABI "
+                         "unsupported): prepares a cache for an offline host; fuzzes nothing, exit 0 or 2")
     um.add_argument("--out", default="reports/upstream-matrix",
                     help="folder for report.md, report.html, matrix.json and each cell's fuzz output")
     um.set_defaults(func=cmd_upstream_matrix)

@@ -415,7 +415,9 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
     interrupted = None
     with signals_interrupt():
         try:
-            queue = list(todo)
+            # The correct sizings first (their verdict is the exit code, and their full budget compiles the
+            # kernel variants the other sizings' cells of the same release then find in Triton's cache).
+            queue = sorted(todo, key=lambda c: (c.sizing not in SAFE_SIZINGS, sizings.index(c.sizing)))
             while queue or running:
                 while queue and len(running) < jobs:
                     cell = queue.pop(0)

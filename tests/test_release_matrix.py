@@ -231,3 +231,19 @@ def test_corrupt_refusal_record_is_one_line_exit_2(tmp_path):
 
 def upstream_refusal(cache: Path) -> Path:
     return cache / f"sglang-{CLEAN}.refused.json"
+
+
+def test_fetch_only_fills_the_cache_for_an_offline_host(tmp_path, wheels):
+    cache, out = tmp_path / "cache", tmp_path / "m"
+    proc = matrix("--versions", f"{CLEAN}..{BAD_ABI}", "--fetch-only", "--out", str(out), cache=cache, wheel_dir=wheels)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
+    assert lines[CLEAN].startswith("testable: sglang/srt/speculative/spec_utils.py")
+    assert lines[NO_KERNEL].startswith("not-applicable: ") and lines[BAD_ABI].startswith("abi-unsupported: ")
+    assert sorted(p.name for p in cache.iterdir()) == [f"sglang-{CLEAN}", f"sglang-{BUGGY}",
+                                                       f"sglang-{NO_KERNEL}.refused.json",
+                                                       f"sglang-{BAD_ABI}.refused.json"]
+    assert not out.exists()  # nothing fuzzed
+    # Offline, no wheels: a release the cache lacks is refused in one line.
+    one_line_exit_2(matrix("--versions", CLEAN, "--fetch-only", "--offline", cache=tmp_path / "empty",
+                           wheel_dir=None), "not a known release")
