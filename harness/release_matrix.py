@@ -135,23 +135,23 @@ def index_versions() -> List[str]:
 
 
 # -- what the fuzz command checks ----------------------------------------------------------------------
-def fuzz_contracts() -> Tuple[str, ...]:
-    """Contracts ``fuzz`` can check in this build: its ``--contract`` choices, or only ``draft`` (the
-    classic contract, implicit) when it has no such flag."""
+def _contract_flag():
+    """``fuzz``'s ``--contract`` option, or None in a build without one (only the implicit draft contract)."""
     from harness.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    action = next((a for a in sub.choices["fuzz"]._actions if "--contract" in a.option_strings), None)
+    return next((a for a in sub.choices["fuzz"]._actions if "--contract" in a.option_strings), None)
+
+
+def fuzz_contracts() -> Tuple[str, ...]:
+    """Contracts ``fuzz`` can check in this build: its ``--contract`` choices, else only ``draft``."""
+    action = _contract_flag()
     return tuple(action.choices) if action is not None and action.choices else ("draft",)
 
 
 def contract_flags(contract: str) -> List[str]:
-    """The fuzz flags that select ``contract`` (none for the implicit draft contract)."""
-    from harness.cli import build_parser
-
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    has_flag = any("--contract" in a.option_strings for a in sub.choices["fuzz"]._actions)
-    return ["--contract", contract] if has_flag else []
+    """The fuzz flags that select ``contract`` (none in a build that checks only the implicit draft contract)."""
+    return ["--contract", contract] if _contract_flag() is not None else []
 
 
 def check_contracts(names: Sequence[str]) -> List[str]:

@@ -9,6 +9,7 @@ kernel and one whose kernel fits no ABI. Every subprocess runs with ``KVFENCE_OF
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,40 @@ def test_fetch_only_fills_the_cache_for_an_offline_host(tmp_path, wheels):
     # Offline, no wheels: a release the cache lacks is refused in one line.
     one_line_exit_2(matrix("--versions", CLEAN, "--fetch-only", "--offline", cache=tmp_path / "empty",
                            wheel_dir=None), "not a known release")
+
+
+# -- online: the package index through pip ---------------------------------------------------------------
+def pip_env(**extra):
+    # pip with its configuration ignored: the "index" is a local folder of fake wheels (no network).
+    return dict(KVFENCE_OFFLINE="0", PIP_CONFIG_FILE=os.devnull, PIP_EXTRA_INDEX_URL="", PIP_CONSTRAINT="", **extra)
+
+
+def test_online_the_index_lists_and_pip_downloads_the_releases(tmp_path, wheels):
+    cache = tmp_path / "cache"
+    proc = kvfence("upstream", "matrix", "--versions", f"{CLEAN}..{NO_KERNEL}", "--fetch-only", cache=cache,
+                   **pip_env(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "downloading the sglang==0.0.2 wheel with pip" in proc.stderr
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == [CLEAN, BUGGY, NO_KERNEL]
+    # The listing is kept for offline runs: every fake release, also those not fetched.
+    saved = json.loads((cache / rm.RELEASES_FILE).read_text())["versions"]
+    assert saved == [CLEAN, BUGGY, NO_KERNEL, BAD_ABI]
+
+
+def test_online_with_the_index_unreachable_is_one_line_exit_2(tmp_path):
+    proc = kvfence("upstream", "matrix", "--versions", "0.5.23", "--fetch-only", cache=tmp_path / "cache",
+                   **pip_env(PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="", PIP_NO_INDEX="0"))
+    one_line_exit_2(proc, "cannot list sglang releases", "--offline")
+
+
+@pytest.mark.network
+def test_real_releases_in_a_small_matrix(tmp_path):
+    out = tmp_path / "m"
+    proc = kvfence("upstream", "matrix", "--versions", "0.4.0,0.4.2,0.5.23", "--sizing", "prefix,safe", *BUDGET,
+                   "--out", str(out), cache=tmp_path / "cache", KVFENCE_OFFLINE="0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = by_cell(json.loads((out / "matrix.json").read_text()))
+    assert cells["0.4.0", "safe", "draft"]["status"] == "not-applicable"
+    assert cells["0.4.2", "safe", "draft"]["status"] == "abi-unsupported"
+    assert cells["0.5.23", "safe", "draft"]["status"] == "clean"
+    assert cells["0.5.23", "prefix", "draft"]["status"] == "findings"
