@@ -58,7 +58,7 @@ def headline(doc: dict) -> str:
     safe = set(doc.get("safe_sizings", []))
     bad = [c for c in doc.get("cells", []) if c["sizing"] in safe and c["status"] in ("findings", "error")]
     if doc.get("interrupted"):
-        lead = f"interrupted by {doc['interrupted']} ({doc.get('pending', 0)} cell(s) not run); "
+        lead = f"interrupted by {doc['interrupted']} ({doc.get('pending', 0)} cell(s) not run); of the cells run, "
     else:
         lead = ""
     if bad:

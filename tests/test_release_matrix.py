@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +21,8 @@ import pytest
 from harness import release_matrix as rm
 from harness import upstream
 from harness.errors import BadInput
-from tests.test_upstream import EXTRA_REQUIRED, INCLUSIVE_PREFIX_SUM, MODULE, NUM_SEQS_TOPK, edited, kvfence, \
-    make_wheel, one_line_exit_2
+from tests.test_upstream import EXTRA_REQUIRED, INCLUSIVE_PREFIX_SUM, MODULE, NUM_SEQS_TOPK, ROOT, edited, \
+    kvfence, make_wheel, one_line_exit_2
 
 CLEAN, BUGGY, NO_KERNEL, BAD_ABI = "0.0.1", "0.0.2", "0.0.3", "0.0.4"
 BUDGET = ("--device", "cpu", "--max-examples", "8", "--shrink-seconds", "2")
@@ -285,3 +289,36 @@ def test_real_releases_in_a_small_matrix(tmp_path):
     assert cells["0.4.2", "safe", "draft"]["status"] == "abi-unsupported"
     assert cells["0.5.23", "safe", "draft"]["status"] == "clean"
     assert cells["0.5.23", "prefix", "draft"]["status"] == "findings"
+
+
+def test_sigterm_stops_the_running_cells_and_writes_what_was_checked(tmp_path, wheels):
+    cache, out = tmp_path / "cache", tmp_path / "m"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KVFENCE_CACHE=str(cache), KVFENCE_OFFLINE="1",
+               KVFENCE_WHEEL_DIR=str(wheels))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "upstream", "matrix", "--versions", f"{CLEAN},{NO_KERNEL}",
+                             "--sizing", "safe", "--device", "cpu", "--max-examples", "100000", "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / CLEAN / "safe-draft" / "fuzz.log"
+    deadline = time.monotonic() + 120
+    while not log.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert log.exists(), proc.communicate()
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stdout + stderr
+    doc = json.loads((out / "matrix.json").read_text())
+    assert (doc["interrupted"], doc["pending"]) == ("SIGTERM", 1)
+    assert [(c["version"], c["status"]) for c in doc["cells"]] == [(NO_KERNEL, "not-applicable")]
+    assert "interrupted by SIGTERM (1 cell(s) not run)" in (out / "report.md").read_text()
+    # The cell's fuzz (and its worker) went with it.
+    time.sleep(0.5)
+    alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).count(str(out))]
+    assert not alive, [_cmdline(p) for p in alive]
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
