@@ -858,8 +858,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                            two="bad input (unknown version, empty range, unknown sizing or contract, nothing "
                                "cached offline; one line on stderr)"))
     um.add_argument("--versions", required=True,
-                    help="required: releases, as A..B (inclusive, post releases included), a version, or a comma list of both, "
-                         "e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; expanded against the releases the package "
+                    help="required: releases, as A..B (inclusive, post releases included), a version, or a comma "
+                         "list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; expanded against the releases the package "
                          "index lists and the cache has (no default)")
     um.add_argument("--sizing", default="prefix,fixed,safe", help="comma list of builtin sizings")
     um.add_argument("--contracts", default="draft",

@@ -346,7 +346,8 @@ def _rc_text(rc: int) -> str:
 def _last_line(log: Path) -> str:
     """The line that says what went wrong: kvfence's own error line, else the log's last line."""
     try:
-        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        text = log.read_text(encoding="utf-8", errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
     except OSError:
         return "no log"
     errors = [line for line in lines if line.startswith("kvfence: error:")]

@@ -13,7 +13,9 @@ functions, and only when asked to fuzz them. Extraction refuses any name it cann
 function, a literal constant or Triton itself.
 
 Each kernel's ABI is read from its signature (``detect_abi``); a release whose kernel fits none of
-``ABIS`` is ``BadInput`` with one line naming what differs. ``KVFENCE_OFFLINE=1`` (or ``--offline``)
+``ABIS`` is ``BadInput`` with one line naming what differs. Such a release, and one without the kernel, is
+``Refused`` and remembered in the cache (``sglang-VERSION.refused.json``: data, the reason and the wheel's
+sha256), so a later offline run (the release matrix on a host without network) gives the same reason. ``KVFENCE_OFFLINE=1`` (or ``--offline``)
 forbids the network: only the cache and local wheels are used. ``KVFENCE_WHEEL_DIR`` (or ``--wheel``)
 supplies wheels from disk instead of pip.
 """

@@ -295,8 +295,8 @@ def test_sigterm_stops_the_running_cells_and_writes_what_was_checked(tmp_path, w
     cache, out = tmp_path / "cache", tmp_path / "m"
     env = dict(os.environ, PYTHONPATH=str(ROOT), KVFENCE_CACHE=str(cache), KVFENCE_OFFLINE="1",
                KVFENCE_WHEEL_DIR=str(wheels))
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "upstream", "matrix", "--versions", f"{CLEAN},{NO_KERNEL}",
-                             "--sizing", "safe", "--device", "cpu", "--max-examples", "100000", "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "upstream", "matrix",
+                             "--versions", f"{CLEAN},{NO_KERNEL}", "--sizing", "safe", "--device", "cpu", "--max-examples", "100000", "--out", str(out)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / CLEAN / "safe-draft" / "fuzz.log"
     deadline = time.monotonic() + 120
