@@ -4,7 +4,7 @@
 # CUDA graphs. The GPU machine has no network, so the extracted kernels travel in the ignored cache folder
 # upstream-cache/ (with releases.json, the index's release list, and the releases kvfence refuses):
 #   here:   KVFENCE_CACHE=upstream-cache python -m harness upstream matrix --fetch-only \
-#             --versions 0.4.0,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23
+#             --versions 0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23
 #   device: carry=["upstream-cache"], command: bash benchmarks/upstream_gpu.sh
 # Writes $OUT/h200_upstream_matrix.json (every cell, rewritten after each), $OUT/upstream-matrix/report.md and
 # report.html (the table), the case files of failing cells under $OUT/upstream-matrix/<version>/<sizing>-draft/cases/,
@@ -14,7 +14,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD KVFENCE_OFFLINE=1
 export KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/upstream-cache}
-VERSIONS=${VERSIONS:-0.4.0,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
+VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 N=${N:-30}
 JOBS=${JOBS:-8}
 CONTRACTS=${CONTRACTS:-draft}
