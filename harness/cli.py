@@ -660,6 +660,7 @@ def cmd_upstream_matrix(args) -> int:
     out_dir = _out_dir(args.out)
     sizings = rm.check_sizings(rm.split_list(args.sizing, "--sizing"))
     contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
+    max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
     offline = bool(args.offline) or offline_by_env()
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
     if args.fetch_only:  # fill the cache for an offline host (e.g. a GPU machine without network)
@@ -673,7 +674,6 @@ def cmd_upstream_matrix(args) -> int:
         return EXIT_CLEAN
     device = select(args.device, announce=_stderr)
     jobs = args.jobs or (max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1)
-    max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
     if max_gpu_mem is None and device == "cuda":
         from harness.budget import default_budget
 
@@ -859,8 +859,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                                "cached offline; one line on stderr)"))
     um.add_argument("--versions", required=True,
                     help="required: releases, as A..B (inclusive, post releases included), a version, or a comma "
-                         "list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; expanded against the releases the package "
-                         "index lists and the cache has (no default)")
+                         "list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; expanded against the releases "
+                         "the package index lists and the cache has (no default)")
     um.add_argument("--sizing", default="prefix,fixed,safe", help="comma list of builtin sizings")
     um.add_argument("--contracts", default="draft",
                     help="comma list of contracts (draft, window-rail); one this build or a release lacks is a "

@@ -198,6 +198,7 @@ def test_old_abi_without_page_size_is_fuzzed_flat(tmp_path):
     (["--versions", CLEAN, "--sizing", "safe,"], ("no empty item",)),
     (["--versions", CLEAN, "--contracts", "draft,rail"], ("unknown contract 'rail'",)),
     (["--versions", CLEAN, "--max-examples", "0"], ("expected a positive integer",)),
+    (["--versions", CLEAN, "--max-gpu-mem", "12Q"], ("--max-gpu-mem '12Q'",)),
     (["--sizing", "safe"], ("--versions",)),
 ])
 def test_bad_matrix_input_is_one_line_exit_2(tmp_path, wheels, argv, needles):
