@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# GPU: fuzz SGLang's own kernels, extracted from their wheels, compiled on CUDA (harness/upstream.py).
-# The GPU machine has no network, so the extracted kernels travel in an ignored cache folder:
-#   here:   for v in 0.4.8 0.5.2 0.5.23; do KVFENCE_CACHE=upstream-cache python -m harness upstream fetch $v; done
+# GPU: the upstream release matrix (`python -m harness upstream matrix`, harness/release_matrix.py) on CUDA:
+# every release x sizing (prefix, fixed, safe) fuzzed with one example budget and seed, compiled kernels in
+# CUDA graphs. The GPU machine has no network, so the extracted kernels travel in the ignored cache folder
+# upstream-cache/ (with releases.json, the index's release list, and the releases kvfence refuses):
+#   here:   KVFENCE_CACHE=upstream-cache python -m harness upstream matrix --fetch-only \
+#             --versions 0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23
 #   device: carry=["upstream-cache"], command: bash benchmarks/upstream_gpu.sh
-# VERSIONS (default: every release in the cache), SIZINGS (default "safe prefix") and N (examples per cell,
-# default 300) narrow the run. One line per cell in $OUT/upstream_rc.txt (rc 0 clean, 1 findings, 2 bad input);
-# each cell's summary.json, report and case files under $OUT/upstream/<version>-<sizing>/.
+# Writes $OUT/h200_upstream_matrix.json (every cell, rewritten after each), $OUT/upstream-matrix/report.md and
+# report.html (the table), the case files of failing cells under $OUT/upstream-matrix/<version>/<sizing>-draft/cases/,
+# and $OUT/upstream_matrix.log (one progress line per cell). The whole run is capped at 530 s (SIGTERM: the
+# matrix stops its cells and writes what it has, exit 143), inside the 10-minute device call.
+# VERSIONS, N (examples per cell), JOBS (cells at once), CONTRACTS (e.g. draft,window-rail) override the defaults.
+set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD KVFENCE_OFFLINE=1
 export KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/upstream-cache}
-N=${N:-300}
-SIZINGS=${SIZINGS:-"safe prefix"}
-VERSIONS=${VERSIONS:-$(ls "$KVFENCE_CACHE" | sed -n 's/^sglang-//p' | sort -V)}
-mkdir -p "$OUT/upstream"
-for v in $VERSIONS; do
-  for sz in $SIZINGS; do
-    cell="$OUT/upstream/$v-$sz"
-    timeout 120 python3 -m harness fuzz --device cuda --kernel "sglang==$v" --sizing "$sz" --max-examples "$N" \
-      --seed 0 --quiet --shrink-seconds 5 --out "$cell" > "$cell.txt" 2>&1
-    rc=$?
-    echo "$v $sz rc=$rc $(grep -m1 'cases checked' "$cell.txt" | sed 's/kvfence fuzz: //')" | tee -a "$OUT/upstream_rc.txt"
-  done
-done
+VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
+N=${N:-30}
+JOBS=${JOBS:-8}
+CONTRACTS=${CONTRACTS:-draft}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$OUT/upstream_matrix.log"
+timeout -s TERM 530 python3 -m harness upstream matrix --versions "$VERSIONS" --sizing prefix,fixed,safe \
+  --contracts "$CONTRACTS" --device cuda --offline --max-examples "$N" --jobs "$JOBS" --seed 0 \
+  --shrink-seconds 5 --cell-timeout 150 --out "$OUT/upstream-matrix" --json "$OUT/h200_upstream_matrix.json" \
+  2>&1 | tee -a "$OUT/upstream_matrix.log"
+echo "matrix rc=${PIPESTATUS[0]} (0: safe cells clean, 1: a safe cell has findings or errors, 2: bad input, 143: time cap)" \
+  | tee -a "$OUT/upstream_matrix.log"

@@ -13,7 +13,9 @@ functions, and only when asked to fuzz them. Extraction refuses any name it cann
 function, a literal constant or Triton itself.
 
 Each kernel's ABI is read from its signature (``detect_abi``); a release whose kernel fits none of
-``ABIS`` is ``BadInput`` with one line naming what differs. ``KVFENCE_OFFLINE=1`` (or ``--offline``)
+``ABIS`` is ``BadInput`` with one line naming what differs. Such a release, and one without the kernel, is
+``Refused`` and remembered in the cache (``sglang-VERSION.refused.json``: data, the reason and the wheel's
+sha256), so a later offline run (the release matrix on a host without network) gives the same reason. ``KVFENCE_OFFLINE=1`` (or ``--offline``)
 forbids the network: only the cache and local wheels are used. ``KVFENCE_WHEEL_DIR`` (or ``--wheel``)
 supplies wheels from disk instead of pip.
 """
@@ -71,6 +73,23 @@ _ALIASES = {"window_kv_indices": "kv_indices", "window_kv_indptr": "kv_indptr"}
 #: what the classic contract says (another default would change the contract, so it is refused).
 NEUTRAL_DEFAULTS = {"window_size": 0, "sink_size": 0, "NUM_STEPS": 0, "ENTRY_PAGE_SIZE": 1, "v2p": None,
                     "TRANSLATE": False}
+
+
+#: Why a release cannot be tested, read from its wheel (``Refused.status``).
+NO_KERNEL = "no-kernel"
+ABI_UNSUPPORTED = "abi-unsupported"
+REFUSALS = (NO_KERNEL, ABI_UNSUPPORTED)
+
+
+class Refused(BadInput):
+    """A release kvfence cannot test for a reason inside its wheel: it has no draft kernel (``NO_KERNEL``)
+    or its kernel fits no known ABI (``ABI_UNSUPPORTED``). ``fetch`` remembers it in the cache
+    (``sglang-VERSION.refused.json``), so an offline run (the release matrix on a GPU host) gives the same
+    reason instead of "not in the cache"."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -243,9 +262,62 @@ def fetch(version: str, *, wheel: Optional[str] = None, offline: Optional[bool] 
         entry = load_entry(version)
         if entry is not None:
             return entry
+        refused = load_refusal(version)
+        if refused is not None:
+            raise refused
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         path = _find_wheel(version, wheel, offline, Path(tmp), announce)
-        return _extract_to_cache(version, path)
+        try:
+            return _extract_to_cache(version, path)
+        except Refused as exc:
+            _remember_refusal(version, path, exc)
+            raise
+
+
+def refusal_path(version: str) -> Path:
+    return cache_root() / f"sglang-{version}.refused.json"
+
+
+def load_refusal(version: str) -> Optional[Refused]:
+    """The remembered ``Refused`` of ``version`` (None if there is none); ``BadInput`` if the record is corrupt."""
+    path = refusal_path(version)
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        require(isinstance(record, dict) and record.get("format") == CACHE_FORMAT
+                and record.get("version") == version and record.get("status") in REFUSALS
+                and isinstance(record.get("reason"), str), "not a refusal record of this version")
+    except (BadInput, OSError, ValueError) as exc:
+        raise BadInput(f"cache record {path} is corrupt ({exc}); delete it or run "
+                       f"`python -m harness upstream fetch {version} --refresh`") from None
+    return Refused(record["reason"], record["status"])
+
+
+def _remember_refusal(version: str, wheel: Path, exc: Refused) -> None:
+    record = {"format": CACHE_FORMAT, "version": version, "status": exc.status, "reason": str(exc),
+              "wheel": wheel.name, "wheel_sha256": _sha256(wheel.read_bytes())}
+    path = refusal_path(version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(record, indent=1) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)  # a reader sees the old record or the new one, never half of one
+
+
+def cached_versions() -> Dict[str, str]:
+    """Releases the cache knows: version -> ``"entry"`` (extracted) or ``"refused"`` (a remembered refusal).
+    Folder and file names only; nothing is validated or read here."""
+    root = cache_root()
+    found: Dict[str, str] = {}
+    for path in sorted(root.glob("sglang-*")) if root.is_dir() else []:
+        name = path.name[len("sglang-"):]
+        if path.is_dir() and _VERSION.match(name):
+            found[name] = "entry"
+        elif name.endswith(".refused.json") and _VERSION.match(name[:-len(".refused.json")]):
+            found.setdefault(name[:-len(".refused.json")], "refused")
+    return found
 
 
 def _find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce) -> Path:
@@ -308,10 +380,15 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
         tree = ast.parse(source)
         defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         # The ABI first: a signature no ABI fits is the more useful message than what extraction would say.
-        abi = {name: detect_abi(defs[name]).to_dict() for name in KERNELS if name in defs}
+        try:
+            abi = {name: detect_abi(defs[name]).to_dict() for name in KERNELS if name in defs}
+        except BadInput as exc:
+            raise Refused(str(exc), ABI_UNSUPPORTED) from None
         text, functions = extract(source, source_path)
     except SyntaxError as exc:
         raise BadInput(f"sglang=={version}: {source_path} does not parse: {exc.msg} (line {exc.lineno})") from None
+    except Refused as exc:
+        raise Refused(f"sglang=={version}: {exc}", exc.status) from None
     except BadInput as exc:
         raise BadInput(f"sglang=={version}: {exc}") from None
     module_file = Path(source_path).name
@@ -341,6 +418,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+    refusal_path(version).unlink(missing_ok=True)  # the release is testable now (a --refresh, another wheel)
     return _validate_entry(version, folder)
 
 
@@ -364,7 +442,8 @@ def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:
                         hits.append((name, data))
     except zipfile.BadZipFile as exc:
         raise BadInput(f"wheel {wheel} is corrupt: {exc}") from None
-    require(hits, f"sglang=={version} has no {DRAFT_KERNEL} (searched the .py files of {wheel.name})")
+    if not hits:
+        raise Refused(f"sglang=={version} has no {DRAFT_KERNEL} (searched the .py files of {wheel.name})", NO_KERNEL)
     require(len(hits) == 1, f"sglang=={version} defines {DRAFT_KERNEL} in several modules: "
             f"{', '.join(h[0] for h in hits)}")
     name, data = hits[0]
