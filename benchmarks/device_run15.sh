@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU run 15 (last of the session). Carry upstream-cache. (1) alone: worker IPC per small case (issue:
+# crash-proof runs); (2) side by side (verdicts and exit codes only): the two verifiers on dirty cases
+# with the racy-case rule; the upstream release matrix (reduced budget); a kernel that faults far past
+# its allocation fuzzed with --keep-going, then the worker-restart cost.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HYPOTHESIS_PROFILE=ci
+OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
+timeout 90 python benchmarks/worker_ipc.py --device cuda --json "$OUT/worker_ipc_h200.json" > "$L/worker_ipc.txt" 2>&1
+echo "worker_ipc rc=$?"; tail -2 "$L/worker_ipc.txt" | cut -c1-600
+( timeout 220 python -m harness mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$L/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$L/rc.txt" ) &
+( VERSIONS=0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23 N=10 JOBS=6 OUT=$OUT/um timeout -s TERM 230 bash benchmarks/upstream_gpu.sh > "$L/upstream.txt" 2>&1; echo "upstream matrix rc=$?" >> "$L/rc.txt" ) &
+( timeout 130 python3 -m harness fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager \
+    --scale cpu --jobs 1 --topk 2 --num-steps 2 --ctx 8 --max-bs 2 --seed 1 --keep-going \
+    --max-examples 1000000 --max-seconds 60 --shrink-seconds 40 --quiet --out "$OUT/crash_run" > "$L/fuzz_crash.txt" 2>&1
+  echo "fuzz_crash rc=$? (expect 1)" >> "$L/rc.txt"
+  timeout 50 python3 benchmarks/worker_restart.py --device cuda --crashes 3 --gap 1.0 --json "$OUT/worker_restart_h200.json" \
+    > "$L/worker_restart.txt" 2>&1; echo "worker_restart rc=$?" >> "$L/rc.txt" ) &
+if [ -f benchmarks/device_family.sh ]; then
+  ( timeout 220 bash benchmarks/device_family.sh > "$L/family.txt" 2>&1; echo "family rc=$?" >> "$L/rc.txt" ) &
+fi
+wait
+cat "$L/rc.txt"; grep -E "^(PASS|FAIL)" "$L/verifiers.log"; grep -A3 "first disagreement" "$L/verifiers.log" | cut -c1-300 | head -12
+tail -8 "$L/upstream.txt" | cut -c1-300; tail -6 "$L/fuzz_crash.txt"; tail -3 "$L/worker_restart.txt" | cut -c1-400
+[ -f "$L/family.txt" ] && tail -15 "$L/family.txt"
+cp "$OUT/um/h200_upstream_matrix.json" "$OUT/" 2>/dev/null; cp "$OUT/crash_run/summary.json" "$OUT/crash_run_summary.json" 2>/dev/null
+cd "$OUT" && tar czf run15.tgz logs um crash_run 2>/dev/null; rm -rf logs um crash_run
+ls "$OUT"
