@@ -8,6 +8,16 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HYPOTHESIS_PROFILE=ci
 OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
 timeout 90 python benchmarks/worker_ipc.py --device cuda --json "$OUT/worker_ipc_h200.json" > "$L/worker_ipc.txt" 2>&1
 echo "worker_ipc rc=$?"; tail -2 "$L/worker_ipc.txt" | cut -c1-600
+timeout 60 python - "$OUT/h200_large_final.json" > "$L/large.txt" 2>&1 <<'PY'
+import json, sys
+sys.path.insert(0, "benchmarks")
+import throughput as t
+d = t.large("cuda", naive=False)
+d["command"] = "benchmarks/device_run15.sh: throughput.large('cuda', naive=False)"
+open(sys.argv[1], "w").write(json.dumps(d, indent=2) + "\n")
+print({k: v for k, v in d.items() if k != "command"})
+PY
+echo "large rc=$?"; tail -1 "$L/large.txt" | cut -c1-900
 ( timeout 220 python -m harness mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$L/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$L/rc.txt" ) &
 ( VERSIONS=0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23 N=10 JOBS=6 OUT=$OUT/um timeout -s TERM 230 bash benchmarks/upstream_gpu.sh > "$L/upstream.txt" 2>&1; echo "upstream matrix rc=$?" >> "$L/rc.txt" ) &
 ( timeout 130 python3 -m harness fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager \

@@ -106,6 +106,22 @@ def test_device_verifier_on_segments_across_verify_blocks(device, launcher, coun
         assert counts[counter] > 0, counts
 
 
+@pytest.mark.parametrize("launcher, counter", [("reference", None), ("slack_write", 2), ("tail_write", 2)])
+def test_device_verifier_on_rows_wider_than_one_outside_chunk(device, launcher, counter):
+    """Rows of 22,400 columns: the outside check (kernels/verify/outside.py) splits them into chunks
+    of 16,384 and starts each at its first unwritten column; a write at the end of the slack, in the
+    second chunk, and one into the tail are still counted, and the reference stays clean."""
+    config = Config(topk=8, num_steps=1, ctx=700, max_bs=4, sizing="safe")
+    assert config.row_width(4) > 16384
+    case = Case(config, Batch((3, 1, 2), (0, 2, 1), 4))
+    spec = "reference" if launcher == "reference" else f"{BAD}:{launcher}"
+    counts = DeviceVerifier(device_session(device, spec).runner(config)).counters(case)
+    if counter is None:
+        assert counts == [0, 0, 0, 0]
+    else:
+        assert counts[counter] > 0 and counts[0] == 0, counts
+
+
 def test_sizing_violation_skips_the_fast_path(device):
     config = Config(topk=2, num_steps=2, ctx=8, max_bs=2, sizing="prefix")
     session = device_session(device, "reference")
