@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from kernels.verify.segments import segment_geometry  # noqa: E402
 from kernels.verify.slots import slot_ids  # noqa: E402
 
 
@@ -40,17 +41,7 @@ def segment_variant(storage, seq_lens, req_pool_indices, rows, cursor, rows_widt
     topk = tl.num_programs(2)
     n = s + 1
     seed = tl.load(rows + tl.load(cursor) * rows_width)
-    L = tl.load(seq_lens + b).to(tl.int64)
-    row = tl.load(req_pool_indices + b).to(tl.int64)
-    prefix_sum = tl.zeros([LANES], dtype=tl.int64)
-    for lane0 in range(0, b, LANES):
-        offs_b = lane0 + tl.arange(0, LANES)
-        prefix_sum += tl.load(seq_lens + offs_b, mask=offs_b < b, other=0).to(tl.int64)
-    start = topk * tl.sum(prefix_sum) + b * n * topk + k * (L + n)
-    last = L % page_size
-    pages = (last + num_steps + page_size - 1) // page_size
-    paged = (L - last) + k * pages * page_size + last
-    draft = tl.where((page_size == 1) | (topk == 1), L + k * num_steps, paged)
+    L, row, start, draft = segment_geometry(seq_lens, req_pool_indices, s, b, k, topk, num_steps, page_size, LANES)
     row_base = front + s.to(tl.int64) * indices_stride
     bad = tl.zeros([BLOCK], dtype=tl.int32)
     if ALIGNED:

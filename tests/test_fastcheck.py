@@ -78,18 +78,24 @@ def test_device_verifier_counts_each_bad_write_and_the_full_path_names_it(device
     assert {f.kind for f in findings} == {f.kind for f in Session(device, f"{BAD}:{launcher}").check(case)}
 
 
+def assert_device_counts(device, config, case, launcher, counter):
+    """The device verifier on ``case`` with ``launcher`` (a bad write of tests/targets/bad_writes.py, or
+    the reference): all counters zero for the reference, counter ``counter`` non-zero otherwise."""
+    spec = "reference" if launcher == "reference" else f"{BAD}:{launcher}"
+    counts = DeviceVerifier(device_session(device, spec).runner(config)).counters(case)
+    if counter is None:
+        assert counts == [0, 0, 0, 0]
+    else:
+        assert counts[counter] > 0, counts
+
+
 @pytest.mark.parametrize("launcher, counter", [("reference", None), ("indptr_last_column", 1), ("slack_write", 2)])
 def test_device_verifier_on_more_branches_than_one_verify_block(device, launcher, counter):
     """600 branches: kv_indptr's prefix sum spans several verifier pieces (kernels/verify/indptr.py), and
     the reference stays clean while a wrong total in the last column is counted."""
     config = Config(topk=8, num_steps=1, ctx=2, max_bs=75, sizing="safe", buckets=(75,))
     case = Case(config, Batch(tuple(1 + i % 2 for i in range(75)), tuple(range(75)), 5))
-    spec = "reference" if launcher == "reference" else f"{BAD}:{launcher}"
-    counts = DeviceVerifier(device_session(device, spec).runner(config)).counters(case)
-    if counter is None:
-        assert counts == [0, 0, 0, 0]
-    else:
-        assert counts[counter] > 0 and counts[0] == 0, counts
+    assert_device_counts(device, config, case, launcher, counter)
 
 
 @pytest.mark.parametrize("launcher, counter", [("reference", None), ("row_value", 0), ("last_row_missing", 0)])
@@ -98,12 +104,7 @@ def test_device_verifier_on_segments_across_verify_blocks(device, launcher, coun
     (kernels/verify/segments.py) at different offsets: clean stays clean, a wrong or missing value counts."""
     config = Config(topk=1 if launcher == "last_row_missing" else 2, num_steps=2, ctx=1500, max_bs=2, sizing="safe")
     case = Case(config, Batch((1400, 700), (2, 0), 9))
-    spec = "reference" if launcher == "reference" else f"{BAD}:{launcher}"
-    counts = DeviceVerifier(device_session(device, spec).runner(config)).counters(case)
-    if counter is None:
-        assert counts == [0, 0, 0, 0]
-    else:
-        assert counts[counter] > 0, counts
+    assert_device_counts(device, config, case, launcher, counter)
 
 
 @pytest.mark.parametrize("launcher, counter", [("reference", None), ("slack_write", 2), ("tail_write", 2)])
@@ -114,12 +115,7 @@ def test_device_verifier_on_rows_wider_than_one_outside_chunk(device, launcher, 
     config = Config(topk=8, num_steps=1, ctx=700, max_bs=4, sizing="safe")
     assert config.row_width(4) > 16384
     case = Case(config, Batch((3, 1, 2), (0, 2, 1), 4))
-    spec = "reference" if launcher == "reference" else f"{BAD}:{launcher}"
-    counts = DeviceVerifier(device_session(device, spec).runner(config)).counters(case)
-    if counter is None:
-        assert counts == [0, 0, 0, 0]
-    else:
-        assert counts[counter] > 0 and counts[0] == 0, counts
+    assert_device_counts(device, config, case, launcher, counter)
 
 
 def test_sizing_violation_skips_the_fast_path(device):

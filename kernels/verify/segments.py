@@ -28,6 +28,27 @@ NUM_WARPS = 8
 LANES = 128
 
 
+@triton.jit
+def segment_geometry(seq_lens, req_pool_indices, s, b, k, topk, num_steps, page_size, LANES: tl.constexpr):
+    """Program ``(s, b, k)``'s segment (docs/contract.md §2): ``L_b``, its pool row, its first element
+    ``O(s, b, k)`` in step row ``s`` and its first draft slot ``e_k``."""
+    n = s + 1
+    L = tl.load(seq_lens + b).to(tl.int64)
+    row = tl.load(req_pool_indices + b).to(tl.int64)
+    # C_b = L_0 + ... + L_{b-1}, LANES requests at a time.
+    prefix_sum = tl.zeros([LANES], dtype=tl.int64)
+    for lane0 in range(0, b, LANES):
+        offs_b = lane0 + tl.arange(0, LANES)
+        prefix_sum += tl.load(seq_lens + offs_b, mask=offs_b < b, other=0).to(tl.int64)
+    start = topk * tl.sum(prefix_sum) + b * n * topk + k * (L + n)
+    # First draft slot e_k: after the prefix, or after k whole paged draft spans.
+    last = L % page_size
+    pages = (last + num_steps + page_size - 1) // page_size
+    paged = (L - last) + k * pages * page_size + last
+    draft = tl.where((page_size == 1) | (topk == 1), L + k * num_steps, paged)
+    return L, row, start, draft
+
+
 # Runtime sizes are not specialised (== 1, multiple of 16): one variant per constexpr set.
 @triton.jit(do_not_specialize=['rows_width', 'pool_len', 'front', 'indices_stride', 'width', 'num_steps', 'page_size',
                                'poison'])
@@ -42,21 +63,7 @@ def verify_segments_kernel(
     topk = tl.num_programs(2)
     n = s + 1
     seed = tl.load(rows + tl.load(cursor) * rows_width)  # the case's token seed: staging row, column 0
-
-    L = tl.load(seq_lens + b).to(tl.int64)
-    row = tl.load(req_pool_indices + b).to(tl.int64)
-    # C_b = L_0 + ... + L_{b-1}, LANES requests at a time.
-    prefix_sum = tl.zeros([LANES], dtype=tl.int64)
-    for lane0 in range(0, b, LANES):
-        offs_b = lane0 + tl.arange(0, LANES)
-        prefix_sum += tl.load(seq_lens + offs_b, mask=offs_b < b, other=0).to(tl.int64)
-    start = topk * tl.sum(prefix_sum) + b * n * topk + k * (L + n)
-
-    # First draft slot e_k (docs/contract.md §2): after the prefix, or after k whole paged draft spans.
-    last = L % page_size
-    pages = (last + num_steps + page_size - 1) // page_size
-    paged = (L - last) + k * pages * page_size + last
-    draft = tl.where((page_size == 1) | (topk == 1), L + k * num_steps, paged)
+    L, row, start, draft = segment_geometry(seq_lens, req_pool_indices, s, b, k, topk, num_steps, page_size, LANES)
 
     # The segment is storage[lo:hi] (absolute indices; only the part inside the row width). The loop
     # walks BLOCK-aligned pieces of the allocation, not pieces starting at the segment's first element:
