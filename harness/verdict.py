@@ -16,7 +16,6 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from harness import oracle
 from harness.findings import Finding, Kind
 from harness.guarded import GuardedBuffer
 
@@ -57,15 +56,15 @@ def expected_from_oracle(obs) -> ExpectedWrites:
     ppos = [kvp.flat_index(s, z) for (s, z) in ws.kv_indptr]
     pval = list(ws.kv_indptr.values())
     lb = obs.launch
-    topk, steps = obs.case.config.topk, obs.case.config.num_steps
     device = kvi.storage.device
+    used = obs.case.used()  # §2's U(s), or §6's under a window or for the rail
     return ExpectedWrites(
         torch.tensor(pos, dtype=torch.int64, device=device), torch.tensor(val, dtype=torch.int32, device=device),
         torch.tensor(ppos, dtype=torch.int64, device=device), torch.tensor(pval, dtype=torch.int32, device=device),
         [(g.s, g.b, g.k, g.start, g.stop) for g in ws.segments],
-        [oracle.used_length(lb.seq_lens, topk, s) for s in range(steps)],
-        oracle.need(lb.seq_lens, topk, steps),
-        lb.num_seqs * topk,
+        used,
+        used[-1],
+        lb.num_seqs * obs.case.config.topk,
     )
 
 
@@ -153,10 +152,11 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     width = obs.kv_indices.width
     if expected.need > width:
         over = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
+        family = "".join(f", {k}={v}" for k, v in config.family_dict().items())
         findings.append(Finding(
-            Kind.SIZING_VIOLATION, "kv_indices", f"row {config.num_steps - 1}", width, expected.need, [], over,
+            Kind.SIZING_VIOLATION, obs.kv_indices.name, f"row {config.num_steps - 1}", width, expected.need, [], over,
             f"need {expected.need} > width {width} (topk={config.topk}, num_seqs={obs.launch.num_seqs}, "
-            f"sum(L)={sum(obs.launch.seq_lens)}, num_steps={config.num_steps}, sizing={config.sizing})"))
+            f"sum(L)={sum(obs.launch.seq_lens)}, num_steps={config.num_steps}, sizing={config.sizing}{family})"))
     # The interpreter address audit's OOB_READ / OOB_WRITE (empty when it did not run).
     findings += obs.audit_findings
     if obs.error is not None:
