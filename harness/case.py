@@ -321,7 +321,7 @@ def req_to_token_rows(config: Config, token_seed: int) -> List[List[int]]:
     return [[table_entry(config, token_seed, r * width + t) for t in range(width)] for r in range(config.pool_rows)]
 
 
-#: Fraction of drawn pages (in 16ths) mapped to a negative id, to the page-0 sink and far away.
+#: Hash classes (of 8) of a drawn page: mapped to a negative id, to the page-0 sink, far away.
 V2P_NEGATIVE, V2P_SINK, V2P_FAR = 0, 1, 2
 
 
@@ -329,8 +329,8 @@ def v2p_entry(seed: int, page: int, pages: int, page_size: int) -> int:
     """``v2p[page]`` of the page table drawn with ``seed`` (docs/contract.md §6, TRANSLATE).
 
     Seed 0 is the identity (the shrink target). Otherwise page 0 stays the sink page 0 (a pool reserves
-    it), and every other page gets a hash class: 1 in 16 a negative id (the kernel must read 0), 1 in 16
-    the sink page 0, 1 in 16 a far page near the int32 limit, the rest a seeded permutation of the pages.
+    it), and every other page gets a hash class: 1 in 8 a negative id (the kernel must read 0), 1 in 8
+    the sink page 0, 1 in 8 a far page near the int32 limit, the rest a seeded permutation of the pages.
     ``harness.runner.v2p_tensor`` is the torch twin."""
     if seed == 0:
         return page
@@ -338,9 +338,9 @@ def v2p_entry(seed: int, page: int, pages: int, page_size: int) -> int:
         return 0
     perm = (page * (_PERMUTE % pages) + seed) % pages
     h = slot_id(seed, page)
-    cls = h % 16
+    cls = h % 8
     if cls == V2P_NEGATIVE:
-        return -1 - (h >> 4) % 3
+        return -1 - (h >> 3) % 3
     if cls == V2P_SINK:
         return 0
     if cls == V2P_FAR:

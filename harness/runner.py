@@ -54,9 +54,9 @@ def v2p_tensor(config: Config, seed: int, device) -> torch.Tensor:
         return page.to(torch.int32)
     perm = (page * (_PERMUTE % pages) + seed) % pages
     h = _slot_ids(page, seed, SLOT_BITS)
-    cls = h % 16
+    cls = h % 8
     out = perm.clone()
-    out = torch.where(cls == V2P_NEGATIVE, -1 - torch.div(h, 16, rounding_mode="floor") % 3, out)
+    out = torch.where(cls == V2P_NEGATIVE, -1 - torch.div(h, 8, rounding_mode="floor") % 3, out)
     out = torch.where(cls == V2P_SINK, torch.zeros_like(out), out)
     out = torch.where(cls == V2P_FAR, (INT32_LIMIT // ps) - 1 - perm, out)
     out = torch.where(page == 0, torch.zeros_like(out), out)

@@ -181,25 +181,30 @@ ENTRY_PAGE_SIZES = (1, 2, 4, 8)
 def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, rail: bool) -> dict:
     """The §6 fields of one config (docs/contract.md §6), each pinned or, with ``family``, drawn.
 
-    * ``window_size``: none (half the time, and the shrink target) or ``1 .. ctx+num_steps+1``, so windows
-      shorter than, equal to and longer than the requests (and the rail's ``L + n``) all occur; always
+    * ``window_size``: none (a quarter of the time, and the shrink target) or ``1 .. num_steps+1`` (inside the draft
+      chain) or ``1 .. ctx+num_steps+1``, so windows shorter than, equal to and longer than the requests
+      (and the rail's ``L + n``) all occur; always
       ``>= 1`` for the rail and the ``window-*`` sizings (``min_window``), drawn then even without ``family``;
-    * ``sink_size`` (draft only, beside a window): none half the time, else ``1 .. ctx+1``, so sinks longer
-      than a request occur too;
+    * ``sink_size`` (draft only, beside a window): none half the time, else short (``1 .. 4``) or
+      ``1 .. ctx+1``, so requests longer than window plus sinks and sinks longer than a request both occur;
     * ``entry_page_size``: 1, 2, 4 or 8, dividing neither ctx nor the pool row in particular;
     * ``translate``: off or on (the page table itself is drawn per batch, ``v2p_seed``).
     Nothing is drawn for a §2 run (``family`` off, no window needed): its draws are exactly as before.
     """
     if "window_size" in pinned:
         w = pinned["window_size"]
-    elif min_window == 0 and (not family or not draw(BOOLEANS)):
+    elif min_window == 0 and (not family or draw(TIERS) == 0):
         w = 0
     else:
-        w = draw(_integers(1, c + n + 1))
+        # Half the windows within the draft chain (w <= num_steps + 1: the rail's window then starts past
+        # the prefix at the last steps), half anywhere up to past the longest request.
+        w = draw(_integers(1, n + 1)) if draw(BOOLEANS) else draw(_integers(1, c + n + 1))
     if "sink_size" in pinned:
         sink = pinned["sink_size"]
     else:
-        sink = draw(_integers(1, c + 1)) if family and w and not rail and draw(BOOLEANS) else 0
+        # Short sinks (1-4, a request then outruns window and sinks) or any up to past the longest request.
+        sink = ((draw(_integers(1, min(4, c + 1))) if draw(BOOLEANS) else draw(_integers(1, c + 1)))
+                if family and w and not rail and draw(BOOLEANS) else 0)
     e = pinned.get("entry_page_size") or (draw(_sampled(ENTRY_PAGE_SIZES)) if family else 1)
     translate = pinned["translate"] if "translate" in pinned else (draw(BOOLEANS) if family else False)
     return dict(window_size=w, sink_size=sink, entry_page_size=e, translate=translate)
@@ -366,8 +371,9 @@ def _draw_batch(draw, config: Config, bound: int, min_requests: int):
     a, c = draw(_multipliers(rows_total)), draw(_integers(0, rows_total - 1))
     rows = [(a * i + c) % rows_total for i in range(raw_bs)]
     token_seed = draw(TOKEN_SEEDS)
-    # TRANSLATE: the page table's seed, identity (0) half the time and as the shrink target.
-    v2p_seed = draw(V2P_SEEDS) if config.translate and draw(BOOLEANS) else 0
+    # TRANSLATE: the page table's seed: a drawn table (negative, sink and far pages) 3 times in 4, the
+    # identity (0) otherwise and as the shrink target.
+    v2p_seed = draw(V2P_SEEDS) if config.translate and draw(TIERS) > 0 else 0
     return Batch(tuple(lens), tuple(rows), token_seed, v2p_seed)
 
 
