@@ -71,6 +71,7 @@ def expected_writes_torch(obs) -> ExpectedWrites:
     used_rows = case.used()
 
     idx_pos, idx_val, ptr_pos, ptr_val, segments = [], [], [], [], []
+    either = {}
     for s in range(steps):
         n = s + 1
         starts, seg_len, src_of, column_value = segment_source(c, Lz, e_k, positions, n, bs)
@@ -85,6 +86,11 @@ def expected_writes_torch(obs) -> ExpectedWrites:
             last = torch.full((end,), -1, dtype=torch.int64, device=device)
             last.scatter_reduce_(0, e, torch.arange(total, device=device), reduce="amax")
             keep = last[e] == torch.arange(total, device=device)
+            # Elements written by several programs with different values: any of them is right.
+            shared = torch.bincount(e, minlength=end)[e] > 1
+            for pos, v in zip(e[shared].tolist(), value[shared].tolist()):
+                if pos < kvi.width:
+                    either.setdefault(kvi.front + s * kvi.stride + pos, set()).add(v)
             e, value = e[keep], value[keep]
         inside = e < kvi.width
         idx_pos.append(kvi.front + s * kvi.stride + e[inside])
@@ -101,6 +107,7 @@ def expected_writes_torch(obs) -> ExpectedWrites:
         used_rows,
         used_rows[-1],
         bs,
+        {pos: tuple(sorted(v)) for pos, v in either.items() if len(v) > 1} or None,
     )
 
 

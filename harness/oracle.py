@@ -9,7 +9,7 @@ attributing findings, the segment ``[start, stop)`` of row ``s`` that each progr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 
 def draft_slot_start(L: int, k: int, topk: int, num_steps: int, page_size: int) -> int:
@@ -64,6 +64,9 @@ class WriteSet:
     kv_indices: Dict[Tuple[int, int], int] = field(default_factory=dict)
     kv_indptr: Dict[Tuple[int, int], int] = field(default_factory=dict)
     segments: List[ProgramSegment] = field(default_factory=list)
+    #: Elements two programs write with different values (the window rail's graph padding, §6): any of
+    #: these values is right, since which program writes last is up to the device.
+    either: Dict[Tuple[int, int], Set[int]] = field(default_factory=dict)
 
 
 def expected_writes(
@@ -197,8 +200,9 @@ def expected_window_rail(seq_lens: Sequence[int], req_pool_indices: Sequence[int
 
     Bases come from ``positions`` and lengths from ``L``: for a graph-padding branch (``L = 1``, position
     0) they disagree and, when ``n < w``, its segment overlaps the next one's first element. Programs
-    are taken in grid order ``z = 0, 1, ...`` and a later write wins (the interpreter's order; on a GPU
-    the overlap is a race in the padding, which nothing reads)."""
+    are taken in grid order ``z = 0, 1, ...`` and a later write wins (the interpreter's order); on a GPU
+    the overlap is a race in the padding, which nothing reads, so ``either`` lists both values and the
+    verdict accepts any of them."""
     num_seqs = len(seq_lens)
     bs = num_seqs * topk
     out = WriteSet()
@@ -217,12 +221,16 @@ def expected_window_rail(seq_lens: Sequence[int], req_pool_indices: Sequence[int
                 chain_from = max(first - L, 0)
                 base = bases[z]
                 e_k = draft_slot_start(L, k, topk, num_steps, page_size)
-                for t in range(prefix_len):
-                    out.kv_indices[(s, base + t)] = read_token(row, prefix_from + t, entry_page_size=entry_page_size,
-                                                               v2p=v2p, page_size=page_size)
-                for j in range(n - chain_from):
-                    out.kv_indices[(s, base + prefix_len + j)] = read_token(
-                        row, e_k + chain_from + j, entry_page_size=entry_page_size, v2p=v2p, page_size=page_size)
+                tokens = [read_token(row, prefix_from + t, entry_page_size=entry_page_size, v2p=v2p,
+                                     page_size=page_size) for t in range(prefix_len)]
+                tokens += [read_token(row, e_k + chain_from + j, entry_page_size=entry_page_size, v2p=v2p,
+                                      page_size=page_size) for j in range(n - chain_from)]
+                for t, value in enumerate(tokens):
+                    key = (s, base + t)
+                    earlier = out.kv_indices.get(key)
+                    if earlier is not None and earlier != value:
+                        out.either.setdefault(key, {earlier}).add(value)
+                    out.kv_indices[key] = value
                 out.segments.append(ProgramSegment(s, b, k, base, base + kept))
                 column = z or bs
                 out.kv_indptr[(s, column)] = bases[column]

@@ -12,7 +12,7 @@ plain-Python oracle (``expected_from_oracle``) or by a faster builder that is te
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -42,6 +42,9 @@ class ExpectedWrites:
     used: List[int]  # U(s), written length of each step row
     need: int
     bs: int
+    #: Flat kv_indices positions two programs write with different values (``oracle.WriteSet.either``):
+    #: any of the values is accepted.
+    either: Optional[Dict[int, Tuple[int, ...]]] = None
 
 
 def expected_from_oracle(obs) -> ExpectedWrites:
@@ -65,6 +68,7 @@ def expected_from_oracle(obs) -> ExpectedWrites:
         used,
         used[-1],
         lb.num_seqs * obs.case.config.topk,
+        {kvi.flat_index(s, e): tuple(sorted(v)) for (s, e), v in ws.either.items() if e < kvi.width} or None,
     )
 
 
@@ -93,10 +97,15 @@ def _programs_for_indptr(buf: GuardedBuffer, topk: int, bs: int, lo: int, hi: in
 
 
 def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos: torch.Tensor, val: torch.Tensor,
-             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute) -> List[Finding]:
-    """Findings for one buffer: every element whose value after the launch is not the expected one."""
+             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute,
+             either: Optional[Dict[int, Tuple[int, ...]]] = None) -> List[Finding]:
+    """Findings for one buffer: every element whose value after the launch is not the expected one
+    (``either``: positions where any of several values is right)."""
     expected = before.clone()
     expected[pos] = val
+    for flat, values in (either or {}).items():
+        if int(after[flat]) in values:
+            expected[flat] = after[flat]
     in_set = torch.zeros_like(before, dtype=torch.bool)
     in_set[pos] = True
     bad = torch.nonzero(after != expected).flatten()
@@ -166,7 +175,8 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     used = [min(u, width) for u in expected.used]
     findings += classify(kvi, obs.before["kv_indices"], obs.after["kv_indices"], expected.indices_pos,
                          expected.indices_val, used=used, in_set_kind=None,
-                         attribute=lambda lo, hi: _programs_for_indices(kvi, expected.segments, lo, hi))
+                         attribute=lambda lo, hi: _programs_for_indices(kvi, expected.segments, lo, hi),
+                         either=expected.either)
     findings += classify(kvp, obs.before["kv_indptr"], obs.after["kv_indptr"], expected.indptr_pos,
                          expected.indptr_val, used=[expected.bs + 1] * kvp.rows, in_set_kind=Kind.INDPTR_MISMATCH,
                          attribute=lambda lo, hi: _programs_for_indptr(kvp, config.topk, expected.bs, lo, hi))
