@@ -238,8 +238,10 @@ class Config:
 
     def worst_need(self, n: int) -> int:
         """The widest step row a correct kernel writes for ``n`` requests of length ``ctx``."""
-        lens = [self.ctx] * n
-        return launch_need(self, lens, [L for L in lens for _ in range(self.topk)])
+        if self.is_rail:  # every branch keeps min(ctx + num_steps, w): B(s, bs) in closed form
+            return n * self.topk * min(self.ctx + self.num_steps, self.window_size)
+        return oracle.need([oracle.clipped_length(self.ctx, self.window_size, self.sink_size)] * n, self.topk,
+                           self.num_steps)
 
     def to_dict(self) -> dict:
         return {
@@ -355,20 +357,22 @@ def v2p_table(config: Config, seed: int) -> Optional[List[int]]:
     return [v2p_entry(seed, p, config.v2p_pages, config.page_size) for p in range(config.v2p_pages)]
 
 
-def launch_used(config: Config, seq_lens, positions) -> List[int]:
-    """``U(s)`` of every step row: how many leading elements a correct kernel writes (§2, §6)."""
+def _row_used(config: Config, seq_lens, positions, s: int) -> int:
     from harness import oracle
 
     if config.is_rail:
-        return [oracle.rail_used(seq_lens, positions, config.topk, s, config.window_size)
-                for s in range(config.num_steps)]
-    return [oracle.used_length_family(seq_lens, config.topk, s, config.window_size, config.sink_size)
-            for s in range(config.num_steps)]
+        return oracle.rail_used(seq_lens, positions, config.topk, s, config.window_size)
+    return oracle.used_length_family(seq_lens, config.topk, s, config.window_size, config.sink_size)
+
+
+def launch_used(config: Config, seq_lens, positions) -> List[int]:
+    """``U(s)`` of every step row: how many leading elements a correct kernel writes (§2, §6)."""
+    return [_row_used(config, seq_lens, positions, s) for s in range(config.num_steps)]
 
 
 def launch_need(config: Config, seq_lens, positions) -> int:
-    """The width one launch needs: its widest (last) step row."""
-    return launch_used(config, seq_lens, positions)[-1]
+    """The width one launch needs: its widest (last) step row (``U(s)`` grows with ``s``)."""
+    return _row_used(config, seq_lens, positions, config.num_steps - 1)
 
 
 @dataclass(frozen=True)
