@@ -428,10 +428,10 @@ def for_launch(kernel_kwargs: dict, guarded: Sequence[GuardedBuffer], *, request
     audit = Audit()
     for buf in guarded:
         audit.register_guarded(buf)
-    names = {buf.name for buf in guarded}
+    views = [buf.view for buf in guarded]  # by identity: the window rail's buffers have their own names
     rows = tuple(req_pool_indices)
     for name, value in kernel_kwargs.items():
-        if not isinstance(value, torch.Tensor) or name in names:
+        if not isinstance(value, torch.Tensor) or any(value is v for v in views):
             continue
         owner = None
         if name == "req_to_token" and request_axis is not None:

@@ -68,11 +68,10 @@ def estimate_bytes(config) -> int:
     n = config.max_bs  # graph: sized once at max_bs; eager: the largest batch it can be given
     kvi, kvp = buffer_geometry(config, n)
     outputs = (kvi.length + kvp.length) * GUARDED_BYTES
-    pool = config.pool_rows * config.pool_len * POOL_BYTES
+    # req_to_token (one entry per E tokens with page-granular rows) and TRANSLATE's page table (§6).
+    pool = (config.pool_rows * config.pool_cols + config.v2p_pages) * POOL_BYTES
     # The full path builds the write set of every step row (at most need entries each).
-    from harness import oracle
-
-    written = config.num_steps * oracle.need([config.ctx] * n, config.topk, config.num_steps)
+    written = config.num_steps * config.worst_need(n)
     transient = kvi.length * 3 * 4 + written * FULL_PATH_BYTES
     return outputs + pool + transient
 

@@ -15,6 +15,12 @@ from harness.errors import BadInput, require
 
 LAYOUTS = ("redzone", "production")
 MODES = ("graph", "eager")
+#: The kernel a config checks (docs/contract.md §6): the draft kernel, or the window rail.
+CONTRACTS = ("draft", "window-rail")
+#: Largest ``entry_page_size`` (a power of two): an entry then holds a 24-bit page id (see ``entry_bits``).
+MAX_ENTRY_PAGE_SIZE = 64
+#: A prime above any pool's entry count: ``i -> (i*A + c) mod N`` is then a permutation of ``[0, N)``.
+_PERMUTE = 2654435761
 #: Offsets are int32 inside the kernel (docs/contract.md §3).
 INT32_LIMIT = 2**31
 #: KV slot ids live in [1, 2**30]; poison and canaries are negative, so no valid slot id equals them.
@@ -39,13 +45,14 @@ def default_buckets(max_bs: int) -> Tuple[int, ...]:
     return tuple(out + [max_bs])
 
 
-def slot_id(token_seed: int, flat_index: int) -> int:
+def slot_id(token_seed: int, flat_index: int, bits: int = SLOT_BITS) -> int:
     """The KV slot id stored at ``req_to_token.view(-1)[flat_index]``.
 
-    A bijection on 30 bits (odd multiply, xor-shift, odd multiply, all mod 2**30) plus one, so every
-    entry of the table is distinct: a shifted, swapped or stale copy never equals the right value.
+    A bijection on ``bits`` bits (odd multiply, xor-shift, odd multiply, all mod 2**bits) plus one, so
+    every entry of the table is distinct: a shifted, swapped or stale copy never equals the right value.
+    ``bits`` is 30 except for page-granular rows (``entry_bits``).
     """
-    mask = (1 << SLOT_BITS) - 1
+    mask = (1 << bits) - 1
     h = (flat_index * 0x9E3779B1 + token_seed) & mask
     h ^= h >> 13
     h = (h * 0x5BD1E995) & mask
@@ -80,6 +87,12 @@ class Config:
     sizing: str = "safe"
     layout: str = "redzone"
     mode: str = "graph"
+    #: docs/contract.md §6, all off by default (a config with every default is exactly a §2 config).
+    window_size: int = 0
+    sink_size: int = 0
+    entry_page_size: int = 1
+    translate: bool = False
+    contract: str = "draft"
 
     def __post_init__(self):
         for name in ("topk", "num_steps", "page_size", "ctx", "max_bs"):
@@ -91,6 +104,7 @@ class Config:
         require(self.layout in LAYOUTS, f"config.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         require(self.mode in MODES, f"config.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         require(isinstance(self.sizing, str) and self.sizing, f"config.sizing must be a policy name, got {self.sizing!r}")
+        self._check_family()
         if self.buckets is None:
             object.__setattr__(self, "buckets", default_buckets(self.max_bs))
         else:
@@ -114,7 +128,60 @@ class Config:
                 f"(page_size={_short(self.page_size)}, ctx={_short(self.ctx)}, max_bs={self.max_bs}); "
                 f"kvfence allocates at most {_mib(MAX_POOL_BYTES)} for it")
 
+    def _check_family(self) -> None:
+        """The §6 fields (docs/contract.md §6), each a one-line ``BadInput`` when impossible."""
+        for name in ("window_size", "sink_size"):
+            value = getattr(self, name)
+            require(_is_int(value) and 0 <= value < INT32_LIMIT,
+                    f"config.{name} must be a non-negative integer, got {_short(value) if _is_int(value) else value!r}")
+        e = self.entry_page_size
+        require(_is_int(e) and 1 <= e <= MAX_ENTRY_PAGE_SIZE and e & (e - 1) == 0,
+                f"config.entry_page_size must be a power of two in 1..{MAX_ENTRY_PAGE_SIZE}, got {e!r}")
+        require(isinstance(self.translate, bool), f"config.translate must be true or false, got {self.translate!r}")
+        require(self.contract in CONTRACTS, f"config.contract must be one of {', '.join(CONTRACTS)}, got {self.contract!r}")
+        require(self.sink_size == 0 or self.window_size > 0,
+                f"config.sink_size={self.sink_size} needs a window (window_size > 0): sinks only exist beside a window")
+        if self.contract == "window-rail":
+            require(self.window_size > 0, "config.contract window-rail needs window_size > 0 (the rail's window)")
+            require(self.sink_size == 0, f"config.sink_size={self.sink_size}: the window rail has no sinks")
+
+    @property
+    def is_family(self) -> bool:
+        """Any §6 path on: a window, sinks, page-granular rows, translation, or the rail contract."""
+        return (self.window_size > 0 or self.entry_page_size > 1 or self.translate
+                or self.contract != "draft")
+
+    @property
+    def is_rail(self) -> bool:
+        return self.contract == "window-rail"
+
+    def family_dict(self) -> dict:
+        """The §6 fields that differ from their defaults (what case files and summaries record)."""
+        defaults = {"window_size": 0, "sink_size": 0, "entry_page_size": 1, "translate": False, "contract": "draft"}
+        return {k: getattr(self, k) for k, v in defaults.items() if getattr(self, k) != v}
+
     # -- derived sizes -----------------------------------------------------------------------------
+    @property
+    def entry_bits(self) -> int:
+        """Bits of a req_to_token entry: 30, less ``log2(E)`` with page-granular rows, so that
+        ``entry*E + E-1`` (the token id, docs/contract.md §6) stays a 30-bit slot id."""
+        return SLOT_BITS - (self.entry_page_size.bit_length() - 1)
+
+    @property
+    def pool_cols(self) -> int:
+        """Entries of one req_to_token row: ``pool_len`` tokens, one entry per ``E`` of them (§6)."""
+        return -(-self.pool_len // self.entry_page_size)
+
+    @property
+    def virtual_tokens(self) -> int:
+        """TRANSLATE: virtual token ids are ``[0, pool_rows*pool_cols*E)`` (entries permute ``[0, N)``)."""
+        return self.pool_rows * self.pool_cols * self.entry_page_size
+
+    @property
+    def v2p_pages(self) -> int:
+        """TRANSLATE: entries of the page table, one per page of ``page_size`` virtual tokens (0 without)."""
+        return -(-self.virtual_tokens // self.page_size) if self.translate else 0
+
     @property
     def pool_rows(self) -> int:
         """req_to_token rows: one per possible request, plus one so pool indices can be permuted."""
@@ -158,7 +225,7 @@ class Config:
         from harness.targets import resolve_sizing  # late: plug-in policies resolve on first use
 
         policy = resolve_sizing(self.sizing)
-        width = policy(n, self.topk, self.ctx, self.num_steps)
+        width = policy(n, self.topk, self.ctx, self.num_steps, window_size=self.window_size, sink_size=self.sink_size)
         require(_is_int(width) and width >= 1, f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
         # Row offsets are int32 in the kernel (docs/contract.md §3): a wider row cannot be addressed.
         require(width < INT32_LIMIT,
@@ -173,9 +240,15 @@ class Config:
         """
         worst = 0
         for n in (self.buckets if self.mode == "graph" else range(1, self.max_bs + 1)):
-            worst_need = oracle.need([self.ctx] * n, self.topk, self.num_steps)
-            worst = max(worst, worst_need - self.row_width(n))
+            worst = max(worst, self.worst_need(n) - self.row_width(n))
         return worst
+
+    def worst_need(self, n: int) -> int:
+        """The widest step row a correct kernel writes for ``n`` requests of length ``ctx``."""
+        if self.is_rail:  # every branch keeps min(ctx + num_steps, w): B(s, bs) in closed form
+            return n * self.topk * min(self.ctx + self.num_steps, self.window_size)
+        return oracle.need([oracle.clipped_length(self.ctx, self.window_size, self.sink_size)] * n, self.topk,
+                           self.num_steps)
 
     def to_dict(self) -> dict:
         return {
@@ -188,6 +261,7 @@ class Config:
             "sizing": self.sizing,
             "layout": self.layout,
             "mode": self.mode,
+            **self.family_dict(),  # §6 fields only when set: a §2 config's dict is unchanged
         }
 
 
@@ -201,6 +275,8 @@ class Batch:
     seq_lens: Tuple[int, ...]
     req_pool_indices: Tuple[int, ...]
     token_seed: int = 0
+    #: TRANSLATE's page table (``v2p_table``): 0 is the identity, any other seed a drawn table.
+    v2p_seed: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "seq_lens", tuple(self.seq_lens))
@@ -214,6 +290,7 @@ class Batch:
         require(all(_is_int(r) and r >= 0 for r in self.req_pool_indices), "batch.req_pool_indices must be non-negative integers")
         require(len(set(self.req_pool_indices)) == len(self.req_pool_indices), "batch.req_pool_indices must be distinct")
         require(_is_int(self.token_seed) and 0 <= self.token_seed < 2**SLOT_BITS, "batch.token_seed must be an integer in [0, 2**30)")
+        require(_is_int(self.v2p_seed) and 0 <= self.v2p_seed < 2**SLOT_BITS, "batch.v2p_seed must be an integer in [0, 2**30)")
 
     @property
     def raw_bs(self) -> int:
@@ -228,13 +305,81 @@ class Batch:
         require(not rows, f"batch.req_pool_indices {rows} outside the pool's {config.pool_rows} rows")
 
     def to_dict(self) -> dict:
-        return {"seq_lens": list(self.seq_lens), "req_pool_indices": list(self.req_pool_indices), "token_seed": self.token_seed}
+        d = {"seq_lens": list(self.seq_lens), "req_pool_indices": list(self.req_pool_indices), "token_seed": self.token_seed}
+        if self.v2p_seed:
+            d["v2p_seed"] = self.v2p_seed
+        return d
+
+
+def table_entry(config: Config, token_seed: int, flat: int) -> int:
+    """Entry ``flat`` of the flattened req_to_token table (``harness.runner.slot_table`` is its torch twin).
+
+    Without TRANSLATE a distinct slot id of ``config.entry_bits`` bits (with ``E > 1`` the token id
+    ``entry*E + p mod E`` is then still distinct and below 2**30). With TRANSLATE a virtual id: the
+    entries are a seeded permutation of ``[0, N)``, ``N = pool_rows*pool_cols``, so every virtual page has
+    a ``v2p`` entry (docs/contract.md §6)."""
+    if config.translate:
+        n = config.pool_rows * config.pool_cols
+        return (flat * (_PERMUTE % n) + token_seed) % n
+    return slot_id(token_seed, flat, config.entry_bits)
 
 
 def req_to_token_rows(config: Config, token_seed: int) -> List[List[int]]:
-    """The req_to_token table as plain lists (``[pool_rows][pool_len]``), for the oracle."""
-    width = config.pool_len
-    return [[slot_id(token_seed, r * width + t) for t in range(width)] for r in range(config.pool_rows)]
+    """The req_to_token table as plain lists (``[pool_rows][pool_cols]``), for the oracle."""
+    width = config.pool_cols
+    return [[table_entry(config, token_seed, r * width + t) for t in range(width)] for r in range(config.pool_rows)]
+
+
+#: Hash classes (of 8) of a drawn page: mapped to a negative id, to the page-0 sink, far away.
+V2P_NEGATIVE, V2P_SINK, V2P_FAR = 0, 1, 2
+
+
+def v2p_entry(seed: int, page: int, pages: int, page_size: int) -> int:
+    """``v2p[page]`` of the page table drawn with ``seed`` (docs/contract.md §6, TRANSLATE).
+
+    Seed 0 is the identity (the shrink target). Otherwise page 0 stays the sink page 0 (a pool reserves
+    it), and every other page gets a hash class: 1 in 8 a negative id (the kernel must read 0), 1 in 8
+    the sink page 0, 1 in 8 a far page near the int32 limit, the rest a seeded permutation of the pages.
+    ``harness.runner.v2p_tensor`` is the torch twin."""
+    if seed == 0:
+        return page
+    if page == 0:
+        return 0
+    perm = (page * (_PERMUTE % pages) + seed) % pages
+    h = slot_id(seed, page)
+    cls = h % 8
+    if cls == V2P_NEGATIVE:
+        return -1 - (h >> 3) % 3
+    if cls == V2P_SINK:
+        return 0
+    if cls == V2P_FAR:
+        return (INT32_LIMIT // page_size) - 1 - perm
+    return perm
+
+
+def v2p_table(config: Config, seed: int) -> Optional[List[int]]:
+    """The page table as a plain list (None without TRANSLATE), for the oracle."""
+    if not config.translate:
+        return None
+    return [v2p_entry(seed, p, config.v2p_pages, config.page_size) for p in range(config.v2p_pages)]
+
+
+def _row_used(config: Config, seq_lens, positions, s: int) -> int:
+    from harness import oracle
+
+    if config.is_rail:
+        return oracle.rail_used(seq_lens, positions, config.topk, s, config.window_size)
+    return oracle.used_length_family(seq_lens, config.topk, s, config.window_size, config.sink_size)
+
+
+def launch_used(config: Config, seq_lens, positions) -> List[int]:
+    """``U(s)`` of every step row: how many leading elements a correct kernel writes (§2, §6)."""
+    return [_row_used(config, seq_lens, positions, s) for s in range(config.num_steps)]
+
+
+def launch_need(config: Config, seq_lens, positions) -> int:
+    """The width one launch needs: its widest (last) step row (``U(s)`` grows with ``s``)."""
+    return _row_used(config, seq_lens, positions, config.num_steps - 1)
 
 
 @dataclass(frozen=True)
@@ -296,20 +441,25 @@ class Case:
 
     def expected(self) -> oracle.WriteSet:
         lb = self.launch()
-        return oracle.expected_writes(
-            lb.seq_lens,
-            lb.req_pool_indices,
-            lb.positions,
-            req_to_token_rows(self.config, self.batch.token_seed),
-            self.config.topk,
-            self.config.num_steps,
-            self.config.page_size,
-        )
+        c = self.config
+        args = (lb.seq_lens, lb.req_pool_indices, lb.positions, req_to_token_rows(c, self.batch.token_seed),
+                c.topk, c.num_steps, c.page_size)
+        if not c.is_family:
+            return oracle.expected_writes(*args)
+        family = dict(entry_page_size=c.entry_page_size, v2p=v2p_table(c, self.batch.v2p_seed))
+        if c.is_rail:
+            return oracle.expected_window_rail(*args, window=c.window_size, **family)
+        return oracle.expected_writes_family(*args, window_size=c.window_size, sink_size=c.sink_size, **family)
+
+    def used(self) -> List[int]:
+        """``U(s)`` of every step row of this launch (docs/contract.md §2, §6)."""
+        lb = self.launch()
+        return launch_used(self.config, lb.seq_lens, lb.positions)
 
     @cached_property
     def _sizing(self) -> dict:
         lb = self.launch()
-        need = oracle.need(lb.seq_lens, self.config.topk, self.config.num_steps)
+        need = launch_need(self.config, lb.seq_lens, lb.positions)
         return {"need": need, "width": self.config.row_width(lb.num_seqs), "num_seqs": lb.num_seqs,
                 "sum_seq_lens": sum(lb.seq_lens)}
 
@@ -338,5 +488,5 @@ def batch_from_dict(d: dict) -> Batch:
     require(not unknown, f"batch has unknown fields {unknown}")
     for key in ("seq_lens", "req_pool_indices"):
         require(isinstance(d.get(key), list), f"batch.{key} must be a list")
-    return Batch(tuple(d["seq_lens"]), tuple(d["req_pool_indices"]), d.get("token_seed", 0))
+    return Batch(tuple(d["seq_lens"]), tuple(d["req_pool_indices"]), d.get("token_seed", 0), d.get("v2p_seed", 0))
 

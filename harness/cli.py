@@ -170,7 +170,8 @@ def _add_target_args(p: argparse.ArgumentParser, *, sizing_default: Optional[str
                    help="kernel under test: reference, reference-blocked, package.module:attr or path/file.py:attr")
     p.add_argument("--sizing", default=sizing_default,
                    help="row-width policy of kv_indices: eager, fixed, prefix (the pre-fix CUDA-graph policy, "
-                        "W = max_bs*ctx, missing the topk factor), safe, or module:attr / file.py:attr")
+                        "W = max_bs*ctx, missing the topk factor), safe, window-fixed / window-no-topk (the window "
+                        "rail's, W = max_bs*topk*w / max_bs*w), or module:attr / file.py:attr")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
     p.add_argument("--no-audit", action="store_true",
@@ -190,12 +191,57 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                        help="pin this config field (default: drawn by Hypothesis)")
 
 
+def _add_family_args(p: argparse.ArgumentParser) -> None:
+    """docs/contract.md §6: the newer kernel family's fields, pinned like --topk (drawn when the kernel
+    under test takes them, off for a classic-ABI kernel)."""
+    p.add_argument("--contract", default="draft", choices=["draft", "window-rail"],
+                   help="which kernel contract: the draft kernel, or the sliding-window read rail (needs --window)")
+    p.add_argument("--window", type=_non_negative_int, default=None,
+                   help="pin window_size, the sliding window (0: none; default: drawn when the kernel takes it)")
+    p.add_argument("--sink", type=_non_negative_int, default=None,
+                   help="pin sink_size, the attention sinks kept beside the window (default: drawn when the kernel "
+                        "takes it)")
+    p.add_argument("--entry-page-size", type=_positive_int, default=None,
+                   help="pin ENTRY_PAGE_SIZE, tokens per req_to_token entry, a power of two (default: drawn when "
+                        "the kernel takes it)")
+    p.add_argument("--translate", choices=["on", "off"], default=None,
+                   help="pin TRANSLATE, reads through a drawn v2p page table (default: drawn when the kernel "
+                        "takes it)")
+
+
+def _family_pins(args) -> dict:
+    """The §6 pins of ``args`` (None: drawn), as ``strategies.configs`` keywords."""
+    translate = getattr(args, "translate", None)
+    return dict(window_size=getattr(args, "window", None), sink_size=getattr(args, "sink", None),
+                entry_page_size=getattr(args, "entry_page_size", None),
+                translate=None if translate is None else translate == "on",
+                contract=getattr(args, "contract", "draft"))
+
+
 def _config_strategy(args, domain, max_bytes):
     from strategies import configs
 
     return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
                    max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
-                   max_bytes=max_bytes)
+                   max_bytes=max_bytes, family=bool(getattr(args, "draw_family", False)), **_family_pins(args))
+
+
+def _check_family(args) -> None:
+    """§6 flags against the kernel under test (one line, exit 2): the rail needs --window, and a kernel
+    must declare every §6 parameter a pin sets. Sets ``args.draw_family``: draw the §6 fields when the
+    kernel takes them all (kvfence's reference, SGLang 0.5.2x), never for a classic-ABI kernel."""
+    from harness.case import Config
+    from harness.targets import kernel_capabilities
+
+    pins = _family_pins(args)
+    require(not (pins["contract"] == "window-rail" and not pins["window_size"]),
+            "--contract window-rail needs --window W (W >= 1): the rail's window is part of its ABI")
+    caps = kernel_capabilities(args.kernel)
+    probe = Config(topk=1, num_steps=1, window_size=pins["window_size"] or 0, sink_size=pins["sink_size"] or 0,
+                   entry_page_size=pins["entry_page_size"] or 1, translate=bool(pins["translate"]),
+                   contract=pins["contract"])
+    caps.check_config(args.kernel, probe)
+    args.draw_family = caps.family
 
 
 def _out_dir(path: str) -> Path:
@@ -290,6 +336,7 @@ def cmd_fuzz(args) -> int:
             f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     device = select(args.device, announce=_stderr)
+    _check_family(args)  # §6 flags against the kernel: exit 2 before anything runs
     domain, jobs, per_example, max_bytes = _resolve_run_shape(args, device)
 
     from strategies import case_runs, cases
@@ -312,14 +359,21 @@ def cmd_fuzz(args) -> int:
 
     # The sizing policy on the smallest config the pinned fields allow: a bool, non-int or huge width is
     # refused now (one line), not in the middle of the run.
+    from kernels.sizing import WINDOW_POLICIES
+
     Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
            ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
-           layout=args.layout, mode=args.mode).row_width(1)
+           layout=args.layout, mode=args.mode,
+           window_size=args.window if args.window is not None else int(args.sizing in WINDOW_POLICIES),
+           sink_size=args.sink or 0, contract=args.contract).row_width(1)
     seed, seed_source = (args.seed, "given") if args.seed is not None else (random.getrandbits(32), "random")
     run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
            "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
            "jobs": jobs, "batches_per_example": per_example, "domain": domain.name, "domain_text": domain.describe(),
-           "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker"}
+           "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker",
+           # docs/contract.md §6: the contract, and the §6 fields pinned or drawn (None: drawn, if the kernel takes them)
+           "contract": args.contract, "family_drawn": bool(args.draw_family),
+           "family_pins": {k: v for k, v in _family_pins(args).items() if k != "contract" and v is not None}}
     # The example database: a malformed URL here, an unreachable Redis below, both before any work.
     if args.database is None:
         args.database = campaign.default_database(out_dir)  # --jobs children share it
@@ -856,6 +910,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         epilog=_exit_codes(one="findings (the shrunk case file and the reports are written)"))
     _add_target_args(fz)
     _add_config_args(fz)
+    _add_family_args(fz)
     fz.add_argument("--max-examples", type=_positive_int, default=100, help="Hypothesis examples to generate")
     fz.add_argument("--seed", type=_non_negative_int, default=None,
                     help="Hypothesis seed for a repeatable run (default: random)")

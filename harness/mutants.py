@@ -9,6 +9,11 @@
 * sizing mutants (``KIND = "sizing"``): a policy ``row_width(n, topk, ctx, num_steps)``, run with the
   reference kernel.
 
+Each file's ``CONTRACT`` (``draft`` unless stated) is the kernel contract it breaks (docs/contract.md §6):
+a ``window-rail`` kernel mutant patches ``kernels/window_kv_indices.py`` instead, and every mutant of it
+is fuzzed (and the reference checked) under ``--contract window-rail``. Draws include the §6 fields
+(window, sinks, page-granular rows, translation), as the default ``fuzz`` of a kernel that takes them.
+
 Each file's ``DOMAIN`` (``cpu`` unless stated) is the config space whose *default, unpinned* draws must
 reach the bug (``harness.domain``): no field is pinned, so a detection is the strategies' doing, not
 the test author's. ``gpu`` mutants are scale bugs (past a copy block, a lane width, a page of 64): on a
@@ -32,6 +37,10 @@ from harness.errors import require
 MUTANTS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "mutants"
 REFERENCE_KERNEL = Path(__file__).resolve().parent.parent / "kernels" / "draft_kv_indices.py"
 KERNEL_ATTR = "generate_draft_decode_kv_indices"
+#: Per contract: the reference file a kernel mutant patches and the kernel it names (docs/contract.md §6).
+CONTRACT_KERNELS = {"draft": (REFERENCE_KERNEL, KERNEL_ATTR),
+                    "window-rail": (REFERENCE_KERNEL.parent / "window_kv_indices.py",
+                                    "generate_draft_decode_window_kv_indices")}
 SIZING_ATTR = "row_width"
 KINDS = ("kernel", "sizing")
 REFERENCE = "reference"
@@ -48,10 +57,11 @@ class Mutant:
     bug: str  # first line of the docstring
 
     kernel_file: Optional[Path] = None  # the built (mutated) kernel module, for kernel mutants
+    contract: str = "draft"  # the contract it breaks (docs/contract.md §6): draft or window-rail
 
     @property
     def kernel(self) -> str:
-        return f"{self.kernel_file}:{KERNEL_ATTR}" if self.kind == "kernel" else REFERENCE
+        return f"{self.kernel_file}:{CONTRACT_KERNELS[self.contract][1]}" if self.kind == "kernel" else REFERENCE
 
     @property
     def sizing(self) -> str:
@@ -138,18 +148,20 @@ class SelfTest:
 _SCRATCH: List[Path] = []
 
 
-def build_kernel(name: str, patch) -> Path:
-    """Apply ``patch`` to the reference kernel's source and write the mutated module; returns its path.
+def build_kernel(name: str, patch, contract: str = "draft") -> Path:
+    """Apply ``patch`` to the reference kernel's source (of ``contract``) and write the mutated module;
+    returns its path.
 
     The folder is a per-process temporary one (several pytest-xdist workers never share a file).
     """
     require(isinstance(patch, (list, tuple)) and patch and all(
         isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
         f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
-    source = REFERENCE_KERNEL.read_text()
+    reference = CONTRACT_KERNELS[contract][0]
+    source = reference.read_text()
     for old, new in patch:
         found = source.count(old)
-        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/draft_kv_indices.py "
+        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/{reference.name} "
                             "(a patch must match exactly once)")
         require(old != new, f"mutant {name}: a patch pair leaves {old.strip()!r} unchanged")
         source = source.replace(old, new)
@@ -158,7 +170,7 @@ def build_kernel(name: str, patch) -> Path:
 
         _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
     path = _SCRATCH[0] / f"{name}.py"
-    path.write_text(f"# kvfence mutant {name!r}: kernels/draft_kv_indices.py with kernels/mutants/{name}.py's PATCH.\n"
+    path.write_text(f"# kvfence mutant {name!r}: kernels/{reference.name} with kernels/mutants/{name}.py's PATCH.\n"
                     + source)
     return path
 
@@ -189,10 +201,14 @@ def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -
         require(kind in KINDS, f"mutant {path.name}: KIND must be one of {', '.join(KINDS)}, got {kind!r}")
         domain = getattr(_module_of(path), "DOMAIN", "cpu")
         require(domain in ("cpu", "gpu"), f"mutant {path.name}: DOMAIN must be cpu or gpu, got {domain!r}")
+        contract = getattr(_module_of(path), "CONTRACT", "draft")
+        require(contract in CONTRACT_KERNELS,
+                f"mutant {path.name}: CONTRACT must be one of {', '.join(CONTRACT_KERNELS)}, got {contract!r}")
         doc = (_load_attr(f"{path}:__doc__", "mutant") or "").strip()
         require(doc, f"mutant {path.name} has no docstring stating its bug")
-        kernel_file = build_kernel(path.stem, _load_attr(f"{path}:PATCH", "mutant")) if kind == "kernel" else None
-        out.append(Mutant(path.stem, kind, path, domain, doc.splitlines()[0], kernel_file))
+        kernel_file = (build_kernel(path.stem, _load_attr(f"{path}:PATCH", "mutant"), contract)
+                       if kind == "kernel" else None)
+        out.append(Mutant(path.stem, kind, path, domain, doc.splitlines()[0], kernel_file, contract))
     return out
 
 
@@ -206,10 +222,11 @@ def _module_of(path: Path):
 GPU_BATCHES = 32
 
 
-def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int]):
+def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int], contract: str = "draft"):
     from strategies import case_runs, cases, configs
 
-    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes)
+    # family=True: the §6 fields drawn, as the default fuzz of the reference (every mutant is one of it).
+    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family=True, contract=contract)
     if domain == "gpu":
         return case_runs(config, kernel=kernel, max_batches=GPU_BATCHES)
     return cases(config, kernel=kernel)
@@ -265,16 +282,18 @@ def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), name
     for m in mutants:
         resolve_sizing(m.sizing)  # a broken sizing file is bad input before anything runs
         domain = m.domain if device == "cuda" else "cpu"
-        ran_on.add(domain)
-        session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit, max_bytes=max_bytes, verifier=verifier)
+        ran_on.add((domain, m.contract))
+        session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit, max_bytes=max_bytes,
+                                                              verifier=verifier)
         result = MutantResult(m.name, m.kind, m.domain, domain, expected=(domain == m.domain), bug=m.bug)
-        report.mutants.append(_run(result, session, _strategy(domain, m.kernel, m.sizing, max_bytes),
+        report.mutants.append(_run(result, session, _strategy(domain, m.kernel, m.sizing, max_bytes, m.contract),
                                    max_examples=max_examples or BUDGETS[domain], seeds=seeds, progress=progress))
-    for domain in sorted(ran_on):
+    for domain, contract in sorted(ran_on):
+        what = "" if contract == "draft" else f", contract {contract}"
         result = MutantResult(REFERENCE, "kernel", domain, domain, expected=False,
-                              bug="the reference kernel with the safe sizing (must stay clean)")
+                              bug=f"the reference kernel with the safe sizing{what} (must stay clean)")
         budget = reference_examples if reference_examples is not None else 2 * (max_examples or BUDGETS[domain])
-        report.reference.append(_run(result, reference, _strategy(domain, REFERENCE, "safe", max_bytes),
+        report.reference.append(_run(result, reference, _strategy(domain, REFERENCE, "safe", max_bytes, contract),
                                      max_examples=budget, seeds=seeds[:1], progress=progress))
     return report
 

@@ -9,7 +9,7 @@ attributing findings, the segment ``[start, stop)`` of row ``s`` that each progr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 
 def draft_slot_start(L: int, k: int, topk: int, num_steps: int, page_size: int) -> int:
@@ -64,6 +64,9 @@ class WriteSet:
     kv_indices: Dict[Tuple[int, int], int] = field(default_factory=dict)
     kv_indptr: Dict[Tuple[int, int], int] = field(default_factory=dict)
     segments: List[ProgramSegment] = field(default_factory=list)
+    #: Elements two programs write with different values (the window rail's graph padding, §6): any of
+    #: these values is right, since which program writes last is up to the device.
+    either: Dict[Tuple[int, int], Set[int]] = field(default_factory=dict)
 
 
 def expected_writes(
@@ -106,8 +109,8 @@ def expected_writes(
 
 
 # -- the newer upstream family (docs/contract.md §6) -------------------------------------------------------
-# Plain Python again, from the contract's words. Not wired into the runners yet: kvfence's kernels,
-# strategies and verdict still implement §2; these functions state §6 so that work has its reference.
+# Plain Python again, from the contract's words. ``harness.case.Case.expected`` uses these for a config
+# with any §6 field set (``Config.is_family``); with every default they equal §2's functions above.
 
 
 def read_token(row: Sequence[int], p: int, *, entry_page_size: int = 1, v2p: Optional[Sequence[int]] = None,
@@ -132,6 +135,24 @@ def read_token(row: Sequence[int], p: int, *, entry_page_size: int = 1, v2p: Opt
 def clipped_length(L: int, window_size: int, sink_size: int) -> int:
     """``L'``: the committed length the sliding-window draft sees (``min(L, w + S)``; ``L`` with no window)."""
     return min(L, window_size + sink_size) if window_size > 0 else L
+
+
+def used_length_family(seq_lens: Sequence[int], topk: int, s: int, window_size: int = 0, sink_size: int = 0) -> int:
+    """``U(s)`` of the draft kernel under a window: ``topk*sum(L') + bs*(s+1)`` (``used_length`` without one)."""
+    return used_length([clipped_length(L, window_size, sink_size) for L in seq_lens], topk, s)
+
+
+def rail_used(seq_lens: Sequence[int], positions: Sequence[int], topk: int, s: int, window: int) -> int:
+    """Entries of step row ``s`` the window rail writes: ``B(s, bs) = sum(min(positions[i] + n, w))``, or one
+    more when a graph-padding branch (``L = 1``, position 0) is last: its window keeps ``min(1 + n, w)``
+    tokens but its base advances by ``min(n, w)``, so it ends one past ``B(s, bs)`` (see
+    ``expected_window_rail``)."""
+    n = s + 1
+    base, end = 0, 0
+    for z, p in enumerate(positions):
+        end = max(end, base + min(seq_lens[z // topk] + n, window))
+        base += min(p + n, window)
+    return max(base, end)
 
 
 def expected_writes_family(seq_lens: Sequence[int], req_pool_indices: Sequence[int], positions: Sequence[int],
@@ -175,7 +196,13 @@ def expected_window_rail(seq_lens: Sequence[int], req_pool_indices: Sequence[int
                          window: int, entry_page_size: int = 1, v2p: Optional[Sequence[int]] = None) -> WriteSet:
     """The write set of ``generate_draft_decode_window_kv_indices`` (§6, the window rail): step ``s`` of
     branch ``(b, k)`` keeps the last ``min(L + n, w)`` of the ``L + n`` tokens it sees (committed prefix,
-    then its own draft chain), at ``B(s, z) = sum(min(positions[i] + n, w) for i < z)``."""
+    then its own draft chain), at ``B(s, z) = sum(min(positions[i] + n, w) for i < z)``.
+
+    Bases come from ``positions`` and lengths from ``L``: for a graph-padding branch (``L = 1``, position
+    0) they disagree and, when ``n < w``, its segment overlaps the next one's first element. Programs
+    are taken in grid order ``z = 0, 1, ...`` and a later write wins (the interpreter's order); on a GPU
+    the overlap is a race in the padding, which nothing reads, so ``either`` lists both values and the
+    verdict accepts any of them."""
     num_seqs = len(seq_lens)
     bs = num_seqs * topk
     out = WriteSet()
@@ -194,12 +221,16 @@ def expected_window_rail(seq_lens: Sequence[int], req_pool_indices: Sequence[int
                 chain_from = max(first - L, 0)
                 base = bases[z]
                 e_k = draft_slot_start(L, k, topk, num_steps, page_size)
-                for t in range(prefix_len):
-                    out.kv_indices[(s, base + t)] = read_token(row, prefix_from + t, entry_page_size=entry_page_size,
-                                                               v2p=v2p, page_size=page_size)
-                for j in range(n - chain_from):
-                    out.kv_indices[(s, base + prefix_len + j)] = read_token(
-                        row, e_k + chain_from + j, entry_page_size=entry_page_size, v2p=v2p, page_size=page_size)
+                tokens = [read_token(row, prefix_from + t, entry_page_size=entry_page_size, v2p=v2p,
+                                     page_size=page_size) for t in range(prefix_len)]
+                tokens += [read_token(row, e_k + chain_from + j, entry_page_size=entry_page_size, v2p=v2p,
+                                      page_size=page_size) for j in range(n - chain_from)]
+                for t, value in enumerate(tokens):
+                    key = (s, base + t)
+                    earlier = out.kv_indices.get(key)
+                    if earlier is not None and earlier != value:
+                        out.either.setdefault(key, {earlier}).add(value)
+                    out.kv_indices[key] = value
                 out.segments.append(ProgramSegment(s, b, k, base, base + kept))
                 column = z or bs
                 out.kv_indptr[(s, column)] = bases[column]

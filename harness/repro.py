@@ -98,15 +98,17 @@ def _flat_of(buf, region: str, offset: int) -> Optional[int]:
 
 
 def _element_rows(obs, expected_writes, finding: Finding, limit: int) -> List[str]:
-    buf = {"kv_indices": obs.kv_indices, "kv_indptr": obs.kv_indptr}.get(finding.buffer)
+    # By role: the window rail's buffers are named window_kv_indices / window_kv_indptr.
+    role = {obs.kv_indices.name: "kv_indices", obs.kv_indptr.name: "kv_indptr"}.get(finding.buffer)
+    buf = {"kv_indices": obs.kv_indices, "kv_indptr": obs.kv_indptr}.get(role)
     if buf is None or finding.count == 0:
         return []
     lo = _flat_of(buf, finding.region, finding.start)
     if lo is None:
         return []
-    pos, val = ((expected_writes.indices_pos, expected_writes.indices_val) if finding.buffer == "kv_indices"
+    pos, val = ((expected_writes.indices_pos, expected_writes.indices_val) if role == "kv_indices"
                 else (expected_writes.indptr_pos, expected_writes.indptr_val))
-    before, after = obs.before[finding.buffer], obs.after[finding.buffer]
+    before, after = obs.before[role], obs.after[role]
     expected = before.clone()
     expected[pos] = val
     hi = min(lo + finding.count, lo + limit, buf.length)

@@ -18,21 +18,49 @@ from typing import Dict, List, Optional
 import torch
 
 from harness.audit import for_launch as audit_for_launch, resolve_audit
-from harness.case import Batch, Case, Config, LaunchBatch, SLOT_BITS, launch_batch
+from harness.case import (Batch, Case, Config, INT32_LIMIT, LaunchBatch, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK,
+                          _PERMUTE, launch_batch)
 from harness.findings import Finding
 from harness.budget import buffer_geometry
 from harness.guarded import GuardedBuffer
 from harness.targets import KernelTarget
 
 
-def slot_table(token_seed: int, rows: int, cols: int, device) -> torch.Tensor:
-    """``req_to_token`` with entry ``i`` (flattened) equal to ``harness.case.slot_id(token_seed, i)``."""
-    mask = (1 << SLOT_BITS) - 1
-    i = torch.arange(rows * cols, dtype=torch.int64, device=device)
+def _slot_ids(i: torch.Tensor, token_seed: int, bits: int) -> torch.Tensor:
+    """``harness.case.slot_id`` of every element of ``i`` (int64)."""
+    mask = (1 << bits) - 1
     h = (i * 0x9E3779B1 + token_seed) & mask
     h = h ^ (h >> 13)
     h = (h * 0x5BD1E995) & mask
-    return (h + 1).to(torch.int32).view(rows, cols)
+    return h + 1
+
+
+def slot_table(token_seed: int, rows: int, cols: int, device, config: Optional[Config] = None) -> torch.Tensor:
+    """``req_to_token`` with entry ``i`` (flattened) equal to ``harness.case.table_entry(config, token_seed, i)``
+    (``slot_id(token_seed, i)`` for a §2 config or none)."""
+    i = torch.arange(rows * cols, dtype=torch.int64, device=device)
+    if config is not None and config.translate:
+        n = rows * cols
+        return ((i * (_PERMUTE % n) + token_seed) % n).to(torch.int32).view(rows, cols)
+    bits = config.entry_bits if config is not None else SLOT_BITS
+    return _slot_ids(i, token_seed, bits).to(torch.int32).view(rows, cols)
+
+
+def v2p_tensor(config: Config, seed: int, device) -> torch.Tensor:
+    """TRANSLATE's page table: ``harness.case.v2p_entry`` of every page, as an int32 tensor."""
+    pages, ps = config.v2p_pages, config.page_size
+    page = torch.arange(pages, dtype=torch.int64, device=device)
+    if seed == 0:
+        return page.to(torch.int32)
+    perm = (page * (_PERMUTE % pages) + seed) % pages
+    h = _slot_ids(page, seed, SLOT_BITS)
+    cls = h % 8
+    out = perm.clone()
+    out = torch.where(cls == V2P_NEGATIVE, -1 - torch.div(h, 8, rounding_mode="floor") % 3, out)
+    out = torch.where(cls == V2P_SINK, torch.zeros_like(out), out)
+    out = torch.where(cls == V2P_FAR, (INT32_LIMIT // ps) - 1 - perm, out)
+    out = torch.where(page == 0, torch.zeros_like(out), out)
+    return out.to(torch.int32)
 
 
 @dataclass
@@ -55,9 +83,11 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
     """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded, laid out
     by ``harness.budget.buffer_geometry`` (the same numbers the memory budget counts)."""
     kvi, kvp = buffer_geometry(config, n, absorb)
-    kv_indices = GuardedBuffer("kv_indices", kvi.rows, kvi.width, row_guard=kvi.row_guard, front=kvi.front,
+    # The window rail's outputs are named as the rail names them (docs/contract.md §6); same guards.
+    prefix = "window_" if config.is_rail else ""
+    kv_indices = GuardedBuffer(prefix + "kv_indices", kvi.rows, kvi.width, row_guard=kvi.row_guard, front=kvi.front,
                                tail=kvi.tail, device=device, canary_seed=canary_seed)
-    kv_indptr = GuardedBuffer("kv_indptr", kvp.rows, kvp.width, row_guard=kvp.row_guard, front=kvp.front,
+    kv_indptr = GuardedBuffer(prefix + "kv_indptr", kvp.rows, kvp.width, row_guard=kvp.row_guard, front=kvp.front,
                               tail=kvp.tail, device=device, canary_seed=canary_seed + 1, guard_column0=True)
     return kv_indices, kv_indptr
 
@@ -66,16 +96,23 @@ class _Inputs:
     """Input tensors of one shape: the req_to_token pool and the per-request vectors."""
 
     def __init__(self, config: Config, rows: int, device):
-        self.req_to_token = torch.zeros(config.pool_rows, config.pool_len, dtype=torch.int32, device=device)
+        self.req_to_token = torch.zeros(config.pool_rows, config.pool_cols, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
         self.req_pool_indices = torch.zeros(rows, dtype=torch.int64, device=device)
         self.positions = torch.zeros(rows * config.topk, dtype=torch.int64, device=device)
+        # TRANSLATE's page table is an input like the others: read-only for the kernel, checked after it.
+        self.v2p = torch.zeros(config.v2p_pages, dtype=torch.int32, device=device) if config.translate else None
         self.token_seed: Optional[int] = None
+        self.v2p_seed: Optional[int] = None
 
     def load(self, config: Config, batch: Batch, lb: LaunchBatch) -> None:
         if self.token_seed != batch.token_seed:  # regenerating the pool is the costliest copy
-            self.req_to_token.copy_(slot_table(batch.token_seed, config.pool_rows, config.pool_len, self.seq_lens.device))
+            self.req_to_token.copy_(slot_table(batch.token_seed, config.pool_rows, config.pool_cols,
+                                               self.seq_lens.device, config))
             self.token_seed = batch.token_seed
+        if self.v2p is not None and self.v2p_seed != batch.v2p_seed:
+            self.v2p.copy_(v2p_tensor(config, batch.v2p_seed, self.v2p.device))
+            self.v2p_seed = batch.v2p_seed
         m = lb.num_seqs
         self.seq_lens[:m].copy_(torch.tensor(lb.seq_lens, dtype=torch.int32))
         self.req_pool_indices[:m].copy_(torch.tensor(lb.req_pool_indices, dtype=torch.int64))
@@ -87,8 +124,11 @@ class _Inputs:
         self.positions[m * config.topk:].zero_()
 
     def named(self) -> Dict[str, torch.Tensor]:
-        return {"req_to_token": self.req_to_token, "seq_lens": self.seq_lens,
-                "req_pool_indices": self.req_pool_indices, "positions": self.positions}
+        named = {"req_to_token": self.req_to_token, "seq_lens": self.seq_lens,
+                 "req_pool_indices": self.req_pool_indices, "positions": self.positions}
+        if self.v2p is not None:
+            named["v2p"] = self.v2p
+        return named
 
 
 def capture_graph(fn, device, stats: Optional[dict] = None) -> "torch.cuda.CUDAGraph":
@@ -133,9 +173,14 @@ class _RunnerBase:
 
     def _kernel_kwargs(self, inputs: _Inputs, kv_indices: GuardedBuffer, kv_indptr: GuardedBuffer, m: int) -> dict:
         c = self.config
-        return dict(req_pool_indices=inputs.req_pool_indices[:m], req_to_token=inputs.req_to_token,
-                    seq_lens=inputs.seq_lens[:m], kv_indices=kv_indices.view, kv_indptr=kv_indptr.view,
-                    positions=inputs.positions[: m * c.topk], topk=c.topk, num_steps=c.num_steps, page_size=c.page_size)
+        kw = dict(req_pool_indices=inputs.req_pool_indices[:m], req_to_token=inputs.req_to_token,
+                  seq_lens=inputs.seq_lens[:m], kv_indices=kv_indices.view, kv_indptr=kv_indptr.view,
+                  positions=inputs.positions[: m * c.topk], topk=c.topk, num_steps=c.num_steps, page_size=c.page_size)
+        if c.is_family:
+            # docs/contract.md §6: only kernels that declared these get them (KernelTarget.check_config).
+            kw.update(contract=c.contract, window_size=c.window_size, sink_size=c.sink_size,
+                      entry_page_size=c.entry_page_size, v2p=inputs.v2p)
+        return kw
 
     def _observe(self, batch: Batch, lb: LaunchBatch, inputs: _Inputs, kv_indices, kv_indptr, launch) -> Observation:
         case = Case(self.config, batch, self.kernel.spec, self.canary_seed)
@@ -144,7 +189,7 @@ class _RunnerBase:
             kv_indices.reset()
             kv_indptr.reset()
         inputs_before = {k: v.clone() for k, v in inputs.named().items()}
-        before = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
+        before = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}  # by role, not name
         error = None
         audit = None
         if self.audit:

@@ -58,8 +58,11 @@ class Session:
         #: captures and the time spent warming up (compiling) and capturing them (harness.runner);
         #: compiles: distinct constexpr variants of the kernel under test first launched by this process
         #: (each a Triton compile, or a load from Triton's on-disk cache); batches: check_many round trips.
+        #: host_verified: cases the device verifier would have judged but whose config is §6's (a window,
+        #: page-granular rows, translation or the rail, docs/contract.md §6): it checks §2 only, so they go
+        #: through the full verdict on the host instead, and are counted, never silently.
         self.stats = {"fast_clean": 0, "full": 0, "launches": 0, "runners": 0, "runner_s": 0.0, "captures": 0,
-                      "compile_s": 0.0, "capture_s": 0.0, "compiles": 0, "batches": 0}
+                      "compile_s": 0.0, "capture_s": 0.0, "compiles": 0, "batches": 0, "host_verified_cases": 0}
         self._variants = set()
         self._runners: "OrderedDict[tuple, object]" = OrderedDict()
         self._runner_bytes: dict = {}
@@ -69,6 +72,7 @@ class Session:
         key = (config, canary_seed)
         runner = self._runners.get(key)
         if runner is None:
+            self.kernel.check_config(config)  # a §6 config needs a kernel that takes its fields (BadInput)
             t0 = time.perf_counter()
             runner = make_runner(config, self.kernel, self.device, canary_seed=canary_seed, poison=self.poison,
                                  audit=self.audit, absorb=self.absorb, stats=self.stats)
@@ -107,8 +111,14 @@ class Session:
             verifier = self._device_verifiers[runner] = DeviceVerifier(runner)
         return verifier
 
+    def _device_verifiable(self, case: Case, runner) -> bool:
+        """The device verifier applies: graph mode, poisoned rows, and a §2 config (it checks §2 only;
+        a §6 config is verified on the host and counted in ``stats["host_verified_cases"]``)."""
+        return (self.verifier == "device" and self.poison and isinstance(runner, GraphRunner)
+                and not case.config.is_family)
+
     def _fast_path(self, case: Case, runner) -> bool:
-        if not (self.verifier == "device" and self.poison and isinstance(runner, GraphRunner)):
+        if not self._device_verifiable(case, runner):
             return False
         sizing = case.sizing_summary()
         return sizing["need"] <= sizing["width"]
@@ -152,7 +162,9 @@ class Session:
         runner = self.runner(case.config, case.canary_seed)
         self._count_launch(case)
         counters = None
-        if self.verifier == "device" and self.poison and isinstance(runner, GraphRunner):
+        if self.verifier == "device" and case.config.is_family:
+            self.stats["host_verified_cases"] += 1
+        if self._device_verifiable(case, runner):
             sizing = case.sizing_summary()
             if sizing["need"] <= sizing["width"]:
                 counters = self._device_verifier(runner).counters(case)

@@ -616,18 +616,27 @@ def resolve(spec: str) -> Tuple[Entry, str, Abi]:
     return entry, attr, abis[attr]
 
 
+def capabilities(abi: Abi):
+    """What an extracted kernel can be given (``harness.targets.Capabilities``): its contract, and the §6
+    parameters its signature declares (only the classic and row-stride ABIs launch with them)."""
+    from harness.targets import ALL_FAMILY, Capabilities
+
+    params = frozenset(abi.optional) & ALL_FAMILY if abi.name in ("classic", "row-stride") else frozenset()
+    return Capabilities((abi.contract,), params)
+
+
 def launcher(kernel, abi: Abi):
-    """A ``LAUNCH_KWARGS`` launcher for an extracted draft kernel of ABI ``abi`` (grid (steps, seqs, topk))."""
+    """A ``LAUNCH_KWARGS`` launcher for an extracted kernel of ABI ``abi`` (grid (steps, seqs, topk)); the
+    classic and row-stride ABIs also take a §6 config's ``FAMILY_KWARGS`` (``harness.targets.abi_launcher``)."""
     import triton
 
-    from kernels.draft_kv_indices import launch
-
     if abi.name in ("classic", "row-stride"):
-        # Same 13 positional values; row_stride gets pool_len's (kvfence's req_to_token is contiguous).
-        def launch_classic(**kw):
-            launch(kernel, **kw)
+        # Same 13 positional values (plus the rail's window); row_stride gets pool_len's (kvfence's
+        # req_to_token is contiguous); the §6 constexprs by name.
+        from harness.targets import abi_launcher
 
-        return launch_classic
+        rail = abi.contract == "window-rail"
+        return abi_launcher(None if rail else kernel, kernel if rail else None)
 
     def launch_by_name(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, topk,
                        num_steps, page_size):

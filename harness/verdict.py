@@ -12,11 +12,10 @@ plain-Python oracle (``expected_from_oracle``) or by a faster builder that is te
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from harness import oracle
 from harness.findings import Finding, Kind
 from harness.guarded import GuardedBuffer
 
@@ -43,6 +42,9 @@ class ExpectedWrites:
     used: List[int]  # U(s), written length of each step row
     need: int
     bs: int
+    #: Flat kv_indices positions two programs write with different values (``oracle.WriteSet.either``):
+    #: any of the values is accepted.
+    either: Optional[Dict[int, Tuple[int, ...]]] = None
 
 
 def expected_from_oracle(obs) -> ExpectedWrites:
@@ -57,15 +59,16 @@ def expected_from_oracle(obs) -> ExpectedWrites:
     ppos = [kvp.flat_index(s, z) for (s, z) in ws.kv_indptr]
     pval = list(ws.kv_indptr.values())
     lb = obs.launch
-    topk, steps = obs.case.config.topk, obs.case.config.num_steps
     device = kvi.storage.device
+    used = obs.case.used()  # §2's U(s), or §6's under a window or for the rail
     return ExpectedWrites(
         torch.tensor(pos, dtype=torch.int64, device=device), torch.tensor(val, dtype=torch.int32, device=device),
         torch.tensor(ppos, dtype=torch.int64, device=device), torch.tensor(pval, dtype=torch.int32, device=device),
         [(g.s, g.b, g.k, g.start, g.stop) for g in ws.segments],
-        [oracle.used_length(lb.seq_lens, topk, s) for s in range(steps)],
-        oracle.need(lb.seq_lens, topk, steps),
-        lb.num_seqs * topk,
+        used,
+        used[-1],
+        lb.num_seqs * obs.case.config.topk,
+        {kvi.flat_index(s, e): tuple(sorted(v)) for (s, e), v in ws.either.items() if e < kvi.width} or None,
     )
 
 
@@ -94,10 +97,15 @@ def _programs_for_indptr(buf: GuardedBuffer, topk: int, bs: int, lo: int, hi: in
 
 
 def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos: torch.Tensor, val: torch.Tensor,
-             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute) -> List[Finding]:
-    """Findings for one buffer: every element whose value after the launch is not the expected one."""
+             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute,
+             either: Optional[Dict[int, Tuple[int, ...]]] = None) -> List[Finding]:
+    """Findings for one buffer: every element whose value after the launch is not the expected one
+    (``either``: positions where any of several values is right)."""
     expected = before.clone()
     expected[pos] = val
+    for flat, values in (either or {}).items():
+        if int(after[flat]) in values:
+            expected[flat] = after[flat]
     in_set = torch.zeros_like(before, dtype=torch.bool)
     in_set[pos] = True
     bad = torch.nonzero(after != expected).flatten()
@@ -153,10 +161,11 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     width = obs.kv_indices.width
     if expected.need > width:
         over = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
+        family = "".join(f", {k}={v}" for k, v in config.family_dict().items())
         findings.append(Finding(
-            Kind.SIZING_VIOLATION, "kv_indices", f"row {config.num_steps - 1}", width, expected.need, [], over,
+            Kind.SIZING_VIOLATION, obs.kv_indices.name, f"row {config.num_steps - 1}", width, expected.need, [], over,
             f"need {expected.need} > width {width} (topk={config.topk}, num_seqs={obs.launch.num_seqs}, "
-            f"sum(L)={sum(obs.launch.seq_lens)}, num_steps={config.num_steps}, sizing={config.sizing})"))
+            f"sum(L)={sum(obs.launch.seq_lens)}, num_steps={config.num_steps}, sizing={config.sizing}{family})"))
     # The interpreter address audit's OOB_READ / OOB_WRITE (empty when it did not run).
     findings += obs.audit_findings
     if obs.error is not None:
@@ -166,7 +175,8 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     used = [min(u, width) for u in expected.used]
     findings += classify(kvi, obs.before["kv_indices"], obs.after["kv_indices"], expected.indices_pos,
                          expected.indices_val, used=used, in_set_kind=None,
-                         attribute=lambda lo, hi: _programs_for_indices(kvi, expected.segments, lo, hi))
+                         attribute=lambda lo, hi: _programs_for_indices(kvi, expected.segments, lo, hi),
+                         either=expected.either)
     findings += classify(kvp, obs.before["kv_indptr"], obs.after["kv_indptr"], expected.indptr_pos,
                          expected.indptr_val, used=[expected.bs + 1] * kvp.rows, in_set_kind=Kind.INDPTR_MISMATCH,
                          attribute=lambda lo, hi: _programs_for_indptr(kvp, config.topk, expected.bs, lo, hi))

@@ -44,5 +44,30 @@ def safe(n: int, topk: int, ctx: int, num_steps: int) -> int:
     return n * topk * (ctx + num_steps)
 
 
+def _window(window_size: int, name: str) -> int:
+    from harness.errors import require
+
+    require(window_size > 0, f"sizing {name} needs a window: set window_size (--window) above 0")
+    return window_size
+
+
+def window_fixed(n: int, topk: int, ctx: int, num_steps: int, *, window_size: int = 0, sink_size: int = 0) -> int:
+    """``W = n * topk * w``: the window rail's buffer (docs/contract.md §6). Each branch keeps at most
+    ``w`` tokens, so ``B(s, bs) <= bs * w <= W`` for every batch of at most ``n`` requests."""
+    return n * topk * _window(window_size, "window-fixed")
+
+
+def window_no_topk(n: int, topk: int, ctx: int, num_steps: int, *, window_size: int = 0, sink_size: int = 0) -> int:
+    """``W = n * w``: the window rail's buffer without the ``topk`` factor — §3's bug again, on the rail.
+
+    Overflows once the branches' windows add up past ``n * w`` (``topk >= 2`` and requests near ``w``)."""
+    return n * _window(window_size, "window-no-topk")
+
+
 #: The builtin policies by name; the CLI, the strategies and the case files all refer to these names.
-POLICIES = {"eager": eager, "fixed": fixed, "prefix": prefix, "safe": safe}
+#: Any policy may take ``window_size`` / ``sink_size`` keywords (harness.targets.resolve_sizing passes them
+#: only to policies that declare them); the ``window-*`` ones need a window.
+POLICIES = {"eager": eager, "fixed": fixed, "prefix": prefix, "safe": safe, "window-fixed": window_fixed,
+            "window-no-topk": window_no_topk}
+#: Policies that size the window rail from ``w``: a config using one must have a window.
+WINDOW_POLICIES = ("window-fixed", "window-no-topk")

@@ -81,7 +81,9 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
 COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches",
           "structural_cases")
 #: Session counters copied into the summary (harness.session.Session.stats).
-SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s")
+SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
+                # §6 cases verified on the host because the device verifier checks §2 only (harness.session)
+                "host_verified_cases")
 
 
 def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional[float] = None) -> dict:

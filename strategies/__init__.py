@@ -33,6 +33,7 @@ DEFAULT_MAX_BS = CPU.max_bs
 
 BOOLEANS = st.booleans()
 TOKEN_SEEDS = st.integers(0, 2**30 - 1)
+V2P_SEEDS = st.integers(1, 2**30 - 1)
 #: Tier of a size draw: 0-1 small (half the mass, and the shrink target), 2 an edge, 3 log-uniform.
 TIERS = st.integers(0, 3)
 #: Length pattern of a batch: 0 one shared length (shrink target), 1 one length per request, 2 a palette.
@@ -90,17 +91,36 @@ def sized(draw, lo: int, hi: int, edges=(), small: int = 8, small_from: Optional
 def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page_size: Optional[int] = None,
             ctx: Optional[int] = None, max_bs: Optional[int] = None, sizing: str = "safe", layout: str = "redzone",
             mode: str = "graph", max_ctx: Optional[int] = None, max_max_bs: Optional[int] = None,
-            domain: Union[str, Domain] = "cpu", max_bytes: Optional[int] = None):
+            domain: Union[str, Domain] = "cpu", max_bytes: Optional[int] = None, family: bool = False,
+            window_size: Optional[int] = None, sink_size: Optional[int] = None,
+            entry_page_size: Optional[int] = None, translate: Optional[bool] = None, contract: str = "draft"):
     """A ``Config`` from ``domain`` (``cpu``: topk 1-8, steps 1-8, pages 1-64, ctx <= 48, max_bs <= 4;
     ``gpu``: topk 1-16, steps 1-16, pages 1-128, ctx <= 131072, max_bs <= 256 with SGLang's capture
     buckets; small contexts there start past one page). ``max_ctx`` / ``max_max_bs`` narrow the domain.
     Pin any field by passing it.
 
+    ``family=True`` also draws the §6 fields (docs/contract.md §6; for a kernel that takes them, see
+    ``_family``): a window shorter or longer than the requests, sinks longer than them, page-granular
+    rows, page-table translation. Off, they stay at their defaults unless pinned. ``contract`` picks the
+    draft kernel or the window rail (whose window is then always drawn, >= 1).
+
     ``max_bytes`` bounds the device memory a config costs (``harness.budget``): a draw over it is
     halved in its unpinned fields, ctx first, until it fits. Shrinks toward topk 1, one step, page 1,
-    the smallest ctx and max_bs.
+    the smallest ctx and max_bs, no window, no sinks, E = 1, no translation.
     """
     dom = _domain(domain)
+    from harness.case import CONTRACTS
+
+    require(contract in CONTRACTS, f"configs(contract={contract!r}): choose {', '.join(CONTRACTS)}")
+    require(isinstance(family, bool), f"configs(family={family!r}) must be true or false")
+    for name, value in (("window_size", window_size), ("sink_size", sink_size)):
+        require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0),
+                f"configs({name}={value!r}): {name} must be a non-negative integer")
+    require(translate is None or isinstance(translate, bool), f"configs(translate={translate!r}) must be true or false")
+    _fixed_or(entry_page_size, None, "entry_page_size", lambda v: _positive(v) and v & (v - 1) == 0, "a power of two")
+    family_pins = tuple(sorted((k, v) for k, v in dict(window_size=window_size, sink_size=sink_size,
+                                                        entry_page_size=entry_page_size, translate=translate).items()
+                               if v is not None))
     require(layout in LAYOUTS, f"configs(layout={layout!r}): choose {', '.join(LAYOUTS)}")
     require(mode in MODES, f"configs(mode={mode!r}): choose {', '.join(MODES)}")
     require(isinstance(sizing, str) and sizing, f"configs(sizing={sizing!r}) must name a sizing policy")
@@ -117,19 +137,24 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
         _fixed_or(value, None, name, _positive, what)
     _fixed_or(page_size, None, "page_size", lambda v: _positive(v) and v & (v - 1) == 0, "a power of two")
     pins = dict(topk=topk, num_steps=num_steps, page_size=page_size, ctx=ctx, max_bs=max_bs)
-    fixed = dict(sizing=sizing, layout=layout, mode=mode)
-    if None not in pins.values():
+    fixed = dict(sizing=sizing, layout=layout, mode=mode, contract=contract)
+    from kernels.sizing import WINDOW_POLICIES
+
+    smallest_window = 1 if (contract == "window-rail" or sizing in WINDOW_POLICIES) else 0
+    least = dict(window_size=smallest_window, sink_size=0, entry_page_size=1, translate=False)
+    least.update(family_pins)
+    if None not in pins.values() and (len(family_pins) == 4 or not (family or smallest_window)):
         # Fully pinned: one config, no draws (a pinned GPU run replays one captured config).
-        config = Config(**pins, buckets=dom.buckets_for(max_bs), **fixed)
+        config = Config(**pins, buckets=dom.buckets_for(max_bs), **fixed, **least)
         _require_fits(config, max_bytes)
         return st.just(config)
     # The smallest config the pins allow must fit the budget, or no draw ever could.
     smallest = Config(topk=topk or 1, num_steps=num_steps or 1, page_size=page_size or 1,
                       ctx=ctx or (num_steps or 1) + 1, max_bs=max_bs or 1,
-                      buckets=dom.buckets_for(max_bs or 1), **fixed)
+                      buckets=dom.buckets_for(max_bs or 1), **fixed, **least)
     _require_fits(smallest, max_bytes)
     return _configs(dom, tuple(sorted((k, v) for k, v in pins.items() if v is not None)), tuple(sorted(fixed.items())),
-                    max_bytes)
+                    max_bytes, family_pins, family, smallest_window)
 
 
 def _require_fits(config: Config, max_bytes: Optional[int]) -> None:
@@ -165,8 +190,45 @@ def _bs_edges(dom: Domain):
     return {*buckets, *(lanes + 1 for lanes in LANE_WIDTHS), dom.max_bs}
 
 
+#: ``entry_page_size`` draws: 1 first (the shrink target), then page-granular rows.
+ENTRY_PAGE_SIZES = (1, 2, 4, 8)
+
+
+def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, rail: bool) -> dict:
+    """The §6 fields of one config (docs/contract.md §6), each pinned or, with ``family``, drawn.
+
+    * ``window_size``: none (a quarter of the time, and the shrink target) or ``1 .. num_steps+1`` (inside the draft
+      chain) or ``1 .. ctx+num_steps+1``, so windows shorter than, equal to and longer than the requests
+      (and the rail's ``L + n``) all occur; always
+      ``>= 1`` for the rail and the ``window-*`` sizings (``min_window``), drawn then even without ``family``;
+    * ``sink_size`` (draft only, beside a window): none half the time, else short (``1 .. 4``) or
+      ``1 .. ctx+1``, so requests longer than window plus sinks and sinks longer than a request both occur;
+    * ``entry_page_size``: 1, 2, 4 or 8, dividing neither ctx nor the pool row in particular;
+    * ``translate``: off or on (the page table itself is drawn per batch, ``v2p_seed``).
+    Nothing is drawn for a §2 run (``family`` off, no window needed): its draws are exactly as before.
+    """
+    if "window_size" in pinned:
+        w = pinned["window_size"]
+    elif min_window == 0 and (not family or draw(TIERS) == 0):
+        w = 0
+    else:
+        # Half the windows within the draft chain (w <= num_steps + 1: the rail's window then starts past
+        # the prefix at the last steps), half anywhere up to past the longest request.
+        w = draw(_integers(1, n + 1)) if draw(BOOLEANS) else draw(_integers(1, c + n + 1))
+    if "sink_size" in pinned:
+        sink = pinned["sink_size"]
+    else:
+        # Short sinks (1-4, a request then outruns window and sinks) or any up to past the longest request.
+        sink = ((draw(_integers(1, min(4, c + 1))) if draw(BOOLEANS) else draw(_integers(1, c + 1)))
+                if family and w and not rail and draw(BOOLEANS) else 0)
+    e = pinned.get("entry_page_size") or (draw(_sampled(ENTRY_PAGE_SIZES)) if family else 1)
+    translate = pinned["translate"] if "translate" in pinned else (draw(BOOLEANS) if family else False)
+    return dict(window_size=w, sink_size=sink, entry_page_size=e, translate=translate)
+
+
 @st.composite
-def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[int]):
+def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[int], family_pins: tuple = (),
+             family: bool = False, min_window: int = 0):
     pinned = dict(pins)
     t = pinned["topk"] if "topk" in pinned else draw(_integers(1, dom.max_topk))
     n = pinned["num_steps"] if "num_steps" in pinned else draw(_integers(1, dom.max_steps))
@@ -184,10 +246,15 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     if "max_bs" in pinned:
         m = pinned["max_bs"]
     elif dom.name == "cpu":
+        # The largest max_bs (its full bucket pads and sums over the most requests) a quarter of the time;
+        # the count first and the tier after, so a failure shrinks the count on its own.
         m = draw(_integers(1, dom.max_bs))
+        m = dom.max_bs if draw(TIERS) == 3 else m
     else:
         m = sized(draw, 1, dom.max_bs, _bs_edges(dom))
-    config = Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m), **dict(fixed))
+    fixed_d = dict(fixed)
+    fields = _family(draw, n, c, dict(family_pins), family, min_window, fixed_d["contract"] == "window-rail")
+    config = Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m), **fixed_d, **fields)
     if max_bytes is not None:
         from harness.budget import fit
 
@@ -285,7 +352,7 @@ def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
         # The count is drawn first and the tier after it, so shrinking the tier to 0 leaves a count that
         # shrinks on its own (a tier deciding whether a draw happens at all shrinks badly).
         count = draw(_integers(lo, hi))
-        return hi if draw(TIERS) == 3 else count
+        return hi if draw(TIERS) >= 2 else count
     tier = draw(TIERS)
     if tier <= 1:
         return draw(_integers(lo, lo + 3))
@@ -326,7 +393,11 @@ def _draw_batch(draw, config: Config, bound: int, min_requests: int):
     rows_total = config.pool_rows
     a, c = draw(_multipliers(rows_total)), draw(_integers(0, rows_total - 1))
     rows = [(a * i + c) % rows_total for i in range(raw_bs)]
-    return Batch(tuple(lens), tuple(rows), draw(TOKEN_SEEDS))
+    token_seed = draw(TOKEN_SEEDS)
+    # TRANSLATE: the page table's seed: a drawn table (negative, sink and far pages) 3 times in 4, the
+    # identity (0) otherwise and as the shrink target.
+    v2p_seed = draw(V2P_SEEDS) if config.translate and draw(TIERS) > 0 else 0
+    return Batch(tuple(lens), tuple(rows), token_seed, v2p_seed)
 
 
 # -- cases ----------------------------------------------------------------------------------------------
@@ -378,5 +449,6 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
     # cases. Lengths and pool rows stay exactly as drawn, so structure still shrinks as usual.
     shape = repr((config, [(b.seq_lens, b.req_pool_indices, b.token_seed) for b in drawn]))
     key = int.from_bytes(hashlib.blake2b(shape.encode(), digest_size=8).digest(), "little")
-    return [Case(config, Batch(b.seq_lens, b.req_pool_indices, (b.token_seed + key + i * 0x9E3779B1) % 2**SLOT_BITS),
+    return [Case(config, Batch(b.seq_lens, b.req_pool_indices, (b.token_seed + key + i * 0x9E3779B1) % 2**SLOT_BITS,
+                               b.v2p_seed),
                  kernel, canary_seed) for i, b in enumerate(drawn)]

@@ -18,6 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"off_by_one_n", "prefix_sum_inclusive", "no_z0_rule", "step_major_drafts", "paged_no_last",
             "bs_upper_small", "num_tokens_upper_small", "iter_upper_small", "indptr_stride_rows",
             "sizing_missing_topk", "sizing_draft_ctx", "last_row_past_end"}
+#: docs/contract.md §6 paths the shipped mutants must cover: window clip, sink, recent start, entry-page
+#: arithmetic, translation, the rail's prefix/chain split and indptr, the rail's sizing.
+FAMILY = {"window_offsets_unclipped", "window_sinks_dropped", "window_recent_off_by_one", "entry_page_no_offset",
+          "translate_page_unscaled", "translate_negative_unclipped", "rail_prefix_from_start", "rail_chain_from_zero",
+          "rail_indptr_without_chain", "sizing_window_no_topk"}
 #: Scale classes (issue: GPU-scale domain): bugs that appear only past a copy block, a lane width, a page of 64.
 SCALE = {"copy_first_block_only", "prefix_sum_16_lanes", "indptr_sum_64_branches", "page_last_capped_64"}
 
@@ -27,7 +32,9 @@ def test_shipped_mutants_are_well_formed(device):
     from harness.targets import resolve_kernel, resolve_sizing
 
     mutants = discover()
-    assert len(mutants) >= 16 and REQUIRED | SCALE <= {m.name for m in mutants}
+    assert len(mutants) >= 16 and REQUIRED | SCALE | FAMILY <= {m.name for m in mutants}
+    assert {m.name for m in mutants if m.contract == "window-rail"} == {
+        "rail_prefix_from_start", "rail_chain_from_zero", "rail_indptr_without_chain", "sizing_window_no_topk"}
     assert {m.name for m in mutants if m.domain == "gpu"} == SCALE
     assert {m.kind for m in mutants} == {"kernel", "sizing"}
     for m in mutants:
@@ -35,7 +42,7 @@ def test_shipped_mutants_are_well_formed(device):
         if m.kind == "kernel":
             assert resolve_kernel(m.kernel, device).request_axis == 1  # a classic-ABI @triton.jit kernel
         else:
-            assert resolve_sizing(m.sizing)(2, 2, 8, 2) >= 1
+            assert resolve_sizing(m.sizing)(2, 2, 8, 2, window_size=3) >= 1
 
 
 def test_every_mutant_is_detected_and_the_reference_is_clean(device):
@@ -49,7 +56,8 @@ def test_every_mutant_is_detected_and_the_reference_is_clean(device):
     reached = [m.name for m in report.mutants if not m.expected and m.detected]
     assert not reached, f"scale mutants detected on the CPU domain: {reached}"
     assert {m.name for m in report.mutants if not m.expected} == SCALE
-    assert [r.detected for r in report.reference] == [False]
+    # One reference row per contract the mutants break (docs/contract.md §6): draft and window-rail.
+    assert [r.detected for r in report.reference] == [False, False]
     assert report.passed
     by_name = {m.name: m for m in report.mutants}
     assert all(m.examples_to_detection >= 1 and m.kinds for m in report.mutants if m.expected)

@@ -238,14 +238,15 @@ def test_kernels_reaching_outside_jit_code_are_refused(tmp_path, cache, edits, n
     one_line_exit_2(kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache), *needles)
 
 
-def test_the_window_rail_kernel_is_extracted_but_not_run_yet(tmp_path, cache):
+def test_the_window_rail_kernel_is_extracted_and_needs_its_contract(tmp_path, cache):
     wheel = make_wheel(tmp_path / "wheels", modules={MODULE: FAKE_MODULE + WINDOW_RAIL})
     assert kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache).returncode == 0
     manifest = json.loads((cache / f"sglang-{VERSION}" / "manifest.json").read_text())
     rail = manifest["abi"][upstream.WINDOW_KERNEL]
     assert (rail["name"], rail["contract"], rail["required"][-1]) == ("row-stride", "window-rail", "window")
+    # Fuzzed under the draft contract (the default) it is refused in one line: it is the rail.
     one_line_exit_2(fuzz(cache, tmp_path, f"sglang=={VERSION}:{upstream.WINDOW_KERNEL}"),
-                    "contract window-rail not supported yet")
+                    "implements the window-rail contract, not draft")
 
 
 # -- fuzzing the extracted kernel ----------------------------------------------------------------------
@@ -369,3 +370,14 @@ def test_real_release_from_pypi_is_extracted_and_fuzzes_clean(tmp_path, cache):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     one_line_exit_2(kvfence("upstream", "fetch", "9.9.9", cache=cache, KVFENCE_OFFLINE="0"),
                     "sglang==9.9.9: no such release")
+
+
+def test_an_extracted_rail_kernel_is_fuzzed_under_the_rail_contract(tmp_path, cache):
+    # The fake rail above writes only garbage into its indptr: under --contract window-rail it reaches the
+    # launch with its window (the ABI's 14th argument) and the verdict catches it (exit 1, not 2).
+    wheel = make_wheel(tmp_path / "wheels", modules={MODULE: FAKE_MODULE + WINDOW_RAIL})
+    assert kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache).returncode == 0
+    proc = fuzz(cache, tmp_path, f"sglang=={VERSION}:{upstream.WINDOW_KERNEL}", "--contract", "window-rail",
+                "--window", "3", "--sizing", "window-fixed")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "window_kv_indptr" in proc.stdout

@@ -11,6 +11,6 @@ KIND = "kernel"
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
-    ('            last = L % page_size\n',
-     '            last = L % (page_size if page_size <= 64 else 64)  # BUG: pages > 64 tokens\n'),
+    ('            last = seq_len % page_size\n',
+     '            last = seq_len % (page_size if page_size <= 64 else 64)  # BUG: pages > 64 tokens\n'),
 ]

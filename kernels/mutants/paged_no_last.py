@@ -9,6 +9,6 @@ multiple of the page size.
 KIND = "kernel"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
-    ('            paged_start = (L - last) + k * pages_per_branch * page_size + last\n',
-     '            paged_start = (L - last) + k * pages_per_branch * page_size  # BUG: + last missing\n'),
+    ('            paged_start = (seq_len - last) + k * pages_per_branch * page_size + last\n',
+     '            paged_start = (seq_len - last) + k * pages_per_branch * page_size  # BUG: + last missing\n'),
 ]

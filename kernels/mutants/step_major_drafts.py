@@ -8,6 +8,6 @@ Needs ``topk >= 2`` and ``num_steps >= 2`` (with one of them 1 the two layouts c
 KIND = "kernel"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
-    ('        draft = tl.load(src + draft_start + offs_j, mask=mask_j)\n',
-     '        draft = tl.load(src + L + offs_j * topk + k, mask=mask_j)  # BUG: step-major slots L + j*topk + k\n'),
+    ('        draft = read_tokens(src, draft_start + offs_j, mask_j, v2p, page_size, ENTRY_PAGE_SIZE, TRANSLATE)\n',
+     '        draft = read_tokens(src, seq_len + offs_j * topk + k, mask_j, v2p, page_size, ENTRY_PAGE_SIZE, TRANSLATE)  # BUG: step-major slots L + j*topk + k\n'),
 ]

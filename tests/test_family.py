@@ -1,0 +1,337 @@
+"""docs/contract.md §6 end to end: the case model's new fields and their bad inputs, old case files,
+the drawn page table, the torch write set against the plain oracle on every new path, which kernels
+may run a §6 config, sizing with window parameters, the host verdict for §6 configs under the device
+verifier, the strategies' reach, and each new path's detection: a buggy kernel caught, the reference clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from harness import casefile
+from harness.case import Batch, Case, Config, req_to_token_rows, table_entry, v2p_table
+from harness.errors import BadInput
+from harness.fastcheck import expected_writes_torch
+from harness.verdict import expected_from_oracle
+from strategies import batches, cases, configs
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
+LAUNCHER = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:_reference"
+UPSTREAM_CACHE = Path(os.environ.get("KVFENCE_TEST_UPSTREAM_CACHE", "/work/main/upstream-cache"))
+
+
+# -- the case model ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, needle", [
+    (dict(entry_page_size=3), "entry_page_size must be a power of two"),
+    (dict(entry_page_size=128), "entry_page_size must be a power of two"),
+    (dict(sink_size=2), "needs a window"),
+    (dict(window_size=-1), "window_size must be a non-negative integer"),
+    (dict(window_size=True), "window_size must be a non-negative integer"),
+    (dict(translate="yes"), "translate must be true or false"),
+    (dict(contract="rail"), "contract must be one of draft, window-rail"),
+    (dict(contract="window-rail"), "window-rail needs window_size > 0"),
+    (dict(contract="window-rail", window_size=2, sink_size=1), "the window rail has no sinks"),
+])
+def test_bad_family_fields_are_one_line_bad_input(fields, needle):
+    with pytest.raises(BadInput) as err:
+        Config(topk=1, num_steps=1, **fields)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_defaults_are_todays_config_and_old_case_files_load():
+    config = Config(topk=2, num_steps=2)
+    assert not config.is_family and config.family_dict() == {}
+    assert set(config.to_dict()) == {"topk", "num_steps", "page_size", "ctx", "max_bs", "buckets", "sizing",
+                                     "layout", "mode"}
+    case = Case(config, Batch((3,), (1,), 7))
+    assert "v2p_seed" not in case.batch.to_dict()
+    # An old (pre-§6) case file: none of the new keys; it loads, with every §6 field at its default.
+    doc = casefile.document(case, [], device="cpu", source="test")
+    loaded = casefile.from_document(json.loads(json.dumps(doc))).case
+    assert loaded.config == config and loaded.batch == case.batch
+    assert pool_and_oracle_are_classic(loaded)
+
+
+def pool_and_oracle_are_classic(case):
+    from harness import oracle
+    from harness.case import slot_id
+
+    c, lb = case.config, case.launch()
+    rows = [[slot_id(case.batch.token_seed, r * c.pool_len + t) for t in range(c.pool_len)] for r in range(c.pool_rows)]
+    classic = oracle.expected_writes(lb.seq_lens, lb.req_pool_indices, lb.positions, rows, c.topk, c.num_steps,
+                                     c.page_size)
+    return req_to_token_rows(c, case.batch.token_seed) == rows and case.expected().kv_indices == classic.kv_indices
+
+
+def test_family_case_files_round_trip_and_bad_fields_exit_2_on_load(tmp_path):
+    config = Config(topk=2, num_steps=3, page_size=4, ctx=12, max_bs=2, window_size=3, sink_size=1,
+                    entry_page_size=2, translate=True)
+    case = Case(config, Batch((9, 2), (0, 2), 5, 1234))
+    doc = json.loads(json.dumps(casefile.document(case, [], device="cpu", source="test")))
+    loaded = casefile.from_document(doc).case
+    assert loaded.config == config and loaded.batch.v2p_seed == 1234
+    doc["case"]["config"]["entry_page_size"] = 6
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, "-m", "harness", "repro", str(path), "--device", "cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "entry_page_size must be a power of two" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_page_granular_rows_and_the_virtual_table():
+    config = Config(topk=2, num_steps=3, page_size=4, ctx=10, max_bs=2, entry_page_size=4)
+    assert config.pool_cols == -(-config.pool_len // 4)
+    entries = [table_entry(config, 3, i) for i in range(config.pool_rows * config.pool_cols)]
+    assert len(set(entries)) == len(entries) and max(entries) * 4 + 3 < 2**30
+    translated = Config(topk=2, num_steps=3, page_size=4, ctx=10, max_bs=2, entry_page_size=2, translate=True)
+    n = translated.pool_rows * translated.pool_cols
+    assert sorted(table_entry(translated, 9, i) for i in range(n)) == list(range(n))  # a permutation of [0, N)
+    assert translated.v2p_pages == -(-n * 2 // 4)
+
+
+def test_the_drawn_page_table_has_negative_sink_and_far_pages_and_shrinks_to_the_identity():
+    import torch
+
+    from harness.runner import v2p_tensor
+
+    config = Config(topk=2, num_steps=2, page_size=2, ctx=40, max_bs=4, translate=True)
+    assert v2p_table(config, 0) == list(range(config.v2p_pages))
+    table = v2p_table(config, 77)
+    assert table[0] == 0  # the page-0 sink
+    assert any(p < 0 for p in table) and any(p == 0 for p in table[1:])
+    assert any(p * config.page_size >= 2**30 for p in table)  # far pages
+    assert all(p * config.page_size + config.page_size - 1 < 2**31 for p in table)
+    assert v2p_tensor(config, 77, "cpu").tolist() == table and v2p_tensor(config, 0, "cpu").tolist() == v2p_table(config, 0)
+    from harness.runner import slot_table
+
+    for c in (config, Config(topk=1, num_steps=1, entry_page_size=8)):
+        flat = slot_table(5, c.pool_rows, c.pool_cols, "cpu", c).view(-1).tolist()
+        assert flat == [table_entry(c, 5, i) for i in range(len(flat))]
+    assert torch.equal(slot_table(5, 3, 4, "cpu"), slot_table(5, 3, 4, "cpu", Config(topk=1, num_steps=1)))
+
+
+# -- fastcheck = oracle on every new path ------------------------------------------------------------
+def as_maps(ew):
+    return (dict(zip(ew.indices_pos.tolist(), ew.indices_val.tolist())),
+            dict(zip(ew.indptr_pos.tolist(), ew.indptr_val.tolist())),
+            sorted(ew.segments), ew.used, ew.need, ew.bs, ew.either)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_torch_write_set_equals_the_plain_oracle_on_the_family(make_session, data):
+    contract = data.draw(st.sampled_from(["draft", "window-rail"]))
+    config = data.draw(configs(family=True, contract=contract,
+                               sizing=data.draw(st.sampled_from(["safe", "prefix", "window-no-topk"])),
+                               mode=data.draw(st.sampled_from(["graph", "eager"]))))
+    case = Case(config, data.draw(batches(config)))
+    obs = make_session("reference").observe(case)
+    assert as_maps(expected_writes_torch(obs)) == as_maps(expected_from_oracle(obs))
+
+
+def test_rail_padding_segments_overlap_and_both_builders_agree(make_session):
+    # Graph padding (L = 1, position 0) with n < w: a padded branch's window (min(1 + n, w)) is one longer
+    # than its base step (min(n, w)); the later program wins, in the oracle and in the torch builder.
+    config = Config(topk=2, num_steps=2, ctx=8, max_bs=4, contract="window-rail", window_size=5)
+    case = Case(config, Batch((6, 2, 3), (1, 2, 3), 3))  # 3 requests -> bucket 4: one padded request
+    assert case.launch().num_seqs == 4
+    obs = make_session("reference").observe(case)
+    ew = expected_from_oracle(obs)
+    assert ew.need == case.used()[-1] > sum(min(p + 2, 5) for p in case.launch().positions)
+    assert as_maps(expected_writes_torch(obs)) == as_maps(ew)
+    assert ew.either and all(len(v) == 2 for v in ew.either.values())
+    assert make_session("reference").check(case) == []
+    # Either value is accepted (a GPU may run the programs in any order); a third value is a finding.
+    from harness.verdict import check
+
+    (flat, values) = next(iter(ew.either.items()))
+    for value, clean in ((values[0], True), (values[1], True), (12345, False)):
+        obs.after["kv_indices"][flat] = value
+        assert (check(obs, ew) == []) == clean
+
+
+# -- which kernel may run what -------------------------------------------------------------------------
+@pytest.mark.parametrize("spec, fields, needle", [
+    (CLASSIC, dict(window_size=3), "lacks window_size"),
+    (CLASSIC, dict(translate=True), "lacks v2p, TRANSLATE"),
+    (CLASSIC, dict(window_size=2, contract="window-rail"), "implements the draft contract, not window-rail"),
+    (LAUNCHER, dict(entry_page_size=2), "lacks ENTRY_PAGE_SIZE"),
+])
+def test_a_kernel_without_the_parameters_is_refused_in_one_line(device, spec, fields, needle):
+    from harness.session import Session
+
+    config = Config(topk=1, num_steps=1, ctx=4, max_bs=1, **fields)
+    with pytest.raises(BadInput) as err:
+        Session(device, spec).check(Case(config, Batch((2,), (0,))))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_classic_kernels_get_no_family_draws_and_the_reference_gets_them():
+    from harness.targets import kernel_capabilities
+
+    assert not kernel_capabilities(CLASSIC).family and not kernel_capabilities(LAUNCHER).family
+    assert kernel_capabilities("reference").family
+    assert kernel_capabilities("reference").contracts == ("draft", "window-rail")
+
+
+# -- sizing --------------------------------------------------------------------------------------------
+def test_window_policies_and_four_argument_plugins(tmp_path):
+    from harness.targets import resolve_sizing
+
+    plugin = tmp_path / "sizing_plugin.py"
+    plugin.write_text("def four(n, topk, ctx, num_steps):\n    return n * topk * (ctx + num_steps)\n"
+                      "def windowed(n, topk, ctx, num_steps, *, window_size=0, sink_size=0):\n"
+                      "    return n * topk * (min(ctx, window_size + sink_size) + num_steps)\n")
+    rail = Config(topk=3, num_steps=2, ctx=20, max_bs=2, contract="window-rail", window_size=5, sizing="window-fixed")
+    assert rail.row_width(2) == 2 * 3 * 5
+    assert Config(**{**rail.to_dict(), "buckets": (1, 2), "sizing": "window-no-topk"}).row_width(2) == 2 * 5
+    window = dict(topk=2, num_steps=2, ctx=20, max_bs=2, window_size=4, sink_size=1)
+    assert Config(**window, sizing=f"{plugin}:four").row_width(2) == 2 * 2 * 22  # no window kwargs for it
+    assert Config(**window, sizing=f"{plugin}:windowed").row_width(2) == 2 * 2 * (5 + 2)
+    with pytest.raises(BadInput, match="window-fixed needs a window"):
+        resolve_sizing("window-fixed")(2, 2, 8, 2)
+
+
+def test_window_need_is_clipped():
+    config = Config(topk=2, num_steps=3, ctx=20, max_bs=2, window_size=4, sink_size=1)
+    case = Case(config, Batch((17, 2), (0, 1)))
+    # topk*sum(L') + bs*num_steps with L' = (min(17, 5), min(2, 5)) = (5, 2); bs = 2*2.
+    assert case.sizing_summary()["need"] == 2 * (5 + 2) + 4 * 3
+
+
+# -- the device verifier's routing -----------------------------------------------------------------------
+def test_family_configs_are_verified_on_the_host_and_counted(device):
+    from harness.session import Session
+
+    session = Session(device, "reference", verifier="device")
+    classic = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2), Batch((5, 3), (0, 1)))
+    family = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2, window_size=3), Batch((5, 3), (0, 1)))
+    assert session.check(classic) == [] and session.stats["fast_clean"] == 1
+    assert session.check(family) == []
+    assert session.stats["host_verified_cases"] == 1 and session.stats["fast_clean"] == 1
+    # The host path really checks: a kernel that drops the sinks is caught there.
+    from harness.mutants import kernel_spec
+
+    buggy = Session(device, kernel_spec("window_sinks_dropped"), verifier="device")
+    sinks = Case(Config(topk=1, num_steps=1, ctx=8, max_bs=1, window_size=2, sink_size=1), Batch((6,), (0,)))
+    assert buggy.check(sinks) and buggy.stats["host_verified_cases"] == 1
+
+
+# -- detection per new path: the buggy kernel caught, the reference clean ---------------------------
+DETECTIONS = [  # mutant, config fields, batch (seq_lens), v2p_seed
+    ("window_offsets_unclipped", dict(topk=1, num_steps=1, window_size=2), (6, 3), 0),
+    ("window_sinks_dropped", dict(topk=1, num_steps=1, window_size=2, sink_size=1), (6,), 0),
+    ("window_recent_off_by_one", dict(topk=1, num_steps=1, window_size=2), (6,), 0),
+    ("entry_page_no_offset", dict(topk=1, num_steps=1, entry_page_size=2), (3,), 0),
+    ("translate_page_unscaled", dict(topk=1, num_steps=1, page_size=2, translate=True), (4,), 0),
+    ("translate_negative_unclipped", dict(topk=2, num_steps=2, page_size=1, translate=True, max_bs=4), (8, 8, 8, 8), 4),
+    ("rail_prefix_from_start", dict(topk=1, num_steps=1, contract="window-rail", window_size=2), (5,), 0),
+    ("rail_chain_from_zero", dict(topk=2, num_steps=3, contract="window-rail", window_size=1), (2,), 0),
+    ("rail_indptr_without_chain", dict(topk=1, num_steps=1, contract="window-rail", window_size=4), (2,), 0),
+]
+
+
+@pytest.mark.parametrize("mutant, fields, lens, v2p_seed", DETECTIONS, ids=[d[0] for d in DETECTIONS])
+def test_each_new_path_catches_its_bug_and_passes_the_reference(make_session, mutant, fields, lens, v2p_seed):
+    from harness.mutants import kernel_spec
+
+    fields = dict(dict(ctx=8, max_bs=2), **fields)
+    config = Config(**fields)
+    if v2p_seed:
+        # A seed whose table gives a page a request reads a negative id.
+        v2p_seed = next(seed for seed in range(1, 500) if any(p < 0 for p in v2p_table(config, seed)[:8]))
+    case = Case(config, Batch(lens, tuple(range(len(lens))), 0, v2p_seed))
+    assert make_session("reference").check(case) == []
+    findings = make_session(kernel_spec(mutant)).check(case)
+    assert findings, f"{mutant} not caught on {case}"
+
+
+def test_the_rail_sizing_without_topk_overflows_and_window_fixed_holds(make_session):
+    base = dict(topk=2, num_steps=2, ctx=8, max_bs=2, contract="window-rail", window_size=4)
+    batch = Batch((8, 8), (0, 1))
+    assert make_session("reference").check(Case(Config(**base, sizing="window-fixed"), batch)) == []
+    kinds = {f.kind.name for f in make_session("reference").check(Case(Config(**base, sizing="window-no-topk"), batch))}
+    assert "SIZING_VIOLATION" in kinds
+
+
+# -- strategies ------------------------------------------------------------------------------------------
+def test_strategies_reach_every_new_path_and_stay_classic_without_family():
+    seen = set()
+
+    @settings(max_examples=300, database=None)
+    @given(cases(configs(family=True)), cases(configs()))
+    def run(case, classic):
+        assert not classic.config.is_family and not classic.batch.v2p_seed
+        c, lens = case.config, case.batch.seq_lens
+        if c.window_size:
+            seen.add("window<L" if max(lens) > c.window_size + c.sink_size else "window>=L")
+        if c.sink_size and c.sink_size > min(lens):
+            seen.add("sink>L")
+        if c.entry_page_size > 1:
+            seen.add("E>1")
+        if c.translate:
+            seen.add("translate")
+            if case.batch.v2p_seed and any(p < 0 for p in v2p_table(c, case.batch.v2p_seed)):
+                seen.add("negative page")
+
+    run()
+    assert seen == {"window<L", "window>=L", "sink>L", "E>1", "translate", "negative page"}
+
+
+# -- the command line ----------------------------------------------------------------------------------
+def kvfence(*args):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--contract", "window-rail"], "--contract window-rail needs --window"),
+    (["--sink", "2"], "needs a window"),
+    (["--entry-page-size", "3"], "entry_page_size must be a power of two"),
+    (["--translate", "maybe"], "--translate"),
+    (["--window", "3", "--kernel", CLASSIC], "lacks window_size"),
+    (["--sizing", "window-fixed", "--window", "0"], "window-fixed needs a window"),
+])
+def test_fuzz_bad_family_flags_exit_2_in_one_line(tmp_path, flags, needle):
+    proc = kvfence("fuzz", "--device", "cpu", "--max-examples", "2", "--out", str(tmp_path / "o"), "--quiet", *flags)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_fuzz_the_rail_with_a_sizing_bug_finds_it_and_the_fix_is_clean(tmp_path):
+    common = ["fuzz", "--device", "cpu", "--max-examples", "30", "--seed", "1", "--quiet", "--shrink-seconds", "5",
+              "--contract", "window-rail", "--window", "3", "--topk", "2"]
+    bad = kvfence(*common, "--sizing", "window-no-topk", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 1 and "SIZING_VIOLATION" in bad.stdout, bad.stdout + bad.stderr
+    good = kvfence(*common, "--sizing", "window-fixed", "--out", str(tmp_path / "good"))
+    assert good.returncode == 0, good.stdout + good.stderr
+    summary = json.loads((tmp_path / "good" / "summary.json").read_text())
+    assert summary["contract"] == "window-rail" and summary["family_pins"] == {"window_size": 3}
+
+
+# -- SGLang 0.5.23's own kernels on every new path (needs its extracted cache) ---------------------------
+@pytest.mark.skipif(not (UPSTREAM_CACHE / "sglang-0.5.23" / "manifest.json").is_file(),
+                    reason="no extracted sglang 0.5.23 (python -m harness upstream fetch 0.5.23)")
+@pytest.mark.parametrize("attr, contract", [("", "draft"), (":generate_draft_decode_window_kv_indices", "window-rail")])
+def test_sglang_0_5_23_is_clean_on_the_family(device, monkeypatch, attr, contract):
+    from harness.session import Session
+
+    monkeypatch.setenv("KVFENCE_CACHE", str(UPSTREAM_CACHE))
+    monkeypatch.setenv("KVFENCE_OFFLINE", "1")
+    session = Session(device, f"sglang==0.5.23{attr}")
+    assert session.kernel.capabilities.family
+
+    @settings(max_examples=25, database=None, deadline=None)
+    @given(cases(configs(family=True, contract=contract)))
+    def run(case):
+        assert session.check(case) == [], case
+
+    run()
