@@ -37,10 +37,10 @@ fam() {  # name, then fuzz flags; one line per run in $L/family_rc.txt
 }
 RAIL=generate_draft_decode_window_kv_indices
 mkdir -p "$OUT/fam"
-( fam reference-draft ) &
-( fam reference-rail-notopk --contract window-rail --window 64 --sizing window-no-topk --topk 4 ) &
-( fam sglang-0.5.23-draft --kernel sglang==0.5.23 ) &
-( fam sglang-0.5.23-rail-w64 --kernel sglang==0.5.23:$RAIL --contract window-rail --window 64 --sizing window-fixed ) &
+( fam reference-draft --family on ) &
+( fam reference-rail-notopk --family on --contract window-rail --window 64 --sizing window-no-topk --topk 4 ) &
+( fam sglang-0.5.23-draft --family on --kernel sglang==0.5.23 ) &
+( fam sglang-0.5.23-rail-w64 --family on --kernel sglang==0.5.23:$RAIL --contract window-rail --window 64 --sizing window-fixed ) &
 ( timeout 190 python -m harness mutants --device cuda --seeds 1 --max-examples 40 --json "$OUT/family_mutants.json" \
     --only window_offsets_unclipped window_sinks_dropped window_recent_off_by_one entry_page_no_offset \
            translate_page_unscaled translate_negative_unclipped rail_prefix_from_start rail_chain_from_zero \

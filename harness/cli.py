@@ -207,6 +207,10 @@ def _add_family_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--translate", choices=["on", "off"], default=None,
                    help="pin TRANSLATE, reads through a drawn v2p page table (default: drawn when the kernel "
                         "takes it)")
+    p.add_argument("--family", choices=["auto", "on", "off"], default="auto",
+                   help="draw the §6 fields (window, sinks, entry page size, translation) for a kernel that takes "
+                        "them: auto = on the CPU domain, off on the GPU domain, where §6 cases are verified on the "
+                        "host and would take most of a production-scale run (default: auto)")
 
 
 def _family_pins(args) -> dict:
@@ -218,12 +222,20 @@ def _family_pins(args) -> dict:
                 contract=getattr(args, "contract", "draft"))
 
 
+def _draws_family(args, domain) -> bool:
+    """Whether the §6 fields are drawn: the kernel takes them (``_check_family``) and ``--family`` is on,
+    or auto on the CPU domain (on the GPU domain §6 cases are checked by the host verdict, ~100x the
+    device verifier's cost per case, so auto leaves them to ``--family on`` or a pinned field there)."""
+    family = getattr(args, "family", "auto")
+    return bool(getattr(args, "draw_family", False)) and (family == "on" or domain.name == "cpu")
+
+
 def _config_strategy(args, domain, max_bytes):
     from strategies import configs
 
     return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
                    max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
-                   max_bytes=max_bytes, family=bool(getattr(args, "draw_family", False)), **_family_pins(args))
+                   max_bytes=max_bytes, family=_draws_family(args, domain), **_family_pins(args))
 
 
 def _check_family(args) -> None:
@@ -241,7 +253,10 @@ def _check_family(args) -> None:
                    entry_page_size=pins["entry_page_size"] or 1, translate=bool(pins["translate"]),
                    contract=pins["contract"])
     caps.check_config(args.kernel, probe)
-    args.draw_family = caps.family
+    family = getattr(args, "family", "auto")
+    require(family != "on" or caps.family,
+            f"--family on: kernel {args.kernel!r} does not take the §6 parameters (a classic-ABI kernel)")
+    args.draw_family = caps.family and family != "off"
 
 
 def _out_dir(path: str) -> Path:
@@ -372,7 +387,7 @@ def cmd_fuzz(args) -> int:
            "jobs": jobs, "batches_per_example": per_example, "domain": domain.name, "domain_text": domain.describe(),
            "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker",
            # docs/contract.md §6: the contract, and the §6 fields pinned or drawn (None: drawn, if the kernel takes them)
-           "contract": args.contract, "family_drawn": bool(args.draw_family),
+           "contract": args.contract, "family_drawn": _draws_family(args, domain),
            "family_pins": {k: v for k, v in _family_pins(args).items() if k != "contract" and v is not None}}
     # The example database: a malformed URL here, an unreachable Redis below, both before any work.
     if args.database is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from harness import oracle
 from harness.verdict import ExpectedWrites
 
 

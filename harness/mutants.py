@@ -225,8 +225,9 @@ GPU_BATCHES = 32
 def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int], contract: str = "draft"):
     from strategies import case_runs, cases, configs
 
-    # family=True: the §6 fields drawn, as the default fuzz of the reference (every mutant is one of it).
-    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family=True, contract=contract)
+    # The §6 fields drawn as the default fuzz of the reference draws them (every mutant is one of it):
+    # on the CPU domain, not on the GPU domain (fuzz --family auto).
+    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family=domain == "cpu", contract=contract)
     if domain == "gpu":
         return case_runs(config, kernel=kernel, max_batches=GPU_BATCHES)
     return cases(config, kernel=kernel)

@@ -182,6 +182,25 @@ def test_classic_kernels_get_no_family_draws_and_the_reference_gets_them():
     assert kernel_capabilities("reference").contracts == ("draft", "window-rail")
 
 
+@pytest.mark.parametrize("flag, drawn", [("auto", True), ("off", False), ("on", True)])
+def test_family_flag_decides_the_draws_per_domain(flag, drawn):
+    """--family: auto draws the §6 fields on the CPU domain and not on the GPU domain (host-verified
+    there); on and off decide on both; on with a classic-ABI kernel is one-line bad input."""
+    import argparse
+
+    from harness.cli import _check_family, _draws_family
+    from harness.domain import CPU, GPU
+
+    args = argparse.Namespace(kernel="reference", family=flag, window=None, sink=None, entry_page_size=None,
+                              translate=None, contract="draft")
+    _check_family(args)
+    assert _draws_family(args, CPU) is drawn
+    assert _draws_family(args, GPU) is (flag == "on")
+    with pytest.raises(BadInput) as err:
+        _check_family(argparse.Namespace(**{**vars(args), "kernel": CLASSIC, "family": "on"}))
+    assert "--family on" in str(err.value) and "\n" not in str(err.value)
+
+
 # -- sizing --------------------------------------------------------------------------------------------
 def test_window_policies_and_four_argument_plugins(tmp_path):
     from harness.targets import resolve_sizing
