@@ -19,7 +19,7 @@ print({k: v for k, v in d.items() if k != "command"})
 PY
 echo "large rc=$?"; tail -1 "$L/large.txt" | cut -c1-900
 ( timeout 190 python -m harness mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$L/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$L/rc.txt" ) &
-( VERSIONS=0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1,0.5.5,0.5.10,0.5.13,0.5.16,0.5.20,0.5.21,0.5.22,0.5.23 N=10 JOBS=4 OUT=$OUT/um timeout -s TERM 190 bash benchmarks/upstream_gpu.sh > "$L/upstream.txt" 2>&1; echo "upstream matrix rc=$?" >> "$L/rc.txt" ) &
+( VERSIONS=0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1,0.5.5,0.5.10,0.5.13,0.5.16,0.5.20,0.5.21,0.5.22,0.5.23 N=10 JOBS=4 SIZINGS=prefix,fixed,safe,window-fixed,window-no-topk CONTRACTS=draft,window-rail OUT=$OUT/um timeout -s TERM 190 bash benchmarks/upstream_gpu.sh > "$L/upstream.txt" 2>&1; echo "upstream matrix rc=$?" >> "$L/rc.txt" ) &
 ( timeout 130 python3 -m harness fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager \
     --scale cpu --jobs 1 --topk 2 --num-steps 2 --ctx 8 --max-bs 2 --seed 1 --keep-going \
     --max-examples 1000000 --max-seconds 50 --shrink-seconds 40 --quiet --out "$OUT/crash_run" > "$L/fuzz_crash.txt" 2>&1

@@ -10,7 +10,8 @@
 # report.html (the table), the case files of failing cells under $OUT/upstream-matrix/<version>/<sizing>-draft/cases/,
 # and $OUT/upstream_matrix.log (one progress line per cell). The whole run is capped at 530 s (SIGTERM: the
 # matrix stops its cells and writes what it has, exit 143), inside the 10-minute device call.
-# VERSIONS, N (examples per cell), JOBS (cells at once), CONTRACTS (e.g. draft,window-rail) override the defaults.
+# VERSIONS, N (examples per cell), JOBS (cells at once), SIZINGS and CONTRACTS (e.g. draft,window-rail with
+# SIZINGS=prefix,fixed,safe,window-fixed,window-no-topk) override the defaults.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD KVFENCE_OFFLINE=1
 export KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/upstream-cache}
@@ -18,9 +19,10 @@ VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 N=${N:-30}
 JOBS=${JOBS:-8}
 CONTRACTS=${CONTRACTS:-draft}
+SIZINGS=${SIZINGS:-prefix,fixed,safe}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$OUT/upstream_matrix.log"
-timeout -s TERM 530 python3 -m harness upstream matrix --versions "$VERSIONS" --sizing prefix,fixed,safe \
+timeout -s TERM 530 python3 -m harness upstream matrix --versions "$VERSIONS" --sizing "$SIZINGS" \
   --contracts "$CONTRACTS" --device cuda --offline --max-examples "$N" --jobs "$JOBS" --seed 0 \
   --shrink-seconds 5 --cell-timeout 150 --out "$OUT/upstream-matrix" --json "$OUT/h200_upstream_matrix.json" \
   2>&1 | tee -a "$OUT/upstream_matrix.log"

@@ -39,7 +39,10 @@ STATUSES = {
     "not-cached": "offline and the release is not in the cache (fetch it where PyPI is reachable)",
 }
 #: Sizings that are correct by the contract: a finding under one of them is a bug in the release.
-SAFE_SIZINGS = ("safe",)
+SAFE_SIZINGS = ("safe", "window-fixed")
+#: The rail's window in a matrix cell (``--contract window-rail`` needs one): longer than most drawn
+#: requests and shorter than the longest, so both of the rail's parts (prefix and chain) are exercised.
+RAIL_WINDOW = 16
 #: The kernel each contract fuzzes (``--kernel sglang==VERSION:attr``).
 CONTRACT_KERNELS = {"draft": upstream.DRAFT_KERNEL, "window-rail": upstream.WINDOW_KERNEL}
 #: ``releases.json`` in the cache: the releases the package index listed when last asked (for offline runs).
@@ -151,7 +154,17 @@ def fuzz_contracts() -> Tuple[str, ...]:
 
 def contract_flags(contract: str) -> List[str]:
     """The fuzz flags that select ``contract`` (none in a build that checks only the implicit draft contract)."""
-    return ["--contract", contract] if _contract_flag() is not None else []
+    if _contract_flag() is None:
+        return []
+    return ["--contract", contract] + (["--window", str(RAIL_WINDOW)] if contract == "window-rail" else [])
+
+
+def sizing_applies(sizing: str, contract: str) -> bool:
+    """The rail is sized per window (``window-*`` policies, docs/contract.md §6); the draft kernel's rows by
+    the other policies. A cell pairing a sizing with the other contract's kernel is not applicable."""
+    from kernels.sizing import WINDOW_POLICIES
+
+    return (sizing in WINDOW_POLICIES) == (contract == "window-rail")
 
 
 def check_contracts(names: Sequence[str]) -> List[str]:
@@ -238,6 +251,8 @@ def settle(release: Release, sizing: str, contract: str, checked: Sequence[str])
     elif kernel not in release.abis:
         cell.status = "not-applicable"
         cell.message = f"sglang=={release.version} has no {kernel} ({release.source_path})"
+    elif not sizing_applies(sizing, contract):
+        cell.status, cell.message = "not-applicable", f"{sizing} does not size the {contract} kernel's rows"
     else:
         cell.status = "pending"
         if "page_size" not in upstream.ABIS[release.abis[kernel]]:

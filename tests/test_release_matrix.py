@@ -157,7 +157,7 @@ def test_matrix_without_a_buggy_release_exits_0_and_offline_reads_the_cache(tmp_
     proc = matrix("--versions", f"{CLEAN},{NO_KERNEL},{BAD_ABI}", "--sizing", "safe", *BUDGET, "--out", str(out),
                   cache=cache, wheel_dir=wheels)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "every applicable cell of a correct sizing (safe) is clean (exit 0)" in proc.stdout
+    assert "every applicable cell of a correct sizing (safe, window-fixed) is clean (exit 0)" in proc.stdout
     # An earlier index listing knew one more release, never fetched.
     (cache / rm.RELEASES_FILE).write_text(json.dumps({"versions": [CLEAN, NO_KERNEL, BAD_ABI, "0.0.5"]}))
     proc = matrix("--versions", f"{CLEAN}..0.0.5", "--sizing", "safe", "--offline", *BUDGET, "--out", str(out),
@@ -323,3 +323,14 @@ def _cmdline(proc_dir: Path) -> str:
         return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_rail_cells_pin_a_window_and_take_only_window_sizings():
+    """A window-rail cell runs fuzz with the rail's window pinned, and only the window-* policies size the
+    rail (the draft kernel's policies size the draft kernel): the other pairs are not applicable."""
+    from harness import release_matrix as rm
+
+    assert rm.contract_flags("window-rail") == ["--contract", "window-rail", "--window", str(rm.RAIL_WINDOW)]
+    assert rm.contract_flags("draft") == ["--contract", "draft"]
+    assert rm.sizing_applies("window-fixed", "window-rail") and rm.sizing_applies("safe", "draft")
+    assert not rm.sizing_applies("safe", "window-rail") and not rm.sizing_applies("window-no-topk", "draft")
