@@ -1085,9 +1085,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     "a crash or hang is that cell's result. Writes report.md, report.html and, per failing cell, "
                     "case files under OUT/<version>/<sizing>-<contract>/cases/. Cell statuses: clean, findings "
                     "(with kinds), not applicable (no such kernel or contract), ABI unsupported, error, not cached.",
-        epilog=_exit_codes(zero="every applicable cell of the correct sizing (safe) is clean; findings under "
-                                "prefix or fixed are expected and only reported",
-                           one="a safe-sizing cell has findings (a bug in that release) or could not be checked "
+        epilog=_exit_codes(zero="every applicable cell of a correct sizing (safe; window-fixed for the rail) is "
+                                "clean; findings under prefix, fixed or window-no-topk are expected and only reported",
+                           one="a correct-sizing cell has findings (a bug in that release) or could not be checked "
                                "(error: refused, crashed outside a case, or past --cell-timeout)",
                            two="bad input (unknown version, empty range, unknown sizing or contract, nothing "
                                "cached offline; one line on stderr)"))
