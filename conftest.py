@@ -7,8 +7,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-# A failing property test's report ends with its repro command (harness/pytest_plugin.py).
-pytest_plugins = ["harness.pytest_plugin"]
+# A failing property test's report ends with its repro command (harness/workflow/pytest_plugin.py).
+pytest_plugins = ["harness.workflow.pytest_plugin"]
 
 # -- Hypothesis profiles -------------------------------------------------------------------------------
 # Interpreter launches cost milliseconds each: no deadline, and the "too slow" health check is noise.
@@ -25,12 +25,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def _load_example_database(config):
     """``KVFENCE_DATABASE`` (``none``, a directory or ``redis://HOST:PORT/DB``, as ``fuzz --database``):
     the property tests' Hypothesis example database, layered on the loaded profile as profile
-    ``kvfence+database``. Keys are namespaced by ``--kernel`` and ``--sizing`` (harness.campaign). A
+    ``kvfence+database``. Keys are namespaced by ``--kernel`` and ``--sizing`` (harness.workflow.campaign). A
     database replays stored failures, so it turns ``derandomize`` off (Hypothesis forbids both)."""
     text = os.environ.get("KVFENCE_DATABASE")
     if not text:
         return
-    from harness.campaign import pytest_database
+    from harness.workflow.campaign import pytest_database
     from harness.errors import BadInput
 
     try:
@@ -110,8 +110,8 @@ def sizing_spec(pytestconfig) -> str:
 
 @pytest.fixture(scope="session")
 def make_session(device):
-    """``make_session(kernel="reference", **kw)``: a cached ``harness.session.Session`` on this device."""
-    from harness.session import Session
+    """``make_session(kernel="reference", **kw)``: a cached ``harness.verifying.session.Session`` on this device."""
+    from harness.verifying.session import Session
 
     cache = {}
 

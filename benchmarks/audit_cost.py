@@ -1,4 +1,4 @@
-"""Cost of the interpreter address audit (harness.audit) against the plain interpreter.
+"""Cost of the interpreter address audit (harness.running.audit) against the plain interpreter.
 
     python benchmarks/audit_cost.py [--cases 60] [--repeat 3]
 
@@ -21,7 +21,7 @@ from harness.device import select  # noqa: E402
 
 
 def cases(n: int, seed: int):
-    from harness.case import Batch, Case, Config
+    from harness.cases.case import Batch, Case, Config
 
     rng = random.Random(seed)
     out = []
@@ -44,7 +44,7 @@ def main() -> None:
     device = select("cpu")
     import triton
 
-    from harness.session import Session
+    from harness.verifying.session import Session
 
     work = cases(args.cases, args.seed)
     programs = sum(c.config.num_steps * c.launch().num_seqs * c.config.topk for c in work)

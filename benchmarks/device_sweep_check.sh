@@ -25,8 +25,8 @@ if [ "$PART" = a ] || [ "$PART" = all ]; then
   "$CS" --version | tail -1
   python3 - <<'PY'
 import os
-from harness.case import Batch, Case, Config
-from harness.casefile import write_case
+from harness.cases.case import Batch, Case, Config
+from harness.cases.casefile import write_case
 for mode in ("eager", "graph"):
     case = Case(Config(topk=4, num_steps=3, ctx=64, max_bs=4, mode=mode, sizing="safe"),
                 Batch((64, 40, 17, 64), (0, 1, 2, 3), 5))

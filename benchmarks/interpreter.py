@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def run(examples: int, seed: int, profile: bool):
-    from harness.fuzz import fuzz
-    from harness.session import Session
+    from harness.workflow.fuzz import fuzz
+    from harness.verifying.session import Session
     from strategies import cases
 
     programs = []

@@ -34,8 +34,8 @@ def main():
     import torch
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from harness.fuzz import fuzz
-    from harness.session import Session
+    from harness.workflow.fuzz import fuzz
+    from harness.verifying.session import Session
     from strategies import cases, configs
 
     strategy = cases(configs(sizing="safe", **SMALL))

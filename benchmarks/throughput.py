@@ -44,8 +44,8 @@ LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
 
 
 def small_rate(device: str, examples: int, seed: int) -> dict:
-    from harness.fuzz import fuzz
-    from harness.session import Session
+    from harness.workflow.fuzz import fuzz
+    from harness.verifying.session import Session
     from strategies import case_runs, cases, configs
 
     session = Session(device, "reference")
@@ -86,16 +86,16 @@ NAIVE_RUNS = 3
 def naive_errors(config, batch, kernel: str = "reference", device: str = "cuda") -> int:
     """One case checked the way a careful hand-written test would: fresh buffers filled with a poison
     (so a missing write is seen), an eager launch, everything copied to the host, and every element of
-    every row compared with the plain oracle's formulas (``harness.oracle``, program by program):
+    every row compared with the plain oracle's formulas (``harness.cases.oracle``, program by program):
     each segment's values, the slack after the used length (must still hold the poison), and every
     kv_indptr column (column 0 and the columns past ``bs`` must still hold the poison). Returns the
     number of wrong elements (0: clean). No guards: a naive harness has none."""
     import torch
 
-    from harness import oracle
-    from harness.case import launch_batch
-    from harness.runner import slot_table
-    from harness.targets import resolve_kernel
+    from harness.cases import oracle
+    from harness.cases.case import launch_batch
+    from harness.running.runner import slot_table
+    from harness.cases.targets import resolve_kernel
 
     poison = -1
     lb = launch_batch(config, batch)
@@ -177,7 +177,7 @@ def _small_cases(small: dict, count: int, seed: int) -> list:
     """``count`` graph-mode cases of the pinned small config, drawn as the fuzzer draws batches."""
     from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed
 
-    from harness.case import Case
+    from harness.cases.case import Case
     from strategies import batches, configs
 
     drawn = []
@@ -204,8 +204,8 @@ def naive_vs_kvfence(device: str, quick: bool = False, seed: int = 0) -> dict:
     Both sides check the same elements: values, missing writes, the slack after the used length and
     every kv_indptr column (kvfence also guards and inputs). Each side must find the reference clean.
     """
-    from harness.case import Batch, Case, Config
-    from harness.session import Session
+    from harness.cases.case import Batch, Case, Config
+    from harness.verifying.session import Session
 
     if device == "cuda":
         large_cfg, small_cfg = LARGE, SMALL
@@ -245,9 +245,9 @@ def large(device: str, naive: bool = True) -> dict:
     import torch
     import triton.testing
 
-    from harness.case import Batch, Case, Config
-    from harness.device_verify import DeviceVerifier
-    from harness.session import Session
+    from harness.cases.case import Batch, Case, Config
+    from harness.verifying.device_verify import DeviceVerifier
+    from harness.verifying.session import Session
 
     config = Config(sizing="safe", **LARGE)
     batch = Batch(tuple([LARGE["ctx"]] * LARGE["max_bs"]), tuple(range(1, LARGE["max_bs"] + 1)), 12345)
@@ -266,7 +266,7 @@ def large(device: str, naive: bool = True) -> dict:
     fused_us = triton.testing.do_bench(lambda: (verifier.cursor.zero_(), fused()), warmup=25, rep=200,
                                        return_mode="median") * 1e3
     # Where verification time goes: each verify kernel alone (direct launches, do_bench medians).
-    from harness.guarded import POISON
+    from harness.running.guarded import POISON
 
     c, m, inputs = config, case.launch().num_seqs, runner.inputs
 
@@ -364,7 +364,7 @@ def fuzz_runs(seconds: float, jobs, pinned_seconds: float) -> dict:
 
 def scale_mutants(seconds: float) -> dict:
     """Seconds until the default GPU fuzz command catches each scale mutant (DOMAIN = "gpu")."""
-    from harness.mutants import discover
+    from harness.workflow.mutants import discover
 
     caught, runs = {}, {}
     for m in discover():
@@ -381,7 +381,7 @@ def check_small(device: str, cases: int = 4096, batch: int = 32) -> dict:
     """kvfence's check path alone on pre-drawn small cases: ``Session.check_many`` per batch of one config."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from harness.session import Session
+    from harness.verifying.session import Session
     from strategies import case_runs, configs
 
     drawn = []

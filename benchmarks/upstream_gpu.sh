@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU: the upstream release matrix (`python -m harness upstream matrix`, harness/release_matrix.py) on CUDA:
+# GPU: the upstream release matrix (`python -m harness upstream matrix`, harness/workflow/release_matrix.py) on CUDA:
 # every release x sizing (prefix, fixed, safe) fuzzed with one example budget and seed, compiled kernels in
 # CUDA graphs. The GPU machine has no network, so the extracted kernels travel in the ignored cache folder
 # upstream-cache/ (with releases.json, the index's release list, and the releases kvfence refuses):

@@ -84,9 +84,9 @@ def main() -> int:
     import triton.testing
 
     from benchmarks.throughput import LARGE
-    from harness.case import Batch, Case, Config
-    from harness.guarded import POISON
-    from harness.session import Session
+    from harness.cases.case import Batch, Case, Config
+    from harness.running.guarded import POISON
+    from harness.verifying.session import Session
 
     config = Config(sizing="safe", **LARGE)
     case = Case(config, Batch(tuple([LARGE["ctx"]] * LARGE["max_bs"]), tuple(range(1, LARGE["max_bs"] + 1)), 12345))

@@ -38,7 +38,7 @@ CONFIGS = {"cuda": dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16),
 
 
 def make_cases(device: str, n: int, seed: int):
-    from harness.case import Batch, Case, Config
+    from harness.cases.case import Batch, Case, Config
 
     config = Config(sizing="safe", **CONFIGS[device])
     rng = random.Random(seed)
@@ -99,8 +99,8 @@ def measure(args, result: dict, save) -> int:
         import torch
 
         result["gpu"] = torch.cuda.get_device_name()
-    from harness.session import Session
-    from harness.worker import RemoteSession
+    from harness.verifying.session import Session
+    from harness.workflow.worker import RemoteSession
 
     cases = make_cases(device, n, seed=1)
     local = Session(device, "reference")

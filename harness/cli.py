@@ -113,8 +113,8 @@ def _seconds(minimum_exclusive: bool):
 
 
 def _shard(text: str):
-    """An argparse type: ``--shard I/N`` (harness.campaign.parse_shard), one-line error otherwise."""
-    from harness.campaign import parse_shard
+    """An argparse type: ``--shard I/N`` (harness.workflow.campaign.parse_shard), one-line error otherwise."""
+    from harness.workflow.campaign import parse_shard
 
     try:
         return parse_shard(text)
@@ -156,8 +156,8 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
 
 # -- fuzz ---------------------------------------------------------------------------------------------
 def _add_worker_args(p: argparse.ArgumentParser) -> None:
-    """Where cases run (harness.worker): a worker process that may crash or hang, or this process."""
-    from harness.worker import DEFAULT_CASE_TIMEOUT
+    """Where cases run (harness.workflow.worker): a worker process that may crash or hang, or this process."""
+    from harness.workflow.worker import DEFAULT_CASE_TIMEOUT
 
     p.add_argument("--case-timeout", type=_seconds(True), default=DEFAULT_CASE_TIMEOUT,
                    help="seconds a small case may run before it is a HANG (scaled up by the case's size)")
@@ -242,8 +242,8 @@ def _check_family(args) -> None:
     """§6 flags against the kernel under test (one line, exit 2): the rail needs --window, and a kernel
     must declare every §6 parameter a pin sets. Sets ``args.draw_family``: draw the §6 fields when the
     kernel takes them all (kvfence's reference, SGLang 0.5.2x), never for a classic-ABI kernel."""
-    from harness.case import Config
-    from harness.targets import kernel_capabilities
+    from harness.cases.case import Config
+    from harness.cases.targets import kernel_capabilities
 
     pins = _family_pins(args)
     require(not (pins["contract"] == "window-rail" and not pins["window_size"]),
@@ -279,14 +279,14 @@ def _check_resume_flags(args) -> None:
 
 
 def _make_session(args, device: str, max_bytes: Optional[int]):
-    """The checking session: a worker process (default; crashes and hangs become findings, harness.worker)
+    """The checking session: a worker process (default; crashes and hangs become findings, harness.workflow.worker)
     or, with ``--in-process``, this process itself (for debugging the harness)."""
     audit = False if args.no_audit else None
     if args.in_process:
-        from harness.session import Session
+        from harness.verifying.session import Session
 
         return Session(device, args.kernel, audit=audit, max_bytes=max_bytes)
-    from harness.worker import RemoteSession
+    from harness.workflow.worker import RemoteSession
 
     return RemoteSession(device, args.kernel, audit=audit, max_bytes=max_bytes, case_timeout=args.case_timeout)
 
@@ -310,8 +310,8 @@ def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
 
 def _resolve_run_shape(args, device: str):
     """Domain, jobs, batches per example and memory budget of a fuzz run (validated, one-line errors)."""
-    from harness.budget import default_budget, parse_size
-    from harness.domain import domain_named
+    from harness.cases.budget import default_budget, parse_size
+    from harness.cases.domain import domain_named
 
     scale = args.scale or ("gpu" if device == "cuda" else "cpu")
     require(not (scale == "gpu" and device != "cuda"),
@@ -341,7 +341,7 @@ def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -
 
 def cmd_fuzz(args) -> int:
     from harness.device import select
-    from harness.targets import resolve_sizing
+    from harness.cases.targets import resolve_sizing
 
     if args.resume:
         _check_resume_flags(args)
@@ -356,11 +356,11 @@ def cmd_fuzz(args) -> int:
 
     from strategies import case_runs, cases
 
-    from harness import campaign
+    from harness.workflow import campaign
 
     # Validates every pinned field and the budget now (BadInput), not inside Hypothesis.
     config_strategy, shard_info = _config_strategy(args, domain, max_bytes), None
-    if args.shard is not None:  # this host's part of the config space (harness.campaign)
+    if args.shard is not None:  # this host's part of the config space (harness.workflow.campaign)
         config_strategy, shard_info = campaign.shard_configs(
             args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins}), domain, max_bytes),
             {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
@@ -370,7 +370,7 @@ def cmd_fuzz(args) -> int:
     else:
         strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     strategy.validate()
-    from harness.case import Config
+    from harness.cases.case import Config
 
     # The sizing policy on the smallest config the pinned fields allow: a bool, non-int or huge width is
     # refused now (one line), not in the middle of the run.
@@ -420,8 +420,8 @@ def cmd_fuzz(args) -> int:
 
 
 def _lock_out(out_dir: Path) -> None:
-    """Create ``--out`` and hold its lock (harness.outlock): a second run into it is refused, exit 2."""
-    from harness import outlock
+    """Create ``--out`` and hold its lock (harness.workflow.outlock): a second run into it is refused, exit 2."""
+    from harness.workflow import outlock
 
     outlock.acquire(out_dir, announce=_stderr)
 
@@ -432,7 +432,7 @@ _FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
 
 def _fuzz_command(args) -> int:
     """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
-    from harness import outlock
+    from harness.workflow import outlock
 
     try:
         return cmd_fuzz(args)
@@ -450,7 +450,7 @@ def _fuzz_command(args) -> int:
 
 def _previous_summary(out_dir: Path) -> Optional[dict]:
     """``--resume`` adds to the folder's summary.json: it must be readable (or absent) before any work."""
-    from harness.casefile import parse_json_file
+    from harness.cases.casefile import parse_json_file
     from reports.summary import validate
 
     where = out_dir / "summary.json"
@@ -464,10 +464,10 @@ def _previous_summary(out_dir: Path) -> Optional[dict]:
 
 def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Optional[Path], previous, run: dict,
               domain, *, database, db_key, db_spec) -> int:
-    from harness.fuzz import FuzzResult, fuzz
-    from harness.interrupt import exit_code_for, signals_interrupt
-    from harness.journal import Journal, recover
-    from harness.outdir import set_aside_earlier_cases
+    from harness.workflow.fuzz import FuzzResult, fuzz
+    from harness.running.interrupt import exit_code_for, signals_interrupt
+    from harness.running.journal import Journal, recover
+    from harness.workflow.outdir import set_aside_earlier_cases
 
     _lock_out(out_dir)
     seed = run["seed"]
@@ -484,19 +484,19 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
         result = FuzzResult()
         print(f"kvfence fuzz --resume: {len(crashes)} crashed case(s) recovered from {out_dir}")
     else:
-        from harness.progress import Progress
+        from harness.workflow.progress import Progress
 
         progress = None if args.quiet else Progress(args.max_examples)
         callback = progress.update if progress else None
         if args.progress_file:
-            from harness.jobs import POLL_S, write_progress
+            from harness.workflow.jobs import POLL_S, write_progress
 
             callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
-        # SIGINT/SIGTERM end fuzz() cleanly (harness.interrupt); the journal slot closes as on any exit.
+        # SIGINT/SIGTERM end fuzz() cleanly (harness.running.interrupt); the journal slot closes as on any exit.
         with Journal(out_dir, device=device) as journal, signals_interrupt():
             run_fuzz, keep_going = fuzz, {}
             if args.keep_going:  # phases until the budgets are spent; each new failure saved at once
-                from harness.keepgoing import fuzz_keep_going
+                from harness.workflow.keepgoing import fuzz_keep_going
 
                 run_fuzz = fuzz_keep_going
                 keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
@@ -527,11 +527,11 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
 
 
 def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
-    """``--jobs N``: N child fuzz processes (harness.jobs), merged into one summary, report and case folder."""
+    """``--jobs N``: N child fuzz processes (harness.workflow.jobs), merged into one summary, report and case folder."""
     import time
 
-    from harness.jobs import adopt_case_files, run_jobs
-    from harness.progress import Progress
+    from harness.workflow.jobs import adopt_case_files, run_jobs
+    from harness.workflow.progress import Progress
     from reports import summary as summary_mod
 
     jobs = run["jobs"]
@@ -540,7 +540,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
                   for i in range(jobs)]
     _lock_out(out_dir)
-    from harness.outdir import set_aside_earlier_cases
+    from harness.workflow.outdir import set_aside_earlier_cases
 
     earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
     if earlier:
@@ -577,7 +577,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         _stderr(f"kvfence: {interrupted}: jobs stopped; merged what they had checked")
     code = _write_summary(doc, out_dir, json_path)
     if interrupted:
-        from harness.interrupt import exit_code_for
+        from harness.running.interrupt import exit_code_for
 
         return exit_code_for(interrupted)
     return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
@@ -620,7 +620,7 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
 
     With ``previous`` (``fuzz --resume``) the doc is added to that summary rather than replacing it, and
     the exit code says whether this run found anything new."""
-    from harness import casefile
+    from harness.cases import casefile
     from reports import summary as summary_mod
     from reports.render import write_reports
 
@@ -659,7 +659,7 @@ def _case_extras(args, run: dict, *, interrupted: Optional[str], shrink_cut: boo
 
 def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
     """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
-    from harness import casefile
+    from harness.cases import casefile
 
     extras = _case_extras(args, run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
     extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
@@ -669,7 +669,7 @@ def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
         return str(casefile.write_case(failure.case, failure.findings, out_dir=out_dir, device=device,
                                        source="fuzz", extras=extras))
     except OSError as exc:
-        from harness.fuzz import format_failure
+        from harness.cases.casefile import format_failure
 
         print(format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
         raise _output_failure(where, exc, {"findings": failure.findings}) from None
@@ -678,19 +678,19 @@ def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
 def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict, *,
                   previous: Optional[dict] = None) -> int:
     """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
-    from harness import casefile
+    from harness.cases import casefile
     from reports import summary as summary_mod
 
     case_path = None
     if result.failures:  # --keep-going: every distinct failure already has its case file
-        from harness.fuzz import format_failure
+        from harness.cases.casefile import format_failure
 
         for failure in result.failures:
             print(format_failure(failure.case, failure.findings, limit=20))
             print(f"  case file: {failure.path}")
         case_path = result.failures[0].path
     elif result.findings:
-        from harness.fuzz import format_failure
+        from harness.cases.casefile import format_failure
 
         extras = _case_extras(args, run, interrupted=result.interrupted, shrink_cut=result.shrink_cut)
         extras["hypothesis"] = result.hypothesis or {"unavailable": "the final replay did not run"}
@@ -720,7 +720,7 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
 
 # -- repro / report -------------------------------------------------------------------------------------
 def cmd_repro(args) -> int:
-    from harness.repro import run_repro
+    from harness.workflow.repro import run_repro
 
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
                      layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,
@@ -729,7 +729,7 @@ def cmd_repro(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from harness.casefile import parse_json_file
+    from harness.cases.casefile import parse_json_file
     from reports.render import write_reports
     from reports.summary import validate
 
@@ -759,11 +759,11 @@ def cmd_report(args) -> int:
 
 # -- mutants ------------------------------------------------------------------------------------------
 def cmd_mutants(args) -> int:
-    """The mutation self-test (harness.mutants): exit 0 when every mutant is caught on its domain in
+    """The mutation self-test (harness.workflow.mutants): exit 0 when every mutant is caught on its domain in
     enough seeds, scale mutants stay unreachable on the CPU domain, and the reference is clean."""
-    from harness.budget import default_budget, parse_size
+    from harness.cases.budget import default_budget, parse_size
     from harness.device import select
-    from harness.mutants import format_table, run_all, verdict_text
+    from harness.workflow.mutants import format_table, run_all, verdict_text
 
     if args.verifiers == "both":
         return _mutants_both_verifiers(args)
@@ -782,7 +782,7 @@ def cmd_mutants(args) -> int:
         if not args.quiet and len(r.seeds) == len(seeds):
             _stderr(f"kvfence: {r.name} ({r.ran_on} domain): {verdict_text(r)} ({r.seconds:.1f}s)")
 
-    from harness import casefile
+    from harness.cases import casefile
 
     report = run_all(device, max_examples=args.max_examples, seeds=seeds, names=args.only or None,
                      audit=False if args.no_audit else None, progress=progress, max_bytes=max_bytes,
@@ -794,10 +794,11 @@ def cmd_mutants(args) -> int:
 
 
 def _mutants_both_verifiers(args) -> int:
-    """``mutants --verifiers both`` (harness.compare): the device verifier and the oracle path on the same
+    """``mutants --verifiers both`` (harness.workflow.compare): the device verifier and the oracle path on the same
     cases of every mutant, planted bad write and the reference; exit 1 on any disagreement."""
-    from harness import casefile, compare
-    from harness.budget import parse_size
+    from harness.cases import casefile
+    from harness.workflow import compare
+    from harness.cases.budget import parse_size
     from harness.device import select
 
     require(args.seeds == 1, "--seeds applies to the mutation self-test; --verifiers both draws --max-examples "
@@ -825,9 +826,9 @@ def _mutants_both_verifiers(args) -> int:
 
 # -- sweep -------------------------------------------------------------------------------------------
 def cmd_sweep(args) -> int:
-    """The nightly job (harness.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
-    from harness import sanitizer
-    from harness.sweep import run_sweep
+    """The nightly job (harness.tools.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
+    from harness.tools import sanitizer
+    from harness.tools.sweep import run_sweep
 
     args.kernel_given = args.kernel is not None
     args.kernel = args.kernel or "reference"
@@ -836,7 +837,7 @@ def cmd_sweep(args) -> int:
             f"--tools {args.tools!r}: choose from {', '.join(sanitizer.TOOLS)}")
     require(args.cases is None or args.max_examples is None, "--cases and --max-examples exclude each other")
     require(args.timeout > 0, f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    from harness.targets import check_kernel_spec, resolve_sizing
+    from harness.cases.targets import check_kernel_spec, resolve_sizing
 
     resolve_sizing(args.sizing)
     # A bad --kernel is exit 2 naming the kernel, before the tool and GPU checks (it needs neither).
@@ -858,8 +859,8 @@ def cmd_sweep(args) -> int:
 
 # -- upstream ----------------------------------------------------------------------------------------
 def cmd_upstream(args) -> int:
-    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (harness.upstream)."""
-    from harness import upstream
+    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (harness.cases.upstream)."""
+    from harness.cases import upstream
 
     entry = upstream.fetch(args.version, wheel=args.wheel, offline=True if args.offline else None,
                            refresh=args.refresh, announce=_stderr)
@@ -869,11 +870,11 @@ def cmd_upstream(args) -> int:
 
 
 def cmd_upstream_matrix(args) -> int:
-    """``upstream matrix``: fuzz every release x sizing x contract cell (harness.release_matrix)."""
-    from harness import release_matrix as rm
-    from harness.budget import parse_size
+    """``upstream matrix``: fuzz every release x sizing x contract cell (harness.workflow.release_matrix)."""
+    from harness.workflow import release_matrix as rm
+    from harness.cases.budget import parse_size
     from harness.device import select
-    from harness.upstream import offline_by_env
+    from harness.cases.upstream import offline_by_env
     from reports.release_matrix import headline, write
 
     json_path = _writable(args.json, "--json")
@@ -895,7 +896,7 @@ def cmd_upstream_matrix(args) -> int:
     device = select(args.device, announce=_stderr)
     jobs = args.jobs or (max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1)
     if max_gpu_mem is None and device == "cuda":
-        from harness.budget import default_budget
+        from harness.cases.budget import default_budget
 
         max_gpu_mem = default_budget(device, jobs)  # cells share the GPU: each gets its part
     settings = rm.Settings(device=device, max_examples=args.max_examples, seed=args.seed,
@@ -907,7 +908,7 @@ def cmd_upstream_matrix(args) -> int:
                               write=write)
     print(f"kvfence upstream matrix: {headline(doc)}; report {out_dir / 'report.md'}")
     if interrupted:
-        from harness.interrupt import exit_code_for
+        from harness.running.interrupt import exit_code_for
 
         return exit_code_for(interrupted)
     return doc["exit_code"]
@@ -1136,6 +1137,6 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt as exc:  # harness.interrupt.Interrupted carries SIGTERM's 143
+    except KeyboardInterrupt as exc:  # harness.running.interrupt.Interrupted carries SIGTERM's 143
         _stderr("kvfence: interrupted")
         return getattr(exc, "exit_code", 130)

@@ -5,7 +5,7 @@ own exit code to the file ``STATUS`` as JSON: ``{"exit": N}``, plus ``"error"`` 
 compute-sanitizer replaces the child's exit code by ``--error-exitcode`` when it reports errors, so without
 this file the sweep could not tell "the case reproduced" (1) from "bad input" (2) or "the child raised"
 (3) under a tool that also found something. A missing file means the child died before it could write it
-(a signal, an abort in the CUDA driver, or it never started): ``harness.sanitizer`` reports that.
+(a signal, an abort in the CUDA driver, or it never started): ``harness.tools.sanitizer`` reports that.
 """
 
 from __future__ import annotations

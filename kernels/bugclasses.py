@@ -1,8 +1,8 @@
-"""One launcher per memory-bug class of the detection matrix (``harness.matrix``).
+"""One launcher per memory-bug class of the detection matrix (``harness.tools.matrix``).
 
 Each launcher runs the reference kernel, then one Triton store lands where that class of bug lands. They
 are kvfence launcher plug-ins (``kernels.bugclasses:NAME``, keyword arguments of
-``harness.targets.LAUNCH_KWARGS``); offsets are relative to the first element of the ``kv_indices`` view,
+``harness.cases.targets.LAUNCH_KWARGS``); offsets are relative to the first element of the ``kv_indices`` view,
 whose rows are ``stride(0)`` apart. The classes differ in *where* the stray store lands, which is what
 decides which detector can see it:
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from harness.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
+from harness.cases.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
     case_hash, parse_json_file, repro_command
 from harness.errors import BadInput, require
 from reports.summary import merge as merge_summaries, validate

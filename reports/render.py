@@ -225,7 +225,7 @@ def write_reports(doc: dict, out_dir) -> dict:
 
     Returns ``{"md": path, "html": path, "png": path or None, "plot_skipped": reason or ""}``.
     """
-    from harness.casefile import atomic_write_text
+    from harness.cases.casefile import atomic_write_text
 
     out = Path(out_dir)
     png, why = coverage_png(doc)

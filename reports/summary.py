@@ -13,7 +13,7 @@ from harness.errors import require
 
 SUMMARY_VERSION = 1
 MARKER = "kvfence_summary"
-#: Columns of ``coverage.examples`` rows (``harness.fuzz.ExampleStat`` fields).
+#: Columns of ``coverage.examples`` rows (``harness.workflow.fuzz.ExampleStat`` fields).
 COVERAGE_FIELDS = ("topk", "num_steps", "page_size", "num_seqs", "raw_bs", "need", "width", "failed")
 
 
@@ -36,8 +36,8 @@ def max_example(result) -> Optional[dict]:
 def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None,
           earlier: Optional[dict] = None) -> dict:
     """The summary of one fuzz run. ``run`` holds the command's settings (device, kernel, sizing, ...);
-    ``crashes`` are ``harness.journal.Crash`` records recovered at the start of the run; ``earlier`` is
-    where an earlier run's case files were moved (``harness.outdir``), if any."""
+    ``crashes`` are ``harness.running.journal.Crash`` records recovered at the start of the run; ``earlier`` is
+    where an earlier run's case files were moved (``harness.workflow.outdir``), if any."""
     findings: List[dict] = []
     cases: Dict[str, dict] = {}
     for crash in crashes:
@@ -77,12 +77,12 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
     }
 
 
-#: The run's counts, in the order every output shows them (harness.fuzz.FuzzResult defines each).
+#: The run's counts, in the order every output shows them (harness.workflow.fuzz.FuzzResult defines each).
 COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches",
           "structural_cases")
-#: Session counters copied into the summary (harness.session.Session.stats).
+#: Session counters copied into the summary (harness.verifying.session.Session.stats).
 SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
-                # §6 cases verified on the host because the device verifier checks §2 only (harness.session)
+                # §6 cases verified on the host because the device verifier checks §2 only (harness.verifying.session)
                 "host_verified_cases")
 
 
@@ -139,7 +139,7 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
     return out
 
 
-#: Coverage rows a merged summary keeps (each run keeps at most harness.fuzz.MAX_STATS).
+#: Coverage rows a merged summary keeps (each run keeps at most harness.workflow.fuzz.MAX_STATS).
 MAX_COVERAGE_ROWS = 20000
 
 
@@ -211,7 +211,7 @@ def run_rows(doc: dict) -> List[List[str]]:
 
 
 def campaign_rows(doc: dict) -> List[List[str]]:
-    """The example database and shard of a run (``harness.campaign``), when it recorded them."""
+    """The example database and shard of a run (``harness.workflow.campaign``), when it recorded them."""
     c = doc.get("campaign")
     if not isinstance(c, dict):
         return []

@@ -1,6 +1,6 @@
 """A fake ``compute-sanitizer`` for CPU tests: a script put first on PATH that behaves as the
 ``FAKE_SCENARIO`` environment variable says (writes the XML report, the log, the child's status file
-and exits with the code that scenario needs), so every signal path of ``harness.sanitizer`` runs."""
+and exits with the code that scenario needs), so every signal path of ``harness.tools.sanitizer`` runs."""
 
 import os
 import sys

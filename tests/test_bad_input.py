@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import casefile
-from harness.case import Batch, Case, Config
+from harness.cases import casefile
+from harness.cases.case import Batch, Case, Config
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZINGS = ROOT / "tests" / "targets" / "sizings.py"

@@ -1,4 +1,4 @@
-"""Campaigns beyond one process (harness.campaign): the example database, its key, shards.
+"""Campaigns beyond one process (harness.workflow.campaign): the example database, its key, shards.
 
 The replay tests run real ``python -m harness fuzz`` processes one after another against one database
 (a directory, and a real ``redis-server`` when it is installed): the first finds the seed's bug, the
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from harness import campaign
+from harness.workflow import campaign
 from harness.errors import BadInput
-from harness.domain import CPU, GPU
+from harness.cases.domain import CPU, GPU
 from strategies import configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,8 +116,8 @@ def test_gpu_domain_cells_are_dealt_too():
 
 
 def test_cells_that_exceed_the_memory_budget_are_left_out_and_counted():
-    from harness.budget import estimate_bytes
-    from harness.case import Config
+    from harness.cases.budget import estimate_bytes
+    from harness.cases.case import Config
 
     # A budget that the smallest topk-8 config exceeds but the smallest topk-1 config fits.
     small = estimate_bytes(Config(topk=1, num_steps=1, page_size=1, ctx=2, max_bs=1))
@@ -183,7 +183,7 @@ def test_the_key_separates_kernels_sizings_and_domains_and_nothing_else():
 
 
 def test_the_key_is_the_same_in_another_process():
-    code = ("from harness.campaign import database_key; print(database_key(kernel='reference', sizing='prefix', "
+    code = ("from harness.workflow.campaign import database_key; print(database_key(kernel='reference', sizing='prefix', "
             "domain={'mode': 'graph', 'shard': None}).hex())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT),
                          PYTHONHASHSEED="123"), capture_output=True, text=True, timeout=120, check=True)

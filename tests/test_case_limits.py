@@ -3,8 +3,8 @@ before anything is computed or allocated."""
 
 import pytest
 
-from harness import oracle
-from harness.case import MAX_POOL_BYTES, Config
+from harness.cases import oracle
+from harness.cases.case import MAX_POOL_BYTES, Config
 from harness.errors import BadInput
 
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.case import Batch, Case, Config, slot_id
+from harness.cases.case import Batch, Case, Config, slot_id
 from harness.errors import BadInput
-from harness.guarded import POISON, GuardedBuffer, canary_values
-from harness.runner import slot_table
+from harness.running.guarded import POISON, GuardedBuffer, canary_values
+from harness.running.runner import slot_table
 from strategies import batches, cases, configs, seq_len_bound
 
 

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import casefile
-from harness.case import Batch, Case, Config
+from harness.cases import casefile
+from harness.cases.case import Batch, Case, Config
 from harness.errors import BadInput
-from harness.findings import Kind
+from harness.cases.findings import Kind
 
 
 def prefix_case(seq_lens=(3,), rows=(1,), token_seed=5, **kw):

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import casefile, journal
-from harness.findings import Kind
+from harness.cases import casefile
+
+from harness.running import journal
+from harness.cases.findings import Kind
 
 pytestmark = pytest.mark.cpu_only  # the plug-ins crash or stall the interpreter's process on purpose
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import casefile
-from harness.findings import Kind
+from harness.cases import casefile
+from harness.cases.findings import Kind
 
 pytestmark = pytest.mark.cpu_only
 

@@ -9,12 +9,12 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from harness.case import Batch, Case, Config
-from harness.device_verify import DeviceVerifier
-from harness.fastcheck import expected_writes_torch
-from harness.findings import Kind
-from harness.session import Session
-from harness.verdict import expected_from_oracle
+from harness.cases.case import Batch, Case, Config
+from harness.verifying.device_verify import DeviceVerifier
+from harness.verifying.fastcheck import expected_writes_torch
+from harness.cases.findings import Kind
+from harness.verifying.session import Session
+from harness.verifying.verdict import expected_from_oracle
 from kernels.verify.slots import slot_ids
 from strategies import batches, configs
 
@@ -138,8 +138,8 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
     """The verdict with the torch write-set builder (the device path's full verdict) equals the verdict
     with the plain oracle, finding for finding, on kernels that really are wrong (the mutants) and under
     a sizing that overflows: kind, buffer, region and element range all agree."""
-    from harness.mutants import kernel_spec
-    from harness.verdict import check
+    from harness.workflow.mutants import kernel_spec
+    from harness.verifying.verdict import check
 
     name = data.draw(st.sampled_from(DIRTY_MUTANTS))
     config = data.draw(configs(sizing=data.draw(st.sampled_from(["safe", "prefix"])),
@@ -156,10 +156,10 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
 @pytest.mark.cpu_only
 def test_verifier_slot_ids_equal_the_case_model_in_32_bit_arithmetic():
     """kernels/verify/slots.py computes slot ids with wrapping 32-bit products; they must equal
-    harness.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
+    harness.cases.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
     import torch
 
-    from harness.case import slot_id
+    from harness.cases.case import slot_id
 
     pairs = [(0, 0), (1, 0), (7, 2**30 - 1), (2**31 - 1, 12345), (2**31, 99), (2**32 + 5, 2**29), (2**33 + 77, 7),
              (123456789, 987654321 % 2**30)] + [(i * 104729 + 3, (i * 7919) % 2**30) for i in range(8)]

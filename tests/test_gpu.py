@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from harness.case import Batch, Case, Config
-from harness.findings import Kind
-from harness.fuzz import fuzz
-from harness.runner import GraphRunner
-from harness.session import Session
+from harness.cases.case import Batch, Case, Config
+from harness.cases.findings import Kind
+from harness.workflow.fuzz import fuzz
+from harness.running.runner import GraphRunner
+from harness.verifying.session import Session
 from strategies import cases, configs
 
 pytestmark = pytest.mark.gpu

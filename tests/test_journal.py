@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import casefile, journal
-from harness.case import Batch, Case, Config
-from harness.findings import Kind
+from harness.cases import casefile
+
+from harness.running import journal
+from harness.cases.case import Batch, Case, Config
+from harness.cases.findings import Kind
 
 ROOT = Path(__file__).resolve().parent.parent
-#: A launcher plug-in (harness/targets.py LAUNCH_KWARGS) that records the batch it got, then hangs or aborts.
+#: A launcher plug-in (harness/cases/targets.py LAUNCH_KWARGS) that records the batch it got, then hangs or aborts.
 LAUNCHER = '''
 import json, os, time
 

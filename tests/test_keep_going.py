@@ -1,4 +1,4 @@
-"""``fuzz --keep-going`` (harness.keepgoing): one run finds, shrinks and saves every distinct failure
+"""``fuzz --keep-going`` (harness.workflow.keepgoing): one run finds, shrinks and saves every distinct failure
 it meets within its budget instead of stopping at the first."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import casefile
-from harness.findings import Kind
+from harness.cases import casefile
+from harness.cases.findings import Kind
 
 pytestmark = pytest.mark.cpu_only  # the plug-in segfaults the interpreter's process on purpose
 

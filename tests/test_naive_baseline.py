@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.case import Batch, Config
-from harness.compare import PLANTED_FILE
+from harness.cases.case import Batch, Config
+from harness.workflow.compare import PLANTED_FILE
 
 pytestmark = pytest.mark.cpu_only
 

@@ -6,8 +6,8 @@ back to the (row, token) it came from.
 
 from hypothesis import given, strategies as st
 
-from harness import oracle
-from harness.case import Batch, Config, launch_batch
+from harness.cases import oracle
+from harness.cases.case import Batch, Config, launch_batch
 from strategies import batches, configs
 
 TABLE = [[100 * r + t for t in range(64)] for r in range(8)]

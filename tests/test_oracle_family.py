@@ -5,8 +5,8 @@ words in the comments, not from the code. Rows of req_to_token hold 10, 11, 12, 
 
 from hypothesis import given, strategies as st
 
-from harness import oracle
-from harness.case import launch_batch, req_to_token_rows
+from harness.cases import oracle
+from harness.cases.case import launch_batch, req_to_token_rows
 from strategies import batches, configs
 
 ROW = list(range(10, 40))

@@ -1,4 +1,4 @@
-"""Two runs into one ``--out`` (harness.outlock): the second is refused with one line naming the first,
+"""Two runs into one ``--out`` (harness.workflow.outlock): the second is refused with one line naming the first,
 so neither loses the other's findings; a lock left by a run that died is taken over with a note."""
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.findings import Kind
+from harness.cases.findings import Kind
 
 pytestmark = pytest.mark.cpu_only
 

@@ -1,4 +1,4 @@
-"""Plug-in kernels and sizing policies (harness.targets): ``--kernel`` / ``--sizing`` end to end.
+"""Plug-in kernels and sizing policies (harness.cases.targets): ``--kernel`` / ``--sizing`` end to end.
 
 A kernel file outside the project runs through ``python -m harness fuzz``; a plug-in that cannot be
 imported, has the wrong signature or lacks the attribute is exit 2 with one line on stderr. The same
@@ -131,7 +131,7 @@ def test_launcher_plugin_with_scratch_runs_clean(tmp_path):
 
 
 def test_module_attr_spec_resolves(device):
-    from harness.targets import resolve_kernel
+    from harness.cases.targets import resolve_kernel
 
     target = resolve_kernel(f"kernels.draft_kv_indices:{ATTR}", device)
     assert target.request_axis == 1
@@ -164,7 +164,7 @@ def test_bad_sizing_plugins_are_one_line_exit_2(tmp_path, source, needles):
 
 
 def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, device):
-    from harness.targets import _load_attr
+    from harness.cases.targets import _load_attr
 
     first = _load_attr(f"{outside_kernel}:{ATTR}", "kernel")
     assert _load_attr(f"{outside_kernel}:{ATTR}", "kernel") is first
@@ -174,7 +174,7 @@ def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, d
 @given(data=st.data())
 def test_kernel_under_test_matches_the_oracle(kernel_spec, sizing_spec, make_session, data):
     """Runs ``--kernel`` / ``--sizing`` (env KVFENCE_KERNEL / KVFENCE_SIZING; reference and safe by default)."""
-    from harness.fuzz import format_failure
+    from harness.cases.casefile import format_failure
     from strategies import cases, configs
 
     case = data.draw(cases(configs(sizing=sizing_spec, max_ctx=24, max_max_bs=3), kernel=kernel_spec))

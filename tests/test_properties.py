@@ -3,14 +3,14 @@ strategies' domain, and the fuzz loop catching the sizing bugs it exists for."""
 
 from hypothesis import given, settings, strategies as st
 
-from harness import oracle
-from harness.case import Case
-from harness.findings import Kind
-from harness.fuzz import fuzz, utilisation
-from harness.runner import make_runner
-from harness.targets import resolve_kernel
+from harness.cases import oracle
+from harness.cases.case import Case
+from harness.cases.findings import Kind
+from harness.workflow.fuzz import fuzz, utilisation
+from harness.running.runner import make_runner
+from harness.cases.targets import resolve_kernel
 from kernels.draft_kv_indices import token_blocks_for
-from harness.casefile import raise_on_findings
+from harness.cases.casefile import raise_on_findings
 from strategies import batches, cases, configs
 
 layouts = st.sampled_from(["redzone", "production"])

@@ -1,4 +1,4 @@
-"""The upstream release matrix (harness.release_matrix, ``upstream matrix``), over fake sglang wheels.
+"""The upstream release matrix (harness.workflow.release_matrix, ``upstream matrix``), over fake sglang wheels.
 
 The wheels are tests/test_upstream.py's (a classic-ABI kernel written from docs/contract.md, no SGLang code):
 a correct release, one with an inclusive prefix sum (a real bug: caught under every sizing), one without the
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import release_matrix as rm
-from harness import upstream
+from harness.workflow import release_matrix as rm
+from harness.cases import upstream
 from harness.errors import BadInput
 from tests.test_upstream import EXTRA_REQUIRED, INCLUSIVE_PREFIX_SUM, MODULE, NUM_SEQS_TOPK, ROOT, edited, \
     kvfence, make_wheel, one_line_exit_2
@@ -328,7 +328,7 @@ def _cmdline(proc_dir: Path) -> str:
 def test_rail_cells_pin_a_window_and_take_only_window_sizings():
     """A window-rail cell runs fuzz with the rail's window pinned, and only the window-* policies size the
     rail (the draft kernel's policies size the draft kernel): the other pairs are not applicable."""
-    from harness import release_matrix as rm
+    from harness.workflow import release_matrix as rm
 
     assert rm.contract_flags("window-rail") == ["--contract", "window-rail", "--window", str(rm.RAIL_WINDOW)]
     assert rm.contract_flags("draft") == ["--contract", "draft"]

@@ -11,10 +11,10 @@ import torch
 from hypothesis import Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from harness.case import Batch, Case
-from harness.runner import GraphRunner
-from harness.targets import resolve_kernel
-from harness.verdict import check
+from harness.cases.case import Batch, Case
+from harness.running.runner import GraphRunner
+from harness.cases.targets import resolve_kernel
+from harness.verifying.verdict import check
 from strategies import batches, configs
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.fuzz import fuzz
-from harness.progress import Progress
+from harness.workflow.fuzz import fuzz
+from harness.workflow.progress import Progress
 from reports import summary as summary_mod
 from reports.render import coverage_png, write_reports
 from strategies import cases, configs
@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def doc(make_session, tmp_path_factory):
     """A real, small fuzz run of the pre-fix sizing (finds its missing topk factor) turned into a summary."""
-    from harness import casefile
+    from harness.cases import casefile
 
     strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix"))
     result = fuzz(make_session(), strategy, max_examples=30, seed=4, shrink_seconds=20)
@@ -79,7 +79,7 @@ def test_report_command_rerenders_from_summary_json(doc, tmp_path):
 
 
 def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
-    from harness.fuzz import FuzzResult
+    from harness.workflow.fuzz import FuzzResult
 
     r = FuzzResult(examples=50, verified_cases=100, cached_cases=3, elapsed_s=2.0, max_utilisation=0.5)
     tty, plain = io.StringIO(), io.StringIO()

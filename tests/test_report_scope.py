@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.mutants import MutantResult, SelfTest, format_table
-from harness.outdir import set_aside_earlier_cases
+from harness.workflow.mutants import MutantResult, SelfTest, format_table
+from harness.workflow.outdir import set_aside_earlier_cases
 from reports import summary as summary_mod
 from reports.render import panel_counts, panel_title
 
@@ -62,8 +62,8 @@ def test_set_aside_moves_only_top_level_case_files_and_never_overwrites(tmp_path
 @pytest.fixture(scope="module")
 def failing_doc(make_session, tmp_path_factory):
     """A real fuzz run of the pre-fix sizing with its shrunk case file."""
-    from harness import casefile
-    from harness.fuzz import fuzz
+    from harness.cases import casefile
+    from harness.workflow.fuzz import fuzz
     from strategies import cases, configs
 
     result = fuzz(make_session(), cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")), max_examples=30,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import casefile
-from harness.case import Batch, Case, Config
-from harness.repro import run_repro
+from harness.cases import casefile
+from harness.cases.case import Batch, Case, Config
+from harness.workflow.repro import run_repro
 
 ROOT = Path(__file__).resolve().parent.parent
 

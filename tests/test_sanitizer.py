@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import sanitizer
+from harness.tools import sanitizer
 from harness.errors import BadInput
-from harness.findings import Kind
+from harness.cases.findings import Kind
 from tests.fake_sanitizer import install_fake_tool
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -117,7 +117,7 @@ def test_command_lines_per_tool(tmp_path):
 
 def test_initcheck_never_gets_a_kernel_filter(tmp_path):
     # With a filter, initcheck does not see the stores of PyTorch's kernels, so everything they fill
-    # reads as uninitialised: the noise of the fixture and of every sweep case (harness.sanitizer).
+    # reads as uninitialised: the noise of the fixture and of every sweep case (harness.tools.sanitizer).
     target = ["python", "child"]
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert "--kernel-name" in sanitizer.tool_command("cs", tool, target, xml_path=tmp_path / "x.xml")
@@ -187,8 +187,8 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
 def fake_tool(tmp_path, monkeypatch):
     """A fake compute-sanitizer first on PATH, found by ``locate`` like the real one; returns
     ``run(scenario, timeout)`` -> ToolVerdict for a real case file."""
-    from harness.case import Batch, Case, Config
-    from harness.casefile import write_case
+    from harness.cases.case import Batch, Case, Config
+    from harness.cases.casefile import write_case
 
     tool = install_fake_tool(tmp_path, monkeypatch)
     exe = sanitizer.locate()
@@ -317,7 +317,7 @@ def test_baseline_runs_the_same_child_and_reports_when_it_cannot_run(fake_tool, 
 
 
 def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
-    from harness.sweep import sweep_exit
+    from harness.tools.sweep import sweep_exit
 
     clean = {"canary_cases_with_findings": 0, "baseline_errors": 0,
              "per_tool": {"memcheck": {"cases_with_findings": 0, "cases_with_tool_errors": 0}},
@@ -342,8 +342,8 @@ sys.exit(code)
 @pytest.mark.parametrize("baseline_exit", [0, 1])
 def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool, tmp_path, monkeypatch, baseline_exit):
     # The baseline child (a fake python) says `baseline_exit`; under the (fake) tools the child says 0.
-    from harness.casefile import load_case
-    from harness.sweep import sanitize_case
+    from harness.cases.casefile import load_case
+    from harness.tools.sweep import sanitize_case
 
     python = tmp_path / "fake-python"
     python.write_text(FAKE_PYTHON.format(python=sys.executable))
@@ -367,9 +367,9 @@ def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool
 
 def test_sweep_cases_never_runs_a_plugin_a_case_file_names(tmp_path):
     # A case file is data: a plug-in kernel it names runs only when --kernel names it too.
-    from harness.case import Batch, Case, Config
-    from harness.casefile import write_case
-    from harness.sweep import load_cases
+    from harness.cases.case import Batch, Case, Config
+    from harness.cases.casefile import write_case
+    from harness.tools.sweep import load_cases
 
     case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, mode="eager"), Batch((2,), (0,), 1),
                 kernel="evil.py:payload")

@@ -1,4 +1,4 @@
-"""The device verifier and the oracle path compared on dirty cases (``harness.compare``,
+"""The device verifier and the oracle path compared on dirty cases (``harness.workflow.compare``,
 ``python -m harness mutants --verifiers both``).
 
 Each planted bad write must be seen by both paths the same way (verdict, counter, findings), the clean
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import compare
-from harness.case import Batch, Case, Config
-from harness.device_verify import COUNTERS, DeviceVerifier
-from harness.findings import Kind
-from harness.session import Session
+from harness.workflow import compare
+from harness.cases.case import Batch, Case, Config
+from harness.verifying.device_verify import COUNTERS, DeviceVerifier
+from harness.cases.findings import Kind
+from harness.verifying.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = compare.PLANTED_FILE
@@ -169,8 +169,8 @@ def test_racy_cases_are_compared_by_kind_and_others_by_element_range():
     """A racy case (two oracle-path launches named different findings) agrees when both paths found the
     same kinds, even at other ranges; a deterministic case must match range for range; and a racy case
     with another kind on one path is still a disagreement."""
-    from harness.compare import Paths
-    from harness.findings import Finding, Kind
+    from harness.workflow.compare import Paths
+    from harness.cases.findings import Finding, Kind
 
     here = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
     there = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.case import Batch, Case, Config
-from harness.findings import Kind
-from harness.worker import RemoteSession
+from harness.cases.case import Batch, Case, Config
+from harness.cases.findings import Kind
+from harness.workflow.worker import RemoteSession
 
 pytestmark = pytest.mark.gpu
 

@@ -10,7 +10,7 @@ of row ``s`` plus the guard after it (``stride`` columns in all); ``s == rows`` 
 ``s == rows + 1`` the tail. (Chunks on the first axis: a row can need more than the 65,535 programs
 CUDA allows on the others.) A program loops over its chunk from the first unwritten column, so a
 chunk wholly inside the written part costs two scalar loads: ``sum(L)`` of the launch comes from the
-case's staging row (its last column, ``harness/device_verify.py``), not from a loop over requests.
+case's staging row (its last column, ``harness/verifying/device_verify.py``), not from a loop over requests.
 (One program per 1,024 columns measured 76 us on the large case of an H200, nearly all of it
 programs that had nothing to check.) Adds the count to ``counts[slot]``.
 """
@@ -52,7 +52,7 @@ def verify_outside_kernel(
         live = cols < width * is_row.to(tl.int32)
         check = cols < hi
         i = (base + cols).to(tl.int64)
-        # harness.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
+        # harness.running.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
         h = (i * 0x2545F491 + seed_term) & ((1 << 30) - 1)
         expected = tl.where(live, poison, -(h + 2))
         found = tl.load(storage + i, mask=check, other=0).to(tl.int64)
@@ -64,7 +64,7 @@ def verify_outside_kernel(
 
 
 def verify_outside(buf, *, counts, slot: int, rows, cursor, num_seqs: int, topk: int, poison: int):
-    """Launch over the whole allocation of ``buf`` (the kv_indices ``harness.guarded.GuardedBuffer``)
+    """Launch over the whole allocation of ``buf`` (the kv_indices ``harness.running.guarded.GuardedBuffer``)
     for a launch of ``num_seqs`` requests; ``rows[cursor, -1]`` is the sum of their (padded) lengths.
     The canary seed is the buffer's own."""
     span = max(buf.stride, buf.front, buf.tail)

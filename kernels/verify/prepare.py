@@ -1,9 +1,9 @@
 """Prepare one case on the device: unpack its staging row into the runner's inputs and regenerate the
-req_to_token pool from its token seed (harness/device_verify.py).
+req_to_token pool from its token seed (harness/verifying/device_verify.py).
 
 The staging row is row ``cursor`` of ``rows`` (``[token seed | seq_lens | pool rows | positions | sum(seq_lens)]``, each
 part ``max_bs`` or ``max_bs*topk`` long, the runner's padding already applied), so one captured graph
-serves every case of a batch. Entry ``i`` of the flattened pool is ``harness.case.slot_id(seed, i)``
+serves every case of a batch. Entry ``i`` of the flattened pool is ``harness.cases.case.slot_id(seed, i)``
 (``kernels/verify/slots.py``).
 
 Grid ``(cdiv(pool_numel, BLOCK) + 1,)``: the first programs write the pool, the last one the per-request

@@ -93,7 +93,7 @@ def verify_segments(buf, *, seq_lens, req_pool_indices, rows, cursor, counts, po
                     num_steps: int, page_size: int, poison_back: bool = False, poison: int = -1):
     """Launch over ``(num_steps, num_seqs, topk)`` on ``buf`` (the kv_indices ``GuardedBuffer``).
 
-    ``rows[cursor, 0]`` is the case's token seed (``harness/device_verify.py``'s staging rows).
+    ``rows[cursor, 0]`` is the case's token seed (``harness/verifying/device_verify.py``'s staging rows).
     ``poison_back``: each checked element is overwritten with ``poison`` after the comparison (one pass
     that reads and writes every element once), so the rows are ready for the next case without a
     separate re-poisoning pass.

@@ -1,7 +1,7 @@
 """Launchers that run the reference kernel and then make one genuine bad write with a Triton kernel.
 
 Each is a kvfence launcher plug-in (``tests/targets/bad_writes.py:NAME``): keyword arguments as in
-``harness.targets.LAUNCH_KWARGS``, ``kv_indices`` / ``kv_indptr`` as 2-D step-row views. Offsets are
+``harness.cases.targets.LAUNCH_KWARGS``, ``kv_indices`` / ``kv_indptr`` as 2-D step-row views. Offsets are
 relative to the view's first element, so negative offsets reach the front guard and offsets past the
 last row reach the tail, exactly where a buggy kernel's stores would land.
 """

@@ -1,6 +1,6 @@
 """Launcher plug-ins that kill, hang or exit the process that launches them (tests/test_worker.py).
 
-Each takes the ``harness.targets.LAUNCH_KWARGS`` keyword arguments. ``misbehave`` and the ``*_on_3``
+Each takes the ``harness.cases.targets.LAUNCH_KWARGS`` keyword arguments. ``misbehave`` and the ``*_on_3``
 variants run the reference kernel except for batches whose first request has a given length, so a
 test can tell the guilty case from its neighbours in one ``check_many`` list.
 """

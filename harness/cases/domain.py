@@ -1,0 +1,139 @@
+"""The config space a run draws from: ``CPU`` (interpreter-sized) or ``GPU`` (production-sized).
+
+A ``Domain`` is data, defined once here and used by the strategies, the CLI (``--scale``), the run
+summary (``domain``) and the boundary-coverage statistics. The GPU domain reaches what SGLang really
+captures on an H200: up to 256 requests in speculative-decoding capture buckets, contexts up to
+131072 tokens, topk and draft steps up to 16, every page size from 1 to 128. The CPU domain keeps
+launches small enough for the Triton interpreter (milliseconds per program).
+
+``boundary_classes(case)`` names the size boundaries a case sits on (copy blocks, lane widths,
+pages, the context limit, bucket padding); the coverage tests and the summary count them, so "the
+GPU run reaches 513-token prefixes and 129-branch batches" is a measured statement, not a hope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Tuple
+
+from harness.cases.case import default_buckets as power_of_two_buckets  # 1, 2, 4, ... then max_bs
+from harness.errors import require
+
+#: Request counts SGLang captures graphs for when speculative decoding is on (its default list, as a
+#: fact: 1-8, then every 2 up to 32, every 16 from 40 to 160, and on GPUs with more than 90 GB, every 8
+#: from 160 to 256). A runner with ``max_bs`` captures those below it, then ``max_bs`` itself.
+SPECULATIVE_CAPTURE_BS = tuple(sorted(set(
+    list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 161, 16)) + list(range(160, 257, 8)))))
+
+#: Prefix tokens copied per loop iteration by the kernels kvfence knows of (ours: 512; upstream's
+#: token-block variant: 512; 128 is a common Triton tile): lengths around these are edges.
+COPY_BLOCKS = (128, 512)
+#: Lane widths of ``tl.arange`` reductions (prefix sums over requests, indptr sums over branches) that
+#: a kernel might hard-code: request and branch counts just past these are edges.
+LANE_WIDTHS = (16, 32, 64, 128)
+
+
+def capture_buckets(max_bs: int) -> Tuple[int, ...]:
+    """SGLang's speculative capture list cut at ``max_bs``, which is always captured last."""
+    return tuple([b for b in SPECULATIVE_CAPTURE_BS if b < max_bs] + [max_bs])
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Bounds of one config space. ``buckets`` names the capture-bucket rule (``power-of-two`` or
+    ``capture-list``); everything else is an inclusive upper bound or the set of page sizes."""
+
+    name: str
+    max_topk: int
+    max_steps: int
+    page_sizes: Tuple[int, ...]
+    max_ctx: int
+    max_bs: int
+    buckets: str
+
+    def __post_init__(self):
+        require(self.buckets in ("power-of-two", "capture-list"), f"domain {self.name}: unknown bucket rule {self.buckets!r}")
+        for field in ("max_topk", "max_steps", "max_ctx", "max_bs"):
+            value = getattr(self, field)
+            require(isinstance(value, int) and value >= 1, f"domain {self.name}: {field} must be >= 1, got {value!r}")
+        require(self.max_ctx >= 2, f"domain {self.name}: max_ctx must be >= 2")
+
+    def buckets_for(self, max_bs: int) -> Tuple[int, ...]:
+        return capture_buckets(max_bs) if self.buckets == "capture-list" else power_of_two_buckets(max_bs)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "topk": [1, self.max_topk], "num_steps": [1, self.max_steps],
+                "page_sizes": list(self.page_sizes), "ctx": [2, self.max_ctx], "max_bs": [1, self.max_bs],
+                "buckets": self.buckets}
+
+    def describe(self) -> str:
+        return (f"{self.name}: topk 1-{self.max_topk}, steps 1-{self.max_steps}, pages "
+                f"{'/'.join(map(str, self.page_sizes))}, ctx <= {self.max_ctx}, max_bs <= {self.max_bs} "
+                f"({self.buckets} buckets)")
+
+
+#: Interpreter-sized: a launch is ``num_steps*bucket*topk`` programs of ~2 ms each on the CPU.
+CPU = Domain("cpu", max_topk=8, max_steps=8, page_sizes=(1, 2, 4, 16, 64), max_ctx=48, max_bs=4,
+             buckets="power-of-two")
+#: Production-sized: what an H200 server captures.
+GPU = Domain("gpu", max_topk=16, max_steps=16, page_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_ctx=131072,
+             max_bs=256, buckets="capture-list")
+DOMAINS: Dict[str, Domain] = {"cpu": CPU, "gpu": GPU}
+
+
+def domain_named(name: str) -> Domain:
+    require(name in DOMAINS, f"unknown scale {name!r}: choose {', '.join(DOMAINS)}")
+    return DOMAINS[name]
+
+
+# -- boundary classes -----------------------------------------------------------------------------------
+#: Every class ``boundary_classes`` can name, so a coverage table can list the ones never reached.
+BOUNDARY_CLASSES: Tuple[str, ...] = (
+    "len<=block128", "len=block128+-1", "len>block128", "len=block512+-1", "len>block512",
+    "len=page-boundary+-1", "len=ctx-steps+-1", "len=ctx",
+    "requests>16", "requests>32", "requests>64", "branches>64", "branches>128",
+    "full-bucket", "padded-bucket", "page>=64-filled", "page=128", "ctx>=65536", "topk>8", "steps>8",
+    "distinct-lengths",
+)
+
+
+def boundary_classes(config, seq_lens, raw_bs: int) -> FrozenSet[str]:
+    """The boundary classes one launch sits on (``seq_lens`` are the real requests, before padding)."""
+    out = set()
+    bucket = next((b for b in config.buckets if b >= raw_bs), config.max_bs) if config.mode == "graph" else raw_bs
+    for L in seq_lens:
+        if L <= 128:
+            out.add("len<=block128")
+        for block in COPY_BLOCKS:
+            if abs(L - block) <= 1:
+                out.add(f"len=block{block}+-1")
+            if L > block:
+                out.add(f"len>block{block}")
+        p = config.page_size
+        if p > 1 and (L % p in (0, 1, p - 1)) and L >= p - 1:
+            out.add("len=page-boundary+-1")
+        if p >= 64 and L >= p:
+            out.add("page>=64-filled")
+        if abs(L - (config.ctx - config.num_steps)) <= 1:
+            out.add("len=ctx-steps+-1")
+        if L == config.ctx:
+            out.add("len=ctx")
+    for lanes in (16, 32, 64):
+        if bucket > lanes:
+            out.add(f"requests>{lanes}")
+    for lanes in (64, 128):
+        if bucket * config.topk > lanes:
+            out.add(f"branches>{lanes}")
+    if config.mode == "graph":
+        out.add("full-bucket" if raw_bs == bucket else "padded-bucket")
+    if config.page_size == 128:
+        out.add("page=128")
+    if config.ctx >= 65536:
+        out.add("ctx>=65536")
+    if config.topk > 8:
+        out.add("topk>8")
+    if config.num_steps > 8:
+        out.add("steps>8")
+    if len(set(seq_lens)) >= 3:
+        out.add("distinct-lengths")
+    return frozenset(out)

@@ -1,0 +1,372 @@
+"""What is under test: kernels and sizing policies, by builtin name or plug-in spec.
+
+A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
+``package.module:attr``, ``path/to/file.py:attr`` or, for kernels, ``sglang==VERSION[:attr]`` (SGLang's own
+kernel from its wheel, harness.cases.upstream). A kernel attr is either a ``@triton.jit`` function
+with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
+A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import operator
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, FrozenSet, Optional, Tuple
+
+from harness.device import ensure
+from harness.errors import BadInput, require
+
+#: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
+LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
+                 "num_steps", "page_size")
+#: The classic ABI's parameter count (docs/contract.md §2).
+CLASSIC_ARITY = 13
+BUILTIN_KERNELS = ("reference", "reference-blocked")
+
+
+#: The §6 parameters a config field needs from a kernel (docs/contract.md §6), by the kernel's names.
+FAMILY_PARAMS = {"window_size": ("window_size",), "sink_size": ("sink_size",), "entry_page_size": ("ENTRY_PAGE_SIZE",),
+                 "translate": ("v2p", "TRANSLATE")}
+#: Keyword arguments the runner adds for a §6 config (``harness.running.runner``), on top of ``LAUNCH_KWARGS``.
+FAMILY_KWARGS = ("contract", "window_size", "sink_size", "entry_page_size", "v2p")
+ALL_FAMILY = frozenset(p for ps in FAMILY_PARAMS.values() for p in ps)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a kernel can be given: the contracts it implements and the §6 parameters it declares."""
+
+    contracts: Tuple[str, ...] = ("draft",)
+    params: FrozenSet[str] = frozenset()
+
+    @property
+    def family(self) -> bool:
+        """Every §6 draft parameter (window, sinks, page-granular rows, translation) is declared."""
+        return ALL_FAMILY <= self.params or (self.contracts == ("window-rail",)
+                                            and {"ENTRY_PAGE_SIZE", "v2p", "TRANSLATE"} <= self.params)
+
+    def check_config(self, spec: str, config) -> None:
+        """``BadInput`` (one line) unless this kernel can run ``config``'s contract and §6 fields."""
+        require(config.contract in self.contracts,
+                f"kernel {spec!r} implements the {'/'.join(self.contracts)} contract, not {config.contract} "
+                "(docs/contract.md §6)")
+        fields = config.family_dict()
+        fields.pop("contract", None)
+        if config.is_rail:
+            fields.pop("window_size", None)  # the rail's required ``window``
+        missing = [p for name in fields for p in FAMILY_PARAMS[name] if p not in self.params]
+        require(not missing, f"kernel {spec!r} lacks {', '.join(missing)}: its ABI cannot take "
+                             f"{', '.join(f'{k}={v}' for k, v in fields.items())} (docs/contract.md §6)")
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """A resolved kernel: its spec and a launcher with the ``LAUNCH_KWARGS`` signature (plus, for a §6
+    config, ``FAMILY_KWARGS``: only kernels whose ``capabilities`` accept the config get them).
+
+    ``request_axis`` is the launch grid's axis that indexes requests (1 for classic-ABI kernels; None for
+    a launcher plug-in, whose grid kvfence does not know). The address audit uses it to check that
+    program ``(., b, .)`` reads only its own ``req_to_token`` row.
+    """
+
+    spec: str
+    launch: Callable[..., None]
+    request_axis: Optional[int] = 1
+    capabilities: Capabilities = Capabilities()
+
+    def check_config(self, config) -> None:
+        self.capabilities.check_config(self.spec, config)
+
+
+def family_constexprs(kw: dict) -> Tuple[str, dict]:
+    """Pop ``FAMILY_KWARGS`` from a launch's keyword arguments: ``(contract, constexprs)``, the §6
+    parameters by the kernel's names, only those away from their defaults (so a kernel is compiled for
+    exactly the paths a config turns on). ``window_size`` stays in for the rail, which calls it ``window``."""
+    contract = kw.pop("contract", "draft")
+    family = {name: kw.pop(name) for name in FAMILY_KWARGS[1:] if name in kw}
+    out = {}
+    if family.get("window_size"):
+        out["window_size"] = family["window_size"]
+    if family.get("sink_size"):
+        out["sink_size"] = family["sink_size"]
+    if family.get("entry_page_size", 1) != 1:
+        out["ENTRY_PAGE_SIZE"] = family["entry_page_size"]
+    if family.get("v2p") is not None:
+        out["v2p"], out["TRANSLATE"] = family["v2p"], True
+    return contract, out
+
+
+def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
+    """A ``LAUNCH_KWARGS`` (+ ``FAMILY_KWARGS``) launcher over a draft kernel and/or a rail kernel, both of
+    the classic 13-argument head (``kernels.draft_kv_indices.launch`` / ``kernels.window_kv_indices.launch``)."""
+    from kernels import draft_kv_indices, window_kv_indices
+
+    def launch_kernel(**kw):
+        contract, constexprs = family_constexprs(kw)
+        if contract == "window-rail":
+            window = constexprs.pop("window_size")
+            window_kv_indices.launch(rail, window=window, **kw, **constexprs)
+            return
+        # From a shape, not from seq_lens' values: no host sync, so it also works inside graph capture.
+        blocks = draft_kv_indices.token_blocks_for(kw["req_to_token"].shape[1]) if token_blocks_for_batch else 0
+        draft_kv_indices.launch(draft, token_blocks=blocks, **kw, **constexprs)
+
+    return launch_kernel
+
+
+def _load_file(path: Path):
+    """Import a plug-in file once per process (kernel and sizing specs may name the same file)."""
+    resolved = path.resolve()
+    name = "kvfence_plugin_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, "__file__", None) == str(resolved):
+        return module
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # triton.jit needs the module to be importable by name
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _load_attr(spec: str, what: str):
+    require(":" in spec, f"unknown {what} {spec!r}: expected a builtin name, module:attr or file.py:attr")
+    where, _, attr = spec.rpartition(":")
+    require(where and attr, f"malformed {what} spec {spec!r}: expected module:attr or file.py:attr")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            path = Path(where)
+            require(path.is_file(), f"{what} file {where} does not exist")
+            module = _load_file(path)
+        else:
+            module = importlib.import_module(where)
+    except BadInput:
+        raise
+    except (Exception, SystemExit) as exc:  # any import-time failure of user code is bad input, in one line
+        raise BadInput(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from None
+    require(hasattr(module, attr), f"{what} {spec!r}: {where} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def _is_triton_kernel(obj) -> bool:
+    # JITFunction (compiled) and InterpretedFunction (TRITON_INTERPRET=1) both carry the raw fn; so do
+    # the autotune / heuristics wrappers around them (their fn is the JIT function).
+    return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn"))
+
+
+def _unwrap(kernel):
+    """``(jit_function, python_function, names the wrappers supply)`` of a possibly autotuned kernel."""
+    supplied, jit = set(), kernel
+    while _is_triton_kernel(jit) and _is_triton_kernel(jit.fn):
+        for config in getattr(jit, "configs", None) or []:  # triton.autotune
+            supplied.update(getattr(config, "kwargs", {}))
+        supplied.update(getattr(jit, "values", None) or {})  # triton.heuristics
+        jit = jit.fn
+    return jit, jit.fn, supplied
+
+
+#: The window rail's required parameter after the classic 13 (docs/contract.md §6).
+RAIL_WINDOW = "window"
+
+
+def _check_classic_signature(spec: str, kernel) -> Capabilities:
+    """13 positional parameters without a default (docs/contract.md §2), or 14 ending in ``window`` (the
+    window rail, §6); any other must have one or be supplied. Returns what the kernel can be given."""
+    _, fn, supplied = _unwrap(kernel)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        raise BadInput(f"kernel {spec!r}: cannot read its signature") from None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in params if p.default is inspect.Parameter.empty and p.name not in supplied]
+    rail = len(required) == CLASSIC_ARITY + 1 and required[-1].name == RAIL_WINDOW
+    require(len(positional) >= CLASSIC_ARITY and required == positional[:len(required)]
+            and (len(required) == CLASSIC_ARITY or rail),
+            f"kernel {spec!r} takes {len(required)} required arguments "
+            f"({', '.join(p.name for p in required)}); the classic ABI has {CLASSIC_ARITY} (docs/contract.md §2)")
+    optional = frozenset(p.name for p in params if p not in required) & ALL_FAMILY
+    return Capabilities(("window-rail",) if rail else ("draft",), optional)
+
+
+def _for_device(kernel, device: str):
+    """Check that a ``@triton.jit`` kernel was built for ``device`` (interpreted on CPU, compiled on CUDA)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    ensure(device)
+    interpreted = isinstance(_unwrap(kernel)[0], InterpretedFunction)
+    require(interpreted == (device == "cpu"),
+            f"kernel was {'interpreted' if interpreted else 'compiled'} but device is {device}: "
+            "choose the device before importing the kernel")
+    return kernel
+
+
+#: What kvfence's own kernels implement: both contracts, every §6 parameter.
+REFERENCE_CAPABILITIES = Capabilities(("draft", "window-rail"), ALL_FAMILY)
+
+
+def kernel_capabilities(spec: str) -> Capabilities:
+    """What the kernel ``spec`` names can be given (device-independent: imports a plug-in, never launches).
+    A launcher plug-in gets only ``LAUNCH_KWARGS``: the classic draft contract."""
+    obj = check_kernel_spec(spec)
+    if spec in BUILTIN_KERNELS:
+        return REFERENCE_CAPABILITIES
+    from harness.cases import upstream
+
+    if upstream.is_spec(spec):
+        return upstream.capabilities(upstream.resolve(spec)[2])
+    if _is_triton_kernel(obj):
+        return _check_classic_signature(spec, obj)
+    return Capabilities()
+
+
+def check_kernel_spec(spec: str):
+    """The device-independent part of ``resolve_kernel``: import the plug-in and check its signature.
+    Returns the object (None for a builtin); ``BadInput`` on anything unusable. Commands that pick their
+    device later (``sweep``) call it first, so a bad ``--kernel`` is reported as such."""
+    require(isinstance(spec, str) and spec, "kernel spec must be a non-empty string")
+    if spec in BUILTIN_KERNELS:
+        return None
+    from harness.cases import upstream
+
+    if upstream.is_spec(spec):
+        upstream.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
+        return None
+    obj = _load_attr(spec, "kernel")
+    if _is_triton_kernel(obj):
+        _check_classic_signature(spec, obj)
+        return obj
+    require(callable(obj), f"kernel {spec!r} is neither a @triton.jit function nor a launcher callable")
+    try:
+        sig = inspect.signature(obj)
+        sig.bind(**{name: None for name in LAUNCH_KWARGS})
+    except (TypeError, ValueError):
+        raise BadInput(f"launcher {spec!r} must accept keyword arguments {', '.join(LAUNCH_KWARGS)}") from None
+    return obj
+
+
+def resolve_kernel(spec: str, device: str) -> KernelTarget:
+    """Resolve a kernel spec for ``device`` (``cpu`` or ``cuda``); ``BadInput`` on anything unusable."""
+    obj = check_kernel_spec(spec)
+    if spec in BUILTIN_KERNELS:
+        from kernels.draft_kv_indices import generate_draft_decode_kv_indices
+        from kernels.window_kv_indices import generate_draft_decode_window_kv_indices
+
+        launch = abi_launcher(_for_device(generate_draft_decode_kv_indices, device),
+                              _for_device(generate_draft_decode_window_kv_indices, device), spec == "reference-blocked")
+        return KernelTarget(spec, launch, capabilities=REFERENCE_CAPABILITIES)
+    from harness.cases import upstream
+
+    if upstream.is_spec(spec):
+        return _upstream_kernel(spec, device)
+    if _is_triton_kernel(obj):
+        caps = _check_classic_signature(spec, obj)
+        kernel = _for_device(obj, device)
+        rail = caps.contracts == ("window-rail",)
+        return KernelTarget(spec, abi_launcher(None if rail else kernel, kernel if rail else None), capabilities=caps)
+    ensure(device)
+    return KernelTarget(spec, obj, request_axis=None)
+
+
+def is_plugin(spec: str) -> bool:
+    """A ``module:attr`` / ``file.py:attr`` spec (user code), as opposed to a builtin name or an SGLang
+    release (``sglang==VERSION``: extracted and vetted by ``harness.cases.upstream``, never imported as is)."""
+    from harness.cases.upstream import is_spec as is_upstream_spec
+    from kernels.sizing import POLICIES
+
+    return spec not in BUILTIN_KERNELS and spec not in POLICIES and not is_upstream_spec(spec)
+
+
+def check_spec(spec: str, what: str) -> None:
+    """``BadInput`` unless ``spec`` is a builtin ``what`` (kernel or sizing) or looks like a plug-in spec.
+
+    Imports nothing: for specs read from a case file, which are data until the user vouches for them.
+    """
+    from kernels.sizing import POLICIES
+
+    from harness.cases.upstream import is_spec as is_upstream_spec
+
+    builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
+    if spec in builtins or (what == "kernel" and is_upstream_spec(spec)):
+        return
+    where, _, attr = spec.rpartition(":")
+    require(bool(where and attr),
+            f"unknown {what} {spec!r}: expected {', '.join(builtins)}, module:attr or file.py:attr"
+            + (" or sglang==VERSION" if what == "kernel" else ""))
+
+
+def _upstream_kernel(spec: str, device: str) -> KernelTarget:
+    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (harness.cases.upstream), fetched if allowed."""
+    from harness.cases import upstream
+
+    entry, attr, abi = upstream.resolve(spec)
+    kernel = getattr(_load_file(entry.module_path), attr)
+    return KernelTarget(spec, upstream.launcher(_for_device(kernel, device), abi),
+                        capabilities=upstream.capabilities(abi))
+
+
+#: The window parameters a sizing policy may take as keywords (docs/contract.md §3, §6).
+WINDOW_KWARGS = ("window_size", "sink_size")
+
+
+def _window_kwargs_of(fn) -> Tuple[str, ...]:
+    """Which ``WINDOW_KWARGS`` a policy accepts: a 4-argument plug-in gets none of them."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return WINDOW_KWARGS
+    return tuple(name for name in WINDOW_KWARGS if name in params)
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_sizing(spec: str) -> Callable[..., int]:
+    """Resolve a sizing spec to ``(n, topk, ctx, num_steps, *, window_size=0, sink_size=0) -> width``.
+
+    The window parameters reach only policies that declare them (or ``**kwargs``): a 4-argument
+    plug-in keeps working unchanged."""
+    from kernels.sizing import POLICIES
+
+    require(isinstance(spec, str) and spec, "sizing spec must be a non-empty string")
+    if spec in POLICIES:
+        builtin = POLICIES[spec]
+        accepted = _window_kwargs_of(builtin)
+
+        @functools.wraps(builtin)
+        def builtin_policy(n, topk, ctx, num_steps, **window):
+            return builtin(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
+
+        return builtin_policy
+    require(":" in spec, f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
+    obj = _load_attr(spec, "sizing")
+    require(callable(obj), f"sizing {spec!r} is not callable")
+    try:
+        inspect.signature(obj).bind(1, 1, 1, 1)
+    except (TypeError, ValueError):
+        raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
+
+    accepted = _window_kwargs_of(obj)
+
+    @functools.wraps(obj)
+    def policy(n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
+        # User code: an exception or a non-integer width is bad input (one line), not a traceback.
+        try:
+            width = obj(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
+            require(not isinstance(width, bool), f"returned a bool ({width!r}), not a row width")
+            return operator.index(width)
+        except (Exception, SystemExit) as exc:  # SystemExit: a plug-in's sys.exit() is no silent exit 0
+            raise BadInput(f"sizing {spec!r} failed for n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}: "
+                           f"{type(exc).__name__}: {exc}") from None
+
+    return policy

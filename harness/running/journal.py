@@ -1,0 +1,163 @@
+"""Crash-safe journal: the case in flight is on disk before every launch.
+
+Each fuzzing process owns one small slot file ``<out>/journal/<pid>-<nonce>.inflight`` and holds an
+exclusive ``flock`` on it while it lives. Before a launch it overwrites the slot with
+``S<case JSON>\\n`` (one ``pwrite``); after the verdict it overwrites the first byte with ``D`` (one more).
+The file never grows, and each write goes to the page cache, which survives the death of the process
+(kill -9, a CUDA illegal address, an interpreter abort). No fsync: a power cut is out of scope.
+
+``recover(out_dir)`` takes every slot whose lock it can get (its owner is dead: the kernel drops
+``flock`` locks when a process dies, whatever killed it), turns an in-flight case into a case file
+with a ``CRASH`` finding, and removes the slot. Live processes' slots are left alone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List
+
+from harness.cases import casefile
+from harness.cases.case import Case
+from harness.errors import BadInput
+from harness.cases.findings import Finding, Kind
+
+JOURNAL_DIR = "journal"
+SUFFIX = ".inflight"
+IN_FLIGHT = b"S"
+DONE = b"D"
+
+
+class Journal:
+    """The in-flight slot of this process (see the module docstring). Use as a context manager."""
+
+    def __init__(self, out_dir, *, device: str, meta: dict | None = None):
+        self.folder = Path(out_dir) / JOURNAL_DIR
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / f"{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._head = json.dumps({"device": device, "pid": os.getpid(), "started": round(time.time(), 3),
+                                 **(meta or {})}, separators=(",", ":"))
+        # The case JSON of a config is built once; per launch only the batch is serialised.
+        self._prefix: Dict[tuple, str] = {}
+        os.pwrite(self.fd, DONE + b"\n", 0)
+
+    def _record(self, case: Case, tail: str = "") -> str:
+        key = (case.config, case.kernel, case.canary_seed)
+        prefix = self._prefix.get(key)
+        if prefix is None:
+            if len(self._prefix) > 64:
+                self._prefix.clear()
+            prefix = (f'{{"run":{self._head},"case":{{"config":{json.dumps(case.config.to_dict(), separators=(",", ":"))},'
+                      f'"kernel":{json.dumps(case.kernel)},"canary_seed":{case.canary_seed},"batch":')
+            self._prefix[key] = prefix
+        b = case.batch
+        return (f'{prefix}{{"seq_lens":{list(b.seq_lens)},"req_pool_indices":{list(b.req_pool_indices)},'
+                f'"token_seed":{b.token_seed}}}}}{tail}}}\n')
+
+    def begin(self, case: Case) -> None:
+        """Record ``case`` as in flight (call right before launching it)."""
+        os.pwrite(self.fd, IN_FLIGHT + self._record(case).encode(), 0)
+
+    def begin_many(self, cases) -> None:
+        """Record a batch of cases of one config checked in one device round trip: the first as the case
+        in flight, the others' batches beside it. A fault surfaces only when the batch's results are
+        read back, so the journal cannot know which case caused it; ``recover`` says so."""
+        others = json.dumps([c.batch.to_dict() for c in cases[1:]], separators=(",", ":"))
+        os.pwrite(self.fd, IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
+
+    def end(self) -> None:
+        """The verdict is in: nothing is in flight."""
+        os.pwrite(self.fd, DONE, 0)
+
+    def close(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # An exception (not a dead process) ends the run: whatever was in flight did get a verdict or
+        # raised in Python, which the caller reports. Only a dead process leaves a slot behind.
+        self.close()
+
+
+@dataclass
+class Crash:
+    """An in-flight case recovered from a dead process's slot, written as a case file."""
+
+    path: Path
+    case: Case
+    finding: Finding
+
+
+def _read_slot(path: Path):
+    """Return (in_flight_record or None, problem or None) for a slot whose lock we hold."""
+    data = path.read_bytes()
+    if not data.startswith(IN_FLIGHT):
+        return None, None
+    line = data[1:].split(b"\n", 1)[0]
+    try:
+        return json.loads(line), None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, f"journal slot {path.name} holds a torn record (the process died while writing it, before launch)"
+
+
+def recover(out_dir) -> List[Crash]:
+    """Turn every in-flight case of a dead process under ``out_dir`` into a ``CRASH`` case file."""
+    folder = Path(out_dir) / JOURNAL_DIR
+    if not folder.is_dir():
+        return []
+    crashes: List[Crash] = []
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:  # another recoverer took it
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its owner is alive
+            if not path.exists():
+                continue
+            record, problem = _read_slot(path)
+            case = None
+            if record is not None:
+                try:
+                    case = casefile.case_from_dict(record.get("case"))
+                except BadInput as exc:
+                    problem = f"journal slot {path.name} holds an unusable case: {exc}"
+            if case is not None:
+                run = record.get("run", {})
+                started = run.get("started")
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+                others = record.get("batch_of") or []
+                where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others' batches "
+                         "are in the case file's extras: repro each to find the guilty one)") if others else "this launch"
+                finding = Finding(Kind.CRASH, "kernel", "launch",
+                                  detail=f"process {run.get('pid', '?')} (run started {when}) died during {where}")
+                device = run.get("device", "")
+                case_path = casefile.write_case(case, [finding], out_dir=out_dir, device=device, source="journal",
+                                                extras={"journal": {"slot": path.name, **run},
+                                                        **({"batch_of": others} if others else {})})
+                crashes.append(Crash(case_path, case, finding))
+            elif problem is not None:  # kept for a human to read; the run goes on
+                with open(folder / "unusable-slots.log", "a") as fh:
+                    fh.write(problem + "\n")
+            os.unlink(path)
+        finally:
+            os.close(fd)
+    return crashes

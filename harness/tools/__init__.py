@@ -1,0 +1,1 @@
+"""External tools: compute-sanitizer runs, the nightly sweep and its detection matrix."""

@@ -1,0 +1,185 @@
+"""The verdict: compare what a launch left in its buffers with what the oracle says, as ``Finding``s.
+
+Every element of every guarded buffer is checked. An element in the expected write set must hold its
+expected value; every other element must hold exactly what it held before the launch (canaries in
+guards, poison or stale data in rows). Differences are classified, grouped into contiguous runs and
+attributed to the programs ``(s, b, k)`` whose predicted segments cover them.
+
+The expected write set comes as flat index/value tensors (``ExpectedWrites``), built either from the
+plain-Python oracle (``expected_from_oracle``) or by a faster builder that is tested equal to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from harness.cases.findings import Finding, Kind
+from harness.running.guarded import GuardedBuffer
+
+#: Findings kept per buffer; the last one says how many runs were left out.
+MAX_RUNS = 32
+#: Expected-vs-found samples kept per finding.
+MAX_SAMPLES = 3
+
+
+@dataclass
+class ExpectedWrites:
+    """A launch's write set inside the buffers, as flat storage positions and values.
+
+    ``indices_*`` cover only elements inside their row (``e < width``); elements the contract defines
+    past the row width are the sizing bug and show up as guard or stray damage instead.
+    ``segments`` are the program segments ``(s, b, k, start, stop)`` in row coordinates.
+    """
+
+    indices_pos: torch.Tensor
+    indices_val: torch.Tensor
+    indptr_pos: torch.Tensor
+    indptr_val: torch.Tensor
+    segments: List[Tuple[int, int, int, int, int]]
+    used: List[int]  # U(s), written length of each step row
+    need: int
+    bs: int
+    #: Flat kv_indices positions two programs write with different values (``oracle.WriteSet.either``):
+    #: any of the values is accepted.
+    either: Optional[Dict[int, Tuple[int, ...]]] = None
+
+
+def expected_from_oracle(obs) -> ExpectedWrites:
+    """Build ``ExpectedWrites`` from the plain oracle (``Case.expected``): the reference path."""
+    ws = obs.case.expected()
+    kvi, kvp = obs.kv_indices, obs.kv_indptr
+    pos, val = [], []
+    for (s, e), v in ws.kv_indices.items():
+        if e < kvi.width:
+            pos.append(kvi.flat_index(s, e))
+            val.append(v)
+    ppos = [kvp.flat_index(s, z) for (s, z) in ws.kv_indptr]
+    pval = list(ws.kv_indptr.values())
+    lb = obs.launch
+    device = kvi.storage.device
+    used = obs.case.used()  # §2's U(s), or §6's under a window or for the rail
+    return ExpectedWrites(
+        torch.tensor(pos, dtype=torch.int64, device=device), torch.tensor(val, dtype=torch.int32, device=device),
+        torch.tensor(ppos, dtype=torch.int64, device=device), torch.tensor(pval, dtype=torch.int32, device=device),
+        [(g.s, g.b, g.k, g.start, g.stop) for g in ws.segments],
+        used,
+        used[-1],
+        lb.num_seqs * obs.case.config.topk,
+        {kvi.flat_index(s, e): tuple(sorted(v)) for (s, e), v in ws.either.items() if e < kvi.width} or None,
+    )
+
+
+def _programs_for_indices(buf: GuardedBuffer, segments, lo: int, hi: int) -> List[Tuple[int, int, int]]:
+    """Programs whose segment, placed at its physical position, intersects flat ``[lo, hi)``."""
+    out = []
+    for s, b, k, start, stop in segments:
+        a, z = buf.flat_index(s, start), buf.flat_index(s, stop)
+        if a < hi and lo < z:
+            out.append((s, b, k))
+    return out
+
+
+def _programs_for_indptr(buf: GuardedBuffer, topk: int, bs: int, lo: int, hi: int) -> List[Tuple[int, int, int]]:
+    out = []
+    for flat in range(lo, hi):
+        region = buf.region_of(flat)
+        if region.is_guard:
+            continue
+        z = region.offset
+        if z == bs:
+            out.append((region.row, 0, 0))
+        elif 1 <= z < bs:
+            out.append((region.row, z // topk, z % topk))
+    return out
+
+
+def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos: torch.Tensor, val: torch.Tensor,
+             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute,
+             either: Optional[Dict[int, Tuple[int, ...]]] = None) -> List[Finding]:
+    """Findings for one buffer: every element whose value after the launch is not the expected one
+    (``either``: positions where any of several values is right)."""
+    expected = before.clone()
+    expected[pos] = val
+    for flat, values in (either or {}).items():
+        if int(after[flat]) in values:
+            expected[flat] = after[flat]
+    in_set = torch.zeros_like(before, dtype=torch.bool)
+    in_set[pos] = True
+    bad = torch.nonzero(after != expected).flatten()
+    if bad.numel() == 0:
+        return []
+    # Kind per bad element, vectorised: guard -> GUARD_OVERWRITE; in set -> MISSING/VALUE (or indptr);
+    # otherwise a stray write inside the rows.
+    flat_bad = bad
+    live = buf.live_mask[flat_bad]
+    member = in_set[flat_bad]
+    unchanged = after[flat_bad] == before[flat_bad]
+    code = torch.full_like(flat_bad, 0)  # 0 guard, 1 stray, 2 missing, 3 value
+    code[live & ~member] = 1
+    code[live & member & unchanged] = 2
+    code[live & member & ~unchanged] = 3
+    # Row index of each element (guards in front/tail get -1/-2) so runs never span regions.
+    rel = flat_bad - buf.front
+    row = torch.div(rel, buf.stride, rounding_mode="floor")
+    row = torch.where(rel < 0, torch.full_like(row, -1), row)
+    row = torch.where(row >= buf.rows, torch.full_like(row, -2), row)
+    breaks = torch.ones_like(flat_bad, dtype=torch.bool)
+    if flat_bad.numel() > 1:
+        breaks[1:] = (flat_bad[1:] != flat_bad[:-1] + 1) | (code[1:] != code[:-1]) | (row[1:] != row[:-1])
+    starts = torch.nonzero(breaks).flatten().tolist()
+    ends = starts[1:] + [flat_bad.numel()]
+    flat_list = flat_bad.tolist()
+    codes = code.tolist()
+    kinds = {0: Kind.GUARD_OVERWRITE, 1: Kind.STRAY_WRITE, 2: in_set_kind or Kind.MISSING_WRITE,
+             3: in_set_kind or Kind.VALUE_MISMATCH}
+    findings: List[Finding] = []
+    for i0, i1 in zip(starts, ends):
+        lo, hi = flat_list[i0], flat_list[i1 - 1] + 1
+        first = buf.region_of(lo, used)
+        # Slack and live part of a row are one run for the kernel but two regions for the reader.
+        last = buf.region_of(hi - 1, used)
+        region = first.name if first.name == last.name else f"{first.name} .. {last.name}"
+        sample_idx = flat_list[i0: min(i1, i0 + MAX_SAMPLES)]
+        samples = [(buf.region_of(f, used).offset, int(expected[f]), int(after[f])) for f in sample_idx]
+        findings.append(Finding(kinds[codes[i0]], buf.name, region, first.offset, first.offset + (hi - lo),
+                                samples, attribute(lo, hi)))
+        if len(findings) == MAX_RUNS and i1 < len(flat_list):
+            findings[-1].detail = f"{len(starts) - MAX_RUNS} more runs not listed"
+            break
+    return findings
+
+
+def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
+    """All findings of one ``Observation``; ``expected`` defaults to the plain oracle's write set."""
+    findings: List[Finding] = []
+    config = obs.case.config
+    if expected is None:
+        expected = expected_from_oracle(obs)
+    width = obs.kv_indices.width
+    if expected.need > width:
+        over = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
+        family = "".join(f", {k}={v}" for k, v in config.family_dict().items())
+        findings.append(Finding(
+            Kind.SIZING_VIOLATION, obs.kv_indices.name, f"row {config.num_steps - 1}", width, expected.need, [], over,
+            f"need {expected.need} > width {width} (topk={config.topk}, num_seqs={obs.launch.num_seqs}, "
+            f"sum(L)={sum(obs.launch.seq_lens)}, num_steps={config.num_steps}, sizing={config.sizing}{family})"))
+    # The interpreter address audit's OOB_READ / OOB_WRITE (empty when it did not run).
+    findings += obs.audit_findings
+    if obs.error is not None:
+        findings.append(Finding(Kind.LAUNCH_ERROR, "kernel", "launch", detail=obs.error))
+        return findings
+    kvi, kvp = obs.kv_indices, obs.kv_indptr
+    used = [min(u, width) for u in expected.used]
+    findings += classify(kvi, obs.before["kv_indices"], obs.after["kv_indices"], expected.indices_pos,
+                         expected.indices_val, used=used, in_set_kind=None,
+                         attribute=lambda lo, hi: _programs_for_indices(kvi, expected.segments, lo, hi),
+                         either=expected.either)
+    findings += classify(kvp, obs.before["kv_indptr"], obs.after["kv_indptr"], expected.indptr_pos,
+                         expected.indptr_val, used=[expected.bs + 1] * kvp.rows, in_set_kind=Kind.INDPTR_MISMATCH,
+                         attribute=lambda lo, hi: _programs_for_indptr(kvp, config.topk, expected.bs, lo, hi))
+    for name in obs.changed_inputs:
+        findings.append(Finding(Kind.STRAY_WRITE, name, "input", detail=f"input {name} changed; the kernel must only read it"))
+    return findings

@@ -1,0 +1,354 @@
+"""Campaigns beyond one process: the shared Hypothesis example database, its key, and shards.
+
+Three things live here and nowhere else:
+
+* **``--database``** — ``none``, a directory (Hypothesis's ``DirectoryBasedExampleDatabase``) or
+  ``redis://[:PASSWORD@]HOST[:PORT][/DB]`` (``hypothesis.extra.redis.RedisExampleDatabase``).
+  ``parse_database`` checks the text, ``open_database`` connects (a Redis server that does not answer
+  is ``BadInput`` before any work).
+* **The database key** — ``database_key(...)``: a digest of the kernel spec, the sizing spec, the
+  contract version (``KEY_VERSION``) and the domain (mode, layout, seq-len limit, pinned config fields,
+  ``--scale``'s bounds, batches per example, shard). Hypothesis's default key is a digest of the test
+  function's source, and ``harness.workflow.fuzz`` builds one test function for every kernel, so without an
+  explicit key every kernel would replay (and, when the example passes, delete) every other kernel's
+  failures. The key does not depend on the host, the device, the seed, the example or memory budget
+  or kvfence's own source, so last night's failure is replayed by tonight's run of the same target
+  and domain on any host (``--scale cpu`` and ``gpu`` are different domains).
+* **``--shard I/N``** — a deterministic partition of the config space and of the seeds. The config
+  cells (every ``(topk, num_steps, page_size)`` the strategy can draw) are dealt to N shards by a hash
+  (balanced, and each shard gets a spread of topks, steps and page sizes); a shard draws one index into
+  its own cells (no rejection sampling), then the rest of the config from ``strategies.configs`` with
+  the cell pinned (cells whose smallest config exceeds the memory budget are left out, and counted). ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run
+  distinct random streams. When fewer cells than shards exist (e.g. a fully pinned GPU config),
+  shards share cells and differ by seed only; the summary says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence, Tuple
+from urllib.parse import unquote, urlsplit
+
+from hypothesis import strategies as st
+from hypothesis.database import ExampleDatabase
+
+from harness.errors import BadInput, require
+
+#: Bump when the contract (docs/contract.md) or the meaning of a drawn choice sequence changes in a way
+#: that makes stored examples mean something else: every stored example then starts afresh.
+KEY_VERSION = 1
+#: Hypothesis database sub-folder of ``--out`` used when ``--database`` is not given.
+DEFAULT_DIR_NAME = ".hypothesis"
+REDIS_DEFAULT_PORT = 6379
+#: Seconds to wait for a Redis server before calling the URL unreachable.
+REDIS_TIMEOUT_S = 5.0
+#: The config fields a shard partitions (small, independent, finite domains).
+CELL_FIELDS = ("topk", "num_steps", "page_size")
+
+
+# -- shards ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (1-based) of ``count``."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+_SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+def parse_shard(text: str) -> Shard:
+    """``I/N`` with ``1 <= I <= N`` (one-line ``BadInput`` otherwise)."""
+    match = _SHARD.match(str(text))
+    require(match is not None, f"--shard {text!r}: expected I/N, e.g. 1/4 (shards are numbered 1..N)")
+    index, count = int(match.group(1)), int(match.group(2))
+    require(count >= 1, f"--shard {text}: N must be at least 1")
+    require(1 <= index <= count, f"--shard {text}: I must be in 1..{count} (shards are numbered 1..N)")
+    return Shard(index, count)
+
+
+def shard_seed(seed: Optional[int], shard: Optional[Shard]) -> Optional[int]:
+    """The Hypothesis seed of this shard: ``seed*N + I-1`` (injective in (seed, I) for a fixed N)."""
+    if seed is None or shard is None:
+        return seed
+    return seed * shard.count + shard.index - 1
+
+
+def _cell_rank(cell: Tuple[int, ...]) -> str:
+    return hashlib.sha256(repr(cell).encode()).hexdigest()
+
+
+def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[Tuple[int, ...], ...], int]:
+    """The cells (value tuples over ``CELL_FIELDS``) of ``shard``, simplest first, and the number of cells.
+
+    ``domains[i]`` are the values field ``CELL_FIELDS[i]`` can take, simplest first. Cells are ordered
+    by a hash and dealt round-robin, so shard sizes differ by at most one and no shard is stuck with
+    one page size or one topk; within a shard they are sorted simplest first (the shrink target).
+    """
+    grid = list(itertools.product(*domains))
+    require(grid, "shard: the config space is empty")
+    dealt = sorted(grid, key=_cell_rank)
+    if len(dealt) >= shard.count:
+        mine = dealt[shard.index - 1::shard.count]
+    else:  # fewer cells than shards: shards share cells and differ by seed only
+        mine = [dealt[(shard.index - 1) % len(dealt)]]
+    position = {cell: tuple(d.index(v) for d, v in zip(domains, cell)) for cell in mine}
+    mine.sort(key=lambda cell: (sum(position[cell]), position[cell]))
+    return tuple(mine), len(grid)
+
+
+def cell_domains(domain) -> Dict[str, Tuple[int, ...]]:
+    """The values each of ``CELL_FIELDS`` ranges over in a ``harness.cases.domain.Domain``, simplest first."""
+    return {"topk": tuple(range(1, domain.max_topk + 1)), "num_steps": tuple(range(1, domain.max_steps + 1)),
+            "page_size": tuple(domain.page_sizes)}
+
+
+def shard_configs(shard: Shard, build: Callable, pinned: Dict[str, Optional[int]],
+                  domains: Dict[str, Sequence[int]]):
+    """A config strategy drawing only from ``shard``'s cells, and a description of the part.
+
+    ``build(**pins)`` returns the unsharded config strategy (``strategies.configs`` with the run's
+    arguments) with the ``CELL_FIELDS`` in ``pins`` pinned; ``pinned`` holds the fields the user pinned
+    (``None`` = drawn), whose domain is then that one value; ``domains`` (``cell_domains``) the values of
+    the others. One draw picks a cell; the remaining fields (ctx, max_bs) are drawn by ``configs``
+    itself, so sharding adds no rejection and no second definition of them. Cells are dealt before
+    anything else, so the partition is the same on every host; a cell whose smallest config exceeds
+    this host's memory budget (``build`` says ``BadInput``) is then left out here and counted.
+    """
+    values = [(pinned[name],) if pinned.get(name) is not None else tuple(domains[name]) for name in CELL_FIELDS]
+    cells, total = shard_cells(shard, values)
+    strategies, unfit = {}, 0
+    for cell in cells:  # built now: BadInput here, not inside Hypothesis; cached for the draws
+        try:
+            strategies[cell] = build(**dict(zip(CELL_FIELDS, cell)))
+        except BadInput:
+            unfit += 1
+    require(strategies, f"--shard {shard}: none of its {len(cells)} config cell(s) fits this run's limits "
+                        f"(e.g. {dict(zip(CELL_FIELDS, cells[0]))}: {_why(build, cells[0])})")
+    usable = tuple(cell for cell in cells if cell in strategies)
+    index = st.integers(0, len(usable) - 1)
+
+    @st.composite
+    def sharded(draw):
+        return draw(strategies[usable[draw(index)]])
+
+    info = {"shard": str(shard), "cells": len(usable), "of_cells": total, "unfit_cells": unfit,
+            "partition": "configs and seeds" if total >= shard.count else "seeds only (fewer cells than shards)"}
+    return sharded(), info
+
+
+def _why(build: Callable, cell) -> str:
+    try:
+        build(**dict(zip(CELL_FIELDS, cell)))
+    except BadInput as exc:
+        return str(exc)
+    return "?"
+
+
+# -- database URL -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DatabaseSpec:
+    """A parsed ``--database`` value. ``display`` is safe to print and record (no password)."""
+
+    kind: str  # "none" | "directory" | "redis"
+    display: str
+    what: str = "--database"  # where the value came from, for messages (a flag or an environment variable)
+    path: Optional[Path] = None
+    host: str = ""
+    port: int = REDIS_DEFAULT_PORT
+    db: int = 0
+    password: Optional[str] = None
+
+
+def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
+    """``none``, ``redis://[:PASSWORD@]HOST[:PORT][/DB]`` or a directory path; ``BadInput`` if malformed.
+    ``what`` names the source in messages."""
+    require(isinstance(text, str) and text.strip(),
+            f"{what}: empty value (use none, a directory or redis://HOST:PORT/DB)")
+    if text.strip().lower() == "none":
+        return DatabaseSpec("none", "none", what)
+    if "://" not in text:
+        path = Path(text)
+        require(not path.exists() or path.is_dir(), f"{what} {text}: exists and is not a directory")
+        return DatabaseSpec("directory", str(path), what, path=path)
+    where = f"{what} {_redact(text)}"
+    parts = urlsplit(text)
+    require(parts.scheme == "redis",
+            f"{where}: unsupported scheme {parts.scheme!r}; use none, a directory or redis://HOST:PORT/DB")
+    require(not parts.query and not parts.fragment, f"{where}: unexpected ?query or #fragment")
+    try:
+        port = parts.port
+    except ValueError:
+        raise BadInput(f"{where}: the port must be an integer in 0..65535") from None
+    host = parts.hostname
+    require(bool(host), f"{where}: no host (expected redis://HOST:PORT/DB)")
+    path = parts.path.strip("/")
+    require(path == "" or path.isdigit(), f"{where}: the database must be a number, got {path!r}")
+    require(parts.username in (None, ""), f"{where}: Redis URLs take a password only (redis://:PASSWORD@HOST:PORT/DB)")
+    port = REDIS_DEFAULT_PORT if port is None else port
+    require(1 <= port <= 65535, f"{where}: port {port} out of range")
+    db = int(path) if path else 0
+    display = f"redis://{host}:{port}/{db}"
+    return DatabaseSpec("redis", display, what, host=host, port=port, db=db,
+                        password=unquote(parts.password) if parts.password else None)
+
+
+def _redact(text: str) -> str:
+    return re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", text)
+
+
+def default_database(out_dir) -> str:
+    """``--database`` when none is given: next to the run's outputs, so a re-run replays its failures."""
+    return str(Path(out_dir) / DEFAULT_DIR_NAME)
+
+
+def open_database(spec: DatabaseSpec):
+    """The Hypothesis ``ExampleDatabase`` for ``spec`` (``None`` for ``none``), as a ``CampaignDatabase``.
+    A directory is created; a Redis server is pinged first, so an unreachable one is one line and exit 2
+    before any work."""
+    if spec.kind == "none":
+        return None
+    if spec.kind == "directory":
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        try:
+            spec.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInput(f"{spec.what} {spec.display}: cannot create the directory: {exc.strerror or exc}") from None
+        return CampaignDatabase(DirectoryBasedExampleDatabase(str(spec.path)))
+    try:
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+    except ImportError as exc:
+        raise BadInput(f"{spec.what} {spec.display}: needs the redis client ({exc}); pip install redis") from None
+    client = redis.Redis(host=spec.host, port=spec.port, db=spec.db, password=spec.password,
+                         socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        raise BadInput(f"{spec.what} {spec.display}: cannot reach Redis: {type(exc).__name__}: {exc}") from None
+    return CampaignDatabase(RedisExampleDatabase(client))
+
+
+# -- database key -------------------------------------------------------------------------------------
+def database_key(*, kernel: str, sizing: str, domain: dict) -> bytes:
+    """The example-database key of a fuzz target: sha384 of canonical JSON of the kernel spec, the
+    sizing spec, ``KEY_VERSION`` and ``domain`` (everything that changes what a choice sequence means).
+
+    Same inputs on any host or process give the same key; a different kernel, policy or domain gives
+    another, so their examples are never replayed against each other. Name a plug-in the same way on
+    every host (e.g. a path relative to the checkout): the spec string is part of the key.
+    """
+    doc = {"kvfence_db_key": KEY_VERSION, "kernel": kernel, "sizing": sizing, "domain": domain}
+    return hashlib.sha384(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
+
+
+#: ``fuzz`` flags that change what a drawn choice sequence means. A new flag of that kind belongs here,
+#: or runs that differ in it would replay (and delete) each other's examples.
+DOMAIN_FLAGS = ("mode", "layout", "seq_len_limit", "topk", "num_steps", "page_size", "ctx", "max_bs", "shard")
+
+
+def fuzz_domain(args, domain, batches_per_example: int) -> dict:
+    """The domain part of a ``fuzz`` run's database key: ``DOMAIN_FLAGS``, the resolved ``Domain``
+    (``--scale``) and batches per example. Not the memory budget: its default follows free GPU
+    memory, which would make every night a new key (a stored failure whose config no longer fits
+    is replayed as the smaller config the budget allows)."""
+    out = {flag: getattr(args, flag, None) for flag in DOMAIN_FLAGS}
+    out["shard"] = str(out["shard"]) if out["shard"] is not None else None
+    out["domain"] = domain.to_dict()
+    out["batches_per_example"] = batches_per_example
+    return out
+
+
+def apply_database_key(test, inner, key: bytes) -> None:
+    """Make Hypothesis store ``test``'s examples under ``key``.
+
+    ``test`` is what ``@given`` returned and ``inner`` the function it wraps. Hypothesis (checked on
+    6.170) reads ``test._hypothesis_internal_database_key`` when set (``hypothesis.find`` uses it) and
+    otherwise digests ``inner``'s source plus ``inner._hypothesis_internal_add_digest``. Both are set:
+    the explicit key keeps stored examples valid across edits to kvfence's own fuzz loop, and the
+    digest still separates targets should a Hypothesis release stop reading the explicit key.
+    """
+    inner._hypothesis_internal_add_digest = key
+    test._hypothesis_internal_database_key = key
+
+
+def stored_failures(database, key: bytes) -> int:
+    """How many minimal failing examples the database holds under ``key`` (Hypothesis replays these first)."""
+    if database is None:
+        return 0
+    return sum(1 for _ in database.fetch(key))
+
+
+def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict], hypothesis_seed,
+                  stored: int) -> dict:
+    """What ``summary.json`` records about the campaign: where examples live, under which key, the shard."""
+    return {"host": platform.node(), "database": spec.display, "database_key": key.hex()[:24] if key else None,
+            "stored_failures_at_start": stored, "shard": shard_info, "hypothesis_seed": hypothesis_seed}
+
+
+# -- pytest -------------------------------------------------------------------------------------------
+#: Sub-key suffix under which Hypothesis keeps the target phase's pareto front (engine ``pareto_key``).
+PARETO_SUFFIX = b".pareto"
+
+
+class CampaignDatabase(ExampleDatabase):
+    """``inner`` with every key under ``prefix``, minus Hypothesis's pareto-front entries.
+
+    The pareto front is one run's targeting state (the best need/width examples), re-saved on many
+    examples while the target phase runs. Only failures (Hypothesis's primary and secondary corpora)
+    need to travel between runs and hosts, so pareto saves are dropped (no database write per pareto
+    update, no per-run state in a shared Redis) and pareto fetches come back empty.
+    """
+
+    def __init__(self, inner, prefix: bytes = b""):
+        super().__init__()
+        self.inner, self.prefix = inner, prefix
+
+    def __repr__(self) -> str:
+        return f"CampaignDatabase({self.inner!r}, prefix={self.prefix!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CampaignDatabase) and (self.inner, self.prefix) == (other.inner, other.prefix)
+
+    def __hash__(self) -> int:
+        return hash(self.prefix)
+
+    def fetch(self, key):
+        return iter(()) if key.endswith(PARETO_SUFFIX) else self.inner.fetch(self.prefix + key)
+
+    def save(self, key, value):
+        if not key.endswith(PARETO_SUFFIX):
+            self.inner.save(self.prefix + key, value)
+
+    def delete(self, key, value):
+        if not key.endswith(PARETO_SUFFIX):
+            self.inner.delete(self.prefix + key, value)
+
+    def move(self, src, dest, value):
+        if src.endswith(PARETO_SUFFIX) or dest.endswith(PARETO_SUFFIX):
+            return
+        self.inner.move(self.prefix + src, self.prefix + dest, value)
+
+
+def pytest_database(text: str, *, kernel: str, sizing: str):
+    """The database the property tests use under ``KVFENCE_DATABASE`` (same syntax as ``--database``).
+
+    Hypothesis keys each test by its source; the prefix adds the session's ``--kernel`` and
+    ``--sizing``, so sessions on different targets keep separate examples in one shared database.
+    """
+    database = open_database(parse_database(text, "KVFENCE_DATABASE"))
+    if database is None:
+        return None
+    prefix = hashlib.sha256(f"kvfence-pytest:{KEY_VERSION}:{kernel}:{sizing}".encode()).hexdigest()[:16]
+    return CampaignDatabase(database.inner, prefix.encode() + b":")

@@ -1,0 +1,408 @@
+"""The two verifiers compared on dirty cases: ``python -m harness mutants --verifiers both``.
+
+kvfence judges a graph-mode case on one of two paths. The **oracle path** (the CPU default) compares
+every element with the plain-Python oracle (``harness.verifying.verdict.check``). The **device path** (the CUDA
+default) runs the case through ``harness.verifying.device_verify.DeviceVerifier`` and trusts its four counters
+when they are all zero; otherwise it re-runs the case through the full verdict with the torch write-set
+builder (``harness.verifying.fastcheck``), which names the findings. Whatever the device path misses, kvfence
+misses on a GPU, so both paths must agree on cases that really are dirty, not only on clean ones.
+
+For every target, the same drawn cases go through both paths:
+
+* the reference kernel (``safe`` sizing; must be clean on both paths),
+* every kernel and sizing mutant of ``kernels/mutants/`` that breaks the draft contract (the window
+  rail's are left out: its cases are judged by the host verdict on both paths; the draft kernel's §6
+  mutants run here on classic configs, for the same reason),
+* every planted bad write of ``kernels/planted.py`` (one per region of each output buffer, one per
+  kv_indptr column kind, three per input tensor), each of which must leave damage in some case.
+
+A case agrees when (1) the device verdict (all counters zero or not) equals the oracle verdict (no
+finding or some), (2) the counters that are non-zero are exactly those the oracle's findings imply
+(``counter_of``; when an input changed, only the inputs counter: the verifier recomputes the write set
+from the inputs, so the other counters then count against damaged inputs), and (3) the device path's findings equal the oracle path's, compared by kind,
+buffer, region and element range. (1) and (2) apply where the device verifier runs (graph mode,
+``need <= width``); (3) to every case. On a case whose stores left kvfence's allocations (an
+``OOB_WRITE``), input findings are not compared: where such stores land depends on the allocator. The interpreter address audit's ``OOB_READ`` / ``OOB_WRITE``
+are left out of (3): they come from neither verifier (the audit is a third, CPU-only detector, off on
+CUDA), and on the CPU both paths' launches run under an audit that drops stores outside kvfence's
+allocations, so neither writes into host memory.
+
+A kernel whose stores race (two programs writing one element, as several mutants do on a GPU) can
+leave different values on two launches of one case. Each path launches the case itself, so such a
+case is launched on the oracle path twice: when the two oracle verdicts already differ in what they
+name, the case is **racy** and (3) compares the kinds found, not their element ranges ((1) and (2)
+still apply). The JSON marks those cases; a racy reference or planted write would be a harness bug.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from harness.cases.case import Case
+from harness.verifying.device_verify import COUNTERS
+from harness.cases.findings import Finding, Kind
+
+PLANTED_FILE = Path(__file__).resolve().parents[2] / "kernels" / "planted.py"
+REFERENCE = "reference"
+#: Cases per target when ``--max-examples`` is not given (the CPU run: 47 targets, about 3 minutes).
+DEFAULT_EXAMPLES = 8
+#: Device bytes per drawn config on CUDA when ``--max-gpu-mem`` is not given: the oracle path builds
+#: the whole write set in Python, so production-sized configs are kept to a size it checks in a second.
+CUDA_MAX_BYTES = 16 << 20
+#: The address audit's kinds: not a verifier's (see the module docstring).
+AUDIT_KINDS = frozenset({Kind.OOB_READ, Kind.OOB_WRITE})
+INPUTS = ("req_to_token", "seq_lens", "req_pool_indices", "positions")
+INPUTS_COUNTER = COUNTERS.index("inputs")
+
+
+def counter_of(f: Finding) -> Optional[int]:
+    """The device counter (index into ``COUNTERS``) that must be non-zero when the oracle reports ``f``;
+    None for findings no counter stands for (``SIZING_VIOLATION``, launch errors, the audit's)."""
+    if f.buffer == "kv_indices" and f.kind in (Kind.VALUE_MISMATCH, Kind.MISSING_WRITE):
+        return COUNTERS.index("kv_indices")
+    if f.buffer == "kv_indptr" and f.kind == Kind.INDPTR_MISMATCH:
+        return COUNTERS.index("kv_indptr")
+    if f.buffer in ("kv_indices", "kv_indptr") and f.kind in (Kind.STRAY_WRITE, Kind.GUARD_OVERWRITE):
+        return COUNTERS.index("outside")
+    if f.buffer in INPUTS and f.kind == Kind.STRAY_WRITE:
+        return INPUTS_COUNTER
+    return None
+
+
+def named(findings: List[Finding]) -> List[Tuple[str, str, str, int, int]]:
+    """What is compared of a finding list: (kind, buffer, region, start, stop), sorted, audit kinds left out."""
+    return sorted((f.kind.value, f.buffer, f.region, f.start, f.stop) for f in findings if f.kind not in AUDIT_KINDS)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One kernel (and sizing) whose cases both paths judge."""
+
+    name: str
+    group: str  # "reference", "kernel mutant", "sizing mutant" or "planted"
+    kernel: str
+    sizing: str
+    domain: str
+    what: str
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    counters: Optional[List[int]]  # None: the device verifier does not judge this case (eager, need > width)
+    implied: List[int]  # counters the oracle's findings imply
+    oracle: List[Finding]
+    device: List[Finding]
+    problems: List[str]
+    racy: bool = False  # two oracle-path launches named different findings: (3) compares kinds only
+
+    @property
+    def agree(self) -> bool:
+        return not self.problems
+
+    @property
+    def dirty(self) -> bool:
+        return bool(named(self.oracle))
+
+    def to_dict(self) -> dict:
+        return {"config": self.case.config.to_dict(), "batch": self.case.batch.to_dict(), "kernel": self.case.kernel,
+                "counters": dict(zip(COUNTERS, self.counters)) if self.counters is not None else None,
+                "counters_implied_by_oracle": [COUNTERS[i] for i in self.implied], "problems": self.problems,
+                "racy": self.racy,
+                "oracle_findings": [f.headline() for f in self.oracle],
+                "device_findings": [f.headline() for f in self.device]}
+
+
+@dataclass
+class Row:
+    target: Target
+    cases: int = 0
+    dirty: int = 0  # cases the oracle path finds something in
+    judged: int = 0  # cases the device verifier's counters judged (graph mode, need <= width)
+    agree: int = 0
+    counters_seen: List[str] = field(default_factory=list)
+    kinds: List[str] = field(default_factory=list)
+    first_disagreement: Optional[dict] = None
+    seconds: float = 0.0
+
+    @property
+    def disagree(self) -> int:
+        return self.cases - self.agree
+
+    @property
+    def exercised(self) -> bool:
+        """A planted write must leave damage in some case, or comparing on it proved nothing. (Whether
+        a mutant is caught, and how fast, is the mutation self-test's question, not this one's.)"""
+        return self.target.group != "planted" or self.dirty > 0
+
+    def add(self, r: CaseResult) -> None:
+        self.cases += 1
+        self.dirty += r.dirty
+        self.judged += r.counters is not None
+        self.agree += r.agree
+        if r.counters is not None:
+            self.counters_seen = sorted(set(self.counters_seen) | {COUNTERS[i] for i, c in enumerate(r.counters) if c},
+                                        key=COUNTERS.index)
+        self.kinds = sorted(set(self.kinds) | {f.kind.value for f in r.oracle})
+        if not r.agree and self.first_disagreement is None:
+            self.first_disagreement = r.to_dict()
+
+    def to_dict(self) -> dict:
+        t = self.target
+        return {"name": t.name, "group": t.group, "kernel": t.kernel, "sizing": t.sizing, "domain": t.domain,
+                "what": t.what, "cases": self.cases, "dirty": self.dirty, "judged_by_counters": self.judged,
+                "agree": self.agree, "disagree": self.disagree, "exercised": self.exercised,
+                "counters_seen": self.counters_seen, "oracle_kinds": self.kinds, "seconds": round(self.seconds, 2),
+                "first_disagreement": self.first_disagreement}
+
+
+@dataclass
+class Comparison:
+    device: str
+    max_examples: int
+    seed: int
+    max_bytes: Optional[int]
+    rows: List[Row] = field(default_factory=list)
+
+    @property
+    def cases(self) -> int:
+        return sum(r.cases for r in self.rows)
+
+    @property
+    def agree(self) -> int:
+        return sum(r.agree for r in self.rows)
+
+    @property
+    def disagree(self) -> int:
+        return sum(r.disagree for r in self.rows)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and self.disagree == 0 and all(r.exercised for r in self.rows)
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "max_examples": self.max_examples, "seed": self.seed,
+                "max_gpu_mem": self.max_bytes, "cases": self.cases, "agree": self.agree, "disagree": self.disagree,
+                "not_exercised": [r.target.name for r in self.rows if not r.exercised], "passed": self.passed,
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+# -- targets and cases -----------------------------------------------------------------------------------
+def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
+    """The reference, every mutant and every planted write (or only ``names``), with their domains.
+
+    As in the mutation self-test, a mutant is drawn from its own domain on CUDA and from the CPU domain
+    on the CPU; the reference and the planted writes from the device's own domain.
+    """
+    from harness.errors import require
+    from harness.workflow.mutants import MUTANTS_DIR, discover
+    from kernels.planted import PLANTS
+
+    home = "gpu" if device == "cuda" else "cpu"
+    mutant_names = {p.stem for p in MUTANTS_DIR.glob("*.py") if not p.name.startswith("_")}
+    if names:
+        unknown = sorted(set(names) - mutant_names - set(PLANTS) - {REFERENCE})
+        require(not unknown, f"unknown target(s) {', '.join(unknown)}: choose reference, a mutant "
+                             f"({', '.join(sorted(mutant_names))}) or a planted write ({', '.join(PLANTS)})")
+    wanted = (lambda n: n in names) if names else (lambda n: True)
+    out = []
+    mutants = discover(names=[n for n in sorted(mutant_names) if wanted(n)]) if any(map(wanted, mutant_names)) else []
+    domains = {home}
+    for m in mutants:
+        if m.contract != "draft":
+            # The device verifier checks the draft contract only; a window-rail case is judged by the host
+            # verdict on both paths (harness.verifying.session), so there is nothing to compare.
+            continue
+        domain = m.domain if device == "cuda" else "cpu"
+        domains.add(domain)
+        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug))
+    if wanted(REFERENCE):
+        out[:0] = [Target(REFERENCE, REFERENCE, REFERENCE, "safe", domain, "the reference kernel, safe sizing")
+                   for domain in sorted(domains)]
+    import kernels.planted as planted
+
+    for name in PLANTS:
+        if wanted(name):
+            out.append(Target(name, "planted", f"{PLANTED_FILE}:{name}", "safe", home,
+                              getattr(planted, name).__doc__ or name))
+    return out
+
+
+def draw_cases(target: Target, count: int, seed: int, max_bytes: Optional[int]) -> List[Case]:
+    """``count`` cases from ``target``'s domain (unpinned configs, graph and eager mode, both layouts),
+    drawn by Hypothesis from ``seed`` alone, so both paths and every run see the same cases."""
+    from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed, strategies as st
+
+    from strategies import batches, configs
+
+    drawn: List[Case] = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate], derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def collect(data):
+        # Graph mode three times in four: it is where the device verifier judges.
+        mode = data.draw(st.sampled_from(["graph", "graph", "graph", "eager"]))
+        layout = data.draw(st.sampled_from(["redzone", "production"]))
+        config = data.draw(configs(sizing=target.sizing, domain=target.domain, mode=mode, layout=layout,
+                                   max_bytes=max_bytes))
+        drawn.append(Case(config, data.draw(batches(config)), target.kernel))
+
+    collect()
+    return drawn[:count]
+
+
+# -- one case through both paths -------------------------------------------------------------------------
+class Paths:
+    """The two sessions of one kernel: the oracle path and the device path."""
+
+    def __init__(self, device: str, kernel: str):
+        from harness.verifying.session import Session
+
+        from weakref import WeakKeyDictionary
+
+        self.device = device
+        self.oracle = Session(device, kernel, verifier="oracle")  # the address audit as by default
+        # Our own verifier per device-path runner (its graphs are captured once per bucket, as the session's).
+        self._verifiers = WeakKeyDictionary()
+        self.dev = Session(device, kernel, verifier="device", audit=False)
+        if device == "cpu":
+            self.dev.kernel = _dropping_wild_stores(self.dev.kernel)
+
+    def check(self, case: Case) -> CaseResult:
+        from harness.verifying.device_verify import DeviceVerifier
+
+        oracle = self.oracle.check(case)
+        racy = named(self.oracle.check(case)) != named(oracle)  # the module docstring: racy kernels
+        counters = None
+        runner = self.dev.runner(case.config, case.canary_seed)
+        sizing = case.sizing_summary()
+        if case.config.mode == "graph" and sizing["need"] <= sizing["width"]:
+            # A verifier of our own on the device path's runner, for the counters themselves; then the
+            # buffers are reset, so the session's own check starts from the state it would have had.
+            verifier = self._verifiers.get(runner) or self._verifiers.setdefault(runner, DeviceVerifier(runner))
+            counters = verifier.counters(case)
+            runner.kv_indices.reset()
+            runner.kv_indptr.reset()
+        device = self.dev.check(case)
+        implied = sorted({i for i in map(counter_of, oracle) if i is not None})
+        problems = self.compare(counters, implied, oracle, device, racy)
+        return CaseResult(case, counters, implied, oracle, device, problems, racy)
+
+    @staticmethod
+    def compare(counters, implied, oracle, device, racy: bool = False) -> List[str]:
+        """What differs between the two paths on one case (empty: they agree)."""
+        problems = []
+        if any(f.kind == Kind.OOB_WRITE for f in oracle):
+            # Stores that left kvfence's allocations (the CPU audit saw some): where the others land depends
+            # on what the allocator put next to the buffer, which differs between the two paths' buffers,
+            # so an input they hit on one path is not compared.
+            oracle = [f for f in oracle if f.buffer not in INPUTS]
+            device = [f for f in device if f.buffer not in INPUTS]
+            implied = [i for i in implied if i != INPUTS_COUNTER]
+            counters = None if counters is None else [c if i != INPUTS_COUNTER else 0 for i, c in enumerate(counters)]
+        if counters is not None:
+            if any(counters) != bool(named(oracle)):
+                problems.append("device verdict " + ("dirty" if any(counters) else "clean") + ", oracle verdict "
+                                + ("dirty" if named(oracle) else "clean"))
+            seen = [i for i, c in enumerate(counters) if c]
+            if INPUTS_COUNTER in implied:
+                # The verifier recomputes the write set from the inputs the kernel just changed, so the
+                # other counters count against damaged inputs: only the inputs counter is compared then
+                # (the verdict is dirty either way, and (3) compares what the full path names).
+                seen, implied = [i for i in seen if i == INPUTS_COUNTER], [INPUTS_COUNTER]
+            if seen != implied:
+                problems.append(f"counters {[COUNTERS[i] for i in seen]} non-zero, the oracle's findings imply "
+                                f"{[COUNTERS[i] for i in implied]}")
+        if racy:
+            if {f[0] for f in named(device)} != {f[0] for f in named(oracle)}:
+                problems.append("racy case: the device path found other kinds than the oracle path")
+        elif named(device) != named(oracle):
+            problems.append("the device path's findings differ from the oracle path's")
+        return problems
+
+
+def _dropping_wild_stores(target):
+    """``target`` whose launches run under the interpreter address audit with every tensor's whole storage
+    registered: a store outside kvfence's allocations is dropped (it would write host memory), and any
+    store inside them lands, guards included. The audit's findings are not used (the module docstring)."""
+    import dataclasses
+
+    import torch
+
+    from harness.running.audit import Audit
+
+    def launch(**kw):
+        audit, seen = Audit(), set()
+        for name, t in kw.items():
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                seen.add(t.untyped_storage().data_ptr())
+                whole = torch.empty(0, dtype=t.dtype, device=t.device)
+                whole.set_(t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),))
+                audit.register_tensor(name, whole)
+        audit.wrap(lambda: target.launch(**kw))()
+
+    return dataclasses.replace(target, launch=launch)
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, names: Optional[List[str]] = None,
+        max_bytes: Optional[int] = None, progress: Optional[Callable[[Comparison, Row], None]] = None) -> Comparison:
+    """Every target's cases through both paths; ``progress`` is called after each target."""
+    from harness.errors import require
+    from harness.cases.targets import resolve_sizing
+
+    require(max_examples >= 1, f"max_examples must be positive, got {max_examples}")
+    if device == "cuda" and max_bytes is None:
+        max_bytes = CUDA_MAX_BYTES
+    report = Comparison(device, max_examples, seed, max_bytes)
+    paths: Dict[str, Paths] = {}
+    for target in targets(device, names):
+        resolve_sizing(target.sizing)  # a broken sizing file is bad input before anything runs
+        row = Row(target)
+        start = time.perf_counter()
+        pair = paths.get(target.kernel) or paths.setdefault(target.kernel, Paths(device, target.kernel))
+        for case in draw_cases(target, max_examples, seed, max_bytes):
+            row.add(pair.check(case))
+        row.seconds = time.perf_counter() - start
+        report.rows.append(row)
+        if progress is not None:
+            progress(report, row)
+    return report
+
+
+def row_verdict(r: Row) -> str:
+    if r.disagree:
+        return f"DISAGREE in {r.disagree}"
+    if not r.exercised:
+        return "NOT EXERCISED (no dirty case)"
+    return "agree" if r.dirty else "agree (all clean)"
+
+
+def format_table(report: Comparison) -> str:
+    rows = [("target", "group", "domain", "cases", "dirty", "judged", "agree", "disagree", "counters seen",
+             "oracle kinds", "verdict")]
+    for r in report.rows:
+        rows.append((r.target.name, r.target.group, r.target.domain, str(r.cases), str(r.dirty), str(r.judged),
+                     str(r.agree), str(r.disagree), ",".join(r.counters_seen) or "-", ",".join(r.kinds) or "-",
+                     row_verdict(r)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in report.rows:
+        d = r.first_disagreement
+        if d is not None:
+            lines.append(f"first disagreement of {r.target.name}: {'; '.join(d['problems'])}")
+            lines.append(f"  case: config {d['config']}, batch {d['batch']}, counters {d['counters']}")
+            lines.append("  oracle path: " + (" | ".join(d["oracle_findings"]) or "(none)"))
+            lines.append("  device path: " + (" | ".join(d["device_findings"]) or "(none)"))
+    unexercised = [r.target.name for r in report.rows if not r.exercised]
+    verdict = "PASS" if report.passed else "FAIL"
+    lines.append(f"{verdict}: {report.agree}/{report.cases} cases agree, {report.disagree} disagree over "
+                 f"{len(report.rows)} targets ({report.max_examples} cases each, seed {report.seed}, device "
+                 f"{report.device})" + (f"; never dirty: {', '.join(unexercised)}" if unexercised else ""))
+    return "\n".join(lines)

@@ -1,0 +1,344 @@
+"""The fuzz loop: Hypothesis draws cases, the session checks them, a failure is shrunk to a minimal case.
+
+``fuzz(...)`` returns a ``FuzzResult``; the CLI turns it into output, JSON and an exit code. Hypothesis
+shrinks on the exception ``FindingsFound``; once ``shrink_seconds`` have passed, new candidate cases
+are no longer launched (they count as passing) while cases already seen keep their verdict, so the
+final replay of the smallest failure still fails and the run stays deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings, target
+
+from harness.cases.case import Case
+from harness.cases.casefile import format_failure
+from harness.cases.findings import Finding
+
+
+class FindingsFound(AssertionError):
+    """Raised inside the Hypothesis test when a case has findings; carries the case and findings."""
+
+    def __init__(self, case: Case, findings: List[Finding]):
+        self.case = case
+        self.findings = findings
+        super().__init__(format_failure(case, findings))
+
+
+class ExampleStat(NamedTuple):
+    """What one explored case was: the coverage plot's point (reports/render.py)."""
+
+    topk: int
+    num_steps: int
+    page_size: int
+    num_seqs: int  # launched rows (the bucket, in graph mode)
+    raw_bs: int
+    need: int
+    width: int
+    failed: bool
+
+
+#: Example stats kept per run (a uniform reservoir sample beyond this), so long GPU runs stay small.
+MAX_STATS = 20000
+
+
+class DuplicateFailure(BaseException):
+    """Raised inside the Hypothesis test when, with ``known`` failures (``--keep-going``), shrinking
+    reaches one already saved: the phase ends there instead of shrinking a failure it already has."""
+
+
+def failure_signature(case: Case, findings: List[Finding]) -> tuple:
+    """What makes two failures the same for ``--keep-going``: their finding kinds and config."""
+    return tuple(sorted({f.kind.value for f in findings})), case.config
+
+
+class TimeBudgetSpent(BaseException):
+    """Raised inside the Hypothesis test when ``max_seconds`` have passed before any failure.
+
+    A ``BaseException``: Hypothesis lets it through (it is not a failure to shrink), and ``fuzz`` ends
+    the run cleanly with what was checked so far.
+    """
+
+
+@dataclass
+class FuzzResult:
+    """What one run did. The counts use one vocabulary everywhere (progress, summary, table, JSON):
+
+    * ``examples``: Hypothesis examples explored (each holds one case, or several of one config);
+    * ``generated_cases``: cases drawn while exploring, repeats included;
+    * ``verified_cases``: distinct cases launched and verified (exploring and shrinking);
+    * ``cached_cases``: repeats answered from the verdict cache, never launched again;
+    * ``shrink_cases``: cases checked while shrinking a failure (verified or cached);
+    * ``launches``: kernel launches (a dirty case on the device path is launched twice);
+    * ``structural_cases``: explored cases distinct in config, lengths and pool rows (token tables
+      aside): how much *shape* the verified cases covered.
+
+    ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done.
+    """
+
+    examples: int = 0
+    generated_cases: int = 0
+    verified_cases: int = 0
+    cached_cases: int = 0
+    shrink_cases: int = 0
+    launches: int = 0
+    structural_cases: int = 0
+    elapsed_s: float = 0.0
+    case: Optional[Case] = None
+    findings: List[Finding] = field(default_factory=list)
+    max_utilisation: float = 0.0
+    #: The case of ``max_utilisation`` (need/width), so the report can name it.
+    max_utilisation_stat: Optional[ExampleStat] = None
+    shrink_cut: bool = False
+    shrinking: bool = False
+    #: True when ``max_seconds`` ended the run before ``max_examples``.
+    time_cut: bool = False
+    #: Seconds from the start to the first failing case, and the examples it took (before shrinking).
+    first_failure_s: Optional[float] = None
+    examples_to_failure: Optional[int] = None
+    #: Wall-clock time (epoch seconds) of the first failing case: ``--jobs`` parents compare jobs by it.
+    first_failure_at: Optional[float] = None
+    #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
+    stats: List[ExampleStat] = field(default_factory=list)
+    failure_stat: Optional[ExampleStat] = None
+    #: ``harness.cases.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
+    hypothesis: Optional[dict] = None
+    #: Distinct configs checked, and the largest one launched (by its memory estimate).
+    distinct_configs: int = 0
+    largest_config: Optional[dict] = None
+    #: Boundary class -> cases that reached it (``harness.cases.domain.boundary_classes``).
+    boundaries: Dict[str, int] = field(default_factory=dict)
+    #: The session's compile / capture counters and times (``Session.stats``), copied at the end.
+    session_stats: Dict[str, float] = field(default_factory=dict)
+    #: Set when a signal ended the run (``KeyboardInterrupt``, e.g. ``harness.cli``'s SIGINT/SIGTERM
+    #: handler): the signal's name. ``case``/``findings`` are then the smallest failure seen so far.
+    interrupted: Optional[str] = None
+    #: ``--keep-going`` (``harness.workflow.keepgoing``): failures already saved that exploring met again (they
+    #: pass there), the saved failure this run's shrinking reached, the signature of the first failure
+    #: explored (before shrinking), every distinct failure of the run
+    #: (``keepgoing.Failure``), and the final replay's Hypothesis choices (to store it in the database).
+    known_repeats: int = 0
+    duplicate_of: Optional[tuple] = None
+    first_signature: Optional[tuple] = None
+    failures: list = field(default_factory=list)
+    choices: Optional[bytes] = None
+    #: ``--keep-going`` only: phases run, distinct failures, duplicates, known repeats.
+    keep_going: Optional[dict] = None
+
+    @property
+    def cases_per_s(self) -> float:
+        return self.verified_cases / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def utilisation(case: Case) -> float:
+    """need / width of the case's launch: Hypothesis ``target()``s it to press against the limit."""
+    summary = case.sizing_summary()
+    return summary["need"] / summary["width"]
+
+
+def example_stat(case: Case, failed: bool) -> ExampleStat:
+    summary = case.sizing_summary()
+    c = case.config
+    return ExampleStat(c.topk, c.num_steps, c.page_size, summary["num_seqs"], case.batch.raw_bs, summary["need"],
+                       summary["width"], failed)
+
+
+def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
+    """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far."""
+    if len(result.stats) < MAX_STATS:
+        result.stats.append(stat)
+    else:
+        j = rng.randrange(result.generated_cases)
+        if j < MAX_STATS:
+            result.stats[j] = stat
+
+
+def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
+    """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them."""
+    batch = getattr(session, "check_many", None)
+    if batch is not None and len(cases) > 1:
+        if journal is not None:
+            journal.begin_many(cases)
+        out = batch(cases)
+        if journal is not None:
+            journal.end()
+        return out
+    out = []
+    for case in cases:
+        if journal is not None:
+            journal.begin(case)
+        out.append(session.check(case))
+        if journal is not None:
+            journal.end()
+    return out
+
+
+def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
+         shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
+         progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
+         targeting: bool = True, max_seconds: Optional[float] = None, known=None,
+         carry: Optional[dict] = None) -> FuzzResult:
+    """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples,
+    or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
+
+    ``session`` is anything with ``check(case) -> List[Finding]`` (and optionally ``check_many``):
+    ``harness.verifying.session.Session`` (in this process) or ``harness.workflow.worker.RemoteSession`` (in a worker
+    process that may crash or hang).
+
+    ``journal`` (a ``harness.running.journal.Journal``) records the cases in flight around each launch.
+    ``database`` (a Hypothesis ``ExampleDatabase``) needs ``database_key`` (``harness.workflow.campaign.database_key``):
+    every kernel shares this one test function, so Hypothesis's default key would mix their examples.
+    ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
+    limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
+    ``known`` (``failure_signature``s) and ``carry`` (verdict cache, shapes and configs seen, shared by
+    the phases of one run) are for ``harness.workflow.keepgoing``.
+    """
+    from harness.cases.budget import estimate_bytes
+    from harness.cases.casefile import hypothesis_blob, hypothesis_final
+    from harness.cases.domain import boundary_classes
+
+    result = FuzzResult()
+    rng = random.Random(0)
+    carry = {} if carry is None else carry
+    verdicts: Dict[Case, List[Finding]] = carry.setdefault("verdicts", {})
+    configs_seen: Dict[object, int] = carry.setdefault("configs", {})
+    shapes = carry.setdefault("shapes", set())
+    state = {"first_failure": None, "last_progress": 0.0, "largest": -1}
+    start = time.perf_counter()
+
+    def body(example):
+        # An example is one Case, or a list of Cases sharing a config (strategies.case_runs).
+        cases = example if isinstance(example, list) else [example]
+        now = time.perf_counter()
+        shrinking = state["first_failure"] is not None
+        if not shrinking and max_seconds is not None and now - start > max_seconds:
+            result.time_cut = True
+            raise TimeBudgetSpent()
+        if not shrinking:
+            result.examples += 1
+        fresh = [c for c in dict.fromkeys(cases) if c not in verdicts]
+        if fresh and shrinking and now - state["first_failure"] > shrink_seconds:
+            result.shrink_cut = True
+            fresh = []  # shrink budget spent: unseen candidates are not launched (they count as passing)
+        if fresh:
+            for case, findings in zip(fresh, _check_many(session, fresh, journal)):
+                verdicts[case] = findings
+            result.verified_cases += len(fresh)
+        utilisations = []
+        for case in cases:
+            findings = verdicts.get(case)
+            if findings is None:
+                continue  # unseen candidate after the shrink budget: passes
+            if case not in fresh:
+                result.cached_cases += 1
+            if shrinking:
+                result.shrink_cases += 1
+            else:
+                utilisations.append(_explored(case, findings))
+            if findings:
+                _failed(case, findings)
+        if progress is not None and now - state["last_progress"] >= progress_every_s:
+            state["last_progress"] = now
+            result.elapsed_s = now - start
+            result.launches = session.stats.get("launches", result.verified_cases)
+            progress(result)
+        if targeting and utilisations and state["first_failure"] is None:
+            target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
+
+    def _explored(case: Case, findings) -> float:
+        """Record one explored case (stats, coverage, largest config); returns its need/width."""
+        result.generated_cases += 1
+        shape = hash((case.config, case.batch.seq_lens, case.batch.req_pool_indices))
+        if shape not in shapes:
+            shapes.add(shape)
+            result.structural_cases += 1
+        stat = example_stat(case, bool(findings))
+        _keep(result, stat, rng)
+        u = stat.need / stat.width
+        if u > result.max_utilisation:
+            result.max_utilisation, result.max_utilisation_stat = u, stat
+        config = case.config
+        if config not in configs_seen:
+            configs_seen[config] = size = estimate_bytes(config)
+            if size > state["largest"]:
+                state["largest"] = size
+                result.largest_config = dict(config.to_dict(), estimated_bytes=size)
+        for name in boundary_classes(config, case.batch.seq_lens, case.batch.raw_bs):
+            result.boundaries[name] = result.boundaries.get(name, 0) + 1
+        return u
+
+    def _failed(case: Case, findings) -> None:
+        if known is not None:  # --keep-going (harness.workflow.keepgoing)
+            signature = failure_signature(case, findings)
+            if state["first_failure"] is None and signature in known:
+                result.known_repeats += 1  # already saved by an earlier phase: passes while exploring
+                return
+            if state["first_failure"] is not None and not set(signature[0]) & set(result.first_signature[0]):
+                return  # another failure than the one being shrunk: no slipping from one bug to another
+            if state["first_failure"] is not None and signature in known:
+                result.duplicate_of = signature
+                raise DuplicateFailure()
+            if state["first_failure"] is None:
+                result.first_signature = signature
+        if state["first_failure"] is None:
+            state["first_failure"] = time.perf_counter()
+            result.first_failure_s = state["first_failure"] - start
+            result.first_failure_at = time.time()
+            result.examples_to_failure = result.examples
+            result.shrinking = True
+        if hypothesis_final():
+            result.hypothesis = hypothesis_blob()
+            if known is not None:
+                from harness.workflow.keepgoing import current_choices
+
+                result.choices = current_choices()
+        state["last_failure"] = (case, findings)  # Hypothesis only tries smaller ones from here
+        raise FindingsFound(case, findings)
+
+    test = given(strategy)(body)
+    if seed is not None:
+        # Before @settings: @seed on its own turns the example database off; the settings below decide.
+        test = hyp_seed(seed)(test)
+    test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
+                    report_multiple_bugs=False, print_blob=False,
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.target] if targeting else [])
+                    # No shrink budget: the first failure is the answer (Hypothesis's shrinker would
+                    # still replay thousands of candidates through the strategy, for nothing).
+                    + ([Phase.shrink] if shrink_seconds > 0 else []),
+                    suppress_health_check=list(HealthCheck))(test)
+    if database is not None:
+        from harness.workflow.campaign import apply_database_key
+
+        if database_key is None:
+            raise ValueError("fuzz(database=...) needs a database_key (harness.workflow.campaign.database_key)")
+        apply_database_key(test, body, database_key)
+    try:
+        test()
+    except FindingsFound as failure:
+        result.case = failure.case
+        result.findings = failure.findings
+        result.failure_stat = example_stat(failure.case, True)
+    except KeyboardInterrupt as stop:
+        # A signal: keep what was checked and the smallest failure so far (not fully shrunk).
+        result.interrupted = getattr(stop, "signal_name", None) or "SIGINT"
+        if state.get("last_failure") is not None:
+            result.case, result.findings = state["last_failure"]
+            result.failure_stat = example_stat(result.case, True)
+    except (TimeBudgetSpent, DuplicateFailure):
+        pass
+    result.shrinking = False
+    if result.case is not None and shrink_seconds <= 0:
+        result.shrink_cut = True  # no shrink phase ran: the failure is reported as first found
+    result.elapsed_s = time.perf_counter() - start
+    result.distinct_configs = len(configs_seen)
+    result.session_stats = dict(session.stats)
+    result.launches = session.stats.get("launches", result.verified_cases)
+    return result
+
+
+def damage_kinds(findings: List[Finding]) -> List[str]:
+    return sorted({f.kind.value for f in findings})

@@ -1,0 +1,170 @@
+"""``fuzz --jobs N``: N fuzzing processes of one host sharing its GPU(s), merged into one run.
+
+Hypothesis's engine costs about a millisecond per example in one Python process, which caps one
+process well below what a GPU can verify; independent processes lift that cap. Each job is a plain
+``python -m harness fuzz`` child with the parent's flags, its own seed (``seed + i``), its share of the
+example budget and memory budget, and its own folder ``OUT/jobs/job-i`` (journal, case files,
+summary, log). With several GPUs, job ``i`` sees only GPU ``i mod count`` (``CUDA_VISIBLE_DEVICES``).
+
+The parent launches nothing itself: it shows one progress line summed over the jobs (each child writes
+its counts to ``progress.json``), then merges the children's summaries (``reports.summary.merge``) and
+copies their case files into ``OUT/cases``. Each job shrinks its own first failure; every failure of
+every job is kept. A job that dies (CUDA fault, kill -9) is reported, the case it had in flight is
+recovered from its journal as a ``CRASH`` case file, and the other jobs go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from harness.cases import casefile
+
+JOBS_DIR = "jobs"
+PROGRESS_FILE = "progress.json"
+#: How often the parent redraws the summed progress line and children rewrite their progress file.
+POLL_S = 1.0
+#: Seconds the parent waits, after a signal, for jobs that got it too to stop before it signals them.
+GRACE_S = 5.0
+
+
+def job_dir(out_dir: Path, i: int) -> Path:
+    return Path(out_dir) / JOBS_DIR / f"job-{i}"
+
+
+def write_progress(path: Path, result) -> None:
+    """A child's counts for the parent's progress line (atomic: the parent never reads half a file)."""
+    doc = {key: getattr(result, key) for key in ("examples", "generated_cases", "verified_cases", "cached_cases",
+                                                "shrink_cases")}
+    doc.update(findings=len(result.findings), shrinking=result.shrinking, max_utilisation=result.max_utilisation)
+    casefile.atomic_write_text(path, json.dumps(doc))
+
+
+class _Summed:
+    """Duck-typed ``FuzzResult`` for ``harness.workflow.progress.Progress``: the jobs' counts added up."""
+
+    def __init__(self, docs: List[dict], elapsed_s: float):
+        for key in ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases"):
+            setattr(self, key, sum(d.get(key, 0) for d in docs))
+        self.findings = [None] * sum(d.get("findings", 0) for d in docs)
+        self.shrinking = any(d.get("shrinking") for d in docs)
+        self.max_utilisation = max([d.get("max_utilisation", 0.0) for d in docs] + [0.0])
+        self.elapsed_s = elapsed_s
+
+
+def _visible_gpus() -> List[str]:
+    """The GPU ids a child may be given (honouring a CUDA_VISIBLE_DEVICES the user set)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        return [x for x in env.split(",") if x.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None):
+    """Run one ``python -m harness fuzz`` child per argument list; return ``(docs, problems, crashes,
+    interrupted)``: the children's summaries, one line per child that ended abnormally, the ``CRASH``
+    records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
+    the run (the children are then stopped too, and what they wrote is still merged)."""
+    from harness.running.interrupt import Interrupted, signals_interrupt
+    from harness.running.journal import recover
+
+    gpus = _visible_gpus() if device == "cuda" else []
+    procs = []
+    for i, extra in enumerate(child_args):
+        folder = job_dir(out_dir, i)
+        if folder.exists():
+            shutil.rmtree(folder)  # a job folder is this run's scratch; the merged outputs are the record
+        folder.mkdir(parents=True)
+        env = dict(os.environ)
+        if len(gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+        log = open(folder / "log.txt", "w")
+        cmd = [sys.executable, "-m", "harness", "fuzz", *extra, "--out", str(folder),
+               "--progress-file", str(folder / PROGRESS_FILE)]
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), folder, log))
+    start = time.perf_counter()
+    interrupted = None
+    try:
+        with signals_interrupt():
+            while any(p.poll() is None for p, _, _ in procs):
+                time.sleep(POLL_S)
+                if progress is not None:
+                    docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
+                    progress(_Summed(docs, time.perf_counter() - start))
+    except Interrupted as exc:
+        # Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
+        # far written); the parent then merges what they wrote, like a finished run.
+        interrupted = exc.signal_name
+        # A Ctrl-C in a terminal reaches the jobs too (one process group): give them a moment to stop on
+        # their own, since a second signal would cut their own summary short. Then signal the rest.
+        grace = time.monotonic() + GRACE_S
+        while time.monotonic() < grace and any(p.poll() is None for p, _, _ in procs):
+            time.sleep(0.1)
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p, _, _ in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    finally:
+        for _, _, log in procs:
+            log.close()
+    docs, problems, crashes = [], [], []
+    for i, (p, folder, _) in enumerate(procs):
+        doc = _read_json(folder / "summary.json")
+        # -SIGINT: a job that had already written its summary got the forwarded SIGINT while it was
+        # exiting (past its own handler), so Python died of it: still a job we stopped, not a dead one.
+        if interrupted and doc is not None and p.returncode in (0, 1, 130, 143, -signal.SIGINT):
+            docs.append(doc)  # stopped by the signal we forwarded: a partial run, not a dead job
+            continue
+        if p.returncode not in (0, 1) or doc is None:
+            tail = (folder / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            problems.append(f"job {i} ended with exit code {p.returncode}: {tail[0]} (log: {folder / 'log.txt'})")
+            crashes += recover(folder)
+        if doc is not None:
+            docs.append(doc)
+    return docs, problems, crashes, interrupted
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def adopt_case_files(docs: List[dict], out_dir: Path) -> Dict[str, str]:
+    """Copy every case file the jobs wrote into ``OUT/cases`` and point the summaries at the copies.
+
+    Case files are named by content hash, so two jobs that shrank to the same case share one file.
+    Returns ``{old path: new path}``.
+    """
+    moved: Dict[str, str] = {}
+    target = Path(out_dir) / casefile.CASES_DIR
+    for doc in docs:
+        for old in list(doc.get("cases", {})):
+            src = Path(old)
+            if not src.is_file():
+                continue
+            target.mkdir(parents=True, exist_ok=True)
+            dst = target / src.name
+            if not dst.exists():
+                shutil.copyfile(src, dst)
+            moved[old] = str(dst)
+        doc["cases"] = {moved.get(k, k): dict(v, path=moved.get(k, k), repro=casefile.repro_command(moved.get(k, k)))
+                        for k, v in doc.get("cases", {}).items()}
+        for f in doc.get("findings", []):
+            f["case"] = moved.get(f.get("case"), f.get("case"))
+    return moved

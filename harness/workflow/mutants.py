@@ -1,0 +1,337 @@
+"""Mutation self-test: does kvfence catch the bugs it exists for, reliably?
+
+``kernels/mutants/`` holds small files, each one known bug (its module docstring says which):
+
+* kernel mutants (``KIND = "kernel"``): a ``PATCH``, a list of ``(reference text, mutated text)``
+  pairs applied to ``kernels/draft_kv_indices.py`` (each must match exactly once). ``build_kernel``
+  writes the mutated module to a per-process scratch folder and it is loaded through the plug-in path
+  (``file.py:generate_draft_decode_kv_indices``), exactly like a user's kernel file; run with ``safe``;
+* sizing mutants (``KIND = "sizing"``): a policy ``row_width(n, topk, ctx, num_steps)``, run with the
+  reference kernel.
+
+Each file's ``CONTRACT`` (``draft`` unless stated) is the kernel contract it breaks (docs/contract.md §6):
+a ``window-rail`` kernel mutant patches ``kernels/window_kv_indices.py`` instead, and every mutant of it
+is fuzzed (and the reference checked) under ``--contract window-rail``. Draws include the §6 fields
+(window, sinks, page-granular rows, translation), as the default ``fuzz`` of a kernel that takes them.
+
+Each file's ``DOMAIN`` (``cpu`` unless stated) is the config space whose *default, unpinned* draws must
+reach the bug (``harness.cases.domain``): no field is pinned, so a detection is the strategies' doing, not
+the test author's. ``gpu`` mutants are scale bugs (past a copy block, a lane width, a page of 64): on a
+CUDA device they are fuzzed on the GPU domain the way ``fuzz --device cuda`` does (config-major, many
+batches per example) and must be caught; on the CPU they are fuzzed on the CPU domain and must *not*
+be, which proves they really are scale-only. ``run_all(seeds=N)`` runs every mutant under N seeds and
+reports its detection rate and median / worst examples-to-detection; the reference kernel with the
+``safe`` sizing is fuzzed over the same domains and must stay clean.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+
+from harness.errors import require
+
+MUTANTS_DIR = Path(__file__).resolve().parents[2] / "kernels" / "mutants"
+REFERENCE_KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "draft_kv_indices.py"
+KERNEL_ATTR = "generate_draft_decode_kv_indices"
+#: Per contract: the reference file a kernel mutant patches and the kernel it names (docs/contract.md §6).
+CONTRACT_KERNELS = {"draft": (REFERENCE_KERNEL, KERNEL_ATTR),
+                    "window-rail": (REFERENCE_KERNEL.parent / "window_kv_indices.py",
+                                    "generate_draft_decode_window_kv_indices")}
+SIZING_ATTR = "row_width"
+KINDS = ("kernel", "sizing")
+REFERENCE = "reference"
+#: Fraction of seeds under which a mutant must be detected (on its own domain) for the self-test to pass.
+REQUIRED_RATE = 0.95
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    kind: str  # "kernel" or "sizing"
+    path: Path
+    domain: str  # "cpu" or "gpu": where default draws must reach the bug
+    bug: str  # first line of the docstring
+
+    kernel_file: Optional[Path] = None  # the built (mutated) kernel module, for kernel mutants
+    contract: str = "draft"  # the contract it breaks (docs/contract.md §6): draft or window-rail
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.kernel_file}:{CONTRACT_KERNELS[self.contract][1]}" if self.kind == "kernel" else REFERENCE
+
+    @property
+    def sizing(self) -> str:
+        return f"{self.path}:{SIZING_ATTR}" if self.kind == "sizing" else "safe"
+
+
+@dataclass
+class MutantResult:
+    """One mutant under ``len(seeds)`` seeds. ``expected`` is whether it should be detected here (False
+    for the reference, and for a GPU-domain mutant fuzzed on the CPU domain)."""
+
+    name: str
+    kind: str
+    domain: str
+    ran_on: str  # the domain its cases were drawn from
+    expected: bool
+    seeds: List[int] = field(default_factory=list)
+    #: Per seed: examples to the first finding (None: not detected within the budget).
+    to_detection: List[Optional[int]] = field(default_factory=list)
+    seconds_to_detection: List[Optional[float]] = field(default_factory=list)
+    kinds: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+    budget: int = 0
+    bug: str = ""
+    headline: str = ""
+
+    @property
+    def detections(self) -> int:
+        return sum(x is not None for x in self.to_detection)
+
+    @property
+    def detected(self) -> bool:
+        return self.detections > 0
+
+    @property
+    def rate(self) -> float:
+        return self.detections / len(self.seeds) if self.seeds else 0.0
+
+    @property
+    def examples_to_detection(self) -> Optional[int]:
+        """Median examples to detection over the seeds that detected it."""
+        found = sorted(x for x in self.to_detection if x is not None)
+        return found[len(found) // 2] if found else None
+
+    @property
+    def worst_to_detection(self) -> Optional[int]:
+        found = [x for x in self.to_detection if x is not None]
+        return max(found) if found else None
+
+    @property
+    def passed(self) -> bool:
+        return self.rate >= REQUIRED_RATE if self.expected else self.detections == 0
+
+    def to_dict(self) -> dict:
+        secs = [x for x in self.seconds_to_detection if x is not None]
+        return {"name": self.name, "kind": self.kind, "domain": self.domain, "ran_on": self.ran_on,
+                "expected": self.expected, "passed": self.passed, "detected": self.detected,
+                "seeds": len(self.seeds), "detections": self.detections, "rate": round(self.rate, 3),
+                "examples_to_detection": self.examples_to_detection, "worst_examples_to_detection": self.worst_to_detection,
+                "median_seconds_to_detection": round(sorted(secs)[len(secs) // 2], 3) if secs else None,
+                "worst_seconds_to_detection": round(max(secs), 3) if secs else None,
+                "per_seed": self.to_detection, "kinds": self.kinds, "seconds": round(self.seconds, 3),
+                "budget": self.budget, "bug": self.bug, "first_finding": self.headline}
+
+
+@dataclass
+class SelfTest:
+    mutants: List[MutantResult] = field(default_factory=list)
+    reference: List[MutantResult] = field(default_factory=list)
+    max_examples: Optional[int] = None  # None: BUDGETS by domain
+    seeds: List[int] = field(default_factory=list)
+    device: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.reference) and all(r.passed for r in self.mutants + self.reference)
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "max_examples": self.max_examples, "seeds": self.seeds, "passed": self.passed,
+                "required_rate": REQUIRED_RATE, "reference": [r.to_dict() for r in self.reference],
+                "mutants": [m.to_dict() for m in self.mutants]}
+
+
+_SCRATCH: List[Path] = []
+
+
+def build_kernel(name: str, patch, contract: str = "draft") -> Path:
+    """Apply ``patch`` to the reference kernel's source (of ``contract``) and write the mutated module;
+    returns its path.
+
+    The folder is a per-process temporary one (several pytest-xdist workers never share a file).
+    """
+    require(isinstance(patch, (list, tuple)) and patch and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
+        f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
+    reference = CONTRACT_KERNELS[contract][0]
+    source = reference.read_text()
+    for old, new in patch:
+        found = source.count(old)
+        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/{reference.name} "
+                            "(a patch must match exactly once)")
+        require(old != new, f"mutant {name}: a patch pair leaves {old.strip()!r} unchanged")
+        source = source.replace(old, new)
+    if not _SCRATCH:
+        import tempfile
+
+        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
+    path = _SCRATCH[0] / f"{name}.py"
+    path.write_text(f"# kvfence mutant {name!r}: kernels/{reference.name} with kernels/mutants/{name}.py's PATCH.\n"
+                    + source)
+    return path
+
+
+def kernel_spec(name: str, directory: Path = MUTANTS_DIR) -> str:
+    """``--kernel`` spec of one kernel mutant (built on the way), e.g. for tests and ``fuzz --kernel``."""
+    (mutant,) = discover(directory, names=[name])
+    require(mutant.kind == "kernel", f"mutant {name} is a {mutant.kind} mutant, not a kernel")
+    return mutant.kernel
+
+
+def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -> List[Mutant]:
+    """Every mutant file in ``directory`` (sorted), or only ``names``; ``BadInput`` on a malformed file.
+
+    Imports each file (a kernel file's ``@triton.jit`` runs now: choose the device first).
+    """
+    from harness.cases.targets import _load_attr
+
+    paths = sorted(p for p in Path(directory).glob("*.py") if not p.name.startswith("_"))
+    if names:
+        known = {p.stem: p for p in paths}
+        unknown = [n for n in names if n not in known]
+        require(not unknown, f"unknown mutant(s) {', '.join(unknown)}: choose from {', '.join(known)}")
+        paths = [known[n] for n in names]
+    out = []
+    for path in paths:
+        kind = _load_attr(f"{path}:KIND", "mutant")
+        require(kind in KINDS, f"mutant {path.name}: KIND must be one of {', '.join(KINDS)}, got {kind!r}")
+        domain = getattr(_module_of(path), "DOMAIN", "cpu")
+        require(domain in ("cpu", "gpu"), f"mutant {path.name}: DOMAIN must be cpu or gpu, got {domain!r}")
+        contract = getattr(_module_of(path), "CONTRACT", "draft")
+        require(contract in CONTRACT_KERNELS,
+                f"mutant {path.name}: CONTRACT must be one of {', '.join(CONTRACT_KERNELS)}, got {contract!r}")
+        doc = (_load_attr(f"{path}:__doc__", "mutant") or "").strip()
+        require(doc, f"mutant {path.name} has no docstring stating its bug")
+        kernel_file = (build_kernel(path.stem, _load_attr(f"{path}:PATCH", "mutant"), contract)
+                       if kind == "kernel" else None)
+        out.append(Mutant(path.stem, kind, path, domain, doc.splitlines()[0], kernel_file, contract))
+    return out
+
+
+def _module_of(path: Path):
+    from harness.cases.targets import _load_file
+
+    return _load_file(path)
+
+
+#: Batches per example on the GPU domain, as ``fuzz --device cuda`` draws them (config-major).
+GPU_BATCHES = 32
+
+
+def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int], contract: str = "draft"):
+    from strategies import case_runs, cases, configs
+
+    # The §6 fields drawn as the default fuzz of the reference draws them (every mutant is one of it):
+    # on the CPU domain, not on the GPU domain (fuzz --family auto).
+    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family=domain == "cpu", contract=contract)
+    if domain == "gpu":
+        return case_runs(config, kernel=kernel, max_batches=GPU_BATCHES)
+    return cases(config, kernel=kernel)
+
+
+def _run(result: MutantResult, session, strategy, *, max_examples: int, seeds: List[int],
+         progress: Optional[Callable[[MutantResult], None]] = None) -> MutantResult:
+    from harness.workflow.fuzz import damage_kinds, fuzz
+
+    start = time.perf_counter()
+    for seed in seeds:
+        # No shrinking budget: the first failing example is the detection; its findings are reported.
+        r = fuzz(session, strategy, max_examples=max_examples, seed=seed, shrink_seconds=0.0, targeting=False)
+        result.seeds.append(seed)
+        found = bool(r.findings)
+        result.to_detection.append(r.examples_to_failure if found else None)
+        result.seconds_to_detection.append(r.first_failure_s if found else None)
+        if found and not result.kinds:
+            result.kinds, result.headline = damage_kinds(r.findings), r.findings[0].headline()
+        result.seconds = time.perf_counter() - start
+        result.budget = max_examples
+        if progress is not None:
+            progress(result)  # after every seed: a long self-test shows (and can save) where it is
+    return result
+
+
+#: Examples per mutant and seed when the caller sets none, by the domain the mutant runs on. A GPU-domain
+#: example is up to 32 batches of one config, and Hypothesis mutates the config rarely from one example
+#: to the next, so 60 examples see only a dozen or so configs: a bug that needs pages of 128 tokens
+#: (one page size of eight) was reached in 17-18 of 20 seeds with 60, in 20 of 20 with 100 (a strategy
+#: simulation on the CPU; the H200 record is in BENCHMARKS.md).
+BUDGETS = {"cpu": 60, "gpu": 100}
+
+
+def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), names: Optional[List[str]] = None,
+            reference_examples: Optional[int] = None, audit: Optional[bool] = None,
+            progress: Optional[Callable[[MutantResult], None]] = None, directory: Path = MUTANTS_DIR,
+            max_bytes: Optional[int] = None, verifier: str = "auto") -> SelfTest:
+    """Fuzz every mutant under each seed (``max_examples`` each, unpinned draws from its domain), then
+    the reference over every domain that ran, which must stay clean. ``verifier`` is the sessions'
+    (``harness.verifying.session.VERIFIERS``)."""
+    from harness.verifying.session import Session
+    from harness.cases.targets import resolve_sizing
+
+    require(max_examples is None or max_examples >= 1, f"max_examples must be positive, got {max_examples}")
+    seeds = list(seeds)
+    require(seeds and all(isinstance(x, int) and x >= 0 for x in seeds), f"seeds must be non-negative integers, got {seeds}")
+    mutants = discover(directory, names=names)
+    require(mutants, f"no mutant files in {directory}")
+    report = SelfTest(max_examples=max_examples, seeds=seeds, device=device)
+    reference = Session(device, REFERENCE, audit=audit, max_bytes=max_bytes, verifier=verifier)
+    ran_on = set()
+    for m in mutants:
+        resolve_sizing(m.sizing)  # a broken sizing file is bad input before anything runs
+        domain = m.domain if device == "cuda" else "cpu"
+        ran_on.add((domain, m.contract))
+        session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit, max_bytes=max_bytes,
+                                                              verifier=verifier)
+        result = MutantResult(m.name, m.kind, m.domain, domain, expected=(domain == m.domain), bug=m.bug)
+        report.mutants.append(_run(result, session, _strategy(domain, m.kernel, m.sizing, max_bytes, m.contract),
+                                   max_examples=max_examples or BUDGETS[domain], seeds=seeds, progress=progress))
+    for domain, contract in sorted(ran_on):
+        what = "" if contract == "draft" else f", contract {contract}"
+        result = MutantResult(REFERENCE, "kernel", domain, domain, expected=False,
+                              bug=f"the reference kernel with the safe sizing{what} (must stay clean)")
+        budget = reference_examples if reference_examples is not None else 2 * (max_examples or BUDGETS[domain])
+        report.reference.append(_run(result, reference, _strategy(domain, REFERENCE, "safe", max_bytes, contract),
+                                     max_examples=budget, seeds=seeds[:1], progress=progress))
+    return report
+
+
+def _budget_text(max_examples: Optional[int]) -> str:
+    if max_examples:
+        return f"{max_examples} examples"
+    return "examples " + ", ".join(f"{n} on the {d} domain" for d, n in BUDGETS.items())
+
+
+def verdict_text(r: MutantResult) -> str:
+    """What a row means, in words: the reference is "clean (expected)", a scale mutant on the CPU domain
+    "not reachable here (expected)", a mutant on its own domain its detection count."""
+    if r.name == REFERENCE:
+        return "clean (expected)" if not r.detected else "FOUND: the reference is not clean"
+    if not r.expected:
+        return "not reachable here (expected)" if not r.detected else "DETECTED off its domain"
+    return f"{r.detections}/{len(r.seeds)} seeds" + ("" if r.passed else " (below 95%)")
+
+
+def format_table(report: SelfTest) -> str:
+    rows = [("mutant", "kind", "domain", "ran on", "verdict", "examples (median/worst)", "budget", "finding kinds",
+             "seconds")]
+    for r in report.mutants + report.reference:
+        examples = f"{r.examples_to_detection}/{r.worst_to_detection}" if r.detected else "-"
+        rows.append((r.name, r.kind, r.domain, r.ran_on, verdict_text(r), examples, str(r.budget),
+                     ", ".join(r.kinds) or "-", f"{r.seconds:.2f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    own = [m for m in report.mutants if m.expected]
+    caught = sum(m.passed for m in own)
+    off = [m for m in report.mutants if not m.expected]
+    verdict = "PASS" if report.passed else "FAIL"
+    lines.append(f"{verdict}: {caught}/{len(own)} mutants detected in >= {REQUIRED_RATE:.0%} of {len(report.seeds)} "
+                 f"seed(s) on their domain"
+                 + (f", {sum(m.passed for m in off)}/{len(off)} scale mutants unreachable on the CPU domain" if off else "")
+                 + f", reference {'clean' if all(r.passed for r in report.reference) else 'NOT clean'} "
+                 f"({_budget_text(report.max_examples)} per mutant and seed, device {report.device})")
+    return "\n".join(lines)

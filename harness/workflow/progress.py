@@ -1,0 +1,56 @@
+"""Live progress of a fuzz run on stderr: one updating line on a terminal, plain periodic lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional, TextIO
+
+BAR_WIDTH = 24
+#: How often the fuzz loop calls back: often on a terminal (the line redraws), rarely in CI logs.
+TTY_EVERY_S = 0.2
+PLAIN_EVERY_S = 5.0
+
+
+class Progress:
+    """``update(result)`` takes a ``harness.workflow.fuzz.FuzzResult``; ``close()`` ends the line (TTY)."""
+
+    def __init__(self, total: int, stream: Optional[TextIO] = None, *, tty: Optional[bool] = None):
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        self.every_s = TTY_EVERY_S if self.tty else PLAIN_EVERY_S
+        self._drawn = False
+        self._start = time.perf_counter()
+
+    def line(self, result) -> str:
+        """One line in the run's vocabulary (harness.workflow.fuzz.FuzzResult): examples against the budget,
+        verified and cached cases, the verified rate, and what the run is doing now."""
+        elapsed = result.elapsed_s or (time.perf_counter() - self._start)
+        rate = result.verified_cases / elapsed if elapsed > 0 else 0.0
+        done = min(result.examples, self.total)
+        filled = int(BAR_WIDTH * done / self.total) if self.total else BAR_WIDTH
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        n = len(result.findings)
+        if result.shrinking:
+            state = f"failure found, shrinking ({result.shrink_cases} shrink cases)"
+        else:
+            state = f"{n} finding{'s' * (n != 1)}"
+        return (f"kvfence [{bar}] {done}/{self.total} examples | {result.verified_cases} verified, "
+                f"{result.cached_cases} cached | {rate:.1f} verified cases/s | {state} | {elapsed:.0f}s | "
+                f"max need/width {result.max_utilisation:.2f}")
+
+    def update(self, result) -> None:
+        text = self.line(result)
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+            self._drawn = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False

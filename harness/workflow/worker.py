@@ -1,0 +1,640 @@
+"""Crash-proof checking: a worker process owns the device and runs cases for a supervisor.
+
+The fuzzing process (the supervisor: Hypothesis, journal, reports) never launches the kernel itself.
+``RemoteSession`` starts one worker process (``python -m harness.workflow.worker``: a fresh interpreter that
+picks CUDA or the Triton interpreter for itself) and talks to it over a socket pair: cases go as plain
+JSON data (``harness.cases.casefile.case_to_dict`` fields), findings come back as ``Finding.to_dict`` JSON.
+Nothing is pickled either way, so a kernel plug-in running in the worker cannot make the supervisor
+run code. The worker is started once and reused for many cases; ``check_many`` sends a whole list in
+one message, and a shared 8-byte counter tells the supervisor which case is running.
+
+What the kernel can do to the worker, and what the supervisor makes of it:
+
+* it dies (segfault, ``os.abort``, an extension's trap, ``os._exit``): the case in flight is a ``CRASH``
+  finding, a fresh worker is started on the next case;
+* it leaves the CUDA context unusable (illegal address, misaligned access, device-side assert): the
+  worker sees the launch error, finds the context dead, reports ``CRASH`` for that case and exits
+  (when it was checking a run of several cases as one batch, it exits without a verdict instead);
+* it runs longer than its time limit (``case_timeout`` scaled by the case's size, plus a warm-up
+  allowance for a config the worker has not run yet: compile and capture): ``HANG``; the worker is
+  killed and replaced;
+* it calls ``sys.exit()``: a ``LAUNCH_ERROR`` (``harness.running.runner`` catches ``SystemExit`` like any
+  launch error), the worker lives on.
+
+A worker killed from outside (SIGKILL or SIGTERM that the supervisor did not send: the OOM killer, a
+user, a chaos test) is not the kernel's fault: its case is re-run alone in a fresh worker, and only a
+case that dies so ``EXTERNAL_RETRIES`` times is a ``CRASH``. When a worker dies or stalls part-way
+through a ``check_many`` list, the cases whose verdicts did not come back are re-run one at a time, so
+only the guilty case becomes ``CRASH`` or ``HANG``. (The worker hands a run of one config to
+``Session.check_many``, one device round trip; the per-case re-run is what names the guilty case.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from harness.cases.case import Case
+from harness.errors import BadInput, require
+from harness.cases.findings import Finding, Kind
+
+#: Seconds a small case may take before it is a ``HANG`` (``--case-timeout``); scaled up by case size.
+DEFAULT_CASE_TIMEOUT = 5.0
+#: Elements (buffer + pool + expected writes) that add one more ``case_timeout`` to a case's limit.
+ELEMENTS_PER_TIMEOUT = 1 << 20
+#: A program's fixed cost counted as this many elements: with ``ELEMENTS_PER_TIMEOUT``, 256 programs per
+#: ``case_timeout`` (the interpreter runs a small program in about 2 ms: BENCHMARKS.md).
+PROGRAM_ELEMENTS = 1 << 12
+#: A config new to a worker may compile its kernel and capture graphs first: this many extra
+#: ``case_timeout``s (compiling a Triton kernel for CUDA takes seconds; the interpreter compiles nothing).
+WARMUP_FACTOR = {"cuda": 12.0, "cpu": 1.0}
+#: Seconds a worker may take to import torch/triton and resolve the kernel before the run gives up.
+START_TIMEOUT = 300.0
+#: Tries when a worker is killed from outside (SIGKILL/SIGTERM it does not raise itself): starts of a
+#: worker, and runs of the case it was on. Only the last death counts (a CRASH, or BadInput at start).
+START_ATTEMPTS = 10
+EXTERNAL_RETRIES = 3
+#: Replacement workers kept starting once a session has seen a crash or hang (``RemoteSession(spares=)``):
+#: on CUDA a start (torch import, CUDA context, kernel load) takes seconds and the host has cores to spare.
+SPARES = {"cuda": 2, "cpu": 1}
+#: How often the supervisor looks at the worker's progress counter while it waits.
+POLL_S = 0.2
+#: Exit statuses of a process killed by a signal the kernel does not send itself.
+_EXTERNAL = {-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT}
+
+
+class WorkerError(RuntimeError):
+    """kvfence itself failed inside the worker (not the kernel): carries the worker's traceback."""
+
+
+def case_elements(case: Case) -> int:
+    """Roughly how much work one check of ``case`` is, in elements: buffers, the pool, the write set,
+    and ``PROGRAM_ELEMENTS`` per Triton program (the interpreter's fixed cost per program)."""
+    c = case.config
+    s = case.sizing_summary()
+    programs = c.num_steps * s["num_seqs"] * c.topk
+    return c.num_steps * (s["width"] + s["need"]) + c.pool_rows * c.pool_len + PROGRAM_ELEMENTS * programs
+
+
+def case_time_limit(case: Case, case_timeout: float, *, warmup: float = 0.0) -> float:
+    """Seconds ``case`` may run: ``case_timeout`` per started ``ELEMENTS_PER_TIMEOUT`` elements, plus ``warmup``."""
+    return case_timeout * (1 + case_elements(case) // ELEMENTS_PER_TIMEOUT) + warmup
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+# -- the worker process -----------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: the worker gets SIGKILL when the supervisor dies, even while a kernel spins."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _cuda_context_alive() -> bool:
+    """After a launch error on CUDA: can the context still run a kernel? (A fault makes it sticky.)"""
+    import torch
+
+    try:
+        x = torch.ones(1, device="cuda")
+        x.add_(1)
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return False
+
+
+def _send(conn, message: dict) -> None:
+    conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
+
+
+def _worker_check(session, case: Case, device: str):
+    """``(finding dicts, fatal)`` for one case; ``fatal`` when the CUDA context died with it."""
+    try:
+        findings = session.check(case)
+    except SystemExit as exc:  # a plug-in exited outside the launch itself (e.g. in a sizing callable)
+        findings = [Finding(Kind.LAUNCH_ERROR, "kernel", "launch", detail=f"SystemExit: {exc.code!r}")]
+    except BadInput:
+        raise
+    except Exception as exc:
+        if device == "cuda" and not _cuda_context_alive():
+            detail = f"CUDA context lost: {type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+            return [Finding(Kind.CRASH, "kernel", "launch", detail=detail).to_dict()], True
+        raise
+    if device == "cuda" and any(f.kind is Kind.LAUNCH_ERROR for f in findings) and not _cuda_context_alive():
+        errors = "; ".join(f.detail for f in findings if f.kind is Kind.LAUNCH_ERROR)
+        crash = Finding(Kind.CRASH, "kernel", "launch", detail=f"CUDA context lost: {errors}"[:500])
+        return [crash.to_dict()] + [f.to_dict() for f in findings if f.kind is not Kind.LAUNCH_ERROR], True
+    return [f.to_dict() for f in findings], False
+
+
+#: Exit status of a worker whose CUDA context died during a batch of several cases: the supervisor
+#: re-runs them one at a time to find the guilty one (a single case's CRASH is reported directly).
+EXIT_CONTEXT_LOST = 70
+
+
+def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
+    """Finding dicts for a run of one config, through ``Session.check_many``. If the batch leaves the
+    CUDA context dead, the worker exits without a reply: which case did it is not known here."""
+    try:
+        out = session.check_many(cases)
+    except BadInput:
+        raise
+    except (Exception, SystemExit):
+        if device == "cuda" and not _cuda_context_alive():
+            os._exit(EXIT_CONTEXT_LOST)
+        raise
+    if device == "cuda" and any(f.kind is Kind.LAUNCH_ERROR for fs in out for f in fs) \
+            and not _cuda_context_alive():
+        os._exit(EXIT_CONTEXT_LOST)
+    return [[f.to_dict() for f in findings] for findings in out]
+
+
+def encode_cases(cases: Sequence[Case], config_dicts: Dict[object, dict]) -> dict:
+    """The wire form of a case list: each distinct (config, kernel, canary seed) once under ``groups``,
+    then per case ``[group, seq_lens, req_pool_indices, token_seed]``. Plain JSON data, the fields of
+    ``harness.cases.casefile.case_to_dict``; ``config_dicts`` caches ``Config.to_dict`` across calls."""
+    groups: Dict[tuple, int] = {}
+    rows = []
+    for case in cases:
+        key = (case.config, case.kernel, case.canary_seed)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = len(groups)
+        b = case.batch
+        rows.append([g, b.seq_lens, b.req_pool_indices, b.token_seed])
+    wire_groups = []
+    for config, kernel, canary_seed in groups:
+        d = config_dicts.get(config)
+        if d is None:
+            if len(config_dicts) > 256:
+                config_dicts.clear()
+            d = config_dicts[config] = config.to_dict()
+        wire_groups.append({"config": d, "kernel": kernel, "canary_seed": canary_seed})
+    return {"groups": wire_groups, "cases": rows}
+
+
+class _Decoder:
+    """Worker side of ``encode_cases``: every case is validated like a case file's
+    (``case_from_dict``); a group's config is built once and reused while the batches vary."""
+
+    def __init__(self, case_from_dict):
+        self._case_from_dict = case_from_dict
+        self._templates: Dict[str, Case] = {}
+
+    def cases(self, message: dict):
+        templates = []
+        for group in message["groups"]:
+            key = json.dumps(group, sort_keys=True)
+            template = self._templates.get(key)
+            if template is None:
+                if len(self._templates) > 256:
+                    self._templates.clear()
+                template = self._templates[key] = self._case_from_dict(
+                    dict(group, batch={"seq_lens": [1], "req_pool_indices": [0]}))
+            templates.append(template)
+        from harness.cases.case import Batch
+
+        for g, seq_lens, rows, token_seed in message["cases"]:
+            t = templates[g]
+            yield Case(t.config, Batch(tuple(seq_lens), tuple(rows), token_seed), t.kernel, t.canary_seed)
+
+
+def _worker_main(conn, progress, options: dict) -> None:
+    """Entry point of the worker process: set up the device and session, then serve ``check`` messages."""
+    _die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group: the supervisor decides when the worker ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        from harness.device import select
+
+        device = select(options["device"])
+        from harness.cases.casefile import case_from_dict
+        from harness.verifying.session import Session
+
+        session = Session(device, options["kernel"], poison=options["poison"], verifier=options["verifier"],
+                          audit=options["audit"], absorb=options["absorb"], max_bytes=options["max_bytes"])
+    except BadInput as exc:
+        _send(conn, {"op": "bad_input", "message": str(exc)})
+        return
+    except BaseException:  # noqa: BLE001 - reported to the supervisor, which raises it there
+        _send(conn, {"op": "error", "traceback": traceback.format_exc()})
+        return
+    if device == "cuda":  # create the CUDA context before "ready": a spare worker has it waiting
+        import torch
+
+        torch.zeros(1, device="cuda")
+    decoder = _Decoder(case_from_dict)
+    _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the supervisor is gone
+        if message.get("op") != "check":
+            return
+        results = []
+        fatal = False
+        try:
+            cases = list(decoder.cases(message))
+            if message.get("dry"):  # RemoteSession.round_trip: the messaging cost alone
+                results = [[] for _ in cases]
+            i = len(results)
+            while i < len(cases):
+                progress.value = i + 1  # cases started: the supervisor's clock for HANG and CRASH
+                j = i + 1  # a run of one config goes to Session.check_many (one device round trip)
+                while j < len(cases) and cases[j].config == cases[i].config and \
+                        cases[j].canary_seed == cases[i].canary_seed:
+                    j += 1
+                if j - i > 1 and hasattr(session, "check_many"):
+                    results += _worker_check_many(session, cases[i:j], device)
+                else:
+                    findings, fatal = _worker_check(session, cases[i], device)
+                    results.append(findings)
+                    j = i + 1
+                    if fatal:
+                        break
+                i = j
+        except BadInput as exc:
+            _send(conn, {"op": "bad_input", "message": str(exc)})
+            continue
+        except BaseException:  # noqa: BLE001 - a kvfence bug: the supervisor raises WorkerError
+            _send(conn, {"op": "error", "traceback": traceback.format_exc()})
+            continue
+        stats = {k: v for k, v in session.stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        _send(conn, {"op": "results", "results": results, "fatal": fatal, "stats": stats})
+        if fatal:
+            return
+
+
+# -- the supervisor side -------------------------------------------------------------------------------
+class _Counter:
+    """One int64 in a shared file mapping: the number of cases the worker has started on the list
+    in flight. The worker writes it before each case, so when it dies or stalls the supervisor knows
+    which case it was on, at the cost of a memory store per case (no message)."""
+
+    def __init__(self, file):
+        self._file = file
+        self._map = mmap.mmap(file.fileno(), 8)
+
+    @property
+    def value(self) -> int:
+        return int.from_bytes(self._map[:8], "little", signed=True)
+
+    @value.setter
+    def value(self, v: int) -> None:
+        self._map[:8] = int(v).to_bytes(8, "little", signed=True)
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m harness.workflow.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
+    argv = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(argv[0]))
+    progress = _Counter(os.fdopen(int(argv[1]), "r+b"))
+    _worker_main(conn, progress, json.loads(argv[2]))
+
+
+class _Pending:
+    """A worker process that was started and may not be ready yet: its pipe and progress counter."""
+
+    def __init__(self, proc: subprocess.Popen, conn, progress: _Counter):
+        self.proc, self.conn, self.progress = proc, conn, progress
+
+    def kill(self) -> None:
+        self.conn.close()
+        self.progress.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class _Lost(Exception):
+    """The worker gave no verdict for the case at ``index`` of the list in flight."""
+
+    def __init__(self, index: int, finding: Finding, external: bool):
+        self.index = index
+        self.finding = finding
+        self.external = external  # killed from outside: worth one more try
+
+
+class RemoteSession:
+    """The checking interface of ``harness.verifying.session.Session`` (``check``), backed by a worker process.
+
+    ``check_many(cases)`` sends the list in one message and returns one findings list per case.
+    Use as a context manager (or call ``close()``): the worker is stopped on exit.
+    """
+
+    def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True, verifier: str = "auto",
+                 audit: Optional[bool] = None, absorb: bool = True, max_bytes: Optional[int] = None,
+                 case_timeout: float = DEFAULT_CASE_TIMEOUT,
+                 warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
+                 spares: Optional[int] = None):
+        require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
+                f"--case-timeout must be a positive number of seconds, got {case_timeout!r}")
+        self.device = device
+        self.kernel = kernel
+        self.case_timeout = float(case_timeout)
+        self.warmup_s = case_timeout * WARMUP_FACTOR.get(device, 1.0) if warmup_s is None else float(warmup_s)
+        self.start_timeout = start_timeout
+        self._options = {"device": device, "kernel": kernel, "poison": poison, "verifier": verifier,
+                         "audit": audit, "absorb": absorb, "max_bytes": max_bytes}
+        self._proc: Optional[subprocess.Popen] = None
+        self._conn = None
+        self._progress: Optional[_Counter] = None
+        #: After the first crash or hang, ``spares`` replacement workers are always starting in the
+        #: background (a crash is usually followed by more while Hypothesis shrinks it), oldest used
+        #: first, so a restart costs what is left of a start begun earlier instead of a whole one
+        #: (imports, CUDA context, kernel load from Triton's on-disk cache).
+        self._spare_count = SPARES.get(device, 1) if spares is None else spares
+        self._spares: List[_Pending] = []
+        self._warm: set = set()  # (config, canary_seed) this worker has run: no warm-up allowance
+        self._config_dicts: Dict[object, dict] = {}
+        #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
+        #: (re-run, not reported), and cases with a verdict from a worker.
+        self.counters = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0,
+                         "spares_used": 0}
+        self._retired: Dict[str, float] = {}  # Session.stats of workers that are gone, summed
+        self._live: Dict[str, float] = {}  # Session.stats of the current worker, as of its last reply
+        self._start()  # a kernel spec that cannot be resolved is BadInput now, before any work
+
+    @property
+    def stats(self) -> Dict[str, float]:
+        """The workers' ``Session.stats`` (launches, compiles, captures, ...) summed over every worker
+        this session started, plus the supervisor's ``counters``."""
+        out = dict(self._retired)
+        for key, value in self._live.items():
+            out[key] = out.get(key, 0) + value
+        out.update(self.counters)
+        return out
+
+    # -- worker lifecycle ----------------------------------------------------------------------------
+    @property
+    def worker_pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        # A worker killed from outside while it starts (not by its kernel import) gets one more try.
+        for attempt in range(START_ATTEMPTS):
+            spare = self._spares.pop(0) if self._spares else None
+            if spare is not None:
+                self.counters["spares_used"] += 1
+            code = self._adopt(spare if spare is not None else self._spawn())
+            if code is None:
+                if self.counters["deaths"] + self.counters["hangs"]:
+                    self._prestart()  # this session has crashed before: have the next workers starting
+                return
+            self.counters["external_kills" if code in _EXTERNAL else "deaths"] += 1
+            if code not in _EXTERNAL or attempt == START_ATTEMPTS - 1:
+                raise BadInput(f"the checking worker died while starting ({_signal_name(code)}): "
+                               f"importing kernel {self.kernel!r} kills the process")
+
+    def _prestart(self) -> None:
+        """Start replacement workers now, in the background, until ``spares`` are starting or ready."""
+        while len(self._spares) < self._spare_count:
+            self._spares.append(self._spawn())
+
+    def _spawn(self) -> "_Pending":
+        """Start a worker process; it imports, sets up its device and says ``ready`` on its own time."""
+        ours, theirs = socket.socketpair()
+        progress_file = tempfile.TemporaryFile()
+        progress_file.truncate(8)
+        env = dict(os.environ)
+        # The worker imports kvfence from where this process did, wherever it was started from.
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.workflow.worker", str(theirs.fileno()),
+                                     str(progress_file.fileno()), json.dumps(self._options)],
+                                    pass_fds=(theirs.fileno(), progress_file.fileno()), env=env,
+                                    stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self.counters["worker_starts"] += 1
+        return _Pending(proc, Connection(ours.detach()), _Counter(progress_file))
+
+    def _adopt(self, pending: "_Pending") -> Optional[int]:
+        """Make ``pending`` the worker and wait for it to be ready; the exit status if it died instead."""
+        self._proc, self._conn, self._progress = pending.proc, pending.conn, pending.progress
+        self._warm = set()
+        readable = wait([self._conn], timeout=self.start_timeout)
+        message = self._recv() if readable else None
+        if message is None:
+            code = self._kill()
+            if not readable:
+                raise BadInput(f"the checking worker did not start within {self.start_timeout:g}s")
+            return code
+        if message["op"] != "ready":
+            self._kill()
+            self._raise(message)
+        return None
+
+    def _recv(self) -> Optional[dict]:
+        try:
+            return json.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            return None
+
+    @staticmethod
+    def _raise(message: dict) -> None:
+        if message.get("op") == "bad_input":
+            raise BadInput(message["message"])
+        raise WorkerError("the checking worker failed:\n" + message.get("traceback", repr(message)))
+
+    def _kill(self) -> Optional[int]:
+        """Kill the worker (if alive) and return its exit status."""
+        for key, value in self._live.items():
+            self._retired[key] = self._retired.get(key, 0) + value
+        self._live = {}
+        proc, self._proc = self._proc, None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.kill()
+        return proc.wait()
+
+    def close(self) -> None:
+        """Stop the worker: closing the pipe ends its loop; a worker stuck in a kernel is killed."""
+        spares, self._spares = self._spares, []
+        for spare in spares:
+            spare.kill()
+        proc = self._proc
+        if proc is None:
+            return
+        self._conn.close()
+        self._conn = None
+        try:
+            proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self._kill()
+
+    def __enter__(self) -> "RemoteSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- checking --------------------------------------------------------------------------------------
+    def _run_limit(self, cases: Sequence[Case], first: int) -> float:
+        """Seconds for the run of one config that starts at ``first`` (the worker checks such a run as
+        one batch and moves its progress counter once): the sum of its cases' limits."""
+        head = cases[first]
+        total, i = 0.0, first
+        while i < len(cases) and cases[i].config == head.config and cases[i].canary_seed == head.canary_seed:
+            total += self._limit(cases[i]) if i == first else case_time_limit(cases[i], self.case_timeout)
+            i += 1
+        return total
+
+    def _limit(self, case: Case) -> float:
+        warm = (case.config, case.canary_seed) in self._warm
+        return case_time_limit(case, self.case_timeout, warmup=0.0 if warm else self.warmup_s)
+
+    def round_trip(self, cases: Sequence[Case]) -> None:
+        """Send ``cases`` and get empty verdicts back without running them: what ``check_many`` adds to
+        the checking itself (JSON both ways, the socket, rebuilding each ``Case`` in the worker).
+        For ``benchmarks/worker_ipc.py``."""
+        self._exchange(cases, dry=True)
+
+    def _exchange(self, cases: Sequence[Case], dry: bool = False) -> List[List[Finding]]:
+        """One message to the worker; the verdicts of a prefix of ``cases`` (all, unless one was fatal).
+
+        Raises ``_Lost`` when the worker dies or hangs before replying (its results are lost).
+        """
+        if self._proc is None:
+            self._start()
+        self._progress.value = 0
+        try:
+            message = {"op": "check", "dry": dry, **encode_cases(cases, self._config_dicts)}
+            self._conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
+        except OSError:
+            pass  # the worker is already dead: the wait below says so
+        try:
+            message = self._await(cases)
+        except _Lost:
+            raise
+        except BaseException:
+            # Interrupted while waiting (a signal): the reply still on its way would be read as the
+            # next list's. The worker's state is unknown, so it goes; the next call starts a fresh one.
+            self._kill()
+            raise
+        if message["op"] != "results":
+            self._raise(message)
+        for case in cases[:len(message["results"])]:
+            self._warm.add((case.config, case.canary_seed))
+        self._live = {k: v for k, v in message.get("stats", {}).items() if isinstance(v, (int, float))}
+        if message["fatal"]:
+            self.counters["deaths"] += 1
+            self._prestart()
+            self._kill()
+        self.counters["cases"] += len(message["results"])
+        return [[Finding.from_dict(f) for f in findings] for findings in message["results"]]
+
+    def _await(self, cases: Sequence[Case]) -> dict:
+        """The worker's reply to the list in flight; ``_Lost`` if it dies or stalls on a case first."""
+        started, clock, limit = 0, time.monotonic(), 0.0
+        while True:
+            if wait([self._conn], timeout=POLL_S):
+                message = self._recv()
+                if message is not None:
+                    break
+                # End of file: the worker died without a reply.
+                index = max(self._progress.value - 1, 0)
+                self._prestart()  # the replacement starts while this one is reaped
+                code = self._kill()
+                external = code in _EXTERNAL
+                self.counters["external_kills" if external else "deaths"] += 1
+                detail = f"the checking worker died with {_signal_name(code)} during this launch"
+                if external:
+                    detail += (f" (a signal the kernel does not raise itself: it died so in each of "
+                               f"{EXTERNAL_RETRIES} runs of this case alone)")
+                raise _Lost(index, Finding(Kind.CRASH, "kernel", "launch", detail=detail), external)
+            now = time.monotonic()
+            if self._progress.value != started:
+                started, clock = self._progress.value, now
+                limit = self._run_limit(cases, started - 1)
+            if started and now - clock > limit:
+                self._prestart()
+                self._kill()
+                self.counters["hangs"] += 1
+                index = started - 1
+                detail = (f"no verdict after {now - clock:.1f}s (limit {limit:.1f}s: --case-timeout "
+                          f"{self.case_timeout:g}s scaled by the case's size): the worker was killed")
+                raise _Lost(index, Finding(Kind.HANG, "kernel", "launch", detail=detail), False)
+        return message
+
+    def _check_alone(self, case: Case) -> List[Finding]:
+        """One case in its own message: a death is this case's ``CRASH`` (after one retry if external)."""
+        attempt = 1
+        while True:
+            try:
+                return self._exchange([case])[0]
+            except _Lost as lost:
+                if not lost.external or attempt >= EXTERNAL_RETRIES:
+                    return [lost.finding]
+            attempt += 1
+
+    def check(self, case: Case) -> List[Finding]:
+        """The findings of one case (``CRASH`` / ``HANG`` when the worker died or stalled on it)."""
+        return self._check_alone(case)
+
+    def check_many(self, cases: Sequence[Case]) -> List[List[Finding]]:
+        """One findings list per case, sent to the worker as one message.
+
+        If the worker dies or stalls part-way, the cases without a verdict are re-run one at a time, so
+        only the guilty case is reported as ``CRASH`` (or ``HANG``: a stalled case then waits out its
+        time limit twice).
+        """
+        cases = list(cases)
+        results: List[Optional[List[Finding]]] = [None] * len(cases)
+        i = 0
+        while i < len(cases):
+            try:
+                done = self._exchange(cases[i:])
+            except _Lost:
+                # Which case did it is certain only when it ran alone (the worker may batch a run of
+                # one config into one launch sequence): every case without a verdict runs alone now.
+                for j in range(i, len(cases)):
+                    if results[j] is None:
+                        results[j] = self._check_alone(cases[j])
+                break
+            results[i:i + len(done)] = done
+            i += len(done)
+        return results  # type: ignore[return-value]
+
+
+if __name__ == "__main__":
+    main()

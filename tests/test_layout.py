@@ -1,0 +1,56 @@
+"""The package tree shows the data flow: ``harness/`` is grouped by stage, and imports only point from a
+later stage to an earlier one (or within a stage), so each stage can be read without the ones after it.
+
+    base (errors, device) < cases < running < verifying < workflow < tools < entry points (cli, __main__)
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "harness"
+ORDER = ("base", "cases", "running", "verifying", "workflow", "tools", "entry")
+BASE = ("errors", "device")
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[1] in ORDER:
+        return parts[1]
+    return "base" if parts[-1] in BASE else "entry"
+
+
+def imported(tree: ast.AST):
+    """Every ``harness...`` module a file imports, at top level or inside a function, with its line."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "harness":
+            if node.module == "harness" or node.module in {f"harness.{s}" for s in ORDER}:
+                yield from ((f"{node.module}.{a.name}", node.lineno) for a in node.names)
+            else:
+                yield node.module, node.lineno
+        elif isinstance(node, ast.Import):
+            yield from ((a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "harness")
+
+
+def test_every_module_lives_in_a_stage_folder_or_is_a_base_or_entry_module():
+    top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert top == ["cli", "device", "errors", "sanitizer_child"], top
+    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(ORDER[1:6])
+
+
+def test_imports_point_from_later_stages_to_earlier_ones():
+    backward = []
+    for path in ROOT.rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+        here = ORDER.index(stage_of(module))
+        for target, line in imported(ast.parse(path.read_text())):
+            if ORDER.index(stage_of(target)) > here:
+                backward.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}")
+    assert not backward, "\n".join(backward)
+
+
+def test_the_checker_sees_a_backward_import():
+    """The rule above is not vacuous: an import from a later stage is reported."""
+    tree = ast.parse("def f():\n    from harness.workflow.fuzz import fuzz\n")
+    targets = [t for t, _ in imported(tree)]
+    assert targets == ["harness.workflow.fuzz"]
+    assert ORDER.index(stage_of(targets[0])) > ORDER.index(stage_of("harness.cases.casefile"))
