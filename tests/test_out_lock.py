@@ -64,7 +64,7 @@ def test_a_second_run_into_a_busy_folder_is_refused_and_the_first_keeps_its_find
 
 def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_note(tmp_path):
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness import outlock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness.workflow import outlock; "
                                f"outlock.acquire({str(out)!r}, print); print('held', flush=True); time.sleep(600)"],
                               cwd=ROOT, env=env(PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
     try:
