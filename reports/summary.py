@@ -192,6 +192,17 @@ def _largest_text(doc: dict) -> str:
             f"({c.get('estimated_bytes', 0) / 2**20:.1f} MiB)")
 
 
+def _family_text(doc: dict) -> str:
+    """Contract, whether the §6 fields were drawn (``--family``), what was pinned, and how many cases the
+    host verdict judged because the device verifier checks only the classic contract."""
+    pins = doc.get("family_pins") or {}
+    text = f"contract {doc.get('contract', 'draft')}, {'drawn' if doc.get('family_drawn') else 'not drawn'}"
+    if pins:
+        text += ", pinned " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
+    host = doc.get("host_verified_cases")
+    return text + (f"; {host} case(s) verified on the host" if host else "")
+
+
 def run_rows(doc: dict) -> List[List[str]]:
     """The run table: the same words and numbers as the progress line and the JSON keys."""
     rows = [[key.replace("_", " "), str(doc.get(key, 0))] for key in COUNTS]
@@ -202,6 +213,7 @@ def run_rows(doc: dict) -> List[List[str]]:
                                      f"({doc.get('compile_s', 0):.1f} s compiling, {doc.get('capture_s', 0):.1f} s capturing)"],
              ["jobs", str(doc.get("jobs", 1))],
              ["domain", str(doc.get("domain_text") or doc.get("domain", "?"))],
+             ["§6 fields", _family_text(doc)],
              ["largest config", _largest_text(doc)],
              ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
              ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
