@@ -7,8 +7,9 @@ to the kernel's own replay measured the same way in the same run:
 * ``load``: compare only; ``load_store``: compare and poison back (the shipped shape);
 * ``store``: poison back only (no compare); ``fill``: ``torch.fill_`` of every row's width;
 * ``*_w8``: 8 warps; ``*_b256`` / ``*_b4096``: other block sizes; ``*_cs``: streaming store;
-* ``*_aligned``: the loop walks BLOCK-aligned absolute element indices from the allocation's base
-  (``tl.multiple_of`` hint), so loads and stores of a block are aligned.
+* ``*_aligned``: the shipped kernel (``kernels/verify/segments.py``), whose loop walks BLOCK-aligned
+  absolute element indices from the allocation's base (``tl.multiple_of`` hint), so loads and stores of
+  a block are aligned (run 12 also timed a store-only aligned shape: 89 us, ``h200_verify_variants.json``).
 
 Usage: ``python benchmarks/verify_variants.py --json OUT.json``.
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.verify.segments import segment_geometry  # noqa: E402
+from kernels.verify.segments import segment_geometry, verify_segments_kernel  # noqa: E402
 from kernels.verify.slots import slot_ids  # noqa: E402
 
 
@@ -34,7 +35,7 @@ from kernels.verify.slots import slot_ids  # noqa: E402
                                'page_size', 'poison'])
 def segment_variant(storage, seq_lens, req_pool_indices, rows, cursor, rows_width, counts, pool_len, front,
                     indices_stride, width, num_steps, page_size, poison, LANES: tl.constexpr, BLOCK: tl.constexpr,
-                    LOAD: tl.constexpr, STORE: tl.constexpr, STREAMING: tl.constexpr, ALIGNED: tl.constexpr):
+                    LOAD: tl.constexpr, STORE: tl.constexpr, STREAMING: tl.constexpr):
     s = tl.program_id(0)
     b = tl.program_id(1)
     k = tl.program_id(2)
@@ -44,35 +45,20 @@ def segment_variant(storage, seq_lens, req_pool_indices, rows, cursor, rows_widt
     L, row, start, draft = segment_geometry(seq_lens, req_pool_indices, s, b, k, topk, num_steps, page_size, LANES)
     row_base = front + s.to(tl.int64) * indices_stride
     bad = tl.zeros([BLOCK], dtype=tl.int32)
-    if ALIGNED:
-        lo = row_base + start
-        hi = row_base + tl.minimum(start + L + n, width)
-        for i0 in range((lo // BLOCK) * BLOCK, hi, BLOCK):
-            i0 = tl.multiple_of(i0, BLOCK)
-            i = i0 + tl.arange(0, BLOCK)
-            check = (i >= lo) & (i < hi)
-            t = i - lo
-            token = tl.where(t < L, t, draft + (t - L))
-            if LOAD:
-                found = tl.load(storage + i, mask=check, other=0)
-                bad += (check & (found != slot_ids(row * pool_len + token, seed))).to(tl.int32)
-            if STORE:
-                tl.store(storage + i, tl.full([BLOCK], poison, tl.int32), mask=check)
-    else:
-        out = storage + row_base
-        for base in range(0, L + n, BLOCK):
-            t = base + tl.arange(0, BLOCK)
-            e = start + t
-            check = (t < L + n) & (e < width)
-            token = tl.where(t < L, t, draft + (t - L))
-            if LOAD:
-                found = tl.load(out + e, mask=check, other=0)
-                bad += (check & (found != slot_ids(row * pool_len + token, seed))).to(tl.int32)
-            if STORE:
-                if STREAMING:
-                    tl.store(out + e, tl.full([BLOCK], poison, tl.int32), mask=check, cache_modifier=".cs")
-                else:
-                    tl.store(out + e, tl.full([BLOCK], poison, tl.int32), mask=check)
+    out = storage + row_base
+    for base in range(0, L + n, BLOCK):
+        t = base + tl.arange(0, BLOCK)
+        e = start + t
+        check = (t < L + n) & (e < width)
+        token = tl.where(t < L, t, draft + (t - L))
+        if LOAD:
+            found = tl.load(out + e, mask=check, other=0)
+            bad += (check & (found != slot_ids(row * pool_len + token, seed))).to(tl.int32)
+        if STORE:
+            if STREAMING:
+                tl.store(out + e, tl.full([BLOCK], poison, tl.int32), mask=check, cache_modifier=".cs")
+            else:
+                tl.store(out + e, tl.full([BLOCK], poison, tl.int32), mask=check)
     tl.atomic_add(counts + 0, tl.sum(bad))
 
 
@@ -101,12 +87,20 @@ def main() -> int:
     bench = lambda fn: round(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3, 1)  # noqa: E731
 
     def variant(load, store, block=1024, warps=4, streaming=False, aligned=False):
+        grid = (config.num_steps, m, config.topk)
+        if aligned:  # the shipped kernel: BLOCK-aligned pieces of the allocation (store only is not a shape of it)
+            return lambda: verify_segments_kernel[grid](
+                buf.storage, inputs.seq_lens[:m], inputs.req_pool_indices[:m], verifier.rows, verifier.cursor,
+                verifier.rows.shape[1], verifier.counts, inputs.req_to_token.shape[1], buf.front, buf.stride,
+                buf.width, config.num_steps, config.page_size, POISON, LANES=128, BLOCK=block, POISON_BACK=store,
+                num_warps=warps)
+
         def go():
-            segment_variant[(config.num_steps, m, config.topk)](
+            segment_variant[grid](
                 buf.storage, inputs.seq_lens[:m], inputs.req_pool_indices[:m], verifier.rows, verifier.cursor,
                 verifier.rows.shape[1], verifier.counts, inputs.req_to_token.shape[1], buf.front, buf.stride,
                 buf.width, config.num_steps, config.page_size, POISON, LANES=128, BLOCK=block, LOAD=load,
-                STORE=store, STREAMING=streaming, ALIGNED=aligned, num_warps=warps)
+                STORE=store, STREAMING=streaming, num_warps=warps)
         return go
 
     out = {"kernel_replay_us": bench(kernel)}
@@ -117,7 +111,6 @@ def main() -> int:
                      "load_store_cs": dict(load=True, store=True, streaming=True),
                      "load_aligned": dict(load=True, store=False, aligned=True),
                      "load_store_aligned": dict(load=True, store=True, aligned=True),
-                     "store_aligned": dict(load=False, store=True, aligned=True),
                      "load_store_aligned_w8": dict(load=True, store=True, aligned=True, warps=8)}.items():
         try:
             out[name + "_us"] = bench(variant(**kw))

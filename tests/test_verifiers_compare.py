@@ -65,18 +65,23 @@ def test_each_planted_write_is_seen_the_same_way_on_both_paths(device, plant):
     assert compare.named(result.device) == compare.named(result.oracle) != []
 
 
-def test_a_verifier_blind_to_one_region_is_a_disagreement(device, monkeypatch):
-    """The detection test: the device verifier with its ``outside`` counter forced to zero misses a slack
-    write, and the comparison says so; the same blind verifier still agrees on a wrong value (another
-    counter), so the report points at the blind region, not at everything."""
+def blind_device_verifier(monkeypatch, counter: str) -> None:
+    """A broken device verifier: its ``counter`` always reads zero (the buggy half of a detection pair)."""
     real = DeviceVerifier.total_counters
 
     def blind(self, cases):
         counts = real(self, cases)
-        counts[COUNTERS.index("outside")] = 0
+        counts[COUNTERS.index(counter)] = 0
         return counts
 
     monkeypatch.setattr(DeviceVerifier, "total_counters", blind)
+
+
+def test_a_verifier_blind_to_one_region_is_a_disagreement(device, monkeypatch):
+    """The detection test: the device verifier with its ``outside`` counter forced to zero misses a slack
+    write, and the comparison says so; the same blind verifier still agrees on a wrong value (another
+    counter), so the report points at the blind region, not at everything."""
+    blind_device_verifier(monkeypatch, "outside")
     slack = compare.Paths(device, f"{PLANTED}:kvi_slack").check(case_for(f"{PLANTED}:kvi_slack"))
     assert not slack.agree
     assert "device verdict clean, oracle verdict dirty" in slack.problems
@@ -86,14 +91,7 @@ def test_a_verifier_blind_to_one_region_is_a_disagreement(device, monkeypatch):
 
 
 def test_the_run_reports_a_blind_verifier_with_both_finding_lists(device, monkeypatch):
-    real = DeviceVerifier.total_counters
-
-    def blind(self, cases):
-        counts = real(self, cases)
-        counts[COUNTERS.index("inputs")] = 0
-        return counts
-
-    monkeypatch.setattr(DeviceVerifier, "total_counters", blind)
+    blind_device_verifier(monkeypatch, "inputs")
     report = compare.run(device, max_examples=3, names=["req_to_token_last"])
     doc = report.to_dict()
     assert not report.passed and doc["disagree"] >= 1 and doc["cases"] == doc["agree"] + doc["disagree"]
