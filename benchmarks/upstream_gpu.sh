@@ -10,7 +10,7 @@
 # report.html (the table), the case files of failing cells under $OUT/upstream-matrix/<version>/<sizing>-draft/cases/,
 # and $OUT/upstream_matrix.log (one progress line per cell). The whole run is capped at 530 s (SIGTERM: the
 # matrix stops its cells and writes what it has, exit 143), inside the 10-minute device call.
-# VERSIONS, N (examples per cell), JOBS (cells at once), SIZINGS and CONTRACTS (e.g. draft,window-rail with
+# VERSIONS, N (examples per cell), JOBS (cells at once), CAP (seconds), SIZINGS and CONTRACTS (e.g. draft,window-rail with
 # SIZINGS=prefix,fixed,safe,window-fixed,window-no-topk) override the defaults.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD KVFENCE_OFFLINE=1
@@ -22,7 +22,7 @@ CONTRACTS=${CONTRACTS:-draft}
 SIZINGS=${SIZINGS:-prefix,fixed,safe}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$OUT/upstream_matrix.log"
-timeout -s TERM 530 python3 -m harness upstream matrix --versions "$VERSIONS" --sizing "$SIZINGS" \
+timeout -s TERM "${CAP:-530}" python3 -m harness upstream matrix --versions "$VERSIONS" --sizing "$SIZINGS" \
   --contracts "$CONTRACTS" --device cuda --offline --max-examples "$N" --jobs "$JOBS" --seed 0 \
   --shrink-seconds 5 --cell-timeout 150 --out "$OUT/upstream-matrix" --json "$OUT/h200_upstream_matrix.json" \
   2>&1 | tee -a "$OUT/upstream_matrix.log"

@@ -1,17 +1,22 @@
-"""Where the device verifier's time goes on the large case, and which code shape is fastest (CUDA only).
+"""Tune the device verifier on a GPU: the shipped passes timed under each setting of their tunables (CUDA only).
 
-Times (``triton.testing.do_bench`` medians, microseconds) variants of the kv_indices segment check on
-the throughput benchmark's large case (256 requests x L 4096 x topk 8 x 5 steps, safe sizing), next
-to the kernel's own replay measured the same way in the same run:
+Each variant sets the module constants the launchers read at launch time, builds a fresh ``Session`` (so
+its graphs are captured with them) and times, in the same run and the same way:
 
-* ``load``: compare only; ``load_store``: compare and poison back (the shipped shape);
-* ``store``: poison back only (no compare); ``fill``: ``torch.fill_`` of every row's width;
-* ``*_w8``: 8 warps; ``*_b256`` / ``*_b4096``: other block sizes; ``*_cs``: streaming store;
-* ``*_aligned``: the shipped kernel (``kernels/verify/segments.py``), whose loop walks BLOCK-aligned
-  absolute element indices from the allocation's base (``tl.multiple_of`` hint), so loads and stores of
-  a block are aligned (run 12 also timed a store-only aligned shape: 89 us, ``h200_verify_variants.json``).
+* on the throughput benchmark's large case (256 requests x L 4096 x topk 8 x 5 steps, safe sizing, no
+  slack): ``throughput.large`` (kernel replay, verify graph, prepare graph, the fused per-case graph,
+  each pass alone; ``triton.testing.do_bench`` medians, microseconds);
+* ``slack_verify_us``: the verify graph on the same config with one token per request, so nearly every
+  kv_indices column is slack that ``kernels/verify/outside.py`` must read (its worst case);
+* ``small_fused_us``: the fused per-case graph of the pinned small config (``throughput.SMALL``), full
+  bucket; and ``check_us_small`` (``throughput.check_small``: ``Session.check_many`` per case, host
+  time included) for the variants that change the graph's shape.
 
-Usage: ``python benchmarks/verify_variants.py --json OUT.json``.
+The tunables: ``kernels/verify/segments.py`` ``BLOCK_TOKENS``, ``NUM_WARPS``, ``LOAD_EVICTION``,
+``STORE_CACHE``; ``kernels/verify/outside.py`` ``CHUNK``; ``harness/verifying/device_verify.py``
+``PARALLEL_BRANCHES``. The first variant is the shipped setting.
+
+Usage: ``python benchmarks/verify_variants.py --json OUT.json [--only NAME ...]``.
 """
 
 from __future__ import annotations
@@ -19,110 +24,100 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import harness.verifying.device_verify as device_verify  # noqa: E402
+import kernels.verify.outside as outside  # noqa: E402
+import kernels.verify.segments as segments  # noqa: E402
 
-from kernels.verify.segments import segment_geometry, verify_segments_kernel  # noqa: E402
-from kernels.verify.slots import slot_ids  # noqa: E402
+#: name -> {(module, constant): value}; unnamed constants keep the shipped value.
+VARIANTS = {
+    "shipped": {},
+    "serial": {(device_verify, "PARALLEL_BRANCHES"): False},
+    "b2048_w8": {(segments, "BLOCK_TOKENS"): 2048},
+    "b2048_w16": {(segments, "BLOCK_TOKENS"): 2048, (segments, "NUM_WARPS"): 16},
+    "b4096_w16": {(segments, "BLOCK_TOKENS"): 4096, (segments, "NUM_WARPS"): 16},
+    "b1024_w4": {(segments, "NUM_WARPS"): 4},
+    "evict_first": {(segments, "LOAD_EVICTION"): "evict_first"},
+    "store_cs": {(segments, "STORE_CACHE"): ".cs"},
+    "evict_first_store_cs": {(segments, "LOAD_EVICTION"): "evict_first", (segments, "STORE_CACHE"): ".cs"},
+    "chunk4": {(outside, "CHUNK"): 4 * outside.BLOCK_ELEMENTS},
+    "chunk64": {(outside, "CHUNK"): 64 * outside.BLOCK_ELEMENTS},
+}
+#: Variants whose graph shape differs enough to time the small-case check path too.
+SMALL_PATH = ("shipped", "serial", "chunk64")
 
 
-@triton.jit(do_not_specialize=['rows_width', 'pool_len', 'front', 'indices_stride', 'width', 'num_steps',
-                               'page_size', 'poison'])
-def segment_variant(storage, seq_lens, req_pool_indices, rows, cursor, rows_width, counts, pool_len, front,
-                    indices_stride, width, num_steps, page_size, poison, LANES: tl.constexpr, BLOCK: tl.constexpr,
-                    LOAD: tl.constexpr, STORE: tl.constexpr, STREAMING: tl.constexpr):
-    s = tl.program_id(0)
-    b = tl.program_id(1)
-    k = tl.program_id(2)
-    topk = tl.num_programs(2)
-    n = s + 1
-    seed = tl.load(rows + tl.load(cursor) * rows_width)
-    L, row, start, draft = segment_geometry(seq_lens, req_pool_indices, s, b, k, topk, num_steps, page_size, LANES)
-    row_base = front + s.to(tl.int64) * indices_stride
-    bad = tl.zeros([BLOCK], dtype=tl.int32)
-    out = storage + row_base
-    for base in range(0, L + n, BLOCK):
-        t = base + tl.arange(0, BLOCK)
-        e = start + t
-        check = (t < L + n) & (e < width)
-        token = tl.where(t < L, t, draft + (t - L))
-        if LOAD:
-            found = tl.load(out + e, mask=check, other=0)
-            bad += (check & (found != slot_ids(row * pool_len + token, seed))).to(tl.int32)
-        if STORE:
-            if STREAMING:
-                tl.store(out + e, tl.full([BLOCK], poison, tl.int32), mask=check, cache_modifier=".cs")
-            else:
-                tl.store(out + e, tl.full([BLOCK], poison, tl.int32), mask=check)
-    tl.atomic_add(counts + 0, tl.sum(bad))
+def _measure(name: str) -> dict:
+    import triton.testing
+
+    import throughput
+    from harness.cases.case import Batch, Case, Config
+    from harness.verifying.session import Session
+
+    out = {k: v for k, v in throughput.large("cuda", naive=False).items() if not k.startswith("naive")}
+    # The slack case: same config, one token per request.
+    config = Config(sizing="safe", **throughput.LARGE)
+    mb = throughput.LARGE["max_bs"]
+    case = Case(config, Batch(tuple([1] * mb), tuple(range(1, mb + 1)), 777))
+    session = Session("cuda", "reference")
+    assert session.check(case) == []
+    verifier = session._device_verifiers[session.runner(config)]
+    _, _, verify = verifier._steps(mb)
+    out["slack_verify_us"] = round(triton.testing.do_bench(verify, warmup=10, rep=100, return_mode="median") * 1e3, 1)
+    # The small config's fused per-case graph at its full bucket.
+    small = Config(sizing="safe", **throughput.SMALL)
+    sb = throughput.SMALL["max_bs"]
+    case = Case(small, Batch(tuple(range(1, sb + 1)), tuple(range(1, sb + 1)), 4242))
+    session = Session("cuda", "reference")
+    assert session.check(case) == []
+    verifier = session._device_verifiers[session.runner(small)]
+    fused = verifier._case_graph(sb)
+    out["small_fused_us"] = round(triton.testing.do_bench(lambda: (verifier.cursor.zero_(), fused()), warmup=25,
+                                                          rep=200, return_mode="median") * 1e3, 1)
+    if name in SMALL_PATH:
+        out.update(throughput.check_small("cuda"))
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
+    parser.add_argument("--only", nargs="*", default=None, help="variant names (default: all)")
     args = parser.parse_args()
     import torch
-    import triton.testing
+    import triton
 
-    from benchmarks.throughput import LARGE
-    from harness.cases.case import Batch, Case, Config
-    from harness.running.guarded import POISON
-    from harness.verifying.session import Session
-
-    config = Config(sizing="safe", **LARGE)
-    case = Case(config, Batch(tuple([LARGE["ctx"]] * LARGE["max_bs"]), tuple(range(1, LARGE["max_bs"] + 1)), 12345))
-    session = Session("cuda", "reference")
-    assert session.check(case) == []
-    runner = session.runner(config)
-    verifier = session._device_verifiers[runner]
-    m = case.launch().num_seqs
-    prepare, kernel, _ = verifier._steps(m)
-    prepare()
-    inputs, buf = runner.inputs, runner.kv_indices
-    bench = lambda fn: round(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3, 1)  # noqa: E731
-
-    def variant(load, store, block=1024, warps=4, streaming=False, aligned=False):
-        grid = (config.num_steps, m, config.topk)
-        if aligned:  # the shipped kernel: BLOCK-aligned pieces of the allocation (store only is not a shape of it)
-            return lambda: verify_segments_kernel[grid](
-                buf.storage, inputs.seq_lens[:m], inputs.req_pool_indices[:m], verifier.rows, verifier.cursor,
-                verifier.rows.shape[1], verifier.counts, inputs.req_to_token.shape[1], buf.front, buf.stride,
-                buf.width, config.num_steps, config.page_size, POISON, LANES=128, BLOCK=block, POISON_BACK=store,
-                num_warps=warps)
-
-        def go():
-            segment_variant[grid](
-                buf.storage, inputs.seq_lens[:m], inputs.req_pool_indices[:m], verifier.rows, verifier.cursor,
-                verifier.rows.shape[1], verifier.counts, inputs.req_to_token.shape[1], buf.front, buf.stride,
-                buf.width, config.num_steps, config.page_size, POISON, LANES=128, BLOCK=block, LOAD=load,
-                STORE=store, STREAMING=streaming, num_warps=warps)
-        return go
-
-    out = {"kernel_replay_us": bench(kernel)}
-    for name, kw in {"load": dict(load=True, store=False), "load_store": dict(load=True, store=True),
-                     "store": dict(load=False, store=True), "load_store_w8": dict(load=True, store=True, warps=8),
-                     "load_store_b256": dict(load=True, store=True, block=256),
-                     "load_store_b4096": dict(load=True, store=True, block=4096, warps=8),
-                     "load_store_cs": dict(load=True, store=True, streaming=True),
-                     "load_aligned": dict(load=True, store=False, aligned=True),
-                     "load_store_aligned": dict(load=True, store=True, aligned=True),
-                     "load_store_aligned_w8": dict(load=True, store=True, aligned=True, warps=8)}.items():
+    names = args.only or list(VARIANTS)
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        print(f"verify_variants: error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}",
+              file=sys.stderr)
+        return 2
+    shipped = {(m, k): getattr(m, k) for v in VARIANTS.values() for (m, k) in v}
+    out = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
+           "shipped": {f"{m.__name__}.{k}": v for (m, k), v in shipped.items()}, "variants": {}}
+    for name in names:
+        for (m, k), v in shipped.items():
+            setattr(m, k, v)
+        for (m, k), v in VARIANTS[name].items():
+            setattr(m, k, v)
         try:
-            out[name + "_us"] = bench(variant(**kw))
+            out["variants"][name] = _measure(name)
         except Exception as exc:  # a variant that does not compile on this triton is reported, not fatal
-            out[name + "_us"] = f"{type(exc).__name__}: {exc}"[:200]
-        print(name, out[name + "_us"], flush=True)
-    view = buf.view[:, :buf.width]
-    out["fill_rows_us"] = bench(lambda: view.fill_(POISON))
-    out["device"] = torch.cuda.get_device_name()
-    out["triton"] = triton.__version__
-    Path(args.json).write_text(json.dumps(out, indent=1))
-    print(json.dumps(out))
+            out["variants"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            traceback.print_exc()
+        row = out["variants"][name]
+        print(name, {k: row.get(k) for k in ("kernel_replay_us_large", "verify_us_large", "prepare_us_large",
+                                             "large_fused_check_over_kernel", "large_check_over_kernel",
+                                             "slack_verify_us", "small_fused_us", "check_us_small", "error")},
+              flush=True)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

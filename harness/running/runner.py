@@ -188,8 +188,13 @@ class _RunnerBase:
             # Fresh canaries too: damage an earlier case left in a guard would hide the same damage now.
             kv_indices.reset()
             kv_indptr.reset()
-        inputs_before = {k: v.clone() for k, v in inputs.named().items()}
-        before = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}  # by role, not name
+        # The "before" copies wait out the launch in host memory: on a GPU a store past the end of an
+        # allocation lands in whatever the caching allocator put next to it, and a copy taken just before
+        # the launch is a likely neighbour. A corrupted "before" would turn that store's damage into the
+        # wrong kinds and regions (the device verifier computes what it expects, so it never had this gap).
+        host = torch.device("cpu")
+        inputs_before = {k: v.to(host, copy=True) for k, v in inputs.named().items()}
+        before = {"kv_indices": kv_indices.snapshot().to(host), "kv_indptr": kv_indptr.snapshot().to(host)}  # by role
         error = None
         audit = None
         if self.audit:
@@ -204,7 +209,8 @@ class _RunnerBase:
         except (Exception, SystemExit) as exc:  # the verdict reports it as LAUNCH_ERROR (a plug-in's sys.exit too)
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
         after = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
-        changed = [k for k, v in inputs.named().items() if not torch.equal(v, inputs_before[k])]
+        before = {role: v.to(self.device) for role, v in before.items()}
+        changed = [k for k, v in inputs.named().items() if not torch.equal(v.to(host), inputs_before[k])]
         if "req_to_token" in changed:
             inputs.token_seed = None  # the next load regenerates the pool instead of keeping this damage
         audit_findings = audit.findings() if audit is not None else []

@@ -26,6 +26,10 @@ BLOCK_TOKENS = 1024
 NUM_WARPS = 8
 #: Requests summed per loop iteration of the prefix sum.
 LANES = 128
+#: Cache hints of the load-compare-poison loop (tl.load's eviction_policy, tl.store's cache_modifier):
+#: every element is touched once, so nothing it loads or stores is worth keeping in L2.
+LOAD_EVICTION = ""
+STORE_CACHE = ""
 
 
 @triton.jit
@@ -55,7 +59,7 @@ def segment_geometry(seq_lens, req_pool_indices, s, b, k, topk, num_steps, page_
 def verify_segments_kernel(
     storage, seq_lens, req_pool_indices, rows, cursor, rows_width, counts,
     pool_len, front, indices_stride, width, num_steps, page_size, poison,
-    LANES: tl.constexpr, BLOCK: tl.constexpr, POISON_BACK: tl.constexpr,
+    LANES: tl.constexpr, BLOCK: tl.constexpr, POISON_BACK: tl.constexpr, EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
 ):
     s = tl.program_id(0)
     b = tl.program_id(1)
@@ -80,10 +84,11 @@ def verify_segments_kernel(
         t = i - lo
         token = tl.where(t < L, t, draft + (t - L))
         expected = slot_ids(row * pool_len + token, seed)
-        found = tl.load(storage + i, mask=check, other=0)
+        found = tl.load(storage + i, mask=check, other=0, eviction_policy=EVICT)
         bad += (check & (found != expected)).to(tl.int32)
         if POISON_BACK:
-            tl.store(storage + i, tl.full([BLOCK], poison, tl.int32), mask=check)  # ready for the next case
+            tl.store(storage + i, tl.full([BLOCK], poison, tl.int32), mask=check,  # ready for the next case
+                     cache_modifier=STORE_CACHE)
     total = tl.sum(bad)
     if total > 0:  # atomics only when non-zero (see outside.py)
         tl.atomic_add(counts + 0, total)
@@ -102,5 +107,6 @@ def verify_segments(buf, *, seq_lens, req_pool_indices, rows, cursor, counts, po
     verify_segments_kernel[(num_steps, num_seqs, topk)](
         buf.storage, seq_lens, req_pool_indices, rows, cursor, rows.shape[1], counts,
         pool_len, buf.front, buf.stride, buf.width, num_steps, page_size, poison,
-        LANES=LANES, BLOCK=BLOCK_TOKENS, POISON_BACK=poison_back, num_warps=NUM_WARPS,
+        LANES=LANES, BLOCK=BLOCK_TOKENS, POISON_BACK=poison_back, EVICT=LOAD_EVICTION, STORE_CACHE=STORE_CACHE,
+        num_warps=NUM_WARPS,
     )
