@@ -46,11 +46,13 @@ VARIANTS = {
     "evict_first": {(segments, "LOAD_EVICTION"): "evict_first"},
     "store_cs": {(segments, "STORE_CACHE"): ".cs"},
     "evict_first_store_cs": {(segments, "LOAD_EVICTION"): "evict_first", (segments, "STORE_CACHE"): ".cs"},
-    "chunk4": {(outside, "CHUNK"): 4 * outside.BLOCK_ELEMENTS},
+    "chunk2": {(outside, "CHUNK"): 2 * outside.BLOCK_ELEMENTS},
+    "chunk8": {(outside, "CHUNK"): 8 * outside.BLOCK_ELEMENTS},
+    "chunk16": {(outside, "CHUNK"): 16 * outside.BLOCK_ELEMENTS},
     "chunk64": {(outside, "CHUNK"): 64 * outside.BLOCK_ELEMENTS},
 }
 #: Variants whose graph shape differs enough to time the small-case check path too.
-SMALL_PATH = ("shipped", "serial", "chunk64")
+SMALL_PATH = ("shipped", "serial", "chunk2", "chunk16")
 
 
 def _measure(name: str) -> dict:

@@ -176,3 +176,65 @@ def test_racy_cases_are_compared_by_kind_and_others_by_element_range():
     assert Paths.compare(None, [0], here, there, racy=True) == []
     assert Paths.compare(None, [0], here, there, racy=False) != []
     assert Paths.compare(None, [0], here, other, racy=True) != []
+
+
+class _Launches:
+    """A stand-in session whose successive checks return the given finding lists (then the last)."""
+
+    def __init__(self, *verdicts):
+        self.verdicts = list(verdicts)
+        self.calls = 0
+
+    def check(self, case):
+        self.calls += 1
+        return self.verdicts[min(self.calls, len(self.verdicts)) - 1]
+
+    def runner(self, config, canary_seed):
+        return object()
+
+
+def _paths(oracle, dev):
+    paths = compare.Paths.__new__(compare.Paths)
+    paths.oracle, paths.dev, paths._verifiers = oracle, dev, {}
+    return paths
+
+
+def test_a_race_that_repeats_twice_on_the_oracle_path_is_still_found_racy():
+    """H200 run 16: two oracle-path launches agreed, the device path's differed. The extra launches on a
+    disagreement find the race (here on the device path's second launch); a deterministic disagreement
+    stays one, after the extra launches on both paths."""
+    from harness.cases.findings import Finding
+
+    here = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
+    there = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]
+    eager = Case(Config(**{**CONFIG.to_dict(), "buckets": CONFIG.buckets, "mode": "eager"}), BATCH, "reference")
+    racy = _paths(_Launches(here, here), _Launches(there, here)).check(eager)
+    assert racy.racy and racy.agree, racy.problems
+    oracle, dev = _Launches(here), _Launches(there)
+    steady = _paths(oracle, dev).check(eager)
+    assert not steady.racy and not steady.agree
+    assert oracle.calls == 2 + compare.RACE_RETRIES and dev.calls == 1 + compare.RACE_RETRIES
+    same = _Launches(here)
+    agreed = _paths(_Launches(here), same).check(eager)
+    assert agreed.agree and same.calls == 1  # no extra launch when the paths agree
+
+
+def test_a_guarded_buffer_keeps_nothing_but_its_storage_on_the_device():
+    """A store past the end of the allocation lands in whatever the allocator put next to it (H200 run 16:
+    a live mask there turned row elements into "guards" on the oracle path). The buffer's masks and
+    canaries are computed when needed, so the only tensor it holds is its storage (and a view of it)."""
+    import torch
+
+    from harness.running.guarded import GuardedBuffer, POISON, canary_values
+
+    buf = GuardedBuffer("kv_indptr", 3, 5, row_guard=2, front=4, tail=4, device="cpu", canary_seed=7,
+                        guard_column0=True)
+    held = {name for name, value in vars(buf).items() if isinstance(value, torch.Tensor)}
+    assert held == {"storage", "view"}
+    assert buf.view.data_ptr() == buf.storage[buf.front:].data_ptr()
+    expected = canary_values(7, buf.length, "cpu")
+    for r in range(3):
+        for c in range(1, 5):
+            expected[buf.flat_index(r, c)] = POISON
+    assert torch.equal(buf.storage, expected)  # reset: canaries in guards and column 0, poison in the rows
+    assert buf.is_live(torch.tensor([3, 4, 8, 9, 11])).tolist() == [False, True, True, False, True]

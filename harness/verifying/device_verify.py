@@ -16,7 +16,8 @@ same graph serves every row) and runs:
    ``kernels/verify/indptr.py`` does the same for the whole kv_indptr allocation (column-0 canary,
    written columns, slack, guards), ``kernels/verify/outside.py`` counts changed kv_indices elements
    outside the write set (guards, slack), ``kernels/verify/inputs.py`` changed input elements (whole
-   tensors); then the cursor moves to the next row.
+   tensors); then the cursor moves to the next row. On CUDA the last three run on a second stream,
+   parallel branches of the graph beside the write-set pass (``PARALLEL_BRANCHES``).
 
 Counters only grow, so after the whole batch four numbers come back in one read: all zero proves every
 case clean, and leaves the rows poisoned for the next batch. Otherwise (or when ``need > width``, known

@@ -114,7 +114,7 @@ def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos:
     # Kind per bad element, vectorised: guard -> GUARD_OVERWRITE; in set -> MISSING/VALUE (or indptr);
     # otherwise a stray write inside the rows.
     flat_bad = bad
-    live = buf.live_mask[flat_bad]
+    live = buf.is_live(flat_bad)
     member = in_set[flat_bad]
     unchanged = after[flat_bad] == before[flat_bad]
     code = torch.full_like(flat_bad, 0)  # 0 guard, 1 stray, 2 missing, 3 value

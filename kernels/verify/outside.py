@@ -11,16 +11,20 @@ of row ``s`` plus the guard after it (``stride`` columns in all); ``s == rows`` 
 CUDA allows on the others.) A program loops over its chunk from the first unwritten column, so a
 chunk wholly inside the written part costs two scalar loads: ``sum(L)`` of the launch comes from the
 case's staging row (its last column, ``harness/verifying/device_verify.py``), not from a loop over requests.
-(One program per 1,024 columns measured 76 us on the large case of an H200, nearly all of it
-programs that had nothing to check.) Adds the count to ``counts[slot]``.
+(One program per 1,024 columns measured 76 us on the large case of an H200 when this pass ran alone
+after the others, nearly all of it programs that had nothing to check; it now runs beside the write-set
+pass, ``harness/verifying/device_verify.py``.) Adds the count to ``counts[slot]``.
 """
 
 import triton
 import triton.language as tl
 
 BLOCK_ELEMENTS = 1024
-#: Columns per program: 16 blocks.
-CHUNK = 16 * BLOCK_ELEMENTS
+#: Columns per program: 4 blocks. On an H200 (run 16, benchmarks/verify_variants.py) 4 blocks beat 16
+#: and 64 on every case timed: the small config's fused case graph 26 us against 44 (its rows are mostly
+#: slack, and fewer blocks per program means fewer serial loads on the longest program), the large case's
+#: verify graph 119 against 123 us, a large all-slack row 117 against 124 (16) and 166 (64).
+CHUNK = 4 * BLOCK_ELEMENTS
 
 
 # Runtime sizes are not specialised (== 1, multiple of 16): one variant per constexpr set.

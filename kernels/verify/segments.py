@@ -22,12 +22,14 @@ import triton.language as tl
 from kernels.verify.slots import slot_ids
 
 BLOCK_TOKENS = 1024
-#: 8 warps per program: 105 us against 181 us with 4 on the large case (benchmarks/verify_variants.py).
+#: 8 warps per program: 105 us against 181 us with 4 on the large case (H200 run 12,
+#: benchmarks/results/h200_verify_variants.json); with the passes in parallel, 123 against 148 (run 16).
 NUM_WARPS = 8
 #: Requests summed per loop iteration of the prefix sum.
 LANES = 128
-#: Cache hints of the load-compare-poison loop (tl.load's eviction_policy, tl.store's cache_modifier):
-#: every element is touched once, so nothing it loads or stores is worth keeping in L2.
+#: Cache hints of the load-compare-poison loop (tl.load's eviction_policy, tl.store's cache_modifier).
+#: Every element is touched once, but on an H200 the hints changed the large case by no more than the
+#: run-to-run spread (run 16: fused check 1.40-1.43x with them, 1.46x without), so none is set.
 LOAD_EVICTION = ""
 STORE_CACHE = ""
 
@@ -72,7 +74,7 @@ def verify_segments_kernel(
     # The segment is storage[lo:hi] (absolute indices; only the part inside the row width). The loop
     # walks BLOCK-aligned pieces of the allocation, not pieces starting at the segment's first element:
     # aligned pieces let every warp load and store whole 128-byte lines, which measured 7x faster on an
-    # H200 for load-compare-store than segment-relative pieces (benchmarks/verify_variants.py).
+    # H200 for load-compare-store than segment-relative pieces (run 12, h200_verify_variants.json).
     row_base = front + s.to(tl.int64) * indices_stride
     lo = row_base + start
     hi = row_base + tl.minimum(start + L + n, width)
