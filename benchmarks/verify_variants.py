@@ -13,7 +13,7 @@ its graphs are captured with them) and times, in the same run and the same way:
   time included) for the variants that change the graph's shape.
 
 The tunables: ``kernels/verify/segments.py`` ``BLOCK_TOKENS``, ``NUM_WARPS``, ``LOAD_EVICTION``,
-``STORE_CACHE``; ``kernels/verify/outside.py`` ``CHUNK``; ``harness/verifying/device_verify.py``
+``STORE_CACHE``; ``kernels/verify/outside.py`` ``PROGRAMS_PER_ROW``; ``harness/verifying/device_verify.py``
 ``PARALLEL_BRANCHES``. The first variant is the shipped setting.
 
 Usage: ``python benchmarks/verify_variants.py --json OUT.json [--only NAME ...]``.
@@ -46,13 +46,12 @@ VARIANTS = {
     "evict_first": {(segments, "LOAD_EVICTION"): "evict_first"},
     "store_cs": {(segments, "STORE_CACHE"): ".cs"},
     "evict_first_store_cs": {(segments, "LOAD_EVICTION"): "evict_first", (segments, "STORE_CACHE"): ".cs"},
-    "chunk2": {(outside, "CHUNK"): 2 * outside.BLOCK_ELEMENTS},
-    "chunk8": {(outside, "CHUNK"): 8 * outside.BLOCK_ELEMENTS},
-    "chunk16": {(outside, "CHUNK"): 16 * outside.BLOCK_ELEMENTS},
-    "chunk64": {(outside, "CHUNK"): 64 * outside.BLOCK_ELEMENTS},
+    "programs64": {(outside, "PROGRAMS_PER_ROW"): 64},
+    "programs1024": {(outside, "PROGRAMS_PER_ROW"): 1024},
+    "programs4096": {(outside, "PROGRAMS_PER_ROW"): 4096},
 }
 #: Variants whose graph shape differs enough to time the small-case check path too.
-SMALL_PATH = ("shipped", "serial", "chunk2", "chunk16")
+SMALL_PATH = ("shipped", "serial")
 
 
 def _measure(name: str) -> dict:

@@ -107,13 +107,18 @@ def test_device_verifier_on_segments_across_verify_blocks(device, launcher, coun
     assert_device_counts(device, config, case, launcher, counter)
 
 
+@pytest.mark.parametrize("programs", [256, 4])
 @pytest.mark.parametrize("launcher, counter", [("reference", None), ("slack_write", 2), ("tail_write", 2)])
-def test_device_verifier_on_rows_wider_than_one_outside_chunk(device, launcher, counter):
-    """Rows of 22,400 columns: the outside check (kernels/verify/outside.py) splits them into chunks
-    of 16,384 and starts each at its first unwritten column; a write at the end of the slack, in the
-    second chunk, and one into the tail are still counted, and the reference stays clean."""
+def test_device_verifier_on_rows_of_many_outside_blocks(device, launcher, counter, programs, monkeypatch):
+    """Rows of 22,400 columns (22 blocks): the outside check (kernels/verify/outside.py) reads each
+    row's slack from its first unwritten column with up to ``PROGRAMS_PER_ROW`` programs, each taking
+    every P-th block; with 4 programs each loops over several blocks. A write at the end of the slack
+    and one into the tail are still counted, and the reference stays clean."""
+    import kernels.verify.outside as outside
+
+    monkeypatch.setattr(outside, "PROGRAMS_PER_ROW", programs)
     config = Config(topk=8, num_steps=1, ctx=700, max_bs=4, sizing="safe")
-    assert config.row_width(4) > 16384
+    assert config.row_width(4) > 16 * outside.BLOCK_ELEMENTS
     case = Case(config, Batch((3, 1, 2), (0, 2, 1), 4))
     assert_device_counts(device, config, case, launcher, counter)
 

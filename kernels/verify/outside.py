@@ -5,26 +5,29 @@ the launch: the positional canary in guards (front, after each row, tail) and po
 its used length ``U(s)``. Written elements (row ``s``, columns ``[0, U(s))``) are skipped:
 ``segments.py`` checks them. (kv_indptr is small; ``indptr.py`` checks all of it in one pass.)
 
-Grid ``(chunks, rows + 2)``: program ``(c, s)`` with ``s < rows`` checks chunk ``c`` (``CHUNK`` columns)
-of row ``s`` plus the guard after it (``stride`` columns in all); ``s == rows`` is the front guard and
-``s == rows + 1`` the tail. (Chunks on the first axis: a row can need more than the 65,535 programs
-CUDA allows on the others.) A program loops over its chunk from the first unwritten column, so a
-chunk wholly inside the written part costs two scalar loads: ``sum(L)`` of the launch comes from the
-case's staging row (its last column, ``harness/verifying/device_verify.py``), not from a loop over requests.
-(One program per 1,024 columns measured 76 us on the large case of an H200 when this pass ran alone
-after the others, nearly all of it programs that had nothing to check; it now runs beside the write-set
-pass, ``harness/verifying/device_verify.py``.) Adds the count to ``counts[slot]``.
+Grid ``(P, rows + 2)``: programs ``(0..P-1, s)`` with ``s < rows`` check row ``s`` from its first
+unwritten column plus the guard after it (``stride`` columns in all); ``s == rows`` is the front guard and
+``s == rows + 1`` the tail. Program ``p`` takes BLOCK-wide pieces ``p, p + P, p + 2P, ...`` of the region,
+counted from its start and beginning with the piece that holds ``U(s)``, so the work follows the slack, wherever ``U(s)`` puts it: a full row costs
+each program two scalar loads, a row that is all slack is read by all ``P`` programs in step. ``sum(L)``
+of the launch comes from the case's staging row (its last column, ``harness/verifying/device_verify.py``),
+not from a loop over requests. (P on the first axis: it can exceed the 65,535 programs CUDA allows on the
+others.) Adds the count to ``counts[slot]``.
+
+History (H200, the large case, benchmarks/results): one program per 1,024 columns cost 76 us, nearly all
+of it programs with nothing to check (run 13); one per 16,384 columns 19 us (run 15); one per 4,096
+columns, run beside the write-set pass, 14 us, and 26 us instead of 44 for the small config's whole fused
+case graph, whose rows are mostly slack (runs 16-17). ``P`` = at most ``PROGRAMS_PER_ROW`` programs per
+row, each looping over the row, is the shape that bounds both: few programs on a full row, all of them
+busy on an empty one.
 """
 
 import triton
 import triton.language as tl
 
 BLOCK_ELEMENTS = 1024
-#: Columns per program: 4 blocks. On an H200 (run 16, benchmarks/verify_variants.py) 4 blocks beat 16
-#: and 64 on every case timed: the small config's fused case graph 26 us against 44 (its rows are mostly
-#: slack, and fewer blocks per program means fewer serial loads on the longest program), the large case's
-#: verify graph 119 against 123 us, a large all-slack row 117 against 124 (16) and 166 (64).
-CHUNK = 4 * BLOCK_ELEMENTS
+#: Programs per row (fewer when a row has fewer blocks); benchmarks/verify_variants.py times others.
+PROGRAMS_PER_ROW = 256
 
 
 # Runtime sizes are not specialised (== 1, multiple of 16): one variant per constexpr set.
@@ -32,9 +35,9 @@ CHUNK = 4 * BLOCK_ELEMENTS
                                'poison', 'rows_width'])
 def verify_outside_kernel(
     storage, counts, staging, cursor, rows_width, slot, front, rows, width, stride, tail, num_seqs, topk, seed_term,
-    poison, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    poison, BLOCK: tl.constexpr,
 ):
-    c = tl.program_id(0)
+    p = tl.program_id(0)
     s = tl.program_id(1)
 
     # Branch-free region selection: rows, then the front guard (s == rows), then the tail.
@@ -47,14 +50,13 @@ def verify_outside_kernel(
     # (guards have none).
     sum_lens = tl.load(staging + tl.load(cursor) * rows_width + rows_width - 1)  # staged by the host
     used = tl.where(is_row, tl.minimum(topk * sum_lens + num_seqs * topk * (s + 1), width), 0)
-    lo = c * CHUNK
-    hi = tl.minimum(lo + CHUNK, count)
+    programs = tl.num_programs(0)
     bad = tl.zeros([BLOCK], dtype=tl.int32)
-    for c0 in range(tl.maximum(lo, used), hi, BLOCK):
+    for c0 in range((used // BLOCK + p) * BLOCK, count, programs * BLOCK):
         cols = c0 + tl.arange(0, BLOCK)
         # (cols < width*is_row) rather than is_row & (...): the interpreter keeps a scalar&block mask as int32.
         live = cols < width * is_row.to(tl.int32)
-        check = cols < hi
+        check = (cols >= used) & (cols < count)
         i = (base + cols).to(tl.int64)
         # harness.running.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
         h = (i * 0x2545F491 + seed_term) & ((1 << 30) - 1)
@@ -72,8 +74,8 @@ def verify_outside(buf, *, counts, slot: int, rows, cursor, num_seqs: int, topk:
     for a launch of ``num_seqs`` requests; ``rows[cursor, -1]`` is the sum of their (padded) lengths.
     The canary seed is the buffer's own."""
     span = max(buf.stride, buf.front, buf.tail)
-    grid = (triton.cdiv(span, CHUNK), buf.rows + 2)
+    grid = (min(triton.cdiv(span, BLOCK_ELEMENTS), PROGRAMS_PER_ROW), buf.rows + 2)
     verify_outside_kernel[grid](
         buf.storage, counts, rows, cursor, rows.shape[1], slot, buf.front, buf.rows, buf.width, buf.stride, buf.tail,
-        num_seqs, topk, (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), poison, BLOCK=BLOCK_ELEMENTS, CHUNK=CHUNK,
+        num_seqs, topk, (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), poison, BLOCK=BLOCK_ELEMENTS,
     )
