@@ -47,7 +47,7 @@ VARIANTS = {
     "store_cs": {(segments, "STORE_CACHE"): ".cs"},
     "evict_first_store_cs": {(segments, "LOAD_EVICTION"): "evict_first", (segments, "STORE_CACHE"): ".cs"},
     "programs64": {(outside, "PROGRAMS_PER_ROW"): 64},
-    "programs1024": {(outside, "PROGRAMS_PER_ROW"): 1024},
+    "programs256": {(outside, "PROGRAMS_PER_ROW"): 256},
     "programs4096": {(outside, "PROGRAMS_PER_ROW"): 4096},
 }
 #: Variants whose graph shape differs enough to time the small-case check path too.

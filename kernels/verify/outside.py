@@ -26,8 +26,10 @@ import triton
 import triton.language as tl
 
 BLOCK_ELEMENTS = 1024
-#: Programs per row (fewer when a row has fewer blocks); benchmarks/verify_variants.py times others.
-PROGRAMS_PER_ROW = 256
+#: Programs per row (fewer when a row has fewer blocks). H200 run 18 (benchmarks/verify_variants.py):
+#: 1,024 costs the large full case what 256 does (verify graph 114 us) and reads an all-slack row faster
+#: (140 against 170 us); 4,096 slows the full case (127 us), 64 the slack (453 us).
+PROGRAMS_PER_ROW = 1024
 
 
 # Runtime sizes are not specialised (== 1, multiple of 16): one variant per constexpr set.
