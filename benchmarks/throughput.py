@@ -9,7 +9,7 @@ Measures, in one run (every rate counts only cases launched and verified, never 
   compiles and captures included (wall time of the whole command); ``default_run`` keeps its summary;
 * ``pinned_verified_cases_per_s``: the same with a pinned small config (``SMALL``) and ``--jobs``;
 * ``check_us_small``: kvfence's own check path on pre-drawn small cases (``Session.check_many`` in
-  batches of 32: staging, three graph replays per case, one read-back per batch), per case;
+  batches of 32: staging, one fused graph replay per case, one read-back per batch), per case;
 * ``scale_mutants_caught_s``: for each scale mutant (``DOMAIN = "gpu"``), seconds from the start of the
   default fuzz command until its first finding (``first_failure_s`` of the merged summary);
 * ``small_cases_per_s`` (and variants): one process, one Hypothesis example per case or up to 8;
@@ -293,7 +293,7 @@ def large(device: str, naive: bool = True) -> dict:
     }
     runner.kv_indices.reset()
     runner.kv_indptr.reset()
-    # A whole verified case (staging copy, three graph replays, counters back), CUDA events, median.
+    # A whole verified case (staging copy, one fused graph replay, counters back), CUDA events, median.
     times = []
     for _ in range(30):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
