@@ -6,20 +6,20 @@ its used length ``U(s)``. Written elements (row ``s``, columns ``[0, U(s))``) ar
 ``segments.py`` checks them. (kv_indptr is small; ``indptr.py`` checks all of it in one pass.)
 
 Grid ``(P, rows + 2)``: programs ``(0..P-1, s)`` with ``s < rows`` check row ``s`` from its first
-unwritten column plus the guard after it (``stride`` columns in all); ``s == rows`` is the front guard and
-``s == rows + 1`` the tail. Program ``p`` takes BLOCK-wide pieces ``p, p + P, p + 2P, ...`` of the region,
-counted from its start and beginning with the piece that holds ``U(s)``, so the work follows the slack, wherever ``U(s)`` puts it: a full row costs
-each program two scalar loads, a row that is all slack is read by all ``P`` programs in step. ``sum(L)``
-of the launch comes from the case's staging row (its last column, ``harness/verifying/device_verify.py``),
-not from a loop over requests. (P on the first axis: it can exceed the 65,535 programs CUDA allows on the
-others.) Adds the count to ``counts[slot]``.
+unwritten column plus the guard after it (``stride`` columns in all); ``s == rows`` is the front guard
+and ``s == rows + 1`` the tail. Program ``p`` takes BLOCK-wide pieces ``p, p + P, p + 2P, ...`` of the
+region, counted from its start and beginning with the piece that holds ``U(s)``: the work follows the
+slack wherever ``U(s)`` puts it. A full row costs each program two scalar loads; a row that is all
+slack is read by all ``P`` programs in step. ``sum(L)`` of the launch comes from the case's staging row
+(its last column, ``harness/verifying/device_verify.py``), not from a loop over requests. (P is on the
+first axis: it can exceed the 65,535 programs CUDA allows on the others.) Adds the count to
+``counts[slot]``.
 
-History (H200, the large case, benchmarks/results): one program per 1,024 columns cost 76 us, nearly all
-of it programs with nothing to check (run 13); one per 16,384 columns 19 us (run 15); one per 4,096
-columns, run beside the write-set pass, 14 us, and 26 us instead of 44 for the small config's whole fused
-case graph, whose rows are mostly slack (runs 16-17). ``P`` = at most ``PROGRAMS_PER_ROW`` programs per
-row, each looping over the row, is the shape that bounds both: few programs on a full row, all of them
-busy on an empty one.
+History (H200, this pass alone on the large case; benchmarks/results): one program per 1,024 columns,
+76 us, nearly all of it programs with nothing to check (run 13); one per 16,384 columns, 19 us (run 15);
+one per 4,096 columns, 13 us, and 26 us instead of 44 for the small config's whole fused case graph,
+whose rows are mostly slack (runs 16-17); at most ``PROGRAMS_PER_ROW`` strided programs per row, 9 us,
+the small case's graph 23 us (runs 18-19).
 """
 
 import triton
