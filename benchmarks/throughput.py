@@ -1,6 +1,6 @@
 """Throughput of kvfence, side by side with the kernel alone and with a naive harness.
 
-    python benchmarks/throughput.py --json PATH [--device cuda|cpu] [--quick] [--skip-runs]
+    python benchmarks/throughput.py --json PATH [--device cuda|cpu] [--quick] [--skip-runs] [--only STAGES]
 
 Measures, in one run (every rate counts only cases launched and verified, never cache hits):
 
@@ -405,6 +405,10 @@ def check_small(device: str, cases: int = 4096, batch: int = 32) -> dict:
             "check_small_batches": len(drawn), "check_small_stats": dict(session.stats)}
 
 
+#: The stages of a run, in order (``--only``); check_small, large, runs and scale need CUDA.
+STAGES = ("small", "naive", "check_small", "large", "runs", "scale")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
@@ -417,11 +421,20 @@ def main(argv=None) -> int:
     parser.add_argument("--scale-seconds", type=float, default=None,
                         help="--max-seconds of each scale-mutant run (default --seconds)")
     parser.add_argument("--skip-runs", action="store_true", help="skip the fuzz-command runs and the scale mutants")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated stages to run, of {','.join(STAGES)} (default: all that apply; "
+                             "without naive, the large stage skips its naive check)")
     args = parser.parse_args(argv)
 
     from harness.device import select
     from harness.errors import BadInput
 
+    only = set(STAGES) if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
+    if not only or only - set(STAGES):
+        print(f"throughput: error: --only {args.only!r}: choose from {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    if args.skip_runs:
+        only -= {"runs", "scale"}
     try:
         device = select(args.device)
     except BadInput as exc:
@@ -441,13 +454,18 @@ def main(argv=None) -> int:
         print(f"throughput: {', '.join(k for k in results if not isinstance(results[k], (dict, list)))} done",
               file=sys.stderr, flush=True)
 
-    stage(small_rate(device, examples, args.seed))
-    stage(naive_vs_kvfence(device, args.quick, args.seed))
+    if "small" in only:
+        stage(small_rate(device, examples, args.seed))
+    if "naive" in only:
+        stage(naive_vs_kvfence(device, args.quick, args.seed))
     if device == "cuda":
-        stage(check_small(device))
-        stage(large(device))
-        if not args.skip_runs:
+        if "check_small" in only:
+            stage(check_small(device))
+        if "large" in only:
+            stage(large(device, naive="naive" in only))
+        if "runs" in only:
             stage(fuzz_runs(args.seconds, args.jobs, args.pinned_seconds or args.seconds))
+        if "scale" in only:
             stage(scale_mutants(args.scale_seconds or args.seconds))
     else:
         out.update({k: None for k in ("kernel_replay_us_large", "verify_us_large", "large_verify_over_kernel",
