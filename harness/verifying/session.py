@@ -97,13 +97,19 @@ class Session:
         return self.runner(case.config, case.canary_seed).run(case.batch)
 
     def _count_launch(self, case: Case) -> None:
-        c, m = case.config, case.launch().num_seqs
-        self.stats["launches"] += 1
-        # The classic launcher's constexprs (harness.cases.targets / kernels.draft_kv_indices.launch).
-        variant = (c.page_size, next_pow2(m), next_pow2(c.num_steps), next_pow2(m * c.topk), c.mode)
-        if self.device == "cuda" and variant not in self._variants:
-            self._variants.add(variant)
-            self.stats["compiles"] += 1
+        self._count_launches(case.config, [case.launch().num_seqs])
+
+    def _count_launches(self, c: Config, buckets) -> None:
+        """Launches of config ``c`` at these buckets (one per entry), and the kernel variants they compile."""
+        self.stats["launches"] += len(buckets)
+        if self.device != "cuda":
+            return
+        for m in set(buckets):  # a batch repeats a handful of buckets: the variant once per bucket
+            # The classic launcher's constexprs (harness.cases.targets / kernels.draft_kv_indices.launch).
+            variant = (c.page_size, next_pow2(m), next_pow2(c.num_steps), next_pow2(m * c.topk), c.mode)
+            if variant not in self._variants:
+                self._variants.add(variant)
+                self.stats["compiles"] += 1
 
     def _device_verifier(self, runner) -> DeviceVerifier:
         verifier = self._device_verifiers.get(runner)
@@ -146,8 +152,7 @@ class Session:
             if not fast:
                 continue
             batch = [cases[i] for i in fast]
-            for case in batch:
-                self._count_launch(case)
+            self._count_launches(first.config, [case.launch().num_seqs for case in batch])
             self.stats["batches"] += 1
             if not any(self._device_verifier(runner).total_counters(batch)):
                 self.stats["fast_clean"] += len(batch)
