@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU run 19, the final code (outside pass at 1,024 programs per row). Timing first, alone: the verifier
-# on the large, slack and small cases, check_small, the default and pinned 60 s fuzz runs (issues 9, 11).
+# GPU run 19, the final verification kernels (outside pass at 1,024 programs per row). Timing first,
+# alone: the verifier on the large, slack and small cases, check_small, the default and pinned 60 s fuzz runs (issues 9, 11).
 # Then side by side (verdicts only): the GPU tests and the two verifiers on dirty cases (issue 11).
 # (The throughput stages ran as a heredoc calling the same throughput.py functions; `--only` now says it.)
 set -u
