@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from result_file import saver  # noqa: E402
 
 #: Small cases as in benchmarks/throughput.py on CUDA; the interpreter gets a tiny config.
 CONFIGS = {"cuda": dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16),
@@ -68,11 +71,7 @@ def main() -> int:
     args = parser.parse_args()
     result = {"benchmark": "worker_ipc"}
 
-    def save() -> None:
-        # After every stage, so a time limit or a failure keeps what was measured.
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    save = saver(args.json, result)
 
     code = 0
     try:

@@ -28,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from result_file import saver  # noqa: E402
 
 SPEC = str(ROOT / "tests" / "targets" / "far_store.py") + ":fault_on_3"
 
@@ -81,10 +84,7 @@ def main() -> int:
     result = {"benchmark": "worker_restart", "crashes": args.crashes, "gap_s": args.gap,
               "kernel": "tests/targets/far_store.py:fault_on_3"}
 
-    def save() -> None:
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    save = saver(args.json, result)
 
     code = 0
     try:
