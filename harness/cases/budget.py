@@ -18,8 +18,8 @@ from harness.errors import require
 
 #: kvfence's minimum guard (elements) at the front, after rows (redzone layout) and at the tail.
 MIN_GUARD = 64
-#: Bytes per element of a guarded int32 buffer: its storage, and the canaries, live mask (bool) and
-#: int32 temporaries that ``reset`` and the verdict compute when needed (none is kept on the device).
+#: Bytes per element of a guarded int32 buffer: its storage, the CPU's never-read spacer, and the
+#: canaries, live mask (bool) and temporaries that ``reset`` and the verdict compute when needed.
 GUARDED_BYTES = 4 + 4 + 1 + 4
 #: Bytes per req_to_token element: the table, the verifier's copy, and the int64 temporaries of the
 #: regeneration that a captured graph keeps in its pool.

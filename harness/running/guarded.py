@@ -57,7 +57,7 @@ class GuardedBuffer:
     """One output buffer of ``rows x width`` int32 elements inside guards (see module docstring)."""
 
     def __init__(self, name: str, rows: int, width: int, *, row_guard: int, front: int, tail: int,
-                 device, canary_seed: int, guard_column0: bool = False):
+                 device, canary_seed: int, guard_column0: bool = False, spacer: bool = False):
         self.name = name
         self.rows = rows
         self.width = width
@@ -72,6 +72,10 @@ class GuardedBuffer:
         self.guard_column0 = guard_column0
         self.storage = torch.empty(self.length, dtype=torch.int32, device=self.device)
         self.view = self.storage.as_strided((rows, width), (self.stride, 1), front)
+        # ``spacer``: a never-read allocation of the buffer's size made right after it, so that a store
+        # running past the end most likely lands where nothing is read instead of in the next tensor
+        # (under the CPU address audit such a store is dropped and named after this buffer; see _buffers).
+        self._spacer = torch.empty(self.length, dtype=torch.int32, device=self.device) if spacer else None
         self.canary_seed = canary_seed
         # Nothing else of the buffer lives on the device: which elements are live and what the canaries
         # are is computed when needed. A kernel that stores past the end of the allocation hits whatever

@@ -83,12 +83,19 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
     """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded, laid out
     by ``harness.cases.budget.buffer_geometry`` (the same numbers the memory budget counts)."""
     kvi, kvp = buffer_geometry(config, n, absorb)
+    # On the CPU (the address audit's device) each buffer gets a never-read spacer after it: without one
+    # a row stored past the end can land in the next registered tensor (an input), where the audit
+    # performs the store and names that tensor instead of dropping it and naming this buffer. On CUDA
+    # nothing is added: the device verifier computes what it expects and the oracle path keeps its
+    # "before" snapshots in host memory, so a neighbour it overwrites cannot mislead either.
+    spacer = absorb and torch.device(device).type == "cpu"
     # The window rail's outputs are named as the rail names them (docs/contract.md §6); same guards.
     prefix = "window_" if config.is_rail else ""
     kv_indices = GuardedBuffer(prefix + "kv_indices", kvi.rows, kvi.width, row_guard=kvi.row_guard, front=kvi.front,
-                               tail=kvi.tail, device=device, canary_seed=canary_seed)
+                               tail=kvi.tail, device=device, canary_seed=canary_seed, spacer=spacer)
     kv_indptr = GuardedBuffer(prefix + "kv_indptr", kvp.rows, kvp.width, row_guard=kvp.row_guard, front=kvp.front,
-                              tail=kvp.tail, device=device, canary_seed=canary_seed + 1, guard_column0=True)
+                              tail=kvp.tail, device=device, canary_seed=canary_seed + 1, guard_column0=True,
+                              spacer=spacer)
     return kv_indices, kv_indptr
 
 
