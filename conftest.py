@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 # A failing property test's report ends with its repro command (harness/workflow/pytest_plugin.py).
-pytest_plugins = ["harness.workflow.pytest_plugin"]
+pytest_plugins = ["kvfence.workflow.pytest_plugin"]
 
 # -- Hypothesis profiles -------------------------------------------------------------------------------
 # Interpreter launches cost milliseconds each: no deadline, and the "too slow" health check is noise.
@@ -25,13 +25,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def _load_example_database(config):
     """``KVFENCE_DATABASE`` (``none``, a directory or ``redis://HOST:PORT/DB``, as ``fuzz --database``):
     the property tests' Hypothesis example database, layered on the loaded profile as profile
-    ``kvfence+database``. Keys are namespaced by ``--kernel`` and ``--sizing`` (harness.workflow.campaign). A
+    ``kvfence+database``. Keys are namespaced by ``--kernel`` and ``--sizing`` (kvfence.workflow.campaign). A
     database replays stored failures, so it turns ``derandomize`` off (Hypothesis forbids both)."""
     text = os.environ.get("KVFENCE_DATABASE")
     if not text:
         return
-    from harness.workflow.campaign import pytest_database
-    from harness.errors import BadInput
+    from kvfence.workflow.campaign import pytest_database
+    from kvfence.errors import BadInput
 
     try:
         database = pytest_database(text, kernel=config.getoption("--kernel"), sizing=config.getoption("--sizing"))
@@ -60,9 +60,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_only: runs kernels under the Triton interpreter only")
     config.addinivalue_line("markers", "slow: takes more than a few seconds on the CPU")
     config.addinivalue_line("markers", "network: downloads from PyPI; skipped without --network / KVFENCE_NETWORK=1")
-    # The interpreter-or-compiler choice must precede any triton import (harness.device explains why).
-    from harness.device import select
-    from harness.errors import BadInput
+    # The interpreter-or-compiler choice must precede any triton import (kvfence.device explains why).
+    from kvfence.device import select
+    from kvfence.errors import BadInput
 
     try:
         config._kvfence_device = select(config.getoption("--device"))
@@ -72,7 +72,7 @@ def pytest_configure(config):
     # pytest-xdist: with several GPUs, each worker pins one (worker index mod device count).
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if config._kvfence_device == "cuda" and worker:
-        from harness.device import pin_worker_gpu
+        from kvfence.device import pin_worker_gpu
 
         pin_worker_gpu(worker)
 
@@ -110,8 +110,8 @@ def sizing_spec(pytestconfig) -> str:
 
 @pytest.fixture(scope="session")
 def make_session(device):
-    """``make_session(kernel="reference", **kw)``: a cached ``harness.verifying.session.Session`` on this device."""
-    from harness.verifying.session import Session
+    """``make_session(kernel="reference", **kw)``: a cached ``kvfence.verifying.session.Session`` on this device."""
+    from kvfence.verifying.session import Session
 
     cache = {}
 

@@ -1,4 +1,4 @@
-"""Cost of the interpreter address audit (harness.running.audit) against the plain interpreter.
+"""Cost of the interpreter address audit (kvfence.running.audit) against the plain interpreter.
 
     python benchmarks/audit_cost.py [--cases 60] [--repeat 3]
 
@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.device import select  # noqa: E402
+from kvfence.device import select  # noqa: E402
 
 
 def cases(n: int, seed: int):
-    from harness.cases.case import Batch, Case, Config
+    from kvfence.cases.case import Batch, Case, Config
 
     rng = random.Random(seed)
     out = []
@@ -44,7 +44,7 @@ def main() -> None:
     device = select("cpu")
     import triton
 
-    from harness.verifying.session import Session
+    from kvfence.verifying.session import Session
 
     work = cases(args.cases, args.seed)
     programs = sum(c.config.num_steps * c.launch().num_seqs * c.config.topk for c in work)

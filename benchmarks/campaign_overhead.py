@@ -33,13 +33,13 @@ class NullSession:
 
 
 def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, folder: Path) -> float:
-    from harness.workflow import campaign
-    from harness.workflow.fuzz import fuzz
-    from strategies import cases, configs
+    from kvfence.workflow import campaign
+    from kvfence.workflow.fuzz import fuzz
+    from kvfence.strategies import cases, configs
 
     shard = campaign.Shard(3, 8) if variant == "shard 3/8" else None
     if shard is not None:
-        from harness.cases.domain import CPU
+        from kvfence.cases.domain import CPU
 
         config_strategy, _ = campaign.shard_configs(shard, lambda **pins: configs(**pins), {},
                                                     campaign.cell_domains(CPU))

@@ -9,7 +9,7 @@ L=$OUT/logs; mkdir -p $L
 echo "TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-unset (Triton's default ~/.triton/cache, shared by every worker)}" > $L/env.txt
 # One process (--jobs 1), the small CPU-sized domain around the pinned fields; eager (the plug-in reads
 # seq_lens on the host, which graph capture forbids).
-timeout 190 python3 -m harness fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager \
+timeout 190 python3 -m kvfence fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager \
   --scale cpu --jobs 1 --topk 2 --num-steps 2 --ctx 8 --max-bs 2 --seed 1 --keep-going \
   --max-examples 1000000 --max-seconds 90 --shrink-seconds 45 --quiet --out $OUT/crash_run > $L/fuzz_crash.txt 2>&1
 echo "fuzz_crash rc=$? (expect 1)" >> $L/rc.txt

@@ -11,5 +11,5 @@ echo "pytest rc=$?"; tail -4 "$OUT/pytest_gpu.log"
 timeout 430 python benchmarks/throughput.py --json "$OUT/h200.json" --quick --seconds 60 --pinned-seconds 30 --scale-seconds 30 > "$OUT/throughput.log" 2>&1
 echo "throughput rc=$?"; tail -40 "$OUT/throughput.log"
 M=copy_first_block_only
-timeout 60 python -m harness mutants --device cuda --only $M --seeds 20 --max-examples 60 --json "$OUT/scale_$M.json" > "$OUT/mutants.log" 2>&1
+timeout 60 python -m kvfence mutants --device cuda --only $M --seeds 20 --max-examples 60 --json "$OUT/scale_$M.json" > "$OUT/mutants.log" 2>&1
 echo "mutants $M rc=$?"; tail -4 "$OUT/mutants.log"

@@ -9,7 +9,7 @@ timeout 120 python benchmarks/verify_variants.py --json "$OUT/h200_verify_varian
 echo "variants rc=$?"; cat "$OUT/variants.log" | tail -16
 mkdir -p "$OUT/m"
 for M in copy_first_block_only prefix_sum_16_lanes indptr_sum_64_branches page_last_capped_64; do
-  ( timeout 400 python -m harness mutants --device cuda --only $M --seeds 20 --max-examples 60 --json "$OUT/m/$M.json" > "$OUT/m/$M.log" 2>&1; echo "mutants $M rc=$?" >> "$OUT/m/rc.txt" ) &
+  ( timeout 400 python -m kvfence mutants --device cuda --only $M --seeds 20 --max-examples 60 --json "$OUT/m/$M.json" > "$OUT/m/$M.log" 2>&1; echo "mutants $M rc=$?" >> "$OUT/m/rc.txt" ) &
 done
 OUT=$OUT/sweep timeout 420 bash benchmarks/device_sweep_check.sh a > "$OUT/sweep_a.log" 2>&1
 echo "sweep a rc=$?"; grep -E "^a |rc=" "$OUT/sweep_a.log" | head -40

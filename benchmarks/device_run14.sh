@@ -19,9 +19,9 @@ save(t.large("cuda")); save(t.check_small("cuda")); save(t.fuzz_runs(60.0, None,
 PY
 echo "timed rc=$?"; cat "$OUT/m/timed.log" | tail -6
 for M in copy_first_block_only prefix_sum_16_lanes indptr_sum_64_branches page_last_capped_64; do
-  ( timeout 300 python -m harness mutants --device cuda --only $M --seeds 20 --json "$OUT/m/$M.json" > "$OUT/m/$M.log" 2>&1; echo "mutants $M rc=$?" >> "$OUT/m/rc.txt" ) &
+  ( timeout 300 python -m kvfence mutants --device cuda --only $M --seeds 20 --json "$OUT/m/$M.json" > "$OUT/m/$M.log" 2>&1; echo "mutants $M rc=$?" >> "$OUT/m/rc.txt" ) &
 done
-( timeout 300 python -m harness mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$OUT/m/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$OUT/m/rc.txt" ) &
+( timeout 300 python -m kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$OUT/m/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$OUT/m/rc.txt" ) &
 timeout 200 python -m pytest --device cuda -q -p no:cacheprovider tests/test_verifiers_compare.py tests/test_fastcheck.py tests/test_gpu.py > "$OUT/m/pytest.log" 2>&1
 echo "pytest rc=$?"; tail -3 "$OUT/m/pytest.log"
 wait

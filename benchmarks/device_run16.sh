@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 timeout 210 python benchmarks/verify_variants.py --json "$OUT/h200_verify_tuning.json" > "$L/tuning.txt" 2>&1
 echo "tuning rc=$?"; grep -v "^ \|Traceback\|^$" "$L/tuning.txt" | cut -c1-400 | tail -14
-( timeout 330 python -m harness mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$L/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$L/rc.txt" ) &
+( timeout 330 python -m kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$L/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$L/rc.txt" ) &
 ( SIZINGS=prefix,fixed,safe,window-fixed,window-no-topk CONTRACTS=draft,window-rail CAP=320 OUT=$OUT/um \
     bash benchmarks/upstream_gpu.sh > "$L/upstream.txt" 2>&1; echo "upstream matrix rc=$?" >> "$L/rc.txt" ) &
 wait

@@ -42,6 +42,6 @@ out.update(t.fuzz_runs(60, None, 60)); save()
 print("default", out["default_verified_cases_per_s"], "pinned(default jobs, 60 s)", out["pinned_verified_cases_per_s"], flush=True)
 PY
 echo "runs rc=$?"; grep -v "^ \|Traceback\|^$\|Warning" "$L/runs.txt" | cut -c1-600 | tail -12
-timeout 150 python -m harness mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$L/verifiers.log" 2>&1
+timeout 150 python -m kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$L/verifiers.log" 2>&1
 echo "verifiers both rc=$?"; grep -E "^(PASS|FAIL)" "$L/verifiers.log"; grep -A3 "first disagreement" "$L/verifiers.log" | cut -c1-500 | head -16
 cd "$OUT" && tar czf run17.tgz logs 2>/dev/null; rm -rf logs; ls "$OUT"

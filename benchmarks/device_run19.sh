@@ -14,7 +14,7 @@ timeout 260 python benchmarks/throughput.py --json "$OUT/h200.json" --only check
 echo "runs rc=$?"; tail -30 "$L/runs.txt" | cut -c1-300
 ( timeout 170 python -m pytest --device cuda -q -p no:cacheprovider tests/test_fastcheck.py tests/test_gpu.py tests/test_worker_gpu.py \
     > "$L/pytest.log" 2>&1; echo "pytest rc=$?" >> "$L/rc.txt" ) &
-( timeout 170 python -m harness mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers_final.json" \
+( timeout 170 python -m kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers_final.json" \
     > "$L/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$L/rc.txt" ) &
 wait
 cat "$L/rc.txt"; tail -3 "$L/pytest.log"; grep -E "^(PASS|FAIL)" "$L/verifiers.log"; grep -A3 "first disagreement" "$L/verifiers.log" | cut -c1-400 | head -12

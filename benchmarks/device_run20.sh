@@ -13,8 +13,8 @@ sys.path.insert(0, "benchmarks")
 import torch
 import throughput as t
 from hypothesis import HealthCheck, Phase, given, settings
-from strategies import case_runs, configs
-from harness.verifying.session import Session
+from kvfence.strategies import case_runs, configs
+from kvfence.verifying.session import Session
 
 drawn = []
 @settings(max_examples=128, derandomize=True, database=None, deadline=None, phases=[Phase.generate],

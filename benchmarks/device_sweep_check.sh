@@ -25,8 +25,8 @@ if [ "$PART" = a ] || [ "$PART" = all ]; then
   "$CS" --version | tail -1
   python3 - <<'PY'
 import os
-from harness.cases.case import Batch, Case, Config
-from harness.cases.casefile import write_case
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.cases.casefile import write_case
 for mode in ("eager", "graph"):
     case = Case(Config(topk=4, num_steps=3, ctx=64, max_bs=4, mode=mode, sizing="safe"),
                 Batch((64, 40, 17, 64), (0, 1, 2, 3), 5))
@@ -35,7 +35,7 @@ PY
   for CASE in "$L"/clean/cases/*.json; do
     MODE=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['case']['config']['mode'])" "$CASE" 2>/dev/null || echo "?")
     if [ "$MODE" = eager ]; then ENVC="env PYTORCH_NO_CUDA_MEMORY_CACHING=1"; else ENVC="env"; fi
-    CHILD="python3 -m harness.sanitizer_child $L/status.json repro $CASE --device cuda --layout production --no-absorb"
+    CHILD="python3 -m kvfence.sanitizer_child $L/status.json repro $CASE --device cuda --layout production --no-absorb"
     for T in memcheck initcheck racecheck synccheck; do
       F=$FILTER; [ "$T" = initcheck ] && F=""
       LOG=$L/a_${MODE}_${T}.txt; rm -f "$L/status.json"
@@ -54,7 +54,7 @@ PY
     RC=$?
     echo "a fixture script initcheck $([ -n "$F" ] && echo 'WITH kernel filter (old)' || echo unfiltered): rc=$RC | $(summary "$LOG")"; kinds "$LOG"
   done
-  timeout 300 python3 -m harness sweep --cases "$L/clean/cases" --jobs 4 --timeout 150 --out "$L/sweep_clean" > "$L/sweep_clean.txt" 2>&1
+  timeout 300 python3 -m kvfence sweep --cases "$L/clean/cases" --jobs 4 --timeout 150 --out "$L/sweep_clean" > "$L/sweep_clean.txt" 2>&1
   RC=$?
   echo "a kvfence sweep over the clean cases: rc=$RC (must be 0)"; tail -4 "$L/sweep_clean.txt"
   cp "$L/sweep_clean/sweep.json" "$OUT/h200_sweep_clean.json" 2>/dev/null
@@ -65,7 +65,7 @@ if [ "$PART" = b ] || [ "$PART" = all ]; then
     --timeout 120 > "$L/nightly.txt" 2>&1
   RC=$?
   echo "b nightly: rc=$RC (0 = safe exited 0 and prefix exited 1 with canary and memcheck findings)"; cat "$L/nightly.txt"
-  python3 -c "import json; from reports.sweep import matrix_markdown; d=json.load(open('$OUT/h200_nightly.json')); print(matrix_markdown(d['detection_matrix']) if d.get('detection_matrix') else 'no matrix')" 2>&1
+  python3 -c "import json; from kvfence.reports.sweep import matrix_markdown; d=json.load(open('$OUT/h200_nightly.json')); print(matrix_markdown(d['detection_matrix']) if d.get('detection_matrix') else 'no matrix')" 2>&1
   cp "$L/nightly/prefix/sweep.html" "$OUT/nightly_prefix_sweep.html" 2>/dev/null
 fi
 # Keep what comes back small: big XML reports go (the text logs say the same), long logs are cut.

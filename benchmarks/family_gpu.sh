@@ -3,7 +3,7 @@
 # 0.5.23's two kernels compiled on CUDA with window/sinks/ENTRY_PAGE_SIZE/TRANSLATE drawn, the rail under
 # window-fixed (clean) and window-no-topk (must be found), and the §6 mutants on the device.
 # The device has no network: the extracted 0.5.23 kernels travel in an ignored cache folder:
-#   here:   KVFENCE_CACHE=upstream-cache python -m harness upstream fetch 0.5.23
+#   here:   KVFENCE_CACHE=upstream-cache python -m kvfence upstream fetch 0.5.23
 #           (or copy /work/main/upstream-cache/sglang-0.5.23 into ./upstream-cache/)
 #   device: carry=["upstream-cache"], command: bash benchmarks/family_gpu.sh
 # Writes one line per run to $OUT/family_rc.txt (rc 0 clean, 1 findings, 2 bad input) and each run's
@@ -18,7 +18,7 @@ nvidia-smi -L; python -c "import torch, triton, hypothesis; print(torch.__versio
 
 run() {  # name, then fuzz flags
   local name=$1; shift
-  timeout $((T + 60)) python -m harness fuzz --device cuda --max-examples "$N" --max-seconds "$T" --seed 0 --quiet \
+  timeout $((T + 60)) python -m kvfence fuzz --device cuda --max-examples "$N" --max-seconds "$T" --seed 0 --quiet \
       --shrink-seconds 20 --out "$OUT/family/$name" "$@" > "$OUT/family/$name.txt" 2>&1
   local rc=$?
   echo "$name rc=$rc $(grep -m1 'cases verified' "$OUT/family/$name.txt" | sed 's/kvfence fuzz: //') host_verified=$(
@@ -38,7 +38,7 @@ run sglang-0.5.23-rail-w64      --kernel sglang==0.5.23:$RAIL --contract window-
 run sglang-0.5.23-rail-w4096    --kernel sglang==0.5.23:$RAIL --contract window-rail --window 4096 --sizing window-fixed
 
 # The §6 mutants on the device (GPU domain, config-major), each must be caught; the reference clean.
-timeout 900 python -m harness mutants --device cuda --seeds 2 --max-examples 60 --json "$OUT/family_mutants.json" \
+timeout 900 python -m kvfence mutants --device cuda --seeds 2 --max-examples 60 --json "$OUT/family_mutants.json" \
     --only window_offsets_unclipped window_sinks_dropped window_recent_off_by_one entry_page_no_offset \
            translate_page_unscaled translate_negative_unclipped rail_prefix_from_start rail_chain_from_zero \
            rail_indptr_without_chain sizing_window_no_topk > "$OUT/family_mutants.txt" 2>&1

@@ -2,9 +2,9 @@
 
     python benchmarks/interpreter.py [--examples N] [--json PATH]
 
-Fuzzes the default domain (``strategies.cases()``: topk 1-8, 1-8 steps, page sizes 1-64, ctx <= 48,
+Fuzzes the default domain (``kvfence.strategies.cases()``: topk 1-8, 1-8 steps, page sizes 1-64, ctx <= 48,
 max_bs <= 4, graph mode, safe sizing) with a fixed seed, twice: with the interpreter's discarded
-int32-overflow checks skipped (kvfence's default, ``harness.device.skip_discarded_overflow_checks``)
+int32-overflow checks skipped (kvfence's default, ``kvfence.device.skip_discarded_overflow_checks``)
 and with them on (Triton's default). Reports cases/s and the cost per Triton program, then profiles the
 first run and splits its own time by package (triton / torch+numpy / hypothesis / kvfence).
 """
@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def run(examples: int, seed: int, profile: bool):
-    from harness.workflow.fuzz import fuzz
-    from harness.verifying.session import Session
-    from strategies import cases
+    from kvfence.workflow.fuzz import fuzz
+    from kvfence.verifying.session import Session
+    from kvfence.strategies import cases
 
     programs = []
 
@@ -75,7 +75,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from harness.device import select
+    from kvfence.device import select
 
     select("cpu")
     from triton.runtime import interpreter

@@ -28,15 +28,15 @@ def main():
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
 
-    from harness.device import select
+    from kvfence.device import select
 
     device = select(args.device)
     import torch
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from harness.workflow.fuzz import fuzz
-    from harness.verifying.session import Session
-    from strategies import cases, configs
+    from kvfence.workflow.fuzz import fuzz
+    from kvfence.verifying.session import Session
+    from kvfence.strategies import cases, configs
 
     strategy = cases(configs(sizing="safe", **SMALL))
     drawn = []

@@ -4,7 +4,7 @@
 
 Measures, in one run (every rate counts only cases launched and verified, never cache hits):
 
-* ``default_verified_cases_per_s``: the default ``python -m harness fuzz --device cuda`` (no pinned field:
+* ``default_verified_cases_per_s``: the default ``python -m kvfence fuzz --device cuda`` (no pinned field:
   the GPU domain, default ``--jobs``, config-major batches) over a ``--max-seconds`` run, process start,
   compiles and captures included (wall time of the whole command); ``default_run`` keeps its summary;
 * ``pinned_verified_cases_per_s``: the same with a pinned small config (``SMALL``) and ``--jobs``;
@@ -45,9 +45,9 @@ LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
 
 
 def small_rate(device: str, examples: int, seed: int) -> dict:
-    from harness.workflow.fuzz import fuzz
-    from harness.verifying.session import Session
-    from strategies import case_runs, cases, configs
+    from kvfence.workflow.fuzz import fuzz
+    from kvfence.verifying.session import Session
+    from kvfence.strategies import case_runs, cases, configs
 
     session = Session(device, "reference")
     strategy = cases(configs(sizing="safe", **SMALL))
@@ -62,7 +62,7 @@ def small_rate(device: str, examples: int, seed: int) -> dict:
             rates.append(result.cases_per_s)
         out[key] = round(statistics.median(rates), 1)
         out[key.replace("per_s", "rates")] = [round(r, 1) for r in rates]
-    # Throughput mode: up to 8 batches of the config per Hypothesis example (strategies.case_runs).
+    # Throughput mode: up to 8 batches of the config per Hypothesis example (kvfence.strategies.case_runs).
     runs = case_runs(configs(sizing="safe", **SMALL), max_batches=8)
     rates = []
     for rep in range(3 if device == "cuda" else 1):
@@ -87,16 +87,16 @@ NAIVE_RUNS = 3
 def naive_errors(config, batch, kernel: str = "reference", device: str = "cuda") -> int:
     """One case checked the way a careful hand-written test would: fresh buffers filled with a poison
     (so a missing write is seen), an eager launch, everything copied to the host, and every element of
-    every row compared with the plain oracle's formulas (``harness.cases.oracle``, program by program):
+    every row compared with the plain oracle's formulas (``kvfence.cases.oracle``, program by program):
     each segment's values, the slack after the used length (must still hold the poison), and every
     kv_indptr column (column 0 and the columns past ``bs`` must still hold the poison). Returns the
     number of wrong elements (0: clean). No guards: a naive harness has none."""
     import torch
 
-    from harness.cases import oracle
-    from harness.cases.case import launch_batch
-    from harness.running.runner import slot_table
-    from harness.cases.targets import resolve_kernel
+    from kvfence.cases import oracle
+    from kvfence.cases.case import launch_batch
+    from kvfence.running.runner import slot_table
+    from kvfence.cases.targets import resolve_kernel
 
     poison = -1
     lb = launch_batch(config, batch)
@@ -178,8 +178,8 @@ def _small_cases(small: dict, count: int, seed: int) -> list:
     """``count`` graph-mode cases of the pinned small config, drawn as the fuzzer draws batches."""
     from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed
 
-    from harness.cases.case import Case
-    from strategies import batches, configs
+    from kvfence.cases.case import Case
+    from kvfence.strategies import batches, configs
 
     drawn = []
 
@@ -205,8 +205,8 @@ def naive_vs_kvfence(device: str, quick: bool = False, seed: int = 0) -> dict:
     Both sides check the same elements: values, missing writes, the slack after the used length and
     every kv_indptr column (kvfence also guards and inputs). Each side must find the reference clean.
     """
-    from harness.cases.case import Batch, Case, Config
-    from harness.verifying.session import Session
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.verifying.session import Session
 
     if device == "cuda":
         large_cfg, small_cfg = LARGE, SMALL
@@ -246,9 +246,9 @@ def large(device: str, naive: bool = True) -> dict:
     import torch
     import triton.testing
 
-    from harness.cases.case import Batch, Case, Config
-    from harness.verifying.device_verify import DeviceVerifier
-    from harness.verifying.session import Session
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.verifying.device_verify import DeviceVerifier
+    from kvfence.verifying.session import Session
 
     config = Config(sizing="safe", **LARGE)
     batch = Batch(tuple([LARGE["ctx"]] * LARGE["max_bs"]), tuple(range(1, LARGE["max_bs"] + 1)), 12345)
@@ -267,7 +267,7 @@ def large(device: str, naive: bool = True) -> dict:
     fused_us = triton.testing.do_bench(lambda: (verifier.cursor.zero_(), fused()), warmup=25, rep=200,
                                        return_mode="median") * 1e3
     # Where verification time goes: each verify kernel alone (direct launches, do_bench medians).
-    from harness.running.guarded import POISON
+    from kvfence.running.guarded import POISON
 
     c, m, inputs = config, case.launch().num_seqs, runner.inputs
 
@@ -325,13 +325,13 @@ def large(device: str, naive: bool = True) -> dict:
 
 
 def _fuzz_cli(args, timeout: float) -> dict:
-    """Run ``python -m harness fuzz ARGS --json`` as a user would; its summary plus the command's wall time."""
+    """Run ``python -m kvfence fuzz ARGS --json`` as a user would; its summary plus the command's wall time."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
-        cmd = [sys.executable, "-m", "harness", "fuzz", *args, "--out", str(out), "--json", str(Path(tmp) / "s.json"),
+        cmd = [sys.executable, "-m", "kvfence", "fuzz", *args, "--out", str(out), "--json", str(Path(tmp) / "s.json"),
                "--quiet"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -342,7 +342,7 @@ def _fuzz_cli(args, timeout: float) -> dict:
             "distinct_configs", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
             "boundaries", "first_failure_s", "time_cut", "batches_per_example", "max_gpu_mem")
     return dict({k: doc.get(k) for k in keys}, wall_s=round(wall, 2), exit=proc.returncode,
-                command="python -m harness fuzz " + " ".join(args),
+                command="python -m kvfence fuzz " + " ".join(args),
                 findings=sorted({f["kind"] for f in doc.get("findings", [])}))
 
 
@@ -365,7 +365,7 @@ def fuzz_runs(seconds: float, jobs, pinned_seconds: float) -> dict:
 
 def scale_mutants(seconds: float) -> dict:
     """Seconds until the default GPU fuzz command catches each scale mutant (DOMAIN = "gpu")."""
-    from harness.workflow.mutants import discover
+    from kvfence.workflow.mutants import discover
 
     caught, runs = {}, {}
     for m in discover():
@@ -383,8 +383,8 @@ def check_small(device: str, cases: int = 4096, batch: int = 32, passes: int = 5
     the median of ``passes`` timed passes over all of them (each pass's per-case time is kept too)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from harness.verifying.session import Session
-    from strategies import case_runs, configs
+    from kvfence.verifying.session import Session
+    from kvfence.strategies import case_runs, configs
 
     drawn = []
 
@@ -431,8 +431,8 @@ def main(argv=None) -> int:
                              "without naive, the large stage skips its naive check)")
     args = parser.parse_args(argv)
 
-    from harness.device import select
-    from harness.errors import BadInput
+    from kvfence.device import select
+    from kvfence.errors import BadInput
 
     only = set(STAGES) if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
     if not only or only - set(STAGES):

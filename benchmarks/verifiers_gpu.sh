@@ -12,7 +12,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-timeout 450 python -m harness mutants --device cuda --verifiers both --max-examples 6 \
+timeout 450 python -m kvfence mutants --device cuda --verifiers both --max-examples 6 \
     --json "$OUT/h200_verifiers.json" > "$OUT/verifiers.log" 2>&1
 echo "mutants --verifiers both rc=$? (0: all agree; 1: a disagreement; 124: cut by the timeout)"
 tail -60 "$OUT/verifiers.log"

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import harness.verifying.device_verify as device_verify  # noqa: E402
-import kernels.verify.outside as outside  # noqa: E402
-import kernels.verify.segments as segments  # noqa: E402
+import kvfence.verifying.device_verify as device_verify  # noqa: E402
+import kvfence.kernels.verify.outside as outside  # noqa: E402
+import kvfence.kernels.verify.segments as segments  # noqa: E402
 
 #: name -> {(module, constant): value}; unnamed constants keep the shipped value.
 VARIANTS = {
@@ -58,8 +58,8 @@ def _measure(name: str) -> dict:
     import triton.testing
 
     import throughput
-    from harness.cases.case import Batch, Case, Config
-    from harness.verifying.session import Session
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.verifying.session import Session
 
     out = {k: v for k, v in throughput.large("cuda", naive=False).items() if not k.startswith("naive")}
     # The slack case: same config, one token per request.

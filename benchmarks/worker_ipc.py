@@ -41,7 +41,7 @@ CONFIGS = {"cuda": dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16),
 
 
 def make_cases(device: str, n: int, seed: int):
-    from harness.cases.case import Batch, Case, Config
+    from kvfence.cases.case import Batch, Case, Config
 
     config = Config(sizing="safe", **CONFIGS[device])
     rng = random.Random(seed)
@@ -88,7 +88,7 @@ def main() -> int:
 
 
 def measure(args, result: dict, save) -> int:
-    from harness.device import select
+    from kvfence.device import select
 
     device = select(args.device)
     n = args.cases or (1000 if device == "cuda" else 100)
@@ -98,8 +98,8 @@ def measure(args, result: dict, save) -> int:
         import torch
 
         result["gpu"] = torch.cuda.get_device_name()
-    from harness.verifying.session import Session
-    from harness.workflow.worker import RemoteSession
+    from kvfence.verifying.session import Session
+    from kvfence.workflow.worker import RemoteSession
 
     cases = make_cases(device, n, seed=1)
     local = Session(device, "reference")

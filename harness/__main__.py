@@ -1,7 +1,7 @@
-"""``python -m harness``: see ``harness.cli``. Usage lines name it ``python -m harness``."""
+"""``python -m kvfence``: see ``kvfence.cli``. Usage lines name it ``python -m kvfence``."""
 
 import sys
 
-from harness.cli import main
+from kvfence.cli import main
 
-sys.exit(main(prog="python -m harness"))
+sys.exit(main(prog="python -m kvfence"))

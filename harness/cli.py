@@ -1,6 +1,6 @@
-"""``python -m harness COMMAND``: the command line, one module for every subcommand.
+"""``python -m kvfence COMMAND``: the command line, one module for every subcommand.
 
-Exit codes (``harness.errors``): 0 no finding, 1 findings, 2 bad input or unusable environment, always
+Exit codes (``kvfence.errors``): 0 no finding, 1 findings, 2 bad input or unusable environment, always
 as one line on stderr.
 """
 
@@ -15,18 +15,18 @@ import textwrap
 from pathlib import Path
 from typing import List, Optional
 
-from harness.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
+from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 
-#: The name the command line gives itself: the console script is ``kvfence``; ``python -m harness``
-#: passes its own name (``harness.__main__``), so usage lines show what the user actually typed.
+#: The name the command line gives itself: the console script is ``kvfence``; ``python -m kvfence``
+#: passes its own name (``kvfence.__main__``), so usage lines show what the user actually typed.
 PROG = "kvfence"
 
 _BAD = "bad input or unusable environment (one line on stderr)"
 
 
 def _exit_codes(zero: str = "no finding", one: Optional[str] = "findings", two: str = _BAD) -> str:
-    """An epilog listing a command's exit codes (``harness.errors``)."""
+    """An epilog listing a command's exit codes (``kvfence.errors``)."""
     rows = [(EXIT_CLEAN, zero), (EXIT_FINDINGS, one), (EXIT_BAD_INPUT, two)]
     return "exit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in rows if text)
 
@@ -113,8 +113,8 @@ def _seconds(minimum_exclusive: bool):
 
 
 def _shard(text: str):
-    """An argparse type: ``--shard I/N`` (harness.workflow.campaign.parse_shard), one-line error otherwise."""
-    from harness.workflow.campaign import parse_shard
+    """An argparse type: ``--shard I/N`` (kvfence.workflow.campaign.parse_shard), one-line error otherwise."""
+    from kvfence.workflow.campaign import parse_shard
 
     try:
         return parse_shard(text)
@@ -156,8 +156,8 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
 
 # -- fuzz ---------------------------------------------------------------------------------------------
 def _add_worker_args(p: argparse.ArgumentParser) -> None:
-    """Where cases run (harness.workflow.worker): a worker process that may crash or hang, or this process."""
-    from harness.workflow.worker import DEFAULT_CASE_TIMEOUT
+    """Where cases run (kvfence.workflow.worker): a worker process that may crash or hang, or this process."""
+    from kvfence.workflow.worker import DEFAULT_CASE_TIMEOUT
 
     p.add_argument("--case-timeout", type=_seconds(True), default=DEFAULT_CASE_TIMEOUT,
                    help="seconds a small case may run before it is a HANG (scaled up by the case's size)")
@@ -214,7 +214,7 @@ def _add_family_args(p: argparse.ArgumentParser) -> None:
 
 
 def _family_pins(args) -> dict:
-    """The §6 pins of ``args`` (None: drawn), as ``strategies.configs`` keywords."""
+    """The §6 pins of ``args`` (None: drawn), as ``kvfence.strategies.configs`` keywords."""
     translate = getattr(args, "translate", None)
     return dict(window_size=getattr(args, "window", None), sink_size=getattr(args, "sink", None),
                 entry_page_size=getattr(args, "entry_page_size", None),
@@ -231,7 +231,7 @@ def _draws_family(args, domain) -> bool:
 
 
 def _config_strategy(args, domain, max_bytes):
-    from strategies import configs
+    from kvfence.strategies import configs
 
     return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
                    max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
@@ -242,8 +242,8 @@ def _check_family(args) -> None:
     """§6 flags against the kernel under test (one line, exit 2): the rail needs --window, and a kernel
     must declare every §6 parameter a pin sets. Sets ``args.draw_family``: draw the §6 fields when the
     kernel takes them all (kvfence's reference, SGLang 0.5.2x), never for a classic-ABI kernel."""
-    from harness.cases.case import Config
-    from harness.cases.targets import kernel_capabilities
+    from kvfence.cases.case import Config
+    from kvfence.cases.targets import kernel_capabilities
 
     pins = _family_pins(args)
     require(not (pins["contract"] == "window-rail" and not pins["window_size"]),
@@ -279,14 +279,14 @@ def _check_resume_flags(args) -> None:
 
 
 def _make_session(args, device: str, max_bytes: Optional[int]):
-    """The checking session: a worker process (default; crashes and hangs become findings, harness.workflow.worker)
+    """The checking session: a worker process (default; crashes and hangs become findings, kvfence.workflow.worker)
     or, with ``--in-process``, this process itself (for debugging the harness)."""
     audit = False if args.no_audit else None
     if args.in_process:
-        from harness.verifying.session import Session
+        from kvfence.verifying.session import Session
 
         return Session(device, args.kernel, audit=audit, max_bytes=max_bytes)
-    from harness.workflow.worker import RemoteSession
+    from kvfence.workflow.worker import RemoteSession
 
     return RemoteSession(device, args.kernel, audit=audit, max_bytes=max_bytes, case_timeout=args.case_timeout)
 
@@ -310,8 +310,8 @@ def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
 
 def _resolve_run_shape(args, device: str):
     """Domain, jobs, batches per example and memory budget of a fuzz run (validated, one-line errors)."""
-    from harness.cases.budget import default_budget, parse_size
-    from harness.cases.domain import domain_named
+    from kvfence.cases.budget import default_budget, parse_size
+    from kvfence.cases.domain import domain_named
 
     scale = args.scale or ("gpu" if device == "cuda" else "cpu")
     require(not (scale == "gpu" and device != "cuda"),
@@ -340,8 +340,8 @@ def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -
 
 
 def cmd_fuzz(args) -> int:
-    from harness.device import select
-    from harness.cases.targets import resolve_sizing
+    from kvfence.device import select
+    from kvfence.cases.targets import resolve_sizing
 
     if args.resume:
         _check_resume_flags(args)
@@ -354,13 +354,13 @@ def cmd_fuzz(args) -> int:
     _check_family(args)  # §6 flags against the kernel: exit 2 before anything runs
     domain, jobs, per_example, max_bytes = _resolve_run_shape(args, device)
 
-    from strategies import case_runs, cases
+    from kvfence.strategies import case_runs, cases
 
-    from harness.workflow import campaign
+    from kvfence.workflow import campaign
 
     # Validates every pinned field and the budget now (BadInput), not inside Hypothesis.
     config_strategy, shard_info = _config_strategy(args, domain, max_bytes), None
-    if args.shard is not None:  # this host's part of the config space (harness.workflow.campaign)
+    if args.shard is not None:  # this host's part of the config space (kvfence.workflow.campaign)
         config_strategy, shard_info = campaign.shard_configs(
             args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins}), domain, max_bytes),
             {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
@@ -370,11 +370,11 @@ def cmd_fuzz(args) -> int:
     else:
         strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     strategy.validate()
-    from harness.cases.case import Config
+    from kvfence.cases.case import Config
 
     # The sizing policy on the smallest config the pinned fields allow: a bool, non-int or huge width is
     # refused now (one line), not in the middle of the run.
-    from kernels.sizing import WINDOW_POLICIES
+    from kvfence.kernels.sizing import WINDOW_POLICIES
 
     Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
            ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
@@ -420,8 +420,8 @@ def cmd_fuzz(args) -> int:
 
 
 def _lock_out(out_dir: Path) -> None:
-    """Create ``--out`` and hold its lock (harness.workflow.outlock): a second run into it is refused, exit 2."""
-    from harness.workflow import outlock
+    """Create ``--out`` and hold its lock (kvfence.workflow.outlock): a second run into it is refused, exit 2."""
+    from kvfence.workflow import outlock
 
     outlock.acquire(out_dir, announce=_stderr)
 
@@ -432,7 +432,7 @@ _FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
 
 def _fuzz_command(args) -> int:
     """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
-    from harness.workflow import outlock
+    from kvfence.workflow import outlock
 
     try:
         return cmd_fuzz(args)
@@ -450,8 +450,8 @@ def _fuzz_command(args) -> int:
 
 def _previous_summary(out_dir: Path) -> Optional[dict]:
     """``--resume`` adds to the folder's summary.json: it must be readable (or absent) before any work."""
-    from harness.cases.casefile import parse_json_file
-    from reports.summary import validate
+    from kvfence.cases.casefile import parse_json_file
+    from kvfence.reports.summary import validate
 
     where = out_dir / "summary.json"
     if not where.exists():
@@ -464,10 +464,10 @@ def _previous_summary(out_dir: Path) -> Optional[dict]:
 
 def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Optional[Path], previous, run: dict,
               domain, *, database, db_key, db_spec) -> int:
-    from harness.workflow.fuzz import FuzzResult, fuzz
-    from harness.running.interrupt import exit_code_for, signals_interrupt
-    from harness.running.journal import Journal, recover
-    from harness.workflow.outdir import set_aside_earlier_cases
+    from kvfence.workflow.fuzz import FuzzResult, fuzz
+    from kvfence.running.interrupt import exit_code_for, signals_interrupt
+    from kvfence.running.journal import Journal, recover
+    from kvfence.workflow.outdir import set_aside_earlier_cases
 
     _lock_out(out_dir)
     seed = run["seed"]
@@ -484,19 +484,19 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
         result = FuzzResult()
         print(f"kvfence fuzz --resume: {len(crashes)} crashed case(s) recovered from {out_dir}")
     else:
-        from harness.workflow.progress import Progress
+        from kvfence.workflow.progress import Progress
 
         progress = None if args.quiet else Progress(args.max_examples)
         callback = progress.update if progress else None
         if args.progress_file:
-            from harness.workflow.jobs import POLL_S, write_progress
+            from kvfence.workflow.jobs import POLL_S, write_progress
 
             callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
-        # SIGINT/SIGTERM end fuzz() cleanly (harness.running.interrupt); the journal slot closes as on any exit.
+        # SIGINT/SIGTERM end fuzz() cleanly (kvfence.running.interrupt); the journal slot closes as on any exit.
         with Journal(out_dir, device=device) as journal, signals_interrupt():
             run_fuzz, keep_going = fuzz, {}
             if args.keep_going:  # phases until the budgets are spent; each new failure saved at once
-                from harness.workflow.keepgoing import fuzz_keep_going
+                from kvfence.workflow.keepgoing import fuzz_keep_going
 
                 run_fuzz = fuzz_keep_going
                 keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
@@ -527,12 +527,12 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
 
 
 def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
-    """``--jobs N``: N child fuzz processes (harness.workflow.jobs), merged into one summary, report and case folder."""
+    """``--jobs N``: N child fuzz processes (kvfence.workflow.jobs), merged into one summary, report and case folder."""
     import time
 
-    from harness.workflow.jobs import adopt_case_files, run_jobs
-    from harness.workflow.progress import Progress
-    from reports import summary as summary_mod
+    from kvfence.workflow.jobs import adopt_case_files, run_jobs
+    from kvfence.workflow.progress import Progress
+    from kvfence.reports import summary as summary_mod
 
     jobs = run["jobs"]
     share = [args.max_examples // jobs + (i < args.max_examples % jobs) for i in range(jobs)]
@@ -540,7 +540,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
                   for i in range(jobs)]
     _lock_out(out_dir)
-    from harness.workflow.outdir import set_aside_earlier_cases
+    from kvfence.workflow.outdir import set_aside_earlier_cases
 
     earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
     if earlier:
@@ -577,7 +577,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         _stderr(f"kvfence: {interrupted}: jobs stopped; merged what they had checked")
     code = _write_summary(doc, out_dir, json_path)
     if interrupted:
-        from harness.running.interrupt import exit_code_for
+        from kvfence.running.interrupt import exit_code_for
 
         return exit_code_for(interrupted)
     return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
@@ -620,9 +620,9 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
 
     With ``previous`` (``fuzz --resume``) the doc is added to that summary rather than replacing it, and
     the exit code says whether this run found anything new."""
-    from harness.cases import casefile
-    from reports import summary as summary_mod
-    from reports.render import write_reports
+    from kvfence.cases import casefile
+    from kvfence.reports import summary as summary_mod
+    from kvfence.reports.render import write_reports
 
     new_findings = bool(doc["findings"])
     if previous is not None:  # README: "Resuming into a folder"
@@ -659,7 +659,7 @@ def _case_extras(args, run: dict, *, interrupted: Optional[str], shrink_cut: boo
 
 def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
     """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
-    from harness.cases import casefile
+    from kvfence.cases import casefile
 
     extras = _case_extras(args, run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
     extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
@@ -669,7 +669,7 @@ def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
         return str(casefile.write_case(failure.case, failure.findings, out_dir=out_dir, device=device,
                                        source="fuzz", extras=extras))
     except OSError as exc:
-        from harness.cases.casefile import format_failure
+        from kvfence.cases.casefile import format_failure
 
         print(format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
         raise _output_failure(where, exc, {"findings": failure.findings}) from None
@@ -678,19 +678,19 @@ def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
 def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict, *,
                   previous: Optional[dict] = None) -> int:
     """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
-    from harness.cases import casefile
-    from reports import summary as summary_mod
+    from kvfence.cases import casefile
+    from kvfence.reports import summary as summary_mod
 
     case_path = None
     if result.failures:  # --keep-going: every distinct failure already has its case file
-        from harness.cases.casefile import format_failure
+        from kvfence.cases.casefile import format_failure
 
         for failure in result.failures:
             print(format_failure(failure.case, failure.findings, limit=20))
             print(f"  case file: {failure.path}")
         case_path = result.failures[0].path
     elif result.findings:
-        from harness.cases.casefile import format_failure
+        from kvfence.cases.casefile import format_failure
 
         extras = _case_extras(args, run, interrupted=result.interrupted, shrink_cut=result.shrink_cut)
         extras["hypothesis"] = result.hypothesis or {"unavailable": "the final replay did not run"}
@@ -720,7 +720,7 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
 
 # -- repro / report -------------------------------------------------------------------------------------
 def cmd_repro(args) -> int:
-    from harness.workflow.repro import run_repro
+    from kvfence.workflow.repro import run_repro
 
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
                      layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,
@@ -729,13 +729,13 @@ def cmd_repro(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from harness.cases.casefile import parse_json_file
-    from reports.render import write_reports
-    from reports.summary import validate
+    from kvfence.cases.casefile import parse_json_file
+    from kvfence.reports.render import write_reports
+    from kvfence.reports.summary import validate
 
     require((args.dir is None) != (args.merge is None), "report: name one run folder DIR, or --merge DIR... --out OUT")
     if args.merge is not None:
-        from reports.merge import merge
+        from kvfence.reports.merge import merge
 
         out = Path(args.out)
         doc = merge([Path(d) for d in args.merge], out)
@@ -759,11 +759,11 @@ def cmd_report(args) -> int:
 
 # -- mutants ------------------------------------------------------------------------------------------
 def cmd_mutants(args) -> int:
-    """The mutation self-test (harness.workflow.mutants): exit 0 when every mutant is caught on its domain in
+    """The mutation self-test (kvfence.workflow.mutants): exit 0 when every mutant is caught on its domain in
     enough seeds, scale mutants stay unreachable on the CPU domain, and the reference is clean."""
-    from harness.cases.budget import default_budget, parse_size
-    from harness.device import select
-    from harness.workflow.mutants import format_table, run_all, verdict_text
+    from kvfence.cases.budget import default_budget, parse_size
+    from kvfence.device import select
+    from kvfence.workflow.mutants import format_table, run_all, verdict_text
 
     if args.verifiers == "both":
         return _mutants_both_verifiers(args)
@@ -782,7 +782,7 @@ def cmd_mutants(args) -> int:
         if not args.quiet and len(r.seeds) == len(seeds):
             _stderr(f"kvfence: {r.name} ({r.ran_on} domain): {verdict_text(r)} ({r.seconds:.1f}s)")
 
-    from harness.cases import casefile
+    from kvfence.cases import casefile
 
     report = run_all(device, max_examples=args.max_examples, seeds=seeds, names=args.only or None,
                      audit=False if args.no_audit else None, progress=progress, max_bytes=max_bytes,
@@ -794,12 +794,12 @@ def cmd_mutants(args) -> int:
 
 
 def _mutants_both_verifiers(args) -> int:
-    """``mutants --verifiers both`` (harness.workflow.compare): the device verifier and the oracle path on the same
+    """``mutants --verifiers both`` (kvfence.workflow.compare): the device verifier and the oracle path on the same
     cases of every mutant, planted bad write and the reference; exit 1 on any disagreement."""
-    from harness.cases import casefile
-    from harness.workflow import compare
-    from harness.cases.budget import parse_size
-    from harness.device import select
+    from kvfence.cases import casefile
+    from kvfence.workflow import compare
+    from kvfence.cases.budget import parse_size
+    from kvfence.device import select
 
     require(args.seeds == 1, "--seeds applies to the mutation self-test; --verifiers both draws --max-examples "
                              "cases per target from --seed")
@@ -826,9 +826,9 @@ def _mutants_both_verifiers(args) -> int:
 
 # -- sweep -------------------------------------------------------------------------------------------
 def cmd_sweep(args) -> int:
-    """The nightly job (harness.tools.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
-    from harness.tools import sanitizer
-    from harness.tools.sweep import run_sweep
+    """The nightly job (kvfence.tools.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
+    from kvfence.tools import sanitizer
+    from kvfence.tools.sweep import run_sweep
 
     args.kernel_given = args.kernel is not None
     args.kernel = args.kernel or "reference"
@@ -837,14 +837,14 @@ def cmd_sweep(args) -> int:
             f"--tools {args.tools!r}: choose from {', '.join(sanitizer.TOOLS)}")
     require(args.cases is None or args.max_examples is None, "--cases and --max-examples exclude each other")
     require(args.timeout > 0, f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    from harness.cases.targets import check_kernel_spec, resolve_sizing
+    from kvfence.cases.targets import check_kernel_spec, resolve_sizing
 
     resolve_sizing(args.sizing)
     # A bad --kernel is exit 2 naming the kernel, before the tool and GPU checks (it needs neither).
     check_kernel_spec(args.kernel)
 
     def strategy():
-        from strategies import cases, configs
+        from kvfence.strategies import cases, configs
 
         return cases(configs(sizing=args.sizing, mode=args.mode, layout=args.layout), kernel=args.kernel,
                      seq_len_limit="ctx")
@@ -859,8 +859,8 @@ def cmd_sweep(args) -> int:
 
 # -- upstream ----------------------------------------------------------------------------------------
 def cmd_upstream(args) -> int:
-    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (harness.cases.upstream)."""
-    from harness.cases import upstream
+    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (kvfence.cases.upstream)."""
+    from kvfence.cases import upstream
 
     entry = upstream.fetch(args.version, wheel=args.wheel, offline=True if args.offline else None,
                            refresh=args.refresh, announce=_stderr)
@@ -870,12 +870,12 @@ def cmd_upstream(args) -> int:
 
 
 def cmd_upstream_matrix(args) -> int:
-    """``upstream matrix``: fuzz every release x sizing x contract cell (harness.workflow.release_matrix)."""
-    from harness.workflow import release_matrix as rm
-    from harness.cases.budget import parse_size
-    from harness.device import select
-    from harness.cases.upstream import offline_by_env
-    from reports.release_matrix import headline, write
+    """``upstream matrix``: fuzz every release x sizing x contract cell (kvfence.workflow.release_matrix)."""
+    from kvfence.workflow import release_matrix as rm
+    from kvfence.cases.budget import parse_size
+    from kvfence.device import select
+    from kvfence.cases.upstream import offline_by_env
+    from kvfence.reports.release_matrix import headline, write
 
     json_path = _writable(args.json, "--json")
     out_dir = _out_dir(args.out)
@@ -896,7 +896,7 @@ def cmd_upstream_matrix(args) -> int:
     device = select(args.device, announce=_stderr)
     jobs = args.jobs or (max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1)
     if max_gpu_mem is None and device == "cuda":
-        from harness.cases.budget import default_budget
+        from kvfence.cases.budget import default_budget
 
         max_gpu_mem = default_budget(device, jobs)  # cells share the GPU: each gets its part
     settings = rm.Settings(device=device, max_examples=args.max_examples, seed=args.seed,
@@ -908,7 +908,7 @@ def cmd_upstream_matrix(args) -> int:
                               write=write)
     print(f"kvfence upstream matrix: {headline(doc)}; report {out_dir / 'report.md'}")
     if interrupted:
-        from harness.running.interrupt import exit_code_for
+        from kvfence.running.interrupt import exit_code_for
 
         return exit_code_for(interrupted)
     return doc["exit_code"]
@@ -1124,7 +1124,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
-    """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m harness``)."""
+    """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m kvfence``)."""
     try:
         parser = build_parser(prog)
         args = parser.parse_args(argv)
@@ -1137,6 +1137,6 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt as exc:  # harness.running.interrupt.Interrupted carries SIGTERM's 143
+    except KeyboardInterrupt as exc:  # kvfence.running.interrupt.Interrupted carries SIGTERM's 143
         _stderr("kvfence: interrupted")
         return getattr(exc, "exit_code", 130)

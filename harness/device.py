@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from harness.errors import BadInput, require
+from kvfence.errors import BadInput, require
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -1,11 +1,11 @@
-"""The process compute-sanitizer runs: ``python -m harness.sanitizer_child STATUS ARGS...``.
+"""The process compute-sanitizer runs: ``python -m kvfence.sanitizer_child STATUS ARGS...``.
 
-It runs ``python -m harness ARGS...`` (a ``repro`` of one case) in this process and writes the command's
+It runs ``python -m kvfence ARGS...`` (a ``repro`` of one case) in this process and writes the command's
 own exit code to the file ``STATUS`` as JSON: ``{"exit": N}``, plus ``"error"`` when the command raised.
 compute-sanitizer replaces the child's exit code by ``--error-exitcode`` when it reports errors, so without
 this file the sweep could not tell "the case reproduced" (1) from "bad input" (2) or "the child raised"
 (3) under a tool that also found something. A missing file means the child died before it could write it
-(a signal, an abort in the CUDA driver, or it never started): ``harness.tools.sanitizer`` reports that.
+(a signal, an abort in the CUDA driver, or it never started): ``kvfence.tools.sanitizer`` reports that.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ def _write_status(path: str, doc: dict) -> None:
 
 def main(argv) -> int:
     if len(argv) < 2:
-        print("usage: python -m harness.sanitizer_child STATUS COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m kvfence.sanitizer_child STATUS COMMAND [ARGS...]", file=sys.stderr)
         return 2
     status, args = argv[0], argv[1:]
-    from harness.cli import main as cli_main
+    from kvfence.cli import main as cli_main
 
     try:
         code = cli_main(args)

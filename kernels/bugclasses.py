@@ -1,8 +1,8 @@
-"""One launcher per memory-bug class of the detection matrix (``harness.tools.matrix``).
+"""One launcher per memory-bug class of the detection matrix (``kvfence.tools.matrix``).
 
 Each launcher runs the reference kernel, then one Triton store lands where that class of bug lands. They
-are kvfence launcher plug-ins (``kernels.bugclasses:NAME``, keyword arguments of
-``harness.cases.targets.LAUNCH_KWARGS``); offsets are relative to the first element of the ``kv_indices`` view,
+are kvfence launcher plug-ins (``kvfence.kernels.bugclasses:NAME``, keyword arguments of
+``kvfence.cases.targets.LAUNCH_KWARGS``); offsets are relative to the first element of the ``kv_indices`` view,
 whose rows are ``stride(0)`` apart. The classes differ in *where* the stray store lands, which is what
 decides which detector can see it:
 
@@ -17,7 +17,7 @@ decides which detector can see it:
 import triton
 import triton.language as tl
 
-from kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
 
 #: Written by every stray store: no slot id, canary or poison value equals it.
 BAD_VALUE = 777_777

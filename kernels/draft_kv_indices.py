@@ -152,7 +152,7 @@ def launch(kernel, *, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_i
     ``kv_indices.stride(0)`` is the distance between step rows. ``token_blocks > 0`` selects the
     token-block variant with that many 512-wide blocks per step (only for kernels with ``NUM_STEPS``).
     ``constexprs``: §6 parameters by the kernel's names (``window_size``, ``ENTRY_PAGE_SIZE``, ``v2p``, ...),
-    passed only when a config sets them (``harness.cases.targets.family_constexprs``).
+    passed only when a config sets them (``kvfence.cases.targets.family_constexprs``).
     """
     num_seqs = seq_lens.shape[0]
     args = (

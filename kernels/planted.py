@@ -1,12 +1,12 @@
 """Planted bad writes: the reference kernel, then one store where a buggy kernel's store would land.
 
-``python -m harness mutants --verifiers both`` (``harness.workflow.compare``) runs each through the device verifier
+``python -m kvfence mutants --verifiers both`` (``kvfence.workflow.compare``) runs each through the device verifier
 and through the oracle path on the same cases and checks that both see it the same way. There is one
 plant per region of each output buffer and one per input tensor (live rows, the bucket's last row and
 the rows past the bucket), so a verifier that ignores any region disagrees with the other one.
 
-Each is a kvfence launcher plug-in (``kernels.planted:NAME``; keyword arguments of
-``harness.cases.targets.LAUNCH_KWARGS``, ``kv_indices`` / ``kv_indptr`` as 2-D step-row views). Offsets are
+Each is a kvfence launcher plug-in (``kvfence.kernels.planted:NAME``; keyword arguments of
+``kvfence.cases.targets.LAUNCH_KWARGS``, ``kv_indices`` / ``kv_indptr`` as 2-D step-row views). Offsets are
 relative to a view's first element and come from shapes and strides only (no host sync), so every
 plant also runs inside CUDA-graph capture. A plant whose place does not exist in a launch (no row past
 the bucket in a tensor exactly one bucket long) stores nothing, and that case is clean.
@@ -15,11 +15,11 @@ the bucket in a tensor exactly one bucket long) stores nothing, and that case is
 import triton
 import triton.language as tl
 
-from kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
 
 #: Written by the bad stores: no slot id, canary, poison or kv_indptr value equals it in these cases.
 BAD_VALUE = 777_777
-#: What a "missing write" leaves: the poison the harness fills rows with (harness.running.guarded.POISON).
+#: What a "missing write" leaves: the poison the harness fills rows with (kvfence.running.guarded.POISON).
 POISON = -1
 
 

@@ -45,7 +45,7 @@ def safe(n: int, topk: int, ctx: int, num_steps: int) -> int:
 
 
 def _window(window_size: int, name: str) -> int:
-    from harness.errors import require
+    from kvfence.errors import require
 
     require(window_size > 0, f"sizing {name} needs a window: set window_size (--window) above 0")
     return window_size
@@ -65,7 +65,7 @@ def window_no_topk(n: int, topk: int, ctx: int, num_steps: int, *, window_size: 
 
 
 #: The builtin policies by name; the CLI, the strategies and the case files all refer to these names.
-#: Any policy may take ``window_size`` / ``sink_size`` keywords (harness.cases.targets.resolve_sizing passes them
+#: Any policy may take ``window_size`` / ``sink_size`` keywords (kvfence.cases.targets.resolve_sizing passes them
 #: only to policies that declare them); the ``window-*`` ones need a window.
 POLICIES = {"eager": eager, "fixed": fixed, "prefix": prefix, "safe": safe, "window-fixed": window_fixed,
             "window-no-topk": window_no_topk}

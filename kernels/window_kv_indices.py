@@ -8,7 +8,7 @@ Grid ``(num_steps, num_seqs, topk)``; program ``(s, b, k)``, ``z = b*topk + k``,
 
 ABI: the first 13 parameters are the classic ABI of docs/contract.md §2 (``pool_len`` is the row
 stride), then the constexpr ``window``, then §6's ``ENTRY_PAGE_SIZE``, ``v2p`` and ``TRANSLATE`` with
-defaults; tokens are read through ``kernels.draft_kv_indices.read_tokens``.
+defaults; tokens are read through ``kvfence.kernels.draft_kv_indices.read_tokens``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.draft_kv_indices import read_tokens
+from kvfence.kernels.draft_kv_indices import read_tokens
 
 #: Prefix tokens one program copies per loop iteration.
 TOKEN_BLOCK = 512

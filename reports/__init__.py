@@ -1,5 +1,5 @@
-"""Fuzz-run reports: the summary (``reports.summary``) and its markdown/HTML rendering (``reports.render``).
+"""Fuzz-run reports: the summary (``kvfence.reports.summary``) and its markdown/HTML rendering (``kvfence.reports.render``).
 
 Generated output goes under ``reports/out/`` (gitignored). matplotlib is optional: only
-``reports.render.coverage_png`` imports it, lazily.
+``kvfence.reports.render.coverage_png`` imports it, lazily.
 """

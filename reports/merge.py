@@ -1,12 +1,12 @@
-"""``python -m harness report --merge DIR... --out OUT``: several fuzz runs (hosts, shards, nights) as one report.
+"""``python -m kvfence report --merge DIR... --out OUT``: several fuzz runs (hosts, shards, nights) as one report.
 
 Each DIR is a ``fuzz --out`` folder (``summary.json`` and ``cases/``), copied from wherever it ran.
-The merged ``OUT/summary.json`` is an ordinary summary (``reports.summary``), so ``report OUT`` re-renders
+The merged ``OUT/summary.json`` is an ordinary summary (``kvfence.reports.summary``), so ``report OUT`` re-renders
 it, plus a ``merged`` block listing the runs. Identical failing cases (same case content, hence the same
 ``<hash>.json`` name) are kept once, with every run that found them; identical findings of one case are
 kept once. Case files are validated as data and copied byte for byte: nothing they name is imported.
 
-Counts, coverage and findings are merged by ``reports.summary.merge`` (as for ``fuzz --jobs``);
+Counts, coverage and findings are merged by ``kvfence.reports.summary.merge`` (as for ``fuzz --jobs``);
 ``elapsed_s`` is the runs' elapsed seconds summed (machine time, whether the runs were parallel or
 not), so ``cases_per_s`` is the mean rate of one run; each run's own numbers are in ``merged.runs``.
 """
@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from harness.cases.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
+from kvfence.cases.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
     case_hash, parse_json_file, repro_command
-from harness.errors import BadInput, require
-from reports.summary import merge as merge_summaries, validate
+from kvfence.errors import BadInput, require
+from kvfence.reports.summary import merge as merge_summaries, validate
 
 #: Run settings that should agree across merged runs; when they do not, the merged value says "mixed".
 SHARED_FIELDS = ("device", "kernel", "sizing", "mode", "layout", "seq_len_limit")
@@ -84,7 +84,7 @@ def merge(folders: List[Path], out: Path) -> dict:
         doc["cases"] = {mapping[k]: dict(v, path=mapping[k], repro=repro_command(mapping[k]),
                                          found_in=found_in[mapping[k]]) for k, v in doc.get("cases", {}).items()}
 
-    # Counts, coverage and findings as for --jobs (one definition: reports.summary.merge); identical
+    # Counts, coverage and findings as for --jobs (one definition: kvfence.reports.summary.merge); identical
     # findings of one case file are kept once. Time is machine time: the runs' elapsed seconds summed.
     shared = {name: _mixed([d.get(name) for d in docs]) for name in SHARED_FIELDS}
     doc = merge_summaries(docs, run=dict(shared, seed=None, resume=False),

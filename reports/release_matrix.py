@@ -62,7 +62,7 @@ def headline(doc: dict) -> str:
     else:
         lead = ""
     if bad:
-        from harness.workflow.release_matrix import version_key
+        from kvfence.workflow.release_matrix import version_key
 
         names = sorted({c["version"] for c in bad}, key=version_key)
         return lead + (f"{len(bad)} cell(s) of a correct sizing ({', '.join(sorted(safe))}) have findings or "
@@ -109,7 +109,7 @@ def markdown(doc: dict, out_dir: Path) -> str:
     lines += [f"* **{SHORT.get(s, s)}** — {text}" for s, text in doc["statuses"].items()]
     lines += [f"* a correct sizing is {', '.join(doc.get('safe_sizings', []))}: a finding there is a bug in the "
               "release (exit 1); findings under the other sizings are the expected overflows of those policies",
-              "* a findings cell links its first case file; replay it with `python -m harness repro FILE`", ""]
+              "* a findings cell links its first case file; replay it with `python -m kvfence repro FILE`", ""]
     return "\n".join(lines)
 
 
@@ -145,7 +145,7 @@ def html_report(doc: dict, out_dir: Path) -> str:
     parts.append(f"<li>a correct sizing is {e(', '.join(doc.get('safe_sizings', [])))}: a finding there is a bug in "
                  "the release (exit 1); findings under the other sizings are the expected overflows of those "
                  "policies</li><li>a findings cell links its first case file; replay it with "
-                 "<code>python -m harness repro FILE</code></li></ul></body></html>\n")
+                 "<code>python -m kvfence repro FILE</code></li></ul></body></html>\n")
     return "".join(parts)
 
 

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from reports.summary import COVERAGE_FIELDS, earlier_text, finding_rows, run_rows
+from kvfence.reports.summary import COVERAGE_FIELDS, earlier_text, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
 
@@ -225,7 +225,7 @@ def write_reports(doc: dict, out_dir) -> dict:
 
     Returns ``{"md": path, "html": path, "png": path or None, "plot_skipped": reason or ""}``.
     """
-    from harness.cases.casefile import atomic_write_text
+    from kvfence.cases.casefile import atomic_write_text
 
     out = Path(out_dir)
     png, why = coverage_png(doc)

@@ -1,6 +1,6 @@
 """The fuzz run summary: built once from a ``FuzzResult`` and written as ``summary.json``.
 
-``summary.json`` (and ``--json PATH``, same content) is what ``python -m harness report DIR`` re-renders
+``summary.json`` (and ``--json PATH``, same content) is what ``python -m kvfence report DIR`` re-renders
 from, so it carries everything the report shows: the run, each finding with ``kind``, ``region`` and
 ``case`` (the path of its case file), a short record of each case file, and the coverage stats.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional
 
-from harness.errors import require
+from kvfence.errors import require
 
 SUMMARY_VERSION = 1
 MARKER = "kvfence_summary"
-#: Columns of ``coverage.examples`` rows (``harness.workflow.fuzz.ExampleStat`` fields).
+#: Columns of ``coverage.examples`` rows (``kvfence.workflow.fuzz.ExampleStat`` fields).
 COVERAGE_FIELDS = ("topk", "num_steps", "page_size", "num_seqs", "raw_bs", "need", "width", "failed")
 
 
@@ -23,7 +23,7 @@ def case_record(path: str, case, findings, *, source: str) -> dict:
     c, b = case.config, case.batch
     return {"path": path, "source": source, "kernel": case.kernel, "config": c.to_dict(), "batch": b.to_dict(),
             "need": s["need"], "width": s["width"], "num_seqs": s["num_seqs"],
-            "kinds": sorted({f.kind.value for f in findings}), "repro": f"python -m harness repro {path}"}
+            "kinds": sorted({f.kind.value for f in findings}), "repro": f"python -m kvfence repro {path}"}
 
 
 def max_example(result) -> Optional[dict]:
@@ -36,8 +36,8 @@ def max_example(result) -> Optional[dict]:
 def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None,
           earlier: Optional[dict] = None) -> dict:
     """The summary of one fuzz run. ``run`` holds the command's settings (device, kernel, sizing, ...);
-    ``crashes`` are ``harness.running.journal.Crash`` records recovered at the start of the run; ``earlier`` is
-    where an earlier run's case files were moved (``harness.workflow.outdir``), if any."""
+    ``crashes`` are ``kvfence.running.journal.Crash`` records recovered at the start of the run; ``earlier`` is
+    where an earlier run's case files were moved (``kvfence.workflow.outdir``), if any."""
     findings: List[dict] = []
     cases: Dict[str, dict] = {}
     for crash in crashes:
@@ -77,12 +77,12 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
     }
 
 
-#: The run's counts, in the order every output shows them (harness.workflow.fuzz.FuzzResult defines each).
+#: The run's counts, in the order every output shows them (kvfence.workflow.fuzz.FuzzResult defines each).
 COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches",
           "structural_cases")
-#: Session counters copied into the summary (harness.verifying.session.Session.stats).
+#: Session counters copied into the summary (kvfence.verifying.session.Session.stats).
 SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
-                # §6 cases verified on the host because the device verifier checks §2 only (harness.verifying.session)
+                # §6 cases verified on the host because the device verifier checks §2 only (kvfence.verifying.session)
                 "host_verified_cases")
 
 
@@ -139,7 +139,7 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
     return out
 
 
-#: Coverage rows a merged summary keeps (each run keeps at most harness.workflow.fuzz.MAX_STATS).
+#: Coverage rows a merged summary keeps (each run keeps at most kvfence.workflow.fuzz.MAX_STATS).
 MAX_COVERAGE_ROWS = 20000
 
 
@@ -223,7 +223,7 @@ def run_rows(doc: dict) -> List[List[str]]:
 
 
 def campaign_rows(doc: dict) -> List[List[str]]:
-    """The example database and shard of a run (``harness.workflow.campaign``), when it recorded them."""
+    """The example database and shard of a run (``kvfence.workflow.campaign``), when it recorded them."""
     c = doc.get("campaign")
     if not isinstance(c, dict):
         return []

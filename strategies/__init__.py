@@ -4,7 +4,7 @@ They compose: ``cases()`` draws a config, then a batch for it; ``case_runs()`` d
 several batches for it (one captured configuration replayed many times, as a server does). Every
 argument is validated up front (``BadInput``), as Hypothesis validates its own.
 
-Where the draws come from is a ``Domain`` (``harness.cases.domain``): ``cpu`` keeps interpreter-sized
+Where the draws come from is a ``Domain`` (``kvfence.cases.domain``): ``cpu`` keeps interpreter-sized
 launches, ``gpu`` reaches production sizes. Draws are biased toward the edges where bugs live (copy
 blocks, lane widths, pages, the context limit, full and padded buckets) while small cases stay the most
 frequent, and everything shrinks toward small, readable cases (topk 1, one step, page 1, one request of
@@ -21,9 +21,9 @@ from typing import Optional, Union
 
 from hypothesis import strategies as st
 
-from harness.cases.case import Batch, Case, Config, LAYOUTS, MODES, SLOT_BITS
-from harness.errors import require
-from harness.cases.domain import COPY_BLOCKS, CPU, Domain, LANE_WIDTHS, domain_named
+from kvfence.cases.case import Batch, Case, Config, LAYOUTS, MODES, SLOT_BITS
+from kvfence.errors import require
+from kvfence.cases.domain import COPY_BLOCKS, CPU, Domain, LANE_WIDTHS, domain_named
 
 PAGE_SIZES = CPU.page_sizes
 SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
@@ -104,12 +104,12 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     rows, page-table translation. Off, they stay at their defaults unless pinned. ``contract`` picks the
     draft kernel or the window rail (whose window is then always drawn, >= 1).
 
-    ``max_bytes`` bounds the device memory a config costs (``harness.cases.budget``): a draw over it is
+    ``max_bytes`` bounds the device memory a config costs (``kvfence.cases.budget``): a draw over it is
     halved in its unpinned fields, ctx first, until it fits. Shrinks toward topk 1, one step, page 1,
     the smallest ctx and max_bs, no window, no sinks, E = 1, no translation.
     """
     dom = _domain(domain)
-    from harness.cases.case import CONTRACTS
+    from kvfence.cases.case import CONTRACTS
 
     require(contract in CONTRACTS, f"configs(contract={contract!r}): choose {', '.join(CONTRACTS)}")
     require(isinstance(family, bool), f"configs(family={family!r}) must be true or false")
@@ -138,7 +138,7 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     _fixed_or(page_size, None, "page_size", lambda v: _positive(v) and v & (v - 1) == 0, "a power of two")
     pins = dict(topk=topk, num_steps=num_steps, page_size=page_size, ctx=ctx, max_bs=max_bs)
     fixed = dict(sizing=sizing, layout=layout, mode=mode, contract=contract)
-    from kernels.sizing import WINDOW_POLICIES
+    from kvfence.kernels.sizing import WINDOW_POLICIES
 
     smallest_window = 1 if (contract == "window-rail" or sizing in WINDOW_POLICIES) else 0
     least = dict(window_size=smallest_window, sink_size=0, entry_page_size=1, translate=False)
@@ -160,7 +160,7 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
 def _require_fits(config: Config, max_bytes: Optional[int]) -> None:
     if max_bytes is None:
         return
-    from harness.cases.budget import estimate_bytes
+    from kvfence.cases.budget import estimate_bytes
 
     need = estimate_bytes(config)
     require(need <= max_bytes, f"memory budget {max_bytes} bytes is below the smallest config allowed "
@@ -256,7 +256,7 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     fields = _family(draw, n, c, dict(family_pins), family, min_window, fixed_d["contract"] == "window-rail")
     config = Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m), **fixed_d, **fields)
     if max_bytes is not None:
-        from harness.cases.budget import fit
+        from kvfence.cases.budget import fit
 
         # Which field gives way first is drawn too: long contexts and large batches both survive the
         # budget (ctx first is the shrink target).

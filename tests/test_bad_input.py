@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cases import casefile
-from harness.cases.case import Batch, Case, Config
+from kvfence.cases import casefile
+from kvfence.cases.case import Batch, Case, Config
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZINGS = ROOT / "tests" / "targets" / "sizings.py"
@@ -127,7 +127,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, device, name, text, argv, ne
         args = [device if prev == "--device" else a for prev, a in zip([None] + args, args)]
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    res = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "kvfence", *args], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, env=env)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
@@ -148,7 +148,7 @@ def test_out_folder_is_not_created_when_validation_fails(tmp_path, device, argv)
     out = tmp_path / "new" / "out"
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    res = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--device", device, "--out", str(out), *argv],
+    res = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", device, "--out", str(out), *argv],
                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 2 and res.stderr.startswith("kvfence: error:"), res.stderr
     assert not (tmp_path / "new").exists()

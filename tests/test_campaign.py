@@ -1,6 +1,6 @@
-"""Campaigns beyond one process (harness.workflow.campaign): the example database, its key, shards.
+"""Campaigns beyond one process (kvfence.workflow.campaign): the example database, its key, shards.
 
-The replay tests run real ``python -m harness fuzz`` processes one after another against one database
+The replay tests run real ``python -m kvfence fuzz`` processes one after another against one database
 (a directory, and a real ``redis-server`` when it is installed): the first finds the seed's bug, the
 second, with another seed and a budget of one example, must replay that failure at once; the same
 second run without the database (or under another kernel's key) must stay clean.
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from harness.workflow import campaign
-from harness.errors import BadInput
-from harness.cases.domain import CPU, GPU
-from strategies import configs
+from kvfence.workflow import campaign
+from kvfence.errors import BadInput
+from kvfence.cases.domain import CPU, GPU
+from kvfence.strategies import configs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAINS = campaign.cell_domains(CPU)
@@ -30,7 +30,7 @@ GRID = [DOMAINS[name] for name in campaign.CELL_FIELDS]
 
 def kvfence(*args, timeout=240, env=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -116,8 +116,8 @@ def test_gpu_domain_cells_are_dealt_too():
 
 
 def test_cells_that_exceed_the_memory_budget_are_left_out_and_counted():
-    from harness.cases.budget import estimate_bytes
-    from harness.cases.case import Config
+    from kvfence.cases.budget import estimate_bytes
+    from kvfence.cases.case import Config
 
     # A budget that the smallest topk-8 config exceeds but the smallest topk-1 config fits.
     small = estimate_bytes(Config(topk=1, num_steps=1, page_size=1, ctx=2, max_bs=1))
@@ -183,7 +183,7 @@ def test_the_key_separates_kernels_sizings_and_domains_and_nothing_else():
 
 
 def test_the_key_is_the_same_in_another_process():
-    code = ("from harness.workflow.campaign import database_key; print(database_key(kernel='reference', sizing='prefix', "
+    code = ("from kvfence.workflow.campaign import database_key; print(database_key(kernel='reference', sizing='prefix', "
             "domain={'mode': 'graph', 'shard': None}).hex())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT),
                          PYTHONHASHSEED="123"), capture_output=True, text=True, timeout=120, check=True)

@@ -3,9 +3,9 @@ before anything is computed or allocated."""
 
 import pytest
 
-from harness.cases import oracle
-from harness.cases.case import MAX_POOL_BYTES, Config
-from harness.errors import BadInput
+from kvfence.cases import oracle
+from kvfence.cases.case import MAX_POOL_BYTES, Config
+from kvfence.errors import BadInput
 
 
 @pytest.mark.parametrize("topk", [1, 2, 3, 5])

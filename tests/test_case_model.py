@@ -5,11 +5,11 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from harness.cases.case import Batch, Case, Config, slot_id
-from harness.errors import BadInput
-from harness.running.guarded import POISON, GuardedBuffer, canary_values
-from harness.running.runner import slot_table
-from strategies import batches, cases, configs, seq_len_bound
+from kvfence.cases.case import Batch, Case, Config, slot_id
+from kvfence.errors import BadInput
+from kvfence.running.guarded import POISON, GuardedBuffer, canary_values
+from kvfence.running.runner import slot_table
+from kvfence.strategies import batches, cases, configs, seq_len_bound
 
 
 @pytest.mark.parametrize("kwargs, message", [

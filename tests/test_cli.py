@@ -1,4 +1,4 @@
-"""``python -m harness fuzz`` as a user runs it: exit codes, the JSON summary, one-line errors."""
+"""``python -m kvfence fuzz`` as a user runs it: exit codes, the JSON summary, one-line errors."""
 
 import json
 import os
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def kvfence(*args, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

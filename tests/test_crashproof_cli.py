@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import casefile
+from kvfence.cases import casefile
 
-from harness.running import journal
-from harness.cases.findings import Kind
+from kvfence.running import journal
+from kvfence.cases.findings import Kind
 
 pytestmark = pytest.mark.cpu_only  # the plug-ins crash or stall the interpreter's process on purpose
 
@@ -32,7 +32,7 @@ def env_without_interpreter(**extra):
 
 
 def harness(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=env or env_without_interpreter())
 
 
@@ -99,7 +99,7 @@ def signal_a_failing_run(tmp_path, out, sig, *extra):
     (Hypothesis is shrinking it from there), and return ``(process, stdout, stderr)`` once it has ended."""
     marker = tmp_path / "launches"
     env = env_without_interpreter(KVFENCE_TEST_MARKER=str(marker))
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--kernel", f"{CRASHERS}:slow_wrong",
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", "fuzz", "--kernel", f"{CRASHERS}:slow_wrong",
                              "--out", str(out), "--max-examples", "50", *extra, *SMALL], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -177,7 +177,7 @@ def test_chaos_sigkill_of_workers_during_a_fuzz_run_loses_no_failure_and_leaves_
     """A fuzz run whose workers are SIGKILLed at random moments still reports its failure, and every
     file it leaves is valid JSON (no torn summary, case file or temp file)."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--sizing", "prefix", "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", "fuzz", "--sizing", "prefix", "--out", str(out),
                              "--max-examples", "100", "--shrink-seconds", "20", *SMALL], cwd=ROOT,
                             env=env_without_interpreter(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rng = random.Random(3)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import casefile
-from harness.cases.findings import Kind
+from kvfence.cases import casefile
+from kvfence.cases.findings import Kind
 
 pytestmark = pytest.mark.cpu_only
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--device", "cpu", "--mode", "eager", "--topk", "2", "--num-steps", "1", "--ctx", "6", "--max-bs", "2",
          "--seed", "1", "--quiet", "--database", "none", "--max-examples", "20", "--shrink-seconds", "5"]
 
-#: Runs ``harness.cli.main(argv)`` with file creation in OUT failing with ERRNO once OUT/cases/*.json exists.
+#: Runs ``kvfence.cli.main(argv)`` with file creation in OUT failing with ERRNO once OUT/cases/*.json exists.
 INJECT = """
 import errno, io, os, sys
 from pathlib import Path
@@ -49,7 +49,7 @@ def io_open(file, mode="r", *args, **kwargs):
 os.open, io.open = os_open, io_open
 import builtins
 builtins.open = io_open
-from harness.cli import main
+from kvfence.cli import main
 sys.exit(main(sys.argv[3:]))
 """
 

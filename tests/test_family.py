@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from harness.cases import casefile
-from harness.cases.case import Batch, Case, Config, req_to_token_rows, table_entry, v2p_table
-from harness.errors import BadInput
-from harness.verifying.fastcheck import expected_writes_torch
-from harness.verifying.verdict import expected_from_oracle
-from strategies import batches, cases, configs
+from kvfence.cases import casefile
+from kvfence.cases.case import Batch, Case, Config, req_to_token_rows, table_entry, v2p_table
+from kvfence.errors import BadInput
+from kvfence.verifying.fastcheck import expected_writes_torch
+from kvfence.verifying.verdict import expected_from_oracle
+from kvfence.strategies import batches, cases, configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
@@ -60,8 +60,8 @@ def test_defaults_are_todays_config_and_old_case_files_load():
 
 
 def pool_and_oracle_are_classic(case):
-    from harness.cases import oracle
-    from harness.cases.case import slot_id
+    from kvfence.cases import oracle
+    from kvfence.cases.case import slot_id
 
     c, lb = case.config, case.launch()
     rows = [[slot_id(case.batch.token_seed, r * c.pool_len + t) for t in range(c.pool_len)] for r in range(c.pool_rows)]
@@ -80,7 +80,7 @@ def test_family_case_files_round_trip_and_bad_fields_exit_2_on_load(tmp_path):
     doc["case"]["config"]["entry_page_size"] = 6
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
-    proc = subprocess.run([sys.executable, "-m", "harness", "repro", str(path), "--device", "cpu"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "repro", str(path), "--device", "cpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "entry_page_size must be a power of two" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -100,7 +100,7 @@ def test_page_granular_rows_and_the_virtual_table():
 def test_the_drawn_page_table_has_negative_sink_and_far_pages_and_shrinks_to_the_identity():
     import torch
 
-    from harness.running.runner import v2p_tensor
+    from kvfence.running.runner import v2p_tensor
 
     config = Config(topk=2, num_steps=2, page_size=2, ctx=40, max_bs=4, translate=True)
     assert v2p_table(config, 0) == list(range(config.v2p_pages))
@@ -110,7 +110,7 @@ def test_the_drawn_page_table_has_negative_sink_and_far_pages_and_shrinks_to_the
     assert any(p * config.page_size >= 2**30 for p in table)  # far pages
     assert all(p * config.page_size + config.page_size - 1 < 2**31 for p in table)
     assert v2p_tensor(config, 77, "cpu").tolist() == table and v2p_tensor(config, 0, "cpu").tolist() == v2p_table(config, 0)
-    from harness.running.runner import slot_table
+    from kvfence.running.runner import slot_table
 
     for c in (config, Config(topk=1, num_steps=1, entry_page_size=8)):
         flat = slot_table(5, c.pool_rows, c.pool_cols, "cpu", c).view(-1).tolist()
@@ -150,7 +150,7 @@ def test_rail_padding_segments_overlap_and_both_builders_agree(make_session):
     assert ew.either and all(len(v) == 2 for v in ew.either.values())
     assert make_session("reference").check(case) == []
     # Either value is accepted (a GPU may run the programs in any order); a third value is a finding.
-    from harness.verifying.verdict import check
+    from kvfence.verifying.verdict import check
 
     (flat, values) = next(iter(ew.either.items()))
     for value, clean in ((values[0], True), (values[1], True), (12345, False)):
@@ -166,7 +166,7 @@ def test_rail_padding_segments_overlap_and_both_builders_agree(make_session):
     (LAUNCHER, dict(entry_page_size=2), "lacks ENTRY_PAGE_SIZE"),
 ])
 def test_a_kernel_without_the_parameters_is_refused_in_one_line(device, spec, fields, needle):
-    from harness.verifying.session import Session
+    from kvfence.verifying.session import Session
 
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=1, **fields)
     with pytest.raises(BadInput) as err:
@@ -175,7 +175,7 @@ def test_a_kernel_without_the_parameters_is_refused_in_one_line(device, spec, fi
 
 
 def test_classic_kernels_get_no_family_draws_and_the_reference_gets_them():
-    from harness.cases.targets import kernel_capabilities
+    from kvfence.cases.targets import kernel_capabilities
 
     assert not kernel_capabilities(CLASSIC).family and not kernel_capabilities(LAUNCHER).family
     assert kernel_capabilities("reference").family
@@ -188,8 +188,8 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
     there); on and off decide on both; on with a classic-ABI kernel is one-line bad input."""
     import argparse
 
-    from harness.cli import _check_family, _draws_family
-    from harness.cases.domain import CPU, GPU
+    from kvfence.cli import _check_family, _draws_family
+    from kvfence.cases.domain import CPU, GPU
 
     args = argparse.Namespace(kernel="reference", family=flag, window=None, sink=None, entry_page_size=None,
                               translate=None, contract="draft")
@@ -203,7 +203,7 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
 
 # -- sizing --------------------------------------------------------------------------------------------
 def test_window_policies_and_four_argument_plugins(tmp_path):
-    from harness.cases.targets import resolve_sizing
+    from kvfence.cases.targets import resolve_sizing
 
     plugin = tmp_path / "sizing_plugin.py"
     plugin.write_text("def four(n, topk, ctx, num_steps):\n    return n * topk * (ctx + num_steps)\n"
@@ -228,7 +228,7 @@ def test_window_need_is_clipped():
 
 # -- the device verifier's routing -----------------------------------------------------------------------
 def test_family_configs_are_verified_on_the_host_and_counted(device):
-    from harness.verifying.session import Session
+    from kvfence.verifying.session import Session
 
     session = Session(device, "reference", verifier="device")
     classic = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2), Batch((5, 3), (0, 1)))
@@ -237,7 +237,7 @@ def test_family_configs_are_verified_on_the_host_and_counted(device):
     assert session.check(family) == []
     assert session.stats["host_verified_cases"] == 1 and session.stats["fast_clean"] == 1
     # The host path really checks: a kernel that drops the sinks is caught there.
-    from harness.workflow.mutants import kernel_spec
+    from kvfence.workflow.mutants import kernel_spec
 
     buggy = Session(device, kernel_spec("window_sinks_dropped"), verifier="device")
     sinks = Case(Config(topk=1, num_steps=1, ctx=8, max_bs=1, window_size=2, sink_size=1), Batch((6,), (0,)))
@@ -260,7 +260,7 @@ DETECTIONS = [  # mutant, config fields, batch (seq_lens), v2p_seed
 
 @pytest.mark.parametrize("mutant, fields, lens, v2p_seed", DETECTIONS, ids=[d[0] for d in DETECTIONS])
 def test_each_new_path_catches_its_bug_and_passes_the_reference(make_session, mutant, fields, lens, v2p_seed):
-    from harness.workflow.mutants import kernel_spec
+    from kvfence.workflow.mutants import kernel_spec
 
     fields = dict(dict(ctx=8, max_bs=2), **fields)
     config = Config(**fields)
@@ -307,7 +307,7 @@ def test_strategies_reach_every_new_path_and_stay_classic_without_family():
 
 # -- the command line ----------------------------------------------------------------------------------
 def kvfence(*args):
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -338,10 +338,10 @@ def test_fuzz_the_rail_with_a_sizing_bug_finds_it_and_the_fix_is_clean(tmp_path)
 
 # -- SGLang 0.5.23's own kernels on every new path (needs its extracted cache) ---------------------------
 @pytest.mark.skipif(not (UPSTREAM_CACHE / "sglang-0.5.23" / "manifest.json").is_file(),
-                    reason="no extracted sglang 0.5.23 (python -m harness upstream fetch 0.5.23)")
+                    reason="no extracted sglang 0.5.23 (python -m kvfence upstream fetch 0.5.23)")
 @pytest.mark.parametrize("attr, contract", [("", "draft"), (":generate_draft_decode_window_kv_indices", "window-rail")])
 def test_sglang_0_5_23_is_clean_on_the_family(device, monkeypatch, attr, contract):
-    from harness.verifying.session import Session
+    from kvfence.verifying.session import Session
 
     monkeypatch.setenv("KVFENCE_CACHE", str(UPSTREAM_CACHE))
     monkeypatch.setenv("KVFENCE_OFFLINE", "1")

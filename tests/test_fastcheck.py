@@ -9,14 +9,14 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from harness.cases.case import Batch, Case, Config
-from harness.verifying.device_verify import DeviceVerifier
-from harness.verifying.fastcheck import expected_writes_torch
-from harness.cases.findings import Kind
-from harness.verifying.session import Session
-from harness.verifying.verdict import expected_from_oracle
-from kernels.verify.slots import slot_ids
-from strategies import batches, configs
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.verifying.device_verify import DeviceVerifier
+from kvfence.verifying.fastcheck import expected_writes_torch
+from kvfence.cases.findings import Kind
+from kvfence.verifying.session import Session
+from kvfence.verifying.verdict import expected_from_oracle
+from kvfence.kernels.verify.slots import slot_ids
+from kvfence.strategies import batches, configs
 
 BAD = Path(__file__).parent / "targets" / "bad_writes.py"
 
@@ -114,7 +114,7 @@ def test_device_verifier_on_rows_of_many_outside_blocks(device, launcher, counte
     row's slack from its first unwritten column with up to ``PROGRAMS_PER_ROW`` programs, each taking
     every P-th block; with 4 programs each loops over several blocks. A write at the end of the slack
     and one into the tail are still counted, and the reference stays clean."""
-    import kernels.verify.outside as outside
+    import kvfence.kernels.verify.outside as outside
 
     monkeypatch.setattr(outside, "PROGRAMS_PER_ROW", programs)
     config = Config(topk=8, num_steps=1, ctx=700, max_bs=4, sizing="safe")
@@ -143,8 +143,8 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
     """The verdict with the torch write-set builder (the device path's full verdict) equals the verdict
     with the plain oracle, finding for finding, on kernels that really are wrong (the mutants) and under
     a sizing that overflows: kind, buffer, region and element range all agree."""
-    from harness.workflow.mutants import kernel_spec
-    from harness.verifying.verdict import check
+    from kvfence.workflow.mutants import kernel_spec
+    from kvfence.verifying.verdict import check
 
     name = data.draw(st.sampled_from(DIRTY_MUTANTS))
     config = data.draw(configs(sizing=data.draw(st.sampled_from(["safe", "prefix"])),
@@ -161,10 +161,10 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
 @pytest.mark.cpu_only
 def test_verifier_slot_ids_equal_the_case_model_in_32_bit_arithmetic():
     """kernels/verify/slots.py computes slot ids with wrapping 32-bit products; they must equal
-    harness.cases.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
+    kvfence.cases.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
     import torch
 
-    from harness.cases.case import slot_id
+    from kvfence.cases.case import slot_id
 
     pairs = [(0, 0), (1, 0), (7, 2**30 - 1), (2**31 - 1, 12345), (2**31, 99), (2**32 + 5, 2**29), (2**33 + 77, 7),
              (123456789, 987654321 % 2**30)] + [(i * 104729 + 3, (i * 7919) % 2**30) for i in range(8)]

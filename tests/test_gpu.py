@@ -10,12 +10,12 @@ import time
 import pytest
 import torch
 
-from harness.cases.case import Batch, Case, Config
-from harness.cases.findings import Kind
-from harness.workflow.fuzz import fuzz
-from harness.running.runner import GraphRunner
-from harness.verifying.session import Session
-from strategies import cases, configs
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.cases.findings import Kind
+from kvfence.workflow.fuzz import fuzz
+from kvfence.running.runner import GraphRunner
+from kvfence.verifying.session import Session
+from kvfence.strategies import cases, configs
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +59,7 @@ def test_prefix_policy_is_caught_inside_a_captured_graph_in_under_a_second(devic
 
 
 def test_worker_pinning_maps_workers_onto_gpus(device):
-    from harness.device import pin_worker_gpu
+    from kvfence.device import pin_worker_gpu
 
     count = torch.cuda.device_count()
     assert pin_worker_gpu("gw0") == 0

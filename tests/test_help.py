@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from kvfence import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Runs ``harness.cli:main`` exactly as the ``kvfence`` console script does (``main()`` with no arguments).
-CONSOLE_SCRIPT = "import sys; from harness.cli import main; sys.exit(main())"
+#: Runs ``kvfence.cli:main`` exactly as the ``kvfence`` console script does (``main()`` with no arguments).
+CONSOLE_SCRIPT = "import sys; from kvfence.cli import main; sys.exit(main())"
 
 
 def run(argv, *, console_script=False, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    head = ["-c", CONSOLE_SCRIPT] if console_script else ["-m", "harness"]
+    head = ["-c", CONSOLE_SCRIPT] if console_script else ["-m", "kvfence"]
     return subprocess.run([sys.executable, *head, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -70,7 +70,7 @@ def test_every_flag_has_help_that_shows_its_default(command):
 def test_each_commands_help_lists_its_exit_codes(command):
     proc = run([command, "--help"])
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"usage: python -m harness {command} ")
+    assert proc.stdout.startswith(f"usage: python -m kvfence {command} ")
     codes = proc.stdout.split("exit codes:\n", 1)[1]
     listed = [int(m) for m in re.findall(r"^  (\d)  \S", codes, flags=re.M)]
     assert 0 in listed and 2 in listed, codes
@@ -80,14 +80,14 @@ def test_each_commands_help_lists_its_exit_codes(command):
 
 def test_the_console_script_names_itself_kvfence():
     scripts = re.search(r"\[project\.scripts\]\s*\n(.*?)(\n\[|\Z)", (ROOT / "pyproject.toml").read_text(), re.S)
-    assert re.search(r'^kvfence\s*=\s*"harness\.cli:main"', scripts.group(1), re.M)
+    assert re.search(r'^kvfence\s*=\s*"kvfence\.cli:main"', scripts.group(1), re.M)
     proc = run(["fuzz", "--help"], console_script=True)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: kvfence fuzz ")
     proc = run(["fuzz", "--mode", "lazy"], console_script=True)
     assert proc.returncode == 2 and proc.stderr.startswith("kvfence: error: kvfence fuzz: argument --mode")
 
 
-@pytest.mark.parametrize("console_script, name", [(True, "kvfence"), (False, "python -m harness")])
+@pytest.mark.parametrize("console_script, name", [(True, "kvfence"), (False, "python -m kvfence")])
 def test_no_command_prints_the_command_list(console_script, name):
     proc = run([], console_script=console_script)
     # Exit 2 (not 0): a script that lost its arguments must not pass silently.

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import casefile
+from kvfence.cases import casefile
 
-from harness.running import journal
-from harness.cases.case import Batch, Case, Config
-from harness.cases.findings import Kind
+from kvfence.running import journal
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.cases.findings import Kind
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A launcher plug-in (harness/cases/targets.py LAUNCH_KWARGS) that records the batch it got, then hangs or aborts.
@@ -42,7 +42,7 @@ SMALL = ["--in-process", "--device", "cpu", "--mode", "eager", "--topk", "2", "-
 
 
 def harness(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=env, **kw)
 
 
@@ -73,7 +73,7 @@ def test_sigkill_mid_launch_is_reported_as_crash_by_resume(tmp_path, plugin):
     launcher, marker, env = plugin
     out = tmp_path / "out"
     spec = f"{launcher}:hang"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "fuzz", "--kernel", spec, "--out", str(out), *SMALL],
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", "fuzz", "--kernel", spec, "--out", str(out), *SMALL],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_for(marker)

@@ -1,4 +1,4 @@
-"""``fuzz --keep-going`` (harness.workflow.keepgoing): one run finds, shrinks and saves every distinct failure
+"""``fuzz --keep-going`` (kvfence.workflow.keepgoing): one run finds, shrinks and saves every distinct failure
 it meets within its budget instead of stopping at the first."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import casefile
-from harness.cases.findings import Kind
+from kvfence.cases import casefile
+from kvfence.cases.findings import Kind
 
 pytestmark = pytest.mark.cpu_only  # the plug-in segfaults the interpreter's process on purpose
 
@@ -23,7 +23,7 @@ SMALL = ["--device", "cpu", "--mode", "eager", "--topk", "2", "--num-steps", "1"
 def fuzz(*args):
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-m", "harness", "fuzz", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", "fuzz", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env=env)
 
 

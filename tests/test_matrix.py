@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 
-from harness.tools import matrix
-from harness.cases.findings import Kind
-from harness.verifying.session import Session
-from reports.sweep import matrix_markdown, matrix_rows
+from kvfence.tools import matrix
+from kvfence.cases.findings import Kind
+from kvfence.verifying.session import Session
+from kvfence.reports.sweep import matrix_markdown, matrix_rows
 
 pytestmark = pytest.mark.cpu_only
 
@@ -84,7 +84,7 @@ def test_matrix_rendering_shows_seen_missed_and_errored_cells():
 def test_the_matrix_fills_every_cell_and_never_counts_a_failed_run_as_missed(tmp_path, monkeypatch):
     # End to end on the CPU: canary cells are real repro children under the interpreter; memcheck is the
     # fake tool, first clean (every memcheck cell "missed"), then dying (every memcheck cell "error").
-    from harness.tools import sanitizer
+    from kvfence.tools import sanitizer
     from tests.fake_sanitizer import install_fake_tool
 
     install_fake_tool(tmp_path, monkeypatch)

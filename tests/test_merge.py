@@ -1,4 +1,4 @@
-"""``python -m harness report --merge``: runs from several hosts as one report, identical cases once."""
+"""``python -m kvfence report --merge``: runs from several hosts as one report, identical cases once."""
 
 import json
 import os
@@ -16,7 +16,7 @@ FUZZ = ["fuzz", "--sizing", "prefix", "--device", "cpu", "--max-examples", "20",
 
 def kvfence(*args, timeout=240):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

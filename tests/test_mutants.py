@@ -1,4 +1,4 @@
-"""The mutation self-test (harness.workflow.mutants, ``python -m harness mutants``): every shipped mutant is
+"""The mutation self-test (kvfence.workflow.mutants, ``python -m kvfence mutants``): every shipped mutant is
 detected under its fixed example budget, and the reference stays clean under the same configs."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ SCALE = {"copy_first_block_only", "prefix_sum_16_lanes", "indptr_sum_64_branches
 
 
 def test_shipped_mutants_are_well_formed(device):
-    from harness.workflow.mutants import discover
-    from harness.cases.targets import resolve_kernel, resolve_sizing
+    from kvfence.workflow.mutants import discover
+    from kvfence.cases.targets import resolve_kernel, resolve_sizing
 
     mutants = discover()
     assert len(mutants) >= 16 and REQUIRED | SCALE | FAMILY <= {m.name for m in mutants}
@@ -48,7 +48,7 @@ def test_shipped_mutants_are_well_formed(device):
 def test_every_mutant_is_detected_and_the_reference_is_clean(device):
     """Unpinned draws from the CPU domain catch every CPU mutant; the scale mutants stay unreachable
     there (they need sizes the interpreter never draws); the reference stays clean."""
-    from harness.workflow.mutants import run_all
+    from kvfence.workflow.mutants import run_all
 
     report = run_all(device, max_examples=60, seeds=[0])
     missed = [m.name for m in report.mutants if m.expected and not m.detected]
@@ -68,7 +68,7 @@ def test_every_mutant_is_detected_and_the_reference_is_clean(device):
 
 def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path):
     """The pair of the test above: a correct kernel posing as a mutant is not 'detected'."""
-    from harness.workflow.mutants import run_all
+    from kvfence.workflow.mutants import run_all
 
     src = (ROOT / "kernels" / "mutants" / "off_by_one_n.py").read_text()
     # The same patch site, "mutated" into the correct line: a kernel identical in behaviour.
@@ -84,7 +84,7 @@ def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "harness", "mutants", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", "mutants", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
 
 

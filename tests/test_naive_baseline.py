@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases.case import Batch, Config
-from harness.workflow.compare import PLANTED_FILE
+from kvfence.cases.case import Batch, Config
+from kvfence.workflow.compare import PLANTED_FILE
 
 pytestmark = pytest.mark.cpu_only
 

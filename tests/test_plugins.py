@@ -1,6 +1,6 @@
-"""Plug-in kernels and sizing policies (harness.cases.targets): ``--kernel`` / ``--sizing`` end to end.
+"""Plug-in kernels and sizing policies (kvfence.cases.targets): ``--kernel`` / ``--sizing`` end to end.
 
-A kernel file outside the project runs through ``python -m harness fuzz``; a plug-in that cannot be
+A kernel file outside the project runs through ``python -m kvfence fuzz``; a plug-in that cannot be
 imported, has the wrong signature or lacks the attribute is exit 2 with one line on stderr. The same
 choices reach pytest through ``--kernel`` / ``--sizing`` (or KVFENCE_KERNEL / KVFENCE_SIZING): the
 property test at the end runs whatever kernel and sizing the session was started with.
@@ -26,7 +26,7 @@ ATTR = "generate_draft_decode_kv_indices"
 LAUNCHER = '''
 import sys
 sys.path.insert(0, {root!r})
-from kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch as classic_launch
+from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch as classic_launch
 
 
 def launch(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, topk, num_steps,
@@ -40,7 +40,7 @@ def launch(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, p
 
 def kvfence(*args, cwd=ROOT):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
 
 
@@ -100,7 +100,7 @@ def test_broken_kernel_file_is_one_line_exit_2(tmp_path):
     ("x = 1\n", ("has no attribute", ATTR)),
 ])
 def test_bad_kernel_plugins_are_one_line_exit_2(tmp_path, source, needles):
-    from harness.cli import main
+    from kvfence.cli import main
 
     path = tmp_path / "plugin.py"
     path.write_text(source)
@@ -131,9 +131,9 @@ def test_launcher_plugin_with_scratch_runs_clean(tmp_path):
 
 
 def test_module_attr_spec_resolves(device):
-    from harness.cases.targets import resolve_kernel
+    from kvfence.cases.targets import resolve_kernel
 
-    target = resolve_kernel(f"kernels.draft_kv_indices:{ATTR}", device)
+    target = resolve_kernel(f"kvfence.kernels.draft_kv_indices:{ATTR}", device)
     assert target.request_axis == 1
 
 
@@ -151,7 +151,7 @@ def test_sizing_file_plugin(tmp_path, body, code):
     ("def width(n, topk, ctx, num_steps):\n    return 2.5\n", ("failed for", "TypeError")),
 ])
 def test_bad_sizing_plugins_are_one_line_exit_2(tmp_path, source, needles):
-    from harness.cli import main
+    from kvfence.cli import main
     import io
     from contextlib import redirect_stderr
 
@@ -164,7 +164,7 @@ def test_bad_sizing_plugins_are_one_line_exit_2(tmp_path, source, needles):
 
 
 def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, device):
-    from harness.cases.targets import _load_attr
+    from kvfence.cases.targets import _load_attr
 
     first = _load_attr(f"{outside_kernel}:{ATTR}", "kernel")
     assert _load_attr(f"{outside_kernel}:{ATTR}", "kernel") is first
@@ -174,8 +174,8 @@ def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, d
 @given(data=st.data())
 def test_kernel_under_test_matches_the_oracle(kernel_spec, sizing_spec, make_session, data):
     """Runs ``--kernel`` / ``--sizing`` (env KVFENCE_KERNEL / KVFENCE_SIZING; reference and safe by default)."""
-    from harness.cases.casefile import format_failure
-    from strategies import cases, configs
+    from kvfence.cases.casefile import format_failure
+    from kvfence.strategies import cases, configs
 
     case = data.draw(cases(configs(sizing=sizing_spec, max_ctx=24, max_max_bs=3), kernel=kernel_spec))
     findings = make_session(kernel_spec).check(case)

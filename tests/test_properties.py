@@ -3,15 +3,15 @@ strategies' domain, and the fuzz loop catching the sizing bugs it exists for."""
 
 from hypothesis import given, settings, strategies as st
 
-from harness.cases import oracle
-from harness.cases.case import Case
-from harness.cases.findings import Kind
-from harness.workflow.fuzz import fuzz, utilisation
-from harness.running.runner import make_runner
-from harness.cases.targets import resolve_kernel
-from kernels.draft_kv_indices import token_blocks_for
-from harness.cases.casefile import raise_on_findings
-from strategies import batches, cases, configs
+from kvfence.cases import oracle
+from kvfence.cases.case import Case
+from kvfence.cases.findings import Kind
+from kvfence.workflow.fuzz import fuzz, utilisation
+from kvfence.running.runner import make_runner
+from kvfence.cases.targets import resolve_kernel
+from kvfence.kernels.draft_kv_indices import token_blocks_for
+from kvfence.cases.casefile import raise_on_findings
+from kvfence.strategies import batches, cases, configs
 
 layouts = st.sampled_from(["redzone", "production"])
 modes = st.sampled_from(["graph", "eager"])

@@ -15,8 +15,8 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 #: Appended to each quickstart ``kvfence`` command (argparse: a later flag wins): CPU, small and repeatable.
 SMALL_BUDGET = ["--device", "cpu", "--max-examples", "200", "--seed", "1", "--shrink-seconds", "10", "--quiet"]
-#: Runs ``harness.cli:main`` as the ``kvfence`` console script does.
-CONSOLE_SCRIPT = "import sys; from harness.cli import main; sys.exit(main())"
+#: Runs ``kvfence.cli:main`` as the ``kvfence`` console script does.
+CONSOLE_SCRIPT = "import sys; from kvfence.cli import main; sys.exit(main())"
 
 
 def quickstart_lines(readme: str) -> list:

@@ -1,4 +1,4 @@
-"""The upstream release matrix (harness.workflow.release_matrix, ``upstream matrix``), over fake sglang wheels.
+"""The upstream release matrix (kvfence.workflow.release_matrix, ``upstream matrix``), over fake sglang wheels.
 
 The wheels are tests/test_upstream.py's (a classic-ABI kernel written from docs/contract.md, no SGLang code):
 a correct release, one with an inclusive prefix sum (a real bug: caught under every sizing), one without the
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.workflow import release_matrix as rm
-from harness.cases import upstream
-from harness.errors import BadInput
+from kvfence.workflow import release_matrix as rm
+from kvfence.cases import upstream
+from kvfence.errors import BadInput
 from tests.test_upstream import EXTRA_REQUIRED, INCLUSIVE_PREFIX_SUM, MODULE, NUM_SEQS_TOPK, ROOT, edited, \
     kvfence, make_wheel, one_line_exit_2
 
@@ -296,7 +296,7 @@ def test_sigterm_stops_the_running_cells_and_writes_what_was_checked(tmp_path, w
     cache, out = tmp_path / "cache", tmp_path / "m"
     env = dict(os.environ, PYTHONPATH=str(ROOT), KVFENCE_CACHE=str(cache), KVFENCE_OFFLINE="1",
                KVFENCE_WHEEL_DIR=str(wheels))
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "upstream", "matrix",
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", "upstream", "matrix",
                              "--versions", f"{CLEAN},{NO_KERNEL}", "--sizing", "safe", "--device", "cpu", "--max-examples", "100000", "--out", str(out)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / CLEAN / "safe-draft" / "fuzz.log"
@@ -328,7 +328,7 @@ def _cmdline(proc_dir: Path) -> str:
 def test_rail_cells_pin_a_window_and_take_only_window_sizings():
     """A window-rail cell runs fuzz with the rail's window pinned, and only the window-* policies size the
     rail (the draft kernel's policies size the draft kernel): the other pairs are not applicable."""
-    from harness.workflow import release_matrix as rm
+    from kvfence.workflow import release_matrix as rm
 
     assert rm.contract_flags("window-rail") == ["--contract", "window-rail", "--window", str(rm.RAIL_WINDOW)]
     assert rm.contract_flags("draft") == ["--contract", "draft"]

@@ -11,11 +11,11 @@ import torch
 from hypothesis import Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from harness.cases.case import Batch, Case
-from harness.running.runner import GraphRunner
-from harness.cases.targets import resolve_kernel
-from harness.verifying.verdict import check
-from strategies import batches, configs
+from kvfence.cases.case import Batch, Case
+from kvfence.running.runner import GraphRunner
+from kvfence.cases.targets import resolve_kernel
+from kvfence.verifying.verdict import check
+from kvfence.strategies import batches, configs
 
 
 class ReplayMachine(RuleBasedStateMachine):

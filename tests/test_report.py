@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.workflow.fuzz import fuzz
-from harness.workflow.progress import Progress
-from reports import summary as summary_mod
-from reports.render import coverage_png, write_reports
-from strategies import cases, configs
+from kvfence.workflow.fuzz import fuzz
+from kvfence.workflow.progress import Progress
+from kvfence.reports import summary as summary_mod
+from kvfence.reports.render import coverage_png, write_reports
+from kvfence.strategies import cases, configs
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def doc(make_session, tmp_path_factory):
     """A real, small fuzz run of the pre-fix sizing (finds its missing topk factor) turned into a summary."""
-    from harness.cases import casefile
+    from kvfence.cases import casefile
 
     strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix"))
     result = fuzz(make_session(), strategy, max_examples=30, seed=4, shrink_seconds=20)
@@ -42,7 +42,7 @@ def test_summary_lists_findings_with_their_case_file_and_the_coverage(doc):
     assert len(rows) == doc["examples"] and doc["coverage"]["fields"] == list(summary_mod.COVERAGE_FIELDS)
     assert any(row[-1] for row in rows)  # the failing example is marked
     table = summary_mod.text_table(doc)
-    assert "SIZING_VIOLATION" in table and "python -m harness repro" in table
+    assert "SIZING_VIOLATION" in table and "python -m kvfence repro" in table
 
 
 def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_path):
@@ -52,7 +52,7 @@ def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_pat
     match = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
     assert match and base64.b64decode(match.group(1)).startswith(PNG_MAGIC)
     assert not re.search(r"(src|href)=['\"](?!data:)", html)  # nothing external to load
-    assert "SIZING_VIOLATION" in html and "python -m harness repro" in html
+    assert "SIZING_VIOLATION" in html and "python -m kvfence repro" in html
     md = written["md"].read_text()
     assert "![coverage](coverage.png)" in md and (tmp_path / "coverage.png").read_bytes().startswith(PNG_MAGIC)
 
@@ -71,7 +71,7 @@ def test_without_matplotlib_the_reports_say_the_plot_was_skipped(doc, tmp_path, 
 
 def test_report_command_rerenders_from_summary_json(doc, tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(doc))
-    res = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], cwd=ROOT, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "kvfence", "report", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "base64," in (tmp_path / "report.html").read_text()
@@ -79,7 +79,7 @@ def test_report_command_rerenders_from_summary_json(doc, tmp_path):
 
 
 def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
-    from harness.workflow.fuzz import FuzzResult
+    from kvfence.workflow.fuzz import FuzzResult
 
     r = FuzzResult(examples=50, verified_cases=100, cached_cases=3, elapsed_s=2.0, max_utilisation=0.5)
     tty, plain = io.StringIO(), io.StringIO()
@@ -103,7 +103,7 @@ def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
 @pytest.mark.cpu_only  # the CLI runs --device cpu (the interpreter)
 def test_fuzz_cli_writes_all_outputs_and_progress(tmp_path):
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--device", "cpu", "--sizing", "safe",
+    res = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--sizing", "safe",
                           "--max-examples", "12", "--seed", "5", "--ctx", "6", "--max-bs", "2", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.workflow.mutants import MutantResult, SelfTest, format_table
-from harness.workflow.outdir import set_aside_earlier_cases
-from reports import summary as summary_mod
-from reports.render import panel_counts, panel_title
+from kvfence.workflow.mutants import MutantResult, SelfTest, format_table
+from kvfence.workflow.outdir import set_aside_earlier_cases
+from kvfence.reports import summary as summary_mod
+from kvfence.reports.render import panel_counts, panel_title
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def fuzz_cli(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness", "fuzz", "--device", "cpu", "--quiet", "--ctx", "8",
+    return subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--quiet", "--ctx", "8",
                            "--max-bs", "2", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -62,9 +62,9 @@ def test_set_aside_moves_only_top_level_case_files_and_never_overwrites(tmp_path
 @pytest.fixture(scope="module")
 def failing_doc(make_session, tmp_path_factory):
     """A real fuzz run of the pre-fix sizing with its shrunk case file."""
-    from harness.cases import casefile
-    from harness.workflow.fuzz import fuzz
-    from strategies import cases, configs
+    from kvfence.cases import casefile
+    from kvfence.workflow.fuzz import fuzz
+    from kvfence.strategies import cases, configs
 
     result = fuzz(make_session(), cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")), max_examples=30,
                   seed=4, shrink_seconds=20)

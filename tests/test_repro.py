@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import casefile
-from harness.cases.case import Batch, Case, Config
-from harness.workflow.repro import run_repro
+from kvfence.cases import casefile
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.workflow.repro import run_repro
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def harness(*args):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -43,7 +43,7 @@ def test_fuzz_writes_a_case_file_named_in_the_json_summary(fuzzed):
     assert len(paths) == 1
     path = Path(paths.pop())
     assert path.parent == tmp / "out" / "cases" and path.is_file()
-    assert f"python -m harness repro {path}" in res.stdout
+    assert f"python -m kvfence repro {path}" in res.stdout
     loaded = casefile.load_case(path)
     assert loaded.case.config.sizing == "prefix" and loaded.sizing["need"] > loaded.sizing["width"]
     assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.tools import sanitizer
-from harness.errors import BadInput
-from harness.cases.findings import Kind
+from kvfence.tools import sanitizer
+from kvfence.errors import BadInput
+from kvfence.cases.findings import Kind
 from tests.fake_sanitizer import install_fake_tool
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -98,7 +98,7 @@ def test_broken_xml_is_bad_input(text, message):
 def test_command_lines_per_tool(tmp_path):
     status = tmp_path / "c.status.json"
     target = sanitizer.repro_target(tmp_path / "c.json", status_path=status, python="python")
-    assert target == ["python", "-m", "harness.sanitizer_child", str(status), "repro", str(tmp_path / "c.json"),
+    assert target == ["python", "-m", "kvfence.sanitizer_child", str(status), "repro", str(tmp_path / "c.json"),
                       "--device", "cuda", "--layout", "production", "--no-absorb", "--in-process", "--trust-case"]
     assert sanitizer.repro_target(tmp_path / "c.json", status_path=status, kernel="k.py:f", mode="graph")[-4:] == \
         ["--kernel", "k.py:f", "--mode", "graph"]
@@ -117,7 +117,7 @@ def test_command_lines_per_tool(tmp_path):
 
 def test_initcheck_never_gets_a_kernel_filter(tmp_path):
     # With a filter, initcheck does not see the stores of PyTorch's kernels, so everything they fill
-    # reads as uninitialised: the noise of the fixture and of every sweep case (harness.tools.sanitizer).
+    # reads as uninitialised: the noise of the fixture and of every sweep case (kvfence.tools.sanitizer).
     target = ["python", "child"]
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert "--kernel-name" in sanitizer.tool_command("cs", tool, target, xml_path=tmp_path / "x.xml")
@@ -174,7 +174,7 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
                PYTHONPATH=str(ROOT))
     if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
         pytest.skip("compute-sanitizer is installed at /usr/local/cuda on this machine")
-    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--max-examples", "3", "--out", str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "sweep", "--max-examples", "3", "--out", str(tmp_path / "o")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -187,8 +187,8 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
 def fake_tool(tmp_path, monkeypatch):
     """A fake compute-sanitizer first on PATH, found by ``locate`` like the real one; returns
     ``run(scenario, timeout)`` -> ToolVerdict for a real case file."""
-    from harness.cases.case import Batch, Case, Config
-    from harness.cases.casefile import write_case
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.cases.casefile import write_case
 
     tool = install_fake_tool(tmp_path, monkeypatch)
     exe = sanitizer.locate()
@@ -253,7 +253,7 @@ def test_a_timeout_kills_the_tool_and_its_children_and_is_a_tool_error(fake_tool
 def test_the_child_wrapper_records_its_own_exit_code(tmp_path):
     # The real child: a case file that does not exist is bad input (2), recorded in the status file.
     status = tmp_path / "s.json"
-    proc = subprocess.run([sys.executable, "-m", "harness.sanitizer_child", str(status), "repro",
+    proc = subprocess.run([sys.executable, "-m", "kvfence.sanitizer_child", str(status), "repro",
                            str(tmp_path / "missing.json"), "--device", "cpu"],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                           timeout=120)
@@ -269,7 +269,7 @@ def test_the_child_wrapper_records_its_own_exit_code(tmp_path):
     (["--timeout", "0"], "--timeout 0"),
 ])
 def test_sweep_rejects_a_bad_kernel_or_flag_in_one_line(tmp_path, args, message):
-    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--out", str(tmp_path / "o"), *args],
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "sweep", "--out", str(tmp_path / "o"), *args],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                           timeout=120)
     lines = proc.stderr.strip().splitlines()
@@ -283,7 +283,7 @@ def test_sweep_accepts_a_good_kernel_plugin_and_gets_to_the_tool_check(tmp_path)
                PYTHONPATH=str(ROOT))
     if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
         pytest.skip("compute-sanitizer is installed at /usr/local/cuda on this machine")
-    proc = subprocess.run([sys.executable, "-m", "harness", "sweep", "--out", str(tmp_path / "o"),
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "sweep", "--out", str(tmp_path / "o"),
                            "--kernel", "tests/targets/bad_writes.py:row_value"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "compute-sanitizer not found" in proc.stderr, proc.stderr
@@ -317,7 +317,7 @@ def test_baseline_runs_the_same_child_and_reports_when_it_cannot_run(fake_tool, 
 
 
 def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
-    from harness.tools.sweep import sweep_exit
+    from kvfence.tools.sweep import sweep_exit
 
     clean = {"canary_cases_with_findings": 0, "baseline_errors": 0,
              "per_tool": {"memcheck": {"cases_with_findings": 0, "cases_with_tool_errors": 0}},
@@ -332,7 +332,7 @@ def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
 
 FAKE_PYTHON = """#!{python}
 import json, os, sys
-status = sys.argv[sys.argv.index("harness.sanitizer_child") + 1]
+status = sys.argv[sys.argv.index("kvfence.sanitizer_child") + 1]
 code = int(os.environ["FAKE_CHILD_EXIT"])
 open(status, "w").write(json.dumps({{"exit": code}}))
 sys.exit(code)
@@ -342,8 +342,8 @@ sys.exit(code)
 @pytest.mark.parametrize("baseline_exit", [0, 1])
 def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool, tmp_path, monkeypatch, baseline_exit):
     # The baseline child (a fake python) says `baseline_exit`; under the (fake) tools the child says 0.
-    from harness.cases.casefile import load_case
-    from harness.tools.sweep import sanitize_case
+    from kvfence.cases.casefile import load_case
+    from kvfence.tools.sweep import sanitize_case
 
     python = tmp_path / "fake-python"
     python.write_text(FAKE_PYTHON.format(python=sys.executable))
@@ -367,9 +367,9 @@ def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool
 
 def test_sweep_cases_never_runs_a_plugin_a_case_file_names(tmp_path):
     # A case file is data: a plug-in kernel it names runs only when --kernel names it too.
-    from harness.cases.case import Batch, Case, Config
-    from harness.cases.casefile import write_case
-    from harness.tools.sweep import load_cases
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.cases.casefile import write_case
+    from kvfence.tools.sweep import load_cases
 
     case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, mode="eager"), Batch((2,), (0,), 1),
                 kernel="evil.py:payload")

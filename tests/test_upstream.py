@@ -1,4 +1,4 @@
-"""SGLang's kernels from its wheel (harness.cases.upstream): ``upstream fetch`` and ``--kernel sglang==VERSION``.
+"""SGLang's kernels from its wheel (kvfence.cases.upstream): ``upstream fetch`` and ``--kernel sglang==VERSION``.
 
 The unit tests build small fake wheels in tmp_path: a zip with a dist-info and an ``sglang/.../spec_utils.py``
 holding a classic-ABI kernel written here from docs/contract.md (no SGLang code), plus module-level code that would
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import upstream
-from harness.errors import BadInput
+from kvfence.cases import upstream
+from kvfence.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.0.1"
@@ -161,7 +161,7 @@ def kvfence(*args, cache: Path, wheel_dir=None, **env_extra):
     env.pop("KVFENCE_WHEEL_DIR", None)
     if wheel_dir is not None:
         env["KVFENCE_WHEEL_DIR"] = str(wheel_dir)
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvfence", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
 
 

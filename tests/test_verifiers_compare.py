@@ -1,5 +1,5 @@
-"""The device verifier and the oracle path compared on dirty cases (``harness.workflow.compare``,
-``python -m harness mutants --verifiers both``).
+"""The device verifier and the oracle path compared on dirty cases (``kvfence.workflow.compare``,
+``python -m kvfence mutants --verifiers both``).
 
 Each planted bad write must be seen by both paths the same way (verdict, counter, findings), the clean
 reference must be clean on both, and a verifier that is blind to one region must be reported as a
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.workflow import compare
-from harness.cases.case import Batch, Case, Config
-from harness.verifying.device_verify import COUNTERS, DeviceVerifier
-from harness.cases.findings import Kind
-from harness.verifying.session import Session
+from kvfence.workflow import compare
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.verifying.device_verify import COUNTERS, DeviceVerifier
+from kvfence.cases.findings import Kind
+from kvfence.verifying.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = compare.PLANTED_FILE
@@ -136,7 +136,7 @@ def test_the_oracle_path_sees_a_repeated_input_write_every_time(device, plant, b
 @pytest.mark.cpu_only  # it runs the CLI with --device cpu (the interpreter)
 def test_cli_both_verifiers_writes_the_agreement_table(tmp_path):
     out = tmp_path / "v.json"
-    proc = subprocess.run([sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--verifiers", "both",
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "mutants", "--device", "cpu", "--verifiers", "both",
                            "--only", "reference", "kvi_front_guard", "--max-examples", "2", "--json", str(out),
                            "--quiet"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
                           text=True, timeout=300)
@@ -148,7 +148,7 @@ def test_cli_both_verifiers_writes_the_agreement_table(tmp_path):
 
 
 def test_cli_both_verifiers_refuses_seeds():
-    proc = subprocess.run([sys.executable, "-m", "harness", "mutants", "--device", "cpu", "--verifiers", "both",
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "mutants", "--device", "cpu", "--verifiers", "both",
                            "--seeds", "3"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--seeds" in proc.stderr, proc.stderr
@@ -167,8 +167,8 @@ def test_racy_cases_are_compared_by_kind_and_others_by_element_range():
     """A racy case (two oracle-path launches named different findings) agrees when both paths found the
     same kinds, even at other ranges; a deterministic case must match range for range; and a racy case
     with another kind on one path is still a disagreement."""
-    from harness.workflow.compare import Paths
-    from harness.cases.findings import Finding, Kind
+    from kvfence.workflow.compare import Paths
+    from kvfence.cases.findings import Finding, Kind
 
     here = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
     there = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]
@@ -203,7 +203,7 @@ def test_a_race_that_repeats_twice_on_the_oracle_path_is_still_found_racy():
     """H200 run 16: two oracle-path launches agreed, the device path's differed. The extra launches on a
     disagreement find the race (here on the device path's second launch); a deterministic disagreement
     stays one, after the extra launches on both paths."""
-    from harness.cases.findings import Finding
+    from kvfence.cases.findings import Finding
 
     here = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
     there = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]
@@ -225,7 +225,7 @@ def test_a_guarded_buffer_keeps_nothing_but_its_storage_on_the_device():
     canaries are computed when needed, so the only tensor it holds is its storage (and a view of it)."""
     import torch
 
-    from harness.running.guarded import GuardedBuffer, POISON, canary_values
+    from kvfence.running.guarded import GuardedBuffer, POISON, canary_values
 
     buf = GuardedBuffer("kv_indptr", 3, 5, row_guard=2, front=4, tail=4, device="cpu", canary_seed=7,
                         guard_column0=True)

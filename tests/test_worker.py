@@ -1,4 +1,4 @@
-"""The worker process (harness.workflow.worker): crashes, hangs and exits of the kernel become findings, the
+"""The worker process (kvfence.workflow.worker): crashes, hangs and exits of the kernel become findings, the
 supervisor lives on, and only the guilty case of a ``check_many`` list is blamed."""
 
 import os
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases.case import Batch, Case, Config
-from harness.errors import BadInput
-from harness.cases.findings import Kind
-from harness.verifying.session import Session
-from harness.workflow.worker import RemoteSession
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.errors import BadInput
+from kvfence.cases.findings import Kind
+from kvfence.verifying.session import Session
+from kvfence.workflow.worker import RemoteSession
 
 pytestmark = pytest.mark.cpu_only  # the plug-ins below crash the interpreter's process on purpose
 
@@ -46,7 +46,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
     with RemoteSession(device, "reference", case_timeout=5) as rs:
         assert kinds(rs.check_many(batch_cases("reference", lengths))) == [[]] * len(lengths)
         assert rs.stats["worker_starts"] == 1  # one worker, reused for every case
-    # In-process, sys.exit() in a launch is a LAUNCH_ERROR too (harness.running.runner catches SystemExit).
+    # In-process, sys.exit() in a launch is a LAUNCH_ERROR too (kvfence.running.runner catches SystemExit).
     assert [f.kind for f in Session(device, spec).check(batch_cases(spec, [5])[0])] == [Kind.LAUNCH_ERROR]
 
 
@@ -138,7 +138,7 @@ def child_pids() -> set:
 
 
 def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(device):
-    """Once a session has crashed, replacement workers start in the background (harness.workflow.worker.SPARES):
+    """Once a session has crashed, replacement workers start in the background (kvfence.workflow.worker.SPARES):
     the next restart adopts one, verdicts stay the true ones, and close() leaves no process behind."""
     spec = f"{CRASHERS}:segfault_on_3"
     before = child_pids()

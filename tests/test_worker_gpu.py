@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases.case import Batch, Case, Config
-from harness.cases.findings import Kind
-from harness.workflow.worker import RemoteSession
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.cases.findings import Kind
+from kvfence.workflow.worker import RemoteSession
 
 pytestmark = pytest.mark.gpu
 

@@ -2,7 +2,7 @@
 
 A production-sized draw (256 requests x 131072 tokens x topk 16 x 16 steps) would need tens of GB for
 kv_indices alone. Every buffer kvfence allocates for a config is sized here first: the guarded outputs
-(``buffer_geometry`` is also what ``harness.running.runner`` allocates from, so the estimate cannot drift),
+(``buffer_geometry`` is also what ``kvfence.running.runner`` allocates from, so the estimate cannot drift),
 the req_to_token pool with the verifier's copy and the graph-held temporaries that regenerate it, and
 the full verdict's transient tensors for a dirty case. ``fit`` shrinks a draw's free fields until it
 fits, so an over-budget draw becomes a smaller config instead of an out-of-memory crash.
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-from harness.errors import require
+from kvfence.errors import require
 
 #: kvfence's minimum guard (elements) at the front, after rows (redzone layout) and at the tail.
 MIN_GUARD = 64

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import List, Optional, Tuple
 
-from harness.cases import oracle
-from harness.errors import BadInput, require
+from kvfence.cases import oracle
+from kvfence.errors import BadInput, require
 
 LAYOUTS = ("redzone", "production")
 MODES = ("graph", "eager")
@@ -28,7 +28,7 @@ SLOT_BITS = 30
 #: The most bytes a config's req_to_token pool may take, checked by arithmetic on construction (before
 #: ``pool_len`` or anything else is computed): far above any real pool (257 rows x 131072 tokens is
 #: 137 MB), so it only refuses absurd inputs such as ``--page-size 2**40`` or a 5,000-digit number in a
-#: case file. The memory budget of a run (``harness.cases.budget``, ``--max-gpu-mem``) is the real limit.
+#: case file. The memory budget of a run (``kvfence.cases.budget``, ``--max-gpu-mem``) is the real limit.
 MAX_POOL_BYTES = 1 << 34
 
 
@@ -73,7 +73,7 @@ def _short(n: int) -> str:
 class Config:
     """What a CUDA-graph runner fixes once: model-side constants, buckets, buffer sizing and layout.
 
-    ``sizing`` names a row-width policy (``kernels.sizing`` or a plug-in spec). ``layout`` is
+    ``sizing`` names a row-width policy (``kvfence.kernels.sizing`` or a plug-in spec). ``layout`` is
     ``redzone`` (a guard after every step row) or ``production`` (rows contiguous, as upstream).
     ``mode`` is ``graph`` (buffers sized once at ``max_bs``, batches padded to a bucket) or ``eager``.
     """
@@ -222,7 +222,7 @@ class Config:
         return widths[n]
 
     def _policy_width(self, n: int) -> int:
-        from harness.cases.targets import resolve_sizing  # late: plug-in policies resolve on first use
+        from kvfence.cases.targets import resolve_sizing  # late: plug-in policies resolve on first use
 
         policy = resolve_sizing(self.sizing)
         width = policy(n, self.topk, self.ctx, self.num_steps, window_size=self.window_size, sink_size=self.sink_size)
@@ -312,7 +312,7 @@ class Batch:
 
 
 def table_entry(config: Config, token_seed: int, flat: int) -> int:
-    """Entry ``flat`` of the flattened req_to_token table (``harness.running.runner.slot_table`` is its torch twin).
+    """Entry ``flat`` of the flattened req_to_token table (``kvfence.running.runner.slot_table`` is its torch twin).
 
     Without TRANSLATE a distinct slot id of ``config.entry_bits`` bits (with ``E > 1`` the token id
     ``entry*E + p mod E`` is then still distinct and below 2**30). With TRANSLATE a virtual id: the
@@ -340,7 +340,7 @@ def v2p_entry(seed: int, page: int, pages: int, page_size: int) -> int:
     Seed 0 is the identity (the shrink target). Otherwise page 0 stays the sink page 0 (a pool reserves
     it), and every other page gets a hash class: 1 in 8 a negative id (the kernel must read 0), 1 in 8
     the sink page 0, 1 in 8 a far page near the int32 limit, the rest a seeded permutation of the pages.
-    ``harness.running.runner.v2p_tensor`` is the torch twin."""
+    ``kvfence.running.runner.v2p_tensor`` is the torch twin."""
     if seed == 0:
         return page
     if page == 0:
@@ -365,7 +365,7 @@ def v2p_table(config: Config, seed: int) -> Optional[List[int]]:
 
 
 def _row_used(config: Config, seq_lens, positions, s: int) -> int:
-    from harness.cases import oracle
+    from kvfence.cases import oracle
 
     if config.is_rail:
         return oracle.rail_used(seq_lens, positions, config.topk, s, config.window_size)

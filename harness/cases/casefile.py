@@ -14,7 +14,7 @@ validated on load; anything wrong is ``BadInput`` with a one-line message. Schem
       "extras":   {"hypothesis": {"blob": "@reproduce_failure(...)"} or {"unavailable": "<why>"}, ...}
     }
 
-``req_to_token`` is not stored: it is regenerated from ``batch.token_seed`` (``harness.cases.case.slot_id``).
+``req_to_token`` is not stored: it is regenerated from ``batch.token_seed`` (``kvfence.cases.case.slot_id``).
 The file name is a short hash of ``case`` alone, so re-finding the same case gives the same file, and
 writes are atomic (temp file + ``os.replace``), so pytest-xdist workers never clobber each other.
 """
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from harness.cases.case import Case, batch_from_dict, config_from_dict
-from harness.errors import BadInput, require
-from harness.cases.findings import Finding, Kind
+from kvfence.cases.case import Case, batch_from_dict, config_from_dict
+from kvfence.errors import BadInput, require
+from kvfence.cases.findings import Finding, Kind
 
 SCHEMA_VERSION = 1
 #: The key that marks a JSON object as a kvfence case file; its value is the schema version.
@@ -197,7 +197,7 @@ def write_case(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, devi
 
 
 def repro_command(path) -> str:
-    return f"python -m harness repro {path}"
+    return f"python -m kvfence repro {path}"
 
 
 # -- loading -------------------------------------------------------------------------------------------
@@ -288,9 +288,9 @@ def from_document(doc, path="<memory>") -> CaseFile:
             require(isinstance(doc.get(key, ""), str), f"{key} must be a string")
         for key in ("sizing", "versions", "extras"):
             require(isinstance(doc.get(key, {}), dict), f"{key} must be a JSON object")
-        from harness.cases.targets import check_spec
+        from kvfence.cases.targets import check_spec
 
-        # Syntax only: a plug-in named in a case file is data, never imported on load (harness.workflow.repro).
+        # Syntax only: a plug-in named in a case file is data, never imported on load (kvfence.workflow.repro).
         check_spec(case.config.sizing, "sizing")
         check_spec(case.kernel, "kernel")
     except BadInput as exc:
@@ -321,7 +321,7 @@ def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OU
     if final is False:
         raise AssertionError(message + "\n(case file written once Hypothesis has shrunk this failure)")
     if device is None:
-        from harness.device import interpreting
+        from kvfence.device import interpreting
 
         device = "cpu" if interpreting() else "cuda"
     extras = {"hypothesis": hypothesis_blob()}

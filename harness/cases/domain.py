@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Tuple
 
-from harness.cases.case import default_buckets as power_of_two_buckets  # 1, 2, 4, ... then max_bs
-from harness.errors import require
+from kvfence.cases.case import default_buckets as power_of_two_buckets  # 1, 2, 4, ... then max_bs
+from kvfence.errors import require
 
 #: Request counts SGLang captures graphs for when speculative decoding is on (its default list, as a
 #: fact: 1-8, then every 2 up to 32, every 16 from 40 to 160, and on GPUs with more than 90 GB, every 8

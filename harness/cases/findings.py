@@ -26,14 +26,14 @@ class Kind(str, enum.Enum):
     #: The launch itself raised (compile error, interpreter error, CUDA error).
     LAUNCH_ERROR = "LAUNCH_ERROR"
     #: The process launching the case died before the verdict (journal: a dead fuzzing process;
-    #: harness.workflow.worker: a dead worker, or a CUDA context the launch left unusable).
+    #: kvfence.workflow.worker: a dead worker, or a CUDA context the launch left unusable).
     CRASH = "CRASH"
-    #: The launch ran past its time limit (harness.workflow.worker, ``--case-timeout``); its worker was killed.
+    #: The launch ran past its time limit (kvfence.workflow.worker, ``--case-timeout``); its worker was killed.
     HANG = "HANG"
     #: Interpreter address audit: a load or store outside every registered allocation.
     OOB_READ = "OOB_READ"
     OOB_WRITE = "OOB_WRITE"
-    #: compute-sanitizer's verdicts (harness.tools.sanitizer), one kind per tool.
+    #: compute-sanitizer's verdicts (kvfence.tools.sanitizer), one kind per tool.
     SANITIZER_MEMCHECK = "SANITIZER_MEMCHECK"
     SANITIZER_INITCHECK = "SANITIZER_INITCHECK"
     SANITIZER_RACECHECK = "SANITIZER_RACECHECK"

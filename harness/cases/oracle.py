@@ -109,7 +109,7 @@ def expected_writes(
 
 
 # -- the newer upstream family (docs/contract.md §6) -------------------------------------------------------
-# Plain Python again, from the contract's words. ``harness.cases.case.Case.expected`` uses these for a config
+# Plain Python again, from the contract's words. ``kvfence.cases.case.Case.expected`` uses these for a config
 # with any §6 field set (``Config.is_family``); with every default they equal §2's functions above.
 
 

@@ -2,7 +2,7 @@
 
 A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
 ``package.module:attr``, ``path/to/file.py:attr`` or, for kernels, ``sglang==VERSION[:attr]`` (SGLang's own
-kernel from its wheel, harness.cases.upstream). A kernel attr is either a ``@triton.jit`` function
+kernel from its wheel, kvfence.cases.upstream). A kernel attr is either a ``@triton.jit`` function
 with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
 A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, FrozenSet, Optional, Tuple
 
-from harness.device import ensure
-from harness.errors import BadInput, require
+from kvfence.device import ensure
+from kvfence.errors import BadInput, require
 
 #: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
 LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
@@ -35,7 +35,7 @@ BUILTIN_KERNELS = ("reference", "reference-blocked")
 #: The §6 parameters a config field needs from a kernel (docs/contract.md §6), by the kernel's names.
 FAMILY_PARAMS = {"window_size": ("window_size",), "sink_size": ("sink_size",), "entry_page_size": ("ENTRY_PAGE_SIZE",),
                  "translate": ("v2p", "TRANSLATE")}
-#: Keyword arguments the runner adds for a §6 config (``harness.running.runner``), on top of ``LAUNCH_KWARGS``.
+#: Keyword arguments the runner adds for a §6 config (``kvfence.running.runner``), on top of ``LAUNCH_KWARGS``.
 FAMILY_KWARGS = ("contract", "window_size", "sink_size", "entry_page_size", "v2p")
 ALL_FAMILY = frozenset(p for ps in FAMILY_PARAMS.values() for p in ps)
 
@@ -106,8 +106,8 @@ def family_constexprs(kw: dict) -> Tuple[str, dict]:
 
 def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
     """A ``LAUNCH_KWARGS`` (+ ``FAMILY_KWARGS``) launcher over a draft kernel and/or a rail kernel, both of
-    the classic 13-argument head (``kernels.draft_kv_indices.launch`` / ``kernels.window_kv_indices.launch``)."""
-    from kernels import draft_kv_indices, window_kv_indices
+    the classic 13-argument head (``kvfence.kernels.draft_kv_indices.launch`` / ``kvfence.kernels.window_kv_indices.launch``)."""
+    from kvfence.kernels import draft_kv_indices, window_kv_indices
 
     def launch_kernel(**kw):
         contract, constexprs = family_constexprs(kw)
@@ -221,7 +221,7 @@ def kernel_capabilities(spec: str) -> Capabilities:
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
         return REFERENCE_CAPABILITIES
-    from harness.cases import upstream
+    from kvfence.cases import upstream
 
     if upstream.is_spec(spec):
         return upstream.capabilities(upstream.resolve(spec)[2])
@@ -237,7 +237,7 @@ def check_kernel_spec(spec: str):
     require(isinstance(spec, str) and spec, "kernel spec must be a non-empty string")
     if spec in BUILTIN_KERNELS:
         return None
-    from harness.cases import upstream
+    from kvfence.cases import upstream
 
     if upstream.is_spec(spec):
         upstream.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
@@ -259,13 +259,13 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
     """Resolve a kernel spec for ``device`` (``cpu`` or ``cuda``); ``BadInput`` on anything unusable."""
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
-        from kernels.draft_kv_indices import generate_draft_decode_kv_indices
-        from kernels.window_kv_indices import generate_draft_decode_window_kv_indices
+        from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices
+        from kvfence.kernels.window_kv_indices import generate_draft_decode_window_kv_indices
 
         launch = abi_launcher(_for_device(generate_draft_decode_kv_indices, device),
                               _for_device(generate_draft_decode_window_kv_indices, device), spec == "reference-blocked")
         return KernelTarget(spec, launch, capabilities=REFERENCE_CAPABILITIES)
-    from harness.cases import upstream
+    from kvfence.cases import upstream
 
     if upstream.is_spec(spec):
         return _upstream_kernel(spec, device)
@@ -280,9 +280,9 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
 
 def is_plugin(spec: str) -> bool:
     """A ``module:attr`` / ``file.py:attr`` spec (user code), as opposed to a builtin name or an SGLang
-    release (``sglang==VERSION``: extracted and vetted by ``harness.cases.upstream``, never imported as is)."""
-    from harness.cases.upstream import is_spec as is_upstream_spec
-    from kernels.sizing import POLICIES
+    release (``sglang==VERSION``: extracted and vetted by ``kvfence.cases.upstream``, never imported as is)."""
+    from kvfence.cases.upstream import is_spec as is_upstream_spec
+    from kvfence.kernels.sizing import POLICIES
 
     return spec not in BUILTIN_KERNELS and spec not in POLICIES and not is_upstream_spec(spec)
 
@@ -292,9 +292,9 @@ def check_spec(spec: str, what: str) -> None:
 
     Imports nothing: for specs read from a case file, which are data until the user vouches for them.
     """
-    from kernels.sizing import POLICIES
+    from kvfence.kernels.sizing import POLICIES
 
-    from harness.cases.upstream import is_spec as is_upstream_spec
+    from kvfence.cases.upstream import is_spec as is_upstream_spec
 
     builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
     if spec in builtins or (what == "kernel" and is_upstream_spec(spec)):
@@ -306,8 +306,8 @@ def check_spec(spec: str, what: str) -> None:
 
 
 def _upstream_kernel(spec: str, device: str) -> KernelTarget:
-    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (harness.cases.upstream), fetched if allowed."""
-    from harness.cases import upstream
+    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (kvfence.cases.upstream), fetched if allowed."""
+    from kvfence.cases import upstream
 
     entry, attr, abi = upstream.resolve(spec)
     kernel = getattr(_load_file(entry.module_path), attr)
@@ -336,7 +336,7 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
 
     The window parameters reach only policies that declare them (or ``**kwargs``): a 4-argument
     plug-in keeps working unchanged."""
-    from kernels.sizing import POLICIES
+    from kvfence.kernels.sizing import POLICIES
 
     require(isinstance(spec, str) and spec, "sizing spec must be a non-empty string")
     if spec in POLICIES:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from harness.errors import BadInput, require
+from kvfence.errors import BadInput, require
 
 #: ``--kernel sglang==VERSION`` or ``sglang==VERSION:attr``.
 SPEC_PREFIX = "sglang=="
@@ -205,7 +205,7 @@ def load_entry(version: str) -> Optional[Entry]:
     except (BadInput, OSError, ValueError, KeyError, TypeError, SyntaxError) as exc:
         why = exc if isinstance(exc, BadInput) else f"{type(exc).__name__}: {exc}"
         raise BadInput(f"cache entry {folder} is corrupt ({why}); delete it or run "
-                       f"`python -m harness upstream fetch {version} --refresh`") from None
+                       f"`python -m kvfence upstream fetch {version} --refresh`") from None
 
 
 def _validate_entry(version: str, folder: Path) -> Entry:
@@ -290,7 +290,7 @@ def load_refusal(version: str) -> Optional[Refused]:
                 and isinstance(record.get("reason"), str), "not a refusal record of this version")
     except (BadInput, OSError, ValueError) as exc:
         raise BadInput(f"cache record {path} is corrupt ({exc}); delete it or run "
-                       f"`python -m harness upstream fetch {version} --refresh`") from None
+                       f"`python -m kvfence upstream fetch {version} --refresh`") from None
     return Refused(record["reason"], record["status"])
 
 
@@ -617,9 +617,9 @@ def resolve(spec: str) -> Tuple[Entry, str, Abi]:
 
 
 def capabilities(abi: Abi):
-    """What an extracted kernel can be given (``harness.cases.targets.Capabilities``): its contract, and the §6
+    """What an extracted kernel can be given (``kvfence.cases.targets.Capabilities``): its contract, and the §6
     parameters its signature declares (only the classic and row-stride ABIs launch with them)."""
-    from harness.cases.targets import ALL_FAMILY, Capabilities
+    from kvfence.cases.targets import ALL_FAMILY, Capabilities
 
     params = frozenset(abi.optional) & ALL_FAMILY if abi.name in ("classic", "row-stride") else frozenset()
     return Capabilities((abi.contract,), params)
@@ -627,13 +627,13 @@ def capabilities(abi: Abi):
 
 def launcher(kernel, abi: Abi):
     """A ``LAUNCH_KWARGS`` launcher for an extracted kernel of ABI ``abi`` (grid (steps, seqs, topk)); the
-    classic and row-stride ABIs also take a §6 config's ``FAMILY_KWARGS`` (``harness.cases.targets.abi_launcher``)."""
+    classic and row-stride ABIs also take a §6 config's ``FAMILY_KWARGS`` (``kvfence.cases.targets.abi_launcher``)."""
     import triton
 
     if abi.name in ("classic", "row-stride"):
         # Same 13 positional values (plus the rail's window); row_stride gets pool_len's (kvfence's
         # req_to_token is contiguous); the §6 constexprs by name.
-        from harness.cases.targets import abi_launcher
+        from kvfence.cases.targets import abi_launcher
 
         rail = abi.contract == "window-rail"
         return abi_launcher(None if rail else kernel, kernel if rail else None)

@@ -8,7 +8,7 @@ registered. Tensors a kernel is launched with that nobody registered (a launcher
 buffers) are registered automatically, under their parameter name, when the interpreter copies the
 launch arguments (``GridExecutor._init_args_hst``).
 
-What is reported (as ``Finding``s of ``harness.cases.findings``), per registered allocation:
+What is reported (as ``Finding``s of ``kvfence.cases.findings``), per registered allocation:
 
 * ``OOB_WRITE``: a store or atomic lane outside every registered allocation. The lane is **dropped**
   (masked off, or for ``atomic_cas`` redirected to a scratch word) so host memory is never corrupted.
@@ -38,9 +38,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from harness.errors import BadInput
-from harness.cases.findings import Finding, Kind
-from harness.running.guarded import GuardedBuffer
+from kvfence.errors import BadInput
+from kvfence.cases.findings import Finding, Kind
+from kvfence.running.guarded import GuardedBuffer
 
 #: Runs kept per (kind, argument, region); the last one says how many were left out.
 MAX_RUNS = 16

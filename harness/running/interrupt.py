@@ -1,6 +1,6 @@
 """SIGINT and SIGTERM end a fuzz run cleanly instead of killing it.
 
-``signals_interrupt()`` turns both into ``Interrupted`` (a ``KeyboardInterrupt``), which ``harness.workflow.fuzz``
+``signals_interrupt()`` turns both into ``Interrupted`` (a ``KeyboardInterrupt``), which ``kvfence.workflow.fuzz``
 catches: the run keeps what it checked and the smallest failure so far, the journal slot is closed as
 on any clean exit (so the next run does not report the interrupted case as a ``CRASH``), the CLI writes
 the summary, the report and the case file, and exits ``128 + signal`` (130 for SIGINT, 143 for SIGTERM).

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
-from harness.cases import casefile
-from harness.cases.case import Case
-from harness.errors import BadInput
-from harness.cases.findings import Finding, Kind
+from kvfence.cases import casefile
+from kvfence.cases.case import Case
+from kvfence.errors import BadInput
+from kvfence.cases.findings import Finding, Kind
 
 JOURNAL_DIR = "journal"
 SUFFIX = ".inflight"

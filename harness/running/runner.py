@@ -17,17 +17,17 @@ from typing import Dict, List, Optional
 
 import torch
 
-from harness.running.audit import for_launch as audit_for_launch, resolve_audit
-from harness.cases.case import (Batch, Case, Config, INT32_LIMIT, LaunchBatch, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK,
+from kvfence.running.audit import for_launch as audit_for_launch, resolve_audit
+from kvfence.cases.case import (Batch, Case, Config, INT32_LIMIT, LaunchBatch, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK,
                           _PERMUTE, launch_batch)
-from harness.cases.findings import Finding
-from harness.cases.budget import buffer_geometry
-from harness.running.guarded import GuardedBuffer
-from harness.cases.targets import KernelTarget
+from kvfence.cases.findings import Finding
+from kvfence.cases.budget import buffer_geometry
+from kvfence.running.guarded import GuardedBuffer
+from kvfence.cases.targets import KernelTarget
 
 
 def _slot_ids(i: torch.Tensor, token_seed: int, bits: int) -> torch.Tensor:
-    """``harness.cases.case.slot_id`` of every element of ``i`` (int64)."""
+    """``kvfence.cases.case.slot_id`` of every element of ``i`` (int64)."""
     mask = (1 << bits) - 1
     h = (i * 0x9E3779B1 + token_seed) & mask
     h = h ^ (h >> 13)
@@ -36,7 +36,7 @@ def _slot_ids(i: torch.Tensor, token_seed: int, bits: int) -> torch.Tensor:
 
 
 def slot_table(token_seed: int, rows: int, cols: int, device, config: Optional[Config] = None) -> torch.Tensor:
-    """``req_to_token`` with entry ``i`` (flattened) equal to ``harness.cases.case.table_entry(config, token_seed, i)``
+    """``req_to_token`` with entry ``i`` (flattened) equal to ``kvfence.cases.case.table_entry(config, token_seed, i)``
     (``slot_id(token_seed, i)`` for a §2 config or none)."""
     i = torch.arange(rows * cols, dtype=torch.int64, device=device)
     if config is not None and config.translate:
@@ -47,7 +47,7 @@ def slot_table(token_seed: int, rows: int, cols: int, device, config: Optional[C
 
 
 def v2p_tensor(config: Config, seed: int, device) -> torch.Tensor:
-    """TRANSLATE's page table: ``harness.cases.case.v2p_entry`` of every page, as an int32 tensor."""
+    """TRANSLATE's page table: ``kvfence.cases.case.v2p_entry`` of every page, as an int32 tensor."""
     pages, ps = config.v2p_pages, config.page_size
     page = torch.arange(pages, dtype=torch.int64, device=device)
     if seed == 0:
@@ -75,13 +75,13 @@ class Observation:
     after: Dict[str, torch.Tensor]
     changed_inputs: List[str] = field(default_factory=list)
     error: Optional[str] = None
-    #: ``OOB_READ`` / ``OOB_WRITE`` from the interpreter address audit (``harness.running.audit``), when it ran.
+    #: ``OOB_READ`` / ``OOB_WRITE`` from the interpreter address audit (``kvfence.running.audit``), when it ran.
     audit_findings: List[Finding] = field(default_factory=list)
 
 
 def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = True):
     """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded, laid out
-    by ``harness.cases.budget.buffer_geometry`` (the same numbers the memory budget counts)."""
+    by ``kvfence.cases.budget.buffer_geometry`` (the same numbers the memory budget counts)."""
     kvi, kvp = buffer_geometry(config, n, absorb)
     # On the CPU (the address audit's device) each buffer gets a never-read spacer after it: without one
     # a row stored past the end can land in the next registered tensor (an input), where the audit
@@ -175,7 +175,7 @@ class _RunnerBase:
         self.canary_seed = canary_seed
         # poison=False keeps whatever earlier launches left (the replay state machine checks that).
         self.poison = poison
-        # The interpreter address audit (harness.running.audit): on by default on the CPU, impossible on CUDA.
+        # The interpreter address audit (kvfence.running.audit): on by default on the CPU, impossible on CUDA.
         self.audit = resolve_audit(audit, self.device.type)
 
     def _kernel_kwargs(self, inputs: _Inputs, kv_indices: GuardedBuffer, kv_indptr: GuardedBuffer, m: int) -> dict:

@@ -25,8 +25,8 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from harness.tools import sanitizer
-from harness.cases.case import Batch, Case, Config
+from kvfence.tools import sanitizer
+from kvfence.cases.case import Batch, Case, Config
 
 MODES = ("eager", "graph")
 CANARY = "canary"
@@ -50,9 +50,9 @@ class BugClass:
 
 
 def bug_classes() -> List[BugClass]:
-    from kernels.bugclasses import CLASSES
+    from kvfence.kernels.bugclasses import CLASSES
 
-    return [BugClass(name, f"kernels.bugclasses:{attr}", text) for name, (attr, text) in CLASSES.items()]
+    return [BugClass(name, f"kvfence.kernels.bugclasses:{attr}", text) for name, (attr, text) in CLASSES.items()]
 
 
 def class_case(bug: BugClass, mode: str) -> Case:
@@ -66,7 +66,7 @@ def canary_cell(case_path: Path, kernel: str, mode: str, work: Path, *, timeout:
     stem = f"{case_path.stem}.{mode}.canary"
     status_path, log_path = work / f"{stem}.status.json", work / f"{stem}.log"
     status_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "harness.sanitizer_child", str(status_path), "repro", str(case_path),
+    cmd = [sys.executable, "-m", "kvfence.sanitizer_child", str(status_path), "repro", str(case_path),
            "--device", device, "--mode", mode, "--kernel", kernel]
     code, timed_out, seconds, log = sanitizer.run_process(cmd, sanitizer.case_env(sanitizer.default_caching(mode)),
                                                           timeout)
@@ -96,7 +96,7 @@ def memcheck_cell(exe: str, variant: sanitizer.Variant, case_path: Path, kernel:
 def run_matrix(exe: str, out_dir: Path, work: Path, *, timeout: float, jobs: int = 1, device: str = "cuda",
                announce: Callable[[str], None] = lambda s: None) -> dict:
     """Every (class, mode, detector) cell; returns the ``detection_matrix`` document."""
-    from harness.cases.casefile import write_case
+    from kvfence.cases.casefile import write_case
 
     jobs_list = []
     rows: List[dict] = []

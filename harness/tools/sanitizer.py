@@ -8,7 +8,7 @@ tool in its own process (the first memory error destroys the CUDA context), pars
 
 How each case is run under a tool (``tool_command`` + ``case_env``):
 
-* the child is ``python -m harness.sanitizer_child STATUS repro CASE --device cuda --layout production
+* the child is ``python -m kvfence.sanitizer_child STATUS repro CASE --device cuda --layout production
   --no-absorb``: rows contiguous and nothing after kv_indices' last row, so an overflow past the buffer
   leaves the allocation as in production; the child writes its own exit code to ``STATUS``
   (compute-sanitizer replaces it when it reports errors);
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from harness.errors import BadInput, require
-from harness.cases.findings import Finding, Kind
+from kvfence.errors import BadInput, require
+from kvfence.cases.findings import Finding, Kind
 
 TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")
 KIND_OF_TOOL = {"memcheck": Kind.SANITIZER_MEMCHECK, "initcheck": Kind.SANITIZER_INITCHECK,
@@ -106,15 +106,15 @@ def tool_command(exe: str, tool: str, target: Sequence[str], *, xml_path: Path,
 
 #: The tool watches the repro process itself (no worker: the launch must happen in the traced process,
 #: once). The sweep checked the case files before (a plug-in kernel runs only when named with --kernel),
-#: so the child trusts them (harness.workflow.repro.require_trusted).
+#: so the child trusts them (kvfence.workflow.repro.require_trusted).
 REPRO_FLAGS = ("--in-process", "--trust-case")
 
 
 def repro_target(case_path: Path, *, status_path: Path, python: str = sys.executable,
                  kernel: Optional[str] = None, mode: Optional[str] = None) -> List[str]:
     """The child each tool runs: the case, in the production layout, overflow leaving the allocation,
-    its own exit code written to ``status_path`` (``harness.sanitizer_child``)."""
-    cmd = [python, "-m", "harness.sanitizer_child", str(status_path), "repro", str(case_path), "--device", "cuda",
+    its own exit code written to ``status_path`` (``kvfence.sanitizer_child``)."""
+    cmd = [python, "-m", "kvfence.sanitizer_child", str(status_path), "repro", str(case_path), "--device", "cuda",
            "--layout", "production", "--no-absorb", *REPRO_FLAGS]
     if kernel is not None:
         cmd += ["--kernel", kernel]
@@ -346,7 +346,7 @@ def run_process(cmd: Sequence[str], env: Dict[str, str], timeout: float):
 
 
 def read_status(path: Path) -> Optional[dict]:
-    """The child's ``{"exit": N[, "error": ...]}`` (``harness.sanitizer_child``), or None if it left none."""
+    """The child's ``{"exit": N[, "error": ...]}`` (``kvfence.sanitizer_child``), or None if it left none."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -399,7 +399,7 @@ def signal_findings(tool: str, *, exit_code: Optional[int], timed_out: bool, tim
 
 
 def _child_problem(child, log_text: str, exit_text: str, after: str = "") -> str:
-    """What is wrong with a sanitizer child's own status (``harness.sanitizer_child``), or ``""``."""
+    """What is wrong with a sanitizer child's own status (``kvfence.sanitizer_child``), or ``""``."""
     if child is None:
         return f"the child left no status: it died before its verdict ({exit_text})"
     if child["exit"] == 2:

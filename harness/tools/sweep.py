@@ -1,14 +1,14 @@
-"""``python -m harness sweep``: the nightly job. Canaries first, then compute-sanitizer on the cases.
+"""``python -m kvfence sweep``: the nightly job. Canaries first, then compute-sanitizer on the cases.
 
 1. **Canary phase** (unless ``--cases DIR``): Hypothesis's nightly settings over ``cases()``, every
    example checked by the canary harness and ``target()``-ed on need/width so the search presses against
    the buffer limit. Nothing stops at the first failure: every verdict is recorded.
 2. **Sanitizer phase**: every failing case (up to ``max_failing``) and a sample of passing ones are
-   written as case files and re-run, one process per case and tool (``harness.tools.sanitizer``), plus one
+   written as case files and re-run, one process per case and tool (``kvfence.tools.sanitizer``), plus one
    plain run of the same case for the slowdown's denominator.
 3. **Report**: ``sweep.json`` and ``sweep.html`` (``reports/sweep.py``): per case, the canary verdict beside
    each tool's verdict, its own signals (``SANITIZER_TOOL_ERROR``) and slowdown against the same child
-   run without a tool; with ``--matrix``, the detection matrix (``harness.tools.matrix``).
+   run without a tool; with ``--matrix``, the detection matrix (``kvfence.tools.matrix``).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from harness.errors import EXIT_CLEAN, EXIT_FINDINGS, require
+from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
 
 
 def canary_phase(session, strategy, *, max_examples: int, seed: Optional[int], progress=None):
     """All (case, findings) Hypothesis explored, with need/width targeted. No shrinking, no stopping."""
     from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings, target
 
-    from harness.workflow.fuzz import utilisation
+    from kvfence.workflow.fuzz import utilisation
 
     seen = {}
 
@@ -52,7 +52,7 @@ def canary_phase(session, strategy, *, max_examples: int, seed: Optional[int], p
 
 def select_cases(explored, *, max_failing: int, sample: int, seed: int = 0):
     """Every failing case (up to ``max_failing``, highest need/width first) and ``sample`` passing ones."""
-    from harness.workflow.fuzz import utilisation
+    from kvfence.workflow.fuzz import utilisation
 
     failing = sorted(((c, f) for c, f in explored if f), key=lambda cf: -utilisation(cf[0]))[:max_failing]
     passing = [(c, f) for c, f in explored if not f]
@@ -66,8 +66,8 @@ def load_cases(cases_dir: str, kernel_override: Optional[str]):
     A case file is data: it never makes kvfence import the code it names. A plug-in kernel runs only when
     the command line names it (``--kernel``, which then replaces every file's kernel).
     """
-    from harness.cases.casefile import load_case
-    from harness.cases.targets import BUILTIN_KERNELS
+    from kvfence.cases.casefile import load_case
+    from kvfence.cases.targets import BUILTIN_KERNELS
 
     folder = Path(cases_dir)
     require(folder.is_dir(), f"--cases {cases_dir}: no such directory")
@@ -90,13 +90,13 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
     (``SANITIZER_TOOL_ERROR``, baseline runs included) reported something, else 0.
 
     ``kernel`` is fuzzed in the canary phase; ``kernel_override`` (``--kernel`` with ``--cases``) replaces
-    the kernel the case files name. ``matrix`` adds the detection matrix (``harness.tools.matrix``).
+    the kernel the case files name. ``matrix`` adds the detection matrix (``kvfence.tools.matrix``).
     """
-    from harness.tools import sanitizer
-    from harness.cases.casefile import write_case
-    from harness.device import select
-    from harness.verifying.session import Session
-    from reports.sweep import write_sweep_reports
+    from kvfence.tools import sanitizer
+    from kvfence.cases.casefile import write_case
+    from kvfence.device import select
+    from kvfence.verifying.session import Session
+    from kvfence.reports.sweep import write_sweep_reports
 
     chosen = load_cases(cases_dir, kernel_override) if cases_dir is not None else None  # bad input first
     exe = sanitizer.locate()  # then exit 2 when the tool is missing
@@ -141,7 +141,7 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
                                             or any(t["child_exit"] == 1 for t in r["tools"].values())),
            "baseline_errors": sum(len(r["baseline_errors"]) for r in rows)}
     if matrix:
-        from harness.tools.matrix import run_matrix
+        from kvfence.tools.matrix import run_matrix
 
         doc["detection_matrix"] = run_matrix(exe, out_dir, work, timeout=timeout, jobs=jobs, device=device,
                                              announce=announce)
@@ -157,7 +157,7 @@ def sanitize_case(exe: str, case, findings, path: Path, tools: Sequence[str], wo
                   python: str = sys.executable) -> dict:
     """One case under every tool, plus the same child without a tool (slowdown denominator and verdict
     check): the case's row of ``sweep.json``."""
-    from harness.tools import sanitizer
+    from kvfence.tools import sanitizer
 
     mode = case.config.mode
     run_kernel = kernel_override or case.kernel

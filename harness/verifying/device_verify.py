@@ -21,8 +21,8 @@ same graph serves every row) and runs:
 
 Counters only grow, so after the whole batch four numbers come back in one read: all zero proves every
 case clean, and leaves the rows poisoned for the next batch. Otherwise (or when ``need > width``, known
-on the host) cases go to the full path (``harness.verifying.verdict.check`` with
-``harness.verifying.fastcheck.expected_writes_torch``), one by one, which names regions, ranges and programs and
+on the host) cases go to the full path (``kvfence.verifying.verdict.check`` with
+``kvfence.verifying.fastcheck.expected_writes_torch``), one by one, which names regions, ranges and programs and
 resets the buffers. Guards are not rewritten per case: a clean verdict proves they are intact.
 
 ``_steps(m)`` keeps prepare, the runner's own kernel graph and verify as separate graphs, for
@@ -36,9 +36,9 @@ from typing import Dict, List
 
 import torch
 
-from harness.cases.case import Case, LaunchBatch
-from harness.running.guarded import POISON
-from harness.running.runner import GraphRunner, capture_graph
+from kvfence.cases.case import Case, LaunchBatch
+from kvfence.running.guarded import POISON
+from kvfence.running.runner import GraphRunner, capture_graph
 
 #: counters: [kv_indices write set, kv_indptr write set, outside the write sets, inputs changed]
 COUNTERS = ("kv_indices", "kv_indptr", "outside", "inputs")
@@ -50,11 +50,11 @@ PARALLEL_BRANCHES = True
 
 class DeviceVerifier:
     def __init__(self, runner: GraphRunner):
-        from kernels.verify.indptr import verify_indptr
-        from kernels.verify.inputs import verify_inputs
-        from kernels.verify.outside import verify_outside
-        from kernels.verify.prepare import prepare_case
-        from kernels.verify.segments import verify_segments
+        from kvfence.kernels.verify.indptr import verify_indptr
+        from kvfence.kernels.verify.inputs import verify_inputs
+        from kvfence.kernels.verify.outside import verify_outside
+        from kvfence.kernels.verify.prepare import prepare_case
+        from kvfence.kernels.verify.segments import verify_segments
 
         self.runner = runner
         self._prepare_case, self._inputs = prepare_case, verify_inputs

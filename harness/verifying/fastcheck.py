@@ -1,7 +1,7 @@
 """The write set built with torch ops on the buffers' device: the fast twin of the plain oracle.
 
 ``expected_writes_torch(obs)`` returns the same ``ExpectedWrites`` as
-``harness.verifying.verdict.expected_from_oracle(obs)`` (tests/test_fastcheck.py checks equality on drawn cases),
+``kvfence.verifying.verdict.expected_from_oracle(obs)`` (tests/test_fastcheck.py checks equality on drawn cases),
 without a Python loop over elements: on a GPU it runs where the buffers are, so a large batch's
 expected contents never cross to the host. The formulas are docs/contract.md §2's and §6's (window with
 sinks, page-granular rows, page-table translation, the window rail), vectorised over programs
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.verifying.verdict import ExpectedWrites
+from kvfence.verifying.verdict import ExpectedWrites
 
 
 def draft_slot_starts(L: torch.Tensor, k: torch.Tensor, topk: int, num_steps: int, page_size: int) -> torch.Tensor:
@@ -51,7 +51,7 @@ def expected_writes_torch(obs) -> ExpectedWrites:
     L = torch.tensor(lb.seq_lens, dtype=torch.int64, device=device)
     rpi = torch.tensor(lb.req_pool_indices, dtype=torch.int64, device=device)
     positions = torch.tensor(lb.positions, dtype=torch.int64, device=device)
-    from harness.running.runner import slot_table, v2p_tensor
+    from kvfence.running.runner import slot_table, v2p_tensor
 
     table = slot_table(case.batch.token_seed, c.pool_rows, c.pool_cols, device, c).view(-1).to(torch.int64)
     v2p = v2p_tensor(c, case.batch.v2p_seed, device).to(torch.int64) if c.translate else None

@@ -13,16 +13,16 @@ from typing import List, Optional
 
 from weakref import WeakKeyDictionary
 
-from harness.running.audit import resolve_audit
-from harness.cases.budget import estimate_bytes
-from harness.cases.case import Case, Config
-from harness.verifying.device_verify import COUNTERS, DeviceVerifier
-from harness.errors import require
-from harness.verifying.fastcheck import expected_writes_torch
-from harness.cases.findings import Finding, Kind
-from harness.running.runner import GraphRunner, Observation, make_runner
-from harness.cases.targets import KernelTarget, resolve_kernel
-from harness.verifying.verdict import check
+from kvfence.running.audit import resolve_audit
+from kvfence.cases.budget import estimate_bytes
+from kvfence.cases.case import Case, Config
+from kvfence.verifying.device_verify import COUNTERS, DeviceVerifier
+from kvfence.errors import require
+from kvfence.verifying.fastcheck import expected_writes_torch
+from kvfence.cases.findings import Finding, Kind
+from kvfence.running.runner import GraphRunner, Observation, make_runner
+from kvfence.cases.targets import KernelTarget, resolve_kernel
+from kvfence.verifying.verdict import check
 
 
 def next_pow2(x: int) -> int:
@@ -39,23 +39,23 @@ class Session:
                  verifier: str = "auto", audit: Optional[bool] = None, absorb: bool = True,
                  max_bytes: Optional[int] = None):
         self.device = device
-        #: Device memory the cached runners may hold together (harness.cases.budget estimates); None: no bound.
+        #: Device memory the cached runners may hold together (kvfence.cases.budget estimates); None: no bound.
         self.max_bytes = max_bytes
-        # Interpreter address audit (harness.running.audit): None = on for cpu, off for cuda; True on cuda is BadInput.
+        # Interpreter address audit (kvfence.running.audit): None = on for cpu, off for cuda; True on cuda is BadInput.
         self.audit = resolve_audit(audit, device)
         self.kernel: KernelTarget = resolve_kernel(kernel, device)
         self.poison = poison
-        self.absorb = absorb  # False only under compute-sanitizer (harness.running.runner._buffers)
+        self.absorb = absorb  # False only under compute-sanitizer (kvfence.running.runner._buffers)
         require(absorb or device == "cuda" or self.audit,
                 "--no-absorb on the CPU needs the address audit: a wild store would write host memory")
         # "oracle": the plain-Python oracle builds every expected write set (CPU default).
-        # "device": graph-mode cases are verified on the device (harness.verifying.device_verify) and only a dirty
+        # "device": graph-mode cases are verified on the device (kvfence.verifying.device_verify) and only a dirty
         # case goes through the full verdict, with the torch write-set builder (CUDA default).
         require(verifier in VERIFIERS, f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
         self.verifier = ("device" if device == "cuda" else "oracle") if verifier == "auto" else verifier
         #: fast_clean / full: cases judged by the device counters alone / by the full verdict;
         #: launches: kernel launches; runners: configs built; captures, compile_s, capture_s: CUDA-graph
-        #: captures and the time spent warming up (compiling) and capturing them (harness.running.runner);
+        #: captures and the time spent warming up (compiling) and capturing them (kvfence.running.runner);
         #: compiles: distinct constexpr variants of the kernel under test first launched by this process
         #: (each a Triton compile, or a load from Triton's on-disk cache); batches: check_many round trips.
         #: host_verified: cases the device verifier would have judged but whose config is §6's (a window,
@@ -105,7 +105,7 @@ class Session:
         if self.device != "cuda":
             return
         for m in set(buckets):  # a batch repeats a handful of buckets: the variant once per bucket
-            # The classic launcher's constexprs (harness.cases.targets / kernels.draft_kv_indices.launch).
+            # The classic launcher's constexprs (kvfence.cases.targets / kvfence.kernels.draft_kv_indices.launch).
             variant = (c.page_size, next_pow2(m), next_pow2(c.num_steps), next_pow2(m * c.topk), c.mode)
             if variant not in self._variants:
                 self._variants.add(variant)

@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from harness.cases.findings import Finding, Kind
-from harness.running.guarded import GuardedBuffer
+from kvfence.cases.findings import Finding, Kind
+from kvfence.running.guarded import GuardedBuffer
 
 #: Findings kept per buffer; the last one says how many runs were left out.
 MAX_RUNS = 32

@@ -9,7 +9,7 @@ Three things live here and nowhere else:
 * **The database key** — ``database_key(...)``: a digest of the kernel spec, the sizing spec, the
   contract version (``KEY_VERSION``) and the domain (mode, layout, seq-len limit, pinned config fields,
   ``--scale``'s bounds, batches per example, shard). Hypothesis's default key is a digest of the test
-  function's source, and ``harness.workflow.fuzz`` builds one test function for every kernel, so without an
+  function's source, and ``kvfence.workflow.fuzz`` builds one test function for every kernel, so without an
   explicit key every kernel would replay (and, when the example passes, delete) every other kernel's
   failures. The key does not depend on the host, the device, the seed, the example or memory budget
   or kvfence's own source, so last night's failure is replayed by tonight's run of the same target
@@ -17,7 +17,7 @@ Three things live here and nowhere else:
 * **``--shard I/N``** — a deterministic partition of the config space and of the seeds. The config
   cells (every ``(topk, num_steps, page_size)`` the strategy can draw) are dealt to N shards by a hash
   (balanced, and each shard gets a spread of topks, steps and page sizes); a shard draws one index into
-  its own cells (no rejection sampling), then the rest of the config from ``strategies.configs`` with
+  its own cells (no rejection sampling), then the rest of the config from ``kvfence.strategies.configs`` with
   the cell pinned (cells whose smallest config exceeds the memory budget are left out, and counted). ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run
   distinct random streams. When fewer cells than shards exist (e.g. a fully pinned GPU config),
   shards share cells and differ by seed only; the summary says so.
@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
-from harness.errors import BadInput, require
+from kvfence.errors import BadInput, require
 
 #: Bump when the contract (docs/contract.md) or the meaning of a drawn choice sequence changes in a way
 #: that makes stored examples mean something else: every stored example then starts afresh.
@@ -108,7 +108,7 @@ def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[T
 
 
 def cell_domains(domain) -> Dict[str, Tuple[int, ...]]:
-    """The values each of ``CELL_FIELDS`` ranges over in a ``harness.cases.domain.Domain``, simplest first."""
+    """The values each of ``CELL_FIELDS`` ranges over in a ``kvfence.cases.domain.Domain``, simplest first."""
     return {"topk": tuple(range(1, domain.max_topk + 1)), "num_steps": tuple(range(1, domain.max_steps + 1)),
             "page_size": tuple(domain.page_sizes)}
 
@@ -117,7 +117,7 @@ def shard_configs(shard: Shard, build: Callable, pinned: Dict[str, Optional[int]
                   domains: Dict[str, Sequence[int]]):
     """A config strategy drawing only from ``shard``'s cells, and a description of the part.
 
-    ``build(**pins)`` returns the unsharded config strategy (``strategies.configs`` with the run's
+    ``build(**pins)`` returns the unsharded config strategy (``kvfence.strategies.configs`` with the run's
     arguments) with the ``CELL_FIELDS`` in ``pins`` pinned; ``pinned`` holds the fields the user pinned
     (``None`` = drawn), whose domain is then that one value; ``domains`` (``cell_domains``) the values of
     the others. One draw picks a cell; the remaining fields (ctx, max_bs) are drawn by ``configs``

@@ -1,10 +1,10 @@
-"""The two verifiers compared on dirty cases: ``python -m harness mutants --verifiers both``.
+"""The two verifiers compared on dirty cases: ``python -m kvfence mutants --verifiers both``.
 
 kvfence judges a graph-mode case on one of two paths. The **oracle path** (the CPU default) compares
-every element with the plain-Python oracle (``harness.verifying.verdict.check``). The **device path** (the CUDA
-default) runs the case through ``harness.verifying.device_verify.DeviceVerifier`` and trusts its four counters
+every element with the plain-Python oracle (``kvfence.verifying.verdict.check``). The **device path** (the CUDA
+default) runs the case through ``kvfence.verifying.device_verify.DeviceVerifier`` and trusts its four counters
 when they are all zero; otherwise it re-runs the case through the full verdict with the torch write-set
-builder (``harness.verifying.fastcheck``), which names the findings. Whatever the device path misses, kvfence
+builder (``kvfence.verifying.fastcheck``), which names the findings. Whatever the device path misses, kvfence
 misses on a GPU, so both paths must agree on cases that really are dirty, not only on clean ones.
 
 For every target, the same drawn cases go through both paths:
@@ -43,11 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from harness.cases.case import Case
-from harness.verifying.device_verify import COUNTERS
-from harness.cases.findings import Finding, Kind
+from kvfence.cases.case import Case
+from kvfence.verifying.device_verify import COUNTERS
+from kvfence.cases.findings import Finding, Kind
+from kvfence.kernels import KERNELS_DIR
 
-PLANTED_FILE = Path(__file__).resolve().parents[2] / "kernels" / "planted.py"
+PLANTED_FILE = KERNELS_DIR / "planted.py"
 REFERENCE = "reference"
 #: Cases per target when ``--max-examples`` is not given (the CPU run: 47 targets, about 3 minutes).
 DEFAULT_EXAMPLES = 8
@@ -201,9 +202,9 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     As in the mutation self-test, a mutant is drawn from its own domain on CUDA and from the CPU domain
     on the CPU; the reference and the planted writes from the device's own domain.
     """
-    from harness.errors import require
-    from harness.workflow.mutants import MUTANTS_DIR, discover
-    from kernels.planted import PLANTS
+    from kvfence.errors import require
+    from kvfence.workflow.mutants import MUTANTS_DIR, discover
+    from kvfence.kernels.planted import PLANTS
 
     home = "gpu" if device == "cuda" else "cpu"
     mutant_names = {p.stem for p in MUTANTS_DIR.glob("*.py") if not p.name.startswith("_")}
@@ -218,7 +219,7 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     for m in mutants:
         if m.contract != "draft":
             # The device verifier checks the draft contract only; a window-rail case is judged by the host
-            # verdict on both paths (harness.verifying.session), so there is nothing to compare.
+            # verdict on both paths (kvfence.verifying.session), so there is nothing to compare.
             continue
         domain = m.domain if device == "cuda" else "cpu"
         domains.add(domain)
@@ -226,7 +227,7 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     if wanted(REFERENCE):
         out[:0] = [Target(REFERENCE, REFERENCE, REFERENCE, "safe", domain, "the reference kernel, safe sizing")
                    for domain in sorted(domains)]
-    import kernels.planted as planted
+    import kvfence.kernels.planted as planted
 
     for name in PLANTS:
         if wanted(name):
@@ -240,7 +241,7 @@ def draw_cases(target: Target, count: int, seed: int, max_bytes: Optional[int]) 
     drawn by Hypothesis from ``seed`` alone, so both paths and every run see the same cases."""
     from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed, strategies as st
 
-    from strategies import batches, configs
+    from kvfence.strategies import batches, configs
 
     drawn: List[Case] = []
 
@@ -265,7 +266,7 @@ class Paths:
     """The two sessions of one kernel: the oracle path and the device path."""
 
     def __init__(self, device: str, kernel: str):
-        from harness.verifying.session import Session
+        from kvfence.verifying.session import Session
 
         from weakref import WeakKeyDictionary
 
@@ -278,7 +279,7 @@ class Paths:
             self.dev.kernel = _dropping_wild_stores(self.dev.kernel)
 
     def check(self, case: Case) -> CaseResult:
-        from harness.verifying.device_verify import DeviceVerifier
+        from kvfence.verifying.device_verify import DeviceVerifier
 
         oracle = self.oracle.check(case)
         racy = named(self.oracle.check(case)) != named(oracle)  # the module docstring: racy kernels
@@ -344,7 +345,7 @@ def _dropping_wild_stores(target):
 
     import torch
 
-    from harness.running.audit import Audit
+    from kvfence.running.audit import Audit
 
     def launch(**kw):
         audit, seen = Audit(), set()
@@ -363,8 +364,8 @@ def _dropping_wild_stores(target):
 def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, names: Optional[List[str]] = None,
         max_bytes: Optional[int] = None, progress: Optional[Callable[[Comparison, Row], None]] = None) -> Comparison:
     """Every target's cases through both paths; ``progress`` is called after each target."""
-    from harness.errors import require
-    from harness.cases.targets import resolve_sizing
+    from kvfence.errors import require
+    from kvfence.cases.targets import resolve_sizing
 
     require(max_examples >= 1, f"max_examples must be positive, got {max_examples}")
     if device == "cuda" and max_bytes is None:

@@ -15,9 +15,9 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings, target
 
-from harness.cases.case import Case
-from harness.cases.casefile import format_failure
-from harness.cases.findings import Finding
+from kvfence.cases.case import Case
+from kvfence.cases.casefile import format_failure
+from kvfence.cases.findings import Finding
 
 
 class FindingsFound(AssertionError):
@@ -105,19 +105,19 @@ class FuzzResult:
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
     stats: List[ExampleStat] = field(default_factory=list)
     failure_stat: Optional[ExampleStat] = None
-    #: ``harness.cases.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
+    #: ``kvfence.cases.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
     hypothesis: Optional[dict] = None
     #: Distinct configs checked, and the largest one launched (by its memory estimate).
     distinct_configs: int = 0
     largest_config: Optional[dict] = None
-    #: Boundary class -> cases that reached it (``harness.cases.domain.boundary_classes``).
+    #: Boundary class -> cases that reached it (``kvfence.cases.domain.boundary_classes``).
     boundaries: Dict[str, int] = field(default_factory=dict)
     #: The session's compile / capture counters and times (``Session.stats``), copied at the end.
     session_stats: Dict[str, float] = field(default_factory=dict)
-    #: Set when a signal ended the run (``KeyboardInterrupt``, e.g. ``harness.cli``'s SIGINT/SIGTERM
+    #: Set when a signal ended the run (``KeyboardInterrupt``, e.g. ``kvfence.cli``'s SIGINT/SIGTERM
     #: handler): the signal's name. ``case``/``findings`` are then the smallest failure seen so far.
     interrupted: Optional[str] = None
-    #: ``--keep-going`` (``harness.workflow.keepgoing``): failures already saved that exploring met again (they
+    #: ``--keep-going`` (``kvfence.workflow.keepgoing``): failures already saved that exploring met again (they
     #: pass there), the saved failure this run's shrinking reached, the signature of the first failure
     #: explored (before shrinking), every distinct failure of the run
     #: (``keepgoing.Failure``), and the final replay's Hypothesis choices (to store it in the database).
@@ -186,20 +186,20 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
 
     ``session`` is anything with ``check(case) -> List[Finding]`` (and optionally ``check_many``):
-    ``harness.verifying.session.Session`` (in this process) or ``harness.workflow.worker.RemoteSession`` (in a worker
+    ``kvfence.verifying.session.Session`` (in this process) or ``kvfence.workflow.worker.RemoteSession`` (in a worker
     process that may crash or hang).
 
-    ``journal`` (a ``harness.running.journal.Journal``) records the cases in flight around each launch.
-    ``database`` (a Hypothesis ``ExampleDatabase``) needs ``database_key`` (``harness.workflow.campaign.database_key``):
+    ``journal`` (a ``kvfence.running.journal.Journal``) records the cases in flight around each launch.
+    ``database`` (a Hypothesis ``ExampleDatabase``) needs ``database_key`` (``kvfence.workflow.campaign.database_key``):
     every kernel shares this one test function, so Hypothesis's default key would mix their examples.
     ``targeting`` turns on Hypothesis's target phase on need/width (hill-climbing toward the buffer
     limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
     ``known`` (``failure_signature``s) and ``carry`` (verdict cache, shapes and configs seen, shared by
-    the phases of one run) are for ``harness.workflow.keepgoing``.
+    the phases of one run) are for ``kvfence.workflow.keepgoing``.
     """
-    from harness.cases.budget import estimate_bytes
-    from harness.cases.casefile import hypothesis_blob, hypothesis_final
-    from harness.cases.domain import boundary_classes
+    from kvfence.cases.budget import estimate_bytes
+    from kvfence.cases.casefile import hypothesis_blob, hypothesis_final
+    from kvfence.cases.domain import boundary_classes
 
     result = FuzzResult()
     rng = random.Random(0)
@@ -211,7 +211,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     start = time.perf_counter()
 
     def body(example):
-        # An example is one Case, or a list of Cases sharing a config (strategies.case_runs).
+        # An example is one Case, or a list of Cases sharing a config (kvfence.strategies.case_runs).
         cases = example if isinstance(example, list) else [example]
         now = time.perf_counter()
         shrinking = state["first_failure"] is not None
@@ -272,7 +272,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         return u
 
     def _failed(case: Case, findings) -> None:
-        if known is not None:  # --keep-going (harness.workflow.keepgoing)
+        if known is not None:  # --keep-going (kvfence.workflow.keepgoing)
             signature = failure_signature(case, findings)
             if state["first_failure"] is None and signature in known:
                 result.known_repeats += 1  # already saved by an earlier phase: passes while exploring
@@ -293,7 +293,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         if hypothesis_final():
             result.hypothesis = hypothesis_blob()
             if known is not None:
-                from harness.workflow.keepgoing import current_choices
+                from kvfence.workflow.keepgoing import current_choices
 
                 result.choices = current_choices()
         state["last_failure"] = (case, findings)  # Hypothesis only tries smaller ones from here
@@ -311,10 +311,10 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                     + ([Phase.shrink] if shrink_seconds > 0 else []),
                     suppress_health_check=list(HealthCheck))(test)
     if database is not None:
-        from harness.workflow.campaign import apply_database_key
+        from kvfence.workflow.campaign import apply_database_key
 
         if database_key is None:
-            raise ValueError("fuzz(database=...) needs a database_key (harness.workflow.campaign.database_key)")
+            raise ValueError("fuzz(database=...) needs a database_key (kvfence.workflow.campaign.database_key)")
         apply_database_key(test, body, database_key)
     try:
         test()

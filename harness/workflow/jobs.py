@@ -2,12 +2,12 @@
 
 Hypothesis's engine costs about a millisecond per example in one Python process, which caps one
 process well below what a GPU can verify; independent processes lift that cap. Each job is a plain
-``python -m harness fuzz`` child with the parent's flags, its own seed (``seed + i``), its share of the
+``python -m kvfence fuzz`` child with the parent's flags, its own seed (``seed + i``), its share of the
 example budget and memory budget, and its own folder ``OUT/jobs/job-i`` (journal, case files,
 summary, log). With several GPUs, job ``i`` sees only GPU ``i mod count`` (``CUDA_VISIBLE_DEVICES``).
 
 The parent launches nothing itself: it shows one progress line summed over the jobs (each child writes
-its counts to ``progress.json``), then merges the children's summaries (``reports.summary.merge``) and
+its counts to ``progress.json``), then merges the children's summaries (``kvfence.reports.summary.merge``) and
 copies their case files into ``OUT/cases``. Each job shrinks its own first failure; every failure of
 every job is kept. A job that dies (CUDA fault, kill -9) is reported, the case it had in flight is
 recovered from its journal as a ``CRASH`` case file, and the other jobs go on.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from harness.cases import casefile
+from kvfence.cases import casefile
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
@@ -48,7 +48,7 @@ def write_progress(path: Path, result) -> None:
 
 
 class _Summed:
-    """Duck-typed ``FuzzResult`` for ``harness.workflow.progress.Progress``: the jobs' counts added up."""
+    """Duck-typed ``FuzzResult`` for ``kvfence.workflow.progress.Progress``: the jobs' counts added up."""
 
     def __init__(self, docs: List[dict], elapsed_s: float):
         for key in ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases"):
@@ -70,12 +70,12 @@ def _visible_gpus() -> List[str]:
 
 
 def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None):
-    """Run one ``python -m harness fuzz`` child per argument list; return ``(docs, problems, crashes,
+    """Run one ``python -m kvfence fuzz`` child per argument list; return ``(docs, problems, crashes,
     interrupted)``: the children's summaries, one line per child that ended abnormally, the ``CRASH``
     records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
     the run (the children are then stopped too, and what they wrote is still merged)."""
-    from harness.running.interrupt import Interrupted, signals_interrupt
-    from harness.running.journal import recover
+    from kvfence.running.interrupt import Interrupted, signals_interrupt
+    from kvfence.running.journal import recover
 
     gpus = _visible_gpus() if device == "cuda" else []
     procs = []
@@ -88,7 +88,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         if len(gpus) > 1:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
         log = open(folder / "log.txt", "w")
-        cmd = [sys.executable, "-m", "harness", "fuzz", *extra, "--out", str(folder),
+        cmd = [sys.executable, "-m", "kvfence", "fuzz", *extra, "--out", str(folder),
                "--progress-file", str(folder / PROGRESS_FILE)]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), folder, log))
     start = time.perf_counter()

@@ -1,11 +1,11 @@
 """``fuzz --keep-going``: a run goes on after its first failure, to its example and time budgets.
 
 Hypothesis ends a test at its first failure (once shrunk). A keep-going run is a sequence of phases,
-each an ordinary ``harness.workflow.fuzz.fuzz`` call over what is left of the budgets:
+each an ordinary ``kvfence.workflow.fuzz.fuzz`` call over what is left of the budgets:
 
 * phase 1 is the run without ``--keep-going`` (its seed, its example database);
 * each later phase gets a new Hypothesis seed (``phase_seed``) and the failures saved so far as
-  ``known`` signatures (``harness.workflow.fuzz.failure_signature``: finding kinds + config). While exploring,
+  ``known`` signatures (``kvfence.workflow.fuzz.failure_signature``: finding kinds + config). While exploring,
   a case failing with a known signature counts as passing (``known_repeats``), so the phase looks for
   something else. Its shrinking stays on the failure it found: a candidate that fails with none of its
   finding kinds counts as passing (a CRASH is never shrunk into a VALUE_MISMATCH elsewhere). When
@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from harness.cases.case import Case
-from harness.cases.findings import Finding
-from harness.workflow.fuzz import MAX_STATS, ExampleStat, FuzzResult, failure_signature, fuzz
+from kvfence.cases.case import Case
+from kvfence.cases.findings import Finding
+from kvfence.workflow.fuzz import MAX_STATS, ExampleStat, FuzzResult, failure_signature, fuzz
 
 
 @dataclass
@@ -127,7 +127,7 @@ def fuzz_keep_going(session, strategy, *, max_examples: int, seed: Optional[int]
                     max_seconds: Optional[float] = None, database=None, database_key: Optional[bytes] = None,
                     on_failure: Optional[Callable[[Failure], Optional[str]]] = None,
                     **fuzz_kwargs) -> FuzzResult:
-    """``harness.workflow.fuzz.fuzz`` in phases until the budgets are spent (module docstring).
+    """``kvfence.workflow.fuzz.fuzz`` in phases until the budgets are spent (module docstring).
 
     Returns one ``FuzzResult`` for the whole run: counts summed, ``failures`` every distinct failure in
     the order found, ``case``/``findings`` the first of them. ``on_failure(failure)`` is called as soon

@@ -15,7 +15,7 @@ is fuzzed (and the reference checked) under ``--contract window-rail``. Draws in
 (window, sinks, page-granular rows, translation), as the default ``fuzz`` of a kernel that takes them.
 
 Each file's ``DOMAIN`` (``cpu`` unless stated) is the config space whose *default, unpinned* draws must
-reach the bug (``harness.cases.domain``): no field is pinned, so a detection is the strategies' doing, not
+reach the bug (``kvfence.cases.domain``): no field is pinned, so a detection is the strategies' doing, not
 the test author's. ``gpu`` mutants are scale bugs (past a copy block, a lane width, a page of 64): on a
 CUDA device they are fuzzed on the GPU domain the way ``fuzz --device cuda`` does (config-major, many
 batches per example) and must be caught; on the CPU they are fuzzed on the CPU domain and must *not*
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 
-from harness.errors import require
+from kvfence.errors import require
+from kvfence.kernels import KERNELS_DIR
 
-MUTANTS_DIR = Path(__file__).resolve().parents[2] / "kernels" / "mutants"
-REFERENCE_KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "draft_kv_indices.py"
+MUTANTS_DIR = KERNELS_DIR / "mutants"
+REFERENCE_KERNEL = KERNELS_DIR / "draft_kv_indices.py"
 KERNEL_ATTR = "generate_draft_decode_kv_indices"
 #: Per contract: the reference file a kernel mutant patches and the kernel it names (docs/contract.md §6).
 CONTRACT_KERNELS = {"draft": (REFERENCE_KERNEL, KERNEL_ATTR),
@@ -187,7 +188,7 @@ def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -
 
     Imports each file (a kernel file's ``@triton.jit`` runs now: choose the device first).
     """
-    from harness.cases.targets import _load_attr
+    from kvfence.cases.targets import _load_attr
 
     paths = sorted(p for p in Path(directory).glob("*.py") if not p.name.startswith("_"))
     if names:
@@ -213,7 +214,7 @@ def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -
 
 
 def _module_of(path: Path):
-    from harness.cases.targets import _load_file
+    from kvfence.cases.targets import _load_file
 
     return _load_file(path)
 
@@ -223,7 +224,7 @@ GPU_BATCHES = 32
 
 
 def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int], contract: str = "draft"):
-    from strategies import case_runs, cases, configs
+    from kvfence.strategies import case_runs, cases, configs
 
     # The §6 fields drawn as the default fuzz of the reference draws them (every mutant is one of it):
     # on the CPU domain, not on the GPU domain (fuzz --family auto).
@@ -235,7 +236,7 @@ def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int], c
 
 def _run(result: MutantResult, session, strategy, *, max_examples: int, seeds: List[int],
          progress: Optional[Callable[[MutantResult], None]] = None) -> MutantResult:
-    from harness.workflow.fuzz import damage_kinds, fuzz
+    from kvfence.workflow.fuzz import damage_kinds, fuzz
 
     start = time.perf_counter()
     for seed in seeds:
@@ -268,9 +269,9 @@ def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), name
             max_bytes: Optional[int] = None, verifier: str = "auto") -> SelfTest:
     """Fuzz every mutant under each seed (``max_examples`` each, unpinned draws from its domain), then
     the reference over every domain that ran, which must stay clean. ``verifier`` is the sessions'
-    (``harness.verifying.session.VERIFIERS``)."""
-    from harness.verifying.session import Session
-    from harness.cases.targets import resolve_sizing
+    (``kvfence.verifying.session.VERIFIERS``)."""
+    from kvfence.verifying.session import Session
+    from kvfence.cases.targets import resolve_sizing
 
     require(max_examples is None or max_examples >= 1, f"max_examples must be positive, got {max_examples}")
     seeds = list(seeds)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from harness.cases.casefile import CASES_DIR
+from kvfence.cases.casefile import CASES_DIR
 
 EARLIER_DIR = "earlier"
 

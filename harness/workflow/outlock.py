@@ -1,6 +1,6 @@
 """One fuzz run at a time per ``--out`` folder: a lock, so two runs never lose each other's findings.
 
-Two runs writing the same folder would set each other's case files aside (``harness.workflow.outdir``) and
+Two runs writing the same folder would set each other's case files aside (``kvfence.workflow.outdir``) and
 replace each other's ``summary.json`` and reports, so one run's findings would vanish from the folder.
 The second run is refused instead, before it writes anything: one line naming the running one's pid,
 host and start time, exit 2.
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Tuple
 
-from harness.errors import BadInput
+from kvfence.errors import BadInput
 
 LOCK_NAME = ".kvfence.lock"
 

@@ -13,7 +13,7 @@ PLAIN_EVERY_S = 5.0
 
 
 class Progress:
-    """``update(result)`` takes a ``harness.workflow.fuzz.FuzzResult``; ``close()`` ends the line (TTY)."""
+    """``update(result)`` takes a ``kvfence.workflow.fuzz.FuzzResult``; ``close()`` ends the line (TTY)."""
 
     def __init__(self, total: int, stream: Optional[TextIO] = None, *, tty: Optional[bool] = None):
         self.total = total
@@ -24,7 +24,7 @@ class Progress:
         self._start = time.perf_counter()
 
     def line(self, result) -> str:
-        """One line in the run's vocabulary (harness.workflow.fuzz.FuzzResult): examples against the budget,
+        """One line in the run's vocabulary (kvfence.workflow.fuzz.FuzzResult): examples against the budget,
         verified and cached cases, the verified rate, and what the run is doing now."""
         elapsed = result.elapsed_s or (time.perf_counter() - self._start)
         rate = result.verified_cases / elapsed if elapsed > 0 else 0.0

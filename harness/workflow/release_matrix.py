@@ -1,9 +1,9 @@
-"""The upstream release matrix: ``python -m harness upstream matrix``.
+"""The upstream release matrix: ``python -m kvfence upstream matrix``.
 
 Which SGLang release is safe under which buffer sizing? Every release of a version range x every sizing x
-every contract is one *cell*, fuzzed with a fixed example budget and seed by its own ``python -m harness
+every contract is one *cell*, fuzzed with a fixed example budget and seed by its own ``python -m kvfence
 fuzz`` process (so a cell that crashes, hangs or is refused is that cell's result, never the matrix's end).
-Releases come from ``harness.cases.upstream`` (fetched into its cache unless offline); the table is rendered by
+Releases come from ``kvfence.cases.upstream`` (fetched into its cache unless offline); the table is rendered by
 ``reports/release_matrix.py``.
 
 A cell's ``status`` is one of ``STATUSES``. The exit code is about the releases, not the harness: 0 when
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from harness.cases import upstream
-from harness.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
+from kvfence.cases import upstream
+from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 #: Cell statuses and what each means (the report's legend).
 STATUSES = {
@@ -139,8 +139,8 @@ def index_versions() -> List[str]:
 
 # -- what the fuzz command checks ----------------------------------------------------------------------
 def fuzz_contracts() -> Tuple[str, ...]:
-    """Contracts ``fuzz --contract`` checks (``harness.cases.case.CONTRACTS``)."""
-    from harness.cases.case import CONTRACTS
+    """Contracts ``fuzz --contract`` checks (``kvfence.cases.case.CONTRACTS``)."""
+    from kvfence.cases.case import CONTRACTS
 
     return CONTRACTS
 
@@ -153,7 +153,7 @@ def contract_flags(contract: str) -> List[str]:
 def sizing_applies(sizing: str, contract: str) -> bool:
     """The rail is sized per window (``window-*`` policies, docs/contract.md §6); the draft kernel's rows by
     the other policies. A cell pairing a sizing with the other contract's kernel is not applicable."""
-    from kernels.sizing import WINDOW_POLICIES
+    from kvfence.kernels.sizing import WINDOW_POLICIES
 
     return (sizing in WINDOW_POLICIES) == (contract == "window-rail")
 
@@ -168,7 +168,7 @@ def check_contracts(names: Sequence[str]) -> List[str]:
 
 def check_sizings(names: Sequence[str]) -> List[str]:
     """``--sizing``: builtin policies only (a cell's folder is named after its sizing)."""
-    from kernels.sizing import POLICIES
+    from kvfence.kernels.sizing import POLICIES
 
     for name in names:
         require(name in POLICIES, f"--sizing: {name!r} is not a builtin sizing; the matrix takes "
@@ -270,7 +270,7 @@ def fuzz_command(cell: Cell, out: Path, s: Settings) -> List[str]:
     spec = f"{upstream.SPEC_PREFIX}{cell.version}"
     if cell.contract != "draft":
         spec += f":{CONTRACT_KERNELS[cell.contract]}"
-    cmd = [sys.executable, "-m", "harness", "fuzz", "--kernel", spec, "--sizing", cell.sizing, "--device", s.device,
+    cmd = [sys.executable, "-m", "kvfence", "fuzz", "--kernel", spec, "--sizing", cell.sizing, "--device", s.device,
            "--max-examples", str(s.max_examples), "--seed", str(s.seed), "--shrink-seconds", str(s.shrink_seconds),
            "--database", "none", "--jobs", "1", "--quiet", "--out", str(out), *contract_flags(cell.contract)]
     if s.max_gpu_mem is not None:
@@ -279,11 +279,8 @@ def fuzz_command(cell: Cell, out: Path, s: Settings) -> List[str]:
 
 
 def _child_env() -> Dict[str, str]:
-    # The cache as the parent left it, never the network; the same kvfence the parent runs.
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, KVFENCE_OFFLINE="1", KVFENCE_CACHE=str(upstream.cache_root()),
-                PYTHONPATH=root + (os.pathsep + path if path else ""))
+    # The cache as the parent left it, never the network; the same installed kvfence the parent runs.
+    return dict(os.environ, KVFENCE_OFFLINE="1", KVFENCE_CACHE=str(upstream.cache_root()))
 
 
 class Running:
@@ -373,7 +370,7 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
         write: Callable[[dict, Path], None]) -> Tuple[dict, Optional[str]]:
     """Fuzz every cell; ``write(doc, out)`` renders the reports after every cell (a killed run keeps what it
     had). Returns the document and the signal name if SIGINT/SIGTERM stopped it."""
-    from harness.running.interrupt import signals_interrupt
+    from kvfence.running.interrupt import signals_interrupt
 
     started, t0 = time.time(), time.monotonic()
     checked = fuzz_contracts()

@@ -1,4 +1,4 @@
-"""``python -m harness repro FILE``: re-run one case file and print a readable diff.
+"""``python -m kvfence repro FILE``: re-run one case file and print a readable diff.
 
 The case runs through the same pipeline as the fuzzer (``Session.observe`` then ``verdict.check``, which
 is ``Session.check`` with the observation kept so that ``--verbose`` can show whole stretches of the
@@ -11,10 +11,10 @@ import dataclasses
 import re
 from typing import List, Optional, TextIO
 
-from harness.cases.casefile import CaseFile, load_case
-from harness.cases.case import Case
-from harness.errors import EXIT_CLEAN, EXIT_FINDINGS, require
-from harness.cases.findings import Finding, Kind
+from kvfence.cases.casefile import CaseFile, load_case
+from kvfence.cases.case import Case
+from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
+from kvfence.cases.findings import Finding, Kind
 
 #: Elements shown per finding with ``--verbose`` (the finding itself keeps 3 samples).
 VERBOSE_ELEMENTS = 64
@@ -30,7 +30,7 @@ def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional
     so a plug-in kernel or sizing runs only when ``--kernel`` / ``--sizing`` replace it or
     ``--trust-case`` is given. Builtin names are always fine.
     """
-    from harness.cases.targets import is_plugin
+    from kvfence.cases.targets import is_plugin
 
     if trust:
         return
@@ -44,7 +44,7 @@ def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional
 def apply_overrides(loaded: CaseFile, *, kernel: Optional[str] = None, sizing: Optional[str] = None,
                     mode: Optional[str] = None, layout: Optional[str] = None) -> Case:
     """The loaded case with another kernel, sizing policy, mode or layout (``BadInput`` if impossible)."""
-    from harness.cases.targets import resolve_sizing
+    from kvfence.cases.targets import resolve_sizing
 
     case = loaded.case
     config = case.config
@@ -60,7 +60,7 @@ def apply_overrides(loaded: CaseFile, *, kernel: Optional[str] = None, sizing: O
 
 def sizing_lines(case: Case) -> List[str]:
     """need vs width, with the arithmetic written out (``Case.sizing_summary`` plus the policy)."""
-    from harness.cases.targets import resolve_sizing
+    from kvfence.cases.targets import resolve_sizing
 
     c = case.config
     s = case.sizing_summary()
@@ -154,23 +154,23 @@ def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizin
     """Load, re-run and describe one case file; returns the exit code (1 reproduces, 0 passes).
 
     ``absorb=False`` (``--no-absorb``) lets an overflow leave the buffer's allocation, as in
-    production: for runs under compute-sanitizer (``harness.tools.sanitizer``). The case runs first in a
-    worker process (``harness.workflow.worker``), so a case that crashes or hangs is reported as ``CRASH`` /
+    production: for runs under compute-sanitizer (``kvfence.tools.sanitizer``). The case runs first in a
+    worker process (``kvfence.workflow.worker``), so a case that crashes or hangs is reported as ``CRASH`` /
     ``HANG`` instead of killing repro; a case that survives is re-run here for the full diff.
     ``in_process`` skips the worker (debugging).
     """
-    from harness.device import select
+    from kvfence.device import select
 
     loaded = load_case(path)
     require_trusted(loaded, kernel=kernel, sizing=sizing, trust=trust_case)
     case = apply_overrides(loaded, kernel=kernel, sizing=sizing, mode=mode, layout=layout)
     device = select(device, announce=announce)
-    from harness.verifying.session import Session
-    from harness.verifying.verdict import check, expected_from_oracle
+    from kvfence.verifying.session import Session
+    from kvfence.verifying.verdict import check, expected_from_oracle
 
     remote = None
     if not in_process:
-        from harness.workflow.worker import DEFAULT_CASE_TIMEOUT, RemoteSession
+        from kvfence.workflow.worker import DEFAULT_CASE_TIMEOUT, RemoteSession
 
         # Resolves the kernel in the worker: BadInput before anything runs.
         worker = RemoteSession(device, case.kernel, absorb=absorb,

@@ -1,9 +1,9 @@
 """Crash-proof checking: a worker process owns the device and runs cases for a supervisor.
 
 The fuzzing process (the supervisor: Hypothesis, journal, reports) never launches the kernel itself.
-``RemoteSession`` starts one worker process (``python -m harness.workflow.worker``: a fresh interpreter that
+``RemoteSession`` starts one worker process (``python -m kvfence.workflow.worker``: a fresh interpreter that
 picks CUDA or the Triton interpreter for itself) and talks to it over a socket pair: cases go as plain
-JSON data (``harness.cases.casefile.case_to_dict`` fields), findings come back as ``Finding.to_dict`` JSON.
+JSON data (``kvfence.cases.casefile.case_to_dict`` fields), findings come back as ``Finding.to_dict`` JSON.
 Nothing is pickled either way, so a kernel plug-in running in the worker cannot make the supervisor
 run code. The worker is started once and reused for many cases; ``check_many`` sends a whole list in
 one message, and a shared 8-byte counter tells the supervisor which case is running.
@@ -18,7 +18,7 @@ What the kernel can do to the worker, and what the supervisor makes of it:
 * it runs longer than its time limit (``case_timeout`` scaled by the case's size, plus a warm-up
   allowance for a config the worker has not run yet: compile and capture): ``HANG``; the worker is
   killed and replaced;
-* it calls ``sys.exit()``: a ``LAUNCH_ERROR`` (``harness.running.runner`` catches ``SystemExit`` like any
+* it calls ``sys.exit()``: a ``LAUNCH_ERROR`` (``kvfence.running.runner`` catches ``SystemExit`` like any
   launch error), the worker lives on.
 
 A worker killed from outside (SIGKILL or SIGTERM that the supervisor did not send: the OOM killer, a
@@ -46,9 +46,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from harness.cases.case import Case
-from harness.errors import BadInput, require
-from harness.cases.findings import Finding, Kind
+from kvfence.cases.case import Case
+from kvfence.errors import BadInput, require
+from kvfence.cases.findings import Finding, Kind
 
 #: Seconds a small case may take before it is a ``HANG`` (``--case-timeout``); scaled up by case size.
 DEFAULT_CASE_TIMEOUT = 5.0
@@ -176,7 +176,7 @@ def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
 def encode_cases(cases: Sequence[Case], config_dicts: Dict[object, dict]) -> dict:
     """The wire form of a case list: each distinct (config, kernel, canary seed) once under ``groups``,
     then per case ``[group, seq_lens, req_pool_indices, token_seed]``. Plain JSON data, the fields of
-    ``harness.cases.casefile.case_to_dict``; ``config_dicts`` caches ``Config.to_dict`` across calls."""
+    ``kvfence.cases.casefile.case_to_dict``; ``config_dicts`` caches ``Config.to_dict`` across calls."""
     groups: Dict[tuple, int] = {}
     rows = []
     for case in cases:
@@ -216,7 +216,7 @@ class _Decoder:
                 template = self._templates[key] = self._case_from_dict(
                     dict(group, batch={"seq_lens": [1], "req_pool_indices": [0]}))
             templates.append(template)
-        from harness.cases.case import Batch
+        from kvfence.cases.case import Batch
 
         for g, seq_lens, rows, token_seed in message["cases"]:
             t = templates[g]
@@ -230,11 +230,11 @@ def _worker_main(conn, progress, options: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        from harness.device import select
+        from kvfence.device import select
 
         device = select(options["device"])
-        from harness.cases.casefile import case_from_dict
-        from harness.verifying.session import Session
+        from kvfence.cases.casefile import case_from_dict
+        from kvfence.verifying.session import Session
 
         session = Session(device, options["kernel"], poison=options["poison"], verifier=options["verifier"],
                           audit=options["audit"], absorb=options["absorb"], max_bytes=options["max_bytes"])
@@ -315,7 +315,7 @@ class _Counter:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m harness.workflow.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
+    """``python -m kvfence.workflow.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
     argv = sys.argv[1:] if argv is None else argv
     conn = Connection(int(argv[0]))
     progress = _Counter(os.fdopen(int(argv[1]), "r+b"))
@@ -346,7 +346,7 @@ class _Lost(Exception):
 
 
 class RemoteSession:
-    """The checking interface of ``harness.verifying.session.Session`` (``check``), backed by a worker process.
+    """The checking interface of ``kvfence.verifying.session.Session`` (``check``), backed by a worker process.
 
     ``check_many(cases)`` sends the list in one message and returns one findings list per case.
     Use as a context manager (or call ``close()``): the worker is stopped on exit.
@@ -426,12 +426,9 @@ class RemoteSession:
         ours, theirs = socket.socketpair()
         progress_file = tempfile.TemporaryFile()
         progress_file.truncate(8)
-        env = dict(os.environ)
-        # The worker imports kvfence from where this process did, wherever it was started from.
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env = dict(os.environ)  # the installed kvfence, as this process imports it
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.workflow.worker", str(theirs.fileno()),
+            proc = subprocess.Popen([sys.executable, "-m", "kvfence.workflow.worker", str(theirs.fileno()),
                                      str(progress_file.fileno()), json.dumps(self._options)],
                                     pass_fds=(theirs.fileno(), progress_file.fileno()), env=env,
                                     stdin=subprocess.DEVNULL)

@@ -6,7 +6,7 @@ copy block (``L > 512``): the interpreter-sized CPU domain (ctx <= 48) can never
 """
 
 KIND = "kernel"
-#: The domain whose default draws must reach the bug (``harness.cases.domain``): production-sized.
+#: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [

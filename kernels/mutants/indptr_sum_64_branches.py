@@ -7,7 +7,7 @@ by program ``(s, 0, 0)``) is wrong once the batch has more than 64 real branches
 """
 
 KIND = "kernel"
-#: The domain whose default draws must reach the bug (``harness.cases.domain``): production-sized.
+#: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [

@@ -7,7 +7,7 @@ the CPU domain (pages up to 64) never draws.
 """
 
 KIND = "kernel"
-#: The domain whose default draws must reach the bug (``harness.cases.domain``): production-sized.
+#: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [

@@ -7,7 +7,7 @@ only when a launch has at least 18 requests (a bucket of 18 or more in graph mod
 """
 
 KIND = "kernel"
-#: The domain whose default draws must reach the bug (``harness.cases.domain``): production-sized.
+#: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [

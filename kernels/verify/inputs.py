@@ -12,8 +12,8 @@ Grid ``(cdiv(pool_numel, BLOCK) + 1,)`` as in ``prepare.py``.
 import triton
 import triton.language as tl
 
-from kernels.verify.prepare import BLOCK_ELEMENTS
-from kernels.verify.slots import slot_ids
+from kvfence.kernels.verify.prepare import BLOCK_ELEMENTS
+from kvfence.kernels.verify.slots import slot_ids
 
 
 @triton.jit(do_not_specialize=['width', 'max_bs', 'topk', 'pool_numel'])

@@ -60,7 +60,7 @@ def verify_outside_kernel(
         live = cols < width * is_row.to(tl.int32)
         check = (cols >= used) & (cols < count)
         i = (base + cols).to(tl.int64)
-        # harness.running.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
+        # kvfence.running.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
         h = (i * 0x2545F491 + seed_term) & ((1 << 30) - 1)
         expected = tl.where(live, poison, -(h + 2))
         found = tl.load(storage + i, mask=check, other=0).to(tl.int64)
@@ -72,7 +72,7 @@ def verify_outside_kernel(
 
 
 def verify_outside(buf, *, counts, slot: int, rows, cursor, num_seqs: int, topk: int, poison: int):
-    """Launch over the whole allocation of ``buf`` (the kv_indices ``harness.running.guarded.GuardedBuffer``)
+    """Launch over the whole allocation of ``buf`` (the kv_indices ``kvfence.running.guarded.GuardedBuffer``)
     for a launch of ``num_seqs`` requests; ``rows[cursor, -1]`` is the sum of their (padded) lengths.
     The canary seed is the buffer's own."""
     span = max(buf.stride, buf.front, buf.tail)

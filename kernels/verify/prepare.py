@@ -3,7 +3,7 @@ req_to_token pool from its token seed (harness/verifying/device_verify.py).
 
 The staging row is row ``cursor`` of ``rows`` (``[token seed | seq_lens | pool rows | positions | sum(seq_lens)]``, each
 part ``max_bs`` or ``max_bs*topk`` long, the runner's padding already applied), so one captured graph
-serves every case of a batch. Entry ``i`` of the flattened pool is ``harness.cases.case.slot_id(seed, i)``
+serves every case of a batch. Entry ``i`` of the flattened pool is ``kvfence.cases.case.slot_id(seed, i)``
 (``kernels/verify/slots.py``).
 
 Grid ``(cdiv(pool_numel, BLOCK) + 1,)``: the first programs write the pool, the last one the per-request
@@ -15,7 +15,7 @@ resets the buffers.
 import triton
 import triton.language as tl
 
-from kernels.verify.slots import slot_ids
+from kvfence.kernels.verify.slots import slot_ids
 
 BLOCK_ELEMENTS = 1024
 

@@ -19,7 +19,7 @@ thousands of configs compiles the kernel under test per variant, never its verif
 import triton
 import triton.language as tl
 
-from kernels.verify.slots import slot_ids
+from kvfence.kernels.verify.slots import slot_ids
 
 BLOCK_TOKENS = 1024
 #: 8 warps per program: 105 us against 181 us with 4 on the large case (H200 run 12,
