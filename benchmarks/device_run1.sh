@@ -4,7 +4,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HYPOTHESIS_PROFILE=ci
 L=$OUT/logs; mkdir -p $L
 { nvidia-smi; python3 -c "import torch,triton,hypothesis;print(torch.__version__,triton.__version__,hypothesis.__version__)";
   which compute-sanitizer; compute-sanitizer --version; compute-sanitizer --help; } > $L/env.txt 2>&1
-timeout 200 python3 -m pytest -m gpu --device cuda -q -p no:cacheprovider -x > $L/pytest_gpu.txt 2>&1; echo "pytest_gpu rc=$?" >> $L/rc.txt
+timeout 200 python3 -m pytest -m gpu --kvfence-device cuda -q -p no:cacheprovider -x > $L/pytest_gpu.txt 2>&1; echo "pytest_gpu rc=$?" >> $L/rc.txt
 timeout 150 python3 benchmarks/throughput.py --json $L/h200.json > $L/throughput.txt 2>&1; echo "throughput rc=$?" >> $L/rc.txt
 F=tests/fixtures/make_sanitizer_fixtures.py
 CS="compute-sanitizer --error-exitcode 86 --print-limit 0 --kernel-name kns=generate_draft_decode_kv_indices"

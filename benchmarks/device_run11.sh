@@ -6,7 +6,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-timeout 120 python -m pytest --device cuda -q -p no:cacheprovider -x tests/test_fastcheck.py tests/test_gpu.py > "$OUT/pytest_gpu.log" 2>&1
+timeout 120 python -m pytest --kvfence-device cuda -q -p no:cacheprovider -x tests/test_fastcheck.py tests/test_gpu.py > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$?"; tail -4 "$OUT/pytest_gpu.log"
 timeout 430 python benchmarks/throughput.py --json "$OUT/h200.json" --quick --seconds 60 --pinned-seconds 30 --scale-seconds 30 > "$OUT/throughput.log" 2>&1
 echo "throughput rc=$?"; tail -40 "$OUT/throughput.log"

@@ -22,7 +22,7 @@ for M in copy_first_block_only prefix_sum_16_lanes indptr_sum_64_branches page_l
   ( timeout 300 python -m kvfence mutants --device cuda --only $M --seeds 20 --json "$OUT/m/$M.json" > "$OUT/m/$M.log" 2>&1; echo "mutants $M rc=$?" >> "$OUT/m/rc.txt" ) &
 done
 ( timeout 300 python -m kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers.json" > "$OUT/m/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$OUT/m/rc.txt" ) &
-timeout 200 python -m pytest --device cuda -q -p no:cacheprovider tests/test_verifiers_compare.py tests/test_fastcheck.py tests/test_gpu.py > "$OUT/m/pytest.log" 2>&1
+timeout 200 python -m pytest --kvfence-device cuda -q -p no:cacheprovider tests/test_verifiers_compare.py tests/test_fastcheck.py tests/test_gpu.py > "$OUT/m/pytest.log" 2>&1
 echo "pytest rc=$?"; tail -3 "$OUT/m/pytest.log"
 wait
 cat "$OUT/m/rc.txt"; for f in "$OUT"/m/*_*.log; do grep -v "HypothesisWarning\|text_repr" "$f" | tail -3; done; grep -E "^(PASS|FAIL)|first disagreement" "$OUT/m/verifiers.log" | head -12

@@ -12,7 +12,7 @@ echo "tuning rc=$?"; grep -v "^ \|Traceback\|^$" "$L/tuning.txt" | cut -c1-400 |
 timeout 260 python benchmarks/throughput.py --json "$OUT/h200.json" --only check_small,large,runs \
   --seconds 60 --pinned-seconds 60 > "$L/runs.txt" 2>&1
 echo "runs rc=$?"; tail -30 "$L/runs.txt" | cut -c1-300
-( timeout 170 python -m pytest --device cuda -q -p no:cacheprovider tests/test_fastcheck.py tests/test_gpu.py tests/test_worker_gpu.py \
+( timeout 170 python -m pytest --kvfence-device cuda -q -p no:cacheprovider tests/test_fastcheck.py tests/test_gpu.py tests/test_worker_gpu.py \
     > "$L/pytest.log" 2>&1; echo "pytest rc=$?" >> "$L/rc.txt" ) &
 ( timeout 170 python -m kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$OUT/h200_verifiers_final.json" \
     > "$L/verifiers.log" 2>&1; echo "verifiers both rc=$?" >> "$L/rc.txt" ) &

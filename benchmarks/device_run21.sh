@@ -10,5 +10,5 @@ for i in 1 2 3; do
   echo "check_small $i rc=$? $(grep check_us_small "$OUT/check_small_$i.txt")"
 done
 bash benchmarks/device_run20.sh | tail -32
-timeout 120 python -m pytest --device cuda -q -p no:cacheprovider tests/test_fastcheck.py tests/test_gpu.py > "$OUT/pytest.log" 2>&1
+timeout 120 python -m pytest --kvfence-device cuda -q -p no:cacheprovider tests/test_fastcheck.py tests/test_gpu.py > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; tail -2 "$OUT/pytest.log"

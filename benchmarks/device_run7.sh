@@ -6,7 +6,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L; python -c "import torch, triton, hypothesis; print(torch.__version__, triton.__version__, hypothesis.__version__)"
-timeout 150 python -m pytest -m gpu --device cuda -q -x -p no:cacheprovider 2>&1 | tail -15
+timeout 150 python -m pytest -m gpu --kvfence-device cuda -q -x -p no:cacheprovider 2>&1 | tail -15
 timeout 150 python -m kvfence fuzz --device cuda --max-examples 400 --seed 1 --json "$OUT/smoke_default.json" --quiet --out /tmp/o_default 2>&1 | tail -30
 echo "default fuzz exit: ${PIPESTATUS[0]}"
 K=$(python -c "from kvfence.device import select; select('cuda'); from kvfence.workflow.mutants import kernel_spec; print(kernel_spec('copy_first_block_only'))")

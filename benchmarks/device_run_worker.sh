@@ -4,7 +4,7 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD HYPOTHESIS_PROFILE=ci
 L=$OUT/logs; mkdir -p $L
 timeout 200 python3 benchmarks/worker_ipc.py --device cuda --json $OUT/worker_ipc_h200.json > $L/worker_ipc.txt 2>&1; echo "worker_ipc rc=$?" >> $L/rc.txt
-timeout 200 python3 -m pytest --device cuda -q -p no:cacheprovider tests/test_worker_gpu.py > $L/pytest_worker_gpu.txt 2>&1; echo "pytest_worker_gpu rc=$?" >> $L/rc.txt
+timeout 200 python3 -m pytest --kvfence-device cuda -q -p no:cacheprovider tests/test_worker_gpu.py > $L/pytest_worker_gpu.txt 2>&1; echo "pytest_worker_gpu rc=$?" >> $L/rc.txt
 # One process (--jobs 1), the small CPU-sized domain around the pinned fields; eager (the plug-in reads
 # seq_lens on the host, which graph capture forbids). Expect exit 1, one CRASH with seq_lens [3].
 timeout 180 python3 -m kvfence fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager \

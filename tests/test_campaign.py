@@ -318,13 +318,13 @@ def _pytest_first_value(folder: Path, name: str, database: str, *extra, must_fai
 
 def test_property_tests_replay_through_kvfence_database(tmp_path):
     """The first session shrinks the failure to 500; the next one starts with it. Without the database,
-    or under another --kernel (its own namespace), Hypothesis starts with its simplest example, 0."""
+    or under another --kvfence-kernel (its own namespace), Hypothesis starts with its simplest example, 0."""
     (tmp_path / "test_logged.py").write_text(PROPERTY)
     database = str(tmp_path / "db")
     _pytest_first_value(tmp_path, "first", database, must_fail=True)
     assert _pytest_first_value(tmp_path, "second", database, must_fail=True) == 500
     assert _pytest_first_value(tmp_path, "none", "none") != 500
-    assert _pytest_first_value(tmp_path, "other", database, "--kernel", "reference-blocked") != 500
+    assert _pytest_first_value(tmp_path, "other", database, "--kvfence-kernel", "reference-blocked") != 500
 
 
 # -- bad input --------------------------------------------------------------------------------------------

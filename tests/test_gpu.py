@@ -1,4 +1,4 @@
-"""On the GPU: compiled kernels inside real captured CUDA graphs (``pytest -m gpu --device cuda``).
+"""On the GPU: compiled kernels inside real captured CUDA graphs (``pytest -m gpu --kvfence-device cuda``).
 
 The CPU suite already runs the state machine, the fast checkers and every detection test under the
 interpreter; with ``--device cuda`` those same tests run compiled. The tests here are about what only

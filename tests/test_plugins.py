@@ -173,7 +173,7 @@ def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, d
 # -- the kernel / sizing under test in pytest ----------------------------------------------------------
 @given(data=st.data())
 def test_kernel_under_test_matches_the_oracle(kernel_spec, sizing_spec, make_session, data):
-    """Runs ``--kernel`` / ``--sizing`` (env KVFENCE_KERNEL / KVFENCE_SIZING; reference and safe by default)."""
+    """Runs ``--kvfence-kernel`` / ``--kvfence-sizing`` (env KVFENCE_KERNEL / KVFENCE_SIZING; reference and safe by default)."""
     from kvfence.cases.casefile import format_failure
     from kvfence.strategies import cases, configs
 
@@ -183,12 +183,12 @@ def test_kernel_under_test_matches_the_oracle(kernel_spec, sizing_spec, make_ses
 
 
 def test_pytest_kernel_option_tests_a_users_kernel(tmp_path, outside_kernel):
-    """``pytest --kernel file.py:attr`` runs the property test above on that kernel: a buggy one fails."""
+    """``pytest --kvfence-kernel file.py:attr`` (here via KVFENCE_KERNEL) runs the property test above on that kernel: a buggy one fails."""
     src = outside_kernel.read_text()
     outside_kernel.write_text(src.replace("z = tl.where(z == 0, num_seqs * topk, z)", "z = z"))
     env = dict(os.environ, KVFENCE_KERNEL=f"{outside_kernel}:{ATTR}", HYPOTHESIS_PROFILE="dev")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "--device", "cpu", f"{Path(__file__)}::test_kernel_under_test_matches_the_oracle"],
+                           "--kvfence-device", "cpu", f"{Path(__file__)}::test_kernel_under_test_matches_the_oracle"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "INDPTR_MISMATCH" in proc.stdout

@@ -4,7 +4,7 @@ The unit tests build small fake wheels in tmp_path: a zip with a dist-info and a
 holding a classic-ABI kernel written here from docs/contract.md (no SGLang code), plus module-level code that would
 fail if kvfence ever imported the module (it must only extract the jit functions). Every subprocess runs
 with ``KVFENCE_OFFLINE=1`` so nothing here touches the network; the ``network``-marked test at the end
-fetches a real release from PyPI (``--network`` or ``KVFENCE_NETWORK=1``).
+fetches a real release from PyPI (``--kvfence-network`` or ``KVFENCE_NETWORK=1``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,187 @@
-"""pytest plugin (loaded by conftest.py): a failing property test's report ends with the repro command.
+"""kvfence's pytest plugin, registered by the installed package (entry point ``pytest11``: ``kvfence``).
 
-``kvfence.cases.casefile.raise_on_findings`` puts ``repro: python -m kvfence repro FILE`` in its message, but
-Hypothesis appends its own notes after the exception, so the command would sit in the middle of the
-report. This hook repeats it as the report's last section.
+It works in any project that installs kvfence (disable it with ``-p no:kvfence``):
+
+* options ``--kvfence-kernel``, ``--kvfence-sizing``, ``--kvfence-device`` (env ``KVFENCE_KERNEL``,
+  ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``) and ``--kvfence-network`` (env ``KVFENCE_NETWORK=1``);
+* the Hypothesis profiles ``ci``, ``dev``, ``gpu`` and ``nightly``; the one named by ``HYPOTHESIS_PROFILE``
+  (or the ini option ``kvfence_hypothesis_profile``) is loaded; ``KVFENCE_DATABASE`` layers an example
+  database on it;
+* markers ``gpu``, ``cpu_only``, ``interpreter``, ``slow``, ``network``, ``redis``;
+* fixtures ``kvfence_device``, ``kvfence_kernel``, ``kvfence_sizing`` and ``kvfence_session`` (a factory of
+  cached ``kvfence.verifying.session.Session`` objects);
+* a failing test whose message holds ``repro: python -m kvfence repro ...`` gets that command as its
+  report's last section (Hypothesis appends its notes after the exception, burying it).
+
+The device is chosen before any conftest is imported (``pytest_load_initial_conftests``), because
+Triton picks interpreter-or-compiler when it is first imported (``kvfence.device``).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 
 import pytest
 
-_REPRO = re.compile(r"repro: (python -m kvfence repro \S+)")
+#: (option, env var, default, help) of the options that say what is under test and where.
+OPTIONS = (
+    ("--kvfence-device", "KVFENCE_DEVICE", "auto",
+     "where kernels run: cuda (compiled) or cpu (TRITON_INTERPRET=1); auto picks CUDA if present"),
+    ("--kvfence-kernel", "KVFENCE_KERNEL", "reference",
+     "kernel under test: reference, module:attr or file.py:attr"),
+    ("--kvfence-sizing", "KVFENCE_SIZING", "safe",
+     "sizing policy under test: a builtin name, module:attr or file.py:attr"),
+)
+
+MARKERS = (
+    "gpu: needs a CUDA device; skipped without one",
+    "cpu_only: runs kernels under the Triton interpreter in this process; skipped when the session runs on CUDA",
+    "interpreter: runs kernels under the Triton CPU interpreter (in a subprocess); skipped with the reason "
+    "where the installed triton/numpy pair cannot interpret (kvfence.device.check_interpreter_numpy)",
+    "slow: takes more than a few seconds on the CPU",
+    "network: downloads from PyPI; skipped without --kvfence-network / KVFENCE_NETWORK=1",
+    "redis: needs a local redis-server on PATH; skipped without one",
+)
+
+_REPRO = re.compile(r"repro: (python -m kvfence repro .+)$", re.M)
+
+
+def register_profiles() -> None:
+    """kvfence's Hypothesis profiles. Interpreter launches cost milliseconds each: no deadline, and the
+    "too slow" health check is noise."""
+    from hypothesis import HealthCheck, settings
+
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, print_blob=True,
+                              suppress_health_check=quiet)
+    settings.register_profile("dev", max_examples=15, deadline=None, print_blob=True, suppress_health_check=quiet)
+    settings.register_profile("gpu", max_examples=500, deadline=None, print_blob=True, suppress_health_check=quiet)
+    settings.register_profile("nightly", max_examples=5000, deadline=None, print_blob=True,
+                              suppress_health_check=list(HealthCheck))
+
+
+register_profiles()
+
+
+def option(config, name: str):
+    """An option's value (``kernel``, ``sizing``, ``device`` or ``network``), from the parsed command line."""
+    return config.getoption(f"--kvfence-{name}")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kvfence")
+    for flag, env, default, text in OPTIONS:
+        group.addoption(flag, default=os.environ.get(env, default), help=f"{text} (env {env})")
+    group.addoption("--kvfence-network", action="store_true", default=os.environ.get("KVFENCE_NETWORK") == "1",
+                    help="run tests marked network (they download from PyPI; env KVFENCE_NETWORK=1)")
+    parser.addini("kvfence_hypothesis_profile", "Hypothesis profile loaded when HYPOTHESIS_PROFILE is unset",
+                  default="")
+
+
+def _choose_device(config) -> str:
+    from kvfence.device import select
+    from kvfence.errors import BadInput
+
+    try:
+        return select(config.known_args_namespace.kvfence_device)
+    except BadInput as exc:
+        raise pytest.UsageError(f"kvfence: {exc}") from None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    # Before any conftest (which may import triton): the interpreter-or-compiler choice comes first.
+    early_config._kvfence_device = _choose_device(early_config)
+
+
+def _load_profile(config) -> None:
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    name = os.environ.get("HYPOTHESIS_PROFILE") or config.getini("kvfence_hypothesis_profile")
+    if not name:
+        return
+    try:
+        settings.load_profile(name)
+    except InvalidArgument:
+        raise pytest.UsageError(f"kvfence: Hypothesis profile {name!r} is not registered "
+                                "(kvfence registers ci, dev, gpu and nightly)") from None
+
+
+def _load_example_database(config) -> None:
+    """``KVFENCE_DATABASE`` (``none``, a directory or ``redis://HOST:PORT/DB``, as ``fuzz --database``):
+    the property tests' Hypothesis example database, layered on the loaded profile as profile
+    ``kvfence+database``. Keys are namespaced by the kernel and sizing under test (kvfence.workflow.campaign).
+    A database replays stored failures, so it turns ``derandomize`` off (Hypothesis forbids both)."""
+    text = os.environ.get("KVFENCE_DATABASE")
+    if not text:
+        return
+    from hypothesis import settings
+
+    from kvfence.errors import BadInput
+    from kvfence.workflow.campaign import pytest_database
+
+    try:
+        database = pytest_database(text, kernel=option(config, "kernel"), sizing=option(config, "sizing"))
+    except BadInput as exc:
+        raise pytest.UsageError(f"kvfence: {exc}") from None
+    # settings() inherits the profile loaded now (HYPOTHESIS_PROFILE or --hypothesis-profile).
+    settings.register_profile("kvfence+database", settings(), database=database, derandomize=False)
+    settings.load_profile("kvfence+database")
+
+
+def pytest_configure(config):
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if not hasattr(config, "_kvfence_device"):  # loaded late (-p from a conftest): choose now, or say why not
+        config._kvfence_device = _choose_device(config)
+    _load_profile(config)
+    _load_example_database(config)
+    # pytest-xdist: with several GPUs, each worker pins one (worker index mod device count).
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if config._kvfence_device == "cuda" and worker:
+        from kvfence.device import pin_worker_gpu
+
+        pin_worker_gpu(worker)
+
+
+def interpreter_unusable() -> str:
+    """Why the Triton CPU interpreter cannot run kernels here (naming the versions), or ``""``."""
+    from kvfence.device import check_interpreter_numpy
+    from kvfence.errors import BadInput
+
+    try:
+        check_interpreter_numpy()
+    except BadInput as exc:
+        return f"needs the Triton CPU interpreter: {exc}"
+    return ""
+
+
+def skip_reasons(config, keywords) -> list:
+    """Why a test with these marker ``keywords`` cannot run in this session (empty: it runs)."""
+    device = config._kvfence_device
+    reasons = []
+    if "network" in keywords and not option(config, "network"):
+        reasons.append("downloads from PyPI (run with --kvfence-network or KVFENCE_NETWORK=1)")
+    if "gpu" in keywords and device != "cuda":
+        reasons.append("needs CUDA (run with --kvfence-device cuda on a GPU machine)")
+    if "cpu_only" in keywords and device != "cpu":
+        reasons.append("interpreter-only test; this session runs compiled kernels on CUDA")
+    if "interpreter" in keywords or "cpu_only" in keywords:
+        why = interpreter_unusable()
+        if why:
+            reasons.append(why)
+    if "redis" in keywords and shutil.which("redis-server") is None:
+        reasons.append("needs a local redis-server on PATH")
+    return reasons
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for reason in skip_reasons(config, item.keywords):
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -23,3 +193,39 @@ def pytest_runtest_makereport(item, call):
     match = _REPRO.search(str(call.excinfo.value))
     if match and hasattr(report.longrepr, "addsection"):
         report.longrepr.addsection("kvfence: replay this case", match.group(1))
+
+
+# -- fixtures ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def kvfence_device(pytestconfig) -> str:
+    """``cpu`` (interpreter) or ``cuda``, as chosen by ``--kvfence-device``."""
+    return pytestconfig._kvfence_device
+
+
+@pytest.fixture(scope="session")
+def kvfence_kernel(pytestconfig) -> str:
+    """The kernel spec under test (``--kvfence-kernel``, env ``KVFENCE_KERNEL``; default ``reference``)."""
+    return option(pytestconfig, "kernel")
+
+
+@pytest.fixture(scope="session")
+def kvfence_sizing(pytestconfig) -> str:
+    """The sizing spec under test (``--kvfence-sizing``, env ``KVFENCE_SIZING``; default ``safe``)."""
+    return option(pytestconfig, "sizing")
+
+
+@pytest.fixture(scope="session")
+def kvfence_session(kvfence_device):
+    """``kvfence_session(kernel="reference", **kw)``: a cached ``kvfence.verifying.session.Session`` on
+    this session's device."""
+    from kvfence.verifying.session import Session
+
+    cache = {}
+
+    def make(kernel: str = "reference", **kw):
+        key = (kernel, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = Session(kvfence_device, kernel, **kw)
+        return cache[key]
+
+    return make
