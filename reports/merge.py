@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from kvfence.cases.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
-    case_hash, parse_json_file, repro_command
+    case_hash, parse_json_file, record_repro_command
 from kvfence.errors import BadInput, require
 from kvfence.reports.summary import merge as merge_summaries, validate
 
@@ -81,7 +81,7 @@ def merge(folders: List[Path], out: Path) -> dict:
             require(f["case"] in mapping, f"report --merge: {folder / 'summary.json'} has a finding for case "
                                           f"{f['case']}, which its cases do not list")
             f["case"] = mapping[f["case"]]
-        doc["cases"] = {mapping[k]: dict(v, path=mapping[k], repro=repro_command(mapping[k]),
+        doc["cases"] = {mapping[k]: dict(v, path=mapping[k], repro=record_repro_command(mapping[k], v),
                                          found_in=found_in[mapping[k]]) for k, v in doc.get("cases", {}).items()}
 
     # Counts, coverage and findings as for --jobs (one definition: kvfence.reports.summary.merge); identical

@@ -196,8 +196,30 @@ def write_case(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, devi
     return path
 
 
-def repro_command(path) -> str:
-    return f"python -m kvfence repro {path}"
+def repro_command(path, kernel: str = "reference", sizing: str = "safe") -> str:
+    """The command that replays the case file ``path`` found with ``kernel`` and ``sizing``.
+
+    A case file's plug-ins are data that ``repro`` never imports on its own (kvfence.workflow.repro), so
+    a plug-in kernel or sizing is named again on the command line: the user who runs it vouches for it."""
+    import shlex
+
+    from kvfence.cases.targets import is_plugin
+
+    words = ["python", "-m", "kvfence", "repro", str(path)]
+    for flag, spec in (("--kernel", kernel), ("--sizing", sizing)):
+        if is_plugin(spec):
+            words += [flag, spec]
+    return shlex.join(words)
+
+
+def case_repro_command(path, case: Case) -> str:
+    """``repro_command`` for a case file holding ``case``."""
+    return repro_command(path, case.kernel, case.config.sizing)
+
+
+def record_repro_command(path, record: dict) -> str:
+    """``repro_command`` for a summary's case record (``kvfence.reports.summary.case_record``)."""
+    return repro_command(path, record.get("kernel", "reference"), (record.get("config") or {}).get("sizing", "safe"))
 
 
 # -- loading -------------------------------------------------------------------------------------------
@@ -329,7 +351,7 @@ def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OU
     if test:
         extras["pytest"] = test.rsplit(" (", 1)[0]
     path = write_case(case, findings, out_dir=out_dir, device=device, source="pytest", extras=extras)
-    raise AssertionError(f"{message}\ncase file: {path}\nrepro: {repro_command(path)}")
+    raise AssertionError(f"{message}\ncase file: {path}\nrepro: {case_repro_command(path, case)}")
 
 
 def format_failure(case: Case, findings: List[Finding], limit: int = 8) -> str:

@@ -140,6 +140,17 @@ def _load_file(path: Path):
     return module
 
 
+def _import_module(name: str):
+    """Import ``name`` as ``python -m`` would from the current folder: the folder is on the import path
+    (appended, so an installed package of the same name still wins), in every process that resolves
+    a spec (the parent and its checking worker)."""
+    here = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
+        sys.path.append(here)
+        importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
 def _load_attr(spec: str, what: str):
     require(":" in spec, f"unknown {what} {spec!r}: expected a builtin name, module:attr or file.py:attr")
     where, _, attr = spec.rpartition(":")
@@ -150,9 +161,13 @@ def _load_attr(spec: str, what: str):
             require(path.is_file(), f"{what} file {where} does not exist")
             module = _load_file(path)
         else:
-            module = importlib.import_module(where)
+            module = _import_module(where)
     except BadInput:
         raise
+    except ModuleNotFoundError as exc:
+        raise BadInput(f"cannot import {what} {spec!r}: {exc} (looked in the current folder {os.getcwd()} and "
+                       "on sys.path: run from the folder that holds it, set PYTHONPATH, or name a file "
+                       "such as path/to/file.py:attr)") from None
     except (Exception, SystemExit) as exc:  # any import-time failure of user code is bad input, in one line
         raise BadInput(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from None
     require(hasattr(module, attr), f"{what} {spec!r}: {where} has no attribute {attr!r}")
