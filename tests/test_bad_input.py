@@ -82,7 +82,9 @@ INPUTS = [
      "SystemExit"),
     ("fuzz-page-size-2**40", None, ["fuzz", "--device", "cpu", "--page-size", str(2**40), "--out", "{out}"],
      "config too large"),
-    ("fuzz-ctx-10**8", None, ["fuzz", "--device", "cpu", "--ctx", str(10**8), "--out", "{out}"], "memory budget"),
+    # The budget is pinned: without --max-gpu-mem it is the device's (a GPU's free memory fits ctx 10**8).
+    ("fuzz-ctx-10**8", None, ["fuzz", "--device", "cpu", "--ctx", str(10**8), "--max-gpu-mem", "4G", "--out", "{out}"],
+     "memory budget"),
     ("fuzz-shrink-seconds-nan", None, ["fuzz", "--device", "cpu", "--shrink-seconds", "nan", "--out", "{out}"],
      "finite number"),
     ("fuzz-shrink-seconds-negative", None, ["fuzz", "--device", "cpu", "--shrink-seconds", "-1", "--out", "{out}"],
@@ -141,7 +143,8 @@ def test_at_least_twenty_inputs():
     assert len(INPUTS) >= 20
 
 
-@pytest.mark.parametrize("argv", [["--page-size", str(2**40)], ["--ctx", str(10**8)], ["--shrink-seconds", "nan"],
+@pytest.mark.parametrize("argv", [["--page-size", str(2**40)], ["--ctx", str(10**8), "--max-gpu-mem", "4G"],
+                                  ["--shrink-seconds", "nan"],
                                   ["--sizing", f"{SIZINGS}:as_bool"], ["--json", "/proc/kvfence.json"]],
                          ids=["page-size", "ctx", "shrink-seconds", "sizing", "json"])
 def test_out_folder_is_not_created_when_validation_fails(tmp_path, device, argv):

@@ -288,6 +288,7 @@ def redis_url(tmp_path_factory):
 
 
 @pytest.mark.cpu_only
+@pytest.mark.redis
 def test_a_redis_database_replays_the_first_runs_failure(tmp_path, redis_url):
     check_replay(tmp_path, redis_url)
 
@@ -328,6 +329,7 @@ def test_property_tests_replay_through_kvfence_database(tmp_path):
 
 
 # -- bad input --------------------------------------------------------------------------------------------
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("args, message", [
     (["--database", "redis://127.0.0.1:1/0"], "cannot reach Redis"),
     (["--database", "redis://127.0.0.1:port/0"], "port must be an integer"),

@@ -311,6 +311,7 @@ def kvfence(*args):
                           timeout=300)
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("flags, needle", [
     (["--contract", "window-rail"], "--contract window-rail needs --window"),
     (["--sink", "2"], "needs a window"),
@@ -325,6 +326,7 @@ def test_fuzz_bad_family_flags_exit_2_in_one_line(tmp_path, flags, needle):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_fuzz_the_rail_with_a_sizing_bug_finds_it_and_the_fix_is_clean(tmp_path):
     common = ["fuzz", "--device", "cpu", "--max-examples", "30", "--seed", "1", "--quiet", "--shrink-seconds", "5",
               "--contract", "window-rail", "--window", "3", "--topk", "2"]

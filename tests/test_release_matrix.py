@@ -111,6 +111,7 @@ def test_exit_code_is_about_the_safe_sizing(cells, code):
 
 
 # -- the command ---------------------------------------------------------------------------------------
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_matrix_over_fake_releases(tmp_path, wheels):
     """Clean, buggy, no kernel, unknown ABI: each gets its status; the buggy release fails under safe (exit 1)."""
     cache, out = tmp_path / "cache", tmp_path / "m"
@@ -150,6 +151,7 @@ def test_matrix_over_fake_releases(tmp_path, wheels):
     assert kvfence("repro", buggy["case_files"][0], "--device", "cpu", cache=cache).returncode == 1
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_matrix_without_a_buggy_release_exits_0_and_offline_reads_the_cache(tmp_path, wheels):
     """The pair of the test above; then offline with no wheels: refusals come from the cache, a release only
     the index listed is 'not cached'."""
@@ -169,6 +171,7 @@ def test_matrix_without_a_buggy_release_exits_0_and_offline_reads_the_cache(tmp_
     assert "extra required parameter(s) scale" in cells[BAD_ABI, "safe", "draft"]["message"]
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_a_cell_that_hangs_is_that_cells_error_not_the_matrix_end(tmp_path, wheels):
     cache, out = tmp_path / "cache", tmp_path / "m"
     proc = matrix("--versions", f"{CLEAN},{NO_KERNEL}", "--sizing", "prefix,safe", *BUDGET, "--cell-timeout", "0.5",
@@ -181,6 +184,7 @@ def test_a_cell_that_hangs_is_that_cells_error_not_the_matrix_end(tmp_path, whee
         assert cells[NO_KERNEL, sizing, "draft"]["status"] == "not-applicable"
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_old_abi_without_page_size_is_fuzzed_flat(tmp_path):
     wheels = tmp_path / "wheels"
     make_wheel(wheels, CLEAN, modules={MODULE: edited(NUM_SEQS_TOPK)})
@@ -207,6 +211,7 @@ def test_bad_matrix_input_is_one_line_exit_2(tmp_path, wheels, argv, needles):
     assert not (tmp_path / "m" / "matrix.json").exists()
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_offline_with_nothing_cached_is_exit_2_not_a_silent_pass(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -292,6 +297,7 @@ def test_real_releases_in_a_small_matrix(tmp_path):
     assert cells["0.5.23", "prefix", "draft"]["status"] == "findings"
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_sigterm_stops_the_running_cells_and_writes_what_was_checked(tmp_path, wheels):
     cache, out = tmp_path / "cache", tmp_path / "m"
     env = dict(os.environ, PYTHONPATH=str(ROOT), KVFENCE_CACHE=str(cache), KVFENCE_OFFLINE="1",

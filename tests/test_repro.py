@@ -66,6 +66,7 @@ def test_repro_exits_1_with_a_readable_diff_and_0_under_the_fixed_sizing(fuzzed)
     assert "=> fits" in fixed.stdout
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_repro_verbose_shows_every_element_and_the_program_segments(tmp_path, device):
     # A wider overflow than the fuzzer's minimal case: 3 requests of 4, topk 2, pre-fix width 3*4.
     case = Case(Config(topk=2, num_steps=2, ctx=4, max_bs=3, sizing="prefix"), Batch((4, 4, 4), (3, 1, 0), 9))
@@ -78,6 +79,7 @@ def test_repro_verbose_shows_every_element_and_the_program_segments(tmp_path, de
     assert "writes row" not in short.getvalue()
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_repro_kernel_override_runs_the_named_kernel(tmp_path, device):
     case = Case(Config(topk=2, num_steps=1, ctx=4, max_bs=1, sizing="prefix"), Batch((3,), (1,), 0))
     path = casefile.write_case(case, [], out_dir=tmp_path, device=device)

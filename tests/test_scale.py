@@ -138,6 +138,7 @@ def _cli(*args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("args, words", [
     (["--jobs", "0"], "--jobs"),
     (["--scale", "gpu"], "--scale gpu needs --device cuda"),

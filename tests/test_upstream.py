@@ -238,6 +238,7 @@ def test_kernels_reaching_outside_jit_code_are_refused(tmp_path, cache, edits, n
     one_line_exit_2(kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache), *needles)
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_the_window_rail_kernel_is_extracted_and_needs_its_contract(tmp_path, cache):
     wheel = make_wheel(tmp_path / "wheels", modules={MODULE: FAKE_MODULE + WINDOW_RAIL})
     assert kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache).returncode == 0
@@ -250,6 +251,7 @@ def test_the_window_rail_kernel_is_extracted_and_needs_its_contract(tmp_path, ca
 
 
 # -- fuzzing the extracted kernel ----------------------------------------------------------------------
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_extracted_classic_kernel_fuzzes_clean_from_the_cache(tmp_path, cache):
     # Fetched once from a wheel folder, then fuzzed with the network off: the cache answers.
     wheels = tmp_path / "wheels"
@@ -260,6 +262,7 @@ def test_extracted_classic_kernel_fuzzes_clean_from_the_cache(tmp_path, cache):
     assert "no findings" in proc.stdout
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_extracted_buggy_kernel_is_caught(tmp_path, cache):
     """The pair of the test above: the same fake release with an inclusive prefix sum must fail."""
     wheels = tmp_path / "wheels"
@@ -269,6 +272,7 @@ def test_extracted_buggy_kernel_is_caught(tmp_path, cache):
     assert "VALUE_MISMATCH" in proc.stdout or "STRAY_WRITE" in proc.stdout
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("edits,extra", [(ROW_STRIDE, ()), (NUM_SEQS_TOPK, ("--page-size", "1"))])
 def test_other_abis_launch_with_their_own_arguments(tmp_path, cache, edits, extra):
     # A wrong argument order or value (num_seqs, topk, row_stride) would corrupt offsets and be caught.
@@ -297,6 +301,7 @@ def test_corrupt_wheel_is_one_line_exit_2(tmp_path, cache, make, needles):
     one_line_exit_2(kvfence("upstream", "fetch", VERSION, "--wheel", str(path), cache=cache), *needles)
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("damage,needles", [
     (lambda d: (d / "spec_utils.py").write_text("import os\nos.system('echo pwned')\n"), ("does not match its sha256",)),
     (lambda d: (d / "manifest.json").write_text("{truncated"), ("JSONDecodeError",)),
@@ -329,6 +334,7 @@ def test_hand_edited_module_with_matching_hash_is_still_refused(tmp_path, cache,
         upstream.load_entry(VERSION)
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("argv,needles", [
     (["upstream", "fetch", "latest"], ("'latest' is not an sglang release version",)),
     (["upstream", "fetch", "0.5.23; rm -rf /"], ("is not an sglang release version",)),
@@ -372,6 +378,7 @@ def test_real_release_from_pypi_is_extracted_and_fuzzes_clean(tmp_path, cache):
                     "sglang==9.9.9: no such release")
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_an_extracted_rail_kernel_is_fuzzed_under_the_rail_contract(tmp_path, cache):
     # The fake rail above writes only garbage into its indptr: under --contract window-rail it reaches the
     # launch with its window (the ABI's 14th argument) and the verdict catches it (exit 1, not 2).
