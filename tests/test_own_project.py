@@ -96,7 +96,7 @@ def test_wheel_installs_next_to_a_package_named_kernels(wheel, tmp_path):
     (site / "kernels").mkdir()
     (site / "kernels" / "__init__.py").write_text("draft_kv_indices = 'the other kernels package'\n")
     # kvfence's dependencies (torch, triton, ...) from this environment, after the fresh venv's own packages.
-    deps = [p for p in sys.path if p.endswith("site-packages")]
+    deps = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     (site / "zz_outer_deps.pth").write_text("\n".join(deps) + "\n")
     probe = ("import kernels, kvfence, kvfence.kernels.draft_kv_indices as ours; "
              "print(kernels.draft_kv_indices); print(ours.__file__); print(kvfence.__file__)")
@@ -127,10 +127,13 @@ def project(tmp_path) -> Path:
 
 
 def run_pytest(project: Path) -> subprocess.CompletedProcess:
+    # On the CPU whatever machine runs this: the shrunk case below is the CPU domain's simplest one.
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests"],
-                          cwd=project, env=child_env(), capture_output=True, text=True, timeout=600)
+                          cwd=project, env=child_env(KVFENCE_DEVICE="cpu"), capture_output=True, text=True,
+                          timeout=600)
 
 
+@pytest.mark.interpreter  # the project's pytest runs kernels under the CPU interpreter
 def test_a_projects_own_tests_pass_a_correct_kernel_and_fail_a_planted_bug(project):
     good = run_pytest(project)
     assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-2000:]
@@ -174,12 +177,14 @@ def printed_repro_lines(out: Path, stdout: str) -> dict:
     }
 
 
+@pytest.mark.interpreter  # fuzz --device cpu in a subprocess
 def test_every_repro_line_of_a_plugin_run_replays_as_printed(tmp_path):
     """Kernel and sizing are plug-ins named as module:attr from the current folder (no PYTHONPATH)."""
     shutil.copy(ROOT / "kernels" / "draft_kv_indices.py", tmp_path / "my_kernel.py")
     (tmp_path / "my_sizing.py").write_text(SIZING)
     proc = subprocess.run(["kvfence", "fuzz", "--kernel", f"my_kernel:{ATTR}", "--sizing", "my_sizing:width",
-                           "--max-examples", "30", "--seed", "1", "--shrink-seconds", "5", "--quiet", "--out", "out"],
+                           "--device", "cpu", "--max-examples", "30", "--seed", "1", "--shrink-seconds", "5", "--quiet",
+                           "--out", "out"],
                           cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     lines = printed_repro_lines(tmp_path / "out", proc.stdout)
