@@ -68,7 +68,7 @@ def test_worker_pinning_maps_workers_onto_gpus(device):
 
 
 def test_each_xdist_worker_runs_on_its_own_gpu(device):
-    """Under ``pytest -n N`` with several GPUs, conftest pins worker gwI to GPU I mod count, and the
+    """Under ``pytest -n N`` with several GPUs, the kvfence pytest plugin pins worker gwI to GPU I mod count, and the
     tensors kvfence allocates land there."""
     import os
 

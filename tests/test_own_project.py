@@ -222,3 +222,17 @@ def test_module_spec_resolves_from_the_current_folder_or_says_how(tmp_path):
                              env=child_env(), capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "No module named 'no_such_sizing'" in missing.stderr and str(tmp_path) in missing.stderr
+
+
+def test_check_kernel_refuses_unusable_arguments_in_one_line(tmp_path, device):
+    """Bad input to the API is ``BadInput`` naming the problem, before anything is launched."""
+    import kvfence
+    from kvfence.errors import BadInput
+
+    for kwargs, needle in (({"max_examples": 0}, "max_examples"), ({"mode": "fast"}, "mode"),
+                           ({"sizing": "huge"}, "unknown sizing 'huge'"), ({"device": "tpu"}, "unknown device")):
+        with pytest.raises(BadInput, match=needle):
+            kvfence.check_kernel("reference", out_dir=tmp_path, **kwargs)
+    with pytest.raises(BadInput, match="No module named 'no_such_kernels'"):
+        kvfence.check_kernel("no_such_kernels:launch", device=device, out_dir=tmp_path)
+    assert not (tmp_path / "cases").exists()

@@ -2,7 +2,7 @@
 
 A kernel file outside the project runs through ``python -m kvfence fuzz``; a plug-in that cannot be
 imported, has the wrong signature or lacks the attribute is exit 2 with one line on stderr. The same
-choices reach pytest through ``--kernel`` / ``--sizing`` (or KVFENCE_KERNEL / KVFENCE_SIZING): the
+choices reach pytest through ``--kvfence-kernel`` / ``--kvfence-sizing`` (or KVFENCE_KERNEL / KVFENCE_SIZING): the
 property test at the end runs whatever kernel and sizing the session was started with.
 """
 
