@@ -1,10 +1,18 @@
 """kvfence's own tests run under kvfence's pytest plugin (``kvfence.workflow.pytest_plugin``, registered by
 the installed package's ``pytest11`` entry point): options, profiles, markers and fixtures live there.
 
-This file only names the plugin's fixtures by the short names the suite uses.
+This file only names the plugin's fixtures by the short names the suite uses, and loads the plugin itself
+where the entry point is not there to (an install older than it, or plugin autoloading turned off).
 """
 
+import os
+from importlib.metadata import entry_points
+
 import pytest
+
+if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") or not any(
+        ep.value == "kvfence.workflow.pytest_plugin" for ep in entry_points(group="pytest11")):
+    pytest_plugins = ["kvfence.workflow.pytest_plugin"]
 
 
 @pytest.fixture(scope="session")

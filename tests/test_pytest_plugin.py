@@ -110,3 +110,40 @@ def test_service_and_network_tests_say_what_they_need(monkeypatch):
     assert pytest_plugin.skip_reasons(fake_config("cpu"), {"redis": True}) == ["needs a local redis-server on PATH"]
     assert "KVFENCE_NETWORK=1" in pytest_plugin.skip_reasons(fake_config("cpu"), {"network": True})[0]
     assert pytest_plugin.skip_reasons(fake_config("cpu", network=True), {"network": True}) == []
+
+
+SIMULATED_GPU_MACHINE = '''
+import kvfence.device
+from kvfence.errors import require
+
+
+def _refuse():  # what check_interpreter_numpy says on the H200 (triton 3.6.0, numpy 2.5.2)
+    require(False, "the Triton 3.6.0 interpreter fails with numpy 2.5.2 (scalar loads)")
+
+
+kvfence.device.check_interpreter_numpy = _refuse  # after the plugin chose the device, before collection
+'''
+
+MARKED = '''
+import pytest
+
+
+@pytest.mark.interpreter
+def test_needs_the_interpreter():
+    raise AssertionError("ran where the interpreter cannot")
+
+
+def test_plain():
+    pass
+'''
+
+
+def test_the_interpreter_marker_skips_with_the_versions_in_a_real_session(tmp_path):
+    (tmp_path / "conftest.py").write_text(SIMULATED_GPU_MACHINE)
+    (tmp_path / "test_marked.py").write_text(MARKED)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "--kvfence-device", "cpu", "test_marked.py"], cwd=tmp_path,
+                          env=dict(cpu_child_env(), TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed, 1 skipped" in proc.stdout
+    assert "needs the Triton CPU interpreter: the Triton 3.6.0 interpreter fails with numpy 2.5.2" in proc.stdout

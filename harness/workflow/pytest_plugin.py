@@ -80,12 +80,12 @@ def pytest_addoption(parser):
                   default="")
 
 
-def _choose_device(config) -> str:
+def _choose_device(device: str) -> str:
     from kvfence.device import select
     from kvfence.errors import BadInput
 
     try:
-        return select(config.known_args_namespace.kvfence_device)
+        return select(device)
     except BadInput as exc:
         raise pytest.UsageError(f"kvfence: {exc}") from None
 
@@ -93,7 +93,7 @@ def _choose_device(config) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     # Before any conftest (which may import triton): the interpreter-or-compiler choice comes first.
-    early_config._kvfence_device = _choose_device(early_config)
+    early_config._kvfence_device = _choose_device(early_config.known_args_namespace.kvfence_device)
 
 
 def _load_profile(config) -> None:
@@ -136,7 +136,7 @@ def pytest_configure(config):
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     if not hasattr(config, "_kvfence_device"):  # loaded late (-p from a conftest): choose now, or say why not
-        config._kvfence_device = _choose_device(config)
+        config._kvfence_device = _choose_device(option(config, "device"))
     _load_profile(config)
     _load_example_database(config)
     # pytest-xdist: with several GPUs, each worker pins one (worker index mod device count).
