@@ -86,10 +86,15 @@ def test_wheel_has_one_top_level_name_and_the_pytest_plugin(wheel):
 def test_wheel_installs_next_to_a_package_named_kernels(wheel, tmp_path):
     """The clash of the old layout: a project (or PyPI) package ``kernels`` and kvfence's own kernels."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True,
+                          timeout=120)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a venv here: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
     python = venv / "bin" / "python"
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
                            "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+    if "no such option: --python" in proc.stderr:
+        pytest.skip("this pip cannot install into another interpreter (pip --python needs pip >= 22.3)")
     assert proc.returncode == 0, proc.stderr
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                capture_output=True, text=True, check=True).stdout.strip())
