@@ -47,7 +47,7 @@ WINDOW_KERNEL = "generate_draft_decode_window_kv_indices"
 #: The kernels extracted from a release (the first is required, the second optional).
 KERNELS = (DRAFT_KERNEL, WINDOW_KERNEL)
 #: Bumped when the cache layout changes; an entry of another format is refetched, never trusted.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the shipped-sizing record (kvfence.cases.shipped) beside the kernels
 MANIFEST = "manifest.json"
 
 # A release version as PyPI spells sglang's (no local part, no epoch): also keeps pip's argv clean.
@@ -396,9 +396,13 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
               f"Source: {source_path} in {wheel.name} (sha256 {_sha256(wheel_bytes)}).\n"
               'Generated; do not edit (the manifest holds its sha256).\n"""\n\n')
     text = header + text
+    from kvfence.cases import shipped  # the wheel's sizing sites, read as data (never imported)
+
+    shipped_text = json.dumps(shipped.read_wheel(wheel), indent=1) + "\n"
     manifest = {"format": CACHE_FORMAT, "version": version, "source_path": source_path, "wheel": wheel.name,
                 "wheel_sha256": _sha256(wheel_bytes), "module_file": module_file,
-                "module_sha256": _sha256(text.encode()), "functions": functions, "abi": abi}
+                "module_sha256": _sha256(text.encode()), "functions": functions, "abi": abi,
+                "shipped_sha256": _sha256(shipped_text.encode())}
     # Write a sibling folder, then swap it in: a reader never sees half an entry.
     folder = entry_folder(version)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -406,6 +410,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from the other users of a shared cache
         (staging / module_file).write_text(text, encoding="utf-8")
+        (staging / shipped.RECORD_FILE).write_text(shipped_text, encoding="utf-8")
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         if folder.exists():
             shutil.rmtree(folder)

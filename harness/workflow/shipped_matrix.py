@@ -1,0 +1,215 @@
+"""``python -m kvfence upstream matrix --shipped``: is a release affected, as shipped, per backend and mode?
+
+One row per release, one cell per backend x mode (``graph``, ``eager``), each under the release's own
+shipped sizing (``--sizing sglang==VERSION:BACKEND``, kvfence.cases.shipped) and its own kernel. A cell is:
+
+* ``silent overflow``: a launch the runner can make needs more than the row width and no host check stops
+  it; the minimal such case (smallest topk, then requests, then length) is run through the kernel and its
+  case file written (``repro`` replays it alone). ``at the context limit`` when it needs requests within
+  ``num_steps`` of ``ctx``, ``at ordinary lengths`` otherwise.
+* ``host check fires``: every overflowing launch of the domain is rejected by the release's host check
+  (a loud failure, ``HOST_CHECK_FIRED``); the minimal one is run and written as well.
+* ``clean``: no launch of the domain overflows.
+* ``topk > 1 refused``, ``unreadable`` (the expression and file:line), ``no buffer`` (the backend does not
+  launch the kernel in this mode), ``not cached``.
+
+The domain is every uniform batch (``raw_bs`` requests of one length ``L``) with ``topk <= max_topk``,
+``raw_bs <= max_bs`` and ``1 <= L <= ctx``, graph-padded as the runner pads (docs/contract.md §4): need grows
+with every length, so a uniform batch is the smallest witness of each (topk, requests, total length). The
+search is kvfence's own arithmetic (``Config.row_width``, ``launch_need``); the kernel runs for the witness.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from kvfence.cases import shipped, upstream
+from kvfence.cases.case import Batch, Case, Config, launch_batch, launch_need
+from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
+
+SILENT = "silent overflow"
+FIRES = "host check fires"
+CHECK_WRONG = "host check rejects a fitting case"
+CLEAN = "clean"
+REFUSED = "topk > 1 refused"
+UNREADABLE = "unreadable"
+NO_BUFFER = "no buffer"
+NOT_CACHED = "not cached"
+ERROR = "error"
+#: Cell statuses and what each means (the report's legend).
+STATUSES = {
+    SILENT: "a launch overflows its row and nothing stops it (minimal case shown, case file written)",
+    FIRES: "every overflowing launch is rejected by the release's host check (a loud assertion)",
+    CHECK_WRONG: "the host check rejects a launch that fits (its formula is too strict)",
+    CLEAN: "no launch of the domain overflows",
+    REFUSED: "the backend's constructor raises for topk > 1, and topk = 1 never overflows",
+    UNREADABLE: "the width's expression is outside what the restricted evaluator reads (shown with file:line)",
+    NO_BUFFER: "the backend does not allocate the kernel's buffer in this mode (it delegates the launch)",
+    NOT_CACHED: "the release is not in the cache (fetch it where PyPI is reachable)",
+    ERROR: "the witness did not reproduce as the arithmetic predicts, or the release could not be read",
+}
+MODES = shipped.MODES
+FORMAT = 1
+
+
+@dataclass
+class Domain:
+    ctx: int = 64
+    num_steps: int = 3
+    max_bs: int = 4
+    max_topk: int = 4
+
+
+@dataclass
+class Cell:
+    version: str
+    backend: str
+    mode: str
+    status: str = ERROR
+    detail: str = ""
+    formula: str = ""
+    case: Optional[dict] = None  # topk, raw_bs, seq_len, at_limit
+    kinds: List[str] = field(default_factory=list)
+    case_file: str = ""
+
+
+def _config(spec: str, mode: str, topk: int, d: Domain) -> Config:
+    return Config(topk=topk, num_steps=d.num_steps, ctx=d.ctx, max_bs=d.max_bs, sizing=spec, mode=mode)
+
+
+def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Case], Optional[Case]]:
+    """``(first silent overflow, first overflow the check rejects, first fitting case it rejects)`` of the
+    domain, each the minimal one (topk, then requests, then length; ordinary lengths before the limit)."""
+    policy = shipped.policy(spec)
+    refused = (policy.record.get("refuses") or {}).get("refuses") == "topk > 1"
+    silent = caught = wrong = None
+    limit = d.ctx - d.num_steps
+    for ordinary in (True, False):
+        for topk in range(1, (1 if refused else d.max_topk) + 1):
+            config = _config(spec, mode, topk, d)
+            for raw_bs in range(1, d.max_bs + 1):
+                lengths = range(1, limit + 1) if ordinary else range(max(1, limit + 1), d.ctx + 1)
+                for L in lengths:
+                    batch = Batch(tuple([L] * raw_bs), tuple(range(raw_bs)))
+                    lb = launch_batch(config, batch)
+                    need = launch_need(config, lb.seq_lens, lb.positions)
+                    width = config.row_width(lb.num_seqs)
+                    host = shipped.check_verdict(spec, topk, d.num_steps, lb.num_seqs, sum(lb.seq_lens), width, need)
+                    kind = host[0] if host else None
+                    if need > width and kind != "HOST_CHECK_FIRED" and silent is None:
+                        silent = Case(config, batch, kernel=f"{upstream.SPEC_PREFIX}{policy.version}")
+                    elif kind == "HOST_CHECK_FIRED" and caught is None:
+                        caught = Case(config, batch, kernel=f"{upstream.SPEC_PREFIX}{policy.version}")
+                    elif kind == "HOST_CHECK_REJECTS_FIT" and wrong is None:
+                        wrong = Case(config, batch, kernel=f"{upstream.SPEC_PREFIX}{policy.version}")
+    return silent, caught, wrong
+
+
+def _describe(case: Case, d: Domain) -> dict:
+    L = case.batch.seq_lens[0]
+    return {"topk": case.config.topk, "requests": case.batch.raw_bs, "seq_len": L, "ctx": d.ctx,
+            "num_steps": d.num_steps, "max_bs": d.max_bs, "at_context_limit": L > d.ctx - d.num_steps}
+
+
+def case_text(c: dict) -> str:
+    where = "at the context limit" if c["at_context_limit"] else "at ordinary lengths"
+    return (f"topk={c['topk']}, {c['requests']} request(s) of length {c['seq_len']} (ctx={c['ctx']}, "
+            f"num_steps={c['num_steps']}, max_bs={c['max_bs']}): {where}")
+
+
+class Runs:
+    """The witness launches, one in-process ``Session`` per release kernel; a launch already run for the same
+    kernel source (sha256), inputs and width is not run again (the result is a function of those)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.sessions: Dict[str, object] = {}
+        self.results: Dict[str, list] = {}
+
+    def findings(self, case: Case):
+        from kvfence.verifying.session import Session
+        from kvfence.verifying.verdict import check
+
+        version = case.kernel[len(upstream.SPEC_PREFIX):]
+        entry = upstream.load_entry(version)
+        lb = case.launch()
+        key = json.dumps([entry.manifest["module_sha256"], case.config.to_dict() | {"sizing": None},
+                          case.batch.to_dict(), case.config.row_width(lb.num_seqs),
+                          (shipped.policy(case.config.sizing).record.get("host_check") or {}).get("tree")])
+        if key not in self.results:
+            if case.kernel not in self.sessions:
+                self.sessions[case.kernel] = Session(self.device, case.kernel)
+            self.results[key] = check(self.sessions[case.kernel].observe(case))
+        return self.results[key]
+
+
+def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, runs: Runs, out: Path) -> Cell:
+    from kvfence.cases.casefile import write_case
+
+    cell = Cell(version, backend, mode)
+    site = record[mode]
+    state, text = shipped.site_state(site)
+    if state == "absent":
+        cell.status, cell.detail = NO_BUFFER, text
+        return cell
+    if state == "unreadable":
+        cell.status, cell.detail = UNREADABLE, text
+        return cell
+    cell.formula = site["formula"]
+    spec = f"{upstream.SPEC_PREFIX}{version}:{backend}"
+    check = record.get("host_check")
+    if check is not None and shipped.site_state(check)[0] == "unreadable":
+        cell.status, cell.detail = UNREADABLE, "host check: " + shipped.site_state(check)[1]
+        return cell
+    silent, caught, wrong = search(spec, mode, d)
+    refused = (record.get("refuses") or {}).get("refuses") == "topk > 1"
+    witness = silent or wrong or caught
+    if witness is None:
+        cell.status = REFUSED if refused else CLEAN
+        return cell
+    cell.status = SILENT if silent else CHECK_WRONG if wrong else FIRES
+    cell.case = _describe(witness, d)
+    findings = runs.findings(witness)
+    cell.kinds = sorted({f.kind.value for f in findings})
+    expected = {SILENT: "SIZING_VIOLATION", CHECK_WRONG: "HOST_CHECK_REJECTS_FIT", FIRES: "HOST_CHECK_FIRED"}[cell.status]
+    cell.case_file = str(write_case(witness, findings, out_dir=out / version / f"{backend}-{mode}", device=runs.device,
+                                    source="upstream matrix --shipped"))
+    if expected not in cell.kinds:
+        cell.detail = f"the arithmetic predicts {expected}, the run found {', '.join(cell.kinds) or 'nothing'}"
+        cell.status = ERROR
+    return cell
+
+
+def run(versions: List[str], *, domain: Domain, device: str, offline: bool, out: Path,
+        progress: Callable[[str], None]) -> dict:
+    t0 = time.monotonic()
+    runs = Runs(device)
+    rows = []
+    for version in versions:
+        row = {"version": version, "cells": [], "note": ""}
+        try:
+            if offline and upstream.load_entry(version) is None:
+                row["note"] = NOT_CACHED
+                rows.append(row)
+                continue
+            record = shipped.load_record(version)
+        except BadInput as exc:
+            row["note"] = str(exc)
+            rows.append(row)
+            continue
+        for backend in sorted(record["backends"]):
+            for mode in MODES:
+                cell = settle_cell(version, backend, mode, record["backends"][backend], domain, runs, out)
+                row["cells"].append(asdict(cell))
+                progress(f"kvfence: sglang=={version} {backend} {mode}: {cell.status}"
+                         + (f" ({case_text(cell.case)})" if cell.case else ""))
+        rows.append(row)
+    cells = [c for r in rows for c in r["cells"]]
+    doc = {"kvfence_shipped_matrix": FORMAT, "versions": versions, "domain": asdict(domain), "device": device,
+           "statuses": STATUSES, "rows": rows, "elapsed_s": round(time.monotonic() - t0, 2),
+           "exit_code": EXIT_FINDINGS if any(c["status"] in (SILENT, ERROR) for c in cells) else EXIT_CLEAN}
+    return doc
