@@ -217,3 +217,32 @@ def test_matrix_shipped_names_each_failure_class_and_its_case_replays(tmp_path):
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert "SIZING_VIOLATION" in replay.stdout and f"sglang=={VERSION}:RequestsBackend" in replay.stdout
     assert not list(tmp_path.rglob(MARKER_NAME))
+
+
+def test_config_sizes_each_mode_from_its_own_site_and_strategies_take_the_spec(tmp_path, monkeypatch):
+    from hypothesis import given, settings
+
+    from kvfence.cases.case import Config
+    from kvfence.strategies import configs
+
+    wheel = toy_wheel(tmp_path / "wheels")
+    monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KVFENCE_WHEEL_DIR", str(wheel.parent))
+    monkeypatch.setenv("KVFENCE_OFFLINE", "1")
+    shipped.policy.cache_clear()
+    spec = f"sglang=={VERSION}:RequestsBackend"
+    graph = Config(topk=3, num_steps=2, ctx=10, max_bs=4, sizing=spec, mode="graph")
+    eager = Config(topk=3, num_steps=2, ctx=10, max_bs=4, sizing=spec, mode="eager")
+    assert graph.row_width(2) == 4 * 10  # max_bs * ctx: the request count, no topk factor
+    assert eager.row_width(2) == 2 * 3 * 10  # batch_size * topk * ctx
+    refusing = Config(topk=2, num_steps=2, ctx=10, max_bs=4, sizing=f"sglang=={VERSION}:RefusingBackend")
+    with pytest.raises(Exception, match="refuses topk > 1"):
+        refusing.row_width(1)
+
+    @settings(max_examples=5, database=None, deadline=None)
+    @given(configs(sizing=spec, mode="graph", topk=2))
+    def widths_follow_the_shipped_formula(config):
+        assert config.row_width(1) == config.max_bs * config.ctx
+
+    widths_follow_the_shipped_formula()
+    shipped.policy.cache_clear()
