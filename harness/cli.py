@@ -891,7 +891,7 @@ def cmd_upstream_shipped(args, out_dir, offline: bool) -> int:
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
     device = select(args.device, announce=_stderr)
     domain = sm.Domain(ctx=args.shipped_ctx, num_steps=args.shipped_steps, max_bs=args.shipped_max_bs,
-                       max_topk=args.shipped_max_topk)
+                       max_topk=args.shipped_max_topk, ordinary_only=args.shipped_lengths == "ordinary")
     doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out_dir, progress=_stderr)
     report = write(doc, out_dir)
     (out_dir / "shipped.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
@@ -1159,6 +1159,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     um.add_argument("--shipped-steps", type=_positive_int, default=3, help="--shipped: speculative num_steps")
     um.add_argument("--shipped-max-bs", type=_positive_int, default=4, help="--shipped: largest capture bucket")
     um.add_argument("--shipped-max-topk", type=_positive_int, default=4, help="--shipped: largest topk searched")
+    um.add_argument("--shipped-lengths", choices=["all", "ordinary"], default="all",
+                    help="--shipped: request lengths searched: all (up to ctx) or ordinary (up to ctx - num_steps, "
+                         "a deployment whose requests never come within num_steps of the context length)")
     um.set_defaults(func=cmd_upstream_matrix)
     us = up_sub.add_parser(
         "sizing", help="print how sglang==VERSION sizes the draft kernel's buffer, per backend (read, never run)",

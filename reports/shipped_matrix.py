@@ -4,7 +4,7 @@ per backend x mode; and the ``upstream sizing VERSION`` listing."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
 #: Short names of the backends' classes in column headers (the full name is in the legend).
 _SUFFIX = "MultiStepDraftBackend"
@@ -14,41 +14,87 @@ def short(backend: str) -> str:
     return backend[:-len(_SUFFIX)] if backend.endswith(_SUFFIX) else backend
 
 
+#: A cell's status in the table, short.
+SHORT = {"silent overflow": "OVERFLOW", "host check fires": "check fires", "host check rejects a fitting case":
+         "check too strict", "clean": "clean", "topk > 1 refused": "clean (topk>1 refused)", "unreadable": "unreadable",
+         "no buffer": "no buffer", "not cached": "not cached", "error": "ERROR"}
+
+
 def cell_text(cell: dict) -> str:
-    status = cell["status"]
+    """Short: the status, and for an overflow whether it needs the context limit."""
+    text = SHORT.get(cell["status"], cell["status"])
     c = cell.get("case")
-    if c:
-        where = "ctx limit" if c["at_context_limit"] else "ordinary"
-        return f"{status}: topk={c['topk']} n={c['requests']} L={c['seq_len']} ({where})"
-    return status
+    if cell["status"] == "silent overflow" and c:
+        text += " at ctx limit" if c["at_context_limit"] else " at ordinary lengths"
+    if cell.get("refuses_topk") and cell["status"] != "topk > 1 refused":
+        text += " (topk>1 refused)"
+    return text
 
 
 def columns(doc: dict) -> List[str]:
-    seen = []
+    """``BACKEND MODE`` of every cell of any release, backends in name order, graph before eager."""
+    backends = sorted({c["backend"] for row in doc["rows"] for c in row["cells"]})
+    return [f"{b} {m}" for b in backends for m in ("graph", "eager")]
+
+
+def _signature(row: dict, cols: List[str]) -> tuple:
+    by = {f"{c['backend']} {c['mode']}": cell_text(c) for c in row["cells"]}
+    return (row["note"],) + tuple(by.get(c, "-") for c in cols)
+
+
+def grouped(doc: dict) -> List[Tuple[List[str], tuple]]:
+    """Consecutive releases with the same row, as ``(versions, row)``."""
+    cols = columns(doc)
+    groups: List[Tuple[List[str], tuple]] = []
     for row in doc["rows"]:
-        for cell in row["cells"]:
-            key = f"{cell['backend']} {cell['mode']}"
-            if key not in seen:
-                seen.append(key)
-    return sorted(seen)
+        sig = _signature(row, cols)
+        if groups and groups[-1][1] == sig:
+            groups[-1][0].append(row["version"])
+        else:
+            groups.append(([row["version"]], sig))
+    return groups
+
+
+def witnesses(doc: dict) -> List[dict]:
+    """The minimal case of each distinct failure (status, backend, mode, case), with the releases it covers."""
+    seen: Dict[tuple, dict] = {}
+    for row in doc["rows"]:
+        for c in row["cells"]:
+            if c.get("case"):
+                key = (c["status"], c["backend"], c["mode"], tuple(sorted(c["case"].items())), tuple(c["kinds"]))
+                seen.setdefault(key, {**c, "releases": []})["releases"].append(row["version"])
+    return list(seen.values())
+
+
+def _span(versions: List[str]) -> str:
+    return versions[0] if len(versions) == 1 else f"{versions[0]} .. {versions[-1]} ({len(versions)})"
 
 
 def markdown(doc: dict) -> str:
-    cols = columns(doc)
+    from kvfence.workflow.shipped_matrix import case_text
+
+    cols = [c for c in columns(doc)]
+    used = [i for i, c in enumerate(cols) if any(sig[1 + i] != "-" for _, sig in grouped(doc))]
     d = doc["domain"]
-    lines = [f"Shipped sizing per release (domain: ctx={d['ctx']}, num_steps={d['num_steps']}, max_bs={d['max_bs']}, "
-             f"topk <= {d['max_topk']}; device {doc['device']}; {doc['elapsed_s']} s)", "",
-             "| release | " + " | ".join(f"{short(c.split()[0])} {c.split()[1]}" for c in cols) + " |",
-             "|---|" + "---|" * len(cols)]
-    for row in doc["rows"]:
-        by = {f"{c['backend']} {c['mode']}": c for c in row["cells"]}
-        if not row["cells"]:
-            lines.append(f"| {row['version']} | {row['note']} |" + " |" * (len(cols) - 1))
-            continue
-        lines.append(f"| {row['version']} | " + " | ".join(cell_text(by[c]) if c in by else "-" for c in cols) + " |")
+    lengths = f"lengths up to ctx - num_steps" if d.get("ordinary_only") else "lengths up to ctx"
+    lines = [f"Shipped sizing per release: ctx={d['ctx']}, num_steps={d['num_steps']}, max_bs={d['max_bs']}, "
+             f"topk <= {d['max_topk']}, {lengths}; device {doc['device']}; {len(doc['rows'])} release(s) in "
+             f"{doc['elapsed_s']} s. Consecutive releases with the same row are one line.", "",
+             "| releases | " + " | ".join(f"{short(cols[i].split()[0])} {cols[i].split()[1]}" for i in used) + " |",
+             "|---|" + "---|" * len(used)]
+    for versions, sig in grouped(doc):
+        if sig[0]:
+            lines.append(f"| {_span(versions)} | {sig[0]} |" + " |" * (len(used) - 1))
+        else:
+            lines.append(f"| {_span(versions)} | " + " | ".join(sig[1 + i] for i in used) + " |")
+    lines += ["", "Minimal case of each distinct failure (the first release's case file replays it with "
+              "`python -m kvfence repro FILE`):", "", "| status | backend mode | kinds | minimal case | releases | case file |",
+              "|---|---|---|---|---|---|"]
+    for w in witnesses(doc):
+        lines.append(f"| {w['status']} | {short(w['backend'])} {w['mode']} | {', '.join(w['kinds'])} | "
+                     f"{case_text(w['case'])} | {_span(w['releases'])} | {w['case_file']} |")
     lines += ["", "Legend:"] + [f"- `{k}`: {v}" for k, v in doc["statuses"].items()]
-    lines += [f"- `{short(c.split()[0])}`: {c.split()[0]}" for c in dict.fromkeys(x for x in cols)
-              if c.endswith(" graph")]
+    lines.append("- backends: " + ", ".join(f"`{short(c.split()[0])}` = {c.split()[0]}" for c in cols[::2]))
     return "\n".join(lines) + "\n"
 
 

@@ -59,10 +59,21 @@ FORMAT = 1
 
 @dataclass
 class Domain:
+    """The launches searched: uniform batches up to ``max_bs`` requests, ``topk <= max_topk``, lengths up to
+    ``ctx`` (``ordinary_only``: up to ``ctx - num_steps``, for a deployment whose requests stay that far from
+    the context length; then only an overflow at ordinary lengths is a silent overflow)."""
+
     ctx: int = 64
     num_steps: int = 3
     max_bs: int = 4
     max_topk: int = 4
+    ordinary_only: bool = False
+
+    def __post_init__(self):
+        from kvfence.errors import require
+
+        require(self.ctx > self.num_steps, f"--shipped-ctx {self.ctx} must exceed --shipped-steps {self.num_steps}")
+        require(self.max_topk <= 64, f"--shipped-max-topk {self.max_topk}: topk is at most 64")
 
 
 @dataclass
@@ -76,6 +87,7 @@ class Cell:
     case: Optional[dict] = None  # topk, raw_bs, seq_len, at_limit
     kinds: List[str] = field(default_factory=list)
     case_file: str = ""
+    refuses_topk: bool = False  # the constructor raises for topk > 1 (only topk = 1 was searched)
 
 
 def _config(spec: str, mode: str, topk: int, d: Domain) -> Config:
@@ -89,7 +101,7 @@ def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Ca
     refused = (policy.record.get("refuses") or {}).get("refuses") == "topk > 1"
     silent = caught = wrong = None
     limit = d.ctx - d.num_steps
-    for ordinary in (True, False):
+    for ordinary in (True,) if d.ordinary_only else (True, False):
         for topk in range(1, (1 if refused else d.max_topk) + 1):
             config = _config(spec, mode, topk, d)
             for raw_bs in range(1, d.max_bs + 1):
@@ -167,7 +179,7 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
         cell.status, cell.detail = UNREADABLE, "host check: " + shipped.site_state(check)[1]
         return cell
     silent, caught, wrong = search(spec, mode, d)
-    refused = (record.get("refuses") or {}).get("refuses") == "topk > 1"
+    refused = cell.refuses_topk = (record.get("refuses") or {}).get("refuses") == "topk > 1"
     witness = silent or wrong or caught
     if witness is None:
         cell.status = REFUSED if refused else CLEAN
