@@ -246,3 +246,14 @@ def test_config_sizes_each_mode_from_its_own_site_and_strategies_take_the_spec(t
 
     widths_follow_the_shipped_formula()
     shipped.policy.cache_clear()
+
+
+def test_names_that_refer_to_each_other_are_unreadable_not_a_hang(tmp_path):
+    runner = TOY_RUNNER.replace("self.max_num_token = self.max_bs * self.topk",
+                                "self.a = self.b\n        self.b = self.a\n        self.max_num_token = self.b")
+    loop = backend("LoopBackend", "max_num_tokens * loop(max_bs)")
+    utils = "def loop(n):\n    return loop(n) + 1\n"
+    wheel = make_wheel(tmp_path, VERSION, {MODULE: FAKE_MODULE, RUNNER: runner, UTILS: utils,
+                                           BACKENDS: "from sglang.srt.speculative.toy_utils import loop\n\n" + loop})
+    graph = shipped.read_wheel(wheel)["backends"]["LoopBackend"]["graph"]
+    assert shipped.site_state(graph)[0] == "unreadable"

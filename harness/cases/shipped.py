@@ -249,8 +249,9 @@ class Evaluator:
                 if name in site.bound:
                     value, where = site.bound[name]
                     return self.expr(value, where)
-                if name.startswith("self.") and name in site.self_attrs:
-                    return self.expr(self._last(site.self_attrs[name], node).value, site)
+                assign = self._last(site.self_attrs.get(name, []), node) if name.startswith("self.") else None
+                if assign is not None:
+                    return self.expr(assign.value, site)
             self.fail(node, site, "unknown attribute")
         if isinstance(node, ast.Call):
             return self.call(node, site)
@@ -270,8 +271,8 @@ class Evaluator:
 
     @staticmethod
     def _last(assigns: List[ast.Assign], node) -> ast.Assign:
-        before = [a for a in assigns if a.lineno < getattr(node, "lineno", 10**9)] or assigns
-        return max(before, key=lambda a: a.lineno)
+        before = [a for a in assigns if a.lineno < getattr(node, "lineno", 10**9)]
+        return max(before, key=lambda a: a.lineno) if before else None
 
     def call(self, node: ast.Call, site: Site):
         if isinstance(node.func, ast.Name) and node.func.id in ("min", "max") and not node.keywords:
@@ -454,10 +455,12 @@ class Reader:
         record = {"class": name, "file": file, "line": cls.lineno, "bases": _base_names(cls),
                   "kernels": sorted({k for _, c in self.mro(name) for m in _methods(c).values()
                                      for k, _ in [_launches(m) or (None, None)] if k})}
-        record["graph"] = self.graph(name)
-        record["eager"] = self.eager(name)
-        record["host_check"] = self.host_check(name)
-        record["refuses"] = self.refusal(name)
+        for key, read in (("graph", self.graph), ("eager", self.eager), ("host_check", self.host_check),
+                          ("refuses", self.refusal)):
+            try:
+                record[key] = read(name)
+            except RecursionError:  # a wheel's names that refer to each other: unreadable, not a traceback
+                record[key] = _unreadable(Unreadable(key, record["file"], "names refer to each other too deeply"))
         return record
 
     def graph(self, name: str) -> dict:

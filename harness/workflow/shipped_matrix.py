@@ -94,32 +94,52 @@ def _config(spec: str, mode: str, topk: int, d: Domain) -> Config:
     return Config(topk=topk, num_steps=d.num_steps, ctx=d.ctx, max_bs=d.max_bs, sizing=spec, mode=mode)
 
 
+def _first(lo: int, hi: int, holds: Callable[[int], bool]) -> Optional[int]:
+    """The smallest ``L`` in ``[lo, hi]`` where the monotone ``holds`` is true (None if nowhere)."""
+    if lo > hi or not holds(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
+    return lo
+
+
 def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Case], Optional[Case]]:
     """``(first silent overflow, first overflow the check rejects, first fitting case it rejects)`` of the
-    domain, each the minimal one (topk, then requests, then length; ordinary lengths before the limit)."""
+    domain, each the minimal one (ordinary lengths before the context limit, then topk, requests, length).
+
+    For a uniform batch of ``raw_bs`` requests the need and the check's used length both grow with the
+    length ``L`` and the width does not depend on it, so each is a threshold in ``L`` (found by bisection):
+    below ``L1 = first L with need > W`` nothing overflows; at ``L1`` the launch overflows silently unless the
+    check fires there (and a check that fires stays fired at longer lengths); a check first firing below
+    ``L1`` rejects a fitting launch."""
     policy = shipped.policy(spec)
     refused = (policy.record.get("refuses") or {}).get("refuses") == "topk > 1"
-    silent = caught = wrong = None
-    limit = d.ctx - d.num_steps
-    for ordinary in (True,) if d.ordinary_only else (True, False):
-        for topk in range(1, (1 if refused else d.max_topk) + 1):
-            config = _config(spec, mode, topk, d)
-            for raw_bs in range(1, d.max_bs + 1):
-                lengths = range(1, limit + 1) if ordinary else range(max(1, limit + 1), d.ctx + 1)
-                for L in lengths:
-                    batch = Batch(tuple([L] * raw_bs), tuple(range(raw_bs)))
-                    lb = launch_batch(config, batch)
-                    need = launch_need(config, lb.seq_lens, lb.positions)
-                    width = config.row_width(lb.num_seqs)
-                    host = shipped.check_verdict(spec, topk, d.num_steps, lb.num_seqs, sum(lb.seq_lens), width, need)
-                    kind = host[0] if host else None
-                    if need > width and kind != "HOST_CHECK_FIRED" and silent is None:
-                        silent = Case(config, batch, kernel=f"{upstream.SPEC_PREFIX}{policy.version}")
-                    elif kind == "HOST_CHECK_FIRED" and caught is None:
-                        caught = Case(config, batch, kernel=f"{upstream.SPEC_PREFIX}{policy.version}")
-                    elif kind == "HOST_CHECK_REJECTS_FIT" and wrong is None:
-                        wrong = Case(config, batch, kernel=f"{upstream.SPEC_PREFIX}{policy.version}")
-    return silent, caught, wrong
+    kernel = f"{upstream.SPEC_PREFIX}{policy.version}"
+    top = d.ctx - d.num_steps if d.ordinary_only else d.ctx
+    found: Dict[str, List[tuple]] = {"silent": [], "caught": [], "wrong": []}
+    for topk in range(1, (1 if refused else d.max_topk) + 1):
+        config = _config(spec, mode, topk, d)
+        for raw_bs in range(1, d.max_bs + 1):
+            def launch(L):
+                batch = Batch(tuple([L] * raw_bs), tuple(range(raw_bs)))
+                lb = launch_batch(config, batch)
+                need = launch_need(config, lb.seq_lens, lb.positions)
+                width = config.row_width(lb.num_seqs)
+                host = shipped.check_verdict(spec, topk, d.num_steps, lb.num_seqs, sum(lb.seq_lens), width, need)
+                return batch, need, width, host[0] if host else None
+
+            overflow = _first(1, top, lambda L: launch(L)[1] > launch(L)[2])
+            fires = _first(1, top, lambda L: launch(L)[3] in ("HOST_CHECK_FIRED", "HOST_CHECK_REJECTS_FIT"))
+            if overflow is not None:
+                batch, _, _, kind = launch(overflow)
+                key = "caught" if kind == "HOST_CHECK_FIRED" else "silent"
+                found[key].append((overflow > d.ctx - d.num_steps, topk, raw_bs, overflow, Case(config, batch, kernel)))
+            if fires is not None and (overflow is None or fires < overflow):
+                found["wrong"].append((fires > d.ctx - d.num_steps, topk, raw_bs, fires,
+                                       Case(config, launch(fires)[0], kernel)))
+    first = lambda xs: min(xs, key=lambda x: x[:4])[4] if xs else None  # noqa: E731
+    return first(found["silent"]), first(found["caught"]), first(found["wrong"])
 
 
 def _describe(case: Case, d: Domain) -> dict:
