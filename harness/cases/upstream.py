@@ -3,7 +3,8 @@
 ``fetch(version)`` gets the ``sglang`` wheel of one release (``pip download --no-deps``: no install, no
 SGLang import, no GPU dependency), finds the module that defines ``generate_draft_decode_kv_indices`` (it
 moved between releases), and writes a standalone module into the cache folder (``$KVFENCE_CACHE`` or
-``~/.cache/kvfence/``), ``sglang-VERSION/<module>.py``, next to a ``manifest.json``. The module holds only
+``~/.cache/kvfence/``), ``sglang-VERSION/<module>.py``, next to a ``manifest.json`` and ``shipped.json`` (how
+the release's backends size the kernel's buffer, read as data by ``kvfence.cases.shipped``). The module holds only
 what the kernels need, extracted with ``ast``: the kernel, ``generate_draft_decode_window_kv_indices`` when
 the release has it, the ``@triton.jit`` helpers they call, and the module-level constants they read, plus
 ``import triton`` / ``import triton.language as tl``.

@@ -21,6 +21,7 @@ search is kvfence's own arithmetic (``Config.row_width``, ``launch_need``); the 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -121,6 +122,7 @@ def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Ca
     for topk in range(1, (1 if refused else d.max_topk) + 1):
         config = _config(spec, mode, topk, d)
         for raw_bs in range(1, d.max_bs + 1):
+            @functools.lru_cache(maxsize=None)
             def launch(L):
                 batch = Batch(tuple([L] * raw_bs), tuple(range(raw_bs)))
                 lb = launch_batch(config, batch)
