@@ -257,3 +257,18 @@ def test_names_that_refer_to_each_other_are_unreadable_not_a_hang(tmp_path):
                                            BACKENDS: "from sglang.srt.speculative.toy_utils import loop\n\n" + loop})
     graph = shipped.read_wheel(wheel)["backends"]["LoopBackend"]["graph"]
     assert shipped.site_state(graph)[0] == "unreadable"
+
+
+def test_old_cache_format_is_fetched_again_and_a_tampered_record_is_one_line_exit_2(tmp_path):
+    cache = tmp_path / "cache"
+    wheel = toy_wheel(tmp_path / "wheels")
+    assert kvfence("upstream", "fetch", VERSION, cache=cache, wheel_dir=wheel.parent).returncode == 0
+    folder = cache / f"sglang-{VERSION}"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / shipped.RECORD_FILE).unlink()
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))  # as kvfence before shipped sizing
+    proc = kvfence("upstream", "sizing", VERSION, cache=cache, wheel_dir=wheel.parent)
+    assert proc.returncode == 0 and "RequestsBackend" in proc.stdout, proc.stderr
+    record = folder / shipped.RECORD_FILE
+    record.write_text(record.read_text().replace('"max_bs * ctx"', '"max_bs * topk * ctx"'))
+    one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped.RECORD_FILE)

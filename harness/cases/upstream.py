@@ -259,6 +259,7 @@ def fetch(version: str, *, wheel: Optional[str] = None, offline: Optional[bool] 
     """
     check_version(version)
     offline = offline_by_env() if offline is None else offline
+    refresh = refresh or _other_format(version)
     if not refresh:
         entry = load_entry(version)
         if entry is not None:
@@ -273,6 +274,18 @@ def fetch(version: str, *, wheel: Optional[str] = None, offline: Optional[bool] 
         except Refused as exc:
             _remember_refusal(version, path, exc)
             raise
+
+
+def _other_format(version: str) -> bool:
+    """The cache holds ``version`` in another ``CACHE_FORMAT`` (an older kvfence wrote it): fetch it again."""
+    for path in (entry_folder(version) / MANIFEST, refusal_path(version)):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # absent, or corrupt: load_entry / load_refusal say so
+        if isinstance(record, dict) and isinstance(record.get("format"), int) and record["format"] != CACHE_FORMAT:
+            return True
+    return False
 
 
 def refusal_path(version: str) -> Path:
