@@ -3,6 +3,7 @@ per backend x mode; and the ``upstream sizing VERSION`` listing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -61,7 +62,7 @@ def witnesses(doc: dict) -> List[dict]:
     for row in doc["rows"]:
         for c in row["cells"]:
             if c.get("case"):
-                key = (c["status"], c["backend"], c["mode"], tuple(sorted(c["case"].items())), tuple(c["kinds"]))
+                key = (c["status"], c["backend"], c["mode"], json.dumps(c["case"], sort_keys=True), tuple(c["kinds"]))
                 seen.setdefault(key, {**c, "releases": []})["releases"].append(row["version"])
     return list(seen.values())
 

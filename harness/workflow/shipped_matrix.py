@@ -13,10 +13,10 @@ shipped sizing (``--sizing sglang==VERSION:BACKEND``, kvfence.cases.shipped) and
 * ``topk > 1 refused``, ``unreadable`` (the expression and file:line), ``no buffer`` (the backend does not
   launch the kernel in this mode), ``not cached``.
 
-The domain is every uniform batch (``raw_bs`` requests of one length ``L``) with ``topk <= max_topk``,
-``raw_bs <= max_bs`` and ``1 <= L <= ctx``, graph-padded as the runner pads (docs/contract.md §4): need grows
-with every length, so a uniform batch is the smallest witness of each (topk, requests, total length). The
-search is kvfence's own arithmetic (``Config.row_width``, ``launch_need``); the kernel runs for the witness.
+The domain is every batch of ``raw_bs <= max_bs`` requests with lengths ``1 <= L <= ctx`` and
+``topk <= max_topk``, graph-padded as the runner pads (docs/contract.md §4), searched by total length
+(``search``). The search is kvfence's own arithmetic (``Config.row_width``, ``launch_need``); the kernel runs
+for the witness.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Cell:
     status: str = ERROR
     detail: str = ""
     formula: str = ""
-    case: Optional[dict] = None  # topk, raw_bs, seq_len, at_limit
+    case: Optional[dict] = None  # topk, requests, seq_lens, at_context_limit
     kinds: List[str] = field(default_factory=list)
     case_file: str = ""
     refuses_topk: bool = False  # the constructor raises for topk > 1 (only topk = 1 was searched)
@@ -105,15 +105,22 @@ def _first(lo: int, hi: int, holds: Callable[[int], bool]) -> Optional[int]:
     return lo
 
 
+def _even(total: int, raw_bs: int) -> Tuple[int, ...]:
+    """``raw_bs`` lengths adding up to ``total``, as even as can be (the longest first)."""
+    return tuple(total // raw_bs + (i < total % raw_bs) for i in range(raw_bs))
+
+
 def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Case], Optional[Case]]:
     """``(first silent overflow, first overflow the check rejects, first fitting case it rejects)`` of the
-    domain, each the minimal one (ordinary lengths before the context limit, then topk, requests, length).
+    domain, each the minimal one (ordinary lengths before the context limit, then topk, requests, total length).
 
-    For a uniform batch of ``raw_bs`` requests the need and the check's used length both grow with the
-    length ``L`` and the width does not depend on it, so each is a threshold in ``L`` (found by bisection):
-    below ``L1 = first L with need > W`` nothing overflows; at ``L1`` the launch overflows silently unless the
-    check fires there (and a check that fires stays fired at longer lengths); a check first firing below
-    ``L1`` rejects a fitting launch."""
+    A launch's need, width and host check depend on its lengths only through their sum (docs/contract.md §2,
+    §8) and the request count, so for ``raw_bs`` requests every total ``S`` is tried as its most even batch
+    (whose longest request is the shortest possible). Need and the check's used length grow with ``S`` and
+    the width does not depend on it, so each is a threshold in ``S`` (found by bisection): below
+    ``S1 = first S with need > W`` nothing overflows; at ``S1`` the launch overflows silently unless the check
+    fires there; a check that fires only from ``S2 > S1`` admits the overflows ``S1 .. S2-1`` (the first is
+    the witness), and one firing below ``S1`` rejects a fitting launch."""
     policy = shipped.policy(spec)
     refused = (policy.record.get("refuses") or {}).get("refuses") == "topk > 1"
     kernel = f"{upstream.SPEC_PREFIX}{policy.version}"
@@ -123,37 +130,40 @@ def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Ca
         config = _config(spec, mode, topk, d)
         for raw_bs in range(1, d.max_bs + 1):
             @functools.lru_cache(maxsize=None)
-            def launch(L):
-                batch = Batch(tuple([L] * raw_bs), tuple(range(raw_bs)))
+            def launch(total):
+                batch = Batch(_even(total, raw_bs), tuple(range(raw_bs)))
                 lb = launch_batch(config, batch)
                 need = launch_need(config, lb.seq_lens, lb.positions)
                 width = config.row_width(lb.num_seqs)
                 host = shipped.check_verdict(spec, topk, d.num_steps, lb.num_seqs, sum(lb.seq_lens), width, need)
                 return batch, need, width, host[0] if host else None
 
-            overflow = _first(1, top, lambda L: launch(L)[1] > launch(L)[2])
-            fires = _first(1, top, lambda L: launch(L)[3] in ("HOST_CHECK_FIRED", "HOST_CHECK_REJECTS_FIT"))
+            def record(key: str, total: int) -> None:
+                batch = launch(total)[0]
+                found[key].append((max(batch.seq_lens) > d.ctx - d.num_steps, topk, raw_bs, total,
+                                   Case(config, batch, kernel)))
+
+            lo, hi = raw_bs, raw_bs * top
+            overflow = _first(lo, hi, lambda S: launch(S)[1] > launch(S)[2])
+            fires = _first(lo, hi, lambda S: launch(S)[3] in ("HOST_CHECK_FIRED", "HOST_CHECK_REJECTS_FIT"))
             if overflow is not None:
-                batch, _, _, kind = launch(overflow)
-                key = "caught" if kind == "HOST_CHECK_FIRED" else "silent"
-                found[key].append((overflow > d.ctx - d.num_steps, topk, raw_bs, overflow, Case(config, batch, kernel)))
+                record("silent" if fires is None or fires > overflow else "caught", overflow)
             if fires is not None and (overflow is None or fires < overflow):
-                found["wrong"].append((fires > d.ctx - d.num_steps, topk, raw_bs, fires,
-                                       Case(config, launch(fires)[0], kernel)))
+                record("wrong", fires)
     first = lambda xs: min(xs, key=lambda x: x[:4])[4] if xs else None  # noqa: E731
     return first(found["silent"]), first(found["caught"]), first(found["wrong"])
 
 
 def _describe(case: Case, d: Domain) -> dict:
-    L = case.batch.seq_lens[0]
-    return {"topk": case.config.topk, "requests": case.batch.raw_bs, "seq_len": L, "ctx": d.ctx,
-            "num_steps": d.num_steps, "max_bs": d.max_bs, "at_context_limit": L > d.ctx - d.num_steps}
+    lengths = list(case.batch.seq_lens)
+    return {"topk": case.config.topk, "requests": case.batch.raw_bs, "seq_lens": lengths, "ctx": d.ctx,
+            "num_steps": d.num_steps, "max_bs": d.max_bs, "at_context_limit": max(lengths) > d.ctx - d.num_steps}
 
 
 def case_text(c: dict) -> str:
     where = "at the context limit" if c["at_context_limit"] else "at ordinary lengths"
-    return (f"topk={c['topk']}, {c['requests']} request(s) of length {c['seq_len']} (ctx={c['ctx']}, "
-            f"num_steps={c['num_steps']}, max_bs={c['max_bs']}): {where}")
+    return (f"topk={c['topk']}, {c['requests']} request(s) of lengths {','.join(map(str, c['seq_lens']))} "
+            f"(ctx={c['ctx']}, num_steps={c['num_steps']}, max_bs={c['max_bs']}): {where}")
 
 
 class Runs:
