@@ -22,6 +22,7 @@ for the witness.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import time
@@ -167,28 +168,36 @@ def case_text(c: dict) -> str:
 
 
 class Runs:
-    """The witness launches, one in-process ``Session`` per release kernel; a launch already run for the same
-    kernel source (sha256), inputs and width is not run again (the result is a function of those)."""
+    """The witness launches, in process. Releases whose extracted kernels are the same text (the module less
+    its header, which names the release) share one ``Session``, and a launch already run for the same kernel
+    text, inputs and width is not run again: its findings are a function of those."""
 
     def __init__(self, device: str):
         self.device = device
         self.sessions: Dict[str, object] = {}
         self.results: Dict[str, list] = {}
+        self.bodies: Dict[str, str] = {}
+
+    def body(self, version: str) -> str:
+        if version not in self.bodies:
+            text = upstream.load_entry(version).module_path.read_text(encoding="utf-8")
+            head, sep, rest = text.partition('"""\n\n')  # the header docstring names version and wheel
+            self.bodies[version] = hashlib.sha256((rest if sep else text).encode()).hexdigest()
+        return self.bodies[version]
 
     def findings(self, case: Case):
         from kvfence.verifying.session import Session
         from kvfence.verifying.verdict import check
 
-        version = case.kernel[len(upstream.SPEC_PREFIX):]
-        entry = upstream.load_entry(version)
+        body = self.body(case.kernel[len(upstream.SPEC_PREFIX):])
         lb = case.launch()
-        key = json.dumps([entry.manifest["module_sha256"], case.config.to_dict() | {"sizing": None},
-                          case.batch.to_dict(), case.config.row_width(lb.num_seqs),
+        key = json.dumps([body, case.config.to_dict() | {"sizing": None}, case.batch.to_dict(),
+                          case.config.row_width(lb.num_seqs),
                           (shipped.policy(case.config.sizing).record.get("host_check") or {}).get("tree")])
         if key not in self.results:
-            if case.kernel not in self.sessions:
-                self.sessions[case.kernel] = Session(self.device, case.kernel)
-            self.results[key] = check(self.sessions[case.kernel].observe(case))
+            if body not in self.sessions:
+                self.sessions[body] = Session(self.device, case.kernel)
+            self.results[key] = check(self.sessions[body].observe(case))
         return self.results[key]
 
 
