@@ -869,6 +869,37 @@ def cmd_upstream(args) -> int:
     return EXIT_CLEAN
 
 
+def cmd_upstream_sizing(args) -> int:
+    """``upstream sizing VERSION``: the release's shipped sizing per backend (kvfence.cases.shipped)."""
+    from kvfence.cases import shipped
+    from kvfence.reports.shipped_matrix import sizing_lines
+
+    record = shipped.load_record(args.version)
+    require(record["backends"], f"sglang=={args.version} has no draft backend (no class launches "
+                                f"{shipped.DRAFT_KERNEL})")
+    print("\n".join(sizing_lines(args.version, record)))
+    return EXIT_CLEAN
+
+
+def cmd_upstream_shipped(args, out_dir, offline: bool) -> int:
+    """``upstream matrix --shipped``: each release's backends under their own sizing (kvfence.workflow.shipped_matrix)."""
+    from kvfence.device import select
+    from kvfence.workflow import release_matrix as rm
+    from kvfence.workflow import shipped_matrix as sm
+    from kvfence.reports.shipped_matrix import markdown, write
+
+    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
+    device = select(args.device, announce=_stderr)
+    domain = sm.Domain(ctx=args.shipped_ctx, num_steps=args.shipped_steps, max_bs=args.shipped_max_bs,
+                       max_topk=args.shipped_max_topk, ordinary_only=args.shipped_lengths == "ordinary")
+    doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out_dir, progress=_stderr)
+    report = write(doc, out_dir)
+    (out_dir / "shipped.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(markdown(doc), end="")
+    print(f"kvfence upstream matrix --shipped: {len(versions)} release(s) in {doc['elapsed_s']} s; report {report}")
+    return doc["exit_code"]
+
+
 def cmd_upstream_matrix(args) -> int:
     """``upstream matrix``: fuzz every release x sizing x contract cell (kvfence.workflow.release_matrix)."""
     from kvfence.workflow import release_matrix as rm
@@ -879,6 +910,8 @@ def cmd_upstream_matrix(args) -> int:
 
     json_path = _writable(args.json, "--json")
     out_dir = _out_dir(args.out)
+    if args.shipped:
+        return cmd_upstream_shipped(args, out_dir, bool(args.offline) or offline_by_env())
     sizings = rm.check_sizings(rm.split_list(args.sizing, "--sizing"))
     contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
     max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
@@ -1119,7 +1152,25 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                          "unsupported): prepares a cache for an offline host; fuzzes nothing, exit 0 or 2")
     um.add_argument("--out", default="reports/upstream-matrix",
                     help="folder for report.md, report.html, matrix.json and each cell's fuzz output")
+    um.add_argument("--shipped", action="store_true",
+                    help="instead of builtin sizings: each release's backends under their own shipped sizing "
+                         "(sglang==VERSION:BACKEND), one column per backend x mode; exit 1 on a silent overflow")
+    um.add_argument("--shipped-ctx", type=_positive_int, default=64, help="--shipped: the context length (ctx)")
+    um.add_argument("--shipped-steps", type=_positive_int, default=3, help="--shipped: speculative num_steps")
+    um.add_argument("--shipped-max-bs", type=_positive_int, default=4, help="--shipped: largest capture bucket")
+    um.add_argument("--shipped-max-topk", type=_positive_int, default=4, help="--shipped: largest topk searched")
+    um.add_argument("--shipped-lengths", choices=["all", "ordinary"], default="all",
+                    help="--shipped: request lengths searched: all (up to ctx) or ordinary (up to ctx - num_steps, "
+                         "a deployment whose requests never come within num_steps of the context length)")
     um.set_defaults(func=cmd_upstream_matrix)
+    us = up_sub.add_parser(
+        "sizing", help="print how sglang==VERSION sizes the draft kernel's buffer, per backend (read, never run)",
+        description="Print, per draft backend of sglang==VERSION (every class that launches the kernel, and its "
+                    "subclasses), the graph-mode and eager-mode row widths as formulas, what the CUDA-graph runner "
+                    "passes as max_bs, the host check, a topk > 1 refusal, and the source lines they came from.",
+        epilog=_exit_codes(zero="printed", one=None))
+    us.add_argument("version", help="a release, e.g. 0.5.23 (fetched into the cache unless offline)")
+    us.set_defaults(func=cmd_upstream_sizing)
     return parser
 
 

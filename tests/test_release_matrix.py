@@ -236,7 +236,9 @@ def test_fetch_remembers_a_refused_release_and_refresh_forgets_it(tmp_path):
 def test_corrupt_refusal_record_is_one_line_exit_2(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    upstream_refusal(cache).write_text('{"format": 1, "version": "0.0.1", "status": "exec", "reason": "x"}')
+    # This kvfence's format (one of another format is fetched again), with a status no refusal has.
+    upstream_refusal(cache).write_text(json.dumps({"format": upstream.CACHE_FORMAT, "version": "0.0.1",
+                                                   "status": "exec", "reason": "x"}))
     one_line_exit_2(kvfence("upstream", "fetch", CLEAN, cache=cache), "is corrupt", "--refresh")
 
 

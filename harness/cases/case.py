@@ -225,7 +225,10 @@ class Config:
         from kvfence.cases.targets import resolve_sizing  # late: plug-in policies resolve on first use
 
         policy = resolve_sizing(self.sizing)
-        width = policy(n, self.topk, self.ctx, self.num_steps, window_size=self.window_size, sink_size=self.sink_size)
+        # A shipped sizing (kvfence.cases.shipped) reads a different site per mode.
+        mode = {"mode": self.mode} if getattr(policy, "takes_mode", False) else {}
+        width = policy(n, self.topk, self.ctx, self.num_steps, window_size=self.window_size, sink_size=self.sink_size,
+                       **mode)
         require(_is_int(width) and width >= 1, f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
         # Row offsets are int32 in the kernel (docs/contract.md §3): a wider row cannot be addressed.
         require(width < INT32_LIMIT,

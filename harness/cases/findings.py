@@ -23,6 +23,13 @@ class Kind(str, enum.Enum):
     INDPTR_MISMATCH = "INDPTR_MISMATCH"
     #: ``need > width`` for this launch: known before the kernel runs.
     SIZING_VIOLATION = "SIZING_VIOLATION"
+    #: A shipped sizing's host check (kvfence.cases.shipped) rejects a launch that would overflow: a loud
+    #: failure in production (the assertion fires before the launch), not a silent one.
+    HOST_CHECK_FIRED = "HOST_CHECK_FIRED"
+    #: The host check admits a launch the kernel overflows: the check's formula is wrong (too lax).
+    HOST_CHECK_ADMITS_OVERFLOW = "HOST_CHECK_ADMITS_OVERFLOW"
+    #: The host check rejects a launch that fits its buffer: the check's formula is wrong (too strict).
+    HOST_CHECK_REJECTS_FIT = "HOST_CHECK_REJECTS_FIT"
     #: The launch itself raised (compile error, interpreter error, CUDA error).
     LAUNCH_ERROR = "LAUNCH_ERROR"
     #: The process launching the case died before the verdict (journal: a dead fuzzing process;

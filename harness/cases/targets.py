@@ -312,7 +312,7 @@ def check_spec(spec: str, what: str) -> None:
     from kvfence.cases.upstream import is_spec as is_upstream_spec
 
     builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
-    if spec in builtins or (what == "kernel" and is_upstream_spec(spec)):
+    if spec in builtins or is_upstream_spec(spec):  # a sizing sglang==VERSION:BACKEND is data too
         return
     where, _, attr = spec.rpartition(":")
     require(bool(where and attr),
@@ -363,6 +363,10 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
             return builtin(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
 
         return builtin_policy
+    from kvfence.cases import shipped
+
+    if shipped.is_spec(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
+        return shipped.policy(spec)
     require(":" in spec, f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
     obj = _load_attr(spec, "sizing")
     require(callable(obj), f"sizing {spec!r} is not callable")

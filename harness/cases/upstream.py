@@ -3,7 +3,8 @@
 ``fetch(version)`` gets the ``sglang`` wheel of one release (``pip download --no-deps``: no install, no
 SGLang import, no GPU dependency), finds the module that defines ``generate_draft_decode_kv_indices`` (it
 moved between releases), and writes a standalone module into the cache folder (``$KVFENCE_CACHE`` or
-``~/.cache/kvfence/``), ``sglang-VERSION/<module>.py``, next to a ``manifest.json``. The module holds only
+``~/.cache/kvfence/``), ``sglang-VERSION/<module>.py``, next to a ``manifest.json`` and ``shipped.json`` (how
+the release's backends size the kernel's buffer, read as data by ``kvfence.cases.shipped``). The module holds only
 what the kernels need, extracted with ``ast``: the kernel, ``generate_draft_decode_window_kv_indices`` when
 the release has it, the ``@triton.jit`` helpers they call, and the module-level constants they read, plus
 ``import triton`` / ``import triton.language as tl``.
@@ -47,7 +48,7 @@ WINDOW_KERNEL = "generate_draft_decode_window_kv_indices"
 #: The kernels extracted from a release (the first is required, the second optional).
 KERNELS = (DRAFT_KERNEL, WINDOW_KERNEL)
 #: Bumped when the cache layout changes; an entry of another format is refetched, never trusted.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the shipped-sizing record (kvfence.cases.shipped) beside the kernels
 MANIFEST = "manifest.json"
 
 # A release version as PyPI spells sglang's (no local part, no epoch): also keeps pip's argv clean.
@@ -258,6 +259,7 @@ def fetch(version: str, *, wheel: Optional[str] = None, offline: Optional[bool] 
     """
     check_version(version)
     offline = offline_by_env() if offline is None else offline
+    refresh = refresh or _other_format(version)
     if not refresh:
         entry = load_entry(version)
         if entry is not None:
@@ -272,6 +274,18 @@ def fetch(version: str, *, wheel: Optional[str] = None, offline: Optional[bool] 
         except Refused as exc:
             _remember_refusal(version, path, exc)
             raise
+
+
+def _other_format(version: str) -> bool:
+    """The cache holds ``version`` in another ``CACHE_FORMAT`` (an older kvfence wrote it): fetch it again."""
+    for path in (entry_folder(version) / MANIFEST, refusal_path(version)):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # absent, or corrupt: load_entry / load_refusal say so
+        if isinstance(record, dict) and isinstance(record.get("format"), int) and record["format"] != CACHE_FORMAT:
+            return True
+    return False
 
 
 def refusal_path(version: str) -> Path:
@@ -396,9 +410,13 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
               f"Source: {source_path} in {wheel.name} (sha256 {_sha256(wheel_bytes)}).\n"
               'Generated; do not edit (the manifest holds its sha256).\n"""\n\n')
     text = header + text
+    from kvfence.cases import shipped  # the wheel's sizing sites, read as data (never imported)
+
+    shipped_text = json.dumps(shipped.read_wheel(wheel), indent=1) + "\n"
     manifest = {"format": CACHE_FORMAT, "version": version, "source_path": source_path, "wheel": wheel.name,
                 "wheel_sha256": _sha256(wheel_bytes), "module_file": module_file,
-                "module_sha256": _sha256(text.encode()), "functions": functions, "abi": abi}
+                "module_sha256": _sha256(text.encode()), "functions": functions, "abi": abi,
+                "shipped_sha256": _sha256(shipped_text.encode())}
     # Write a sibling folder, then swap it in: a reader never sees half an entry.
     folder = entry_folder(version)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -406,6 +424,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from the other users of a shared cache
         (staging / module_file).write_text(text, encoding="utf-8")
+        (staging / shipped.RECORD_FILE).write_text(shipped_text, encoding="utf-8")
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         if folder.exists():
             shutil.rmtree(folder)

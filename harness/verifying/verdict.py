@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from kvfence.cases import shipped
 from kvfence.cases.findings import Finding, Kind
 from kvfence.running.guarded import GuardedBuffer
 
@@ -159,6 +160,12 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     if expected is None:
         expected = expected_from_oracle(obs)
     width = obs.kv_indices.width
+    host = shipped.check_verdict(config.sizing, config.topk, config.num_steps, obs.launch.num_seqs,
+                                 sum(obs.launch.seq_lens), width, expected.need)
+    if host is not None:
+        findings.append(Finding(Kind(host[0]), obs.kv_indices.name, "host check", detail=host[1]))
+        if host[0] != Kind.HOST_CHECK_ADMITS_OVERFLOW.value:
+            return findings  # the check fires: production stops before the launch, so nothing is written
     if expected.need > width:
         over = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
         family = "".join(f", {k}={v}" for k, v in config.family_dict().items())

@@ -1,0 +1,772 @@
+"""Shipped sizing: how a release sizes the buffer the draft kernel writes, read from its wheel (docs/contract.md,
+"Shipped sizing"). ``--sizing sglang==VERSION:BACKEND``.
+
+``read_wheel(path)`` opens an sglang wheel as a zip of text, parses its ``.py`` files with ``ast`` and never
+imports, executes or evaluates any of it. It finds the *backends* by what they do: every class with a method
+that launches ``generate_draft_decode_kv_indices[...]`` (or the window rail) and every subclass of one. For
+each it reads
+
+* the graph-mode row width: the second dimension of ``self.cuda_graph_kv_indices = torch.zeros((steps, W))``
+  in ``init_cuda_graph_state``, with that method's parameters bound to what the draft CUDA-graph runner
+  (``EAGLEDraftCudaGraphRunner``) passes at its ``draft_attn_backend.init_cuda_graph_state(...)`` call;
+* the eager-mode row width: the per-batch ``torch.zeros((steps, W))`` of ``init_forward_metadata``;
+* the host check before the launch: an ``assert USED <= CAPACITY`` (directly or in a helper of the wheel)
+  whose capacity is the width of the buffer the kernel writes;
+* a constructor refusing ``topk > 1`` (``if ... topk ...: raise``).
+
+Expressions are evaluated by ``Evaluator``: integers, ``+ - * //``, ``min``/``max``, the names of
+``SYMBOLS``, local assignments and parameters, ``self`` attributes assigned in ``__init__`` (the runner),
+and calls of helper functions defined in the wheel (their ``return`` expression, read the same way).
+Anything else raises ``Unreadable`` with the expression text and ``file:line``: never a guess.
+
+The result is data (``shipped.json`` in the release's cache entry, written by ``kvfence.cases.upstream``):
+formulas as text and as trees over the symbols, and where they came from. Fuzzing reads only that file.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from kvfence.errors import BadInput, require
+
+#: Bumped when the record's layout changes (kvfence.cases.upstream's cache format follows it).
+FORMAT = 1
+RECORD_FILE = "shipped.json"
+DRAFT_KERNEL = "generate_draft_decode_kv_indices"
+WINDOW_KERNEL = "generate_draft_decode_window_kv_indices"
+LAUNCHED = (DRAFT_KERNEL, WINDOW_KERNEL)
+#: The draft CUDA-graph runner class (docs/contract.md §4) and the attribute it reaches the backend through.
+RUNNER_CLASS = "EAGLEDraftCudaGraphRunner"
+RUNNER_BACKEND_ATTR = "draft_attn_backend"
+MODES = ("graph", "eager")
+
+#: The symbol table (docs/contract.md, "Shipped sizing"): a dotted name (or its last component, for the
+#: ``*.``-prefixed keys) -> the quantity it stands for. ``requests``: the request count the buffer is sized
+#: for (graph: the runner's ``max_bs``; eager: the batch's ``num_seqs``); ``topk``, ``steps``: the server's
+#: EAGLE settings; ``ctx``: the model's context length; ``sum_seq_lens``: ``sum(L)`` of the launch.
+SYMBOLS = {
+    "*.topk": "topk", "*.speculative_eagle_topk": "topk", "topk": "topk",
+    "*.speculative_num_steps": "steps", "speculative_num_steps": "steps",
+    "*.max_context_len": "ctx", "max_context_len": "ctx",
+    "forward_batch.batch_size": "requests",
+    "forward_batch.seq_lens_sum": "sum_seq_lens",
+    # The runner: its max_bs is the largest capture bucket, in requests (max(self.capture_bs)).
+    "runner:self.max_bs": "requests",
+}
+#: The symbol a width may use: a width is a function of (requests, topk, ctx, steps).
+WIDTH_SYMBOLS = ("requests", "topk", "ctx", "steps")
+#: The symbols of the host check's used side; ``width`` is the capacity (the launch's buffer width).
+CHECK_SYMBOLS = ("requests", "topk", "steps", "sum_seq_lens")
+_MAX_DEPTH = 12
+
+
+class Unreadable(Exception):
+    """An expression the evaluator does not know: its text, where it is, and why."""
+
+    def __init__(self, text: str, where: str, why: str):
+        super().__init__(f"{why}: {text} ({where})")
+        self.text, self.where, self.why = text, where, why
+
+
+# -- expression trees -------------------------------------------------------------------------------
+# ["int", v] | ["sym", name] | [op, a, b] for op in + - * // | ["min"|"max", a, b, ...]
+_PREC = {"+": 1, "-": 1, "*": 2, "//": 2}
+
+
+def render(tree) -> str:
+    """The formula a tree stands for, as text over the symbol names."""
+    def go(t, outer: int) -> str:
+        head = t[0]
+        if head == "int":
+            return str(t[1])
+        if head == "sym":
+            return t[1]
+        if head in ("min", "max"):
+            return f"{head}({', '.join(go(a, 0) for a in t[1:])})"
+        p = _PREC[head]
+        left = go(t[1], p)
+        right = go(t[2], p + 1 if head in ("-", "//") else p)  # a - (b - c), a // (b * c)
+        text = f"{left} {head} {right}"
+        return f"({text})" if p < outer else text
+    return go(tree, 0)
+
+
+def evaluate(tree, values: Dict[str, int]) -> int:
+    """The integer a tree is for the symbol ``values`` (``BadInput`` on a symbol without a value)."""
+    head = tree[0]
+    if head == "int":
+        return tree[1]
+    if head == "sym":
+        require(tree[1] in values, f"shipped formula needs {tree[1]!r}, which this site does not bind")
+        return values[tree[1]]
+    args = [evaluate(a, values) for a in tree[1:]]
+    if head == "min":
+        return min(args)
+    if head == "max":
+        return max(args)
+    a, b = args
+    if head == "//":
+        require(b != 0, "shipped formula divides by zero")
+        return a // b
+    return {"+": a + b, "-": a - b, "*": a * b}[head]
+
+
+def symbols_of(tree) -> set:
+    if tree[0] == "sym":
+        return {tree[1]}
+    if tree[0] == "int":
+        return set()
+    return set().union(*(symbols_of(a) for a in tree[1:]))
+
+
+def substitute(tree, bindings: dict):
+    """``tree`` with each ``["sym", name]`` in ``bindings`` replaced by its tree."""
+    if tree[0] == "sym":
+        return bindings.get(tree[1], tree)
+    if tree[0] == "int":
+        return tree
+    return [tree[0]] + [substitute(a, bindings) for a in tree[1:]]
+
+
+# -- the wheel as text ------------------------------------------------------------------------------
+class Wheel:
+    """The ``.py`` files of a wheel, read as text and parsed on demand (never imported)."""
+
+    def __init__(self, path: Path):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                self.files = {n: zf.read(n).decode("utf-8", "replace") for n in zf.namelist()
+                              if n.endswith(".py") and not n.startswith("/") and ".." not in n.split("/")}
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise BadInput(f"wheel {path} is corrupt: {exc}") from None
+        self._trees: Dict[str, ast.Module] = {}
+
+    def tree(self, name: str) -> Optional[ast.Module]:
+        if name not in self._trees:
+            try:
+                self._trees[name] = ast.parse(self.files[name])
+            except SyntaxError:
+                self._trees[name] = None
+        return self._trees[name]
+
+    def module_file(self, module: str) -> Optional[str]:
+        base = module.replace(".", "/")
+        for name in (base + ".py", base + "/__init__.py"):
+            if name in self.files:
+                return name
+        return None
+
+    def classes(self, needle: str):
+        """``(file, ClassDef)`` of every top-level class of the files whose text contains ``needle``."""
+        for name in sorted(self.files):
+            if needle in self.files[name]:
+                tree = self.tree(name)
+                for node in tree.body if tree else []:
+                    if isinstance(node, ast.ClassDef):
+                        yield name, node
+
+
+def _dotted(node) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
+
+
+def _package(file: str) -> str:
+    parts = file[:-3].split("/")
+    return ".".join(parts[:-1]) if parts[-1] != "__init__" else ".".join(parts[:-1])
+
+
+@dataclass
+class Site:
+    """A function body as an evaluation context: its file, its locals (lazy, with their own context)."""
+
+    file: str
+    fn: Optional[ast.FunctionDef]
+    role: str  # "backend", "runner" or "helper": which SYMBOLS apply
+    bound: Dict[str, Tuple[ast.AST, "Site"]]
+    self_attrs: Dict[str, List[ast.Assign]]  # runner: self.X assignments of its __init__
+    depth: int = 0
+
+    def where(self, node) -> str:
+        return f"{self.file}:{getattr(node, 'lineno', '?')}"
+
+
+class Evaluator:
+    """The restricted evaluator: ``ast`` expression -> tree over the ``SYMBOLS`` quantities."""
+
+    def __init__(self, wheel: Wheel):
+        self.wheel = wheel
+
+    def fail(self, node, site: Site, why: str):
+        raise Unreadable(ast.unparse(node), site.where(node), why)
+
+    def symbol(self, name: str, site: Site) -> Optional[str]:
+        if site.role == "runner" and f"runner:{name}" in SYMBOLS:
+            return SYMBOLS[f"runner:{name}"]
+        if name in SYMBOLS and (site.role != "helper" or "." in name):
+            return SYMBOLS[name]
+        last = name.rsplit(".", 1)[-1]
+        if "." in name and f"*.{last}" in SYMBOLS:
+            return SYMBOLS[f"*.{last}"]
+        return None
+
+    def expr(self, node, site: Site):
+        if site.depth > _MAX_DEPTH:
+            self.fail(node, site, "nested too deep")
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return ["int", node.value]
+        if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv):
+            op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}[type(node.op)]
+            return [op, self.expr(node.left, site), self.expr(node.right, site)]
+        if isinstance(node, ast.Name):
+            if node.id in site.bound:
+                value, where = site.bound[node.id]
+                return self.expr(value, where)
+            local = self._local(node, site)
+            if local is not None:
+                return self.expr(local, site)
+            sym = self.symbol(node.id, site)
+            if sym is not None:
+                return ["sym", sym]
+            self.fail(node, site, "unknown name")
+        if isinstance(node, ast.Attribute):
+            name = _dotted(node)
+            if name is not None:
+                sym = self.symbol(name, site)
+                if sym is not None:
+                    return ["sym", sym]
+                if name in site.bound:
+                    value, where = site.bound[name]
+                    return self.expr(value, where)
+                assign = self._last(site.self_attrs.get(name, []), node) if name.startswith("self.") else None
+                if assign is not None:
+                    return self.expr(assign.value, site)
+            self.fail(node, site, "unknown attribute")
+        if isinstance(node, ast.Call):
+            return self.call(node, site)
+        self.fail(node, site, f"{type(node).__name__} is not integer + - * // min max")
+
+    def _local(self, node: ast.Name, site: Site):
+        """The value of the last plain ``name = ...`` of the enclosing function before ``node``."""
+        if site.fn is None:
+            return None
+        found = None
+        for stmt in ast.walk(site.fn):
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and stmt.targets[0].id == node.id and stmt.lineno < node.lineno):
+                if found is None or stmt.lineno > found.lineno:
+                    found = stmt
+        return found.value if found is not None else None
+
+    @staticmethod
+    def _last(assigns: List[ast.Assign], node) -> ast.Assign:
+        before = [a for a in assigns if a.lineno < getattr(node, "lineno", 10**9)]
+        return max(before, key=lambda a: a.lineno) if before else None
+
+    def call(self, node: ast.Call, site: Site):
+        if isinstance(node.func, ast.Name) and node.func.id in ("min", "max") and not node.keywords:
+            if len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args):
+                return [node.func.id] + [self.expr(a, site) for a in node.args]
+            self.fail(node, site, f"{node.func.id} of fewer than two integers")
+        if isinstance(node.func, ast.Name):
+            found = self.helper(node.func.id, site.file)
+            if found is not None:
+                return self.helper_return(node, site, *found)
+        self.fail(node, site, "call of something that is not a helper function of the wheel")
+
+    def helper(self, name: str, file: str, depth: int = 0) -> Optional[Tuple[str, ast.FunctionDef]]:
+        """The top-level ``def name`` of ``file`` or of the wheel module it imports ``name`` from."""
+        tree = self.wheel.tree(file)
+        if tree is None or depth > 4:
+            return None
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                return file, node
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        module = node.module or ""
+                        if node.level:
+                            pkg = _package(file).split(".")
+                            pkg = pkg[:len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+                            module = ".".join(pkg + ([module] if module else []))
+                        target = self.wheel.module_file(module)
+                        if target is not None:
+                            found = self.helper(alias.name, target, depth + 1)
+                            if found is not None:
+                                return found
+        return None
+
+    def helper_return(self, call: ast.Call, site: Site, file: str, fn: ast.FunctionDef):
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        returns = [s for s in body if isinstance(s, ast.Return)]
+        others = [s for s in body if not isinstance(s, (ast.Return, ast.Assert, ast.Assign))]
+        if len(returns) != 1 or returns[0] is not body[-1] or returns[0].value is None or others:
+            self.fail(call, site, f"helper {fn.name} ({file}:{fn.lineno}) is not assignments then one return")
+        return self.expr(returns[0].value, Site(file, fn, "helper", self.bind(call, site, fn), {}, site.depth + 1))
+
+    def bind(self, call: ast.Call, site: Site, fn: ast.FunctionDef, skip_self: bool = False) -> dict:
+        """The callee's parameters -> ``(argument expression, caller's site)`` (defaults in the callee's)."""
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        if skip_self and params and params[0] == "self":
+            params = params[1:]
+        bound = {}
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            self.fail(call, site, "*args or **kwargs in the call")
+        for name, value in zip(params, call.args):
+            bound[name] = (value, site)
+        for kw in call.keywords:
+            bound[kw.arg] = (kw.value, site)
+        callee = Site(site.file, fn, "helper", {}, {}, site.depth + 1)
+        defaults = fn.args.defaults
+        for name, value in zip(params[len(params) - len(defaults):], defaults):
+            bound.setdefault(name, (value, callee))
+        return bound
+
+
+# -- reading a release ------------------------------------------------------------------------------
+def _launches(fn: ast.FunctionDef) -> Optional[Tuple[str, ast.Call]]:
+    """``(kernel name, call)`` of the first ``...KERNEL[grid](...)`` launch in ``fn``."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+            name = _dotted(node.func.value) or ""
+            last = name.rsplit(".", 1)[-1]
+            if last in LAUNCHED:
+                return last, node
+    return None
+
+
+def _methods(cls: ast.ClassDef) -> Dict[str, ast.FunctionDef]:
+    return {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def _base_names(cls: ast.ClassDef) -> List[str]:
+    return [(_dotted(b) or "").rsplit(".", 1)[-1] for b in cls.bases]
+
+
+def _text_at(node, file: str) -> dict:
+    return {"text": ast.unparse(node), "source": f"{file}:{node.lineno}"}
+
+
+def _unreadable(exc: Unreadable) -> dict:
+    return {"unreadable": {"text": exc.text, "source": exc.where, "why": exc.why}}
+
+
+def _allocation(fn: ast.FunctionDef, target: Optional[str]):
+    """The ``torch.zeros/empty/full((A, B), ...)`` assignment of ``fn`` (to ``target``, or to any local):
+    its statement and the shape's two elements."""
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
+            continue
+        name = _dotted(node.targets[0])
+        func = (_dotted(node.value.func) or "").rsplit(".", 1)[-1]
+        if func not in ("zeros", "empty", "full") or not node.value.args:
+            continue
+        if target is not None and name != target:
+            continue
+        if target is None and not isinstance(node.targets[0], ast.Name):
+            continue
+        shape = node.value.args[0]
+        if isinstance(shape, ast.Tuple) and len(shape.elts) == 2:
+            return node, shape.elts
+    return None
+
+
+class Reader:
+    """Reads every backend of one wheel into its record (``read_wheel``)."""
+
+    def __init__(self, wheel: Wheel):
+        self.wheel = wheel
+        self.ev = Evaluator(wheel)
+        self.classes: Dict[str, Tuple[str, ast.ClassDef]] = {}
+        for needle in LAUNCHED + ("MultiStepDraftBackend",):
+            for file, cls in wheel.classes(needle):
+                self.classes.setdefault(cls.name, (file, cls))
+
+    def mro(self, name: str) -> List[Tuple[str, ast.ClassDef]]:
+        out, seen = [], set()
+        todo = [name]
+        while todo:
+            n = todo.pop(0)
+            if n in seen or n not in self.classes:
+                continue
+            seen.add(n)
+            out.append(self.classes[n])
+            todo.extend(_base_names(self.classes[n][1]))
+        return out
+
+    def method(self, cls_name: str, method: str) -> Optional[Tuple[str, ast.FunctionDef]]:
+        for file, cls in self.mro(cls_name):
+            found = _methods(cls).get(method)
+            if found is not None:
+                return file, found
+        return None
+
+    def backends(self) -> List[str]:
+        launching = {name for name, (_, cls) in self.classes.items()
+                     if any(_launches(m) for m in _methods(cls).values())}
+        # Subclasses of a launching class (found in any file naming the class: backends moved between files).
+        for base in sorted(launching):
+            for file, cls in self.wheel.classes(base):
+                self.classes.setdefault(cls.name, (file, cls))
+        changed = True
+        while changed:
+            changed = False
+            for name, (_, cls) in self.classes.items():
+                if name not in launching and any(b in launching for b in _base_names(cls)):
+                    launching.add(name)
+                    changed = True
+        return sorted(launching)
+
+    def runner_call(self) -> Optional[Tuple[str, ast.Call, Site]]:
+        for file, cls in self.wheel.classes(RUNNER_CLASS):
+            if cls.name != RUNNER_CLASS:
+                continue
+            methods = _methods(cls)
+            init = methods.get("__init__")
+            attrs: Dict[str, List[ast.Assign]] = {}
+            for node in ast.walk(init) if init else []:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    name = _dotted(node.targets[0])
+                    if name and name.startswith("self."):
+                        attrs.setdefault(name, []).append(node)
+            for fn in methods.values():
+                for node in ast.walk(fn):
+                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                            and node.func.attr == "init_cuda_graph_state"
+                            and (_dotted(node.func.value) or "").endswith(RUNNER_BACKEND_ATTR)):
+                        return file, node, Site(file, fn, "runner", {}, attrs)
+        return None
+
+    def read(self, name: str) -> dict:
+        file, cls = self.classes[name]
+        record = {"class": name, "file": file, "line": cls.lineno, "bases": _base_names(cls),
+                  "kernels": sorted({k for _, c in self.mro(name) for m in _methods(c).values()
+                                     for k, _ in [_launches(m) or (None, None)] if k})}
+        for key, read in (("graph", self.graph), ("eager", self.eager), ("host_check", self.host_check),
+                          ("refuses", self.refusal)):
+            try:
+                record[key] = read(name)
+            except RecursionError:  # a wheel's names that refer to each other: unreadable, not a traceback
+                record[key] = _unreadable(Unreadable(key, record["file"], "names refer to each other too deeply"))
+        return record
+
+    def graph(self, name: str) -> dict:
+        found = self.method(name, "init_cuda_graph_state")
+        if found is None:
+            return {"absent": "no init_cuda_graph_state"}
+        file, fn = found
+        alloc = _allocation(fn, "self.cuda_graph_kv_indices")
+        if alloc is None:
+            return {"absent": f"init_cuda_graph_state ({file}:{fn.lineno}) allocates no self.cuda_graph_kv_indices"}
+        stmt, (_, width_node) = alloc
+        out = {"formula_text": ast.unparse(width_node), "source": f"{file}:{stmt.lineno}"}
+        call = self.runner_call()
+        if call is None:
+            out.update(_unreadable(Unreadable("init_cuda_graph_state(...)", file,
+                                              f"no {RUNNER_CLASS} call of {RUNNER_BACKEND_ATTR}.init_cuda_graph_state")))
+            return out
+        rfile, rnode, rsite = call
+        out["call_site"] = _text_at(rnode, rfile)
+        # The backend's formula over its own parameters, then each parameter as the runner passes it.
+        try:
+            bound = self.ev.bind(rnode, rsite, fn, skip_self=True)
+            raw = _ParamEvaluator(self.wheel, set(bound)).expr(width_node, Site(file, fn, "backend", {}, {}))
+            bindings = {}
+            for p in sorted(symbols_of(raw) & set(bound)):
+                value, where = bound[p]
+                bindings[p] = self.ev.expr(value, where)
+                out.setdefault("params", {})[p] = {"formula": render(bindings[p]), "tree": bindings[p],
+                                                   "unit": _unit(bindings[p]), **_text_at(value, rfile)}
+            tree = substitute(raw, bindings)
+        except Unreadable as exc:
+            out.update(_unreadable(exc))
+            return out
+        out["backend_formula"] = render(raw)
+        return self._width(out, tree, stmt, file)
+
+    def _width(self, out: dict, tree, stmt, file: str) -> dict:
+        extra = symbols_of(tree) - set(WIDTH_SYMBOLS)
+        if extra:
+            out.update(_unreadable(Unreadable(out["formula_text"], f"{file}:{stmt.lineno}",
+                                              f"width depends on {', '.join(sorted(extra))}")))
+            return out
+        out["tree"] = tree
+        out["formula"] = render(tree)
+        return out
+
+    def eager(self, name: str) -> dict:
+        found = self.method(name, "init_forward_metadata")
+        if found is None:
+            return {"absent": "no init_forward_metadata"}
+        file, fn = found
+        alloc = _allocation(fn, None)
+        if alloc is None:
+            return {"absent": f"init_forward_metadata ({file}:{fn.lineno}) allocates no (steps, W) buffer"}
+        stmt, (_, width_node) = alloc
+        out = {"formula_text": ast.unparse(width_node), "source": f"{file}:{stmt.lineno}"}
+        try:
+            tree = self.ev.expr(width_node, Site(file, fn, "backend", {}, {}))
+        except Unreadable as exc:
+            out.update(_unreadable(exc))
+            return out
+        return self._width(out, tree, stmt, file)
+
+    def host_check(self, name: str) -> Optional[dict]:
+        for _, cls in self.mro(name):
+            for fn in _methods(cls).values():
+                launch = _launches(fn)
+                if launch is not None:
+                    file = self.classes[cls.name][0]
+                    return self._check_in(file, fn, launch[1])
+        return None
+
+    def _check_in(self, file: str, fn: ast.FunctionDef, launch: ast.Call) -> Optional[dict]:
+        buffer_arg = launch.args[3] if len(launch.args) > 3 else None
+        buffer = _dotted(buffer_arg) if buffer_arg is not None else None
+        for stmt in fn.body:
+            if stmt.lineno >= launch.lineno:
+                break
+            test, site_fn, site_file, bound = None, fn, file, {}
+            if isinstance(stmt, ast.Assert):
+                test = stmt.test
+            elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name):
+                found = self.ev.helper(stmt.value.func.id, file)
+                if found is not None:
+                    hfile, hfn = found
+                    asserts = [s for s in hfn.body if isinstance(s, ast.Assert)]
+                    if len(asserts) == 1:
+                        caller = Site(file, fn, "backend", {}, {})
+                        try:
+                            bound = self.ev.bind(stmt.value, caller, hfn)
+                        except Unreadable:
+                            continue
+                        test, site_fn, site_file = asserts[0].test, hfn, hfile
+            if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+                    and isinstance(test.ops[0], (ast.LtE, ast.Lt, ast.GtE, ast.Gt))):
+                continue
+            left, right = test.left, test.comparators[0]
+            op = type(test.ops[0])
+            if op in (ast.GtE, ast.Gt):
+                left, right = right, left
+            cap_site = Site(site_file, site_fn, "helper" if bound else "backend", bound, {})
+            if not self._is_width(right, cap_site, buffer):
+                continue
+            out = {**_text_at(stmt, file), "strict": op in (ast.Lt, ast.Gt)}
+            try:
+                tree = self.ev.expr(left, Site(site_file, site_fn, "helper" if bound else "backend", bound, {}))
+            except Unreadable as exc:
+                out.update(_unreadable(exc))
+                return out
+            extra = symbols_of(tree) - set(CHECK_SYMBOLS)
+            if extra:
+                out.update(_unreadable(Unreadable(ast.unparse(left), f"{site_file}:{test.lineno}",
+                                                  f"check depends on {', '.join(sorted(extra))}")))
+                return out
+            out["tree"], out["formula"] = tree, render(tree)
+            return out
+        return None
+
+    def _is_width(self, node, site: Site, buffer: Optional[str]) -> bool:
+        """``BUFFER.shape[1]`` of the buffer the kernel writes (through a helper's parameter)."""
+        while isinstance(node, ast.Name) and node.id in site.bound:
+            node, site = site.bound[node.id]
+        return (buffer is not None and isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "shape" and _dotted(node.value.value) == buffer
+                and isinstance(node.slice, ast.Constant) and node.slice.value == 1)
+
+    def refusal(self, name: str) -> Optional[dict]:
+        """The first ``if ... topk ...: raise`` of the constructors a ``super().__init__(...)`` chain runs."""
+        for file, cls in self.mro(name):
+            fn = _methods(cls).get("__init__")
+            if fn is None:
+                continue
+            for stmt in fn.body:
+                if (isinstance(stmt, ast.If) and any(isinstance(s, ast.Raise) for s in stmt.body)
+                        and re.search(r"\btopk\b|eagle_topk", ast.unparse(stmt.test))):
+                    out = _text_at(stmt.test, file)
+                    out["refuses"] = _refused_topk(stmt.test)
+                    return out
+            if "super().__init__(" not in ast.unparse(fn):
+                return None
+        return None
+
+
+class _ParamEvaluator(Evaluator):
+    """The evaluator with some parameter names kept as symbols of their own (the call-site rule)."""
+
+    def __init__(self, wheel: Wheel, params: set):
+        super().__init__(wheel)
+        self.params = params
+
+    def expr(self, node, site: Site):
+        if isinstance(node, ast.Name) and node.id in self.params and site.role == "backend":
+            return ["sym", node.id]
+        return super().expr(node, site)
+
+
+def _refused_topk(test) -> str:
+    """``topk > 1`` when the test is exactly that (or ``!= 1`` / ``>= 2``); else the test's text."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant):
+        name = (_dotted(test.left) or "").rsplit(".", 1)[-1]
+        value = test.comparators[0].value
+        op = type(test.ops[0])
+        if name in ("topk", "speculative_eagle_topk") and ((op is ast.Gt and value == 1) or (op is ast.NotEq and value == 1)
+                                                          or (op is ast.GtE and value == 2)):
+            return "topk > 1"
+    return ast.unparse(test)
+
+
+def _unit(tree) -> str:
+    """What the runner's argument counts: ``requests``, ``tokens`` (requests x topk) or its formula."""
+    probe = [evaluate(tree, {"requests": r, "topk": t, "ctx": 1, "steps": 1}) if symbols_of(tree) <= set(WIDTH_SYMBOLS)
+             else None for r, t in ((3, 5), (7, 2))]
+    if probe == [3, 7]:
+        return "requests"
+    if probe == [15, 14]:
+        return "tokens"
+    return render(tree)
+
+
+def read_wheel(path: Path) -> dict:
+    """The shipped-sizing record of a wheel: every backend that launches the draft kernel (data only)."""
+    reader = Reader(Wheel(Path(path)))
+    names = reader.backends()
+    return {"format": FORMAT, "backends": {n: reader.read(n) for n in names}}
+
+
+# -- using a record ---------------------------------------------------------------------------------
+def is_spec(spec: str) -> bool:
+    """``sglang==VERSION:BACKEND`` (a shipped sizing), as opposed to a builtin or plug-in sizing."""
+    from kvfence.cases import upstream
+
+    return upstream.is_spec(spec)
+
+
+def parse_spec(spec: str) -> Tuple[str, str]:
+    from kvfence.cases import upstream
+
+    version, _, backend = spec[len(upstream.SPEC_PREFIX):].partition(":")
+    upstream.check_version(version)
+    require(backend, f"sizing {spec!r}: name the backend, sglang==VERSION:BACKEND "
+                     f"(`python -m kvfence upstream sizing {version}` lists them)")
+    return version, backend
+
+
+def load_record(version: str) -> dict:
+    """The release's record from its cache entry (fetched when allowed); ``BadInput`` if it is unusable."""
+    from kvfence.cases import upstream
+
+    try:
+        entry = upstream.fetch(version, announce=lambda m: None)
+    except upstream.Refused as exc:
+        raise BadInput(f"sglang=={version} has no draft kernel kvfence can test, so no shipped sizing: {exc}") from None
+    path = entry.folder / RECORD_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        require(isinstance(record, dict) and record.get("format") == FORMAT and isinstance(record.get("backends"), dict),
+                "not a shipped-sizing record")
+        require(upstream._sha256(path.read_bytes()) == entry.manifest.get("shipped_sha256"),
+                "does not match the manifest's sha256")
+    except (OSError, ValueError, BadInput) as exc:
+        raise BadInput(f"cache entry {entry.folder} is corrupt ({RECORD_FILE}: {exc}); run "
+                       f"`python -m kvfence upstream fetch {version} --refresh`") from None
+    return record
+
+
+def backend_record(version: str, backend: str) -> dict:
+    record = load_record(version)
+    names = sorted(record["backends"])
+    require(names, f"sglang=={version} has no draft backend (no class launches {DRAFT_KERNEL})")
+    require(backend in record["backends"], f"sglang=={version} has no backend {backend!r}; it has {', '.join(names)}")
+    return record["backends"][backend]
+
+
+def site_state(site: dict) -> Tuple[str, str]:
+    """``(state, text)`` of a graph/eager/check site: ``ok`` with its formula, ``unreadable`` or ``absent``."""
+    if site is None:
+        return "absent", ""
+    if "absent" in site:
+        return "absent", site["absent"]
+    if "unreadable" in site:
+        u = site["unreadable"]
+        return "unreadable", f"{u['why']}: {u['text']} ({u['source']})"
+    return "ok", site["formula"]
+
+
+class ShippedSizing:
+    """A ``--sizing sglang==VERSION:BACKEND`` policy: the width the backend allocates in each mode.
+
+    Called as any policy, ``(n, topk, ctx, num_steps)``, plus ``mode`` (``Config`` passes it to policies
+    with ``takes_mode``): ``n`` requests (graph: ``max_bs``; eager: ``num_seqs``)."""
+
+    takes_mode = True
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.version, self.backend = parse_spec(spec)
+        self.record = backend_record(self.version, self.backend)
+        self.__name__ = spec
+
+    def site(self, mode: str) -> dict:
+        require(mode in MODES, f"mode {mode!r}")
+        state, text = site_state(self.record[mode])
+        require(state == "ok", f"sizing {self.spec!r}: the {mode} width is {state}: {text}")
+        return self.record[mode]
+
+    def check_topk(self, topk: int) -> None:
+        refuses = self.record.get("refuses")
+        require(not (refuses and refuses.get("refuses") == "topk > 1" and topk > 1),
+                f"sizing {self.spec!r}: {self.backend} refuses topk > 1 in its constructor "
+                f"({refuses and refuses['source']}); topk={topk} is unreachable")
+
+    def __call__(self, n: int, topk: int, ctx: int, num_steps: int, *, mode: str = "graph", **window) -> int:
+        self.check_topk(topk)
+        return evaluate(self.site(mode)["tree"], {"requests": n, "topk": topk, "ctx": ctx, "steps": num_steps})
+
+    def host_check(self) -> Optional[dict]:
+        check = self.record.get("host_check")
+        if check is None:
+            return None
+        state, text = site_state(check)
+        require(state == "ok", f"sizing {self.spec!r}: the host check is {state}: {text}")
+        return check
+
+
+@functools.lru_cache(maxsize=None)
+def policy(spec: str) -> ShippedSizing:
+    return ShippedSizing(spec)
+
+
+def check_verdict(sizing: str, topk: int, num_steps: int, num_seqs: int, sum_seq_lens: int, width: int,
+                  need: int) -> Optional[Tuple[str, str]]:
+    """The host check of a shipped sizing on one launch: None when there is none or it admits a launch
+    that fits; else ``(kind, detail)``: ``HOST_CHECK_FIRED`` (rejects an overflow: loud, as in
+    production), ``HOST_CHECK_REJECTS_FIT`` or ``HOST_CHECK_ADMITS_OVERFLOW`` (the check's formula is wrong)."""
+    if not is_spec(sizing):
+        return None
+    check = policy(sizing).host_check()
+    if check is None:
+        return None
+    used = evaluate(check["tree"], {"requests": num_seqs, "topk": topk, "steps": num_steps, "sum_seq_lens": sum_seq_lens})
+    fires = used >= width if check["strict"] else used > width
+    values = (f"{check['formula']} = {used} {'>=' if check['strict'] else '>'} width {width}" if fires
+              else f"{check['formula']} = {used} fits width {width}")
+    where = f"host check {check['text']} ({check['source']}): {values}; the kernel needs {need}"
+    if fires:
+        return ("HOST_CHECK_FIRED" if need > width else "HOST_CHECK_REJECTS_FIT"), where
+    if need > width:
+        return "HOST_CHECK_ADMITS_OVERFLOW", where
+    return None

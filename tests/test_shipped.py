@@ -1,0 +1,274 @@
+"""Shipped sizing (kvfence.cases.shipped): the buffer sizing a release ships, read from its wheel, and used.
+
+The wheels here are synthetic: tiny backends and a CUDA-graph runner written for these tests (no SGLang
+code), zipped with the classic-ABI kernel of tests/test_upstream.py. They cover the call-site rule (request
+count vs token count), a helper function for the width, a host check (right and wrong), a constructor
+refusing topk > 1, an unknown name (unreadable) and a malicious body that must never run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvfence.cases import shipped
+from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
+
+VERSION = "0.0.7"
+BACKENDS = "sglang/srt/layers/attention/toy_backends.py"
+UTILS = "sglang/srt/speculative/toy_utils.py"
+RUNNER = "sglang/srt/speculative/eagle_draft_cuda_graph_runner.py"
+MARKER_NAME = "kvfence-shipped-pwned"
+
+# Width and check helpers the backends call (their return expressions are read, never run).
+TOY_UTILS = '''\
+def row_width(num_seqs, topk, ctx):
+    """A helper with a docstring, an assert and a local before its return."""
+    assert num_seqs > 0
+    per_branch = ctx
+    return num_seqs * topk * per_branch
+
+
+def used_len(seq_lens_sum, topk, bs, num_steps):
+    return seq_lens_sum * topk + bs * num_steps
+
+
+def used_len_wrong(seq_lens_sum, topk, bs, num_steps):
+    return seq_lens_sum * topk
+
+
+def fits(used, capacity, what=""):
+    assert used <= capacity, what
+
+
+def sneaky(n):
+    open("MARKER", "w").write("ran")
+    return n
+'''.replace("MARKER", MARKER_NAME)
+
+# The runner passes both counts: which one a backend's parameter gets is the call-site rule.
+TOY_RUNNER = '''\
+class EAGLEDraftCudaGraphRunner:
+    def __init__(self, eagle_worker):
+        self.model_runner = model_runner = eagle_worker.model_runner
+        server_args = model_runner.server_args
+        self.topk = server_args.speculative_eagle_topk
+        self.max_bs = max(self.capture_bs)
+        self.max_num_token = self.max_bs * self.topk
+        self.model_runner.draft_attn_backend.init_cuda_graph_state(self.max_bs, self.max_num_token)
+'''
+
+_LAUNCH = '''
+    def common_template(self, forward_batch, kv_indices_buffer, call_fn):
+        num_seqs = forward_batch.batch_size
+        bs = self.topk * num_seqs
+        seq_lens_sum = forward_batch.seq_lens_sum
+        {check}
+        self.generate_draft_decode_kv_indices[(self.speculative_num_steps, num_seqs, self.topk)](
+            forward_batch.req_pool_indices, forward_batch.req_to_token, forward_batch.seq_lens,
+            kv_indices_buffer, self.kv_indptr, forward_batch.positions, self.pool_len,
+            kv_indices_buffer.shape[1], self.kv_indptr.shape[1], 1, 1, 1, 1)
+
+    def init_forward_metadata(self, forward_batch):
+        kv_indices = torch.zeros((self.speculative_num_steps, {eager}), dtype=torch.int32)
+        self.common_template(forward_batch, kv_indices, None)
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        self.cuda_graph_kv_indices = torch.zeros((self.speculative_num_steps, {graph}), dtype=torch.int32)
+'''
+
+
+def backend(name: str, graph: str, *, eager: str = "forward_batch.batch_size * self.topk * self.max_context_len",
+            check: str = "pass", init: str = "pass", base: str = "") -> str:
+    head = f"class {name}{f'({base})' if base else ''}:\n    def __init__(self, model_runner, topk, speculative_num_steps):\n"
+    head += f"        {init}\n        self.topk = topk\n        self.speculative_num_steps = speculative_num_steps\n"
+    return head + _LAUNCH.format(check=check, eager=eager, graph=graph)
+
+
+GOOD_CHECK = "fits(used_len(seq_lens_sum, self.topk, bs, self.speculative_num_steps), kv_indices_buffer.shape[1])"
+LAX_CHECK = "assert used_len_wrong(seq_lens_sum, self.topk, bs, self.speculative_num_steps) <= kv_indices_buffer.shape[1]"
+TOY_BACKENDS = "\n\n".join([
+    "import torch\nfrom sglang.srt.speculative.toy_utils import row_width, used_len, used_len_wrong, fits, sneaky\n"
+    "open('" + MARKER_NAME + "', 'w')  # module-level code: runs only if the module is imported\n",
+    # The seed's bug: a request count times ctx, no topk factor.
+    backend("RequestsBackend", "max_bs * self.max_context_len"),
+    # The same expression text, given a token count by the runner: correct (up to the context limit).
+    backend("TokensBackend", "max_num_tokens * self.max_context_len"),
+    # Through a helper of the wheel, with the fix's host check.
+    backend("HelperCheckedBackend", "row_width(max_bs, self.topk, self.max_context_len)", check=GOOD_CHECK),
+    # A check that forgets the draft tokens: admits overflows at the context limit.
+    backend("LaxCheckBackend", "row_width(max_bs, self.topk, self.max_context_len)", check=LAX_CHECK),
+    # Room for the draft tokens: never overflows.
+    backend("SafeBackend", "max_bs * self.topk * (self.max_context_len + self.speculative_num_steps)",
+            eager="forward_batch.batch_size * self.topk * (self.max_context_len + self.speculative_num_steps)"),
+    backend("RefusingBackend", "max_bs * (self.max_context_len + self.speculative_num_steps)",
+            init="if topk > 1:\n            raise ValueError('topk > 1 is not supported')"),
+    backend("MysteryBackend", "max_bs * self.topk * self.mystery_factor"),
+    backend("SneakyBackend", "sneaky(max_bs) * __import__('os').system('touch " + MARKER_NAME + "')"),
+])
+# A subclass in another file (found by its base, not by a list of paths), inheriting buffers and launch.
+TOY_SUBCLASS = ("from sglang.srt.layers.attention.toy_backends import RequestsBackend\n\n\n"
+                "class RenamedBackend(RequestsBackend):\n    def extra(self):\n        return 0\n")
+
+
+def toy_wheel(folder: Path, version: str = VERSION, *, backends: bool = True) -> Path:
+    modules = {MODULE: FAKE_MODULE, UTILS: TOY_UTILS, RUNNER: TOY_RUNNER}
+    if backends:
+        modules[BACKENDS] = TOY_BACKENDS
+        modules["sglang/srt/layers/moved/renamed.py"] = TOY_SUBCLASS
+    return make_wheel(folder, version, modules)
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shipped")
+    return shipped.read_wheel(toy_wheel(folder))["backends"]
+
+
+def test_backends_are_found_by_what_launches_the_kernel(record):
+    assert sorted(record) == sorted(["RequestsBackend", "TokensBackend", "HelperCheckedBackend", "LaxCheckBackend",
+                                     "SafeBackend", "RefusingBackend", "MysteryBackend", "SneakyBackend",
+                                     "RenamedBackend"])
+    assert record["RenamedBackend"]["file"] == "sglang/srt/layers/moved/renamed.py"
+    assert record["RenamedBackend"]["graph"]["formula"] == record["RequestsBackend"]["graph"]["formula"]
+
+
+def test_call_site_rule_request_count_vs_token_count(record):
+    requests, tokens = record["RequestsBackend"]["graph"], record["TokensBackend"]["graph"]
+    assert requests["backend_formula"] == "max_bs * ctx" and requests["params"]["max_bs"]["unit"] == "requests"
+    assert tokens["backend_formula"] == "max_num_tokens * ctx" and tokens["params"]["max_num_tokens"]["unit"] == "tokens"
+    values = {"requests": 3, "topk": 4, "ctx": 10, "steps": 2}
+    assert shipped.evaluate(requests["tree"], values) == 30
+    assert shipped.evaluate(tokens["tree"], values) == 120
+    assert requests["params"]["max_bs"]["source"] == f"{RUNNER}:8"
+
+
+def test_helper_width_and_host_check_are_read_through_their_returns(record):
+    b = record["HelperCheckedBackend"]
+    assert b["graph"]["formula"] == "requests * topk * ctx"
+    assert b["host_check"]["formula"] == "sum_seq_lens * topk + topk * requests * steps"
+    assert record["LaxCheckBackend"]["host_check"]["formula"] == "sum_seq_lens * topk"
+    assert record["RequestsBackend"]["host_check"] is None
+
+
+def test_refusal_and_unreadable_names(record):
+    assert record["RefusingBackend"]["refuses"]["refuses"] == "topk > 1"
+    state, text = shipped.site_state(record["MysteryBackend"]["graph"])
+    assert state == "unreadable" and "self.mystery_factor" in text and f"{BACKENDS}:" in text
+
+
+def test_malicious_body_never_runs(record, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    again = shipped.read_wheel(toy_wheel(tmp_path / "w"))["backends"]["SneakyBackend"]
+    assert shipped.site_state(again["graph"])[0] == "unreadable"
+    assert not list(tmp_path.rglob(MARKER_NAME)) and not Path(MARKER_NAME).exists()
+
+
+def test_upstream_sizing_prints_formulas_and_sources(tmp_path):
+    cache = tmp_path / "cache"
+    wheel = toy_wheel(tmp_path / "wheels")
+    proc = kvfence("upstream", "sizing", VERSION, cache=cache, wheel_dir=wheel.parent)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "RequestsBackend: " in out and "graph  W = requests * ctx" in out and "[requests]" in out
+    assert "refuses topk > 1" in out and "unreadable" in out
+    assert not list(Path(__file__).resolve().parents[1].glob(MARKER_NAME))
+    assert json.loads((cache / f"sglang-{VERSION}" / shipped.RECORD_FILE).read_text())["format"] == shipped.FORMAT
+
+
+def test_bad_input_unknown_backend_and_release_without_backends(tmp_path):
+    cache = tmp_path / "cache"
+    wheels = tmp_path / "wheels"
+    toy_wheel(wheels)
+    toy_wheel(wheels, "0.0.8", backends=False)
+    proc = kvfence("fuzz", "--sizing", f"sglang=={VERSION}:NoSuchBackend", "--max-examples", "1", "--device", "cpu",
+                   "--out", str(tmp_path / "o"), cache=cache, wheel_dir=wheels)
+    one_line_exit_2(proc, "NoSuchBackend", "RequestsBackend")
+    one_line_exit_2(kvfence("upstream", "sizing", "0.0.8", cache=cache, wheel_dir=wheels), "no draft backend")
+
+
+def test_matrix_shipped_names_each_failure_class_and_its_case_replays(tmp_path):
+    cache = tmp_path / "cache"
+    wheel = toy_wheel(tmp_path / "wheels")
+    out = tmp_path / "m"
+    proc = kvfence("upstream", "matrix", "--shipped", "--versions", VERSION, "--device", "cpu", "--out", str(out),
+                   "--shipped-ctx", "8", "--shipped-steps", "2", "--shipped-max-bs", "2", "--shipped-max-topk", "2",
+                   cache=cache, wheel_dir=wheel.parent)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads((out / "shipped.json").read_text())
+    cells = {(c["backend"], c["mode"]): c for c in doc["rows"][0]["cells"]}
+    buggy = cells[("RequestsBackend", "graph")]
+    assert buggy["status"] == "silent overflow" and not buggy["case"]["at_context_limit"]
+    assert "SIZING_VIOLATION" in buggy["kinds"] and "GUARD_OVERWRITE" in buggy["kinds"]
+    limit = cells[("TokensBackend", "graph")]
+    assert limit["status"] == "silent overflow" and limit["case"]["at_context_limit"]
+    assert cells[("HelperCheckedBackend", "graph")]["status"] == "host check fires"
+    assert cells[("HelperCheckedBackend", "graph")]["kinds"] == ["HOST_CHECK_FIRED"]
+    lax = cells[("LaxCheckBackend", "graph")]
+    assert lax["status"] == "silent overflow" and "HOST_CHECK_ADMITS_OVERFLOW" in lax["kinds"]
+    assert cells[("SafeBackend", "graph")]["status"] == "clean"
+    assert cells[("SafeBackend", "eager")]["status"] == "clean"
+    assert cells[("RefusingBackend", "graph")]["status"] == "topk > 1 refused"
+    assert cells[("MysteryBackend", "graph")]["status"] == "unreadable"
+    # The failing cell's case file replays on its own, naming the shipped sizing.
+    replay = kvfence("repro", buggy["case_file"], "--device", "cpu", cache=cache)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "SIZING_VIOLATION" in replay.stdout and f"sglang=={VERSION}:RequestsBackend" in replay.stdout
+    assert not list(tmp_path.rglob(MARKER_NAME))
+
+
+def test_config_sizes_each_mode_from_its_own_site_and_strategies_take_the_spec(tmp_path, monkeypatch):
+    from hypothesis import given, settings
+
+    from kvfence.cases.case import Config
+    from kvfence.strategies import configs
+
+    wheel = toy_wheel(tmp_path / "wheels")
+    monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KVFENCE_WHEEL_DIR", str(wheel.parent))
+    monkeypatch.setenv("KVFENCE_OFFLINE", "1")
+    shipped.policy.cache_clear()
+    spec = f"sglang=={VERSION}:RequestsBackend"
+    graph = Config(topk=3, num_steps=2, ctx=10, max_bs=4, sizing=spec, mode="graph")
+    eager = Config(topk=3, num_steps=2, ctx=10, max_bs=4, sizing=spec, mode="eager")
+    assert graph.row_width(2) == 4 * 10  # max_bs * ctx: the request count, no topk factor
+    assert eager.row_width(2) == 2 * 3 * 10  # batch_size * topk * ctx
+    refusing = Config(topk=2, num_steps=2, ctx=10, max_bs=4, sizing=f"sglang=={VERSION}:RefusingBackend")
+    with pytest.raises(Exception, match="refuses topk > 1"):
+        refusing.row_width(1)
+
+    @settings(max_examples=5, database=None, deadline=None)
+    @given(configs(sizing=spec, mode="graph", topk=2))
+    def widths_follow_the_shipped_formula(config):
+        assert config.row_width(1) == config.max_bs * config.ctx
+
+    widths_follow_the_shipped_formula()
+    shipped.policy.cache_clear()
+
+
+def test_names_that_refer_to_each_other_are_unreadable_not_a_hang(tmp_path):
+    runner = TOY_RUNNER.replace("self.max_num_token = self.max_bs * self.topk",
+                                "self.a = self.b\n        self.b = self.a\n        self.max_num_token = self.b")
+    loop = backend("LoopBackend", "max_num_tokens * loop(max_bs)")
+    utils = "def loop(n):\n    return loop(n) + 1\n"
+    wheel = make_wheel(tmp_path, VERSION, {MODULE: FAKE_MODULE, RUNNER: runner, UTILS: utils,
+                                           BACKENDS: "from sglang.srt.speculative.toy_utils import loop\n\n" + loop})
+    graph = shipped.read_wheel(wheel)["backends"]["LoopBackend"]["graph"]
+    assert shipped.site_state(graph)[0] == "unreadable"
+
+
+def test_old_cache_format_is_fetched_again_and_a_tampered_record_is_one_line_exit_2(tmp_path):
+    cache = tmp_path / "cache"
+    wheel = toy_wheel(tmp_path / "wheels")
+    assert kvfence("upstream", "fetch", VERSION, cache=cache, wheel_dir=wheel.parent).returncode == 0
+    folder = cache / f"sglang-{VERSION}"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / shipped.RECORD_FILE).unlink()
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))  # as kvfence before shipped sizing
+    proc = kvfence("upstream", "sizing", VERSION, cache=cache, wheel_dir=wheel.parent)
+    assert proc.returncode == 0 and "RequestsBackend" in proc.stdout, proc.stderr
+    record = folder / shipped.RECORD_FILE
+    record.write_text(record.read_text().replace('"max_bs * ctx"', '"max_bs * topk * ctx"'))
+    one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped.RECORD_FILE)
