@@ -189,6 +189,7 @@ def test_bad_input_unknown_backend_and_release_without_backends(tmp_path):
     one_line_exit_2(kvfence("upstream", "sizing", "0.0.8", cache=cache, wheel_dir=wheels), "no draft backend")
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_matrix_shipped_names_each_failure_class_and_its_case_replays(tmp_path):
     cache = tmp_path / "cache"
     wheel = toy_wheel(tmp_path / "wheels")
