@@ -565,22 +565,26 @@ def _clear_progress_line() -> None:
         sys.stderr.write("\r\x1b[2K")
 
 
-def _announce_failure(result) -> None:
+#: How the first verdict begins on stderr (benchmarks/first_verdict.py times the command to this line).
+FIRST_FAILURE = "kvfence: first failure"
+
+
+def _announce(at: Optional[float], text: Optional[str]) -> None:
     """The first verdict, as soon as it is known (shrinking it may take ``--shrink-seconds`` more)."""
     from kvfence.running.clock import since_start
 
     _clear_progress_line()
-    _stderr(f"kvfence: first failure {since_start(result.first_failure_at):.2f}s into the command: "
-            f"{result.first_failure_text}; shrinking it")
+    _stderr(f"{FIRST_FAILURE} {since_start(at):.2f}s into the command: {text}; shrinking it")
+
+
+def _announce_failure(result) -> None:
+    """One process's first failure (``kvfence.workflow.fuzz.fuzz(on_first_failure=)``)."""
+    _announce(result.first_failure_at, result.first_failure_text)
 
 
 def _announce_job_failure(doc: dict) -> None:
     """``--jobs``: the first failure any job found (its progress file), as soon as the parent sees it."""
-    from kvfence.running.clock import since_start
-
-    _clear_progress_line()
-    _stderr(f"kvfence: first failure {since_start(doc.get('first_failure_at')):.2f}s into the command: "
-            f"{doc.get('first_failure_text')}; shrinking it")
+    _announce(doc.get("first_failure_at"), doc.get("first_failure_text"))
 
 
 def _phases(session, result) -> dict:

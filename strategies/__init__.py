@@ -188,16 +188,14 @@ PAGE_SHARES = st.integers(0, _SHARE_CODES - 1)
 
 def _page_size(draw, dom: Domain) -> int:
     """A page size of the domain: page 1 a third of the time (SGLang's default), on the GPU domain the
-    largest page a quarter (arithmetic that assumes small pages breaks only there), else uniform over
-    the other pages. Shrinks toward page 1."""
+    largest page a quarter on top of its uniform share (arithmetic that assumes small pages breaks only
+    there), else uniform over the pages above 1. Shrinks toward page 1."""
     code = draw(PAGE_SHARES)
     if code < _PAGE1_CODES or dom.page_sizes == (1,):
         return 1 if 1 in dom.page_sizes else dom.page_sizes[0]
-    largest = dom.page_sizes[-1]
     if dom.name != "cpu" and code < _PAGE1_CODES + _LARGEST_CODES:
-        return largest
-    others = tuple(p for p in dom.page_sizes if p != 1 and (dom.name == "cpu" or p != largest)) or dom.page_sizes
-    return draw(_sampled(others))
+        return dom.page_sizes[-1]
+    return draw(_sampled(tuple(p for p in dom.page_sizes if p != 1)))
 
 
 def _weighted(draw, common: tuple, hi: int) -> int:

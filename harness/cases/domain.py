@@ -10,8 +10,8 @@ Draws follow a production-weighted prior (``kvfence.strategies``), so the plain 
 of its time where SGLang deployments run while still reaching every value of the domain:
 
 * ``page_size``: page 1 (SGLang's default page size) in a third of the draws (``PAGE1_SHARE``); on the
-  GPU domain the largest page in a quarter (arithmetic that assumes small pages breaks only there);
-  the rest uniform over the other page sizes.
+  GPU domain the largest page in a quarter (``LARGEST_PAGE_SHARE``: arithmetic that assumes small pages
+  breaks only there); the rest uniform over the pages above 1 (the largest included).
 * ``topk``: half the draws from ``COMMON_TOPK`` (1, 2, 4, 8: the values EAGLE deployments configure),
   half uniform over ``1..max_topk``, so topk above 8 stays reachable (a quarter of GPU draws).
 * ``num_steps``: half from ``COMMON_STEPS`` (1-5: the usual draft depths), half uniform over
