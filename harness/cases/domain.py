@@ -17,7 +17,9 @@ of its time where SGLang deployments run while still reaching every value of the
 * ``num_steps``: half from ``COMMON_STEPS`` (1-5: the usual draft depths), half uniform over
   ``1..max_steps`` (steps above 8: a quarter of GPU draws).
 
-Each weighted draw shrinks toward its simplest value (page 1, topk 1, one step). The edge classes
+Each weighted draw shrinks toward its simplest value (page 1, topk 1, one step), and Hypothesis leans
+further toward those, so measured shares of page 1 run above a third (``benchmarks/prior_reach.py``
+counts them, and how often each mutant's trigger is drawn; docs/contract.md §5). The edge classes
 (copy blocks, lane widths, pages, the context limit, padded buckets) keep their share of the length,
 context and batch draws, which this prior does not touch.
 
