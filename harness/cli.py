@@ -534,7 +534,7 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
                 run_fuzz = fuzz_keep_going
                 keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
             try:
-                result = run_fuzz(session, strategy, max_examples=args.max_examples, on_first_failure=_announce_failure,
+                result = run_fuzz(session, strategy, max_examples=args.max_examples, on_first_failure=_announcer(),
                               seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
                               progress=callback, max_seconds=args.max_seconds,
@@ -577,9 +577,17 @@ def _announce(at: Optional[float], text: Optional[str]) -> None:
     _stderr(f"{FIRST_FAILURE} {since_start(at):.2f}s into the command: {text}; shrinking it")
 
 
-def _announce_failure(result) -> None:
-    """One process's first failure (``kvfence.workflow.fuzz.fuzz(on_first_failure=)``)."""
-    _announce(result.first_failure_at, result.first_failure_text)
+def _announcer():
+    """``fuzz(on_first_failure=)`` for one process: the run's first failure only (``--keep-going`` runs
+    phases, each with a first failure of its own, and saves each at once)."""
+    done = []
+
+    def announce(result) -> None:
+        if not done:
+            done.append(True)
+            _announce(result.first_failure_at, result.first_failure_text)
+
+    return announce
 
 
 def _announce_job_failure(doc: dict) -> None:
@@ -1020,8 +1028,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="device memory one config may take (e.g. 8G, 512M); larger draws are shrunk to fit; "
                          "default 60%% of free GPU memory split over the jobs (4G per job on the CPU)")
     fz.add_argument("--jobs", type=_positive_int, default=None,
-                    help="fuzzing processes sharing the GPU(s), merged into one run (default: the CPU cores less "
-                         f"one on CUDA, at most 16 and one per {MIN_EXAMPLES_PER_JOB} examples; 1 on the CPU)")
+                    help="fuzzing processes sharing the GPU(s), merged into one run (default on CUDA: the CPU cores "
+                         f"less one, at most 16, and under an example budget one per {MIN_EXAMPLES_PER_JOB} examples; "
+                         "1 on the CPU)")
     fz.add_argument("--max-seconds", type=float, default=None,
                     help=f"stop exploring after this many seconds (shrinking a failure has --shrink-seconds; "
                          f"default {DEFAULT_GPU_SECONDS:g} on CUDA when --max-examples is not given, none on the CPU); "

@@ -180,3 +180,16 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     assert 0 < run["first_verdict_s"] <= run["wall_s"] and doc["floor_s"][0] > 0
     assert doc["first_verdict_over_floor"] == pytest.approx(run["first_verdict_s"] / doc["floor_s"][0], rel=1e-2)
     assert run["ended_by"] == "failure" and run["startup_s"] <= run["first_failure_s"]
+
+
+def test_a_jobs_parent_announces_the_first_failure_of_any_job(tmp_path):
+    """``--jobs 2``: neither the parent nor a job imports torch before its worker does, the parent names
+    the first failure once, and the merged summary keeps the earliest job's phases."""
+    proc, doc, modules, wall = _fuzz(tmp_path, "--sizing", "prefix", "--jobs", "2", "--max-examples", "4",
+                                     "--shrink-seconds", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert modules == {"torch": False, "triton": False}
+    announced = [line for line in proc.stderr.splitlines() if line.startswith(FIRST_FAILURE)]
+    assert len(announced) == 1 and "SIZING_VIOLATION" in announced[0], proc.stderr
+    assert doc["ended_by"] == "failure" and doc["jobs"] == 2
+    assert 0 < doc["startup_s"] <= doc["first_launch_s"] <= doc["first_failure_s"] < wall
