@@ -172,7 +172,8 @@ def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
 def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     out = tmp_path / "fv.json"
     proc = subprocess.run([sys.executable, "benchmarks/first_verdict.py", "--device", "cpu", "--repeats", "1",
-                           "--warmup", "0", "--json", str(out), "--", "--max-examples", "3", "--shrink-seconds", "0"],
+                           "--warmup", "0", "--json", str(out), "--", "--max-examples", "5", "--seed", "1",
+                           "--shrink-seconds", "0"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     doc = json.loads(out.read_text())
