@@ -18,7 +18,6 @@ command (e.g. ``-- --max-examples 5`` for a quick CPU check).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from result_file import saver  # noqa: E402
+from result_file import fuzz_command_parser, saver  # noqa: E402
 
 from kvfence.cli import FIRST_FAILURE  # noqa: E402
 
@@ -65,14 +64,9 @@ def verdict_run(device: str, extra, out_dir: Path) -> dict:
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser, argv, extra = fuzz_command_parser(__doc__, sys.argv[1:])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs first (Triton's disk cache)")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     result = {"benchmark": "first_verdict", "device": args.device, "fuzz_flags": extra, "floor_s": [], "runs": []}
     save = saver(args.json, result)

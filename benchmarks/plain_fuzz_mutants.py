@@ -16,7 +16,6 @@ per mutant: seeds detected, the rate against ``--required`` (0.95), and the seco
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from result_file import saver  # noqa: E402
+from result_file import fuzz_command_parser, saver  # noqa: E402
 
 from kvfence.workflow.mutants import discover  # noqa: E402
 
@@ -55,15 +54,10 @@ def flags_for(mutant) -> list:
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser, argv, extra = fuzz_command_parser(__doc__, sys.argv[1:])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--required", type=float, default=0.95)
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     result = {"benchmark": "plain_fuzz_mutants", "device": args.device, "seeds": args.seeds, "extra": extra,
               "mutants": {}}
