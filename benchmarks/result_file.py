@@ -17,3 +17,16 @@ def saver(path: Optional[str], result: dict) -> Callable[[], None]:
             Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
     return save
+
+
+def fuzz_command_parser(doc: str, argv):
+    """``(parser, own argv, fuzz flags)`` of a benchmark that runs ``kvfence fuzz``: flags after ``--`` go to
+    every fuzz command; the parser (described by ``doc``'s first line) has ``--device`` and ``--json``."""
+    import argparse
+
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--json", default=None)
+    return parser, argv[:cut], argv[cut + 1:]

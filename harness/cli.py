@@ -280,7 +280,9 @@ def _check_resume_flags(args) -> None:
 
 def _make_session(args, device: str, max_bytes: Optional[int]):
     """The checking session: a worker process (default; crashes and hangs become findings, kvfence.workflow.worker)
-    or, with ``--in-process``, this process itself (for debugging the harness)."""
+    or, with ``--in-process``, this process itself (for debugging the harness). The worker starts in the
+    background (torch and the CUDA context load while this process builds its strategies); the caller
+    joins it with ``wait_ready()`` before the first example."""
     audit = False if args.no_audit else None
     if args.in_process:
         from kvfence.verifying.session import Session
@@ -288,7 +290,25 @@ def _make_session(args, device: str, max_bytes: Optional[int]):
         return Session(device, args.kernel, audit=audit, max_bytes=max_bytes)
     from kvfence.workflow.worker import RemoteSession
 
-    return RemoteSession(device, args.kernel, audit=audit, max_bytes=max_bytes, case_timeout=args.case_timeout)
+    return RemoteSession(device, args.kernel, audit=audit, max_bytes=max_bytes, case_timeout=args.case_timeout,
+                         background=True)
+
+
+#: The default budgets: the CPU's interpreter checks an example budget; on CUDA the plain command checks
+#: what the machine can check in ``DEFAULT_GPU_SECONDS`` (on every core, ``_default_jobs``).
+DEFAULT_MAX_EXAMPLES = 100
+DEFAULT_GPU_SECONDS = 60.0
+
+
+def _resolve_budget(args, device: str) -> None:
+    """Fill in ``--max-examples`` / ``--max-seconds``: a time budget alone bounds the run by time
+    (examples unbounded); with neither, CUDA gets ``DEFAULT_GPU_SECONDS``, the CPU ``DEFAULT_MAX_EXAMPLES``."""
+    from kvfence.workflow.progress import UNBOUNDED_EXAMPLES
+
+    if args.max_examples is None and args.max_seconds is None and device == "cuda":
+        args.max_seconds = DEFAULT_GPU_SECONDS
+    if args.max_examples is None:
+        args.max_examples = UNBOUNDED_EXAMPLES if args.max_seconds is not None else DEFAULT_MAX_EXAMPLES
 
 
 #: Examples a ``--jobs`` child should get at least, so process start-up does not dominate a short run.
@@ -350,10 +370,27 @@ def cmd_fuzz(args) -> int:
     require(args.max_seconds is None or (args.max_seconds > 0 and args.max_seconds == args.max_seconds),
             f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
-    device = select(args.device, announce=_stderr)
+    # Only the process that launches kernels imports torch: the supervisor and a --jobs parent do not.
+    device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
     _check_family(args)  # §6 flags against the kernel: exit 2 before anything runs
+    _resolve_budget(args, device)
     domain, jobs, per_example, max_bytes = _resolve_run_shape(args, device)
+    session = None
+    if jobs == 1 and not args.resume:
+        if out_dir.is_dir():  # another run in this folder: refused now, before a worker starts
+            _lock_out(out_dir)
+        # Start-up off the critical path: the worker starts first, everything else happens meanwhile.
+        session = _make_session(args, device, max_bytes)
+    try:
+        return _fuzz_prepared(args, device, session, json_path, out_dir, domain, jobs, per_example, max_bytes)
+    finally:
+        if hasattr(session, "close"):
+            session.close()
 
+
+def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_dir: Path, domain, jobs: int,
+                   per_example: int, max_bytes: int) -> int:
+    """``cmd_fuzz`` once the device is chosen and the worker is starting: strategies, database, the run."""
     from kvfence.strategies import case_runs, cases
 
     from kvfence.workflow import campaign
@@ -401,22 +438,18 @@ def cmd_fuzz(args) -> int:
                                                  campaign.stored_failures(database, db_key))
         return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
     previous = _previous_summary(out_dir) if args.resume else None
-    if out_dir.is_dir():  # another run in this folder: refused now, before a worker starts
+    if out_dir.is_dir():  # another run in this folder: refused now
         _lock_out(out_dir)
-    # Resolves the kernel: BadInput first. The address audit is on by default on the CPU.
-    session = None if args.resume else _make_session(args, device, max_bytes)
     database = None if args.resume else campaign.open_database(db_spec)
     db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
                                    domain=campaign.fuzz_domain(args, domain, per_example))
     run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
                                              campaign.shard_seed(seed, args.shard),
                                              campaign.stored_failures(database, db_key))
-    try:
-        return _fuzz_run(args, device, strategy, session, out_dir, json_path, previous, run, domain,
-                         database=database, db_key=db_key, db_spec=db_spec)
-    finally:
-        if hasattr(session, "close"):
-            session.close()
+    if hasattr(session, "wait_ready"):
+        session.wait_ready()  # resolves the kernel in the worker: BadInput here, before the first example
+    return _fuzz_run(args, device, strategy, session, out_dir, json_path, previous, run, domain,
+                     database=database, db_key=db_key, db_spec=db_spec)
 
 
 def _lock_out(out_dir: Path) -> None:
@@ -486,7 +519,7 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
     else:
         from kvfence.workflow.progress import Progress
 
-        progress = None if args.quiet else Progress(args.max_examples)
+        progress = None if args.quiet else Progress(args.max_examples, seconds=args.max_seconds)
         callback = progress.update if progress else None
         if args.progress_file:
             from kvfence.workflow.jobs import POLL_S, write_progress
@@ -501,7 +534,7 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
                 run_fuzz = fuzz_keep_going
                 keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
             try:
-                result = run_fuzz(session, strategy, max_examples=args.max_examples,
+                result = run_fuzz(session, strategy, max_examples=args.max_examples, on_first_failure=_announcer(),
                               seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
                               shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
                               progress=callback, max_seconds=args.max_seconds,
@@ -519,11 +552,55 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
               f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
               f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
               f"seed {'random (%d)' % seed if run['seed_source'] == 'random' else seed}")
-    run = dict(run, interrupted=result.interrupted)
+    run = dict(run, interrupted=result.interrupted, **_phases(session, result))
     if session is not None and not args.in_process:
         run["worker"] = {k: v for k, v in session.stats.items()}
     code = _fuzz_outputs(args, device, result, crashes, out_dir, json_path, run, previous=previous)
     return exit_code_for(result.interrupted) if result.interrupted else code
+
+
+def _clear_progress_line() -> None:
+    """On a terminal, erase the progress line (kvfence.workflow.progress) before a line of its own."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[2K")
+
+
+#: How the first verdict begins on stderr (benchmarks/first_verdict.py times the command to this line).
+FIRST_FAILURE = "kvfence: first failure"
+
+
+def _announce(at: Optional[float], text: Optional[str]) -> None:
+    """The first verdict, as soon as it is known (shrinking it may take ``--shrink-seconds`` more)."""
+    from kvfence.running.clock import since_start
+
+    _clear_progress_line()
+    _stderr(f"{FIRST_FAILURE} {since_start(at):.2f}s into the command: {text}; shrinking it")
+
+
+def _announcer():
+    """``fuzz(on_first_failure=)`` for one process: the run's first failure only (``--keep-going`` runs
+    phases, each with a first failure of its own, and saves each at once)."""
+    done = []
+
+    def announce(result) -> None:
+        if not done:
+            done.append(True)
+            _announce(result.first_failure_at, result.first_failure_text)
+
+    return announce
+
+
+def _announce_job_failure(doc: dict) -> None:
+    """``--jobs``: the first failure any job found (its progress file), as soon as the parent sees it."""
+    _announce(doc.get("first_failure_at"), doc.get("first_failure_text"))
+
+
+def _phases(session, result) -> dict:
+    """Seconds from the command's start (kvfence.running.clock) to the worker's ready and the first launch."""
+    from kvfence.running.clock import since_start
+
+    return {"startup_s": since_start(getattr(session, "ready_at", None)),
+            "first_launch_s": since_start(result.first_launch_at)}
 
 
 def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
@@ -545,11 +622,14 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
     if earlier:
         _stderr(f"kvfence: {earlier['count']} case file(s) of an earlier run moved to {earlier['folder']}")
-    progress = None if args.quiet else Progress(args.max_examples)
-    start, started_at = time.perf_counter(), time.time()
+    progress = None if args.quiet else Progress(args.max_examples, seconds=args.max_seconds)
+    from kvfence.running.clock import command_start
+
+    start, started_at = time.perf_counter(), command_start()
     try:
         docs, problems, crashes, interrupted = run_jobs(child_args, out_dir, device=device,
-                                                        progress=progress.update if progress else None)
+                                                        progress=progress.update if progress else None,
+                                                        on_first_failure=_announce_job_failure)
     finally:
         if progress:
             progress.close()
@@ -705,8 +785,10 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
             print(f"(interrupted by {result.interrupted} before shrinking finished; the case may not be minimal)")
     elif not crashes:
         print("no findings")
+    from kvfence.running.clock import command_start
+
     doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions(),
-                            earlier=getattr(args, "earlier_cases", None))
+                            earlier=getattr(args, "earlier_cases", None), started_at=command_start())
     if result.keep_going is not None:
         for failure in result.failures[1:]:
             doc["findings"] += [dict(f.to_dict(), case=failure.path) for f in failure.findings]
@@ -960,7 +1042,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     _add_target_args(fz)
     _add_config_args(fz)
     _add_family_args(fz)
-    fz.add_argument("--max-examples", type=_positive_int, default=100, help="Hypothesis examples to generate")
+    fz.add_argument("--max-examples", type=_positive_int, default=None,
+                    help=f"Hypothesis examples to generate (default: {DEFAULT_MAX_EXAMPLES} on the CPU; on CUDA no "
+                         f"example budget, the run is bounded by --max-seconds)")
     fz.add_argument("--seed", type=_non_negative_int, default=None,
                     help="Hypothesis seed for a repeatable run (default: random)")
     fz.add_argument("--shrink-seconds", type=_seconds(False), default=60.0, help="time budget for shrinking a failure (0: report the first failing case unshrunk)")
@@ -977,10 +1061,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="device memory one config may take (e.g. 8G, 512M); larger draws are shrunk to fit; "
                          "default 60%% of free GPU memory split over the jobs (4G per job on the CPU)")
     fz.add_argument("--jobs", type=_positive_int, default=None,
-                    help="fuzzing processes sharing the GPU(s), merged into one run (default: the CPU cores less "
-                         f"one on CUDA, at most 16 and one per {MIN_EXAMPLES_PER_JOB} examples; 1 on the CPU)")
+                    help="fuzzing processes sharing the GPU(s), merged into one run (default on CUDA: the CPU cores "
+                         f"less one, at most 16, and under an example budget one per {MIN_EXAMPLES_PER_JOB} examples; "
+                         "1 on the CPU)")
     fz.add_argument("--max-seconds", type=float, default=None,
-                    help="stop exploring after this many seconds (shrinking a failure has --shrink-seconds)")
+                    help=f"stop exploring after this many seconds (shrinking a failure has --shrink-seconds; "
+                         f"default {DEFAULT_GPU_SECONDS:g} on CUDA when --max-examples is not given, none on the CPU); "
+                         f"the summary's ended_by says which budget ended the run")
     fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
@@ -1176,6 +1263,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m kvfence``)."""
+    from kvfence.running.clock import mark_command_start
+
+    mark_command_start()  # children (--jobs, checking workers) time their phases from this command's start
     try:
         parser = build_parser(prog)
         args = parser.parse_args(argv)

@@ -20,21 +20,41 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def select(device: str = "auto", *, announce=None) -> str:
+def cuda_device_count() -> int:
+    """GPUs the CUDA driver shows this process (``CUDA_VISIBLE_DEVICES`` honoured), asked of the driver
+    library itself: no torch import and no CUDA context, so a process that only draws, shrinks or merges
+    knows whether a GPU is there in milliseconds. 0 when there is no driver or it fails."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    except (OSError, AttributeError):
+        return 0
+
+
+def select(device: str = "auto", *, announce=None, prepare: bool = True) -> str:
     """Resolve ``auto``/``cpu``/``cuda`` to ``cpu`` or ``cuda`` and prepare Triton for it.
 
     ``announce`` (e.g. a stderr printer) is told when ``auto`` falls back to the interpreter, so the
-    fallback is never silent.
+    fallback is never silent. ``prepare=False`` is for processes that launch no kernel (a fuzz run's
+    supervisor, a ``--jobs`` parent): the choice is made and exported (``TRITON_INTERPRET`` for the
+    workers), but neither torch nor Triton is imported; the worker that launches checks torch itself.
     """
     require(device in DEVICES, f"unknown device {device!r}: choose {', '.join(DEVICES)}")
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    has_cuda = cuda_available if prepare else (lambda: cuda_device_count() > 0)
     if device == "auto":
-        device = "cuda" if (not interpreting and cuda_available()) else "cpu"
+        device = "cuda" if (not interpreting and has_cuda()) else "cpu"
         if device == "cpu" and announce is not None:
             why = "TRITON_INTERPRET=1 is set" if interpreting else "no CUDA device"
             announce(f"kvfence: {why}; running kernels under the Triton interpreter on the CPU (slow)")
     if device == "cuda":
-        require(cuda_available(), "--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+        require(has_cuda(), "--device cuda: no CUDA device is available (torch.cuda.is_available() is False)"
+                if prepare else "--device cuda: no CUDA device is available (the CUDA driver shows none)")
         require(not interpreting, "--device cuda: TRITON_INTERPRET=1 is set; unset it to run compiled kernels")
         return "cuda"
     check_interpreter_numpy()
@@ -42,7 +62,8 @@ def select(device: str = "auto", *, announce=None) -> str:
         require("triton.language" not in sys.modules,
                 "the CPU interpreter must be chosen before triton is imported (set TRITON_INTERPRET=1)")
         os.environ["TRITON_INTERPRET"] = "1"
-    skip_discarded_overflow_checks()
+    if prepare:
+        skip_discarded_overflow_checks()
     return "cpu"
 
 

@@ -34,11 +34,26 @@ def max_example(result) -> Optional[dict]:
     return dict(zip(COVERAGE_FIELDS, stat)) if stat is not None else None
 
 
+#: What ended a fuzz run (``ended_by``): a signal, the time budget, a failure (then shrunk), the example budget.
+ENDINGS = ("signal", "time", "failure", "examples")
+
+
+def ended_by(*, interrupted, time_cut: bool, failed: bool, keep_going: bool = False) -> str:
+    """Which of ``ENDINGS`` ended the run (``--keep-going`` goes on past failures: a budget ends it)."""
+    if interrupted:
+        return "signal"
+    if time_cut:
+        return "time"
+    return "failure" if failed and not keep_going else "examples"
+
+
 def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None,
-          earlier: Optional[dict] = None) -> dict:
+          earlier: Optional[dict] = None, started_at: Optional[float] = None) -> dict:
     """The summary of one fuzz run. ``run`` holds the command's settings (device, kernel, sizing, ...);
     ``crashes`` are ``kvfence.running.journal.Crash`` records recovered at the start of the run; ``earlier`` is
-    where an earlier run's case files were moved (``kvfence.workflow.outdir``), if any."""
+    where an earlier run's case files were moved (``kvfence.workflow.outdir``), if any. ``started_at``
+    (epoch seconds, the command's start) dates ``first_failure_s``; without it, it counts from the loop's start."""
+    first_at = result.first_failure_at
     findings: List[dict] = []
     cases: Dict[str, dict] = {}
     for crash in crashes:
@@ -65,7 +80,10 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "max_need_over_width_example": max_example(result),
         "earlier_cases": earlier,
         "time_cut": result.time_cut,
-        "first_failure_s": round(result.first_failure_s, 3) if result.first_failure_s is not None else None,
+        "ended_by": ended_by(interrupted=run.get("interrupted"), time_cut=result.time_cut,
+                             failed=bool(result.findings), keep_going=result.keep_going is not None),
+        "first_failure_s": (round(first_at - started_at, 3) if first_at is not None and started_at is not None
+                            else round(result.first_failure_s, 3) if result.first_failure_s is not None else None),
         "examples_to_failure": result.examples_to_failure,
         "first_failure_at": result.first_failure_at,
         "shrink_cut": result.shrink_cut,
@@ -113,6 +131,11 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
     out["max_need_over_width"] = best.get("max_need_over_width", 0.0)
     out["max_need_over_width_example"] = best.get("max_need_over_width_example")
     out["time_cut"] = any(d.get("time_cut") for d in docs)
+    # The first job whose worker was ready, and whose first cases went out (seconds from the command's start).
+    for key in ("startup_s", "first_launch_s"):
+        out[key] = min((d[key] for d in docs if d.get(key) is not None), default=None)
+    endings = {d.get("ended_by") for d in docs}
+    out["ended_by"] = next((e for e in ENDINGS if e in endings), None)
     # The earliest failure of any job, in seconds from the merged run's start (job start-up included).
     firsts = [d["first_failure_at"] for d in docs if d.get("first_failure_at") is not None]
     out["first_failure_at"] = min(firsts) if firsts else None
@@ -207,7 +230,8 @@ def _family_text(doc: dict) -> str:
 def run_rows(doc: dict) -> List[List[str]]:
     """The run table: the same words and numbers as the progress line and the JSON keys."""
     rows = [[key.replace("_", " "), str(doc.get(key, 0))] for key in COUNTS]
-    rows += [["elapsed", f"{doc['elapsed_s']:.1f} s"],
+    rows += [["elapsed", f"{doc['elapsed_s']:.1f} s" + (f" (ended by {doc['ended_by']})" if doc.get("ended_by") else "")],
+             ["start-up", phases_text(doc)],
              ["verified cases/s", f"{doc['cases_per_s']:.1f}"],
              ["distinct configs", str(doc.get("distinct_configs", "?"))],
              ["compiles / captures", f"{doc.get('compiles', 0)} / {doc.get('captures', 0)} "
@@ -221,6 +245,15 @@ def run_rows(doc: dict) -> List[List[str]]:
              ["seed", _seed_text(doc)], ["max need/width", max_need_text(doc)],
              ["findings", str(len(doc["findings"]))]]
     return rows + campaign_rows(doc)
+
+
+def phases_text(doc: dict) -> str:
+    """Seconds from the command's start to the checking worker's ready, the first launch, the first failure."""
+    parts = [f"{label} {doc[key]:.2f} s" for key, label in (("startup_s", "worker ready"),
+                                                           ("first_launch_s", "first launch"),
+                                                           ("first_failure_s", "first failure"))
+             if isinstance(doc.get(key), (int, float))]
+    return ", ".join(parts) or "-"
 
 
 def campaign_rows(doc: dict) -> List[List[str]]:

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from kvfence.cases.case import Batch, Case, Config, LAYOUTS, MODES, SLOT_BITS
 from kvfence.errors import require
-from kvfence.cases.domain import COPY_BLOCKS, CPU, Domain, LANE_WIDTHS, domain_named
+from kvfence.cases.domain import (COMMON_SHARE, COMMON_STEPS, COMMON_TOPK, COPY_BLOCKS, CPU, Domain, LANE_WIDTHS,
+                                  LARGEST_PAGE_SHARE, PAGE1_SHARE, domain_named)
 
 PAGE_SIZES = CPU.page_sizes
 SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
@@ -176,13 +177,34 @@ def _page_edges(page_size: int):
     return {k * page_size + d for k in (1, 2, 4) for d in (-1, 0, 1)} - {0}
 
 
+#: One draw picks the share of a page-size draw: codes below ``_PAGE1_CODES`` are page 1, the next
+#: ``_LARGEST_CODES`` the largest page (GPU domain), the rest uniform over the other pages
+#: (kvfence.cases.domain: ``PAGE1_SHARE``, ``LARGEST_PAGE_SHARE``). Code 0 is page 1, the shrink target.
+_SHARE_CODES = 12
+_PAGE1_CODES = round(PAGE1_SHARE * _SHARE_CODES)
+_LARGEST_CODES = round(LARGEST_PAGE_SHARE * _SHARE_CODES)
+PAGE_SHARES = st.integers(0, _SHARE_CODES - 1)
+
+
 def _page_size(draw, dom: Domain) -> int:
-    """A page size of the domain. On the GPU domain the largest page gets a quarter of the draws on
-    top of its uniform share: arithmetic that assumes small pages breaks only there, and it is one
-    value of eight. Shrinks toward page 1."""
-    if dom.name != "cpu" and draw(_integers(0, 3)) == 3:
+    """A page size of the domain: page 1 a third of the time (SGLang's default), on the GPU domain the
+    largest page a quarter on top of its uniform share (arithmetic that assumes small pages breaks only
+    there), else uniform over the pages above 1. Shrinks toward page 1."""
+    code = draw(PAGE_SHARES)
+    if code < _PAGE1_CODES or dom.page_sizes == (1,):
+        return 1 if 1 in dom.page_sizes else dom.page_sizes[0]
+    if dom.name != "cpu" and code < _PAGE1_CODES + _LARGEST_CODES:
         return dom.page_sizes[-1]
-    return draw(_sampled(dom.page_sizes))
+    return draw(_sampled(tuple(p for p in dom.page_sizes if p != 1)))
+
+
+def _weighted(draw, common: tuple, hi: int) -> int:
+    """An integer in ``1..hi``: ``COMMON_SHARE`` of the time one of ``common`` (those up to ``hi``),
+    otherwise uniform, so rare large values stay reachable. Shrinks toward ``common[0]`` (1)."""
+    inside = tuple(v for v in common if v <= hi)
+    if inside and draw(_integers(0, round(1 / COMMON_SHARE) - 1)) == 0:
+        return draw(_sampled(inside))
+    return draw(_integers(1, hi))
 
 
 def _bs_edges(dom: Domain):
@@ -230,8 +252,9 @@ def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, r
 def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[int], family_pins: tuple = (),
              family: bool = False, min_window: int = 0):
     pinned = dict(pins)
-    t = pinned["topk"] if "topk" in pinned else draw(_integers(1, dom.max_topk))
-    n = pinned["num_steps"] if "num_steps" in pinned else draw(_integers(1, dom.max_steps))
+    # The production-weighted prior (kvfence.cases.domain): common topk and depths more often.
+    t = pinned["topk"] if "topk" in pinned else _weighted(draw, COMMON_TOPK, dom.max_topk)
+    n = pinned["num_steps"] if "num_steps" in pinned else _weighted(draw, COMMON_STEPS, dom.max_steps)
     p = pinned["page_size"] if "page_size" in pinned else _page_size(draw, dom)
     lo = min(n + 1, dom.max_ctx)
     if "ctx" in pinned:

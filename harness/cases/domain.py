@@ -6,6 +6,23 @@ captures on an H200: up to 256 requests in speculative-decoding capture buckets,
 131072 tokens, topk and draft steps up to 16, every page size from 1 to 128. The CPU domain keeps
 launches small enough for the Triton interpreter (milliseconds per program).
 
+Draws follow a production-weighted prior (``kvfence.strategies``), so the plain command spends most
+of its time where SGLang deployments run while still reaching every value of the domain:
+
+* ``page_size``: page 1 (SGLang's default page size) in a third of the draws (``PAGE1_SHARE``); on the
+  GPU domain the largest page in a quarter (``LARGEST_PAGE_SHARE``: arithmetic that assumes small pages
+  breaks only there); the rest uniform over the pages above 1 (the largest included).
+* ``topk``: half the draws from ``COMMON_TOPK`` (1, 2, 4, 8: the values EAGLE deployments configure),
+  half uniform over ``1..max_topk``, so topk above 8 stays reachable (a quarter of GPU draws).
+* ``num_steps``: half from ``COMMON_STEPS`` (1-5: the usual draft depths), half uniform over
+  ``1..max_steps`` (steps above 8: a quarter of GPU draws).
+
+Each weighted draw shrinks toward its simplest value (page 1, topk 1, one step), and Hypothesis leans
+further toward those, so measured shares of page 1 run above a third (``benchmarks/prior_reach.py``
+counts them, and how often each mutant's trigger is drawn; docs/contract.md §5). The edge classes
+(copy blocks, lane widths, pages, the context limit, padded buckets) keep their share of the length,
+context and batch draws, which this prior does not touch.
+
 ``boundary_classes(case)`` names the size boundaries a case sits on (copy blocks, lane widths,
 pages, the context limit, bucket padding); the coverage tests and the summary count them, so "the
 GPU run reaches 513-token prefixes and 129-branch batches" is a measured statement, not a hope.
@@ -31,6 +48,17 @@ COPY_BLOCKS = (128, 512)
 #: Lane widths of ``tl.arange`` reductions (prefix sums over requests, indptr sums over branches) that
 #: a kernel might hard-code: request and branch counts just past these are edges.
 LANE_WIDTHS = (16, 32, 64, 128)
+
+
+#: Share of page-size draws that are page 1 (SGLang's default page size; bugs on its draft path, such as
+#: a step-major draft-slot read, are reachable only there).
+PAGE1_SHARE = 1 / 3
+#: Share of GPU page-size draws that are the domain's largest page, on top of page 1's share.
+LARGEST_PAGE_SHARE = 1 / 4
+#: topk and draft-step values deployments configure most; half the draws of each come from these.
+COMMON_TOPK = (1, 2, 4, 8)
+COMMON_STEPS = (1, 2, 3, 4, 5)
+COMMON_SHARE = 1 / 2
 
 
 def capture_buckets(max_bs: int) -> Tuple[int, ...]:

@@ -102,6 +102,10 @@ class FuzzResult:
     examples_to_failure: Optional[int] = None
     #: Wall-clock time (epoch seconds) of the first failing case: ``--jobs`` parents compare jobs by it.
     first_failure_at: Optional[float] = None
+    #: Wall-clock time (epoch seconds) when the first cases went to the session (the summary's ``first_launch_s``).
+    first_launch_at: Optional[float] = None
+    #: The first failure as found (before shrinking), one line: what the run announces at once.
+    first_failure_text: Optional[str] = None
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
     stats: List[ExampleStat] = field(default_factory=list)
     failure_stat: Optional[ExampleStat] = None
@@ -181,7 +185,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
          progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
          targeting: bool = True, max_seconds: Optional[float] = None, known=None,
-         carry: Optional[dict] = None) -> FuzzResult:
+         carry: Optional[dict] = None, on_first_failure: Optional[Callable[[FuzzResult], None]] = None) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples,
     or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
 
@@ -225,6 +229,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             result.shrink_cut = True
             fresh = []  # shrink budget spent: unseen candidates are not launched (they count as passing)
         if fresh:
+            if result.first_launch_at is None:
+                result.first_launch_at = time.time()
             for case, findings in zip(fresh, _check_many(session, fresh, journal)):
                 verdicts[case] = findings
             result.verified_cases += len(fresh)
@@ -290,6 +296,13 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             result.first_failure_at = time.time()
             result.examples_to_failure = result.examples
             result.shrinking = True
+            result.first_failure_text = first_failure_line(case, findings)
+            # The verdict is known now: say so before shrinking (which may take --shrink-seconds).
+            if on_first_failure is not None:
+                on_first_failure(result)
+            if progress is not None:
+                result.elapsed_s = state["first_failure"] - start
+                progress(result)
         if hypothesis_final():
             result.hypothesis = hypothesis_blob()
             if known is not None:
@@ -338,6 +351,13 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     result.session_stats = dict(session.stats)
     result.launches = session.stats.get("launches", result.verified_cases)
     return result
+
+
+def first_failure_line(case: Case, findings: List[Finding]) -> str:
+    """One line naming a failure as first found: its finding kinds and its config."""
+    c = case.config
+    return (f"{', '.join(damage_kinds(findings))} at topk={c.topk} num_steps={c.num_steps} page_size={c.page_size} "
+            f"ctx={c.ctx} max_bs={c.max_bs} ({len(case.batch.seq_lens)} request(s))")
 
 
 def damage_kinds(findings: List[Finding]) -> List[str]:

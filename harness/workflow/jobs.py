@@ -43,7 +43,8 @@ def write_progress(path: Path, result) -> None:
     """A child's counts for the parent's progress line (atomic: the parent never reads half a file)."""
     doc = {key: getattr(result, key) for key in ("examples", "generated_cases", "verified_cases", "cached_cases",
                                                 "shrink_cases")}
-    doc.update(findings=len(result.findings), shrinking=result.shrinking, max_utilisation=result.max_utilisation)
+    doc.update(findings=len(result.findings), shrinking=result.shrinking, max_utilisation=result.max_utilisation,
+               first_failure_at=result.first_failure_at, first_failure_text=result.first_failure_text)
     casefile.atomic_write_text(path, json.dumps(doc))
 
 
@@ -64,16 +65,21 @@ def _visible_gpus() -> List[str]:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env:
         return [x for x in env.split(",") if x.strip()]
-    import torch
+    from kvfence.device import cuda_device_count  # the driver's count: the parent never imports torch
 
-    return [str(i) for i in range(torch.cuda.device_count())]
+    return [str(i) for i in range(cuda_device_count())]
 
 
-def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None):
+#: How often the parent looks at the jobs' progress files for a first failure (it redraws every ``POLL_S``).
+FIRST_FAILURE_POLL_S = 0.1
+
+
+def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, on_first_failure=None):
     """Run one ``python -m kvfence fuzz`` child per argument list; return ``(docs, problems, crashes,
     interrupted)``: the children's summaries, one line per child that ended abnormally, the ``CRASH``
     records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
-    the run (the children are then stopped too, and what they wrote is still merged)."""
+    the run (the children are then stopped too, and what they wrote is still merged).
+    ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure."""
     from kvfence.running.interrupt import Interrupted, signals_interrupt
     from kvfence.running.journal import recover
 
@@ -93,13 +99,22 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), folder, log))
     start = time.perf_counter()
     interrupted = None
+    drawn, announced = start, on_first_failure is None
     try:
         with signals_interrupt():
             while any(p.poll() is None for p, _, _ in procs):
-                time.sleep(POLL_S)
-                if progress is not None:
-                    docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
-                    progress(_Summed(docs, time.perf_counter() - start))
+                time.sleep(FIRST_FAILURE_POLL_S if not announced else POLL_S)
+                now = time.perf_counter()
+                if announced and progress is None:
+                    continue
+                docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
+                failed = [d for d in docs if d.get("first_failure_at") is not None]
+                if not announced and failed:
+                    announced = True
+                    on_first_failure(min(failed, key=lambda d: d["first_failure_at"]))
+                if progress is not None and now - drawn >= POLL_S:
+                    drawn = now
+                    progress(_Summed(docs, now - start))
     except Interrupted as exc:
         # Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
         # far written); the parent then merges what they wrote, like a finished run.

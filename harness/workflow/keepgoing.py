@@ -114,7 +114,10 @@ def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
     for name, count in r.boundaries.items():
         total.boundaries[name] = total.boundaries.get(name, 0) + count
     total.stats.extend(r.stats[:max(0, MAX_STATS - len(total.stats))])
+    if total.first_launch_at is None:
+        total.first_launch_at = r.first_launch_at
     if total.first_failure_s is None and r.first_failure_s is not None:
+        total.first_failure_text = r.first_failure_text
         total.first_failure_s = offset_s + r.first_failure_s
         total.first_failure_at = r.first_failure_at
         total.examples_to_failure = total.examples - r.examples + (r.examples_to_failure or 0)

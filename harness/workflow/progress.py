@@ -7,6 +7,8 @@ import time
 from typing import Optional, TextIO
 
 BAR_WIDTH = 24
+#: An example budget this large is no budget (a run bounded by ``--max-seconds`` only): not shown.
+UNBOUNDED_EXAMPLES = 10**9
 #: How often the fuzz loop calls back: often on a terminal (the line redraws), rarely in CI logs.
 TTY_EVERY_S = 0.2
 PLAIN_EVERY_S = 5.0
@@ -15,8 +17,11 @@ PLAIN_EVERY_S = 5.0
 class Progress:
     """``update(result)`` takes a ``kvfence.workflow.fuzz.FuzzResult``; ``close()`` ends the line (TTY)."""
 
-    def __init__(self, total: int, stream: Optional[TextIO] = None, *, tty: Optional[bool] = None):
+    def __init__(self, total: int, stream: Optional[TextIO] = None, *, tty: Optional[bool] = None,
+                 seconds: Optional[float] = None):
         self.total = total
+        #: A time budget (``--max-seconds``): the bar then shows whichever budget is closer to spent.
+        self.seconds = seconds
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
         self.every_s = TTY_EVERY_S if self.tty else PLAIN_EVERY_S
@@ -29,15 +34,20 @@ class Progress:
         elapsed = result.elapsed_s or (time.perf_counter() - self._start)
         rate = result.verified_cases / elapsed if elapsed > 0 else 0.0
         done = min(result.examples, self.total)
-        filled = int(BAR_WIDTH * done / self.total) if self.total else BAR_WIDTH
+        spent = done / self.total if self.total else 1.0
+        if self.seconds:
+            spent = max(spent, min(1.0, elapsed / self.seconds))
+        filled = int(BAR_WIDTH * spent)
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        budget = f"/{self.total}" if self.total < UNBOUNDED_EXAMPLES else ""
+        clock = f"{elapsed:.0f}/{self.seconds:g}s" if self.seconds else f"{elapsed:.0f}s"
         n = len(result.findings)
         if result.shrinking:
             state = f"failure found, shrinking ({result.shrink_cases} shrink cases)"
         else:
             state = f"{n} finding{'s' * (n != 1)}"
-        return (f"kvfence [{bar}] {done}/{self.total} examples | {result.verified_cases} verified, "
-                f"{result.cached_cases} cached | {rate:.1f} verified cases/s | {state} | {elapsed:.0f}s | "
+        return (f"kvfence [{bar}] {done}{budget} examples | {result.verified_cases} verified, "
+                f"{result.cached_cases} cached | {rate:.1f} verified cases/s | {state} | {clock} | "
                 f"max need/width {result.max_utilisation:.2f}")
 
     def update(self, result) -> None:

@@ -356,7 +356,7 @@ class RemoteSession:
                  audit: Optional[bool] = None, absorb: bool = True, max_bytes: Optional[int] = None,
                  case_timeout: float = DEFAULT_CASE_TIMEOUT,
                  warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
-                 spares: Optional[int] = None):
+                 spares: Optional[int] = None, background: bool = False):
         require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
                 f"--case-timeout must be a positive number of seconds, got {case_timeout!r}")
         self.device = device
@@ -383,7 +383,20 @@ class RemoteSession:
                          "spares_used": 0}
         self._retired: Dict[str, float] = {}  # Session.stats of workers that are gone, summed
         self._live: Dict[str, float] = {}  # Session.stats of the current worker, as of its last reply
-        self._start()  # a kernel spec that cannot be resolved is BadInput now, before any work
+        #: Epoch seconds when the first worker said ``ready`` (the run summary's ``startup_s``).
+        self.ready_at: Optional[float] = None
+        self._early: Optional[_Pending] = None
+        if background:
+            # Start-up off the critical path: the worker imports torch and creates its CUDA context
+            # while this process imports Hypothesis and builds its strategies; ``wait_ready()`` joins it.
+            self._early = self._spawn()
+        else:
+            self._start()  # a kernel spec that cannot be resolved is BadInput now, before any work
+
+    def wait_ready(self) -> None:
+        """Wait for the worker started with ``background=True`` (BadInput if it cannot start)."""
+        if self._proc is None:
+            self._start()
 
     @property
     def stats(self) -> Dict[str, float]:
@@ -403,11 +416,14 @@ class RemoteSession:
     def _start(self) -> None:
         # A worker killed from outside while it starts (not by its kernel import) gets one more try.
         for attempt in range(START_ATTEMPTS):
-            spare = self._spares.pop(0) if self._spares else None
+            early, self._early = self._early, None
+            spare = self._spares.pop(0) if self._spares and early is None else None
             if spare is not None:
                 self.counters["spares_used"] += 1
-            code = self._adopt(spare if spare is not None else self._spawn())
+            code = self._adopt(early or spare or self._spawn())
             if code is None:
+                if self.ready_at is None:
+                    self.ready_at = time.time()
                 if self.counters["deaths"] + self.counters["hangs"]:
                     self._prestart()  # this session has crashed before: have the next workers starting
                 return
@@ -485,7 +501,8 @@ class RemoteSession:
 
     def close(self) -> None:
         """Stop the worker: closing the pipe ends its loop; a worker stuck in a kernel is killed."""
-        spares, self._spares = self._spares, []
+        spares, self._spares = self._spares + ([self._early] if self._early else []), []
+        self._early = None
         for spare in spares:
             spare.kill()
         proc = self._proc

@@ -1,0 +1,130 @@
+"""How often the draws reach each mutant's trigger: a CPU simulation of the prior, no kernel launched.
+
+    python benchmarks/prior_reach.py [--seeds 20] [--cpu-examples 60] [--gpu-examples 100] [--json FILE]
+
+For each domain it draws what ``kvfence fuzz`` (and ``kvfence mutants``) would draw under each seed: the
+CPU domain's single cases with the §6 fields drawn, the GPU domain's runs of up to 32 batches of one
+config, through Hypothesis with the same seed and phases (generate only). For every mutant whose bug
+depends on the config (its module docstring's "Needs ..."), it counts the seeds whose draws reach the
+trigger at least once within the example budget, and the share of cases that do. A trigger reached is
+necessary for a detection, not sufficient (the bug must also change a verified element): the detection
+rates themselves come from ``kvfence mutants`` on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from result_file import saver  # noqa: E402
+
+from kvfence.strategies import case_runs, cases, configs  # noqa: E402
+
+
+def _launched(case) -> int:
+    return case.sizing_summary()["num_seqs"]
+
+
+def _width_rows(case) -> int:
+    """Requests a sizing policy budgets for: ``max_bs`` in graph mode, the batch in eager mode."""
+    return case.config.max_bs if case.config.mode == "graph" else _launched(case)
+
+
+#: mutant -> (domain it ships for, trigger predicate on one case). Written from each mutant's docstring.
+TRIGGERS = {
+    "bs_upper_small": ("cpu", lambda c: _launched(c) >= 3),
+    "copy_first_block_only": ("gpu", lambda c: max(c.batch.seq_lens) > 512),
+    "entry_page_no_offset": ("cpu", lambda c: c.config.entry_page_size > 1),
+    "indptr_stride_rows": ("cpu", lambda c: c.config.num_steps >= 2),
+    "indptr_sum_64_branches": ("gpu", lambda c: _launched(c) * c.config.topk > 64),
+    "iter_upper_small": ("cpu", lambda c: c.config.num_steps >= 2),
+    "num_tokens_upper_small": ("cpu", lambda c: _launched(c) * c.config.topk >= 2),
+    "page_last_capped_64": ("gpu", lambda c: c.config.page_size == 128 and c.config.topk >= 2
+                            and any(L % 128 >= 64 for L in c.batch.seq_lens)),
+    "paged_no_last": ("cpu", lambda c: c.config.page_size > 1 and c.config.topk >= 2
+                      and any(L % c.config.page_size for L in c.batch.seq_lens)),
+    "prefix_sum_16_lanes": ("gpu", lambda c: _launched(c) >= 18),
+    "row_from_request_index": ("cpu", lambda c: any(r != b for b, r in enumerate(c.batch.req_pool_indices))),
+    "sizing_missing_topk": ("cpu", lambda c: c.config.topk >= 2
+                            and c.sizing_summary()["need"] > _width_rows(c) * c.config.ctx),
+    "sizing_no_draft_headroom": ("cpu", lambda c: c.sizing_summary()["need"]
+                                 > _width_rows(c) * c.config.topk * c.config.ctx),
+    "step_major_drafts": ("cpu", lambda c: c.config.topk >= 2 and c.config.num_steps >= 2),
+    "page1_step_major_drafts": ("cpu", lambda c: c.config.page_size == 1 and c.config.topk >= 2
+                                and c.config.num_steps >= 2),
+    "translate_page_unscaled": ("cpu", lambda c: c.config.translate and c.config.page_size > 1),
+}
+
+
+def strategy(domain: str):
+    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.workflow.mutants._strategy``)."""
+    if domain == "gpu":
+        return case_runs(configs(domain="gpu", max_bytes=8 * 2**30), max_batches=32)
+    return cases(configs(domain="cpu", family=True))
+
+
+def draws(domain: str, seed: int, examples: int):
+    """Every case a seeded Hypothesis run of ``examples`` draws from ``strategy(domain)``."""
+    out = []
+
+    @hyp_seed(seed)
+    @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(strategy(domain))
+    def collect(value):
+        out.extend(value if isinstance(value, list) else [value])
+
+    collect()
+    return out
+
+
+def simulate(domain: str, seeds: int, examples: int) -> dict:
+    names = [n for n, (d, _) in TRIGGERS.items() if d == domain or domain == "gpu"]
+    reached = {n: 0 for n in names}
+    hits = {n: 0 for n in names}
+    total = 0
+    pages = {}
+    for s in range(seeds):
+        drawn = draws(domain, s, examples)
+        total += len(drawn)
+        for case in drawn:
+            pages[case.config.page_size] = pages.get(case.config.page_size, 0) + 1
+        for n in names:
+            count = sum(1 for case in drawn if TRIGGERS[n][1](case))
+            hits[n] += count
+            reached[n] += count > 0
+    return {"seeds": seeds, "examples": examples, "cases": total,
+            "page_share": {str(p): round(k / total, 3) for p, k in sorted(pages.items())},
+            "mutants": {n: {"seeds_reached": reached[n], "case_share": round(hits[n] / total, 4)} for n in names}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--cpu-examples", type=int, default=60, help="kvfence.workflow.mutants.BUDGETS['cpu']")
+    parser.add_argument("--gpu-examples", type=int, default=100, help="kvfence.workflow.mutants.BUDGETS['gpu']")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    result = {"benchmark": "prior_reach"}
+    save = saver(args.json, result)
+    for domain, examples in (("cpu", args.cpu_examples), ("gpu", args.gpu_examples)):
+        start = time.perf_counter()
+        result[domain] = simulate(domain, args.seeds, examples)
+        result[domain]["seconds"] = round(time.perf_counter() - start, 1)
+        save()
+        print(f"{domain}: {result[domain]['cases']} cases, pages {result[domain]['page_share']}")
+        for name, row in result[domain]["mutants"].items():
+            print(f"  {name:26s} {row['seeds_reached']:3d}/{args.seeds} seeds  {row['case_share']:.1%} of cases")
+    print(json.dumps({d: {n: r["seeds_reached"] for n, r in result[d]["mutants"].items()} for d in ("cpu", "gpu")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

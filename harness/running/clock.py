@@ -1,0 +1,56 @@
+"""The command's clock: per-phase timestamps (``startup_s``, ``first_launch_s``, ``first_failure_s``) are
+seconds since the command the user typed started, not since some later point inside one process.
+
+The top-level command records its start in ``KVFENCE_COMMAND_START`` (epoch seconds) before it starts
+any child, so ``--jobs`` children and checking workers measure from the same instant. The start of the
+top-level process is read from ``/proc`` (Linux), so the interpreter's own start-up and imports are
+counted too; elsewhere it is the time this module was first imported.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+#: Environment variable that carries the command's start (epoch seconds) to its child processes.
+START_ENV = "KVFENCE_COMMAND_START"
+_IMPORTED_AT = time.time()
+
+
+def _process_start() -> Optional[float]:
+    """Epoch seconds at which this process started (Linux ``/proc``), or None where unavailable."""
+    try:
+        with open("/proc/self/stat") as f:
+            # Field 22 (starttime, clock ticks since boot) follows the command name, which may hold spaces.
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        # starttime counts from boot on CLOCK_BOOTTIME: its age, read off that clock, dated by the wall clock.
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def command_start() -> float:
+    """Epoch seconds at which the user's command started (inherited by children through ``START_ENV``)."""
+    inherited = os.environ.get(START_ENV)
+    if inherited:
+        try:
+            return float(inherited)
+        except ValueError:
+            pass
+    started = _process_start()
+    # starttime has clock-tick resolution (10 ms): a start "after" the import is that rounding.
+    return min(started, _IMPORTED_AT) if started is not None else _IMPORTED_AT
+
+
+def mark_command_start() -> float:
+    """Called once by the top-level command: record its start for every child it will start."""
+    start = command_start()
+    os.environ[START_ENV] = repr(start)
+    return start
+
+
+def since_start(at: Optional[float]) -> Optional[float]:
+    """Seconds from the command's start to epoch time ``at`` (None stays None), rounded to milliseconds."""
+    return None if at is None else round(at - command_start(), 3)

@@ -1,0 +1,196 @@
+"""Start-up and budgets: only the checking worker imports torch, the first verdict is announced as found,
+the phases are timed from the command's start, the default budget depends on the device, and the
+production-weighted prior still reaches every value of the domain."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.cases.domain import COMMON_STEPS, COMMON_TOPK, CPU, GPU
+from kvfence.cli import DEFAULT_GPU_SECONDS, DEFAULT_MAX_EXAMPLES, FIRST_FAILURE, _resolve_budget, build_parser
+from kvfence.strategies import cases, configs
+from kvfence.workflow.fuzz import fuzz
+from kvfence.workflow.progress import UNBOUNDED_EXAMPLES
+from kvfence.reports.summary import build
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Runs ``kvfence.cli.main`` in a fresh interpreter and prints which heavy modules that process imported.
+_PROBE = """
+import json, sys
+from kvfence.cli import main
+code = main(sys.argv[1:])
+print("MODULES " + json.dumps({m: m in sys.modules for m in ("torch", "triton")}))
+sys.exit(code)
+"""
+
+
+def _fuzz(tmp_path, *flags):
+    out = tmp_path / "out"
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-c", _PROBE, "fuzz", "--device", "cpu", "--seed", "3", "--out", str(out),
+                           "--quiet", *flags], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    wall = time.time() - start
+    modules = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("MODULES "))[8:])
+    return proc, json.loads((out / "summary.json").read_text()), modules, wall
+
+
+def test_a_failing_run_is_announced_at_once_and_timed_from_the_command_start(tmp_path):
+    """The seed's bug (sizing prefix): the supervisor never imports torch or triton (its worker does),
+    the first failure is on stderr before the shrunk report, and the phases are ordered inside the wall time."""
+    proc, doc, modules, wall = _fuzz(tmp_path, "--sizing", "prefix", "--max-examples", "3", "--shrink-seconds", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert modules == {"torch": False, "triton": False}
+    announced = [line for line in proc.stderr.splitlines() if line.startswith(FIRST_FAILURE)]
+    assert len(announced) == 1 and "SIZING_VIOLATION" in announced[0], proc.stderr
+    assert doc["ended_by"] == "failure"
+    assert 0 < doc["startup_s"] <= doc["first_launch_s"] <= doc["first_failure_s"] < wall
+    assert "worker ready" in proc.stdout and "ended by failure" in proc.stdout
+
+
+def test_a_clean_run_announces_nothing_and_ends_by_its_example_budget(tmp_path):
+    proc, doc, modules, wall = _fuzz(tmp_path, "--max-examples", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert modules == {"torch": False, "triton": False}
+    assert FIRST_FAILURE not in proc.stderr
+    assert doc["ended_by"] == "examples" and doc["first_failure_s"] is None
+    assert 0 < doc["startup_s"] <= doc["first_launch_s"] < wall
+
+
+def test_in_process_checking_imports_torch_in_the_command_itself(tmp_path):
+    """The probe sees an import when there is one: ``--in-process`` launches in the command's process."""
+    proc, doc, modules, _ = _fuzz(tmp_path, "--max-examples", "1", "--in-process")
+    assert proc.returncode == 0, proc.stderr
+    assert modules["torch"] and modules["triton"]
+
+
+def _budget(device, *flags):
+    args = build_parser().parse_args(["fuzz", *flags])
+    _resolve_budget(args, device)
+    return args.max_examples, args.max_seconds
+
+
+def test_default_budget_is_time_on_cuda_and_examples_on_the_cpu():
+    assert _budget("cuda") == (UNBOUNDED_EXAMPLES, DEFAULT_GPU_SECONDS)
+    assert _budget("cpu") == (DEFAULT_MAX_EXAMPLES, None)
+    assert _budget("cuda", "--max-examples", "7") == (7, None)  # an example budget given: no time budget
+    assert _budget("cpu", "--max-seconds", "5") == (UNBOUNDED_EXAMPLES, 5.0)  # a time budget alone
+    assert _budget("cuda", "--max-examples", "7", "--max-seconds", "5") == (7, 5.0)
+    text = build_parser()._subparsers._group_actions[0].choices["fuzz"].format_help()
+    assert f"default {DEFAULT_GPU_SECONDS:g} on CUDA" in " ".join(text.split())
+    assert f"default: {DEFAULT_MAX_EXAMPLES} on the CPU" in " ".join(text.split())
+
+
+class _SlowSession:
+    """Checks nothing wrong, slowly: a time budget must end the run."""
+
+    stats: dict = {}
+
+    def check(self, case):
+        time.sleep(0.05)
+        return []
+
+
+def test_the_summary_says_the_time_budget_ended_the_run():
+    result = fuzz(_SlowSession(), _cases(), max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=2.0)
+    assert result.time_cut and 0 < result.examples < 1000
+    doc = build(result, run={}, case_path=None)
+    assert doc["ended_by"] == "time"
+    doc = build(fuzz(_SlowSession(), _cases(), max_examples=3, seed=0, max_seconds=60), run={}, case_path=None)
+    assert doc["ended_by"] == "examples"
+
+
+def _cases():
+    return cases(configs())
+
+
+def _draw_configs(domain: str, n: int):
+    """The configs of a seeded run of ``n`` examples, one case each (as ``fuzz`` draws them on the CPU)."""
+    out = []
+
+    @seed(7)
+    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases(configs(domain=domain, max_bytes=8 * 2**30)))
+    def collect(case):
+        out.append(case.config)
+
+    collect()
+    return out
+
+
+@pytest.mark.parametrize("domain", [CPU, GPU], ids=["cpu-domain", "production-domain"])
+def test_the_prior_favours_production_values_and_keeps_the_rest(domain):
+    drawn = _draw_configs(domain.name, 400)
+    pages = collections.Counter(c.page_size for c in drawn)
+    # SGLang's default page size: a third of the prior's draws (Hypothesis adds its own lean to the simplest).
+    assert 0.2 <= pages[1] / len(drawn) <= 0.6, pages
+    assert set(pages) == set(domain.page_sizes)  # every page size still drawn
+    common_topk = sum(c.topk in COMMON_TOPK for c in drawn) / len(drawn)
+    common_steps = sum(c.num_steps in COMMON_STEPS for c in drawn) / len(drawn)
+    # Uniform draws would give len(common) / max: the prior gives half the draws to the common values.
+    assert common_topk > len(COMMON_TOPK) / domain.max_topk + 0.15
+    assert common_steps > len(COMMON_STEPS) / domain.max_steps + 0.15
+    assert max(c.topk for c in drawn) == domain.max_topk and max(c.num_steps for c in drawn) == domain.max_steps
+    if domain is GPU:
+        assert pages[128] / len(drawn) > 0.2  # the largest page keeps its extra share
+        assert sum(c.topk > 8 for c in drawn) / len(drawn) > 0.1  # rare large values stay reachable
+
+
+def _check(make_session, kernel, page_size, topk, num_steps):
+    config = Config(topk=topk, num_steps=num_steps, page_size=page_size, ctx=16, max_bs=2, buckets=(1, 2))
+    return sorted({f.kind.value for f in make_session(kernel).check(Case(config, Batch((5, 9), (1, 0), 0), kernel, 0))})
+
+
+def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
+    """page1_step_major_drafts names its kinds at page 1 with topk, steps >= 2, and is clean on the paged
+    path and where the layouts coincide; the reference is clean everywhere."""
+    from kvfence.workflow.mutants import discover
+
+    mutant = next(m for m in discover() if m.name == "page1_step_major_drafts")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("page1_mutant", mutant.path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert _check(make_session, mutant.kernel, 1, 2, 2) == sorted(module.DETECTS)
+    for page_size, topk, num_steps in ((2, 2, 2), (4, 3, 3), (1, 1, 3), (1, 3, 1)):
+        assert _check(make_session, mutant.kernel, page_size, topk, num_steps) == []
+    for page_size, topk, num_steps in ((1, 2, 2), (2, 2, 2)):
+        assert _check(make_session, "reference", page_size, topk, num_steps) == []
+
+
+def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
+    out = tmp_path / "fv.json"
+    proc = subprocess.run([sys.executable, "benchmarks/first_verdict.py", "--device", "cpu", "--repeats", "1",
+                           "--warmup", "0", "--json", str(out), "--", "--max-examples", "5", "--seed", "1",
+                           "--shrink-seconds", "0"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc = json.loads(out.read_text())
+    run = doc["runs"][0]
+    assert 0 < run["first_verdict_s"] <= run["wall_s"] and doc["floor_s"][0] > 0
+    assert doc["first_verdict_over_floor"] == pytest.approx(run["first_verdict_s"] / doc["floor_s"][0], rel=1e-2)
+    assert run["ended_by"] == "failure" and run["startup_s"] <= run["first_failure_s"]
+
+
+def test_a_jobs_parent_announces_the_first_failure_of_any_job(tmp_path):
+    """``--jobs 2``: neither the parent nor a job imports torch before its worker does, the parent names
+    the first failure once, and the merged summary keeps the earliest job's phases."""
+    proc, doc, modules, wall = _fuzz(tmp_path, "--sizing", "prefix", "--jobs", "2", "--max-examples", "4",
+                                     "--shrink-seconds", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert modules == {"torch": False, "triton": False}
+    announced = [line for line in proc.stderr.splitlines() if line.startswith(FIRST_FAILURE)]
+    assert len(announced) == 1 and "SIZING_VIOLATION" in announced[0], proc.stderr
+    assert doc["ended_by"] == "failure" and doc["jobs"] == 2
+    assert 0 < doc["startup_s"] <= doc["first_launch_s"] <= doc["first_failure_s"] < wall
