@@ -393,6 +393,9 @@ def cmd_fuzz(args) -> int:
     if args.database is None:
         args.database = campaign.default_database(out_dir)  # --jobs children share it
     db_spec = campaign.parse_database(args.database)
+    if db_spec.password:  # --jobs children get it from the environment, never on their command line
+        os.environ[campaign.REDIS_PASSWORD_ENV] = db_spec.password
+        args.database = db_spec.display
     if jobs > 1:
         database = campaign.open_database(db_spec)
         db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,

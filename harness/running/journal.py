@@ -94,6 +94,17 @@ class Journal:
         self.close()
 
 
+def epoch_text(value) -> str:
+    """A recorded start time (epoch seconds) as local time, or ``?`` for anything else (a string, NaN,
+    1e300, a negative time: records are data a dead or hostile process wrote)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) if value > 0 else "?"
+    except (OverflowError, ValueError, OSError):
+        return "?"
+
+
 @dataclass
 class Crash:
     """An in-flight case recovered from a dead process's slot, written as a case file."""
@@ -142,8 +153,7 @@ def recover(out_dir) -> List[Crash]:
                     problem = f"journal slot {path.name} holds an unusable case: {exc}"
             if case is not None:
                 run = record.get("run", {})
-                started = run.get("started")
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+                when = epoch_text(run.get("started"))
                 others = record.get("batch_of") or []
                 where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others' batches "
                          "are in the case file's extras: repro each to find the guilty one)") if others else "this launch"
