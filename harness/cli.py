@@ -146,6 +146,7 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
     """Fail before any work if an output path cannot be written (its folder must exist)."""
     if path is None:
         return None
+    require(path.strip() != "", f"{what}: empty path (name a file)")  # Path("") would mean the current folder
     p = Path(path)
     require(p.parent.is_dir() if str(p.parent) else True, f"{what} {path}: folder {p.parent} does not exist")
     require(not p.is_dir(), f"{what} {path} is a directory")
@@ -261,6 +262,7 @@ def _check_family(args) -> None:
 
 def _out_dir(path: str) -> Path:
     """``--out``: must be a folder or not exist yet (created only once all input has been validated)."""
+    require(path.strip() != "", "--out: empty path (name a folder)")  # Path("") would mean the current folder
     p = Path(path)
     require(not p.exists() or p.is_dir(), f"--out {path}: exists and is not a directory")
     _probe_folder(p, "--out", path)
@@ -740,9 +742,15 @@ def cmd_report(args) -> int:
     if args.merge is not None:
         from kvfence.reports.merge import merge
 
-        out = Path(args.out)
-        doc = merge([Path(d) for d in args.merge], out)
-        written = write_reports(doc, out)
+        from kvfence.workflow import outlock
+
+        out = _out_dir(args.out)
+        try:  # the --out lock of fuzz, taken once every input is validated: no run and no merge write over it
+            doc = merge([Path(d) for d in args.merge], out, before_writing=lambda: _lock_out(out))
+            with _output_errors(out / "report.md", doc):
+                written = write_reports(doc, out)
+        finally:
+            outlock.release_all()
         print(f"kvfence report --merge: {len(args.merge)} runs, {doc['examples']} examples, "
               f"{len(doc['cases'])} distinct failing case(s) ({doc['merged']['duplicate_cases']} duplicate(s) "
               f"dropped): {out / 'summary.json'}, {written['md']}, {written['html']}")

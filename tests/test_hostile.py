@@ -104,3 +104,123 @@ def test_a_redis_that_accepts_and_never_answers_times_out_on_time(monkeypatch):
         campaign.open_database(campaign.parse_database(f"redis://127.0.0.1:{server.getsockname()[1]}/0"))
     assert time.monotonic() - start < 3 * 0.5 + 1
     server.close()
+
+
+# -- summary.json of the wrong type: report DIR and report --merge ---------------------------------------
+FUZZ = ["fuzz", "--sizing", "prefix", "--device", "cpu", "--max-examples", "10", "--quiet", "--shrink-seconds", "5",
+        "--database", "none", "--seed", "1"]
+
+
+def kvfence(*args, timeout=240, **kw):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "kvfence", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """One real fuzz run with a finding (the buggy ``prefix`` sizing): its folder."""
+    out = tmp_path_factory.mktemp("real") / "run"
+    proc = kvfence(*FUZZ, "--out", out)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return out
+
+
+_DELETE = object()
+#: (id, path into summary.json ("*": the first case record), hostile value, what the error names)
+HOSTILE_SUMMARIES = [
+    ("topk-string-in-case", ("cases", "*", "config", "topk"), "2", "config.topk"),
+    ("ctx-script-in-case", ("cases", "*", "config", "ctx"), "<script>alert(5)</script>", "config.ctx"),
+    ("need-script-in-case", ("cases", "*", "need"), "<b>", "need"),
+    ("missing-config", ("cases", "*", "config"), _DELETE, "config is missing"),
+    ("case-record-string", ("cases", "*"), "a string", "must be an object"),
+    ("coverage-row-string", ("coverage", "examples"), ["abc"], "coverage rows"),
+    ("coverage-row-topk-string", ("coverage", "examples"), [["1", 1, 1, 1, 1, 1, 1, False]], "coverage rows"),
+    ("coverage-width-zero", ("coverage", "examples"), [[1, 1, 1, 1, 1, 1, 0, False]], "coverage rows"),
+    ("max-need-over-width-abc", ("max_need_over_width",), "abc", "max_need_over_width"),
+    ("compile-s-x", ("compile_s",), "x", "compile_s"),
+    ("largest-config-incomplete", ("largest_config",), {"topk": 2}, "largest_config"),
+    ("largest-config-topk-script", ("largest_config", "topk"), "<script>", "largest_config"),
+    ("boundaries-string-count", ("boundaries",), {"x": "1"}, "boundaries"),
+    ("finding-start-string", ("findings", 0, "start"), "0", "findings[0]"),
+    ("versions-list", ("versions",), [1], "versions"),
+    ("nan-elapsed", ("elapsed_s",), float("nan"), "NaN"),
+    ("interrupted-number", ("interrupted",), 3, "interrupted"),
+    ("merged-runs-string", ("merged",), {"runs": "x"}, "merged"),
+]
+
+
+def _hostile_copy(real_run, tmp_path, path, value) -> Path:
+    import shutil
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(real_run, folder)
+    doc = json.loads((folder / "summary.json").read_text())
+    target = doc
+    for key in path[:-1]:
+        target = target[next(iter(target))] if key == "*" else target[key]
+    last = next(iter(target)) if path[-1] == "*" else path[-1]
+    if value is _DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    (folder / "summary.json").write_text(json.dumps(doc))
+    return folder
+
+
+@pytest.mark.parametrize("name, path, value, needle", HOSTILE_SUMMARIES, ids=[h[0] for h in HOSTILE_SUMMARIES])
+def test_a_hostile_summary_is_one_line_for_report_and_merge(capsys, real_run, tmp_path, name, path, value, needle):
+    folder = _hostile_copy(real_run, tmp_path, path, value)
+    before = (folder / "report.html").read_bytes()
+    one_line_exit_2(capsys, ["report", folder], needle)
+    assert (folder / "report.html").read_bytes() == before  # nothing rendered from it
+    one_line_exit_2(capsys, ["report", "--merge", real_run, folder, "--out", tmp_path / "merged"], needle)
+    assert not (tmp_path / "merged").exists()
+
+
+def test_the_real_summary_still_renders_and_merges(capsys, real_run, tmp_path):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(real_run, folder)
+    assert cli.main(["report", str(folder)]) == 0
+    assert cli.main(["report", "--merge", str(folder), "--out", str(tmp_path / "merged")]) == 1  # it has findings
+    assert cli.main(["report", str(tmp_path / "merged")]) == 0  # a merged summary validates too
+
+
+def test_a_merge_out_that_cannot_be_created_is_one_line(capsys, real_run):
+    one_line_exit_2(capsys, ["report", "--merge", real_run, "--out", "/sys/kvfence-merged"], "/sys/kvfence-merged")
+
+
+def _hold_lock(folder: Path):
+    """A real process holding ``folder``'s run lock (as a running fuzz does) until it is killed."""
+    import subprocess
+
+    code = ("import sys, time; from pathlib import Path; from kvfence.workflow import outlock; "
+            "outlock.acquire(Path(sys.argv[1]), announce=print); print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_merge_into_a_folder_a_run_holds_is_refused(capsys, real_run, tmp_path):
+    out = tmp_path / "busy"
+    holder = _hold_lock(out)
+    try:
+        one_line_exit_2(capsys, ["report", "--merge", real_run, "--out", out], "in use by another kvfence run")
+        assert not (out / "summary.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli.main(["report", "--merge", str(real_run), "--out", str(out)]) == 1  # free now: merged
+    assert (out / "summary.json").exists() and not (out / ".kvfence.lock").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["fuzz", "--device", "cpu", "--out", ""], "--out: empty path"),
+    (["fuzz", "--device", "cpu", "--out", "{tmp}/o", "--json", ""], "--json: empty path"),
+    (["report", "--merge", "{run}", "--out", ""], "--out: empty path"),
+])
+def test_empty_output_paths_are_refused(capsys, real_run, tmp_path, argv, needle):
+    one_line_exit_2(capsys, [a.format(tmp=tmp_path, run=real_run) for a in argv], needle)
