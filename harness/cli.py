@@ -482,7 +482,8 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
         if args.earlier_cases:
             _stderr(f"kvfence: {args.earlier_cases['count']} case file(s) of an earlier run moved to "
                     f"{args.earlier_cases['folder']}")
-    crashes = recover(out_dir)  # cases in flight when an earlier run's process died: CRASH findings
+    # Cases in flight when an earlier run's process died: CRASH findings (an unusable slot is set aside, said here).
+    crashes = recover(out_dir, report=lambda line: _stderr(f"kvfence: {line}"))
     for crash in crashes:
         _stderr(f"kvfence: CRASH: a run died launching a case: {crash.path}")
     if args.resume:

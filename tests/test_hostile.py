@@ -224,3 +224,79 @@ def test_merge_into_a_folder_a_run_holds_is_refused(capsys, real_run, tmp_path):
 ])
 def test_empty_output_paths_are_refused(capsys, real_run, tmp_path, argv, needle):
     one_line_exit_2(capsys, [a.format(tmp=tmp_path, run=real_run) for a in argv], needle)
+
+
+# -- corrupt journal slots ---------------------------------------------------------------------------------
+def _live_slot(out: Path, case) -> Path:
+    """A slot exactly as a process that died mid-launch leaves it (written, not removed, lock gone)."""
+    from kvfence.running.journal import Journal
+
+    j = Journal(out, device="cpu")
+    j.begin(case)
+    os.close(j.fd)
+    j.fd = None
+    return j.path
+
+
+def _small_case():
+    from kvfence.cases.case import Batch, Case, Config
+
+    return Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2, sizing="prefix"), Batch((3,), (1,), 5))
+
+
+def _corrupt(record_text: str) -> bytes:
+    return b"S" + record_text.encode() + b"\n"
+
+
+@pytest.mark.parametrize("name", ["list", "run-int", "started-string", "started-1e300", "batch_of-int", "directory",
+                                  "case-string"])
+def test_a_corrupt_journal_slot_is_reported_and_set_aside(tmp_path, name):
+    from kvfence.running import journal
+
+    good = json.loads(_live_slot(tmp_path, _small_case()).read_bytes()[1:])
+    folder = tmp_path / journal.JOURNAL_DIR
+    bad = folder / f"999-dead{journal.SUFFIX}"
+    variants = {"list": "[1, 2]", "run-int": json.dumps(dict(good, run=1)),
+                "started-string": json.dumps(dict(good, run=dict(good["run"], started="soon"))),
+                "started-1e300": json.dumps(dict(good, run=dict(good["run"], started=1e300))),
+                "batch_of-int": json.dumps(dict(good, batch_of=3)), "case-string": json.dumps(dict(good, case="x"))}
+    if name == "directory":
+        bad.mkdir()
+    else:
+        bad.write_bytes(_corrupt(variants[name]))
+    lines = []
+    crashes = journal.recover(tmp_path, report=lines.append)
+    usable = name.startswith("started")  # a bad start time is shown as "?": the case is still recovered
+    assert len(crashes) == (2 if usable else 1)  # the good slot is always recovered
+    assert not list(folder.glob(f"*{journal.SUFFIX}"))  # nothing left in any later run's way
+    if usable:
+        assert lines == [] and all("started ?" in c.finding.detail or "started 2" in c.finding.detail for c in crashes)
+    else:
+        assert len(lines) == 1 and bad.name in lines[0] and "set aside" in lines[0]
+        assert (folder / journal.UNUSABLE_DIR / bad.name).exists()
+    assert journal.recover(tmp_path, report=lines.append) == []  # and a later run is not bothered again
+
+
+def test_fuzz_into_a_folder_with_a_corrupt_slot_runs_and_says_so(tmp_path):
+    from kvfence.running import journal
+
+    folder = tmp_path / "out" / journal.JOURNAL_DIR
+    folder.mkdir(parents=True)
+    (folder / f"1-x{journal.SUFFIX}").write_bytes(_corrupt("[1]"))
+    (folder / f"2-x{journal.SUFFIX}").write_bytes(_corrupt('{"run": 1}'))
+    for _ in range(2):  # the first run sets them aside; the second never sees them
+        proc = kvfence(*FUZZ, "--max-examples", "3", "--out", tmp_path / "out")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("set aside") == 0
+    assert len(list((folder / journal.UNUSABLE_DIR).glob(f"*{journal.SUFFIX}"))) == 2
+
+
+@pytest.mark.parametrize("where", ["journal", "cases/earlier"])
+def test_a_file_where_the_run_needs_a_folder_is_one_line(capsys, tmp_path, where):
+    out = tmp_path / "out"
+    (out / where).parent.mkdir(parents=True, exist_ok=True)
+    (out / where).write_text("not a folder")
+    (out / "cases").mkdir(exist_ok=True)
+    (out / "cases" / "old.json").write_text("{}")
+    one_line_exit_2(capsys, ["fuzz", *FUZZ[1:], "--in-process", "--max-examples", "2", "--out", out],
+                    "exists and is not a directory")

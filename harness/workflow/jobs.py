@@ -132,7 +132,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         if p.returncode not in (0, 1) or doc is None:
             tail = (folder / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             problems.append(f"job {i} ended with exit code {p.returncode}: {tail[0]} (log: {folder / 'log.txt'})")
-            crashes += recover(folder)
+            crashes += recover(folder, report=problems.append)
         if doc is not None:
             docs.append(doc)
     return docs, problems, crashes, interrupted
