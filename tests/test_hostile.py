@@ -300,3 +300,42 @@ def test_a_file_where_the_run_needs_a_folder_is_one_line(capsys, tmp_path, where
     (out / "cases" / "old.json").write_text("{}")
     one_line_exit_2(capsys, ["fuzz", *FUZZ[1:], "--in-process", "--max-examples", "2", "--out", out],
                     "exists and is not a directory")
+
+
+# -- the upstream cache is trusted code ---------------------------------------------------------------------
+@pytest.fixture
+def cached_entry(tmp_path, monkeypatch):
+    """A real cache entry, fetched from a small local wheel (tests/test_upstream.py builds it)."""
+    from test_upstream import VERSION, make_wheel
+
+    from kvfence.cases import upstream
+
+    monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KVFENCE_OFFLINE", "1")
+    upstream.fetch(VERSION, wheel=str(make_wheel(tmp_path / "wheels")), announce=lambda line: None)
+    return upstream.entry_folder(VERSION), VERSION
+
+
+@pytest.mark.parametrize("what", ["root", "entry", "module", "manifest"])
+def test_a_cache_writable_by_others_is_refused(cached_entry, what):
+    from kvfence.cases import upstream
+
+    folder, version = cached_entry
+    assert upstream.load_entry(version) is not None  # as fetched: trusted
+    path = {"root": folder.parent, "entry": folder, "module": folder / "spec_utils.py",
+            "manifest": folder / upstream.MANIFEST}[what]
+    path.chmod(path.stat().st_mode | 0o002)
+    with pytest.raises(BadInput, match="writable by others"):
+        upstream.load_entry(version)
+    path.chmod(path.stat().st_mode & ~0o022)
+    assert upstream.load_entry(version) is not None
+
+
+def test_a_manifest_abi_of_the_wrong_type_is_corrupt(cached_entry):
+    from kvfence.cases import upstream
+
+    folder, version = cached_entry
+    manifest = json.loads((folder / upstream.MANIFEST).read_text())
+    (folder / upstream.MANIFEST).write_text(json.dumps(dict(manifest, abi="x")))
+    with pytest.raises(BadInput, match="is corrupt.*abi"):
+        upstream.load_entry(version)

@@ -207,7 +207,7 @@ def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
     require(1 <= port <= 65535, f"{where}: port {port} out of range")
     db = int(path) if path else 0
     display = f"redis://{host}:{port}/{db}"
-    # KVFENCE_REDIS_PASSWORD keeps the password off the command line (docs/campaigns.md, "Secrets").
+    # KVFENCE_REDIS_PASSWORD keeps the password off the command line (docs/security.md, "Secrets").
     password = unquote(password) if at and password else os.environ.get(REDIS_PASSWORD_ENV) or None
     return DatabaseSpec("redis", display, what, host=host, port=port, db=db, password=password)
 
