@@ -339,3 +339,36 @@ def test_a_manifest_abi_of_the_wrong_type_is_corrupt(cached_entry):
     (folder / upstream.MANIFEST).write_text(json.dumps(dict(manifest, abi="x")))
     with pytest.raises(BadInput, match="is corrupt.*abi"):
         upstream.load_entry(version)
+
+
+# -- lock records ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("started", [1e300, -1e20, "NaN", "soon"])
+def test_a_dead_runs_lock_record_is_one_safe_line(tmp_path, started):
+    from kvfence.workflow import outlock
+
+    record = {"pid": "12\x1b[2J", "host": "evil\x1b]0;title\x07\nhost", "started": started}
+    text = json.dumps(record).replace('"NaN"', "NaN")
+    (tmp_path / outlock.LOCK_NAME).write_text(text)
+    notes = []
+    outlock.acquire(tmp_path, announce=notes.append)
+    outlock.release_all()
+    assert len(notes) == 1 and "took over the lock" in notes[0]
+    assert "\x1b" not in notes[0] and "\n" not in notes[0] and "\x07" not in notes[0]
+    assert "started ?" in notes[0] and "\\x1b" in notes[0]
+
+
+def test_a_full_disk_when_writing_the_lock_record_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from kvfence.workflow import outlock
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outlock.os, "write", full)
+    with pytest.raises(BadInput, match="cannot write the run lock record.*ENOSPC"):
+        outlock.acquire(tmp_path, announce=print)
+    monkeypatch.undo()
+    assert outlock._HELD == {}
+    outlock.acquire(tmp_path, announce=print)  # once the disk has room again: held
+    outlock.release_all()

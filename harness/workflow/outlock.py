@@ -90,9 +90,14 @@ def acquire(out_dir: Path, announce: Callable[[str], None]) -> None:
     record = {"pid": os.getpid(), "host": platform.node(), "started": time.time(),
               # No URL credential in the record (a --database redis://:PASSWORD@...): it outlives a killed run.
               "command": [redact_word(word) for word in sys.argv[:12]]}
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(record).encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(record).encode())
+    except OSError as exc:  # a full disk (ENOSPC, EDQUOT) or a read-only one, before the run wrote anything
+        os.close(fd)
+        raise BadInput(f"--out {out_dir}: cannot write the run lock record {path}: {exc.strerror or exc} "
+                       f"({errno.errorcode.get(exc.errno, exc.errno)})") from None
     _HELD[key] = (fd, path)
 
 
