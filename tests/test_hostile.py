@@ -145,7 +145,7 @@ HOSTILE_SUMMARIES = [
     ("boundaries-string-count", ("boundaries",), {"x": "1"}, "boundaries"),
     ("finding-start-string", ("findings", 0, "start"), "0", "findings[0]"),
     ("versions-list", ("versions",), [1], "versions"),
-    ("nan-elapsed", ("elapsed_s",), float("nan"), "NaN"),
+    ("nan-elapsed", ("elapsed_s",), float("nan"), ": NaN is not valid JSON"),
     ("interrupted-number", ("interrupted",), 3, "interrupted"),
     ("merged-runs-string", ("merged",), {"runs": "x"}, "merged"),
 ]
@@ -372,3 +372,12 @@ def test_a_full_disk_when_writing_the_lock_record_is_one_line(tmp_path, monkeypa
     assert outlock._HELD == {}
     outlock.acquire(tmp_path, announce=print)  # once the disk has room again: held
     outlock.release_all()
+
+
+# -- case files ----------------------------------------------------------------------------------------------
+def test_a_symlink_loop_case_file_says_so(capsys, tmp_path):
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(tmp_path / "loop.json")
+    line = one_line_exit_2(capsys, ["repro", loop], "cannot read")
+    assert "symbolic links" in line and "no such file" not in line
+    one_line_exit_2(capsys, ["repro", tmp_path / "absent.json"], "no such file")  # a missing one still says that
