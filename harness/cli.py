@@ -320,6 +320,10 @@ def _resolve_run_shape(args, device: str):
             "--scale gpu needs --device cuda: production-sized launches under the interpreter would take hours")
     domain = domain_named(scale)
     jobs = args.jobs if args.jobs is not None else _default_jobs(device, args.max_examples, args.max_seconds)
+    from kvfence.workflow.jobs import JOB_MEMORY_BYTES, JOBS_PER_CORE, max_jobs  # before anything is sized by jobs
+
+    require(jobs <= max_jobs(), f"--jobs {jobs}: this machine can hold at most {max_jobs()} jobs ({JOBS_PER_CORE} per "
+                                f"CPU core, {JOB_MEMORY_BYTES >> 30} GiB of available memory each)")
     require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
     per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
@@ -957,7 +961,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                          "default 60%% of free GPU memory split over the jobs (4G per job on the CPU)")
     fz.add_argument("--jobs", type=_positive_int, default=None,
                     help="fuzzing processes sharing the GPU(s), merged into one run (default: the CPU cores less "
-                         f"one on CUDA, at most 16 and one per {MIN_EXAMPLES_PER_JOB} examples; 1 on the CPU)")
+                         f"one on CUDA, at most 16 and one per {MIN_EXAMPLES_PER_JOB} examples; 1 on the CPU); at "
+                         "most 2 per CPU core and one per GiB of available memory")
     fz.add_argument("--max-seconds", type=float, default=None,
                     help="stop exploring after this many seconds (shrinking a failure has --shrink-seconds)")
     fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here

@@ -381,3 +381,26 @@ def test_a_symlink_loop_case_file_says_so(capsys, tmp_path):
     line = one_line_exit_2(capsys, ["repro", loop], "cannot read")
     assert "symbolic links" in line and "no such file" not in line
     one_line_exit_2(capsys, ["repro", tmp_path / "absent.json"], "no such file")  # a missing one still says that
+
+
+# -- --jobs the machine cannot hold, and workers that outlive their job -----------------------------------
+@pytest.mark.parametrize("jobs", [str(10**30), "1000"])
+def test_more_jobs_than_the_machine_holds_is_refused_at_once(capsys, tmp_path, jobs):
+    from kvfence.workflow.jobs import max_jobs
+
+    start = time.monotonic()
+    line = one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--jobs", jobs, "--max-examples", "2000",
+                                    "--out", tmp_path / "o"], f"at most {max_jobs()} jobs")
+    assert time.monotonic() - start < 10 and not (tmp_path / "o").exists(), line
+
+
+def test_the_jobs_bound_follows_cores_and_memory(monkeypatch):
+    from kvfence.workflow import jobs
+
+    monkeypatch.setattr(jobs.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(jobs, "_available_memory", lambda: 128 << 30)
+    assert jobs.max_jobs() == 16 * jobs.JOBS_PER_CORE
+    monkeypatch.setattr(jobs, "_available_memory", lambda: 3 * jobs.JOB_MEMORY_BYTES + 1)
+    assert jobs.max_jobs() == 3
+    monkeypatch.setattr(jobs, "_available_memory", lambda: 0)
+    assert jobs.max_jobs() == 1  # one job always runs

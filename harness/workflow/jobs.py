@@ -35,6 +35,33 @@ POLL_S = 1.0
 GRACE_S = 5.0
 
 
+#: Memory one job needs at least: a fuzz process and its checking worker, each with torch and triton loaded.
+JOB_MEMORY_BYTES = 1 << 30
+#: Jobs per CPU core at most (a job waits on the device part of its time, so a little more than one).
+JOBS_PER_CORE = 2
+
+
+def _available_memory() -> Optional[int]:
+    """Bytes of memory this host can still give (``MemAvailable``), or ``None`` where it cannot say."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def max_jobs() -> int:
+    """The most ``--jobs`` this machine can hold: ``JOBS_PER_CORE`` per CPU core, and no more than its
+    available memory at ``JOB_MEMORY_BYTES`` a job (``fuzz --help`` says so)."""
+    cores = os.cpu_count() or 1
+    memory = _available_memory()
+    by_memory = memory // JOB_MEMORY_BYTES if memory is not None else cores * JOBS_PER_CORE
+    return max(1, min(cores * JOBS_PER_CORE, by_memory))
+
+
 def job_dir(out_dir: Path, i: int) -> Path:
     return Path(out_dir) / JOBS_DIR / f"job-{i}"
 
