@@ -441,10 +441,14 @@ _FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
 
 def _fuzz_command(args) -> int:
     """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
+    from kvfence.running import interrupt
     from kvfence.workflow import outlock
 
+    interrupt.defer()  # a signal from now on is never lost: the run ends as interrupted, outputs written
     try:
-        return cmd_fuzz(args)
+        code = cmd_fuzz(args)
+        signalled = interrupt.pending()  # e.g. while the outputs were being written: they were, in full
+        return interrupt.exit_code_for(signalled) if signalled else code
     except OSError as exc:
         # Storage that stopped taking writes mid-run (journal, case file): one line, never a traceback.
         # Other OSErrors are not the disk's doing and stay loud.
@@ -635,6 +639,10 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
     from kvfence.reports.render import write_reports
 
     new_findings = bool(doc["findings"])
+    from kvfence.running.interrupt import pending
+
+    if pending() and not doc.get("interrupted"):  # a signal after checking ended: the outputs still say so
+        doc["interrupted"] = pending()
     if previous is not None:  # README: "Resuming into a folder"
         doc = summary_mod.merge_resumed(previous, doc)
     text = json.dumps(doc, indent=1) + "\n"

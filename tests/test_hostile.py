@@ -404,3 +404,95 @@ def test_the_jobs_bound_follows_cores_and_memory(monkeypatch):
     assert jobs.max_jobs() == 3
     monkeypatch.setattr(jobs, "_available_memory", lambda: 0)
     assert jobs.max_jobs() == 1  # one job always runs
+
+
+def _descendants(pid: int) -> set:
+    """Every live descendant of ``pid`` (from /proc; zombies count as gone)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.cpu_only
+def test_jobs_and_their_workers_die_with_a_killed_run(tmp_path):
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", *FUZZ, "--jobs", "2", "--max-examples", "4000",
+                             "--out", str(tmp_path / "o")], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        family = set()
+        while time.monotonic() < deadline and len(family) < 4:  # 2 fuzz jobs, each with its checking worker
+            time.sleep(0.5)
+            family = _descendants(proc.pid)
+        assert len(family) >= 4, family
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_alive(p) for p in family):
+        time.sleep(0.5)
+    assert not [p for p in family if _alive(p)]  # no orphan outlives the run
+
+
+# -- signals are never lost -----------------------------------------------------------------------------
+@pytest.mark.cpu_only
+def test_a_sigint_while_the_run_starts_ends_it_with_its_outputs(tmp_path):
+    import signal
+    import subprocess
+
+    out = tmp_path / "o"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", *FUZZ, "--max-examples", "4000", "--out", str(out)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (out / ".kvfence.lock").exists() and proc.poll() is None:
+        time.sleep(0.01)  # the lock is taken before the checking worker starts
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["interrupted"] == "SIGINT" and doc["examples"] < 4000
+    assert (out / "report.md").exists() and (out / "report.html").exists()
+
+
+def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete(tmp_path, real_run, capsys):
+    import signal
+
+    from kvfence.running import interrupt
+
+    doc = json.loads((real_run / "summary.json").read_text())
+    doc["interrupted"] = None
+    before = {sig: signal.getsignal(sig) for sig in interrupt.SIGNALS}
+    try:
+        interrupt.defer()
+        os.kill(os.getpid(), signal.SIGINT)  # arrives now, as the outputs are about to be written
+        code = cli._write_summary(doc, tmp_path, None)
+        assert interrupt.pending() == "SIGINT"
+    finally:
+        interrupt._RECEIVED.clear()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert code == 1  # _fuzz_command turns it into 130 (pending)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["interrupted"] == "SIGINT"
+    assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()

@@ -101,7 +101,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
     interrupted)``: the children's summaries, one line per child that ended abnormally, the ``CRASH``
     records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
     the run (the children are then stopped too, and what they wrote is still merged)."""
-    from kvfence.running.interrupt import Interrupted, signals_interrupt
+    from kvfence.running.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
     from kvfence.running.journal import recover
 
     gpus = _visible_gpus() if device == "cuda" else []
@@ -117,12 +117,15 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         log = open(folder / "log.txt", "w")
         cmd = [sys.executable, "-m", "kvfence", "fuzz", *extra, "--out", str(folder),
                "--progress-file", str(folder / PROGRESS_FILE)]
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), folder, log))
+        # A job stops (SIGTERM: its outputs written) when this process dies, even by SIGKILL: no orphans.
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       preexec_fn=child_dies_with_parent(signal.SIGTERM)), folder, log))
     start = time.perf_counter()
     interrupted = None
     try:
         with signals_interrupt():
             while any(p.poll() is None for p, _, _ in procs):
+                raise_pending()  # a signal while the jobs were starting
                 time.sleep(POLL_S)
                 if progress is not None:
                     docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
