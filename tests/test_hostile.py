@@ -496,3 +496,45 @@ def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["interrupted"] == "SIGINT"
     assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
+
+
+# -- OOB_WRITE names the pointer the store went through -------------------------------------------------
+@pytest.fixture(scope="module")
+def far_store(device):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def store_far(dst, n, shift, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(dst + offs + shift, offs, mask=offs < n)
+
+    return store_far
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("shift, region", [(0, None), (10**7, "past the allocation"), (-10**7, "before the allocation"),
+                                           (40, "past the allocation"), (-40, "before the allocation")])
+def test_a_wild_store_is_named_after_its_pointer(far_store, shift, region):
+    import numpy as np
+    import torch
+
+    from kvfence.cases.findings import Kind
+    from kvfence.running.audit import Audit
+
+    n = 16
+    # One host array: "neighbour" right after "target" (a store 40 past target's end lands just past the
+    # neighbour's end, where the old nearest-allocation guess named the neighbour), then "before" ahead of it.
+    outer = np.zeros(160, dtype=np.int32)
+    before, target, neighbour = (torch.from_numpy(outer[o:o + n]) for o in (0, 64, 80))
+    a = Audit()
+    for name, t in (("before", before), ("target", target), ("neighbour", neighbour)):
+        a.register_tensor(name, t)
+    with a:
+        far_store[(1,)](target, n, shift, BLOCK=n)
+    writes = [f for f in a.findings() if f.kind is Kind.OOB_WRITE]
+    if region is None:
+        assert a.findings() == [] and target.tolist() == list(range(n))
+    else:
+        assert [(f.buffer, f.region) for f in writes] == [("target", region)]
+        assert writes[0].count == n
