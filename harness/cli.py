@@ -355,6 +355,10 @@ def cmd_fuzz(args) -> int:
     out_dir = _out_dir(args.out)
     require(args.max_seconds is None or (args.max_seconds > 0 and args.max_seconds == args.max_seconds),
             f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
+    if not args.progress_file:  # a --jobs child's plug-ins were checked by its parent
+        from kvfence.workflow.probe import check_plugins
+
+        check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     device = select(args.device, announce=_stderr)
     _check_family(args)  # §6 flags against the kernel: exit 2 before anything runs

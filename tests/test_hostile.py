@@ -538,3 +538,36 @@ def test_a_wild_store_is_named_after_its_pointer(far_store, shift, region):
     else:
         assert [(f.buffer, f.region) for f in writes] == [("target", region)]
         assert writes[0].count == n
+
+
+# -- plug-ins whose import ends the process ---------------------------------------------------------------
+PLUGIN_TAIL = "\n\ndef launch(**kw):\n    pass\n\n\ndef width(n, topk, ctx, num_steps):\n    return n * topk * ctx\n"
+IMPORT_EFFECTS = [
+    ("os-exit-0", "import os\nos._exit(0)", "ends the process (exit status 0)"),
+    ("os-abort", "import os\nos.abort()", "dies of SIGABRT"),
+    ("keyboard-interrupt", "raise KeyboardInterrupt", "raised KeyboardInterrupt"),
+    ("sigkill-self", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "dies of SIGKILL"),
+]
+
+
+@pytest.mark.parametrize("what", ["kernel", "sizing"])
+@pytest.mark.parametrize("name, code, needle", IMPORT_EFFECTS, ids=[e[0] for e in IMPORT_EFFECTS])
+def test_a_plugin_whose_import_ends_the_process_is_one_line(tmp_path, what, name, code, needle):
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(code + PLUGIN_TAIL)
+    spec = f"{plugin}:{'launch' if what == 'kernel' else 'width'}"
+    proc = kvfence("fuzz", "--device", "cpu", f"--{what}", spec, "--max-examples", "2", "--out", tmp_path / "o",
+                   timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("kvfence: error: importing") and needle in lines[0], lines[0]
+
+
+def test_plugins_that_import_cleanly_pass_the_probe(tmp_path):
+    from kvfence.workflow.probe import check_plugins
+
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("X = 1" + PLUGIN_TAIL)
+    check_plugins({"kernel": f"{ROOT}/tests/targets/classic_kernel.py:classic", "sizing": f"{plugin}:width"})
+    with pytest.raises(BadInput, match="has no attribute"):  # a refusal in the probe reads as it would here
+        check_plugins({"sizing": f"{plugin}:nothing"})
