@@ -571,3 +571,10 @@ def test_plugins_that_import_cleanly_pass_the_probe(tmp_path):
     check_plugins({"kernel": f"{ROOT}/tests/targets/classic_kernel.py:classic", "sizing": f"{plugin}:width"})
     with pytest.raises(BadInput, match="has no attribute"):  # a refusal in the probe reads as it would here
         check_plugins({"sizing": f"{plugin}:nothing"})
+
+
+@pytest.mark.parametrize("url, needle", [("redis://[::1/0", "Invalid IPv6 URL"), ("redis://:pw@h:99999/0", "port must be an integer"),
+                                         ("redis://h:6379/x", "must be a number")])
+def test_malformed_redis_urls_are_one_line(capsys, tmp_path, url, needle):
+    line = one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--database", url, "--out", tmp_path / "o"], needle)
+    assert "pw" not in line
