@@ -28,12 +28,9 @@ PROBE_TIMEOUT_S = 120.0
 
 
 def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"dies of {signal.Signals(-code).name}"
-        except ValueError:
-            return f"dies of signal {-code}"
-    return f"ends the process (exit status {code})"
+    from kvfence.workflow.worker import _signal_name
+
+    return f"dies of {_signal_name(code)}" if code < 0 else f"ends the process ({_signal_name(code)})"
 
 
 def check_plugins(specs: Dict[str, Optional[str]], timeout_s: float = PROBE_TIMEOUT_S) -> None:
