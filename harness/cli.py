@@ -742,7 +742,10 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
 
 # -- repro / report -------------------------------------------------------------------------------------
 def cmd_repro(args) -> int:
+    from kvfence.workflow.probe import check_plugins
     from kvfence.workflow.repro import run_repro
+
+    check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
 
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
                      layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,

@@ -578,3 +578,14 @@ def test_plugins_that_import_cleanly_pass_the_probe(tmp_path):
 def test_malformed_redis_urls_are_one_line(capsys, tmp_path, url, needle):
     line = one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--database", url, "--out", tmp_path / "o"], needle)
     assert "pw" not in line
+
+
+def test_repro_probes_a_kernel_plugin_named_on_its_command_line(tmp_path):
+    from kvfence.cases import casefile
+
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(casefile.document(_small_case(), [], device="cpu", source="test")))
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("import os\nos._exit(0)" + PLUGIN_TAIL)
+    proc = kvfence("repro", case, "--device", "cpu", "--kernel", f"{plugin}:launch", timeout=120)
+    assert proc.returncode == 2 and "exit status 0" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
