@@ -4,6 +4,28 @@ Every probe is bad input or a fault that must end as one line on stderr and exit
 never a silent pass), or a wrong result that must now be right. Most run the CLI in this process
 (``kvfence.cli.main``) for speed; process-level faults (signals, workers, plug-ins that kill their
 process) run real processes.
+
+The probe classes of issue 24 and their tests (HTML escaping of the reports is tests/test_report*.py's):
+
+* secrets: ``test_url_credentials_are_redacted_*``, ``test_a_bad_redis_url_message_*``,
+  ``test_a_password_with_a_slash_*``, ``test_the_password_can_come_from_the_environment``,
+  ``test_the_lock_record_keeps_no_password``
+* wrong-typed summary.json (``report DIR``, ``report --merge``): ``test_a_hostile_summary_*``, paired with
+  ``test_the_real_summary_still_renders_and_merges``; merge ``--out`` not creatable: ``test_a_merge_out_*``
+* merge takes the ``--out`` lock: ``test_merge_into_a_folder_a_run_holds_is_refused``
+* corrupt journal slots: ``test_a_corrupt_journal_slot_*``, ``test_fuzz_into_a_folder_with_a_corrupt_slot_*``,
+  ``test_a_file_where_the_run_needs_a_folder_*`` (``OUT/journal``, ``OUT/cases/earlier`` a file)
+* lock records (bad ``started``, escape codes; full disk): ``test_a_dead_runs_lock_record_*``,
+  ``test_a_full_disk_when_writing_the_lock_record_*``
+* malformed Redis URLs, Redis that never answers: ``test_malformed_redis_urls_*``, ``test_a_redis_that_accepts_*``
+* the upstream cache: ``test_a_cache_writable_by_others_is_refused``, ``test_a_manifest_abi_of_the_wrong_type_*``
+* ``--jobs`` bound, orphans: ``test_more_jobs_than_the_machine_holds_*``, ``test_the_jobs_bound_*``,
+  ``test_jobs_and_their_workers_die_with_a_killed_run``
+* ``--out ''``, ``--json ''``, symlink loops: ``test_empty_output_paths_*``, ``test_a_symlink_loop_case_file_*``
+* OOB_WRITE names its pointer: ``test_a_wild_store_is_named_after_its_pointer``
+* plug-in import side effects: ``test_a_plugin_whose_import_ends_the_process_*``, ``test_plugins_that_import_*``,
+  ``test_repro_probes_*``
+* SIGINT: ``test_a_sigint_while_the_run_starts_*``, ``test_a_sigint_while_the_outputs_are_written_*``
 """
 
 from __future__ import annotations
