@@ -146,6 +146,7 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
     """Fail before any work if an output path cannot be written (its folder must exist)."""
     if path is None:
         return None
+    require(path.strip() != "", f"{what}: empty path (name a file)")  # Path("") would mean the current folder
     p = Path(path)
     require(p.parent.is_dir() if str(p.parent) else True, f"{what} {path}: folder {p.parent} does not exist")
     require(not p.is_dir(), f"{what} {path} is a directory")
@@ -261,6 +262,7 @@ def _check_family(args) -> None:
 
 def _out_dir(path: str) -> Path:
     """``--out``: must be a folder or not exist yet (created only once all input has been validated)."""
+    require(path.strip() != "", "--out: empty path (name a folder)")  # Path("") would mean the current folder
     p = Path(path)
     require(not p.exists() or p.is_dir(), f"--out {path}: exists and is not a directory")
     _probe_folder(p, "--out", path)
@@ -338,6 +340,10 @@ def _resolve_run_shape(args, device: str):
             "--scale gpu needs --device cuda: production-sized launches under the interpreter would take hours")
     domain = domain_named(scale)
     jobs = args.jobs if args.jobs is not None else _default_jobs(device, args.max_examples, args.max_seconds)
+    from kvfence.workflow.jobs import JOB_MEMORY_BYTES, JOBS_PER_CORE, max_jobs  # before anything is sized by jobs
+
+    require(jobs <= max_jobs(), f"--jobs {jobs}: this machine can hold at most {max_jobs()} jobs ({JOBS_PER_CORE} per "
+                                f"CPU core, {JOB_MEMORY_BYTES >> 30} GiB of available memory each)")
     require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
     per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
@@ -369,6 +375,10 @@ def cmd_fuzz(args) -> int:
     out_dir = _out_dir(args.out)
     require(args.max_seconds is None or (args.max_seconds > 0 and args.max_seconds == args.max_seconds),
             f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
+    if not args.progress_file:  # a --jobs child's plug-ins were checked by its parent
+        from kvfence.workflow.probe import check_plugins
+
+        check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
     resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     # Only the process that launches kernels imports torch: the supervisor and a --jobs parent do not.
     device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
@@ -430,6 +440,9 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
     if args.database is None:
         args.database = campaign.default_database(out_dir)  # --jobs children share it
     db_spec = campaign.parse_database(args.database)
+    if db_spec.password:  # --jobs children get it from the environment, never on their command line
+        os.environ[campaign.REDIS_PASSWORD_ENV] = db_spec.password
+        args.database = db_spec.display
     if jobs > 1:
         database = campaign.open_database(db_spec)
         db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
@@ -465,10 +478,14 @@ _FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
 
 def _fuzz_command(args) -> int:
     """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
+    from kvfence.running import interrupt
     from kvfence.workflow import outlock
 
+    interrupt.defer()  # a signal from now on is never lost: the run ends as interrupted, outputs written
     try:
-        return cmd_fuzz(args)
+        code = cmd_fuzz(args)
+        signalled = interrupt.pending()  # e.g. while the outputs were being written: they were, in full
+        return interrupt.exit_code_for(signalled) if signalled else code
     except OSError as exc:
         # Storage that stopped taking writes mid-run (journal, case file): one line, never a traceback.
         # Other OSErrors are not the disk's doing and stay loud.
@@ -510,7 +527,8 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
         if args.earlier_cases:
             _stderr(f"kvfence: {args.earlier_cases['count']} case file(s) of an earlier run moved to "
                     f"{args.earlier_cases['folder']}")
-    crashes = recover(out_dir)  # cases in flight when an earlier run's process died: CRASH findings
+    # Cases in flight when an earlier run's process died: CRASH findings (an unusable slot is set aside, said here).
+    crashes = recover(out_dir, report=lambda line: _stderr(f"kvfence: {line}"))
     for crash in crashes:
         _stderr(f"kvfence: CRASH: a run died launching a case: {crash.path}")
     if args.resume:
@@ -705,6 +723,10 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
     from kvfence.reports.render import write_reports
 
     new_findings = bool(doc["findings"])
+    from kvfence.running.interrupt import pending
+
+    if pending() and not doc.get("interrupted"):  # a signal after checking ended: the outputs still say so
+        doc["interrupted"] = pending()
     if previous is not None:  # README: "Resuming into a folder"
         doc = summary_mod.merge_resumed(previous, doc)
     text = json.dumps(doc, indent=1) + "\n"
@@ -802,7 +824,10 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
 
 # -- repro / report -------------------------------------------------------------------------------------
 def cmd_repro(args) -> int:
+    from kvfence.workflow.probe import check_plugins
     from kvfence.workflow.repro import run_repro
+
+    check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
 
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
                      layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,
@@ -819,9 +844,15 @@ def cmd_report(args) -> int:
     if args.merge is not None:
         from kvfence.reports.merge import merge
 
-        out = Path(args.out)
-        doc = merge([Path(d) for d in args.merge], out)
-        written = write_reports(doc, out)
+        from kvfence.workflow import outlock
+
+        out = _out_dir(args.out)
+        try:  # the --out lock of fuzz, taken once every input is validated: no run and no merge write over it
+            doc = merge([Path(d) for d in args.merge], out, before_writing=lambda: _lock_out(out))
+            with _output_errors(out / "report.md", doc):
+                written = write_reports(doc, out)
+        finally:
+            outlock.release_all()
         print(f"kvfence report --merge: {len(args.merge)} runs, {doc['examples']} examples, "
               f"{len(doc['cases'])} distinct failing case(s) ({doc['merged']['duplicate_cases']} duplicate(s) "
               f"dropped): {out / 'summary.json'}, {written['md']}, {written['html']}")
@@ -1063,7 +1094,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     fz.add_argument("--jobs", type=_positive_int, default=None,
                     help="fuzzing processes sharing the GPU(s), merged into one run (default on CUDA: the CPU cores "
                          f"less one, at most 16, and under an example budget one per {MIN_EXAMPLES_PER_JOB} examples; "
-                         "1 on the CPU)")
+                         "1 on the CPU); at most 2 per CPU core and one per GiB of available memory")
     fz.add_argument("--max-seconds", type=float, default=None,
                     help=f"stop exploring after this many seconds (shrinking a failure has --shrink-seconds; "
                          f"default {DEFAULT_GPU_SECONDS:g} on CUDA when --max-examples is not given, none on the CPU); "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from kvfence.cases.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
     case_hash, parse_json_file, record_repro_command
@@ -57,8 +57,10 @@ def _mixed(values: List) -> object:
     return values[0] if len(distinct) == 1 else "mixed: " + ", ".join(distinct)
 
 
-def merge(folders: List[Path], out: Path) -> dict:
-    """Merge the runs in ``folders`` into ``out`` (summary.json and cases/); return the merged summary."""
+def merge(folders: List[Path], out: Path, before_writing: Callable[[], None] = lambda: None) -> dict:
+    """Merge the runs in ``folders`` into ``out`` (summary.json and cases/); return the merged summary.
+    ``before_writing`` runs once every input is validated, before anything is written (the CLI takes
+    ``out``'s run lock there, ``kvfence.workflow.outlock``)."""
     require(folders, "report --merge: name at least one run folder")
     resolved = [f.resolve() for f in folders]
     require(len(set(resolved)) == len(resolved), "report --merge: a folder is named twice")
@@ -93,10 +95,14 @@ def merge(folders: List[Path], out: Path) -> dict:
     doc["merged"] = {"runs": [_run_row(folder, d) for folder, d in zip(folders, docs)],
                      "duplicate_cases": sum(len(v) - 1 for v in found_in.values())}
 
-    (out / CASES_DIR).mkdir(parents=True, exist_ok=True)
-    for target, source in sources.items():
-        Path(target).write_bytes(source.read_bytes())
-    atomic_write_text(out / "summary.json", json.dumps(doc, indent=1) + "\n")
+    before_writing()
+    try:
+        (out / CASES_DIR).mkdir(parents=True, exist_ok=True)
+        for target, source in sources.items():
+            Path(target).write_bytes(source.read_bytes())
+        atomic_write_text(out / "summary.json", json.dumps(doc, indent=1) + "\n")
+    except OSError as exc:
+        raise BadInput(f"report --merge --out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     return doc
 
 

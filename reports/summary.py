@@ -7,6 +7,8 @@ from, so it carries everything the report shows: the run, each finding with ``ki
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Dict, Iterable, List, Optional
 
 from kvfence.cases.casefile import case_repro_command
@@ -167,32 +169,139 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
 MAX_COVERAGE_ROWS = 20000
 
 
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _count(v) -> bool:
+    return _int(v) and v >= 0
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+def _optional(check):
+    return lambda v: v is None or check(v)
+
+
+def _flag(v) -> bool:
+    return v is None or isinstance(v, bool)
+
+
+def _list_of(check):
+    return lambda v: isinstance(v, list) and all(check(x) for x in v)
+
+
+def _dict_of(check):
+    return lambda v: isinstance(v, dict) and all(isinstance(k, str) and check(x) for k, x in v.items())
+
+
+#: Config fields a report shows, with their types (kvfence.cases.case.Config.to_dict).
+_CONFIG_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx": _count, "max_bs": _count,
+                  "sizing": _text, "mode": _text, "layout": _text}
+_SIZED_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx": _count, "max_bs": _count}
+#: ``coverage.examples`` row columns: counts, need and width (width >= 1: the plot divides by it), failed.
+_ROW_CHECKS = (_count, _count, _count, _count, _count, _count, lambda v: _int(v) and v >= 1,
+               lambda v: isinstance(v, (bool, int)))
+_FINDING_FIELDS = {"kind": _text, "region": _text, "case": _text, "buffer": _optional(_text), "start": _optional(_int),
+                   "stop": _optional(_int), "detail": _optional(_text)}
+_CASE_FIELDS = {"path": _text, "source": _text, "kernel": _text, "repro": _text, "kinds": _list_of(_text),
+                "need": _count, "width": lambda v: _int(v) and v >= 1, "num_seqs": _count,
+                "found_in": _optional(_list_of(_text))}
+_RUN_ROW_FIELDS = {"dir": _text, "examples": _count, "elapsed_s": _number, "findings": _count, "cases": _count,
+                   "host": _optional(_text), "device": _optional(_text), "seed": _optional(_int)}
+#: Top-level fields besides the ones checked by hand below: each may be absent, else of this type.
+_TOP_FIELDS = {
+    **{key: _count for key in COUNTS + ("distinct_configs", "compiles", "captures", "host_verified_cases", "resumed")},
+    **{key: _optional(_count) for key in ("jobs", "batches_per_example", "max_gpu_mem")},
+    "seq_len_limit": _optional(lambda v: _count(v) or _text(v)),  # a merge of runs that differ says "mixed: ..."
+    **{key: _number for key in ("elapsed_s", "cases_per_s", "compile_s", "capture_s", "runner_s",
+                                "max_need_over_width")},
+    **{key: _optional(_text) for key in ("device", "kernel", "sizing", "mode", "layout", "domain", "domain_text",
+                                         "contract", "seed_source", "checking", "interrupted")},
+    "seed": _optional(_int), "family_drawn": _flag, "time_cut": _flag, "shrink_cut": _flag, "resume": _flag,
+    "family_pins": _optional(_dict_of(lambda v: _int(v) or _text(v))),
+    "first_failure_s": _optional(_number), "first_failure_at": _optional(_number),
+    "boundaries": _optional(_dict_of(_count)), "versions": _optional(_dict_of(_text)),
+    "job_problems": _optional(_list_of(_text)),
+}
+
+
+def _check_fields(obj, fields: dict, where: str, required=()) -> None:
+    require(isinstance(obj, dict), f"{where} must be an object")
+    for key in required:
+        require(key in obj, f"{where}.{key} is missing")
+    for key, check in fields.items():
+        if key in obj:
+            require(check(obj[key]), f"{where}.{key} has the wrong type or value ({_short(obj[key])})")
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def validate(doc, where: str) -> dict:
-    """Check a parsed summary enough to render it; ``BadInput`` names the first problem."""
+    """Check the type of every field of a parsed summary a report reads, so that rendering or merging it
+    cannot fail; ``BadInput`` names the first problem (summaries are data: from another host, or
+    written by hand)."""
     require(isinstance(doc, dict), f"{where}: top level must be a JSON object")
     require(doc.get(MARKER) == SUMMARY_VERSION,
-            f"{where}: not a kvfence summary of version {SUMMARY_VERSION} (field {MARKER!r} is {doc.get(MARKER)!r})")
+            f"{where}: not a kvfence summary of version {SUMMARY_VERSION} (field {MARKER!r} is {_short(doc.get(MARKER))})")
     for key in ("examples", "launches"):
-        require(isinstance(doc.get(key), int) and doc[key] >= 0, f"{where}: {key} must be a non-negative integer")
+        require(_count(doc.get(key)), f"{where}: {key} must be a non-negative integer")
     for key in ("elapsed_s", "cases_per_s"):
-        require(isinstance(doc.get(key), (int, float)), f"{where}: {key} must be a number")
+        require(_number(doc.get(key)), f"{where}: {key} must be a number")
+    _check_fields(doc, _TOP_FIELDS, where)
     require(isinstance(doc.get("findings"), list), f"{where}: findings must be a list")
     for i, f in enumerate(doc["findings"]):
         require(isinstance(f, dict) and all(isinstance(f.get(k), str) for k in ("kind", "region", "case")),
                 f"{where}: findings[{i}] needs string kind, region and case")
+        _check_fields(f, _FINDING_FIELDS, f"{where}: findings[{i}]")
     require(isinstance(doc.get("cases", {}), dict), f"{where}: cases must be an object")
+    for name, record in doc.get("cases", {}).items():
+        at = f"{where}: cases[{_short(name)}]"
+        _check_fields(record, _CASE_FIELDS, at, required=("path", "source", "repro", "kinds", "need", "width",
+                                                          "num_seqs", "config", "batch"))
+        _check_fields(record["config"], _CONFIG_FIELDS, f"{at}.config", required=tuple(_CONFIG_FIELDS))
+        _check_fields(record["batch"], {"seq_lens": _list_of(_count)}, f"{at}.batch", required=("seq_lens",))
+    largest = doc.get("largest_config")
+    if largest is not None:
+        _check_fields(largest, dict(_SIZED_FIELDS, estimated_bytes=_number), f"{where}: largest_config",
+                      required=tuple(_SIZED_FIELDS))
     earlier = doc.get("earlier_cases")
     require(earlier is None or (isinstance(earlier, dict) and isinstance(earlier.get("folder"), str)
-                                and isinstance(earlier.get("count"), int)),
+                                and _int(earlier.get("count"))),
             f"{where}: earlier_cases must be null or an object with folder (string) and count (integer)")
     ex = doc.get("max_need_over_width_example")
-    require(ex is None or (isinstance(ex, dict) and set(COVERAGE_FIELDS) <= set(ex)),
-            f"{where}: max_need_over_width_example must be null or an object with {', '.join(COVERAGE_FIELDS)}")
+    require(ex is None or (isinstance(ex, dict) and set(COVERAGE_FIELDS) <= set(ex)
+                           and all(check(ex[k]) for k, check in zip(COVERAGE_FIELDS, _ROW_CHECKS))),
+            f"{where}: max_need_over_width_example must be null or an object of integers "
+            f"{', '.join(COVERAGE_FIELDS)}")
     cov = doc.get("coverage", {})
     require(isinstance(cov, dict) and isinstance(cov.get("examples", []), list), f"{where}: coverage.examples must be a list")
-    for row in cov.get("examples", []):
-        require(isinstance(row, list) and len(row) == len(COVERAGE_FIELDS),
-                f"{where}: coverage rows must have {len(COVERAGE_FIELDS)} fields ({', '.join(COVERAGE_FIELDS)})")
+    require(_flag(cov.get("sampled")), f"{where}: coverage.sampled must be true or false")
+    for row in cov.get("examples", []) + ([cov["failure"]] if cov.get("failure") is not None else []):
+        require(isinstance(row, list) and len(row) == len(COVERAGE_FIELDS)
+                and all(check(x) for check, x in zip(_ROW_CHECKS, row)),
+                f"{where}: coverage rows must be lists of {len(COVERAGE_FIELDS)} integers "
+                f"({', '.join(COVERAGE_FIELDS)}), width at least 1; got {_short(row)}")
+    campaign = doc.get("campaign")
+    if campaign is not None:
+        _check_fields(campaign, {"database": _optional(_text), "stored_failures_at_start": _optional(_count),
+                                 "host": _optional(_text), "shard": _optional(lambda v: isinstance(v, dict))},
+                      f"{where}: campaign")
+    merged = doc.get("merged")
+    if merged is not None:
+        _check_fields(merged, {"runs": _list_of(lambda r: isinstance(r, dict)), "duplicate_cases": _count},
+                      f"{where}: merged", required=("runs",))
+        for i, row in enumerate(merged["runs"]):
+            _check_fields(row, _RUN_ROW_FIELDS, f"{where}: merged.runs[{i}]")
     return doc
 
 

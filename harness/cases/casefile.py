@@ -265,9 +265,16 @@ def finding_from_dict(d, where: str) -> Finding:
 
 def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
     """Read and parse a JSON file; every failure (missing, unreadable, too large, not JSON) is ``BadInput``."""
+    import stat
+
     p = Path(path)
-    require(p.exists(), f"{what} {path}: no such file")
-    require(p.is_file(), f"{what} {path}: not a regular file")
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise BadInput(f"{what} {path}: no such file") from None
+    except OSError as exc:  # a symlink loop (ELOOP), a folder on the way that cannot be searched (EACCES), ...
+        raise BadInput(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+    require(stat.S_ISREG(mode), f"{what} {path}: not a regular file")
     try:
         with open(p, "rb") as fh:
             raw = fh.read(max_bytes + 1)
@@ -285,6 +292,8 @@ def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
         raise BadInput(f"{what} {path}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise BadInput(f"{what} {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except BadInput:  # no_constants' own message
+        raise
     except ValueError as exc:  # Python's limit on digits in an integer (a 5,000-digit number)
         raise BadInput(f"{what} {path}: unusable number: {' '.join(str(exc).split())[:120]}") from None
     except RecursionError:

@@ -201,12 +201,29 @@ def load_entry(version: str) -> Optional[Entry]:
     folder = entry_folder(version)
     if not folder.exists():
         return None
+    _check_trusted(folder)
     try:
         return _validate_entry(version, folder)
-    except (BadInput, OSError, ValueError, KeyError, TypeError, SyntaxError) as exc:
+    except (BadInput, OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError) as exc:
         why = exc if isinstance(exc, BadInput) else f"{type(exc).__name__}: {exc}"
         raise BadInput(f"cache entry {folder} is corrupt ({why}); delete it or run "
                        f"`python -m kvfence upstream fetch {version} --refresh`") from None
+
+
+def _check_trusted(folder: Path) -> None:
+    """The cache holds code kvfence imports, and its sha256 catches accidents, not tampering (anyone who
+    can write the file can rewrite the hash): the cache root, the entry and its files must belong to
+    this user and be writable by no one else (docs/security.md, "The upstream cache is trusted code")."""
+    for path in (folder.parent, folder, *sorted(folder.iterdir())):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue  # gone, or unreadable: the validation below says so
+        owner_ok = st.st_uid == os.getuid()
+        require(owner_ok and not st.st_mode & 0o022,
+                f"cache entry {folder}: {path} is {'not owned by you' if not owner_ok else 'writable by others'} "
+                f"(mode {st.st_mode & 0o777:o}); the cache holds code kvfence runs, so it must be writable only by "
+                "its user: fix it (chmod go-w, chown) or delete it and fetch again")
 
 
 def _validate_entry(version: str, folder: Path) -> Entry:
@@ -224,6 +241,10 @@ def _validate_entry(version: str, folder: Path) -> Entry:
     _check_extracted(ast.parse(text), set(manifest["functions"]))
     # Extracting the cached module again must give itself: every check of extraction holds for it too.
     require(extract(text, module.name)[1] == manifest["functions"], "module does not extract to its manifest")
+    abi = manifest.get("abi")
+    require(isinstance(abi, dict) and all(isinstance(d, dict) and all(
+        isinstance(d.get(k), list) and all(isinstance(x, str) for x in d[k]) for k in ("required", "optional"))
+        for d in abi.values()), "manifest abi must map each kernel to an object with required and optional lists")
     entry = Entry(version, folder, module, manifest)
     require(DRAFT_KERNEL in entry.abis, f"manifest has no ABI for {DRAFT_KERNEL}")
     return entry

@@ -22,7 +22,9 @@ What is reported (as ``Finding``s of ``kvfence.cases.findings``), per registered
   ``req_pool_indices[b]`` (a column ``>= pool_len`` that lands in another request's row). Lanes outside
   every allocation are masked off (they read ``other``/0) so a wild read cannot fault either.
 
-Each finding names the argument, the region (``front guard``, ``row S``, ``guard after row S``,
+A bad lane is attributed to the allocation its pointer was derived from (pointer arithmetic carries
+it: ``kv_indices + 10**7`` is kv_indices' store wherever it lands), else to the allocation an in-bounds
+lane of the same access is in, else to the nearest. Each finding names the argument, the region (``front guard``, ``row S``, ``guard after row S``,
 ``tail``, ``past the allocation``, ``before the allocation``, ``past the view``), element offsets inside
 that region, samples ``(offset, None, value stored or None)`` and the program ids (interpreter grid
 indices) that touched it. Works with Triton 3.6 through 3.9 (the wrapped methods take the extra
@@ -52,6 +54,10 @@ MAX_SAMPLES = 3
 MAX_PROGRAMS = 32
 
 _EMPTY = np.zeros(0, dtype=np.uint64)
+#: Interpreter ops that derive a pointer from another (``_derive`` carries the allocation it came from).
+_DERIVING = ("create_addptr", "create_splat", "create_broadcast", "create_expand_dims", "create_reshape",
+             "create_trans", "create_permute", "create_select", "create_cat", "create_join", "create_bitcast",
+             "create_unsplat")
 
 
 @dataclass
@@ -248,8 +254,8 @@ class Audit:
             vals = (v[active] if active is not None else v.ravel())[bad]
         # Provenance hint: a lane of the same access that is inside an allocation names the tensor the
         # kernel was indexing (a row copy that runs past the end is partly inside, partly outside).
-        hint = None
-        if wild.any():
+        hint = getattr(ptrs, "_kvfence_origin", None)  # the allocation the pointer was derived from
+        if hint is None and wild.any():
             inside = addr[~self._outside(addr, size, self._store_starts, self._store_ends)]
             if inside.size:
                 hint = self._containing(int(inside[0]))
@@ -260,6 +266,18 @@ class Audit:
         lanes = np.flatnonzero(keep.ravel())[np.flatnonzero(bad)[wild]]
         keep.ravel()[lanes] = False
         return keep
+
+    def _derive(self, name: str, orig, *args):
+        """A pointer-deriving op: its result carries the allocation its pointer operand came from, so a
+        wild access is named after the pointer it went through, wherever it lands."""
+        out = orig(*args)
+        origin = next((a._kvfence_origin for a in args if hasattr(a, "_kvfence_origin")), None)
+        if origin is None and name == "create_addptr" and getattr(args[0], "data", None) is not None \
+                and args[0].data.size:
+            origin = self._containing(int(args[0].data.flat[0]))  # a kernel argument's base pointer
+        if origin is not None and hasattr(out, "data"):
+            out._kvfence_origin = origin
+        return out
 
     def _load(self, orig, ptrs, mask, other, *rest):
         keep = self._check(Kind.OOB_READ, ptrs, mask.data, None)
@@ -300,6 +318,10 @@ class Audit:
                               ("create_atomic_rmw", self._rmw), ("create_atomic_cas", self._cas)):
             saved[name] = builder.__dict__.get(name)
             setattr(builder, name, functools.partial(wrapper, getattr(builder, name)))
+        for name in _DERIVING:
+            if hasattr(builder, name):
+                saved[name] = builder.__dict__.get(name)
+                setattr(builder, name, functools.partial(self._derive, name, getattr(builder, name)))
         executor = interpreter.GridExecutor
         original_init = executor.__dict__["_init_args_hst"]
         audit = self
@@ -339,7 +361,8 @@ class Audit:
     def _attribute(self, addr: int, hint: Optional[Allocation]) -> Allocation:
         """The allocation an address belongs to or, outside all, the one the kernel most likely overran.
 
-        Inside one: that one. Else the access's own in-bounds lanes (``hint``); else the allocation it
+        Inside one: that one. Else ``hint`` (the allocation the pointer was derived from, or that an
+        in-bounds lane of the same access is in); else the allocation it
         is past the end of by at most that allocation's size (overflows run forward); else one it is
         before by at most its size; else the nearest.
         """

@@ -19,11 +19,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from kvfence.cases import casefile
 from kvfence.cases.case import Case
-from kvfence.errors import BadInput
+from kvfence.errors import BadInput, printable, require
 from kvfence.cases.findings import Finding, Kind
 
 JOURNAL_DIR = "journal"
@@ -37,6 +37,8 @@ class Journal:
 
     def __init__(self, out_dir, *, device: str, meta: dict | None = None):
         self.folder = Path(out_dir) / JOURNAL_DIR
+        require(not self.folder.exists() or self.folder.is_dir(),
+                f"{self.folder} exists and is not a directory: the run's crash journal goes there; move it away")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / f"{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -94,6 +96,17 @@ class Journal:
         self.close()
 
 
+def epoch_text(value) -> str:
+    """A recorded start time (epoch seconds) as local time, or ``?`` for anything else (a string, NaN,
+    1e300, a negative time: records are data a dead or hostile process wrote)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) if value > 0 else "?"
+    except (OverflowError, ValueError, OSError):
+        return "?"
+
+
 @dataclass
 class Crash:
     """An in-flight case recovered from a dead process's slot, written as a case file."""
@@ -103,6 +116,11 @@ class Crash:
     finding: Finding
 
 
+#: Where a slot that cannot be read goes (``journal/unusable/``): out of every later run's way, kept
+#: for a human to read.
+UNUSABLE_DIR = "unusable"
+
+
 def _read_slot(path: Path):
     """Return (in_flight_record or None, problem or None) for a slot whose lock we hold."""
     data = path.read_bytes()
@@ -110,21 +128,70 @@ def _read_slot(path: Path):
         return None, None
     line = data[1:].split(b"\n", 1)[0]
     try:
-        return json.loads(line), None
+        record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return None, f"journal slot {path.name} holds a torn record (the process died while writing it, before launch)"
+        return None, "holds a torn record (the process died while writing it, before launch)"
+    if not isinstance(record, dict):
+        return None, "holds a record that is not a JSON object"
+    if not isinstance(record.get("run", {}), dict):
+        return None, "holds a record whose run is not an object"
+    others = record.get("batch_of")
+    if others is not None and not (isinstance(others, list) and all(isinstance(b, dict) for b in others)):
+        return None, "holds a record whose batch_of is not a list of batches"
+    return record, None
 
 
-def recover(out_dir) -> List[Crash]:
-    """Turn every in-flight case of a dead process under ``out_dir`` into a ``CRASH`` case file."""
+def _set_aside(folder: Path, path: Path, problem: str, report: Callable[[str], None]) -> None:
+    """Move an unusable slot to ``journal/unusable/`` and say so; the run goes on."""
+    line = f"journal slot {printable(path.name)} {problem}"
+    try:
+        aside = folder / UNUSABLE_DIR
+        aside.mkdir(exist_ok=True)
+        os.replace(path, aside / path.name)
+        line += f"; set aside in {aside}"
+        with open(aside / "unusable-slots.log", "a") as fh:
+            fh.write(line + "\n")
+    except OSError as exc:
+        line += f"; could not set it aside ({exc.strerror or exc}): remove it by hand"
+    report(line)
+
+
+def _crash(record: dict, path: Path, out_dir) -> Crash:
+    """The ``CRASH`` case file of a slot's in-flight case."""
+    case = casefile.case_from_dict(record.get("case"))
+    run = record.get("run", {})
+    others = record.get("batch_of") or []
+    where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others' batches "
+             "are in the case file's extras: repro each to find the guilty one)") if others else "this launch"
+    finding = Finding(Kind.CRASH, "kernel", "launch",
+                      detail=f"process {printable(run.get('pid', '?'))} (run started {epoch_text(run.get('started'))}) "
+                             f"died during {where}")
+    device = run.get("device", "")
+    case_path = casefile.write_case(case, [finding], out_dir=out_dir, device=device if isinstance(device, str) else "",
+                                    source="journal", extras={"journal": {"slot": path.name, **run},
+                                                              **({"batch_of": others} if others else {})})
+    return Crash(case_path, case, finding)
+
+
+def recover(out_dir, report: Callable[[str], None] = lambda line: None) -> List[Crash]:
+    """Turn every in-flight case of a dead process under ``out_dir`` into a ``CRASH`` case file.
+
+    A slot that cannot be read (corrupt, not a file, an unusable case) is moved to ``journal/unusable/``
+    and ``report`` gets one line about it: it never stops this run or a later one."""
     folder = Path(out_dir) / JOURNAL_DIR
     if not folder.is_dir():
         return []
     crashes: List[Crash] = []
     for path in sorted(folder.glob(f"*{SUFFIX}")):
+        if not path.is_file() or path.is_symlink():
+            _set_aside(folder, path, "is not a regular file", report)
+            continue
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:  # another recoverer took it
+            continue
+        except OSError as exc:
+            _set_aside(folder, path, f"cannot be opened ({exc.strerror or exc})", report)
             continue
         try:
             try:
@@ -134,30 +201,15 @@ def recover(out_dir) -> List[Crash]:
             if not path.exists():
                 continue
             record, problem = _read_slot(path)
-            case = None
             if record is not None:
                 try:
-                    case = casefile.case_from_dict(record.get("case"))
+                    crashes.append(_crash(record, path, out_dir))
                 except BadInput as exc:
-                    problem = f"journal slot {path.name} holds an unusable case: {exc}"
-            if case is not None:
-                run = record.get("run", {})
-                started = run.get("started")
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-                others = record.get("batch_of") or []
-                where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others' batches "
-                         "are in the case file's extras: repro each to find the guilty one)") if others else "this launch"
-                finding = Finding(Kind.CRASH, "kernel", "launch",
-                                  detail=f"process {run.get('pid', '?')} (run started {when}) died during {where}")
-                device = run.get("device", "")
-                case_path = casefile.write_case(case, [finding], out_dir=out_dir, device=device, source="journal",
-                                                extras={"journal": {"slot": path.name, **run},
-                                                        **({"batch_of": others} if others else {})})
-                crashes.append(Crash(case_path, case, finding))
-            elif problem is not None:  # kept for a human to read; the run goes on
-                with open(folder / "unusable-slots.log", "a") as fh:
-                    fh.write(problem + "\n")
-            os.unlink(path)
+                    problem = f"holds an unusable case: {exc}"
+            if problem is not None:
+                _set_aside(folder, path, problem, report)
+            else:
+                os.unlink(path)
         finally:
             os.close(fd)
     return crashes

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import platform
 import re
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from urllib.parse import unquote, urlsplit
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
-from kvfence.errors import BadInput, require
+from kvfence.errors import BadInput, redact_word, require
 
 #: Bump when the contract (docs/contract.md) or the meaning of a drawn choice sequence changes in a way
 #: that makes stored examples mean something else: every stored example then starts afresh.
@@ -48,6 +49,8 @@ DEFAULT_DIR_NAME = ".hypothesis"
 REDIS_DEFAULT_PORT = 6379
 #: Seconds to wait for a Redis server before calling the URL unreachable.
 REDIS_TIMEOUT_S = 5.0
+#: The environment variable that passes a Redis password without putting it on the command line.
+REDIS_PASSWORD_ENV = "KVFENCE_REDIS_PASSWORD"
 #: The config fields a shard partitions (small, independent, finite domains).
 CELL_FIELDS = ("topk", "num_steps", "page_size")
 
@@ -181,30 +184,32 @@ def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
         path = Path(text)
         require(not path.exists() or path.is_dir(), f"{what} {text}: exists and is not a directory")
         return DatabaseSpec("directory", str(path), what, path=path)
-    where = f"{what} {_redact(text)}"
-    parts = urlsplit(text)
+    where = f"{what} {redact_word(text)}"
+    # The userinfo ends at the last "@": split it off first, so a password holding "/" or "#" (not
+    # percent-encoded) is still a password, never part of the host or the path.
+    scheme, _, rest = text.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    try:
+        parts = urlsplit(f"{scheme}://{hostpart}")
+        port = parts.port
+    except ValueError as exc:
+        raise BadInput(f"{where}: {'the port must be an integer in 0..65535' if 'port' in str(exc).lower() else exc}") from None
     require(parts.scheme == "redis",
             f"{where}: unsupported scheme {parts.scheme!r}; use none, a directory or redis://HOST:PORT/DB")
     require(not parts.query and not parts.fragment, f"{where}: unexpected ?query or #fragment")
-    try:
-        port = parts.port
-    except ValueError:
-        raise BadInput(f"{where}: the port must be an integer in 0..65535") from None
     host = parts.hostname
     require(bool(host), f"{where}: no host (expected redis://HOST:PORT/DB)")
     path = parts.path.strip("/")
     require(path == "" or path.isdigit(), f"{where}: the database must be a number, got {path!r}")
-    require(parts.username in (None, ""), f"{where}: Redis URLs take a password only (redis://:PASSWORD@HOST:PORT/DB)")
+    username, _, password = userinfo.partition(":")
+    require(username == "", f"{where}: Redis URLs take a password only (the password goes before the @ after a colon, or in KVFENCE_REDIS_PASSWORD)")
     port = REDIS_DEFAULT_PORT if port is None else port
     require(1 <= port <= 65535, f"{where}: port {port} out of range")
     db = int(path) if path else 0
     display = f"redis://{host}:{port}/{db}"
-    return DatabaseSpec("redis", display, what, host=host, port=port, db=db,
-                        password=unquote(parts.password) if parts.password else None)
-
-
-def _redact(text: str) -> str:
-    return re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", text)
+    # KVFENCE_REDIS_PASSWORD keeps the password off the command line (docs/security.md, "Secrets").
+    password = unquote(password) if at and password else os.environ.get(REDIS_PASSWORD_ENV) or None
+    return DatabaseSpec("redis", display, what, host=host, port=port, db=db, password=password)
 
 
 def default_database(out_dir) -> str:
@@ -231,8 +236,14 @@ def open_database(spec: DatabaseSpec):
         from hypothesis.extra.redis import RedisExampleDatabase
     except ImportError as exc:
         raise BadInput(f"{spec.what} {spec.display}: needs the redis client ({exc}); pip install redis") from None
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # No retries: a server that accepts and never answers is unreachable after
+    # REDIS_TIMEOUT_S, not after the client's default retry schedule (about a minute).
     client = redis.Redis(host=spec.host, port=spec.port, db=spec.db, password=spec.password,
-                         socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
+                         socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S,
+                         retry=Retry(NoBackoff(), 0))
     try:
         client.ping()
     except redis.exceptions.RedisError as exc:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, s
 from kvfence.cases.case import Case
 from kvfence.cases.casefile import format_failure
 from kvfence.cases.findings import Finding
+from kvfence.running.interrupt import raise_pending
 
 
 class FindingsFound(AssertionError):
@@ -215,6 +216,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     start = time.perf_counter()
 
     def body(example):
+        raise_pending()  # a signal that came while the run was starting: it ends the run here, cleanly
         # An example is one Case, or a list of Cases sharing a config (kvfence.strategies.case_runs).
         cases = example if isinstance(example, list) else [example]
         now = time.perf_counter()

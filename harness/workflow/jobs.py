@@ -35,6 +35,33 @@ POLL_S = 1.0
 GRACE_S = 5.0
 
 
+#: Memory one job needs at least: a fuzz process and its checking worker, each with torch and triton loaded.
+JOB_MEMORY_BYTES = 1 << 30
+#: Jobs per CPU core at most (a job waits on the device part of its time, so a little more than one).
+JOBS_PER_CORE = 2
+
+
+def _available_memory() -> Optional[int]:
+    """Bytes of memory this host can still give (``MemAvailable``), or ``None`` where it cannot say."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def max_jobs() -> int:
+    """The most ``--jobs`` this machine can hold: ``JOBS_PER_CORE`` per CPU core, and no more than its
+    available memory at ``JOB_MEMORY_BYTES`` a job (``fuzz --help`` says so)."""
+    cores = os.cpu_count() or 1
+    memory = _available_memory()
+    by_memory = memory // JOB_MEMORY_BYTES if memory is not None else cores * JOBS_PER_CORE
+    return max(1, min(cores * JOBS_PER_CORE, by_memory))
+
+
 def job_dir(out_dir: Path, i: int) -> Path:
     return Path(out_dir) / JOBS_DIR / f"job-{i}"
 
@@ -80,7 +107,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
     records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
     the run (the children are then stopped too, and what they wrote is still merged).
     ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure."""
-    from kvfence.running.interrupt import Interrupted, signals_interrupt
+    from kvfence.running.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
     from kvfence.running.journal import recover
 
     gpus = _visible_gpus() if device == "cuda" else []
@@ -96,13 +123,16 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         log = open(folder / "log.txt", "w")
         cmd = [sys.executable, "-m", "kvfence", "fuzz", *extra, "--out", str(folder),
                "--progress-file", str(folder / PROGRESS_FILE)]
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), folder, log))
+        # A job stops (SIGTERM: its outputs written) when this process dies, even by SIGKILL: no orphans.
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       preexec_fn=child_dies_with_parent(signal.SIGTERM)), folder, log))
     start = time.perf_counter()
     interrupted = None
     drawn, announced = start, on_first_failure is None
     try:
         with signals_interrupt():
             while any(p.poll() is None for p, _, _ in procs):
+                raise_pending()  # a signal while the jobs were starting
                 time.sleep(FIRST_FAILURE_POLL_S if not announced else POLL_S)
                 now = time.perf_counter()
                 if announced and progress is None:
@@ -147,7 +177,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         if p.returncode not in (0, 1) or doc is None:
             tail = (folder / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             problems.append(f"job {i} ended with exit code {p.returncode}: {tail[0]} (log: {folder / 'log.txt'})")
-            crashes += recover(folder)
+            crashes += recover(folder, report=problems.append)
         if doc is not None:
             docs.append(doc)
     return docs, problems, crashes, interrupted

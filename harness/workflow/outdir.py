@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Optional
 
 from kvfence.cases.casefile import CASES_DIR
+from kvfence.errors import require
+from kvfence.running.journal import JOURNAL_DIR
 
 EARLIER_DIR = "earlier"
 
@@ -24,6 +26,10 @@ def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[di
     Returns ``{"folder": path, "count": n}`` for the summary, or ``None`` when there was nothing to move.
     """
     cases = Path(out_dir) / CASES_DIR
+    # Checked before anything moves: the folders this run writes into must be folders.
+    for folder in (cases, cases / EARLIER_DIR, Path(out_dir) / JOURNAL_DIR):
+        require(not folder.exists() or folder.is_dir(),
+                f"--out {out_dir}: {folder} exists and is not a directory: the run writes there; move it away")
     files = sorted(cases.glob("*.json")) if cases.is_dir() else []
     if not files:
         return None

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Tuple
 
-from kvfence.errors import BadInput
+from kvfence.errors import BadInput, printable, redact_word
+from kvfence.running.journal import epoch_text
 
 LOCK_NAME = ".kvfence.lock"
 
@@ -35,9 +36,10 @@ _HELD: Dict[str, Tuple[int, Path]] = {}
 
 
 def _describe(record: dict) -> str:
-    started = record.get("started")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
-    return f"pid {record.get('pid', '?')} on {record.get('host', '?')}, started {when}"
+    """The record as one safe line: it is data another process wrote (a dead run, or anyone who can
+    write the folder), so no field can break the line or reach the terminal as an escape code."""
+    return (f"pid {printable(record.get('pid', '?'))} on {printable(record.get('host', '?'))}, "
+            f"started {epoch_text(record.get('started'))}")
 
 
 def _read(fd: int) -> dict:
@@ -63,7 +65,7 @@ def acquire(out_dir: Path, announce: Callable[[str], None]) -> None:
     path = out_dir / LOCK_NAME
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise BadInput(f"--out {out_dir}: cannot open the run lock {path}: {exc.strerror or exc}") from None
         try:
@@ -85,10 +87,17 @@ def acquire(out_dir: Path, announce: Callable[[str], None]) -> None:
     if earlier.get("pid") is not None:
         announce(f"kvfence: note: took over the lock of a run that ended without releasing it "
                  f"({_describe(earlier)}); its case files stay in {out_dir / 'cases'}")
-    record = {"pid": os.getpid(), "host": platform.node(), "started": time.time(), "command": sys.argv[:12]}
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(record).encode())
+    record = {"pid": os.getpid(), "host": platform.node(), "started": time.time(),
+              # No URL credential in the record (a --database redis://:PASSWORD@...): it outlives a killed run.
+              "command": [redact_word(word) for word in sys.argv[:12]]}
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(record).encode())
+    except OSError as exc:  # a full disk (ENOSPC, EDQUOT) or a read-only one, before the run wrote anything
+        os.close(fd)
+        raise BadInput(f"--out {out_dir}: cannot write the run lock record {path}: {exc.strerror or exc} "
+                       f"({errno.errorcode.get(exc.errno, exc.errno)})") from None
     _HELD[key] = (fd, path)
 
 

@@ -49,6 +49,7 @@ from typing import Dict, List, Optional, Sequence
 from kvfence.cases.case import Case
 from kvfence.errors import BadInput, require
 from kvfence.cases.findings import Finding, Kind
+from kvfence.running.interrupt import child_dies_with_parent
 
 #: Seconds a small case may take before it is a ``HANG`` (``--case-timeout``); scaled up by case size.
 DEFAULT_CASE_TIMEOUT = 5.0
@@ -103,17 +104,6 @@ def _signal_name(code: int) -> str:
 
 
 # -- the worker process -----------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Linux: the worker gets SIGKILL when the supervisor dies, even while a kernel spins."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _cuda_context_alive() -> bool:
     """After a launch error on CUDA: can the context still run a kernel? (A fault makes it sticky.)"""
     import torch
@@ -225,7 +215,6 @@ class _Decoder:
 
 def _worker_main(conn, progress, options: dict) -> None:
     """Entry point of the worker process: set up the device and session, then serve ``check`` messages."""
-    _die_with_parent()
     # Ctrl-C in a terminal reaches the whole process group: the supervisor decides when the worker ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -447,7 +436,7 @@ class RemoteSession:
             proc = subprocess.Popen([sys.executable, "-m", "kvfence.workflow.worker", str(theirs.fileno()),
                                      str(progress_file.fileno()), json.dumps(self._options)],
                                     pass_fds=(theirs.fileno(), progress_file.fileno()), env=env,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, preexec_fn=child_dies_with_parent(signal.SIGKILL))
         finally:
             theirs.close()
         self.counters["worker_starts"] += 1
