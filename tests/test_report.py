@@ -73,9 +73,16 @@ def test_report_command_rerenders_from_summary_json(doc, tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(doc))
     res = subprocess.run([sys.executable, "-m", "kvfence", "report", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # a run with findings: exit 1, as for report --merge
     assert "base64," in (tmp_path / "report.html").read_text()
     assert "SIZING_VIOLATION" in (tmp_path / "report.md").read_text()
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "summary.json").write_text(json.dumps(dict(doc, findings=[], cases={})))
+    res = subprocess.run([sys.executable, "-m", "kvfence", "report", str(clean)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "clean" in (clean / "report.md").read_text()
 
 
 def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
