@@ -42,7 +42,7 @@ def test_summary_lists_findings_with_their_case_file_and_the_coverage(doc):
     assert len(rows) == doc["examples"] and doc["coverage"]["fields"] == list(summary_mod.COVERAGE_FIELDS)
     assert any(row[-1] for row in rows)  # the failing example is marked
     table = summary_mod.text_table(doc)
-    assert "SIZING_VIOLATION" in table and "python -m kvfence repro" in table
+    assert "SIZING_VIOLATION" in table and "kvfence repro" in table
 
 
 def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_path):
@@ -52,7 +52,7 @@ def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_pat
     match = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
     assert match and base64.b64decode(match.group(1)).startswith(PNG_MAGIC)
     assert not re.search(r"(src|href)=['\"](?!data:)", html)  # nothing external to load
-    assert "SIZING_VIOLATION" in html and "python -m kvfence repro" in html
+    assert "SIZING_VIOLATION" in html and "kvfence repro" in html
     md = written["md"].read_text()
     assert "![coverage](coverage.png)" in md and (tmp_path / "coverage.png").read_bytes().startswith(PNG_MAGIC)
 

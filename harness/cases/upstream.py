@@ -205,7 +205,7 @@ def load_entry(version: str) -> Optional[Entry]:
     except (BadInput, OSError, ValueError, KeyError, TypeError, SyntaxError) as exc:
         why = exc if isinstance(exc, BadInput) else f"{type(exc).__name__}: {exc}"
         raise BadInput(f"cache entry {folder} is corrupt ({why}); delete it or run "
-                       f"`python -m kvfence upstream fetch {version} --refresh`") from None
+                       f"`kvfence upstream fetch {version} --refresh`") from None
 
 
 def _validate_entry(version: str, folder: Path) -> Entry:
@@ -290,7 +290,7 @@ def load_refusal(version: str) -> Optional[Refused]:
                 and isinstance(record.get("reason"), str), "not a refusal record of this version")
     except (BadInput, OSError, ValueError) as exc:
         raise BadInput(f"cache record {path} is corrupt ({exc}); delete it or run "
-                       f"`python -m kvfence upstream fetch {version} --refresh`") from None
+                       f"`kvfence upstream fetch {version} --refresh`") from None
     return Refused(record["reason"], record["status"])
 
 
