@@ -76,3 +76,37 @@ def test_the_cli_reference_is_what_the_parser_says():
             if hasattr(action, "choices") and isinstance(action.choices, dict):
                 stack.extend(action.choices.values())
     assert flags and all(f"`{flag}" in text for flag in flags), sorted(f for f in flags if f"`{f}" not in text)
+
+
+BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def quoted_keys(text: str):
+    """``(file, top-level key)`` of every ``results file: key`` cell of BENCHMARKS.md's tables."""
+    for cell in re.findall(r"\| `([\w.]+\.json)`: ([^|]+) \|", text):
+        name, keys = cell
+        for key in re.findall(r"`([^`]+)`", keys):
+            yield name, re.split(r"[.\[]", key, 1)[0]
+
+
+def test_benchmarks_quote_files_and_keys_that_exist_and_are_no_diary():
+    quoted = list(quoted_keys(BENCHMARKS))
+    assert len({name for name, _ in quoted}) >= 10, quoted
+    import json
+
+    for name, key in quoted:
+        doc = json.loads((RESULTS / name).read_text())
+        assert key in doc, f"BENCHMARKS.md quotes {name}: {key}, which the file does not have"
+    assert not re.search(r"\bsession\b|\$OUT|\bruns? \d+\b|not run yet", BENCHMARKS)
+    # One script runs every GPU benchmark; no numbered one-off device scripts.
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.sh"))
+    assert scripts == ["gpu.sh"], scripts
+    parts = re.search(r'^ALL="([^"]+)"', (ROOT / "benchmarks" / "gpu.sh").read_text(), re.M).group(1).split()
+    for part in set(re.findall(r"\| `([a-z-]+)` \| `h200", BENCHMARKS)):
+        assert part in parts, part
+
+
+def test_the_benchmark_key_reader_sees_each_key():
+    row = "| x | 1 | | `throughput` | `h200.json`: `a_b` (passes: `c`), `rows[variant=x].d` |"
+    assert list(quoted_keys(row)) == [("h200.json", "a_b"), ("h200.json", "c"), ("h200.json", "rows")]
