@@ -17,6 +17,7 @@ one-element bug in a 10,000-element row still shows; the tick labels give the el
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -40,6 +41,9 @@ WIDTH_PX, MARK_PX, SEGMENT_PX, LABEL_PX, GUARD_PX = 860, 26, 52, 30, 70
 GUARD_ZONES = ("front guard", "guard", "tail")
 #: A case whose rows hold more programs than this draws them without per-program labels.
 MAX_LABELLED_SEGMENTS = 40
+#: Spans drawn per row at most (programs grouped by request beyond it), and the written elements of a case
+#: up to which the map asks the full oracle (beyond it the §2 segment offsets alone).
+MAX_DRAWN_SEGMENTS, MAX_ORACLE_ELEMENTS = 256, 200_000
 
 
 @dataclass
@@ -153,29 +157,68 @@ def case_maps(record: dict, findings: List[dict]) -> List[BufferMap]:
     findings that name its case file. ``BadInput`` when the record does not describe a valid case."""
     from kvfence.cases.budget import buffer_geometry
     from kvfence.cases.case import Case, batch_from_dict, config_from_dict
+    from kvfence.cases.oracle import ProgramSegment, segment_offset
+    from kvfence.errors import require
 
     config = config_from_dict(record["config"])
     case = Case(config, batch_from_dict(record["batch"]), record.get("kernel") or "reference")
     launch = case.launch()
-    expected = case.expected()
     used = case.used()
     kvi, kvp = buffer_geometry(config, config.sizing_n(launch.num_seqs))
     prefix = "window_" if config.is_rail else ""
     bs = launch.num_seqs * config.topk
+    if sum(used) <= MAX_ORACLE_ELEMENTS:
+        expected = case.expected()
+        segments, columns = expected.segments, sorted(expected.kv_indptr)
+    else:
+        # A production-scale case: the oracle's element values are not needed for the map, only where each
+        # program writes, which §2 gives directly (a §6 config's segments need the full oracle).
+        require(not config.is_family, f"the case writes {sum(used)} elements; a §6 case that large is not drawn")
+        segments = [ProgramSegment(s, b, k, o, o + launch.seq_lens[b] + s + 1)
+                    for s in range(config.num_steps) for b in range(launch.num_seqs) for k in range(config.topk)
+                    for o in [segment_offset(launch.seq_lens, config.topk, s, b, k)]]
+        columns = [(s, z) for s in range(config.num_steps) for z in range(1, bs + 1)]
 
     indices = BufferMap(prefix + "kv_indices", _rows(kvi, used, column0=False))
-    for seg in expected.segments:
+    for seg in segments:
         indices.rows[seg.s].segments.append(Span(seg.start, seg.stop, f"({seg.s},{seg.b},{seg.k})",
                                                  f"program ({seg.s},{seg.b},{seg.k}) writes [{seg.start}, {seg.stop})"))
     indptr = BufferMap(prefix + "kv_indptr", _rows(kvp, [bs + 1] * kvp.rows, column0=True))
-    for (s, z) in sorted(expected.kv_indptr):
+    for (s, z) in columns:
         b, k = (0, 0) if z == bs else divmod(z, config.topk)
         indptr.rows[s].segments.append(Span(z, z + 1, f"({s},{b},{k})", f"program ({s},{b},{k}) writes column {z}"))
+    for bmap in (indices, indptr):
+        for row in bmap.rows:
+            row.segments = _drawable(row.segments)
     mine = [f for f in findings if f.get("case") == record.get("path")]
     number = 0
     for bmap, geo in ((indices, kvi), (indptr, kvp)):
         number = _place_marks(bmap, geo, [f for f in mine if f.get("buffer") == bmap.buffer], number)
     return [indices, indptr]
+
+
+def _drawable(segments: List[Span]) -> List[Span]:
+    """At most ``MAX_DRAWN_SEGMENTS`` spans per row: beyond that the programs of one request are one span
+    ``(s,b,*)``, and beyond that again runs of requests are one span, so a 256-request row stays readable."""
+    if len(segments) <= MAX_DRAWN_SEGMENTS:
+        return sorted(segments, key=lambda sp: sp.lo)
+    by_request: dict = {}
+    for sp in segments:
+        s, b, _ = sp.label.strip("()").split(",")
+        by_request.setdefault((int(s), int(b)), []).append(sp)
+    spans = [Span(min(x.lo for x in group), max(x.hi for x in group), f"({s},{b},*)",
+                  f"programs ({s},{b},0..{len(group) - 1}) write [{min(x.lo for x in group)}, {max(x.hi for x in group)})")
+             for (s, b), group in sorted(by_request.items())]
+    if len(spans) <= MAX_DRAWN_SEGMENTS:
+        return spans
+    per = -(-len(spans) // MAX_DRAWN_SEGMENTS)
+    out = []
+    for i in range(0, len(spans), per):
+        group = spans[i:i + per]
+        first, last = group[0].label.strip("()").split(","), group[-1].label.strip("()").split(",")
+        out.append(Span(group[0].lo, group[-1].hi, f"({first[0]},{first[1]}..{last[1]},*)",
+                        f"programs of requests {first[1]}..{last[1]} write [{group[0].lo}, {group[-1].hi})"))
+    return out
 
 
 # -- drawing ---------------------------------------------------------------------------------------------
@@ -200,13 +243,14 @@ def _axis(row: MapRow) -> Tuple[List[int], List[float]]:
         points |= {max(row.lo, min(row.hi, sp.lo)), max(row.lo, min(row.hi, sp.hi))}
     points = sorted(points)
     intervals = list(zip(points, points[1:]))
+    los = [sp.lo for sp in row.segments]
     idle = [_idle(row, a, b) for a, b in intervals]
     labelled = len(row.segments) <= MAX_LABELLED_SEGMENTS
     busy = sum(b - a for (a, b), i in zip(intervals, idle) if not i) or 1
     scale = max(1.0, WIDTH_PX - GUARD_PX * sum(idle)) / busy
     widths, least = [], []
     for (a, b), is_idle in zip(intervals, idle):
-        seg = next((sp for sp in row.segments if sp.lo <= a and sp.hi >= b), None) if labelled else None
+        seg = _covering(row.segments, los, a, b) if labelled else None
         if is_idle:
             need = GUARD_PX
         elif any(m.lo < b and m.hi > a for m in row.marks):
@@ -228,13 +272,17 @@ def _axis(row: MapRow) -> Tuple[List[int], List[float]]:
     return points, xs
 
 
+def _covering(segments: List[Span], los: List[int], a: int, b: int) -> Optional[Span]:
+    """The segment (sorted by ``lo``, not overlapping) that covers ``[a, b)``, if any."""
+    i = bisect.bisect_right(los, a) - 1
+    return segments[i] if i >= 0 and segments[i].lo <= a and segments[i].hi >= b else None
+
+
 def _x(points: List[int], xs: List[float], value: int) -> float:
     value = max(points[0], min(points[-1], value))
-    for i in range(len(points) - 1):
-        if points[i] <= value <= points[i + 1]:
-            span = points[i + 1] - points[i]
-            return xs[i] + (xs[i + 1] - xs[i]) * ((value - points[i]) / span if span else 0)
-    return xs[-1]
+    i = min(max(bisect.bisect_right(points, value) - 1, 0), len(points) - 2)
+    span = points[i + 1] - points[i]
+    return xs[i] + (xs[i + 1] - xs[i]) * ((value - points[i]) / span if span else 0)
 
 
 def _lanes(marks: List[Mark]) -> List[int]:
