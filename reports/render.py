@@ -142,14 +142,11 @@ def markdown(doc: dict, plot_note: str) -> str:
         return "\n".join(lines + ["| " + " | ".join(esc(x) for x in r) + " |" for r in rows])
 
     status = "FINDINGS" if doc["findings"] else "clean"
-    out = [f"# kvfence fuzz report: {status}", "", md_table(run_rows(doc), ["run", "value"]), ""]
-    if merged_rows(doc):
-        out += [f"## Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)", "",
-                md_table(merged_rows(doc), MERGED_HEADER), ""]
+    out = [f"# kvfence fuzz report: {status}", ""]
     if earlier_text(doc):
         out += [earlier_text(doc), ""]
     if doc["findings"]:
-        out += ["## Findings", "", md_table(finding_rows(doc), ["kind", "where", "elements", "case file"]), ""]
+        out += ["## Findings", "", md_table(finding_table(doc, lambda path: path), FINDING_HEADER), ""]
         out += ["## Case files", ""]
         for c in doc.get("cases", {}).values():
             cfg, b = c["config"], c["batch"]
@@ -160,6 +157,10 @@ def markdown(doc: dict, plot_note: str) -> str:
         out.append("")
     if doc.get("shrink_cut"):
         out += ["Shrinking hit its time budget: the case may not be minimal.", ""]
+    out += ["## Run", "", md_table(run_rows(doc), ["run", "value"]), ""]
+    if merged_rows(doc):
+        out += [f"## Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)", "",
+                md_table(merged_rows(doc), MERGED_HEADER), ""]
     out += ["## Coverage", ""]
     out += [f"![coverage]({PLOT_NAME})" if not plot_note else f"Plot skipped: {plot_note}.", ""]
     if _sampled_note(doc):
@@ -192,6 +193,13 @@ def _programs_text(f: dict) -> str:
 FINDING_HEADER = ["kind", "where", "elements", "expected / found", "programs (s, b, k)", "case file"]
 
 
+def finding_table(doc: dict, case_cell) -> list:
+    """The findings table of both reports: the terminal's columns (``finding_rows``) with the samples and
+    programs added; ``case_cell(path)`` renders the case file (a link in HTML)."""
+    return [row[:3] + [_samples_text(f), _programs_text(f), case_cell(f["case"])]
+            for row, f in zip(finding_rows(doc), doc["findings"])]
+
+
 def _case_link(path: str, out_dir: Optional[Path]) -> Markup:
     """A link to a case file, relative to the report's folder when it lies below it."""
     target = Path(path)
@@ -214,9 +222,7 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
     if earlier_text(doc):
         parts.append(html("<p class='note'>{}</p>", earlier_text(doc)))
     if doc["findings"]:
-        rows = [[f["kind"], f"{f.get('buffer', '')} {f['region']}".strip(),
-                 f"[{f.get('start', 0)}, {f.get('stop', 0)})" if f.get("stop", 0) else "-", _samples_text(f),
-                 _programs_text(f), _case_link(f["case"], out_dir)] for f in doc["findings"]]
+        rows = finding_table(doc, lambda path: _case_link(path, out_dir))
         parts += [Markup("<h2>Findings</h2>"), table(rows, FINDING_HEADER)]
         if doc.get("shrink_cut"):
             parts.append(Markup("<p class='note'>Shrinking hit its time budget: the case may not be minimal.</p>"))
