@@ -51,7 +51,11 @@ def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_pat
     html = written["html"].read_text()
     match = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
     assert match and base64.b64decode(match.group(1)).startswith(PNG_MAGIC)
-    assert not re.search(r"(src|href)=['\"](?!data:)", html)  # nothing external to load
+    assert not re.search(r"src=['\"](?!data:)", html)  # nothing external to load
+    # The only links are the case files (relative to the report's folder when they lie below it).
+    names = {Path(p).name for p in doc["cases"]}
+    hrefs = re.findall(r"href=['\"]([^'\"]+)", html)
+    assert hrefs and all(Path(h).name in names for h in hrefs), hrefs
     assert "SIZING_VIOLATION" in html and "kvfence repro" in html
     md = written["md"].read_text()
     assert "![coverage](coverage.png)" in md and (tmp_path / "coverage.png").read_bytes().startswith(PNG_MAGIC)
