@@ -32,7 +32,7 @@ OTHER_COLOUR = "#e377c2"
 #: Kinds whose fill is dark enough for a white label.
 DARK_KINDS = ("GUARD_OVERWRITE", "STRAY_WRITE", "OOB_WRITE")
 ZONE_COLOURS = {"front guard": "#d9d9d9", "guard": "#d9d9d9", "tail": "#d9d9d9", "row": "#ffffff",
-                "slack": "#f1f1f1", "column 0": "#d9d9d9"}
+                "slack": "#f1f1f1", "column 0": "#d9d9d9", "next row": "#fde0c5"}
 SEGMENT_COLOURS = ("#c6dbef", "#9ecae1")
 WROTE_OK = "#c7e9c0"
 #: Drawing width of a row in pixels, and the least width of an interval holding a finding or a program.
@@ -190,6 +190,12 @@ def case_maps(record: dict, findings: List[dict]) -> List[BufferMap]:
     for bmap in (indices, indptr):
         for row in bmap.rows:
             row.segments = _drawable(row.segments)
+            reach = max([sp.hi for sp in row.segments], default=row.hi)
+            if reach > row.hi:
+                # Segments past the row's guard (the production layout has none): they land in the next
+                # row, which the axis shows rather than clipping them.
+                row.zones.append((row.hi, reach, "next row"))
+                row.hi = reach
     mine = [f for f in findings if f.get("case") == record.get("path")]
     number = 0
     for bmap, geo in ((indices, kvi), (indptr, kvp)):
@@ -370,7 +376,8 @@ def legend() -> Markup:
     items = [("program segment the oracle expects (s, b, k)", SEGMENT_COLOURS[0]),
              ("kernel wrote the expected values", WROTE_OK)]
     items += [(kind.replace("_", " ").lower(), colour) for kind, colour in KIND_COLOURS.items() if kind != "OOB_WRITE"]
-    items += [("guard / never written", ZONE_COLOURS["guard"]), ("slack after U(s)", ZONE_COLOURS["slack"])]
+    items += [("guard / never written", ZONE_COLOURS["guard"]), ("slack after U(s)", ZONE_COLOURS["slack"]),
+              ("the next row (production layout: no guard between rows)", ZONE_COLOURS["next row"])]
     return html("<p class='legend'>{}</p>", join(
         html("<span><i style='background:{}'></i>{}</span>", colour, text) for text, colour in items))
 

@@ -21,9 +21,9 @@ HOSTILE = "<script>alert(5)</script>"
 ATTR = re.compile(r"<g class='(segment|mark)' ([^>]*)>")
 
 
-def _case(sizing: str, kernel: str = "reference") -> Case:
+def _case(sizing: str, kernel: str = "reference", layout: str = "redzone") -> Case:
     """Two requests (3 and 1 tokens), topk 2, 2 steps: 8 programs, two rows, segments of different lengths."""
-    config = Config(topk=2, num_steps=2, page_size=1, ctx=4, max_bs=2, sizing=sizing, mode="eager")
+    config = Config(topk=2, num_steps=2, page_size=1, ctx=4, max_bs=2, sizing=sizing, mode="eager", layout=layout)
     return Case(config, Batch(seq_lens=(3, 1), req_pool_indices=(0, 1), token_seed=7), kernel)
 
 
@@ -71,7 +71,9 @@ def reports(make_session, tmp_path_factory):
 
     spec = kernel_spec("off_by_one_n")
     out = {}
-    for name, case in {"value": _case("safe", spec), "sizing": _case("prefix"), "clean": _case("safe")}.items():
+    cases = {"value": _case("safe", spec), "sizing": _case("prefix"), "clean": _case("safe"),
+             "production": _case("prefix", layout="production")}
+    for name, case in cases.items():
         folder = tmp_path_factory.mktemp(name)
         doc = _doc(make_session(case.kernel), case, folder)
         (folder / "summary.json").write_text(json.dumps(doc))
@@ -212,3 +214,16 @@ def test_the_map_renders_in_a_real_browser_with_the_case_labels(reports, tmp_pat
     for g in case.expected().segments:
         assert f">({g.s},{g.b},{g.k})</text>" in dom
     assert ">[1]</text>" in dom
+
+
+def test_segments_past_the_row_are_drawn_in_either_layout(reports):
+    """Without guards between rows (production) an overflow lands in the next row: the axis runs on into it
+    so that no program's segment is clipped to nothing."""
+    for name in ("sizing", "production"):
+        case, _, page, _ = reports[name]
+        widths = {m.group(1): float(m.group(2)) for m in re.finditer(
+            r"<g class='segment' data-program='([^']+)'[^>]*><rect x='[\d.]+' y='\d+' width='([\d.]+)'", page)}
+        width = case.sizing_summary()["width"]
+        past = [f"{g.s},{g.b},{g.k}" for g in case.expected().segments if g.start >= width]
+        assert past and all(widths[p] > 5 for p in past), (name, widths)
+    assert "data-zone='next row'" in reports["production"][2] and "data-zone='next row'" not in reports["sizing"][2]
