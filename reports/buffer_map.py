@@ -73,6 +73,8 @@ class MapRow:
     segments: List[Span]
     marks: List[Mark] = field(default_factory=list)
     caption: str = ""
+    #: Where the row's elements end (beyond: its guard, the next row or the tail).
+    width: int = 0
 
 
 @dataclass
@@ -117,7 +119,8 @@ def _rows(geo, used: List[int], column0: bool) -> List[MapRow]:
             zones.append((stride, hi, "tail"))
         caption = (f"{geo.width} columns, programs write 1..{used[s] - 1} (column 0 never)" if column0
                    else f"width {geo.width}, U({s}) = {used[s]}" + (" > width: too small" if used[s] > geo.width else ""))
-        rows.append(MapRow(f"row {s}", lo, hi, [z for z in zones if z[1] > z[0]], [], caption=caption))
+        rows.append(MapRow(f"row {s}", lo, hi, [z for z in zones if z[1] > z[0]], [], caption=caption,
+                           width=geo.width))
     return rows
 
 
@@ -338,10 +341,12 @@ def row_svg(bmap: BufferMap, row: MapRow) -> Markup:
                                 sp.hi)))
         if labelled and x1 - x0 >= 7 * len(sp.label):
             parts.append(_text((x0 + x1) / 2, y_seg + 15, sp.label, 10))
-    # The kernel's band: inside the write set it wrote what the oracle expects, except where a finding says.
+    # The kernel's band: inside the row it wrote what the oracle expects, except where a finding says; past
+    # the row's end nothing is verified as written (that is the overflow), only the findings are drawn.
     for sp in row.segments:
-        parts.append(_rect(X(sp.lo), X(sp.hi), y_kernel, 16, WROTE_OK, f"written as expected: {sp.title}", "wrote",
-                           stroke="#7fbf7b"))
+        if sp.lo < row.width:
+            parts.append(_rect(X(sp.lo), X(min(sp.hi, row.width)), y_kernel, 16, WROTE_OK,
+                               f"written as expected: {sp.title}", "wrote", stroke="#7fbf7b"))
     lanes = _lanes(row.marks)
     for m, lane in zip(row.marks, lanes):
         x0, x1, y = X(m.lo), X(m.hi), y_kernel + lane * 20
