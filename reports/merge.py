@@ -81,8 +81,7 @@ def merge(folders: List[Path], out: Path) -> dict:
             require(f["case"] in mapping, f"report --merge: {folder / 'summary.json'} has a finding for case "
                                           f"{f['case']}, which its cases do not list")
             f["case"] = mapping[f["case"]]
-        doc["cases"] = {mapping[k]: dict(v, path=mapping[k], repro=repro_command(mapping[k], v.get("kernel", "reference"),
-                                                                     v["config"].get("sizing", "safe")),
+        doc["cases"] = {mapping[k]: dict(v, path=mapping[k], repro=repro_command(mapping[k]),
                                          found_in=found_in[mapping[k]]) for k, v in doc.get("cases", {}).items()}
 
     # Counts, coverage and findings as for --jobs (one definition: kvfence.reports.summary.merge); identical

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional
 
-from kvfence.cases.casefile import repro_command
 from kvfence.errors import require
 
 SUMMARY_VERSION = 1
@@ -24,7 +23,7 @@ def case_record(path: str, case, findings, *, source: str) -> dict:
     c, b = case.config, case.batch
     return {"path": path, "source": source, "kernel": case.kernel, "config": c.to_dict(), "batch": b.to_dict(),
             "need": s["need"], "width": s["width"], "num_seqs": s["num_seqs"],
-            "kinds": sorted({f.kind.value for f in findings}), "repro": repro_command(path, case.kernel, c.sizing)}
+            "kinds": sorted({f.kind.value for f in findings}), "repro": f"python -m kvfence repro {path}"}
 
 
 def max_example(result) -> Optional[dict]:

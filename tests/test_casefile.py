@@ -99,7 +99,7 @@ def test_raise_on_findings_writes_the_case_and_ends_with_the_repro_command(tmp_p
         casefile.raise_on_findings(case, make_session().check(case), out_dir=tmp_path)
     message = str(info.value)
     path = tmp_path / "cases" / f"{casefile.case_hash(case)}.json"
-    assert message.endswith(f"kvfence repro {path}")
+    assert message.endswith(f"python -m kvfence repro {path}")
     assert "SIZING_VIOLATION" in message and path.is_file()
     assert casefile.load_case(path).extras["hypothesis"]["unavailable"].startswith("not found by Hypothesis")
 
@@ -121,4 +121,4 @@ def test_inside_hypothesis_only_the_shrunk_case_is_written_with_its_blob(tmp_pat
     # topk*L + topk*1 > 4 first holds at L = 2; shrinking goes to the smallest such case, seed 0.
     assert loaded.case.batch.seq_lens == (2,) and loaded.case.batch.token_seed == 0
     assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")
-    assert str(info.value).endswith(f"kvfence repro {files[0]}")
+    assert str(info.value).endswith(f"python -m kvfence repro {files[0]}")

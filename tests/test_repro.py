@@ -43,7 +43,7 @@ def test_fuzz_writes_a_case_file_named_in_the_json_summary(fuzzed):
     assert len(paths) == 1
     path = Path(paths.pop())
     assert path.parent == tmp / "out" / "cases" and path.is_file()
-    assert f"kvfence repro {path}" in res.stdout
+    assert f"python -m kvfence repro {path}" in res.stdout
     loaded = casefile.load_case(path)
     assert loaded.case.config.sizing == "prefix" and loaded.sizing["need"] > loaded.sizing["width"]
     assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")

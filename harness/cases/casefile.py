@@ -213,18 +213,8 @@ def write_case(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, devi
     return path
 
 
-def repro_command(path, kernel: str = "reference", sizing: str = "safe") -> str:
-    """The command that replays a case file. A plug-in kernel or sizing is named again on the command line:
-    ``repro`` never imports code a case file names (``kvfence.cases.targets.check_spec``)."""
-    import shlex
-
-    from kvfence.cases.targets import is_plugin
-
-    words = ["kvfence", "repro", str(path)]
-    for flag, spec in (("--kernel", kernel), ("--sizing", sizing)):
-        if spec and is_plugin(spec):
-            words += [flag, spec]
-    return " ".join(shlex.quote(w) for w in words)
+def repro_command(path) -> str:
+    return f"python -m kvfence repro {path}"
 
 
 # -- loading -------------------------------------------------------------------------------------------
@@ -356,7 +346,7 @@ def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OU
     if test:
         extras["pytest"] = test.rsplit(" (", 1)[0]
     path = write_case(case, findings, out_dir=out_dir, device=device, source="pytest", extras=extras)
-    raise AssertionError(f"{message}\ncase file: {path}\nrepro: {repro_command(path, case.kernel, case.config.sizing)}")
+    raise AssertionError(f"{message}\ncase file: {path}\nrepro: {repro_command(path)}")
 
 
 def format_failure(case: Case, findings: List[Finding], limit: int = 8) -> str:

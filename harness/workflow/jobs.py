@@ -163,8 +163,7 @@ def adopt_case_files(docs: List[dict], out_dir: Path) -> Dict[str, str]:
             if not dst.exists():
                 shutil.copyfile(src, dst)
             moved[old] = str(dst)
-        doc["cases"] = {moved.get(k, k): dict(v, path=moved.get(k, k), repro=casefile.repro_command(
-            moved.get(k, k), v.get("kernel", "reference"), v.get("config", {}).get("sizing", "safe")))
+        doc["cases"] = {moved.get(k, k): dict(v, path=moved.get(k, k), repro=casefile.repro_command(moved.get(k, k)))
                         for k, v in doc.get("cases", {}).items()}
         for f in doc.get("findings", []):
             f["case"] = moved.get(f.get("case"), f.get("case"))

@@ -1,6 +1,6 @@
 """pytest plugin (loaded by conftest.py): a failing property test's report ends with the repro command.
 
-``kvfence.cases.casefile.raise_on_findings`` puts ``repro: kvfence repro FILE`` in its message, but
+``kvfence.cases.casefile.raise_on_findings`` puts ``repro: python -m kvfence repro FILE`` in its message, but
 Hypothesis appends its own notes after the exception, so the command would sit in the middle of the
 report. This hook repeats it as the report's last section.
 """
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-_REPRO = re.compile(r"repro: (kvfence repro .+)$", re.M)
+_REPRO = re.compile(r"repro: (python -m kvfence repro \S+)")
 
 
 @pytest.hookimpl(hookwrapper=True)
