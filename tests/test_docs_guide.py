@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 #: Pages other pieces of the project own; the README must link them (checked to exist where present).
-OWNED_ELSEWHERE = {"docs/own-kernel.md", "docs/shipped-sizing.md"}
+OWNED_ELSEWHERE = {"docs/own-kernel.md", "docs/shipped-sizing.md", "docs/security.md"}
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
