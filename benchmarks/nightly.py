@@ -8,7 +8,7 @@ Runs two sweeps of the reference kernel (eager mode, caching allocator off under
 
 and writes one JSON (``--json``) with ``safe_exit``, ``prefix_exit``, ``wall_s`` and ``detection_matrix``,
 plus what each sweep found. Exit 0 when both verdicts are as expected, 1 otherwise, 2 on bad input.
-Needs a GPU and compute-sanitizer (``benchmarks/device_sweep_check.sh`` runs it on the H200).
+Needs a GPU and compute-sanitizer (``bash benchmarks/gpu.sh nightly`` runs it on the H200).
 
     python benchmarks/nightly.py --out reports/out/nightly --json benchmarks/results/h200_nightly.json
 """

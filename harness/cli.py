@@ -71,7 +71,9 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message):
-        raise BadInput(f"{self.prog}: {message}")
+        # main() prints "kvfence: error: ..."; name only the command after the program (``fuzz: ...``).
+        command = self.prog.split("kvfence", 1)[-1].strip()
+        raise BadInput(f"{command}: {message}" if command else message)
 
 
 def _int_at_least(minimum: int, what: str):
@@ -867,7 +869,7 @@ def cmd_report(args) -> int:
     print(f"kvfence report: {written['md']}, {written['html']}")
     if written["plot_skipped"]:
         _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
-    return EXIT_CLEAN
+    return EXIT_FINDINGS if doc["findings"] else EXIT_CLEAN
 
 
 # -- mutants ------------------------------------------------------------------------------------------
@@ -1143,8 +1145,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     rp.set_defaults(func=cmd_repro)
 
     rr = sub.add_parser("report", help="re-render report.md and report.html from DIR/summary.json, or merge runs",
-                        epilog=_exit_codes(zero="reports written (with --merge: and no findings)",
-                                           one="--merge only: the merged runs have findings",
+                        epilog=_exit_codes(zero="reports written; the run (or the merged runs) has no finding",
+                                           one="reports written; the run (or the merged runs) has findings",
                                            two="bad input, e.g. no valid DIR/summary.json (one line on stderr)"))
     rr.add_argument("dir", nargs="?", default=None, help="a fuzz --out folder holding summary.json")
     rr.add_argument("--merge", nargs="+", metavar="DIR", default=None,

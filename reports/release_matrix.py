@@ -7,10 +7,11 @@ report's folder.
 
 from __future__ import annotations
 
-import html
 import os
 from pathlib import Path
 from typing import Dict, List, Tuple
+
+from kvfence.reports.markup import Markup, escape, html, join
 
 #: Short cell text per status.
 SHORT = {"clean": "clean", "findings": "findings", "not-applicable": "n/a", "abi-unsupported": "ABI unsupported",
@@ -109,7 +110,7 @@ def markdown(doc: dict, out_dir: Path) -> str:
     lines += [f"* **{SHORT.get(s, s)}** — {text}" for s, text in doc["statuses"].items()]
     lines += [f"* a correct sizing is {', '.join(doc.get('safe_sizings', []))}: a finding there is a bug in the "
               "release (exit 1); findings under the other sizings are the expected overflows of those policies",
-              "* a findings cell links its first case file; replay it with `python -m kvfence repro FILE`", ""]
+              "* a findings cell links its first case file; replay it with `kvfence repro FILE`", ""]
     return "\n".join(lines)
 
 
@@ -119,34 +120,33 @@ _CSS = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;
 
 
 def html_report(doc: dict, out_dir: Path) -> str:
-    e = html.escape
+    """report.html of the matrix; every value goes through ``kvfence.reports.markup`` (escaped)."""
     grid, cols = _grid(doc), _columns(doc)
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>kvfence upstream release matrix</title>",
-             f"<style>{_CSS}</style></head><body><h1>kvfence upstream release matrix</h1>",
-             f"<p><b>{e(headline(doc))}</b></p><p class='note'>{e(_settings(doc))}</p><table><tr><th>release</th>"]
-    parts += [f"<th>{e(_header(doc, s, c))}</th>" for s, c in cols] + ["<th>note</th></tr>"]
+    parts = [html("<!doctype html><html><head><meta charset='utf-8'><title>kvfence upstream release matrix</title>"
+                  "<style>{}</style></head><body><h1>kvfence upstream release matrix</h1><p><b>{}</b></p>"
+                  "<p class='note'>{}</p><table><tr><th>release</th>", Markup(_CSS), headline(doc), _settings(doc))]
+    parts += [html("<th>{}</th>", _header(doc, s, c)) for s, c in cols] + [Markup("<th>note</th></tr>")]
     for release in doc["releases"]:
         v = release["version"]
         cells = [grid.get((v, s, c)) for s, c in cols]
-        parts.append(f"<tr><td>{e(v)}</td>")
+        parts.append(html("<tr><td>{}</td>", v))
         for cell in cells:
             status = cell["status"] if cell else "pending"
-            text = e(_cell_text(cell)) if cell else SHORT["pending"]
+            text = escape(_cell_text(cell)) if cell else escape(SHORT["pending"])
             if cell and cell["case_files"]:
-                text = f"<a href='{e(_rel(cell['case_files'][0], out_dir))}'>{text}</a>"
-            title = e(cell["message"]) if cell and cell.get("message") else ""
-            parts.append(f"<td style='background:{_COLOURS.get(status, '#fff')}' title='{title}'>{text}</td>")
-        parts.append(f"<td class='note'>{e(_release_note(release, [c for c in cells if c]))}</td></tr>")
-    parts.append("</table><p>" + e("Cells: " + ", ".join(f"{n} {SHORT.get(s, s)}"
-                                                          for s, n in sorted(_counts(doc).items()))) + "</p>")
-    parts.append("<h2>Legend</h2><ul>")
-    parts += [f"<li style='background:{_COLOURS.get(s, '#fff')}'><b>{e(SHORT.get(s, s))}</b>: {e(text)}</li>"
+                text = html("<a href='{}'>{}</a>", _rel(cell["case_files"][0], out_dir), text)
+            title = cell["message"] if cell and cell.get("message") else ""
+            parts.append(html("<td style='background:{}' title='{}'>{}</td>", _COLOURS.get(status, "#fff"), title, text))
+        parts.append(html("<td class='note'>{}</td></tr>", _release_note(release, [c for c in cells if c])))
+    parts.append(html("</table><p>Cells: {}</p><h2>Legend</h2><ul>",
+                      ", ".join(f"{n} {SHORT.get(s, s)}" for s, n in sorted(_counts(doc).items()))))
+    parts += [html("<li style='background:{}'><b>{}</b>: {}</li>", _COLOURS.get(s, "#fff"), SHORT.get(s, s), text)
               for s, text in doc["statuses"].items()]
-    parts.append(f"<li>a correct sizing is {e(', '.join(doc.get('safe_sizings', [])))}: a finding there is a bug in "
-                 "the release (exit 1); findings under the other sizings are the expected overflows of those "
-                 "policies</li><li>a findings cell links its first case file; replay it with "
-                 "<code>python -m kvfence repro FILE</code></li></ul></body></html>\n")
-    return "".join(parts)
+    parts.append(html("<li>a correct sizing is {}: a finding there is a bug in the release (exit 1); findings under "
+                      "the other sizings are the expected overflows of those policies</li><li>a findings cell links "
+                      "its first case file; replay it with <code>kvfence repro FILE</code></li></ul></body></html>\n",
+                      ", ".join(doc.get("safe_sizings", []))))
+    return str(join(parts))
 
 
 def _rel(path: str, out_dir: Path) -> str:

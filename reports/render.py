@@ -7,12 +7,13 @@ missing (or fails) both reports say the plot was skipped and why. Nothing else i
 from __future__ import annotations
 
 import base64
-import html
 import io
 import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from kvfence.reports.buffer_map import case_map_html, legend
+from kvfence.reports.markup import Markup, html, join, table
 from kvfence.reports.summary import COVERAGE_FIELDS, earlier_text, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
@@ -141,14 +142,11 @@ def markdown(doc: dict, plot_note: str) -> str:
         return "\n".join(lines + ["| " + " | ".join(esc(x) for x in r) + " |" for r in rows])
 
     status = "FINDINGS" if doc["findings"] else "clean"
-    out = [f"# kvfence fuzz report: {status}", "", md_table(run_rows(doc), ["run", "value"]), ""]
-    if merged_rows(doc):
-        out += [f"## Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)", "",
-                md_table(merged_rows(doc), MERGED_HEADER), ""]
+    out = [f"# kvfence fuzz report: {status}", ""]
     if earlier_text(doc):
         out += [earlier_text(doc), ""]
     if doc["findings"]:
-        out += ["## Findings", "", md_table(finding_rows(doc), ["kind", "where", "elements", "case file"]), ""]
+        out += ["## Findings", "", md_table(finding_table(doc, lambda path: path), FINDING_HEADER), ""]
         out += ["## Case files", ""]
         for c in doc.get("cases", {}).values():
             cfg, b = c["config"], c["batch"]
@@ -159,6 +157,10 @@ def markdown(doc: dict, plot_note: str) -> str:
         out.append("")
     if doc.get("shrink_cut"):
         out += ["Shrinking hit its time budget: the case may not be minimal.", ""]
+    out += ["## Run", "", md_table(run_rows(doc), ["run", "value"]), ""]
+    if merged_rows(doc):
+        out += [f"## Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)", "",
+                md_table(merged_rows(doc), MERGED_HEADER), ""]
     out += ["## Coverage", ""]
     out += [f"![coverage]({PLOT_NAME})" if not plot_note else f"Plot skipped: {plot_note}.", ""]
     if _sampled_note(doc):
@@ -170,54 +172,87 @@ def markdown(doc: dict, plot_note: str) -> str:
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:0.6em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 9px;text-align:left;
-font-size:14px}th{background:#f3f3f3}code{background:#f5f5f5;padding:1px 4px}.bad{color:#b00020}.ok{color:#1b7f3b}
-img{max-width:100%;border:1px solid #ddd}.note{color:#666;font-size:13px}"""
+font-size:14px;vertical-align:top}th{background:#f3f3f3}code{background:#f5f5f5;padding:1px 4px}.bad{color:#b00020}
+.ok{color:#1b7f3b}img{max-width:100%;border:1px solid #ddd}.note{color:#666;font-size:13px}
+.buffer-map{overflow-x:auto;border:1px solid #ddd;padding:6px;margin:0.5em 0 1.5em}.row-map{display:block}
+.row-map text{font-family:ui-monospace,monospace}.marks{font-size:13px;font-family:ui-monospace,monospace}
+.legend span{display:inline-block;margin-right:1em;font-size:13px}.legend i{display:inline-block;width:12px;
+height:12px;border:1px solid #555;margin-right:4px;vertical-align:-1px}"""
 
 
-def html_report(doc: dict, png: Optional[bytes], plot_note: str) -> str:
-    e = html.escape
+def _samples_text(f: dict) -> str:
+    """``@off expected E, found F`` for the first few samples of a finding (region-relative offsets)."""
+    return "; ".join(f"@{off}: expected {exp}, found {got}" for off, exp, got in f.get("samples", [])[:3]) or "-"
 
-    def h_table(rows, header):
-        head = "".join(f"<th>{e(str(h))}</th>" for h in header)
-        body = "".join("<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in r) + "</tr>" for r in rows)
-        return f"<table><tr>{head}</tr>{body}</table>"
 
-    status = (f'<span class="bad">{len(doc["findings"])} findings</span>' if doc["findings"]
-              else '<span class="ok">clean</span>')
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvfence fuzz report</title>"
-             f"<style>{_CSS}</style></head><body>", f"<h1>kvfence fuzz report: {status}</h1>",
-             h_table(run_rows(doc), ["run", "value"])]
-    if merged_rows(doc):
-        parts += [f"<h2>Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)</h2>",
-                  h_table(merged_rows(doc), MERGED_HEADER)]
+def _programs_text(f: dict) -> str:
+    progs = [f"({s},{b},{k})" for s, b, k in f.get("programs", [])]
+    return ", ".join(progs[:6]) + (f" +{len(progs) - 6}" if len(progs) > 6 else "") or "-"
+
+
+FINDING_HEADER = ["kind", "where", "elements", "expected / found", "programs (s, b, k)", "case file"]
+
+
+def finding_table(doc: dict, case_cell) -> list:
+    """The findings table of both reports: the terminal's columns (``finding_rows``) with the samples and
+    programs added; ``case_cell(path)`` renders the case file (a link in HTML)."""
+    return [row[:3] + [_samples_text(f), _programs_text(f), case_cell(f["case"])]
+            for row, f in zip(finding_rows(doc), doc["findings"])]
+
+
+def _case_link(path: str, out_dir: Optional[Path]) -> Markup:
+    """A link to a case file, relative to the report's folder when it lies below it."""
+    target = Path(path)
+    if out_dir is not None:
+        try:
+            target = Path(path).resolve().relative_to(Path(out_dir).resolve())
+        except ValueError:
+            target = Path(path).resolve()
+    return html("<a href='{}'>{}</a>", target.as_posix(), path)
+
+
+def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Optional[Path] = None) -> str:
+    """report.html: the verdict, the findings with samples and programs, each case file's buffer map and
+    repro line, then the run's statistics and the coverage plot. Every value goes through
+    ``kvfence.reports.markup`` (escaped whatever its type)."""
+    status = (html('<span class="bad">{} findings</span>', len(doc["findings"])) if doc["findings"]
+              else Markup('<span class="ok">clean</span>'))
+    parts = [html("<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvfence fuzz report</title>"
+                  "<style>{}</style></head><body>", Markup(_CSS)), html("<h1>kvfence fuzz report: {}</h1>", status)]
     if earlier_text(doc):
-        parts.append(f"<p class='note'>{e(earlier_text(doc))}</p>")
+        parts.append(html("<p class='note'>{}</p>", earlier_text(doc)))
     if doc["findings"]:
-        parts += ["<h2>Findings</h2>", h_table(finding_rows(doc), ["kind", "where", "elements", "case file"]),
-                  "<h2>Case files</h2><ul>"]
+        rows = finding_table(doc, lambda path: _case_link(path, out_dir))
+        parts += [Markup("<h2>Findings</h2>"), table(rows, FINDING_HEADER)]
+        if doc.get("shrink_cut"):
+            parts.append(Markup("<p class='note'>Shrinking hit its time budget: the case may not be minimal.</p>"))
+        parts += [Markup("<h2>Case files</h2>"), legend()]
         for c in doc.get("cases", {}).values():
             cfg, b = c["config"], c["batch"]
-            parts.append(f"<li><code>{e(c['path'])}</code> ({e(', '.join(c['kinds']))}; from {e(c['source'])}): "
-                         f"topk={cfg['topk']} num_steps={cfg['num_steps']} page_size={cfg['page_size']} "
-                         f"ctx={cfg['ctx']} max_bs={cfg['max_bs']} sizing={e(cfg['sizing'])} mode={e(cfg['mode'])} "
-                         f"layout={e(cfg['layout'])}; seq_lens={e(str(b['seq_lens']))}; need {c['need']} vs width "
-                         f"{c['width']}<br>repro: <code>{e(c['repro'])}</code></li>")
-        parts.append("</ul>")
-    if doc.get("shrink_cut"):
-        parts.append("<p class='note'>Shrinking hit its time budget: the case may not be minimal.</p>")
-    parts.append("<h2>Coverage</h2>")
+            parts.append(html(
+                "<h3>{}</h3><p>{} (from {}): topk={} num_steps={} page_size={} ctx={} max_bs={} sizing={} mode={} "
+                "layout={}; seq_lens={}; need {} vs width {}<br>repro: <code>{}</code></p>",
+                _case_link(c["path"], out_dir), ", ".join(c["kinds"]), c["source"], cfg["topk"], cfg["num_steps"],
+                cfg["page_size"], cfg["ctx"], cfg["max_bs"], cfg["sizing"], cfg["mode"], cfg["layout"],
+                b["seq_lens"], c["need"], c["width"], c["repro"]))
+            parts.append(case_map_html(c, doc["findings"]))
+    parts += [Markup("<h2>Run</h2>"), table(run_rows(doc), ["run", "value"])]
+    if merged_rows(doc):
+        parts += [html("<h2>Merged runs ({} duplicate case(s) kept once)</h2>", doc["merged"].get("duplicate_cases", 0)),
+                  table(merged_rows(doc), MERGED_HEADER)]
+    parts.append(Markup("<h2>Coverage</h2>"))
     if png is not None:
-        parts.append(f"<img alt='coverage plot' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+        parts.append(html("<img alt='coverage plot' src='data:image/png;base64,{}'>", base64.b64encode(png).decode()))
     else:
-        parts.append(f"<p class='bad'>Plot skipped: {e(plot_note)}.</p>")
-    note = _sampled_note(doc)
-    parts.append(f"<p class='note'>Each point is one explored example: launched requests against need/width of its "
-                 f"kv_indices buffer, one panel per topk. Above the dashed line the buffer is too small. {e(note)}</p>")
+        parts.append(html("<p class='bad'>Plot skipped: {}.</p>", plot_note))
+    parts.append(html("<p class='note'>Each point is one explored example: launched requests against need/width of "
+                      "its kv_indices buffer, one panel per topk. Above the dashed line the buffer is too small. {}</p>",
+                      _sampled_note(doc)))
     versions = doc.get("versions") or {}
     if versions:
-        parts.append("<p class='note'>" + e(", ".join(f"{k} {v}" for k, v in versions.items())) + "</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        parts.append(html("<p class='note'>{}</p>", ", ".join(f"{k} {v}" for k, v in versions.items())))
+    parts.append(Markup("</body></html>"))
+    return str(join(parts, "\n"))
 
 
 def write_reports(doc: dict, out_dir) -> dict:
@@ -239,5 +274,5 @@ def write_reports(doc: dict, out_dir) -> dict:
         tmp.replace(png_path)
     md_path, html_path = out / "report.md", out / "report.html"
     atomic_write_text(md_path, markdown(doc, why))
-    atomic_write_text(html_path, html_report(doc, png, why))
+    atomic_write_text(html_path, html_report(doc, png, why, out))
     return {"md": md_path, "html": html_path, "png": png_path, "plot_skipped": why}

@@ -5,24 +5,23 @@ README / BENCHMARKS, from a real run's ``sweep.json``)."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
+from kvfence.reports.markup import Markup, html, join
 
-def _cell(verdict: dict) -> str:
+
+def _cell(verdict: dict) -> Markup:
     parts = []
     if verdict.get("timed_out"):
         parts.append("timed out")
     for f in verdict["findings"]:
-        parts.append(f"{f['extra'].get('count', f['count'])} &times; "
-                     f"{html.escape(f['extra'].get('message', f['region']))}")
+        parts.append(html("{} &times; {}", f["extra"].get("count", f["count"]), f["extra"].get("message", f["region"])))
     for f in verdict.get("tool_errors", []):
-        parts.append(f"<b>tool error</b>: {html.escape(f['extra'].get('problem', f['detail']))}")
+        parts.append(html("<b>tool error</b>: {}", f["extra"].get("problem", f["detail"])))
     if not parts:
         parts.append("clean")
-    child = verdict.get("child_exit")
-    return "<br>".join(parts) + (f"<br><small>exit {verdict['exit_code']}, child {child}, "
-                                 f"from {verdict['source']}</small>")
+    return html("{}<br><small>exit {}, child {}, from {}</small>", join(parts, "<br>"), verdict["exit_code"],
+                verdict.get("child_exit"), verdict["source"])
 
 
 def _matrix_cell(cell) -> str:
@@ -49,47 +48,51 @@ def matrix_markdown(matrix: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _matrix_html(matrix: dict) -> str:
+_MATRIX_COLOURS = {"seen": "#cfc", "missed": "#fcc", "error": "#fc9"}
+
+
+def _matrix_html(matrix: dict) -> Markup:
     header, rows = matrix_rows(matrix)
-    color = {"seen": "#cfc", "missed": "#fcc", "error": "#fc9"}
-    body = "".join("<tr>" + f"<td>{html.escape(r[0])}</td>"
-                   + "".join(f"<td style='background:{color.get(c.split(' ')[0], '#fff')}'>{c}</td>" for c in r[1:])
-                   + "</tr>" for r in rows)
-    detail = "".join(f"<li><b>{html.escape(r['class'])}</b>: {html.escape(r['description'])} "
-                     f"(<code>{html.escape(r['kernel'])}</code>)</li>" for r in matrix["classes"])
-    return (f"<h2>Detection matrix</h2><p>Which detector saw each bug class ({matrix['tool_errors']} tool "
-            f"error(s) across all cells; an errored cell is never counted as missed).</p><ul>{detail}</ul>"
-            f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in header)}</tr>{body}</table>")
+    body = join(html("<tr><td>{}</td>{}</tr>", r[0], join(
+        html("<td style='background:{}'>{}</td>", _MATRIX_COLOURS.get(c.split(" ")[0], "#fff"), c) for c in r[1:]))
+        for r in rows)
+    detail = join(html("<li><b>{}</b>: {} (<code>{}</code>)</li>", r["class"], r["description"], r["kernel"])
+                  for r in matrix["classes"])
+    return html("<h2>Detection matrix</h2><p>Which detector saw each bug class ({} tool error(s) across all cells; "
+                "an errored cell is never counted as missed).</p><ul>{}</ul><table><tr>{}</tr>{}</table>",
+                matrix["tool_errors"], detail, join(html("<th>{}</th>", h) for h in header), body)
+
+
+_CSS = """body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;
+padding:4px 8px;vertical-align:top;font-size:13px}th{background:#eee}"""
 
 
 def sweep_html(doc: dict) -> str:
+    """sweep.html; every value of sweep.json goes through ``kvfence.reports.markup`` (escaped)."""
     tools = doc["tools"]
-    head = "".join(f"<th>{t}</th><th>{t} slowdown</th>" for t in tools)
+    head = join(html("<th>{}</th><th>{} slowdown</th>", t, t) for t in tools)
     rows = []
     for r in doc["cases"]:
-        canary = "<br>".join(html.escape(x) for x in r["canary"]["regions"]) or "clean"
-        cells = "".join(f"<td>{_cell(r['tools'][t])}</td><td>{r['tools'][t]['slowdown']}x</td>" for t in tools)
-        base = "".join(f"<br><b>baseline error</b>: {html.escape(e['extra']['problem'])}"
-                       for e in r.get("baseline_errors", []))
-        rows.append(f"<tr><td><code>{html.escape(Path(r['case']).name)}</code><br>{r['mode']}</td>"
-                    f"<td>{r['need']} / {r['width']}</td><td>{canary}</td>"
-                    f"<td>{r['baseline_s']} s, exit {r.get('baseline_exit')}{base}</td>{cells}</tr>")
-    summary = "".join(f"<li>{t}: {v['cases_with_findings']} case(s) with findings, "
-                      f"{v.get('cases_with_tool_errors', 0)} with tool errors, median slowdown "
-                      f"{v['median_slowdown']}x</li>" for t, v in doc["per_tool"].items())
+        canary = join(r["canary"]["regions"], "<br>") or "clean"
+        cells = join(html("<td>{}</td><td>{}x</td>", _cell(r["tools"][t]), r["tools"][t]["slowdown"]) for t in tools)
+        base = join(html("<br><b>baseline error</b>: {}", e["extra"]["problem"]) for e in r.get("baseline_errors", []))
+        rows.append(html("<tr><td><code>{}</code><br>{}</td><td>{} / {}</td><td>{}</td><td>{} s, exit {}{}</td>{}</tr>",
+                         Path(r["case"]).name, r["mode"], r["need"], r["width"], canary, r["baseline_s"],
+                         r.get("baseline_exit"), base, cells))
+    summary = join(html("<li>{}: {} case(s) with findings, {} with tool errors, median slowdown {}x</li>", t,
+                        v["cases_with_findings"], v.get("cases_with_tool_errors", 0), v["median_slowdown"])
+                   for t, v in doc["per_tool"].items())
     matrix = _matrix_html(doc["detection_matrix"]) if doc.get("detection_matrix") else ""
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>kvfence sweep</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
-padding:4px 8px;vertical-align:top;font-size:13px}}th{{background:#eee}}</style></head><body>
-<h1>kvfence nightly sweep</h1>
-<p>Kernel {html.escape(str(doc.get('kernel', 'reference')))}: {doc['explored']} cases explored by the canary
-harness ({doc['failing']} failing) in {doc['canary_seconds']} s; {len(doc['cases'])} re-run under compute-sanitizer.
-Canaries: {doc['canary_cases_with_findings']} case(s) with findings; the children's own verdicts (production
-layout): {doc.get('child_cases_with_findings', 0)}. Baseline errors: {doc.get('baseline_errors', 0)}.
-Slowdown: each tool's run against the same child (layout, flags, allocator) without a tool.</p><ul>{summary}</ul>
-<table><tr><th>case</th><th>need / width</th><th>canary verdict</th><th>baseline</th>{head}</tr>
-{''.join(rows)}</table>{matrix}</body></html>
-"""
+    return str(html(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvfence sweep</title><style>{}</style></head>"
+        "<body>\n<h1>kvfence nightly sweep</h1>\n<p>Kernel {}: {} cases explored by the canary harness ({} failing) "
+        "in {} s; {} re-run under compute-sanitizer. Canaries: {} case(s) with findings; the children's own verdicts "
+        "(production layout): {}. Baseline errors: {}. Slowdown: each tool's run against the same child (layout, "
+        "flags, allocator) without a tool.</p><ul>{}</ul>\n<table><tr><th>case</th><th>need / width</th>"
+        "<th>canary verdict</th><th>baseline</th>{}</tr>\n{}</table>{}</body></html>\n",
+        Markup(_CSS), doc.get("kernel", "reference"), doc["explored"], doc["failing"], doc["canary_seconds"],
+        len(doc["cases"]), doc["canary_cases_with_findings"], doc.get("child_cases_with_findings", 0),
+        doc.get("baseline_errors", 0), summary, head, join(rows), matrix))
 
 
 def write_sweep_reports(doc: dict, out_dir) -> Path:

@@ -84,7 +84,16 @@ def test_the_console_script_names_itself_kvfence():
     proc = run(["fuzz", "--help"], console_script=True)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: kvfence fuzz ")
     proc = run(["fuzz", "--mode", "lazy"], console_script=True)
-    assert proc.returncode == 2 and proc.stderr.startswith("kvfence: error: kvfence fuzz: argument --mode")
+    assert proc.returncode == 2 and proc.stderr.startswith("kvfence: error: fuzz: argument --mode")
+
+
+@pytest.mark.parametrize("console_script", [True, False])
+def test_a_usage_error_names_the_program_once(console_script):
+    proc = run(["fuzz", "--no-such-flag"], console_script=console_script)
+    assert proc.returncode == 2
+    assert proc.stderr == "kvfence: error: unrecognized arguments: --no-such-flag\n"
+    proc = run(["report", "--merge"], console_script=console_script)
+    assert proc.returncode == 2 and proc.stderr.startswith("kvfence: error: report: argument --merge")
 
 
 @pytest.mark.parametrize("console_script, name", [(True, "kvfence"), (False, "python -m kvfence")])

@@ -63,3 +63,75 @@ def test_the_checker_sees_a_backward_import():
     targets = [t for t, _ in imported(tree)]
     assert targets == ["kvfence.workflow.fuzz"]
     assert ORDER.index(stage_of(targets[0])) > ORDER.index(stage_of("kvfence.cases.casefile"))
+
+
+#: Every folder of the package kvfence, with the module prefix the packaging maps it to.
+PACKAGE_DIRS = {"kvfence": ROOT, **{f"kvfence.{s}": ROOT.parent / s for s in SIBLINGS}}
+
+
+def module_imports() -> dict:
+    """``{module: {kvfence modules it imports}}`` over the whole package (harness/ and its sibling folders),
+    imports inside functions included: a lazy import closes a circle as surely as a top-level one."""
+    modules = {}
+    for prefix, folder in PACKAGE_DIRS.items():
+        for path in folder.rglob("*.py"):
+            if "out" in path.relative_to(folder).parts:
+                continue
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((prefix,) + (parts[:-1] if parts[-1] == "__init__" else parts))
+            modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvfence"):
+                for alias in node.names:  # ``from kvfence.cases import upstream`` imports a module
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names if a.name in modules)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def circles(graph: dict) -> list:
+    """The import circles of ``graph``: each strongly connected set of two or more modules, sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's algorithm; the package is small enough for recursion
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                members.append(w)
+                if w == v:
+                    break
+            if len(members) > 1:
+                out.append(sorted(members))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circles():
+    found = circles(module_imports())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_check_sees_a_circle_and_a_chain_is_none():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    graph = module_imports()
+    assert "kvfence.cases.upstream" in graph["kvfence.cases.targets"]  # the walk sees lazy imports

@@ -3,7 +3,7 @@
 Each class's launcher must produce its class on the canary harness (redzone layout) and, in the layout
 compute-sanitizer children run (production, no tail guard), land where that class lands in production;
 the reference kernel on the same case must be clean. The matrix's numbers come only from a GPU run
-(benchmarks/device_sweep_check.sh)."""
+(bash benchmarks/gpu.sh nightly)."""
 
 import dataclasses
 

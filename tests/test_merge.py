@@ -58,7 +58,7 @@ def test_identical_cases_from_two_hosts_are_kept_once(runs, tmp_path):
     assert [r["shard"] for r in doc["merged"]["runs"]] == [None, None, "3/3"]
     assert "Merged runs" in (out / "report.md").read_text()
     # The merged folder is an ordinary run folder: it re-renders, and its case files replay.
-    assert kvfence("report", str(out)).returncode == 0
+    assert kvfence("report", str(out)).returncode == 1  # findings: the same exit code as report --merge
     case = next(iter(doc["cases"]))
     assert kvfence("repro", case, "--device", "cpu").returncode == 1
 

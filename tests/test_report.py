@@ -42,7 +42,7 @@ def test_summary_lists_findings_with_their_case_file_and_the_coverage(doc):
     assert len(rows) == doc["examples"] and doc["coverage"]["fields"] == list(summary_mod.COVERAGE_FIELDS)
     assert any(row[-1] for row in rows)  # the failing example is marked
     table = summary_mod.text_table(doc)
-    assert "SIZING_VIOLATION" in table and "python -m kvfence repro" in table
+    assert "SIZING_VIOLATION" in table and "kvfence repro" in table
 
 
 def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_path):
@@ -51,8 +51,12 @@ def test_html_is_self_contained_with_the_plot_and_markdown_links_it(doc, tmp_pat
     html = written["html"].read_text()
     match = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
     assert match and base64.b64decode(match.group(1)).startswith(PNG_MAGIC)
-    assert not re.search(r"(src|href)=['\"](?!data:)", html)  # nothing external to load
-    assert "SIZING_VIOLATION" in html and "python -m kvfence repro" in html
+    assert not re.search(r"src=['\"](?!data:)", html)  # nothing external to load
+    # The only links are the case files (relative to the report's folder when they lie below it).
+    names = {Path(p).name for p in doc["cases"]}
+    hrefs = re.findall(r"href=['\"]([^'\"]+)", html)
+    assert hrefs and all(Path(h).name in names for h in hrefs), hrefs
+    assert "SIZING_VIOLATION" in html and "kvfence repro" in html
     md = written["md"].read_text()
     assert "![coverage](coverage.png)" in md and (tmp_path / "coverage.png").read_bytes().startswith(PNG_MAGIC)
 
@@ -73,9 +77,16 @@ def test_report_command_rerenders_from_summary_json(doc, tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(doc))
     res = subprocess.run([sys.executable, "-m", "kvfence", "report", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # a run with findings: exit 1, as for report --merge
     assert "base64," in (tmp_path / "report.html").read_text()
     assert "SIZING_VIOLATION" in (tmp_path / "report.md").read_text()
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "summary.json").write_text(json.dumps(dict(doc, findings=[], cases={})))
+    res = subprocess.run([sys.executable, "-m", "kvfence", "report", str(clean)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "clean" in (clean / "report.md").read_text()
 
 
 def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):

@@ -106,20 +106,27 @@ def test_max_need_over_width_names_its_example(failing_doc):
     summary_mod.validate(json.loads(json.dumps(failing_doc)), "summary")
 
 
-def _result(name, to_detection, *, expected=True, ran_on="cpu", domain="cpu", budget=30):
+def _result(name, to_detection, *, expected=True, ran_on="cpu", domain="cpu", budget=30, reference=False):
     return MutantResult(name, "kernel", domain, ran_on, expected, seeds=list(range(len(to_detection))),
                         to_detection=list(to_detection), seconds_to_detection=[0.1 if x else None for x in to_detection],
-                        kinds=["STRAY_WRITE"] if any(to_detection) else [], budget=budget)
+                        kinds=["STRAY_WRITE"] if any(to_detection) else [], budget=budget, reference=reference)
 
 
 @pytest.mark.parametrize("reference_dirty", [False, True])
 def test_mutants_table_reports_the_reference_as_expected(reference_dirty):
     report = SelfTest(mutants=[_result("off_by_one_n", [3, 5, 4]), _result("paged_no_last", [None, 4, 2]),
                                _result("copy_first_block_only", [None, None, None], domain="gpu", expected=False)],
-                      reference=[_result("reference", [7, None, None] if reference_dirty else [None] * 3,
-                                         expected=False, budget=60)],
+                      reference=[_result("reference (draft)", [7, None, None] if reference_dirty else [None] * 3,
+                                         expected=False, budget=60, reference=True),
+                                 _result("reference (window-rail)", [None] * 3, expected=False, budget=60,
+                                         reference=True)],
                       max_examples=30, seeds=[0, 1, 2], device="cpu")
-    rows = {line.split()[0]: line for line in format_table(report).splitlines()[2:]}
+    lines = format_table(report).splitlines()[2:]
+    rows = {line.split()[0]: line for line in lines}
+    # One reference row per contract, each named by it: the two rows can be told apart.
+    rows["reference"] = next(line for line in lines if line.startswith("reference (draft) "))
+    rail = next(line for line in lines if line.startswith("reference (window-rail) "))
+    assert "clean (expected)" in rail
     assert "3/3 seeds" in rows["off_by_one_n"] and "4/5" in rows["off_by_one_n"]  # median / worst examples
     assert "2/3 seeds (below 95%)" in rows["paged_no_last"]
     assert "not reachable here (expected)" in rows["copy_first_block_only"]

@@ -122,6 +122,23 @@ def hypothesis_final() -> Optional[bool]:
     return None if context is None else bool(context.is_final)
 
 
+def current_choices() -> Optional[bytes]:
+    """The choices of the example Hypothesis runs now, in its database encoding (or None if this
+    Hypothesis has no such encoding: the failure is then kept in its case file only)."""
+    try:
+        from hypothesis.control import _current_build_context
+        from hypothesis.database import choices_to_bytes
+    except ImportError:
+        return None
+    context = _current_build_context.value
+    if context is None:
+        return None
+    try:
+        return choices_to_bytes(context.data.choices)
+    except Exception:  # noqa: BLE001 - optional: without it the failure still has its case file
+        return None
+
+
 # -- case <-> dict -------------------------------------------------------------------------------------
 def case_to_dict(case: Case) -> dict:
     return {"config": case.config.to_dict(), "batch": case.batch.to_dict(), "kernel": case.kernel,

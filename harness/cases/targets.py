@@ -239,7 +239,7 @@ def kernel_capabilities(spec: str) -> Capabilities:
     from kvfence.cases import upstream
 
     if upstream.is_spec(spec):
-        return upstream.capabilities(upstream.resolve(spec)[2])
+        return _upstream_capabilities(upstream.resolve(spec)[2])
     if _is_triton_kernel(obj):
         return _check_classic_signature(spec, obj)
     return Capabilities()
@@ -326,8 +326,40 @@ def _upstream_kernel(spec: str, device: str) -> KernelTarget:
 
     entry, attr, abi = upstream.resolve(spec)
     kernel = getattr(_load_file(entry.module_path), attr)
-    return KernelTarget(spec, upstream.launcher(_for_device(kernel, device), abi),
-                        capabilities=upstream.capabilities(abi))
+    return KernelTarget(spec, _upstream_launcher(_for_device(kernel, device), abi),
+                        capabilities=_upstream_capabilities(abi))
+
+
+def _upstream_capabilities(abi) -> "Capabilities":
+    """What an extracted kernel can be given (``Capabilities``): its contract, and the §6
+    parameters its signature declares (only the classic and row-stride ABIs launch with them)."""
+    params = frozenset(abi.optional) & ALL_FAMILY if abi.name in ("classic", "row-stride") else frozenset()
+    return Capabilities((abi.contract,), params)
+
+
+def _upstream_launcher(kernel, abi):
+    """A ``LAUNCH_KWARGS`` launcher for an extracted kernel of ABI ``abi`` (grid (steps, seqs, topk)); the
+    classic and row-stride ABIs also take a §6 config's ``FAMILY_KWARGS`` (``abi_launcher``)."""
+    import triton
+
+    if abi.name in ("classic", "row-stride"):
+        # Same 13 positional values (plus the rail's window); row_stride gets pool_len's (kvfence's
+        # req_to_token is contiguous); the §6 constexprs by name.
+        rail = abi.contract == "window-rail"
+        return abi_launcher(None if rail else kernel, kernel if rail else None)
+
+    def launch_by_name(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, topk,
+                       num_steps, page_size):
+        num_seqs = seq_lens.shape[0]
+        values = {"req_pool_indices": req_pool_indices, "req_to_token": req_to_token, "paged_kernel_lens": seq_lens,
+                  "kv_indices": kv_indices, "kv_indptr": kv_indptr, "positions": positions, "num_seqs": num_seqs,
+                  "topk": topk, "pool_len": req_to_token.shape[1], "kv_indices_stride": kv_indices.stride(0),
+                  "kv_indptr_stride": kv_indptr.stride(0), "bs_upper": triton.next_power_of_2(num_seqs),
+                  "iter_upper": triton.next_power_of_2(num_steps),
+                  "num_tokens_upper": triton.next_power_of_2(num_seqs * topk), "page_size": page_size}
+        kernel[(num_steps, num_seqs, topk)](*(values[p] for p in abi.required))
+
+    return launch_by_name
 
 
 #: The window parameters a sizing policy may take as keywords (docs/contract.md §3, §6).

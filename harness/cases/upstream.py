@@ -207,7 +207,7 @@ def load_entry(version: str) -> Optional[Entry]:
     except (BadInput, OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError) as exc:
         why = exc if isinstance(exc, BadInput) else f"{type(exc).__name__}: {exc}"
         raise BadInput(f"cache entry {folder} is corrupt ({why}); delete it or run "
-                       f"`python -m kvfence upstream fetch {version} --refresh`") from None
+                       f"`kvfence upstream fetch {version} --refresh`") from None
 
 
 def _check_trusted(folder: Path) -> None:
@@ -325,7 +325,7 @@ def load_refusal(version: str) -> Optional[Refused]:
                 and isinstance(record.get("reason"), str), "not a refusal record of this version")
     except (BadInput, OSError, ValueError) as exc:
         raise BadInput(f"cache record {path} is corrupt ({exc}); delete it or run "
-                       f"`python -m kvfence upstream fetch {version} --refresh`") from None
+                       f"`kvfence upstream fetch {version} --refresh`") from None
     return Refused(record["reason"], record["status"])
 
 
@@ -654,42 +654,6 @@ def resolve(spec: str) -> Tuple[Entry, str, Abi]:
     abis = entry.abis
     require(attr in abis, f"kernel {spec!r}: sglang=={version} has no {attr} ({entry.manifest['source_path']})")
     return entry, attr, abis[attr]
-
-
-def capabilities(abi: Abi):
-    """What an extracted kernel can be given (``kvfence.cases.targets.Capabilities``): its contract, and the §6
-    parameters its signature declares (only the classic and row-stride ABIs launch with them)."""
-    from kvfence.cases.targets import ALL_FAMILY, Capabilities
-
-    params = frozenset(abi.optional) & ALL_FAMILY if abi.name in ("classic", "row-stride") else frozenset()
-    return Capabilities((abi.contract,), params)
-
-
-def launcher(kernel, abi: Abi):
-    """A ``LAUNCH_KWARGS`` launcher for an extracted kernel of ABI ``abi`` (grid (steps, seqs, topk)); the
-    classic and row-stride ABIs also take a §6 config's ``FAMILY_KWARGS`` (``kvfence.cases.targets.abi_launcher``)."""
-    import triton
-
-    if abi.name in ("classic", "row-stride"):
-        # Same 13 positional values (plus the rail's window); row_stride gets pool_len's (kvfence's
-        # req_to_token is contiguous); the §6 constexprs by name.
-        from kvfence.cases.targets import abi_launcher
-
-        rail = abi.contract == "window-rail"
-        return abi_launcher(None if rail else kernel, kernel if rail else None)
-
-    def launch_by_name(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, topk,
-                       num_steps, page_size):
-        num_seqs = seq_lens.shape[0]
-        values = {"req_pool_indices": req_pool_indices, "req_to_token": req_to_token, "paged_kernel_lens": seq_lens,
-                  "kv_indices": kv_indices, "kv_indptr": kv_indptr, "positions": positions, "num_seqs": num_seqs,
-                  "topk": topk, "pool_len": req_to_token.shape[1], "kv_indices_stride": kv_indices.stride(0),
-                  "kv_indptr_stride": kv_indptr.stride(0), "bs_upper": triton.next_power_of_2(num_seqs),
-                  "iter_upper": triton.next_power_of_2(num_steps),
-                  "num_tokens_upper": triton.next_power_of_2(num_seqs * topk), "page_size": page_size}
-        kernel[(num_steps, num_seqs, topk)](*(values[p] for p in abi.required))
-
-    return launch_by_name
 
 
 def describe(entry: Entry) -> str:

@@ -12,7 +12,7 @@ overflow, stray write into an input) one fixed case is run, per mode, under four
 memcheck children run the production layout with no tail guard (``repro --layout production
 --no-absorb``), so each store lands where it would in production. A cell says whether the detector saw
 the bug, and carries every ``SANITIZER_TOOL_ERROR`` of its run: a cell whose run failed is reported as
-such, never as "missed". The numbers exist only from a GPU run (``benchmarks/device_sweep_check.sh``).
+such, never as "missed". The numbers exist only from a GPU run (``bash benchmarks/gpu.sh nightly``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ How each case is run under a tool (``tool_command`` + ``case_env``):
   launch, the records kept all at the prefix-token load of ``req_to_token``, which ``slot_table`` builds
   with torch ops). kvfence initialises every element it copies (guarded buffers are fully written by
   ``reset``, inputs are ``zeros``/``ones``), so the unfiltered run is the check that means something.
-  This is read from the logs and the code; ``benchmarks/device_sweep_check.sh a`` confirms it on a GPU
+  This is read from the logs and the code; ``bash benchmarks/gpu.sh sanitizer-clean`` confirms it on a GPU
   (a clean case under initcheck with and without the filter);
 * every signal counts (``signal_findings``): the tool's exit code (``--error-exitcode``), its summary
   line, an unreadable XML report, a timeout, and the child's own status become ``SANITIZER_TOOL_ERROR``

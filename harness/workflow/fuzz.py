@@ -308,7 +308,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         if hypothesis_final():
             result.hypothesis = hypothesis_blob()
             if known is not None:
-                from kvfence.workflow.keepgoing import current_choices
+                from kvfence.cases.casefile import current_choices
 
                 result.choices = current_choices()
         state["last_failure"] = (case, findings)  # Hypothesis only tries smaller ones from here

@@ -62,23 +62,6 @@ def phase_seed(seed: Optional[int], phase: int) -> Optional[int]:
     return seed + (phase << 32)
 
 
-def current_choices() -> Optional[bytes]:
-    """The choices of the example Hypothesis runs now, in its database encoding (or None if this
-    Hypothesis has no such encoding: the failure is then kept in its case file only)."""
-    try:
-        from hypothesis.control import _current_build_context
-        from hypothesis.database import choices_to_bytes
-    except ImportError:
-        return None
-    context = _current_build_context.value
-    if context is None:
-        return None
-    try:
-        return choices_to_bytes(context.data.choices)
-    except Exception:  # noqa: BLE001 - optional: without it the failure still has its case file
-        return None
-
-
 def read_only(inner):
     """A view of the example database ``inner`` whose examples are read (replayed) but never saved,
     moved or deleted. (A function, so that importing this module does not import Hypothesis.)"""

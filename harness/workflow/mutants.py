@@ -88,6 +88,8 @@ class MutantResult:
     budget: int = 0
     bug: str = ""
     headline: str = ""
+    #: A reference row (the unmutated kernel, one per contract), not a mutant.
+    reference: bool = False
 
     @property
     def detections(self) -> int:
@@ -294,7 +296,8 @@ def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), name
                                    max_examples=max_examples or BUDGETS[domain], seeds=seeds, progress=progress))
     for domain, contract in sorted(ran_on):
         what = "" if contract == "draft" else f", contract {contract}"
-        result = MutantResult(REFERENCE, "kernel", domain, domain, expected=False,
+        # One row per contract, named by it: two rows both called "reference" could not be told apart.
+        result = MutantResult(f"{REFERENCE} ({contract})", "kernel", domain, domain, expected=False, reference=True,
                               bug=f"the reference kernel with the safe sizing{what} (must stay clean)")
         budget = reference_examples if reference_examples is not None else 2 * (max_examples or BUDGETS[domain])
         report.reference.append(_run(result, reference, _strategy(domain, REFERENCE, "safe", max_bytes, contract),
@@ -311,7 +314,7 @@ def _budget_text(max_examples: Optional[int]) -> str:
 def verdict_text(r: MutantResult) -> str:
     """What a row means, in words: the reference is "clean (expected)", a scale mutant on the CPU domain
     "not reachable here (expected)", a mutant on its own domain its detection count."""
-    if r.name == REFERENCE:
+    if r.reference:
         return "clean (expected)" if not r.detected else "FOUND: the reference is not clean"
     if not r.expected:
         return "not reachable here (expected)" if not r.detected else "DETECTED off its domain"

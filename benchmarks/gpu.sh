@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Every GPU benchmark and GPU check of kvfence, one part at a time or all in a row. From the repository root
+# of an installed checkout (pip install -e ".[test]" with the machine's CUDA torch):
+#
+#   bash benchmarks/gpu.sh                 # every part, in the order below
+#   bash benchmarks/gpu.sh throughput tests   # only these parts
+#
+# Results go to $RESULTS (default benchmarks/results/, the files BENCHMARKS.md quotes); logs to $LOGS
+# (default reports/out/gpu-logs/, not in git). Each part is capped with `timeout` so it fits one 10-minute call
+# of a lent GPU machine; the caps are in the table below. A part's exit code is printed as "PART rc=N".
+#
+#   part             seconds  writes ($RESULTS/)                 what
+#   throughput       560      h200.json                          check_small, large, the 60 s fuzz runs, scale mutants
+#   verify-variants  120      h200_verify_final.json             the shipped device verifier's per-pass timings
+#   verifiers        450      h200_verifiers.json                mutants --verifiers both: the two verifiers agree
+#   mutants          450      h200_mutants.json                  the mutation self-test on the GPU domain
+#   family           560      h200_family_mutants.json           the §6 mutants on the GPU domain
+#   nightly          560      h200_nightly.json                  the sweep: safe exits 0, prefix 1; detection matrix
+#   sanitizer-clean  560      h200_sweep_clean.json              clean cases under each compute-sanitizer tool
+#   worker           300      h200_worker_ipc.json, h200_worker_restart.json   worker messaging and restarts
+#   crash            200      h200_crash_run_summary.json        fuzz --keep-going over a kernel that faults
+#   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
+#   tests            300      (log only)                         pytest --device cuda: the GPU tests
+#
+# upstream: the GPU machine has no network, so the extracted kernels travel in upstream-cache/, filled on a
+# machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
+set -u
+export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
+RESULTS=${RESULTS:-benchmarks/results}
+LOGS=${LOGS:-reports/out/gpu-logs}
+VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
+ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests"
+mkdir -p "$RESULTS" "$LOGS"
+
+run_throughput() {
+  timeout 560 python benchmarks/throughput.py --json "$RESULTS/h200.json" --seconds 60 --pinned-seconds 60 \
+    --scale-seconds 30 > "$LOGS/throughput.txt" 2>&1
+}
+
+run_verify_variants() {
+  timeout 120 python benchmarks/verify_variants.py --json "$RESULTS/h200_verify_final.json" --only shipped \
+    > "$LOGS/verify_variants.txt" 2>&1
+}
+
+run_verifiers() {
+  timeout 450 kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$RESULTS/h200_verifiers.json" \
+    > "$LOGS/verifiers.txt" 2>&1
+}
+
+run_mutants() {
+  timeout 450 kvfence mutants --device cuda --json "$RESULTS/h200_mutants.json" > "$LOGS/mutants.txt" 2>&1
+}
+
+run_family() {
+  timeout 560 kvfence mutants --device cuda --seeds 2 --max-examples 60 --json "$RESULTS/h200_family_mutants.json" \
+    --only window_offsets_unclipped window_sinks_dropped window_recent_off_by_one entry_page_no_offset \
+           translate_page_unscaled translate_negative_unclipped rail_prefix_from_start rail_chain_from_zero \
+           rail_indptr_without_chain sizing_window_no_topk > "$LOGS/family.txt" 2>&1
+}
+
+run_nightly() {
+  timeout 560 python benchmarks/nightly.py --out "$LOGS/nightly" --json "$RESULTS/h200_nightly.json" \
+    --max-examples 300 --jobs 4 --timeout 120 > "$LOGS/nightly.txt" 2>&1
+}
+
+# Clean reference cases (eager with the caching allocator off, graph with it on) under each tool, then kvfence's
+# own sweep over them, which must exit 0: a correct kernel leaves the sanitizer with nothing to report.
+run_sanitizer_clean() {
+  local dir="$LOGS/sanitizer-clean"
+  mkdir -p "$dir"
+  CLEAN="$dir" python - <<'PY' || return 1
+import os
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.cases.casefile import write_case
+for mode in ("eager", "graph"):
+    case = Case(Config(topk=4, num_steps=3, ctx=64, max_bs=4, mode=mode, sizing="safe"),
+                Batch((64, 40, 17, 64), (0, 1, 2, 3), 5))
+    print(write_case(case, [], out_dir=os.environ["CLEAN"], device="cuda", source="gpu.sh"))
+PY
+  timeout 500 kvfence sweep --cases "$dir/cases" --jobs 4 --timeout 150 --out "$dir/sweep" > "$dir/sweep.txt" 2>&1
+  local rc=$?
+  cp "$dir/sweep/sweep.json" "$RESULTS/h200_sweep_clean.json" 2>/dev/null
+  return $rc
+}
+
+run_worker() {
+  timeout 200 python benchmarks/worker_ipc.py --device cuda --json "$RESULTS/h200_worker_ipc.json" \
+    > "$LOGS/worker_ipc.txt" 2>&1 || return $?
+  timeout 100 python benchmarks/worker_restart.py --device cuda --crashes 3 --gap 1.0 \
+    --json "$RESULTS/h200_worker_restart.json" > "$LOGS/worker_restart.txt" 2>&1
+}
+
+# A kernel that faults on page size 3 configs: the run must go on past each crash and exit 1 with its CRASH.
+run_crash() {
+  timeout 200 kvfence fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_3 --mode eager --scale cpu \
+    --jobs 1 --topk 2 --num-steps 2 --ctx 8 --max-bs 2 --seed 1 --keep-going --max-examples 1000000 \
+    --max-seconds 90 --shrink-seconds 45 --quiet --out "$LOGS/crash_run" > "$LOGS/crash.txt" 2>&1
+  local rc=$?
+  cp "$LOGS/crash_run/summary.json" "$RESULTS/h200_crash_run_summary.json" 2>/dev/null
+  [ "$rc" -eq 1 ]
+}
+
+run_upstream() {
+  KVFENCE_OFFLINE=1 KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/upstream-cache} timeout -s TERM 530 kvfence upstream matrix \
+    --versions "$VERSIONS" --sizing prefix,fixed,safe,window-fixed,window-no-topk --contracts draft,window-rail \
+    --device cuda --offline --max-examples 30 --jobs 8 --seed 0 --shrink-seconds 5 --cell-timeout 150 \
+    --out "$LOGS/upstream-matrix" --json "$RESULTS/h200_upstream_matrix.json" > "$LOGS/upstream.txt" 2>&1
+}
+
+run_tests() {
+  timeout 300 python -m pytest --device cuda -q -p no:cacheprovider tests/test_fastcheck.py tests/test_gpu.py \
+    tests/test_worker_gpu.py > "$LOGS/tests.txt" 2>&1
+}
+
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+python -c "import torch, triton, numpy, hypothesis; print('torch', torch.__version__, 'triton', triton.__version__, \
+'numpy', numpy.__version__, 'hypothesis', hypothesis.__version__)"
+status=0
+for part in ${*:-$ALL}; do
+  case " $ALL " in *" $part "*) ;; *) echo "gpu.sh: unknown part $part (parts: $ALL)" >&2; exit 2 ;; esac
+  start=$SECONDS
+  "run_${part//-/_}"
+  rc=$?
+  echo "$part rc=$rc ($((SECONDS - start)) s; log under $LOGS)"
+  [ "$rc" -eq 0 ] || status=1
+done
+exit $status

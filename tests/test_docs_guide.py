@@ -1,0 +1,112 @@
+"""README.md is a short guide and the rest of the documentation lives in docs/ by task: the README's length
+and line widths, its required sections, one command name, links that resolve, and docs/cli.md generated from
+the parser (``docs/make_cli_reference.py``) so it cannot drift from the command line."""
+
+import re
+import runpy
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+#: Pages other pieces of the project own; the README must link them (checked to exist where present).
+OWNED_ELSEWHERE = {"docs/own-kernel.md", "docs/shipped-sizing.md", "docs/security.md"}
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def _links(text: str, base: Path):
+    for target in LINK.findall(text):
+        if not re.match(r"[a-z]+://", target):
+            yield (base / target).resolve().relative_to(ROOT).as_posix()
+
+
+def test_readme_is_a_short_guide_with_the_sections_a_newcomer_needs():
+    lines = README.splitlines()
+    assert 150 <= len(lines) <= 220, len(lines)
+    assert not [n for n, line in enumerate(lines, 1) if len(line) > 120]
+    headings = re.findall(r"^## (.+)$", README, re.M)
+    for needed in ("Quickstart", "Read a finding", "Test your own kernel", "Test your own kernel in your CI",
+                   "Is my deployment affected?", "Where to go next"):
+        assert needed in headings, headings
+    section = lambda name: README.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]  # noqa: E731
+    assert "docs/own-kernel.md" in section("Test your own kernel in your CI")
+    assert "docs/shipped-sizing.md" in section("Is my deployment affected?")
+    assert "minutes" in section("Quickstart")  # how long the steps take
+
+
+def test_one_command_name_and_no_placeholder():
+    docs = [README] + [p.read_text() for p in (ROOT / "docs").glob("*.md")]
+    for text in docs:
+        assert not re.search(r"python -m kvfence (fuzz|repro|report|mutants|sweep|upstream)\b", text)
+        assert "<kvfence repository URL>" not in text
+
+
+def test_every_local_link_of_the_readme_and_docs_resolves():
+    pages = {"README.md": README, **{f"docs/{p.name}": p.read_text() for p in (ROOT / "docs").glob("*.md")}}
+    missing = {}
+    for name, text in pages.items():
+        for target in _links(text, (ROOT / name).parent):
+            if not (ROOT / target).exists() and target not in OWNED_ELSEWHERE:
+                missing.setdefault(name, []).append(target)
+    assert missing == {}
+    linked = set(_links(README, ROOT))
+    assert OWNED_ELSEWHERE <= linked
+    # Every page of docs/ is reachable from the README.
+    assert {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - linked <= {"docs/contract.md"} - linked
+
+
+def test_the_link_checker_sees_a_broken_link(tmp_path):
+    assert list(_links("[a](docs/x.md#y) [b](https://example.org) [c](../BENCHMARKS.md)", ROOT / "docs")) == [
+        "docs/docs/x.md", "BENCHMARKS.md"]
+
+
+def test_the_cli_reference_is_what_the_parser_says():
+    tool = runpy.run_path(str(ROOT / "docs" / "make_cli_reference.py"))
+    text = tool["render"]()
+    assert (ROOT / "docs" / "cli.md").read_text() == text, "run: python docs/make_cli_reference.py"
+    from kvfence.cli import build_parser
+
+    parser = build_parser("kvfence")
+    # Every flag of every command is on the page (the check above is not vacuous).
+    flags = set()
+    stack = [parser]
+    while stack:
+        p = stack.pop()
+        for action in p._actions:
+            flags.update(o for o in action.option_strings if o.startswith("--") and o != "--help")
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                stack.extend(action.choices.values())
+    assert flags and all(f"`{flag}" in text for flag in flags), sorted(f for f in flags if f"`{f}" not in text)
+
+
+BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def quoted_keys(text: str):
+    """``(file, top-level key)`` of every ``results file: key`` cell of BENCHMARKS.md's tables."""
+    for cell in re.findall(r"\| `([\w.]+\.json)`: ([^|]+) \|", text):
+        name, keys = cell
+        for key in re.findall(r"`([^`]+)`", keys):
+            yield name, re.split(r"[.\[]", key, 1)[0]
+
+
+def test_benchmarks_quote_files_and_keys_that_exist_and_are_no_diary():
+    quoted = list(quoted_keys(BENCHMARKS))
+    assert len({name for name, _ in quoted}) >= 10, quoted
+    import json
+
+    for name, key in quoted:
+        doc = json.loads((RESULTS / name).read_text())
+        assert key in doc, f"BENCHMARKS.md quotes {name}: {key}, which the file does not have"
+    assert not re.search(r"\bsession\b|\$OUT|\bruns? \d+\b|not run yet", BENCHMARKS)
+    # One script runs every GPU benchmark; no numbered one-off device scripts.
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.sh"))
+    assert scripts == ["gpu.sh"], scripts
+    parts = re.search(r'^ALL="([^"]+)"', (ROOT / "benchmarks" / "gpu.sh").read_text(), re.M).group(1).split()
+    for part in set(re.findall(r"\| `([a-z-]+)` \| `h200", BENCHMARKS)):
+        assert part in parts, part
+
+
+def test_the_benchmark_key_reader_sees_each_key():
+    row = "| x | 1 | | `throughput` | `h200.json`: `a_b` (passes: `c`), `rows[variant=x].d` |"
+    assert list(quoted_keys(row)) == [("h200.json", "a_b"), ("h200.json", "c"), ("h200.json", "rows")]
