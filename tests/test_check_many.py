@@ -103,3 +103,29 @@ def test_a_batch_longer_than_one_real_chunk(device):
     out = session.check_many([Case(CONFIG, b, BUCKET_DIRTY) for b in batches])
     assert [i for i, f in enumerate(out) if f] == [n - 1]
     assert session.stats["batches"] == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_failure_fuzzing_reports_on_the_batched_path_replays_with_repro(device, seed, tmp_path):
+    """Fuzzing as the GPU runs it (several batches of one config per example, checked by check_many,
+    no shrinking, as the mutation self-test runs): the failure it reports is the dirty case, and its
+    case file fails again under ``repro`` (the independent oracle path) with the same finding kinds."""
+    import io
+
+    from hypothesis import strategies as hst
+
+    from kvfence.cases.casefile import write_case
+    from kvfence.strategies import case_runs
+    from kvfence.workflow.fuzz import fuzz
+    from kvfence.workflow.repro import run_repro
+
+    session = Session(device, BUCKET_DIRTY, verifier="device")
+    result = fuzz(session, case_runs(hst.just(CONFIG), kernel=BUCKET_DIRTY, max_batches=8), max_examples=40,
+                  seed=seed, shrink_seconds=0.0, targeting=False)
+    assert result.case is not None and session.stats["batches"] >= 1
+    assert result.case.launch().num_seqs == 4  # the planted bug's bucket, not a clean case blamed
+    path = write_case(result.case, result.findings, out_dir=tmp_path, device=device)
+    out = io.StringIO()
+    assert run_repro(path, device=device, trust_case=True, in_process=True, out=out) == 1, out.getvalue()
+    assert "GUARD_OVERWRITE" in out.getvalue() and "unrepeatable" not in out.getvalue()
+    assert {f.kind.value for f in result.findings} == {"GUARD_OVERWRITE"}
