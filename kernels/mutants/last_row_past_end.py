@@ -8,6 +8,8 @@ tail guard so the stores leave the allocation.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("MISSING_WRITE", "GUARD_OVERWRITE", "OOB_WRITE")
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    out = kv_indices + s * kv_indices_stride + topk * prefix_sum + b * n * topk + k * (L + n)',
