@@ -516,7 +516,8 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
             print(f"kvfence fuzz: replayed {run['campaign']['stored_failures_at_start']} stored failure(s) "
                   f"from {db_spec.display} first")
         print(f"kvfence fuzz: {result.verified_cases} cases verified ({result.cached_cases} from cache) in "
-              f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+              f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s, {result.structural_cases_per_s:.1f} "
+              f"structurally distinct/s) on {device}, kernel {args.kernel}, "
               f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
               f"seed {'random (%d)' % seed if run['seed_source'] == 'random' else seed}")
     run = dict(run, interrupted=result.interrupted)
@@ -567,7 +568,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         doc["cases"][p] = summary_mod.case_record(p, crash.case, [crash.finding], source="journal")
     adopt_case_files([doc], out_dir)
     print(f"kvfence fuzz: {jobs} jobs, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
-          f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+          f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s, {doc['structural_cases_per_s']:.1f} "
+          f"structurally distinct/s) on {device}, kernel {args.kernel}, "
           f"sizing {args.sizing}, domain {run['domain']}")
     for path, record in doc["cases"].items():
         print(f"{', '.join(record['kinds'])}: {path}")
