@@ -93,7 +93,6 @@ def test_counters_of_an_earlier_chunk_survive_a_capture_in_a_later_one(device):
     assert [bool(f) for f in out] == [True] + [False] * len(rest)
 
 
-@pytest.mark.cpu_only
 def test_a_batch_longer_than_one_real_chunk(device):
     """More than the real ``BATCH_ROWS`` (64) cases with the dirty bucket first needed in the second
     chunk: the dirty case is found (it came back clean when a capture zeroed the counters)."""
