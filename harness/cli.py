@@ -1012,12 +1012,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                                                 "mutants unreachable on the CPU domain, the reference clean "
                                                 "(--verifiers both: every case agrees, every planted write seen)",
                                            one="a mutant missed too often, or a finding on the reference "
-                                               "(--verifiers both: a disagreement, or a planted write never seen)"))
+                                               "(--verifiers both: a disagreement, or a target never dirty)"))
     mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
     mu.add_argument("--max-examples", type=_positive_int, default=None,
                     help="example budget per mutant and seed (default: 60 on the CPU domain, 100 on the GPU "
-                         "domain; with --verifiers both, cases per target, default 8)")
+                         "domain; with --verifiers both, configs per target, each a run of batches, default 8)")
     mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
     mu.add_argument("--seeds", type=_positive_int, default=1,
                     help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "

@@ -59,7 +59,7 @@ from kvfence.kernels import KERNELS_DIR
 
 PLANTED_FILE = KERNELS_DIR / "planted.py"
 REFERENCE = "reference"
-#: Cases per target when ``--max-examples`` is not given (the CPU run: 47 targets, about 3 minutes).
+#: Configs per target when ``--max-examples`` is not given (each a run of several batches).
 DEFAULT_EXAMPLES = 8
 #: Device bytes per drawn config on CUDA when ``--max-gpu-mem`` is not given: the oracle path builds
 #: the whole write set in Python, so production-sized configs are kept to a size it checks in a second.
@@ -467,6 +467,6 @@ def format_table(report: Comparison) -> str:
     unexercised = [r.target.name for r in report.rows if not r.exercised]
     verdict = "PASS" if report.passed else "FAIL"
     lines.append(f"{verdict}: {report.agree}/{report.cases} cases agree, {report.disagree} disagree over "
-                 f"{len(report.rows)} targets ({report.max_examples} cases each, seed {report.seed}, device "
+                 f"{len(report.rows)} targets ({report.max_examples} configs each, seed {report.seed}, device "
                  f"{report.device})" + (f"; never dirty: {', '.join(unexercised)}" if unexercised else ""))
     return "\n".join(lines)
