@@ -2,12 +2,18 @@
 
     python benchmarks/throughput.py --json PATH [--device cuda|cpu] [--quick] [--skip-runs] [--only STAGES]
 
-Measures, in one run (every rate counts only cases launched and verified, never cache hits):
+Measures, in one run (every rate counts only cases launched and verified, never cache hits), and
+writes the whole ``--json`` file from that run alone (the H200 record: ``H200_COMMAND``):
 
-* ``default_verified_cases_per_s``: the default ``python -m kvfence fuzz --device cuda`` (no pinned field:
-  the GPU domain, default ``--jobs``, config-major batches) over a ``--max-seconds`` run, process start,
-  compiles and captures included (wall time of the whole command); ``default_run`` keeps its summary;
-* ``pinned_verified_cases_per_s``: the same with a pinned small config (``SMALL``) and ``--jobs``;
+* ``default_structural_cases_per_s``: the headline rate of the default ``python -m kvfence fuzz --device
+  cuda`` (no pinned field: the GPU domain, default ``--jobs``, config-major batches) over a
+  ``--max-seconds`` run: structurally distinct verified cases (config, lengths, pool rows; distinct
+  across all jobs) per second of the whole command's wall time (process start, compiles and captures
+  included); ``default_structurally_new_fraction`` is structural / verified cases, and
+  ``default_token_variant_cases`` the cases that only re-drew a structure's token table;
+  ``default_verified_cases_per_s`` counts every verified case; ``default_run`` keeps its summary;
+* ``pinned_structural_cases_per_s`` (and the same companions): the same with a pinned small config
+  (``SMALL``) and ``--jobs``;
 * ``check_us_small``: kvfence's own check path on pre-drawn small cases (``Session.check_many`` in
   batches of 32: staging, one fused graph replay per case, one read-back per batch), per case, the median
   of 5 passes after a warm-up (``check_us_small_passes``: each pass);
@@ -41,6 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SMALL = dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16)
+#: The one command that writes benchmarks/results/h200.json on the H200 (every key from that run; the
+#: scale mutants, minutes of fuzzing each, go to their own file: ``--only scale``).
+H200_COMMAND = ("python benchmarks/throughput.py --device cuda --only small,naive,check_small,large,runs "
+                "--json benchmarks/results/h200.json")
 LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
 
 
@@ -339,28 +349,35 @@ def _fuzz_cli(args, timeout: float) -> dict:
         assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
         doc = json.loads((Path(tmp) / "s.json").read_text())
     keys = ("examples", "generated_cases", "verified_cases", "cached_cases", "launches", "elapsed_s", "cases_per_s",
-            "distinct_configs", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
+            "structural_cases", "token_variant_cases", "structural_cases_per_s", "distinct_configs", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
             "boundaries", "first_failure_s", "time_cut", "batches_per_example", "max_gpu_mem")
     return dict({k: doc.get(k) for k in keys}, wall_s=round(wall, 2), exit=proc.returncode,
                 command="python -m kvfence fuzz " + " ".join(args),
                 findings=sorted({f["kind"] for f in doc.get("findings", [])}))
 
 
-def fuzz_runs(seconds: float, jobs, pinned_seconds: float) -> dict:
+def run_rates(name: str, run: dict) -> dict:
+    """The rates of one fuzz-command run (``_fuzz_cli``), over the command's wall time: every verified
+    case, the structurally distinct ones (the headline), and the fraction that was structurally new."""
+    wall, verified, structural = run["wall_s"], run["verified_cases"], run["structural_cases"]
+    return {f"{name}_run": run,
+            f"{name}_structural_cases_per_s": round(structural / wall, 1),
+            f"{name}_structurally_new_fraction": round(structural / verified, 3) if verified else None,
+            f"{name}_token_variant_cases": run["token_variant_cases"],
+            f"{name}_distinct_configs": run["distinct_configs"],
+            f"{name}_verified_cases_per_s": round(verified / wall, 1)}
+
+
+def fuzz_runs(seconds: float, jobs, pinned_seconds: float, device: str = "cuda") -> dict:
     """The default GPU command over ``seconds`` and a pinned small config with --jobs over ``pinned_seconds``."""
-    out = {}
-    default = _fuzz_cli(["--device", "cuda", "--max-examples", "100000000", "--max-seconds", str(seconds)],
+    default = _fuzz_cli(["--device", device, "--max-examples", "100000000", "--max-seconds", str(seconds)],
                         timeout=seconds + 240)
     assert not default["findings"], default
-    out["default_run"] = default
-    out["default_verified_cases_per_s"] = round(default["verified_cases"] / default["wall_s"], 1)
     pinned_flags = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
-    pinned = _fuzz_cli(["--device", "cuda", "--max-examples", "100000000", "--max-seconds", str(pinned_seconds),
+    pinned = _fuzz_cli(["--device", device, "--max-examples", "100000000", "--max-seconds", str(pinned_seconds),
                         *pinned_flags] + (["--jobs", str(jobs)] if jobs else []), timeout=pinned_seconds + 240)
     assert not pinned["findings"], pinned
-    out["pinned_run"] = pinned
-    out["pinned_verified_cases_per_s"] = round(pinned["verified_cases"] / pinned["wall_s"], 1)
-    return out
+    return {**run_rates("default", default), **run_rates("pinned", pinned)}
 
 
 def scale_mutants(seconds: float) -> dict:

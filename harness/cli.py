@@ -569,7 +569,8 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
             print(f"kvfence fuzz: replayed {run['campaign']['stored_failures_at_start']} stored failure(s) "
                   f"from {db_spec.display} first")
         print(f"kvfence fuzz: {result.verified_cases} cases verified ({result.cached_cases} from cache) in "
-              f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+              f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s, {result.structural_cases_per_s:.1f} "
+              f"structurally distinct/s) on {device}, kernel {args.kernel}, "
               f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
               f"seed {'random (%d)' % seed if run['seed_source'] == 'random' else seed}")
     run = dict(run, interrupted=result.interrupted, **_phases(session, result))
@@ -667,7 +668,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         doc["cases"][p] = summary_mod.case_record(p, crash.case, [crash.finding], source="journal")
     adopt_case_files([doc], out_dir)
     print(f"kvfence fuzz: {jobs} jobs, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
-          f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s) on {device}, kernel {args.kernel}, "
+          f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s, {doc['structural_cases_per_s']:.1f} "
+          f"structurally distinct/s) on {device}, kernel {args.kernel}, "
           f"sizing {args.sizing}, domain {run['domain']}")
     for path, record in doc["cases"].items():
         print(f"{', '.join(record['kinds'])}: {path}")
@@ -1163,12 +1165,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                                                 "mutants unreachable on the CPU domain, the reference clean "
                                                 "(--verifiers both: every case agrees, every planted write seen)",
                                            one="a mutant missed too often, or a finding on the reference "
-                                               "(--verifiers both: a disagreement, or a planted write never seen)"))
+                                               "(--verifiers both: a disagreement, or a target never dirty)"))
     mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
     mu.add_argument("--max-examples", type=_positive_int, default=None,
                     help="example budget per mutant and seed (default: 60 on the CPU domain, 100 on the GPU "
-                         "domain; with --verifiers both, cases per target, default 8)")
+                         "domain; with --verifiers both, configs per target, each a run of batches, default 8)")
     mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
     mu.add_argument("--seeds", type=_positive_int, default=1,
                     help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "

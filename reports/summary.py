@@ -73,7 +73,12 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         **{key: getattr(result, key) for key in COUNTS[1:]},
         "elapsed_s": round(result.elapsed_s, 3),
         "cases_per_s": round(result.cases_per_s, 3),
+        "structural_cases_per_s": round(result.structural_cases_per_s, 3),
         "distinct_configs": result.distinct_configs,
+        # The digests behind structural_cases and distinct_configs: a merge counts what is distinct
+        # across jobs from them (sorted, so a summary is the same for the same run).
+        "structure_keys": sorted(result.structure_keys),
+        "config_keys": sorted(result.config_keys),
         **{key: (round(session.get(key, 0), 3) if key.endswith("_s") else session.get(key, 0)) for key in SESSION_KEYS},
         **run,
         "largest_config": result.largest_config,
@@ -100,7 +105,9 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
 
 #: The run's counts, in the order every output shows them (kvfence.workflow.fuzz.FuzzResult defines each).
 COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches",
-          "structural_cases")
+          "structural_cases", "token_variant_cases")
+#: Counts distinct across the jobs of a merge -> the digests each summary lists for them.
+DISTINCT = {"structural_cases": "structure_keys", "distinct_configs": "config_keys"}
 #: Session counters copied into the summary (kvfence.verifying.session.Session.stats).
 SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
                 # §6 cases verified on the host because the device verifier checks §2 only (kvfence.verifying.session)
@@ -119,8 +126,15 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
         out[key] = sum(d.get(key, 0) or 0 for d in docs)
         if key.endswith("_s"):
             out[key] = round(out[key], 3)
+    for key, keys in DISTINCT.items():
+        # Distinct across all jobs: the union of their digests (two jobs meeting one structure or config
+        # count it once). A summary without digests (an older one) can only be added.
+        if all(isinstance(d.get(keys), list) for d in docs):
+            union = sorted(set().union(*(d[keys] for d in docs)))
+            out[key], out[keys] = len(union), union
     out["elapsed_s"] = round(elapsed_s, 3)
     out["cases_per_s"] = round(out["verified_cases"] / elapsed_s, 3) if elapsed_s > 0 else 0.0
+    out["structural_cases_per_s"] = round(out["structural_cases"] / elapsed_s, 3) if elapsed_s > 0 else 0.0
     out.update(run)
     sized = [d["largest_config"] for d in docs if d.get("largest_config")]
     out["largest_config"] = max(sized, key=lambda c: c.get("estimated_bytes", 0)) if sized else None
@@ -342,6 +356,7 @@ def run_rows(doc: dict) -> List[List[str]]:
     rows += [["elapsed", f"{doc['elapsed_s']:.1f} s" + (f" (ended by {doc['ended_by']})" if doc.get("ended_by") else "")],
              ["start-up", phases_text(doc)],
              ["verified cases/s", f"{doc['cases_per_s']:.1f}"],
+             ["structurally distinct cases/s", f"{doc.get('structural_cases_per_s', 0):.1f}"],
              ["distinct configs", str(doc.get("distinct_configs", "?"))],
              ["compiles / captures", f"{doc.get('compiles', 0)} / {doc.get('captures', 0)} "
                                      f"({doc.get('compile_s', 0):.1f} s compiling, {doc.get('capture_s', 0):.1f} s capturing)"],

@@ -39,6 +39,7 @@ def test_shipped_mutants_are_well_formed(device):
     assert {m.kind for m in mutants} == {"kernel", "sizing"}
     for m in mutants:
         assert m.bug.startswith("Mutant (")
+        assert m.detects and "LAUNCH_ERROR" not in m.detects  # a shipped bug is a wrong write, not a crash
         if m.kind == "kernel":
             assert resolve_kernel(m.kernel, device).request_axis == 1  # a classic-ABI @triton.jit kernel
         else:
@@ -107,3 +108,38 @@ def test_cli_unknown_mutant_is_one_line_exit_2():
     proc = run_cli("--device", "cpu", "--only", "no_such_mutant")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "unknown mutant" in proc.stderr
+
+
+def test_a_mutant_is_detected_only_by_the_kinds_it_declares(device, tmp_path):
+    """A patch that does not compile fails every launch (LAUNCH_ERROR, which it does not declare): no
+    seed detects it and the self-test fails; the same bug declared by its real kinds is detected. The
+    reference control runs under every seed."""
+    from kvfence.workflow.mutants import run_all
+
+    src = (ROOT / "kernels" / "mutants" / "off_by_one_n.py").read_text()
+    broken = src.replace("\"    n = s  # BUG: the spec's n is s + 1\\n\"", "'    n = no_such_name\\n'")
+    assert broken != src
+    (tmp_path / "does_not_compile.py").write_text(broken)
+    shutil.copy(ROOT / "kernels" / "mutants" / "off_by_one_n.py", tmp_path / "off_by_one_n.py")
+    report = run_all(device, max_examples=5, seeds=[0, 1], directory=tmp_path, reference_examples=3)
+    by_name = {m.name: m for m in report.mutants}
+    assert by_name["does_not_compile"].detections == 0
+    assert by_name["does_not_compile"].undeclared == [["LAUNCH_ERROR"], ["LAUNCH_ERROR"]]
+    assert by_name["off_by_one_n"].rate == 1.0 and set(by_name["off_by_one_n"].kinds) & {"MISSING_WRITE", "INDPTR_MISMATCH"}
+    assert not report.passed
+    assert [r.seeds for r in report.reference] == [[0, 1]]
+
+
+@pytest.mark.parametrize("line, message", [("", "DETECTS must be a non-empty tuple"),
+                                           ("DETECTS = ()", "DETECTS must be a non-empty tuple"),
+                                           ("DETECTS = ('VALUE_MISMATCH', 'WRONG_KIND')", "unknown kind(s) WRONG_KIND"),
+                                           ("DETECTS = 'VALUE_MISMATCH'", "DETECTS must be a non-empty tuple")])
+def test_a_mutant_file_without_valid_detects_is_bad_input(tmp_path, line, message):
+    from kvfence.errors import BadInput
+    from kvfence.workflow.mutants import discover
+
+    src = (ROOT / "kernels" / "mutants" / "sizing_missing_topk.py").read_text()
+    lines = [l for l in src.splitlines() if not l.startswith("DETECTS")]
+    (tmp_path / "m.py").write_text("\n".join(lines + [line]) + "\n")
+    with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(")", r"\)")):
+        discover(tmp_path)

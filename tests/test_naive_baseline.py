@@ -42,3 +42,23 @@ def test_the_cpu_smoke_path_reports_both_ratios(throughput):
         assert naive > 0 and ours > 0
         assert out[f"naive_over_kvfence_{size}"] == round(naive / ours, 1)
     assert out["naive_cases_small"] == 4 and out["naive_large_config"] == throughput.LARGE_CPU_QUICK
+
+
+def test_a_fuzz_command_run_gives_structural_rates_from_its_own_summary(throughput):
+    """The fuzz-command stage on the CPU (a short default run): the headline rate counts structurally
+    distinct cases from the run's own summary, never more than the verified ones, with the fraction of
+    structurally new cases and the token-table variants beside it."""
+    run = throughput._fuzz_cli(["--device", "cpu", "--max-examples", "8", "--seed", "1", "--jobs", "1"], timeout=240)
+    rates = throughput.run_rates("default", run)
+    assert run["verified_cases"] >= run["structural_cases"] >= 1
+    assert rates["default_run"] is run and rates["default_distinct_configs"] == run["distinct_configs"] >= 1
+    assert rates["default_structural_cases_per_s"] == round(run["structural_cases"] / run["wall_s"], 1)
+    assert rates["default_structural_cases_per_s"] <= rates["default_verified_cases_per_s"]
+    assert rates["default_structurally_new_fraction"] == round(run["structural_cases"] / run["verified_cases"], 3)
+    assert rates["default_token_variant_cases"] == run["token_variant_cases"] <= run["verified_cases"] - run["structural_cases"]
+
+
+def test_the_h200_command_names_only_stages_that_exist(throughput):
+    stages = throughput.H200_COMMAND.split("--only ")[1].split()[0].split(",")
+    assert set(stages) <= set(throughput.STAGES) and "runs" in stages and "scale" not in stages
+    assert "--json benchmarks/results/h200.json" in throughput.H200_COMMAND

@@ -104,10 +104,38 @@ def test_the_run_reports_a_blind_verifier_with_both_finding_lists(device, monkey
 def test_the_run_agrees_on_the_reference_and_planted_writes_it_draws(device):
     report = compare.run(device, max_examples=2, names=["reference", "kvi_missing", "indptr_column0", "positions_live"])
     assert report.disagree == 0, compare.format_table(report)
-    assert report.passed and report.cases == 8
+    assert report.passed and all(r.cases > 2 for r in report.rows)  # runs of several cases per config
     rows = {r.target.name: r for r in report.rows}
-    assert rows["reference"].dirty == 0 and all(rows[n].dirty == 2 for n in ("kvi_missing", "indptr_column0",
-                                                                             "positions_live"))
+    assert rows["reference"].dirty == 0 and all(rows[n].dirty == rows[n].cases for n in ("kvi_missing", "indptr_column0",
+                                                                                         "positions_live"))
+
+
+def test_the_device_path_is_compared_through_check_many(device, monkeypatch):
+    """A run of one config goes through Session.check_many on the device path. The pair: the batched
+    path as it is agrees on a run whose last case alone is dirty; with its dirty-batch reset removed
+    (a re-check then meets the dirty case's stray store) the comparison reports a disagreement on a
+    clean case."""
+    from kvfence.verifying.device_verify import DeviceVerifier
+
+    bad = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:tail_write_past_two"
+    config = Config(topk=1, num_steps=2, ctx=4, max_bs=4, sizing="safe")
+    run = [Case(config, Batch((1,), (0,), 1), bad), Case(config, Batch((2, 1), (1, 0), 2), bad),
+           Case(config, Batch((1, 2, 3), (0, 1, 2), 3), bad)]
+    calls = []
+    real_many = Session.check_many
+    monkeypatch.setattr(Session, "check_many", lambda self, cases: calls.append(len(cases)) or real_many(self, cases))
+    results = compare.Paths(device, bad).check_run(run)
+    assert calls == [3] and [r.dirty for r in results] == [False, False, True]
+    assert all(r.agree for r in results), [r.problems for r in results]
+    monkeypatch.setattr(DeviceVerifier, "_reset_buffers", lambda self: None)
+    broken = compare.Paths(device, bad).check_run(run)
+    assert not broken[0].agree and not broken[0].dirty and broken[0].device  # a clean case blamed
+
+
+def test_every_mutant_must_leave_damage_or_the_run_fails():
+    target = compare.Target("off_by_one_n", "kernel mutant", "x", "safe", "cpu", "")
+    report = compare.Comparison("cpu", 1, 0, None, [compare.Row(target, cases=1, agree=1)])
+    assert not report.passed and report.to_dict()["not_exercised"] == ["off_by_one_n"]
 
 
 def test_a_planted_write_that_never_lands_fails_the_run():
@@ -142,9 +170,9 @@ def test_cli_both_verifiers_writes_the_agreement_table(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
-    assert (doc["cases"], doc["agree"], doc["disagree"]) == (4, 4, 0)
+    assert doc["cases"] == doc["agree"] >= 4 and doc["disagree"] == 0
     assert [r["name"] for r in doc["rows"]] == ["reference", "kvi_front_guard"]
-    assert "PASS: 4/4 cases agree" in proc.stdout
+    assert f"PASS: {doc['cases']}/{doc['cases']} cases agree" in proc.stdout
 
 
 def test_cli_both_verifiers_refuses_seeds():

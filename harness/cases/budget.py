@@ -18,6 +18,11 @@ from kvfence.errors import require
 
 #: kvfence's minimum guard (elements) at the front, after rows (redzone layout) and at the tail.
 MIN_GUARD = 64
+#: Elements past kv_indices' last row (and its guard) that its tail guard always covers: past the
+#: detection matrix's far-tail store (``kvfence.kernels.bugclasses.FAR_ELEMENTS``, 1,024).
+TAIL_REACH = 2048
+#: The most elements of one extra row that kv_indices' tail guard holds (4 MiB of int32).
+TAIL_ROW_CAP = 1 << 20
 #: Bytes per element of a guarded int32 buffer: its storage, the CPU's never-read spacer, and the
 #: canaries, live mask (bool) and temporaries that ``reset`` and the verdict compute when needed.
 GUARDED_BYTES = 4 + 4 + 1 + 4
@@ -50,15 +55,22 @@ def buffer_geometry(config, n: int, absorb: bool = True):
     """``(kv_indices, kv_indptr)`` geometries for a launch sized with ``n`` (``max_bs`` in graph mode).
 
     Guards are at least as long as the farthest element a correct kernel can write past a row under
-    this sizing (``Config.worst_overflow``), so even the pre-fix policy stays inside the allocation.
+    this sizing (``Config.worst_overflow``), so even the pre-fix policy stays inside the allocation;
+    kv_indices' tail adds one whole row (at least ``TAIL_REACH``, at most ``TAIL_ROW_CAP`` elements), so
+    a kernel that writes a row past the buffer hits kvfence's own guard on both verifiers.
     ``absorb=False`` keeps ``MIN_GUARD`` before and between rows but no tail guard after kv_indices' last
     row: an overflow past the buffer then leaves the allocation at its first element, as it does in
     production. Only for runs under compute-sanitizer, which is what reports such writes.
     """
     overflow = max(0, config.worst_overflow()) if absorb else 0
     redzone = config.layout == "redzone"
-    kv_indices = Geometry(config.num_steps, config.row_width(n), MIN_GUARD + overflow if redzone else 0,
-                          MIN_GUARD, MIN_GUARD + overflow if absorb else 0)
+    width = config.row_width(n)
+    row_guard = MIN_GUARD + overflow if redzone else 0
+    # The tail also holds one whole row (up to TAIL_ROW_CAP elements, and never less than TAIL_REACH):
+    # a store up to a row past the last one lands in kvfence's own guard, on every path and device,
+    # instead of wherever the allocator put the next tensor.
+    tail = MIN_GUARD + overflow + max(TAIL_REACH, min(width + row_guard, TAIL_ROW_CAP)) if absorb else 0
+    kv_indices = Geometry(config.num_steps, width, row_guard, MIN_GUARD, tail)
     kv_indptr = Geometry(config.num_steps, n * config.topk + 1, MIN_GUARD if redzone else 0, MIN_GUARD, MIN_GUARD)
     return kv_indices, kv_indptr
 

@@ -176,27 +176,50 @@ class DeviceVerifier:
 
         Staging rows go to the device in one copy per ``BATCH_ROWS`` cases; each case is one graph
         replay queued without waiting; the counters come back once. An all-zero total proves every case
-        clean; a non-zero one says only that some case is dirty (the caller re-checks them one by one).
+        clean; a non-zero one says only that some case is dirty (the caller re-checks them one by one),
+        and the buffers are then reset (``_reset_buffers``), so each re-check starts from known-clean
+        guards and slack instead of meeting a later case's stray write.
+
+        Every bucket the batch needs is captured before the first replay is queued: a capture runs its
+        graph once (a warm-up) and the counters are zeroed after it, which must never wipe what queued
+        replays of earlier cases counted.
         """
-        self.counts.zero_()
+        launches = [case.launch() for case in cases]
         for first in range(0, len(cases), BATCH_ROWS):
-            chunk = cases[first:first + BATCH_ROWS]
-            launches = [case.launch() for case in chunk]
+            chunk, chunk_launches = cases[first:first + BATCH_ROWS], launches[first:first + BATCH_ROWS]
             if first and self.device.type == "cuda":
                 # The pinned rows are about to be rewritten: the previous chunk's copy must have left them.
                 torch.cuda.current_stream(self.device).synchronize()
-            self._rows_host_np[:len(chunk)] = [self._staged(c, lb) for c, lb in zip(chunk, launches)]
+            self._rows_host_np[:len(chunk)] = [self._staged(c, lb) for c, lb in zip(chunk, chunk_launches)]
             self.rows[:len(chunk)].copy_(self.rows_host[:len(chunk)], non_blocking=True)
-            if any(lb.num_seqs not in self.fused for lb in launches):
-                # Capturing runs each new graph once on these rows (a warm-up): count only what follows.
-                self.cursor.zero_()
-                for lb in launches:
-                    self._case_graph(lb.num_seqs)
+            if not first:
+                self._capture_buckets({lb.num_seqs for lb in launches})
                 self.counts.zero_()
             self.cursor.zero_()
-            for lb in launches:
+            for lb in chunk_launches:
                 self.fused[lb.num_seqs]()
         # The runner's static inputs no longer describe its last full-path load.
         self.runner.inputs.token_seed = None
         # One read-back for the batch; it also waits for the pinned rows' copy, so they can be reused.
-        return self.counts.tolist()
+        totals = self.counts.tolist()
+        if any(totals):
+            self._reset_buffers()
+        return totals
+
+    def _capture_buckets(self, buckets) -> None:
+        """Capture the graph of every bucket in ``buckets`` not captured yet (before any replay is queued).
+
+        Each capture's warm-up runs the case of staging row 0 on its bucket; what a buggy kernel breaks
+        then is not any case's damage, so the buffers are reset after it.
+        """
+        new = sorted(m for m in buckets if m not in self.fused)
+        for m in new:
+            self.cursor.zero_()  # every warm-up reads row 0: the staging rows hold BATCH_ROWS rows only
+            self._case_graph(m)
+        if new and self.device.type == "cuda":  # (on the CPU a "capture" runs nothing)
+            self._reset_buffers()
+
+    def _reset_buffers(self) -> None:
+        """Canaries in every guard and poison in every row of both outputs: a known-clean start."""
+        self.runner.kv_indices.reset()
+        self.runner.kv_indptr.reset()

@@ -7,7 +7,11 @@ when they are all zero; otherwise it re-runs the case through the full verdict w
 builder (``kvfence.verifying.fastcheck``), which names the findings. Whatever the device path misses, kvfence
 misses on a GPU, so both paths must agree on cases that really are dirty, not only on clean ones.
 
-For every target, the same drawn cases go through both paths:
+For every target, the same drawn cases go through both paths, the device path as fuzzing runs it:
+each drawn config brings a run of batches that ``Session.check_many`` judges in one round trip (the
+first run of each target longer than ``BATCH_ROWS``, so it spans staging chunks, with a bucket first
+needed after the first chunk; clean and dirty cases mixed), while the oracle path checks every case on
+its own. The counters of (2) are each case's own (one case per device round trip).
 
 * the reference kernel (``safe`` sizing; must be clean on both paths),
 * every kernel and sizing mutant of ``kernels/mutants/`` that breaks the draft contract (the window
@@ -15,6 +19,11 @@ For every target, the same drawn cases go through both paths:
   mutants run here on classic configs, for the same reason),
 * every planted bad write of ``kernels/planted.py`` (one per region of each output buffer, one per
   kv_indptr column kind, three per input tensor), each of which must leave damage in some case.
+
+Every target but the reference must leave damage in some case on its own domain (mutants of the §6
+paths drawn with the §6 fields, as the mutation self-test draws them), or it is reported "not
+exercised" and the run fails: comparing on clean cases proves nothing. A target that found nothing in
+its ``max_examples`` configs gets up to ``EXTRA_ROUNDS`` more rounds of short runs first.
 
 A case agrees when (1) the device verdict (all counters zero or not) equals the oracle verdict (no
 finding or some), (2) the counters that are non-zero are exactly those the oracle's findings imply
@@ -50,7 +59,7 @@ from kvfence.kernels import KERNELS_DIR
 
 PLANTED_FILE = KERNELS_DIR / "planted.py"
 REFERENCE = "reference"
-#: Cases per target when ``--max-examples`` is not given (the CPU run: 47 targets, about 3 minutes).
+#: Configs per target when ``--max-examples`` is not given (each a run of several batches).
 DEFAULT_EXAMPLES = 8
 #: Device bytes per drawn config on CUDA when ``--max-gpu-mem`` is not given: the oracle path builds
 #: the whole write set in Python, so production-sized configs are kept to a size it checks in a second.
@@ -61,6 +70,16 @@ INPUTS = ("req_to_token", "seq_lens", "req_pool_indices", "positions")
 INPUTS_COUNTER = COUNTERS.index("inputs")
 #: Extra launches per path of a case on which the two paths disagree (see the module docstring).
 RACE_RETRIES = 2
+#: Batches per drawn config: the first config of a target gets a run longer than one staging chunk
+#: (``kvfence.verifying.device_verify.BATCH_ROWS``) on CUDA, the others short runs; on the CPU (the
+#: interpreter) every run is short.
+SHORT_RUN = {"cpu": 3, "cuda": 8}
+#: Device bytes of the long run's config: the oracle path checks each of its cases in Python.
+LONG_RUN_BYTES = 2 << 20
+#: Rounds of more short runs (``max(max_examples, EXTRA_CONFIGS)`` configs each) for a target none of
+#: whose cases was dirty yet: a bug that needs a rare draw (sinks longer than a window, say) gets there.
+EXTRA_ROUNDS = 3
+EXTRA_CONFIGS = 8
 
 
 def counter_of(f: Finding) -> Optional[int]:
@@ -92,6 +111,8 @@ class Target:
     sizing: str
     domain: str
     what: str
+    #: Draw the §6 fields too (a draft-kernel mutant of a §6 path, on the CPU domain, as the self-test).
+    family: bool = False
 
 
 @dataclass
@@ -139,9 +160,9 @@ class Row:
 
     @property
     def exercised(self) -> bool:
-        """A planted write must leave damage in some case, or comparing on it proved nothing. (Whether
-        a mutant is caught, and how fast, is the mutation self-test's question, not this one's.)"""
-        return self.target.group != "planted" or self.dirty > 0
+        """Every target but the reference must leave damage in some case, or comparing on it proved
+        nothing. (Whether a mutant is caught, and how fast, is the mutation self-test's question.)"""
+        return self.target.group == REFERENCE or self.dirty > 0
 
     def add(self, r: CaseResult) -> None:
         self.cases += 1
@@ -203,7 +224,7 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     on the CPU; the reference and the planted writes from the device's own domain.
     """
     from kvfence.errors import require
-    from kvfence.workflow.mutants import MUTANTS_DIR, discover
+    from kvfence.workflow.mutants import MUTANTS_DIR, _module_of, discover
     from kvfence.kernels.planted import PLANTS
 
     home = "gpu" if device == "cuda" else "cpu"
@@ -223,7 +244,10 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
             continue
         domain = m.domain if device == "cuda" else "cpu"
         domains.add(domain)
-        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug))
+        # A bug of a §6 path (its docstring's bug class) needs the §6 fields drawn to show, as the
+        # self-test draws them on the CPU domain; every other target keeps to the device verifier's §2.
+        family = domain == "cpu" and "contract.md §6" in (_module_of(m.path).__doc__ or "")
+        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug, family=family))
     if wanted(REFERENCE):
         out[:0] = [Target(REFERENCE, REFERENCE, REFERENCE, "safe", domain, "the reference kernel, safe sizing")
                    for domain in sorted(domains)]
@@ -236,14 +260,16 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     return out
 
 
-def draw_cases(target: Target, count: int, seed: int, max_bytes: Optional[int]) -> List[Case]:
-    """``count`` cases from ``target``'s domain (unpinned configs, graph and eager mode, both layouts),
-    drawn by Hypothesis from ``seed`` alone, so both paths and every run see the same cases."""
+def draw_runs(target: Target, count: int, seed: int, max_bytes: Optional[int], batches: int) -> List[List[Case]]:
+    """``count`` runs of ``batches`` cases, each run of one config from ``target``'s domain (unpinned
+    configs, graph and eager mode, both layouts), drawn by Hypothesis from ``seed`` alone, so both
+    paths and every run see the same cases. A bucket that only one case of a run needs is moved to
+    the end of the run: a long run then needs it first after its first staging chunk."""
     from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed, strategies as st
 
-    from kvfence.strategies import batches, configs
+    from kvfence.strategies import batches as batch_strategy, configs
 
-    drawn: List[Case] = []
+    drawn: List[List[Case]] = []
 
     @hypothesis_seed(seed)
     @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate], derandomize=False,
@@ -254,8 +280,13 @@ def draw_cases(target: Target, count: int, seed: int, max_bytes: Optional[int]) 
         mode = data.draw(st.sampled_from(["graph", "graph", "graph", "eager"]))
         layout = data.draw(st.sampled_from(["redzone", "production"]))
         config = data.draw(configs(sizing=target.sizing, domain=target.domain, mode=mode, layout=layout,
-                                   max_bytes=max_bytes))
-        drawn.append(Case(config, data.draw(batches(config)), target.kernel))
+                                   max_bytes=max_bytes, family=target.family))
+        run = [Case(config, data.draw(batch_strategy(config)), target.kernel) for _ in range(batches)]
+        buckets = [case.launch().num_seqs for case in run]
+        lone = [i for i, m in enumerate(buckets) if buckets.count(m) == 1]
+        if lone:
+            run.append(run.pop(lone[0]))
+        drawn.append(list(dict.fromkeys(run)))  # a repeated case would be one case checked twice
 
     collect()
     return drawn[:count]
@@ -279,21 +310,29 @@ class Paths:
             self.dev.kernel = _dropping_wild_stores(self.dev.kernel)
 
     def check(self, case: Case) -> CaseResult:
+        return self.check_run([case])[0]
+
+    def check_run(self, cases: List[Case]) -> List[CaseResult]:
+        """Cases of one config through both paths: each on its own on the oracle path, all together
+        through ``Session.check_many`` on the device path (as fuzzing checks them)."""
         from kvfence.verifying.device_verify import DeviceVerifier
 
+        counters: List[Optional[List[int]]] = []
+        for case in cases:
+            runner = self.dev.runner(case.config, case.canary_seed)
+            sizing = case.sizing_summary()
+            judged = case.config.mode == "graph" and sizing["need"] <= sizing["width"] and not case.config.is_family
+            # A verifier of our own on the device path's runner, for each case's own counters (it leaves
+            # the buffers clean: a dirty round trip resets them).
+            verifier = (self._verifiers.get(runner) or self._verifiers.setdefault(runner, DeviceVerifier(runner))
+                        if judged else None)
+            counters.append(verifier.counters(case) if judged else None)
+        device = self.dev.check_many(cases) if len(cases) > 1 else [self.dev.check(cases[0])]
+        return [self._result(case, c, d) for case, c, d in zip(cases, counters, device)]
+
+    def _result(self, case: Case, counters: Optional[List[int]], device: List[Finding]) -> CaseResult:
         oracle = self.oracle.check(case)
         racy = named(self.oracle.check(case)) != named(oracle)  # the module docstring: racy kernels
-        counters = None
-        runner = self.dev.runner(case.config, case.canary_seed)
-        sizing = case.sizing_summary()
-        if case.config.mode == "graph" and sizing["need"] <= sizing["width"]:
-            # A verifier of our own on the device path's runner, for the counters themselves; then the
-            # buffers are reset, so the session's own check starts from the state it would have had.
-            verifier = self._verifiers.get(runner) or self._verifiers.setdefault(runner, DeviceVerifier(runner))
-            counters = verifier.counters(case)
-            runner.kv_indices.reset()
-            runner.kv_indptr.reset()
-        device = self.dev.check(case)
         for _ in range(RACE_RETRIES if not racy and named(device) != named(oracle) else 0):
             # A disagreement: first ask whether either path repeats itself. A race can come out the same
             # on two launches and differently on a third, on either path.
@@ -370,15 +409,29 @@ def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, nam
     require(max_examples >= 1, f"max_examples must be positive, got {max_examples}")
     if device == "cuda" and max_bytes is None:
         max_bytes = CUDA_MAX_BYTES
+    from kvfence.verifying.device_verify import BATCH_ROWS
+
     report = Comparison(device, max_examples, seed, max_bytes)
     paths: Dict[str, Paths] = {}
+    short = SHORT_RUN.get(device, SHORT_RUN["cuda"])
     for target in targets(device, names):
         resolve_sizing(target.sizing)  # a broken sizing file is bad input before anything runs
         row = Row(target)
         start = time.perf_counter()
         pair = paths.get(target.kernel) or paths.setdefault(target.kernel, Paths(device, target.kernel))
-        for case in draw_cases(target, max_examples, seed, max_bytes):
-            row.add(pair.check(case))
+        if device == "cuda":  # one run longer than a staging chunk, then short runs
+            long_bytes = LONG_RUN_BYTES if max_bytes is None else min(max_bytes, LONG_RUN_BYTES)
+            runs = draw_runs(target, 1, seed, long_bytes, BATCH_ROWS + short)
+            runs += draw_runs(target, max_examples - 1, seed + 1, max_bytes, short) if max_examples > 1 else []
+        else:
+            runs = draw_runs(target, max_examples, seed, max_bytes, short)
+        for extra in range(EXTRA_ROUNDS + 1):
+            for run_cases in runs:
+                for result in pair.check_run(run_cases):
+                    row.add(result)
+            if row.exercised or extra == EXTRA_ROUNDS:
+                break
+            runs = draw_runs(target, max(max_examples, EXTRA_CONFIGS), seed + 1000 * (extra + 1), max_bytes, short)
         row.seconds = time.perf_counter() - start
         report.rows.append(row)
         if progress is not None:
@@ -414,6 +467,6 @@ def format_table(report: Comparison) -> str:
     unexercised = [r.target.name for r in report.rows if not r.exercised]
     verdict = "PASS" if report.passed else "FAIL"
     lines.append(f"{verdict}: {report.agree}/{report.cases} cases agree, {report.disagree} disagree over "
-                 f"{len(report.rows)} targets ({report.max_examples} cases each, seed {report.seed}, device "
+                 f"{len(report.rows)} targets ({report.max_examples} configs each, seed {report.seed}, device "
                  f"{report.device})" + (f"; never dirty: {', '.join(unexercised)}" if unexercised else ""))
     return "\n".join(lines)

@@ -75,10 +75,17 @@ class FuzzResult:
     * ``cached_cases``: repeats answered from the verdict cache, never launched again;
     * ``shrink_cases``: cases checked while shrinking a failure (verified or cached);
     * ``launches``: kernel launches (a dirty case on the device path is launched twice);
-    * ``structural_cases``: explored cases distinct in config, lengths and pool rows (token tables
-      aside): how much *shape* the verified cases covered.
+    * ``structural_cases``: explored cases distinct in config, lengths and pool rows (and so positions,
+      which follow from the lengths), token tables aside: the kernel makes the same stores at the same
+      addresses for two cases of one structure, only the slot ids copied differ;
+    * ``token_variant_cases``: explored cases verified although their structure had been verified
+      before (another token table only): counted apart, never in a rate called distinct.
 
-    ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done.
+    ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done;
+    ``structural_cases_per_s`` (``structural_cases / elapsed_s``) is the rate of new coverage.
+    ``structure_keys`` / ``config_keys`` are the digests behind ``structural_cases`` and
+    ``distinct_configs`` (``structure_key``), stable across processes, so a merge of several jobs
+    counts what is distinct across all of them (``kvfence.reports.summary.merge``).
     """
 
     examples: int = 0
@@ -88,6 +95,7 @@ class FuzzResult:
     shrink_cases: int = 0
     launches: int = 0
     structural_cases: int = 0
+    token_variant_cases: int = 0
     elapsed_s: float = 0.0
     case: Optional[Case] = None
     findings: List[Finding] = field(default_factory=list)
@@ -134,9 +142,29 @@ class FuzzResult:
     #: ``--keep-going`` only: phases run, distinct failures, duplicates, known repeats.
     keep_going: Optional[dict] = None
 
+    structure_keys: set = field(default_factory=set)
+    config_keys: set = field(default_factory=set)
+
     @property
     def cases_per_s(self) -> float:
         return self.verified_cases / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def structural_cases_per_s(self) -> float:
+        return self.structural_cases / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def config_key(config) -> int:
+    """A digest of a config, the same in every process (``hash`` of a config is not: it holds strings)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(repr(config).encode(), digest_size=8).digest(), "little")
+
+
+def structure_key(config_digest: int, case: Case) -> int:
+    """A case's structure (config, lengths, pool rows; not the token table), the same in every process:
+    a tuple of ints hashes identically everywhere."""
+    return hash((config_digest, case.batch.seq_lens, case.batch.req_pool_indices))
 
 
 def utilisation(case: Case) -> float:
@@ -212,6 +240,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     verdicts: Dict[Case, List[Finding]] = carry.setdefault("verdicts", {})
     configs_seen: Dict[object, int] = carry.setdefault("configs", {})
     shapes = carry.setdefault("shapes", set())
+    result.structure_keys = shapes
+    config_digests: Dict[object, int] = carry.setdefault("config_digests", {})
     state = {"first_failure": None, "last_progress": 0.0, "largest": -1}
     start = time.perf_counter()
 
@@ -246,7 +276,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             if shrinking:
                 result.shrink_cases += 1
             else:
-                utilisations.append(_explored(case, findings))
+                utilisations.append(_explored(case, findings, case in fresh))
             if findings:
                 _failed(case, findings)
         if progress is not None and now - state["last_progress"] >= progress_every_s:
@@ -257,13 +287,18 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         if targeting and utilisations and state["first_failure"] is None:
             target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
 
-    def _explored(case: Case, findings) -> float:
+    def _explored(case: Case, findings, verified_now: bool) -> float:
         """Record one explored case (stats, coverage, largest config); returns its need/width."""
         result.generated_cases += 1
-        shape = hash((case.config, case.batch.seq_lens, case.batch.req_pool_indices))
+        digest = config_digests.get(case.config)
+        if digest is None:
+            digest = config_digests[case.config] = config_key(case.config)
+        shape = structure_key(digest, case)
         if shape not in shapes:
             shapes.add(shape)
             result.structural_cases += 1
+        elif verified_now:
+            result.token_variant_cases += 1
         stat = example_stat(case, bool(findings))
         _keep(result, stat, rng)
         u = stat.need / stat.width
@@ -350,6 +385,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         result.shrink_cut = True  # no shrink phase ran: the failure is reported as first found
     result.elapsed_s = time.perf_counter() - start
     result.distinct_configs = len(configs_seen)
+    result.config_keys = set(config_digests.values())
     result.session_stats = dict(session.stats)
     result.launches = session.stats.get("launches", result.verified_cases)
     return result

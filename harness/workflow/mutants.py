@@ -14,6 +14,11 @@ a ``window-rail`` kernel mutant patches ``kernels/window_kv_indices.py`` instead
 is fuzzed (and the reference checked) under ``--contract window-rail``. Draws include the §6 fields
 (window, sinks, page-granular rows, translation), as the default ``fuzz`` of a kernel that takes them.
 
+Each file's ``DETECTS`` (required) is the tuple of finding kinds (``kvfence.cases.findings.Kind`` values)
+its bug shows as: a seed detects the mutant only when the first failure's findings include one of them.
+Any other failure (a ``LAUNCH_ERROR`` of a patch that does not compile, say, unless declared) is a
+miss, reported with its kinds, so a broken mutant can never pass the self-test.
+
 Each file's ``DOMAIN`` (``cpu`` unless stated) is the config space whose *default, unpinned* draws must
 reach the bug (``kvfence.cases.domain``): no field is pinned, so a detection is the strategies' doing, not
 the test author's. ``gpu`` mutants are scale bugs (past a copy block, a lane width, a page of 64): on a
@@ -21,7 +26,7 @@ CUDA device they are fuzzed on the GPU domain the way ``fuzz --device cuda`` doe
 batches per example) and must be caught; on the CPU they are fuzzed on the CPU domain and must *not*
 be, which proves they really are scale-only. ``run_all(seeds=N)`` runs every mutant under N seeds and
 reports its detection rate and median / worst examples-to-detection; the reference kernel with the
-``safe`` sizing is fuzzed over the same domains and must stay clean.
+``safe`` sizing is fuzzed over the same domains, under every seed, and must stay clean.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 
 from kvfence.errors import require
@@ -43,6 +48,8 @@ CONTRACT_KERNELS = {"draft": (REFERENCE_KERNEL, KERNEL_ATTR),
                     "window-rail": (REFERENCE_KERNEL.parent / "window_kv_indices.py",
                                     "generate_draft_decode_window_kv_indices")}
 SIZING_ATTR = "row_width"
+#: The attribute of a mutant file naming the finding kinds that count as detecting it.
+DETECTS_ATTR = "DETECTS"
 KINDS = ("kernel", "sizing")
 REFERENCE = "reference"
 #: Fraction of seeds under which a mutant must be detected (on its own domain) for the self-test to pass.
@@ -59,6 +66,7 @@ class Mutant:
 
     kernel_file: Optional[Path] = None  # the built (mutated) kernel module, for kernel mutants
     contract: str = "draft"  # the contract it breaks (docs/contract.md §6): draft or window-rail
+    detects: Tuple[str, ...] = ()  # the finding kinds its bug shows as (the file's DETECTS)
 
     @property
     def kernel(self) -> str:
@@ -79,11 +87,16 @@ class MutantResult:
     domain: str
     ran_on: str  # the domain its cases were drawn from
     expected: bool
+    #: The finding kinds that count as detecting it (the file's DETECTS); empty for the reference,
+    #: where any finding counts (it must stay clean).
+    detects: Tuple[str, ...] = ()
     seeds: List[int] = field(default_factory=list)
-    #: Per seed: examples to the first finding (None: not detected within the budget).
+    #: Per seed: examples to the first finding of a declared kind (None: not detected within the budget).
     to_detection: List[Optional[int]] = field(default_factory=list)
     seconds_to_detection: List[Optional[float]] = field(default_factory=list)
     kinds: List[str] = field(default_factory=list)
+    #: Per seed: the kinds of the first failure when none was declared (a miss: not the planted bug).
+    undeclared: List[Optional[List[str]]] = field(default_factory=list)
     seconds: float = 0.0
     budget: int = 0
     bug: str = ""
@@ -116,7 +129,8 @@ class MutantResult:
 
     @property
     def passed(self) -> bool:
-        return self.rate >= REQUIRED_RATE if self.expected else self.detections == 0
+        # Off its domain (or the reference) nothing at all may be found, declared kinds or not.
+        return self.rate >= REQUIRED_RATE if self.expected else self.detections == 0 and not any(self.undeclared)
 
     def to_dict(self) -> dict:
         secs = [x for x in self.seconds_to_detection if x is not None]
@@ -126,7 +140,8 @@ class MutantResult:
                 "examples_to_detection": self.examples_to_detection, "worst_examples_to_detection": self.worst_to_detection,
                 "median_seconds_to_detection": round(sorted(secs)[len(secs) // 2], 3) if secs else None,
                 "worst_seconds_to_detection": round(max(secs), 3) if secs else None,
-                "per_seed": self.to_detection, "kinds": self.kinds, "seconds": round(self.seconds, 3),
+                "per_seed": self.to_detection, "kinds": self.kinds, "detects": list(self.detects),
+                "undeclared_per_seed": self.undeclared, "seconds": round(self.seconds, 3),
                 "budget": self.budget, "bug": self.bug, "first_finding": self.headline}
 
 
@@ -209,10 +224,26 @@ def discover(directory: Path = MUTANTS_DIR, names: Optional[List[str]] = None) -
                 f"mutant {path.name}: CONTRACT must be one of {', '.join(CONTRACT_KERNELS)}, got {contract!r}")
         doc = (_load_attr(f"{path}:__doc__", "mutant") or "").strip()
         require(doc, f"mutant {path.name} has no docstring stating its bug")
+        detects = declared_kinds(path, getattr(_module_of(path), DETECTS_ATTR, None))
         kernel_file = (build_kernel(path.stem, _load_attr(f"{path}:PATCH", "mutant"), contract)
                        if kind == "kernel" else None)
-        out.append(Mutant(path.stem, kind, path, domain, doc.splitlines()[0], kernel_file, contract))
+        out.append(Mutant(path.stem, kind, path, domain, doc.splitlines()[0], kernel_file, contract, detects))
     return out
+
+
+def declared_kinds(path: Path, value) -> Tuple[str, ...]:
+    """A mutant file's ``DETECTS``, validated: a non-empty tuple (or list) of distinct finding kinds."""
+    from kvfence.cases.findings import Kind
+
+    known = [k.value for k in Kind]
+    require(isinstance(value, (tuple, list)) and value and all(isinstance(k, str) for k in value),
+            f"mutant {Path(path).name}: {DETECTS_ATTR} must be a non-empty tuple of finding kinds "
+            f"({', '.join(known)}), got {value!r}")
+    unknown = [k for k in value if k not in known]
+    require(not unknown, f"mutant {Path(path).name}: {DETECTS_ATTR} names unknown kind(s) {', '.join(unknown)}: "
+                         f"choose from {', '.join(known)}")
+    require(len(set(value)) == len(value), f"mutant {Path(path).name}: {DETECTS_ATTR} repeats a kind: {list(value)}")
+    return tuple(value)
 
 
 def _module_of(path: Path):
@@ -245,11 +276,14 @@ def _run(result: MutantResult, session, strategy, *, max_examples: int, seeds: L
         # No shrinking budget: the first failing example is the detection; its findings are reported.
         r = fuzz(session, strategy, max_examples=max_examples, seed=seed, shrink_seconds=0.0, targeting=False)
         result.seeds.append(seed)
-        found = bool(r.findings)
+        kinds = damage_kinds(r.findings)
+        # The reference (no DETECTS) fails on any finding; a mutant is detected only by a declared kind.
+        found = bool(kinds) and (not result.detects or bool(set(kinds) & set(result.detects)))
         result.to_detection.append(r.examples_to_failure if found else None)
         result.seconds_to_detection.append(r.first_failure_s if found else None)
+        result.undeclared.append(kinds if kinds and not found else None)
         if found and not result.kinds:
-            result.kinds, result.headline = damage_kinds(r.findings), r.findings[0].headline()
+            result.kinds, result.headline = kinds, r.findings[0].headline()
         result.seconds = time.perf_counter() - start
         result.budget = max_examples
         if progress is not None:
@@ -291,7 +325,8 @@ def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), name
         ran_on.add((domain, m.contract))
         session = reference if m.kind == "sizing" else Session(device, m.kernel, audit=audit, max_bytes=max_bytes,
                                                               verifier=verifier)
-        result = MutantResult(m.name, m.kind, m.domain, domain, expected=(domain == m.domain), bug=m.bug)
+        result = MutantResult(m.name, m.kind, m.domain, domain, expected=(domain == m.domain), bug=m.bug,
+                              detects=m.detects)
         report.mutants.append(_run(result, session, _strategy(domain, m.kernel, m.sizing, max_bytes, m.contract),
                                    max_examples=max_examples or BUDGETS[domain], seeds=seeds, progress=progress))
     for domain, contract in sorted(ran_on):
@@ -301,7 +336,7 @@ def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), name
                               bug=f"the reference kernel with the safe sizing{what} (must stay clean)")
         budget = reference_examples if reference_examples is not None else 2 * (max_examples or BUDGETS[domain])
         report.reference.append(_run(result, reference, _strategy(domain, REFERENCE, "safe", max_bytes, contract),
-                                     max_examples=budget, seeds=seeds[:1], progress=progress))
+                                     max_examples=budget, seeds=seeds, progress=progress))
     return report
 
 
@@ -317,8 +352,10 @@ def verdict_text(r: MutantResult) -> str:
     if r.reference:
         return "clean (expected)" if not r.detected else "FOUND: the reference is not clean"
     if not r.expected:
-        return "not reachable here (expected)" if not r.detected else "DETECTED off its domain"
-    return f"{r.detections}/{len(r.seeds)} seeds" + ("" if r.passed else " (below 95%)")
+        return "not reachable here (expected)" if r.passed else "FOUND off its domain"
+    misses = sorted({k for kinds in r.undeclared if kinds for k in kinds})
+    return (f"{r.detections}/{len(r.seeds)} seeds" + ("" if r.passed else " (below 95%)")
+            + (f"; undeclared kinds {', '.join(misses)} (DETECTS: {', '.join(r.detects)})" if misses else ""))
 
 
 def format_table(report: SelfTest) -> str:

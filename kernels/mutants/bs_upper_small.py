@@ -6,6 +6,8 @@ requests in the launch (graph mode pads 3 to a bucket of 4).
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH", "MISSING_WRITE")
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    offs_b = tl.arange(0, bs_upper)\n',

@@ -6,6 +6,8 @@ copy block (``L > 512``): the interpreter-sized CPU domain (ctx <= 48) can never
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("MISSING_WRITE",)
 #: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.

@@ -5,6 +5,8 @@ Needs ``ENTRY_PAGE_SIZE > 1`` and a read of a position that is not a multiple of
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 PATCH = [
     ('        ids = entry.to(tl.int64) * ENTRY_PAGE_SIZE + p % ENTRY_PAGE_SIZE\n',
      '        ids = entry.to(tl.int64) * ENTRY_PAGE_SIZE  # BUG: + p % ENTRY_PAGE_SIZE missing\n'),

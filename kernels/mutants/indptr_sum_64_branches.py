@@ -7,6 +7,8 @@ by program ``(s, 0, 0)``) is wrong once the batch has more than 64 real branches
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("INDPTR_MISMATCH",)
 #: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.

@@ -5,6 +5,8 @@ consumer's ranges omit every branch's draft tokens. Shows with any config.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("INDPTR_MISMATCH",)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('(tl.sum(pos) + z * n).to(kv_indptr.dtype.element_ty))\n',

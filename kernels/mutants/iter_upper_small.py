@@ -6,6 +6,8 @@ lanes, so steps with ``n`` above that leave their last draft tokens unwritten. N
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("MISSING_WRITE",)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        offs_j = tl.arange(0, iter_upper)\n',

@@ -6,6 +6,8 @@ length) is never written. Shows with any config.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("INDPTR_MISMATCH", "STRAY_WRITE")
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        z = tl.where(z == 0, num_seqs * topk, z)\n',

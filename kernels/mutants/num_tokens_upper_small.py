@@ -6,6 +6,8 @@ Bug class (docs/contract.md §5): an upper smaller than needed. The kv_indptr su
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("INDPTR_MISMATCH",)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        offs_p = tl.arange(0, num_tokens_upper)\n',

@@ -7,6 +7,8 @@ the CPU domain (pages up to 64) never draws.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 #: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.

@@ -7,6 +7,8 @@ multiple of the page size.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH", "MISSING_WRITE")
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('            paged_start = (seq_len - last) + k * pages_per_branch * page_size + last\n',

@@ -7,6 +7,8 @@ only when a launch has at least 18 requests (a bucket of 18 or more in graph mod
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH", "MISSING_WRITE")
 #: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.

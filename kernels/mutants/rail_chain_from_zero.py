@@ -6,6 +6,8 @@ all ``n`` writes ``c0`` tokens past the segment, over the next branch's window.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH", "STRAY_WRITE")
 CONTRACT = "window-rail"
 PATCH = [
     ('    chain_from = tl.maximum(start - L, 0)\n',

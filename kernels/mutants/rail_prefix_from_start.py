@@ -6,6 +6,8 @@ clips the prefix (``L + n > w`` and ``start < L``).
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 CONTRACT = "window-rail"
 PATCH = [
     ('        tok = read_tokens(src, prefix_from + offs_t, mask_t, v2p, page_size, ENTRY_PAGE_SIZE, TRANSLATE)\n',

@@ -6,6 +6,8 @@ the row the program owns). Shows whenever the pool rows are not in order (the fu
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH", "OOB_READ")
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    src = req_to_token + rpi * pool_len\n',

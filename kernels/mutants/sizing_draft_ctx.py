@@ -6,6 +6,8 @@ Shows with any config.
 """
 
 KIND = "sizing"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("SIZING_VIOLATION",)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

@@ -5,6 +5,8 @@ more requests of enough total length overflows. Needs ``max_bs >= 2``.
 """
 
 KIND = "sizing"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("SIZING_VIOLATION",)
 
 
 def row_width(n: int, topk: int, ctx: int, num_steps: int) -> int:

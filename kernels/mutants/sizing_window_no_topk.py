@@ -6,6 +6,8 @@ Overflows once the windows of ``topk >= 2`` branches add up past ``n * w``.
 """
 
 KIND = "sizing"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("SIZING_VIOLATION",)
 CONTRACT = "window-rail"
 
 

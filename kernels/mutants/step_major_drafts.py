@@ -6,6 +6,8 @@ Needs ``topk >= 2`` and ``num_steps >= 2`` (with one of them 1 the two layouts c
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        draft = read_tokens(src, draft_start + offs_j, mask_j, v2p, page_size, ENTRY_PAGE_SIZE, TRANSLATE)\n',

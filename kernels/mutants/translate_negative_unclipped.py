@@ -6,6 +6,8 @@ and a drawn page table with a negative entry that a request reads.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 PATCH = [
     ('        ids = tl.where(ids < 0, 0, tl.maximum(phys, 0))\n',
      '        ids = tl.where(ids < 0, 0, phys)  # BUG: a negative physical id must read as 0\n'),

@@ -6,6 +6,8 @@ and ``page_size > 1`` (and a page mapped to an id other than 0).
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 PATCH = [
     ('        phys = page.to(tl.int64) * page_size + virtual % page_size\n',
      '        phys = page.to(tl.int64) + virtual % page_size  # BUG: * page_size missing\n'),

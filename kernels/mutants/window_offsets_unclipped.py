@@ -6,6 +6,8 @@ gaps and writing past ``U(s)``. Needs a window shorter than an earlier request o
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH", "MISSING_WRITE", "STRAY_WRITE", "GUARD_OVERWRITE")
 PATCH = [
     ('        lens_before = tl.minimum(lens_before, window_size + sink_size)\n',
      '        lens_before = lens_before  # BUG: C\'_b must sum the clipped lengths\n'),

@@ -6,6 +6,8 @@ request copies token ``R_b - 1`` and misses its last committed token. Needs a re
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 PATCH = [
     ('    recent = seq_len - (L - sinks)\n',
      '    recent = seq_len - (L - sinks) - 1  # BUG: R_b = L_b - (L\'_b - S_b)\n'),

@@ -6,6 +6,8 @@ than ``window_size + sink_size``.
 """
 
 KIND = "kernel"
+#: Finding kinds that count as detecting this bug (any one of them; kvfence.workflow.mutants).
+DETECTS = ("VALUE_MISMATCH",)
 PATCH = [
     ('    sinks = tl.minimum(seq_len, sink_size)\n',
      '    sinks = 0 * seq_len  # BUG: the first sink_size tokens must be kept\n'),

@@ -106,3 +106,13 @@ def bad_uppers(**kw):
     generate_draft_decode_kv_indices[(kw["num_steps"], kw["seq_lens"].shape[0], kw["topk"])](
         kw["req_pool_indices"], kw["req_to_token"], kw["seq_lens"], v, kw["kv_indptr"], kw["positions"],
         kw["req_to_token"].shape[1], v.stride(0), kw["kv_indptr"].stride(0), 3, 4, 4, kw["page_size"])
+
+
+def tail_write_past_two(**kw):
+    """``tail_write`` only in launches of more than two requests (a graph bucket of 4 or more), clean
+    otherwise: one config's batch mixes clean and dirty cases. (Decided by the launch's shape, so it
+    also works inside graph capture.)"""
+    _reference(**kw)
+    if kw["seq_lens"].shape[0] > 2:
+        v = kw["kv_indices"]
+        _poke(v, v.shape[0] * v.stride(0) + 3)

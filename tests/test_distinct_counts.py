@@ -1,0 +1,73 @@
+"""Rates that count new coverage: ``structural_cases`` counts distinct structures (config, lengths,
+pool rows), token-table variants of a structure are counted apart, and a merge of several jobs counts
+structures and configs distinct across all of them (``kvfence.reports.summary.merge``), not summed."""
+
+from hypothesis import strategies as st
+
+from kvfence.cases.case import Config
+from kvfence.reports import summary
+from kvfence.strategies import case_runs, configs
+from kvfence.workflow.fuzz import config_key, fuzz, structure_key
+
+
+class CleanStub:
+    """A session whose every case is clean, without launching anything (counting is what is tested)."""
+
+    def __init__(self):
+        self.stats = {}
+        self.checked = []
+
+    def check(self, case):
+        self.checked.append(case)
+        return []
+
+
+SMALL = dict(topk=2, num_steps=2, ctx=8, max_bs=2, page_size=1)
+
+
+def run(seed, **pins):
+    session = CleanStub()
+    strategy = case_runs(configs(**pins), max_batches=8)
+    result = fuzz(session, strategy, max_examples=30, seed=seed, shrink_seconds=0.0, targeting=False)
+    return result, session.checked
+
+
+def doc(result):
+    return summary.build(result, run={}, case_path=None)
+
+
+def test_structures_are_counted_once_and_token_variants_apart():
+    result, checked = run(0, **SMALL)
+    keys = {structure_key(config_key(c.config), c) for c in checked}
+    assert result.structural_cases == len(keys) < result.verified_cases  # case_runs re-keys token tables
+    assert result.token_variant_cases == result.verified_cases - result.structural_cases
+    assert result.structure_keys == keys and result.distinct_configs == 1
+
+
+def test_a_merge_counts_what_is_distinct_across_jobs():
+    """Two jobs of one pinned config with the same seed cover the same structures: merged, they count
+    once (one config, not two); a job of another config adds its own."""
+    a, _ = run(0, **SMALL)
+    b, _ = run(0, **SMALL)
+    c, _ = run(1, topk=1, num_steps=1, ctx=4, max_bs=1, page_size=1)
+    same = summary.merge([doc(a), doc(b)], run={}, elapsed_s=1.0)
+    assert same["distinct_configs"] == 1 and same["structural_cases"] == a.structural_cases
+    assert same["verified_cases"] == a.verified_cases + b.verified_cases  # work done still adds up
+    assert same["structural_cases_per_s"] == a.structural_cases
+    other = summary.merge([doc(a), doc(c)], run={}, elapsed_s=2.0)
+    assert other["distinct_configs"] == 2
+    assert other["structural_cases"] == len(a.structure_keys | c.structure_keys) == a.structural_cases + c.structural_cases
+    # Merging merged summaries again (runs of several hosts) keeps counting distinct ones.
+    assert summary.merge([same, other], run={}, elapsed_s=1.0)["structural_cases"] == other["structural_cases"]
+
+
+def test_structure_keys_are_the_same_in_every_process():
+    import subprocess
+    import sys
+
+    code = ("from kvfence.cases.case import Batch, Case, Config; from kvfence.workflow.fuzz import config_key, "
+            "structure_key; c = Config(topk=2, num_steps=2, ctx=8, max_bs=2); "
+            "print(structure_key(config_key(c), Case(c, Batch((3, 1), (1, 0), 5))))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
+    assert len(outs) == 1 and outs.pop().strip().lstrip("-").isdigit()
