@@ -989,9 +989,10 @@ def cmd_upstream(args) -> int:
 def cmd_upstream_sizing(args) -> int:
     """``upstream sizing VERSION``: the release's shipped sizing per backend (kvfence.cases.shipped)."""
     from kvfence.cases import shipped
+    from kvfence.cases import shipped_sizing
     from kvfence.reports.shipped_matrix import sizing_lines
 
-    record = shipped.load_record(args.version)
+    record = shipped_sizing.load_record(args.version)
     require(record["backends"], f"sglang=={args.version} has no draft backend (no class launches "
                                 f"{shipped.DRAFT_KERNEL})")
     print("\n".join(sizing_lines(args.version, record)))

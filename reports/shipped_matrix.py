@@ -108,7 +108,7 @@ def write(doc: dict, out: Path) -> Path:
 
 def sizing_lines(version: str, record: dict) -> List[str]:
     """``upstream sizing VERSION``: per backend, both widths, the host check and where each came from."""
-    from kvfence.cases.shipped import site_state
+    from kvfence.cases.shipped_sizing import site_state
 
     out = [f"sglang=={version}: {len(record['backends'])} draft backend(s) (classes that launch the kernel, "
            "and their subclasses)"]

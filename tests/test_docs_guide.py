@@ -15,6 +15,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
 def _links(text: str, base: Path):
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans hold no links (`kernel[grid](...)`)
     for target in LINK.findall(text):
         if not re.match(r"[a-z]+://", target):
             yield (base / target).resolve().relative_to(ROOT).as_posix()

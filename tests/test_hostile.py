@@ -69,6 +69,7 @@ def test_url_credentials_are_redacted_however_the_password_is_spelled(password):
     assert redact("no url here: a@b") == "no url here: a@b"
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 @pytest.mark.parametrize("password", PASSWORDS)
 def test_a_bad_redis_url_message_never_holds_the_password(capsys, tmp_path, password):
     line = one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--out", tmp_path / "o", "--database",
@@ -113,6 +114,7 @@ def test_bad_input_messages_carry_no_terminal_escapes():
 
 
 def test_a_redis_that_accepts_and_never_answers_times_out_on_time(monkeypatch):
+    pytest.importorskip("redis", reason="needs the redis client (pip install redis; the test extra has it)")
     from kvfence.workflow import campaign
 
     server = socket.socket()
@@ -191,6 +193,7 @@ def _hostile_copy(real_run, tmp_path, path, value) -> Path:
     return folder
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 @pytest.mark.parametrize("name, path, value, needle", HOSTILE_SUMMARIES, ids=[h[0] for h in HOSTILE_SUMMARIES])
 def test_a_hostile_summary_is_one_line_for_report_and_merge(capsys, real_run, tmp_path, name, path, value, needle):
     folder = _hostile_copy(real_run, tmp_path, path, value)
@@ -201,6 +204,7 @@ def test_a_hostile_summary_is_one_line_for_report_and_merge(capsys, real_run, tm
     assert not (tmp_path / "merged").exists()
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_the_real_summary_still_renders_and_merges(capsys, real_run, tmp_path):
     import shutil
 
@@ -211,6 +215,7 @@ def test_the_real_summary_still_renders_and_merges(capsys, real_run, tmp_path):
     assert cli.main(["report", str(tmp_path / "merged")]) == 0  # a merged summary validates too
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_a_merge_out_that_cannot_be_created_is_one_line(capsys, real_run):
     one_line_exit_2(capsys, ["report", "--merge", real_run, "--out", "/sys/kvfence-merged"], "/sys/kvfence-merged")
 
@@ -226,6 +231,7 @@ def _hold_lock(folder: Path):
     return proc
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_merge_into_a_folder_a_run_holds_is_refused(capsys, real_run, tmp_path):
     out = tmp_path / "busy"
     holder = _hold_lock(out)
@@ -244,6 +250,7 @@ def test_merge_into_a_folder_a_run_holds_is_refused(capsys, real_run, tmp_path):
     (["fuzz", "--device", "cpu", "--out", "{tmp}/o", "--json", ""], "--json: empty path"),
     (["report", "--merge", "{run}", "--out", ""], "--out: empty path"),
 ])
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_empty_output_paths_are_refused(capsys, real_run, tmp_path, argv, needle):
     one_line_exit_2(capsys, [a.format(tmp=tmp_path, run=real_run) for a in argv], needle)
 
@@ -299,6 +306,7 @@ def test_a_corrupt_journal_slot_is_reported_and_set_aside(tmp_path, name):
     assert journal.recover(tmp_path, report=lines.append) == []  # and a later run is not bothered again
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_fuzz_into_a_folder_with_a_corrupt_slot_runs_and_says_so(tmp_path):
     from kvfence.running import journal
 
@@ -313,6 +321,7 @@ def test_fuzz_into_a_folder_with_a_corrupt_slot_runs_and_says_so(tmp_path):
     assert len(list((folder / journal.UNUSABLE_DIR).glob(f"*{journal.SUFFIX}"))) == 2
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 @pytest.mark.parametrize("where", ["journal", "cases/earlier"])
 def test_a_file_where_the_run_needs_a_folder_is_one_line(capsys, tmp_path, where):
     out = tmp_path / "out"
@@ -406,6 +415,7 @@ def test_a_symlink_loop_case_file_says_so(capsys, tmp_path):
 
 
 # -- --jobs the machine cannot hold, and workers that outlive their job -----------------------------------
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 @pytest.mark.parametrize("jobs", [str(10**30), "1000"])
 def test_more_jobs_than_the_machine_holds_is_refused_at_once(capsys, tmp_path, jobs):
     from kvfence.workflow.jobs import max_jobs
@@ -497,6 +507,7 @@ def test_a_sigint_while_the_run_starts_ends_it_with_its_outputs(tmp_path):
     assert (out / "report.md").exists() and (out / "report.html").exists()
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete(tmp_path, real_run, capsys):
     import signal
 
@@ -597,6 +608,7 @@ def test_plugins_that_import_cleanly_pass_the_probe(tmp_path):
 
 @pytest.mark.parametrize("url, needle", [("redis://[::1/0", "Invalid IPv6 URL"), ("redis://:pw@h:99999/0", "port must be an integer"),
                                          ("redis://h:6379/x", "must be a number")])
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_malformed_redis_urls_are_one_line(capsys, tmp_path, url, needle):
     line = one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--database", url, "--out", tmp_path / "o"], needle)
     assert "pw" not in line

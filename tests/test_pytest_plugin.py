@@ -138,6 +138,7 @@ def test_plain():
 '''
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_the_interpreter_marker_skips_with_the_versions_in_a_real_session(tmp_path):
     (tmp_path / "conftest.py").write_text(SIMULATED_GPU_MACHINE)
     (tmp_path / "test_marked.py").write_text(MARKED)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvfence.cases import shipped
+
+from kvfence.cases import shipped_sizing
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
 VERSION = "0.0.7"
@@ -155,14 +157,14 @@ def test_helper_width_and_host_check_are_read_through_their_returns(record):
 
 def test_refusal_and_unreadable_names(record):
     assert record["RefusingBackend"]["refuses"]["refuses"] == "topk > 1"
-    state, text = shipped.site_state(record["MysteryBackend"]["graph"])
+    state, text = shipped_sizing.site_state(record["MysteryBackend"]["graph"])
     assert state == "unreadable" and "self.mystery_factor" in text and f"{BACKENDS}:" in text
 
 
 def test_malicious_body_never_runs(record, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     again = shipped.read_wheel(toy_wheel(tmp_path / "w"))["backends"]["SneakyBackend"]
-    assert shipped.site_state(again["graph"])[0] == "unreadable"
+    assert shipped_sizing.site_state(again["graph"])[0] == "unreadable"
     assert not list(tmp_path.rglob(MARKER_NAME)) and not Path(MARKER_NAME).exists()
 
 
@@ -230,7 +232,7 @@ def test_config_sizes_each_mode_from_its_own_site_and_strategies_take_the_spec(t
     monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVFENCE_WHEEL_DIR", str(wheel.parent))
     monkeypatch.setenv("KVFENCE_OFFLINE", "1")
-    shipped.policy.cache_clear()
+    shipped_sizing.policy.cache_clear()
     spec = f"sglang=={VERSION}:RequestsBackend"
     graph = Config(topk=3, num_steps=2, ctx=10, max_bs=4, sizing=spec, mode="graph")
     eager = Config(topk=3, num_steps=2, ctx=10, max_bs=4, sizing=spec, mode="eager")
@@ -246,7 +248,7 @@ def test_config_sizes_each_mode_from_its_own_site_and_strategies_take_the_spec(t
         assert config.row_width(1) == config.max_bs * config.ctx
 
     widths_follow_the_shipped_formula()
-    shipped.policy.cache_clear()
+    shipped_sizing.policy.cache_clear()
 
 
 def test_names_that_refer_to_each_other_are_unreadable_not_a_hang(tmp_path):
@@ -257,7 +259,7 @@ def test_names_that_refer_to_each_other_are_unreadable_not_a_hang(tmp_path):
     wheel = make_wheel(tmp_path, VERSION, {MODULE: FAKE_MODULE, RUNNER: runner, UTILS: utils,
                                            BACKENDS: "from sglang.srt.speculative.toy_utils import loop\n\n" + loop})
     graph = shipped.read_wheel(wheel)["backends"]["LoopBackend"]["graph"]
-    assert shipped.site_state(graph)[0] == "unreadable"
+    assert shipped_sizing.site_state(graph)[0] == "unreadable"
 
 
 def test_old_cache_format_is_fetched_again_and_a_tampered_record_is_one_line_exit_2(tmp_path):

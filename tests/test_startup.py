@@ -44,6 +44,7 @@ def _fuzz(tmp_path, *flags):
     return proc, json.loads((out / "summary.json").read_text()), modules, wall
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_a_failing_run_is_announced_at_once_and_timed_from_the_command_start(tmp_path):
     """The seed's bug (sizing prefix): the supervisor never imports torch or triton (its worker does),
     the first failure is on stderr before the shrunk report, and the phases are ordered inside the wall time."""
@@ -57,6 +58,7 @@ def test_a_failing_run_is_announced_at_once_and_timed_from_the_command_start(tmp
     assert "worker ready" in proc.stdout and "ended by failure" in proc.stdout
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_a_clean_run_announces_nothing_and_ends_by_its_example_budget(tmp_path):
     proc, doc, modules, wall = _fuzz(tmp_path, "--max-examples", "2")
     assert proc.returncode == 0, proc.stderr
@@ -66,6 +68,7 @@ def test_a_clean_run_announces_nothing_and_ends_by_its_example_budget(tmp_path):
     assert 0 < doc["startup_s"] <= doc["first_launch_s"] < wall
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_in_process_checking_imports_torch_in_the_command_itself(tmp_path):
     """The probe sees an import when there is one: ``--in-process`` launches in the command's process."""
     proc, doc, modules, _ = _fuzz(tmp_path, "--max-examples", "1", "--in-process")
@@ -169,6 +172,7 @@ def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
         assert _check(make_session, "reference", page_size, topk, num_steps) == []
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     out = tmp_path / "fv.json"
     proc = subprocess.run([sys.executable, "benchmarks/first_verdict.py", "--device", "cpu", "--repeats", "1",
@@ -183,6 +187,7 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     assert run["ended_by"] == "failure" and run["startup_s"] <= run["first_failure_s"]
 
 
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_a_jobs_parent_announces_the_first_failure_of_any_job(tmp_path):
     """``--jobs 2``: neither the parent nor a job imports torch before its worker does, the parent names
     the first failure once, and the merged summary keeps the earliest job's phases."""

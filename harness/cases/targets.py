@@ -395,10 +395,10 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
             return builtin(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
 
         return builtin_policy
-    from kvfence.cases import shipped
+    from kvfence.cases import shipped_sizing
 
-    if shipped.is_spec(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
-        return shipped.policy(spec)
+    if shipped_sizing.is_spec(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
+        return shipped_sizing.policy(spec)
     require(":" in spec, f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
     obj = _load_attr(spec, "sizing")
     require(callable(obj), f"sizing {spec!r} is not callable")

@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from kvfence.cases import shipped
+
+from kvfence.cases import shipped_sizing
 from kvfence.cases.findings import Finding, Kind
 from kvfence.running.guarded import GuardedBuffer
 
@@ -160,7 +161,7 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     if expected is None:
         expected = expected_from_oracle(obs)
     width = obs.kv_indices.width
-    host = shipped.check_verdict(config.sizing, config.topk, config.num_steps, obs.launch.num_seqs,
+    host = shipped_sizing.check_verdict(config.sizing, config.topk, config.num_steps, obs.launch.num_seqs,
                                  sum(obs.launch.seq_lens), width, expected.need)
     if host is not None:
         findings.append(Finding(Kind(host[0]), obs.kv_indices.name, "host check", detail=host[1]))

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from kvfence.cases.case import Case
@@ -281,12 +280,19 @@ def draw_runs(target: Target, count: int, seed: int, max_bytes: Optional[int], b
         layout = data.draw(st.sampled_from(["redzone", "production"]))
         config = data.draw(configs(sizing=target.sizing, domain=target.domain, mode=mode, layout=layout,
                                    max_bytes=max_bytes, family=target.family))
-        run = [Case(config, data.draw(batch_strategy(config)), target.kernel) for _ in range(batches)]
+        # Distinct cases (a repeated case would be one case checked twice): a config with few possible
+        # batches gets a shorter run, not a long run of copies.
+        unique: Dict[Case, None] = {}
+        for _ in range(4 * batches):
+            unique[Case(config, data.draw(batch_strategy(config)), target.kernel)] = None
+            if len(unique) == batches:
+                break
+        run = list(unique)
         buckets = [case.launch().num_seqs for case in run]
         lone = [i for i, m in enumerate(buckets) if buckets.count(m) == 1]
         if lone:
             run.append(run.pop(lone[0]))
-        drawn.append(list(dict.fromkeys(run)))  # a repeated case would be one case checked twice
+        drawn.append(run)
 
     collect()
     return drawn[:count]

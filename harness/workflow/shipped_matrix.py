@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from kvfence.cases import shipped, upstream
+
+from kvfence.cases import shipped_sizing
 from kvfence.cases.case import Batch, Case, Config, launch_batch, launch_need
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
 
@@ -122,7 +124,7 @@ def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Ca
     ``S1 = first S with need > W`` nothing overflows; at ``S1`` the launch overflows silently unless the check
     fires there; a check that fires only from ``S2 > S1`` admits the overflows ``S1 .. S2-1`` (the first is
     the witness), and one firing below ``S1`` rejects a fitting launch."""
-    policy = shipped.policy(spec)
+    policy = shipped_sizing.policy(spec)
     refused = (policy.record.get("refuses") or {}).get("refuses") == "topk > 1"
     kernel = f"{upstream.SPEC_PREFIX}{policy.version}"
     top = d.ctx - d.num_steps if d.ordinary_only else d.ctx
@@ -136,7 +138,7 @@ def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Ca
                 lb = launch_batch(config, batch)
                 need = launch_need(config, lb.seq_lens, lb.positions)
                 width = config.row_width(lb.num_seqs)
-                host = shipped.check_verdict(spec, topk, d.num_steps, lb.num_seqs, sum(lb.seq_lens), width, need)
+                host = shipped_sizing.check_verdict(spec, topk, d.num_steps, lb.num_seqs, sum(lb.seq_lens), width, need)
                 return batch, need, width, host[0] if host else None
 
             def record(key: str, total: int) -> None:
@@ -193,7 +195,7 @@ class Runs:
         lb = case.launch()
         key = json.dumps([body, case.config.to_dict() | {"sizing": None}, case.batch.to_dict(),
                           case.config.row_width(lb.num_seqs),
-                          (shipped.policy(case.config.sizing).record.get("host_check") or {}).get("tree")])
+                          (shipped_sizing.policy(case.config.sizing).record.get("host_check") or {}).get("tree")])
         if key not in self.results:
             if body not in self.sessions:
                 self.sessions[body] = Session(self.device, case.kernel)
@@ -206,7 +208,7 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
 
     cell = Cell(version, backend, mode)
     site = record[mode]
-    state, text = shipped.site_state(site)
+    state, text = shipped_sizing.site_state(site)
     if state == "absent":
         cell.status, cell.detail = NO_BUFFER, text
         return cell
@@ -216,8 +218,8 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
     cell.formula = site["formula"]
     spec = f"{upstream.SPEC_PREFIX}{version}:{backend}"
     check = record.get("host_check")
-    if check is not None and shipped.site_state(check)[0] == "unreadable":
-        cell.status, cell.detail = UNREADABLE, "host check: " + shipped.site_state(check)[1]
+    if check is not None and shipped_sizing.site_state(check)[0] == "unreadable":
+        cell.status, cell.detail = UNREADABLE, "host check: " + shipped_sizing.site_state(check)[1]
         return cell
     silent, caught, wrong = search(spec, mode, d)
     refused = cell.refuses_topk = (record.get("refuses") or {}).get("refuses") == "topk > 1"
@@ -250,7 +252,7 @@ def run(versions: List[str], *, domain: Domain, device: str, offline: bool, out:
                 row["note"] = NOT_CACHED
                 rows.append(row)
                 continue
-            record = shipped.load_record(version)
+            record = shipped_sizing.load_record(version)
         except BadInput as exc:
             row["note"] = str(exc)
             rows.append(row)

@@ -43,7 +43,6 @@ import tempfile
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from kvfence.cases.case import Case
