@@ -1299,9 +1299,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m kvfence``)."""
-    from kvfence.running.clock import mark_command_start
+    from kvfence.running.clock import command_clock
 
-    mark_command_start()  # children (--jobs, checking workers) time their phases from this command's start
+    with command_clock():  # children (--jobs, checking workers) time their phases from this command's start
+        return _run(argv, prog)
+
+
+def _run(argv: Optional[List[str]], prog: str) -> int:
     try:
         parser = build_parser(prog)
         args = parser.parse_args(argv)

@@ -165,7 +165,7 @@ def _load_attr(spec: str, what: str):
     except BadInput:
         raise
     except ModuleNotFoundError as exc:
-        raise BadInput(f"cannot import {what} {spec!r}: {exc} (looked in the current folder {os.getcwd()} and "
+        raise BadInput(f"cannot import {what} {spec!r}: ModuleNotFoundError: {exc} (looked in the current folder {os.getcwd()} and "
                        "on sys.path: run from the folder that holds it, set PYTHONPATH, or name a file "
                        "such as path/to/file.py:attr)") from None
     except (Exception, SystemExit) as exc:  # any import-time failure of user code is bad input, in one line

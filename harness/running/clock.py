@@ -9,6 +9,7 @@ counted too; elsewhere it is the time this module was first imported.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Optional
@@ -16,6 +17,8 @@ from typing import Optional
 #: Environment variable that carries the command's start (epoch seconds) to its child processes.
 START_ENV = "KVFENCE_COMMAND_START"
 _IMPORTED_AT = time.time()
+#: Top-level commands this process has run (``command_clock``).
+_COMMANDS = 0
 
 
 def _process_start() -> Optional[float]:
@@ -44,11 +47,24 @@ def command_start() -> float:
     return min(started, _IMPORTED_AT) if started is not None else _IMPORTED_AT
 
 
-def mark_command_start() -> float:
-    """Called once by the top-level command: record its start for every child it will start."""
-    start = command_start()
+@contextlib.contextmanager
+def command_clock():
+    """For the duration of one top-level command: its start, recorded in ``START_ENV`` for every child it
+    starts. The variable is restored afterwards, so a process that runs commands in-process (a test calling
+    ``cli.main``) leaks no stale start into processes it starts later; a second command in one process
+    starts now, not when the process did."""
+    global _COMMANDS
+    previous = os.environ.get(START_ENV)
+    start = command_start() if (_COMMANDS == 0 or previous) else time.time()
+    _COMMANDS += 1
     os.environ[START_ENV] = repr(start)
-    return start
+    try:
+        yield start
+    finally:
+        if previous is None:
+            os.environ.pop(START_ENV, None)
+        else:
+            os.environ[START_ENV] = previous
 
 
 def since_start(at: Optional[float]) -> Optional[float]:

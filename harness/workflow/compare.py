@@ -47,6 +47,7 @@ reference or planted write would be a harness bug.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -280,13 +281,16 @@ def draw_runs(target: Target, count: int, seed: int, max_bytes: Optional[int], b
         layout = data.draw(st.sampled_from(["redzone", "production"]))
         config = data.draw(configs(sizing=target.sizing, domain=target.domain, mode=mode, layout=layout,
                                    max_bytes=max_bytes, family=target.family))
-        # Distinct cases (a repeated case would be one case checked twice): a config with few possible
-        # batches gets a shorter run, not a long run of copies.
+        # Distinct cases (a repeated case would be one case checked twice). Hypothesis's first example is
+        # its simplest, every draw in it alike: a repeated batch gets the next unused token seed instead
+        # (a token-table variant, enough for a run that must span staging chunks).
         unique: Dict[Case, None] = {}
-        for _ in range(4 * batches):
-            unique[Case(config, data.draw(batch_strategy(config)), target.kernel)] = None
-            if len(unique) == batches:
-                break
+        for _ in range(batches):
+            batch = data.draw(batch_strategy(config))
+            seeds = {c.batch.token_seed for c in unique}
+            while Case(config, batch, target.kernel) in unique:
+                batch = dataclasses.replace(batch, token_seed=max(seeds) + 1)
+            unique[Case(config, batch, target.kernel)] = None
         run = list(unique)
         buckets = [case.launch().num_seqs for case in run]
         lone = [i for i, m in enumerate(buckets) if buckets.count(m) == 1]
