@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 from kvfence.reports.markup import Markup, html, join
 
 #: Fill colour of each finding kind on the map (the legend repeats them).
-KIND_COLOURS = {"VALUE_MISMATCH": "#f28e2b", "INDPTR_MISMATCH": "#f28e2b", "MISSING_WRITE": "#9e9e9e",
+KIND_COLOURS = {"VALUE_MISMATCH": "#f28e2b", "INDPTR_MISMATCH": "#b5651d", "MISSING_WRITE": "#9e9e9e",
                 "STRAY_WRITE": "#d62728", "GUARD_OVERWRITE": "#7b1fa2", "SIZING_VIOLATION": "#f2c40f",
                 "OOB_WRITE": "#d62728"}
 OTHER_COLOUR = "#e377c2"
