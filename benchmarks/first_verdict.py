@@ -8,7 +8,7 @@ In one run, on one machine:
   CUDA context: what any process that launches a kernel pays; ``device='cpu'`` with ``--device cpu``);
 * the first verdict: wall time from starting ``python -m kvfence fuzz --sizing prefix`` (the seed's bug,
   found in the first example) to the line on stderr that names the first failure
-  (``kvfence.cli.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
+  (``kvfence.commands.fuzz.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
   ``first_launch_s`` and ``first_failure_s`` with it.
 
 Each is measured ``--repeats`` times after ``--warmup`` unmeasured runs (a warm Triton disk cache, as a
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import fuzz_command_parser, saver  # noqa: E402
 
-from kvfence.cli import FIRST_FAILURE  # noqa: E402
+from kvfence.commands.fuzz import FIRST_FAILURE  # noqa: E402
 
 
 def floor_seconds(device: str) -> float:

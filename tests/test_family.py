@@ -188,7 +188,7 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
     there); on and off decide on both; on with a classic-ABI kernel is one-line bad input."""
     import argparse
 
-    from kvfence.cli import _check_family, _draws_family
+    from kvfence.commands.fuzz import _check_family, _draws_family
     from kvfence.cases.domain import CPU, GPU
 
     args = argparse.Namespace(kernel="reference", family=flag, window=None, sink=None, entry_page_size=None,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvfence import cli
+from kvfence.commands.common import _Parser
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Runs ``kvfence.cli:main`` exactly as the ``kvfence`` console script does (``main()`` with no arguments).
@@ -53,7 +54,7 @@ def test_the_checker_catches_a_flag_without_help_or_default():
     bad.add_argument("--budget", type=int, default=5)
     bad.add_argument("--name", default="x", help="a name")
     assert undocumented(bad) == ["--budget: no help", "--name: help does not show the default"]
-    good = cli._Parser(prog="t")
+    good = _Parser(prog="t")
     good.add_argument("--budget", type=int, default=5, help="a budget")
     good.add_argument("--fast", action="store_true", help="go fast")
     good.add_argument("--pin", default=None, help="pin it (default: drawn)")

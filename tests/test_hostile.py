@@ -512,6 +512,7 @@ def test_a_sigint_while_the_run_starts_ends_it_with_its_outputs(tmp_path):
 def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete(tmp_path, real_run, capsys):
     import signal
 
+    from kvfence.commands.fuzz import _write_summary
     from kvfence.running import interrupt
 
     doc = json.loads((real_run / "summary.json").read_text())
@@ -520,7 +521,7 @@ def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete
     try:
         interrupt.defer()
         os.kill(os.getpid(), signal.SIGINT)  # arrives now, as the outputs are about to be written
-        code = cli._write_summary(doc, tmp_path, None)
+        code = _write_summary(doc, tmp_path, None)
         assert interrupt.pending() == "SIGINT"
     finally:
         interrupt._RECEIVED.clear()

@@ -1,15 +1,21 @@
 """The package tree shows the data flow: ``harness/`` (the package ``kvfence``) is grouped by stage, and imports only point from a
 later stage to an earlier one (or within a stage), so each stage can be read without the ones after it.
 
-    base (errors, device) < cases < running < verifying < workflow < tools < entry points (cli, __main__)
+    base (errors, device) < cases < running < verifying < workflow < tools < entry (cli, __main__, commands/)
+
+``commands/`` (one module per subcommand, its parser beside its handler) belongs to the entry stage: it may
+import every earlier stage, and nothing before the entry stage imports it.
 """
 
+import argparse
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "harness"
 ORDER = ("base", "cases", "running", "verifying", "workflow", "tools", "entry")
 BASE = ("errors", "device")
+#: Folders of harness/ that belong to the entry stage (``kvfence.cli`` assembles them).
+ENTRY_FOLDERS = ("commands",)
 
 
 #: kvfence's other folders, mapped under kvfence by the packaging; not stages of harness/.
@@ -18,6 +24,8 @@ SIBLINGS = ("kernels", "strategies", "reports")
 
 def stage_of(module: str) -> str:
     parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in ENTRY_FOLDERS:
+        return "entry"
     if len(parts) >= 3 and parts[1] in ORDER:
         return parts[1]
     return "base" if parts[-1] in BASE else "entry"
@@ -32,7 +40,7 @@ def imported(tree: ast.AST):
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and ours(node.module):
-            if node.module == "kvfence" or node.module in {f"kvfence.{s}" for s in ORDER}:
+            if node.module == "kvfence" or node.module in {f"kvfence.{s}" for s in ORDER + ENTRY_FOLDERS}:
                 yield from ((f"{node.module}.{a.name}", node.lineno) for a in node.names if ours(f"kvfence.{a.name}"))
             else:
                 yield node.module, node.lineno
@@ -43,7 +51,34 @@ def imported(tree: ast.AST):
 def test_every_module_lives_in_a_stage_folder_or_is_a_base_or_entry_module():
     top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert top == ["cli", "device", "errors", "sanitizer_child"], top
-    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(ORDER[1:6])
+    folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(ORDER[1:6] + ENTRY_FOLDERS), folders
+
+
+def test_every_command_has_its_own_module_and_the_cli_assembles_them():
+    """One module per subcommand under commands/, each with ``add_parser``; cli.py only assembles them, in
+    the order --help lists the commands."""
+    from kvfence import cli
+
+    modules = sorted(p.stem for p in (ROOT / "commands").glob("*.py") if p.stem not in ("__init__", "common"))
+    assert sorted(m.__name__.rsplit(".", 1)[-1] for m in cli.COMMANDS) == modules
+    assert all(callable(getattr(m, "add_parser", None)) for m in cli.COMMANDS)
+
+    def handlers(parser):  # every func a parser or its nested subcommands (upstream fetch, ...) set
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from handlers(child)
+        if parser.get_default("func") is not None:
+            yield parser.get_default("func")
+
+    commands = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert list(commands) == [m.__name__.rsplit(".", 1)[-1] for m in cli.COMMANDS]
+    for module in cli.COMMANDS:  # each command's parser comes from its own module, and so do its handlers
+        found = list(handlers(commands[module.__name__.rsplit(".", 1)[-1]]))
+        assert found and {f.__module__ for f in found} == {module.__name__}, (module.__name__, found)
+    top = {n.name for n in ast.parse((ROOT / "cli.py").read_text()).body if isinstance(n, ast.FunctionDef)}
+    assert top == {"build_parser", "main", "_run"}, top
 
 
 def test_imports_point_from_later_stages_to_earlier_ones():
@@ -63,6 +98,11 @@ def test_the_checker_sees_a_backward_import():
     targets = [t for t, _ in imported(tree)]
     assert targets == ["kvfence.workflow.fuzz"]
     assert ORDER.index(stage_of(targets[0])) > ORDER.index(stage_of("kvfence.cases.casefile"))
+    # commands/ is the entry stage: a tool importing a command module is backward, a command importing a tool is not
+    for text in ("from kvfence.commands.common import _stderr\n", "from kvfence.commands import fuzz\n"):
+        (target,) = [t for t, _ in imported(ast.parse(text))]
+        assert stage_of(target) == "entry" and ORDER.index(stage_of(target)) > ORDER.index(stage_of("kvfence.tools.sweep"))
+    assert ORDER.index(stage_of("kvfence.tools.sweep")) < ORDER.index(stage_of("kvfence.commands.sweep"))
 
 
 #: Every folder of the package kvfence, with the module prefix the packaging maps it to.

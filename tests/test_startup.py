@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from kvfence.cases.case import Batch, Case, Config
 from kvfence.cases.domain import COMMON_STEPS, COMMON_TOPK, CPU, GPU
-from kvfence.cli import DEFAULT_GPU_SECONDS, DEFAULT_MAX_EXAMPLES, FIRST_FAILURE, _resolve_budget, build_parser
+from kvfence.cli import build_parser
+from kvfence.commands.fuzz import DEFAULT_GPU_SECONDS, DEFAULT_MAX_EXAMPLES, FIRST_FAILURE, _resolve_budget
 from kvfence.strategies import cases, configs
 from kvfence.workflow.fuzz import fuzz
 from kvfence.workflow.progress import UNBOUNDED_EXAMPLES

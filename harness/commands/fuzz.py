@@ -1,0 +1,653 @@
+"""``kvfence fuzz``: fuzz the kernel against the oracle inside guarded buffers (kvfence.workflow.fuzz),
+one process or ``--jobs`` children, then the case file, summary.json and the reports.
+
+``add_parser(sub)`` adds the subcommand to ``sub`` (kvfence.cli.build_parser) with this handler as its ``func``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from kvfence.commands.common import (
+    _exit_codes, _positive_int, _non_negative_int, _seconds, _stderr, _writable, _out_dir, _lock_out, _output_failure,
+    _output_errors, _add_worker_args, _add_target_args, _add_config_args, _add_family_args,
+)
+from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
+
+
+def _shard(text: str):
+    """An argparse type: ``--shard I/N`` (kvfence.workflow.campaign.parse_shard), one-line error otherwise."""
+    from kvfence.workflow.campaign import parse_shard
+
+    try:
+        return parse_shard(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--shard ")) from None
+
+
+def _family_pins(args) -> dict:
+    """The §6 pins of ``args`` (None: drawn), as ``kvfence.strategies.configs`` keywords."""
+    translate = getattr(args, "translate", None)
+    return dict(window_size=getattr(args, "window", None), sink_size=getattr(args, "sink", None),
+                entry_page_size=getattr(args, "entry_page_size", None),
+                translate=None if translate is None else translate == "on",
+                contract=getattr(args, "contract", "draft"))
+
+
+def _draws_family(args, domain) -> bool:
+    """Whether the §6 fields are drawn: the kernel takes them (``_check_family``) and ``--family`` is on,
+    or auto on the CPU domain (on the GPU domain §6 cases are checked by the host verdict, ~100x the
+    device verifier's cost per case, so auto leaves them to ``--family on`` or a pinned field there)."""
+    family = getattr(args, "family", "auto")
+    return bool(getattr(args, "draw_family", False)) and (family == "on" or domain.name == "cpu")
+
+
+def _config_strategy(args, domain, max_bytes):
+    from kvfence.strategies import configs
+
+    return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
+                   max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
+                   max_bytes=max_bytes, family=_draws_family(args, domain), **_family_pins(args))
+
+
+def _check_family(args) -> None:
+    """§6 flags against the kernel under test (one line, exit 2): the rail needs --window, and a kernel
+    must declare every §6 parameter a pin sets. Sets ``args.draw_family``: draw the §6 fields when the
+    kernel takes them all (kvfence's reference, SGLang 0.5.2x), never for a classic-ABI kernel."""
+    from kvfence.cases.case import Config
+    from kvfence.cases.targets import kernel_capabilities
+
+    pins = _family_pins(args)
+    require(not (pins["contract"] == "window-rail" and not pins["window_size"]),
+            "--contract window-rail needs --window W (W >= 1): the rail's window is part of its ABI")
+    caps = kernel_capabilities(args.kernel)
+    probe = Config(topk=1, num_steps=1, window_size=pins["window_size"] or 0, sink_size=pins["sink_size"] or 0,
+                   entry_page_size=pins["entry_page_size"] or 1, translate=bool(pins["translate"]),
+                   contract=pins["contract"])
+    caps.check_config(args.kernel, probe)
+    family = getattr(args, "family", "auto")
+    require(family != "on" or caps.family,
+            f"--family on: kernel {args.kernel!r} does not take the §6 parameters (a classic-ABI kernel)")
+    args.draw_family = caps.family and family != "off"
+
+
+#: What ``fuzz --resume`` uses; any other flag set away from its default is refused (it would be ignored).
+_RESUME_FLAGS = {"out", "device", "json", "quiet", "resume", "in_process", "case_timeout"}
+
+
+def _check_resume_flags(args) -> None:
+    ignored = sorted(dest for dest, default in args.fuzz_defaults.items()
+                     if dest not in _RESUME_FLAGS and getattr(args, dest) != default)
+    require(not ignored, f"--resume only collects cases left in flight by runs that died; it would ignore "
+                         f"{', '.join('--' + d.replace('_', '-') for d in ignored)}: drop them or run without --resume")
+
+
+def _make_session(args, device: str, max_bytes: Optional[int]):
+    """The checking session: a worker process (default; crashes and hangs become findings, kvfence.workflow.worker)
+    or, with ``--in-process``, this process itself (for debugging the harness). The worker starts in the
+    background (torch and the CUDA context load while this process builds its strategies); the caller
+    joins it with ``wait_ready()`` before the first example."""
+    audit = False if args.no_audit else None
+    if args.in_process:
+        from kvfence.verifying.session import Session
+
+        return Session(device, args.kernel, audit=audit, max_bytes=max_bytes)
+    from kvfence.workflow.worker import RemoteSession
+
+    return RemoteSession(device, args.kernel, audit=audit, max_bytes=max_bytes, case_timeout=args.case_timeout,
+                         background=True)
+
+
+#: The default budgets: the CPU's interpreter checks an example budget; on CUDA the plain command checks
+#: what the machine can check in ``DEFAULT_GPU_SECONDS`` (on every core, ``_default_jobs``).
+DEFAULT_MAX_EXAMPLES = 100
+
+
+DEFAULT_GPU_SECONDS = 60.0
+
+
+def _resolve_budget(args, device: str) -> None:
+    """Fill in ``--max-examples`` / ``--max-seconds``: a time budget alone bounds the run by time
+    (examples unbounded); with neither, CUDA gets ``DEFAULT_GPU_SECONDS``, the CPU ``DEFAULT_MAX_EXAMPLES``."""
+    from kvfence.workflow.progress import UNBOUNDED_EXAMPLES
+
+    if args.max_examples is None and args.max_seconds is None and device == "cuda":
+        args.max_seconds = DEFAULT_GPU_SECONDS
+    if args.max_examples is None:
+        args.max_examples = UNBOUNDED_EXAMPLES if args.max_seconds is not None else DEFAULT_MAX_EXAMPLES
+
+
+#: Examples a ``--jobs`` child should get at least, so process start-up does not dominate a short run.
+MIN_EXAMPLES_PER_JOB = 50
+
+
+#: Batches of one config per Hypothesis example on CUDA (config-major: compile and capture once, replay many).
+GPU_BATCHES_PER_EXAMPLE = 32
+
+
+def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
+    """All useful CPU cores on CUDA (one left for the parent and the driver), fewer when the example
+    budget is too small to keep them busy; one process on the CPU (the interpreter is the bottleneck)."""
+    if device != "cuda":
+        return 1
+    cores = max(1, (os.cpu_count() or 2) - 1)
+    if max_seconds is not None:
+        return min(cores, 16)
+    return max(1, min(cores, 16, max_examples // MIN_EXAMPLES_PER_JOB))
+
+
+def _resolve_run_shape(args, device: str):
+    """Domain, jobs, batches per example and memory budget of a fuzz run (validated, one-line errors)."""
+    from kvfence.cases.budget import default_budget, parse_size
+    from kvfence.cases.domain import domain_named
+
+    scale = args.scale or ("gpu" if device == "cuda" else "cpu")
+    require(not (scale == "gpu" and device != "cuda"),
+            "--scale gpu needs --device cuda: production-sized launches under the interpreter would take hours")
+    domain = domain_named(scale)
+    jobs = args.jobs if args.jobs is not None else _default_jobs(device, args.max_examples, args.max_seconds)
+    from kvfence.workflow.jobs import JOB_MEMORY_BYTES, JOBS_PER_CORE, max_jobs  # before anything is sized by jobs
+
+    require(jobs <= max_jobs(), f"--jobs {jobs}: this machine can hold at most {max_jobs()} jobs ({JOBS_PER_CORE} per "
+                                f"CPU core, {JOB_MEMORY_BYTES >> 30} GiB of available memory each)")
+    require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
+    per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
+    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
+    return domain, jobs, per_example, max_bytes
+
+
+def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -> List[str]:
+    """The flags a ``--jobs`` child gets: the parent's, except those each child gets its own value of."""
+    own = {"jobs", "seed", "out", "max_examples", "json", "quiet", "max_gpu_mem", "progress_file", "resume"}
+    argv = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in own or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value is False or value == action.default:
+            continue
+        argv += [action.option_strings[0]] if value is True else [action.option_strings[0], str(value)]
+    return argv + ["--jobs", "1", "--seed", str(seed), "--max-examples", str(max_examples), "--quiet",
+                   "--max-gpu-mem", str(max_bytes)]
+
+
+def cmd_fuzz(args) -> int:
+    from kvfence.device import select
+    from kvfence.cases.targets import resolve_sizing
+
+    if args.resume:
+        _check_resume_flags(args)
+    json_path = _writable(args.json, "--json")
+    out_dir = _out_dir(args.out)
+    require(args.max_seconds is None or (args.max_seconds > 0 and args.max_seconds == args.max_seconds),
+            f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
+    if not args.progress_file:  # a --jobs child's plug-ins were checked by its parent
+        from kvfence.workflow.probe import check_plugins
+
+        check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
+    resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
+    # Only the process that launches kernels imports torch: the supervisor and a --jobs parent do not.
+    device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
+    _check_family(args)  # §6 flags against the kernel: exit 2 before anything runs
+    _resolve_budget(args, device)
+    domain, jobs, per_example, max_bytes = _resolve_run_shape(args, device)
+    session = None
+    if jobs == 1 and not args.resume:
+        if out_dir.is_dir():  # another run in this folder: refused now, before a worker starts
+            _lock_out(out_dir)
+        # Start-up off the critical path: the worker starts first, everything else happens meanwhile.
+        session = _make_session(args, device, max_bytes)
+    try:
+        return _fuzz_prepared(args, device, session, json_path, out_dir, domain, jobs, per_example, max_bytes)
+    finally:
+        if hasattr(session, "close"):
+            session.close()
+
+
+def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_dir: Path, domain, jobs: int,
+                   per_example: int, max_bytes: int) -> int:
+    """``cmd_fuzz`` once the device is chosen and the worker is starting: strategies, database, the run."""
+    from kvfence.strategies import case_runs, cases
+
+    from kvfence.workflow import campaign
+
+    # Validates every pinned field and the budget now (BadInput), not inside Hypothesis.
+    config_strategy, shard_info = _config_strategy(args, domain, max_bytes), None
+    if args.shard is not None:  # this host's part of the config space (kvfence.workflow.campaign)
+        config_strategy, shard_info = campaign.shard_configs(
+            args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins}), domain, max_bytes),
+            {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
+    if per_example > 1:
+        strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
+                             max_batches=per_example)
+    else:
+        strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
+    strategy.validate()
+    from kvfence.cases.case import Config
+
+    # The sizing policy on the smallest config the pinned fields allow: a bool, non-int or huge width is
+    # refused now (one line), not in the middle of the run.
+    from kvfence.kernels.sizing import WINDOW_POLICIES
+
+    Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
+           ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
+           layout=args.layout, mode=args.mode,
+           window_size=args.window if args.window is not None else int(args.sizing in WINDOW_POLICIES),
+           sink_size=args.sink or 0, contract=args.contract).row_width(1)
+    seed, seed_source = (args.seed, "given") if args.seed is not None else (random.getrandbits(32), "random")
+    run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
+           "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
+           "jobs": jobs, "batches_per_example": per_example, "domain": domain.name, "domain_text": domain.describe(),
+           "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker",
+           # docs/contract.md §6: the contract, and the §6 fields pinned or drawn (None: drawn, if the kernel takes them)
+           "contract": args.contract, "family_drawn": _draws_family(args, domain),
+           "family_pins": {k: v for k, v in _family_pins(args).items() if k != "contract" and v is not None}}
+    # The example database: a malformed URL here, an unreachable Redis below, both before any work.
+    if args.database is None:
+        args.database = campaign.default_database(out_dir)  # --jobs children share it
+    db_spec = campaign.parse_database(args.database)
+    if db_spec.password:  # --jobs children get it from the environment, never on their command line
+        os.environ[campaign.REDIS_PASSWORD_ENV] = db_spec.password
+        args.database = db_spec.display
+    if jobs > 1:
+        database = campaign.open_database(db_spec)
+        db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
+                                       domain=campaign.fuzz_domain(args, domain, per_example))
+        run["campaign"] = campaign.summary_block(db_spec, db_key, shard_info, None,
+                                                 campaign.stored_failures(database, db_key))
+        return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
+    previous = _previous_summary(out_dir) if args.resume else None
+    if out_dir.is_dir():  # another run in this folder: refused now
+        _lock_out(out_dir)
+    database = None if args.resume else campaign.open_database(db_spec)
+    db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
+                                   domain=campaign.fuzz_domain(args, domain, per_example))
+    run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
+                                             campaign.shard_seed(seed, args.shard),
+                                             campaign.stored_failures(database, db_key))
+    if hasattr(session, "wait_ready"):
+        session.wait_ready()  # resolves the kernel in the worker: BadInput here, before the first example
+    return _fuzz_run(args, device, strategy, session, out_dir, json_path, previous, run, domain,
+                     database=database, db_key=db_key, db_spec=db_spec)
+
+
+#: Errnos of storage that stopped taking writes: a full disk or quota, a filesystem remounted read-only.
+_FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
+
+
+def _fuzz_command(args) -> int:
+    """``fuzz``: ``cmd_fuzz``, then the ``--out`` lock it took is released however it ended."""
+    from kvfence.running import interrupt
+    from kvfence.workflow import outlock
+
+    interrupt.defer()  # a signal from now on is never lost: the run ends as interrupted, outputs written
+    try:
+        code = cmd_fuzz(args)
+        signalled = interrupt.pending()  # e.g. while the outputs were being written: they were, in full
+        return interrupt.exit_code_for(signalled) if signalled else code
+    except OSError as exc:
+        # Storage that stopped taking writes mid-run (journal, case file): one line, never a traceback.
+        # Other OSErrors are not the disk's doing and stay loud.
+        import errno as errno_mod
+
+        if exc.filename is None or exc.errno not in {getattr(errno_mod, name, None) for name in _FULL_DISK}:
+            raise
+        raise _output_failure(exc.filename, exc) from None
+    finally:
+        outlock.release_all()
+
+
+def _previous_summary(out_dir: Path) -> Optional[dict]:
+    """``--resume`` adds to the folder's summary.json: it must be readable (or absent) before any work."""
+    from kvfence.cases.casefile import parse_json_file
+    from kvfence.reports.summary import validate
+
+    where = out_dir / "summary.json"
+    if not where.exists():
+        return None
+    try:
+        return validate(parse_json_file(where, "summary"), str(where))
+    except BadInput as exc:
+        raise BadInput(f"--resume adds to {where}, which cannot be read: {exc}") from None
+
+
+def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Optional[Path], previous, run: dict,
+              domain, *, database, db_key, db_spec) -> int:
+    from kvfence.workflow.fuzz import FuzzResult, fuzz
+    from kvfence.running.interrupt import exit_code_for, signals_interrupt
+    from kvfence.running.journal import Journal, recover
+    from kvfence.workflow.outdir import set_aside_earlier_cases
+
+    _lock_out(out_dir)
+    seed = run["seed"]
+    if not args.resume:  # --resume adds to the folder's results: its case files stay where they are
+        # Before anything is written: the folder's case files from earlier runs go to cases/earlier/<time>/.
+        args.earlier_cases = set_aside_earlier_cases(out_dir)
+        if args.earlier_cases:
+            _stderr(f"kvfence: {args.earlier_cases['count']} case file(s) of an earlier run moved to "
+                    f"{args.earlier_cases['folder']}")
+    # Cases in flight when an earlier run's process died: CRASH findings (an unusable slot is set aside, said here).
+    crashes = recover(out_dir, report=lambda line: _stderr(f"kvfence: {line}"))
+    for crash in crashes:
+        _stderr(f"kvfence: CRASH: a run died launching a case: {crash.path}")
+    if args.resume:
+        result = FuzzResult()
+        print(f"kvfence fuzz --resume: {len(crashes)} crashed case(s) recovered from {out_dir}")
+    else:
+        from kvfence.workflow.progress import Progress
+
+        progress = None if args.quiet else Progress(args.max_examples, seconds=args.max_seconds)
+        callback = progress.update if progress else None
+        if args.progress_file:
+            from kvfence.workflow.jobs import POLL_S, write_progress
+
+            callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
+        # SIGINT/SIGTERM end fuzz() cleanly (kvfence.running.interrupt); the journal slot closes as on any exit.
+        with Journal(out_dir, device=device) as journal, signals_interrupt():
+            run_fuzz, keep_going = fuzz, {}
+            if args.keep_going:  # phases until the budgets are spent; each new failure saved at once
+                from kvfence.workflow.keepgoing import fuzz_keep_going
+
+                run_fuzz = fuzz_keep_going
+                keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
+            try:
+                result = run_fuzz(session, strategy, max_examples=args.max_examples, on_first_failure=_announcer(),
+                              seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
+                              shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
+                              progress=callback, max_seconds=args.max_seconds,
+                              progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0),
+                              **keep_going)
+            finally:
+                if progress:
+                    progress.close()
+        if result.interrupted:
+            _stderr(f"kvfence: {result.interrupted}: run stopped; writing what was checked")
+        if run["campaign"]["stored_failures_at_start"]:
+            print(f"kvfence fuzz: replayed {run['campaign']['stored_failures_at_start']} stored failure(s) "
+                  f"from {db_spec.display} first")
+        print(f"kvfence fuzz: {result.verified_cases} cases verified ({result.cached_cases} from cache) in "
+              f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s, {result.structural_cases_per_s:.1f} "
+              f"structurally distinct/s) on {device}, kernel {args.kernel}, "
+              f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
+              f"seed {'random (%d)' % seed if run['seed_source'] == 'random' else seed}")
+    run = dict(run, interrupted=result.interrupted, **_phases(session, result))
+    if session is not None and not args.in_process:
+        run["worker"] = {k: v for k, v in session.stats.items()}
+    code = _fuzz_outputs(args, device, result, crashes, out_dir, json_path, run, previous=previous)
+    return exit_code_for(result.interrupted) if result.interrupted else code
+
+
+def _clear_progress_line() -> None:
+    """On a terminal, erase the progress line (kvfence.workflow.progress) before a line of its own."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[2K")
+
+
+#: How the first verdict begins on stderr (benchmarks/first_verdict.py times the command to this line).
+FIRST_FAILURE = "kvfence: first failure"
+
+
+def _announce(at: Optional[float], text: Optional[str]) -> None:
+    """The first verdict, as soon as it is known (shrinking it may take ``--shrink-seconds`` more)."""
+    from kvfence.running.clock import since_start
+
+    _clear_progress_line()
+    _stderr(f"{FIRST_FAILURE} {since_start(at):.2f}s into the command: {text}; shrinking it")
+
+
+def _announcer():
+    """``fuzz(on_first_failure=)`` for one process: the run's first failure only (``--keep-going`` runs
+    phases, each with a first failure of its own, and saves each at once)."""
+    done = []
+
+    def announce(result) -> None:
+        if not done:
+            done.append(True)
+            _announce(result.first_failure_at, result.first_failure_text)
+
+    return announce
+
+
+def _announce_job_failure(doc: dict) -> None:
+    """``--jobs``: the first failure any job found (its progress file), as soon as the parent sees it."""
+    _announce(doc.get("first_failure_at"), doc.get("first_failure_text"))
+
+
+def _phases(session, result) -> dict:
+    """Seconds from the command's start (kvfence.running.clock) to the worker's ready and the first launch."""
+    from kvfence.running.clock import since_start
+
+    return {"startup_s": since_start(getattr(session, "ready_at", None)),
+            "first_launch_s": since_start(result.first_launch_at)}
+
+
+def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
+    """``--jobs N``: N child fuzz processes (kvfence.workflow.jobs), merged into one summary, report and case folder."""
+    import time
+
+    from kvfence.workflow.jobs import adopt_case_files, run_jobs
+    from kvfence.workflow.progress import Progress
+    from kvfence.reports import summary as summary_mod
+
+    jobs = run["jobs"]
+    share = [args.max_examples // jobs + (i < args.max_examples % jobs) for i in range(jobs)]
+    require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {args.max_examples}")
+    child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
+                  for i in range(jobs)]
+    _lock_out(out_dir)
+    from kvfence.workflow.outdir import set_aside_earlier_cases
+
+    earlier = set_aside_earlier_cases(out_dir)  # this run's report shows only this run's case files
+    if earlier:
+        _stderr(f"kvfence: {earlier['count']} case file(s) of an earlier run moved to {earlier['folder']}")
+    progress = None if args.quiet else Progress(args.max_examples, seconds=args.max_seconds)
+    from kvfence.running.clock import command_start
+
+    start, started_at = time.perf_counter(), command_start()
+    try:
+        docs, problems, crashes, interrupted = run_jobs(child_args, out_dir, device=device,
+                                                        progress=progress.update if progress else None,
+                                                        on_first_failure=_announce_job_failure)
+    finally:
+        if progress:
+            progress.close()
+    elapsed = time.perf_counter() - start
+    for line in problems:
+        _stderr(f"kvfence: {line}")
+    adopt_case_files(docs, out_dir)
+    doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed, started_at=started_at)
+    doc["job_problems"] = problems
+    doc["earlier_cases"] = earlier
+    doc["interrupted"] = interrupted
+    for crash in crashes:
+        p = str(crash.path)
+        doc["findings"].append(dict(crash.finding.to_dict(), case=p))
+        doc["cases"][p] = summary_mod.case_record(p, crash.case, [crash.finding], source="journal")
+    adopt_case_files([doc], out_dir)
+    print(f"kvfence fuzz: {jobs} jobs, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
+          f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s, {doc['structural_cases_per_s']:.1f} "
+          f"structurally distinct/s) on {device}, kernel {args.kernel}, "
+          f"sizing {args.sizing}, domain {run['domain']}")
+    for path, record in doc["cases"].items():
+        print(f"{', '.join(record['kinds'])}: {path}")
+    if not doc["findings"]:
+        print("no findings")
+    if interrupted:
+        _stderr(f"kvfence: {interrupted}: jobs stopped; merged what they had checked")
+    code = _write_summary(doc, out_dir, json_path)
+    if interrupted:
+        from kvfence.running.interrupt import exit_code_for
+
+        return exit_code_for(interrupted)
+    return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
+
+
+def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previous: Optional[dict] = None) -> int:
+    """summary.json (and --json), report.md / report.html, the table on stdout; the exit code.
+
+    With ``previous`` (``fuzz --resume``) the doc is added to that summary rather than replacing it, and
+    the exit code says whether this run found anything new."""
+    from kvfence.cases import casefile
+    from kvfence.reports import summary as summary_mod
+    from kvfence.reports.render import write_reports
+
+    new_findings = bool(doc["findings"])
+    from kvfence.running.interrupt import pending
+
+    if pending() and not doc.get("interrupted"):  # a signal after checking ended: the outputs still say so
+        doc["interrupted"] = pending()
+    if previous is not None:  # README: "Resuming into a folder"
+        doc = summary_mod.merge_resumed(previous, doc)
+    text = json.dumps(doc, indent=1) + "\n"
+    # A disk that fills up (or turns read-only) now, after the case files, is one line and exit 2.
+    with _output_errors(out_dir / "summary.json", doc):
+        casefile.atomic_write_text(out_dir / "summary.json", text)
+    if json_path is not None:
+        with _output_errors(json_path, doc):
+            casefile.atomic_write_text(json_path, text)
+    with _output_errors(out_dir / "report.md", doc):
+        written = write_reports(doc, out_dir)
+    print()
+    print(summary_mod.text_table(doc))
+    print(f"\nreports: {out_dir / 'summary.json'}, {written['md']}, {written['html']}")
+    if written["plot_skipped"]:
+        _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
+    return EXIT_FINDINGS if new_findings else EXIT_CLEAN
+
+
+def _case_extras(args, run: dict, *, interrupted: Optional[str], shrink_cut: bool) -> dict:
+    """What a fuzz case file records besides the case: how it was found and how far it was shrunk."""
+    extras = {"fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
+                       "domain": run["domain"]}}
+    if interrupted:
+        extras["interrupted"] = {"signal": interrupted, "shrunk": False,
+                                 "note": "the run was stopped before shrinking finished: the case may not be minimal"}
+    if shrink_cut:
+        extras["shrink"] = {"cut": True, "shrink_seconds": args.shrink_seconds,
+                            "note": "shrunk as far as it got within --shrink-seconds: the case may not be minimal"}
+    return extras
+
+
+def _save_failure(args, run: dict, device: str, out_dir: Path, failure) -> str:
+    """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
+    from kvfence.cases import casefile
+
+    extras = _case_extras(args, run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
+    extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
+    extras["fuzz"]["keep_going_phase"] = failure.phase + 1
+    where = out_dir / casefile.CASES_DIR / f"{casefile.case_hash(failure.case)}.json"
+    try:
+        return str(casefile.write_case(failure.case, failure.findings, out_dir=out_dir, device=device,
+                                       source="fuzz", extras=extras))
+    except OSError as exc:
+        from kvfence.cases.casefile import format_failure
+
+        print(format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
+        raise _output_failure(where, exc, {"findings": failure.findings}) from None
+
+
+def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: Optional[Path], run: dict, *,
+                  previous: Optional[dict] = None) -> int:
+    """The fuzz run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
+    from kvfence.cases import casefile
+    from kvfence.reports import summary as summary_mod
+
+    case_path = None
+    if result.failures:  # --keep-going: every distinct failure already has its case file
+        from kvfence.cases.casefile import format_failure
+
+        for failure in result.failures:
+            print(format_failure(failure.case, failure.findings, limit=20))
+            print(f"  case file: {failure.path}")
+        case_path = result.failures[0].path
+    elif result.findings:
+        from kvfence.cases.casefile import format_failure
+
+        extras = _case_extras(args, run, interrupted=result.interrupted, shrink_cut=result.shrink_cut)
+        extras["hypothesis"] = result.hypothesis or {"unavailable": "the final replay did not run"}
+        print(format_failure(result.case, result.findings, limit=20))  # first: the finding is never lost
+        with _output_errors(out_dir / casefile.CASES_DIR / f"{casefile.case_hash(result.case)}.json",
+                            {"findings": result.findings}):
+            case_path = str(casefile.write_case(result.case, result.findings, out_dir=out_dir, device=device,
+                                                source="fuzz", extras=extras))
+        if result.shrink_cut:
+            print(f"(shrinking stopped after --shrink-seconds {args.shrink_seconds:g}; the case may not be minimal)")
+        if result.interrupted:
+            print(f"(interrupted by {result.interrupted} before shrinking finished; the case may not be minimal)")
+    elif not crashes:
+        print("no findings")
+    from kvfence.running.clock import command_start
+
+    doc = summary_mod.build(result, run=run, case_path=case_path, crashes=crashes, versions=casefile.versions(),
+                            earlier=getattr(args, "earlier_cases", None), started_at=command_start())
+    if result.keep_going is not None:
+        for failure in result.failures[1:]:
+            doc["findings"] += [dict(f.to_dict(), case=failure.path) for f in failure.findings]
+            doc["cases"][failure.path] = summary_mod.case_record(failure.path, failure.case, failure.findings,
+                                                                 source="fuzz")
+        doc["keep_going"] = result.keep_going
+        print(f"kvfence fuzz --keep-going: {result.keep_going['distinct_failures']} distinct failure(s) in "
+              f"{result.keep_going['phases']} phase(s) ({result.keep_going['duplicates']} found again and dropped)")
+    return _write_summary(doc, out_dir, json_path, previous=previous)
+
+
+def add_parser(sub) -> None:
+    fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers",
+                        description="Fuzz the kernel against the oracle inside guarded buffers; a failure is "
+                                    "shrunk and saved as a case file under --out/cases/.",
+                        epilog=_exit_codes(one="findings (the shrunk case file and the reports are written)"))
+    _add_target_args(fz)
+    _add_config_args(fz)
+    _add_family_args(fz)
+    fz.add_argument("--max-examples", type=_positive_int, default=None,
+                    help=f"Hypothesis examples to generate (default: {DEFAULT_MAX_EXAMPLES} on the CPU; on CUDA no "
+                         f"example budget, the run is bounded by --max-seconds)")
+    fz.add_argument("--seed", type=_non_negative_int, default=None,
+                    help="Hypothesis seed for a repeatable run (default: random)")
+    fz.add_argument("--shrink-seconds", type=_seconds(False), default=60.0, help="time budget for shrinking a failure (0: report the first failing case unshrunk)")
+    fz.add_argument("--json", default=None, help="also write the JSON summary here (default: only --out/summary.json)")
+    fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    fz.add_argument("--batches-per-example", type=_positive_int, default=None,
+                    help=f"up to N batches of one config per Hypothesis example (config-major: one compile and "
+                         f"capture, many replays; default {GPU_BATCHES_PER_EXAMPLE} on CUDA, 1 on the CPU)")
+    fz.add_argument("--scale", default=None, choices=["cpu", "gpu"],
+                    help="config space: cpu (interpreter-sized: ctx <= 48, max_bs <= 4) or gpu (production-sized: "
+                         "max_bs <= 256 in SGLang's capture buckets, ctx <= 131072, topk and steps <= 16, pages "
+                         "1-128); default gpu on CUDA, cpu on the CPU")
+    fz.add_argument("--max-gpu-mem", default=None, metavar="SIZE",
+                    help="device memory one config may take (e.g. 8G, 512M); larger draws are shrunk to fit; "
+                         "default 60%% of free GPU memory split over the jobs (4G per job on the CPU)")
+    fz.add_argument("--jobs", type=_positive_int, default=None,
+                    help="fuzzing processes sharing the GPU(s), merged into one run (default on CUDA: the CPU cores "
+                         f"less one, at most 16, and under an example budget one per {MIN_EXAMPLES_PER_JOB} examples; "
+                         "1 on the CPU); at most 2 per CPU core and one per GiB of available memory")
+    fz.add_argument("--max-seconds", type=float, default=None,
+                    help=f"stop exploring after this many seconds (shrinking a failure has --shrink-seconds; "
+                         f"default {DEFAULT_GPU_SECONDS:g} on CUDA when --max-examples is not given, none on the CPU); "
+                         f"the summary's ended_by says which budget ended the run")
+    fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
+    fz.add_argument("--no-target", action="store_true",
+                    help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
+    fz.add_argument("--keep-going", action="store_true",
+                    help="after a failure is shrunk and saved, go on looking for other failures until --max-examples "
+                         "or --max-seconds is spent; each distinct failure (finding kinds + config) gets a case file")
+    fz.add_argument("--out", default="reports/out",
+                    help="folder for cases/, summary.json, report.md and report.html; an earlier run's case "
+                         "files there are moved to cases/earlier/<time>/")
+    fz.add_argument("--resume", action="store_true",
+                    help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
+    fz.add_argument("--database", default=None,
+                    help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; its failures "
+                         "are replayed first (default: OUT/.hypothesis)")
+    fz.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                    help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds "
+                         "(default: all of it)")
+    _add_worker_args(fz)
+    fz.set_defaults(func=_fuzz_command, _parser=fz,
+                    fuzz_defaults={a.dest: a.default for a in fz._actions if a.dest != "help"})
