@@ -58,7 +58,8 @@ def _hammer(args):
 
 
 def test_concurrent_writers_never_leave_a_torn_or_temp_file(tmp_path):
-    with multiprocessing.get_context("fork").Pool(4) as pool:
+    # spawn, not fork: a forked child inherits the xdist worker's threads' held locks and can deadlock.
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
         assert sorted(pool.map(_hammer, [(str(tmp_path), w) for w in range(4)])) == [0, 1, 2, 3]
     files = sorted((tmp_path / "cases").iterdir())
     assert len(files) == 4 and all(f.suffix == ".json" for f in files)
