@@ -115,7 +115,7 @@ def main() -> int:
             traceback.print_exc()
         row = out["variants"][name]
         print(name, {k: row.get(k) for k in ("kernel_replay_us_large", "verify_us_large", "prepare_us_large",
-                                             "large_fused_check_over_kernel", "large_check_over_kernel",
+                                             "large_check_over_kernel", "large_steps_check_over_kernel",
                                              "slack_verify_us", "small_fused_us", "check_us_small", "error")},
               flush=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
