@@ -147,12 +147,21 @@ def sized(draw, lo: int, hi: int, edges=(), small: int = 8, small_from: Optional
     if tier <= 1:
         first = min(hi, max(lo, small_from if small_from is not None else lo))
         return draw(_integers(first, min(hi, first + small - 1)))
-    inside = tuple(sorted({e for e in edges if lo <= e <= hi}))
-    if tier == 2 and inside:
-        return draw(_sampled(inside))
+    if tier == 2:
+        inside = _edges_inside(edges, lo, hi) if isinstance(edges, tuple) else _inside(edges, lo, hi)
+        if inside:
+            return draw(_sampled(inside))
     top = hi.bit_length() - 1
     e = draw(_integers(max(0, lo.bit_length() - 1), top))
     return draw(_integers(max(lo, 1 << e), min(hi, (2 << e) - 1)))
+
+
+def _inside(edges, lo: int, hi: int) -> tuple:
+    return tuple(sorted({e for e in edges if lo <= e <= hi}))
+
+
+#: ``_inside`` for the edges a batch draws with (a tuple, per config and bound): once, not per length.
+_edges_inside = functools.lru_cache(maxsize=1024)(_inside)
 
 
 # -- configs --------------------------------------------------------------------------------------------
@@ -386,17 +395,21 @@ def _length_codes(config: Config, bound: int):
     # One draw per length (draws dominate generation cost): codes [0, bound) pick an edge length,
     # codes [bound, 2*bound) a uniform one, so edges get half the mass. Code 0 is edge 1, the
     # shrink target; edges are sorted, so a failing edge shrinks to the smallest failing edge.
-    return _fast_integers(st.integers(0, 2 * bound - 1), 0, 2 * bound - 1), tuple(edge_lengths(config, bound))
+    return _fast_integers(st.integers(0, 2 * bound - 1), 0, 2 * bound - 1), _edge_tuple(config, bound)
 
 
-def _small_domain_length(draw, config: Config, bound: int) -> int:
-    codes, edges = _length_codes(config, bound)
+def _small_domain_length(draw, codes, edges: tuple, bound: int) -> int:
     code = draw(codes)
     return edges[code % len(edges)] if code < bound else code - bound + 1
 
 
-def _large_domain_length(draw, config: Config, bound: int) -> int:
-    return sized(draw, 1, bound, edge_lengths(config, bound), small=16)
+def _large_domain_length(draw, edges: tuple, bound: int) -> int:
+    return sized(draw, 1, bound, edges, small=16)
+
+
+@functools.lru_cache(maxsize=256)
+def _edge_tuple(config: Config, bound: int) -> tuple:
+    return tuple(edge_lengths(config, bound))
 
 
 #: Bounds up to this draw lengths with one code (uniform is cheap and covers everything); above it,
@@ -408,13 +421,18 @@ def _draw_lengths(draw, config: Config, bound: int, count: int):
     """``count`` lengths: one shared length (a full bucket at the context limit overflows the fixed
     policy), one per request (up to 16 requests), or a palette of 2-4 lengths cycled over the batch
     (many distinct lengths in a large batch for a handful of draws)."""
-    one = _small_domain_length if bound <= SMALL_BOUND else _large_domain_length
+    # What a length draw needs is looked up once per batch, not once per length (the bulk's cost).
+    if bound <= SMALL_BOUND:
+        codes, edges = _length_codes(config, bound)
+        one = functools.partial(_small_domain_length, draw, codes, edges, bound)
+    else:
+        one = functools.partial(_large_domain_length, draw, _edge_tuple(config, bound), bound)
     mode = draw(LENGTH_MODES)
     if mode == 0 or count == 1:
-        return [one(draw, config, bound)] * count
+        return [one()] * count
     if mode == 1 and count <= 16:
-        return [one(draw, config, bound) for _ in range(count)]
-    palette = [one(draw, config, bound) for _ in range(draw(_integers(2, min(4, count))))]
+        return [one() for _ in range(count)]
+    palette = [one() for _ in range(draw(_integers(2, min(4, count))))]
     return [palette[i % len(palette)] for i in range(count)]
 
 
@@ -543,6 +561,8 @@ def case_runs(config_strategy=None, *, kernel: str = "reference", seq_len_limit:
 BULK_SWITCH = st.sampled_from((False,) + (True,) * 15)
 #: The choice index of ``BULK_SWITCH`` that turns the bulk off (what a spliced example ends with).
 BULK_OFF = 0
+#: Bulk draws in a row that repeat a structure before the bulk of an example stops early.
+BULK_PATIENCE = 64
 
 
 class CaseRun(list):
@@ -615,12 +635,17 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
     source = FastDraw(random.Random(key))
     bound = seq_len_bound(config, seq_len_limit)
     seen = {_structure(b) for b in drawn}
+    repeats = 0
     for _ in range(bulk):
         source.choices = []
         b = draw_batch(source, config, bound, 1)
         shape = _structure(b)
         if shape in seen:
+            repeats += 1
+            if repeats >= BULK_PATIENCE:
+                break  # a config with few structures (one request, a short context): they are all drawn
             continue
+        repeats = 0
         seen.add(shape)
         run.append(Case(config, b, kernel, canary_seed))
         run.bulk_choices.append(source.choices)

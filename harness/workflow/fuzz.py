@@ -304,29 +304,36 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                         result.bulk_skipped += 1
             cases = cases[:bulk_start] + bulk
         fresh = [c for c in dict.fromkeys(cases) if c not in verdicts]
+        launched = set(fresh)
         if fresh and shrinking and now - state["first_failure"] > shrink_seconds:
             result.shrink_cut = True
-            fresh = []  # shrink budget spent: unseen candidates are not launched (they count as passing)
+            fresh, launched = [], set()  # shrink budget spent: unseen candidates are not launched (they pass)
+        checked = {}
         if fresh:
             if result.first_launch_at is None:
                 result.first_launch_at = time.time()
-            for case, findings in zip(fresh, _check_many(session, fresh, journal)):
-                verdicts[case] = findings
+            checked = dict(zip(fresh, _check_many(session, fresh, journal)))
             result.verified_cases += len(fresh)
             if bulk_start < len(cases):
                 head = set(cases[:bulk_start])
-                result.bulk_cases += sum(1 for c in fresh if c not in head)
+                result.bulk_cases += len(launched) - len(launched & head)
+                # A clean bulk case is not kept (memory: the bulk is most cases): a replay of its example
+                # draws it again and skips it, its structure being known; a failing one keeps its verdict.
+                verdicts.update((c, f) for c, f in checked.items() if f or c in head)
+            else:
+                verdicts.update(checked)
         utilisations = []
         for i, case in enumerate(cases):
-            findings = verdicts.get(case)
+            findings = checked[case] if case in launched else verdicts.get(case)
             if findings is None:
                 continue  # unseen candidate after the shrink budget: passes
-            if case not in fresh:
+            verified_now = case in launched
+            if not verified_now:
                 result.cached_cases += 1
             if shrinking:
                 result.shrink_cases += 1
             else:
-                utilisations.append(_explored(case, findings, case in fresh))
+                utilisations.append(_explored(case, findings, verified_now))
             if findings:
                 _failed(case, findings, example if i >= bulk_start and not shrinking else None)
         if progress is not None and now - state["last_progress"] >= progress_every_s:
