@@ -133,8 +133,9 @@ GPU_BATCHES_PER_EXAMPLE = 32
 #: Bulk batches per Hypothesis example on CUDA (``kvfence.strategies.case_runs(bulk=)``): Hypothesis's
 #: own batches cost ~0.5-1 ms each in this process and repeat structures on purpose, a bulk batch costs
 #: tens of microseconds and is new by construction, so the example's Hypothesis part (config, up to
-#: ``GPU_BATCHES_PER_EXAMPLE`` batches, the engine) must be spread over many: with a stub session the
-#: parent handled ~4,800 cases/s at 256 and ~7,200/s at 1,024 (benchmarks/throughput.py ``parent``).
+#: ``GPU_BATCHES_PER_EXAMPLE`` batches, the engine) must be spread over many: with a stub session, one
+#: process of the pinned small config handled about 4,800 cases/s with 256 and 7,200/s with 1,024 on a
+#: shared 2-core machine, against 1,100/s without the bulk (benchmarks/throughput.py, stage ``parent``).
 #: One example (about 1,040 cases) is still one check_many round trip of tens of milliseconds on the
 #: GPU, so the time budget and the progress line see examples often. The CPU gets none (the
 #: interpreter, not generation, is its bottleneck).
