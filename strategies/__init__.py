@@ -9,6 +9,14 @@ launches, ``gpu`` reaches production sizes. Draws are biased toward the edges wh
 blocks, lane widths, pages, the context limit, full and padded buckets) while small cases stay the most
 frequent, and everything shrinks toward small, readable cases (topk 1, one step, page 1, one request of
 length 1, pool rows in order, token seed 0).
+
+The batch draw code (``draw_batch`` and what it calls) takes any ``draw``: Hypothesis's, or a
+``FastDraw`` that answers each strategy it meets from a seeded PRNG and records the Hypothesis choice
+that gives the same value. ``case_runs(bulk=N)`` uses the second for the bulk of an example's batches
+(new structures at a fraction of a Hypothesis draw's cost, Hypothesis still choosing the config), and
+the recorded choices splice any bulk case back into a Hypothesis example (``CaseRun.splice``), which is
+how a failure found in the bulk is shrunk. Every strategy the batch code draws is built by a
+``_fast_*`` helper, which registers how ``FastDraw`` draws it.
 """
 
 from __future__ import annotations
