@@ -201,7 +201,7 @@ def test_bulk_counts_reach_the_summary():
 
 # -- the command line ---------------------------------------------------------------------------------
 TINY = ["--topk", "1", "--num-steps", "1", "--page-size", "1", "--ctx", "16", "--max-bs", "2", "--family", "off"]
-RARE_KERNEL = "tests/targets/rare_length.py:rare_length_value"
+RARE_KERNEL = "tests/targets/bad_writes.py:rare_length_value"
 
 
 def _cli(*args, cwd=ROOT):

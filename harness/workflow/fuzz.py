@@ -333,7 +333,9 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             if shrinking:
                 result.shrink_cases += 1
             else:
-                utilisations.append(_explored(case, findings, verified_now))
+                u = _explored(case, findings, verified_now)
+                if i < bulk_start:  # the target phase climbs on what its choices decide, not on the bulk
+                    utilisations.append(u)
             if findings:
                 _failed(case, findings, example if i >= bulk_start and not shrinking else None)
         if progress is not None and now - state["last_progress"] >= progress_every_s:
