@@ -36,6 +36,19 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _cached_hash(obj, names: tuple) -> int:
+    """The hash of a frozen dataclass's fields ``names``, computed once and kept in its ``__dict__``
+    (``_state_without_hash`` keeps it off pickles: a str's hash differs between processes)."""
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = obj.__dict__["_hash"] = hash(tuple(getattr(obj, name) for name in names))
+    return h
+
+
+def _state_without_hash(obj) -> dict:
+    return {k: v for k, v in obj.__dict__.items() if k != "_hash"}
+
+
 def _plain_ints(values: tuple) -> bool:
     """Every element exactly an ``int`` (a fast sufficient test for ``_is_int`` of each)."""
     return set(map(type, values)) == {int}
@@ -151,15 +164,11 @@ class Config:
             require(self.sink_size == 0, f"config.sink_size={self.sink_size}: the window rail has no sinks")
 
     def __hash__(self) -> int:
-        # Hashed for every cache and verdict lookup of every case: computed once per config (the
-        # fields are frozen). Kept off pickles, since a str's hash differs between processes.
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = self.__dict__["_hash"] = hash(tuple(getattr(self, name) for name in _CONFIG_FIELDS))
-        return h
+        # Hashed for every cache and verdict lookup of every case: computed once per config.
+        return _cached_hash(self, _CONFIG_FIELDS)
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        return _state_without_hash(self)
 
     @property
     def is_family(self) -> bool:
@@ -459,6 +468,13 @@ class Case:
     canary_seed: int = 0
     extras: dict = field(default_factory=dict, compare=False, hash=False)
 
+    def __hash__(self) -> int:
+        # Each case is hashed several times per example (dedup, verdict cache, launched set).
+        return _cached_hash(self, _CASE_KEY_FIELDS)
+
+    def __getstate__(self) -> dict:
+        return _state_without_hash(self)
+
     def __post_init__(self):
         self.batch.check_fits(self.config)
         require(isinstance(self.kernel, str) and self.kernel, "case.kernel must name a kernel")
@@ -523,3 +539,6 @@ def batch_from_dict(d: dict) -> Batch:
         require(isinstance(d.get(key), list), f"batch.{key} must be a list")
     return Batch(tuple(d["seq_lens"]), tuple(d["req_pool_indices"]), d.get("token_seed", 0), d.get("v2p_seed", 0))
 
+
+#: The fields a ``Case`` compares and hashes (``extras`` is neither).
+_CASE_KEY_FIELDS = tuple(f.name for f in Case.__dataclass_fields__.values() if f.compare)
