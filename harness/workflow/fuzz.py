@@ -209,14 +209,18 @@ def example_stat(case: Case, failed: bool) -> ExampleStat:
                        summary["width"], failed)
 
 
-def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
-    """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far."""
+def _keep(result: FuzzResult, make_stat: Callable[[], ExampleStat], rng: random.Random) -> Optional[ExampleStat]:
+    """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far. The stat is
+    built (``make_stat()``) only when it is kept, and returned then."""
     if len(result.stats) < MAX_STATS:
+        stat = make_stat()
         result.stats.append(stat)
-    else:
-        j = rng.randrange(result.generated_cases)
-        if j < MAX_STATS:
-            result.stats[j] = stat
+        return stat
+    j = rng.randrange(result.generated_cases)
+    if j < MAX_STATS:
+        stat = result.stats[j] = make_stat()
+        return stat
+    return None
 
 
 def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
@@ -355,11 +359,11 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             result.structural_cases += 1
         elif verified_now:
             result.token_variant_cases += 1
-        stat = example_stat(case, bool(findings))
-        _keep(result, stat, rng)
-        u = stat.need / stat.width
+        sizing = case._sizing  # computed once per case (sizing_summary() would copy it)
+        u = sizing["need"] / sizing["width"]
+        stat = _keep(result, lambda: example_stat(case, bool(findings)), rng)
         if u > result.max_utilisation:
-            result.max_utilisation, result.max_utilisation_stat = u, stat
+            result.max_utilisation, result.max_utilisation_stat = u, stat or example_stat(case, bool(findings))
         config = case.config
         if config not in configs_seen:
             configs_seen[config] = size = estimate_bytes(config)
