@@ -372,6 +372,8 @@ def run_rows(doc: dict) -> List[List[str]]:
              ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
              ["seed", _seed_text(doc)], ["max need/width", max_need_text(doc)],
              ["findings", str(len(doc["findings"]))]]
+    if doc.get("bulk_splice"):  # the first failure was a bulk case: shrunk through Hypothesis, or why not
+        rows.append(["bulk failure", str(doc["bulk_splice"])])
     return rows + campaign_rows(doc)
 
 

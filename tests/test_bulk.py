@@ -172,6 +172,12 @@ def test_a_splice_hypothesis_does_not_replay_is_reported_unshrunk(monkeypatch):
     result = _fuzz(PlantedStub(), 64)
     assert result.bulk_splice.startswith("the first failure (a bulk case) is reported unshrunk")
     assert PlantedStub.RARE in result.case.batch.seq_lens and result.findings and result.shrink_cut
+    from kvfence.reports import summary
+
+    doc = summary.build(result, run={}, case_path="c.json")
+    replayed = dict(doc, bulk_splice=SPLICE_REPLAYED)
+    assert summary.merge([replayed, doc], run={}, elapsed_s=1.0)["bulk_splice"] == result.bulk_splice
+    assert ["bulk failure", result.bulk_splice] in summary.run_rows(doc)
 
 
 def test_the_bulk_never_launches_a_structure_the_run_has_verified():

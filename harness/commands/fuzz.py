@@ -447,6 +447,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     """``--jobs N``: N child fuzz processes (kvfence.workflow.jobs), merged into one summary, report and case folder."""
     import time
 
+    from kvfence.workflow.fuzz import SPLICE_REPLAYED
     from kvfence.workflow.jobs import adopt_case_files, run_jobs
     from kvfence.workflow.progress import Progress
     from kvfence.reports import summary as summary_mod
@@ -496,6 +497,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         print("no findings")
     if interrupted:
         _stderr(f"kvfence: {interrupted}: jobs stopped; merged what they had checked")
+    if doc.get("bulk_splice") and doc["bulk_splice"] != SPLICE_REPLAYED:
+        _stderr(f"kvfence: {doc['bulk_splice']}")
     code = _write_summary(doc, out_dir, json_path)
     if interrupted:
         from kvfence.running.interrupt import exit_code_for
