@@ -443,19 +443,23 @@ def launch_batch(config: Config, batch: Batch) -> LaunchBatch:
     return _padded(config, batch)
 
 
+def _pad_rows(config: Config, raw_bs: int) -> int:
+    """Padding rows the runner adds to ``raw_bs`` requests: up to the bucket in graph mode, none eager."""
+    return 0 if config.mode == "eager" else config.bucket_for(raw_bs) - raw_bs
+
+
+def _padded_lens(config: Config, batch: Batch) -> Tuple[int, ...]:
+    """The launch's ``seq_lens``: a padding row has length 1 (docs/contract.md §4)."""
+    return batch.seq_lens + (1,) * _pad_rows(config, batch.raw_bs)
+
+
 def _padded(config: Config, batch: Batch) -> LaunchBatch:
-    """``launch_batch`` of a batch known to fit ``config`` (a ``Case`` checked it when it was built)."""
-    raw = batch.raw_bs
-    positions = [L for L in batch.seq_lens for _ in range(config.topk)]
-    if config.mode == "eager":
-        return LaunchBatch(batch.seq_lens, batch.req_pool_indices, tuple(positions), raw)
-    pad = config.bucket_for(raw) - raw
-    return LaunchBatch(
-        batch.seq_lens + (1,) * pad,
-        batch.req_pool_indices + (0,) * pad,
-        tuple(positions + [0] * (pad * config.topk)),
-        raw,
-    )
+    """``launch_batch`` of a batch known to fit ``config`` (a ``Case`` checked it when it was built).
+    A padding row reads pool row 0 at position 0."""
+    pad = _pad_rows(config, batch.raw_bs)
+    positions = [L for L in batch.seq_lens for _ in range(config.topk)] + [0] * (pad * config.topk)
+    return LaunchBatch(_padded_lens(config, batch), batch.req_pool_indices + (0,) * pad, tuple(positions),
+                       batch.raw_bs)
 
 
 @dataclass(frozen=True)
@@ -507,10 +511,14 @@ class Case:
 
     @cached_property
     def _sizing(self) -> dict:
-        lb = self.launch()
-        need = launch_need(self.config, lb.seq_lens, lb.positions)
-        return {"need": need, "width": self.config.row_width(lb.num_seqs), "num_seqs": lb.num_seqs,
-                "sum_seq_lens": sum(lb.seq_lens)}
+        c = self.config
+        if c.is_rail:
+            lb = self.launch()
+            lens, need = lb.seq_lens, launch_need(c, lb.seq_lens, lb.positions)
+        else:  # the draft kernel's need follows from the padded lengths alone (computed for every case)
+            lens = _padded_lens(c, self.batch)
+            need = launch_need(c, lens, ())
+        return {"need": need, "width": c.row_width(len(lens)), "num_seqs": len(lens), "sum_seq_lens": sum(lens)}
 
     def sizing_summary(self) -> dict:
         """need vs width for this launch: the arithmetic behind ``SIZING_VIOLATION`` (computed once)."""
