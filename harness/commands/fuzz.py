@@ -134,8 +134,9 @@ GPU_BATCHES_PER_EXAMPLE = 32
 #: own batches cost ~0.5-1 ms each in this process and repeat structures on purpose, a bulk batch costs
 #: tens of microseconds and is new by construction, so the example's Hypothesis part (config, up to
 #: ``GPU_BATCHES_PER_EXAMPLE`` batches, the engine) must be spread over many: with a stub session, one
-#: process of the pinned small config handled about 4,800 cases/s with 256 and 7,200/s with 1,024 on a
-#: shared 2-core machine, against 1,100/s without the bulk (benchmarks/throughput.py, stage ``parent``).
+#: process of the pinned small config (on one core of a 2-core development machine) verified about
+#: 5,900 cases/s with 256 and 10,500/s with 1,024, against 1,900/s without the bulk
+#: (benchmarks/throughput.py, stage ``parent``, measures the last two).
 #: One example (about 1,040 cases) is still one check_many round trip of tens of milliseconds on the
 #: GPU, so the time budget and the progress line see examples often. The CPU gets none (the
 #: interpreter, not generation, is its bottleneck).
