@@ -20,6 +20,9 @@ writes the whole ``--json`` file from that run alone (the H200 record: ``H200_CO
 * ``scale_mutants_caught_s``: for each scale mutant (``DOMAIN = "gpu"``), seconds from the start of the
   default fuzz command until its first finding (``first_failure_s`` of the merged summary);
 * ``small_cases_per_s`` (and variants): one process, one Hypothesis example per case or up to 8;
+* ``parent_cases_per_s_bulk`` / ``_no_bulk`` (and ``parent_structural_cases_per_s_*``,
+  ``parent_cpu_share_*``): the fuzz loop's own cost in one process, a stub session judging the pinned
+  config's cases (the GPU command's strategy, bulk on and off) clean at once (``parent_rate``);
 * ``kernel_replay_us_large``: the kernel's own CUDA-graph replay for a large batch (256 requests x
   L 4096 x topk 8 x 5 steps), ``triton.testing.do_bench`` median; ``verify_us_large`` and
   ``prepare_us_large``: the on-device verification and re-poison graphs (do_bench medians);
@@ -52,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 SMALL = dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16)
 #: The one command that writes benchmarks/results/h200.json on the H200 (every key from that run; the
 #: scale mutants, minutes of fuzzing each, go to their own file: ``--only scale``).
-H200_COMMAND = ("python benchmarks/throughput.py --device cuda --only small,naive,check_small,large,runs "
+H200_COMMAND = ("python benchmarks/throughput.py --device cuda --only small,naive,parent,check_small,large,runs "
                 "--json benchmarks/results/h200.json")
 LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
 
@@ -356,7 +359,8 @@ def _fuzz_cli(args, timeout: float) -> dict:
         doc = json.loads((Path(tmp) / "s.json").read_text())
     keys = ("examples", "generated_cases", "verified_cases", "cached_cases", "launches", "elapsed_s", "cases_per_s",
             "structural_cases", "token_variant_cases", "structural_cases_per_s", "distinct_configs", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
-            "boundaries", "first_failure_s", "time_cut", "batches_per_example", "max_gpu_mem")
+            "boundaries", "first_failure_s", "time_cut", "batches_per_example", "max_gpu_mem",
+            "bulk_per_example", "bulk_cases", "bulk_skipped")
     return dict({k: doc.get(k) for k in keys}, wall_s=round(wall, 2), exit=proc.returncode,
                 command="python -m kvfence fuzz " + " ".join(args),
                 findings=sorted({f["kind"] for f in doc.get("findings", [])}))
@@ -370,6 +374,7 @@ def run_rates(name: str, run: dict) -> dict:
             f"{name}_structural_cases_per_s": round(structural / wall, 1),
             f"{name}_structurally_new_fraction": round(structural / verified, 3) if verified else None,
             f"{name}_token_variant_cases": run["token_variant_cases"],
+            f"{name}_bulk_cases": run.get("bulk_cases"),
             f"{name}_distinct_configs": run["distinct_configs"],
             f"{name}_verified_cases_per_s": round(verified / wall, 1)}
 
@@ -433,8 +438,42 @@ def check_small(device: str, cases: int = 4096, batch: int = 32, passes: int = 5
             "check_small_batches": len(drawn), "check_small_stats": dict(session.stats)}
 
 
+class _CleanStub:
+    """A session that judges every case clean at once: what is left is the parent's own cost."""
+
+    stats: dict = {}
+
+    def check(self, case):
+        return []
+
+    def check_many(self, cases):
+        return [[] for _ in cases]
+
+
+def parent_rate(seconds: float = 10.0, seed: int = 0) -> dict:
+    """The fuzz loop's own cost per case in one process (``parent_cases_per_s_*``): the GPU command's
+    strategy for the pinned small config (``GPU_BATCHES_PER_EXAMPLE`` Hypothesis batches, and the bulk
+    of ``GPU_BULK_PER_EXAMPLE`` on or off) checked by a stub session that judges every case clean at
+    once, over ``seconds`` each: generation, the verdict cache, counting and stats, nothing launched.
+    ``parent_cpu_share_*`` is the process's CPU time over wall time (below 1 on a shared machine)."""
+    from kvfence.commands.fuzz import GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE
+    from kvfence.strategies import case_runs, configs
+    from kvfence.workflow.fuzz import fuzz
+
+    out = {}
+    for name, bulk in (("bulk", GPU_BULK_PER_EXAMPLE), ("no_bulk", 0)):
+        strategy = case_runs(configs(sizing="safe", **SMALL), max_batches=GPU_BATCHES_PER_EXAMPLE, bulk=bulk)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        result = fuzz(_CleanStub(), strategy, max_examples=10**9, seed=seed, max_seconds=seconds, shrink_seconds=0)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        out[f"parent_cases_per_s_{name}"] = round(result.verified_cases / wall, 1)
+        out[f"parent_structural_cases_per_s_{name}"] = round(result.structural_cases / wall, 1)
+        out[f"parent_cpu_share_{name}"] = round(cpu / wall, 2)
+    return out
+
+
 #: The stages of a run, in order (``--only``); check_small, large, runs and scale need CUDA.
-STAGES = ("small", "naive", "check_small", "large", "runs", "scale")
+STAGES = ("small", "naive", "parent", "check_small", "large", "runs", "scale")
 
 
 def main(argv=None) -> int:
@@ -486,6 +525,8 @@ def main(argv=None) -> int:
         stage(small_rate(device, examples, args.seed))
     if "naive" in only:
         stage(naive_vs_kvfence(device, args.quick, args.seed))
+    if "parent" in only:
+        stage(parent_rate(3.0 if args.quick else 10.0, args.seed))
     if device == "cuda":
         if "check_small" in only:
             stage(check_small(device))

@@ -94,6 +94,7 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "examples_to_failure": result.examples_to_failure,
         "first_failure_at": result.first_failure_at,
         "shrink_cut": result.shrink_cut,
+        "bulk_splice": result.bulk_splice,
         "findings": findings,
         "cases": cases,
         "coverage": {"fields": list(COVERAGE_FIELDS), "examples": stats,
@@ -105,7 +106,7 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
 
 #: The run's counts, in the order every output shows them (kvfence.workflow.fuzz.FuzzResult defines each).
 COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches",
-          "structural_cases", "token_variant_cases")
+          "structural_cases", "token_variant_cases", "bulk_cases", "bulk_skipped")
 #: Counts distinct across the jobs of a merge -> the digests each summary lists for them.
 DISTINCT = {"structural_cases": "structure_keys", "distinct_configs": "config_keys"}
 #: Session counters copied into the summary (kvfence.verifying.session.Session.stats).
@@ -159,6 +160,9 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
                               else min((d["first_failure_s"] for d in docs if d.get("first_failure_s") is not None),
                                        default=None))
     out["shrink_cut"] = any(d.get("shrink_cut") for d in docs)
+    # How a bulk first failure was shrunk: the first job's word that is not "replayed" (an unshrunk one is news).
+    splices = [d["bulk_splice"] for d in docs if d.get("bulk_splice")]
+    out["bulk_splice"] = next((t for t in splices if t != "replayed"), splices[0] if splices else None)
     findings, cases, seen = [], {}, set()
     for d in docs:
         for f in d.get("findings", []):
@@ -237,7 +241,7 @@ _TOP_FIELDS = {
     **{key: _number for key in ("elapsed_s", "cases_per_s", "compile_s", "capture_s", "runner_s",
                                 "max_need_over_width")},
     **{key: _optional(_text) for key in ("device", "kernel", "sizing", "mode", "layout", "domain", "domain_text",
-                                         "contract", "seed_source", "checking", "interrupted")},
+                                         "contract", "seed_source", "checking", "interrupted", "bulk_splice")},
     "seed": _optional(_int), "family_drawn": _flag, "time_cut": _flag, "shrink_cut": _flag, "resume": _flag,
     "family_pins": _optional(_dict_of(lambda v: _int(v) or _text(v))),
     "first_failure_s": _optional(_number), "first_failure_at": _optional(_number),
@@ -368,6 +372,8 @@ def run_rows(doc: dict) -> List[List[str]]:
              ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
              ["seed", _seed_text(doc)], ["max need/width", max_need_text(doc)],
              ["findings", str(len(doc["findings"]))]]
+    if doc.get("bulk_splice"):  # the first failure was a bulk case: shrunk through Hypothesis, or why not
+        rows.append(["bulk failure", str(doc["bulk_splice"])])
     return rows + campaign_rows(doc)
 
 

@@ -9,6 +9,14 @@ launches, ``gpu`` reaches production sizes. Draws are biased toward the edges wh
 blocks, lane widths, pages, the context limit, full and padded buckets) while small cases stay the most
 frequent, and everything shrinks toward small, readable cases (topk 1, one step, page 1, one request of
 length 1, pool rows in order, token seed 0).
+
+The batch draw code (``draw_batch`` and what it calls) takes any ``draw``: Hypothesis's, or a
+``FastDraw`` that answers each strategy it meets from a seeded PRNG and records the Hypothesis choice
+that gives the same value. ``case_runs(bulk=N)`` uses the second for the bulk of an example's batches
+(new structures at a fraction of a Hypothesis draw's cost, Hypothesis still choosing the config), and
+the recorded choices splice any bulk case back into a Hypothesis example (``CaseRun.splice``), which is
+how a failure found in the bulk is shrunk. Every strategy the batch code draws is built by a
+``_fast_*`` helper, which registers how ``FastDraw`` draws it.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import random
 from typing import Optional, Union
 
 from hypothesis import strategies as st
@@ -32,23 +41,89 @@ SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
 DEFAULT_MAX_CTX = CPU.max_ctx
 DEFAULT_MAX_BS = CPU.max_bs
 
-BOOLEANS = st.booleans()
-TOKEN_SEEDS = st.integers(0, 2**30 - 1)
-V2P_SEEDS = st.integers(1, 2**30 - 1)
+# -- the fast source: the batch code's draws from a seeded PRNG -----------------------------------------
+#: The attribute under which a strategy the batch code draws carries how ``FastDraw`` draws it: the
+#: registry lives on the strategy objects themselves, so it lasts exactly as long as they do.
+FAST_SPEC = "_kvfence_fast_spec"
+_INT, _SAMPLED, _BOOL, _JUST = range(4)
+
+
+class UnregisteredStrategy(LookupError):
+    """``FastDraw`` met a strategy no ``_fast_*`` helper registered: the batch code drew something new."""
+
+
+def _fast_integers(strategy, lo: int, hi: int):
+    """Register ``strategy`` (``st.integers(lo, hi)``) for ``FastDraw``: uniform, recorded as the int."""
+    setattr(strategy, FAST_SPEC, (_INT, lo, hi - lo + 1, None))
+    return strategy
+
+
+def _fast_sampled(strategy, values: tuple):
+    """Register ``strategy`` (``st.sampled_from(values)``): recorded as the index, as Hypothesis does;
+    one value is Hypothesis's ``just`` (no choice at all)."""
+    setattr(strategy, FAST_SPEC, (_SAMPLED, 0, len(values), values) if len(values) > 1 else (_JUST, 0, 1, values))
+    return strategy
+
+
+def _fast_booleans(strategy):
+    setattr(strategy, FAST_SPEC, (_BOOL, 0, 2, None))
+    return strategy
+
+
+class FastDraw:
+    """A ``draw`` for the batch code (``draw_batch``) that takes its choices from ``rng`` instead of
+    Hypothesis: uniform over each registered strategy's choices (the code's tiers and codes carry the
+    edge bias, so the distributions are the strategies' own), at a fraction of a Hypothesis draw's cost.
+
+    Every draw is recorded in ``choices`` as the Hypothesis choice that gives the same value (the int of
+    ``st.integers``, the index of ``st.sampled_from``, the bool of ``st.booleans``; nothing for a
+    one-value ``sampled_from``): feeding them to Hypothesis replays the same batch, which is how a
+    failure found here is shrunk (``kvfence.workflow.fuzz``). A strategy no ``_fast_*`` registered
+    raises ``UnregisteredStrategy``.
+    """
+
+    __slots__ = ("_random", "choices")
+
+    def __init__(self, rng: random.Random):
+        self._random = rng.random
+        self.choices: list = []
+
+    def __call__(self, strategy):
+        spec = getattr(strategy, FAST_SPEC, None)
+        if spec is None:
+            raise UnregisteredStrategy(f"FastDraw cannot draw {strategy!r}: the batch code's strategies are "
+                                       f"built by the _fast_* helpers of kvfence.strategies")
+        kind, lo, n, values = spec
+        i = int(self._random() * n)
+        if kind == _INT:
+            self.choices.append(lo + i)
+            return lo + i
+        if kind == _SAMPLED:
+            self.choices.append(i)
+            return values[i]
+        if kind == _BOOL:
+            self.choices.append(i == 1)
+            return i == 1
+        return values[0]
+
+
+BOOLEANS = _fast_booleans(st.booleans())
+TOKEN_SEEDS = _fast_integers(st.integers(0, 2**30 - 1), 0, 2**30 - 1)
+V2P_SEEDS = _fast_integers(st.integers(1, 2**30 - 1), 1, 2**30 - 1)
 #: Tier of a size draw: 0-1 small (half the mass, and the shrink target), 2 an edge, 3 log-uniform.
-TIERS = st.integers(0, 3)
+TIERS = _fast_integers(st.integers(0, 3), 0, 3)
 #: Length pattern of a batch: 0 one shared length (shrink target), 1 one length per request, 2 a palette.
-LENGTH_MODES = st.integers(0, 2)
+LENGTH_MODES = _fast_integers(st.integers(0, 2), 0, 2)
 
 
 @functools.lru_cache(maxsize=1024)
 def _integers(lo: int, hi: int):
-    return st.integers(lo, hi)
+    return _fast_integers(st.integers(lo, hi), lo, hi)
 
 
 @functools.lru_cache(maxsize=1024)
 def _sampled(values: tuple):
-    return st.sampled_from(values)
+    return _fast_sampled(st.sampled_from(values), values)
 
 
 def _positive(v) -> bool:
@@ -80,12 +155,21 @@ def sized(draw, lo: int, hi: int, edges=(), small: int = 8, small_from: Optional
     if tier <= 1:
         first = min(hi, max(lo, small_from if small_from is not None else lo))
         return draw(_integers(first, min(hi, first + small - 1)))
-    inside = tuple(sorted({e for e in edges if lo <= e <= hi}))
-    if tier == 2 and inside:
-        return draw(_sampled(inside))
+    if tier == 2:
+        inside = _edges_inside(edges, lo, hi) if isinstance(edges, tuple) else _inside(edges, lo, hi)
+        if inside:
+            return draw(_sampled(inside))
     top = hi.bit_length() - 1
     e = draw(_integers(max(0, lo.bit_length() - 1), top))
     return draw(_integers(max(lo, 1 << e), min(hi, (2 << e) - 1)))
+
+
+def _inside(edges, lo: int, hi: int) -> tuple:
+    return tuple(sorted({e for e in edges if lo <= e <= hi}))
+
+
+#: ``_inside`` for the edges a batch draws with (a tuple, per config and bound): once, not per length.
+_edges_inside = functools.lru_cache(maxsize=1024)(_inside)
 
 
 # -- configs --------------------------------------------------------------------------------------------
@@ -319,17 +403,21 @@ def _length_codes(config: Config, bound: int):
     # One draw per length (draws dominate generation cost): codes [0, bound) pick an edge length,
     # codes [bound, 2*bound) a uniform one, so edges get half the mass. Code 0 is edge 1, the
     # shrink target; edges are sorted, so a failing edge shrinks to the smallest failing edge.
-    return st.integers(0, 2 * bound - 1), tuple(edge_lengths(config, bound))
+    return _fast_integers(st.integers(0, 2 * bound - 1), 0, 2 * bound - 1), _edge_tuple(config, bound)
 
 
-def _small_domain_length(draw, config: Config, bound: int) -> int:
-    codes, edges = _length_codes(config, bound)
+def _small_domain_length(draw, codes, edges: tuple, bound: int) -> int:
     code = draw(codes)
     return edges[code % len(edges)] if code < bound else code - bound + 1
 
 
-def _large_domain_length(draw, config: Config, bound: int) -> int:
-    return sized(draw, 1, bound, edge_lengths(config, bound), small=16)
+def _large_domain_length(draw, edges: tuple, bound: int) -> int:
+    return sized(draw, 1, bound, edges, small=16)
+
+
+@functools.lru_cache(maxsize=256)
+def _edge_tuple(config: Config, bound: int) -> tuple:
+    return tuple(edge_lengths(config, bound))
 
 
 #: Bounds up to this draw lengths with one code (uniform is cheap and covers everything); above it,
@@ -341,13 +429,18 @@ def _draw_lengths(draw, config: Config, bound: int, count: int):
     """``count`` lengths: one shared length (a full bucket at the context limit overflows the fixed
     policy), one per request (up to 16 requests), or a palette of 2-4 lengths cycled over the batch
     (many distinct lengths in a large batch for a handful of draws)."""
-    one = _small_domain_length if bound <= SMALL_BOUND else _large_domain_length
+    # What a length draw needs is looked up once per batch, not once per length (the bulk's cost).
+    if bound <= SMALL_BOUND:
+        codes, edges = _length_codes(config, bound)
+        one = functools.partial(_small_domain_length, draw, codes, edges, bound)
+    else:
+        one = functools.partial(_large_domain_length, draw, _edge_tuple(config, bound), bound)
     mode = draw(LENGTH_MODES)
     if mode == 0 or count == 1:
-        return [one(draw, config, bound)] * count
+        return [one()] * count
     if mode == 1 and count <= 16:
-        return [one(draw, config, bound) for _ in range(count)]
-    palette = [one(draw, config, bound) for _ in range(draw(_integers(2, min(4, count))))]
+        return [one() for _ in range(count)]
+    palette = [one() for _ in range(draw(_integers(2, min(4, count))))]
     return [palette[i % len(palette)] for i in range(count)]
 
 
@@ -361,7 +454,8 @@ def seq_lens(draw, config: Config, count: int, seq_len_limit: str = "ctx"):
 def _multipliers(pool_rows: int):
     # Affine permutations i -> (a*i + c) mod pool_rows need gcd(a, pool_rows) == 1; a = 1 comes first,
     # so rows shrink toward 0, 1, 2, ...
-    return st.sampled_from([a for a in range(1, pool_rows + 1) if math.gcd(a, pool_rows) == 1])
+    units = tuple(a for a in range(1, pool_rows + 1) if math.gcd(a, pool_rows) == 1)
+    return _fast_sampled(st.sampled_from(units), units)
 
 
 def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
@@ -409,8 +503,9 @@ def _batches(config: Config, seq_len_limit: str, min_requests: int):
     return _draw_batch(config, seq_len_bound(config, seq_len_limit), min_requests)
 
 
-@st.composite
-def _draw_batch(draw, config: Config, bound: int, min_requests: int):
+def draw_batch(draw, config: Config, bound: int, min_requests: int) -> Batch:
+    """One batch for ``config`` with lengths up to ``bound``, from ``draw``: Hypothesis's (``batches``)
+    or a ``FastDraw`` (the bulk of ``case_runs``), one code path for both."""
     raw_bs = _raw_batch_size(draw, config, min_requests)
     lens = _draw_lengths(draw, config, bound, raw_bs)
     rows_total = config.pool_rows
@@ -421,6 +516,9 @@ def _draw_batch(draw, config: Config, bound: int, min_requests: int):
     # identity (0) otherwise and as the shrink target.
     v2p_seed = draw(V2P_SEEDS) if config.translate and draw(TIERS) > 0 else 0
     return Batch(tuple(lens), tuple(rows), token_seed, v2p_seed)
+
+
+_draw_batch = st.composite(draw_batch)
 
 
 # -- cases ----------------------------------------------------------------------------------------------
@@ -444,34 +542,119 @@ def _cases(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: 
 
 
 def case_runs(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0,
-              max_batches: int = 8):
+              max_batches: int = 8, bulk: int = 0):
     """A list of 1..``max_batches`` ``Case``s sharing one config: successive replays of one captured
     configuration, as a server replays its graphs. One Hypothesis example then checks many batches,
     which spreads the engine's per-example cost and the config's compile and capture (the GPU's
     config-major mode). The count is drawn uniformly (not list-shrinking's short average), and
     shrinks toward one batch: the failing batch is always the last one checked.
+
+    ``bulk=N`` (default 0: exactly the draws above) adds, after those batches and one more Hypothesis
+    choice that turns it on (15 times in 16; it shrinks to off), up to ``N`` batches drawn by the same
+    code from a ``FastDraw`` seeded by a digest of the example, distinct in structure (lengths and pool
+    rows) from each other and from the Hypothesis-drawn ones. The list is then a ``CaseRun``: which
+    cases are bulk, and the Hypothesis choices that replay each of them alone (``CaseRun.splice``).
     """
     _check_case_args(kernel, seq_len_limit, canary_seed, "case_runs")
-    require(isinstance(max_batches, int) and max_batches >= 1, f"case_runs(max_batches={max_batches!r}) must be >= 1")
+    require(isinstance(max_batches, int) and not isinstance(max_batches, bool) and max_batches >= 1,
+            f"case_runs(max_batches={max_batches!r}) must be >= 1")
+    require(isinstance(bulk, int) and not isinstance(bulk, bool) and bulk >= 0,
+            f"case_runs(bulk={bulk!r}) must be a non-negative integer")
     return _case_runs(config_strategy if config_strategy is not None else configs(), kernel, seq_len_limit,
-                      canary_seed, max_batches)
+                      canary_seed, max_batches, bulk)
+
+
+#: The Hypothesis choice that turns a ``case_runs`` example's bulk on: mostly on while generating,
+#: index 0 (off) is the shrink target, so a shrunk failure is one Hypothesis-drawn batch.
+BULK_SWITCH = st.sampled_from((False,) + (True,) * 15)
+#: The choice index of ``BULK_SWITCH`` that turns the bulk off (what a spliced example ends with).
+BULK_OFF = 0
+#: Bulk draws in a row that repeat a structure before the bulk of an example stops early.
+BULK_PATIENCE = 64
+
+
+class CaseRun(list):
+    """The ``Case``s of one ``case_runs(bulk=N)`` example: the Hypothesis-drawn ones first, then from
+    ``bulk_start`` the bulk. ``bulk_choices[i]`` are the recorded choices of case ``bulk_start + i``;
+    ``prefix`` the example's Hypothesis choices up to and including its config (None when this
+    Hypothesis does not expose them). Kept beside the cases, so a ``Case`` compares and hashes as ever."""
+
+    __slots__ = ("bulk_start", "bulk_choices", "prefix")
+
+    def splice(self, index: int) -> Optional[tuple]:
+        """The choice sequence of an example of the same strategy that holds only case ``index`` (a bulk
+        one): its config's choices, one batch, that batch's recorded choices, the bulk off."""
+        if self.prefix is None or index < self.bulk_start:
+            return None
+        return self.prefix + (1,) + tuple(self.bulk_choices[index - self.bulk_start]) + (BULK_OFF,)
+
+
+def _choices_so_far() -> Optional[tuple]:
+    """The choices the running Hypothesis example has made so far (internal: its ``ConjectureData``),
+    or None outside Hypothesis or where its internals differ."""
+    try:
+        from hypothesis.control import _current_build_context
+
+        context = _current_build_context.value
+        return tuple(node.value for node in context.data.nodes)
+    except Exception:  # noqa: BLE001 - any other Hypothesis: the bulk still runs, a failure stays unshrunk
+        return None
+
+
+def _structure(batch: Batch) -> tuple:
+    return batch.seq_lens, batch.req_pool_indices
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 @st.composite
-def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int, max_batches: int):
+def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int, max_batches: int,
+               bulk: int = 0):
     config = draw(config_strategy)
+    prefix = _choices_so_far() if bulk else None
     count = draw(_integers(1, max_batches))
     batch = _batches(config, seq_len_limit, 1)
     drawn = [draw(batch) for _ in range(count)]
+    key = None
     if count == 1:
-        return [Case(config, drawn[0], kernel, canary_seed)]  # keeps its drawn seed, which shrinks to 0
-    # Hypothesis builds new examples from earlier ones, so the batches of different examples coincide
-    # most of the time (9 in 10 cases of a GPU run were repeats). Each batch's token table is keyed by a
-    # digest of the whole example and its index: two examples that differ anywhere share no case, the
-    # batches of one example differ from each other, and replaying an example (shrinking) gives the same
-    # cases. Lengths and pool rows stay exactly as drawn, so structure still shrinks as usual.
-    shape = repr((config, [(b.seq_lens, b.req_pool_indices, b.token_seed) for b in drawn]))
-    key = int.from_bytes(hashlib.blake2b(shape.encode(), digest_size=8).digest(), "little")
-    return [Case(config, Batch(b.seq_lens, b.req_pool_indices, (b.token_seed + key + i * 0x9E3779B1) % 2**SLOT_BITS,
-                               b.v2p_seed),
-                 kernel, canary_seed) for i, b in enumerate(drawn)]
+        cases = [Case(config, drawn[0], kernel, canary_seed)]  # keeps its drawn seed, which shrinks to 0
+    else:
+        # Hypothesis builds new examples from earlier ones, so the batches of different examples coincide
+        # most of the time (9 in 10 cases of a GPU run were repeats). Each batch's token table is keyed by a
+        # digest of the whole example and its index: two examples that differ anywhere share no case, the
+        # batches of one example differ from each other, and replaying an example (shrinking) gives the same
+        # cases. Lengths and pool rows stay exactly as drawn, so structure still shrinks as usual.
+        key = _digest(repr((config, [(b.seq_lens, b.req_pool_indices, b.token_seed) for b in drawn])))
+        cases = [Case(config, Batch(b.seq_lens, b.req_pool_indices, (b.token_seed + key + i * 0x9E3779B1) % 2**SLOT_BITS,
+                                    b.v2p_seed),
+                      kernel, canary_seed) for i, b in enumerate(drawn)]
+    if not bulk:
+        return cases
+    run = CaseRun(cases)
+    run.bulk_start, run.bulk_choices, run.prefix = len(cases), [], prefix
+    if not draw(BULK_SWITCH):
+        return run
+    if key is None:
+        key = _digest(repr((config, [(b.seq_lens, b.req_pool_indices, b.token_seed) for b in drawn])))
+    # The bulk: the same draw code from a PRNG seeded by the example (a replay gives the same batches),
+    # each structure once: a repeat would only re-draw its token table.
+    source = FastDraw(random.Random(key))
+    bound = seq_len_bound(config, seq_len_limit)
+    seen = {_structure(b) for b in drawn}
+    repeats = 0
+    for _ in range(bulk):
+        source.choices = []
+        b = draw_batch(source, config, bound, 1)
+        shape = _structure(b)
+        if shape in seen:
+            repeats += 1
+            if repeats >= BULK_PATIENCE:
+                break  # a config with few structures (one request, a short context): they are all drawn
+            continue
+        repeats = 0
+        seen.add(shape)
+        run.append(Case(config, b, kernel, canary_seed))
+        run.bulk_choices.append(source.choices)
+    return run

@@ -150,3 +150,18 @@ def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(dev
             if spares:
                 assert len(child_pids() - before) == 2  # the worker and one spare, already starting
         assert child_pids() - before == set()
+
+
+def test_the_wire_form_keeps_every_batch_field():
+    """``encode_cases`` / the worker's decoder round-trip a case exactly, the page table's seed included
+    (a TRANSLATE case checked with another table than its own would be judged on the wrong case)."""
+    import json
+
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.cases.casefile import case_from_dict
+    from kvfence.workflow.worker import _Decoder, encode_cases
+
+    config = Config(topk=1, num_steps=1, ctx=4, max_bs=2, translate=True)
+    cases = [Case(config, Batch((2, 1), (1, 0), 5, 77)), Case(config, Batch((3,), (2,), 6, 0))]
+    decoded = list(_Decoder(case_from_dict).cases(json.loads(json.dumps(encode_cases(cases, {})))))
+    assert decoded == cases and [c.batch.v2p_seed for c in decoded] == [77, 0]

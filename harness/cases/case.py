@@ -36,6 +36,24 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _cached_hash(obj, names: tuple) -> int:
+    """The hash of a frozen dataclass's fields ``names``, computed once and kept in its ``__dict__``
+    (``_state_without_hash`` keeps it off pickles: a str's hash differs between processes)."""
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = obj.__dict__["_hash"] = hash(tuple(getattr(obj, name) for name in names))
+    return h
+
+
+def _state_without_hash(obj) -> dict:
+    return {k: v for k, v in obj.__dict__.items() if k != "_hash"}
+
+
+def _plain_ints(values: tuple) -> bool:
+    """Every element exactly an ``int`` (a fast sufficient test for ``_is_int`` of each)."""
+    return set(map(type, values)) == {int}
+
+
 def default_buckets(max_bs: int) -> Tuple[int, ...]:
     """Capture buckets as upstream runners use them: 1, 2, 4, ... below ``max_bs``, then ``max_bs``."""
     out, b = [], 1
@@ -144,6 +162,13 @@ class Config:
         if self.contract == "window-rail":
             require(self.window_size > 0, "config.contract window-rail needs window_size > 0 (the rail's window)")
             require(self.sink_size == 0, f"config.sink_size={self.sink_size}: the window rail has no sinks")
+
+    def __hash__(self) -> int:
+        # Hashed for every cache and verdict lookup of every case: computed once per config.
+        return _cached_hash(self, _CONFIG_FIELDS)
+
+    def __getstate__(self) -> dict:
+        return _state_without_hash(self)
 
     @property
     def is_family(self) -> bool:
@@ -268,6 +293,10 @@ class Config:
         }
 
 
+#: Config's fields in order (what its equality compares and its hash digests).
+_CONFIG_FIELDS = tuple(Config.__dataclass_fields__)
+
+
 @dataclass(frozen=True)
 class Batch:
     """One launch's requests, before padding: committed lengths, pool rows, and the table's seed.
@@ -289,8 +318,13 @@ class Batch:
             len(self.req_pool_indices) == len(self.seq_lens),
             f"batch.req_pool_indices has {len(self.req_pool_indices)} entries for {len(self.seq_lens)} requests",
         )
-        require(all(_is_int(L) and L >= 1 for L in self.seq_lens), f"batch.seq_lens must be positive integers, got {list(self.seq_lens)}")
-        require(all(_is_int(r) and r >= 0 for r in self.req_pool_indices), "batch.req_pool_indices must be non-negative integers")
+        # Plain ints (every drawn or parsed batch) are checked in one pass; anything else element by element.
+        if not (_plain_ints(self.seq_lens) and min(self.seq_lens) >= 1):
+            require(all(_is_int(L) and L >= 1 for L in self.seq_lens),
+                    f"batch.seq_lens must be positive integers, got {list(self.seq_lens)}")
+        if not (_plain_ints(self.req_pool_indices) and min(self.req_pool_indices) >= 0):
+            require(all(_is_int(r) and r >= 0 for r in self.req_pool_indices),
+                    "batch.req_pool_indices must be non-negative integers")
         require(len(set(self.req_pool_indices)) == len(self.req_pool_indices), "batch.req_pool_indices must be distinct")
         require(_is_int(self.token_seed) and 0 <= self.token_seed < 2**SLOT_BITS, "batch.token_seed must be an integer in [0, 2**30)")
         require(_is_int(self.v2p_seed) and 0 <= self.v2p_seed < 2**SLOT_BITS, "batch.v2p_seed must be an integer in [0, 2**30)")
@@ -302,10 +336,12 @@ class Batch:
     def check_fits(self, config: Config) -> None:
         """Raise ``BadInput`` unless this batch is one the config's runner can launch."""
         require(self.raw_bs <= config.max_bs, f"batch has {self.raw_bs} requests, more than max_bs={config.max_bs}")
-        bad = [L for L in self.seq_lens if L > config.ctx]
-        require(not bad, f"batch.seq_lens {bad} exceed ctx={config.ctx}")
-        rows = [r for r in self.req_pool_indices if r >= config.pool_rows]
-        require(not rows, f"batch.req_pool_indices {rows} outside the pool's {config.pool_rows} rows")
+        if max(self.seq_lens) > config.ctx:
+            bad = [L for L in self.seq_lens if L > config.ctx]
+            require(not bad, f"batch.seq_lens {bad} exceed ctx={config.ctx}")
+        if max(self.req_pool_indices) >= config.pool_rows:
+            rows = [r for r in self.req_pool_indices if r >= config.pool_rows]
+            require(not rows, f"batch.req_pool_indices {rows} outside the pool's {config.pool_rows} rows")
 
     def to_dict(self) -> dict:
         d = {"seq_lens": list(self.seq_lens), "req_pool_indices": list(self.req_pool_indices), "token_seed": self.token_seed}
@@ -368,8 +404,6 @@ def v2p_table(config: Config, seed: int) -> Optional[List[int]]:
 
 
 def _row_used(config: Config, seq_lens, positions, s: int) -> int:
-    from kvfence.cases import oracle
-
     if config.is_rail:
         return oracle.rail_used(seq_lens, positions, config.topk, s, config.window_size)
     return oracle.used_length_family(seq_lens, config.topk, s, config.window_size, config.sink_size)
@@ -406,17 +440,26 @@ class LaunchBatch:
 def launch_batch(config: Config, batch: Batch) -> LaunchBatch:
     """Pad (graph mode) and derive ``positions = seq_lens.repeat_interleave(topk)``."""
     batch.check_fits(config)
-    raw = batch.raw_bs
-    positions = [L for L in batch.seq_lens for _ in range(config.topk)]
-    if config.mode == "eager":
-        return LaunchBatch(batch.seq_lens, batch.req_pool_indices, tuple(positions), raw)
-    pad = config.bucket_for(raw) - raw
-    return LaunchBatch(
-        batch.seq_lens + (1,) * pad,
-        batch.req_pool_indices + (0,) * pad,
-        tuple(positions + [0] * (pad * config.topk)),
-        raw,
-    )
+    return _padded(config, batch)
+
+
+def _pad_rows(config: Config, raw_bs: int) -> int:
+    """Padding rows the runner adds to ``raw_bs`` requests: up to the bucket in graph mode, none eager."""
+    return 0 if config.mode == "eager" else config.bucket_for(raw_bs) - raw_bs
+
+
+def _padded_lens(config: Config, batch: Batch) -> Tuple[int, ...]:
+    """The launch's ``seq_lens``: a padding row has length 1 (docs/contract.md §4)."""
+    return batch.seq_lens + (1,) * _pad_rows(config, batch.raw_bs)
+
+
+def _padded(config: Config, batch: Batch) -> LaunchBatch:
+    """``launch_batch`` of a batch known to fit ``config`` (a ``Case`` checked it when it was built).
+    A padding row reads pool row 0 at position 0."""
+    pad = _pad_rows(config, batch.raw_bs)
+    positions = [L for L in batch.seq_lens for _ in range(config.topk)] + [0] * (pad * config.topk)
+    return LaunchBatch(_padded_lens(config, batch), batch.req_pool_indices + (0,) * pad, tuple(positions),
+                       batch.raw_bs)
 
 
 @dataclass(frozen=True)
@@ -429,6 +472,13 @@ class Case:
     canary_seed: int = 0
     extras: dict = field(default_factory=dict, compare=False, hash=False)
 
+    def __hash__(self) -> int:
+        # Each case is hashed several times per example (dedup, verdict cache, launched set).
+        return _cached_hash(self, _CASE_KEY_FIELDS)
+
+    def __getstate__(self) -> dict:
+        return _state_without_hash(self)
+
     def __post_init__(self):
         self.batch.check_fits(self.config)
         require(isinstance(self.kernel, str) and self.kernel, "case.kernel must name a kernel")
@@ -436,7 +486,7 @@ class Case:
 
     @cached_property
     def _launch(self) -> LaunchBatch:
-        return launch_batch(self.config, self.batch)
+        return _padded(self.config, self.batch)  # __post_init__ checked that the batch fits
 
     def launch(self) -> LaunchBatch:
         """The padded batch the kernel reads (computed once per case)."""
@@ -461,10 +511,14 @@ class Case:
 
     @cached_property
     def _sizing(self) -> dict:
-        lb = self.launch()
-        need = launch_need(self.config, lb.seq_lens, lb.positions)
-        return {"need": need, "width": self.config.row_width(lb.num_seqs), "num_seqs": lb.num_seqs,
-                "sum_seq_lens": sum(lb.seq_lens)}
+        c = self.config
+        if c.is_rail:
+            lb = self.launch()
+            lens, need = lb.seq_lens, launch_need(c, lb.seq_lens, lb.positions)
+        else:  # the draft kernel's need follows from the padded lengths alone (computed for every case)
+            lens = _padded_lens(c, self.batch)
+            need = launch_need(c, lens, ())
+        return {"need": need, "width": c.row_width(len(lens)), "num_seqs": len(lens), "sum_seq_lens": sum(lens)}
 
     def sizing_summary(self) -> dict:
         """need vs width for this launch: the arithmetic behind ``SIZING_VIOLATION`` (computed once)."""
@@ -493,3 +547,6 @@ def batch_from_dict(d: dict) -> Batch:
         require(isinstance(d.get(key), list), f"batch.{key} must be a list")
     return Batch(tuple(d["seq_lens"]), tuple(d["req_pool_indices"]), d.get("token_seed", 0), d.get("v2p_seed", 0))
 
+
+#: The fields a ``Case`` compares and hashes (``extras`` is neither).
+_CASE_KEY_FIELDS = tuple(f.name for f in Case.__dataclass_fields__.values() if f.compare)

@@ -125,18 +125,22 @@ BOUNDARY_CLASSES: Tuple[str, ...] = (
 )
 
 
+#: Per copy block: the block, its "+-1" class and its "past" class (named once, not per length).
+_BLOCK_CLASSES = tuple((block, f"len=block{block}+-1", f"len>block{block}") for block in COPY_BLOCKS)
+
+
 def boundary_classes(config, seq_lens, raw_bs: int) -> FrozenSet[str]:
     """The boundary classes one launch sits on (``seq_lens`` are the real requests, before padding)."""
     out = set()
     bucket = next((b for b in config.buckets if b >= raw_bs), config.max_bs) if config.mode == "graph" else raw_bs
-    for L in seq_lens:
+    for L in set(seq_lens):  # classes of a length, not counts: each distinct length once
         if L <= 128:
             out.add("len<=block128")
-        for block in COPY_BLOCKS:
+        for block, near, past in _BLOCK_CLASSES:
             if abs(L - block) <= 1:
-                out.add(f"len=block{block}+-1")
+                out.add(near)
             if L > block:
-                out.add(f"len>block{block}")
+                out.add(past)
         p = config.page_size
         if p > 1 and (L % p in (0, 1, p - 1)) and L >= p - 1:
             out.add("len=page-boundary+-1")

@@ -139,6 +139,8 @@ def clipped_length(L: int, window_size: int, sink_size: int) -> int:
 
 def used_length_family(seq_lens: Sequence[int], topk: int, s: int, window_size: int = 0, sink_size: int = 0) -> int:
     """``U(s)`` of the draft kernel under a window: ``topk*sum(L') + bs*(s+1)`` (``used_length`` without one)."""
+    if window_size <= 0:
+        return used_length(seq_lens, topk, s)  # L' = L
     return used_length([clipped_length(L, window_size, sink_size) for L in seq_lens], topk, s)
 
 

@@ -130,6 +130,18 @@ MIN_EXAMPLES_PER_JOB = 50
 #: Batches of one config per Hypothesis example on CUDA (config-major: compile and capture once, replay many).
 GPU_BATCHES_PER_EXAMPLE = 32
 
+#: Bulk batches per Hypothesis example on CUDA (``kvfence.strategies.case_runs(bulk=)``): Hypothesis's
+#: own batches cost ~0.5-1 ms each in this process and repeat structures on purpose, a bulk batch costs
+#: tens of microseconds and is new by construction, so the example's Hypothesis part (config, up to
+#: ``GPU_BATCHES_PER_EXAMPLE`` batches, the engine) must be spread over many: with a stub session, one
+#: process of the pinned small config (on one core of a 2-core development machine) verified about
+#: 5,900 cases/s with 256 and 10,500/s with 1,024, against 1,900/s without the bulk
+#: (benchmarks/throughput.py, stage ``parent``, measures the last two).
+#: One example (about 1,040 cases) is still one check_many round trip of tens of milliseconds on the
+#: GPU, so the time budget and the progress line see examples often. The CPU gets none (the
+#: interpreter, not generation, is its bottleneck).
+GPU_BULK_PER_EXAMPLE = 1024
+
 
 def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
     """All useful CPU cores on CUDA (one left for the parent and the driver), fewer when the example
@@ -158,6 +170,8 @@ def _resolve_run_shape(args, device: str):
                                 f"CPU core, {JOB_MEMORY_BYTES >> 30} GiB of available memory each)")
     require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
     per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
+    if args.bulk_per_example is None:  # resolved here, so --jobs children get the same value
+        args.bulk_per_example = GPU_BULK_PER_EXAMPLE if device == "cuda" else 0
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
     return domain, jobs, per_example, max_bytes
 
@@ -223,9 +237,9 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
         config_strategy, shard_info = campaign.shard_configs(
             args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins}), domain, max_bytes),
             {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
-    if per_example > 1:
+    if per_example > 1 or args.bulk_per_example:
         strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
-                             max_batches=per_example)
+                             max_batches=per_example, bulk=args.bulk_per_example)
     else:
         strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     strategy.validate()
@@ -243,7 +257,8 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
     seed, seed_source = (args.seed, "given") if args.seed is not None else (random.getrandbits(32), "random")
     run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
            "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
-           "jobs": jobs, "batches_per_example": per_example, "domain": domain.name, "domain_text": domain.describe(),
+           "jobs": jobs, "batches_per_example": per_example,
+           "bulk_per_example": args.bulk_per_example, "domain": domain.name, "domain_text": domain.describe(),
            "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker",
            # docs/contract.md §6: the contract, and the §6 fields pinned or drawn (None: drawn, if the kernel takes them)
            "contract": args.contract, "family_drawn": _draws_family(args, domain),
@@ -258,7 +273,7 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
     if jobs > 1:
         database = campaign.open_database(db_spec)
         db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
-                                       domain=campaign.fuzz_domain(args, domain, per_example))
+                                       domain=campaign.fuzz_domain(args, domain, per_example, args.bulk_per_example))
         run["campaign"] = campaign.summary_block(db_spec, db_key, shard_info, None,
                                                  campaign.stored_failures(database, db_key))
         return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
@@ -267,7 +282,7 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
         _lock_out(out_dir)
     database = None if args.resume else campaign.open_database(db_spec)
     db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
-                                   domain=campaign.fuzz_domain(args, domain, per_example))
+                                   domain=campaign.fuzz_domain(args, domain, per_example, args.bulk_per_example))
     run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
                                              campaign.shard_seed(seed, args.shard),
                                              campaign.stored_failures(database, db_key))
@@ -319,7 +334,7 @@ def _previous_summary(out_dir: Path) -> Optional[dict]:
 
 def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Optional[Path], previous, run: dict,
               domain, *, database, db_key, db_spec) -> int:
-    from kvfence.workflow.fuzz import FuzzResult, fuzz
+    from kvfence.workflow.fuzz import SPLICE_REPLAYED, FuzzResult, fuzz
     from kvfence.running.interrupt import exit_code_for, signals_interrupt
     from kvfence.running.journal import Journal, recover
     from kvfence.workflow.outdir import set_aside_earlier_cases
@@ -368,6 +383,8 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
                     progress.close()
         if result.interrupted:
             _stderr(f"kvfence: {result.interrupted}: run stopped; writing what was checked")
+        if result.bulk_splice and result.bulk_splice != SPLICE_REPLAYED:
+            _stderr(f"kvfence: {result.bulk_splice}")
         if run["campaign"]["stored_failures_at_start"]:
             print(f"kvfence fuzz: replayed {run['campaign']['stored_failures_at_start']} stored failure(s) "
                   f"from {db_spec.display} first")
@@ -431,6 +448,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     """``--jobs N``: N child fuzz processes (kvfence.workflow.jobs), merged into one summary, report and case folder."""
     import time
 
+    from kvfence.workflow.fuzz import SPLICE_REPLAYED
     from kvfence.workflow.jobs import adopt_case_files, run_jobs
     from kvfence.workflow.progress import Progress
     from kvfence.reports import summary as summary_mod
@@ -480,6 +498,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         print("no findings")
     if interrupted:
         _stderr(f"kvfence: {interrupted}: jobs stopped; merged what they had checked")
+    if doc.get("bulk_splice") and doc["bulk_splice"] != SPLICE_REPLAYED:
+        _stderr(f"kvfence: {doc['bulk_splice']}")
     code = _write_summary(doc, out_dir, json_path)
     if interrupted:
         from kvfence.running.interrupt import exit_code_for
@@ -616,6 +636,10 @@ def add_parser(sub) -> None:
     fz.add_argument("--batches-per-example", type=_positive_int, default=None,
                     help=f"up to N batches of one config per Hypothesis example (config-major: one compile and "
                          f"capture, many replays; default {GPU_BATCHES_PER_EXAMPLE} on CUDA, 1 on the CPU)")
+    fz.add_argument("--bulk-per-example", type=_non_negative_int, default=None, metavar="N",
+                    help=f"after the Hypothesis batches of an example, up to N more of its config from a fast seeded "
+                         f"generator (same draw code, each structure new; a failure among them is spliced back into "
+                         f"Hypothesis and shrunk); 0: off (default {GPU_BULK_PER_EXAMPLE} on CUDA, 0 on the CPU)")
     fz.add_argument("--scale", default=None, choices=["cpu", "gpu"],
                     help="config space: cpu (interpreter-sized: ctx <= 48, max_bs <= 4) or gpu (production-sized: "
                          "max_bs <= 256 in SGLang's capture buckets, ctx <= 131072, topk and steps <= 16, pages "

@@ -269,15 +269,18 @@ def database_key(*, kernel: str, sizing: str, domain: dict) -> bytes:
 DOMAIN_FLAGS = ("mode", "layout", "seq_len_limit", "topk", "num_steps", "page_size", "ctx", "max_bs", "shard")
 
 
-def fuzz_domain(args, domain, batches_per_example: int) -> dict:
+def fuzz_domain(args, domain, batches_per_example: int, bulk_per_example: int = 0) -> dict:
     """The domain part of a ``fuzz`` run's database key: ``DOMAIN_FLAGS``, the resolved ``Domain``
-    (``--scale``) and batches per example. Not the memory budget: its default follows free GPU
+    (``--scale``), batches per example and, when on, bulk batches per example (off keeps the keys of
+    runs from before the bulk existed). Not the memory budget: its default follows free GPU
     memory, which would make every night a new key (a stored failure whose config no longer fits
     is replayed as the smaller config the budget allows)."""
     out = {flag: getattr(args, flag, None) for flag in DOMAIN_FLAGS}
     out["shard"] = str(out["shard"]) if out["shard"] is not None else None
     out["domain"] = domain.to_dict()
     out["batches_per_example"] = batches_per_example
+    if bulk_per_example:
+        out["bulk_per_example"] = bulk_per_example
     return out
 
 

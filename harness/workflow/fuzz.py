@@ -57,6 +57,25 @@ def failure_signature(case: Case, findings: List[Finding]) -> tuple:
     return tuple(sorted({f.kind.value for f in findings})), case.config
 
 
+class BulkFailure(BaseException):
+    """Raised inside the Hypothesis test when the run's first failure is a bulk case of a
+    ``kvfence.strategies.CaseRun``: ``fuzz`` then replays ``choices`` (the example spliced down to that
+    case) through Hypothesis, which shrinks it as any failure."""
+
+    def __init__(self, case: Case, findings: List[Finding], choices: Optional[tuple]):
+        self.case, self.findings, self.choices = case, findings, choices
+        super().__init__(format_failure(case, findings))
+
+
+class SpliceMismatch(BaseException):
+    """Raised inside the splice replay when Hypothesis's replay of the spliced choices is not the bulk
+    case (a Hypothesis whose internals differ): the failure is then reported as found."""
+
+
+#: What ``FuzzResult.bulk_splice`` says when the spliced replay reproduced the bulk failure.
+SPLICE_REPLAYED = "replayed"
+
+
 class TimeBudgetSpent(BaseException):
     """Raised inside the Hypothesis test when ``max_seconds`` have passed before any failure.
 
@@ -79,7 +98,11 @@ class FuzzResult:
       which follow from the lengths), token tables aside: the kernel makes the same stores at the same
       addresses for two cases of one structure, only the slot ids copied differ;
     * ``token_variant_cases``: explored cases verified although their structure had been verified
-      before (another token table only): counted apart, never in a rate called distinct.
+      before (another token table only): counted apart, never in a rate called distinct;
+    * ``bulk_cases``: verified cases that came from the fast generator (``case_runs(bulk=N)``), part of
+      ``verified_cases``;
+    * ``bulk_skipped``: bulk cases not launched because the run had already verified their structure
+      (they would only be token variants); not part of ``generated_cases``.
 
     ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done;
     ``structural_cases_per_s`` (``structural_cases / elapsed_s``) is the rate of new coverage.
@@ -96,6 +119,12 @@ class FuzzResult:
     launches: int = 0
     structural_cases: int = 0
     token_variant_cases: int = 0
+    bulk_cases: int = 0
+    bulk_skipped: int = 0
+    #: None when the first failure was a Hypothesis-drawn case; ``SPLICE_REPLAYED`` when it was a bulk
+    #: case and Hypothesis replayed (and shrank) the example spliced down to it; otherwise the one line
+    #: saying why the bulk failure is reported as found, unshrunk.
+    bulk_splice: Optional[str] = None
     elapsed_s: float = 0.0
     case: Optional[Case] = None
     findings: List[Finding] = field(default_factory=list)
@@ -174,20 +203,24 @@ def utilisation(case: Case) -> float:
 
 
 def example_stat(case: Case, failed: bool) -> ExampleStat:
-    summary = case.sizing_summary()
+    summary = case._sizing  # the case's own cached sizing (sizing_summary() is a copy of it, per case)
     c = case.config
     return ExampleStat(c.topk, c.num_steps, c.page_size, summary["num_seqs"], case.batch.raw_bs, summary["need"],
                        summary["width"], failed)
 
 
-def _keep(result: FuzzResult, stat: ExampleStat, rng: random.Random) -> None:
-    """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far."""
+def _keep(result: FuzzResult, make_stat: Callable[[], ExampleStat], rng: random.Random) -> Optional[ExampleStat]:
+    """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far. The stat is
+    built (``make_stat()``) only when it is kept, and returned then."""
     if len(result.stats) < MAX_STATS:
+        stat = make_stat()
         result.stats.append(stat)
-    else:
-        j = rng.randrange(result.generated_cases)
-        if j < MAX_STATS:
-            result.stats[j] = stat
+        return stat
+    j = rng.randrange(result.generated_cases)
+    if j < MAX_STATS:
+        stat = result.stats[j] = make_stat()
+        return stat
+    return None
 
 
 def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
@@ -247,38 +280,68 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
 
     def body(example):
         raise_pending()  # a signal that came while the run was starting: it ends the run here, cleanly
-        # An example is one Case, or a list of Cases sharing a config (kvfence.strategies.case_runs).
+        # An example is one Case, or a list of Cases sharing a config (kvfence.strategies.case_runs), the
+        # bulk ones (a CaseRun) from bulk_start on.
         cases = example if isinstance(example, list) else [example]
+        bulk_start = getattr(example, "bulk_start", len(cases))
         now = time.perf_counter()
         shrinking = state["first_failure"] is not None
+        expect = state.pop("splice", None)
+        if expect is not None and cases != [expect]:
+            raise SpliceMismatch()  # the spliced replay is not the bulk case: fuzz() reports it as found
         if not shrinking and max_seconds is not None and now - start > max_seconds:
             result.time_cut = True
             raise TimeBudgetSpent()
         if not shrinking:
             result.examples += 1
+        if bulk_start < len(cases):
+            # Shrinking works on the Hypothesis-drawn cases only (the bulk follows from them and shrinks to
+            # off). Exploring, a bulk case whose structure was verified before is not launched unless its
+            # verdict is cached (a replay keeps its verdict).
+            bulk = []
+            if not shrinking:
+                digest = _digest(cases[0].config)
+                for case in cases[bulk_start:]:
+                    if case in verdicts or structure_key(digest, case) not in shapes:
+                        bulk.append(case)
+                    else:
+                        result.bulk_skipped += 1
+            cases = cases[:bulk_start] + bulk
         fresh = [c for c in dict.fromkeys(cases) if c not in verdicts]
+        launched = set(fresh)
         if fresh and shrinking and now - state["first_failure"] > shrink_seconds:
             result.shrink_cut = True
-            fresh = []  # shrink budget spent: unseen candidates are not launched (they count as passing)
+            fresh, launched = [], set()  # shrink budget spent: unseen candidates are not launched (they pass)
+        checked = {}
         if fresh:
             if result.first_launch_at is None:
                 result.first_launch_at = time.time()
-            for case, findings in zip(fresh, _check_many(session, fresh, journal)):
-                verdicts[case] = findings
+            checked = dict(zip(fresh, _check_many(session, fresh, journal)))
             result.verified_cases += len(fresh)
+            if bulk_start < len(cases):
+                head = set(cases[:bulk_start])
+                result.bulk_cases += len(launched) - len(launched & head)
+                # A clean bulk case is not kept (memory: the bulk is most cases): a replay of its example
+                # draws it again and skips it, its structure being known; a failing one keeps its verdict.
+                verdicts.update((c, f) for c, f in checked.items() if f or c in head)
+            else:
+                verdicts.update(checked)
         utilisations = []
-        for case in cases:
-            findings = verdicts.get(case)
+        for i, case in enumerate(cases):
+            findings = checked[case] if case in launched else verdicts.get(case)
             if findings is None:
                 continue  # unseen candidate after the shrink budget: passes
-            if case not in fresh:
+            verified_now = case in launched
+            if not verified_now:
                 result.cached_cases += 1
             if shrinking:
                 result.shrink_cases += 1
             else:
-                utilisations.append(_explored(case, findings, case in fresh))
+                u = _explored(case, findings, verified_now)
+                if i < bulk_start:  # the target phase climbs on what its choices decide, not on the bulk
+                    utilisations.append(u)
             if findings:
-                _failed(case, findings)
+                _failed(case, findings, example if i >= bulk_start and not shrinking else None)
         if progress is not None and now - state["last_progress"] >= progress_every_s:
             state["last_progress"] = now
             result.elapsed_s = now - start
@@ -290,20 +353,17 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     def _explored(case: Case, findings, verified_now: bool) -> float:
         """Record one explored case (stats, coverage, largest config); returns its need/width."""
         result.generated_cases += 1
-        digest = config_digests.get(case.config)
-        if digest is None:
-            digest = config_digests[case.config] = config_key(case.config)
-        shape = structure_key(digest, case)
+        shape = structure_key(_digest(case.config), case)
         if shape not in shapes:
             shapes.add(shape)
             result.structural_cases += 1
         elif verified_now:
             result.token_variant_cases += 1
-        stat = example_stat(case, bool(findings))
-        _keep(result, stat, rng)
-        u = stat.need / stat.width
+        sizing = case._sizing  # computed once per case (sizing_summary() would copy it)
+        u = sizing["need"] / sizing["width"]
+        stat = _keep(result, lambda: example_stat(case, bool(findings)), rng)
         if u > result.max_utilisation:
-            result.max_utilisation, result.max_utilisation_stat = u, stat
+            result.max_utilisation, result.max_utilisation_stat = u, stat or example_stat(case, bool(findings))
         config = case.config
         if config not in configs_seen:
             configs_seen[config] = size = estimate_bytes(config)
@@ -314,7 +374,15 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             result.boundaries[name] = result.boundaries.get(name, 0) + 1
         return u
 
-    def _failed(case: Case, findings) -> None:
+    def _digest(config) -> int:
+        digest = config_digests.get(config)
+        if digest is None:
+            digest = config_digests[config] = config_key(config)
+        return digest
+
+    def _failed(case: Case, findings, run=None) -> None:
+        """A failing case: the first failure's bookkeeping, then ``FindingsFound`` for Hypothesis to
+        shrink, or ``BulkFailure`` when it is a bulk case of the ``CaseRun`` ``run``."""
         if known is not None:  # --keep-going (kvfence.workflow.keepgoing)
             signature = failure_signature(case, findings)
             if state["first_failure"] is None and signature in known:
@@ -342,44 +410,58 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                 progress(result)
         if hypothesis_final():
             result.hypothesis = hypothesis_blob()
-            if known is not None:
+            if known is not None or result.bulk_splice is not None:
                 from kvfence.cases.casefile import current_choices
 
                 result.choices = current_choices()
         state["last_failure"] = (case, findings)  # Hypothesis only tries smaller ones from here
+        if run is not None:
+            raise BulkFailure(case, findings, run.splice(run.index(case)))
         raise FindingsFound(case, findings)
 
-    test = given(strategy)(body)
-    if seed is not None:
-        # Before @settings: @seed on its own turns the example database off; the settings below decide.
-        test = hyp_seed(seed)(test)
-    test = settings(max_examples=max_examples, deadline=None, database=database, verbosity=Verbosity.quiet,
-                    report_multiple_bugs=False, print_blob=False,
-                    phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.target] if targeting else [])
-                    # No shrink budget: the first failure is the answer (Hypothesis's shrinker would
-                    # still replay thousands of candidates through the strategy, for nothing).
-                    + ([Phase.shrink] if shrink_seconds > 0 else []),
-                    suppress_health_check=list(HealthCheck))(test)
-    if database is not None:
-        from kvfence.workflow.campaign import apply_database_key
+    def hypothesis_test(phases, db, key):
+        test = given(strategy)(body)
+        if seed is not None:
+            # Before @settings: @seed on its own turns the example database off; the settings below decide.
+            test = hyp_seed(seed)(test)
+        test = settings(max_examples=max_examples, deadline=None, database=db, verbosity=Verbosity.quiet,
+                        report_multiple_bugs=False, print_blob=False, phases=phases,
+                        suppress_health_check=list(HealthCheck))(test)
+        if db is not None:
+            from kvfence.workflow.campaign import apply_database_key
 
-        if database_key is None:
-            raise ValueError("fuzz(database=...) needs a database_key (kvfence.workflow.campaign.database_key)")
-        apply_database_key(test, body, database_key)
-    try:
-        test()
-    except FindingsFound as failure:
-        result.case = failure.case
-        result.findings = failure.findings
-        result.failure_stat = example_stat(failure.case, True)
-    except KeyboardInterrupt as stop:
-        # A signal: keep what was checked and the smallest failure so far (not fully shrunk).
-        result.interrupted = getattr(stop, "signal_name", None) or "SIGINT"
-        if state.get("last_failure") is not None:
-            result.case, result.findings = state["last_failure"]
-            result.failure_stat = example_stat(result.case, True)
-    except (TimeBudgetSpent, DuplicateFailure):
-        pass
+            if key is None:
+                raise ValueError("fuzz(database=...) needs a database_key (kvfence.workflow.campaign.database_key)")
+            apply_database_key(test, body, key)
+        return test
+
+    def run(test) -> Optional[BulkFailure]:
+        """Run ``test``; the failure it ends with goes into ``result`` (a bulk one is returned)."""
+        try:
+            test()
+        except FindingsFound as failure:
+            result.case = failure.case
+            result.findings = failure.findings
+            result.failure_stat = example_stat(failure.case, True)
+        except BulkFailure as failure:
+            return failure
+        except KeyboardInterrupt as stop:
+            # A signal: keep what was checked and the smallest failure so far (not fully shrunk).
+            result.interrupted = getattr(stop, "signal_name", None) or "SIGINT"
+            if state.get("last_failure") is not None:
+                result.case, result.findings = state["last_failure"]
+                result.failure_stat = example_stat(result.case, True)
+        except (TimeBudgetSpent, DuplicateFailure, SpliceMismatch):
+            pass
+        return None
+
+    # No shrink budget: the first failure is the answer (Hypothesis's shrinker would still replay
+    # thousands of candidates through the strategy, for nothing).
+    shrink = [Phase.shrink] if shrink_seconds > 0 else []
+    bulk = run(hypothesis_test([Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.target] if targeting else [])
+                               + shrink, database, database_key))
+    if bulk is not None:
+        _shrink_bulk_failure(bulk, hypothesis_test, run, shrink, result, state, database, database_key)
     result.shrinking = False
     if result.case is not None and shrink_seconds <= 0:
         result.shrink_cut = True  # no shrink phase ran: the failure is reported as first found
@@ -389,6 +471,50 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     result.session_stats = dict(session.stats)
     result.launches = session.stats.get("launches", result.verified_cases)
     return result
+
+
+#: Sub-key of Hypothesis's secondary corpus (engine ``secondary_key``: ``key + b".secondary"``).
+SECONDARY_SUFFIX = b".secondary"
+#: The database key of the splice replay when the run has no database.
+_SPLICE_KEY = b"kvfence.fuzz.bulk-splice"
+
+
+def _shrink_bulk_failure(bulk: BulkFailure, hypothesis_test, run, shrink: list, result: FuzzResult, state: dict,
+                         database, database_key) -> None:
+    """The run's first failure was bulk case ``bulk.case``: replay the example spliced down to it (its
+    config's choices, one batch, the case's recorded choices, the bulk off) from an in-memory database
+    through Hypothesis's reuse phase, which then shrinks it like any failure, and store the minimal
+    example in the run's database as Hypothesis would. If the replay is not that case (this Hypothesis's
+    internals differ), the failure is reported as found, unshrunk, and ``bulk_splice`` says why."""
+    from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
+
+    reason = None
+    if bulk.choices is None:
+        reason = "this Hypothesis does not expose an example's choices"
+    else:
+        try:
+            blob = choices_to_bytes(bulk.choices)
+        except Exception as exc:  # noqa: BLE001 - an encoding this Hypothesis lacks: reported below
+            reason, blob = f"cannot encode the spliced choices: {type(exc).__name__}", None
+        if blob is not None:
+            memory, key = InMemoryExampleDatabase(), database_key or _SPLICE_KEY
+            # The secondary corpus (failing, not yet minimal): one in the primary corpus counts as
+            # already shrunk, and Hypothesis would only replay it.
+            memory.save(key + SECONDARY_SUFFIX, blob)
+            result.bulk_splice = SPLICE_REPLAYED
+            state["splice"] = bulk.case  # the body checks that the first replay is this case
+            run(hypothesis_test([Phase.reuse] + shrink, memory, key))
+            if result.case is not None and result.findings:
+                if database is not None and result.choices is not None:
+                    database.save(database_key, result.choices)
+                return
+            if result.interrupted:
+                return
+            reason = "Hypothesis's replay of the spliced example was not the failing bulk case"
+    result.bulk_splice = f"the first failure (a bulk case) is reported unshrunk: {reason}"
+    result.case, result.findings = bulk.case, bulk.findings
+    result.failure_stat = example_stat(bulk.case, True)
+    result.shrink_cut = True
 
 
 def first_failure_line(case: Case, findings: List[Finding]) -> str:

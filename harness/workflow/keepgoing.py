@@ -86,7 +86,7 @@ def read_only(inner):
 def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
     """Add one phase's counts to the run's (the shared ``carry`` keeps shapes and configs distinct)."""
     for key in ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases",
-                "structural_cases", "token_variant_cases", "known_repeats"):
+                "structural_cases", "token_variant_cases", "bulk_cases", "bulk_skipped", "known_repeats"):
         setattr(total, key, getattr(total, key) + getattr(r, key))
     total.launches, total.session_stats, total.distinct_configs = r.launches, r.session_stats, r.distinct_configs
     total.structure_keys, total.config_keys = r.structure_keys, r.config_keys  # the shared carry's
@@ -106,6 +106,7 @@ def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
         total.first_failure_at = r.first_failure_at
         total.examples_to_failure = total.examples - r.examples + (r.examples_to_failure or 0)
     total.shrink_cut = total.shrink_cut or r.shrink_cut
+    total.bulk_splice = total.bulk_splice or r.bulk_splice
     total.time_cut = r.time_cut
     total.interrupted = r.interrupted
 

@@ -116,3 +116,17 @@ def tail_write_past_two(**kw):
     if kw["seq_lens"].shape[0] > 2:
         v = kw["kv_indices"]
         _poke(v, v.shape[0] * v.stride(0) + 3)
+
+
+#: The one request length ``rare_length_value`` goes wrong at: not an edge length of a 16-token
+#: context (kvfence.strategies.edge_lengths), so drawn only uniformly (tests/test_bulk.py).
+RARE_LENGTH = 11
+
+
+def rare_length_value(**kw):
+    """Element 0 of row 0 gets a wrong value when a request has length ``RARE_LENGTH``: VALUE_MISMATCH
+    in ``row 0``, a bug the bulk generator meets long before Hypothesis's own batches do. It reads
+    ``seq_lens`` on the host, so it is for the CPU interpreter (a host read cannot be graph-captured)."""
+    _reference(**kw)
+    if RARE_LENGTH in kw["seq_lens"].tolist():
+        _poke(kw["kv_indices"], 0)
