@@ -76,7 +76,7 @@ def expected_from_oracle(obs) -> ExpectedWrites:
         else:  # past the row: where the store lands in storage (the next row, in the production layout)
             spills.append((kvi.flat_index(s, e), v))
     shared = [(kvi.flat_index(s, e), v) for (s, e), vs in ws.either.items() for v in vs]
-    either = contended(dict(zip(pos, val)), spills + shared)
+    either = contended(dict(zip(pos, val)), spills + shared) if spills or shared else {}
     ppos = [kvp.flat_index(s, z) for (s, z) in ws.kv_indptr]
     pval = list(ws.kv_indptr.values())
     lb = obs.launch
