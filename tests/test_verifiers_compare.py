@@ -186,9 +186,12 @@ def test_cli_both_verifiers_refuses_seeds():
 @pytest.mark.gpu
 def test_both_verifiers_agree_on_cuda(device):
     """The same comparison with compiled kernels in captured CUDA graphs (the device verifier as it runs
-    in a GPU fuzz run): the reference, a kernel mutant, a sizing mutant and one plant per buffer."""
-    report = compare.run(device, max_examples=3, names=["reference", "off_by_one_n", "sizing_one_request",
-                                                         "kvi_slack", "indptr_column0_zero", "seq_lens_past"])
+    in a GPU fuzz run): the reference, kernel mutants (two whose stores race), sizing mutants (whose
+    production-layout overflows race with the next row's stores) and one plant per buffer."""
+    report = compare.run(device, max_examples=3, names=["reference", "off_by_one_n", "bs_upper_small",
+                                                         "indptr_stride_rows", "sizing_one_request",
+                                                         "sizing_missing_topk", "kvi_slack", "indptr_column0_zero",
+                                                         "seq_lens_past"])
     assert report.disagree == 0, compare.format_table(report)
 
 
