@@ -60,7 +60,7 @@ Equal kinds from one launch per path are not asked for: a race can leave a ``VAL
 launch and a ``MISSING_WRITE`` on the next. A case that is not racy is compared exactly as above,
 range for range. A racy case of the reference kernel (under any sizing: the sizing mutants run it too)
 or of a planted write is a harness bug (a write set kvfence got wrong, or a plant that is not one
-store): it is a disagreement and fails the run. The JSON marks racy cases.
+store): it is a disagreement and fails the run. The JSON counts racy cases (``racy``, per target and in all).
 """
 
 from __future__ import annotations
@@ -176,6 +176,7 @@ class Row:
     dirty: int = 0  # cases the oracle path finds something in
     judged: int = 0  # cases the device verifier's counters judged (graph mode, need <= width)
     agree: int = 0
+    racy: int = 0  # cases two launches on one path named differently (judged by the racy rule)
     counters_seen: List[str] = field(default_factory=list)
     kinds: List[str] = field(default_factory=list)
     first_disagreement: Optional[dict] = None
@@ -196,6 +197,7 @@ class Row:
         self.dirty += r.dirty
         self.judged += r.counters is not None
         self.agree += r.agree
+        self.racy += r.racy
         if r.counters is not None:
             self.counters_seen = sorted(set(self.counters_seen) | {COUNTERS[i] for i, c in enumerate(r.counters) if c},
                                         key=COUNTERS.index)
@@ -207,7 +209,7 @@ class Row:
         t = self.target
         return {"name": t.name, "group": t.group, "kernel": t.kernel, "sizing": t.sizing, "domain": t.domain,
                 "what": t.what, "cases": self.cases, "dirty": self.dirty, "judged_by_counters": self.judged,
-                "agree": self.agree, "disagree": self.disagree, "exercised": self.exercised,
+                "agree": self.agree, "disagree": self.disagree, "racy": self.racy, "exercised": self.exercised,
                 "counters_seen": self.counters_seen, "oracle_kinds": self.kinds, "seconds": round(self.seconds, 2),
                 "first_disagreement": self.first_disagreement}
 
@@ -239,6 +241,7 @@ class Comparison:
     def to_dict(self) -> dict:
         return {"device": self.device, "max_examples": self.max_examples, "seed": self.seed,
                 "max_gpu_mem": self.max_bytes, "cases": self.cases, "agree": self.agree, "disagree": self.disagree,
+                "racy": sum(r.racy for r in self.rows),
                 "not_exercised": [r.target.name for r in self.rows if not r.exercised], "passed": self.passed,
                 "rows": [r.to_dict() for r in self.rows]}
 
