@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import triton
 import triton.language as tl
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kvfence.cases.case import Batch, Case, Config
 from kvfence.verifying.device_verify import DeviceVerifier
@@ -30,7 +30,7 @@ def eval_slot_ids(index, seeds, out, N: tl.constexpr):
 def as_maps(ew):
     return (dict(zip(ew.indices_pos.tolist(), ew.indices_val.tolist())),
             dict(zip(ew.indptr_pos.tolist(), ew.indptr_val.tolist())),
-            sorted(ew.segments), ew.used, ew.need, ew.bs)
+            sorted(ew.segments), ew.used, ew.need, ew.bs, ew.either)
 
 
 @given(data=st.data())
@@ -41,6 +41,43 @@ def test_torch_write_set_equals_the_plain_oracle(make_session, data):
     case = Case(config, data.draw(batches(config)))
     obs = make_session("reference").observe(case)
     assert as_maps(expected_writes_torch(obs)) == as_maps(expected_from_oracle(obs))
+
+
+#: Sizings whose rows are too narrow for some launches: a row overflow spills into the next row.
+MUTANTS = Path(__file__).resolve().parents[1] / "kernels" / "mutants"
+OVERFLOWING = ["prefix", f"{MUTANTS / 'sizing_one_request.py'}:row_width", f"{MUTANTS / 'sizing_missing_topk.py'}:row_width"]
+
+
+@st.composite
+def overflowing_cases(draw):
+    """A production-layout graph-mode case whose rows are too narrow (``need > width``), so a step row's
+    spill lands on the next row's write set: shrinks toward the smallest config and batch that overflow."""
+    config = draw(configs(sizing=draw(st.sampled_from(OVERFLOWING)), layout="production", mode="graph"))
+    case = Case(config, draw(batches(config)))
+    sizing = case.sizing_summary()
+    assume(sizing["need"] > sizing["width"])
+    return case
+
+
+@settings(max_examples=20)
+@given(case=overflowing_cases())
+def test_torch_write_set_equals_the_plain_oracle_on_production_spills(make_session, case):
+    """Spills onto the next row's write set are contended elements for both builders alike (``either``)."""
+    obs = make_session("reference").observe(case)
+    assert as_maps(expected_writes_torch(obs)) == as_maps(expected_from_oracle(obs))
+
+
+@settings(max_examples=6)
+@given(data=st.data())
+def test_the_batched_device_path_equals_the_oracle_on_production_spills(device, data):
+    """A run of one overflowing config through ``Session.check_many`` on the device path (the torch
+    builder's full verdict) names exactly what the oracle path names, case by case."""
+    first = data.draw(overflowing_cases())
+    run = [first] + [Case(first.config, data.draw(batches(first.config))) for _ in range(2)]
+    batched = Session(device, "reference", verifier="device").check_many(run)
+    oracle = Session(device, "reference", verifier="oracle")
+    assert [sorted(f.headline() for f in fs) for fs in batched] == [sorted(f.headline() for f in oracle.check(c))
+                                                                      for c in run]
 
 
 def device_session(device, kernel):

@@ -7,6 +7,7 @@ disagreement: the comparison can fail. On the CPU the device verifier runs eager
 interpreter; the ``gpu`` test runs the same comparison with compiled kernels inside CUDA graphs.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from kvfence.workflow import compare
 from kvfence.cases.case import Batch, Case, Config
 from kvfence.verifying.device_verify import COUNTERS, DeviceVerifier
-from kvfence.cases.findings import Kind
+from kvfence.cases.findings import Finding, Kind
 from kvfence.verifying.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,25 +186,87 @@ def test_cli_both_verifiers_refuses_seeds():
 @pytest.mark.gpu
 def test_both_verifiers_agree_on_cuda(device):
     """The same comparison with compiled kernels in captured CUDA graphs (the device verifier as it runs
-    in a GPU fuzz run): the reference, a kernel mutant, a sizing mutant and one plant per buffer."""
-    report = compare.run(device, max_examples=3, names=["reference", "off_by_one_n", "sizing_one_request",
-                                                         "kvi_slack", "indptr_column0_zero", "seq_lens_past"])
+    in a GPU fuzz run): the reference, kernel mutants (two whose stores race), sizing mutants (whose
+    production-layout overflows race with the next row's stores) and one plant per buffer."""
+    report = compare.run(device, max_examples=3, names=["reference", "off_by_one_n", "bs_upper_small",
+                                                         "indptr_stride_rows", "sizing_one_request",
+                                                         "sizing_missing_topk", "kvi_slack", "indptr_column0_zero",
+                                                         "seq_lens_past"])
     assert report.disagree == 0, compare.format_table(report)
 
 
-def test_racy_cases_are_compared_by_kind_and_others_by_element_range():
-    """A racy case (two oracle-path launches named different findings) agrees when both paths found the
-    same kinds, even at other ranges; a deterministic case must match range for range; and a racy case
-    with another kind on one path is still a disagreement."""
+def test_racy_cases_are_compared_by_what_holds_whatever_the_schedule():
+    """A racy case agrees when the kinds over all launches of each path overlap, at any ranges; it does
+    not when they do not, when the host-known findings differ, when a counter is non-zero that no
+    launch's findings imply, or when one path is clean on every launch. A case that is not racy must
+    match range for range."""
     from kvfence.workflow.compare import Paths
-    from kvfence.cases.findings import Finding, Kind
 
-    here = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
-    there = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]
-    other = [Finding(Kind.MISSING_WRITE, "kv_indices", "row 0", 10, 20)]
-    assert Paths.compare(None, [0], here, there, racy=True) == []
-    assert Paths.compare(None, [0], here, there, racy=False) != []
-    assert Paths.compare(None, [0], here, other, racy=True) != []
+    value = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
+    shifted = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]
+    missing = [Finding(Kind.MISSING_WRITE, "kv_indices", "row 0", 10, 20)]
+    slack = [Finding(Kind.STRAY_WRITE, "kv_indices", "slack of row 0", 30, 31)]
+    sizing = [Finding(Kind.SIZING_VIOLATION, "kv_indices", "row 1", 28, 36)]
+    other_sizing = [Finding(Kind.SIZING_VIOLATION, "kv_indices", "row 1", 28, 40)]
+    kvi, outside = COUNTERS.index("kv_indices"), COUNTERS.index("outside")
+    counters = [0] * len(COUNTERS)
+    counters[kvi] = 3
+    assert Paths.compare_racy(counters, [value, missing + value], [shifted]) == []
+    assert Paths.compare_racy(None, [sizing + value, sizing + missing], [sizing + missing]) == []
+    assert Paths.compare(None, [kvi], value, shifted) != []  # not racy: ranges must match
+    assert Paths.compare_racy(None, [value, value + slack], [missing, missing]) != []  # no kind in common
+    assert Paths.compare_racy(None, [sizing + value, sizing + missing], [other_sizing + value]) != []
+    counters[outside] = 1
+    assert Paths.compare_racy(counters, [value, missing], [value]) != []  # nothing implies "outside"
+    assert Paths.compare_racy(counters, [value, slack], [value]) == []
+    assert Paths.compare_racy(None, [value, missing], [[], []]) != []  # the device path never dirty
+
+
+SPILLS = ROOT / "tests" / "targets" / "spills.py"
+
+
+@pytest.mark.cpu_only
+def test_a_kernel_whose_launches_alternate_findings_is_racy_and_agrees():
+    """tests/targets/spills.py:parity stores its bad value in row 0 on even launches and in row 0's slack
+    on odd ones. The two paths' first launches name different kinds (equal kinds per launch would call
+    that a disagreement), the case is racy, and it agrees: each path saw both kinds over its launches,
+    and the counters saw what some launch named."""
+    from kvfence.cases.targets import _load_file
+
+    _load_file(SPILLS).LAUNCHES.clear()  # launch 0 is the counters' own, launch 2 the device path's full one
+    spec = f"{SPILLS}:parity"
+    result = compare.Paths("cpu", spec).check(case_for(spec))
+    assert {f.kind for f in result.device} == {Kind.VALUE_MISMATCH}
+    assert {f.kind for f in result.oracle} == {Kind.STRAY_WRITE}
+    assert result.racy and result.agree, result.problems
+    assert result.counters[COUNTERS.index("kv_indices")] > 0
+
+
+def test_a_verifier_that_drops_a_finding_is_still_a_disagreement():
+    """The non-racy half: both paths repeat themselves, the device path without the slack write."""
+    value = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
+    slack = [Finding(Kind.STRAY_WRITE, "kv_indices", "slack of row 0", 30, 31)]
+    eager = Case(Config(**{**CONFIG.to_dict(), "buckets": CONFIG.buckets, "mode": "eager"}), BATCH, "reference")
+    result = _paths(_Launches(value + slack), _Launches(value)).check(eager)
+    assert not result.racy and not result.agree
+    assert result.problems == ["the device path's findings differ from the oracle path's"]
+
+
+def test_a_racy_case_of_a_planted_write_fails_the_run(monkeypatch):
+    """A planted write is one store: were its case racy, kvfence's write set would be wrong, so the run
+    fails even though the racy rule itself agrees; a racy kernel mutant's case only has to agree."""
+    real = compare.Paths.check_run
+
+    def all_racy(self, cases):
+        return [dataclasses.replace(r, racy=True) for r in real(self, cases)]
+
+    monkeypatch.setattr(compare.Paths, "check_run", all_racy)
+    report = compare.run("cpu", max_examples=1, names=["kvi_value"])
+    assert not report.passed and report.disagree == report.cases == report.to_dict()["racy"] > 0
+    assert "a harness bug" in report.rows[0].first_disagreement["problems"][-1]
+    assert compare.must_be_deterministic(compare.Target("sizing_one_request", "sizing mutant", "reference", "x",
+                                                        "cpu", ""))
+    assert not compare.must_be_deterministic(compare.Target("bs_upper_small", "kernel mutant", "k", "safe", "cpu", ""))
 
 
 class _Launches:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvfence.verifying.verdict import ExpectedWrites
+from kvfence.verifying.verdict import ExpectedWrites, contended
 
 
 def draft_slot_starts(L: torch.Tensor, k: torch.Tensor, topk: int, num_steps: int, page_size: int) -> torch.Tensor:
@@ -70,7 +70,9 @@ def expected_writes_torch(obs) -> ExpectedWrites:
     used_rows = case.used()
 
     idx_pos, idx_val, ptr_pos, ptr_val, segments = [], [], [], [], []
-    either = {}
+    # Stores that may contend with an element's in-row value (``verdict.contended``): every store of an
+    # element several programs write, and every store past the row width.
+    other_pos, other_val = [], []
     for s in range(steps):
         n = s + 1
         starts, seg_len, src_of, column_value = segment_source(c, Lz, e_k, positions, n, bs)
@@ -80,16 +82,20 @@ def expected_writes_torch(obs) -> ExpectedWrites:
         t = torch.arange(total, device=device) - (torch.cumsum(seg_len, 0) - seg_len)[owner]
         e = starts[owner] + t
         value = read_tokens(table, rowz[owner], src_of(owner, t), c, v2p)
+        flat = kvi.front + s * kvi.stride + e
+        past = e >= kvi.width
+        if end > kvi.width:  # a row overflow: where its stores land in storage
+            other_pos.append(flat[past])
+            other_val.append(value[past])
         if end > int(seg_len.sum()) or not bool((e[1:] > e[:-1]).all()):
             # Overlapping segments (the rail's graph padding): the later program's write wins, as the oracle.
             last = torch.full((end,), -1, dtype=torch.int64, device=device)
             last.scatter_reduce_(0, e, torch.arange(total, device=device), reduce="amax")
             keep = last[e] == torch.arange(total, device=device)
-            # Elements written by several programs with different values: any of them is right.
-            shared = torch.bincount(e, minlength=end)[e] > 1
-            for pos, v in zip(e[shared].tolist(), value[shared].tolist()):
-                if pos < kvi.width:
-                    either.setdefault(kvi.front + s * kvi.stride + pos, set()).add(v)
+            # Elements written by several programs: any of their values is right.
+            shared = (torch.bincount(e, minlength=end)[e] > 1) & ~past
+            other_pos.append(flat[shared])
+            other_val.append(value[shared])
             e, value = e[keep], value[keep]
         inside = e < kvi.width
         idx_pos.append(kvi.front + s * kvi.stride + e[inside])
@@ -100,14 +106,29 @@ def expected_writes_torch(obs) -> ExpectedWrites:
         ptr_val.append(column_value(cols))
         segments.append(torch.stack([torch.full_like(z, s), b, k, starts, starts + seg_len], 1))
 
+    indices_pos, indices_val = torch.cat(idx_pos), torch.cat(idx_val)
     return ExpectedWrites(
-        torch.cat(idx_pos), torch.cat(idx_val).to(torch.int32), torch.cat(ptr_pos), torch.cat(ptr_val).to(torch.int32),
+        indices_pos, indices_val.to(torch.int32), torch.cat(ptr_pos), torch.cat(ptr_val).to(torch.int32),
         [tuple(row) for row in torch.cat(segments).tolist()],
         used_rows,
         used_rows[-1],
         bs,
-        {pos: tuple(sorted(v)) for pos, v in either.items() if len(v) > 1} or None,
+        _contended(indices_pos, indices_val, other_pos, other_val) or None,
     )
+
+
+def _contended(in_pos: torch.Tensor, in_val: torch.Tensor, other_pos, other_val) -> dict:
+    """``verdict.contended`` of the in-row write set ``in_pos -> in_val``, with the stores that hit it
+    with another value found on the device: only those elements cross to the host."""
+    if not other_pos or in_pos.numel() == 0:
+        return {}
+    pos, val = torch.cat(other_pos), torch.cat(other_val)
+    order = torch.argsort(in_pos)
+    sorted_pos, sorted_val = in_pos[order], in_val[order]
+    at = torch.searchsorted(sorted_pos, pos).clamp(max=sorted_pos.numel() - 1)
+    hit = (sorted_pos[at] == pos) & (sorted_val[at] != val)
+    in_row = dict(zip(pos[hit].tolist(), sorted_val[at][hit].tolist()))
+    return contended(in_row, zip(pos[hit].tolist(), val[hit].tolist()))
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:

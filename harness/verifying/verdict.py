@@ -44,20 +44,39 @@ class ExpectedWrites:
     used: List[int]  # U(s), written length of each step row
     need: int
     bs: int
-    #: Flat kv_indices positions two programs write with different values (``oracle.WriteSet.either``):
-    #: any of the values is accepted.
+    #: Flat kv_indices positions in ``indices_pos`` that several programs store different values to, with
+    #: every such value: two programs of one row (``oracle.WriteSet.either``), or a row overflow whose spill
+    #: lands on another row's write set (production layout). Which store lands last is up to the device,
+    #: so any of the values is accepted (``contended``).
     either: Optional[Dict[int, Tuple[int, ...]]] = None
+
+
+def contended(in_row: Dict[int, int], stores) -> Dict[int, Tuple[int, ...]]:
+    """The ``ExpectedWrites.either`` of a write set: positions of ``in_row`` (flat position -> the value the
+    contract puts there) that some of ``stores`` (more ``(flat position, value)`` pairs the launch makes:
+    other programs' writes to the element, a spill from another row) hit with another value, each
+    with every value stored there. A spill landing outside ``in_row`` (slack, a guard) has one writer and
+    stays damage (``STRAY_WRITE`` / ``GUARD_OVERWRITE``)."""
+    values: Dict[int, set] = {}
+    for flat, v in stores:
+        if flat in in_row and v != in_row[flat]:
+            values.setdefault(flat, {in_row[flat]}).add(v)
+    return {flat: tuple(sorted(vs)) for flat, vs in values.items()}
 
 
 def expected_from_oracle(obs) -> ExpectedWrites:
     """Build ``ExpectedWrites`` from the plain oracle (``Case.expected``): the reference path."""
     ws = obs.case.expected()
     kvi, kvp = obs.kv_indices, obs.kv_indptr
-    pos, val = [], []
+    pos, val, spills = [], [], []
     for (s, e), v in ws.kv_indices.items():
         if e < kvi.width:
             pos.append(kvi.flat_index(s, e))
             val.append(v)
+        else:  # past the row: where the store lands in storage (the next row, in the production layout)
+            spills.append((kvi.flat_index(s, e), v))
+    shared = [(kvi.flat_index(s, e), v) for (s, e), vs in ws.either.items() for v in vs]
+    either = contended(dict(zip(pos, val)), spills + shared) if spills or shared else {}
     ppos = [kvp.flat_index(s, z) for (s, z) in ws.kv_indptr]
     pval = list(ws.kv_indptr.values())
     lb = obs.launch
@@ -70,7 +89,7 @@ def expected_from_oracle(obs) -> ExpectedWrites:
         used,
         used[-1],
         lb.num_seqs * obs.case.config.topk,
-        {kvi.flat_index(s, e): tuple(sorted(v)) for (s, e), v in ws.either.items() if e < kvi.width} or None,
+        either or None,
     )
 
 
@@ -105,9 +124,14 @@ def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos:
     (``either``: positions where any of several values is right)."""
     expected = before.clone()
     expected[pos] = val
-    for flat, values in (either or {}).items():
-        if int(after[flat]) in values:
-            expected[flat] = after[flat]
+    if either:
+        # Any of the stored values is right (the device's last writer); padded with repeats to one width.
+        flats = torch.tensor(list(either), dtype=torch.int64, device=before.device)
+        most = max(map(len, either.values()))
+        allowed = torch.tensor([list(v) + [v[0]] * (most - len(v)) for v in either.values()], dtype=after.dtype,
+                               device=before.device)
+        landed = flats[(after[flats].unsqueeze(1) == allowed).any(1)]
+        expected[landed] = after[landed]
     in_set = torch.zeros_like(before, dtype=torch.bool)
     in_set[pos] = True
     bad = torch.nonzero(after != expected).flatten()
