@@ -260,8 +260,8 @@ def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int], c
     from kvfence.strategies import case_runs, cases, configs
 
     # The §6 fields drawn as the default fuzz of the reference draws them (every mutant is one of it):
-    # on the CPU domain, not on the GPU domain (fuzz --family auto).
-    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family=domain == "cpu", contract=contract)
+    # in the domain's share of examples (fuzz --family auto, kvfence.cases.domain).
+    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family="auto", contract=contract)
     if domain == "gpu":
         return case_runs(config, kernel=kernel, max_batches=GPU_BATCHES)
     return cases(config, kernel=kernel)
