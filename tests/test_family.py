@@ -20,6 +20,7 @@ from kvfence.errors import BadInput
 from kvfence.verifying.fastcheck import expected_writes_torch
 from kvfence.verifying.verdict import expected_from_oracle
 from kvfence.strategies import batches, cases, configs
+from tests.test_scale import _draw_all
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
@@ -321,18 +322,6 @@ def _fuzz_args(family: str, kernel: str = "reference"):
     return args
 
 
-def _drawn_configs(strategy, count: int):
-    out = []
-
-    @settings(max_examples=count, database=None, deadline=None, derandomize=True)
-    @given(strategy)
-    def run(config):
-        out.append(config)
-
-    run()
-    return out
-
-
 def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict_bound():
     """The plain GPU command's config strategy (``--family auto``): about one example in eight is a §6
     config, each within the host verdict's 16 MiB, while the others keep production sizes; ``off``
@@ -342,7 +331,7 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
     from kvfence.commands.fuzz import _config_strategy, _family_share
 
     budget = 4 << 30
-    auto = _drawn_configs(_config_strategy(_fuzz_args("auto"), GPU, budget), 600)
+    auto = _draw_all(_config_strategy(_fuzz_args("auto"), GPU, budget), 600)
     family = [c for c in auto if c.is_family]
     # A generous bound: Hypothesis leans toward code 0 ("no §6") and mutates earlier examples, and a share
     # example whose every field came out at its default is no §6 config: 0.05-0.11 of 600 configs in
@@ -353,9 +342,9 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
         ("window", c.window_size > 0), ("E>1", c.entry_page_size > 1), ("translate", c.translate)) if on}
     assert max(estimate_bytes(c) for c in auto if not c.is_family) > 16 * HOST_VERDICT_MAX_BYTES
     assert _family_share(_fuzz_args("auto"), GPU) == GPU_FAMILY_SHARE
-    off = _drawn_configs(_config_strategy(_fuzz_args("off"), GPU, budget), 200)
+    off = _draw_all(_config_strategy(_fuzz_args("off"), GPU, budget), 200)
     assert not any(c.is_family for c in off) and _family_share(_fuzz_args("off"), GPU) == 0
-    on = _drawn_configs(_config_strategy(_fuzz_args("on"), GPU, budget), 100)
+    on = _draw_all(_config_strategy(_fuzz_args("on"), GPU, budget), 100)
     assert sum(c.is_family for c in on) >= 75 and _family_share(_fuzz_args("on"), GPU) == 1
     # A classic-ABI kernel takes no §6 field: auto draws none for it.
     assert _family_share(_fuzz_args("auto", CLASSIC), GPU) == 0
@@ -365,7 +354,7 @@ def test_pins_larger_than_the_bound_keep_the_share_at_the_smallest_config_they_a
     from kvfence.cases.budget import estimate_bytes
     from kvfence.cases.domain import HOST_VERDICT_MAX_BYTES
 
-    drawn = _drawn_configs(configs(domain="gpu", family="auto", ctx=131072, max_bs=256, topk=4, num_steps=5), 200)
+    drawn = _draw_all(configs(domain="gpu", family="auto", ctx=131072, max_bs=256, topk=4, num_steps=5), 200)
     family = [c for c in drawn if c.is_family]
     assert family and all(c.ctx == 131072 and c.max_bs == 256 for c in drawn)
     assert min(estimate_bytes(c) for c in family) > HOST_VERDICT_MAX_BYTES  # the pins need more than the bound
@@ -391,7 +380,7 @@ def test_family_examples_hold_few_batches_and_classic_ones_keep_theirs():
 
 
 def test_auto_on_the_cpu_domain_draws_exactly_what_family_on_draws():
-    assert _drawn_configs(configs(family="auto"), 60) == _drawn_configs(configs(family=True), 60)
+    assert _draw_all(configs(family="auto"), 60) == _draw_all(configs(family=True), 60)
 
 
 @pytest.mark.parametrize("family", ["yes", 1, None])
