@@ -126,6 +126,15 @@ def _gpu_local_cpus(gpus: List[int]) -> Dict[int, set]:
     return out
 
 
+def _gpu_count() -> Optional[int]:
+    """GPUs ``nvidia-smi -L`` lists (the benchmark itself never creates a CUDA context), None if it cannot say."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
 def slots(parallel: int, cores_per_run: Optional[int], gpus: Optional[List[int]], device: str) -> List[dict]:
     """``parallel`` slots, each ``{"gpu": i or None, "cpus": [...]}``: disjoint cores, one GPU each."""
     usable = sorted(os.sched_getaffinity(0))
@@ -138,7 +147,11 @@ def slots(parallel: int, cores_per_run: Optional[int], gpus: Optional[List[int]]
     if device != "cuda":
         return [{"gpu": None, "cpus": sorted(c)} for c in chunks]
     gpus = gpus if gpus is not None else list(range(parallel))
-    require(len(gpus) == parallel, f"--gpus names {len(gpus)} GPUs for --parallel {parallel}")
+    require(len(gpus) == parallel and len(set(gpus)) == parallel,
+            f"--gpus names {len(set(gpus))} distinct GPUs for --parallel {parallel}")
+    present = _gpu_count()
+    require(present is None or max(gpus) < present,
+            f"--parallel {parallel} / --gpus {','.join(map(str, gpus))}: this machine has {present} GPU(s)")
     local = _gpu_local_cpus(gpus)
     out = []
     for gpu in gpus:  # each GPU takes the free chunk with most of its NUMA node's cores

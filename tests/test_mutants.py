@@ -156,18 +156,25 @@ def _plain_benchmark():
     return module
 
 
-def test_plain_benchmark_pins_each_run_to_its_own_gpu_and_cores(tmp_path):
+def test_plain_benchmark_pins_each_run_to_its_own_gpu_and_cores(tmp_path, monkeypatch):
     """--parallel: disjoint cores per slot, one GPU each, and a started run really is held to them (its
-    affinity mask and CUDA_VISIBLE_DEVICES, read back by the child itself)."""
+    affinity mask and CUDA_VISIBLE_DEVICES, read back by the child itself); more runs than cores or GPUs
+    is refused."""
     import os
+
+    from kvfence.errors import BadInput
 
     bench = _plain_benchmark()
     usable = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(bench, "_gpu_count", lambda: len(usable))
     layout = bench.slots(len(usable), 1, None, "cuda")
     assert [s["gpu"] for s in layout] == list(range(len(usable)))
     assert sorted(c for s in layout for c in s["cpus"]) == usable
-    with pytest.raises(Exception, match="needs"):
+    with pytest.raises(BadInput, match="needs"):
         bench.slots(len(usable) + 1, 1, None, "cpu")
+    monkeypatch.setattr(bench, "_gpu_count", lambda: 1)
+    with pytest.raises(BadInput, match="has 1 GPU"):
+        bench.slots(1, 1, [1], "cuda")
     probe = tmp_path / "probe"
     run = bench.Run("probe", 0, [sys.executable, "-c", "import os, sys; sys.stderr.write(repr((sorted("
                                  "os.sched_getaffinity(0)), os.environ.get('CUDA_VISIBLE_DEVICES'))))"], probe)
