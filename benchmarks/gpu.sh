@@ -113,12 +113,12 @@ run_upstream() {
     --out "$LOGS/upstream-matrix" --json "$RESULTS/h200_upstream_matrix.json" > "$LOGS/upstream.txt" 2>&1
 }
 
-# benchmarks/plain_fuzz_mutants.py: every GPU of the node runs one plain command at a time on its own 16 cores;
-# no run starts after 420 s and each stops at 150 s, so the part ends inside its 590 s cap (seed-major: a cut
-# leaves every mutant with about as many seeds). SEEDS (default 8) is what 8 GPUs finish in that time.
+# benchmarks/plain_fuzz_mutants.py: every GPU of the node runs one plain command at a time on its own cores;
+# no run starts after 420 s and each stops at 150 s, so the part ends inside its 590 s cap. Seed-major, so a
+# cut leaves every mutant with about as many of the SEEDS (default 20) seeds: the file says how many ran.
 run_plain_mutants() {
   timeout 590 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$(nvidia-smi -L | grep -c '^GPU ')" \
-    --seeds "${SEEDS:-8}" --reference-seeds 1 --max-seconds 420 --run-timeout 150 \
+    --seeds "${SEEDS:-20}" --reference-seeds 1 --max-seconds 420 --run-timeout 150 \
     --json "$RESULTS/h200_plain_fuzz_mutants.json" > "$LOGS/plain_mutants.txt" 2>&1
 }
 
