@@ -344,7 +344,8 @@ def main() -> int:
         print(f"{name:32s} {r['detected']:3d}/{len(r['seeds_run'])}  median first failure "
               f"{r['median_first_failure_s']} s  kinds {','.join(r['kinds']) or '-'}")
     for name, r in result["reference"].items():
-        print(f"{name:32s} {'clean' if r['clean'] else 'NOT CLEAN'} in {len(r['seeds_run'])} seed(s)")
+        verdict = {True: "clean", False: "NOT CLEAN", None: "not run"}[r["clean"]]
+        print(f"{name:32s} {verdict} in {len(r['seeds_run'])} seed(s)")
     print("PASS" if result["passed"] else "FAIL", f"({sum(r['passed'] for r in rows)}/{len(rows)} mutants in >= "
                                                   f"{args.required:.0%} of their seeds, at least "
                                                   f"{result['min_seeds_run']} of {args.seeds} seeds each; "
