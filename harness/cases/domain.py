@@ -28,8 +28,9 @@ kernel that takes them, in a share of the examples (``Domain.family_share``): ev
 domain; on the GPU domain one in eight (``GPU_FAMILY_SHARE``), each such config fitted to
 ``HOST_VERDICT_MAX_BYTES`` (16 MiB) and replayed for at most ``FAMILY_MAX_BATCHES`` batches. The device
 verifier checks §2 only, so a §6 case goes to the host verdict, one case at a time: small configs and
-few batches keep a §6 example about as cheap as a §2 one, so the share of examples is also about the
-share of the run's time, and the rest of the GPU prior is untouched. The share is one draw per
+few batches keep a §6 example's checking about as cheap as a §2 one's, and the rest of the GPU prior is
+untouched. A §6 config also compiles its own kernel variant (window and sinks are constexprs of the
+kernel), which the run summary counts in ``compiles`` and ``compile_s``. The share is one draw per
 example that shrinks toward "no §6 fields" (``fuzz --family auto``; ``on`` draws them in every
 example, ``off`` in none).
 
