@@ -238,11 +238,12 @@ _TOP_FIELDS = {
                                 "max_need_over_width")},
     **{key: _optional(_text) for key in ("device", "kernel", "sizing", "mode", "layout", "domain", "domain_text",
                                          "contract", "seed_source", "checking", "interrupted")},
-    "seed": _optional(_int), "family_drawn": _flag, "family_share": _optional(_number), "time_cut": _flag, "shrink_cut": _flag, "resume": _flag,
+    "seed": _optional(_int), "family_drawn": _flag, "time_cut": _flag, "shrink_cut": _flag, "resume": _flag,
     "family_pins": _optional(_dict_of(lambda v: _int(v) or _text(v))),
     "first_failure_s": _optional(_number), "first_failure_at": _optional(_number),
     "boundaries": _optional(_dict_of(_count)), "versions": _optional(_dict_of(_text)),
     "job_problems": _optional(_list_of(_text)),
+    "family_share": _optional(_number),  # the share of examples that drew the §6 fields (docs/contract.md §5)
 }
 
 

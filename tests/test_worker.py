@@ -60,19 +60,6 @@ def test_remote_findings_equal_in_process_findings(device):
     assert remote == local and all(local)
 
 
-def test_the_wire_form_keeps_every_field_of_a_case():
-    """encode_cases -> the worker's decoder gives back equal cases, the TRANSLATE page table's seed
-    included (a dropped v2p_seed turned every drawn table into the identity: negative pages never read)."""
-    from kvfence.cases.casefile import case_from_dict
-    from kvfence.workflow.worker import _Decoder, encode_cases
-
-    family = Config(topk=2, num_steps=2, page_size=4, ctx=16, max_bs=2, window_size=5, sink_size=1,
-                    entry_page_size=2, translate=True)
-    cases = [Case(CONFIG, Batch((3, 1), (1, 0), 7)), Case(family, Batch((9,), (1,), 5, 0)),
-             Case(family, Batch((12, 3), (0, 1), 6, 123457), kernel="reference", canary_seed=4)]
-    assert list(_Decoder(case_from_dict).cases(encode_cases(cases, {}))) == cases
-
-
 def test_a_drawn_page_table_reaches_the_worker_negative_pages_and_all(device):
     """translate_negative_unclipped needs a drawn table with a negative page: through the worker it is
     caught on the case that catches it in-process, and the reference passes there too."""

@@ -164,8 +164,7 @@ def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
 
 def encode_cases(cases: Sequence[Case], config_dicts: Dict[object, dict]) -> dict:
     """The wire form of a case list: each distinct (config, kernel, canary seed) once under ``groups``,
-    then per case ``[group, seq_lens, req_pool_indices, token_seed]`` and, for a drawn TRANSLATE page table,
-    its ``v2p_seed`` last (docs/contract.md §6; absent: 0, the identity). Plain JSON data, the fields of
+    then per case ``[group, seq_lens, req_pool_indices, token_seed, v2p_seed]``. Plain JSON data, the fields of
     ``kvfence.cases.casefile.case_to_dict``; ``config_dicts`` caches ``Config.to_dict`` across calls."""
     groups: Dict[tuple, int] = {}
     rows = []
@@ -175,8 +174,7 @@ def encode_cases(cases: Sequence[Case], config_dicts: Dict[object, dict]) -> dic
         if g is None:
             g = groups[key] = len(groups)
         b = case.batch
-        rows.append([g, b.seq_lens, b.req_pool_indices, b.token_seed, b.v2p_seed] if b.v2p_seed
-                    else [g, b.seq_lens, b.req_pool_indices, b.token_seed])
+        rows.append([g, b.seq_lens, b.req_pool_indices, b.token_seed, b.v2p_seed])
     wire_groups = []
     for config, kernel, canary_seed in groups:
         d = config_dicts.get(config)
@@ -209,9 +207,9 @@ class _Decoder:
             templates.append(template)
         from kvfence.cases.case import Batch
 
-        for g, seq_lens, rows, token_seed, *v2p_seed in message["cases"]:
+        for g, seq_lens, rows, token_seed, v2p_seed in message["cases"]:
             t = templates[g]
-            yield Case(t.config, Batch(tuple(seq_lens), tuple(rows), token_seed, *v2p_seed), t.kernel, t.canary_seed)
+            yield Case(t.config, Batch(tuple(seq_lens), tuple(rows), token_seed, v2p_seed), t.kernel, t.canary_seed)
 
 
 def _worker_main(conn, progress, options: dict) -> None:
