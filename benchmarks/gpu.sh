@@ -21,7 +21,7 @@
 #   crash            200      h200_crash_run_summary.json        fuzz --keep-going over a kernel that faults
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
-#   plain-mutants    590      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
+#   plain-mutants    580      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
 #                                                                run per GPU (an 8-GPU node; not in the default list)
 #
 # upstream: the GPU machine has no network, so the extracted kernels travel in upstream-cache/, filled on a
@@ -114,11 +114,11 @@ run_upstream() {
 }
 
 # benchmarks/plain_fuzz_mutants.py: every GPU of the node runs one plain command at a time on its own cores;
-# no run starts after 420 s and each stops at 150 s, so the part ends inside its 590 s cap. Seed-major, so a
+# no run starts after 400 s and each stops at 150 s, so the part ends inside its 580 s cap. Seed-major, so a
 # cut leaves every mutant with about as many of the SEEDS (default 20) seeds: the file says how many ran.
 run_plain_mutants() {
-  timeout 590 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$(nvidia-smi -L | grep -c '^GPU ')" \
-    --seeds "${SEEDS:-20}" --reference-seeds 1 --max-seconds 420 --run-timeout 150 \
+  timeout 580 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$(nvidia-smi -L | grep -c '^GPU ')" \
+    --seeds "${SEEDS:-20}" --reference-seeds 1 --max-seconds 400 --run-timeout 150 \
     --json "$RESULTS/h200_plain_fuzz_mutants.json" > "$LOGS/plain_mutants.txt" 2>&1
 }
 
