@@ -21,6 +21,8 @@
 #   crash            200      h200_crash_run_summary.json        fuzz --keep-going over a kernel that faults
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
+#   plain-mutants    580      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
+#                                                                run per GPU (an 8-GPU node; not in the default list)
 #
 # upstream: the GPU machine has no network, so the extracted kernels travel in upstream-cache/, filled on a
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
@@ -30,6 +32,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests"
+EXTRA="plain-mutants"
 mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {
@@ -110,6 +113,15 @@ run_upstream() {
     --out "$LOGS/upstream-matrix" --json "$RESULTS/h200_upstream_matrix.json" > "$LOGS/upstream.txt" 2>&1
 }
 
+# benchmarks/plain_fuzz_mutants.py: every GPU of the node runs one plain command at a time on its own cores;
+# no run starts after 400 s and each stops at 150 s, so the part ends inside its 580 s cap. Seed-major, so a
+# cut leaves every mutant with about as many of the SEEDS (default 20) seeds: the file says how many ran.
+run_plain_mutants() {
+  timeout 580 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$(nvidia-smi -L | grep -c '^GPU ')" \
+    --seeds "${SEEDS:-20}" --reference-seeds 1 --max-seconds 400 --run-timeout 150 \
+    --json "$RESULTS/h200_plain_fuzz_mutants.json" > "$LOGS/plain_mutants.txt" 2>&1
+}
+
 run_tests() {
   # The whole suite as a user runs it (no flags): on a GPU machine the plugin's default device is cuda.
   timeout 300 python -m pytest -n auto -q -p no:cacheprovider > "$LOGS/tests.txt" 2>&1
@@ -120,7 +132,7 @@ python -c "import torch, triton, numpy, hypothesis; print('torch', torch.__versi
 'numpy', numpy.__version__, 'hypothesis', hypothesis.__version__)"
 status=0
 for part in ${*:-$ALL}; do
-  case " $ALL " in *" $part "*) ;; *) echo "gpu.sh: unknown part $part (parts: $ALL)" >&2; exit 2 ;; esac
+  case " $ALL $EXTRA " in *" $part "*) ;; *) echo "gpu.sh: unknown part $part (parts: $ALL $EXTRA)" >&2; exit 2 ;; esac
   start=$SECONDS
   "run_${part//-/_}"
   rc=$?

@@ -1,56 +1,255 @@
 """Does the plain command find each shipped mutant? ``kvfence fuzz --kernel MUTANT`` under many seeds.
 
-    python benchmarks/plain_fuzz_mutants.py [--device cuda] [--seeds 20] [--only NAME ...] [--json FILE]
+    python benchmarks/plain_fuzz_mutants.py [--device cuda] [--seeds 20] [--only NAME ...] [--parallel N]
+        [--cores-per-run C] [--gpus 0,1,...] [--reference-seeds K] [--max-seconds S] [--json FILE]
         [-- EXTRA FUZZ FLAGS]
 
 For every mutant of ``kernels/mutants/`` (or those named with ``--only``) and every seed, it runs the
 command a user would run, ``python -m kvfence fuzz --device D --kernel FILE:ATTR`` (a kernel mutant,
 built as ``kvfence mutants`` builds it) or ``--sizing FILE:row_width`` (a sizing mutant), with the
 default budget of the device and ``--shrink-seconds 0`` (the first failure is the detection; shrinking
-would only add time). A seed counts as a detection when the run exits 1 with findings that name the
-mutant's ``DETECTS`` kinds (read from its file as data); a mutant file without ``DETECTS`` needs a
-finding other than ``HANG``, ``CRASH`` or ``LAUNCH_ERROR`` (what a slow or broken machine gives). Window-rail
-mutants get ``--contract window-rail --window 64`` (the rail's window is part of its ABI). The result
-per mutant: seeds detected, the rate against ``--required`` (0.95), and the seconds to the first failure.
+would only add time). A seed counts as a detection when the run exits 1 with findings that name one of
+the mutant's ``DETECTS`` kinds (``kvfence.workflow.mutants.names_the_bug``, as ``kvfence mutants``
+counts). Window-rail mutants get ``--contract window-rail --window 4`` (the command needs the window,
+part of the rail's ABI; see ``RAIL_FLAGS`` for why 4). The reference kernel runs the same command under ``--reference-seeds`` seeds for each contract a
+mutant breaks, and must stay clean (exit 0). The result per mutant: seeds detected, the rate against
+``--required`` (0.95), the seconds from each command's start to its first failure (the run's
+``first_failure_s``), each run's wall time, and the command.
+
+``--parallel N`` runs N commands at once, each on its own GPU (``CUDA_VISIBLE_DEVICES``, ``--gpus``) and
+its own ``--cores-per-run`` CPU cores (default: the cores this process may use, split N ways; whole
+physical cores, the GPU's NUMA node first where the machine says which), so on an 8-GPU node with 128
+cores each run sees what a one-GPU box with 16 cores gives it: kvfence's default ``--jobs`` follows the
+cores it may run on. Reference runs (the longest: the whole default budget) start first, then every
+mutant's seed 0, then seed 1, and so on; the ``--json`` file is rewritten after every run, so a cut
+(``--max-seconds``: no run starts after it; a signal) leaves every mutant with about as many seeds: rates
+and ``passed`` are over the seeds that ran (``seeds_run``; ``min_seeds_run``, ``cut``).
 """
 
 from __future__ import annotations
 
-import ast
 import json
+import os
+import shlex
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import fuzz_command_parser, saver  # noqa: E402
 
-from kvfence.workflow.mutants import discover  # noqa: E402
+from kvfence.errors import require  # noqa: E402
+from kvfence.workflow.mutants import REFERENCE, discover, names_the_bug  # noqa: E402
 
-
-#: Kinds that say the machine, not the planted bug, ended the launch.
-NOT_THE_BUG = {"HANG", "CRASH", "LAUNCH_ERROR"}
-
-
-def detects(mutant):
-    """The mutant file's ``DETECTS`` tuple (a literal, read without importing the file), or None."""
-    for node in ast.parse(Path(mutant.path).read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "DETECTS" for t in node.targets):
-            return set(ast.literal_eval(node.value))
-    return None
-
-
-def is_detection(kinds: set, wanted) -> bool:
-    return wanted <= kinds if wanted else bool(kinds - NOT_THE_BUG)
+#: A run past this many seconds is stopped and counted as a miss (a default GPU run ends after 60 s of
+#: fuzzing, plus start-up and reports; the CPU's 100 examples take about as long).
+RUN_TIMEOUT_S = 240.0
+#: The rail's window on the plain command line (``kvfence fuzz --contract window-rail`` needs one). Four,
+#: because the rail's paths split at the draft depth: a window longer than the chain (``n < w``) clips the
+#: prefix (``rail_prefix_from_start``), one shorter (``n > w``) starts inside the chain
+#: (``rail_chain_from_zero``); with the usual 1-5 steps and deeper ones both occur. A window of 64 (or a
+#: production one) is longer than every chain of 16 steps: the chain path is never drawn.
+RAIL_FLAGS = ["--contract", "window-rail", "--window", "4"]
 
 
 def flags_for(mutant) -> list:
     flags = ["--kernel", mutant.kernel] if mutant.kind == "kernel" else ["--sizing", mutant.sizing]
-    if mutant.contract == "window-rail":
-        flags += ["--contract", "window-rail", "--window", "64"]
-    return flags
+    return flags + (RAIL_FLAGS if mutant.contract == "window-rail" else [])
+
+
+@dataclass
+class Run:
+    """One command: a mutant's (or the reference's) fuzz run under one seed."""
+
+    row: str
+    seed: int
+    argv: List[str]
+    out: Path
+    detects: tuple = ()
+    reference: bool = False
+    proc: Optional[subprocess.Popen] = None
+    slot: int = -1
+    started: float = 0.0
+
+    @property
+    def stderr(self) -> Path:
+        return self.out.with_name(self.out.name + ".stderr")
+
+
+# -- where each run may run -------------------------------------------------------------------------
+def _cpu_list(text: str) -> List[int]:
+    """``"0-3,8,10-11"`` (a sysfs cpulist) -> ``[0, 1, 2, 3, 8, 10, 11]``."""
+    out = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _physical_order(cpus: List[int]) -> List[int]:
+    """``cpus`` ordered by socket, then physical core, so consecutive slices hold whole cores (both
+    hyperthreads of a core go to the same run) on one socket; plain order where sysfs does not say."""
+    def key(cpu):
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            return (int((topo / "physical_package_id").read_text()), int((topo / "core_id").read_text()), cpu)
+        except (OSError, ValueError):
+            return (0, cpu, cpu)
+
+    return sorted(cpus, key=key)
+
+
+def _gpu_local_cpus(gpus: List[int]) -> Dict[int, set]:
+    """Per GPU index, the CPUs of its NUMA node (``nvidia-smi`` bus ids, then sysfs); empty if unknown."""
+    try:
+        lines = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out = {}
+    for line in lines:
+        index, _, bus = (x.strip() for x in line.partition(","))
+        domain, _, rest = bus.lower().partition(":")
+        path = Path(f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/local_cpulist")
+        try:
+            if int(index) in gpus:
+                out[int(index)] = set(_cpu_list(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _gpu_count() -> Optional[int]:
+    """GPUs ``nvidia-smi -L`` lists (the benchmark itself never creates a CUDA context), None if it cannot say."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def slots(parallel: int, cores_per_run: Optional[int], gpus: Optional[List[int]], device: str) -> List[dict]:
+    """``parallel`` slots, each ``{"gpu": i or None, "cpus": [...]}``: disjoint cores, one GPU each."""
+    usable = sorted(os.sched_getaffinity(0))
+    per_run = cores_per_run or len(usable) // parallel
+    require(per_run >= 1 and per_run * parallel <= len(usable),
+            f"--parallel {parallel} x --cores-per-run {per_run} needs {parallel * max(per_run, 1)} cores; this process "
+            f"may use {len(usable)}")
+    ordered = _physical_order(usable)
+    chunks = [ordered[i * per_run:(i + 1) * per_run] for i in range(parallel)]
+    if device != "cuda":
+        return [{"gpu": None, "cpus": sorted(c)} for c in chunks]
+    gpus = gpus if gpus is not None else list(range(parallel))
+    require(len(gpus) == parallel and len(set(gpus)) == parallel,
+            f"--gpus names {len(set(gpus))} distinct GPUs for --parallel {parallel}")
+    present = _gpu_count()
+    require(present is None or max(gpus) < present,
+            f"--parallel {parallel} / --gpus {','.join(map(str, gpus))}: this machine has {present} GPU(s)")
+    local = _gpu_local_cpus(gpus)
+    out = []
+    for gpu in gpus:  # each GPU takes the free chunk with most of its NUMA node's cores
+        best = max(range(len(chunks)), key=lambda i: len(set(chunks[i]) & local.get(gpu, set())))
+        out.append({"gpu": gpu, "cpus": sorted(chunks.pop(best))})
+    return out
+
+
+def _start(run: Run, slot: dict, index: int) -> None:
+    env = dict(os.environ)
+    if slot["gpu"] is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(slot["gpu"])
+    cpus = slot["cpus"]
+    run.slot, run.started = index, time.monotonic()
+    # Its own session (a cut stops the run and every job it started) on its own cores, which its jobs inherit.
+    with open(run.stderr, "w") as err:
+        run.proc = subprocess.Popen(run.argv, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,
+                                    preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+
+
+def _stop(run: Run) -> None:
+    try:
+        os.killpg(run.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    run.proc.wait()
+
+
+# -- results ------------------------------------------------------------------------------------------
+def _row(result: dict, run: Run) -> dict:
+    return (result["reference"] if run.reference else result["mutants"])[run.row]
+
+
+def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> None:
+    """One finished (or stopped: ``returncode`` None) run into its row."""
+    row = _row(result, run)
+    summary = run.out / "summary.json"
+    doc = json.loads(summary.read_text()) if summary.exists() else {}
+    kinds = sorted({f["kind"] for f in doc.get("findings", [])})
+    row["seeds_run"].append(run.seed)
+    row["exit_codes"].append(returncode)
+    row["wall_s"].append(round(wall_s, 2))
+    row["kinds"] = sorted(set(row["kinds"]) | set(kinds))
+    last_error = (run.stderr.read_text(errors="replace").strip().splitlines() or [""])[-1] if run.stderr.exists() else ""
+    if run.reference:
+        row["clean"] = row["clean"] is not False and returncode == 0 and not kinds
+        row["passed"] = row["clean"]
+        if not (returncode == 0 and not kinds):
+            row["problems"].append({"seed": run.seed, "exit": returncode, "kinds": kinds, "stderr": last_error})
+        return
+    found = returncode == 1 and names_the_bug(kinds, run.detects)
+    row["first_failure_s"].append(doc.get("first_failure_s") if found else None)
+    if found:
+        row["detected_seeds"].append(run.seed)
+    else:
+        row["misses"].append({"seed": run.seed, "exit": returncode, "kinds": kinds, "stderr": last_error})
+    times = [t for t in row["first_failure_s"] if t is not None]
+    row["detected"] = len(row["detected_seeds"])
+    row["rate"] = round(row["detected"] / len(row["seeds_run"]), 3)
+    row["median_first_failure_s"] = round(statistics.median(times), 2) if times else None
+    row["worst_first_failure_s"] = round(max(times), 2) if times else None
+    row["passed"] = row["rate"] >= result["required"]
+
+
+def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str], tmp: Path, result: dict):
+    """Every run, in the order they start (reference runs first, then seed-major), and their rows."""
+    base = [sys.executable, "-m", "kvfence", "fuzz", "--device", device]
+    runs: List[Run] = []
+
+    def command(flags, seed, out):
+        return base + flags + ["--seed", str(seed), "--shrink-seconds", "0", "--quiet", "--out", str(out), *extra]
+
+    def text(flags):  # a row's command, its seed and output folder as placeholders
+        return shlex.join(["python", *command(flags, "SEED", "OUT")[1:]])
+
+    for contract in sorted({m.contract for m in mutants}):
+        name, flags = f"{REFERENCE} ({contract})", (RAIL_FLAGS if contract == "window-rail" else [])
+        for seed in range(reference_seeds):
+            out = tmp / f"{REFERENCE}-{contract}-{seed}"
+            runs.append(Run(name, seed, command(flags, seed, out), out, reference=True))
+        if reference_seeds:
+            result["reference"][name] = {"flags": flags, "seeds_run": [], "exit_codes": [], "wall_s": [],
+                                         "kinds": [], "clean": None, "passed": False, "problems": [],
+                                         "command": text(flags)}
+    for m in mutants:
+        result["mutants"][m.name] = {"kind": m.kind, "domain": m.domain, "contract": m.contract,
+                                     "flags": flags_for(m), "detects": list(m.detects), "seeds": seeds,
+                                     "seeds_run": [], "detected_seeds": [], "detected": 0, "rate": 0.0,
+                                     "passed": False,
+                                     "median_first_failure_s": None, "worst_first_failure_s": None,
+                                     "first_failure_s": [], "wall_s": [], "exit_codes": [], "kinds": [],
+                                     "misses": [], "command": text(flags_for(m))}
+    for seed in range(seeds):
+        for m in mutants:
+            out = tmp / f"{m.name}-{seed}"
+            runs.append(Run(m.name, seed, command(flags_for(m), seed, out), out, detects=m.detects))
+    return runs
 
 
 def main() -> int:
@@ -58,37 +257,99 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--required", type=float, default=0.95)
+    parser.add_argument("--parallel", type=int, default=1, help="commands at once, one GPU and its own cores each")
+    parser.add_argument("--cores-per-run", type=int, default=None)
+    parser.add_argument("--gpus", default=None, help="comma-separated GPU indices (default 0..N-1)")
+    parser.add_argument("--reference-seeds", type=int, default=2)
+    parser.add_argument("--max-seconds", type=float, default=None, help="start no run after this many seconds")
+    parser.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT_S)
     args = parser.parse_args(argv)
-    result = {"benchmark": "plain_fuzz_mutants", "device": args.device, "seeds": args.seeds, "extra": extra,
-              "mutants": {}}
+    try:
+        require(args.seeds >= 1 and args.parallel >= 1 and args.reference_seeds >= 0, "--seeds and --parallel must be "
+                                                                                         ">= 1, --reference-seeds >= 0")
+        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+        layout = slots(args.parallel, args.cores_per_run, gpus, args.device)
+        mutants = discover(names=args.only or None)
+    except Exception as exc:  # BadInput, a malformed --gpus: one line, exit 2
+        print(f"plain_fuzz_mutants: {exc}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    result = {"benchmark": "plain_fuzz_mutants", "command": shlex.join(["python", *sys.argv]),
+              "device": args.device, "seeds": args.seeds, "reference_seeds": args.reference_seeds,
+              "required": args.required, "parallel": args.parallel, "slots": layout, "extra": extra,
+              "cut": False, "stopped": [], "wall_s": 0.0, "reference": {}, "mutants": {}}
     save = saver(args.json, result)
+    for i, slot in enumerate(layout):
+        print(f"slot {i}: gpu {slot['gpu']}, cores {slot['cpus'][0]}..{slot['cpus'][-1]} ({len(slot['cpus'])})",
+              flush=True)
     with tempfile.TemporaryDirectory(prefix="kvfence-plain-mutants-") as tmp:
-        for m in discover(names=args.only or None):
-            wanted = detects(m)
-            row = result["mutants"][m.name] = {"flags": flags_for(m), "detects": sorted(wanted or []), "detected": 0,
-                                               "first_failure_s": [], "kinds": [], "exit_codes": []}
-            for seed in range(args.seeds):
-                out = Path(tmp) / f"{m.name}-{seed}"
-                cmd = [sys.executable, "-m", "kvfence", "fuzz", "--device", args.device, *row["flags"],
-                       "--seed", str(seed), "--shrink-seconds", "0", "--quiet", "--out", str(out), *extra]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                row["exit_codes"].append(proc.returncode)
-                summary = out / "summary.json"
-                doc = json.loads(summary.read_text()) if summary.exists() else {}
-                kinds = {f["kind"] for f in doc.get("findings", [])}
-                row["kinds"] = sorted(set(row["kinds"]) | kinds)
-                if proc.returncode == 1 and is_detection(kinds, wanted):
-                    row["detected"] += 1
-                    row["first_failure_s"].append(doc.get("first_failure_s"))
-                save()
-            row["rate"] = row["detected"] / args.seeds
-            row["passed"] = row["rate"] >= args.required
-            print(f"{m.name:30s} {row['detected']:3d}/{args.seeds}  kinds {','.join(row['kinds']) or '-'}", flush=True)
+        pending = plan(mutants, args.seeds, args.reference_seeds, args.device, extra, Path(tmp), result)
+        running: List[Run] = []
+
+        def finish(run: Run, returncode: Optional[int]) -> None:
+            running.remove(run)
+            record(result, run, returncode, time.monotonic() - run.started)
+            result["wall_s"] = round(time.monotonic() - start, 1)
             save()
-    result["passed"] = all(r["passed"] for r in result["mutants"].values())
+            row = _row(result, run)
+            what = ("clean" if row["clean"] else "NOT CLEAN") if run.reference else (
+                "DETECTED" if run.seed in row["detected_seeds"] else "miss")
+            print(f"{run.row:32s} seed {run.seed:2d}  {what:8s} exit {returncode}  {row['wall_s'][-1]:6.1f} s",
+                  flush=True)
+
+        def cut():
+            """Stop every run in flight: not counted (a run the cut stopped says nothing of the mutant)."""
+            result["cut"] = True
+            for run in list(running):
+                _stop(run)
+                running.remove(run)
+                result["stopped"].append({"row": run.row, "seed": run.seed})
+            pending.clear()
+            save()
+
+        def terminated(signum, frame):  # ``timeout``'s SIGTERM: stop as on ^C, then write the totals
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, terminated)
+        try:
+            while pending or running:
+                late = args.max_seconds is not None and time.monotonic() - start > args.max_seconds
+                if late and pending:
+                    result["cut"] = True
+                    pending.clear()
+                busy = {r.slot for r in running}
+                free = [i for i in range(len(layout)) if i not in busy]
+                while free and pending:
+                    run, i = pending.pop(0), free.pop(0)
+                    _start(run, layout[i], i)
+                    running.append(run)
+                for run in list(running):
+                    code = run.proc.poll()
+                    if code is None and time.monotonic() - run.started > args.run_timeout:
+                        _stop(run)
+                        finish(run, None)
+                    elif code is not None:
+                        finish(run, code)
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            cut()
+    rows = list(result["mutants"].values())
+    # Over the seeds that ran: a cut run says so (``cut``) and how many seeds every mutant got at least.
+    result["min_seeds_run"] = min((len(r["seeds_run"]) for r in rows), default=0)
+    result["passed"] = (result["min_seeds_run"] > 0 and all(r["passed"] for r in rows)
+                        and all(r["passed"] for r in result["reference"].values()))
+    result["wall_s"] = round(time.monotonic() - start, 1)
     save()
-    print("PASS" if result["passed"] else "FAIL", f"({sum(r['passed'] for r in result['mutants'].values())}/"
-          f"{len(result['mutants'])} mutants in >= {args.required:.0%} of {args.seeds} seeds)")
+    for name, r in result["mutants"].items():
+        print(f"{name:32s} {r['detected']:3d}/{len(r['seeds_run'])}  median first failure "
+              f"{r['median_first_failure_s']} s  kinds {','.join(r['kinds']) or '-'}")
+    for name, r in result["reference"].items():
+        verdict = {True: "clean", False: "NOT CLEAN", None: "not run"}[r["clean"]]
+        print(f"{name:32s} {verdict} in {len(r['seeds_run'])} seed(s)")
+    print("PASS" if result["passed"] else "FAIL", f"({sum(r['passed'] for r in rows)}/{len(rows)} mutants in >= "
+                                                  f"{args.required:.0%} of their seeds, at least "
+                                                  f"{result['min_seeds_run']} of {args.seeds} seeds each; "
+                                                  f"{result['wall_s']} s{', cut' if result['cut'] else ''})")
     return 0 if result["passed"] else 1
 
 

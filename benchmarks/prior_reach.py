@@ -4,7 +4,8 @@
 
 For each domain it draws what ``kvfence fuzz`` (and ``kvfence mutants``) would draw under each seed: the
 CPU domain's single cases with the §6 fields drawn, the GPU domain's runs of up to 32 batches of one
-config, through Hypothesis with the same seed and phases (generate only). For every mutant whose bug
+config (the §6 fields in one example in eight), through Hypothesis with the same seed and phases (generate
+only). For every mutant whose bug
 depends on the config (its module docstring's "Needs ..."), it counts the seeds whose draws reach the
 trigger at least once within the example budget, and the share of cases that do. A trigger reached is
 necessary for a detection, not sufficient (the bug must also change a verified element): the detection
@@ -25,11 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import saver  # noqa: E402
 
+from kvfence.cases.case import v2p_table  # noqa: E402
 from kvfence.strategies import case_runs, cases, configs  # noqa: E402
 
 
 def _launched(case) -> int:
     return case.sizing_summary()["num_seqs"]
+
+
+def _cap(case) -> int:
+    """``window_size + sink_size``: a request longer than this is clipped (docs/contract.md §6)."""
+    return case.config.window_size + case.config.sink_size
 
 
 def _width_rows(case) -> int:
@@ -60,14 +67,23 @@ TRIGGERS = {
     "page1_step_major_drafts": ("cpu", lambda c: c.config.page_size == 1 and c.config.topk >= 2
                                 and c.config.num_steps >= 2),
     "translate_page_unscaled": ("cpu", lambda c: c.config.translate and c.config.page_size > 1),
+    # §6 (docs/contract.md): drawn on the GPU domain in its share of examples (kvfence.cases.domain).
+    "translate_negative_unclipped": ("cpu", lambda c: c.config.translate and c.batch.v2p_seed > 0
+                                     and min(v2p_table(c.config, c.batch.v2p_seed)) < 0),
+    "window_offsets_unclipped": ("cpu", lambda c: c.config.window_size > 0 and any(
+        L > _cap(c) for L in c.batch.seq_lens[:_launched(c) - 1])),
+    "window_sinks_dropped": ("cpu", lambda c: c.config.sink_size > 0 and any(L > _cap(c) for L in c.batch.seq_lens)),
+    "window_recent_off_by_one": ("cpu", lambda c: c.config.window_size > 0
+                                 and any(L > _cap(c) for L in c.batch.seq_lens)),
 }
 
 
 def strategy(domain: str):
-    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.workflow.mutants._strategy``)."""
+    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.workflow.mutants._strategy``), the
+    §6 fields in the domain's share of examples (``--family auto``)."""
     if domain == "gpu":
-        return case_runs(configs(domain="gpu", max_bytes=8 * 2**30), max_batches=32)
-    return cases(configs(domain="cpu", family=True))
+        return case_runs(configs(domain="gpu", max_bytes=8 * 2**30, family="auto"), max_batches=32)
+    return cases(configs(domain="cpu", family="auto"))
 
 
 def draws(domain: str, seed: int, examples: int):

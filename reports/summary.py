@@ -247,6 +247,7 @@ _TOP_FIELDS = {
     "first_failure_s": _optional(_number), "first_failure_at": _optional(_number),
     "boundaries": _optional(_dict_of(_count)), "versions": _optional(_dict_of(_text)),
     "job_problems": _optional(_list_of(_text)),
+    "family_share": _optional(_number),  # the share of examples that drew the §6 fields (docs/contract.md §5)
 }
 
 
@@ -344,10 +345,13 @@ def _largest_text(doc: dict) -> str:
 
 
 def _family_text(doc: dict) -> str:
-    """Contract, whether the §6 fields were drawn (``--family``), what was pinned, and how many cases the
-    host verdict judged because the device verifier checks only the classic contract."""
+    """Contract, whether the §6 fields were drawn (``--family``) and in which share of the examples, what
+    was pinned, and how many cases the host verdict judged because the device verifier checks only the
+    classic contract."""
     pins = doc.get("family_pins") or {}
-    text = f"contract {doc.get('contract', 'draft')}, {'drawn' if doc.get('family_drawn') else 'not drawn'}"
+    share = doc.get("family_share")
+    drawn = "drawn" + (f" in {share:.3g} of examples" if doc.get("family_drawn") and share not in (None, 1) else "")
+    text = f"contract {doc.get('contract', 'draft')}, {drawn if doc.get('family_drawn') else 'not drawn'}"
     if pins:
         text += ", pinned " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
     host = doc.get("host_verified_cases")

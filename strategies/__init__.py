@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 
 from kvfence.cases.case import Batch, Case, Config, LAYOUTS, MODES, SLOT_BITS
 from kvfence.errors import require
-from kvfence.cases.domain import (COMMON_SHARE, COMMON_STEPS, COMMON_TOPK, COPY_BLOCKS, CPU, Domain, LANE_WIDTHS,
-                                  LARGEST_PAGE_SHARE, PAGE1_SHARE, domain_named)
+from kvfence.cases.domain import (COMMON_SHARE, COMMON_STEPS, COMMON_TOPK, COPY_BLOCKS, CPU, Domain, FAMILY_MAX_BATCHES,
+                                  LANE_WIDTHS, LARGEST_PAGE_SHARE, PAGE1_SHARE, domain_named)
 
 PAGE_SIZES = CPU.page_sizes
 SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
@@ -176,7 +176,7 @@ _edges_inside = functools.lru_cache(maxsize=1024)(_inside)
 def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page_size: Optional[int] = None,
             ctx: Optional[int] = None, max_bs: Optional[int] = None, sizing: str = "safe", layout: str = "redzone",
             mode: str = "graph", max_ctx: Optional[int] = None, max_max_bs: Optional[int] = None,
-            domain: Union[str, Domain] = "cpu", max_bytes: Optional[int] = None, family: bool = False,
+            domain: Union[str, Domain] = "cpu", max_bytes: Optional[int] = None, family: Union[bool, str] = False,
             window_size: Optional[int] = None, sink_size: Optional[int] = None,
             entry_page_size: Optional[int] = None, translate: Optional[bool] = None, contract: str = "draft"):
     """A ``Config`` from ``domain`` (``cpu``: topk 1-8, steps 1-8, pages 1-64, ctx <= 48, max_bs <= 4;
@@ -185,9 +185,13 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     Pin any field by passing it.
 
     ``family=True`` also draws the §6 fields (docs/contract.md §6; for a kernel that takes them, see
-    ``_family``): a window shorter or longer than the requests, sinks longer than them, page-granular
-    rows, page-table translation. Off, they stay at their defaults unless pinned. ``contract`` picks the
-    draft kernel or the window rail (whose window is then always drawn, >= 1).
+    ``_family``) in every example: a window shorter or longer than the requests, sinks longer than them,
+    page-granular rows, page-table translation. ``family="auto"`` draws them in the domain's share of
+    examples (``Domain.family_share``: every example on the CPU domain, one in eight on the GPU domain),
+    one draw per example that shrinks toward none; such a config is fitted to ``Domain.family_max_bytes``
+    (16 MiB on the GPU domain: the host verdict checks it) as well as to ``max_bytes``. Off, they stay at
+    their defaults unless pinned. ``contract`` picks the draft kernel or the window rail (whose window is
+    then always drawn, >= 1).
 
     ``max_bytes`` bounds the device memory a config costs (``kvfence.cases.budget``): a draw over it is
     halved in its unpinned fields, ctx first, until it fits. Shrinks toward topk 1, one step, page 1,
@@ -197,7 +201,7 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     from kvfence.cases.case import CONTRACTS
 
     require(contract in CONTRACTS, f"configs(contract={contract!r}): choose {', '.join(CONTRACTS)}")
-    require(isinstance(family, bool), f"configs(family={family!r}) must be true or false")
+    require(isinstance(family, bool) or family == "auto", f"configs(family={family!r}) must be true, false or 'auto'")
     for name, value in (("window_size", window_size), ("sink_size", sink_size)):
         require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0),
                 f"configs({name}={value!r}): {name} must be a non-negative integer")
@@ -238,8 +242,15 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
                       ctx=ctx or (num_steps or 1) + 1, max_bs=max_bs or 1,
                       buckets=dom.buckets_for(max_bs or 1), **fixed, **least)
     _require_fits(smallest, max_bytes)
+    share, family_bytes = (dom.family_share, dom.family_max_bytes) if family == "auto" else (float(family), None)
+    if family_bytes is not None:
+        from kvfence.cases.budget import estimate_bytes
+
+        # Pins larger than the bound keep the share: its configs are then the smallest the pins allow.
+        family_bytes = max(family_bytes, estimate_bytes(smallest))
+        family_bytes = family_bytes if max_bytes is None else min(max_bytes, family_bytes)
     return _configs(dom, tuple(sorted((k, v) for k, v in pins.items() if v is not None)), tuple(sorted(fixed.items())),
-                    max_bytes, family_pins, family, smallest_window)
+                    max_bytes, family_pins, share, smallest_window, family_bytes)
 
 
 def _require_fits(config: Config, max_bytes: Optional[int]) -> None:
@@ -300,8 +311,24 @@ def _bs_edges(dom: Domain):
 ENTRY_PAGE_SIZES = (1, 2, 4, 8)
 
 
+def _family_example(draw, share: float) -> bool:
+    """Whether this example draws the §6 fields: always at share 1, never at 0, else one draw of
+    ``1/share`` codes whose last code says yes, so it shrinks toward "no §6 fields" (code 0)."""
+    if share >= 1 or share <= 0:
+        return share >= 1
+    codes = round(1 / share)
+    return draw(_integers(0, codes - 1)) == codes - 1
+
+
+def family_batches(config: Config, max_batches: int) -> int:
+    """Batches of one example for ``config``: ``max_batches``, or at most ``FAMILY_MAX_BATCHES`` for a §6
+    config, whose cases the host verdict checks one by one (kvfence.cases.domain)."""
+    return min(max_batches, FAMILY_MAX_BATCHES) if config.is_family else max_batches
+
+
 def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, rail: bool) -> dict:
-    """The §6 fields of one config (docs/contract.md §6), each pinned or, with ``family``, drawn.
+    """The §6 fields of one config (docs/contract.md §6), each pinned or, with ``family`` (this example
+    draws them, ``_family_example``), drawn.
 
     * ``window_size``: none (a quarter of the time, and the shrink target) or ``1 .. num_steps+1`` (inside the draft
       chain) or ``1 .. ctx+num_steps+1``, so windows shorter than, equal to and longer than the requests
@@ -334,7 +361,7 @@ def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, r
 
 @st.composite
 def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[int], family_pins: tuple = (),
-             family: bool = False, min_window: int = 0):
+             family_share: float = 0.0, min_window: int = 0, family_bytes: Optional[int] = None):
     pinned = dict(pins)
     # The production-weighted prior (kvfence.cases.domain): common topk and depths more often.
     t = pinned["topk"] if "topk" in pinned else _weighted(draw, COMMON_TOPK, dom.max_topk)
@@ -360,16 +387,55 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     else:
         m = sized(draw, 1, dom.max_bs, _bs_edges(dom))
     fixed_d = dict(fixed)
-    fields = _family(draw, n, c, dict(family_pins), family, min_window, fixed_d["contract"] == "window-rail")
+    rail = fixed_d["contract"] == "window-rail"
+    family = _family_example(draw, family_share)
+    if family and family_bytes is not None:
+        return _bounded_family_config(draw, dom, pinned, fixed_d, (t, n, p, c, m), family_pins, min_window, rail,
+                                      max_bytes, family_bytes)
+    fields = _family(draw, n, c, dict(family_pins), family, min_window, rail)
     config = Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m), **fixed_d, **fields)
     if max_bytes is not None:
-        from kvfence.cases.budget import fit
+        config = _fit(config, max_bytes, _fit_order(draw, pinned))  # configs() checked that the smallest one fits
+    return config
 
-        # Which field gives way first is drawn too: long contexts and large batches both survive the
-        # budget (ctx first is the shrink target).
-        order = ("ctx", "max_bs", "topk", "num_steps") if not draw(BOOLEANS) else ("max_bs", "topk", "num_steps", "ctx")
-        free = [name for name in order if name not in pinned]
-        config = fit(config, max_bytes, free)  # configs() checked that the smallest one fits
+
+def _fit_order(draw, pinned: dict) -> list:
+    """The unpinned fields in the order they give way to a memory budget. The order is drawn too: long
+    contexts and large batches both survive the budget (ctx first is the shrink target)."""
+    order = ("ctx", "max_bs", "topk", "num_steps") if not draw(BOOLEANS) else ("max_bs", "topk", "num_steps", "ctx")
+    return [name for name in order if name not in pinned]
+
+
+def _fit(config: Config, max_bytes: int, free: list) -> Config:
+    from kvfence.cases.budget import fit
+
+    return fit(config, max_bytes, free)
+
+
+def _bounded_family_config(draw, dom: Domain, pinned: dict, fixed: dict, sizes: tuple, family_pins: tuple,
+                           min_window: int, rail: bool, max_bytes: Optional[int], family_bytes: int) -> Config:
+    """A §6 config of a share example (``Domain.family_max_bytes``): the drawn sizes fitted to the bound
+    first, then the §6 fields drawn against the fitted ``num_steps`` and ``ctx`` (so windows and sinks
+    fall shorter and longer than the requests this config really holds), then fitted again (a page
+    table adds bytes). What the bound cannot hold (pins with a large page) is fitted to ``max_bytes``."""
+    t, n, p, c, m = sizes
+    free = _fit_order(draw, pinned)
+    least = dict(window_size=min_window, sink_size=0, entry_page_size=1, translate=False)
+    least.update(dict(family_pins))
+    base = _fit_bounded(Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m),
+                               **fixed, **least), (family_bytes, max_bytes), free)
+    fields = _family(draw, base.num_steps, base.ctx, dict(family_pins), True, min_window, rail)
+    return _fit_bounded(dataclasses.replace(base, **fields), (family_bytes, max_bytes), free)
+
+
+def _fit_bounded(config: Config, bounds: tuple, free: list) -> Config:
+    """``config`` fitted to the first of ``bounds`` that can hold it (``None``: no bound, as it is)."""
+    for bound in bounds:
+        if bound is None:
+            return config
+        fitted = _fit(config, bound, free)
+        if fitted is not None:
+            return fitted
     return config
 
 
@@ -614,7 +680,7 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
                bulk: int = 0):
     config = draw(config_strategy)
     prefix = _choices_so_far() if bulk else None
-    count = draw(_integers(1, max_batches))
+    count = draw(_integers(1, family_batches(config, max_batches)))
     batch = _batches(config, seq_len_limit, 1)
     drawn = [draw(batch) for _ in range(count)]
     key = None
@@ -644,7 +710,8 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
     bound = seq_len_bound(config, seq_len_limit)
     seen = {_structure(b) for b in drawn}
     repeats = 0
-    for _ in range(bulk):
+    # A §6 config is verified on the host (kvfence.cases.domain.GPU_FAMILY_SHARE): no bulk for it.
+    for _ in range(0 if config.is_family else bulk):
         source.choices = []
         b = draw_batch(source, config, bound, 1)
         shape = _structure(b)

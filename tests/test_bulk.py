@@ -92,6 +92,9 @@ def test_a_spliced_example_is_its_bulk_case_alone(domain):
     spliced = 0
     for run in _examples(strategy, 25):
         assert isinstance(run, CaseRun) and len(run) <= run.bulk_start + 12
+        if run[0].config.is_family:
+            assert len(run) == run.bulk_start  # a §6 config is verified on the host: never a bulk
+            continue
         shapes = [(c.batch.seq_lens, c.batch.req_pool_indices) for c in run]
         assert len(set(shapes[run.bulk_start:])) == len(run) - run.bulk_start
         assert not set(shapes[run.bulk_start:]) & set(shapes[:run.bulk_start])
@@ -100,7 +103,7 @@ def test_a_spliced_example_is_its_bulk_case_alone(domain):
             again = ConjectureData.for_choices(run.splice(i)).draw(strategy)
             assert list(again) == [run[i]] and again.bulk_start == 1
             spliced += 1
-    assert spliced > 25  # the switch is on most of the time
+    assert spliced > 25 or domain.endswith("family")  # the switch is on most of the time
 
 
 @FAST

@@ -20,6 +20,7 @@ from kvfence.errors import BadInput
 from kvfence.verifying.fastcheck import expected_writes_torch
 from kvfence.verifying.verdict import expected_from_oracle
 from kvfence.strategies import batches, cases, configs
+from tests.test_scale import _draw_all
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
@@ -184,18 +185,20 @@ def test_classic_kernels_get_no_family_draws_and_the_reference_gets_them():
 
 @pytest.mark.parametrize("flag, drawn", [("auto", True), ("off", False), ("on", True)])
 def test_family_flag_decides_the_draws_per_domain(flag, drawn):
-    """--family: auto draws the §6 fields on the CPU domain and not on the GPU domain (host-verified
-    there); on and off decide on both; on with a classic-ABI kernel is one-line bad input."""
+    """--family: auto draws the §6 fields in every example on the CPU domain and in the GPU domain's
+    share there (host-verified); on and off decide on both; on with a classic-ABI kernel is one-line bad
+    input."""
     import argparse
 
-    from kvfence.commands.fuzz import _check_family, _draws_family
-    from kvfence.cases.domain import CPU, GPU
+    from kvfence.commands.fuzz import _check_family, _draws_family, _family_share
+    from kvfence.cases.domain import CPU, GPU, GPU_FAMILY_SHARE
 
     args = argparse.Namespace(kernel="reference", family=flag, window=None, sink=None, entry_page_size=None,
                               translate=None, contract="draft")
     _check_family(args)
-    assert _draws_family(args, CPU) is drawn
-    assert _draws_family(args, GPU) is (flag == "on")
+    assert _draws_family(args, CPU) is drawn and _draws_family(args, GPU) is drawn
+    assert _family_share(args, CPU) == float(drawn)
+    assert _family_share(args, GPU) == {"auto": GPU_FAMILY_SHARE, "on": 1.0, "off": 0.0}[flag]
     with pytest.raises(BadInput) as err:
         _check_family(argparse.Namespace(**{**vars(args), "kernel": CLASSIC, "family": "on"}))
     assert "--family on" in str(err.value) and "\n" not in str(err.value)
@@ -303,6 +306,125 @@ def test_strategies_reach_every_new_path_and_stay_classic_without_family():
 
     run()
     assert seen == {"window<L", "window>=L", "sink>L", "E>1", "translate", "negative page"}
+
+
+# -- the GPU domain's share of §6 examples (kvfence.cases.domain: GPU_FAMILY_SHARE) ----------------------
+def _fuzz_args(family: str, kernel: str = "reference"):
+    """``fuzz`` flags as the command line leaves them, with ``--family`` set (nothing pinned)."""
+    import argparse
+
+    from kvfence.commands.fuzz import _check_family
+
+    args = argparse.Namespace(kernel=kernel, family=family, window=None, sink=None, entry_page_size=None,
+                              translate=None, contract="draft", topk=None, num_steps=None, page_size=None, ctx=None,
+                              max_bs=None, sizing="safe", layout="redzone", mode="graph")
+    _check_family(args)
+    return args
+
+
+def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict_bound():
+    """The plain GPU command's config strategy (``--family auto``): about one example in eight is a §6
+    config, each within the host verdict's 16 MiB, while the others keep production sizes; ``off``
+    never draws a §6 field, ``on`` in every example, as before (a few draw every field at its default). No kernel runs."""
+    from kvfence.cases.budget import estimate_bytes
+    from kvfence.cases.domain import GPU, GPU_FAMILY_SHARE, HOST_VERDICT_MAX_BYTES
+    from kvfence.commands.fuzz import _config_strategy, _family_share
+
+    budget = 4 << 30
+    auto = _draw_all(_config_strategy(_fuzz_args("auto"), GPU, budget), 600)
+    family = [c for c in auto if c.is_family]
+    # A generous bound: Hypothesis leans toward code 0 ("no §6") and mutates earlier examples, and a share
+    # example whose every field came out at its default is no §6 config: 0.05-0.11 of 600 configs in
+    # five seeds (0.10 of 1,500 examples of the batched strategy).
+    assert GPU_FAMILY_SHARE / 4 <= len(family) / len(auto) <= 2 * GPU_FAMILY_SHARE, len(family)
+    assert all(estimate_bytes(c) <= HOST_VERDICT_MAX_BYTES for c in family)
+    assert {"window", "E>1", "translate"} <= {k for c in family for k, on in (
+        ("window", c.window_size > 0), ("E>1", c.entry_page_size > 1), ("translate", c.translate)) if on}
+    assert max(estimate_bytes(c) for c in auto if not c.is_family) > 16 * HOST_VERDICT_MAX_BYTES
+    assert _family_share(_fuzz_args("auto"), GPU) == GPU_FAMILY_SHARE
+    off = _draw_all(_config_strategy(_fuzz_args("off"), GPU, budget), 200)
+    assert not any(c.is_family for c in off) and _family_share(_fuzz_args("off"), GPU) == 0
+    on = _draw_all(_config_strategy(_fuzz_args("on"), GPU, budget), 100)
+    assert sum(c.is_family for c in on) >= 75 and _family_share(_fuzz_args("on"), GPU) == 1
+    # A classic-ABI kernel takes no §6 field: auto draws none for it.
+    assert _family_share(_fuzz_args("auto", CLASSIC), GPU) == 0
+
+
+def test_pins_larger_than_the_bound_keep_the_share_at_the_smallest_config_they_allow():
+    from kvfence.cases.budget import estimate_bytes
+    from kvfence.cases.domain import HOST_VERDICT_MAX_BYTES
+
+    drawn = _draw_all(configs(domain="gpu", family="auto", ctx=131072, max_bs=256, topk=4, num_steps=5), 200)
+    family = [c for c in drawn if c.is_family]
+    assert family and all(c.ctx == 131072 and c.max_bs == 256 for c in drawn)
+    assert min(estimate_bytes(c) for c in family) > HOST_VERDICT_MAX_BYTES  # the pins need more than the bound
+
+
+def test_family_examples_hold_few_batches_and_classic_ones_keep_theirs():
+    from kvfence.cases.domain import FAMILY_MAX_BATCHES
+    from kvfence.strategies import case_runs, family_batches
+
+    assert family_batches(Config(topk=1, num_steps=1, window_size=2), 32) == FAMILY_MAX_BATCHES
+    assert family_batches(Config(topk=1, num_steps=1, contract="window-rail", window_size=2), 2) == 2
+    assert family_batches(Config(topk=1, num_steps=1), 32) == 32
+    counts = {True: [], False: []}
+
+    @settings(max_examples=150, database=None, deadline=None, derandomize=True)
+    @given(case_runs(configs(domain="gpu", family="auto", max_bytes=1 << 30), max_batches=32))
+    def run(runs):
+        counts[runs[0].config.is_family].append(len(runs))
+
+    run()
+    assert counts[True] and max(counts[True]) <= FAMILY_MAX_BATCHES
+    assert max(counts[False]) > FAMILY_MAX_BATCHES
+
+
+def test_auto_on_the_cpu_domain_draws_exactly_what_family_on_draws():
+    assert _draw_all(configs(family="auto"), 60) == _draw_all(configs(family=True), 60)
+
+
+@pytest.mark.parametrize("family", ["yes", 1, None])
+def test_configs_family_bad_value_is_one_line_bad_input(family):
+    with pytest.raises(BadInput) as err:
+        configs(family=family)
+    assert "family" in str(err.value) and "\n" not in str(err.value)
+
+
+def _plain_gpu_strategy(kernel: str, family: str):
+    """The plain GPU command's strategy as the interpreter can run it in seconds: the GPU domain's share,
+    bound and capture-list buckets, with contexts narrowed to the CPU domain's and a small launch pinned
+    (topk 1, two steps, page 1, two requests: a production-sized §2 example would take hours under the
+    interpreter), 4 batches per example."""
+    import dataclasses
+
+    from kvfence.cases.domain import CPU, GPU
+    from kvfence.commands.fuzz import _config_strategy
+    from kvfence.strategies import case_runs
+
+    args = _fuzz_args(family)
+    args.topk, args.num_steps, args.page_size, args.max_bs = 1, 2, 1, 2
+    narrowed = dataclasses.replace(GPU, max_ctx=CPU.max_ctx)
+    return case_runs(_config_strategy(args, narrowed, None), kernel=kernel, max_batches=4)
+
+
+def test_the_plain_gpu_domain_strategy_now_catches_a_family_mutant_and_the_reference_passes(make_session):
+    """A §6 mutant (page-granular rows read without ``+ p mod E``) under the GPU domain's draws
+    (``--family auto``): caught, by a kind it declares, in a §6 config of the share; unreachable with
+    ``--family off``; the reference is clean under the same draws."""
+    from kvfence.workflow.fuzz import damage_kinds, fuzz
+    from kvfence.workflow.mutants import discover
+
+    (m,) = discover(names=["entry_page_no_offset"])
+
+    def run(kernel, family, budget):
+        return fuzz(make_session(kernel), _plain_gpu_strategy(kernel, family), max_examples=budget, seed=0,
+                    shrink_seconds=0.0, targeting=False)
+
+    caught = run(m.kernel, "auto", 300)  # found in 15-39 examples under seeds 0-2
+    assert set(damage_kinds(caught.findings)) & set(m.detects), caught.findings
+    assert caught.case is not None and caught.case.config.entry_page_size > 1
+    assert run(m.kernel, "off", 60).findings == []
+    assert run("reference", "auto", 60).findings == []
 
 
 # -- the command line ----------------------------------------------------------------------------------

@@ -143,3 +143,58 @@ def test_a_mutant_file_without_valid_detects_is_bad_input(tmp_path, line, messag
     (tmp_path / "m.py").write_text("\n".join(lines + [line]) + "\n")
     with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(")", r"\)")):
         discover(tmp_path)
+
+
+# -- benchmarks/plain_fuzz_mutants.py: the plain command per mutant and seed -----------------------------
+def _plain_benchmark():
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # its sibling result_file.py
+    spec = importlib.util.spec_from_file_location("kvfence_plain_fuzz_mutants", ROOT / "benchmarks" / "plain_fuzz_mutants.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plain_benchmark_pins_each_run_to_its_own_gpu_and_cores(tmp_path, monkeypatch):
+    """--parallel: disjoint cores per slot, one GPU each, and a started run really is held to them (its
+    affinity mask and CUDA_VISIBLE_DEVICES, read back by the child itself); more runs than cores or GPUs
+    is refused."""
+    import os
+
+    from kvfence.errors import BadInput
+
+    bench = _plain_benchmark()
+    usable = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(bench, "_gpu_count", lambda: len(usable))
+    layout = bench.slots(len(usable), 1, None, "cuda")
+    assert [s["gpu"] for s in layout] == list(range(len(usable)))
+    assert sorted(c for s in layout for c in s["cpus"]) == usable
+    with pytest.raises(BadInput, match="needs"):
+        bench.slots(len(usable) + 1, 1, None, "cpu")
+    monkeypatch.setattr(bench, "_gpu_count", lambda: 1)
+    with pytest.raises(BadInput, match="has 1 GPU"):
+        bench.slots(1, 1, [1], "cuda")
+    probe = tmp_path / "probe"
+    run = bench.Run("probe", 0, [sys.executable, "-c", "import os, sys; sys.stderr.write(repr((sorted("
+                                 "os.sched_getaffinity(0)), os.environ.get('CUDA_VISIBLE_DEVICES'))))"], probe)
+    bench._start(run, {"gpu": 5, "cpus": [usable[-1]]}, 0)
+    assert run.proc.wait(timeout=60) == 0
+    assert run.stderr.read_text() == repr(([usable[-1]], "5"))
+
+
+def test_plain_benchmark_detects_a_mutant_and_keeps_the_reference_clean(tmp_path):
+    """Two runs at once on the CPU: a mutant detected under both seeds by a kind it declares, the
+    reference clean, one results file with the rates and the commands."""
+    out = tmp_path / "plain.json"
+    proc = subprocess.run([sys.executable, "benchmarks/plain_fuzz_mutants.py", "--device", "cpu", "--seeds", "2",
+                           "--parallel", "2", "--cores-per-run", "1", "--reference-seeds", "1", "--only",
+                           "indptr_without_drafts", "--json", str(out), "--", "--max-examples", "15"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    row = doc["mutants"]["indptr_without_drafts"]
+    assert row["detected"] == 2 and row["rate"] == 1.0 and row["passed"] and row["median_first_failure_s"] > 0
+    assert set(row["kinds"]) & set(row["detects"]) and "--seed SEED" in row["command"]
+    assert doc["reference"]["reference (draft)"]["clean"] is True and doc["passed"] is True
+    assert len(doc["slots"]) == 2 and doc["command"].startswith("python benchmarks/plain_fuzz_mutants.py")

@@ -154,6 +154,21 @@ def test_scale_flags_bad_input_is_one_line_exit_2(tmp_path, args, words):
 
 
 @pytest.mark.cpu_only
+def test_default_jobs_follow_the_cores_this_process_may_run_on(monkeypatch):
+    """On CUDA the default --jobs is the cores of the affinity mask less one (a run pinned to 16 cores
+    of a 128-core host, as ``benchmarks/plain_fuzz_mutants.py --parallel`` pins each run, gets 15), not
+    the host's core count; one job on the CPU."""
+    from kvfence.commands import fuzz
+
+    monkeypatch.setattr(fuzz.os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(fuzz.os, "sched_getaffinity", lambda pid: set(range(16, 32)), raising=False)
+    assert fuzz._default_jobs("cuda", 10**8, 60.0) == 15
+    assert fuzz._default_jobs("cuda", 200, None) == 4  # an example budget still caps it
+    assert fuzz._default_jobs("cpu", 10**8, 60.0) == 1
+    monkeypatch.setattr(fuzz.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert fuzz._default_jobs("cuda", 10**8, 60.0) == 1
+
+
 def test_jobs_merge_into_one_summary(tmp_path):
     """--jobs 2 on the CPU: two child processes with distinct seeds, one summary whose counts are the sum
     of the children's, one case folder, one report."""

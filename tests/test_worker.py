@@ -60,6 +60,24 @@ def test_remote_findings_equal_in_process_findings(device):
     assert remote == local and all(local)
 
 
+def test_a_drawn_page_table_reaches_the_worker_negative_pages_and_all(device):
+    """translate_negative_unclipped needs a drawn table with a negative page: through the worker it is
+    caught on the case that catches it in-process, and the reference passes there too."""
+    from kvfence.workflow.mutants import kernel_spec
+
+    spec = kernel_spec("translate_negative_unclipped")
+    config = Config(topk=2, num_steps=2, page_size=4, ctx=16, max_bs=2, translate=True)
+    from kvfence.cases.case import v2p_table
+
+    seed = next(s for s in range(1, 500) if any(p < 0 for p in v2p_table(config, s)[:5]))
+    case = Case(config, Batch((16, 12), (1, 0), 3, seed), kernel=spec)
+    local = sorted({f.kind.value for f in Session(device, spec).check(case)})
+    with RemoteSession(device, spec) as rs:
+        assert sorted({f.kind.value for f in rs.check(case)}) == local and "VALUE_MISMATCH" in local
+    with RemoteSession(device, "reference") as rs:
+        assert rs.check(Case(config, case.batch)) == []
+
+
 def test_a_kernel_that_cannot_be_loaded_is_bad_input_before_any_case(device, tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
         RemoteSession(device, f"{tmp_path}/gone.py:launch")

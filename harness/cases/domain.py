@@ -23,6 +23,17 @@ counts them, and how often each mutant's trigger is drawn; docs/contract.md §5)
 (copy blocks, lane widths, pages, the context limit, padded buckets) keep their share of the length,
 context and batch draws, which this prior does not touch.
 
+The §6 fields (docs/contract.md §6: window, sinks, page-granular rows, translation) are drawn, for a
+kernel that takes them, in a share of the examples (``Domain.family_share``): every example on the CPU
+domain; on the GPU domain one in eight (``GPU_FAMILY_SHARE``), each such config fitted to
+``HOST_VERDICT_MAX_BYTES`` (16 MiB) and replayed for at most ``FAMILY_MAX_BATCHES`` batches. The device
+verifier checks §2 only, so a §6 case goes to the host verdict, one case at a time: small configs and
+few batches keep a §6 example's checking about as cheap as a §2 one's, and the rest of the GPU prior is
+untouched. A §6 config also compiles its own kernel variant (window and sinks are constexprs of the
+kernel), which the run summary counts in ``compiles`` and ``compile_s``. The share is one draw per
+example that shrinks toward "no §6 fields" (``fuzz --family auto``; ``on`` draws them in every
+example, ``off`` in none).
+
 ``boundary_classes(case)`` names the size boundaries a case sits on (copy blocks, lane widths,
 pages, the context limit, bucket padding); the coverage tests and the summary count them, so "the
 GPU run reaches 513-token prefixes and 129-branch batches" is a measured statement, not a hope.
@@ -31,7 +42,7 @@ GPU run reaches 513-token prefixes and 129-branch batches" is a measured stateme
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 from kvfence.cases.case import default_buckets as power_of_two_buckets  # 1, 2, 4, ... then max_bs
 from kvfence.errors import require
@@ -60,6 +71,24 @@ COMMON_TOPK = (1, 2, 4, 8)
 COMMON_STEPS = (1, 2, 3, 4, 5)
 COMMON_SHARE = 1 / 2
 
+#: Share of GPU-domain examples that draw the §6 fields (``fuzz --family auto``, a kernel that takes
+#: them). Every §6 bug of the shipped mutants shows at interpreter sizes (the CPU domain found each within
+#: 40 examples in 20 seeds), and a default GPU minute draws tens of thousands of examples, so one in eight
+#: reaches them in seconds while seven in eight keep the production-sized §2 search as it was. A
+#: fraction ``1/k``: one draw of ``k`` codes per example.
+GPU_FAMILY_SHARE = 1 / 8
+#: Device bytes a §6 config of a share example may take (``kvfence.cases.budget``). The host verdict
+#: builds and compares the whole write set case by case (no batching, no device counters), so it is kept
+#: to configs it checks in a fraction of a second: the bound ``kvfence.workflow.compare`` gives every
+#: config it checks on both paths (``CUDA_MAX_BYTES``, the same 16 MiB). Requests of a few thousand
+#: tokens, tens of requests or a hundred branches still fit: past a copy block, a lane width, a page.
+HOST_VERDICT_MAX_BYTES = 16 << 20
+#: Batches of one example whose config is §6's (``kvfence.strategies.family_batches``): the device
+#: verifier's 32 batches per example amortise one round trip and one capture; host-verified cases are
+#: checked one by one, so more batches only make the example longer. Four keep a §6 example's cost near
+#: a §2 example's (estimated, not measured on the H200: the run's summary counts ``host_verified_cases``).
+FAMILY_MAX_BATCHES = 4
+
 
 def capture_buckets(max_bs: int) -> Tuple[int, ...]:
     """SGLang's speculative capture list cut at ``max_bs``, which is always captured last."""
@@ -69,7 +98,9 @@ def capture_buckets(max_bs: int) -> Tuple[int, ...]:
 @dataclass(frozen=True)
 class Domain:
     """Bounds of one config space. ``buckets`` names the capture-bucket rule (``power-of-two`` or
-    ``capture-list``); everything else is an inclusive upper bound or the set of page sizes."""
+    ``capture-list``); ``family_share`` is the share of examples that draw the §6 fields under
+    ``--family auto`` (each fitted to ``family_max_bytes`` when set); everything else is an inclusive
+    upper bound or the set of page sizes."""
 
     name: str
     max_topk: int
@@ -78,6 +109,8 @@ class Domain:
     max_ctx: int
     max_bs: int
     buckets: str
+    family_share: float = 1.0
+    family_max_bytes: Optional[int] = None
 
     def __post_init__(self):
         require(self.buckets in ("power-of-two", "capture-list"), f"domain {self.name}: unknown bucket rule {self.buckets!r}")
@@ -85,6 +118,11 @@ class Domain:
             value = getattr(self, field)
             require(isinstance(value, int) and value >= 1, f"domain {self.name}: {field} must be >= 1, got {value!r}")
         require(self.max_ctx >= 2, f"domain {self.name}: max_ctx must be >= 2")
+        share = self.family_share
+        require(isinstance(share, (int, float)) and 0 < share <= 1 and (1 / share) == round(1 / share),
+                f"domain {self.name}: family_share must be 1/k for an integer k >= 1, got {share!r}")
+        require(self.family_max_bytes is None or (isinstance(self.family_max_bytes, int) and self.family_max_bytes >= 1),
+                f"domain {self.name}: family_max_bytes must be a positive number of bytes, got {self.family_max_bytes!r}")
 
     def buckets_for(self, max_bs: int) -> Tuple[int, ...]:
         return capture_buckets(max_bs) if self.buckets == "capture-list" else power_of_two_buckets(max_bs)
@@ -105,7 +143,8 @@ CPU = Domain("cpu", max_topk=8, max_steps=8, page_sizes=(1, 2, 4, 16, 64), max_c
              buckets="power-of-two")
 #: Production-sized: what an H200 server captures.
 GPU = Domain("gpu", max_topk=16, max_steps=16, page_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_ctx=131072,
-             max_bs=256, buckets="capture-list")
+             max_bs=256, buckets="capture-list", family_share=GPU_FAMILY_SHARE,
+             family_max_bytes=HOST_VERDICT_MAX_BYTES)
 DOMAINS: Dict[str, Domain] = {"cpu": CPU, "gpu": GPU}
 
 

@@ -40,12 +40,26 @@ def _family_pins(args) -> dict:
                 contract=getattr(args, "contract", "draft"))
 
 
+def _family_draws(args):
+    """``kvfence.strategies.configs(family=...)`` for ``args``: False when the kernel does not take the
+    §6 fields (``_check_family``) or ``--family off``, True with ``--family on`` (every example), and
+    ``"auto"`` otherwise: the domain's share of examples (``kvfence.cases.domain``: every example on the
+    CPU domain; on the GPU domain, where §6 cases are checked by the host verdict, one in eight, each a
+    small config of a few batches)."""
+    if not getattr(args, "draw_family", False):
+        return False
+    return {"on": True, "auto": "auto"}.get(getattr(args, "family", "auto"), False)
+
+
+def _family_share(args, domain) -> float:
+    """The share of examples that draw the §6 fields (the summary's ``family_share``)."""
+    family = _family_draws(args)
+    return domain.family_share if family == "auto" else float(family)
+
+
 def _draws_family(args, domain) -> bool:
-    """Whether the §6 fields are drawn: the kernel takes them (``_check_family``) and ``--family`` is on,
-    or auto on the CPU domain (on the GPU domain §6 cases are checked by the host verdict, ~100x the
-    device verifier's cost per case, so auto leaves them to ``--family on`` or a pinned field there)."""
-    family = getattr(args, "family", "auto")
-    return bool(getattr(args, "draw_family", False)) and (family == "on" or domain.name == "cpu")
+    """Whether any example draws the §6 fields (the summary's ``family_drawn``)."""
+    return _family_share(args, domain) > 0
 
 
 def _config_strategy(args, domain, max_bytes):
@@ -53,7 +67,7 @@ def _config_strategy(args, domain, max_bytes):
 
     return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
                    max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
-                   max_bytes=max_bytes, family=_draws_family(args, domain), **_family_pins(args))
+                   max_bytes=max_bytes, family=_family_draws(args), **_family_pins(args))
 
 
 def _check_family(args) -> None:
@@ -143,12 +157,22 @@ GPU_BATCHES_PER_EXAMPLE = 32
 GPU_BULK_PER_EXAMPLE = 1024
 
 
+def _usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (``taskset``, a container's or a batch
+    scheduler's cpuset), not every core of the host."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
 def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
-    """All useful CPU cores on CUDA (one left for the parent and the driver), fewer when the example
-    budget is too small to keep them busy; one process on the CPU (the interpreter is the bottleneck)."""
+    """All usable CPU cores on CUDA (``_usable_cores``; one left for the parent and the driver), fewer when
+    the example budget is too small to keep them busy; one process on the CPU (the interpreter is the
+    bottleneck)."""
     if device != "cuda":
         return 1
-    cores = max(1, (os.cpu_count() or 2) - 1)
+    cores = max(1, _usable_cores() - 1)
     if max_seconds is not None:
         return min(cores, 16)
     return max(1, min(cores, 16, max_examples // MIN_EXAMPLES_PER_JOB))
@@ -262,6 +286,7 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
            "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker",
            # docs/contract.md §6: the contract, and the §6 fields pinned or drawn (None: drawn, if the kernel takes them)
            "contract": args.contract, "family_drawn": _draws_family(args, domain),
+           "family_share": _family_share(args, domain),
            "family_pins": {k: v for k, v in _family_pins(args).items() if k != "contract" and v is not None}}
     # The example database: a malformed URL here, an unreachable Redis below, both before any work.
     if args.database is None:

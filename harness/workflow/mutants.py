@@ -246,6 +246,12 @@ def declared_kinds(path: Path, value) -> Tuple[str, ...]:
     return tuple(value)
 
 
+def names_the_bug(kinds, detects) -> bool:
+    """Whether a failure's finding kinds detect a mutant: one of the kinds it declares (``DETECTS``). The
+    reference declares none, and fails on any finding."""
+    return bool(kinds) and (not detects or bool(set(kinds) & set(detects)))
+
+
 def _module_of(path: Path):
     from kvfence.cases.targets import _load_file
 
@@ -260,8 +266,8 @@ def _strategy(domain: str, kernel: str, sizing: str, max_bytes: Optional[int], c
     from kvfence.strategies import case_runs, cases, configs
 
     # The §6 fields drawn as the default fuzz of the reference draws them (every mutant is one of it):
-    # on the CPU domain, not on the GPU domain (fuzz --family auto).
-    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family=domain == "cpu", contract=contract)
+    # in the domain's share of examples (fuzz --family auto, kvfence.cases.domain).
+    config = configs(sizing=sizing, domain=domain, max_bytes=max_bytes, family="auto", contract=contract)
     if domain == "gpu":
         return case_runs(config, kernel=kernel, max_batches=GPU_BATCHES)
     return cases(config, kernel=kernel)
@@ -277,8 +283,7 @@ def _run(result: MutantResult, session, strategy, *, max_examples: int, seeds: L
         r = fuzz(session, strategy, max_examples=max_examples, seed=seed, shrink_seconds=0.0, targeting=False)
         result.seeds.append(seed)
         kinds = damage_kinds(r.findings)
-        # The reference (no DETECTS) fails on any finding; a mutant is detected only by a declared kind.
-        found = bool(kinds) and (not result.detects or bool(set(kinds) & set(result.detects)))
+        found = names_the_bug(kinds, result.detects)
         result.to_detection.append(r.examples_to_failure if found else None)
         result.seconds_to_detection.append(r.first_failure_s if found else None)
         result.undeclared.append(kinds if kinds and not found else None)
