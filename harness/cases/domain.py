@@ -79,8 +79,8 @@ COMMON_SHARE = 1 / 2
 GPU_FAMILY_SHARE = 1 / 8
 #: Device bytes a §6 config of a share example may take (``kvfence.cases.budget``). The host verdict
 #: builds and compares the whole write set case by case (no batching, no device counters), so it is kept
-#: to configs it checks in a fraction of a second: the bound ``kvfence.workflow.compare`` gives every
-#: config it checks on both paths (``CUDA_MAX_BYTES``, the same 16 MiB). Requests of a few thousand
+#: to configs it checks in a fraction of a second (``kvfence.workflow.compare`` bounds every config it
+#: checks on both paths by it too, for the same reason). Requests of a few thousand
 #: tokens, tens of requests or a hundred branches still fit: past a copy block, a lane width, a page.
 HOST_VERDICT_MAX_BYTES = 16 << 20
 #: Batches of one example whose config is §6's (``kvfence.strategies.family_batches``): the device

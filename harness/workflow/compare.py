@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from kvfence.cases.case import Case
+from kvfence.cases.domain import HOST_VERDICT_MAX_BYTES
 from kvfence.verifying.device_verify import COUNTERS
 from kvfence.cases.findings import Finding, Kind
 from kvfence.kernels import KERNELS_DIR
@@ -80,8 +81,8 @@ REFERENCE = "reference"
 #: Configs per target when ``--max-examples`` is not given (each a run of several batches).
 DEFAULT_EXAMPLES = 8
 #: Device bytes per drawn config on CUDA when ``--max-gpu-mem`` is not given: the oracle path builds
-#: the whole write set in Python, so production-sized configs are kept to a size it checks in a second.
-CUDA_MAX_BYTES = 16 << 20
+#: the whole write set in Python, so configs are kept to the size the host verdict checks in a second.
+CUDA_MAX_BYTES = HOST_VERDICT_MAX_BYTES
 #: The address audit's kinds: not a verifier's (see the module docstring).
 AUDIT_KINDS = frozenset({Kind.OOB_READ, Kind.OOB_WRITE})
 #: Kinds known on the host before the kernel runs: the same on every launch of a case, racy or not.
