@@ -430,11 +430,23 @@ def test_more_jobs_than_the_machine_holds_is_refused_at_once(capsys, tmp_path, j
 def test_the_jobs_bound_follows_cores_and_memory(monkeypatch):
     from kvfence.workflow import jobs
 
-    monkeypatch.setattr(jobs.os, "cpu_count", lambda: 16)
+    from kvfence.commands import fuzz
+
+    monkeypatch.setattr(jobs.os, "cpu_count", lambda: 128)  # the host: only the affinity mask counts
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setattr(jobs, "_available_memory", lambda: 128 << 30)
     assert jobs.max_jobs() == 16 * jobs.JOBS_PER_CORE
     monkeypatch.setattr(jobs, "_available_memory", lambda: 3 * jobs.JOB_MEMORY_BYTES + 1)
     assert jobs.max_jobs() == 3
+    # The default --jobs (15 on 16 cores) fits what the machine holds; an explicit --jobs 4 is refused.
+    def shape(*flags):
+        args = cli.build_parser().parse_args(["fuzz", "--device", "cuda", "--max-seconds", "60", *flags])
+        fuzz._resolve_budget(args, "cuda")
+        return fuzz._run_jobs(args, "cuda")
+
+    assert shape() == 3
+    with pytest.raises(BadInput, match="at most 3 jobs"):
+        shape("--jobs", "4")
     monkeypatch.setattr(jobs, "_available_memory", lambda: 0)
     assert jobs.max_jobs() == 1  # one job always runs
 

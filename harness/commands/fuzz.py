@@ -157,25 +157,30 @@ GPU_BATCHES_PER_EXAMPLE = 32
 GPU_BULK_PER_EXAMPLE = 1024
 
 
-def _usable_cores() -> int:
-    """CPU cores this process may run on: its affinity mask (``taskset``, a container's or a batch
-    scheduler's cpuset), not every core of the host."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity call on this platform
-        return os.cpu_count() or 1
-
-
 def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
-    """All usable CPU cores on CUDA (``_usable_cores``; one left for the parent and the driver), fewer when
+    """All usable CPU cores on CUDA (``kvfence.workflow.jobs.usable_cores``; one left for the parent and the driver), fewer when
     the example budget is too small to keep them busy; one process on the CPU (the interpreter is the
     bottleneck)."""
     if device != "cuda":
         return 1
-    cores = max(1, _usable_cores() - 1)
+    from kvfence.workflow.jobs import usable_cores
+
+    cores = max(1, usable_cores() - 1)
     if max_seconds is not None:
         return min(cores, 16)
     return max(1, min(cores, 16, max_examples // MIN_EXAMPLES_PER_JOB))
+
+
+def _run_jobs(args, device: str) -> int:
+    """``--jobs``, refused in one line when the machine cannot hold it; without it, the default
+    (``_default_jobs``) cut to what the machine holds now (a host short of memory runs fewer jobs)."""
+    from kvfence.workflow.jobs import JOB_MEMORY_BYTES, JOBS_PER_CORE, max_jobs
+
+    if args.jobs is None:
+        return min(max_jobs(), _default_jobs(device, args.max_examples, args.max_seconds))
+    require(args.jobs <= max_jobs(), f"--jobs {args.jobs}: this machine can hold at most {max_jobs()} jobs "
+                                     f"({JOBS_PER_CORE} per CPU core, {JOB_MEMORY_BYTES >> 30} GiB of available memory each)")
+    return args.jobs
 
 
 def _resolve_run_shape(args, device: str):
@@ -187,11 +192,7 @@ def _resolve_run_shape(args, device: str):
     require(not (scale == "gpu" and device != "cuda"),
             "--scale gpu needs --device cuda: production-sized launches under the interpreter would take hours")
     domain = domain_named(scale)
-    jobs = args.jobs if args.jobs is not None else _default_jobs(device, args.max_examples, args.max_seconds)
-    from kvfence.workflow.jobs import JOB_MEMORY_BYTES, JOBS_PER_CORE, max_jobs  # before anything is sized by jobs
-
-    require(jobs <= max_jobs(), f"--jobs {jobs}: this machine can hold at most {max_jobs()} jobs ({JOBS_PER_CORE} per "
-                                f"CPU core, {JOB_MEMORY_BYTES >> 30} GiB of available memory each)")
+    jobs = _run_jobs(args, device)  # before anything is sized by jobs
     require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
     per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
     if args.bulk_per_example is None:  # resolved here, so --jobs children get the same value

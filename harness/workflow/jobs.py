@@ -53,10 +53,19 @@ def _available_memory() -> Optional[int]:
     return None
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (``taskset``, a container's or a batch
+    scheduler's cpuset), not every core of the host."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
 def max_jobs() -> int:
-    """The most ``--jobs`` this machine can hold: ``JOBS_PER_CORE`` per CPU core, and no more than its
-    available memory at ``JOB_MEMORY_BYTES`` a job (``fuzz --help`` says so)."""
-    cores = os.cpu_count() or 1
+    """The most ``--jobs`` this machine can hold: ``JOBS_PER_CORE`` per usable CPU core, and no more than
+    its available memory at ``JOB_MEMORY_BYTES`` a job (``fuzz --help`` says so)."""
+    cores = usable_cores()
     memory = _available_memory()
     by_memory = memory // JOB_MEMORY_BYTES if memory is not None else cores * JOBS_PER_CORE
     return max(1, min(cores * JOBS_PER_CORE, by_memory))
