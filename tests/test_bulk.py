@@ -224,24 +224,25 @@ def _case_file(out: Path) -> dict:
     return json.loads(files[0].read_text())
 
 
+@pytest.mark.interpreter  # the planted bug reads on the host: --device cpu in a subprocess
 def test_fuzz_with_bulk_saves_the_minimal_case_file_and_it_replays(tmp_path):
     """On the interpreter: a bug the bulk meets first ends as the case file Hypothesis alone gives, whose
     ``repro`` exits 1; the reference kernel passes with the bulk on."""
     bulk_out, alone_out, clean_out = tmp_path / "bulk", tmp_path / "alone", tmp_path / "clean"
-    found = _cli("fuzz", "--kernel", RARE_KERNEL, *TINY, "--bulk-per-example", "16", "--seed", "3",
+    found = _cli("fuzz", "--device", "cpu", "--kernel", RARE_KERNEL, *TINY, "--bulk-per-example", "16", "--seed", "3",
                  "--max-examples", "100", "--out", str(bulk_out), "--quiet")
     assert found.returncode == 1, found.stdout[-2000:] + found.stderr[-2000:]
     doc = json.loads((bulk_out / "summary.json").read_text())
     assert doc["bulk_splice"] == SPLICE_REPLAYED and doc["bulk_cases"] > 0 and doc["bulk_per_example"] == 16
-    alone = _cli("fuzz", "--kernel", RARE_KERNEL, *TINY, "--seed", "3", "--max-examples", "400",
+    alone = _cli("fuzz", "--device", "cpu", "--kernel", RARE_KERNEL, *TINY, "--seed", "3", "--max-examples", "400",
                  "--out", str(alone_out), "--quiet")
     assert alone.returncode == 1, alone.stdout[-2000:] + alone.stderr[-2000:]
     case, reference = _case_file(bulk_out), _case_file(alone_out)
     assert case["case"] == reference["case"] and case["case"]["batch"]["seq_lens"] == [11]
     assert {f["kind"] for f in case["findings"]} == {"VALUE_MISMATCH"}
     path = next((bulk_out / "cases").glob("*.json"))
-    assert _cli("repro", str(path), "--kernel", RARE_KERNEL).returncode == 1
-    clean = _cli("fuzz", *TINY, "--bulk-per-example", "16", "--seed", "3", "--max-examples", "5",
+    assert _cli("repro", str(path), "--device", "cpu", "--kernel", RARE_KERNEL).returncode == 1
+    clean = _cli("fuzz", "--device", "cpu", *TINY, "--bulk-per-example", "16", "--seed", "3", "--max-examples", "5",
                  "--out", str(clean_out), "--quiet")
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     assert json.loads((clean_out / "summary.json").read_text())["bulk_cases"] > 0

@@ -71,13 +71,19 @@ def test_torch_write_set_equals_the_plain_oracle_on_production_spills(make_sessi
 @given(data=st.data())
 def test_the_batched_device_path_equals_the_oracle_on_production_spills(device, data):
     """A run of one overflowing config through ``Session.check_many`` on the device path (the torch
-    builder's full verdict) names exactly what the oracle path names, case by case."""
+    builder's full verdict) names exactly what the oracle path names, case by case: kind, buffer, region,
+    element range, programs and detail. Not the sampled values: where several programs spill into one
+    guard element (past the last row), which of their values is found there is the GPU's race (seen on
+    the H200), and each path samples its own launch."""
     first = data.draw(overflowing_cases())
     run = [first] + [Case(first.config, data.draw(batches(first.config))) for _ in range(2)]
     batched = Session(device, "reference", verifier="device").check_many(run)
     oracle = Session(device, "reference", verifier="oracle")
-    assert [sorted(f.headline() for f in fs) for fs in batched] == [sorted(f.headline() for f in oracle.check(c))
-                                                                      for c in run]
+
+    def named(findings):
+        return sorted((f.kind.value, f.buffer, f.region, f.start, f.stop, tuple(f.programs), f.detail) for f in findings)
+
+    assert [named(fs) for fs in batched] == [named(oracle.check(c)) for c in run]
 
 
 def device_session(device, kernel):

@@ -169,6 +169,7 @@ def test_default_jobs_follow_the_cores_this_process_may_run_on(monkeypatch):
     assert fuzz._default_jobs("cuda", 10**8, 60.0) == 1
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_jobs_merge_into_one_summary(tmp_path):
     """--jobs 2 on the CPU: two child processes with distinct seeds, one summary whose counts are the sum
     of the children's, one case folder, one report."""

@@ -242,6 +242,27 @@ def test_a_kernel_whose_launches_alternate_findings_is_racy_and_agrees():
     assert result.counters[COUNTERS.index("kv_indices")] > 0
 
 
+@pytest.mark.cpu_only
+def test_a_race_that_follows_the_buffers_is_found_by_judging_one_launch_twice():
+    """tests/targets/spills.py:by_allocation leaves a wrong value on the device path's buffers and a slack
+    store on the oracle path's, on every launch: each path repeats itself. Judged by both verifiers on one
+    launch's buffers, the findings are the same, so the verifiers agree and the case is racy (launch-
+    dependent); judged by the plain oracle on that launch, a verifier that named other findings would be
+    a disagreement."""
+    from kvfence.cases.targets import _load_file
+
+    _load_file(SPILLS).ALLOCATIONS.clear()
+    spec = f"{SPILLS}:by_allocation"
+    paths = compare.Paths("cpu", spec)
+    case = case_for(spec)
+    result = paths.check(case)
+    assert {f.kind for f in result.device} == {Kind.VALUE_MISMATCH}
+    assert {f.kind for f in result.oracle} == {Kind.STRAY_WRITE}
+    assert result.racy and result.agree, result.problems
+    by_device, by_oracle = paths.cross_judge(case)
+    assert compare.named(by_device) == compare.named(by_oracle) == compare.named(result.device)
+
+
 def test_a_verifier_that_drops_a_finding_is_still_a_disagreement():
     """The non-racy half: both paths repeat themselves, the device path without the slack write."""
     value = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
@@ -252,6 +273,7 @@ def test_a_verifier_that_drops_a_finding_is_still_a_disagreement():
     assert result.problems == ["the device path's findings differ from the oracle path's"]
 
 
+@pytest.mark.cpu_only
 def test_a_racy_case_of_a_planted_write_fails_the_run(monkeypatch):
     """A planted write is one store: were its case racy, kvfence's write set would be wrong, so the run
     fails even though the racy rule itself agrees; a racy kernel mutant's case only has to agree."""
@@ -287,6 +309,8 @@ class _Launches:
 def _paths(oracle, dev):
     paths = compare.Paths.__new__(compare.Paths)
     paths.oracle, paths.dev, paths._verifiers = oracle, dev, {}
+    # One launch judged by both verifiers: each stand-in judges it as it judged its own last launch.
+    paths.cross_judge = lambda case: (dev.verdicts[-1], oracle.verdicts[-1])
     return paths
 
 

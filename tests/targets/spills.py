@@ -13,6 +13,11 @@ the other orders, for the CPU tests (tests/test_contended.py):
 launched (a device counter it reads and increments): a wrong value in row 0 on even launches, a store
 in row 0's slack on odd ones. Two launches of one case name different findings, like a racy kernel's.
 
+``by_allocation``: the reference kernel, then one bad store whose place depends on the buffer it runs
+on: in row 0 on the first kv_indices allocation it meets, in row 0's slack on every other. Every launch
+on one buffer names the same findings, two buffers (the two paths' runners) different ones: a race whose
+outcome follows where the buffers are, as the H200 showed.
+
 They compute on the host (row widths from ``seq_lens``), so they run eagerly: CPU tests only.
 """
 
@@ -86,3 +91,18 @@ def parity(**kw):
     _reference(**kw)
     counter = LAUNCHES.setdefault(kvi.device, torch.zeros(1, dtype=torch.int32, device=kvi.device))
     _parity_store[(1,)](counter, kvi, kvi.shape[1] - 1, BAD_VALUE)
+
+
+#: kv_indices allocations ``by_allocation`` has met, in order (a test clears it).
+ALLOCATIONS = []
+
+
+def by_allocation(**kw):
+    """``BAD_VALUE`` at row 0 element 0 on the first allocation met (``VALUE_MISMATCH``), at row 0's last
+    element on any other (``STRAY_WRITE`` in its slack)."""
+    kvi = kw["kv_indices"]
+    _reference(**kw)
+    storage = kvi.untyped_storage().data_ptr()
+    if storage not in ALLOCATIONS:
+        ALLOCATIONS.append(storage)
+    kvi[0, 0 if ALLOCATIONS.index(storage) == 0 else kvi.shape[1] - 1] = BAD_VALUE
