@@ -183,6 +183,42 @@ def test_a_splice_hypothesis_does_not_replay_is_reported_unshrunk(monkeypatch):
     assert ["bulk failure", result.bulk_splice] in summary.run_rows(doc)
 
 
+class RoundTrips(PlantedStub):
+    """Records each ``check_many`` call's size; the planted bug is a request of length ``RARE``."""
+
+    RARE = 300
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def check_many(self, cases):
+        self.calls.append(len(cases))
+        return super().check_many(cases)
+
+
+def test_an_example_is_checked_up_to_its_first_failing_chunk():
+    """The Hypothesis-drawn cases go first on their own, then the bulk in chunks of ``BULK_CHECK_CHUNK``;
+    checking stops at the first chunk that holds a failure (the example fails there; a dirty bulk would
+    cost a full re-check per case), except under ``--keep-going`` (``known``), where a known failure
+    passes and every case needs its verdict. The failing case is the same either way."""
+    from hypothesis import strategies as hst
+
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.workflow.fuzz import BULK_CHECK_CHUNK
+
+    config = Config(topk=1, num_steps=1, page_size=1, ctx=1024, max_bs=1)
+    run = CaseRun([Case(config, Batch((length,), (0,), 0)) for length in range(1, 902)])
+    run.bulk_start, run.bulk_choices, run.prefix = 1, [()] * 900, None  # one drawn case, then the bulk
+    stop, every = RoundTrips(), RoundTrips()
+    found = fuzz(stop, hst.just(run), max_examples=1, seed=0, targeting=False, shrink_seconds=0)
+    full = fuzz(every, hst.just(run), max_examples=1, seed=0, targeting=False, shrink_seconds=0, known=set())
+    assert found.case.batch.seq_lens == full.case.batch.seq_lens == (RoundTrips.RARE,)
+    # Length 300 is bulk case 299: in the second chunk of 256.
+    assert stop.calls == [1, BULK_CHECK_CHUNK, BULK_CHECK_CHUNK] and found.verified_cases == 1 + 2 * BULK_CHECK_CHUNK
+    assert sum(every.calls) == 901 and every.calls[0] == 1 and max(every.calls) == BULK_CHECK_CHUNK
+
+
 def test_the_bulk_never_launches_a_structure_the_run_has_verified():
     """Every repeat of a structure among the launched cases is a Hypothesis-drawn token variant: the
     bulk's repeats are skipped (``bulk_skipped``), and the counts say so."""

@@ -243,6 +243,20 @@ def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
     return out
 
 
+#: Bulk cases per ``check_many`` round trip: an example's Hypothesis-drawn cases go first, on their own,
+#: then its bulk in chunks of this many, and checking stops at the first chunk holding a failure.
+BULK_CHECK_CHUNK = 256
+
+
+def _check_chunks(count: int, head: int):
+    """``(lo, hi)`` slices of an example's ``count`` fresh cases, the first ``head`` (Hypothesis-drawn)
+    on their own, then ``BULK_CHECK_CHUNK`` at a time."""
+    if head:
+        yield 0, head
+    for lo in range(head, count, BULK_CHECK_CHUNK):
+        yield lo, min(count, lo + BULK_CHECK_CHUNK)
+
+
 def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
          progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
@@ -308,6 +322,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                         result.bulk_skipped += 1
             cases = cases[:bulk_start] + bulk
         fresh = [c for c in dict.fromkeys(cases) if c not in verdicts]
+        head_set = set(cases[:bulk_start]) if bulk_start < len(cases) else None
         launched = set(fresh)
         if fresh and shrinking and now - state["first_failure"] > shrink_seconds:
             result.shrink_cut = True
@@ -316,10 +331,20 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         if fresh:
             if result.first_launch_at is None:
                 result.first_launch_at = time.time()
-            checked = dict(zip(fresh, _check_many(session, fresh, journal)))
-            result.verified_cases += len(fresh)
+            head_fresh = sum(1 for c in fresh if c in head_set) if bulk_start < len(cases) else len(fresh)
+            for lo, hi in _check_chunks(len(fresh), head_fresh):
+                chunk = fresh[lo:hi]
+                got = dict(zip(chunk, _check_many(session, chunk, journal)))
+                checked.update(got)
+                if known is None and any(got.values()):
+                    # The example fails at its first failing case (the loop below raises there): cases
+                    # after it need no verdict, and a dirty bulk would cost one full re-check per case.
+                    # (--keep-going may pass a known failure, so it checks every case.)
+                    break
+            launched = set(checked)
+            result.verified_cases += len(checked)
             if bulk_start < len(cases):
-                head = set(cases[:bulk_start])
+                head = head_set
                 result.bulk_cases += len(launched) - len(launched & head)
                 # A clean bulk case is not kept (memory: the bulk is most cases): a replay of its example
                 # draws it again and skips it, its structure being known; a failing one keeps its verdict.
