@@ -12,7 +12,7 @@
 #   part             seconds  writes ($RESULTS/)                 what
 #   throughput       560      h200.json, h200_scale_mutants.json check_small, large, the 60 s fuzz runs; scale mutants
 #   verify-variants  120      h200_verify_final.json             the shipped device verifier's per-pass timings
-#   verifiers        450      h200_verifiers.json                mutants --verifiers both: the two verifiers agree
+#   verifiers        400      h200_verifiers_seed{0,1,2}.json    mutants --verifiers both, seeds 0-2 at once: the two verifiers agree
 #   mutants          450      h200_mutants.json                  the mutation self-test on the GPU domain
 #   family           560      h200_family_mutants.json           the §6 mutants on the GPU domain
 #   nightly          560      h200_nightly.json                  the sweep: safe exits 0, prefix 1; detection matrix
@@ -49,8 +49,14 @@ run_verify_variants() {
 }
 
 run_verifiers() {
-  timeout 450 kvfence mutants --device cuda --verifiers both --max-examples 4 --json "$RESULTS/h200_verifiers.json" \
-    > "$LOGS/verifiers.txt" 2>&1
+  # One command per results file, the three seeds side by side (about 200 s each on one H200).
+  local s rc=0
+  for s in 0 1 2; do
+    timeout 400 kvfence mutants --device cuda --verifiers both --max-examples 2 --seed "$s" \
+      --json "$RESULTS/h200_verifiers_seed$s.json" > "$LOGS/verifiers$s.txt" 2>&1 &
+  done
+  for s in 0 1 2; do wait -n || rc=1; done
+  return $rc
 }
 
 run_mutants() {
