@@ -671,8 +671,11 @@ def _structure(batch: Batch) -> tuple:
     return batch.seq_lens, batch.req_pool_indices
 
 
-def _digest(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+def _example_key(config: Config, drawn: list) -> int:
+    """A digest of an example's config and Hypothesis-drawn batches, the same in every process: it keys
+    the batches' token tables and seeds the bulk, so a replay of the example gives the same cases."""
+    shape = repr((config, [(b.seq_lens, b.req_pool_indices, b.token_seed) for b in drawn]))
+    return int.from_bytes(hashlib.blake2b(shape.encode(), digest_size=8).digest(), "little")
 
 
 @st.composite
@@ -692,7 +695,7 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
         # digest of the whole example and its index: two examples that differ anywhere share no case, the
         # batches of one example differ from each other, and replaying an example (shrinking) gives the same
         # cases. Lengths and pool rows stay exactly as drawn, so structure still shrinks as usual.
-        key = _digest(repr((config, [(b.seq_lens, b.req_pool_indices, b.token_seed) for b in drawn])))
+        key = _example_key(config, drawn)
         cases = [Case(config, Batch(b.seq_lens, b.req_pool_indices, (b.token_seed + key + i * 0x9E3779B1) % 2**SLOT_BITS,
                                     b.v2p_seed),
                       kernel, canary_seed) for i, b in enumerate(drawn)]
@@ -703,7 +706,7 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
     if not draw(BULK_SWITCH):
         return run
     if key is None:
-        key = _digest(repr((config, [(b.seq_lens, b.req_pool_indices, b.token_seed) for b in drawn])))
+        key = _example_key(config, drawn)
     # The bulk: the same draw code from a PRNG seeded by the example (a replay gives the same batches),
     # each structure once: a repeat would only re-draw its token table.
     source = FastDraw(random.Random(key))

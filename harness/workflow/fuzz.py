@@ -344,11 +344,10 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             launched = set(checked)
             result.verified_cases += len(checked)
             if bulk_start < len(cases):
-                head = head_set
-                result.bulk_cases += len(launched) - len(launched & head)
+                result.bulk_cases += len(launched - head_set)
                 # A clean bulk case is not kept (memory: the bulk is most cases): a replay of its example
                 # draws it again and skips it, its structure being known; a failing one keeps its verdict.
-                verdicts.update((c, f) for c, f in checked.items() if f or c in head)
+                verdicts.update((c, f) for c, f in checked.items() if f or c in head_set)
             else:
                 verdicts.update(checked)
         utilisations = []
