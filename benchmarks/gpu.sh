@@ -21,8 +21,9 @@
 #   crash            200      h200_crash_run_summary.json        fuzz --keep-going over a kernel that faults
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
-#   plain-mutants    580      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
-#                                                                run per GPU (an 8-GPU node; not in the default list)
+#   plain-mutants    560      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
+#                                                                run per GPU, or 8 sharing one GPU (not in the
+#                                                                default list; run it again to resume a cut file)
 #
 # upstream: the GPU machine has no network, so the extracted kernels travel in upstream-cache/, filled on a
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
@@ -119,13 +120,30 @@ run_upstream() {
     --out "$LOGS/upstream-matrix" --json "$RESULTS/h200_upstream_matrix.json" > "$LOGS/upstream.txt" 2>&1
 }
 
-# benchmarks/plain_fuzz_mutants.py: every GPU of the node runs one plain command at a time on its own cores;
-# no run starts after 400 s and each stops at 150 s, so the part ends inside its 580 s cap. Seed-major, so a
-# cut leaves every mutant with about as many of the SEEDS (default 20) seeds: the file says how many ran.
+# benchmarks/plain_fuzz_mutants.py, the plain command per mutant and seed: on a node of several GPUs one run per
+# GPU on its own cores; on a one-GPU machine PLAIN_PARALLEL runs (default 8) share GPU 0, each on its own cores
+# (so each run's default --jobs is what a machine of that many cores gets) and its share of the GPU's memory
+# (--max-gpu-mem PLAIN_MEM, default 10G: 60% of an H200's 139 GiB over 8, what the default gives one job of a
+# run of 8 jobs; the default of one job, 60% of all, taken by 8 runs at once would not fit). No run starts
+# after PLAIN_START_S (default 400) seconds and each stops at 120 s, so the part ends inside its cap. Seed-major, so a cut leaves every mutant with about as many
+# of the SEEDS (default 20) seeds; running the part again resumes an incomplete file (only the runs it lacks).
 run_plain_mutants() {
-  timeout 580 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$(nvidia-smi -L | grep -c '^GPU ')" \
-    --seeds "${SEEDS:-20}" --reference-seeds 1 --max-seconds 400 --run-timeout 150 \
-    --json "$RESULTS/h200_plain_fuzz_mutants.json" > "$LOGS/plain_mutants.txt" 2>&1
+  local file="$RESULTS/h200_plain_fuzz_mutants.json" gpus parallel where=() resume=() shared=()
+  gpus=$(nvidia-smi -L | grep -c '^GPU ')
+  if [ "$gpus" -gt 1 ]; then
+    parallel=$gpus
+  else
+    parallel=${PLAIN_PARALLEL:-8}
+    where=(--gpus "$(python -c "print(','.join(['0'] * $parallel))")")
+    shared=(-- --max-gpu-mem "${PLAIN_MEM:-10G}")
+  fi
+  if [ -f "$file" ] && python -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('complete') is not False)" \
+      "$file"; then
+    resume=(--resume "$file")
+  fi
+  timeout 560 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$parallel" "${where[@]}" \
+    --seeds "${SEEDS:-20}" --reference-seeds 1 --max-seconds "${PLAIN_START_S:-400}" --run-timeout 120 \
+    "${resume[@]}" --json "$file" "${shared[@]}" > "$LOGS/plain_mutants.txt" 2>&1
 }
 
 run_tests() {

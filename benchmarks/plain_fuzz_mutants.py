@@ -2,7 +2,7 @@
 
     python benchmarks/plain_fuzz_mutants.py [--device cuda] [--seeds 20] [--only NAME ...] [--parallel N]
         [--cores-per-run C] [--gpus 0,1,...] [--reference-seeds K] [--max-seconds S] [--json FILE]
-        [-- EXTRA FUZZ FLAGS]
+        [--resume FILE] [-- EXTRA FUZZ FLAGS]
 
 For every mutant of ``kernels/mutants/`` (or those named with ``--only``) and every seed, it runs the
 command a user would run, ``python -m kvfence fuzz --device D --kernel FILE:ATTR`` (a kernel mutant,
@@ -23,7 +23,16 @@ cores each run sees what a one-GPU box with 16 cores gives it: kvfence's default
 cores it may run on. Reference runs (the longest: the whole default budget) start first, then every
 mutant's seed 0, then seed 1, and so on; the ``--json`` file is rewritten after every run, so a cut
 (``--max-seconds``: no run starts after it; a signal) leaves every mutant with about as many seeds: rates
-and ``passed`` are over the seeds that ran (``seeds_run``; ``min_seeds_run``, ``cut``).
+of each row are over the seeds that ran (``seeds_run``; ``min_seeds_run``, ``cut``), while the file's
+``passed`` needs every planned run done (``complete``): a cut run with no failing row so far says
+INCOMPLETE and exits 3.
+
+``--gpus 0,0,0,0`` may name one GPU more than once: those runs share it (a one-GPU machine running
+several commands at once, each on its own cores; the file's ``slots`` say so). ``--resume FILE``
+continues a cut results file of the same plan (device, seeds, mutants, reference seeds, extra flags)
+where it stopped: only the runs it lacks start (a run the cut stopped starts again), the file is
+rewritten in place, and ``sessions`` lists each command with its wall time, so a plan longer than one
+sitting is measured over several and still lands in one file.
 """
 
 from __future__ import annotations
@@ -148,14 +157,14 @@ def slots(parallel: int, cores_per_run: Optional[int], gpus: Optional[List[int]]
     if device != "cuda":
         return [{"gpu": None, "cpus": sorted(c)} for c in chunks]
     gpus = gpus if gpus is not None else list(range(parallel))
-    require(len(gpus) == parallel and len(set(gpus)) == parallel,
-            f"--gpus names {len(set(gpus))} distinct GPUs for --parallel {parallel}")
+    require(len(gpus) == parallel, f"--gpus names {len(gpus)} GPUs for --parallel {parallel} (one per run; "
+                                   f"naming one twice makes those runs share it)")
     present = _gpu_count()
     require(present is None or max(gpus) < present,
             f"--parallel {parallel} / --gpus {','.join(map(str, gpus))}: this machine has {present} GPU(s)")
     local = _gpu_local_cpus(gpus)
     out = []
-    for gpu in gpus:  # each GPU takes the free chunk with most of its NUMA node's cores
+    for gpu in gpus:  # each run's GPU takes the free chunk with most of its NUMA node's cores
         best = max(range(len(chunks)), key=lambda i: len(set(chunks[i]) & local.get(gpu, set())))
         out.append({"gpu": gpu, "cpus": sorted(chunks.pop(best))})
     return out
@@ -218,7 +227,8 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
 
 
 def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str], tmp: Path, result: dict):
-    """Every run, in the order they start (reference runs first, then seed-major), and their rows."""
+    """Every run, in the order they start (reference runs first, then seed-major), and their rows; a row
+    already in ``result`` (``--resume``) keeps what it has and gets only the seeds it has not run."""
     base = [sys.executable, "-m", "kvfence", "fuzz", "--device", device]
     runs: List[Run] = []
 
@@ -230,14 +240,18 @@ def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str
 
     for contract in sorted({m.contract for m in mutants}):
         name, flags = f"{REFERENCE} ({contract})", (RAIL_FLAGS if contract == "window-rail" else [])
+        done = set(result["reference"].get(name, {}).get("seeds_run", []))
         for seed in range(reference_seeds):
             out = tmp / f"{REFERENCE}-{contract}-{seed}"
-            runs.append(Run(name, seed, command(flags, seed, out), out, reference=True))
-        if reference_seeds:
+            if seed not in done:
+                runs.append(Run(name, seed, command(flags, seed, out), out, reference=True))
+        if reference_seeds and name not in result["reference"]:
             result["reference"][name] = {"flags": flags, "seeds_run": [], "exit_codes": [], "wall_s": [],
                                          "kinds": [], "clean": None, "passed": False, "problems": [],
                                          "command": text(flags)}
     for m in mutants:
+        if m.name in result["mutants"]:
+            continue
         result["mutants"][m.name] = {"kind": m.kind, "domain": m.domain, "contract": m.contract,
                                      "flags": flags_for(m), "detects": list(m.detects), "seeds": seeds,
                                      "seeds_run": [], "detected_seeds": [], "detected": 0, "rate": 0.0,
@@ -248,8 +262,38 @@ def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str
     for seed in range(seeds):
         for m in mutants:
             out = tmp / f"{m.name}-{seed}"
+            if seed in result["mutants"][m.name]["seeds_run"]:
+                continue
             runs.append(Run(m.name, seed, command(flags_for(m), seed, out), out, detects=m.detects))
     return runs
+
+
+#: Exit code of a run whose plan is not all run (cut) and has no failing row so far.
+INCOMPLETE = 3
+
+#: What a ``--resume`` file must share with the command that continues it.
+PLAN_KEYS = ("benchmark", "device", "seeds", "reference_seeds", "required", "extra")
+
+
+def resumed(path: str, fresh: dict, mutants) -> dict:
+    """The results file ``path`` to continue, checked against this command's plan ``fresh``: the runs
+    it has stay, the cut is undone (only the seeds it lacks will run)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        require(False, f"--resume {path}: not a readable results file ({exc.__class__.__name__})")
+    require(isinstance(doc, dict) and isinstance(doc.get("mutants"), dict) and isinstance(doc.get("reference"), dict),
+            f"--resume {path}: not a plain_fuzz_mutants results file")
+    for key in PLAN_KEYS:
+        require(doc.get(key) == fresh[key], f"--resume {path}: its {key} is {doc.get(key)!r}, this command's "
+                                            f"{fresh[key]!r}")
+    names = sorted(m.name for m in mutants)
+    require(sorted(doc["mutants"]) == names, f"--resume {path}: it holds other mutants than this command's --only")
+    if "sessions" not in doc:  # written before sessions were kept: its own command is the first
+        doc["sessions"] = [{"command": doc.get("command"), "parallel": doc.get("parallel"), "slots": doc.get("slots"),
+                            "wall_s": doc.get("wall_s", 0.0), "cut": doc.get("cut", False)}]
+    doc["cut"], doc["stopped"] = False, []
+    return doc
 
 
 def main() -> int:
@@ -263,6 +307,8 @@ def main() -> int:
     parser.add_argument("--reference-seeds", type=int, default=2)
     parser.add_argument("--max-seconds", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT_S)
+    parser.add_argument("--resume", default=None, metavar="FILE",
+                        help="continue this cut results file of the same plan (rewritten in place)")
     args = parser.parse_args(argv)
     try:
         require(args.seeds >= 1 and args.parallel >= 1 and args.reference_seeds >= 0, "--seeds and --parallel must be "
@@ -270,14 +316,21 @@ def main() -> int:
         gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
         layout = slots(args.parallel, args.cores_per_run, gpus, args.device)
         mutants = discover(names=args.only or None)
-    except Exception as exc:  # BadInput, a malformed --gpus: one line, exit 2
+        result = {"benchmark": "plain_fuzz_mutants", "command": shlex.join(["python", *sys.argv]),
+                  "device": args.device, "seeds": args.seeds, "reference_seeds": args.reference_seeds,
+                  "required": args.required, "parallel": args.parallel, "slots": layout, "extra": extra,
+                  "cut": False, "stopped": [], "wall_s": 0.0, "reference": {}, "mutants": {}}
+        if args.resume:
+            result = resumed(args.resume, result, mutants)
+            args.json = args.json or args.resume
+    except Exception as exc:  # BadInput, a malformed --gpus or --resume file: one line, exit 2
         print(f"plain_fuzz_mutants: {exc}", file=sys.stderr)
         return 2
     start = time.monotonic()
-    result = {"benchmark": "plain_fuzz_mutants", "command": shlex.join(["python", *sys.argv]),
-              "device": args.device, "seeds": args.seeds, "reference_seeds": args.reference_seeds,
-              "required": args.required, "parallel": args.parallel, "slots": layout, "extra": extra,
-              "cut": False, "stopped": [], "wall_s": 0.0, "reference": {}, "mutants": {}}
+    earlier_wall = result["wall_s"]
+    session = {"command": shlex.join(["python", *sys.argv]), "parallel": args.parallel, "slots": layout,
+               "wall_s": 0.0, "cut": False}
+    result.setdefault("sessions", []).append(session)
     save = saver(args.json, result)
     for i, slot in enumerate(layout):
         print(f"slot {i}: gpu {slot['gpu']}, cores {slot['cpus'][0]}..{slot['cpus'][-1]} ({len(slot['cpus'])})",
@@ -289,7 +342,8 @@ def main() -> int:
         def finish(run: Run, returncode: Optional[int]) -> None:
             running.remove(run)
             record(result, run, returncode, time.monotonic() - run.started)
-            result["wall_s"] = round(time.monotonic() - start, 1)
+            session["wall_s"] = round(time.monotonic() - start, 1)
+            result["wall_s"] = round(earlier_wall + session["wall_s"], 1)
             save()
             row = _row(result, run)
             what = ("clean" if row["clean"] else "NOT CLEAN") if run.reference else (
@@ -299,7 +353,7 @@ def main() -> int:
 
         def cut():
             """Stop every run in flight: not counted (a run the cut stopped says nothing of the mutant)."""
-            result["cut"] = True
+            result["cut"] = session["cut"] = True
             for run in list(running):
                 _stop(run)
                 running.remove(run)
@@ -315,7 +369,7 @@ def main() -> int:
             while pending or running:
                 late = args.max_seconds is not None and time.monotonic() - start > args.max_seconds
                 if late and pending:
-                    result["cut"] = True
+                    result["cut"] = session["cut"] = True
                     pending.clear()
                 busy = {r.slot for r in running}
                 free = [i for i in range(len(layout)) if i not in busy]
@@ -334,11 +388,14 @@ def main() -> int:
         except KeyboardInterrupt:
             cut()
     rows = list(result["mutants"].values())
-    # Over the seeds that ran: a cut run says so (``cut``) and how many seeds every mutant got at least.
+    # Rows' rates are over the seeds that ran; the whole passes only with every planned run done.
     result["min_seeds_run"] = min((len(r["seeds_run"]) for r in rows), default=0)
-    result["passed"] = (result["min_seeds_run"] > 0 and all(r["passed"] for r in rows)
+    result["complete"] = (result["min_seeds_run"] == args.seeds and
+                          all(len(r["seeds_run"]) == args.reference_seeds for r in result["reference"].values()))
+    result["passed"] = (result["complete"] and all(r["passed"] for r in rows)
                         and all(r["passed"] for r in result["reference"].values()))
-    result["wall_s"] = round(time.monotonic() - start, 1)
+    session["wall_s"] = round(time.monotonic() - start, 1)
+    result["wall_s"] = round(earlier_wall + session["wall_s"], 1)
     save()
     for name, r in result["mutants"].items():
         print(f"{name:32s} {r['detected']:3d}/{len(r['seeds_run'])}  median first failure "
@@ -346,11 +403,12 @@ def main() -> int:
     for name, r in result["reference"].items():
         verdict = {True: "clean", False: "NOT CLEAN", None: "not run"}[r["clean"]]
         print(f"{name:32s} {verdict} in {len(r['seeds_run'])} seed(s)")
-    print("PASS" if result["passed"] else "FAIL", f"({sum(r['passed'] for r in rows)}/{len(rows)} mutants in >= "
-                                                  f"{args.required:.0%} of their seeds, at least "
-                                                  f"{result['min_seeds_run']} of {args.seeds} seeds each; "
-                                                  f"{result['wall_s']} s{', cut' if result['cut'] else ''})")
-    return 0 if result["passed"] else 1
+    failing = sum(not r["passed"] for r in rows) + sum(not r["passed"] for r in result["reference"].values())
+    verdict = "PASS" if result["passed"] else ("FAIL" if failing else "INCOMPLETE")
+    print(verdict, f"({sum(r['passed'] for r in rows)}/{len(rows)} mutants in >= {args.required:.0%} of the seeds "
+                   f"they ran, at least {result['min_seeds_run']} of {args.seeds} seeds each; {result['wall_s']} s"
+                   f"{'; cut: --resume the file to run the rest' if not result['complete'] else ''})")
+    return {"PASS": 0, "FAIL": 1, "INCOMPLETE": INCOMPLETE}[verdict]
 
 
 if __name__ == "__main__":

@@ -36,16 +36,21 @@ def max_example(result) -> Optional[dict]:
     return dict(zip(COVERAGE_FIELDS, stat)) if stat is not None else None
 
 
-#: What ended a fuzz run (``ended_by``): a signal, the time budget, a failure (then shrunk), the example budget.
-ENDINGS = ("signal", "time", "failure", "examples")
+#: What ended a fuzz run (``ended_by``): a signal, the time budget, a failure (then shrunk), another
+#: ``--jobs`` job's failure (this job stopped exploring), the example budget. A merge of jobs reports
+#: the first of these that any job ended by.
+ENDINGS = ("signal", "time", "failure", "job_failure", "examples")
 
 
-def ended_by(*, interrupted, time_cut: bool, failed: bool, keep_going: bool = False) -> str:
+def ended_by(*, interrupted, time_cut: bool, failed: bool, keep_going: bool = False,
+             job_failure_cut: bool = False) -> str:
     """Which of ``ENDINGS`` ended the run (``--keep-going`` goes on past failures: a budget ends it)."""
     if interrupted:
         return "signal"
     if time_cut:
         return "time"
+    if job_failure_cut and not failed:
+        return "job_failure"
     return "failure" if failed and not keep_going else "examples"
 
 
@@ -88,7 +93,8 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "earlier_cases": earlier,
         "time_cut": result.time_cut,
         "ended_by": ended_by(interrupted=run.get("interrupted"), time_cut=result.time_cut,
-                             failed=bool(result.findings), keep_going=result.keep_going is not None),
+                             failed=bool(result.findings), keep_going=result.keep_going is not None,
+                             job_failure_cut=result.job_failure_cut),
         "first_failure_s": (round(first_at - started_at, 3) if first_at is not None and started_at is not None
                             else round(result.first_failure_s, 3) if result.first_failure_s is not None else None),
         "examples_to_failure": result.examples_to_failure,

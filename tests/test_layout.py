@@ -175,3 +175,30 @@ def test_the_circle_check_sees_a_circle_and_a_chain_is_none():
     assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     graph = module_imports()
     assert "kvfence.cases.upstream" in graph["kvfence.cases.targets"]  # the walk sees lazy imports
+
+
+def _packaging() -> tuple:
+    """``(package-dir, packages)`` of pyproject.toml's ``[tool.setuptools]``."""
+    import tomllib
+
+    table = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return table["package-dir"], table["packages"]
+
+
+def _folder_packages(package_dir: dict) -> set:
+    """Every dotted package the mapped folders hold (a folder with Python files: ``kernels/mutants`` has
+    no ``__init__.py``, its files are data the mutation test builds from)."""
+    found = set()
+    for name, folder in package_dir.items():
+        base = ROOT.parent / folder
+        for module in base.rglob("*.py"):
+            found.add(".".join((name, *module.parent.relative_to(base).parts)))
+    return found
+
+
+def test_a_built_install_holds_every_package_of_the_tree():
+    """A wheel (``pip install .``, not editable) installs only the packages pyproject.toml lists: a folder
+    left out imports in a checkout and fails installed (``kvfence.commands`` once did)."""
+    package_dir, packages = _packaging()
+    assert _folder_packages(package_dir) == set(packages)
+    assert "kvfence.commands" in _folder_packages(package_dir)

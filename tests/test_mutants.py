@@ -175,6 +175,11 @@ def test_plain_benchmark_pins_each_run_to_its_own_gpu_and_cores(tmp_path, monkey
     monkeypatch.setattr(bench, "_gpu_count", lambda: 1)
     with pytest.raises(BadInput, match="has 1 GPU"):
         bench.slots(1, 1, [1], "cuda")
+    with pytest.raises(BadInput, match="names 1 GPUs for --parallel 2"):
+        bench.slots(2, 1, [0], "cuda")
+    # One GPU named twice: two runs share it, each on its own cores.
+    shared = bench.slots(2, 1, [0, 0], "cuda")
+    assert [s["gpu"] for s in shared] == [0, 0] and not set(shared[0]["cpus"]) & set(shared[1]["cpus"])
     probe = tmp_path / "probe"
     run = bench.Run("probe", 0, [sys.executable, "-c", "import os, sys; sys.stderr.write(repr((sorted("
                                  "os.sched_getaffinity(0)), os.environ.get('CUDA_VISIBLE_DEVICES'))))"], probe)
@@ -185,16 +190,29 @@ def test_plain_benchmark_pins_each_run_to_its_own_gpu_and_cores(tmp_path, monkey
 
 def test_plain_benchmark_detects_a_mutant_and_keeps_the_reference_clean(tmp_path):
     """Two runs at once on the CPU: a mutant detected under both seeds by a kind it declares, the
-    reference clean, one results file with the rates and the commands."""
+    reference clean, one results file with the rates and the commands. The plan is measured in two
+    sittings: the first is cut after the runs it started (``--max-seconds``), ``--resume`` runs only
+    what it lacks into the same file; a resume of another plan is refused in one line."""
     out = tmp_path / "plain.json"
-    proc = subprocess.run([sys.executable, "benchmarks/plain_fuzz_mutants.py", "--device", "cpu", "--seeds", "2",
-                           "--parallel", "2", "--cores-per-run", "1", "--reference-seeds", "1", "--only",
-                           "indptr_without_drafts", "--json", str(out), "--", "--max-examples", "15"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    base = [sys.executable, "benchmarks/plain_fuzz_mutants.py", "--device", "cpu", "--seeds", "2",
+            "--parallel", "2", "--cores-per-run", "1", "--reference-seeds", "1", "--only", "indptr_without_drafts"]
+    extra = ["--", "--max-examples", "15"]
+    first = subprocess.run(base + ["--max-seconds", "0.5", "--json", str(out)] + extra,
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    doc = json.loads(out.read_text())
+    assert doc["cut"] is True and doc["mutants"]["indptr_without_drafts"]["seeds_run"] == [0], first.stdout
+    assert first.returncode == 3 and "INCOMPLETE" in first.stdout and doc["passed"] is False  # one seed of two
+    proc = subprocess.run(base + ["--resume", str(out)] + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     row = doc["mutants"]["indptr_without_drafts"]
+    assert row["seeds_run"] == [0, 1] and doc["reference"]["reference (draft)"]["seeds_run"] == [0]
     assert row["detected"] == 2 and row["rate"] == 1.0 and row["passed"] and row["median_first_failure_s"] > 0
     assert set(row["kinds"]) & set(row["detects"]) and "--seed SEED" in row["command"]
-    assert doc["reference"]["reference (draft)"]["clean"] is True and doc["passed"] is True
+    assert doc["reference"]["reference (draft)"]["clean"] is True and doc["passed"] is True and doc["cut"] is False
+    assert [s["cut"] for s in doc["sessions"]] == [True, False] and "--resume" in doc["sessions"][1]["command"]
+    assert doc["wall_s"] == pytest.approx(sum(s["wall_s"] for s in doc["sessions"]), abs=0.2)
     assert len(doc["slots"]) == 2 and doc["command"].startswith("python benchmarks/plain_fuzz_mutants.py")
+    other = subprocess.run([a if a != "2" or i != base.index("--seeds") + 1 else "3" for i, a in enumerate(base)]
+                           + ["--resume", str(out)] + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1 and "its seeds is 2" in other.stderr, other.stderr

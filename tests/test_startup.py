@@ -113,6 +113,23 @@ def test_the_summary_says_the_time_budget_ended_the_run():
     assert doc["ended_by"] == "examples"
 
 
+def test_a_stop_request_ends_the_exploration_and_the_summary_says_why():
+    """``fuzz(stop_requested=)`` (a ``--jobs`` child told that another job failed): exploration stops
+    once it says so, the summary ends by ``job_failure``; never asked, the example budget ends it."""
+    asked = []
+
+    def stop():
+        asked.append(time.perf_counter())
+        return len(asked) >= 3
+
+    result = fuzz(_SlowSession(), _cases(), max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=60, stop_requested=stop)
+    assert result.job_failure_cut and not result.time_cut and len(asked) == 3
+    assert 0 < result.examples < 40  # asked at most every STOP_POLL_S, each example sleeps 0.05 s
+    assert build(result, run={}, case_path=None)["ended_by"] == "job_failure"
+    result = fuzz(_SlowSession(), _cases(), max_examples=3, seed=0, stop_requested=lambda: False)
+    assert not result.job_failure_cut and build(result, run={}, case_path=None)["ended_by"] == "examples"
+
+
 def _cases():
     return cases(configs())
 
@@ -200,3 +217,57 @@ def test_a_jobs_parent_announces_the_first_failure_of_any_job(tmp_path):
     assert len(announced) == 1 and "SIZING_VIOLATION" in announced[0], proc.stderr
     assert doc["ended_by"] == "failure" and doc["jobs"] == 2
     assert 0 < doc["startup_s"] <= doc["first_launch_s"] <= doc["first_failure_s"] < wall
+
+
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
+def test_a_job_given_a_stop_file_that_exists_stops_exploring(tmp_path):
+    """The child's half: ``--stop-file`` (what ``run_jobs`` gives each job) that exists ends the
+    exploration before the example budget, as a clean run (exit 0) ended by ``job_failure``."""
+    stop = tmp_path / "stop"
+    stop.write_text("a job found a failure\n")
+    proc, doc, _, _ = _fuzz(tmp_path, "--max-examples", "500", "--stop-file", str(stop))
+    assert proc.returncode == 0, proc.stderr
+    assert doc["ended_by"] == "job_failure" and doc["examples"] < 500 and doc["findings"] == []
+
+
+#: A stand-in for ``python`` under ``run_jobs``: job 0 fails at once, job 1 explores until the parent's
+#: stop file appears (or 10 s pass), then writes a summary saying which ended it.
+_FAKE_JOB = """#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+out, progress, stop = (args[args.index(flag) + 1] if flag in args else None
+                       for flag in ("--out", "--progress-file", "--stop-file"))
+failing = out.endswith("job-0")
+doc = {{"findings": 1 if failing else 0, "first_failure_at": time.time() if failing else None}}
+open(progress, "w").write(json.dumps(doc))
+deadline = time.time() + 10
+while not failing and time.time() < deadline and not (stop and os.path.exists(stop)):
+    time.sleep(0.05)
+ended = "failure" if failing else ("job_failure" if stop and os.path.exists(stop) else "time")
+open(os.path.join(out, "summary.json"), "w").write(json.dumps({{"ended_by": ended, "stop_file": stop}}))
+sys.exit(1 if failing else 0)
+"""
+
+
+@pytest.mark.parametrize("stop_on_failure", [True, False], ids=["stops-the-others", "keep-going"])
+def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkeypatch, stop_on_failure):
+    """``run_jobs``: the first failure of any job makes the parent write the stop file the other jobs
+    were given, so the run ends with that failure, not with the time budget; under ``--keep-going``
+    (``stop_on_failure=False``) no job is given one and the others run their budget."""
+    from kvfence.workflow import jobs
+
+    fake = tmp_path / "python"
+    fake.write_text(_FAKE_JOB.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setattr(jobs.sys, "executable", str(fake))
+    announced = []
+    start = time.perf_counter()
+    docs, problems, crashes, interrupted = jobs.run_jobs([[], []], tmp_path / "out", device="cpu",
+                                                         on_first_failure=announced.append,
+                                                         stop_on_failure=stop_on_failure)
+    wall = time.perf_counter() - start
+    assert problems == [] and crashes == [] and interrupted is None and len(announced) == 1
+    if stop_on_failure:
+        assert [d["ended_by"] for d in docs] == ["failure", "job_failure"] and wall < 8
+    else:
+        assert [d["ended_by"] for d in docs] == ["failure", "time"] and docs[1]["stop_file"] is None and wall >= 10

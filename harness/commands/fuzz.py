@@ -203,7 +203,8 @@ def _resolve_run_shape(args, device: str):
 
 def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -> List[str]:
     """The flags a ``--jobs`` child gets: the parent's, except those each child gets its own value of."""
-    own = {"jobs", "seed", "out", "max_examples", "json", "quiet", "max_gpu_mem", "progress_file", "resume"}
+    own = {"jobs", "seed", "out", "max_examples", "json", "quiet", "max_gpu_mem", "progress_file", "stop_file",
+           "resume"}
     argv = []
     for action in parser._actions:
         if not action.option_strings or action.dest in own or action.dest == "help":
@@ -391,7 +392,7 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
             callback = lambda r, path=Path(args.progress_file): write_progress(path, r)  # noqa: E731
         # SIGINT/SIGTERM end fuzz() cleanly (kvfence.running.interrupt); the journal slot closes as on any exit.
         with Journal(out_dir, device=device) as journal, signals_interrupt():
-            run_fuzz, keep_going = fuzz, {}
+            run_fuzz, keep_going = fuzz, {"stop_requested": _stop_requested(args)}
             if args.keep_going:  # phases until the budgets are spent; each new failure saved at once
                 from kvfence.workflow.keepgoing import fuzz_keep_going
 
@@ -424,6 +425,15 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
         run["worker"] = {k: v for k, v in session.stats.items()}
     code = _fuzz_outputs(args, device, result, crashes, out_dir, json_path, run, previous=previous)
     return exit_code_for(result.interrupted) if result.interrupted else code
+
+
+def _stop_requested(args):
+    """``fuzz(stop_requested=)`` of a ``--jobs`` child: the parent's stop file exists (another job failed)."""
+    if not args.stop_file:
+        return None
+    import os
+
+    return lambda path=args.stop_file: os.path.exists(path)
 
 
 def _clear_progress_line() -> None:
@@ -497,7 +507,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     try:
         docs, problems, crashes, interrupted = run_jobs(child_args, out_dir, device=device,
                                                         progress=progress.update if progress else None,
-                                                        on_first_failure=_announce_job_failure)
+                                                        on_first_failure=_announce_job_failure,
+                                                        stop_on_failure=not args.keep_going)
     finally:
         if progress:
             progress.close()
@@ -682,6 +693,7 @@ def add_parser(sub) -> None:
                          f"default {DEFAULT_GPU_SECONDS:g} on CUDA when --max-examples is not given, none on the CPU); "
                          f"the summary's ended_by says which budget ended the run")
     fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
+    fz.add_argument("--stop-file", default=None, help=argparse.SUPPRESS)  # --jobs children stop when it exists
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--keep-going", action="store_true",

@@ -76,8 +76,13 @@ class SpliceMismatch(BaseException):
 SPLICE_REPLAYED = "replayed"
 
 
+#: Seconds between two calls of ``fuzz(stop_requested=)`` (a file's existence, asked per example otherwise).
+STOP_POLL_S = 0.05
+
+
 class TimeBudgetSpent(BaseException):
-    """Raised inside the Hypothesis test when ``max_seconds`` have passed before any failure.
+    """Raised inside the Hypothesis test when ``max_seconds`` have passed before any failure (or
+    ``stop_requested`` said so).
 
     A ``BaseException``: Hypothesis lets it through (it is not a failure to shrink), and ``fuzz`` ends
     the run cleanly with what was checked so far.
@@ -135,6 +140,8 @@ class FuzzResult:
     shrinking: bool = False
     #: True when ``max_seconds`` ended the run before ``max_examples``.
     time_cut: bool = False
+    #: True when ``stop_requested`` ended the exploration (``--jobs``: another job found a failure).
+    job_failure_cut: bool = False
     #: Seconds from the start to the first failing case, and the examples it took (before shrinking).
     first_failure_s: Optional[float] = None
     examples_to_failure: Optional[int] = None
@@ -261,7 +268,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          shrink_seconds: float = 60.0, progress: Optional[Callable[[FuzzResult], None]] = None,
          progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
          targeting: bool = True, max_seconds: Optional[float] = None, known=None,
-         carry: Optional[dict] = None, on_first_failure: Optional[Callable[[FuzzResult], None]] = None) -> FuzzResult:
+         carry: Optional[dict] = None, on_first_failure: Optional[Callable[[FuzzResult], None]] = None,
+         stop_requested: Optional[Callable[[], bool]] = None) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples,
     or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
 
@@ -276,6 +284,9 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     limit): better at sizing bugs, but its bookkeeping costs about as much as generation itself.
     ``known`` (``failure_signature``s) and ``carry`` (verdict cache, shapes and configs seen, shared by
     the phases of one run) are for ``kvfence.workflow.keepgoing``.
+    ``stop_requested()``, asked at most every ``STOP_POLL_S`` while exploring (never while shrinking),
+    ends the exploration when true, as the time budget does (``job_failure_cut``): a ``--jobs`` child
+    stops once another job has found a failure (``kvfence.workflow.jobs``).
     """
     from kvfence.cases.budget import estimate_bytes
     from kvfence.cases.casefile import hypothesis_blob, hypothesis_final
@@ -289,7 +300,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     shapes = carry.setdefault("shapes", set())
     result.structure_keys = shapes
     config_digests: Dict[object, int] = carry.setdefault("config_digests", {})
-    state = {"first_failure": None, "last_progress": 0.0, "largest": -1}
+    state = {"first_failure": None, "last_progress": 0.0, "largest": -1, "stop_asked": 0.0}
     start = time.perf_counter()
 
     def body(example):
@@ -306,6 +317,11 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         if not shrinking and max_seconds is not None and now - start > max_seconds:
             result.time_cut = True
             raise TimeBudgetSpent()
+        if not shrinking and stop_requested is not None and now - state["stop_asked"] >= STOP_POLL_S:
+            state["stop_asked"] = now
+            if stop_requested():
+                result.job_failure_cut = True
+                raise TimeBudgetSpent()
         if not shrinking:
             result.examples += 1
         if bulk_start < len(cases):

@@ -9,7 +9,10 @@ summary, log). With several GPUs, job ``i`` sees only GPU ``i mod count`` (``CUD
 The parent launches nothing itself: it shows one progress line summed over the jobs (each child writes
 its counts to ``progress.json``), then merges the children's summaries (``kvfence.reports.summary.merge``) and
 copies their case files into ``OUT/cases``. Each job shrinks its own first failure; every failure of
-every job is kept. A job that dies (CUDA fault, kill -9) is reported, the case it had in flight is
+every job is kept. Once a job has found a failure (not under ``--keep-going``), the parent writes
+``OUT/jobs/stop``: the other jobs stop exploring (``ended_by: job_failure``; one already shrinking its
+own failure finishes it), as one Hypothesis run ends its exploration at its first failure, so the
+run's wall time is the first failure and its shrinking, not the whole time budget. A job that dies (CUDA fault, kill -9) is reported, the case it had in flight is
 recovered from its journal as a ``CRASH`` case file, and the other jobs go on.
 """
 
@@ -29,6 +32,8 @@ from kvfence.cases import casefile
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
+#: Written by the parent in ``OUT/jobs`` when a job has found a failure: the others stop exploring.
+STOP_FILE = "stop"
 #: How often the parent redraws the summed progress line and children rewrite their progress file.
 POLL_S = 1.0
 #: Seconds the parent waits, after a signal, for jobs that got it too to stop before it signals them.
@@ -110,16 +115,21 @@ def _visible_gpus() -> List[str]:
 FIRST_FAILURE_POLL_S = 0.1
 
 
-def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, on_first_failure=None):
+def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, on_first_failure=None,
+             stop_on_failure: bool = True):
     """Run one ``python -m kvfence fuzz`` child per argument list; return ``(docs, problems, crashes,
     interrupted)``: the children's summaries, one line per child that ended abnormally, the ``CRASH``
     records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
     the run (the children are then stopped too, and what they wrote is still merged).
-    ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure."""
+    ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure;
+    with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``)."""
     from kvfence.running.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
     from kvfence.running.journal import recover
 
     gpus = _visible_gpus() if device == "cuda" else []
+    stop_file = Path(out_dir) / JOBS_DIR / STOP_FILE
+    if stop_file.exists():
+        stop_file.unlink()  # an earlier run's
     procs = []
     for i, extra in enumerate(child_args):
         folder = job_dir(out_dir, i)
@@ -131,13 +141,14 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
         log = open(folder / "log.txt", "w")
         cmd = [sys.executable, "-m", "kvfence", "fuzz", *extra, "--out", str(folder),
-               "--progress-file", str(folder / PROGRESS_FILE)]
+               "--progress-file", str(folder / PROGRESS_FILE)] + (["--stop-file", str(stop_file)] if stop_on_failure
+                                                                  else [])
         # A job stops (SIGTERM: its outputs written) when this process dies, even by SIGKILL: no orphans.
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                        preexec_fn=child_dies_with_parent(signal.SIGTERM)), folder, log))
     start = time.perf_counter()
     interrupted = None
-    drawn, announced = start, on_first_failure is None
+    drawn, announced = start, on_first_failure is None and not stop_on_failure
     try:
         with signals_interrupt():
             while any(p.poll() is None for p, _, _ in procs):
@@ -150,7 +161,10 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                 failed = [d for d in docs if d.get("first_failure_at") is not None]
                 if not announced and failed:
                     announced = True
-                    on_first_failure(min(failed, key=lambda d: d["first_failure_at"]))
+                    if stop_on_failure:
+                        casefile.atomic_write_text(stop_file, "a job found a failure\n")
+                    if on_first_failure is not None:
+                        on_first_failure(min(failed, key=lambda d: d["first_failure_at"]))
                 if progress is not None and now - drawn >= POLL_S:
                     drawn = now
                     progress(_Summed(docs, now - start))
