@@ -1,15 +1,20 @@
 """How often the draws reach each mutant's trigger: a CPU simulation of the prior, no kernel launched.
 
-    python benchmarks/prior_reach.py [--seeds 20] [--cpu-examples 60] [--gpu-examples 100] [--json FILE]
+    python benchmarks/prior_reach.py [--seeds 20] [--cpu-examples 60] [--gpu-examples 100]
+        [--gpu-family-shares 0.125,0.25] [--json FILE]
 
 For each domain it draws what ``kvfence fuzz`` (and ``kvfence mutants``) would draw under each seed: the
 CPU domain's single cases with the §6 fields drawn, the GPU domain's runs of up to 32 batches of one
-config (the §6 fields in one example in eight), through Hypothesis with the same seed and phases (generate
+config (the §6 fields in one example in four), through Hypothesis with the same seed and phases (generate
 only). For every mutant whose bug
 depends on the config (its module docstring's "Needs ..."), it counts the seeds whose draws reach the
 trigger at least once within the example budget, and the share of cases that do. A trigger reached is
 necessary for a detection, not sufficient (the bug must also change a verified element): the detection
 rates themselves come from ``kvfence mutants`` on the device.
+
+``--gpu-family-shares`` also simulates the GPU domain under other shares of §6 examples than
+``GPU_FAMILY_SHARE`` (``gpu_by_family_share`` in the file), beside it in one run: the evidence the
+share was chosen on.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import saver  # noqa: E402
 
+import dataclasses  # noqa: E402
+
+from kvfence.cases import domain as domains  # noqa: E402
 from kvfence.cases.case import v2p_table  # noqa: E402
 from kvfence.strategies import case_runs, cases, configs  # noqa: E402
 
@@ -78,22 +86,23 @@ TRIGGERS = {
 }
 
 
-def strategy(domain: str):
+def strategy(domain: str, family_share=None):
     """What the default ``kvfence fuzz`` of each domain draws (``kvfence.workflow.mutants._strategy``), the
-    §6 fields in the domain's share of examples (``--family auto``)."""
+    §6 fields in the domain's share of examples (``--family auto``), or in ``family_share`` of the GPU's."""
     if domain == "gpu":
-        return case_runs(configs(domain="gpu", max_bytes=8 * 2**30, family="auto"), max_batches=32)
+        gpu = domains.GPU if family_share is None else dataclasses.replace(domains.GPU, family_share=family_share)
+        return case_runs(configs(domain=gpu, max_bytes=8 * 2**30, family="auto"), max_batches=32)
     return cases(configs(domain="cpu", family="auto"))
 
 
-def draws(domain: str, seed: int, examples: int):
-    """Every case a seeded Hypothesis run of ``examples`` draws from ``strategy(domain)``."""
+def draws(domain: str, seed: int, examples: int, family_share=None):
+    """Every case a seeded Hypothesis run of ``examples`` draws from ``strategy(domain, family_share)``."""
     out = []
 
     @hyp_seed(seed)
     @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(strategy(domain))
+    @given(strategy(domain, family_share))
     def collect(value):
         out.extend(value if isinstance(value, list) else [value])
 
@@ -101,14 +110,14 @@ def draws(domain: str, seed: int, examples: int):
     return out
 
 
-def simulate(domain: str, seeds: int, examples: int) -> dict:
+def simulate(domain: str, seeds: int, examples: int, family_share=None) -> dict:
     names = [n for n, (d, _) in TRIGGERS.items() if d == domain or domain == "gpu"]
     reached = {n: 0 for n in names}
     hits = {n: 0 for n in names}
     total = 0
     pages = {}
     for s in range(seeds):
-        drawn = draws(domain, s, examples)
+        drawn = draws(domain, s, examples, family_share)
         total += len(drawn)
         for case in drawn:
             pages[case.config.page_size] = pages.get(case.config.page_size, 0) + 1
@@ -126,9 +135,12 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--cpu-examples", type=int, default=60, help="kvfence.workflow.mutants.BUDGETS['cpu']")
     parser.add_argument("--gpu-examples", type=int, default=100, help="kvfence.workflow.mutants.BUDGETS['gpu']")
+    parser.add_argument("--gpu-family-shares", default="",
+                        help="comma-separated shares of §6 examples to simulate beside GPU_FAMILY_SHARE")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    result = {"benchmark": "prior_reach"}
+    result = {"benchmark": "prior_reach", "command": " ".join(["python", *sys.argv]),
+              "gpu_family_share": domains.GPU_FAMILY_SHARE}
     save = saver(args.json, result)
     for domain, examples in (("cpu", args.cpu_examples), ("gpu", args.gpu_examples)):
         start = time.perf_counter()
@@ -138,6 +150,15 @@ def main() -> int:
         print(f"{domain}: {result[domain]['cases']} cases, pages {result[domain]['page_share']}")
         for name, row in result[domain]["mutants"].items():
             print(f"  {name:26s} {row['seeds_reached']:3d}/{args.seeds} seeds  {row['case_share']:.1%} of cases")
+    shares = [float(x) for x in args.gpu_family_shares.split(",") if x.strip()]
+    for share in shares:
+        start = time.perf_counter()
+        row = simulate("gpu", args.seeds, args.gpu_examples, family_share=share)
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        result.setdefault("gpu_by_family_share", {})[str(share)] = row
+        save()
+        print(f"gpu, §6 share {share:g}: " + ", ".join(f"{n} {r['seeds_reached']}/{args.seeds}"
+                                                     for n, r in row["mutants"].items() if n.startswith(("window", "translate"))))
     print(json.dumps({d: {n: r["seeds_reached"] for n, r in result[d]["mutants"].items()} for d in ("cpu", "gpu")}))
     return 0
 

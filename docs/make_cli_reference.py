@@ -67,7 +67,9 @@ def section(path: str, parser: argparse.ArgumentParser, summary: str, level: int
         out += [_cell(summary), ""]
     if parser.description:
         out += [_cell(parser.description), ""]
-    rows = [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+    # A flag whose help is suppressed (what a --jobs parent passes its children) is not the user's to give.
+    rows = [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+            and a.help is not argparse.SUPPRESS]
     if rows:
         out += ["| argument | default | meaning |", "|---|---|---|"]
         out += [f"| {_flag(a)} | {_cell(_default(a))} | {_cell(_help(a, path))} |" for a in rows]

@@ -187,7 +187,7 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     ``family=True`` also draws the §6 fields (docs/contract.md §6; for a kernel that takes them, see
     ``_family``) in every example: a window shorter or longer than the requests, sinks longer than them,
     page-granular rows, page-table translation. ``family="auto"`` draws them in the domain's share of
-    examples (``Domain.family_share``: every example on the CPU domain, one in eight on the GPU domain),
+    examples (``Domain.family_share``: every example on the CPU domain, one in four on the GPU domain),
     one draw per example that shrinks toward none; such a config is fitted to ``Domain.family_max_bytes``
     (16 MiB on the GPU domain: the host verdict checks it) as well as to ``max_bytes``. Off, they stay at
     their defaults unless pinned. ``contract`` picks the draft kernel or the window rail (whose window is

@@ -25,7 +25,7 @@ context and batch draws, which this prior does not touch.
 
 The §6 fields (docs/contract.md §6: window, sinks, page-granular rows, translation) are drawn, for a
 kernel that takes them, in a share of the examples (``Domain.family_share``): every example on the CPU
-domain; on the GPU domain one in eight (``GPU_FAMILY_SHARE``), each such config fitted to
+domain; on the GPU domain one in four (``GPU_FAMILY_SHARE``), each such config fitted to
 ``HOST_VERDICT_MAX_BYTES`` (16 MiB) and replayed for at most ``FAMILY_MAX_BATCHES`` batches. The device
 verifier checks §2 only, so a §6 case goes to the host verdict, one case at a time: small configs and
 few batches keep a §6 example's checking about as cheap as a §2 one's, and the rest of the GPU prior is
@@ -73,10 +73,16 @@ COMMON_SHARE = 1 / 2
 
 #: Share of GPU-domain examples that draw the §6 fields (``fuzz --family auto``, a kernel that takes
 #: them). Every §6 bug of the shipped mutants shows at interpreter sizes (the CPU domain found each within
-#: 40 examples in 20 seeds), and a default GPU minute draws tens of thousands of examples, so one in eight
-#: reaches them in seconds while seven in eight keep the production-sized §2 search as it was. A
-#: fraction ``1/k``: one draw of ``k`` codes per example.
-GPU_FAMILY_SHARE = 1 / 8
+#: 40 examples in 20 seeds), but one fuzzing process checks only a few hundred examples a minute on the
+#: GPU (each a config and up to a thousand cases), and Hypothesis leans toward "no §6 fields" and repeats
+#: an example's config, so the share decides whether a small machine's default minute reaches a §6
+#: trigger at all. Drawn as ``fuzz`` draws them, no kernel run (``benchmarks/prior_reach.py --seeds 10
+#: --gpu-examples 300 --gpu-family-shares 0.125``, ``cpu_prior_reach.json``), one in eight reached the
+#: triggers of the five §6 mutants that need a window, sinks or a translated page in 6-9 of 10 seeds
+#: within 300 examples, one in four in 10 of 10; on the H200, eight plain runs sharing it (one job each),
+#: one in eight missed those mutants in 1-2 of 6 seeds (BENCHMARKS.md). Three in four examples keep the
+#: production-sized §2 search. A fraction ``1/k``: one draw of ``k`` codes per example.
+GPU_FAMILY_SHARE = 1 / 4
 #: Device bytes a §6 config of a share example may take (``kvfence.cases.budget``). The host verdict
 #: builds and compares the whole write set case by case (no batching, no device counters), so it is kept
 #: to configs it checks in a fraction of a second (``kvfence.workflow.compare`` bounds every config it

@@ -242,6 +242,6 @@ def _add_family_args(p: argparse.ArgumentParser) -> None:
                         "takes it)")
     p.add_argument("--family", choices=["auto", "on", "off"], default="auto",
                    help="draw the §6 fields (window, sinks, entry page size, translation) for a kernel that takes "
-                        "them: auto = in every example on the CPU domain and in one example in eight on the GPU "
+                        "them: auto = in every example on the CPU domain and in one example in four on the GPU "
                         "domain (there §6 cases are verified on the host, so those examples are configs of at most "
                         "16 MiB and 4 batches); on = in every example, off = never (default: auto)")

@@ -44,7 +44,7 @@ def _family_draws(args):
     """``kvfence.strategies.configs(family=...)`` for ``args``: False when the kernel does not take the
     §6 fields (``_check_family``) or ``--family off``, True with ``--family on`` (every example), and
     ``"auto"`` otherwise: the domain's share of examples (``kvfence.cases.domain``: every example on the
-    CPU domain; on the GPU domain, where §6 cases are checked by the host verdict, one in eight, each a
+    CPU domain; on the GPU domain, where §6 cases are checked by the host verdict, one in four, each a
     small config of a few batches)."""
     if not getattr(args, "draw_family", False):
         return False
