@@ -80,8 +80,8 @@ COMMON_SHARE = 1 / 2
 #: --gpu-examples 300 --gpu-family-shares 0.125``, ``cpu_prior_reach.json``), one in eight reached the
 #: triggers of the five §6 mutants that need a window, sinks or a translated page in 6-9 of 10 seeds
 #: within 300 examples, one in four in 10 of 10; on the H200, eight plain runs sharing it (one job each),
-#: one in eight missed those mutants in 1-2 of 6 seeds (BENCHMARKS.md). Three in four examples keep the
-#: production-sized §2 search. A fraction ``1/k``: one draw of ``k`` codes per example.
+#: one in eight missed those mutants in 1-2 of 6 seeds, one in four none in 20 (BENCHMARKS.md). Three in
+#: four examples keep the production-sized §2 search. A fraction ``1/k``: one draw of ``k`` codes per example.
 GPU_FAMILY_SHARE = 1 / 4
 #: Device bytes a §6 config of a share example may take (``kvfence.cases.budget``). The host verdict
 #: builds and compares the whole write set case by case (no batching, no device counters), so it is kept
