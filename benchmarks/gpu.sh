@@ -125,8 +125,9 @@ run_upstream() {
 # (so each run's default --jobs is what a machine of that many cores gets) and its share of the GPU's memory
 # (--max-gpu-mem PLAIN_MEM, default 10G: 60% of an H200's 139 GiB over 8, what the default gives one job of a
 # run of 8 jobs; the default of one job, 60% of all, taken by 8 runs at once would not fit). No run starts
-# after PLAIN_START_S (default 400) seconds and each stops at 120 s, so the part ends inside its cap. Seed-major, so a cut leaves every mutant with about as many
-# of the SEEDS (default 20) seeds; running the part again resumes an incomplete file (only the runs it lacks).
+# after PLAIN_START_S (default 400) seconds and each stops at 120 s, so the part ends inside its cap.
+# Seed-major, so a cut leaves every mutant with about as many of the SEEDS (default 20) seeds; running the
+# part again resumes an incomplete file (only the runs it lacks).
 run_plain_mutants() {
   local file="$RESULTS/h200_plain_fuzz_mutants.json" gpus parallel where=() resume=() shared=()
   gpus=$(nvidia-smi -L | grep -c '^GPU ')
