@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import fuzz_command_parser, saver  # noqa: E402
 
-from kvfence.errors import require  # noqa: E402
+from kvfence.errors import BadInput, require  # noqa: E402
 from kvfence.workflow.mutants import REFERENCE, discover, names_the_bug  # noqa: E402
 
 #: A run past this many seconds is stopped and counted as a miss (a default GPU run ends after 60 s of
@@ -281,7 +281,7 @@ def resumed(path: str, fresh: dict, mutants) -> dict:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        require(False, f"--resume {path}: not a readable results file ({exc.__class__.__name__})")
+        raise BadInput(f"--resume {path}: not a readable results file ({exc.__class__.__name__})") from None
     require(isinstance(doc, dict) and isinstance(doc.get("mutants"), dict) and isinstance(doc.get("reference"), dict),
             f"--resume {path}: not a plain_fuzz_mutants results file")
     for key in PLAN_KEYS:
@@ -331,6 +331,12 @@ def main() -> int:
     session = {"command": shlex.join(["python", *sys.argv]), "parallel": args.parallel, "slots": layout,
                "wall_s": 0.0, "cut": False}
     result.setdefault("sessions", []).append(session)
+
+    def clock() -> None:
+        """This sitting's wall time so far, and the file's over every sitting."""
+        session["wall_s"] = round(time.monotonic() - start, 1)
+        result["wall_s"] = round(earlier_wall + session["wall_s"], 1)
+
     save = saver(args.json, result)
     for i, slot in enumerate(layout):
         print(f"slot {i}: gpu {slot['gpu']}, cores {slot['cpus'][0]}..{slot['cpus'][-1]} ({len(slot['cpus'])})",
@@ -342,8 +348,7 @@ def main() -> int:
         def finish(run: Run, returncode: Optional[int]) -> None:
             running.remove(run)
             record(result, run, returncode, time.monotonic() - run.started)
-            session["wall_s"] = round(time.monotonic() - start, 1)
-            result["wall_s"] = round(earlier_wall + session["wall_s"], 1)
+            clock()
             save()
             row = _row(result, run)
             what = ("clean" if row["clean"] else "NOT CLEAN") if run.reference else (
@@ -394,8 +399,7 @@ def main() -> int:
                           all(len(r["seeds_run"]) == args.reference_seeds for r in result["reference"].values()))
     result["passed"] = (result["complete"] and all(r["passed"] for r in rows)
                         and all(r["passed"] for r in result["reference"].values()))
-    session["wall_s"] = round(time.monotonic() - start, 1)
-    result["wall_s"] = round(earlier_wall + session["wall_s"], 1)
+    clock()
     save()
     for name, r in result["mutants"].items():
         print(f"{name:32s} {r['detected']:3d}/{len(r['seeds_run'])}  median first failure "

@@ -20,7 +20,9 @@ share was chosen on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,8 +32,6 @@ from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import saver  # noqa: E402
-
-import dataclasses  # noqa: E402
 
 from kvfence.cases import domain as domains  # noqa: E402
 from kvfence.cases.case import v2p_table  # noqa: E402
@@ -139,7 +139,7 @@ def main() -> int:
                         help="comma-separated shares of §6 examples to simulate beside GPU_FAMILY_SHARE")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    result = {"benchmark": "prior_reach", "command": " ".join(["python", *sys.argv]),
+    result = {"benchmark": "prior_reach", "command": shlex.join(["python", *sys.argv]),
               "gpu_family_share": domains.GPU_FAMILY_SHARE}
     save = saver(args.json, result)
     for domain, examples in (("cpu", args.cpu_examples), ("gpu", args.gpu_examples)):
