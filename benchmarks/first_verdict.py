@@ -9,7 +9,8 @@ In one run, on one machine:
 * the first verdict: wall time from starting ``python -m kvfence fuzz --sizing prefix`` (the seed's bug,
   found in the first example) to the line on stderr that names the first failure
   (``kvfence.commands.fuzz.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
-  ``first_launch_s`` and ``first_failure_s`` with it.
+  ``first_launch_s`` and ``first_failure_s`` with it, and with ``--jobs`` each job's ``startup_s``
+  (``jobs_ready_s``, job 0 first: it leads on CUDA).
 
 Each is measured ``--repeats`` times after ``--warmup`` unmeasured runs (a warm Triton disk cache, as a
 user's second run has); the medians give ``first_verdict_over_floor``. Flags after ``--`` go to the fuzz
@@ -59,8 +60,14 @@ def verdict_run(device: str, extra, out_dir: Path) -> dict:
     summary = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").exists() else {}
     if verdict is None:
         raise SystemExit(f"first_verdict: no '{FIRST_FAILURE}' line (exit {code}): {' | '.join(lines[-3:])}")
+    # --jobs: when each job's worker was ready (job 0 leads on CUDA; kvfence.workflow.jobs), and how many
+    # jobs the parent did not start.
+    job_summaries = sorted((out_dir / "jobs").glob("job-*/summary.json"), key=lambda p: int(p.parent.name[4:]))
+    ready = [json.loads(p.read_text()).get("startup_s") for p in job_summaries]
     return {"first_verdict_s": round(verdict, 3), "wall_s": round(total, 3), "exit": code,
-            **{k: summary.get(k) for k in ("startup_s", "first_launch_s", "first_failure_s", "ended_by", "jobs")}}
+            **{k: summary.get(k) for k in ("startup_s", "first_launch_s", "first_failure_s", "ended_by", "jobs",
+                                           "jobs_not_started")},
+            "jobs_ready_s": ready}
 
 
 def main() -> int:

@@ -10,7 +10,7 @@
 # of a lent GPU machine; the caps are in the table below. A part's exit code is printed as "PART rc=N".
 #
 #   part             seconds  writes ($RESULTS/)                 what
-#   throughput       560      h200.json, h200_scale_mutants.json check_small, large, the 60 s fuzz runs; scale mutants
+#   throughput       560      h200.json, h200_scale_mutants.json parent, check_small, large, the 60 s fuzz runs; scale mutants
 #   verify-variants  120      h200_verify_final.json             the shipped device verifier's per-pass timings
 #   verifiers        400      h200_verifiers_seed{0,1,2}.json    mutants --verifiers both, seeds 0-2 at once: the two verifiers agree
 #   mutants          450      h200_mutants.json                  the mutation self-test on the GPU domain
@@ -38,7 +38,7 @@ mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {
   # benchmarks/throughput.py's H200_COMMAND (the whole h200.json from one run), then the scale mutants apart.
-  timeout 420 python benchmarks/throughput.py --device cuda --only small,naive,check_small,large,runs \
+  timeout 420 python benchmarks/throughput.py --device cuda --only small,naive,parent,check_small,large,runs \
     --json "$RESULTS/h200.json" > "$LOGS/throughput.txt" 2>&1 || return $?
   timeout 140 python benchmarks/throughput.py --device cuda --only scale --json "$RESULTS/h200_scale_mutants.json" \
     >> "$LOGS/throughput.txt" 2>&1

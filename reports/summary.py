@@ -242,7 +242,7 @@ _RUN_ROW_FIELDS = {"dir": _text, "examples": _count, "elapsed_s": _number, "find
 #: Top-level fields besides the ones checked by hand below: each may be absent, else of this type.
 _TOP_FIELDS = {
     **{key: _count for key in COUNTS + ("distinct_configs", "compiles", "captures", "host_verified_cases", "resumed")},
-    **{key: _optional(_count) for key in ("jobs", "batches_per_example", "max_gpu_mem")},
+    **{key: _optional(_count) for key in ("jobs", "jobs_not_started", "batches_per_example", "max_gpu_mem")},
     "seq_len_limit": _optional(lambda v: _count(v) or _text(v)),  # a merge of runs that differ says "mixed: ..."
     **{key: _number for key in ("elapsed_s", "cases_per_s", "compile_s", "capture_s", "runner_s",
                                 "max_need_over_width")},
@@ -374,7 +374,8 @@ def run_rows(doc: dict) -> List[List[str]]:
              ["distinct configs", str(doc.get("distinct_configs", "?"))],
              ["compiles / captures", f"{doc.get('compiles', 0)} / {doc.get('captures', 0)} "
                                      f"({doc.get('compile_s', 0):.1f} s compiling, {doc.get('capture_s', 0):.1f} s capturing)"],
-             ["jobs", str(doc.get("jobs", 1))],
+             ["jobs", str(doc.get("jobs", 1)) + (f" ({doc['jobs_not_started']} not started: the run ended while "
+                                                 f"the lead job ran alone)" if doc.get("jobs_not_started") else "")],
              ["domain", str(doc.get("domain_text") or doc.get("domain", "?"))],
              ["§6 fields", _family_text(doc)],
              ["largest config", _largest_text(doc)],

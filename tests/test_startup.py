@@ -24,6 +24,8 @@ from kvfence.workflow.progress import UNBOUNDED_EXAMPLES
 from kvfence.reports.summary import build
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The real interpreter (tests below put a stand-in in ``kvfence.workflow.jobs.sys.executable``).
+_PYTHON = sys.executable
 
 #: Runs ``kvfence.cli.main`` in a fresh interpreter and prints which heavy modules that process imported.
 _PROBE = """
@@ -192,10 +194,11 @@ def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
+    """benchmarks/first_verdict.py over ``--jobs 2``: its ratio, the run's phases and each job's ready time."""
     out = tmp_path / "fv.json"
     proc = subprocess.run([sys.executable, "benchmarks/first_verdict.py", "--device", "cpu", "--repeats", "1",
-                           "--warmup", "0", "--json", str(out), "--", "--max-examples", "5", "--seed", "1",
-                           "--shrink-seconds", "0"],
+                           "--warmup", "0", "--json", str(out), "--", "--max-examples", "6", "--seed", "1",
+                           "--shrink-seconds", "0", "--jobs", "2"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     doc = json.loads(out.read_text())
@@ -203,6 +206,8 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     assert 0 < run["first_verdict_s"] <= run["wall_s"] and doc["floor_s"][0] > 0
     assert doc["first_verdict_over_floor"] == pytest.approx(run["first_verdict_s"] / doc["floor_s"][0], rel=1e-2)
     assert run["ended_by"] == "failure" and run["startup_s"] <= run["first_failure_s"]
+    assert run["jobs"] == 2 and run["jobs_not_started"] == 0  # the CPU starts both jobs at once
+    assert len(run["jobs_ready_s"]) == 2 and all(0 < t < run["wall_s"] for t in run["jobs_ready_s"])
 
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
@@ -230,23 +235,43 @@ def test_a_job_given_a_stop_file_that_exists_stops_exploring(tmp_path):
     assert doc["ended_by"] == "job_failure" and doc["examples"] < 500 and doc["findings"] == []
 
 
-#: A stand-in for ``python`` under ``run_jobs``: job 0 fails at once, job 1 explores until the parent's
-#: stop file appears (or 10 s pass), then writes a summary saying which ended it.
+#: A stand-in for ``python`` under ``run_jobs``. Its job's behaviour comes from ``plan.json`` beside the
+#: script: "fail" writes a failing progress file at once and exits 1; "explore" writes a clean progress
+#: file and runs until the parent's stop file appears (or 10 s pass); "silent" writes no progress and
+#: sleeps 3 s. Each writes a summary saying when it started and what ended it.
 _FAKE_JOB = """#!{python}
 import json, os, sys, time
+started = time.time()
 args = sys.argv[1:]
 out, progress, stop = (args[args.index(flag) + 1] if flag in args else None
                        for flag in ("--out", "--progress-file", "--stop-file"))
-failing = out.endswith("job-0")
-doc = {{"findings": 1 if failing else 0, "first_failure_at": time.time() if failing else None}}
-open(progress, "w").write(json.dumps(doc))
-deadline = time.time() + 10
-while not failing and time.time() < deadline and not (stop and os.path.exists(stop)):
-    time.sleep(0.05)
-ended = "failure" if failing else ("job_failure" if stop and os.path.exists(stop) else "time")
-open(os.path.join(out, "summary.json"), "w").write(json.dumps({{"ended_by": ended, "stop_file": stop}}))
-sys.exit(1 if failing else 0)
+plan = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.json")))
+role = plan[os.path.basename(out)]
+if role == "silent":
+    time.sleep(3)
+else:
+    failing = role == "fail"
+    open(progress, "w").write(json.dumps({{"findings": int(failing), "first_failure_at": started if failing else None}}))
+    deadline = time.time() + 10
+    while not failing and time.time() < deadline and not (stop and os.path.exists(stop)):
+        time.sleep(0.05)
+ended = "failure" if role == "fail" else ("job_failure" if stop and os.path.exists(stop) else "time")
+open(os.path.join(out, "summary.json"), "w").write(json.dumps({{"ended_by": ended, "stop_file": stop,
+                                                               "started": started, "ended": time.time()}}))
+sys.exit(1 if role == "fail" else 0)
 """
+
+
+def _fake_jobs(tmp_path, monkeypatch, *roles):
+    """``run_jobs`` argument lists for fake jobs of these roles (``_FAKE_JOB``), the fake put in as python."""
+    from kvfence.workflow import jobs
+
+    fake = tmp_path / "python"
+    fake.write_text(_FAKE_JOB.format(python=_PYTHON))
+    fake.chmod(0o755)
+    (tmp_path / "plan.json").write_text(json.dumps({f"job-{i}": role for i, role in enumerate(roles)}))
+    monkeypatch.setattr(jobs.sys, "executable", str(fake))
+    return [[] for _ in roles]
 
 
 @pytest.mark.parametrize("stop_on_failure", [True, False], ids=["stops-the-others", "keep-going"])
@@ -256,18 +281,96 @@ def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkey
     (``stop_on_failure=False``) no job is given one and the others run their budget."""
     from kvfence.workflow import jobs
 
-    fake = tmp_path / "python"
-    fake.write_text(_FAKE_JOB.format(python=sys.executable))
-    fake.chmod(0o755)
-    monkeypatch.setattr(jobs.sys, "executable", str(fake))
     announced = []
     start = time.perf_counter()
-    docs, problems, crashes, interrupted = jobs.run_jobs([[], []], tmp_path / "out", device="cpu",
-                                                         on_first_failure=announced.append,
-                                                         stop_on_failure=stop_on_failure)
+    docs, problems, crashes, interrupted, not_started = jobs.run_jobs(
+        _fake_jobs(tmp_path, monkeypatch, "explore", "fail"), tmp_path / "out", device="cpu",
+        on_first_failure=announced.append, stop_on_failure=stop_on_failure)
     wall = time.perf_counter() - start
-    assert problems == [] and crashes == [] and interrupted is None and len(announced) == 1
+    assert problems == [] and crashes == [] and interrupted is None and not_started == 0 and len(announced) == 1
     if stop_on_failure:
-        assert [d["ended_by"] for d in docs] == ["failure", "job_failure"] and wall < 8
+        assert [d["ended_by"] for d in docs] == ["job_failure", "failure"] and wall < 8
     else:
-        assert [d["ended_by"] for d in docs] == ["failure", "time"] and docs[1]["stop_file"] is None and wall >= 10
+        assert [d["ended_by"] for d in docs] == ["time", "failure"] and docs[0]["stop_file"] is None and wall >= 10
+
+
+def test_the_lead_job_starts_alone_and_the_others_after_its_first_example(tmp_path, monkeypatch):
+    """``lead`` (CUDA's default): job 1 starts only once job 0's progress file (its first checked example)
+    is there, then its failure stops the lead as any job's does."""
+    from kvfence.workflow import jobs
+
+    docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "explore", "fail"),
+                                                      tmp_path / "out", device="cpu", lead=True)
+    assert problems == [] and not_started == 0
+    lead, other = docs
+    progress_at = (tmp_path / "out" / "jobs" / "job-0" / "progress.json").stat().st_mtime
+    assert lead["started"] <= progress_at <= other["started"]
+    assert (lead["ended_by"], other["ended_by"]) == ("job_failure", "failure")
+
+
+def test_a_lead_that_fails_first_ends_the_run_without_the_others(tmp_path, monkeypatch):
+    """A lead whose first example fails: the others would only start up and stop, so they are not
+    started, and the parent says how many (the summary's ``jobs_not_started``); under ``--keep-going``
+    they are started."""
+    from kvfence.workflow import jobs
+
+    docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "fail", "explore", "explore"),
+                                                      tmp_path / "out", device="cpu", lead=True)
+    assert problems == [] and not_started == 2 and [d["ended_by"] for d in docs] == ["failure"]
+    assert not (tmp_path / "out" / "jobs" / "job-1").exists()
+    docs, _, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "fail", "fail"), tmp_path / "again",
+                                               device="cpu", lead=True, stop_on_failure=False)
+    assert not_started == 0 and [d["ended_by"] for d in docs] == ["failure", "failure"]
+
+
+def test_the_others_do_not_wait_past_lead_wait_s_for_a_silent_lead(tmp_path, monkeypatch):
+    """A lead that writes no progress (a slow first example) holds the others back ``LEAD_WAIT_S`` at
+    most: here they start while it still runs."""
+    from kvfence.workflow import jobs
+
+    monkeypatch.setattr(jobs, "LEAD_WAIT_S", 0.5)
+    docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"),
+                                                      tmp_path / "out", device="cpu", lead=True)
+    assert problems == [] and not_started == 0
+    lead, other = docs
+    assert lead["started"] + 0.4 <= other["started"] < lead["ended"]
+
+
+def test_cuda_runs_lead_by_default_and_the_cpu_does_not(tmp_path, monkeypatch):
+    """Without ``lead``: a CUDA run holds job 1 back for job 0's first example, a CPU run starts both at
+    once (the interpreter's first example is slow, and no CUDA contexts compete there)."""
+    from kvfence.workflow import jobs
+
+    monkeypatch.setattr(jobs, "_visible_gpus", lambda: ["0"])
+    docs, *_ = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"), tmp_path / "cuda", device="cuda")
+    assert docs[1]["started"] >= docs[0]["ended"] - 0.2  # the silent lead ended before job 1 started
+    docs, *_ = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"), tmp_path / "cpu", device="cpu")
+    assert docs[1]["started"] < docs[0]["ended"] - 1
+
+
+#: ``kvfence.cli.main`` with the jobs' lead on whatever the device (CUDA's default), in a fresh interpreter.
+_LEAD_PROBE = """
+import functools, sys
+from kvfence.workflow import jobs
+jobs.run_jobs = functools.partial(jobs.run_jobs, lead=True)
+from kvfence.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
+def test_a_fuzz_run_whose_lead_fails_first_says_how_many_jobs_it_did_not_start(tmp_path):
+    """End to end through ``kvfence fuzz --jobs 3``: a kernel that writes the front guard in every launch
+    fails the lead's first example, so the other two jobs are never started; the printed line, the run
+    table and the summary's ``jobs_not_started`` say so, and the failure is reported as usual."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", _LEAD_PROBE, "fuzz", "--device", "cpu", "--kernel",
+                           "kvfence.kernels.planted:kvi_front_guard", "--jobs", "3", "--max-examples", "6",
+                           "--seed", "1", "--shrink-seconds", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["jobs"] == 3 and doc["jobs_not_started"] == 2 and doc["ended_by"] == "failure"
+    assert {f["kind"] for f in doc["findings"]} == {"GUARD_OVERWRITE"}
+    assert "1 of 3 jobs started" in proc.stdout and "(2 not started" in proc.stdout
+    assert sorted(p.name for p in (out / "jobs").iterdir()) == ["job-0", "stop"]

@@ -505,7 +505,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
 
     start, started_at = time.perf_counter(), command_start()
     try:
-        docs, problems, crashes, interrupted = run_jobs(child_args, out_dir, device=device,
+        docs, problems, crashes, interrupted, not_started = run_jobs(child_args, out_dir, device=device,
                                                         progress=progress.update if progress else None,
                                                         on_first_failure=_announce_job_failure,
                                                         stop_on_failure=not args.keep_going)
@@ -518,6 +518,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     adopt_case_files(docs, out_dir)
     doc = summary_mod.merge(docs, run=run, elapsed_s=elapsed, started_at=started_at)
     doc["job_problems"] = problems
+    doc["jobs_not_started"] = not_started
     doc["earlier_cases"] = earlier
     doc["interrupted"] = interrupted
     for crash in crashes:
@@ -525,7 +526,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         doc["findings"].append(dict(crash.finding.to_dict(), case=p))
         doc["cases"][p] = summary_mod.case_record(p, crash.case, [crash.finding], source="journal")
     adopt_case_files([doc], out_dir)
-    print(f"kvfence fuzz: {jobs} jobs, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
+    started = f"{jobs - not_started} of {jobs} jobs started" if not_started else f"{jobs} jobs"
+    print(f"kvfence fuzz: {started}, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
           f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s, {doc['structural_cases_per_s']:.1f} "
           f"structurally distinct/s) on {device}, kernel {args.kernel}, "
           f"sizing {args.sizing}, domain {run['domain']}")
@@ -687,7 +689,8 @@ def add_parser(sub) -> None:
     fz.add_argument("--jobs", type=_positive_int, default=None,
                     help="fuzzing processes sharing the GPU(s), merged into one run (default on CUDA: the CPU cores "
                          f"less one, at most 16, and under an example budget one per {MIN_EXAMPLES_PER_JOB} examples; "
-                         "1 on the CPU); at most 2 per CPU core and one per GiB of available memory")
+                         "1 on the CPU); at most 2 per CPU core and one per GiB of available memory; on CUDA job 0 "
+                         "starts first and the others once it has checked an example")
     fz.add_argument("--max-seconds", type=float, default=None,
                     help=f"stop exploring after this many seconds (shrinking a failure has --shrink-seconds; "
                          f"default {DEFAULT_GPU_SECONDS:g} on CUDA when --max-examples is not given, none on the CPU); "

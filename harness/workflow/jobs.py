@@ -12,8 +12,17 @@ copies their case files into ``OUT/cases``. Each job shrinks its own first failu
 every job is kept. Once a job has found a failure (not under ``--keep-going``), the parent writes
 ``OUT/jobs/stop``: the other jobs stop exploring (``ended_by: job_failure``; one already shrinking its
 own failure finishes it), as one Hypothesis run ends its exploration at its first failure, so the
-run's wall time is the first failure and its shrinking, not the whole time budget. A job that dies (CUDA fault, kill -9) is reported, the case it had in flight is
-recovered from its journal as a ``CRASH`` case file, and the other jobs go on.
+run's wall time is the first failure and its shrinking, not the whole time budget. A job that dies (CUDA
+fault, kill -9) is reported, the case it had in flight is recovered from its journal as a ``CRASH`` case
+file, and the other jobs go on.
+
+On CUDA, job 0 leads: it starts alone and the others start once it has checked its first example (its
+progress file appears), it has ended, or ``LEAD_WAIT_S`` have passed. N processes that each import torch
+and create a CUDA context on one GPU at once make every one of them ready later (on the H200, 15 jobs
+at once: the first ready 6.5-6.8 s into the command; the lead alone, on a machine of the same floor:
+4.6-4.9 s; BENCHMARKS.md), and the first verdict waits for the first of them; the lead makes it wait
+for one start only. A lead that has found a failure by then (not under ``--keep-going``) ends the run:
+the others are not started (``not_started``; a signal before they start leaves them unstarted too).
 """
 
 from __future__ import annotations
@@ -113,49 +122,65 @@ def _visible_gpus() -> List[str]:
 
 #: How often the parent looks at the jobs' progress files for a first failure (it redraws every ``POLL_S``).
 FIRST_FAILURE_POLL_S = 0.1
+#: Seconds the other jobs wait at most for the lead job's first checked example (a CUDA run's start-up
+#: and first compile take a few seconds; a lead that takes longer is not worth waiting for).
+LEAD_WAIT_S = 20.0
 
 
 def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, on_first_failure=None,
-             stop_on_failure: bool = True):
+             stop_on_failure: bool = True, lead: Optional[bool] = None):
     """Run one ``python -m kvfence fuzz`` child per argument list; return ``(docs, problems, crashes,
-    interrupted)``: the children's summaries, one line per child that ended abnormally, the ``CRASH``
-    records recovered from dead children's journals, and the signal's name if SIGINT/SIGTERM stopped
-    the run (the children are then stopped too, and what they wrote is still merged).
+    interrupted, not_started)``: the children's summaries, one line per child that ended abnormally, the
+    ``CRASH`` records recovered from dead children's journals, the signal's name if SIGINT/SIGTERM stopped
+    the run (the children are then stopped too, and what they wrote is still merged), and how many jobs
+    were never started (the lead found a failure, or a signal came, before they were).
     ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure;
-    with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``)."""
+    with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``).
+    ``lead`` (default: on CUDA) starts job 0 alone first (the module's docstring says why)."""
     from kvfence.running.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
     from kvfence.running.journal import recover
 
     gpus = _visible_gpus() if device == "cuda" else []
+    lead = device == "cuda" if lead is None else lead
     stop_file = Path(out_dir) / JOBS_DIR / STOP_FILE
     if stop_file.exists():
         stop_file.unlink()  # an earlier run's
-    procs = []
+    specs = []
     for i, extra in enumerate(child_args):
         folder = job_dir(out_dir, i)
         if folder.exists():
             shutil.rmtree(folder)  # a job folder is this run's scratch; the merged outputs are the record
-        folder.mkdir(parents=True)
         env = dict(os.environ)
         if len(gpus) > 1:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-        log = open(folder / "log.txt", "w")
         cmd = [sys.executable, "-m", "kvfence", "fuzz", *extra, "--out", str(folder),
                "--progress-file", str(folder / PROGRESS_FILE)] + (["--stop-file", str(stop_file)] if stop_on_failure
                                                                   else [])
+        specs.append((cmd, env, folder))
+    procs = []
+
+    def launch(spec) -> None:
+        cmd, env, folder = spec
+        folder.mkdir(parents=True)
+        log = open(folder / "log.txt", "w")
         # A job stops (SIGTERM: its outputs written) when this process dies, even by SIGKILL: no orphans.
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                        preexec_fn=child_dies_with_parent(signal.SIGTERM)), folder, log))
+
     start = time.perf_counter()
+    waiting = specs[1:] if lead else []
+    for spec in specs[:1] if lead else specs:
+        launch(spec)
+    not_started = 0
     interrupted = None
     drawn, announced = start, on_first_failure is None and not stop_on_failure
     try:
         with signals_interrupt():
-            while any(p.poll() is None for p, _, _ in procs):
+            while waiting or any(p.poll() is None for p, _, _ in procs):
                 raise_pending()  # a signal while the jobs were starting
-                time.sleep(FIRST_FAILURE_POLL_S if not announced else POLL_S)
+                time.sleep(FIRST_FAILURE_POLL_S if not announced or waiting else POLL_S)
                 now = time.perf_counter()
-                if announced and progress is None:
+                if announced and progress is None and not waiting:
                     continue
                 docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
                 failed = [d for d in docs if d.get("first_failure_at") is not None]
@@ -165,6 +190,12 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                         casefile.atomic_write_text(stop_file, "a job found a failure\n")
                     if on_first_failure is not None:
                         on_first_failure(min(failed, key=lambda d: d["first_failure_at"]))
+                if waiting and (stop_on_failure and failed):
+                    not_started, waiting = len(waiting), []  # they would only start up and stop
+                elif waiting and (docs[0] or procs[0][0].poll() is not None or now - start >= LEAD_WAIT_S):
+                    for spec in waiting:
+                        launch(spec)
+                    waiting = []
                 if progress is not None and now - drawn >= POLL_S:
                     drawn = now
                     progress(_Summed(docs, now - start))
@@ -172,6 +203,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         # Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
         # far written); the parent then merges what they wrote, like a finished run.
         interrupted = exc.signal_name
+        not_started = len(waiting)
         # A Ctrl-C in a terminal reaches the jobs too (one process group): give them a moment to stop on
         # their own, since a second signal would cut their own summary short. Then signal the rest.
         grace = time.monotonic() + GRACE_S
@@ -203,7 +235,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
             crashes += recover(folder, report=problems.append)
         if doc is not None:
             docs.append(doc)
-    return docs, problems, crashes, interrupted
+    return docs, problems, crashes, interrupted, not_started
 
 
 def _read_json(path: Path) -> Optional[dict]:
