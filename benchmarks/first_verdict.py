@@ -7,7 +7,7 @@ In one run, on one machine:
 * the floor: wall time of ``python -c "import torch; torch.zeros(1, device='cuda')"`` (Python, torch and a
   CUDA context: what any process that launches a kernel pays; ``device='cpu'`` with ``--device cpu``);
 * the first verdict: wall time from starting ``python -m kvfence fuzz --sizing prefix`` (the seed's bug,
-  found in the first example) to the line on stderr that names the first failure
+  found within a job's first few examples) to the line on stderr that names the first failure
   (``kvfence.commands.fuzz.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
   ``first_launch_s`` and ``first_failure_s`` with it, and with ``--jobs`` each job's ``startup_s``
   (``jobs_ready_s``, job 0 first: it leads on CUDA).

@@ -505,10 +505,9 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
 
     start, started_at = time.perf_counter(), command_start()
     try:
-        docs, problems, crashes, interrupted, not_started = run_jobs(child_args, out_dir, device=device,
-                                                        progress=progress.update if progress else None,
-                                                        on_first_failure=_announce_job_failure,
-                                                        stop_on_failure=not args.keep_going)
+        docs, problems, crashes, interrupted, not_started = run_jobs(
+            child_args, out_dir, device=device, progress=progress.update if progress else None,
+            on_first_failure=_announce_job_failure, stop_on_failure=not args.keep_going)
     finally:
         if progress:
             progress.close()
