@@ -157,8 +157,8 @@ def main() -> int:
         row["seconds"] = round(time.perf_counter() - start, 1)
         result.setdefault("gpu_by_family_share", {})[str(share)] = row
         save()
-        print(f"gpu, §6 share {share:g}: " + ", ".join(f"{n} {r['seeds_reached']}/{args.seeds}"
-                                                     for n, r in row["mutants"].items() if n.startswith(("window", "translate"))))
+        family = [(n, r) for n, r in row["mutants"].items() if n.startswith(("window", "translate"))]
+        print(f"gpu, §6 share {share:g}: " + ", ".join(f"{n} {r['seeds_reached']}/{args.seeds}" for n, r in family))
     print(json.dumps({d: {n: r["seeds_reached"] for n, r in result[d]["mutants"].items()} for d in ("cpu", "gpu")}))
     return 0
 

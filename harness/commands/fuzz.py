@@ -158,9 +158,9 @@ GPU_BULK_PER_EXAMPLE = 1024
 
 
 def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
-    """All usable CPU cores on CUDA (``kvfence.workflow.jobs.usable_cores``; one left for the parent and the driver), fewer when
-    the example budget is too small to keep them busy; one process on the CPU (the interpreter is the
-    bottleneck)."""
+    """All usable CPU cores on CUDA (``kvfence.workflow.jobs.usable_cores``; one left for the parent and
+    the driver), fewer when the example budget is too small to keep them busy; one process on the CPU
+    (the interpreter is the bottleneck)."""
     if device != "cuda":
         return 1
     from kvfence.workflow.jobs import usable_cores
@@ -431,8 +431,6 @@ def _stop_requested(args):
     """``fuzz(stop_requested=)`` of a ``--jobs`` child: the parent's stop file exists (another job failed)."""
     if not args.stop_file:
         return None
-    import os
-
     return lambda path=args.stop_file: os.path.exists(path)
 
 
