@@ -21,19 +21,24 @@
 #   crash            200      h200_crash_run_summary.json        fuzz --keep-going over a kernel that faults
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
+#   contracts        560      h200_contract_*.json               the plug-in contracts (docs/contract.md §9): self-test
+#                                                                over 20 seeds, SGLang 0.5.23's kernels (needs
+#                                                                contract-cache/, below), compiled, CUDA graphs
 #   plain-mutants    560      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
 #                                                                run per GPU, or 8 sharing one GPU (not in the
 #                                                                default list; run it again to resume a cut file)
 #
 # upstream: the GPU machine has no network, so the extracted kernels travel in upstream-cache/, filled on a
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
+# contracts: likewise contract-cache/, filled by one CPU run per contract of
+# KVFENCE_CACHE=contract-cache kvfence fuzz --contract C --kernel sglang==0.5.23 --device cpu --max-examples 1
 set -u
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests"
-EXTRA="plain-mutants"
+EXTRA="plain-mutants contracts"
 mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {
@@ -145,6 +150,23 @@ run_plain_mutants() {
   timeout 560 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$parallel" "${where[@]}" \
     --seeds "${SEEDS:-20}" --reference-seeds 1 --max-seconds "${PLAIN_START_S:-400}" --run-timeout 120 \
     "${resume[@]}" --json "$file" "${shared[@]}" > "$LOGS/plain_mutants.txt" 2>&1
+}
+
+run_contracts() {
+  # Each plug-in contract: the self-test (reference + mutants, 20 seeds, GPU domain, CUDA graphs), then SGLang
+  # 0.5.23's own kernel under the safe sizing (clean) and under the context sizing (overflows at the wall).
+  local c z rc=0
+  for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table}; do
+    timeout 250 kvfence mutants --contract "$c" --device cuda --seeds 20 --max-examples 8 --quiet \
+      --json "$RESULTS/h200_contract_mutants_$c.json" >> "$LOGS/contracts.txt" 2>&1 || rc=1
+    for z in safe context; do
+      KVFENCE_CACHE=contract-cache KVFENCE_OFFLINE=1 timeout 60 kvfence fuzz --contract "$c" --kernel sglang==0.5.23 \
+        --device cuda --sizing "$z" --max-examples 100 --seed 0 --out "reports/out/h200-$c-$z" \
+        --json "$RESULTS/h200_contract_sglang_0.5.23_${c}_$z.json" >> "$LOGS/contracts.txt" 2>&1
+      echo "$c $z rc=$?" >> "$LOGS/contracts.txt"
+    done
+  done
+  return $rc
 }
 
 run_tests() {

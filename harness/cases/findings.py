@@ -108,7 +108,7 @@ class Finding:
             off, exp, got = self.samples[0]
             parts.append(f"first @{off}: expected {exp}, found {got}")
         if self.programs:
-            shown = ", ".join(f"({s},{b},{k})" for s, b, k in self.programs[:4])
+            shown = ", ".join("(" + ",".join(str(i) for i in p) + ")" for p in self.programs[:4])
             more = f" +{len(self.programs) - 4}" if len(self.programs) > 4 else ""
             parts.append(f"programs {shown}{more}")
         if self.detail:

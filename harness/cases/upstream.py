@@ -553,10 +553,10 @@ def _free_names(node: ast.AST, bound: set) -> List[str]:
     return seen
 
 
-def extract(source: str, source_path: str = "<module>") -> Tuple[str, List[str]]:
+def extract(source: str, source_path: str = "<module>", roots: Tuple[str, ...] = KERNELS) -> Tuple[str, List[str]]:
     """The standalone module text for the kernels of ``source``, and the jit functions it holds.
 
-    Starts from ``KERNELS`` and follows every name they read: a top-level ``@triton.jit`` function is
+    Starts from ``roots`` (default ``KERNELS``, the draft family; a contract names its own) and follows every name they read: a top-level ``@triton.jit`` function is
     taken (and followed), a top-level constant is taken when its value only reads literals, Triton and
     other such constants, ``triton`` / ``tl`` come from the standard imports. Anything else is ``BadInput``.
     """
@@ -583,7 +583,7 @@ def extract(source: str, source_path: str = "<module>") -> Tuple[str, List[str]]
                 imports[alias.asname or alias.name.split(".")[0]] = node
     taken: Dict[str, ast.AST] = {}
     triton_imports: Dict[str, ast.AST] = {}
-    todo = [name for name in KERNELS if name in functions]
+    todo = [name for name in roots if name in functions]
 
     def resolve(name: str, user: str) -> None:
         if name in ("triton", "tl") or name in taken or name in triton_imports:

@@ -227,8 +227,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def _add_family_args(p: argparse.ArgumentParser) -> None:
     """docs/contract.md §6: the newer kernel family's fields, pinned like --topk (drawn when the kernel
     under test takes them, off for a classic-ABI kernel)."""
-    p.add_argument("--contract", default="draft", choices=["draft", "window-rail"],
-                   help="which kernel contract: the draft kernel, or the sliding-window read rail (needs --window)")
+    from kvfence.cases import contract as registry
+
+    p.add_argument("--contract", default="draft", choices=["draft", "window-rail"] + registry.names(),
+                   help="which kernel contract: the draft kernel, the sliding-window read rail (needs --window), or "
+                        "a plug-in contract (kvfence.cases.contract; docs/contract.md §9: the page-table builders)")
     p.add_argument("--window", type=_non_negative_int, default=None,
                    help="pin window_size, the sliding window (0: none; default: drawn when the kernel takes it)")
     p.add_argument("--sink", type=_non_negative_int, default=None,

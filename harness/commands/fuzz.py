@@ -221,6 +221,8 @@ def cmd_fuzz(args) -> int:
     from kvfence.device import select
     from kvfence.cases.targets import resolve_sizing
 
+    if args.contract not in ("draft", "window-rail"):
+        return _fuzz_contract(args)
     if args.resume:
         _check_resume_flags(args)
     json_path = _writable(args.json, "--json")
@@ -248,6 +250,49 @@ def cmd_fuzz(args) -> int:
     finally:
         if hasattr(session, "close"):
             session.close()
+
+
+def _fuzz_contract(args) -> int:
+    """``--contract NAME`` of a plug-in contract: the generic engine (kvfence.workflow.contract_run), in this
+    process, one job. The draft-only flags are refused in one line rather than ignored."""
+    from kvfence.cases import contract as registry
+    from kvfence.device import select
+    from kvfence.workflow import contract_run
+
+    record = registry.get(args.contract)
+    for flag, value, default in (("--jobs", args.jobs, None), ("--resume", args.resume, False),
+                                 ("--window", args.window, None), ("--sink", args.sink, None),
+                                 ("--shard", getattr(args, "shard", None), None)):
+        require(value in (default, 1) if flag == "--jobs" else value == default,
+                f"{flag} is not supported with --contract {record.name} (a plug-in contract runs one job)")
+    record.sizing(args.sizing)  # unknown policy: exit 2 before anything runs
+    out_dir = _out_dir(args.out)
+    device = select(args.device, announce=_stderr)
+    seed = args.seed if args.seed is not None else random.randrange(2 ** 32)
+    graph = device == "cuda" and args.mode == "graph"
+    progress = None if args.quiet else _stderr
+    if progress:
+        progress(f"kvfence: fuzzing {record.name} ({record.section}), kernel {args.kernel}, sizing {args.sizing}, "
+                 f"seed {seed}, {'CUDA graphs' if graph else 'eager'} on {device}")
+    result = contract_run.fuzz(record, args.kernel, args.sizing, device, max_examples=args.max_examples or 200,
+                               seed=seed, max_seconds=args.max_seconds, shrink_seconds=args.shrink_seconds,
+                               graph=graph, progress=progress)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if result.failed:
+        result.case_file = str(contract_run.write_case(out_dir, result, graph))
+    doc = dict(result.to_dict(), seed=seed, mode="graph" if graph else "eager")
+    (out_dir / "contract-summary.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if args.json:
+        _writable(args.json, "--json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"{record.name}: {result.examples} examples, {result.structures} structurally distinct, "
+          f"{result.explore_s:.1f} s to the {'first failure' if result.failed else 'end of the budget'}")
+    if not result.failed:
+        print("no findings")
+        return EXIT_CLEAN
+    for line in result.headlines:
+        print("  " + line)
+    print(f"\nkvfence repro {result.case_file}")
+    return EXIT_FINDINGS
 
 
 def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_dir: Path, domain, jobs: int,

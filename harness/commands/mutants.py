@@ -20,6 +20,8 @@ def cmd_mutants(args) -> int:
     from kvfence.device import select
     from kvfence.workflow.mutants import format_table, run_all, verdict_text
 
+    if args.contract is not None:
+        return _mutants_contract(args)
     if args.verifiers == "both":
         return _mutants_both_verifiers(args)
     device = select(args.device, announce=_stderr)
@@ -79,6 +81,33 @@ def _mutants_both_verifiers(args) -> int:
     return EXIT_CLEAN if report.passed else EXIT_FINDINGS
 
 
+def _mutants_contract(args) -> int:
+    """``--contract NAME``: the self-test of a plug-in contract's mutants (kvfence.workflow.contract_run)."""
+    from kvfence.cases import contract as registry
+    from kvfence.device import select
+    from kvfence.workflow.contract_run import self_test
+
+    record = registry.get(args.contract)
+    json_path = _writable(args.json, "--json")
+    if args.only:
+        for name in args.only:
+            record.mutant(name)  # unknown: exit 2 now
+    device = select(args.device, announce=_stderr)
+    report = self_test(record, device, seeds=range(args.seed, args.seed + args.seeds),
+                       max_examples=args.max_examples or 200, names=args.only,
+                       progress=None if args.quiet else _stderr)
+    for row in report["rows"]:
+        times = sorted(r["search_s"] for r in row["runs"] if r.get("search_s") is not None)
+        median = f"{times[len(times) // 2]:.2f} s" if times else "-"
+        what = "clean" if row["name"] == "reference" else "detected"
+        print(f"{row['name']:<24} {what} in {row['good']}/{row['seeds']} seeds; median search {median}; "
+              f"kinds {sorted({k for r in row['runs'] for k in r['kinds']})}")
+    print("PASSED" if report["passed"] else "FAILED")
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return EXIT_CLEAN if report["passed"] else EXIT_FINDINGS
+
+
 def add_parser(sub) -> None:
     mu = sub.add_parser("mutants", help="mutation self-test: every kernels/mutants/ bug must be detected",
                         description="Fuzz every bug in kernels/mutants/ under a fixed budget and several seeds, with "
@@ -110,4 +139,8 @@ def add_parser(sub) -> None:
     mu.add_argument("--json", default=None, help="write the results here (default: not written)")
     mu.add_argument("--no-audit", action="store_true", help="CPU only: turn off the interpreter address audit")
     mu.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    from kvfence.cases import contract as registry
+
+    mu.add_argument("--contract", default=None, choices=registry.names(),
+                    help="self-test a plug-in contract's mutants instead of the draft family's (docs/contract.md §9)")
     mu.set_defaults(func=cmd_mutants)

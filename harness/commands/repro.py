@@ -14,12 +14,38 @@ def cmd_repro(args) -> int:
     from kvfence.workflow.probe import check_plugins
     from kvfence.workflow.repro import run_repro
 
+    if _is_contract_case(args.file):
+        return _repro_contract(args)
     check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
 
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
                      layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,
                      announce=_stderr, trust_case=args.trust_case, in_process=args.in_process,
                      case_timeout=args.case_timeout)
+
+
+def _is_contract_case(path: str) -> bool:
+    """A plug-in contract's case file (kvfence.workflow.contract_run.CASE_FORMAT)? Unreadable files go on to
+    the draft reader, which names what is wrong with them."""
+    import json
+
+    from kvfence.workflow.contract_run import is_case_file
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return is_case_file(json.load(fh))
+    except (OSError, ValueError):
+        return False
+
+
+def _repro_contract(args) -> int:
+    from kvfence.device import select
+    from kvfence.workflow import contract_run
+
+    device = select(args.device, announce=_stderr)
+    graph = None if args.mode is None else args.mode == "graph"
+    return contract_run.repro(args.file, kernel=args.kernel, sizing=args.sizing, device=device, graph=graph,
+                              verbose=args.verbose)
 
 
 def add_parser(sub) -> None:

@@ -166,16 +166,17 @@ class SelfTest:
 _SCRATCH: List[Path] = []
 
 
-def build_kernel(name: str, patch, contract: str = "draft") -> Path:
-    """Apply ``patch`` to the reference kernel's source (of ``contract``) and write the mutated module;
-    returns its path.
+def build_kernel(name: str, patch, contract: str = "draft", reference: Optional[Path] = None) -> Path:
+    """Apply ``patch`` to the reference kernel's source (of ``contract``, or the file ``reference``: a
+    plug-in contract's kernel) and write the mutated module; returns its path.
 
     The folder is a per-process temporary one (several pytest-xdist workers never share a file).
     """
     require(isinstance(patch, (list, tuple)) and patch and all(
         isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
         f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
-    reference = CONTRACT_KERNELS[contract][0]
+    plain = reference is None
+    reference = reference or CONTRACT_KERNELS[contract][0]
     source = reference.read_text()
     for old, new in patch:
         found = source.count(old)
@@ -187,7 +188,7 @@ def build_kernel(name: str, patch, contract: str = "draft") -> Path:
         import tempfile
 
         _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
-    path = _SCRATCH[0] / f"{name}.py"
+    path = _SCRATCH[0] / (f"{name}.py" if plain else f"{reference.stem}-{name}.py")
     path.write_text(f"# kvfence mutant {name!r}: kernels/{reference.name} with kernels/mutants/{name}.py's PATCH.\n"
                     + source)
     return path

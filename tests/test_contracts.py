@@ -1,0 +1,218 @@
+"""Plug-in contracts (kvfence.cases.contract) and the generic engine (kvfence.workflow.contract_run), instantiated
+for every registered contract: the reference is clean under its safe sizing, every planted mutant is caught by
+a finding of a kind it declares, case files replay as printed, bad input is one line and exit 2.
+
+The page-table contracts' oracle is checked by hand-worked examples (docs/contract.md §9). CPU only: the
+interpreter runs the kernels; the GPU run of the same engine is ``kvfence fuzz --contract C --device cuda``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kvfence.cases import contract as registry
+from kvfence.cases.page_table import FLASHMLA, TRTLLM_MHA, PageTableCase, page_ids, slot_table
+from kvfence.errors import BadInput
+
+pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS = registry.names()
+
+
+def _kvfence(*argv, cwd, env=None):
+    import os
+
+    full = dict(os.environ, TRITON_INTERPRET="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "kvfence", *argv], cwd=cwd, env=full, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_the_registry_lists_the_page_table_contracts_and_refuses_an_unknown_one():
+    assert {"flashmla-page-table", "trtllm-mha-page-table"} <= set(CONTRACTS)
+    assert registry.get("flashmla-page-table") is FLASHMLA
+    with pytest.raises(BadInput, match="unknown contract 'nope': choose from"):
+        registry.get("nope")
+
+
+def test_oracle_hand_worked_example():
+    """Page 16, one request of 33 tokens in pool row 1: pages 0, 1, 2 (33 needs three), each the slot of the
+    page's first token divided by 16, read from row 1 only."""
+    case = PageTableCase(16, 40, 0, (33,), (1,), 2, None, False, 5)
+    slots = slot_table(case)
+    assert page_ids(case) == [[slots[1][0] // 16, slots[1][16] // 16, slots[1][32] // 16]]
+    assert all(slots[1][t] % 16 == t % 16 for t in range(40))  # a slot keeps its offset in the page
+    assert FLASHMLA.need(case) == 3 and FLASHMLA.sizing("context")(case) == 3
+    assert FLASHMLA.sizing("context-floor")(case) == 2 and FLASHMLA.sizing("safe")(case) == 3
+    with_start = PageTableCase(16, 40, 0, (17,), (0,), 1, (5,), False, 0)
+    assert page_ids(with_start) == [[slot_table(with_start)[0][5] // 16, slot_table(with_start)[0][21] // 16]]
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_reference_clean_and_every_mutant_caught_by_a_declared_kind(name):
+    """The generic self-test on one seed, a small budget: the paired buggy/correct check of every mutant."""
+    from kvfence.workflow.contract_run import self_test
+
+    report = self_test(registry.get(name), "cpu", seeds=[0], max_examples=60)
+    rows = {r["name"]: r for r in report["rows"]}
+    assert rows["reference"]["good"] == 1, rows["reference"]
+    for mutant in registry.get(name).mutants:
+        row = rows[mutant.name]
+        assert row["good"] == 1, row
+        assert set(row["runs"][0]["kinds"]) & set(mutant.detects), row
+    assert report["passed"]
+
+
+def test_a_write_past_the_row_is_a_guard_overwrite_and_an_unwritten_page_missing(tmp_path):
+    """The verdict on hand-made damage: the kernel's output replaced by a launch that writes one page past
+    the row and leaves another page unwritten."""
+    from kvfence.running import tables as guarded
+    from kvfence.verifying.tables import verdict
+
+    case = PageTableCase(1, 3, 0, (3,), (0,), 1, None, False, 0)
+    buffers = guarded.allocate_all(FLASHMLA.tables(case, 2), "cpu")
+    before = guarded.snapshot(buffers)
+    out = buffers["kv_indices"]
+    ids = page_ids(case)[0]
+    out.flat[out.position(0, 0)] = ids[0]  # page 1 never written
+    out.flat[out.position(0, 2)] = ids[2]  # page 2 lands in the guard after the 2-wide row
+    found = verdict(FLASHMLA, case, 2, buffers, before, guarded.snapshot(buffers))
+    kinds = {(f.kind.value, f.region, f.start) for f in found}
+    assert kinds == {("MISSING_WRITE", "row 0", 1), ("GUARD_OVERWRITE", "guard after row 0", 0)}
+
+
+def test_fuzz_writes_a_minimal_case_that_repro_replays_as_printed_and_a_fix_passes(tmp_path):
+    run = _kvfence("fuzz", "--contract", "trtllm-mha-page-table", "--sizing", "context", "--device", "cpu",
+                   "--seed", "3", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert "TABLE_TRUNCATED" in run.stdout and "SIZING_VIOLATION" in run.stdout
+    line = run.stdout.strip().splitlines()[-1]
+    assert line.startswith("kvfence repro ")
+    case_file = Path(line.split()[-1])
+    doc = json.loads(case_file.read_text())
+    assert doc["case"]["seq_lens"] == [doc["case"]["ctx"] + 1] and doc["case"]["page_size"] == 1  # minimal
+    again = _kvfence("repro", str(case_file), "--device", "cpu", cwd=tmp_path)
+    assert again.returncode == 1 and "reproduces" in again.stdout
+    fixed = _kvfence("repro", str(case_file), "--device", "cpu", "--sizing", "safe", cwd=tmp_path)
+    assert fixed.returncode == 0 and "passes" in fixed.stdout
+    clean = _kvfence("fuzz", "--contract", "trtllm-mha-page-table", "--device", "cpu", "--max-examples", "20",
+                     "--seed", "0", "--out", str(tmp_path / "clean"), cwd=tmp_path)
+    assert clean.returncode == 0 and "no findings" in clean.stdout, clean.stderr
+
+
+def test_a_case_file_never_imports_the_plug_in_kernel_it_names_and_bad_files_are_one_line(tmp_path):
+    doc = {"format": "kvfence-contract-case/1", "contract": "flashmla-page-table", "kernel": "evil.py:k",
+           "sizing": "safe", "case": {"page_size": 1, "ctx": 1, "draft_tokens": 0, "seq_lens": [1],
+                                      "req_pool_indices": [0], "pool_rows": 1, "kv_start": None, "swa": False,
+                                      "seed": 0}}
+    (tmp_path / "evil.py").write_text("raise SystemExit('imported')\n")
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(doc))
+    run = _kvfence("repro", str(path), "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 2 and "never makes kvfence import code" in run.stderr
+    assert "Traceback" not in run.stderr
+    doc.update(kernel="reference")
+    doc["case"]["seq_lens"] = [5]  # longer than ctx + draft_tokens
+    path.write_text(json.dumps(doc))
+    run = _kvfence("repro", str(path), "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 2 and "every length must be in [1, ctx + draft_tokens]" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_flags_a_plug_in_contract_does_not_take_are_refused(tmp_path):
+    run = _kvfence("fuzz", "--contract", "flashmla-page-table", "--jobs", "2", "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 2 and "--jobs is not supported with --contract flashmla-page-table" in run.stderr
+    run = _kvfence("fuzz", "--contract", "flashmla-page-table", "--sizing", "prefix", "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 2 and "unknown sizing 'prefix'" in run.stderr
+
+
+def _fake_wheel(folder: Path, version: str, path: str, source: str) -> None:
+    with zipfile.ZipFile(folder / f"sglang-{version}-py3-none-any.whl", "w") as zf:
+        zf.writestr(path, source)
+
+
+def test_a_release_kernel_is_extracted_as_data_and_a_different_signature_is_one_line(tmp_path):
+    """A wheel whose module defines the kernel (here kvfence's own text) runs under the contract; one whose
+    signature differs is refused in one line, exit 2."""
+    ours = (ROOT / "kernels" / "trtllm_mha_page_table.py").read_text()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_wheel(wheels, "9.9.1", "sglang/kernels/ops/attention/trtllm_mha_page_table.py", ours)
+    _fake_wheel(wheels, "9.9.2", "sglang/kernels/ops/attention/trtllm_mha_page_table.py",
+                ours.replace("    HAS_SWA: tl.constexpr,\n", ""))
+    env = {"KVFENCE_WHEEL_DIR": str(wheels), "KVFENCE_CACHE": str(tmp_path / "cache"), "KVFENCE_OFFLINE": "1"}
+    ok = _kvfence("fuzz", "--contract", "trtllm-mha-page-table", "--kernel", "sglang==9.9.1", "--device", "cpu",
+                  "--max-examples", "15", "--seed", "0", "--out", str(tmp_path / "o"), cwd=tmp_path, env=env)
+    assert ok.returncode == 0 and "no findings" in ok.stdout, ok.stderr
+    assert (tmp_path / "cache" / "sglang-9.9.1" / "contracts" / "trtllm-mha-page-table.py").is_file()
+    bad = _kvfence("fuzz", "--contract", "trtllm-mha-page-table", "--kernel", "sglang==9.9.2", "--device", "cpu",
+                   "--out", str(tmp_path / "o2"), cwd=tmp_path, env=env)
+    assert bad.returncode == 2 and "kvfence does not know this signature" in bad.stderr, bad.stderr
+    absent = _kvfence("fuzz", "--contract", "flashmla-page-table", "--kernel", "sglang==9.9.1", "--device", "cpu",
+                      "--out", str(tmp_path / "o3"), cwd=tmp_path, env=env)
+    assert absent.returncode == 2 and "has no create_flashmla_kv_indices_triton" in absent.stderr
+
+
+def test_the_verdict_visiting_changed_and_defined_elements_equals_the_walk_over_every_element():
+    """Random damage (writes anywhere in the flat tensors, inputs included) on drawn cases: the verdict the
+    engine runs and the plain walk over every element give the same findings."""
+    import random
+
+    from hypothesis import HealthCheck, given, settings
+
+    from kvfence.running import tables as guarded
+    from kvfence.verifying.tables import verdict
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(TRTLLM_MHA.cases("cpu"), st_seed())
+    def check(case, seed):
+        width = TRTLLM_MHA.sizing("context")(case)
+        buffers = guarded.allocate_all(TRTLLM_MHA.tables(case, width), "cpu")
+        before = guarded.snapshot(buffers)
+        rng = random.Random(seed)
+        for g in buffers.values():
+            ids = page_ids(case)
+            for (r, c), v in ((k, v) for k, v in
+                              {(b, j): x for b, row in enumerate(ids) for j, x in enumerate(row)}.items()):
+                if g.table.role == "output" and c < width + g.guard and rng.random() < 0.7:
+                    g.flat[g.position(r, c)] = v
+            for _ in range(rng.randrange(4)):
+                g.flat[rng.randrange(len(g.flat))] = rng.randrange(-3, 50)
+        after = guarded.snapshot(buffers)
+        fast = [f.to_dict() for f in verdict(TRTLLM_MHA, case, width, buffers, before, after)]
+        plain = [f.to_dict() for f in verdict(TRTLLM_MHA, case, width, buffers, before, after, every_element=True)]
+        assert fast == plain
+
+    check()
+
+
+def st_seed():
+    from hypothesis import strategies as st
+
+    return st.integers(0, 2 ** 16)
+
+
+def _readme_contract_commands():
+    import re
+    import shlex
+
+    section = (ROOT / "README.md").read_text().split("\n## More contracts", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    out = []
+    for line in block.splitlines():
+        command, _, comment = line.partition("#")
+        if command.strip():
+            out.append((shlex.split(command)[1:], int(re.match(r"\s*exit (\d)", comment).group(1))))
+    return out
+
+
+@pytest.mark.parametrize("argv, code", _readme_contract_commands(), ids=lambda x: " ".join(x) if isinstance(x, list) else str(x))
+def test_the_readme_contract_commands_exit_as_written(argv, code, tmp_path):
+    run = _kvfence(*argv, "--quiet", cwd=tmp_path)
+    assert run.returncode == code, run.stdout[-1500:] + run.stderr[-1500:]
