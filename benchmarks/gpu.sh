@@ -37,8 +37,8 @@ export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
-ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests"
-EXTRA="plain-mutants contracts"
+ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests contracts"
+EXTRA="plain-mutants"
 mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {

@@ -92,9 +92,10 @@ def test_fuzz_writes_a_minimal_case_that_repro_replays_as_printed_and_a_fix_pass
                    "--seed", "3", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert run.returncode == 1, run.stderr
     assert "TABLE_TRUNCATED" in run.stdout and "SIZING_VIOLATION" in run.stdout
-    line = run.stdout.strip().splitlines()[-1]
-    assert line.startswith("kvfence repro ")
+    line = next(x for x in run.stdout.splitlines() if x.startswith("kvfence repro "))
     case_file = Path(line.split()[-1])
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "needed past the row" in page and "GUARD_OVERWRITE" in page and "too small" in page
     doc = json.loads(case_file.read_text())
     assert doc["case"]["seq_lens"] == [doc["case"]["ctx"] + 1] and doc["case"]["page_size"] == 1  # minimal
     again = _kvfence("repro", str(case_file), "--device", "cpu", cwd=tmp_path)
@@ -216,3 +217,35 @@ def _readme_contract_commands():
 def test_the_readme_contract_commands_exit_as_written(argv, code, tmp_path):
     run = _kvfence(*argv, "--quiet", cwd=tmp_path)
     assert run.returncode == code, run.stdout[-1500:] + run.stderr[-1500:]
+
+
+def test_a_contract_from_outside_kvfence_runs_on_the_generic_engine(monkeypatch):
+    """Two files in another folder, registered as an entry point would register them: the generic engine
+    fuzzes it, shrinks a sizing failure, and its mutant is caught while its reference passes."""
+    from kvfence.workflow.contract_run import fuzz, self_test
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures" / "toy_contract"))
+    monkeypatch.setitem(registry._entry_points(), "toy-copy", "toy_contract:TOY")
+    toy = registry.get("toy-copy")
+    clean = fuzz(toy, "reference", "safe", "cpu", max_examples=20, seed=0)
+    assert not clean.failed and clean.examples == 20
+    short = fuzz(toy, "reference", "short", "cpu", max_examples=50, seed=0)
+    assert short.case == {"lens": (2,), "width": 9} or short.case == {"lens": [2], "width": 9}, short.case
+    assert {"SIZING_VIOLATION", "GUARD_OVERWRITE"} <= set(short.to_dict()["kinds"])
+    report = self_test(toy, "cpu", seeds=[0, 1], max_examples=20)
+    assert report["passed"] and [r["good"] for r in report["rows"]] == [2, 2]
+    registry._LOADED.pop("toy-copy", None)
+
+
+def test_the_table_map_escapes_every_value_and_marks_what_the_row_cannot_hold():
+    from kvfence.reports.table_map import report_html
+
+    case = PageTableCase(1, 300000, 2, (300002,), (0,), 1, None, False, 0)
+    findings = [{"kind": "GUARD_OVERWRITE", "buffer": "kv_indices", "region": "guard after row 0", "start": 0,
+                 "stop": 2, "samples": [[0, -1, 7]], "programs": [[0, 73]], "detail": "<script>x</script>"}]
+    doc = {"contract": "flashmla-page-table", "kernel": "<b>k</b>", "sizing": "context", "width": 300000,
+           "findings": findings, "mode": "eager", "device": "cpu", "case_file": "c.json"}
+    page = report_html(doc, FLASHMLA, case)
+    assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;k&lt;/b&gt;" in page
+    assert "GUARD_OVERWRITE [0, 2)" in page and "guard [2, 8)" in page and "needs 300002 (too small)" in page
+    assert "ok [0, 300000)" in page  # a long row is drawn in runs, not element by element

@@ -280,6 +280,7 @@ def _fuzz_contract(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     if result.failed:
         result.case_file = str(contract_run.write_case(out_dir, result, graph))
+        contract_run.write_report(out_dir, Path(result.case_file))
     doc = dict(result.to_dict(), seed=seed, mode="graph" if graph else "eager")
     (out_dir / "contract-summary.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.json:
@@ -291,7 +292,7 @@ def _fuzz_contract(args) -> int:
         return EXIT_CLEAN
     for line in result.headlines:
         print("  " + line)
-    print(f"\nkvfence repro {result.case_file}")
+    print(f"\nkvfence repro {result.case_file}\n(map: {out_dir / 'report.html'})")
     return EXIT_FINDINGS
 
 

@@ -246,6 +246,17 @@ def write_case(out_dir: Path, result: FuzzResult, graph: bool) -> Path:
     return path
 
 
+def write_report(out_dir: Path, case_file: Path) -> Path:
+    """``OUT/report.html``: the table map of the case file (kvfence.reports.table_map), from the file alone."""
+    from kvfence.reports.table_map import report_html
+
+    record, case, doc = load_case(case_file)
+    doc = dict(doc, case_file=str(case_file))
+    path = out_dir / "report.html"
+    path.write_text(report_html(doc, record, case), encoding="utf-8")
+    return path
+
+
 def is_case_file(doc) -> bool:
     return isinstance(doc, dict) and doc.get("format") == CASE_FORMAT
 
