@@ -15,6 +15,7 @@ oracle, the sizing policies, the mutants. Its draws are ``kvfence.strategies.pag
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -85,6 +86,7 @@ class PageTableCase:
 
 
 # -- the oracle: plain Python, docs/contract.md §9 ------------------------------------------------------------
+@functools.lru_cache(maxsize=4)  # tables() and the oracle both read it, once per case
 def slot_table(case: PageTableCase):
     """``req_to_token`` (a ``pool_rows x pool_len`` array): each pool row's pages are distinct physical pages (a
     seeded shuffle), and a token's slot is ``page * P + position mod P``, as a paged KV pool lays them out."""
@@ -96,6 +98,7 @@ def slot_table(case: PageTableCase):
     return pages[:, t // P] * P + t % P
 
 
+@functools.lru_cache(maxsize=4)
 def swa_table(case: PageTableCase):
     """``full_to_swa``: slot -> SWA slot, a seeded permutation of page ids that keeps the offset in the page."""
     import numpy as np
