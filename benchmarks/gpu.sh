@@ -156,7 +156,7 @@ run_contracts() {
   # Each plug-in contract: the self-test (reference + mutants, 20 seeds, GPU domain, CUDA graphs), then SGLang
   # 0.5.23's own kernel under the safe sizing (clean) and under the context sizing (overflows at the wall).
   local c z rc=0
-  for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table}; do
+  for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do
     timeout 250 kvfence mutants --contract "$c" --device cuda --seeds 20 --max-examples 8 --quiet \
       --json "$RESULTS/h200_contract_mutants_$c.json" >> "$LOGS/contracts.txt" 2>&1 || rc=1
     for z in safe context; do

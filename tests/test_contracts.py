@@ -249,3 +249,20 @@ def test_the_table_map_escapes_every_value_and_marks_what_the_row_cannot_hold():
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;k&lt;/b&gt;" in page
     assert "GUARD_OVERWRITE [0, 2)" in page and "guard [2, 8)" in page and "needs 300002 (too small)" in page
     assert "ok [0, 300000)" in page  # a long row is drawn in runs, not element by element
+
+
+def test_fa3_metadata_oracle_hand_worked_example():
+    """Page 16, delta 2 (target verify's draft tokens), lengths 30 and 14, rows 2 pages wide: published lengths
+    32 and 16, prefix sums 0, 32, 48; row 0 holds its 2 pages (32 tokens fit exactly), row 1 its 1 page, then
+    zeros with ZERO_TAIL; under a 1-page table row 0's published length needs 2 pages: PUBLISHED_PAST_TABLE."""
+    from kvfence.cases.fa3_metadata import FA3_METADATA, MetadataCase
+
+    case = MetadataCase(16, 32, 2, (30, 14), (1, 0), 2, True, False, 3)
+    slots = slot_table(case.slots)
+    out = FA3_METADATA.expected(case, 2)
+    assert out["cache_seqlens"] == {(0, 0): 32, (0, 1): 16}
+    assert out["cu_seqlens_k"] == {(0, 0): 0, (0, 1): 32, (0, 2): 48}
+    assert out["page_table"] == {(0, 0): int(slots[1][0]) // 16, (0, 1): int(slots[1][16]) // 16,
+                                 (1, 0): int(slots[0][0]) // 16, (1, 1): 0}
+    assert [f.region for f in FA3_METADATA.findings_before_launch(case, 1)] == ["row 0"]
+    assert FA3_METADATA.findings_before_launch(case, 2) == []

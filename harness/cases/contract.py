@@ -79,7 +79,9 @@ class ContractMutant:
     doc: str
     detects: Tuple[str, ...]
     patch: Tuple[Tuple[str, str], ...] = ()
-    sizing: Optional[str] = None  # a sizing mutant: the reference kernel under this (buggy) named policy
+    #: The named policy the mutant runs under (default: the safe one). Without a patch: a sizing mutant, the
+    #: reference kernel under this buggy policy; with one: a kernel bug that shows only under this policy.
+    sizing: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,8 @@ def _mutants_contract(args) -> int:
     for row in report["rows"]:
         times = sorted(r["search_s"] for r in row["runs"] if r.get("search_s") is not None)
         median = f"{times[len(times) // 2]:.2f} s" if times else "-"
-        what = "clean" if row["name"] == "reference" else "detected"
-        print(f"{row['name']:<24} {what} in {row['good']}/{row['seeds']} seeds; median search {median}; "
+        what = "detected" if row["detects"] else "clean"
+        print(f"{row['name']:<40} {what} in {row['good']}/{row['seeds']} seeds; median search {median}; "
               f"kinds {sorted({k for r in row['runs'] for k in r['kinds']})}")
     print("PASSED" if report["passed"] else "FAILED")
     if json_path is not None:

@@ -1,0 +1,34 @@
+"""Hypothesis strategies for the FA3 decode-metadata contract (docs/contract.md §9).
+
+``fa3_metadata_cases(domain, page_sizes, block_tokens)`` draws one launch as the fields of the contract's case:
+the page-table configs of ``kvfence.strategies.page_table`` (page size, context, the delta the kernel adds:
+draft tokens in target verify), committed lengths up to the context (edges at the wall and at pages), and
+the two switches (``ZERO_TAIL`` in one draw in four, since its mask hides the row clamp, ``SKIP_PAGE_TABLE``
+in one in eight). Shrinks toward
+page 1, context 1, delta 0, one request of length 1, both switches off.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from kvfence.strategies.page_table import DOMAINS, page_table_configs
+
+
+@st.composite
+def _batch(draw, page: int, ctx: int, delta: int, domain: str):
+    _, most, max_elements = DOMAINS[domain]
+    width = -(-(ctx + delta) // page)
+    num_seqs = draw(st.integers(1, max(1, min(most, max_elements // max(1, width)))))
+    edges = sorted({e for e in (1, page, page + 1, ctx - 1, ctx, (ctx // page) * page + 1) if 1 <= e <= ctx})
+    lens = tuple(draw(st.sampled_from(edges) | st.integers(1, ctx)) for _ in range(num_seqs))
+    spare = draw(st.integers(0, 2))
+    rows = draw(st.permutations(range(num_seqs + spare)))[:num_seqs]
+    return dict(page_size=page, ctx=ctx, delta=delta, seq_lens=lens, req_pool_indices=tuple(rows),
+                pool_rows=num_seqs + spare, zero_tail=draw(st.integers(0, 3)) == 3,
+                skip_page_table=draw(st.integers(0, 7)) == 7, seed=draw(st.integers(0, 2 ** 16)))
+
+
+def fa3_metadata_cases(domain: str, page_sizes, block_tokens: int):
+    return page_table_configs(domain, tuple(page_sizes), block_tokens).flatmap(
+        lambda cfg: _batch(*cfg, domain=domain))
