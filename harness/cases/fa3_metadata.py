@@ -134,8 +134,11 @@ class FA3Metadata(Contract):
     def findings_before_launch(self, case, width) -> list:
         if case.skip_page_table:
             return []
+        from kvfence.kernels.fa3_decode_metadata import block_cols
+
+        cols = block_cols(case.page_size, case.skip_page_table)
         return [Finding(PUBLISHED_PAST_TABLE, "cache_seqlens", f"row {b}", width, _pages(case, b), [],
-                        [(b, c) for c in range(cdiv(width, 256 if case.page_size == 1 else 128))],
+                        [(b, c) for c in range(cdiv(width, cols))],
                         f"published length {case.seq_lens[b] + case.delta} needs {_pages(case, b)} pages, the "
                         f"page-table row holds {width}")
                 for b in range(len(case.seq_lens)) if _pages(case, b) > width]
