@@ -25,7 +25,11 @@ What a record says (docs/contract.md §9 for the page-table builders, the first 
   ``findings_before_launch(case, width)`` the contract's own arithmetic findings (e.g. a truncated table);
 * its sizing: ``sizings``, named policies ``case -> width``;
 * its planted mutants (``mutants``: name, docstring, ``PATCH`` on ``reference_kernel``, ``DETECTS``);
-* its structural key: ``structural_key(case, width)``, what changes where the kernel writes.
+* its structural key: ``structural_key(case, width)``, what changes where the kernel writes;
+* its shipped sizing (optional): ``shipped_sites``, where SGLang's backends size the table and which lengths
+  they pass (``ShippedSite``, read from each wheel by ``kvfence.cases.contract_shipped``), and
+  ``wall_case(ctx, page_size, draft_tokens, length)``, the one-request launch at a committed length, on
+  which ``upstream matrix --shipped`` runs the release's kernel.
 """
 
 from __future__ import annotations
@@ -92,6 +96,31 @@ class Upstream:
     paths: Tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ShippedSite:
+    """Where one SGLang backend sizes the table this contract's kernel writes, for one CUDA-graph mode and
+    forward mode, as expression texts a reader finds in the release's wheel (``kvfence.cases.contract_shipped``).
+
+    ``width``: the row width in pages, as the backend spells it (found by its text in ``cls``'s methods, or in
+    ``within`` only; ``cls``'s bases in the wheel are searched too). ``delta``: the tokens the launch adds to
+    each committed length (``"0"`` for none), found inside ``evidence`` (an expression or statement of the
+    class that shows the lengths getting it) when given. ``symbols``: names this site gives a quantity (stated here, a
+    fact of the backend: e.g. tokens per request in target verify are the draft tokens). ``page_sizes``: the
+    page sizes the backend runs with."""
+
+    backend: str          # SGLang's --attention-backend name
+    cls: str              # the backend class
+    mode: str             # graph | eager
+    forward_mode: str     # decode | target_verify | draft_extend
+    width: str
+    delta: str
+    page_sizes: Tuple[int, ...]
+    within: str = ""
+    evidence: str = ""
+    symbols: Tuple[Tuple[str, str], ...] = ()
+    note: str = ""
+
+
 class Contract(abc.ABC):
     """The record of one kernel contract (see the module docstring)."""
 
@@ -105,6 +134,7 @@ class Contract(abc.ABC):
     #: The sizing a reference run must be clean under, and the one that models the shipped graph tables.
     safe_sizing: str = "safe"
     mutants: Tuple[ContractMutant, ...] = ()
+    shipped_sites: Tuple[ShippedSite, ...] = ()
 
     @abc.abstractmethod
     def cases(self, domain: str):
@@ -143,6 +173,11 @@ class Contract(abc.ABC):
 
     def structural_key(self, case, width: int) -> tuple:
         return (repr(self.case_to_dict(case)), width)
+
+    def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int):
+        """One request of committed length ``length`` launched with ``draft_tokens`` added, as the shipped
+        sites pass it (contracts with ``shipped_sites`` define it)."""
+        raise BadInput(f"contract {self.name} has no shipped sizing (no wall_case)")
 
     def sizing(self, name: str) -> Callable:
         require(name in self.sizings, f"contract {self.name}: unknown sizing {name!r}: choose from "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Tuple
 
-from kvfence.cases.contract import Contract, ContractKind, ContractMutant, Table, Upstream
+from kvfence.cases.contract import Contract, ContractKind, ContractMutant, ShippedSite, Table, Upstream
 from kvfence.cases.findings import Finding
 from kvfence.cases.page_table import BLOCK_TOKENS, KERNELS, PAGE_SIZES, PageTableCase, cdiv, slot_table
 from kvfence.errors import require
@@ -58,6 +58,12 @@ class FA3Metadata(Contract):
     reference_attr = "_fused_decode_metadata_kernel"
     upstream = Upstream("_fused_decode_metadata_kernel", ("sglang/kernels/ops/attention/metadata.py",))
     sizings = {"safe": lambda c: cdiv(c.ctx + c.delta, c.page_size), "context": lambda c: cdiv(c.ctx, c.page_size)}
+    shipped_sites = (
+        ShippedSite("fa3", "FlashAttentionBackend", "graph", "target_verify", "self.max_num_pages",
+                    "self.speculative_num_draft_tokens", (1, 16, 32, 64, 128), within="_set_decode_page_metadata",
+                    evidence="verify_delta = self.speculative_num_draft_tokens",
+                    note="topk 1, not a ragged verify"),
+    )
     mutants = (
         ContractMutant("delta_not_published", "cache_seqlens leaves out SEQ_LEN_DELTA.", ("VALUE_MISMATCH",),
                        (("length = (tl.load(seq_lens + i * seq_lens_stride_0) + SEQ_LEN_DELTA).to(tl.int32)",
@@ -77,6 +83,10 @@ class FA3Metadata(Contract):
         ContractMutant("sizing_context", "The table is ceil(context_len / P) wide while the published length "
                        "carries the delta.", ("PUBLISHED_PAST_TABLE", "SIZING_VIOLATION"), (), "context"),
     )
+
+    def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int) -> MetadataCase:
+        """One request of committed length ``length``; the kernel adds ``draft_tokens`` (SEQ_LEN_DELTA)."""
+        return MetadataCase(page_size, ctx, draft_tokens, (length,), (0,), 1).validate()
 
     def cases(self, domain: str):
         from kvfence.strategies.fa3_metadata import fa3_metadata_cases

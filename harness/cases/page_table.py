@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from kvfence.cases.contract import Contract, ContractKind, ContractMutant, Table, Upstream
+from kvfence.cases.contract import Contract, ContractKind, ContractMutant, ShippedSite, Table, Upstream
 from kvfence.cases.findings import Finding, Kind
 from kvfence.errors import require
 
@@ -150,10 +150,15 @@ class PageTableContract(Contract):
     kinds = (TABLE_TRUNCATED,)
     sizings = {"safe": _safe, "context": _context, "flashmla-graph": _flashmla_graph, "context-floor": _context_floor}
 
-    def __init__(self, name: str, abi: str, kernel_file: str, attr: str, upstream: Upstream, mutants):
+    def __init__(self, name: str, abi: str, kernel_file: str, attr: str, upstream: Upstream, mutants, sites=()):
         self.name, self.abi = name, abi
         self.reference_kernel, self.reference_attr = KERNELS / kernel_file, attr
         self.upstream, self.mutants = upstream, tuple(mutants)
+        self.shipped_sites = tuple(sites)
+
+    def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int) -> PageTableCase:
+        """The kernel receives ``length + draft_tokens`` (target verify's lengths), one request."""
+        return PageTableCase(page_size, ctx, draft_tokens, (length + draft_tokens,), (0,), 1).validate()
 
     # draws and case files
     def cases(self, domain: str):
@@ -300,12 +305,43 @@ def _mutants(kernel_file: str, *, swa: bool):
     return out
 
 
+#: Where releases define the kernels (the newest first), read from the wheels 0.4.4.post2 .. 0.5.23.
+_KV_INDICES = ("sglang/kernels/ops/attention/kv_indices.py", "sglang/kernels/ops/kvcache/kv_indices.py",
+               "sglang/srt/layers/attention/triton_ops/kv_indices.py", "sglang/srt/layers/attention/utils.py")
+_TRTLLM_MHA = tuple(p.replace("kv_indices.py", "trtllm_mha_page_table.py") for p in _KV_INDICES[:3])
+
+#: Where SGLang's backends size the tables these kernels write (docs/contract.md §9, "Shipped sizing of the
+#: plug-in contracts"), as the backends spell it in 0.5.23; other releases are read the same way, and a text a
+#: release lacks is reported as not found there.
+_FLASHMLA_SITES = (
+    ShippedSite("flashmla", "FlashMLABackend", "graph", "target_verify",
+                "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE", "self.num_draft_tokens", (64,),
+                within="init_cuda_graph_state", evidence="seq_lens + self.num_draft_tokens"),
+    ShippedSite("flashmla", "FlashMLABackend", "graph", "decode",
+                "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE", "0", (64,), within="init_cuda_graph_state"),
+    ShippedSite("flashmla", "FlashMLABackend", "eager", "target_verify",
+                "triton.cdiv(eager_max_k + self.num_draft_tokens, PAGE_SIZE)", "self.num_draft_tokens", (64,),
+                within="init_forward_metadata", evidence="forward_batch.seq_lens + self.num_draft_tokens"),
+    ShippedSite("trtllm_mla", "TRTLLMMLABackend", "graph", "target_verify",
+                "self._calc_padded_blocks(self.max_context_len)", "self.num_draft_tokens", (32, 64),
+                within="init_cuda_graph_state", evidence="torch.add(seq_lens[:bs], self.num_draft_tokens, "
+                                                         "out=metadata.global_seq_lens_k)"),
+)
+_TRTLLM_MHA_SITES = (
+    ShippedSite("trtllm_mha", "TRTLLMHAAttnBackend", "eager", "target_verify", "self.max_num_pages",
+                "tokens_per_req", (16, 32, 64), within="init_forward_metadata",
+                evidence="forward_batch.seq_lens + tokens_per_req",
+                symbols=(("forward_batch.input_ids.shape[0] // batch_size", "d"),),
+                note="tokens per request in target verify are the draft tokens (topk 1); the CUDA-graph verify "
+                     "builds its table with another kernel"),
+)
+
 FLASHMLA = PageTableContract(
     "flashmla-page-table", "flashmla", "flashmla_page_table.py", "create_flashmla_kv_indices_triton",
-    Upstream("create_flashmla_kv_indices_triton", ("sglang/kernels/ops/attention/kv_indices.py",)),
-    _mutants("flashmla_page_table.py", swa=False))
+    Upstream("create_flashmla_kv_indices_triton", _KV_INDICES),
+    _mutants("flashmla_page_table.py", swa=False), _FLASHMLA_SITES)
 
 TRTLLM_MHA = PageTableContract(
     "trtllm-mha-page-table", "trtllm_mha", "trtllm_mha_page_table.py", "create_trtllm_mha_kv_indices_triton",
-    Upstream("create_trtllm_mha_kv_indices_triton", ("sglang/kernels/ops/attention/trtllm_mha_page_table.py",)),
-    _mutants("trtllm_mha_page_table.py", swa=True))
+    Upstream("create_trtllm_mha_kv_indices_triton", _TRTLLM_MHA),
+    _mutants("trtllm_mha_page_table.py", swa=True), _TRTLLM_MHA_SITES)

@@ -33,6 +33,15 @@ def cmd_upstream_sizing(args) -> int:
     from kvfence.cases import shipped_sizing
     from kvfence.reports.shipped_matrix import sizing_lines
 
+    if args.contract not in (None, "draft"):
+        from kvfence.cases import contract as registry
+        from kvfence.workflow import contract_shipped_matrix as csm
+
+        record = registry.get(args.contract)
+        require(record.shipped_sites, f"contract {record.name} lists no shipped sites")
+        print("\n".join(csm.sizing_lines(args.version, record, csm.load_record(args.version, record,
+                                                                               announce=_stderr))))
+        return EXIT_CLEAN
     record = shipped_sizing.load_record(args.version)
     require(record["backends"], f"sglang=={args.version} has no draft backend (no class launches "
                                 f"{shipped.DRAFT_KERNEL})")
@@ -40,7 +49,35 @@ def cmd_upstream_sizing(args) -> int:
     return EXIT_CLEAN
 
 
-def cmd_upstream_shipped(args, out_dir, offline: bool) -> int:
+def cmd_upstream_shipped_contracts(args, names, out_dir, json_path, offline: bool) -> int:
+    """``upstream matrix --shipped --contracts C,...`` for plug-in contracts (kvfence.workflow.contract_shipped_matrix)."""
+    from kvfence.cases import contract as registry
+    from kvfence.device import select
+    from kvfence.workflow import contract_shipped_matrix as csm
+    from kvfence.workflow import release_matrix as rm
+
+    contracts = [registry.get(n) for n in names]
+    for c in contracts:
+        require(c.shipped_sites, f"contract {c.name} lists no shipped sites (upstream matrix --shipped needs them)")
+    if offline:
+        os.environ["KVFENCE_OFFLINE"] = "1"
+    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
+    device = select(args.device, announce=_stderr)
+    doc = csm.run(contracts, versions, device=device, out=out_dir, progress=_stderr)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=1) + "\n"
+    (out_dir / "shipped.json").write_text(text, encoding="utf-8")
+    if json_path is not None:
+        json_path.write_text(text, encoding="utf-8")
+    report = out_dir / "report.md"
+    report.write_text(csm.markdown(doc), encoding="utf-8")
+    print(csm.markdown(doc), end="")
+    print(f"kvfence upstream matrix --shipped: {len(versions)} release(s) x {len(contracts)} contract(s) in "
+          f"{doc['elapsed_s']} s; report {report}")
+    return doc["exit_code"]
+
+
+def cmd_upstream_shipped(args, out_dir, offline: bool, json_path=None) -> int:
     """``upstream matrix --shipped``: each release's backends under their own sizing (kvfence.workflow.shipped_matrix)."""
     from kvfence.device import select
     from kvfence.workflow import release_matrix as rm
@@ -54,6 +91,8 @@ def cmd_upstream_shipped(args, out_dir, offline: bool) -> int:
     doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out_dir, progress=_stderr)
     report = write(doc, out_dir)
     (out_dir / "shipped.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if json_path is not None:
+        json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(markdown(doc), end="")
     print(f"kvfence upstream matrix --shipped: {len(versions)} release(s) in {doc['elapsed_s']} s; report {report}")
     return doc["exit_code"]
@@ -70,7 +109,11 @@ def cmd_upstream_matrix(args) -> int:
     json_path = _writable(args.json, "--json")
     out_dir = _out_dir(args.out)
     if args.shipped:
-        return cmd_upstream_shipped(args, out_dir, bool(args.offline) or offline_by_env())
+        offline = bool(args.offline) or offline_by_env()
+        plug_ins = [c for c in rm.split_list(args.contracts, "--contracts") if c not in ("draft", "window-rail")]
+        if plug_ins:
+            return cmd_upstream_shipped_contracts(args, plug_ins, out_dir, json_path, offline)
+        return cmd_upstream_shipped(args, out_dir, offline, json_path)
     sizings = rm.check_sizings(rm.split_list(args.sizing, "--sizing"))
     contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
     max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
@@ -144,7 +187,9 @@ def add_parser(sub) -> None:
     um.add_argument("--sizing", default="prefix,fixed,safe", help="comma list of builtin sizings")
     um.add_argument("--contracts", default="draft",
                     help="comma list of contracts (draft, window-rail); one this build or a release lacks is a "
-                         "not-applicable cell")
+                         "not-applicable cell. With --shipped also a plug-in contract with shipped sites "
+                         "(flashmla-page-table, trtllm-mha-page-table, fa3-decode-metadata): one table per "
+                         "contract, a column per backend x mode x forward mode")
     um.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
     um.add_argument("--max-examples", type=_positive_int, default=50, help="Hypothesis examples per cell")
@@ -182,4 +227,7 @@ def add_parser(sub) -> None:
                     "passes as max_bs, the host check, a topk > 1 refusal, and the source lines they came from.",
         epilog=_exit_codes(zero="printed", one=None))
     us.add_argument("version", help="a release, e.g. 0.5.23 (fetched into the cache unless offline)")
+    us.add_argument("--contract", default=None,
+                    help="a plug-in contract with shipped sites (e.g. flashmla-page-table): its backends' table "
+                         "widths and the tokens each adds to the lengths, with their lines (default: draft)")
     us.set_defaults(func=cmd_upstream_sizing)

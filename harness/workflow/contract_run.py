@@ -281,6 +281,18 @@ def load_case(path: Path):
     return record, record.case_from_dict(doc.get("case")), doc
 
 
+def _width(record: Contract, policy_name: str, case, doc: dict, path: Path) -> int:
+    """The row width of a replay: a named sizing's, or, for a witness of a release's shipped sizing
+    (``sglang==V:BACKEND:MODE:FORWARD_MODE``, kvfence.workflow.contract_shipped_matrix), the width the file
+    records (the release's formula at the case's context, page size and draft tokens)."""
+    if policy_name in record.sizings or not policy_name.startswith("sglang=="):
+        return record.sizing(policy_name)(case)
+    width = doc.get("width")
+    require(type(width) is int and 0 <= width <= 1 << 24,
+            f"case file {path}: a shipped-sizing case needs its width, an integer in [0, 2**24]")
+    return width
+
+
 def repro(path: Path, *, kernel: Optional[str], sizing: Optional[str], device: str, graph: Optional[bool],
           verbose: bool = False) -> int:
     record, case, doc = load_case(path)
@@ -289,7 +301,7 @@ def repro(path: Path, *, kernel: Optional[str], sizing: Optional[str], device: s
             f"case file {path} names the plug-in kernel {spec!r}: a case file never makes kvfence import code; "
             f"pass --kernel {spec} to run it")
     policy_name = sizing or doc["sizing"]
-    width = record.sizing(policy_name)(case)
+    width = _width(record, policy_name, case, doc, path)
     use_graph = (doc.get("mode") == "graph") if graph is None else graph
     require(not use_graph or device == "cuda", "--mode graph needs --device cuda (a captured CUDA graph)")
     findings = check(record, resolve_kernel(record, spec), case, width, device, use_graph)

@@ -1,0 +1,224 @@
+"""``upstream matrix --shipped --contracts C,...`` and ``upstream sizing VERSION --contract C`` for plug-in
+contracts: each release's backends under their own shipped sizing, a cell per (contract, backend, CUDA-graph
+mode, forward mode). It knows no contract by name.
+
+Per release and contract: the release's kernel is extracted from the wheel (``contract_run``; a release
+without it, or with another signature, is a ``no kernel`` cell with the reason), the sites are read
+(``kvfence.cases.contract_shipped``, cached as ``CACHE/sglang-V/contracts/C.shipped.json`` so an offline host
+reads the same record), and each readable site is assessed over the production domain. A cell's status rests
+on what the release's kernel did: an ``overflows`` site's witness (one request at the longest length the
+scheduler admits, on the width the release computes) is launched in guarded tables, and the cell names the
+kinds it showed (``GUARD_OVERWRITE``: pages landed past the row; ``TABLE_TRUNCATED`` /
+``PUBLISHED_PAST_TABLE``: a length the consumer reads past its row); a ``fits`` site's longest fitting launch
+must come back clean. A witness that shows nothing is an ``error`` cell; a fitting launch with findings is the kernel's own bug
+(``findings on a fitting launch``).
+Each witness is written as a contract case file that ``kvfence repro`` replays (its width is the release's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from kvfence.errors import BadInput
+
+#: The kinds that say the launch's length does not fit its row, by what they mean for the cell.
+DAMAGE = {"GUARD_OVERWRITE": "writes past its row", "TABLE_TRUNCATED": "truncates",
+          "PUBLISHED_PAST_TABLE": "publishes a length past its row"}
+
+
+def _record_path(version: str, contract) -> Path:
+    from kvfence.cases import upstream
+
+    return upstream.cache_root() / f"sglang-{version}" / "contracts" / f"{contract.name}.shipped.json"
+
+
+def load_record(version: str, contract, *, announce=None) -> dict:
+    """The contract's shipped record of ``sglang==version``: from the cache, else read from the wheel."""
+    from kvfence.cases import contract_shipped as cs
+    from kvfence.cases import upstream
+
+    upstream.check_version(version)
+    path = _record_path(version, contract)
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("format") == cs.FORMAT and doc.get("contract") == contract.name \
+                and isinstance(doc.get("sites"), list) and isinstance(doc.get("admission"), dict) \
+                and [s.get("site") for s in doc["sites"]] == json.loads(json.dumps(
+                    [dataclasses.asdict(s) for s in contract.shipped_sites])):
+            return doc
+    with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
+        wheel = upstream._find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce)
+        doc = cs.read(contract, wheel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(f".{os.getpid()}.tmp")
+    staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(staging, path)
+    return json.loads(path.read_text(encoding="utf-8"))  # what a later run reads (tuples as lists)
+
+
+def site_name(site: dict) -> str:
+    return f"{site['backend']} {site['mode']} {site['forward_mode'].replace('_', ' ')}"
+
+
+def sizing_lines(version: str, contract, record: dict) -> List[str]:
+    """``upstream sizing VERSION --contract C``: each site's width and delta with their lines."""
+    out = [f"sglang=={version}, {contract.name}:"]
+    adm = record["admission"]
+    if "max_length" in adm:
+        out.append(f"  scheduler: {adm['max_req_len']['text']} ({adm['max_req_len']['source']}), max_new_tokens "
+                   f"capped by {adm['new_tokens_cap']['text']} ({adm['new_tokens_cap']['source']}): a verify "
+                   f"starts from a length up to {adm['max_length']}")
+    else:
+        out.append("  scheduler: the admission bound is not read in this release (lengths up to ctx assumed)")
+    for s in record["sites"]:
+        out.append(f"  {site_name(s['site'])} ({s['site']['cls']}):")
+        if "absent" in s:
+            out.append(f"    {s['absent']}")
+            continue
+        for key, label in (("width", "row width (pages)"), ("delta", "tokens added to each length")):
+            v = s[key]
+            if "unreadable" in v:
+                out.append(f"    {label}: not read: {v['unreadable']['why']}: {v['unreadable']['text']} "
+                           f"({v['unreadable']['source']})")
+            else:
+                out.append(f"    {label}: {v['formula']}" + (f"   <- {v['text']} ({v['source']})" if v["source"] else ""))
+        if s["site"].get("note"):
+            out.append(f"    note: {s['site']['note']}")
+    return out
+
+
+def _case_file(out: Path, contract, version: str, site: dict, point: dict, case, findings) -> Path:
+    from kvfence.workflow import contract_run
+
+    result = contract_run.FuzzResult(contract.name, f"sglang=={version}", shipped_sizing(version, site), "any")
+    result.case, result.width = contract.case_to_dict(case), point["width"]
+    result.findings = [f.to_dict() for f in findings]
+    return contract_run.write_case(out, result, graph=site["mode"] == "graph")
+
+
+def shipped_sizing(version: str, site: dict) -> str:
+    """The sizing a witness case file names: the release's, for one site (its width is in the file)."""
+    return f"sglang=={version}:{site['backend']}:{site['mode']}:{site['forward_mode']}"
+
+
+def _cell(contract, version: str, kernel, s: dict, adm: dict, device: str, out: Path) -> dict:
+    from kvfence.cases import contract_shipped as cs
+    from kvfence.workflow import contract_run
+
+    a = cs.assess(s, adm)
+    cell = {"site": site_name(s["site"]), "assessment": a, "status": a["status"]}
+    if a["status"] not in ("overflows", "fits"):
+        cell["why"] = a["why"]
+        return cell
+    point = a["witness"] if a["status"] == "overflows" else a["fits_at"]
+    case = contract.wall_case(point["ctx"], point["page_size"], point["delta"], point["length"])
+    graph = device == "cuda" and s["site"]["mode"] == "graph"
+    findings = contract_run.check(contract, kernel, case, point["width"], device, graph)
+    kinds = contract_run.kinds_of(findings)
+    cell.update(kinds=kinds, point=point)
+    damage = [DAMAGE[k] for k in DAMAGE if k in kinds]
+    if a["status"] == "overflows":
+        cell["case_file"] = str(_case_file(out / version / contract.name, contract, version, s["site"], point,
+                                           case, findings))
+        cell["status"] = ", ".join(damage) if damage else "error"
+        if not damage:
+            cell["why"] = "the arithmetic says the length needs more pages than the row, the kernel showed none"
+    elif findings:
+        cell["status"] = "findings on a fitting launch"
+        cell["case_file"] = str(_case_file(out / version / contract.name, contract, version, s["site"], point,
+                                           case, findings))
+        cell["why"] = f"a launch that fits its row has findings: {', '.join(kinds)}"
+    return cell
+
+
+def run(contracts, versions: List[str], *, device: str, out: Path, progress=None) -> dict:
+    """Every (release, contract) pair: its cells (see the module docstring), and the exit code (1 when a
+    release's kernel was seen to write or publish past its row, or a cell is an error)."""
+    from kvfence.workflow import contract_run
+
+    start = time.monotonic()
+    rows = []
+    for i, version in enumerate(versions):
+        for contract in contracts:
+            row = {"version": version, "contract": contract.name}
+            try:
+                kernel = contract_run.resolve_kernel(contract, f"sglang=={version}")
+            except BadInput as exc:
+                row.update(status="no kernel", why=str(exc))
+                rows.append(row)
+                continue
+            record = load_record(version, contract, announce=progress)
+            row["admission"] = record["admission"]
+            row["cells"] = [_cell(contract, version, kernel, s, record["admission"], device, out)
+                            for s in record["sites"]]
+            rows.append(row)
+        if progress:
+            progress(f"kvfence: upstream matrix --shipped: {i + 1}/{len(versions)} release(s) ({version})")
+    bad = any(c["status"] in ("error", "findings on a fitting launch") or
+              (c["assessment"].get("status") == "overflows" and c["status"] != "overflows")
+              for r in rows for c in r.get("cells", ()) if "assessment" in c)
+    return {"contracts": [c.name for c in contracts], "versions": versions, "device": device, "rows": rows,
+            "elapsed_s": round(time.monotonic() - start, 1), "exit_code": 1 if bad else 0}
+
+
+def markdown(doc: dict) -> str:
+    """One table per contract: a row per release that has its kernel, a column per site; then the witnesses."""
+    out = []
+    for name in doc["contracts"]:
+        rows = [r for r in doc["rows"] if r["contract"] == name]
+        have = [r for r in rows if "cells" in r]
+        out.append(f"## {name}\n")
+        missing = [r["version"] for r in rows if "cells" not in r]
+        if missing:
+            out.append(f"No kernel (absent, or another signature): {_ranges(missing, doc['versions'])}.\n")
+        if not have:
+            continue
+        sites = [c["site"] for c in have[-1]["cells"]]
+        out.append("| release | " + " | ".join(sites) + " |")
+        out.append("|---|" + "---|" * len(sites))
+        for r in have:
+            cells = {c["site"]: c for c in r["cells"]}
+            out.append(f"| {r['version']} | " + " | ".join(_short(cells.get(s)) for s in sites) + " |")
+        out.append("")
+        last = have[-1]
+        out.append(f"Witnesses of {last['version']} (one request at the longest admitted length):")
+        for c in last["cells"]:
+            if c.get("point"):
+                p = c["point"]
+                out.append(f"- {c['site']}: {c['status']}: ctx {p['ctx']}, page {p['page_size']}, d {p['d']}, "
+                           f"length {p['length']} + {p['delta']} needs {p['need']} pages, the row holds "
+                           f"{p['width']}; {c['assessment']['overflow']} of {c['assessment']['points']} domain "
+                           f"points overflow; kinds {', '.join(c.get('kinds', [])) or 'none'}"
+                           + (f"; {c['case_file']}" if c.get("case_file") else ""))
+            elif c.get("why"):
+                out.append(f"- {c['site']}: {c['status']}: {c['why']}")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _short(cell: Optional[dict]) -> str:
+    if cell is None:
+        return "-"
+    if cell.get("point") and cell["assessment"]["status"] == "overflows":
+        return f"{cell['status'].upper()} (d >= {cell['point']['d']})"
+    return cell["status"]
+
+
+def _ranges(versions: List[str], order: List[str]) -> str:
+    """``a..b`` runs of consecutive releases of ``order``."""
+    idx = sorted(order.index(v) for v in versions)
+    runs, begin = [], idx[0]
+    for prev, cur in zip(idx, idx[1:] + [None]):
+        if cur != prev + 1:
+            runs.append(order[begin] if begin == prev else f"{order[begin]}..{order[prev]}")
+            begin = cur
+    return ", ".join(runs)
