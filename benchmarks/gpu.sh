@@ -22,6 +22,8 @@
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
 #   contracts        560      h200_contract_*.json               the plug-in contracts (docs/contract.md §9): self-test
+#                                                                 (CONTRACT_SELF_TEST=0: only 0.5.23's kernels)
+#   contract-shipped 200      h200_contract_shipped_matrix.json  the plug-in contracts under each release's own widths
 #                                                                over 20 seeds, SGLang 0.5.23's kernels (needs
 #                                                                contract-cache/, below), compiled, CUDA graphs
 #   plain-mutants    560      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
@@ -37,7 +39,7 @@ export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
-ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests contracts"
+ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests contracts contract-shipped"
 EXTRA="plain-mutants"
 mkdir -p "$RESULTS" "$LOGS"
 
@@ -157,7 +159,7 @@ run_contracts() {
   # 0.5.23's own kernel under the safe sizing (clean) and under the context sizing (overflows at the wall).
   local c z rc=0
   for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do
-    timeout 250 kvfence mutants --contract "$c" --device cuda --seeds 20 --max-examples 8 --quiet \
+    [ "${CONTRACT_SELF_TEST:-1}" = 1 ] && timeout 250 kvfence mutants --contract "$c" --device cuda --seeds 20 --max-examples 8 --quiet \
       --json "$RESULTS/h200_contract_mutants_$c.json" >> "$LOGS/contracts.txt" 2>&1 || rc=1
     for z in safe context; do
       KVFENCE_CACHE=contract-cache KVFENCE_OFFLINE=1 timeout 60 kvfence fuzz --contract "$c" --kernel sglang==0.5.23 \
@@ -167,6 +169,16 @@ run_contracts() {
     done
   done
   return $rc
+}
+
+run_contract_shipped() {
+  # Every release in contract-cache/ (kernels and shipped records, filled by the CPU command of the same name)
+  # under its backends' own table widths, each witness launched compiled (graph sites in a CUDA graph).
+  KVFENCE_CACHE=contract-cache KVFENCE_OFFLINE=1 timeout 200 kvfence upstream matrix --shipped \
+    --contracts flashmla-page-table,trtllm-mha-page-table,fa3-decode-metadata --versions "${SHIPPED_VERSIONS:-0.4.6.post1..0.5.23}" \
+    --device cuda --out reports/out/h200-contract-shipped --json "$RESULTS/h200_contract_shipped_matrix.json" \
+    > "$LOGS/contract_shipped.txt" 2>&1
+  [ $? -le 1 ]  # 1: overflows found, as the CPU run of the same releases says
 }
 
 run_tests() {

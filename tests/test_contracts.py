@@ -266,3 +266,85 @@ def test_fa3_metadata_oracle_hand_worked_example():
                                  (1, 0): int(slots[0][0]) // 16, (1, 1): 0}
     assert [f.region for f in FA3_METADATA.findings_before_launch(case, 1)] == ["row 0"]
     assert FA3_METADATA.findings_before_launch(case, 2) == []
+
+
+# -- shipped sizing of the plug-in contracts (kvfence.cases.contract_shipped) ---------------------------------------
+_BACKEND = '''
+class TRTLLMHAAttnBackend(Base):
+    def __init__(self, model_runner):
+        self.max_context_len = model_runner.model_config.context_len
+        self.page_size = model_runner.page_size
+        self.max_num_pages = {WIDTH}
+
+    def init_forward_metadata(self, forward_batch):
+        batch_size = forward_batch.batch_size
+        tokens_per_req = forward_batch.input_ids.shape[0] // batch_size
+        cache_seqlens = forward_batch.seq_lens + tokens_per_req
+        page_table = torch.empty((batch_size, self.max_num_pages))
+'''
+_ADMISSION = {"sglang/srt/managers/tp_worker.py": "def get_worker_info(self):\n    max_req_len = min(\n"
+              "        self.model_config.context_len - 1, kv_capacity - 1)\n",
+              "sglang/srt/managers/scheduler.py": "def f(self):\n    return min(n, self.max_req_len - input_len - 1)\n"}
+
+
+def _release(folder: Path, version: str, width: str) -> None:
+    ours = (ROOT / "kernels" / "trtllm_mha_page_table.py").read_text()
+    files = dict(_ADMISSION, **{"sglang/kernels/ops/attention/trtllm_mha_page_table.py": ours,
+                                "sglang/srt/layers/attention/trtllm_mha_backend.py": _BACKEND.format(WIDTH=width)})
+    with zipfile.ZipFile(folder / f"sglang-{version}-py3-none-any.whl", "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+
+
+def test_a_shipped_site_is_read_from_the_wheel_with_its_lines_and_a_missing_text_is_named():
+    """The width resolves through ``__init__`` to a formula, the delta through the method's locals to ``d``, the
+    scheduler's bound gives the longest length a verify starts from; a text a release lacks is 'not found'."""
+    import tempfile
+
+    from kvfence.cases import contract_shipped as cs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _release(Path(tmp), "9.9.3", "(self.max_context_len + self.page_size - 1) // self.page_size")
+        record = cs.read(TRTLLM_MHA, Path(tmp) / "sglang-9.9.3-py3-none-any.whl")
+        site = record["sites"][0]
+        assert site["width"]["formula"] == "(ctx + page - 1) // page"
+        assert site["width"]["source"] == "sglang/srt/layers/attention/trtllm_mha_backend.py:12"
+        assert site["delta"]["formula"] == "d" and site["delta"]["source"].endswith("trtllm_mha_backend.py:11")
+        assert record["admission"]["max_length"] == "ctx - 4"
+        verdict = cs.assess(site, record["admission"])
+        # one request at ctx - 4 plus d tokens passes a page boundary of ceil(ctx / P) once d >= 5
+        assert verdict["status"] == "overflows" and verdict["witness"]["d"] == 5
+        assert verdict["witness"]["need"] == verdict["witness"]["width"] + 1
+        _release(Path(tmp), "9.9.4", "self.max_context_len")  # ctx pages: room for any length up to P * ctx
+        wide = cs.read(TRTLLM_MHA, Path(tmp) / "sglang-9.9.4-py3-none-any.whl")["sites"][0]
+        assert wide["width"]["formula"] == "ctx" and cs.assess(wide, record["admission"])["status"] == "fits"
+        gone = cs.read(FLASHMLA, Path(tmp) / "sglang-9.9.4-py3-none-any.whl")["sites"][0]
+        assert cs.assess(gone, record["admission"]) == {"status": "absent", "why": "no class FlashMLABackend in "
+                                                                                   "this release"}
+
+
+def test_shipped_matrix_cell_rests_on_the_release_kernel_and_its_witness_replays(tmp_path):
+    """A release whose table is ceil(ctx / P) wide is caught writing past its row (its kernel ran on the
+    witness, GUARD_OVERWRITE), exit 1, and the witness replays; one with room for 16 draft tokens fits, exit 0."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _release(wheels, "9.9.5", "(self.max_context_len + self.page_size - 1) // self.page_size")
+    _release(wheels, "9.9.6", "(self.max_context_len + 16 + self.page_size - 1) // self.page_size")
+    env = {"KVFENCE_WHEEL_DIR": str(wheels), "KVFENCE_CACHE": str(tmp_path / "cache"), "KVFENCE_OFFLINE": "1"}
+    bad = _kvfence("upstream", "matrix", "--shipped", "--contracts", "trtllm-mha-page-table", "--versions", "9.9.5",
+                   "--device", "cpu", "--out", str(tmp_path / "m5"), "--json", str(tmp_path / "m5.json"),
+                   cwd=tmp_path, env=env)
+    assert bad.returncode == 1, bad.stderr
+    cell = json.loads((tmp_path / "m5.json").read_text())["rows"][0]["cells"][0]
+    assert cell["status"] == "writes past its row, truncates" and "GUARD_OVERWRITE" in cell["kinds"]
+    assert "WRITES PAST ITS ROW, TRUNCATES (d >= 5)" in bad.stdout
+    replay = _kvfence("repro", cell["case_file"], "--device", "cpu", cwd=tmp_path, env=env)
+    assert replay.returncode == 1 and "GUARD_OVERWRITE" in replay.stdout and "reproduces" in replay.stdout
+    good = _kvfence("upstream", "matrix", "--shipped", "--contracts", "trtllm-mha-page-table", "--versions", "9.9.6",
+                    "--device", "cpu", "--out", str(tmp_path / "m6"), cwd=tmp_path, env=env)
+    assert good.returncode == 0 and "| 9.9.6 | fits |" in good.stdout, good.stdout + good.stderr
+    sizing = _kvfence("upstream", "sizing", "9.9.6", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
+    assert sizing.returncode == 0 and "(ctx + 16 + page - 1) // page" in sizing.stdout
+    assert "trtllm_mha_backend.py:12" in sizing.stdout and "up to ctx - 4" in sizing.stdout
+    unknown = _kvfence("upstream", "sizing", "9.9.6", "--contract", "no-such", cwd=tmp_path, env=env)
+    assert unknown.returncode == 2 and "unknown contract 'no-such'" in unknown.stderr

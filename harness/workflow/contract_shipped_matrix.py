@@ -96,13 +96,13 @@ def sizing_lines(version: str, contract, record: dict) -> List[str]:
     return out
 
 
-def _case_file(out: Path, contract, version: str, site: dict, point: dict, case, findings) -> Path:
+def _case_file(out: Path, contract, version: str, site: dict, point: dict, case, findings, graph: bool) -> Path:
     from kvfence.workflow import contract_run
 
     result = contract_run.FuzzResult(contract.name, f"sglang=={version}", shipped_sizing(version, site), "any")
     result.case, result.width = contract.case_to_dict(case), point["width"]
     result.findings = [f.to_dict() for f in findings]
-    return contract_run.write_case(out, result, graph=site["mode"] == "graph")
+    return contract_run.write_case(out, result, graph=graph)  # how it ran: a CUDA graph only on CUDA
 
 
 def shipped_sizing(version: str, site: dict) -> str:
@@ -128,14 +128,14 @@ def _cell(contract, version: str, kernel, s: dict, adm: dict, device: str, out: 
     damage = [DAMAGE[k] for k in DAMAGE if k in kinds]
     if a["status"] == "overflows":
         cell["case_file"] = str(_case_file(out / version / contract.name, contract, version, s["site"], point,
-                                           case, findings))
+                                           case, findings, graph))
         cell["status"] = ", ".join(damage) if damage else "error"
         if not damage:
             cell["why"] = "the arithmetic says the length needs more pages than the row, the kernel showed none"
     elif findings:
         cell["status"] = "findings on a fitting launch"
         cell["case_file"] = str(_case_file(out / version / contract.name, contract, version, s["site"], point,
-                                           case, findings))
+                                           case, findings, graph))
         cell["why"] = f"a launch that fits its row has findings: {', '.join(kinds)}"
     return cell
 
