@@ -8,11 +8,14 @@ case file or sweep.json is data a run wrote, so a value there can hold ``<script
 
 from __future__ import annotations
 
-from typing import Iterable
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+from urllib.parse import quote
 
 from markupsafe import Markup, escape
 
-__all__ = ["Markup", "escape", "html", "join", "table"]
+__all__ = ["Markup", "escape", "html", "join", "table", "file_href", "file_link"]
 
 
 def html(template: str, *values, **named) -> Markup:
@@ -32,3 +35,25 @@ def table(rows, header, cell_style=None) -> Markup:
     body = join(html("<tr>{}</tr>", join(html("<td style='{}'>{}</td>", cell_style(x), x) if cell_style
                                         else html("<td>{}</td>", x) for x in r)) for r in rows)
     return html("<table><tr>{}</tr>{}</table>", head, body)
+
+
+def file_href(path, base) -> Optional[str]:
+    """A link target for the file ``path`` from a page in the folder ``base``: a relative path, each segment
+    percent-encoded (so no segment reads as a scheme such as ``javascript:``), starting ``./`` or ``../``;
+    ``None`` when the file is not below ``base``'s root drive (no absolute or other-scheme link is made)."""
+    try:
+        rel = os.path.relpath(Path(path).resolve(), Path(base).resolve())
+    except (ValueError, OSError, TypeError):
+        return None
+    parts = Path(rel).as_posix().split("/")
+    if any(p in ("", ".") for p in parts) or os.path.isabs(rel):
+        return None
+    href = "/".join(quote(p, safe="") for p in parts)
+    return href if href.startswith("..") else "./" + href
+
+
+def file_link(path, base, text=None) -> Markup:
+    """``<a href>`` to ``path`` (``file_href``), or the escaped text alone when no relative link exists."""
+    href = None if base is None else file_href(path, base)
+    label = path if text is None else text
+    return html("<a href='{}'>{}</a>", href, label) if href else html("{}", label)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from kvfence.reports.markup import Markup, escape, html, join
+from kvfence.reports.markup import Markup, escape, file_href, file_link, html, join
 
 #: Short cell text per status.
 SHORT = {"clean": "clean", "findings": "findings", "not-applicable": "n/a", "abi-unsupported": "ABI unsupported",
@@ -100,7 +100,8 @@ def markdown(doc: dict, out_dir: Path) -> str:
                 continue
             text = _cell_text(cell)
             if cell["case_files"]:
-                text = f"[{text}]({_rel(cell['case_files'][0], out_dir)})"
+                href = file_href(cell["case_files"][0], out_dir)
+                text = f"[{text}]({href})" if href else text
             row.append(text if cell["status"] != "findings" else f"**{text}**")
         note = _release_note(release, [c for c in cells if c]).replace("|", "\\|")
         lines.append(f"| {v} | " + " | ".join(row) + f" | {note} |")
@@ -134,7 +135,7 @@ def html_report(doc: dict, out_dir: Path) -> str:
             status = cell["status"] if cell else "pending"
             text = escape(_cell_text(cell)) if cell else escape(SHORT["pending"])
             if cell and cell["case_files"]:
-                text = html("<a href='{}'>{}</a>", _rel(cell["case_files"][0], out_dir), text)
+                text = file_link(cell["case_files"][0], out_dir, text)
             title = cell["message"] if cell and cell.get("message") else ""
             parts.append(html("<td style='background:{}' title='{}'>{}</td>", _COLOURS.get(status, "#fff"), title, text))
         parts.append(html("<td class='note'>{}</td></tr>", _release_note(release, [c for c in cells if c])))
@@ -147,13 +148,6 @@ def html_report(doc: dict, out_dir: Path) -> str:
                       "its first case file; replay it with <code>kvfence repro FILE</code></li></ul></body></html>\n",
                       ", ".join(doc.get("safe_sizings", []))))
     return str(join(parts))
-
-
-def _rel(path: str, out_dir: Path) -> str:
-    try:
-        return os.path.relpath(Path(path).resolve(), Path(out_dir).resolve())
-    except ValueError:
-        return path
 
 
 def write(doc: dict, out_dir: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from kvfence.reports.buffer_map import case_map_html, legend
-from kvfence.reports.markup import Markup, html, join, table
+from kvfence.reports.markup import Markup, file_link, html, join, table
 from kvfence.reports.summary import COVERAGE_FIELDS, earlier_text, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
@@ -201,14 +201,8 @@ def finding_table(doc: dict, case_cell) -> list:
 
 
 def _case_link(path: str, out_dir: Optional[Path]) -> Markup:
-    """A link to a case file, relative to the report's folder when it lies below it."""
-    target = Path(path)
-    if out_dir is not None:
-        try:
-            target = Path(path).resolve().relative_to(Path(out_dir).resolve())
-        except ValueError:
-            target = Path(path).resolve()
-    return html("<a href='{}'>{}</a>", target.as_posix(), path)
+    """A link to a case file, relative to the report's folder (``kvfence.reports.markup.file_link``)."""
+    return file_link(path, out_dir)
 
 
 def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Optional[Path] = None) -> str:

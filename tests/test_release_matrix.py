@@ -143,10 +143,10 @@ def test_matrix_over_fake_releases(tmp_path, wheels):
     report = (out / "report.md").read_text()
     for version in doc["versions"]:
         assert f"| {version} |" in report
-    assert f"({BUGGY}/safe-draft/cases/{Path(buggy['case_files'][0]).name})" in report
+    assert f"(./{BUGGY}/safe-draft/cases/{Path(buggy['case_files'][0]).name})" in report
     assert "ABI unsupported" in report and "## Legend" in report and "(exit 1)" in report
     page = (out / "report.html").read_text()
-    assert f"href='{BUGGY}/safe-draft/cases/" in page and "<td" in page
+    assert f"href='./{BUGGY}/safe-draft/cases/" in page and "<td" in page
     # A case file replays the release's bug on its own.
     assert kvfence("repro", buggy["case_files"][0], "--device", "cpu", cache=cache).returncode == 1
 

@@ -126,3 +126,16 @@ def test_fuzz_cli_writes_all_outputs_and_progress(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["examples"] == 12 and summary["findings"] == []
     assert not list((out / "journal").iterdir())  # a clean end leaves no in-flight slot
+
+
+def test_a_case_link_is_a_relative_file_path_never_a_scheme(tmp_path):
+    """A summary may name any path: ``DIR/javascript:alert(1)`` must not become ``href='javascript:...'``, and
+    a file outside the report's folder tree is named, not linked by an absolute path."""
+    from kvfence.reports.markup import file_href, file_link
+
+    assert file_href(tmp_path / "javascript:alert(1)", tmp_path) == "./javascript%3Aalert%281%29"
+    assert file_href(tmp_path / "cases" / "a b.json", tmp_path) == "./cases/a%20b.json"
+    assert file_href(tmp_path / "x.json", tmp_path / "sub") == "../x.json"
+    page = str(file_link(str(tmp_path / "javascript:alert(1)"), tmp_path))
+    assert "href='./javascript%3Aalert%281%29'" in page and "href='javascript" not in page
+    assert str(file_link("<b>x</b>", None)) == "&lt;b&gt;x&lt;/b&gt;"

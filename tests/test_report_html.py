@@ -108,7 +108,7 @@ def test_a_value_bug_is_marked_where_the_kernel_wrote_wrong(reports):
     s, b, k = first["programs"][0]
     assert f"({s},{b},{k})" in page.split("<h2>Case files</h2>")[0]
     assert f"expected {first['samples'][0][1]}, found {first['samples'][0][2]}" in page
-    assert "<a href='cases/" in page
+    assert "<a href='./cases/" in page
     # The case file's repro line, as its record gives it.
     assert html_escape(next(iter(doc["cases"].values()))["repro"]) in page
 
