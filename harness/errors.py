@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 
 #: No finding.
 EXIT_CLEAN = 0
@@ -29,15 +28,39 @@ def require(condition: bool, message: str) -> None:
         raise BadInput(message)
 
 
-#: ``scheme://`` then everything up to the last ``@`` of the word: the userinfo, however it is spelled
-#: (a password may hold ``/``, ``:``, ``@`` or ``#`` when the user did not percent-encode it).
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)\S*@")
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
 
 
 def redact(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***`` (``redis://***@host:6379/0``).
-    Every message, record and file that may quote a command-line value goes through this."""
-    return _URL_USERINFO.sub(r"\1***@", str(text))
+    Every message, record and file that may quote a command-line value goes through this.
+
+    A URL is ``scheme://`` (a letter, then letters, digits, ``+ . -``) and its userinfo everything up to the
+    last ``@`` of the same whitespace-free word (a password may hold ``/``, ``:``, ``@`` or ``#`` when the
+    user did not percent-encode it). One left-to-right pass: linear in the text, whatever it holds."""
+    text = str(text)
+    out, pos, n = [], 0, len(text)
+    while True:
+        mark = text.find("://", pos)
+        if mark < 0:
+            break
+        start = mark
+        while start > pos and text[start - 1] in _SCHEME_CHARS:
+            start -= 1
+        while start < mark and not text[start].isalpha():  # a scheme begins with a letter
+            start += 1
+        end = mark + 3
+        while end < n and not text[end].isspace():
+            end += 1
+        at = text.rfind("@", mark + 3, end)
+        if start < mark and at >= 0:
+            out.append(text[pos:mark + 3] + "***")
+            pos = at
+        else:
+            out.append(text[pos:mark + 3])
+            pos = mark + 3
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact_word(word: str) -> str:
