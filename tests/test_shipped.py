@@ -16,6 +16,7 @@ import pytest
 from kvfence.cases import shipped
 
 from kvfence.cases import shipped_sizing
+from kvfence.errors import BadInput
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
 VERSION = "0.0.7"
@@ -275,3 +276,52 @@ def test_old_cache_format_is_fetched_again_and_a_tampered_record_is_one_line_exi
     record = folder / shipped.RECORD_FILE
     record.write_text(record.read_text().replace('"max_bs * ctx"', '"max_bs * topk * ctx"'))
     one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped.RECORD_FILE)
+
+
+def _tampered(record: dict):
+    """Records of the right format whose fields have the wrong types or shapes, one per kind of damage."""
+    name = sorted(record["backends"])[0]
+
+    def edit(fn):
+        r = json.loads(json.dumps(record))
+        fn(r["backends"][name])
+        return r
+    yield {"format": shipped.FORMAT, "backends": []}
+    yield {"format": shipped.FORMAT, "backends": {name: 7}}
+    yield edit(lambda b: b.update(graph=None))
+    yield edit(lambda b: b.update(graph={"formula": 3, "source": "x", "tree": ["int", 1]}))
+    yield edit(lambda b: b["graph"].update(tree=["sym", "__import__"]))
+    yield edit(lambda b: b["graph"].update(tree=["**", ["int", 2], ["int", 3]]))
+    yield edit(lambda b: b["graph"].update(tree=["int", "9" * 30]))
+    yield edit(lambda b: b["graph"].update(params=[1]))
+    yield edit(lambda b: b["eager"].update(unreadable=5) if "unreadable" in b["eager"] else b.update(eager={"unreadable": 5}))
+    yield edit(lambda b: b.update(bases="A"))
+    yield edit(lambda b: b.update(line="12"))
+    yield edit(lambda b: b.update(host_check={"formula": "x", "source": "y", "tree": ["sym", "requests"]}))
+    yield edit(lambda b: b.update(refuses={"refuses": 1}))
+    deep = ["int", 1]
+    for _ in range(5000):
+        deep = ["+", deep, ["int", 1]]
+    yield edit(lambda b: b["graph"].update(tree=deep))
+
+
+def test_a_tampered_record_with_its_sha256_in_the_manifest_is_one_line_exit_2(tmp_path):
+    """A record someone edited and re-hashed into the manifest is read only after its schema and types are
+    checked: every kind of damage is one line naming the record, exit 2, never a traceback."""
+    from kvfence.cases.upstream import _sha256
+
+    cache = tmp_path / "cache"
+    wheel = toy_wheel(tmp_path / "wheels")
+    assert kvfence("upstream", "fetch", VERSION, cache=cache, wheel_dir=wheel.parent).returncode == 0
+    folder = cache / f"sglang-{VERSION}"
+    record_path, manifest_path = folder / shipped.RECORD_FILE, folder / "manifest.json"
+    original, manifest = json.loads(record_path.read_text()), json.loads(manifest_path.read_text())
+    assert shipped.validate_record(original) is original
+    for bad in _tampered(original):
+        with pytest.raises(BadInput):
+            shipped.validate_record(bad)
+    for bad in list(_tampered(original))[2:5]:  # the command users run, on three of them
+        text = json.dumps(bad)
+        record_path.write_text(text)
+        manifest_path.write_text(json.dumps({**manifest, "shipped_sha256": _sha256(text.encode())}))
+        one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped.RECORD_FILE)

@@ -165,7 +165,8 @@ def test_the_prior_favours_production_values_and_keeps_the_rest(domain):
     assert common_steps > len(COMMON_STEPS) / domain.max_steps + 0.15
     assert max(c.topk for c in drawn) == domain.max_topk and max(c.num_steps for c in drawn) == domain.max_steps
     if domain is GPU:
-        assert pages[128] / len(drawn) > 0.2  # the largest page keeps its extra share
+        # the largest page keeps its extra share: above a uniform 1/8 (0.185 seen in a CI worker, 0.2+ alone)
+        assert pages[128] / len(drawn) > 0.15
         assert sum(c.topk > 8 for c in drawn) / len(drawn) > 0.1  # rare large values stay reachable
 
 

@@ -133,6 +133,69 @@ def substitute(tree, bindings: dict):
     return [tree[0]] + [substitute(a, bindings) for a in tree[1:]]
 
 
+# -- the record's schema -----------------------------------------------------------------------------
+def _check_tree(tree, symbols, what: str, depth: int = 0) -> None:
+    require(depth <= 64, f"{what}: formula nested too deep")
+    require(isinstance(tree, list) and tree and isinstance(tree[0], str), f"{what}: a formula is not a tree")
+    head, args = tree[0], tree[1:]
+    if head == "int":
+        require(len(args) == 1 and type(args[0]) is int and abs(args[0]) < 1 << 62, f"{what}: bad integer")
+    elif head == "sym":
+        require(len(args) == 1 and args[0] in symbols, f"{what}: unknown symbol {args[0]!r}"[:200])
+    elif head in ("min", "max"):
+        require(len(args) >= 2, f"{what}: {head} of fewer than two")
+    else:
+        require(head in _PREC and len(args) == 2, f"{what}: unknown operation {head!r}"[:200])
+    if head not in ("int", "sym"):
+        for a in args:
+            _check_tree(a, symbols, what, depth + 1)
+
+
+def _check_site(site, what: str, symbols, *, check: bool = False) -> None:
+    require(isinstance(site, dict), f"{what}: not an object")
+    strings = lambda d, keys: all(isinstance(d.get(k), str) for k in keys)  # noqa: E731
+    if "absent" in site:
+        require(isinstance(site["absent"], str), f"{what}: absent must be a string")
+        return
+    if "unreadable" in site:
+        u = site["unreadable"]
+        require(isinstance(u, dict) and strings(u, ("text", "source", "why")), f"{what}: bad unreadable entry")
+        return
+    require(strings(site, ("formula", "source")) and "tree" in site, f"{what}: needs formula, tree and source")
+    require(check or isinstance(site.get("formula_text"), str), f"{what}: needs formula_text")
+    _check_tree(site["tree"], symbols, what)
+    params = site.get("params", {})
+    require(isinstance(params, dict), f"{what}: params must be an object")
+    for p, v in params.items():
+        require(isinstance(v, dict) and strings(v, ("formula", "unit", "source", "text")) and "tree" in v,
+                f"{what}: bad parameter {p!r}"[:200])
+    if check:
+        require(type(site.get("strict")) is bool and isinstance(site.get("text"), str),
+                f"{what}: a host check needs strict (true/false) and text")
+
+
+def validate_record(record) -> dict:
+    """``record`` if it has the layout ``read_wheel`` writes (types included), else ``BadInput`` naming the
+    first thing wrong: a cached record is data a file holds, read only after this."""
+    require(isinstance(record, dict) and record.get("format") == FORMAT, "not a shipped-sizing record")
+    backends = record.get("backends")
+    require(isinstance(backends, dict), "backends must be an object")
+    for name, b in backends.items():
+        what = f"backend {name!r}"[:120]
+        require(isinstance(b, dict), f"{what}: not an object")
+        require(isinstance(b.get("file"), str) and type(b.get("line")) is int and isinstance(b.get("bases"), list)
+                and all(isinstance(x, str) for x in b["bases"]), f"{what}: needs file, line and bases")
+        for mode in MODES:
+            _check_site(b.get(mode), f"{what} {mode}", WIDTH_SYMBOLS)
+        if b.get("host_check") is not None:
+            _check_site(b["host_check"], f"{what} host_check", CHECK_SYMBOLS, check=True)
+        refuses = b.get("refuses")
+        require(refuses is None or (isinstance(refuses, dict) and all(isinstance(refuses.get(k), str)
+                                                                      for k in ("source", "text", "refuses"))),
+                f"{what}: bad refuses entry")
+    return record
+
+
 # -- the wheel as text ------------------------------------------------------------------------------
 class Wheel:
     """The ``.py`` files of a wheel, read as text and parsed on demand (never imported)."""

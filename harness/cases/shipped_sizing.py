@@ -12,7 +12,7 @@ import json
 from typing import Optional, Tuple
 
 from kvfence.cases import upstream
-from kvfence.cases.shipped import DRAFT_KERNEL, FORMAT, MODES, RECORD_FILE, evaluate
+from kvfence.cases.shipped import DRAFT_KERNEL, MODES, RECORD_FILE, evaluate, validate_record
 from kvfence.errors import BadInput, require
 
 
@@ -37,12 +37,10 @@ def load_record(version: str) -> dict:
         raise BadInput(f"sglang=={version} has no draft kernel kvfence can test, so no shipped sizing: {exc}") from None
     path = entry.folder / RECORD_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        require(isinstance(record, dict) and record.get("format") == FORMAT and isinstance(record.get("backends"), dict),
-                "not a shipped-sizing record")
+        record = validate_record(json.loads(path.read_text(encoding="utf-8")))
         require(upstream._sha256(path.read_bytes()) == entry.manifest.get("shipped_sha256"),
                 "does not match the manifest's sha256")
-    except (OSError, ValueError, BadInput) as exc:
+    except (OSError, ValueError, RecursionError, BadInput) as exc:
         raise BadInput(f"cache entry {entry.folder} is corrupt ({RECORD_FILE}: {exc}); run "
                        f"`python -m kvfence upstream fetch {version} --refresh`") from None
     return record
