@@ -346,5 +346,9 @@ def test_shipped_matrix_cell_rests_on_the_release_kernel_and_its_witness_replays
     sizing = _kvfence("upstream", "sizing", "9.9.6", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
     assert sizing.returncode == 0 and "(ctx + 16 + page - 1) // page" in sizing.stdout
     assert "trtllm_mha_backend.py:12" in sizing.stdout and "up to ctx - 4" in sizing.stdout
+    cached = tmp_path / "cache" / "sglang-9.9.6" / "contracts" / "trtllm-mha-page-table.shipped.json"
+    cached.write_text(cached.read_text().replace('"sym", "ctx"', '"sym", "__import__"'))  # damaged: read again
+    again = _kvfence("upstream", "sizing", "9.9.6", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
+    assert again.returncode == 0 and again.stdout == sizing.stdout and "__import__" not in cached.read_text()
     unknown = _kvfence("upstream", "sizing", "9.9.6", "--contract", "no-such", cwd=tmp_path, env=env)
     assert unknown.returncode == 2 and "unknown contract 'no-such'" in unknown.stderr

@@ -52,9 +52,11 @@ class _SiteEvaluator(shipped.Evaluator):
     ``self`` attributes of the class's ``__init__`` (in its file), ``triton.cdiv`` and conditional
     expressions (their smaller branch: the width a launch may get)."""
 
-    def __init__(self, wheel: shipped.Wheel, symbols: Dict[str, str], inits: Dict[str, Tuple[str, ast.AST]]):
+    def __init__(self, wheel: shipped.Wheel, symbols: Dict[str, str], inits: Dict[str, Tuple[str, ast.AST]],
+                 mro=()):
         super().__init__(wheel)
-        self.symbols, self.inits = symbols, inits
+        self.symbols, self.inits, self.mro = symbols, inits, mro
+        self.frames: List[Dict[str, list]] = []  # the locals of the method helpers being evaluated
 
     def symbol(self, name: str, site) -> Optional[str]:
         return self.symbols.get(name)
@@ -62,9 +64,21 @@ class _SiteEvaluator(shipped.Evaluator):
     def expr(self, node, site):
         if site.depth > shipped._MAX_DEPTH:
             self.fail(node, site, "nested too deep")
+        if isinstance(node, ast.Name) and self.frames and node.id in self.frames[-1]:
+            return self.frames[-1][node.id]
         text = ast.unparse(node)
         if text in self.symbols:
             return ["sym", self.symbols[text]]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            return ["%", self.expr(node.left, site), self.expr(node.right, site)]
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+            return [_COMPARE[type(node.ops[0])], self.expr(node.left, site), self.expr(node.comparators[0], site)]
+        if isinstance(node, ast.Call) and shipped._dotted(node.func) == "math.lcm" and len(node.args) >= 2 \
+                and not node.keywords:
+            return ["lcm"] + [self.expr(a, site) for a in node.args]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                shipped._dotted(node.func.value) == "self" and not node.keywords:
+            return self.method(node, site)
         if isinstance(node, ast.IfExp):
             return ["min", self.expr(node.body, site), self.expr(node.orelse, site)]
         if isinstance(node, ast.Call) and (shipped._dotted(node.func) or "").rsplit(".", 1)[-1] == "cdiv" \
@@ -79,6 +93,58 @@ class _SiteEvaluator(shipped.Evaluator):
             file, fn, value = self.inits[text]
             return self.expr(value, shipped.Site(file, fn, "backend", {}, {}, site.depth + 1))
         return super().expr(node, site)
+
+
+    def method(self, call: ast.Call, site):
+        """``self.NAME(args)``: a method of the class (or its bases) whose body is assignments, ``if`` blocks
+        of assignments and one final ``return``, evaluated with its parameters bound to the arguments."""
+        name = call.func.attr
+        found = next(((f, fn) for f, cls in self.mro for fn in cls.body
+                      if isinstance(fn, ast.FunctionDef) and fn.name == name), None)
+        if found is None or site.depth > shipped._MAX_DEPTH or len(self.frames) > 4:
+            self.fail(call, site, f"method {name} is not in the class or its bases in the wheel")
+        file, fn = found
+        params = [a.arg for a in fn.args.args][1:]
+        if len(call.args) != len(params) or any(isinstance(a, ast.Starred) for a in call.args):
+            self.fail(call, site, f"method {name} ({file}:{fn.lineno}): arguments do not match its parameters")
+        frame = {p: self.expr(a, site) for p, a in zip(params, call.args)}
+        inner = shipped.Site(file, fn, "backend", {}, {}, site.depth + 1)
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        self.frames.append(frame)
+        try:
+            for stmt in body[:-1]:
+                self._statement(stmt, frame, inner, call, name)
+            last = body[-1] if body else None
+            if not isinstance(last, ast.Return) or last.value is None:
+                self.fail(call, site, f"method {name} ({file}:{fn.lineno}) does not end in one return")
+            return self.expr(last.value, inner)
+        finally:
+            self.frames.pop()
+
+    def _statement(self, stmt, frame: dict, inner, call, name: str) -> None:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            frame[stmt.targets[0].id] = self.expr(stmt.value, inner)
+            return
+        if isinstance(stmt, ast.If):
+            test = self.expr(stmt.test, inner)
+            branches = []
+            for block in (stmt.body, stmt.orelse):
+                local = dict(frame)
+                self.frames[-1] = local
+                for s in block:
+                    self._statement(s, local, inner, call, name)
+                branches.append(local)
+            self.frames[-1] = frame
+            for var in set(branches[0]) | set(branches[1]):
+                then, other = branches[0].get(var), branches[1].get(var)
+                if then is None or other is None:
+                    self.fail(stmt, inner, f"method {name}: {var} is set on one branch only")
+                frame[var] = then if then == other else ["if", test, then, other]
+            return
+        self.fail(stmt, inner, f"method {name}: {type(stmt).__name__} is not an assignment or if")
+
+
+_COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 
 
 def _module_constant(wheel: shipped.Wheel, file: str, name: str) -> Optional[int]:
@@ -168,7 +234,7 @@ def read_site(wheel: shipped.Wheel, site: ShippedSite) -> dict:
         record["absent"] = f"no class {site.cls} in this release"
         return record
     symbols = dict(SYMBOLS, **dict(site.symbols))
-    ev = _SiteEvaluator(wheel, symbols, _inits(mro))
+    ev = _SiteEvaluator(wheel, symbols, _inits(mro), mro)
     for key, text in (("width", site.width), ("delta", site.delta)):
         if text == "0":
             record[key] = {"text": "0", "tree": ["int", 0], "formula": "0", "source": None}
@@ -237,6 +303,34 @@ def read(contract: Contract, wheel_path) -> dict:
     wheel = shipped.Wheel(wheel_path)
     return {"format": FORMAT, "contract": contract.name, "admission": admission(wheel),
             "sites": [read_site(wheel, s) for s in contract.shipped_sites]}
+
+
+def validate(doc: dict) -> dict:
+    """``doc`` if every site's width and delta is a well-formed formula over ``QUANTITIES`` (or says why it is
+    absent or unreadable, as text) and the admission bound has its types; else ``BadInput``."""
+    for s in doc["sites"]:
+        if "absent" in s:
+            require(isinstance(s["absent"], str), "shipped record: absent must be text")
+            continue
+        for key in ("width", "delta"):
+            v = s.get(key)
+            require(isinstance(v, dict), f"shipped record: {key} must be an object")
+            if "unreadable" in v:
+                u = v["unreadable"]
+                require(isinstance(u, dict) and all(isinstance(u.get(k), str) for k in ("text", "source", "why")),
+                        f"shipped record: bad unreadable {key}")
+                continue
+            require(isinstance(v.get("formula"), str) and (v.get("source") is None or isinstance(v["source"], str)),
+                    f"shipped record: {key} needs formula and source")
+            shipped._check_tree(v.get("tree"), QUANTITIES, f"shipped record {key}")
+    adm = doc.get("admission")
+    require(isinstance(adm, dict), "shipped record: admission must be an object")
+    if "minus" in adm:
+        require(type(adm["minus"]) is int and 0 <= adm["minus"] < 1 << 20 and isinstance(adm.get("max_length"), str)
+                and all(isinstance(adm.get(k), dict) and isinstance(adm[k].get("text"), str)
+                        and isinstance(adm[k].get("source"), str) for k in ("max_req_len", "new_tokens_cap")),
+                "shipped record: bad admission bound")
+    return doc
 
 
 # -- the arithmetic ---------------------------------------------------------------------------------------------

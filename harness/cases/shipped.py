@@ -26,6 +26,7 @@ formulas as text and as trees over the symbols, and where they came from. Fuzzin
 from __future__ import annotations
 
 import ast
+import math
 import re
 import zipfile
 from dataclasses import dataclass
@@ -74,8 +75,15 @@ class Unreadable(Exception):
 
 
 # -- expression trees -------------------------------------------------------------------------------
-# ["int", v] | ["sym", name] | [op, a, b] for op in + - * // | ["min"|"max", a, b, ...]
-_PREC = {"+": 1, "-": 1, "*": 2, "//": 2}
+# ["int", v] | ["sym", name] | [op, a, b] for op in + - * // % | ["min"|"max"|"lcm", a, b, ...]
+# | [cmp, a, b] for cmp in == != < <= > >= (1 or 0) | ["if", test, then, else] (the draft reader writes
+# only the first four; a contract site's method helpers the rest)
+_PREC = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
+
+
+#: Comparisons (a contract site's ``if``: 1 or 0).
+_COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+            "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
 
 
 def render(tree) -> str:
@@ -86,11 +94,15 @@ def render(tree) -> str:
             return str(t[1])
         if head == "sym":
             return t[1]
-        if head in ("min", "max"):
+        if head in ("min", "max", "lcm"):
             return f"{head}({', '.join(go(a, 0) for a in t[1:])})"
+        if head == "if":
+            return f"({go(t[2], 0)} if {go(t[1], 0)} else {go(t[3], 0)})"
+        if head in _COMPARE:
+            return f"{go(t[1], 1)} {head} {go(t[2], 1)}"
         p = _PREC[head]
         left = go(t[1], p)
-        right = go(t[2], p + 1 if head in ("-", "//") else p)  # a - (b - c), a // (b * c)
+        right = go(t[2], p + 1 if head in ("-", "//", "%") else p)  # a - (b - c), a // (b * c)
         text = f"{left} {head} {right}"
         return f"({text})" if p < outer else text
     return go(tree, 0)
@@ -104,15 +116,21 @@ def evaluate(tree, values: Dict[str, int]) -> int:
     if head == "sym":
         require(tree[1] in values, f"shipped formula needs {tree[1]!r}, which this site does not bind")
         return values[tree[1]]
+    if head == "if":
+        return evaluate(tree[2] if evaluate(tree[1], values) else tree[3], values)
     args = [evaluate(a, values) for a in tree[1:]]
     if head == "min":
         return min(args)
     if head == "max":
         return max(args)
+    if head == "lcm":
+        return math.lcm(*args)
+    if head in _COMPARE:
+        return int(_COMPARE[head](*args))
     a, b = args
-    if head == "//":
+    if head in ("//", "%"):
         require(b != 0, "shipped formula divides by zero")
-        return a // b
+        return a // b if head == "//" else a % b
     return {"+": a + b, "-": a - b, "*": a * b}[head]
 
 
@@ -142,8 +160,12 @@ def _check_tree(tree, symbols, what: str, depth: int = 0) -> None:
         require(len(args) == 1 and type(args[0]) is int and abs(args[0]) < 1 << 62, f"{what}: bad integer")
     elif head == "sym":
         require(len(args) == 1 and args[0] in symbols, f"{what}: unknown symbol {args[0]!r}"[:200])
-    elif head in ("min", "max"):
+    elif head in ("min", "max", "lcm"):
         require(len(args) >= 2, f"{what}: {head} of fewer than two")
+    elif head == "if":
+        require(len(args) == 3, f"{what}: if needs a test and two branches")
+    elif head in _COMPARE:
+        require(len(args) == 2, f"{what}: a comparison of two")
     else:
         require(head in _PREC and len(args) == 2, f"{what}: unknown operation {head!r}"[:200])
     if head not in ("int", "sym"):

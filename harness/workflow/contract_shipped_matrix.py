@@ -51,10 +51,13 @@ def load_record(version: str, contract, *, announce=None) -> dict:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             doc = None
         if isinstance(doc, dict) and doc.get("format") == cs.FORMAT and doc.get("contract") == contract.name \
-                and isinstance(doc.get("sites"), list) and isinstance(doc.get("admission"), dict) \
+                and isinstance(doc.get("sites"), list) and all(isinstance(s, dict) for s in doc["sites"]) \
                 and [s.get("site") for s in doc["sites"]] == json.loads(json.dumps(
                     [dataclasses.asdict(s) for s in contract.shipped_sites])):
-            return doc
+            try:
+                return cs.validate(doc)
+            except (BadInput, RecursionError):
+                pass  # a damaged cache record is read again from the wheel (offline: one line, exit 2)
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = upstream._find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce)
         doc = cs.read(contract, wheel)
