@@ -8,6 +8,7 @@ second run without the database (or under another kernel's key) must stay clean.
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -79,6 +80,37 @@ def test_shards_parse(text, index, count):
 def test_bad_shards_are_bad_input(text):
     with pytest.raises(BadInput):
         campaign.parse_shard(text)
+
+
+_SLURM = {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "4",
+          "SLURM_ARRAY_TASK_COUNT": "4"}
+
+
+@pytest.mark.parametrize("text, environ, shard", [
+    ("auto", _SLURM, (3, 4)),                                                          # sbatch --array=1-4
+    ("auto/4", _SLURM, (3, 4)),
+    ("auto", {**_SLURM, "SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_STEP": "2"},
+     (3, 4)),                                                                          # --array=0-6:2
+    ("auto/4", {"JOB_COMPLETION_INDEX": "2"}, (3, 4)),                                 # Indexed Job, completions 4
+    ("auto/1", {"JOB_COMPLETION_INDEX": "0"}, (1, 1)),
+])
+def test_shard_auto_reads_the_schedulers_index(text, environ, shard):
+    assert campaign.parse_shard(text, environ) == campaign.Shard(*shard)
+
+
+@pytest.mark.parametrize("text, environ, message", [
+    ("auto", {}, "neither SLURM_ARRAY_TASK_ID"),
+    ("auto", {"JOB_COMPLETION_INDEX": "2"}, "give --shard auto/N with N = .spec.completions"),
+    ("auto/4", {"JOB_COMPLETION_INDEX": "4"}, "is not below 4"),
+    ("auto/3", _SLURM, "the Slurm array has 4 tasks"),
+    ("auto", {**_SLURM, "JOB_COMPLETION_INDEX": "0"}, "both"),
+    ("auto", {**_SLURM, "SLURM_ARRAY_TASK_ID": "x"}, "not a non-negative integer"),
+    ("auto", {"SLURM_ARRAY_TASK_ID": "3"}, "needs SLURM_ARRAY_TASK_MIN"),
+    ("auto/0", {"JOB_COMPLETION_INDEX": "0"}, "expected auto or auto/N"),
+])
+def test_shard_auto_without_a_usable_index_is_one_line(text, environ, message):
+    with pytest.raises(BadInput, match=re.escape(message)):
+        campaign.parse_shard(text, environ)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 8, 320])
@@ -361,6 +393,19 @@ def test_a_sharded_run_stays_in_its_cells_and_records_the_shard(tmp_path):
     drawn = {tuple(row[i] for i in columns) for row in doc["coverage"]["examples"]}
     assert drawn and drawn <= set(campaign.shard_cells(campaign.Shard(2, 8), GRID)[0])
     assert "shard" in proc.stdout and "2/8" in proc.stdout
+
+
+@pytest.mark.cpu_only
+def test_shard_auto_in_a_slurm_array_task_runs_that_tasks_shard(tmp_path):
+    """The variables Slurm sets in task 2 of ``sbatch --array=1-8``: the run is shard 2/8, as with --shard 2/8."""
+    out = tmp_path / "out"
+    env = {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "8",
+           "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_JOB_ID": "4711"}
+    proc = kvfence("fuzz", "--shard", "auto", "--seed", "3", "--max-examples", "4", "--device", "cpu", "--quiet",
+                   "--no-target", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = _summary(out)
+    assert doc["campaign"]["shard"]["shard"] == "2/8" and doc["campaign"]["hypothesis_seed"] == 3 * 8 + 1
 
 
 @pytest.mark.cpu_only

@@ -22,7 +22,8 @@ from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 
 def _shard(text: str):
-    """An argparse type: ``--shard I/N`` (kvfence.workflow.campaign.parse_shard), one-line error otherwise."""
+    """An argparse type: ``--shard I/N``, ``auto`` or ``auto/N`` (kvfence.workflow.campaign.parse_shard), one-line
+    error otherwise."""
     from kvfence.workflow.campaign import parse_shard
 
     try:
@@ -755,7 +756,8 @@ def add_parser(sub) -> None:
                          "are replayed first (default: OUT/.hypothesis)")
     fz.add_argument("--shard", type=_shard, default=None, metavar="I/N",
                     help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds "
-                         "(default: all of it)")
+                         "(default: all of it); auto: the index of a Slurm job array task, auto/N: of a "
+                         "Kubernetes Indexed Job of N completions (docs/campaigns.md)")
     _add_worker_args(fz)
     fz.set_defaults(func=_fuzz_command, _parser=fz,
                     fuzz_defaults={a.dest: a.default for a in fz._actions if a.dest != "help"})

@@ -33,7 +33,7 @@ import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlsplit
 
 from hypothesis import strategies as st
@@ -70,14 +70,65 @@ class Shard:
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
 
-def parse_shard(text: str) -> Shard:
-    """``I/N`` with ``1 <= I <= N`` (one-line ``BadInput`` otherwise)."""
-    match = _SHARD.match(str(text))
-    require(match is not None, f"--shard {text!r}: expected I/N, e.g. 1/4 (shards are numbered 1..N)")
+def parse_shard(text: str, environ: Optional[Mapping[str, str]] = None) -> Shard:
+    """``I/N`` with ``1 <= I <= N``, or ``auto`` / ``auto/N``: the index the scheduler gives this task
+    (``shard_from_scheduler``). One-line ``BadInput`` otherwise."""
+    text = str(text).strip()
+    if text == "auto" or text.startswith("auto/"):
+        count = None
+        if text != "auto":
+            match = re.match(r"^auto/(\d+)$", text)
+            require(match is not None and int(match.group(1)) >= 1, f"--shard {text!r}: expected auto or auto/N")
+            count = int(match.group(1))
+        return shard_from_scheduler(os.environ if environ is None else environ, count)
+    match = _SHARD.match(text)
+    require(match is not None, f"--shard {text!r}: expected I/N, e.g. 1/4 (shards are numbered 1..N), or auto")
     index, count = int(match.group(1)), int(match.group(2))
     require(count >= 1, f"--shard {text}: N must be at least 1")
     require(1 <= index <= count, f"--shard {text}: I must be in 1..{count} (shards are numbered 1..N)")
     return Shard(index, count)
+
+
+def _env_int(environ: Mapping[str, str], name: str) -> Optional[int]:
+    value = environ.get(name)
+    if value is None or value == "":
+        return None
+    require(value.strip().isdigit(), f"--shard auto: {name}={value!r} is not a non-negative integer"[:200])
+    return int(value)
+
+
+def shard_from_scheduler(environ: Mapping[str, str], count: Optional[int] = None) -> Shard:
+    """This task's shard from its scheduler's environment (docs/campaigns.md):
+
+    * a Slurm job array (``sbatch --array=A-B[:S]``): ``SLURM_ARRAY_TASK_ID``, ``SLURM_ARRAY_TASK_MIN`` and
+      ``SLURM_ARRAY_TASK_STEP`` give the 1-based index, ``SLURM_ARRAY_TASK_COUNT`` the count;
+    * a Kubernetes Indexed Job: ``JOB_COMPLETION_INDEX`` (0-based); Kubernetes does not export the
+      completion count, so it is ``auto/N`` (``N`` = ``.spec.completions``).
+
+    ``auto/N`` beside a Slurm count must agree with it. Neither scheduler, or both: one line."""
+    slurm = _env_int(environ, "SLURM_ARRAY_TASK_ID")
+    k8s = _env_int(environ, "JOB_COMPLETION_INDEX")
+    require(slurm is not None or k8s is not None,
+            "--shard auto: neither SLURM_ARRAY_TASK_ID (a Slurm job array) nor JOB_COMPLETION_INDEX (a Kubernetes "
+            "Indexed Job) is set; give --shard I/N")
+    require(slurm is None or k8s is None, "--shard auto: both SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX are "
+                                          "set; give --shard I/N")
+    if slurm is not None:
+        first = _env_int(environ, "SLURM_ARRAY_TASK_MIN")
+        step = _env_int(environ, "SLURM_ARRAY_TASK_STEP") or 1
+        total = _env_int(environ, "SLURM_ARRAY_TASK_COUNT")
+        require(first is not None and total is not None and total >= 1,
+                "--shard auto: a Slurm array task needs SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_COUNT")
+        require(count is None or count == total, f"--shard auto/{count}: the Slurm array has {total} tasks")
+        require(slurm >= first and (slurm - first) % step == 0,
+                f"--shard auto: SLURM_ARRAY_TASK_ID={slurm} is not in the array {first}..(step {step})")
+        index = (slurm - first) // step + 1
+        require(index <= total, f"--shard auto: SLURM_ARRAY_TASK_ID={slurm} is task {index} of {total}")
+        return Shard(index, total)
+    require(count is not None, "--shard auto: a Kubernetes Indexed Job exports JOB_COMPLETION_INDEX but not the "
+                               "completion count; give --shard auto/N with N = .spec.completions")
+    require(k8s < count, f"--shard auto/{count}: JOB_COMPLETION_INDEX={k8s} is not below {count}")
+    return Shard(k8s + 1, count)
 
 
 def shard_seed(seed: Optional[int], shard: Optional[Shard]) -> Optional[int]:
