@@ -352,3 +352,15 @@ def test_shipped_matrix_cell_rests_on_the_release_kernel_and_its_witness_replays
     assert again.returncode == 0 and again.stdout == sizing.stdout and "__import__" not in cached.read_text()
     unknown = _kvfence("upstream", "sizing", "9.9.6", "--contract", "no-such", cwd=tmp_path, env=env)
     assert unknown.returncode == 2 and "unknown contract 'no-such'" in unknown.stderr
+
+
+def test_the_self_test_reports_each_row_as_it_ends_so_a_cut_run_keeps_them():
+    """``on_row`` gets the report after every row, incomplete and never passed until the last."""
+    from kvfence.workflow.contract_run import self_test
+
+    seen = []
+    final = self_test(registry.get("fa3-decode-metadata"), "cpu", seeds=range(2), max_examples=10,
+                      names=["zero_tail_ignored"], on_row=lambda doc: seen.append(json.loads(json.dumps(doc))))
+    assert [len(d["rows"]) for d in seen] == [1, 2] and not any(d["complete"] or d["passed"] for d in seen)
+    assert seen[0]["rows"][0]["name"] == "reference" and seen[0]["rows_planned"] == 2
+    assert final["complete"] and final["passed"] and all(r["seconds"] >= 0 for r in final["rows"])

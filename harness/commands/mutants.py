@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from kvfence.commands.common import _exit_codes, _positive_int, _non_negative_int, _stderr, _writable
@@ -93,9 +94,16 @@ def _mutants_contract(args) -> int:
         for name in args.only:
             record.mutant(name)  # unknown: exit 2 now
     device = select(args.device, announce=_stderr)
+
+    def save(doc: dict) -> None:  # after every row: a run cut short (timeout, Ctrl-C) keeps what it finished
+        if json_path is not None:
+            staging = json_path.with_name(json_path.name + ".tmp")
+            staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            os.replace(staging, json_path)
+
     report = self_test(record, device, seeds=range(args.seed, args.seed + args.seeds),
                        max_examples=args.max_examples or 200, names=args.only,
-                       progress=None if args.quiet else _stderr)
+                       progress=None if args.quiet else _stderr, on_row=save)
     for row in report["rows"]:
         times = sorted(r["search_s"] for r in row["runs"] if r.get("search_s") is not None)
         median = f"{times[len(times) // 2]:.2f} s" if times else "-"
@@ -103,8 +111,7 @@ def _mutants_contract(args) -> int:
         print(f"{row['name']:<40} {what} in {row['good']}/{row['seeds']} seeds; median search {median}; "
               f"kinds {sorted({k for r in row['runs'] for k in r['kinds']})}")
     print("PASSED" if report["passed"] else "FAILED")
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    save(report)
     return EXIT_CLEAN if report["passed"] else EXIT_FINDINGS
 
 

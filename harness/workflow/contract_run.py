@@ -37,8 +37,20 @@ TRUSTED_PREFIXES = ("reference", "mutant:", "sglang==")
 
 
 # -- kernels --------------------------------------------------------------------------------------------------
+_KERNELS: Dict[Tuple[str, str], object] = {}
+
+
 def resolve_kernel(contract: Contract, spec: str):
-    """The jit function ``spec`` names for ``contract`` (see the module docstring); ``BadInput`` otherwise."""
+    """The jit function ``spec`` names for ``contract`` (see the module docstring); ``BadInput`` otherwise.
+    Resolved once per process: the same jit function keeps its compiled specializations across fuzz runs
+    (the self-test's seeds), where a fresh one would load each again from Triton's disk cache."""
+    key = (contract.name, spec)
+    if key not in _KERNELS:
+        _KERNELS[key] = _resolve(contract, spec)
+    return _KERNELS[key]
+
+
+def _resolve(contract: Contract, spec: str):
     from kvfence.cases import targets, upstream
 
     require(isinstance(spec, str) and spec, "--kernel: empty spec")
@@ -317,10 +329,11 @@ def repro(path: Path, *, kernel: Optional[str], sizing: Optional[str], device: s
 
 # -- the self-test of a contract's mutants ----------------------------------------------------------------------
 def self_test(contract: Contract, device: str, *, seeds, max_examples: int, names: Optional[List[str]] = None,
-              progress=None) -> dict:
+              progress=None, on_row=None) -> dict:
     """Each mutant fuzzed over ``seeds`` (a kernel mutant under the safe sizing, a sizing mutant as the
     reference kernel under its sizing; on CUDA in captured graphs); detected when the failure's kinds include one it declares. The
-    reference must be clean under the safe sizing on every seed."""
+    reference must be clean under the safe sizing on every seed. ``on_row(report)`` is called after each row
+    with the report so far (``complete`` false), so a run cut short keeps the rows it finished."""
     # (row, kernel, sizing, kinds it must be found by, kinds that alone make a case fail). A kernel mutant
     # that shows only under a buggy sizing is searched for its own kinds, and paired with the reference under
     # the same sizing and filter, which must stay clean.
@@ -335,8 +348,15 @@ def self_test(contract: Contract, device: str, *, seeds, max_examples: int, name
         targets.append((m.name, f"mutant:{m.name}" if m.patch else "reference", m.sizing or contract.safe_sizing,
                         m.detects, m.detects if both else None))
     rows = []
+
+    def report(complete: bool) -> dict:
+        passed = complete and all(r["good"] == r["seeds"] if not r["detects"] else r["good"] >= 0.95 * r["seeds"]
+                                  for r in rows)
+        return {"contract": contract.name, "device": device, "max_examples": max_examples, "seeds": list(seeds),
+                "passed": passed, "complete": complete, "rows_planned": len(targets), "rows": rows}
+
     for name, kernel, sizing, detects, fail_on in targets:
-        runs = []
+        runs, row_start = [], time.monotonic()
         for s in seeds:
             r = fuzz(contract, kernel, sizing, device, max_examples=max_examples, seed=s, shrink_seconds=0,
                      graph=device == "cuda", fail_on=fail_on)
@@ -349,7 +369,8 @@ def self_test(contract: Contract, device: str, *, seeds, max_examples: int, name
                 progress(f"kvfence: {contract.name} {name} seed {s}: {'ok' if ok else 'NOT OK'} {kinds}")
         good = sum(1 for x in runs if x.get("detected", x.get("clean")))
         rows.append({"name": name, "kernel": kernel, "sizing": sizing, "detects": list(detects),
-                     "fail_on": list(fail_on) if fail_on else None, "good": good, "seeds": len(runs), "runs": runs})
-    passed = all(r["good"] == r["seeds"] if not r["detects"] else r["good"] >= 0.95 * r["seeds"] for r in rows)
-    return {"contract": contract.name, "device": device, "max_examples": max_examples, "seeds": list(seeds),
-            "passed": passed, "rows": rows}
+                     "fail_on": list(fail_on) if fail_on else None, "good": good, "seeds": len(runs),
+                     "seconds": round(time.monotonic() - row_start, 1), "runs": runs})
+        if on_row is not None:
+            on_row(report(False))
+    return report(True)
