@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from kvfence.cases.budget import MIN_GUARD
 from kvfence.reports.markup import Markup, html, join
 
 #: Fill colour of each finding kind on the map (the legend repeats them).
@@ -328,9 +329,13 @@ def row_svg(bmap: BufferMap, row: MapRow) -> Markup:
     y_zone, y_seg, y_kernel = 16, 34, 62
     parts.append(_text(left, 11, f"{bmap.buffer} {row.name}: {row.caption}", 12, "start", "bold"))
     for lo, hi, zone in row.zones:
-        parts.append(_rect(X(lo), X(hi), y_zone, 14, ZONE_COLOURS[zone], f"{zone}: elements [{lo}, {hi})", "zone",
-                           html("data-zone='{}' data-start='{}' data-stop='{}'", zone, lo, hi)))
+        title = f"{zone}: elements [{lo}, {hi})"
         words = f"{zone.split()[0]} ({hi - lo})" if zone in GUARD_ZONES else zone
+        if zone == "guard" and hi - lo > MIN_GUARD:  # kvfence widens every row's guard by the case's overflow
+            words = f"guard ({MIN_GUARD} + {hi - lo - MIN_GUARD} overflow)"
+            title += f": {MIN_GUARD} elements plus {hi - lo - MIN_GUARD}, this case's overflow past a row"
+        parts.append(_rect(X(lo), X(hi), y_zone, 14, ZONE_COLOURS[zone], title, "zone",
+                           html("data-zone='{}' data-start='{}' data-stop='{}'", zone, lo, hi)))
         if X(hi) - X(lo) > 6 * len(words) and zone != "row":
             parts.append(_text((X(lo) + X(hi)) / 2, y_zone + 11, words, 9))
     labelled = len(row.segments) <= MAX_LABELLED_SEGMENTS

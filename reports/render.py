@@ -209,7 +209,7 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
     """report.html: the verdict, the findings with samples and programs, each case file's buffer map and
     repro line, then the run's statistics and the coverage plot. Every value goes through
     ``kvfence.reports.markup`` (escaped whatever its type)."""
-    status = (html('<span class="bad">{} findings</span>', len(doc["findings"])) if doc["findings"]
+    status = (html('<span class="bad">{} finding{}</span>', len(doc["findings"]), "" if len(doc["findings"]) == 1 else "s") if doc["findings"]
               else Markup('<span class="ok">clean</span>'))
     parts = [html("<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvfence fuzz report</title>"
                   "<style>{}</style></head><body>", Markup(_CSS)), html("<h1>kvfence fuzz report: {}</h1>", status)]

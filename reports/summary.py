@@ -446,14 +446,18 @@ def finding_rows(doc: dict) -> List[List[str]]:
     return out
 
 
-def text_table(doc: dict) -> str:
-    """The end-of-run summary printed by ``fuzz``: the run, then the findings and their case files."""
+def text_table(doc: dict, program: str = "python -m kvfence") -> str:
+    """The end-of-run summary printed by ``fuzz``: the run, then the findings and their case files, each
+    repro line spelled with ``program``, the name the user ran (the files keep ``python -m kvfence``, which
+    works wherever kvfence imports)."""
     parts = [table(run_rows(doc), ["run", "value"])]
     if earlier_text(doc):
         parts.append(earlier_text(doc))
     if doc["findings"]:
         parts.append(table(finding_rows(doc), ["kind", "where", "elements", "case file"]))
-        parts.append("\n".join(c["repro"] for c in doc.get("cases", {}).values()))
+        prefix = "python -m kvfence "
+        parts.append("\n".join(program + " " + c["repro"][len(prefix):] if c["repro"].startswith(prefix)
+                               else c["repro"] for c in doc.get("cases", {}).values()))
     return "\n\n".join(parts)
 
 

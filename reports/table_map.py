@@ -110,9 +110,10 @@ def table_map_html(record, case, width: int, findings: List[dict]) -> Markup:
 def report_html(doc: dict, record, case) -> str:
     """A self-contained page for one contract case file ``doc``."""
     body = table_map_html(record, case, int(doc["width"]), doc.get("findings", []))
-    return str(html("<!doctype html><html><head><meta charset='utf-8'><title>kvfence: {} ({} findings)</title>"
+    count = len(doc.get("findings", []))
+    return str(html("<!doctype html><html><head><meta charset='utf-8'><title>kvfence: {} ({} finding{})</title>"
                     "</head><body style='font-family:sans-serif'><h1>kvfence: {}</h1>"
                     "<p>kernel {}, sizing {} (width {}), {} on {}</p><p><code>kvfence repro {}</code></p>{}"
-                    "</body></html>", doc["contract"], len(doc.get("findings", [])), doc["contract"],
+                    "</body></html>", doc["contract"], count, "" if count == 1 else "s", doc["contract"],
                     doc["kernel"], doc["sizing"], doc["width"], doc.get("mode"), doc.get("device"),
                     doc.get("case_file", "CASE.json"), body))

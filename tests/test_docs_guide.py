@@ -117,3 +117,70 @@ def test_benchmarks_quote_files_and_keys_that_exist_and_are_no_diary():
 def test_the_benchmark_key_reader_sees_each_key():
     row = "| x | 1 | | `throughput` | `h200.json`: `a_b` (passes: `c`), `rows[variant=x].d` |"
     assert list(quoted_keys(row)) == [("h200.json", "a_b"), ("h200.json", "c"), ("h200.json", "rows")]
+
+
+def _doc_commands():
+    """Every command line of a ```bash block of README.md and docs/*.md (continuations joined, comments cut),
+    as (page, tokens)."""
+    import shlex
+
+    for page in [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md")):
+        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                try:
+                    tokens = shlex.split(line, comments=True)
+                except ValueError:
+                    continue
+                while tokens and re.match(r"^[A-Z_][A-Z0-9_]*=", tokens[0]):  # VAR=value before the command
+                    tokens = tokens[1:]
+                if tokens:
+                    yield page.relative_to(ROOT).as_posix(), tokens
+
+
+def _options(parser) -> dict:
+    """``{subcommand path: option strings}`` of the kvfence parser, nested subcommands included."""
+    import argparse
+
+    out = {}
+
+    def walk(p, path):
+        out[path] = {s for a in p._actions for s in a.option_strings}
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, path + (name,))
+    walk(parser, ())
+    return out
+
+
+def test_every_documented_command_uses_options_that_exist():
+    """Docs cannot drift from the command line: each ``kvfence``/``python -m kvfence`` line's options belong to
+    its subcommand, and each ``pytest`` line's options are pytest's, its plugins' or kvfence's plugin's."""
+    import subprocess
+    import sys
+
+    from kvfence.cli import build_parser
+
+    options = _options(build_parser())
+    help_text = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=120).stdout
+    pytest_options = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", help_text))
+    checked, wrong = 0, []
+    for page, tokens in _doc_commands():
+        if tokens[:3] == ["python", "-m", "kvfence"] or tokens[:3] == ["python3", "-m", "kvfence"]:
+            tokens = ["kvfence"] + tokens[3:]
+        if tokens[0].endswith("kvfence") and len(tokens) > 1:
+            path = ()
+            for t in tokens[1:]:
+                if path + (t,) in options:
+                    path += (t,)
+                elif not t.startswith("-"):
+                    break
+            flags = {t.split("=", 1)[0] for t in tokens[1:] if t.startswith("--")}
+            wrong += [(page, " ".join(tokens), f) for f in sorted(flags - options[path] - {"--help"})]
+            checked += 1
+        elif tokens[0] == "pytest" or tokens[:3] == ["python", "-m", "pytest"]:
+            flags = {t.split("=", 1)[0] for t in tokens if t.startswith("-") and not t.startswith("---")}
+            wrong += [(page, " ".join(tokens), f) for f in sorted(flags - pytest_options)]
+            checked += 1
+    assert checked >= 30 and not wrong, wrong

@@ -139,3 +139,16 @@ def test_a_case_link_is_a_relative_file_path_never_a_scheme(tmp_path):
     page = str(file_link(str(tmp_path / "javascript:alert(1)"), tmp_path))
     assert "href='./javascript%3Aalert%281%29'" in page and "href='javascript" not in page
     assert str(file_link("<b>x</b>", None)) == "&lt;b&gt;x&lt;/b&gt;"
+
+
+def test_a_widened_row_guard_says_why_it_is_wider_than_the_others():
+    """kvfence widens every row's guard by the case's overflow: the map labels 64 + the overflow, not a bare
+    count beside the 64 of other buffers; a plain guard keeps its count."""
+    from kvfence.reports.buffer_map import BufferMap, MapRow, row_svg
+
+    wide = MapRow("row 0", 0, 72, [(0, 4, "row"), (4, 72, "guard")], [], width=4)
+    plain = MapRow("row 0", 0, 68, [(0, 4, "row"), (4, 68, "guard")], [], width=4)
+    svg = str(row_svg(BufferMap("kv_indices", [wide]), wide))
+    assert "64 elements plus 4, this case&#39;s overflow past a row" in svg or \
+        "64 elements plus 4, this case's overflow past a row" in svg, svg
+    assert "overflow" not in str(row_svg(BufferMap("kv_indptr", [plain]), plain))

@@ -199,9 +199,10 @@ def test_matrix_shipped_names_each_failure_class_and_its_case_replays(tmp_path):
     out = tmp_path / "m"
     proc = kvfence("upstream", "matrix", "--shipped", "--versions", VERSION, "--device", "cpu", "--out", str(out),
                    "--shipped-ctx", "8", "--shipped-steps", "2", "--shipped-max-bs", "2", "--shipped-max-topk", "2",
-                   cache=cache, wheel_dir=wheel.parent)
+                   "--json", str(tmp_path / "asked.json"), cache=cache, wheel_dir=wheel.parent)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads((out / "shipped.json").read_text())
+    assert json.loads((tmp_path / "asked.json").read_text()) == doc  # --json is written, not only checked
     cells = {(c["backend"], c["mode"]): c for c in doc["rows"][0]["cells"]}
     buggy = cells[("RequestsBackend", "graph")]
     assert buggy["status"] == "silent overflow" and not buggy["case"]["at_context_limit"]

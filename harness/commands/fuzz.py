@@ -583,7 +583,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         _stderr(f"kvfence: {interrupted}: jobs stopped; merged what they had checked")
     if doc.get("bulk_splice") and doc["bulk_splice"] != SPLICE_REPLAYED:
         _stderr(f"kvfence: {doc['bulk_splice']}")
-    code = _write_summary(doc, out_dir, json_path)
+    code = _write_summary(doc, out_dir, json_path, program=_program(args))
     if interrupted:
         from kvfence.running.interrupt import exit_code_for
 
@@ -591,7 +591,14 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
 
 
-def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previous: Optional[dict] = None) -> int:
+def _program(args) -> str:
+    """The name the user ran kvfence by (``kvfence`` or ``python -m kvfence``), from the parser's usage name."""
+    parser = getattr(args, "_parser", None)
+    return parser.prog.rsplit(" ", 1)[0] if parser is not None else "python -m kvfence"
+
+
+def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previous: Optional[dict] = None,
+                   program: str = "python -m kvfence") -> int:
     """summary.json (and --json), report.md / report.html, the table on stdout; the exit code.
 
     With ``previous`` (``fuzz --resume``) the doc is added to that summary rather than replacing it, and
@@ -617,7 +624,7 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
     with _output_errors(out_dir / "report.md", doc):
         written = write_reports(doc, out_dir)
     print()
-    print(summary_mod.text_table(doc))
+    print(summary_mod.text_table(doc, program))
     print(f"\nreports: {out_dir / 'summary.json'}, {written['md']}, {written['html']}")
     if written["plot_skipped"]:
         _stderr(f"kvfence: coverage plot skipped: {written['plot_skipped']}")
@@ -697,7 +704,7 @@ def _fuzz_outputs(args, device: str, result, crashes, out_dir: Path, json_path: 
         doc["keep_going"] = result.keep_going
         print(f"kvfence fuzz --keep-going: {result.keep_going['distinct_failures']} distinct failure(s) in "
               f"{result.keep_going['phases']} phase(s) ({result.keep_going['duplicates']} found again and dropped)")
-    return _write_summary(doc, out_dir, json_path, previous=previous)
+    return _write_summary(doc, out_dir, json_path, previous=previous, program=_program(args))
 
 
 def add_parser(sub) -> None:
