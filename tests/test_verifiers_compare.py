@@ -353,3 +353,25 @@ def test_a_guarded_buffer_keeps_nothing_but_its_storage_on_the_device():
             expected[buf.flat_index(r, c)] = POISON
     assert torch.equal(buf.storage, expected)  # reset: canaries in guards and column 0, poison in the rows
     assert buf.is_live(torch.tensor([3, 4, 8, 9, 11])).tolist() == [False, True, True, False, True]
+
+
+def test_a_lossy_batched_path_is_a_disagreement_not_a_race(device, monkeypatch):
+    """A batched device path that reports nothing for any batch of more than one case, on a kernel mutant
+    whose last case is dirty: the dirty case disagrees (its extra launches go through the same lossy batch,
+    not one case at a time, where they would see the findings and the case would pass as racy); each launch
+    is recorded with how it ran. The pair: the real batched path agrees on the same run."""
+    bad = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:tail_write_past_two"
+    config = Config(topk=1, num_steps=2, ctx=4, max_bs=4, sizing="safe")
+    run = [Case(config, Batch((1,), (0,), 1), bad), Case(config, Batch((2, 1), (1, 0), 2), bad),
+           Case(config, Batch((1, 2, 3), (0, 1, 2), 3), bad)]
+    honest = compare.Paths(device, bad).check_run(run)
+    assert honest[2].dirty and all(r.agree for r in honest), [r.problems for r in honest]
+    real_many = Session.check_many
+    monkeypatch.setattr(Session, "check_many",
+                        lambda self, cases: [[] for _ in cases] if len(cases) > 1 else real_many(self, cases))
+    lossy = compare.Paths(device, bad).check_run(run)
+    assert lossy[2].dirty and not lossy[2].agree, lossy[2].problems
+    via = [(l["path"], l["via"], bool(l["kinds"])) for l in lossy[2].launches]
+    assert ("device", "batch", False) in via and ("device", "one", True) not in via
+    assert sum(1 for p, _, dirty in via if p == "oracle" and dirty) >= 2
+    assert lossy[2].to_dict()["launches"] == lossy[2].launches

@@ -42,7 +42,10 @@ two programs store to one element (graph padding of the window rail, a row overf
 on the next row's write set in the production layout), the oracle accepts any of their values
 (``ExpectedWrites.either``), so the reference kernel and the planted writes are deterministic by
 construction. Each path launches the case itself, so every case is launched on the oracle path twice,
-and when the paths disagree or those two launches differ, ``RACE_RETRIES`` more times on each path.
+and when the paths disagree or those two launches differ, ``RACE_RETRIES`` more times on each path; the
+device path's extra launches go through the path that judged the case (the whole run through
+``check_many`` again when it was batched), so a batched path that loses findings is never excused by
+one-case launches that see them. Each launch's verdict is recorded (``launches``: path, how it ran, kinds).
 When two launches on one path name different findings, the case is **racy**: what it leaves depends on
 the device's scheduling, so two launches are two samples, and only what holds whatever the schedule
 is compared. A race can also come out the same on every launch of one path and differently on the
@@ -55,7 +58,8 @@ same launch and the paths differ only in what the kernel left: the case is racy 
 with that launch added to both paths' launches. A racy case agrees when
 
 * (1) holds over all launches: each path's verdict is dirty on some launch of it (a race may
-  sometimes come out right, on either path);
+  sometimes come out right, on either path), and a batched device path is dirty on some launch of its
+  own when every other launch is dirty;
 * (2) holds loosely: each non-zero counter of the device verifier is implied by the findings of some
   launch on either path (the counters come from a launch of their own, one more sample);
 * the host-known findings (``SIZING_VIOLATION``, ``HOST_CHECK_*``: computed before the kernel runs,
@@ -159,6 +163,9 @@ class CaseResult:
     device: List[Finding]
     problems: List[str]
     racy: bool = False  # two launches on one path named different findings (the module docstring)
+    #: Every launch's verdict: path (device/oracle), how it ran (batch: ``check_many`` with the run's other
+    #: cases; one: the case alone; cross-judge), and the kinds it named (none: clean).
+    launches: List[dict] = field(default_factory=list)
 
     @property
     def agree(self) -> bool:
@@ -172,7 +179,7 @@ class CaseResult:
         return {"config": self.case.config.to_dict(), "batch": self.case.batch.to_dict(), "kernel": self.case.kernel,
                 "counters": dict(zip(COUNTERS, self.counters)) if self.counters is not None else None,
                 "counters_implied_by_oracle": [COUNTERS[i] for i in self.implied], "problems": self.problems,
-                "racy": self.racy,
+                "racy": self.racy, "launches": self.launches,
                 "oracle_findings": [f.headline() for f in self.oracle],
                 "device_findings": [f.headline() for f in self.device]}
 
@@ -375,17 +382,28 @@ class Paths:
             verifier = (self._verifiers.get(runner) or self._verifiers.setdefault(runner, DeviceVerifier(runner))
                         if judged else None)
             counters.append(verifier.counters(case) if judged else None)
-        device = self.dev.check_many(cases) if len(cases) > 1 else [self.dev.check(cases[0])]
-        return [self._result(case, c, d) for case, c, d in zip(cases, counters, device)]
+        batched = len(cases) > 1
+        device = self.dev.check_many(cases) if batched else [self.dev.check(cases[0])]
+        # A case's extra device launches go through the path that judged it: the whole run through
+        # check_many again when it was batched, so a batched path that misses findings cannot be excused
+        # by one-case launches that see them (the module docstring, "racy").
+        relaunch = [(lambda i=i: self.dev.check_many(cases)[i]) if batched else (lambda c=case: self.dev.check(c))
+                    for i, case in enumerate(cases)]
+        return [self._result(case, c, d, again, "batch" if batched else "one")
+                for case, c, d, again in zip(cases, counters, device, relaunch)]
 
-    def _result(self, case: Case, counters: Optional[List[int]], device: List[Finding]) -> CaseResult:
+    def _result(self, case: Case, counters: Optional[List[int]], device: List[Finding],
+                relaunch: Optional[Callable[[], List[Finding]]] = None, via: str = "one") -> CaseResult:
+        relaunch = relaunch or (lambda: self.dev.check(case))
         oracle_runs = [self.oracle.check(case), self.oracle.check(case)]
         device_runs = [device]
+        device_via = [via]
         if _varies(oracle_runs) or named(device) != named(oracle_runs[0]):
             # A disagreement or a race: more launches on both paths. A race can come out the same on two
             # launches and differently on a third, on either path; a racy case is judged on all of them.
             for _ in range(RACE_RETRIES):
-                device_runs.append(self.dev.check(case))
+                device_runs.append(relaunch())
+                device_via.append(via)
                 oracle_runs.append(self.oracle.check(case))
         racy = _varies(oracle_runs) or _varies(device_runs)
         if not racy and named(device) and named(oracle_runs[0]) and named(device) != named(oracle_runs[0]):
@@ -397,14 +415,24 @@ class Paths:
                 # the kernel left there (launch-dependent), not in how they judge it (the module docstring).
                 racy = True
                 device_runs.append(judged[0])
+                device_via.append("cross-judge")
                 oracle_runs.append(judged[1])
         oracle = oracle_runs[0]
         implied = sorted({i for i in map(counter_of, oracle) if i is not None})
         if racy:
             problems = self.compare_racy(counters, oracle_runs, device_runs)
+            batch = [run for run, how in zip(device_runs, device_via) if how == "batch"]
+            others = [run for run, how in zip(device_runs, device_via) if how != "batch"] + oracle_runs
+            if batch and not any(named(run) for run in batch) and all(named(run) for run in others):
+                problems.append(f"racy case: the batched path is clean on all {len(batch)} of its launches while "
+                                f"every other launch ({len(others)}) is dirty")
         else:
             problems = self.compare(counters, implied, oracle, device)
-        return CaseResult(case, counters, implied, oracle, device, problems, racy)
+        launches = ([{"path": "device", "via": how, "kinds": sorted({f.kind.value for f in run})}
+                     for run, how in zip(device_runs, device_via)]
+                    + [{"path": "oracle", "via": "one", "kinds": sorted({f.kind.value for f in run})}
+                       for run in oracle_runs])
+        return CaseResult(case, counters, implied, oracle, device, problems, racy, launches)
 
     def cross_judge(self, case: Case) -> Optional[Tuple[List[Finding], List[Finding]]]:
         """One launch of ``case`` on the device path's runner, judged by the device path's full verdict
