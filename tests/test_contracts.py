@@ -364,3 +364,19 @@ def test_the_self_test_reports_each_row_as_it_ends_so_a_cut_run_keeps_them():
     assert [len(d["rows"]) for d in seen] == [1, 2] and not any(d["complete"] or d["passed"] for d in seen)
     assert seen[0]["rows"][0]["name"] == "reference" and seen[0]["rows_planned"] == 2
     assert final["complete"] and final["passed"] and all(r["seconds"] >= 0 for r in final["rows"])
+
+
+def test_upstream_sizing_prints_a_wheels_texts_without_terminal_escapes(tmp_path):
+    """A wheel whose source holds an escape sequence in the text kvfence quotes: printed escaped."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _release(wheels, "9.9.7", "(self.max_context_len + self.page_size - 1) // self.page_size  # \x1b[2J")
+    env = {"KVFENCE_WHEEL_DIR": str(wheels), "KVFENCE_CACHE": str(tmp_path / "cache"), "KVFENCE_OFFLINE": "1"}
+    cached = tmp_path / "cache" / "sglang-9.9.7" / "contracts" / "trtllm-mha-page-table.shipped.json"
+    first = _kvfence("upstream", "sizing", "9.9.7", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
+    assert first.returncode == 0 and "\x1b" not in first.stdout
+    record = json.loads(cached.read_text())
+    record["sites"][0]["width"]["text"] = "evil\x1b[31m"
+    cached.write_text(json.dumps(record))
+    shown = _kvfence("upstream", "sizing", "9.9.7", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout and "evil\\x1b[31m" in shown.stdout

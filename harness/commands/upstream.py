@@ -13,7 +13,7 @@ import os
 from kvfence.commands.common import (
     _exit_codes, _Parser, _positive_int, _non_negative_int, _seconds, _stderr, _writable, _out_dir,
 )
-from kvfence.errors import EXIT_CLEAN, BadInput, require
+from kvfence.errors import EXIT_CLEAN, BadInput, printable, require
 
 
 def cmd_upstream(args) -> int:
@@ -25,6 +25,11 @@ def cmd_upstream(args) -> int:
     _stderr(f"kvfence: {upstream.describe(entry)}")
     print(entry.module_path)
     return EXIT_CLEAN
+
+
+def _terminal(lines) -> str:
+    """Lines that quote a wheel's texts (file names, source), each control character shown escaped."""
+    return "\n".join(printable(line, None) for line in "\n".join(lines).split("\n"))
 
 
 def cmd_upstream_sizing(args) -> int:
@@ -39,13 +44,13 @@ def cmd_upstream_sizing(args) -> int:
 
         record = registry.get(args.contract)
         require(record.shipped_sites, f"contract {record.name} lists no shipped sites")
-        print("\n".join(csm.sizing_lines(args.version, record, csm.load_record(args.version, record,
-                                                                               announce=_stderr))))
+        lines = csm.sizing_lines(args.version, record, csm.load_record(args.version, record, announce=_stderr))
+        print(_terminal(lines))
         return EXIT_CLEAN
     record = shipped_sizing.load_record(args.version)
     require(record["backends"], f"sglang=={args.version} has no draft backend (no class launches "
                                 f"{shipped.DRAFT_KERNEL})")
-    print("\n".join(sizing_lines(args.version, record)))
+    print(_terminal(sizing_lines(args.version, record)))
     return EXIT_CLEAN
 
 
