@@ -173,7 +173,7 @@ def width(n, topk, ctx, num_steps):
 
 def printed_repro_lines(out: Path, stdout: str) -> dict:
     """Every repro command a fuzz run printed, by where: terminal, report.md, report.html, summary.json."""
-    pattern = re.compile(r"python -m kvfence repro [^`<\n]+")
+    pattern = re.compile(r"(?:python -m )?(?<![\w-])kvfence repro [^`<\n]+")
     return {
         "terminal": pattern.findall(stdout),
         "report.md": pattern.findall((out / "report.md").read_text()),

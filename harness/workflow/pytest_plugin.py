@@ -96,6 +96,19 @@ def pytest_load_initial_conftests(early_config, parser, args):
     early_config._kvfence_device = _choose_device(early_config.known_args_namespace.kvfence_device)
 
 
+def _probe_plugins(config) -> None:
+    """``--kvfence-kernel`` / ``--kvfence-sizing`` plug-ins are imported in a throwaway process first
+    (``kvfence.workflow.probe``): an import that exits, aborts or raises ``KeyboardInterrupt`` is a usage
+    error naming it, never a pytest that ends with exit 0 and no output."""
+    from kvfence.errors import BadInput
+    from kvfence.workflow.probe import check_plugins
+
+    try:
+        check_plugins({"kernel": option(config, "kernel"), "sizing": option(config, "sizing")})
+    except BadInput as exc:
+        raise pytest.UsageError(f"kvfence: {exc}") from None
+
+
 def _load_profile(config) -> None:
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
@@ -137,6 +150,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", line)
     if not hasattr(config, "_kvfence_device"):  # loaded late (-p from a conftest): choose now, or say why not
         config._kvfence_device = _choose_device(option(config, "device"))
+    _probe_plugins(config)
     _load_profile(config)
     _load_example_database(config)
     # pytest-xdist: with several GPUs, each worker pins one (worker index mod device count).
@@ -216,16 +230,27 @@ def kvfence_sizing(pytestconfig) -> str:
 
 @pytest.fixture(scope="session")
 def kvfence_session(kvfence_device):
-    """``kvfence_session(kernel="reference", **kw)``: a cached ``kvfence.verifying.session.Session`` on
-    this session's device."""
+    """``kvfence_session(kernel="reference", *, isolated=None, **kw)``: a cached checking session on this
+    session's device. A plug-in kernel (``file.py:attr``, ``module:attr``: the user's code) is checked in a
+    worker process (``kvfence.workflow.worker.RemoteSession``, ``case_timeout`` seconds a case): an exit,
+    abort or crash of its launch is a ``CRASH`` finding and a launch that never returns a ``HANG``, so the
+    test fails instead of ending pytest; kvfence's builtin kernels run in this process
+    (``kvfence.verifying.session.Session``). ``isolated`` overrides the choice."""
+    from kvfence.cases.targets import is_plugin
     from kvfence.verifying.session import Session
+    from kvfence.workflow.worker import RemoteSession
 
     cache = {}
 
-    def make(kernel: str = "reference", **kw):
-        key = (kernel, tuple(sorted(kw.items())))
+    def make(kernel: str = "reference", *, isolated=None, **kw):
+        isolated = is_plugin(kernel) if isolated is None else isolated
+        key = (kernel, isolated, tuple(sorted(kw.items())))
         if key not in cache:
-            cache[key] = Session(kvfence_device, kernel, **kw)
+            cache[key] = (RemoteSession(kvfence_device, kernel, **kw) if isolated
+                          else Session(kvfence_device, kernel, **kw))
         return cache[key]
 
-    return make
+    yield make
+    for session in cache.values():
+        if isinstance(session, RemoteSession):
+            session.close()

@@ -99,6 +99,9 @@ def _signal_name(code: int) -> str:
             return signal.Signals(-code).name
         except ValueError:
             return f"signal {-code}"
+    if code == EXIT_PLUGIN_INTERRUPT:
+        return (f"exit status {code} (a KeyboardInterrupt raised by the kernel or a plug-in: the worker ignores "
+                "SIGINT, so none comes from the keyboard)")
     return f"exit status {code}"
 
 
@@ -124,6 +127,8 @@ def _worker_check(session, case: Case, device: str):
     """``(finding dicts, fatal)`` for one case; ``fatal`` when the CUDA context died with it."""
     try:
         findings = session.check(case)
+    except KeyboardInterrupt:  # raised by plug-in code (SIGINT is ignored here): a crash of this case
+        os._exit(EXIT_PLUGIN_INTERRUPT)
     except SystemExit as exc:  # a plug-in exited outside the launch itself (e.g. in a sizing callable)
         findings = [Finding(Kind.LAUNCH_ERROR, "kernel", "launch", detail=f"SystemExit: {exc.code!r}")]
     except BadInput:
@@ -143,6 +148,9 @@ def _worker_check(session, case: Case, device: str):
 #: Exit status of a worker whose CUDA context died during a batch of several cases: the supervisor
 #: re-runs them one at a time to find the guilty one (a single case's CRASH is reported directly).
 EXIT_CONTEXT_LOST = 70
+#: The worker's exit status when kernel or plug-in code raised ``KeyboardInterrupt`` (the worker ignores
+#: SIGINT, so it is the code's own): the supervisor reports the case as a ``CRASH``.
+EXIT_PLUGIN_INTERRUPT = 71
 
 
 def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
@@ -150,6 +158,8 @@ def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
     CUDA context dead, the worker exits without a reply: which case did it is not known here."""
     try:
         out = session.check_many(cases)
+    except KeyboardInterrupt:  # plug-in code (SIGINT is ignored here): the supervisor finds the case alone
+        os._exit(EXIT_PLUGIN_INTERRUPT)
     except BadInput:
         raise
     except (Exception, SystemExit):
