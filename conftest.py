@@ -33,4 +33,4 @@ def sizing_spec(kvfence_sizing) -> str:
 @pytest.fixture(scope="session")
 def make_session(kvfence_session):
     """kvfence's own tests look inside sessions (runners, buffers): in this process, plug-ins included."""
-    return lambda kernel="reference", **kw: kvfence_session(kernel, isolated=False, **kw)
+    return lambda kernel="reference", **kw: kvfence_session(kernel, isolated=False, record=False, **kw)

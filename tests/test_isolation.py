@@ -52,7 +52,8 @@ def test_check_kernel_refuses_a_plug_in_whose_import_ends_its_process(what, tmp_
 
 def _pytest(tmp_path, *args, timeout=300):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    env.pop("PYTEST_XDIST_WORKER", None)
+    for name in ("PYTEST_XDIST_WORKER", "HYPOTHESIS_PROFILE", "KVFENCE_KERNEL", "KVFENCE_SIZING"):
+        env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -79,3 +80,38 @@ def test_the_session_fixture_checks_a_plug_in_in_a_worker(tmp_path):
     clean = _pytest(tmp_path, "--kvfence-kernel", f"{ROOT / 'kernels' / 'draft_kv_indices.py'}:"
                     "generate_draft_decode_kv_indices", "--kvfence-device", "cpu")
     assert clean.returncode == 0, clean.stdout + clean.stderr
+
+
+GIVEN_TEST = """from hypothesis import given
+from kvfence.strategies import cases, configs
+
+
+@given(case=cases(configs(sizing="safe", max_ctx=24), kernel="mykern.py:generate_draft_decode_kv_indices"))
+def test_my_kernel(case, kvfence_session):
+    assert kvfence_session(case.kernel).check(case) == []
+"""
+
+
+def test_a_users_given_test_passes_under_hypothesis_defaults_and_fails_with_a_case_file(tmp_path):
+    """docs/own-kernel.md's ``@given`` test, verbatim, in a project of its own (Hypothesis's default settings,
+    100 examples, 200 ms deadline): it passes on kvfence's kernel; on a planted bug it fails, writes the
+    shrunk case as a case file and prints its repro line, which replays."""
+    import runpy
+
+    (tmp_path / "test_mine.py").write_text(GIVEN_TEST)
+    reference = (ROOT / "kernels" / "draft_kv_indices.py").read_text()
+    (tmp_path / "mykern.py").write_text(reference)
+    clean = _pytest(tmp_path)
+    assert clean.returncode == 0 and "1 passed" in clean.stdout, clean.stdout[-3000:]
+    mutant = runpy.run_path(str(ROOT / "kernels" / "mutants" / "last_row_past_end.py"))
+    for old, new in mutant["PATCH"]:
+        reference = reference.replace(old, new)
+    (tmp_path / "mykern.py").write_text(reference)
+    bad = _pytest(tmp_path)
+    assert bad.returncode == 1 and "kvfence: replay this case" in bad.stdout, bad.stdout[-3000:]
+    line = next(t for t in bad.stdout.splitlines() if t.startswith("python -m kvfence repro "))
+    case = Path(bad.stdout.split("case file: ", 1)[1].split(" ", 1)[0])
+    assert case.is_file() and case.parent == tmp_path / "reports" / "out" / "cases"
+    replay = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert replay.returncode == 1, replay.stdout[-2000:] + replay.stderr[-2000:]

@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -196,6 +198,45 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for reason in skip_reasons(config, item.keywords):
             item.add_marker(pytest.mark.skip(reason=reason))
+        _no_deadline_for_kernel_checks(item)
+
+
+def _no_deadline_for_kernel_checks(item) -> None:
+    """A user's ``@given`` test that checks cases through ``kvfence_session`` gets no Hypothesis deadline
+    unless its settings set one: a check's time depends on compiling (or interpreting) the kernel for the
+    drawn shape, so the default 200 ms would fail a correct kernel (``DeadlineExceeded``), not a slow one."""
+    from hypothesis import settings
+
+    test = getattr(item, "obj", None)
+    if "kvfence_session" not in getattr(item, "fixturenames", ()) or not getattr(test, "is_hypothesis_test", False):
+        return
+    current = getattr(test, "_hypothesis_internal_use_settings", None)
+    if current is not None and current.deadline == settings.default.deadline and current.deadline is not None:
+        test._hypothesis_internal_use_settings = settings(current, deadline=None)
+
+
+#: The last case a test checked through ``kvfence_session`` and its findings: when a Hypothesis test fails,
+#: its last example is the shrunk one it reports, and that case is written as a case file (``_case_section``).
+_LAST_CHECK: dict = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _LAST_CHECK.clear()
+
+
+def _case_section(item) -> Optional[str]:
+    """The failing test's last checked case, written under ``<rootdir>/reports/out/cases``, and its repro
+    line; None when the test checked nothing through ``kvfence_session`` or its last check was clean."""
+    last = _LAST_CHECK.get("case")
+    if last is None or not _LAST_CHECK.get("findings"):
+        return None
+    from kvfence.cases.casefile import case_repro_command, write_case
+
+    path = write_case(last, _LAST_CHECK["findings"], out_dir=Path(str(item.config.rootpath)) / "reports" / "out",
+                      device=_LAST_CHECK.get("device", "cpu"), source="pytest")
+    kinds = sorted({f.kind.value for f in _LAST_CHECK["findings"]})
+    return f"case file: {path} ({', '.join(kinds)})\n{case_repro_command(path, last)}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -207,6 +248,10 @@ def pytest_runtest_makereport(item, call):
     match = _REPRO.search(str(call.excinfo.value))
     if match and hasattr(report.longrepr, "addsection"):
         report.longrepr.addsection("kvfence: replay this case", match.group(1))
+    elif call.when == "call" and hasattr(report.longrepr, "addsection"):
+        section = _case_section(item)
+        if section:
+            report.longrepr.addsection("kvfence: replay this case", section)
 
 
 # -- fixtures ------------------------------------------------------------------------------------------
@@ -228,6 +273,21 @@ def kvfence_sizing(pytestconfig) -> str:
     return option(pytestconfig, "sizing")
 
 
+class _Recording:
+    """A session whose ``check`` remembers the case and findings (``_LAST_CHECK``) for the failure report."""
+
+    def __init__(self, session, device: str):
+        self._session, self._device = session, device
+
+    def check(self, case):
+        findings = self._session.check(case)
+        _LAST_CHECK.update(case=case, findings=findings, device=self._device)
+        return findings
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
 @pytest.fixture(scope="session")
 def kvfence_session(kvfence_device):
     """``kvfence_session(kernel="reference", *, isolated=None, **kw)``: a cached checking session on this
@@ -242,13 +302,13 @@ def kvfence_session(kvfence_device):
 
     cache = {}
 
-    def make(kernel: str = "reference", *, isolated=None, **kw):
+    def make(kernel: str = "reference", *, isolated=None, record: bool = True, **kw):
         isolated = is_plugin(kernel) if isolated is None else isolated
         key = (kernel, isolated, tuple(sorted(kw.items())))
         if key not in cache:
             cache[key] = (RemoteSession(kvfence_device, kernel, **kw) if isolated
                           else Session(kvfence_device, kernel, **kw))
-        return cache[key]
+        return _Recording(cache[key], kvfence_device) if record else cache[key]
 
     yield make
     for session in cache.values():
