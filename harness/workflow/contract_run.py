@@ -187,11 +187,14 @@ class _Failed(Exception):
 
 def fuzz(contract: Contract, kernel_spec: str, sizing: str, device: str, *, max_examples: int = 200,
          seed: int = 0, max_seconds: Optional[float] = None, shrink_seconds: float = 30.0,
-         graph: bool = False, progress=None, fail_on: Optional[Tuple[str, ...]] = None) -> FuzzResult:
+         graph: bool = False, progress=None, fail_on: Optional[Tuple[str, ...]] = None,
+         shrink: bool = True) -> FuzzResult:
     """Draw cases until one fails (or the budget ends), shrink it; ``FuzzResult`` says what was found.
 
     ``fail_on``: only findings of these kinds make a case fail (the self-test of a kernel mutant that shows
-    under a buggy sizing, where every overflowing case has the sizing's own findings too)."""
+    under a buggy sizing, where every overflowing case has the sizing's own findings too). ``shrink=False``:
+    the first failing case as drawn (the self-test asks only whether a bug is found, and Hypothesis's
+    shrinker walks large GPU-domain cases for a long time even when no candidate is checked)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as seeded
 
@@ -205,7 +208,8 @@ def fuzz(contract: Contract, kernel_spec: str, sizing: str, device: str, *, max_
     state = {"found_at": None}
 
     @settings(max_examples=max_examples, database=None, deadline=None, derandomize=False,
-              suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False)
+              suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink) if shrink else
+              (Phase.generate,), report_multiple_bugs=False)
     @seeded(seed)
     @given(contract.cases(domain))
     def probe(case):
@@ -359,7 +363,7 @@ def self_test(contract: Contract, device: str, *, seeds, max_examples: int, name
         runs, row_start = [], time.monotonic()
         for s in seeds:
             r = fuzz(contract, kernel, sizing, device, max_examples=max_examples, seed=s, shrink_seconds=0,
-                     graph=device == "cuda", fail_on=fail_on)
+                     graph=device == "cuda", fail_on=fail_on, shrink=False)
             kinds = r.to_dict()["kinds"]
             clean_row = not detects
             ok = (not r.failed) if clean_row else bool(set(kinds) & set(detects))
