@@ -380,3 +380,51 @@ def test_upstream_sizing_prints_a_wheels_texts_without_terminal_escapes(tmp_path
     cached.write_text(json.dumps(record))
     shown = _kvfence("upstream", "sizing", "9.9.7", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
     assert shown.returncode == 0 and "\x1b" not in shown.stdout and "evil\\x1b[31m" in shown.stdout
+
+
+_MLA_BACKEND = '''
+import math
+import triton
+
+TRTLLM_BLOCK_CONSTRAINT = 128
+
+
+def pages_per_block(page_size):
+    return 4096 // page_size
+
+
+class TRTLLMMLABackend(Base):
+    def __init__(self, model_runner):
+        self.max_context_len = model_runner.model_config.context_len
+        self.page_size = model_runner.page_size
+
+    def _calc_padded_blocks(self, max_seq_len):
+        """Docstring."""
+        blocks = triton.cdiv(max_seq_len, self.page_size)
+        lcm = math.lcm(TRTLLM_BLOCK_CONSTRAINT // self.page_size, pages_per_block(self.page_size))
+        if blocks % lcm != 0:
+            blocks = triton.cdiv(blocks, lcm) * lcm
+        return blocks
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        max_blocks_per_seq = self._calc_padded_blocks(self.max_context_len)
+
+    def replay(self, seq_lens, bs, metadata):
+        torch.add(seq_lens[:bs], self.num_draft_tokens, out=metadata.global_seq_lens_k)
+'''
+
+
+def test_a_method_helper_with_a_branch_is_read_as_a_conditional_formula(tmp_path):
+    """TRTLLM-MLA's padded width: a method of assignments, an ``if`` and a return, a module constant, a wheel
+    helper and ``math.lcm``; the formula is the release's arithmetic, checked at three points."""
+    from kvfence.cases import contract_shipped as cs
+    from kvfence.cases import shipped
+
+    wheel = tmp_path / "sglang-9.9.8-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sglang/srt/layers/attention/trtllm_mla_backend.py", _MLA_BACKEND)
+    site = next(s for s in cs.read(FLASHMLA, wheel)["sites"] if s["site"]["backend"] == "trtllm_mla")
+    assert site["width"]["source"].endswith("trtllm_mla_backend.py:26") and site["delta"]["formula"] == "d"
+    width = lambda ctx, page: shipped.evaluate(site["width"]["tree"], {"ctx": ctx, "page": page})  # noqa: E731
+    assert (width(4096, 32), width(4000, 32), width(4200, 64)) == (128, 128, 128)
+    assert width(8193, 64) == 192  # 129 pages, padded to a multiple of lcm(2, 64) = 64

@@ -56,7 +56,9 @@ class _SiteEvaluator(shipped.Evaluator):
                  mro=()):
         super().__init__(wheel)
         self.symbols, self.inits, self.mro = symbols, inits, mro
-        self.frames: List[Dict[str, list]] = []  # the locals of the method helpers being evaluated
+        #: The method helpers being evaluated: (their function, their locals as trees). A name is looked up
+        #: in a frame only while evaluating that method's own body (a helper it calls has its own scope).
+        self.frames: List[Tuple[ast.FunctionDef, Dict[str, list]]] = []
 
     def symbol(self, name: str, site) -> Optional[str]:
         return self.symbols.get(name)
@@ -64,8 +66,9 @@ class _SiteEvaluator(shipped.Evaluator):
     def expr(self, node, site):
         if site.depth > shipped._MAX_DEPTH:
             self.fail(node, site, "nested too deep")
-        if isinstance(node, ast.Name) and self.frames and node.id in self.frames[-1]:
-            return self.frames[-1][node.id]
+        if isinstance(node, ast.Name) and self.frames and site.fn is self.frames[-1][0] \
+                and node.id in self.frames[-1][1]:
+            return self.frames[-1][1][node.id]
         text = ast.unparse(node)
         if text in self.symbols:
             return ["sym", self.symbols[text]]
@@ -94,15 +97,16 @@ class _SiteEvaluator(shipped.Evaluator):
             return self.expr(value, shipped.Site(file, fn, "backend", {}, {}, site.depth + 1))
         return super().expr(node, site)
 
-
     def method(self, call: ast.Call, site):
         """``self.NAME(args)``: a method of the class (or its bases) whose body is assignments, ``if`` blocks
         of assignments and one final ``return``, evaluated with its parameters bound to the arguments."""
         name = call.func.attr
         found = next(((f, fn) for f, cls in self.mro for fn in cls.body
                       if isinstance(fn, ast.FunctionDef) and fn.name == name), None)
-        if found is None or site.depth > shipped._MAX_DEPTH or len(self.frames) > 4:
+        if found is None:
             self.fail(call, site, f"method {name} is not in the class or its bases in the wheel")
+        if site.depth > shipped._MAX_DEPTH or len(self.frames) > 4:
+            self.fail(call, site, f"method {name}: helpers nested too deep")
         file, fn = found
         params = [a.arg for a in fn.args.args][1:]
         if len(call.args) != len(params) or any(isinstance(a, ast.Starred) for a in call.args):
@@ -110,7 +114,7 @@ class _SiteEvaluator(shipped.Evaluator):
         frame = {p: self.expr(a, site) for p, a in zip(params, call.args)}
         inner = shipped.Site(file, fn, "backend", {}, {}, site.depth + 1)
         body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-        self.frames.append(frame)
+        self.frames.append((fn, frame))
         try:
             for stmt in body[:-1]:
                 self._statement(stmt, frame, inner, call, name)
@@ -130,11 +134,11 @@ class _SiteEvaluator(shipped.Evaluator):
             branches = []
             for block in (stmt.body, stmt.orelse):
                 local = dict(frame)
-                self.frames[-1] = local
+                self.frames[-1] = (inner.fn, local)
                 for s in block:
                     self._statement(s, local, inner, call, name)
                 branches.append(local)
-            self.frames[-1] = frame
+            self.frames[-1] = (inner.fn, frame)
             for var in set(branches[0]) | set(branches[1]):
                 then, other = branches[0].get(var), branches[1].get(var)
                 if then is None or other is None:
