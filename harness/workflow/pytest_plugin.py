@@ -203,7 +203,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _no_deadline_for_kernel_checks(item) -> None:
     """A user's ``@given`` test that checks cases through ``kvfence_session`` gets no Hypothesis deadline
-    unless its settings set one: a check's time depends on compiling (or interpreting) the kernel for the
+    unless its settings give another one than the loaded profile's: a check's time depends on compiling (or interpreting) the kernel for the
     drawn shape, so the default 200 ms would fail a correct kernel (``DeadlineExceeded``), not a slow one."""
     from hypothesis import settings
 
