@@ -2,7 +2,7 @@
 
     python benchmarks/plain_fuzz_mutants.py [--device cuda] [--seeds 20] [--only NAME ...] [--parallel N]
         [--cores-per-run C] [--gpus 0,1,...] [--reference-seeds K] [--max-seconds S] [--json FILE]
-        [--resume FILE] [-- EXTRA FUZZ FLAGS]
+        [--resume FILE] [--compare-bulk] [-- EXTRA FUZZ FLAGS]
 
 For every mutant of ``kernels/mutants/`` (or those named with ``--only``) and every seed, it runs the
 command a user would run, ``python -m kvfence fuzz --device D --kernel FILE:ATTR`` (a kernel mutant,
@@ -14,7 +14,12 @@ counts). Window-rail mutants get ``--contract window-rail --window 4`` (the comm
 part of the rail's ABI; see ``RAIL_FLAGS`` for why 4). The reference kernel runs the same command under ``--reference-seeds`` seeds for each contract a
 mutant breaks, and must stay clean (exit 0). The result per mutant: seeds detected, the rate against
 ``--required`` (0.95), the seconds from each command's start to its first failure (the run's
-``first_failure_s``), each run's wall time, and the command.
+``first_failure_s``), the search time (that less the start-up to the first worker ready, the summary's
+``startup_s``: ``search_s``, median and worst per row, a miss counted as its whole wall time), each run's
+wall time, and the command. ``kill_search_s`` tabulates the search times per mutant against the kill
+targets (median <= 3 s, worst <= 10 s); ``--compare-bulk`` runs every mutant and seed a second time with
+``--bulk-per-example 0`` (rows ``NAME [--bulk-per-example 0]``), so ``kill_search_s`` also says whether
+the bulk ever makes a mutant slower (``bulk_not_slower`` per mutant, ``bulk_never_slower``).
 
 ``--parallel N`` runs N commands at once, each on its own GPU (``CUDA_VISIBLE_DEVICES``, ``--gpus``) and
 its own ``--cores-per-run`` CPU cores (default: the cores this process may use, split N ways; whole
@@ -214,6 +219,10 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
         return
     found = returncode == 1 and names_the_bug(kinds, run.detects)
     row["first_failure_s"].append(doc.get("first_failure_s") if found else None)
+    # Search time: the first failure less the start-up (the first worker ready), as kill times are counted.
+    startup = doc.get("startup_s")
+    row.setdefault("search_s", []).append(
+        round(doc["first_failure_s"] - startup, 3) if found and startup is not None else None)
     if found:
         row["detected_seeds"].append(run.seed)
     else:
@@ -223,10 +232,25 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
     row["rate"] = round(row["detected"] / len(row["seeds_run"]), 3)
     row["median_first_failure_s"] = round(statistics.median(times), 2) if times else None
     row["worst_first_failure_s"] = round(max(times), 2) if times else None
+    # A miss counts as the run's whole wall time (a lower bound of its search time): the worst is never flattered.
+    search = [t if t is not None else w for t, w in zip(row["search_s"], row["wall_s"])]
+    row["median_search_s"] = round(statistics.median(search), 2) if search else None
+    row["worst_search_s"] = round(max(search), 2) if search else None
     row["passed"] = row["rate"] >= result["required"]
 
 
-def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str], tmp: Path, result: dict):
+#: ``--compare-bulk``: each mutant's row again under these flags, a row of its own (``NAME`` + the suffix).
+BULK_OFF_FLAGS = ["--bulk-per-example", "0"]
+BULK_OFF_SUFFIX = " [--bulk-per-example 0]"
+
+
+def variants(compare_bulk: bool) -> List[tuple]:
+    """``(row suffix, extra flags)`` of each way a mutant is run: the plain command, and with the bulk off."""
+    return [("", [])] + ([(BULK_OFF_SUFFIX, BULK_OFF_FLAGS)] if compare_bulk else [])
+
+
+def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str], tmp: Path, result: dict,
+         compare_bulk: bool = False):
     """Every run, in the order they start (reference runs first, then seed-major), and their rows; a row
     already in ``result`` (``--resume``) keeps what it has and gets only the seeds it has not run."""
     base = [sys.executable, "-m", "kvfence", "fuzz", "--device", device]
@@ -249,30 +273,57 @@ def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str
             result["reference"][name] = {"flags": flags, "seeds_run": [], "exit_codes": [], "wall_s": [],
                                          "kinds": [], "clean": None, "passed": False, "problems": [],
                                          "command": text(flags)}
+    ways = variants(compare_bulk)
     for m in mutants:
-        if m.name in result["mutants"]:
-            continue
-        result["mutants"][m.name] = {"kind": m.kind, "domain": m.domain, "contract": m.contract,
-                                     "flags": flags_for(m), "detects": list(m.detects), "seeds": seeds,
-                                     "seeds_run": [], "detected_seeds": [], "detected": 0, "rate": 0.0,
-                                     "passed": False,
-                                     "median_first_failure_s": None, "worst_first_failure_s": None,
-                                     "first_failure_s": [], "wall_s": [], "exit_codes": [], "kinds": [],
-                                     "misses": [], "command": text(flags_for(m))}
-    for seed in range(seeds):
-        for m in mutants:
-            out = tmp / f"{m.name}-{seed}"
-            if seed in result["mutants"][m.name]["seeds_run"]:
+        for suffix, more in ways:
+            if m.name + suffix in result["mutants"]:
                 continue
-            runs.append(Run(m.name, seed, command(flags_for(m), seed, out), out, detects=m.detects))
+            result["mutants"][m.name + suffix] = {
+                "kind": m.kind, "domain": m.domain, "contract": m.contract, "flags": flags_for(m) + more,
+                "detects": list(m.detects), "seeds": seeds, "seeds_run": [], "detected_seeds": [], "detected": 0,
+                "rate": 0.0, "passed": False, "median_first_failure_s": None, "worst_first_failure_s": None,
+                "median_search_s": None, "worst_search_s": None, "first_failure_s": [], "search_s": [],
+                "wall_s": [], "exit_codes": [], "kinds": [], "misses": [], "command": text(flags_for(m) + more)}
+    for seed in range(seeds):
+        for suffix, more in ways:
+            for m in mutants:
+                out = tmp / f"{m.name}{'-bulk-off' if suffix else ''}-{seed}"
+                if seed in result["mutants"][m.name + suffix]["seeds_run"]:
+                    continue
+                runs.append(Run(m.name + suffix, seed, command(flags_for(m) + more, seed, out), out,
+                                detects=m.detects))
     return runs
+
+
+#: Kill-time targets (the plain default command on the GPU): median and worst search seconds per mutant.
+KILL_MEDIAN_S, KILL_WORST_S = 3.0, 10.0
+
+
+def kill_table(result: dict) -> dict:
+    """Per mutant, the median and worst search time of the plain command (and, with ``--compare-bulk``,
+    of the same with the bulk off): ``kill_search_s``, with whether the targets hold."""
+    table = {}
+    for name, row in result["mutants"].items():
+        if name.endswith(BULK_OFF_SUFFIX):
+            continue
+        entry = {"median": row["median_search_s"], "worst": row["worst_search_s"], "seeds": len(row["seeds_run"]),
+                 "detected": row["detected"]}
+        off = result["mutants"].get(name + BULK_OFF_SUFFIX)
+        if off is not None:
+            entry.update(median_bulk_off=off["median_search_s"], worst_bulk_off=off["worst_search_s"])
+            entry["bulk_not_slower"] = (entry["median"] is not None and off["median_search_s"] is not None
+                                        and entry["median"] <= off["median_search_s"])
+        entry["meets_targets"] = (entry["median"] is not None and entry["median"] <= KILL_MEDIAN_S
+                                  and entry["worst"] <= KILL_WORST_S)
+        table[name] = entry
+    return table
 
 
 #: Exit code of a run whose plan is not all run (cut) and has no failing row so far.
 INCOMPLETE = 3
 
 #: What a ``--resume`` file must share with the command that continues it.
-PLAN_KEYS = ("benchmark", "device", "seeds", "reference_seeds", "required", "extra")
+PLAN_KEYS = ("benchmark", "device", "seeds", "reference_seeds", "required", "compare_bulk", "extra")
 
 
 def resumed(path: str, fresh: dict, mutants) -> dict:
@@ -307,6 +358,8 @@ def main() -> int:
     parser.add_argument("--reference-seeds", type=int, default=2)
     parser.add_argument("--max-seconds", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT_S)
+    parser.add_argument("--compare-bulk", action="store_true",
+                        help="run every mutant and seed again with --bulk-per-example 0 (rows NAME [--bulk-per-example 0])")
     parser.add_argument("--resume", default=None, metavar="FILE",
                         help="continue this cut results file of the same plan (rewritten in place)")
     args = parser.parse_args(argv)
@@ -318,7 +371,7 @@ def main() -> int:
         mutants = discover(names=args.only or None)
         result = {"benchmark": "plain_fuzz_mutants", "command": shlex.join(["python", *sys.argv]),
                   "device": args.device, "seeds": args.seeds, "reference_seeds": args.reference_seeds,
-                  "required": args.required, "parallel": args.parallel, "slots": layout, "extra": extra,
+                  "required": args.required, "compare_bulk": args.compare_bulk, "parallel": args.parallel, "slots": layout, "extra": extra,
                   "cut": False, "stopped": [], "wall_s": 0.0, "reference": {}, "mutants": {}}
         if args.resume:
             result = resumed(args.resume, result, mutants)
@@ -342,7 +395,8 @@ def main() -> int:
         print(f"slot {i}: gpu {slot['gpu']}, cores {slot['cpus'][0]}..{slot['cpus'][-1]} ({len(slot['cpus'])})",
               flush=True)
     with tempfile.TemporaryDirectory(prefix="kvfence-plain-mutants-") as tmp:
-        pending = plan(mutants, args.seeds, args.reference_seeds, args.device, extra, Path(tmp), result)
+        pending = plan(mutants, args.seeds, args.reference_seeds, args.device, extra, Path(tmp), result,
+                       args.compare_bulk)
         running: List[Run] = []
 
         def finish(run: Run, returncode: Optional[int]) -> None:
@@ -399,11 +453,15 @@ def main() -> int:
                           all(len(r["seeds_run"]) == args.reference_seeds for r in result["reference"].values()))
     result["passed"] = (result["complete"] and all(r["passed"] for r in rows)
                         and all(r["passed"] for r in result["reference"].values()))
+    result["kill_search_s"] = kill_table(result)
+    result["kill_targets_met"] = result["complete"] and all(e["meets_targets"] for e in result["kill_search_s"].values())
+    result["bulk_never_slower"] = (result["complete"] and args.compare_bulk
+                                   and all(e.get("bulk_not_slower") for e in result["kill_search_s"].values()))
     clock()
     save()
     for name, r in result["mutants"].items():
-        print(f"{name:32s} {r['detected']:3d}/{len(r['seeds_run'])}  median first failure "
-              f"{r['median_first_failure_s']} s  kinds {','.join(r['kinds']) or '-'}")
+        print(f"{name:56s} {r['detected']:3d}/{len(r['seeds_run'])}  search median {r['median_search_s']} s, "
+              f"worst {r['worst_search_s']} s  kinds {','.join(r['kinds']) or '-'}")
     for name, r in result["reference"].items():
         verdict = {True: "clean", False: "NOT CLEAN", None: "not run"}[r["clean"]]
         print(f"{name:32s} {verdict} in {len(r['seeds_run'])} seed(s)")

@@ -450,18 +450,22 @@ class _CleanStub:
         return [[] for _ in cases]
 
 
+#: The bulk of ``parent_rate``'s bulk-on run (``--bulk-per-example 256``; the GPU default is off).
+PARENT_BULK = 256
+
+
 def parent_rate(seconds: float = 10.0, seed: int = 0) -> dict:
     """The fuzz loop's own cost per case in one process (``parent_cases_per_s_*``): the GPU command's
-    strategy for the pinned small config (``GPU_BATCHES_PER_EXAMPLE`` Hypothesis batches, and the bulk
-    of ``GPU_BULK_PER_EXAMPLE`` on or off) checked by a stub session that judges every case clean at
+    strategy for the pinned small config (``GPU_BATCHES_PER_EXAMPLE`` Hypothesis batches, and a bulk
+    of ``PARENT_BULK`` on or off) checked by a stub session that judges every case clean at
     once, over ``seconds`` each: generation, the verdict cache, counting and stats, nothing launched.
     ``parent_cpu_share_*`` is the process's CPU time over wall time (below 1 on a shared machine)."""
-    from kvfence.commands.fuzz import GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE
+    from kvfence.commands.fuzz import GPU_BATCHES_PER_EXAMPLE
     from kvfence.strategies import case_runs, configs
     from kvfence.workflow.fuzz import fuzz
 
     out = {}
-    for name, bulk in (("bulk", GPU_BULK_PER_EXAMPLE), ("no_bulk", 0)):
+    for name, bulk in (("bulk", PARENT_BULK), ("no_bulk", 0)):
         strategy = case_runs(configs(sizing="safe", **SMALL), max_batches=GPU_BATCHES_PER_EXAMPLE, bulk=bulk)
         cpu0, t0 = time.process_time(), time.perf_counter()
         result = fuzz(_CleanStub(), strategy, max_examples=10**9, seed=seed, max_seconds=seconds, shrink_seconds=0)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from kvfence.commands import fuzz, mutants, repro, report, sweep, upstream
+from kvfence.commands import affected, fuzz, mutants, repro, report, sweep, upstream
 from kvfence.commands.common import EXIT_CODES, _Parser, _stderr
 from kvfence.errors import EXIT_BAD_INPUT, BadInput
 
@@ -21,7 +21,7 @@ from kvfence.errors import EXIT_BAD_INPUT, BadInput
 PROG = "kvfence"
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (fuzz, repro, report, mutants, sweep, upstream)
+COMMANDS = (fuzz, repro, report, mutants, sweep, upstream, affected)
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:

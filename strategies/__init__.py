@@ -26,6 +26,7 @@ import functools
 import hashlib
 import math
 import random
+import time
 from typing import Optional, Union
 
 from hypothesis import strategies as st
@@ -608,7 +609,7 @@ def _cases(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: 
 
 
 def case_runs(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0,
-              max_batches: int = 8, bulk: int = 0):
+              max_batches: int = 8, bulk: int = 0, bulk_after: float = 0.0):
     """A list of 1..``max_batches`` ``Case``s sharing one config: successive replays of one captured
     configuration, as a server replays its graphs. One Hypothesis example then checks many batches,
     which spreads the engine's per-example cost and the config's compile and capture (the GPU's
@@ -620,14 +621,38 @@ def case_runs(config_strategy=None, *, kernel: str = "reference", seq_len_limit:
     code from a ``FastDraw`` seeded by a digest of the example, distinct in structure (lengths and pool
     rows) from each other and from the Hypothesis-drawn ones. The list is then a ``CaseRun``: which
     cases are bulk, and the Hypothesis choices that replay each of them alone (``CaseRun.splice``).
+
+    ``bulk_after=T`` seconds (default 0: from the first example) keeps the bulk off until ``T`` seconds
+    after this strategy's first draw: until then an example is exactly what ``bulk=0`` draws (no switch
+    choice, no bulk), so the bugs that die within ``T`` die as fast as without the bulk, and the bulk adds
+    depth (new structures per config) to the rest of a long run. A wall-clock gate: two runs of one seed
+    may open it at different examples (a failure among the bulk is replayed through its splice, not
+    through the example).
     """
     _check_case_args(kernel, seq_len_limit, canary_seed, "case_runs")
     require(isinstance(max_batches, int) and not isinstance(max_batches, bool) and max_batches >= 1,
             f"case_runs(max_batches={max_batches!r}) must be >= 1")
     require(isinstance(bulk, int) and not isinstance(bulk, bool) and bulk >= 0,
             f"case_runs(bulk={bulk!r}) must be a non-negative integer")
+    require(isinstance(bulk_after, (int, float)) and not isinstance(bulk_after, bool) and 0 <= bulk_after < 1e9,
+            f"case_runs(bulk_after={bulk_after!r}) must be a number of seconds >= 0")
     return _case_runs(config_strategy if config_strategy is not None else configs(), kernel, seq_len_limit,
-                      canary_seed, max_batches, bulk)
+                      canary_seed, max_batches, bulk, BulkGate(bulk_after) if bulk else None)
+
+
+class BulkGate:
+    """When the bulk of a ``case_runs`` strategy opens: ``after`` seconds past the strategy's first draw."""
+
+    __slots__ = ("after", "start")
+
+    def __init__(self, after: float):
+        self.after, self.start = float(after), None
+
+    def open(self) -> bool:
+        now = time.monotonic()
+        if self.start is None:
+            self.start = now
+        return now - self.start >= self.after
 
 
 #: The Hypothesis choice that turns a ``case_runs`` example's bulk on: mostly on while generating,
@@ -680,7 +705,9 @@ def _example_key(config: Config, drawn: list) -> int:
 
 @st.composite
 def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int, max_batches: int,
-               bulk: int = 0):
+               bulk: int = 0, gate: Optional[BulkGate] = None):
+    if bulk and gate is not None and not gate.open():
+        bulk = 0  # before the gate opens: exactly bulk=0's draws
     config = draw(config_strategy)
     prefix = _choices_so_far() if bulk else None
     count = draw(_integers(1, family_batches(config, max_batches)))

@@ -123,6 +123,29 @@ def test_bulk_off_draws_exactly_the_batches_of_a_run_without_bulk(data):
     assert list(with_bulk) == plain and with_bulk.bulk_start == len(plain)
 
 
+@FAST
+@given(data=st.data())
+def test_a_closed_bulk_gate_draws_exactly_what_bulk_off_draws(data):
+    """Before ``bulk_after`` seconds, ``case_runs(bulk=N)`` consumes the same choices and gives the same
+    cases as ``bulk=0`` (no switch choice, no bulk); once open, the same choices and a switch give the bulk."""
+    plain = data.draw(case_runs(configs(domain="gpu", max_bytes=2**30), max_batches=6))
+    from hypothesis.control import _current_build_context
+
+    choices = tuple(node.value for node in _current_build_context.value.data.nodes)
+    closed = ConjectureData.for_choices(choices)
+    gated = closed.draw(case_runs(configs(domain="gpu", max_bytes=2**30), max_batches=6, bulk=8, bulk_after=3600))
+    assert list(gated) == plain and len(closed.nodes) == len(choices)
+    opened = ConjectureData.for_choices(choices + (1,)).draw(
+        case_runs(configs(domain="gpu", max_bytes=2**30), max_batches=6, bulk=8, bulk_after=0))
+    assert isinstance(opened, CaseRun) and list(opened)[:len(plain)] == plain
+
+
+@pytest.mark.parametrize("after", [-1, True, float("nan"), "5"])
+def test_bulk_after_is_validated(after):
+    with pytest.raises(BadInput, match="bulk_after"):
+        case_runs(configs(), bulk=8, bulk_after=after)
+
+
 @pytest.mark.parametrize("bulk", [-1, True, 1.5, "8"])
 def test_bulk_is_validated(bulk):
     with pytest.raises(BadInput, match="bulk"):

@@ -115,3 +115,24 @@ def test_a_users_given_test_passes_under_hypothesis_defaults_and_fails_with_a_ca
     replay = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, TRITON_INTERPRET="1"))
     assert replay.returncode == 1, replay.stdout[-2000:] + replay.stderr[-2000:]
+
+
+def test_a_hung_job_is_stopped_within_the_budget_and_named(tmp_path):
+    """``--jobs``: a job that never returns (its sizing plug-in hangs past the parent's one-request probe)
+    is stopped by the parent once the run's budget and ``JOB_OVERRUN_GRACE_S`` are spent, and named."""
+    import time
+
+    from kvfence.workflow.jobs import JOB_OVERRUN_GRACE_S, STOP_WAIT_S
+
+    out = tmp_path / "out"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--jobs", "2", "--sizing",
+                           str(ROOT / "tests" / "targets" / "sizings.py") + ":hangs_past_one_request",
+                           "--max-seconds", "1", "--shrink-seconds", "0", "--seed", "0", "--out", str(out), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    wall = time.monotonic() - start
+    assert wall < 1 + JOB_OVERRUN_GRACE_S + STOP_WAIT_S + 20, (wall, proc.stderr)  # 20: start-up and merging
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a run with a stopped job is not a clean run
+    assert "job 0 was still running" in proc.stderr and "grace" in proc.stderr, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("was still running" in p for p in summary["job_problems"])

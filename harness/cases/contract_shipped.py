@@ -375,5 +375,5 @@ def assess(site_record: dict, adm: dict, *, contexts=CONTEXTS, draft_tokens=DRAF
                 elif fits is None or (d, -ctx) > (fits["d"], -fits["ctx"]):
                     fits = point
     return {"status": "overflows" if witness else "fits", "overflow": overflow, "points": total,
-            "witness": witness, "fits_at": fits, "reach": "admission bound read" if minus is not None
+            "witness": witness, "fits_at": fits, "reach": "the scheduler admits that length (its admission bound, read from the wheel)" if minus is not None
             else "admission bound not read: the length is the context length, reachability unknown"}

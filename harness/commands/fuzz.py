@@ -142,20 +142,21 @@ def _resolve_budget(args, device: str) -> None:
 MIN_EXAMPLES_PER_JOB = 50
 
 
-#: Batches of one config per Hypothesis example on CUDA (config-major: compile and capture once, replay many).
-GPU_BATCHES_PER_EXAMPLE = 32
-
-#: Bulk batches per Hypothesis example on CUDA (``kvfence.strategies.case_runs(bulk=)``): Hypothesis's
-#: own batches cost ~0.5-1 ms each in this process and repeat structures on purpose, a bulk batch costs
-#: tens of microseconds and is new by construction, so the example's Hypothesis part (config, up to
-#: ``GPU_BATCHES_PER_EXAMPLE`` batches, the engine) must be spread over many: with a stub session, one
-#: process of the pinned small config (on one core of a 2-core development machine) verified about
-#: 5,900 cases/s with 256 and 10,500/s with 1,024, against 1,900/s without the bulk
-#: (benchmarks/throughput.py, stage ``parent``, measures the last two).
-#: One example (about 1,040 cases) is still one check_many round trip of tens of milliseconds on the
-#: GPU, so the time budget and the progress line see examples often. The CPU gets none (the
-#: interpreter, not generation, is its bottleneck).
-GPU_BULK_PER_EXAMPLE = 1024
+#: Batches of one config per Hypothesis example on CUDA (config-major: compile and capture once, replay
+#: many), and the bulk after them, off by default (``kvfence.strategies.case_runs(bulk=)``: batches drawn
+#: by a seeded PRNG, new in structure by construction; ``--bulk-per-example N`` turns it on, after
+#: ``--bulk-after`` seconds of search). What they decide is time to a kill: many batches of one config
+#: spend the example on that config while the bugs that need a rare config wait for the next. On the
+#: H200 (8 runs sharing the GPU, 3-4 seeds), 8 Hypothesis batches with no bulk had the lower median
+#: search time on 25 of the 31 shipped mutants against a bulk of 64, and on 25 of 31 against a bulk of
+#: 256 opened after 5 s (the other six within 0.15 s either way): the bulk's checking slows every other
+#: run and job sharing the GPU (BENCHMARKS.md, "Time to a kill"); with the stub checker of
+#: benchmarks/bulk_choices.py (``cpu_bulk_choices.json``) 8 batches also beat 32 on every trigger. The
+#: bulk raises the structural rate, not the kill rate: it stays an option for long campaigns.
+GPU_BATCHES_PER_EXAMPLE = 8
+GPU_BULK_PER_EXAMPLE = 0
+#: Seconds of search before a bulk that is turned on opens (until then an example is what bulk-off draws).
+GPU_BULK_AFTER_S = 5.0
 
 
 def _default_jobs(device: str, max_examples: int, max_seconds) -> int:
@@ -198,6 +199,8 @@ def _resolve_run_shape(args, device: str):
     per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
     if args.bulk_per_example is None:  # resolved here, so --jobs children get the same value
         args.bulk_per_example = GPU_BULK_PER_EXAMPLE if device == "cuda" else 0
+    if args.bulk_after is None:
+        args.bulk_after = GPU_BULK_AFTER_S if device == "cuda" else 0.0
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
     return domain, jobs, per_example, max_bytes
 
@@ -312,7 +315,7 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
             {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
     if per_example > 1 or args.bulk_per_example:
         strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
-                             max_batches=per_example, bulk=args.bulk_per_example)
+                             max_batches=per_example, bulk=args.bulk_per_example, bulk_after=args.bulk_after)
     else:
         strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
     strategy.validate()
@@ -331,7 +334,7 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
     run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
            "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
            "jobs": jobs, "batches_per_example": per_example,
-           "bulk_per_example": args.bulk_per_example, "domain": domain.name, "domain_text": domain.describe(),
+           "bulk_per_example": args.bulk_per_example, "bulk_after_s": args.bulk_after, "domain": domain.name, "domain_text": domain.describe(),
            "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker",
            # docs/contract.md §6: the contract, and the §6 fields pinned or drawn (None: drawn, if the kernel takes them)
            "contract": args.contract, "family_drawn": _draws_family(args, domain),
@@ -525,6 +528,15 @@ def _phases(session, result) -> dict:
             "first_launch_s": since_start(result.first_launch_at)}
 
 
+def _jobs_deadline(args, device: str) -> Optional[float]:
+    """A ``--jobs`` run's whole budget, when it has one: exploring and shrinking (and on CUDA the lead's wait)."""
+    from kvfence.workflow.jobs import LEAD_WAIT_S
+
+    if args.max_seconds is None:
+        return None  # an example budget only: no time the parent could hold a job to
+    return (LEAD_WAIT_S if device == "cuda" else 0.0) + args.max_seconds + args.shrink_seconds
+
+
 def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
     """``--jobs N``: N child fuzz processes (kvfence.workflow.jobs), merged into one summary, report and case folder."""
     import time
@@ -552,7 +564,8 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     try:
         docs, problems, crashes, interrupted, not_started = run_jobs(
             child_args, out_dir, device=device, progress=progress.update if progress else None,
-            on_first_failure=_announce_job_failure, stop_on_failure=not args.keep_going)
+            on_first_failure=_announce_job_failure, stop_on_failure=not args.keep_going,
+            deadline_s=_jobs_deadline(args, device))
     finally:
         if progress:
             progress.close()
@@ -730,6 +743,10 @@ def add_parser(sub) -> None:
                     help=f"after the Hypothesis batches of an example, up to N more of its config from a fast seeded "
                          f"generator (same draw code, each structure new; a failure among them is spliced back into "
                          f"Hypothesis and shrunk); 0: off (default {GPU_BULK_PER_EXAMPLE} on CUDA, 0 on the CPU)")
+    fz.add_argument("--bulk-after", type=_seconds(False), default=None, metavar="SECONDS",
+                    help=f"with --bulk-per-example N: keep the bulk off for the first SECONDS of the search, so bugs "
+                         f"that die quickly die as fast as without it (default {GPU_BULK_AFTER_S:g} on CUDA; 0: from "
+                         f"the first example)")
     fz.add_argument("--scale", default=None, choices=["cpu", "gpu"],
                     help="config space: cpu (interpreter-sized: ctx <= 48, max_bs <= 4) or gpu (production-sized: "
                          "max_bs <= 256 in SGLang's capture buckets, ctx <= 131072, topk and steps <= 16, pages "

@@ -114,11 +114,13 @@ def shipped_sizing(version: str, site: dict) -> str:
     return f"sglang=={version}:{site['backend']}:{site['mode']}:{site['forward_mode']}"
 
 
-def _cell(contract, version: str, kernel, s: dict, adm: dict, device: str, out: Path) -> dict:
+def settle_cell(contract, version: str, kernel, s: dict, adm: dict, device: str, out: Path, **domain) -> dict:
+    """One site's cell: its assessment (``domain``: ``contexts``/``draft_tokens`` of ``assess``, default the
+    matrix's), and the release's kernel run on the witness (or on the longest fitting launch)."""
     from kvfence.cases import contract_shipped as cs
     from kvfence.workflow import contract_run
 
-    a = cs.assess(s, adm)
+    a = cs.assess(s, adm, **domain)
     cell = {"site": site_name(s["site"]), "assessment": a, "status": a["status"]}
     if a["status"] not in ("overflows", "fits"):
         cell["why"] = a["why"]
@@ -162,7 +164,7 @@ def run(contracts, versions: List[str], *, device: str, out: Path, progress=None
                 continue
             record = load_record(version, contract, announce=progress)
             row["admission"] = record["admission"]
-            row["cells"] = [_cell(contract, version, kernel, s, record["admission"], device, out)
+            row["cells"] = [settle_cell(contract, version, kernel, s, record["admission"], device, out)
                             for s in record["sites"]]
             rows.append(row)
         if progress:

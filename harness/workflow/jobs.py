@@ -47,6 +47,31 @@ STOP_FILE = "stop"
 POLL_S = 1.0
 #: Seconds the parent waits, after a signal, for jobs that got it too to stop before it signals them.
 GRACE_S = 5.0
+#: Seconds a job is given, once asked to stop (SIGINT, or SIGTERM past its budget), before it is killed.
+STOP_WAIT_S = 5.0
+#: Seconds past the run's budget (``deadline_s``) before the parent stops a job that is still running:
+#: a job checks its budget between examples only, so one hung in a launch or a plug-in never returns.
+JOB_OVERRUN_GRACE_S = 15.0
+
+
+def _stop(procs, wanted: set, first: int) -> List[int]:
+    """Stop the jobs ``wanted`` (indices) that still run: signal ``first`` (a stopped one is continued so it
+    can act on it), then SIGKILL those still alive after ``STOP_WAIT_S``. Returns the indices killed."""
+    alive = [i for i in wanted if procs[i][0].poll() is None]
+    for i in alive:
+        for sig in (signal.SIGCONT, first):
+            try:
+                procs[i][0].send_signal(sig)
+            except OSError:
+                pass
+    end = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < end and any(procs[i][0].poll() is None for i in alive):
+        time.sleep(0.05)
+    killed = [i for i in alive if procs[i][0].poll() is None]
+    for i in killed:
+        procs[i][0].kill()
+        procs[i][0].wait()
+    return killed
 
 
 #: Memory one job needs at least: a fuzz process and its checking worker, each with torch and triton loaded.
@@ -128,7 +153,7 @@ LEAD_WAIT_S = 20.0
 
 
 def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, on_first_failure=None,
-             stop_on_failure: bool = True, lead: Optional[bool] = None):
+             stop_on_failure: bool = True, lead: Optional[bool] = None, deadline_s: Optional[float] = None):
     """Run one ``python -m kvfence fuzz`` child per argument list; return ``(docs, problems, crashes,
     interrupted, not_started)``: the children's summaries, one line per child that ended abnormally, the
     ``CRASH`` records recovered from dead children's journals, the signal's name if SIGINT/SIGTERM stopped
@@ -136,7 +161,10 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
     were never started (the lead found a failure, or a signal came, before they were).
     ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure;
     with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``).
-    ``lead`` (default: on CUDA) starts job 0 alone first (the module's docstring says why)."""
+    ``lead`` (default: on CUDA) starts job 0 alone first (the module's docstring says why).
+    ``deadline_s``: the run's whole budget (exploring, shrinking, start-up); a job still running
+    ``JOB_OVERRUN_GRACE_S`` after it is stopped (SIGTERM, its outputs written; SIGKILL after
+    ``STOP_WAIT_S``) and named in ``problems``."""
     from kvfence.running.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
     from kvfence.running.journal import recover
 
@@ -173,6 +201,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         launch(spec)
     not_started = 0
     interrupted = None
+    overrun: List[str] = []
     drawn, announced = start, on_first_failure is None and not stop_on_failure
     try:
         with signals_interrupt():
@@ -199,6 +228,13 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                 if progress is not None and now - drawn >= POLL_S:
                     drawn = now
                     progress(_Summed(docs, now - start))
+                if deadline_s is not None and now - start > deadline_s + JOB_OVERRUN_GRACE_S:
+                    late = [i for i, (p, _, _) in enumerate(procs) if p.poll() is None]
+                    killed = set(_stop(procs, set(late), signal.SIGTERM))
+                    overrun += [f"job {i} was still running {now - start:.0f} s into a run budgeted {deadline_s:g} s "
+                                f"(+{JOB_OVERRUN_GRACE_S:g} s grace): {'killed' if i in killed else 'stopped'} "
+                                f"(log: {procs[i][1] / 'log.txt'})" for i in late]
+                    not_started, waiting = not_started + len(waiting), []
     except Interrupted as exc:
         # Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
         # far written); the parent then merges what they wrote, like a finished run.
@@ -209,19 +245,15 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         grace = time.monotonic() + GRACE_S
         while time.monotonic() < grace and any(p.poll() is None for p, _, _ in procs):
             time.sleep(0.1)
-        for p, _, _ in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p, _, _ in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        # Then ask the rest (SIGINT), and kill what still runs after STOP_WAIT_S (a hung or stopped job):
+        # a Ctrl-C ends the run within GRACE_S + STOP_WAIT_S, with what the jobs wrote.
+        killed = _stop(procs, set(range(len(procs))), signal.SIGINT)
+        overrun += [f"job {i} did not stop within {GRACE_S + STOP_WAIT_S:g} s of the signal: killed "
+                    f"(log: {procs[i][1] / 'log.txt'})" for i in killed]
     finally:
         for _, _, log in procs:
             log.close()
-    docs, problems, crashes = [], [], []
+    docs, problems, crashes = [], list(overrun), []
     for i, (p, folder, _) in enumerate(procs):
         doc = _read_json(folder / "summary.json")
         # -SIGINT: a job that had already written its summary got the forwarded SIGINT while it was

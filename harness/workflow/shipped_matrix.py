@@ -72,6 +72,8 @@ class Domain:
     max_bs: int = 4
     max_topk: int = 4
     ordinary_only: bool = False
+    #: The longest request length searched, when lower than ``ctx`` (``affected``: what the scheduler admits).
+    max_len: Optional[int] = None
 
     def __post_init__(self):
         from kvfence.errors import require
@@ -113,9 +115,11 @@ def _even(total: int, raw_bs: int) -> Tuple[int, ...]:
     return tuple(total // raw_bs + (i < total % raw_bs) for i in range(raw_bs))
 
 
-def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Case], Optional[Case]]:
+def search(spec: str, mode: str, d: Domain, topks: Optional[range] = None
+           ) -> Tuple[Optional[Case], Optional[Case], Optional[Case]]:
     """``(first silent overflow, first overflow the check rejects, first fitting case it rejects)`` of the
     domain, each the minimal one (ordinary lengths before the context limit, then topk, requests, total length).
+    ``topks``: the topk values searched (default ``1 .. d.max_topk``; one deployment's topk for ``affected``).
 
     A launch's need, width and host check depend on its lengths only through their sum (docs/contract.md §2,
     §8) and the request count, so for ``raw_bs`` requests every total ``S`` is tried as its most even batch
@@ -128,8 +132,10 @@ def search(spec: str, mode: str, d: Domain) -> Tuple[Optional[Case], Optional[Ca
     refused = (policy.record.get("refuses") or {}).get("refuses") == "topk > 1"
     kernel = f"{upstream.SPEC_PREFIX}{policy.version}"
     top = d.ctx - d.num_steps if d.ordinary_only else d.ctx
+    top = min(top, d.max_len) if d.max_len is not None else top
     found: Dict[str, List[tuple]] = {"silent": [], "caught": [], "wrong": []}
-    for topk in range(1, (1 if refused else d.max_topk) + 1):
+    topks = topks if topks is not None else range(1, d.max_topk + 1)
+    for topk in ([1] if 1 in topks else []) if refused else topks:
         config = _config(spec, mode, topk, d)
         for raw_bs in range(1, d.max_bs + 1):
             @functools.lru_cache(maxsize=None)

@@ -15,3 +15,12 @@ def huge(n, topk, ctx, num_steps):
 
 def exits(n, topk, ctx, num_steps):
     raise SystemExit(0)
+
+
+def hangs_past_one_request(n, topk, ctx, num_steps):
+    """Correct for one request (the parent's up-front probe), then never returns: a hung job."""
+    import time
+
+    while n > 1:
+        time.sleep(1)
+    return n * topk * (ctx + num_steps)

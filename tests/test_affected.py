@@ -1,0 +1,109 @@
+"""``kvfence affected VERSION SGLANG-FLAGS``: one line per contract in SGLang's words (kvfence.workflow.affected).
+
+Two synthetic releases (tests/test_shipped.py's toy backends, named as SGLang names its draft backends):
+in 0.0.7 the Triton backend's CUDA-graph buffer lacks the topk factor (the seed's bug) and FlashInfer's
+has room for the draft tokens; 0.0.8 fixes Triton. The answer must come from the flags alone, name the
+condition, the release that fixes it and a case file that replays, and refuse what it cannot read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvfence.errors import BadInput
+from kvfence.workflow.affected import parse_deployment
+from test_shipped import BACKENDS, RUNNER, TOY_RUNNER, backend
+from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
+
+SAFE = "max_bs * self.topk * (self.max_context_len + self.speculative_num_steps)"
+
+
+def _release(folder: Path, version: str, triton_graph: str) -> Path:
+    text = "import torch\n\n" + "\n\n".join([
+        backend("TritonMultiStepDraftBackend", triton_graph),
+        backend("FlashInferMultiStepDraftBackend", SAFE),
+    ])
+    return make_wheel(folder, version, {MODULE: FAKE_MODULE, RUNNER: TOY_RUNNER, BACKENDS: text})
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("affected-wheels")
+    _release(folder, "0.0.7", "max_bs * self.max_context_len")  # no topk factor
+    _release(folder, "0.0.8", SAFE)
+    return folder
+
+
+def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_path):
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    proc = kvfence("affected", "--device", "cpu", "--out", str(out), "0.0.7", "--attention-backend", "triton",
+                   "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
+                   "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2",
+                   cache=cache, wheel_dir=wheels)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout  # one contract the backend launches, one line
+    line = lines[0]
+    assert line.startswith("sglang 0.0.7, triton, CUDA graphs, topk 2, 2 steps, 4 draft tokens, ctx 32")
+    assert "AFFECTED" in line and "writes past its row" in line and "fixed in 0.0.8" in line
+    assert "GUARD_OVERWRITE" in line or "STRAY_WRITE" in line  # damage the release's kernel showed
+    # The condition is a formula in the context length: one request of topk 2 overflows a row of ctx.
+    assert "ctx" in line.split("AFFECTED")[1]
+    case = line.split("case: ")[1].split(";")[0]
+    assert Path(case).is_file()
+    replay = kvfence("repro", case, "--device", "cpu", cache=cache, wheel_dir=wheels)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+
+
+def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path):
+    cache = tmp_path / "cache"
+    for version, name in (("0.0.7", "flashinfer"), ("0.0.8", "triton")):
+        proc = kvfence("affected", "--device", "cpu", "--out", str(tmp_path / "out"), version,
+                       "--attention-backend", name, "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
+                       "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2",
+                       cache=cache, wheel_dir=wheels)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "NOT AFFECTED" in proc.stdout and "AFFECTED;" not in proc.stdout.replace("NOT AFFECTED", "")
+
+
+def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path):
+    cache = tmp_path / "cache"
+    launch = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--speculative-algorithm", "EAGLE",
+              "--attention-backend", "triton", "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
+              "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2"]
+    proc = kvfence("affected", "--device", "cpu", "--out", str(tmp_path / "o"), "0.0.7", *launch, cache=cache,
+                   wheel_dir=wheels)
+    assert proc.returncode == 1 and "AFFECTED" in proc.stdout, proc.stdout + proc.stderr
+    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--speculative-eagle-top", "2",
+                            cache=cache, wheel_dir=wheels), "--speculative-eagle-top", "did you mean")
+    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--model-path", "m",
+                            cache=cache, wheel_dir=wheels), "--model-path", "not one kvfence reads")
+    one_line_exit_2(kvfence("affected", "0.0.7", "--speculative-eagle-topk", "2", cache=cache, wheel_dir=wheels),
+                    "--attention-backend")
+    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "nope", cache=cache, wheel_dir=wheels),
+                    "'nope' is not one of SGLang's")
+
+
+def test_sglangs_defaults_are_applied_and_said():
+    dep = parse_deployment("0.5.23", ["--attention-backend", "triton"])
+    assert (dep.num_steps, dep.topk, dep.draft_tokens, dep.graphs) == (3, 1, 4, True)
+    assert any("automatic choice" in a for a in dep.assumed) and any("--context-length" in a for a in dep.assumed)
+    # topk 1: SGLang sets the draft tokens to steps + 1 whatever the flag says.
+    dep = parse_deployment("0.5.23", ["--attention-backend", "fa3", "--speculative-eagle-topk", "1",
+                                      "--speculative-num-steps", "5", "--speculative-num-draft-tokens", "8",
+                                      "--disable-cuda-graph", "--context-length=8192"])
+    assert (dep.draft_tokens, dep.mode, dep.ctx) == (6, "eager", 8192)
+    with pytest.raises(BadInput, match="--speculative-num-draft-tokens"):
+        parse_deployment("0.5.23", ["--attention-backend", "triton", "--speculative-eagle-topk", "4"])
+    # In a launch command other flags are SGLang's business, but a misspelling of one kvfence reads is not
+    # taken for a default, and a backend of its own for the draft is refused, not silently ignored.
+    launch = ["python", "-m", "sglang.launch_server", "--attention-backend", "triton", "--cuda-graph-bs", "1", "2"]
+    assert parse_deployment("0.5.23", launch).backend == "triton"
+    with pytest.raises(BadInput, match="did you mean --context-length"):
+        parse_deployment("0.5.23", launch + ["--context-len", "8192"])
+    with pytest.raises(BadInput, match="split backends"):
+        parse_deployment("0.5.23", launch + ["--speculative-draft-attention-backend", "fa3"])
+    with pytest.raises(BadInput, match="context-length"):
+        parse_deployment("0.5.23", ["--attention-backend", "triton", "--context-length", "2"])
