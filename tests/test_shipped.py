@@ -326,3 +326,70 @@ def test_a_tampered_record_with_its_sha256_in_the_manifest_is_one_line_exit_2(tm
         record_path.write_text(text)
         manifest_path.write_text(json.dumps({**manifest, "shipped_sha256": _sha256(text.encode())}))
         one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped.RECORD_FILE)
+
+
+# -- a hostile wheel stays harmless: bounded work, bounded memory, the kernel still extracted --------------
+def _hostile_wheel(folder: Path, version: str, graph: str, helpers: str = "", extra=None) -> Path:
+    import re
+
+    utils = TOY_UTILS + "\n\n" + helpers
+    names = ", ".join(re.findall(r"^def (\w+)", helpers, re.M)) or "row_width"
+    text = f"import torch\nfrom sglang.srt.speculative.toy_utils import {names}\n\n" + backend("HostileBackend", graph)
+    modules = {MODULE: FAKE_MODULE, UTILS: utils, RUNNER: TOY_RUNNER, BACKENDS: text, **(extra or {})}
+    return make_wheel(folder, version, modules)
+
+
+def _chain(n: int) -> str:
+    """``a1 = a0 * a0`` ... ``an``: each line doubles what a by-value expansion does."""
+    lines = ["def chained(max_bs):", "    a0 = max_bs"]
+    lines += [f"    a{i} = a{i - 1} * a{i - 1}" for i in range(1, n + 1)] + [f"    return a{n}"]
+    return "\n".join(lines) + "\n"
+
+
+def _nested_helpers(n: int) -> str:
+    out = ["def h0(x):\n    return x * x\n"]
+    out += [f"def h{i}(x):\n    return h{i - 1}(x) * h{i - 1}(x)\n" for i in range(1, n + 1)]
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("graph,helpers,why", [
+    ("chained(max_bs)", _chain(22), "evaluation steps"),
+    ("h11(max_bs)", _nested_helpers(11), ""),  # too many steps or too deep: unreadable either way
+    ("max_bs" + " + 1" * 2000, "", ""),  # 2,000 operators deep: parses, then too deep to expand, not a traceback
+    ("max_bs * 10 ** 400", "", ""),
+    ("max_bs * 123456789012345678901234567890", "", "larger than 2^62"),
+])
+def test_a_runaway_site_is_unreadable_on_time_and_the_kernel_is_still_extracted(tmp_path, graph, helpers, why):
+    import resource
+    import time
+
+    wheel = _hostile_wheel(tmp_path / "w", "0.0.9", graph, helpers)
+    start, peak = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    record = shipped.read_wheel(wheel)["backends"]["HostileBackend"]
+    assert time.monotonic() - start < 10
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200 * 1024  # KiB: under 200 MB more
+    assert "unreadable" in record["graph"], record["graph"]
+    assert why in record["graph"]["unreadable"]["why"]
+    cache = tmp_path / "cache"
+    proc = kvfence("upstream", "fetch", "0.0.9", cache=cache, wheel_dir=wheel.parent)
+    assert proc.returncode == 0, proc.stderr  # extracting the kernel does not wait on the sizing
+    sizing = kvfence("upstream", "sizing", "0.0.9", cache=cache, wheel_dir=wheel.parent)
+    assert sizing.returncode == 0 and "unreadable" in sizing.stdout, sizing.stdout + sizing.stderr
+
+
+def test_a_zip_bomb_member_is_left_out_not_inflated(tmp_path):
+    """A member that inflates past ``MAX_MEMBER_BYTES`` is never read whole: it is left out, named, and the
+    kernel (another member) is extracted as usual."""
+    import resource
+    import zipfile
+
+    bomb = "x = 0\n" + "#" * (shipped.MAX_MEMBER_BYTES + 1024)
+    wheel = _hostile_wheel(tmp_path / "w", "0.0.9", "max_bs * self.max_context_len")
+    with zipfile.ZipFile(wheel, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("sglang/srt/layers/attention/bomb.py", bomb)
+    assert wheel.stat().st_size < 1 << 20  # a small file that inflates past the bound
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    doc = shipped.read_wheel(wheel)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100 * 1024
+    assert "sglang/srt/layers/attention/bomb.py" in doc["skipped_members"]
+    assert doc["backends"]["HostileBackend"]["graph"]["formula"]

@@ -64,6 +64,15 @@ WIDTH_SYMBOLS = ("requests", "topk", "ctx", "steps")
 #: The symbols of the host check's used side; ``width`` is the capacity (the launch's buffer width).
 CHECK_SYMBOLS = ("requests", "topk", "steps", "sum_seq_lens")
 _MAX_DEPTH = 12
+#: Evaluation steps (sub-expressions expanded) one site may take: the evaluator expands locals and helper
+#: returns by value, so ``a1 = a0 * a0; a2 = a1 * a1; ...`` doubles its work per line. SGLang's sites take
+#: at most a few hundred (``test_shipped.py`` measures them); past this a site is unreadable, not a hang.
+MAX_EVAL_STEPS = 20_000
+#: The largest integer literal a site may hold: bigger ones are no buffer width (and cost time to multiply).
+MAX_LITERAL = 2 ** 62
+#: The largest ``.py`` member read from a wheel (SGLang's largest is well under 1 MB): a bigger one, or a
+#: member whose real size exceeds its header (a zip bomb), is left out, so its sites are unreadable.
+MAX_MEMBER_BYTES = 8 << 20
 
 
 class Unreadable(Exception):
@@ -202,6 +211,7 @@ def validate_record(record) -> dict:
     require(isinstance(record, dict) and record.get("format") == FORMAT, "not a shipped-sizing record")
     backends = record.get("backends")
     require(isinstance(backends, dict), "backends must be an object")
+    require(record.get("unreadable") is None or isinstance(record["unreadable"], str), "unreadable must be a string")
     for name, b in backends.items():
         what = f"backend {name!r}"[:120]
         require(isinstance(b, dict), f"{what}: not an object")
@@ -223,11 +233,25 @@ class Wheel:
     """The ``.py`` files of a wheel, read as text and parsed on demand (never imported)."""
 
     def __init__(self, path: Path):
+        self.files: Dict[str, str] = {}
+        #: Members left out, and why (too large): their sites read as unreadable.
+        self.skipped: Dict[str, str] = {}
         try:
             with zipfile.ZipFile(path) as zf:
-                self.files = {n: zf.read(n).decode("utf-8", "replace") for n in zf.namelist()
-                              if n.endswith(".py") and not n.startswith("/") and ".." not in n.split("/")}
-        except (zipfile.BadZipFile, OSError) as exc:
+                for info in zf.infolist():
+                    n = info.filename
+                    if not n.endswith(".py") or n.startswith("/") or ".." in n.split("/"):
+                        continue
+                    if info.file_size > MAX_MEMBER_BYTES:
+                        self.skipped[n] = f"{info.file_size} bytes, more than {MAX_MEMBER_BYTES}"
+                        continue
+                    with zf.open(info) as member:
+                        data = member.read(MAX_MEMBER_BYTES + 1)  # the header's size is not trusted
+                    if len(data) > MAX_MEMBER_BYTES:
+                        self.skipped[n] = f"more than {MAX_MEMBER_BYTES} bytes once inflated"
+                        continue
+                    self.files[n] = data.decode("utf-8", "replace")
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
             raise BadInput(f"wheel {path} is corrupt: {exc}") from None
         self._trees: Dict[str, ast.Module] = {}
 
@@ -235,7 +259,7 @@ class Wheel:
         if name not in self._trees:
             try:
                 self._trees[name] = ast.parse(self.files[name])
-            except SyntaxError:
+            except (SyntaxError, ValueError, RecursionError, MemoryError):  # incl. nesting and huge literals
                 self._trees[name] = None
         return self._trees[name]
 
@@ -290,9 +314,14 @@ class Evaluator:
 
     def __init__(self, wheel: Wheel):
         self.wheel = wheel
+        self.steps = 0  # MAX_EVAL_STEPS: reset for each site (``Reader.read``, one evaluator per site elsewhere)
 
     def fail(self, node, site: Site, why: str):
-        raise Unreadable(ast.unparse(node), site.where(node), why)
+        try:
+            text = ast.unparse(node)
+        except (RecursionError, ValueError):
+            text = f"<{type(node).__name__}>"
+        raise Unreadable(text[:400], site.where(node), why)
 
     def symbol(self, name: str, site: Site) -> Optional[str]:
         if site.role == "runner" and f"runner:{name}" in SYMBOLS:
@@ -305,9 +334,14 @@ class Evaluator:
         return None
 
     def expr(self, node, site: Site):
+        self.steps += 1
+        if self.steps > MAX_EVAL_STEPS:
+            self.fail(node, site, f"more than {MAX_EVAL_STEPS} evaluation steps (names expanding each other)")
         if site.depth > _MAX_DEPTH:
             self.fail(node, site, "nested too deep")
         if isinstance(node, ast.Constant) and type(node.value) is int:
+            if abs(node.value) > MAX_LITERAL:
+                self.fail(node, site, f"an integer larger than 2^62")
             return ["int", node.value]
         if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv):
             op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}[type(node.op)]
@@ -540,6 +574,7 @@ class Reader:
                                      for k, _ in [_launches(m) or (None, None)] if k})}
         for key, read in (("graph", self.graph), ("eager", self.eager), ("host_check", self.host_check),
                           ("refuses", self.refusal)):
+            self.ev.steps = 0
             try:
                 record[key] = read(name)
             except RecursionError:  # a wheel's names that refer to each other: unreadable, not a traceback
@@ -723,8 +758,27 @@ def _unit(tree) -> str:
     return render(tree)
 
 
+#: Backend classes read from one wheel at most (SGLang has under 20): a wheel with more is read as far as
+#: this, in name order, and says so, so a hostile wheel of many classes cannot hold the reader.
+MAX_BACKENDS = 64
+
+
 def read_wheel(path: Path) -> dict:
     """The shipped-sizing record of a wheel: every backend that launches the draft kernel (data only)."""
     reader = Reader(Wheel(Path(path)))
     names = reader.backends()
-    return {"format": FORMAT, "backends": {n: reader.read(n) for n in names}}
+    record = {"format": FORMAT, "backends": {n: reader.read(n) for n in names[:MAX_BACKENDS]}}
+    if len(names) > MAX_BACKENDS:
+        record["unreadable"] = f"{len(names)} backend classes, more than {MAX_BACKENDS}: the rest were not read"
+    if reader.wheel.skipped:
+        record["skipped_members"] = dict(sorted(reader.wheel.skipped.items())[:20])
+    return record
+
+
+def read_wheel_or_note(path: Path) -> dict:
+    """``read_wheel``, or a record with no backend and the reason when the wheel's sizing cannot be read at
+    all: extracting a release's kernel never depends on reading its sizing."""
+    try:
+        return read_wheel(path)
+    except (BadInput, RecursionError, MemoryError, ValueError) as exc:
+        return {"format": FORMAT, "backends": {}, "unreadable": f"the sizing could not be read: {exc}"[:400]}

@@ -49,7 +49,8 @@ def load_record(version: str) -> dict:
 def backend_record(version: str, backend: str) -> dict:
     record = load_record(version)
     names = sorted(record["backends"])
-    require(names, f"sglang=={version} has no draft backend (no class launches {DRAFT_KERNEL})")
+    require(names, f"sglang=={version} has no draft backend (no class launches {DRAFT_KERNEL})"
+                   + (f"; {record['unreadable']}" if record.get("unreadable") else ""))
     require(backend in record["backends"], f"sglang=={version} has no backend {backend!r}; it has {', '.join(names)}")
     return record["backends"][backend]
 

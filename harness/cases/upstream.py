@@ -433,7 +433,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     text = header + text
     from kvfence.cases import shipped  # the wheel's sizing sites, read as data (never imported)
 
-    shipped_text = json.dumps(shipped.read_wheel(wheel), indent=1) + "\n"
+    shipped_text = json.dumps(shipped.read_wheel_or_note(wheel), indent=1) + "\n"
     manifest = {"format": CACHE_FORMAT, "version": version, "source_path": source_path, "wheel": wheel.name,
                 "wheel_sha256": _sha256(wheel_bytes), "module_file": module_file,
                 "module_sha256": _sha256(text.encode()), "functions": functions, "abi": abi,

@@ -49,7 +49,8 @@ def cmd_upstream_sizing(args) -> int:
         return EXIT_CLEAN
     record = shipped_sizing.load_record(args.version)
     require(record["backends"], f"sglang=={args.version} has no draft backend (no class launches "
-                                f"{shipped.DRAFT_KERNEL})")
+                                f"{shipped.DRAFT_KERNEL})" + (f"; {record['unreadable']}" if record.get("unreadable")
+                                                              else ""))
     print(_terminal(sizing_lines(args.version, record)))
     return EXIT_CLEAN
 
