@@ -242,6 +242,40 @@ def test_an_example_is_checked_up_to_its_first_failing_chunk():
     assert sum(every.calls) == 901 and every.calls[0] == 1 and max(every.calls) == BULK_CHECK_CHUNK
 
 
+class SlowChecks(RoundTrips):
+    """Every case takes ``SECONDS`` to check (an interpreter, a hard case), all clean."""
+
+    SECONDS = 0.02
+
+    def check_many(self, cases):
+        import time
+
+        time.sleep(self.SECONDS * len(cases))
+        self.calls.append(len(cases))
+        return [[] for _ in cases]
+
+
+def test_the_time_budget_holds_within_one_chunk_when_every_case_is_slow():
+    """900 bulk cases of 20 ms (18 s in all) under ``max_seconds=0.5``: chunks shrink to what one second
+    checks and the budget is looked at between them, so the run ends about a chunk past its budget."""
+    import time
+
+    from hypothesis import strategies as hst
+
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.workflow.fuzz import CHUNK_TARGET_S
+
+    config = Config(topk=1, num_steps=1, page_size=1, ctx=1024, max_bs=1)
+    run = CaseRun([Case(config, Batch((length,), (0,), 0)) for length in range(1, 902)])
+    run.bulk_start, run.bulk_choices, run.prefix = 1, [()] * 900, None
+    slow = SlowChecks()
+    start = time.monotonic()
+    result = fuzz(slow, hst.just(run), max_examples=10, seed=0, targeting=False, shrink_seconds=0, max_seconds=0.5)
+    assert time.monotonic() - start < 0.5 + 2 * CHUNK_TARGET_S + 1, slow.calls
+    assert result.time_cut and result.verified_cases < 900
+    assert slow.calls[0] == 1 and max(slow.calls[1:]) <= CHUNK_TARGET_S / SlowChecks.SECONDS + 1
+
+
 def test_the_bulk_never_launches_a_structure_the_run_has_verified():
     """Every repeat of a structure among the launched cases is a Hypothesis-drawn token variant: the
     bulk's repeats are skipped (``bulk_skipped``), and the counts say so."""

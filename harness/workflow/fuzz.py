@@ -250,18 +250,27 @@ def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
     return out
 
 
-#: Bulk cases per ``check_many`` round trip: an example's Hypothesis-drawn cases go first, on their own,
-#: then its bulk in chunks of this many, and checking stops at the first chunk holding a failure.
+#: Bulk cases per ``check_many`` round trip at most: an example's Hypothesis-drawn cases go first, on their
+#: own, then its bulk in chunks of up to this many, and checking stops at the first chunk holding a failure.
 BULK_CHECK_CHUNK = 256
+#: Seconds one bulk chunk should take: a chunk holds as many cases as the last round trip's rate checks in
+#: that time (at most ``BULK_CHECK_CHUNK``; one on the interpreter), and the time budget is looked at between
+#: chunks, so a run whose every case is slow still ends within one chunk of ``max_seconds``.
+CHUNK_TARGET_S = 1.0
 
 
-def _check_chunks(count: int, head: int):
+def _check_chunks(count: int, head: int, per_case_s: Callable[[], Optional[float]]):
     """``(lo, hi)`` slices of an example's ``count`` fresh cases, the first ``head`` (Hypothesis-drawn)
-    on their own, then ``BULK_CHECK_CHUNK`` at a time."""
+    on their own, then chunks sized by ``per_case_s()`` (the last round trip's seconds per case; None
+    before any): ``BULK_CHECK_CHUNK`` when cases are fast, fewer when they are slow."""
     if head:
         yield 0, head
-    for lo in range(head, count, BULK_CHECK_CHUNK):
-        yield lo, min(count, lo + BULK_CHECK_CHUNK)
+    lo = head
+    while lo < count:
+        rate = per_case_s()
+        size = BULK_CHECK_CHUNK if not rate else max(1, min(BULK_CHECK_CHUNK, int(CHUNK_TARGET_S / rate)))
+        yield lo, min(count, lo + size)
+        lo += size
 
 
 def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
@@ -348,9 +357,16 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             if result.first_launch_at is None:
                 result.first_launch_at = time.time()
             head_fresh = sum(1 for c in fresh if c in head_set) if bulk_start < len(cases) else len(fresh)
-            for lo, hi in _check_chunks(len(fresh), head_fresh):
+            timing = {"per_case": None}
+            for lo, hi in _check_chunks(len(fresh), head_fresh, lambda: timing["per_case"]):
+                if (lo and not shrinking and max_seconds is not None
+                        and time.perf_counter() - start > max_seconds):
+                    result.time_cut = True  # the rest of the bulk is not launched: the budget holds
+                    break
                 chunk = fresh[lo:hi]
+                t0 = time.perf_counter()
                 got = dict(zip(chunk, _check_many(session, chunk, journal)))
+                timing["per_case"] = (time.perf_counter() - t0) / len(chunk)
                 checked.update(got)
                 if known is None and any(got.values()):
                     # The example fails at its first failing case (the loop below raises there): cases
