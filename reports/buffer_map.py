@@ -63,6 +63,7 @@ class Mark(Span):
     kind: str = ""
     number: int = 0
     programs: List[Tuple[int, int, int]] = field(default_factory=list)
+    writers: List[Tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,13 +137,14 @@ def _place_marks(bmap: BufferMap, geo, findings: List[dict], first_number: int) 
             continue
         number += 1
         programs = [tuple(p) for p in f.get("programs", [])]
+        writers = [tuple(p) for p in f.get("writers", [])]
         for s, row in enumerate(bmap.rows):
             base = geo.front + s * stride
             lo, hi = max(flat, base + row.lo), min(flat + count, base + row.hi)
             if lo >= hi:
                 continue
             row.marks.append(Mark(lo - base, hi - base, f"[{number}]", _finding_text(f), kind=f["kind"],
-                                  number=number, programs=programs))
+                                  number=number, programs=programs, writers=writers))
     return number
 
 
@@ -309,10 +311,12 @@ def _lanes(marks: List[Mark]) -> List[int]:
     return out
 
 
-def _rect(x0, x1, y, h, fill, title, cls="", data=Markup(""), stroke="#555"):
+def _rect(x0, x1, y, h, fill, title, cls="", data=Markup(""), stroke="#555", dash: bool = False):
+    """A rectangle with its tooltip; an outline (``fill`` none, ``dash``) is drawn thicker."""
+    width, pattern = ("0.6", "") if fill != "none" else ("2", " stroke-dasharray='4 2'" if dash else "")
     return html("<g class='{}' {}><rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}' stroke='{}' "
-                "stroke-width='0.6'><title>{}</title></rect></g>", cls, data, x0, y, max(1.0, x1 - x0), h, fill,
-                stroke, title)
+                "stroke-width='{}'{}><title>{}</title></rect></g>", cls, data, x0, y, max(1.0, x1 - x0), h, fill,
+                stroke, width, Markup(pattern), title)
 
 
 def _text(x, y, text, size=10, anchor="middle", weight="normal", cls="label", fill="#222"):
@@ -346,6 +350,19 @@ def row_svg(bmap: BufferMap, row: MapRow) -> Markup:
                                 sp.hi)))
         if labelled and x1 - x0 >= 7 * len(sp.label):
             parts.append(_text((x0 + x1) / 2, y_seg + 15, sp.label, 10))
+    # Who wrote the bad elements, and whose expected elements they hit: a writer's segment is outlined in
+    # red, a victim's (an expected owner of a bad element that wrote none of them) dashed.
+    writers = {w for m in row.marks for w in m.writers}
+    owners = {p for m in row.marks for p in m.programs}
+    for sp in row.segments:
+        program = _program_of(sp.label)
+        role = "writer" if program in writers else "victim" if program in owners else None
+        if role is not None:
+            parts.append(_rect(X(sp.lo), X(sp.hi), y_seg, 22, "none",
+                               f"{sp.label} " + ("wrote bad elements" if role == "writer" else
+                                                 "expected owner of bad elements it did not write"), role,
+                               html("data-role='{}' data-program='{}'", role, sp.label.strip("()")),
+                               stroke=ROLE_STROKES[role], dash=role == "victim"))
     # The kernel's band: inside the row it wrote what the oracle expects, except where a finding says; past
     # the row's end nothing is verified as written (that is the overflow), only the findings are drawn.
     for sp in row.segments:
@@ -381,10 +398,25 @@ def row_svg(bmap: BufferMap, row: MapRow) -> Markup:
                 bmap.buffer, row.name, bmap.buffer, row.name, join(parts))
 
 
+#: Outlines of a program's segment: it wrote bad elements (writer), or owns bad elements it did not write.
+ROLE_STROKES = {"writer": "#d7191c", "victim": "#555"}
+
+
+def _program_of(label: str) -> Optional[Tuple[int, ...]]:
+    """``(s, b, k)`` of a segment label ``(s,b,k)``; None for a grouped one (``(s,b,0..3)``)."""
+    try:
+        return tuple(int(x) for x in label.strip("()").split(","))
+    except ValueError:
+        return None
+
+
 def legend() -> Markup:
     """What the colours mean (the same for every case)."""
     items = [("program segment the oracle expects (s, b, k)", SEGMENT_COLOURS[0]),
              ("kernel wrote the expected values", WROTE_OK)]
+    items += [(f"outline: {text}", colour) for text, colour in
+              (("a program that wrote bad elements", ROLE_STROKES["writer"]),
+               ("dashed: an expected owner of bad elements it did not write", ROLE_STROKES["victim"]))]
     items += [(kind.replace("_", " ").lower(), colour) for kind, colour in KIND_COLOURS.items() if kind != "OOB_WRITE"]
     items += [("guard / never written", ZONE_COLOURS["guard"]), ("slack after U(s)", ZONE_COLOURS["slack"]),
               ("the next row (production layout: no guard between rows)", ZONE_COLOURS["next row"])]

@@ -185,18 +185,19 @@ def _samples_text(f: dict) -> str:
     return "; ".join(f"@{off}: expected {exp}, found {got}" for off, exp, got in f.get("samples", [])[:3]) or "-"
 
 
-def _programs_text(f: dict) -> str:
-    progs = [f"({s},{b},{k})" for s, b, k in f.get("programs", [])]
+def _programs_text(f: dict, key: str = "programs") -> str:
+    progs = [f"({s},{b},{k})" for s, b, k in f.get(key, [])]
     return ", ".join(progs[:6]) + (f" +{len(progs) - 6}" if len(progs) > 6 else "") or "-"
 
 
-FINDING_HEADER = ["kind", "where", "elements", "expected / found", "programs (s, b, k)", "case file"]
+FINDING_HEADER = ["kind", "where", "elements", "expected / found", "expected owners (s, b, k)",
+                  "written by (s, b, k)", "case file"]
 
 
 def finding_table(doc: dict, case_cell) -> list:
     """The findings table of both reports: the terminal's columns (``finding_rows``) with the samples and
     programs added; ``case_cell(path)`` renders the case file (a link in HTML)."""
-    return [row[:3] + [_samples_text(f), _programs_text(f), case_cell(f["case"])]
+    return [row[:3] + [_samples_text(f), _programs_text(f), _programs_text(f, "writers"), case_cell(f["case"])]
             for row, f in zip(finding_rows(doc), doc["findings"])]
 
 

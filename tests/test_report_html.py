@@ -125,6 +125,30 @@ def test_a_sizing_bug_shows_the_segments_past_the_row_and_the_guard_writes(repor
     assert any(m[2] == "SIZING_VIOLATION" and m[3] == width for m in marks)
 
 
+def test_the_map_draws_who_wrote_each_bad_element_apart_from_its_expected_owners(reports):
+    """A spill past row S was written by row S's programs (their values, found in the guard): the findings
+    name them as writers, and the map outlines exactly the writers' segments (red) and the expected
+    owners that wrote none of it (dashed). A missing write has no writer."""
+    case, doc, page, _ = reports["sizing"]
+    guards = [f for f in doc["findings"] if f["region"].startswith("guard after row")]
+    assert guards
+    for f in guards:
+        row = int(f["region"].rsplit(" ", 1)[1])
+        assert f["writers"] and all(w[0] == row for w in f["writers"]), f
+    roles = dict((r, set()) for r in ("writer", "victim"))
+    for role, program in re.findall(r"<g class='(writer|victim)' data-role='\1' data-program='([^']+)'", page):
+        roles[role].add(tuple(int(x) for x in program.split(",")))
+    drawn = {tuple(w) for f in doc["findings"] if f["buffer"] == "kv_indices" for w in f["writers"]}
+    assert roles["writer"] == drawn & {(g.s, g.b, g.k) for g in case.expected().segments}
+    owners = {tuple(p) for f in doc["findings"] if f["buffer"] == "kv_indices" and f["kind"] != "SIZING_VIOLATION"
+              for p in f["programs"]}
+    assert roles["victim"] == owners - roles["writer"]
+    assert "written by (s, b, k)" in page and "expected owners (s, b, k)" in page
+    _, value_doc, _, _ = reports["value"]
+    assert all(f["writers"] == [] for f in value_doc["findings"] if f["kind"] == "MISSING_WRITE")
+    assert any(f["writers"] for f in value_doc["findings"] if f["kind"] == "VALUE_MISMATCH")
+
+
 def test_the_correct_kernel_and_sizing_have_no_marks(reports):
     _, doc, page, _ = reports["clean"]
     assert doc["findings"] == [] and _marks_and_segments(page) == (set(), [])

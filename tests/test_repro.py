@@ -58,7 +58,7 @@ def test_repro_exits_1_with_a_readable_diff_and_0_under_the_fixed_sizing(fuzzed)
     out = res.stdout
     assert "FAIL:" in out and "GUARD_OVERWRITE" in out and "SIZING_VIOLATION" in out
     assert "need   = topk*sum(L)" in out and "=> need > width by" in out
-    assert "programs (s,b,k): (0,0," in out
+    assert "expected owners (s,b,k): (0,0," in out and "written by (s,b,k): (0," in out
     assert "expected" in out and "found" in out and "elements [" in out
     fixed = harness("repro", path, "--device", "cpu", "--sizing", "safe")
     assert fixed.returncode == 0, fixed.stderr
@@ -75,8 +75,8 @@ def test_repro_verbose_shows_every_element_and_the_program_segments(tmp_path, de
     assert run_repro(path, device=device, out=short) == 1
     assert run_repro(path, device=device, out=verbose, verbose=True) == 1
     assert len(verbose.getvalue().splitlines()) > len(short.getvalue().splitlines()) + 10
-    assert "writes row 0 [" in verbose.getvalue() and "<-" in verbose.getvalue()
-    assert "writes row" not in short.getvalue()
+    assert "should write row 0 [" in verbose.getvalue() and "<-" in verbose.getvalue()
+    assert "should write row" not in short.getvalue()
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess

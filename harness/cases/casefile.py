@@ -275,8 +275,9 @@ def finding_from_dict(d, where: str) -> Finding:
     require(isinstance(d.get("extra", {}), dict), f"{where}.extra must be a JSON object")
     for sample in _triple_list(d.get("samples", []), f"{where}.samples"):
         require(all(x is None or _is_int(x) for x in sample), f"{where}.samples entries must be integers or null")
-    for program in _triple_list(d.get("programs", []), f"{where}.programs"):
-        require(all(_is_int(x) and x >= 0 for x in program), f"{where}.programs entries must be (s, b, k) integers")
+    for key in ("programs", "writers"):
+        for program in _triple_list(d.get(key, []), f"{where}.{key}"):
+            require(all(_is_int(x) and x >= 0 for x in program), f"{where}.{key} entries must be (s, b, k) integers")
     return Finding.from_dict(d)
 
 

@@ -58,7 +58,10 @@ class Finding:
     ``region`` is ``front guard``, ``row S``, ``slack of row S``, ``guard after row S`` or ``tail``;
     ``start``/``stop`` are element offsets inside that region (row-relative for rows and slack).
     ``samples`` holds a few ``(region offset, expected, found)`` triples; ``programs`` the ``(s, b, k)``
-    whose predicted segments (or kv_indptr columns) cover the run.
+    whose predicted segments (or kv_indptr columns) cover the run: its expected owners. ``writers`` the
+    ``(s, b, k)`` that wrote what was found there: the programs the oracle expects to store each found
+    value (token tables hold distinct values, so a value names where it was copied from), those of the
+    run's own row first, then of the row before it (a spill); empty when no program stores such a value.
     """
 
     kind: Kind
@@ -69,6 +72,7 @@ class Finding:
     samples: List[Tuple[int, Optional[int], Optional[int]]] = field(default_factory=list)
     programs: List[Tuple[int, int, int]] = field(default_factory=list)
     detail: str = ""
+    writers: List[Tuple[int, int, int]] = field(default_factory=list)
     #: Structured facts of findings from outside tools (compute-sanitizer: access, address, thread, ...).
     extra: dict = field(default_factory=dict)
 
@@ -82,6 +86,7 @@ class Finding:
         d["count"] = self.count
         d["samples"] = [list(x) for x in self.samples]
         d["programs"] = [list(p) for p in self.programs]
+        d["writers"] = [list(p) for p in self.writers]
         return d
 
     @classmethod
@@ -96,6 +101,7 @@ class Finding:
             programs=[tuple(p) for p in d.get("programs", [])],
             detail=d.get("detail", ""),
             extra=dict(d.get("extra", {})),
+            writers=[tuple(p) for p in d.get("writers", [])],
         )
 
     def headline(self) -> str:
@@ -110,7 +116,11 @@ class Finding:
         if self.programs:
             shown = ", ".join("(" + ",".join(str(i) for i in p) + ")" for p in self.programs[:4])
             more = f" +{len(self.programs) - 4}" if len(self.programs) > 4 else ""
-            parts.append(f"programs {shown}{more}")
+            parts.append(f"expected owners {shown}{more}")
+        if self.writers:
+            shown = ", ".join("(" + ",".join(str(i) for i in p) + ")" for p in self.writers[:4])
+            more = f" +{len(self.writers) - 4}" if len(self.writers) > 4 else ""
+            parts.append(f"written by {shown}{more}")
         if self.detail:
             parts.append(self.detail)
         return "; ".join(parts)

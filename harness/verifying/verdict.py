@@ -117,11 +117,49 @@ def _programs_for_indptr(buf: GuardedBuffer, topk: int, bs: int, lo: int, hi: in
     return out
 
 
+#: Distinct found values of one run looked up for their writers (a run of more shows the first ones').
+MAX_WRITER_VALUES = 256
+
+
+def _writers_for_indices(buf: GuardedBuffer, case, after: torch.Tensor):
+    """``writers(lo, hi)``: the programs the oracle expects to store the values found in flat ``[lo, hi)``
+    (a token value names the request and position it was copied from): of those, the ones whose segment
+    (placed physically, a spill included) covers the run, else those of its row, else of the row before
+    it (a spill), else all. The index is built on the first call, from the plain oracle (a dirty case only)."""
+    index: Dict[int, List[Tuple[int, int, int, int, int]]] = {}
+
+    def build():
+        ws = case.expected()
+        for g in ws.segments:
+            a, z = buf.flat_index(g.s, g.start), buf.flat_index(g.s, g.stop)
+            for e in range(g.start, g.stop):
+                v = ws.kv_indices.get((g.s, e))
+                if v is not None:
+                    index.setdefault(v, []).append((g.s, g.b, g.k, a, z))
+        index.setdefault(None, [])  # built, even for an empty write set
+
+    def writers(lo: int, hi: int) -> List[Tuple[int, int, int]]:
+        if not index:
+            build()
+        found = set(after[lo:hi].unique()[:MAX_WRITER_VALUES].tolist())
+        candidates = {c for v in found for c in index.get(v, ())}
+        row = buf.region_of(lo).row  # a guard after row S counts as row S (its spill); None in front or tail
+        for keep in (lambda c: c[3] < hi and lo < c[4], lambda c: c[0] == row, lambda c: c[0] == row - 1
+                     if row is not None else False, lambda c: True):
+            chosen = sorted({c[:3] for c in candidates if keep(c)})
+            if chosen:
+                return chosen
+        return []
+
+    return writers
+
+
 def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos: torch.Tensor, val: torch.Tensor,
-             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute,
+             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute, writers=None,
              either: Optional[Dict[int, Tuple[int, ...]]] = None) -> List[Finding]:
     """Findings for one buffer: every element whose value after the launch is not the expected one
-    (``either``: positions where any of several values is right)."""
+    (``either``: positions where any of several values is right). ``writers(lo, hi)``, when given, names
+    who wrote a run's found values (not for a missing write: nothing was written there)."""
     expected = before.clone()
     expected[pos] = val
     if either:
@@ -171,7 +209,8 @@ def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos:
         sample_idx = flat_list[i0: min(i1, i0 + MAX_SAMPLES)]
         samples = [(buf.region_of(f, used).offset, int(expected[f]), int(after[f])) for f in sample_idx]
         findings.append(Finding(kinds[codes[i0]], buf.name, region, first.offset, first.offset + (hi - lo),
-                                samples, attribute(lo, hi)))
+                                samples, attribute(lo, hi),
+                                writers=writers(lo, hi) if writers is not None and codes[i0] != 2 else []))
         if len(findings) == MAX_RUNS and i1 < len(flat_list):
             findings[-1].detail = f"{len(starts) - MAX_RUNS} more runs not listed"
             break
@@ -208,6 +247,7 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     findings += classify(kvi, obs.before["kv_indices"], obs.after["kv_indices"], expected.indices_pos,
                          expected.indices_val, used=used, in_set_kind=None,
                          attribute=lambda lo, hi: _programs_for_indices(kvi, expected.segments, lo, hi),
+                         writers=_writers_for_indices(kvi, obs.case, obs.after["kv_indices"]),
                          either=expected.either)
     findings += classify(kvp, obs.before["kv_indptr"], obs.after["kv_indptr"], expected.indptr_pos,
                          expected.indptr_val, used=[expected.bs + 1] * kvp.rows, in_set_kind=Kind.INDPTR_MISMATCH,

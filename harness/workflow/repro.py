@@ -138,12 +138,17 @@ def finding_lines(i: int, f: Finding, *, obs=None, expected_writes=None, verbose
         limit = VERBOSE_PROGRAMS if verbose else 6
         shown = ", ".join(f"({s},{b},{k})" for s, b, k in f.programs[:limit])
         more = f" and {len(f.programs) - limit} more" if len(f.programs) > limit else ""
-        out.append(f"    programs (s,b,k): {shown}{more}")
+        out.append(f"    expected owners (s,b,k): {shown}{more}")
         if verbose and expected_writes is not None:
             wanted = set(map(tuple, f.programs[:limit]))
             for s, b, k, start, stop in expected_writes.segments:
                 if (s, b, k) in wanted:
-                    out.append(f"      ({s},{b},{k}) writes row {s} [{start}, {stop})")
+                    out.append(f"      ({s},{b},{k}) should write row {s} [{start}, {stop})")
+    if f.writers:
+        limit = VERBOSE_PROGRAMS if verbose else 6
+        shown = ", ".join(f"({s},{b},{k})" for s, b, k in f.writers[:limit])
+        more = f" and {len(f.writers) - limit} more" if len(f.writers) > limit else ""
+        out.append(f"    written by (s,b,k): {shown}{more} (the programs whose values were found there)")
     return out
 
 
