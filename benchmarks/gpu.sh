@@ -26,6 +26,9 @@
 #   contract-shipped 200      h200_contract_shipped_matrix.json  the plug-in contracts under each release's own widths
 #                                                                over 20 seeds, SGLang 0.5.23's kernels (needs
 #                                                                contract-cache/, below), compiled, CUDA graphs
+#   kill-time        560      h200_kill_time.json                time to a kill: the plain default command per shipped
+#                                                                mutant x 10 seeds, search seconds (not in the default
+#                                                                list; run it again to resume a cut file)
 #   plain-mutants    560      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
 #                                                                run per GPU, or 8 sharing one GPU (not in the
 #                                                                default list; run it again to resume a cut file)
@@ -40,7 +43,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests contracts contract-shipped"
-EXTRA="plain-mutants"
+EXTRA="plain-mutants kill-time"
 mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {
@@ -181,6 +184,23 @@ run_contract_shipped() {
     --device cuda --out reports/out/h200-contract-shipped --json "$RESULTS/h200_contract_shipped_matrix.json" \
     > "$LOGS/contract_shipped.txt" 2>&1
   [ $? -le 1 ]  # 1: overflows found, as the CPU run of the same releases says
+}
+
+run_kill_time() {
+  # Time to a kill: the plain default command per shipped mutant, 8 runs sharing one GPU (2 cores, --jobs 2
+  # each), search time (first failure less the first worker ready) over 10 seeds; a cut file is resumed.
+  local file="$RESULTS/h200_kill_time.json" resume=()
+  if [ -f "$file" ] && python -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('complete') is not False)" \
+      "$file"; then
+    resume=(--resume "$file")
+  fi
+  timeout "${KILL_SECONDS:-560}" python benchmarks/plain_fuzz_mutants.py --device cuda --parallel 8 \
+    --gpus 0,0,0,0,0,0,0,0 --seeds 10 --reference-seeds 0 --max-seconds "$(( ${KILL_SECONDS:-560} - 60 ))" \
+    --run-timeout 40 --json "$file" "${resume[@]}" -- --jobs 2 --max-seconds 15 --max-gpu-mem 10G \
+    > "$LOGS/kill_time.txt" 2>&1
+  local rc=$?
+  [ "$rc" -eq 3 ] && return 0  # cut (INCOMPLETE): the file holds the seeds run so far; run the part again
+  return $rc
 }
 
 run_tests() {
