@@ -36,9 +36,9 @@ def wheels(tmp_path_factory) -> Path:
     return folder
 
 
-def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_path):
+def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_path, device):
     cache, out = tmp_path / "cache", tmp_path / "out"
-    proc = kvfence("affected", "--device", "cpu", "--out", str(out), "0.0.7", "--attention-backend", "triton",
+    proc = kvfence("affected", "--device", device, "--out", str(out), "0.0.7", "--attention-backend", "triton",
                    "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
                    "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2",
                    cache=cache, wheel_dir=wheels)
@@ -53,14 +53,14 @@ def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_p
     assert "ctx" in line.split("AFFECTED")[1]
     case = line.split("case: ")[1].split(";")[0]
     assert Path(case).is_file()
-    replay = kvfence("repro", case, "--device", "cpu", cache=cache, wheel_dir=wheels)
+    replay = kvfence("repro", case, "--device", device, cache=cache, wheel_dir=wheels)
     assert replay.returncode == 1, replay.stdout + replay.stderr
 
 
-def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path):
+def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path, device):
     cache = tmp_path / "cache"
     for version, name in (("0.0.7", "flashinfer"), ("0.0.8", "triton")):
-        proc = kvfence("affected", "--device", "cpu", "--out", str(tmp_path / "out"), version,
+        proc = kvfence("affected", "--device", device, "--out", str(tmp_path / "out"), version,
                        "--attention-backend", name, "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
                        "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2",
                        cache=cache, wheel_dir=wheels)
@@ -68,12 +68,12 @@ def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path
         assert "NOT AFFECTED" in proc.stdout and "AFFECTED;" not in proc.stdout.replace("NOT AFFECTED", "")
 
 
-def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path):
+def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path, device):
     cache = tmp_path / "cache"
     launch = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--speculative-algorithm", "EAGLE",
               "--attention-backend", "triton", "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
               "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2"]
-    proc = kvfence("affected", "--device", "cpu", "--out", str(tmp_path / "o"), "0.0.7", *launch, cache=cache,
+    proc = kvfence("affected", "--device", device, "--out", str(tmp_path / "o"), "0.0.7", *launch, cache=cache,
                    wheel_dir=wheels)
     assert proc.returncode == 1 and "AFFECTED" in proc.stdout, proc.stdout + proc.stderr
     one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--speculative-eagle-top", "2",
