@@ -64,9 +64,10 @@ def contended(in_row: Dict[int, int], stores) -> Dict[int, Tuple[int, ...]]:
     return {flat: tuple(sorted(vs)) for flat, vs in values.items()}
 
 
-def expected_from_oracle(obs) -> ExpectedWrites:
-    """Build ``ExpectedWrites`` from the plain oracle (``Case.expected``): the reference path."""
-    ws = obs.case.expected()
+def expected_from_oracle(obs, ws=None) -> ExpectedWrites:
+    """Build ``ExpectedWrites`` from the plain oracle (``Case.expected``, or its write set ``ws`` when the
+    caller has it already): the reference path."""
+    ws = obs.case.expected() if ws is None else ws
     kvi, kvp = obs.kv_indices, obs.kv_indptr
     pos, val, spills = [], [], []
     for (s, e), v in ws.kv_indices.items():
@@ -121,7 +122,7 @@ def _programs_for_indptr(buf: GuardedBuffer, topk: int, bs: int, lo: int, hi: in
 MAX_WRITER_VALUES = 256
 
 
-def _writers_for_indices(buf: GuardedBuffer, case, after: torch.Tensor):
+def _writers_for_indices(buf: GuardedBuffer, write_set, after: torch.Tensor):
     """``writers(lo, hi)``: the programs the oracle expects to store the values found in flat ``[lo, hi)``
     (a token value names the request and position it was copied from): of those, the ones whose segment
     (placed physically, a spill included) covers the run, else those of its row, else of the row before
@@ -129,7 +130,7 @@ def _writers_for_indices(buf: GuardedBuffer, case, after: torch.Tensor):
     index: Dict[int, List[Tuple[int, int, int, int, int]]] = {}
 
     def build():
-        ws = case.expected()
+        ws = write_set()
         for g in ws.segments:
             a, z = buf.flat_index(g.s, g.start), buf.flat_index(g.s, g.stop)
             for e in range(g.start, g.stop):
@@ -221,8 +222,13 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     """All findings of one ``Observation``; ``expected`` defaults to the plain oracle's write set."""
     findings: List[Finding] = []
     config = obs.case.config
-    if expected is None:
-        expected = expected_from_oracle(obs)
+    oracle_ws = obs.case.expected() if expected is None else None
+    if expected is None:  # the oracle's write set, computed once: the expected writes, and a dirty case's writers
+        expected = expected_from_oracle(obs, oracle_ws)
+
+    def write_set():
+        return oracle_ws if oracle_ws is not None else obs.case.expected()
+
     width = obs.kv_indices.width
     host = shipped_sizing.check_verdict(config.sizing, config.topk, config.num_steps, obs.launch.num_seqs,
                                  sum(obs.launch.seq_lens), width, expected.need)
@@ -247,7 +253,7 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
     findings += classify(kvi, obs.before["kv_indices"], obs.after["kv_indices"], expected.indices_pos,
                          expected.indices_val, used=used, in_set_kind=None,
                          attribute=lambda lo, hi: _programs_for_indices(kvi, expected.segments, lo, hi),
-                         writers=_writers_for_indices(kvi, obs.case, obs.after["kv_indices"]),
+                         writers=_writers_for_indices(kvi, write_set, obs.after["kv_indices"]),
                          either=expected.either)
     findings += classify(kvp, obs.before["kv_indptr"], obs.after["kv_indptr"], expected.indptr_pos,
                          expected.indptr_val, used=[expected.bs + 1] * kvp.rows, in_set_kind=Kind.INDPTR_MISMATCH,
