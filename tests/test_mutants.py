@@ -47,16 +47,17 @@ def test_shipped_mutants_are_well_formed(device):
 
 
 def test_every_mutant_is_detected_and_the_reference_is_clean(device):
-    """Unpinned draws from the CPU domain catch every CPU mutant; the scale mutants stay unreachable
-    there (they need sizes the interpreter never draws); the reference stays clean."""
-    from kvfence.workflow.mutants import run_all
+    """Unpinned draws from the CPU domain catch every CPU mutant; the reference stays clean. (The scale
+    mutants need sizes the interpreter never draws: their rows would spend the whole budget each, a third of
+    this test's time, to show a miss; the GPU self-test runs them.)"""
+    from kvfence.workflow.mutants import discover, run_all
 
-    report = run_all(device, max_examples=60, seeds=[0])
+    # The reference over the mutants' own 60 draws per seed (the CLI's default doubles it).
+    report = run_all(device, max_examples=60, reference_examples=60, seeds=[0],
+                     names=[m.name for m in discover() if m.name not in SCALE])
     missed = [m.name for m in report.mutants if m.expected and not m.detected]
     assert not missed, f"mutants not detected: {missed}"
-    reached = [m.name for m in report.mutants if not m.expected and m.detected]
-    assert not reached, f"scale mutants detected on the CPU domain: {reached}"
-    assert {m.name for m in report.mutants if not m.expected} == SCALE
+    assert all(m.expected for m in report.mutants)
     # One reference row per contract the mutants break (docs/contract.md §6): draft and window-rail.
     assert [r.detected for r in report.reference] == [False, False]
     assert report.passed

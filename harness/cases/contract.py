@@ -25,7 +25,9 @@ What a record says (docs/contract.md §9 for the page-table builders, the first 
   ``findings_before_launch(case, width)`` the contract's own arithmetic findings (e.g. a truncated table);
 * its sizing: ``sizings``, named policies ``case -> width``;
 * its planted mutants (``mutants``: name, docstring, ``PATCH`` on ``reference_kernel``, ``DETECTS``);
-* its structural key: ``structural_key(case, width)``, what changes where the kernel writes;
+* its structural key: ``structural_key(case, width)``, what changes where the kernel writes; for the checking
+  worker, ``compile_key`` (what a launch's compiled specialization depends on: a new one may compile first)
+  and ``elements`` (how much work a launch is: its time limit scales with it);
 * its shipped sizing (optional): ``shipped_sites``, where SGLang's backends size the table and which lengths
   they pass (``ShippedSite``, read from each wheel by ``kvfence.cases.contract_shipped``), and
   ``wall_case(ctx, page_size, draft_tokens, length)``, the one-request launch at a committed length, on
@@ -39,18 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from kvfence.cases.findings import ContractKind  # noqa: F401 - a contract's kinds are declared with it
 from kvfence.errors import BadInput, require
 
 ENTRY_POINT_GROUP = "kvfence.contracts"
-
-
-class ContractKind(str):
-    """A finding kind a contract declares (``Contract.kinds``). Behaves like ``Kind`` where findings are
-    written (``.value``), so ``Finding`` carries it unchanged."""
-
-    @property
-    def value(self) -> str:
-        return str(self)
 
 
 @dataclass(frozen=True)
@@ -174,6 +168,17 @@ class Contract(abc.ABC):
     def structural_key(self, case, width: int) -> tuple:
         return (repr(self.case_to_dict(case)), width)
 
+    def compile_key(self, case, width: int) -> tuple:
+        """What a launch's compiled specialization depends on (its constexprs and shapes): a launch with a
+        key the checking worker has not run yet may compile first, and gets the warm-up allowance on top of
+        its time limit. The default (the structural key) errs towards allowing a compile."""
+        return self.structural_key(case, width)
+
+    def elements(self, case, width: int) -> int:
+        """Roughly how much work one check of ``case`` is, in elements (its time limit scales with it):
+        by default every element of its tables."""
+        return sum((t.rows or 1) * t.width for t in self.tables(case, width))
+
     def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int):
         """One request of committed length ``length`` launched with ``draft_tokens`` added, as the shipped
         sites pass it (contracts with ``shipped_sites`` define it)."""
@@ -202,6 +207,18 @@ def _entry_points() -> Dict[str, str]:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             _REGISTRY.setdefault(ep.name, ep.value)
     return _REGISTRY
+
+
+def entry(name: str) -> str:
+    """The ``module:attr`` a registered contract is loaded from (a checking worker loads it the same way)."""
+    get(name)
+    return _entry_points()[name]
+
+
+def register(name: str, spec: str) -> None:
+    """Register ``name`` as loaded from ``spec`` (``module:attr``) in this process, as an entry point would;
+    a name registered already keeps its entry."""
+    _entry_points().setdefault(name, spec)
 
 
 def names() -> List[str]:

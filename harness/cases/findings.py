@@ -51,6 +51,23 @@ class Kind(str, enum.Enum):
     SANITIZER_TOOL_ERROR = "SANITIZER_TOOL_ERROR"
 
 
+class ContractKind(str):
+    """A finding kind a plug-in contract declares (``kvfence.cases.contract.Contract.kinds``). Behaves like
+    ``Kind`` where findings are written (``.value``), so ``Finding`` carries it unchanged."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
+def kind_of(value: str, declared=()) -> "Kind | ContractKind":
+    """The kind ``value`` names: a common ``Kind``, or one of ``declared`` (a contract's own kinds);
+    ``ValueError`` for any other."""
+    if value in declared:
+        return ContractKind(value)
+    return Kind(value)
+
+
 @dataclass
 class Finding:
     """One contiguous run of bad elements (or one launch-level problem).
@@ -90,9 +107,10 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Finding":
+    def from_dict(cls, d: dict, kinds=()) -> "Finding":
+        """The finding ``to_dict`` wrote; ``kinds``: the contract's own kinds it may carry."""
         return cls(
-            kind=Kind(d["kind"]),
+            kind=kind_of(d["kind"], kinds),
             buffer=d["buffer"],
             region=d["region"],
             start=d.get("start", 0),

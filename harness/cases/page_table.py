@@ -250,6 +250,11 @@ class PageTableContract(Contract):
             module.launch(kernel, full_to_swa=buffers.get("full_to_swa"), page_table=buffers["page_table"],
                           swa_page_table=buffers.get("swa_page_table"), **common)
 
+    def compile_key(self, case: PageTableCase, width: int) -> tuple:
+        """The kernels' constexprs: the page size and both row strides (the width and the pool row's length,
+        each plus the guard), and which optional inputs are passed."""
+        return case.page_size, width, case.pool_len, case.kv_start is not None, case.swa
+
     def structural_key(self, case: PageTableCase, width: int) -> tuple:
         """What changes where the kernel writes: page size, width, each row's page count and start, SWA;
         not the slot layout's seed nor which pool row is read."""

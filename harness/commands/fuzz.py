@@ -258,8 +258,9 @@ def cmd_fuzz(args) -> int:
 
 
 def _fuzz_contract(args) -> int:
-    """``--contract NAME`` of a plug-in contract: the generic engine (kvfence.workflow.contract_run), in this
-    process, one job. The draft-only flags are refused in one line rather than ignored."""
+    """``--contract NAME`` of a plug-in contract: the generic engine (kvfence.workflow.contract_run), one job,
+    its kernel in a checking worker (``--in-process``: in this process). The draft-only flags are refused in
+    one line rather than ignored."""
     from kvfence.cases import contract as registry
     from kvfence.device import select
     from kvfence.workflow import contract_run
@@ -272,7 +273,7 @@ def _fuzz_contract(args) -> int:
                 f"{flag} is not supported with --contract {record.name} (a plug-in contract runs one job)")
     record.sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     out_dir = _out_dir(args.out)
-    device = select(args.device, announce=_stderr)
+    device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
     seed = args.seed if args.seed is not None else random.randrange(2 ** 32)
     graph = device == "cuda" and args.mode == "graph"
     progress = None if args.quiet else _stderr
@@ -281,12 +282,14 @@ def _fuzz_contract(args) -> int:
                  f"seed {seed}, {'CUDA graphs' if graph else 'eager'} on {device}")
     result = contract_run.fuzz(record, args.kernel, args.sizing, device, max_examples=args.max_examples or 200,
                                seed=seed, max_seconds=args.max_seconds, shrink_seconds=args.shrink_seconds,
-                               graph=graph, progress=progress)
+                               graph=graph, progress=progress, isolate=not args.in_process,
+                               case_timeout=args.case_timeout)
     out_dir.mkdir(parents=True, exist_ok=True)
     if result.failed:
         result.case_file = str(contract_run.write_case(out_dir, result, graph))
         contract_run.write_report(out_dir, Path(result.case_file))
-    doc = dict(result.to_dict(), seed=seed, mode="graph" if graph else "eager")
+    doc = dict(result.to_dict(), seed=seed, mode="graph" if graph else "eager",
+               checking="in-process" if args.in_process else "worker")
     (out_dir / "contract-summary.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.json:
         _writable(args.json, "--json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

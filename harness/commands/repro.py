@@ -42,10 +42,10 @@ def _repro_contract(args) -> int:
     from kvfence.device import select
     from kvfence.workflow import contract_run
 
-    device = select(args.device, announce=_stderr)
+    device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
     graph = None if args.mode is None else args.mode == "graph"
     return contract_run.repro(args.file, kernel=args.kernel, sizing=args.sizing, device=device, graph=graph,
-                              verbose=args.verbose)
+                              verbose=args.verbose, in_process=args.in_process, case_timeout=args.case_timeout)
 
 
 def add_parser(sub) -> None:

@@ -13,7 +13,10 @@ shrinking, case files, repro, and the self-test of a contract's mutants. It know
   and only ``reference``, ``mutant:NAME`` and ``sglang==VERSION`` are taken from it; a plug-in kernel must be
   given again with ``--kernel``.
 
-Kernels run in this process (the draft contract's worker isolation does not cover plug-in contracts yet).
+Kernels run in a checking worker (``kvfence.workflow.worker``, the draft contract's worker, through
+``ContractCodec``): a kernel or plug-in that kills, aborts, interrupts or hangs its process is the case's
+``CRASH`` or ``HANG`` finding, never the end of the run. ``isolate=False`` checks in this process (the
+self-test of kvfence's own mutants in the suite, and ``--in-process``).
 """
 
 from __future__ import annotations
@@ -150,6 +153,92 @@ def check(contract: Contract, kernel, case, width: int, device: str, graph: bool
     return findings + verdict(contract, case, width, buffers, before, guarded.snapshot(buffers))
 
 
+# -- the checking worker ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """One case and the row width it is launched with: what a contract's checking worker is sent."""
+
+    case: object
+    width: int
+
+
+class ContractCodec:
+    """A contract's launches on the worker protocol (``kvfence.workflow.worker.DraftCodec`` says the same of
+    draft cases): each as its case file's ``case`` dict and its width, grouped by ``compile_key``. ``kernel``
+    is the kernel spec the launches run with; the self-test changes it between rows, so that one worker
+    serves them all (the worker resolves each spec once)."""
+
+    engine = "contract"
+
+    def __init__(self, contract: Contract, kernel: str):
+        self.contract, self.kernel = contract, kernel
+        self.kinds = tuple(contract.kinds)
+
+    def encode(self, launches) -> dict:
+        return {"kernel": self.kernel, "launches": [[self.contract.case_to_dict(x.case), x.width] for x in launches]}
+
+    def group(self, launch: Launch):
+        return self.kernel, self.contract.compile_key(launch.case, launch.width)
+
+    def elements(self, launch: Launch) -> int:
+        return self.contract.elements(launch.case, launch.width)
+
+
+def worker_options(contract: Contract, graph: bool) -> dict:
+    """What a checking worker needs to load ``contract`` as this process did: its registry entry and the
+    import path it was found on."""
+    from kvfence.cases import contract as registry
+
+    return {"contract": contract.name, "entry": registry.entry(contract.name), "graph": graph,
+            "sys_path": [p for p in sys.path if p]}
+
+
+class _WorkerChecks:
+    """The worker side's session: ``check(launch)`` through ``check``, with the kernel the message names
+    (``kernel``, set by ``decode``); counts launches."""
+
+    def __init__(self, contract: Contract, kernel: str, device: str, graph: bool):
+        self.contract, self.device, self.graph = contract, device, graph
+        self.kernel = resolve_kernel(contract, kernel)  # at start: an unresolvable kernel is BadInput now
+        self.stats = {"launches": 0}
+
+    def check(self, launch: Launch) -> List[Finding]:
+        self.stats["launches"] += 1
+        return check(self.contract, self.kernel, launch.case, launch.width, self.device, self.graph)
+
+
+def worker_side(options: dict, device: str):
+    """``kvfence.workflow.worker.WORKER_SIDES["contract"]``: load the contract and resolve its kernel here, in
+    the worker (a plug-in's import runs in this process only), and decode each message's launches as case
+    files are decoded (``case_from_dict`` validates them)."""
+    from kvfence.cases import contract as registry
+
+    for entry in reversed(options.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    registry.register(options["contract"], options["entry"])
+    record = registry.get(options["contract"])
+    session = _WorkerChecks(record, options["kernel"], device, bool(options["graph"]))
+
+    def decode(message: dict):
+        session.kernel = resolve_kernel(record, message.get("kernel", options["kernel"]))
+        for case, width in message["launches"]:
+            require(type(width) is int and width >= 0, f"a launch's width must be a non-negative int, got {width!r}")
+            yield Launch(record.case_from_dict(case), width)
+
+    return session, decode, lambda launch: record.compile_key(launch.case, launch.width)  # one kernel per message
+
+
+def checking_worker(contract: Contract, kernel_spec: str, device: str, graph: bool, *,
+                    case_timeout: Optional[float] = None):
+    """A ``RemoteSession`` that checks ``contract``'s launches with ``kernel_spec`` in a worker process;
+    ``BadInput`` now when the kernel cannot be resolved there (or its import kills the worker)."""
+    from kvfence.workflow.worker import DEFAULT_CASE_TIMEOUT, RemoteSession
+
+    return RemoteSession(device, kernel_spec, case_timeout=case_timeout or DEFAULT_CASE_TIMEOUT,
+                         codec=ContractCodec(contract, kernel_spec), worker_options=worker_options(contract, graph))
+
+
 def kinds_of(findings: List[Finding]) -> List[str]:
     return sorted({f.kind.value for f in findings})
 
@@ -188,18 +277,41 @@ class _Failed(Exception):
 def fuzz(contract: Contract, kernel_spec: str, sizing: str, device: str, *, max_examples: int = 200,
          seed: int = 0, max_seconds: Optional[float] = None, shrink_seconds: float = 30.0,
          graph: bool = False, progress=None, fail_on: Optional[Tuple[str, ...]] = None,
-         shrink: bool = True) -> FuzzResult:
+         shrink: bool = True, isolate: bool = True, session=None,
+         case_timeout: Optional[float] = None) -> FuzzResult:
     """Draw cases until one fails (or the budget ends), shrink it; ``FuzzResult`` says what was found.
 
     ``fail_on``: only findings of these kinds make a case fail (the self-test of a kernel mutant that shows
     under a buggy sizing, where every overflowing case has the sizing's own findings too). ``shrink=False``:
     the first failing case as drawn (the self-test asks only whether a bug is found, and Hypothesis's
-    shrinker walks large GPU-domain cases for a long time even when no candidate is checked)."""
+    shrinker walks large GPU-domain cases for a long time even when no candidate is checked).
+
+    ``isolate``: launch in a checking worker (``checking_worker``; ``session``: one already started, which
+    the caller closes), so a kernel that dies or hangs is a ``CRASH`` or ``HANG`` finding; otherwise in this
+    process."""
+    policy = contract.sizing(sizing)
+    owned = None
+    if not isolate:
+        kernel = resolve_kernel(contract, kernel_spec)
+        checker = lambda case, width: check(contract, kernel, case, width, device, graph)  # noqa: E731
+    else:
+        if session is None:
+            session = owned = checking_worker(contract, kernel_spec, device, graph, case_timeout=case_timeout)
+        checker = lambda case, width: session.check(Launch(case, width))  # noqa: E731
+    try:
+        return _fuzz(contract, kernel_spec, sizing, device, policy, checker, max_examples=max_examples,
+                     seed=seed, max_seconds=max_seconds, shrink_seconds=shrink_seconds, progress=progress,
+                     fail_on=fail_on, shrink=shrink)
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+def _fuzz(contract, kernel_spec, sizing, device, policy, checker, *, max_examples, seed, max_seconds,
+          shrink_seconds, progress, fail_on, shrink) -> FuzzResult:
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as seeded
 
-    policy = contract.sizing(sizing)
-    kernel = resolve_kernel(contract, kernel_spec)
     result = FuzzResult(contract.name, kernel_spec, sizing, device)
     domain = "gpu" if device == "cuda" else "cpu"
     keys = set()
@@ -228,7 +340,7 @@ def fuzz(contract: Contract, kernel_spec: str, sizing: str, device: str, *, max_
         elif now - state["found_at"] > shrink_seconds:
             return  # the shrink budget is spent: only known failures still fail
         width = policy(case)
-        findings = check(contract, kernel, case, width, device, graph)
+        findings = checker(case, width)
         if fail_on is not None and not {f.kind.value for f in findings} & set(fail_on):
             findings = []
         if state["found_at"] is None:
@@ -310,7 +422,10 @@ def _width(record: Contract, policy_name: str, case, doc: dict, path: Path) -> i
 
 
 def repro(path: Path, *, kernel: Optional[str], sizing: Optional[str], device: str, graph: Optional[bool],
-          verbose: bool = False) -> int:
+          verbose: bool = False, in_process: bool = False, case_timeout: Optional[float] = None) -> int:
+    """Replay a case file and print its findings (1 reproduces, 0 passes). The launch runs in a checking
+    worker, so a case that kills or stalls its process prints its ``CRASH`` or ``HANG`` (``in_process``:
+    here)."""
     record, case, doc = load_case(path)
     spec = kernel or doc["kernel"]
     require(kernel is not None or spec.startswith(TRUSTED_PREFIXES),
@@ -320,7 +435,11 @@ def repro(path: Path, *, kernel: Optional[str], sizing: Optional[str], device: s
     width = _width(record, policy_name, case, doc, path)
     use_graph = (doc.get("mode") == "graph") if graph is None else graph
     require(not use_graph or device == "cuda", "--mode graph needs --device cuda (a captured CUDA graph)")
-    findings = check(record, resolve_kernel(record, spec), case, width, device, use_graph)
+    if in_process:
+        findings = check(record, resolve_kernel(record, spec), case, width, device, use_graph)
+    else:
+        with checking_worker(record, spec, device, use_graph, case_timeout=case_timeout) as worker:
+            findings = worker.check(Launch(case, width))
     print(f"kvfence repro: {record.name}, kernel {spec}, sizing {policy_name} (width {width}), need "
           f"{record.need(case)}, {'graph' if use_graph else 'eager'} on {device}")
     for f in findings[: None if verbose else 12]:
@@ -333,11 +452,12 @@ def repro(path: Path, *, kernel: Optional[str], sizing: Optional[str], device: s
 
 # -- the self-test of a contract's mutants ----------------------------------------------------------------------
 def self_test(contract: Contract, device: str, *, seeds, max_examples: int, names: Optional[List[str]] = None,
-              progress=None, on_row=None) -> dict:
+              progress=None, on_row=None, isolate: bool = True) -> dict:
     """Each mutant fuzzed over ``seeds`` (a kernel mutant under the safe sizing, a sizing mutant as the
-    reference kernel under its sizing; on CUDA in captured graphs); detected when the failure's kinds include one it declares. The
-    reference must be clean under the safe sizing on every seed. ``on_row(report)`` is called after each row
-    with the report so far (``complete`` false), so a run cut short keeps the rows it finished."""
+    reference kernel under its sizing; on CUDA in captured graphs); detected when the failure's kinds include
+    one it declares. The reference must be clean under the safe sizing on every seed. ``on_row(report)`` is
+    called after each row with the report so far (``complete`` false), so a run cut short keeps the rows it
+    finished. ``isolate``: every row checks in one checking worker (``fuzz``), its kernel set per row."""
     # (row, kernel, sizing, kinds it must be found by, kinds that alone make a case fail). A kernel mutant
     # that shows only under a buggy sizing is searched for its own kinds, and paired with the reference under
     # the same sizing and filter, which must stay clean.
@@ -352,6 +472,7 @@ def self_test(contract: Contract, device: str, *, seeds, max_examples: int, name
         targets.append((m.name, f"mutant:{m.name}" if m.patch else "reference", m.sizing or contract.safe_sizing,
                         m.detects, m.detects if both else None))
     rows = []
+    worker = checking_worker(contract, "reference", device, device == "cuda") if isolate else None
 
     def report(complete: bool) -> dict:
         passed = complete and all(r["good"] == r["seeds"] if not r["detects"] else r["good"] >= 0.95 * r["seeds"]
@@ -359,22 +480,28 @@ def self_test(contract: Contract, device: str, *, seeds, max_examples: int, name
         return {"contract": contract.name, "device": device, "max_examples": max_examples, "seeds": list(seeds),
                 "passed": passed, "complete": complete, "rows_planned": len(targets), "rows": rows}
 
-    for name, kernel, sizing, detects, fail_on in targets:
-        runs, row_start = [], time.monotonic()
-        for s in seeds:
-            r = fuzz(contract, kernel, sizing, device, max_examples=max_examples, seed=s, shrink_seconds=0,
-                     graph=device == "cuda", fail_on=fail_on, shrink=False)
-            kinds = r.to_dict()["kinds"]
-            clean_row = not detects
-            ok = (not r.failed) if clean_row else bool(set(kinds) & set(detects))
-            runs.append({"seed": s, "clean" if clean_row else "detected": ok, "kinds": kinds,
-                         "examples": r.examples, "search_s": r.first_failure_s})
-            if progress:
-                progress(f"kvfence: {contract.name} {name} seed {s}: {'ok' if ok else 'NOT OK'} {kinds}")
-        good = sum(1 for x in runs if x.get("detected", x.get("clean")))
-        rows.append({"name": name, "kernel": kernel, "sizing": sizing, "detects": list(detects),
-                     "fail_on": list(fail_on) if fail_on else None, "good": good, "seeds": len(runs),
-                     "seconds": round(time.monotonic() - row_start, 1), "runs": runs})
-        if on_row is not None:
-            on_row(report(False))
+    try:
+        for name, kernel, sizing, detects, fail_on in targets:
+            runs, row_start = [], time.monotonic()
+            if worker is not None:
+                worker.codec.kernel = kernel
+            for s in seeds:
+                r = fuzz(contract, kernel, sizing, device, max_examples=max_examples, seed=s, shrink_seconds=0,
+                         graph=device == "cuda", fail_on=fail_on, shrink=False, isolate=isolate, session=worker)
+                kinds = r.to_dict()["kinds"]
+                clean_row = not detects
+                ok = (not r.failed) if clean_row else bool(set(kinds) & set(detects))
+                runs.append({"seed": s, "clean" if clean_row else "detected": ok, "kinds": kinds,
+                             "examples": r.examples, "search_s": r.first_failure_s})
+                if progress:
+                    progress(f"kvfence: {contract.name} {name} seed {s}: {'ok' if ok else 'NOT OK'} {kinds}")
+            good = sum(1 for x in runs if x.get("detected", x.get("clean")))
+            rows.append({"name": name, "kernel": kernel, "sizing": sizing, "detects": list(detects),
+                         "fail_on": list(fail_on) if fail_on else None, "good": good, "seeds": len(runs),
+                         "seconds": round(time.monotonic() - row_start, 1), "runs": runs})
+            if on_row is not None:
+                on_row(report(False))
+    finally:
+        if worker is not None:
+            worker.close()
     return report(True)

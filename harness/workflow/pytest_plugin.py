@@ -4,7 +4,7 @@ It works in any project that installs kvfence (disable it with ``-p no:kvfence``
 
 * options ``--kvfence-kernel``, ``--kvfence-sizing``, ``--kvfence-device`` (env ``KVFENCE_KERNEL``,
   ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``) and ``--kvfence-network`` (env ``KVFENCE_NETWORK=1``);
-* the Hypothesis profiles ``ci``, ``dev``, ``gpu`` and ``nightly``; the one named by ``HYPOTHESIS_PROFILE``
+* the Hypothesis profiles ``ci``, ``dev``, ``triage``, ``gpu`` and ``nightly``; the one named by ``HYPOTHESIS_PROFILE``
   (or the ini option ``kvfence_hypothesis_profile``) is loaded; ``KVFENCE_DATABASE`` layers an example
   database on it;
 * markers ``gpu``, ``cpu_only``, ``interpreter``, ``slow``, ``network``, ``redis``;
@@ -53,12 +53,16 @@ _REPRO = re.compile(r"repro: (python -m kvfence repro .+)$", re.M)
 def register_profiles() -> None:
     """kvfence's Hypothesis profiles. Interpreter launches cost milliseconds each: no deadline, and the
     "too slow" health check is noise."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     quiet = [HealthCheck.too_slow, HealthCheck.data_too_large]
     settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, print_blob=True,
                               suppress_health_check=quiet)
     settings.register_profile("dev", max_examples=15, deadline=None, print_blob=True, suppress_health_check=quiet)
+    # "Does this kernel fail?" at once: the first failing example as drawn, not shrunk (shrinking a
+    # draft-kernel case through the interpreter takes about a minute).
+    settings.register_profile("triage", max_examples=15, deadline=None, print_blob=True, suppress_health_check=quiet,
+                              phases=(Phase.explicit, Phase.reuse, Phase.generate))
     settings.register_profile("gpu", max_examples=500, deadline=None, print_blob=True, suppress_health_check=quiet)
     settings.register_profile("nightly", max_examples=5000, deadline=None, print_blob=True,
                               suppress_health_check=list(HealthCheck))
@@ -122,7 +126,7 @@ def _load_profile(config) -> None:
         settings.load_profile(name)
     except InvalidArgument:
         raise pytest.UsageError(f"kvfence: Hypothesis profile {name!r} is not registered "
-                                "(kvfence registers ci, dev, gpu and nightly)") from None
+                                "(kvfence registers ci, dev, triage, gpu and nightly)") from None
 
 
 def _load_example_database(config) -> None:

@@ -88,11 +88,6 @@ def case_elements(case: Case) -> int:
     return c.num_steps * (s["width"] + s["need"]) + c.pool_rows * c.pool_len + PROGRAM_ELEMENTS * programs
 
 
-def case_time_limit(case: Case, case_timeout: float, *, warmup: float = 0.0) -> float:
-    """Seconds ``case`` may run: ``case_timeout`` per started ``ELEMENTS_PER_TIMEOUT`` elements, plus ``warmup``."""
-    return case_timeout * (1 + case_elements(case) // ELEMENTS_PER_TIMEOUT) + warmup
-
-
 def _signal_name(code: int) -> str:
     if code < 0:
         try:
@@ -222,6 +217,54 @@ class _Decoder:
             yield Case(t.config, Batch(tuple(seq_lens), tuple(rows), token_seed, v2p_seed), t.kernel, t.canary_seed)
 
 
+class DraftCodec:
+    """What the worker protocol needs to know about the draft contract's cases (``kvfence.cases.case.Case``):
+    their wire form (``encode_cases``), which cases form one run the worker may check as one batch (one
+    config and canary seed, ``group``), and how much work one is (``elements``, for its time limit).
+
+    A plug-in contract's codec (``kvfence.workflow.contract_run.ContractCodec``) says the same for its cases;
+    ``engine`` names the worker side that decodes them (``WORKER_SIDES``)."""
+
+    engine = "draft"
+
+    def __init__(self) -> None:
+        self._config_dicts: Dict[object, dict] = {}
+
+    def encode(self, cases: Sequence[Case]) -> dict:
+        return encode_cases(cases, self._config_dicts)
+
+    @staticmethod
+    def group(case: Case):
+        return case.config, case.canary_seed
+
+    @staticmethod
+    def elements(case: Case) -> int:
+        return case_elements(case)
+
+
+def _draft_worker_side(options: dict, device: str):
+    """The draft contract's worker side: ``(session, decode, group)``."""
+    from kvfence.cases.casefile import case_from_dict
+    from kvfence.verifying.session import Session
+
+    session = Session(device, options["kernel"], poison=options["poison"], verifier=options["verifier"],
+                      audit=options["audit"], absorb=options["absorb"], max_bytes=options["max_bytes"])
+    return session, _Decoder(case_from_dict).cases, DraftCodec.group
+
+
+#: ``codec.engine`` -> the function (``module:attr``) that builds the worker side from the options:
+#: ``(session with check() and stats, decode(message) -> cases, group(case) -> run key)``.
+WORKER_SIDES = {"draft": "kvfence.workflow.worker:_draft_worker_side",
+                "contract": "kvfence.workflow.contract_run:worker_side"}
+
+
+def _worker_side(options: dict, device: str):
+    import importlib
+
+    module, _, attr = WORKER_SIDES[options.get("engine", "draft")].partition(":")
+    return getattr(importlib.import_module(module), attr)(options, device)
+
+
 def _worker_main(conn, progress, options: dict) -> None:
     """Entry point of the worker process: set up the device and session, then serve ``check`` messages."""
     # Ctrl-C in a terminal reaches the whole process group: the supervisor decides when the worker ends.
@@ -231,11 +274,7 @@ def _worker_main(conn, progress, options: dict) -> None:
         from kvfence.device import select
 
         device = select(options["device"])
-        from kvfence.cases.casefile import case_from_dict
-        from kvfence.verifying.session import Session
-
-        session = Session(device, options["kernel"], poison=options["poison"], verifier=options["verifier"],
-                          audit=options["audit"], absorb=options["absorb"], max_bytes=options["max_bytes"])
+        session, decode, group = _worker_side(options, device)
     except BadInput as exc:
         _send(conn, {"op": "bad_input", "message": str(exc)})
         return
@@ -246,7 +285,6 @@ def _worker_main(conn, progress, options: dict) -> None:
         import torch
 
         torch.zeros(1, device="cuda")
-    decoder = _Decoder(case_from_dict)
     _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
     while True:
         try:
@@ -258,15 +296,14 @@ def _worker_main(conn, progress, options: dict) -> None:
         results = []
         fatal = False
         try:
-            cases = list(decoder.cases(message))
+            cases = list(decode(message))
             if message.get("dry"):  # RemoteSession.round_trip: the messaging cost alone
                 results = [[] for _ in cases]
             i = len(results)
             while i < len(cases):
                 progress.value = i + 1  # cases started: the supervisor's clock for HANG and CRASH
                 j = i + 1  # a run of one config goes to Session.check_many (one device round trip)
-                while j < len(cases) and cases[j].config == cases[i].config and \
-                        cases[j].canary_seed == cases[i].canary_seed:
+                while j < len(cases) and group(cases[j]) == group(cases[i]):
                     j += 1
                 if j - i > 1 and hasattr(session, "check_many"):
                     results += _worker_check_many(session, cases[i:j], device)
@@ -354,7 +391,8 @@ class RemoteSession:
                  audit: Optional[bool] = None, absorb: bool = True, max_bytes: Optional[int] = None,
                  case_timeout: float = DEFAULT_CASE_TIMEOUT,
                  warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
-                 spares: Optional[int] = None, background: bool = False):
+                 spares: Optional[int] = None, background: bool = False, codec=None,
+                 worker_options: Optional[dict] = None):
         require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
                 f"--case-timeout must be a positive number of seconds, got {case_timeout!r}")
         self.device = device
@@ -362,8 +400,13 @@ class RemoteSession:
         self.case_timeout = float(case_timeout)
         self.warmup_s = case_timeout * WARMUP_FACTOR.get(device, 1.0) if warmup_s is None else float(warmup_s)
         self.start_timeout = start_timeout
+        #: The contract's cases on the wire (``DraftCodec`` unless a plug-in contract's codec is given,
+        #: with the ``worker_options`` its worker side reads).
+        self.codec = DraftCodec() if codec is None else codec
         self._options = {"device": device, "kernel": kernel, "poison": poison, "verifier": verifier,
                          "audit": audit, "absorb": absorb, "max_bytes": max_bytes}
+        if codec is not None:
+            self._options = dict(worker_options or {}, device=device, kernel=kernel, engine=codec.engine)
         self._proc: Optional[subprocess.Popen] = None
         self._conn = None
         self._progress: Optional[_Counter] = None
@@ -373,8 +416,7 @@ class RemoteSession:
         #: (imports, CUDA context, kernel load from Triton's on-disk cache).
         self._spare_count = SPARES.get(device, 1) if spares is None else spares
         self._spares: List[_Pending] = []
-        self._warm: set = set()  # (config, canary_seed) this worker has run: no warm-up allowance
-        self._config_dicts: Dict[object, dict] = {}
+        self._warm: set = set()  # codec.group keys this worker has run: no warm-up allowance
         #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
         #: (re-run, not reported), and cases with a verdict from a worker.
         self.counters = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0,
@@ -524,16 +566,21 @@ class RemoteSession:
     def _run_limit(self, cases: Sequence[Case], first: int) -> float:
         """Seconds for the run of one config that starts at ``first`` (the worker checks such a run as
         one batch and moves its progress counter once): the sum of its cases' limits."""
-        head = cases[first]
+        head = self.codec.group(cases[first])
         total, i = 0.0, first
-        while i < len(cases) and cases[i].config == head.config and cases[i].canary_seed == head.canary_seed:
-            total += self._limit(cases[i]) if i == first else case_time_limit(cases[i], self.case_timeout)
+        while i < len(cases) and self.codec.group(cases[i]) == head:
+            total += self._limit(cases[i]) if i == first else self._case_limit(cases[i])
             i += 1
         return total
 
-    def _limit(self, case: Case) -> float:
-        warm = (case.config, case.canary_seed) in self._warm
-        return case_time_limit(case, self.case_timeout, warmup=0.0 if warm else self.warmup_s)
+    def _case_limit(self, case, warmup: float = 0.0) -> float:
+        """Seconds ``case`` may run: ``case_timeout`` per started ``ELEMENTS_PER_TIMEOUT`` elements of its work
+        (the codec's measure), plus ``warmup``."""
+        return self.case_timeout * (1 + self.codec.elements(case) // ELEMENTS_PER_TIMEOUT) + warmup
+
+    def _limit(self, case) -> float:
+        warm = self.codec.group(case) in self._warm
+        return self._case_limit(case, 0.0 if warm else self.warmup_s)
 
     def round_trip(self, cases: Sequence[Case]) -> None:
         """Send ``cases`` and get empty verdicts back without running them: what ``check_many`` adds to
@@ -550,7 +597,7 @@ class RemoteSession:
             self._start()
         self._progress.value = 0
         try:
-            message = {"op": "check", "dry": dry, **encode_cases(cases, self._config_dicts)}
+            message = {"op": "check", "dry": dry, **self.codec.encode(cases)}
             self._conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
         except OSError:
             pass  # the worker is already dead: the wait below says so
@@ -566,14 +613,15 @@ class RemoteSession:
         if message["op"] != "results":
             self._raise(message)
         for case in cases[:len(message["results"])]:
-            self._warm.add((case.config, case.canary_seed))
+            self._warm.add(self.codec.group(case))
         self._live = {k: v for k, v in message.get("stats", {}).items() if isinstance(v, (int, float))}
         if message["fatal"]:
             self.counters["deaths"] += 1
             self._prestart()
             self._kill()
         self.counters["cases"] += len(message["results"])
-        return [[Finding.from_dict(f) for f in findings] for findings in message["results"]]
+        kinds = getattr(self.codec, "kinds", ())
+        return [[Finding.from_dict(f, kinds) for f in findings] for findings in message["results"]]
 
     def _await(self, cases: Sequence[Case]) -> dict:
         """The worker's reply to the list in flight; ``_Lost`` if it dies or stalls on a case first."""
