@@ -318,6 +318,7 @@ def _case_file(out: Path) -> dict:
 
 
 @pytest.mark.interpreter  # the planted bug reads on the host: --device cpu in a subprocess
+@pytest.mark.long
 def test_fuzz_with_bulk_saves_the_minimal_case_file_and_it_replays(tmp_path):
     """On the interpreter: a bug the bulk meets first ends as the case file Hypothesis alone gives, whose
     ``repro`` exits 1; the reference kernel passes with the bulk on."""

@@ -224,7 +224,7 @@ def test_the_key_is_the_same_in_another_process():
 
 # -- replay through a real database ---------------------------------------------------------------------
 FIRST = ["fuzz", "--sizing", "prefix", "--device", "cpu", "--max-examples", "40", "--seed", "1", "--quiet",
-         "--shrink-seconds", "20"]
+         "--shrink-seconds", "6"]
 # Another seed and a budget of one example: Hypothesis's first example is its simplest (topk 1), which
 # the prefix policy sizes correctly, so this run is clean unless it replays a stored failure.
 SECOND = ["fuzz", "--sizing", "prefix", "--device", "cpu", "--max-examples", "1", "--seed", "5", "--quiet"]
@@ -259,6 +259,7 @@ def check_replay(tmp_path: Path, database: str) -> None:
 
 
 @pytest.mark.cpu_only
+@pytest.mark.long
 def test_a_directory_database_replays_the_first_runs_failure(tmp_path):
     check_replay(tmp_path, str(tmp_path / "examples"))
 

@@ -173,6 +173,7 @@ def children(pid: int) -> list:
         return []
 
 
+@pytest.mark.long
 def test_chaos_sigkill_of_workers_during_a_fuzz_run_loses_no_failure_and_leaves_valid_json(tmp_path):
     """A fuzz run whose workers are SIGKILLed at random moments still reports its failure, and every
     file it leaves is valid JSON (no torn summary, case file or temp file)."""

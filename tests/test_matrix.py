@@ -81,6 +81,7 @@ def test_matrix_rendering_shows_seen_missed_and_errored_cells():
     assert len(md) == 3 and md[0].startswith("| bug class | eager canary |")
 
 
+@pytest.mark.long
 def test_the_matrix_fills_every_cell_and_never_counts_a_failed_run_as_missed(tmp_path, monkeypatch):
     # End to end on the CPU: canary cells are real repro children under the interpreter; memcheck is the
     # fake tool, first clean (every memcheck cell "missed"), then dying (every memcheck cell "error").

@@ -73,8 +73,15 @@ def test_triton_imported_ahead_of_the_plugin_is_one_line_saying_what_to_change(p
 
 
 # -- skips, with the reason ------------------------------------------------------------------------------
-def fake_config(device: str, network: bool = False):
-    return SimpleNamespace(_kvfence_device=device, getoption=lambda name: {"--kvfence-network": network}[name])
+def fake_config(device: str, network: bool = False, long: bool = False):
+    return SimpleNamespace(_kvfence_device=device,
+                           getoption=lambda name: {"--kvfence-network": network, "--kvfence-long": long}[name])
+
+
+def test_long_tests_skip_unless_asked_for():
+    reasons = pytest_plugin.skip_reasons(fake_config("cpu"), {"long": True})
+    assert len(reasons) == 1 and "--kvfence-long" in reasons[0] and "KVFENCE_LONG=1" in reasons[0], reasons
+    assert pytest_plugin.skip_reasons(fake_config("cpu", long=True), {"long": True}) == []
 
 
 @pytest.fixture

@@ -152,6 +152,7 @@ def test_matrix_over_fake_releases(tmp_path, wheels):
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
+@pytest.mark.long
 def test_matrix_without_a_buggy_release_exits_0_and_offline_reads_the_cache(tmp_path, wheels):
     """The pair of the test above; then offline with no wheels: refusals come from the cache, a release only
     the index listed is 'not cached'."""

@@ -163,6 +163,7 @@ def test_the_oracle_path_sees_a_repeated_input_write_every_time(device, plant, b
 
 
 @pytest.mark.cpu_only  # it runs the CLI with --device cpu (the interpreter)
+@pytest.mark.long
 def test_cli_both_verifiers_writes_the_agreement_table(tmp_path):
     out = tmp_path / "v.json"
     proc = subprocess.run([sys.executable, "-m", "kvfence", "mutants", "--device", "cpu", "--verifiers", "both",

@@ -87,6 +87,7 @@ def test_a_kernel_that_cannot_be_loaded_is_bad_input_before_any_case(device, tmp
         RemoteSession(device, f"{dying}:launch")
 
 
+@pytest.mark.long
 def test_chaos_sigkill_at_random_moments_loses_no_failing_case(device):
     """SIGKILL the worker at random moments over 100 cases: every verdict is still the true one."""
     config = Config(topk=2, num_steps=1, ctx=6, max_bs=1, sizing="prefix", mode="eager")

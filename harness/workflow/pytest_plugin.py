@@ -3,11 +3,12 @@
 It works in any project that installs kvfence (disable it with ``-p no:kvfence``):
 
 * options ``--kvfence-kernel``, ``--kvfence-sizing``, ``--kvfence-device`` (env ``KVFENCE_KERNEL``,
-  ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``) and ``--kvfence-network`` (env ``KVFENCE_NETWORK=1``);
+  ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``), ``--kvfence-network`` (env ``KVFENCE_NETWORK=1``) and
+  ``--kvfence-long`` (env ``KVFENCE_LONG=1``);
 * the Hypothesis profiles ``ci``, ``dev``, ``triage``, ``gpu`` and ``nightly``; the one named by ``HYPOTHESIS_PROFILE``
   (or the ini option ``kvfence_hypothesis_profile``) is loaded; ``KVFENCE_DATABASE`` layers an example
   database on it;
-* markers ``gpu``, ``cpu_only``, ``interpreter``, ``slow``, ``network``, ``redis``;
+* markers ``gpu``, ``cpu_only``, ``interpreter``, ``long``, ``network``, ``redis``;
 * fixtures ``kvfence_device``, ``kvfence_kernel``, ``kvfence_sizing`` and ``kvfence_session`` (a factory of
   cached ``kvfence.verifying.session.Session`` objects);
 * a failing test whose message holds ``repro: python -m kvfence repro ...`` gets that command as its
@@ -42,7 +43,8 @@ MARKERS = (
     "cpu_only: runs kernels under the Triton interpreter in this process; skipped when the session runs on CUDA",
     "interpreter: runs kernels under the Triton CPU interpreter (in a subprocess); skipped with the reason "
     "where the installed triton/numpy pair cannot interpret (kvfence.device.check_interpreter_numpy)",
-    "slow: takes more than a few seconds on the CPU",
+    "long: an end-to-end soak, a benchmark's smoke test or a non-default path, over 15 s on two CPU cores; "
+    "skipped without --kvfence-long / KVFENCE_LONG=1 (tox -e long)",
     "network: downloads from PyPI; skipped without --kvfence-network / KVFENCE_NETWORK=1",
     "redis: needs a local redis-server on PATH; skipped without one",
 )
@@ -72,7 +74,7 @@ register_profiles()
 
 
 def option(config, name: str):
-    """An option's value (``kernel``, ``sizing``, ``device`` or ``network``), from the parsed command line."""
+    """An option's value (``kernel``, ``sizing``, ``device``, ``network`` or ``long``), from the parsed command line."""
     return config.getoption(f"--kvfence-{name}")
 
 
@@ -82,6 +84,8 @@ def pytest_addoption(parser):
         group.addoption(flag, default=os.environ.get(env, default), help=f"{text} (env {env})")
     group.addoption("--kvfence-network", action="store_true", default=os.environ.get("KVFENCE_NETWORK") == "1",
                     help="run tests marked network (they download from PyPI; env KVFENCE_NETWORK=1)")
+    group.addoption("--kvfence-long", action="store_true", default=os.environ.get("KVFENCE_LONG") == "1",
+                    help="run tests marked long (soaks, benchmarks' smoke tests, matrices end to end; env KVFENCE_LONG=1)")
     parser.addini("kvfence_hypothesis_profile", "Hypothesis profile loaded when HYPOTHESIS_PROFILE is unset",
                   default="")
 
@@ -185,6 +189,8 @@ def skip_reasons(config, keywords) -> list:
     reasons = []
     if "network" in keywords and not option(config, "network"):
         reasons.append("downloads from PyPI (run with --kvfence-network or KVFENCE_NETWORK=1)")
+    if "long" in keywords and not option(config, "long"):
+        reasons.append("a long test (run with --kvfence-long or KVFENCE_LONG=1)")
     if "gpu" in keywords and device != "cuda":
         reasons.append("needs CUDA (run with --kvfence-device cuda on a GPU machine)")
     if "cpu_only" in keywords and device != "cpu":
