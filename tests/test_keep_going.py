@@ -27,6 +27,7 @@ def fuzz(*args):
                           text=True, timeout=600, env=env)
 
 
+@pytest.mark.long
 def test_a_crash_and_a_value_bug_are_both_found_shrunk_and_saved_in_one_run(tmp_path):
     out = tmp_path / "out"
     res = fuzz("--kernel", SPEC, "--keep-going", "--max-examples", "80", "--out", out, *SMALL)

@@ -183,6 +183,7 @@ def printed_repro_lines(out: Path, stdout: str) -> dict:
 
 
 @pytest.mark.interpreter  # fuzz --device cpu in a subprocess
+@pytest.mark.long
 def test_every_repro_line_of_a_plugin_run_replays_as_printed(tmp_path):
     """Kernel and sizing are plug-ins named as module:attr from the current folder (no PYTHONPATH)."""
     shutil.copy(ROOT / "kernels" / "draft_kv_indices.py", tmp_path / "my_kernel.py")

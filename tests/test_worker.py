@@ -156,6 +156,7 @@ def child_pids() -> set:
         return set()
 
 
+@pytest.mark.long
 def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(device):
     """Once a session has crashed, replacement workers start in the background (kvfence.workflow.worker.SPARES):
     the next restart adopts one, verdicts stay the true ones, and close() leaves no process behind."""
