@@ -5,9 +5,8 @@ the page-table configs of ``kvfence.strategies.page_table`` (page size, context,
 draft tokens in target verify; ``fa3_metadata_configs`` moves the context to a page boundary in half the
 draws with a delta), committed lengths up to the context (edges at the wall and at pages), and
 the two switches (``ZERO_TAIL`` in one draw in three, with two requests or more where they fit, since its
-mask hides the row clamp and shows only on a row shorter than the table; ``SKIP_PAGE_TABLE``
-in one in eight). Shrinks toward
-page 1, context 1, delta 0, one request of length 1, both switches off.
+mask hides the row clamp and shows only on a row shorter than the table; ``SKIP_PAGE_TABLE`` in one in
+eight). Shrinks toward page 1, context 1, delta 0, one request of length 1, both switches off.
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from kvfence.strategies.page_table import DOMAINS, page_table_configs
 
 @st.composite
 def _batch(draw, page: int, ctx: int, delta: int, domain: str):
+    """One launch of this config: as many requests as the domain's element budget allows at this width,
+    lengths biased to the page and context edges, pool rows permuted with up to two spare, the switches."""
     _, most, max_elements = DOMAINS[domain]
     width = -(-(ctx + delta) // page)
     most = max(1, min(most, max_elements // max(1, width)))
