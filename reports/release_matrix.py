@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from kvfence.reports.markup import Markup, escape, file_href, file_link, html, join
+from kvfence.reports.markup import Markup, escape, file_link, html, join
 
 #: Short cell text per status.
 SHORT = {"clean": "clean", "findings": "findings", "not-applicable": "n/a", "abi-unsupported": "ABI unsupported",
@@ -86,32 +86,41 @@ def _cell_text(cell: dict) -> str:
 
 
 def markdown(doc: dict, out_dir: Path) -> str:
+    """report.md: the table (split by columns to fit ``text_table.WIDTH``), then each release's note and
+    each findings cell's first case file, relative to ``out_dir`` (report.html links them in its cells)."""
+    from kvfence.reports.text_table import markdown_tables, shown_path
+
     grid, cols = _grid(doc), _columns(doc)
-    lines = ["# kvfence upstream release matrix", "", f"**{headline(doc)}**", "", _settings(doc), "",
-             "| release | " + " | ".join(_header(doc, s, c) for s, c in cols) + " | note |",
-             "|---|" + "---|" * len(cols) + "---|"]
+    lines = ["# kvfence upstream release matrix", "", f"**{headline(doc)}**", "", _settings(doc), ""]
+    rows, notes, files = [], [], []
     for release in doc["releases"]:
         v = release["version"]
         cells = [grid.get((v, s, c)) for s, c in cols]
         row = []
-        for cell in cells:
+        for (sizing, contract), cell in zip(cols, cells):
             if cell is None:
                 row.append(SHORT["pending"])
                 continue
             text = _cell_text(cell)
-            if cell["case_files"]:
-                href = file_href(cell["case_files"][0], out_dir)
-                text = f"[{text}]({href})" if href else text
             row.append(text if cell["status"] != "findings" else f"**{text}**")
-        note = _release_note(release, [c for c in cells if c]).replace("|", "\\|")
-        lines.append(f"| {v} | " + " | ".join(row) + f" | {note} |")
+            if cell["case_files"]:
+                files.append(f"- {v} {_header(doc, sizing, contract)}: {shown_path(cell['case_files'][0], out_dir)}")
+        rows.append([v, *row])
+        note = _release_note(release, [c for c in cells if c])
+        if note:
+            notes.append(f"- {v}: {note}")
+    lines += markdown_tables(["release"] + [_header(doc, s, c) for s, c in cols], rows)
     counts = _counts(doc)
-    lines += ["", "Cells: " + ", ".join(f"{n} {SHORT.get(s, s)}" for s, n in sorted(counts.items())), "",
-              "## Legend", ""]
+    lines += ["", "Cells: " + ", ".join(f"{n} {SHORT.get(s, s)}" for s, n in sorted(counts.items()))]
+    if notes:
+        lines += ["", "## Notes", ""] + notes
+    if files:
+        lines += ["", "## Case files (replay one with `kvfence repro FILE`)", ""] + files
+    lines += ["", "## Legend", ""]
     lines += [f"* **{SHORT.get(s, s)}** — {text}" for s, text in doc["statuses"].items()]
     lines += [f"* a correct sizing is {', '.join(doc.get('safe_sizings', []))}: a finding there is a bug in the "
               "release (exit 1); findings under the other sizings are the expected overflows of those policies",
-              "* a findings cell links its first case file; replay it with `kvfence repro FILE`", ""]
+              "* a findings cell's first case file is listed under Case files", ""]
     return "\n".join(lines)
 
 

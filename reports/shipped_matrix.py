@@ -5,50 +5,60 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Tuple
-
-#: Short names of the backends' classes in column headers (the full name is in the legend).
-_SUFFIX = "MultiStepDraftBackend"
-
+from typing import Dict, List, Optional, Tuple
 
 def short(backend: str) -> str:
-    return backend[:-len(_SUFFIX)] if backend.endswith(_SUFFIX) else backend
+    """A backend class as a deployer names it: SGLang's ``--attention-backend`` (the legend gives the class)."""
+    from kvfence.workflow.affected import attention_backend_name
+
+    return attention_backend_name(backend)
 
 
-#: A cell's status in the table, short.
-SHORT = {"silent overflow": "OVERFLOW", "host check fires": "check fires", "host check rejects a fitting case":
-         "check too strict", "clean": "clean", "topk > 1 refused": "clean (topk>1 refused)", "unreadable": "unreadable",
-         "no buffer": "no buffer", "not cached": "not cached", "error": "ERROR"}
+#: A cell's status in the table, in a few letters (the legend spells each out).
+CODE = {"silent overflow": "OVF", "host check fires": "fires", "host check rejects a fitting case": "strict",
+        "clean": "ok", "topk > 1 refused": "ok*", "unreadable": "unread", "no buffer": "none",
+        "not cached": "n/c", "error": "ERROR"}
+CODE_LEGEND = {"OVF": "silent overflow at ordinary lengths", "wall": "silent overflow, only at the context limit",
+               "fires": "the host check fires (the launch is refused, loudly)",
+               "strict": "the host check rejects a case that fits", "ok": "clean", "none": "no buffer to size",
+               "unread": "the sizing could not be read", "n/c": "not cached", "ERROR": "the cell could not be checked",
+               "*": "the backend refuses topk > 1 (its verdict covers topk 1)", "-": "the release has no such backend",
+               "A/B": "graph mode A, eager mode B (one code when both agree)"}
 
 
 def cell_text(cell: dict) -> str:
-    """Short: the status, and for an overflow whether it needs the context limit."""
-    text = SHORT.get(cell["status"], cell["status"])
+    """Short: the status's code, for an overflow whether it needs the context limit, ``*`` when the backend
+    refuses topk > 1."""
+    text = CODE.get(cell["status"], cell["status"])
     c = cell.get("case")
-    if cell["status"] == "silent overflow" and c:
-        text += " at ctx limit" if c["at_context_limit"] else " at ordinary lengths"
+    if cell["status"] == "silent overflow" and c and c["at_context_limit"]:
+        text = "wall"
     if cell.get("refuses_topk") and cell["status"] != "topk > 1 refused":
-        text += " (topk>1 refused)"
+        text += "*"
     return text
 
 
-def columns(doc: dict) -> List[str]:
-    """``BACKEND MODE`` of every cell of any release, backends in name order, graph before eager."""
-    backends = sorted({c["backend"] for row in doc["rows"] for c in row["cells"]})
-    return [f"{b} {m}" for b in backends for m in ("graph", "eager")]
+def backends(doc: dict) -> List[str]:
+    """Every backend class of any release, in name order."""
+    return sorted({c["backend"] for row in doc["rows"] for c in row["cells"]})
 
 
-def _signature(row: dict, cols: List[str]) -> tuple:
-    by = {f"{c['backend']} {c['mode']}": cell_text(c) for c in row["cells"]}
-    return (row["note"],) + tuple(by.get(c, "-") for c in cols)
+def _signature(row: dict, names: List[str]) -> tuple:
+    by = {(c["backend"], c["mode"]): cell_text(c) for c in row["cells"]}
+
+    def both(b: str) -> str:
+        graph, eager = by.get((b, "graph"), "-"), by.get((b, "eager"), "-")
+        return graph if graph == eager else f"{graph}/{eager}"
+
+    return (row["note"],) + tuple(both(b) for b in names)
 
 
 def grouped(doc: dict) -> List[Tuple[List[str], tuple]]:
     """Consecutive releases with the same row, as ``(versions, row)``."""
-    cols = columns(doc)
+    names = backends(doc)
     groups: List[Tuple[List[str], tuple]] = []
     for row in doc["rows"]:
-        sig = _signature(row, cols)
+        sig = _signature(row, names)
         if groups and groups[-1][1] == sig:
             groups[-1][0].append(row["version"])
         else:
@@ -71,38 +81,40 @@ def _span(versions: List[str]) -> str:
     return versions[0] if len(versions) == 1 else f"{versions[0]} .. {versions[-1]} ({len(versions)})"
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict, out: Optional[Path] = None) -> str:
+    """The report: a table of releases x backends (split to fit ``text_table.WIDTH``), each distinct failure's
+    minimal case and case file (relative to ``out``, the report's folder), and the legend."""
+    from kvfence.reports.text_table import markdown_tables, shown_path
     from kvfence.workflow.shipped_matrix import case_text
 
-    cols = [c for c in columns(doc)]
-    used = [i for i, c in enumerate(cols) if any(sig[1 + i] != "-" for _, sig in grouped(doc))]
+    names = backends(doc)
+    groups = grouped(doc)
+    used = [i for i, _ in enumerate(names) if any(sig[1 + i] != "-" for _, sig in groups)]
     d = doc["domain"]
-    lengths = f"lengths up to ctx - num_steps" if d.get("ordinary_only") else "lengths up to ctx"
+    lengths = "lengths up to ctx - num_steps" if d.get("ordinary_only") else "lengths up to ctx"
     lines = [f"Shipped sizing per release: ctx={d['ctx']}, num_steps={d['num_steps']}, max_bs={d['max_bs']}, "
-             f"topk <= {d['max_topk']}, {lengths}; device {doc['device']}; {len(doc['rows'])} release(s) in "
-             f"{doc['elapsed_s']} s. Consecutive releases with the same row are one line.", "",
-             "| releases | " + " | ".join(f"{short(cols[i].split()[0])} {cols[i].split()[1]}" for i in used) + " |",
-             "|---|" + "---|" * len(used)]
-    for versions, sig in grouped(doc):
-        if sig[0]:
-            lines.append(f"| {_span(versions)} | {sig[0]} |" + " |" * (len(used) - 1))
-        else:
-            lines.append(f"| {_span(versions)} | " + " | ".join(sig[1 + i] for i in used) + " |")
-    lines += ["", "Minimal case of each distinct failure (the first release's case file replays it with "
-              "`python -m kvfence repro FILE`):", "", "| status | backend mode | kinds | minimal case | releases | case file |",
-              "|---|---|---|---|---|---|"]
+             f"topk <= {d['max_topk']}, {lengths};",
+             f"device {doc['device']}; {len(doc['rows'])} release(s) in {doc['elapsed_s']} s. "
+             "Consecutive releases with the same row are one line; a cell is graph/eager.", ""]
+    rows = []
+    for versions, sig in groups:
+        rows.append([_span(versions)] + ([sig[0]] + [""] * (len(used) - 1) if sig[0] else [sig[1 + i] for i in used]))
+    lines += markdown_tables(["releases"] + [short(names[i]) for i in used], rows)
+    lines += ["", "Minimal case of each distinct failure (`kvfence repro FILE` replays the first release's):", ""]
     for w in witnesses(doc):
-        lines.append(f"| {w['status']} | {short(w['backend'])} {w['mode']} | {', '.join(w['kinds'])} | "
-                     f"{case_text(w['case'])} | {_span(w['releases'])} | {w['case_file']} |")
-    lines += ["", "Legend:"] + [f"- `{k}`: {v}" for k, v in doc["statuses"].items()]
-    lines.append("- backends: " + ", ".join(f"`{short(c.split()[0])}` = {c.split()[0]}" for c in cols[::2]))
+        lines.append(f"- {short(w['backend'])} {w['mode']}, {_span(w['releases'])}: {w['status']} "
+                     f"({', '.join(w['kinds'])})")
+        lines.append(f"  {case_text(w['case'])}")
+        lines.append(f"  {shown_path(w['case_file'], out)}")
+    lines += ["", "Legend:"] + [f"- `{k}`: {v}" for k, v in CODE_LEGEND.items()]
+    lines += ["", "Backends, by SGLang's `--attention-backend` name:"] + [f"- `{short(b)}`: {b}" for b in names]
     return "\n".join(lines) + "\n"
 
 
 def write(doc: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.md"
-    path.write_text(markdown(doc), encoding="utf-8")
+    path.write_text(markdown(doc, out), encoding="utf-8")
     return path
 
 

@@ -268,6 +268,35 @@ def test_fa3_metadata_oracle_hand_worked_example():
     assert FA3_METADATA.findings_before_launch(case, 2) == []
 
 
+def test_fa3_draws_reach_both_edges_often_on_the_gpu_domain():
+    """The GPU self-test runs a few examples per seed, so each of the contract's two edges must be in a good
+    share of the draws: the last row spilling past a context-sized table with ZERO_TAIL off (a missing row
+    clamp shows in the guard), and ZERO_TAIL on a row shorter than the table (its zeros are checked)."""
+    from hypothesis import given, settings
+
+    from kvfence.cases.fa3_metadata import _pages
+    from kvfence.cases.page_table import BLOCK_TOKENS, PAGE_SIZES
+    from kvfence.strategies.fa3_metadata import fa3_metadata_cases
+
+    drawn = []
+
+    @settings(max_examples=300, database=None, derandomize=True, deadline=None)
+    @given(fa3_metadata_cases("gpu", PAGE_SIZES, BLOCK_TOKENS))
+    def draw(fields):
+        drawn.append(fields)
+
+    draw()
+    from kvfence.cases.fa3_metadata import MetadataCase
+
+    cases = [MetadataCase(**f).validate() for f in drawn]
+    context_row = lambda c: -(-c.ctx // c.page_size)  # noqa: E731 - the "context" sizing's width
+    spill = [c for c in cases if not c.zero_tail and not c.skip_page_table
+             and _pages(c, len(c.seq_lens) - 1) > context_row(c)]
+    zero = [c for c in cases if c.zero_tail and not c.skip_page_table
+            and min(_pages(c, b) for b in range(len(c.seq_lens))) < -(-(c.ctx + c.delta) // c.page_size)]
+    assert len(spill) >= 0.25 * len(cases) and len(zero) >= 0.25 * len(cases), (len(spill), len(zero), len(cases))
+
+
 # -- shipped sizing of the plug-in contracts (kvfence.cases.contract_shipped) ---------------------------------------
 _BACKEND = '''
 class TRTLLMHAAttnBackend(Base):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvfence.workflow import release_matrix as rm
+from kvfence.workflow.progress import PLAIN_EVERY_S
 from kvfence.cases import upstream
 from kvfence.errors import BadInput
 from tests.test_upstream import EXTRA_REQUIRED, INCLUSIVE_PREFIX_SUM, MODULE, NUM_SEQS_TOPK, ROOT, edited, \
@@ -115,8 +116,10 @@ def test_exit_code_is_about_the_safe_sizing(cells, code):
 def test_matrix_over_fake_releases(tmp_path, wheels):
     """Clean, buggy, no kernel, unknown ABI: each gets its status; the buggy release fails under safe (exit 1)."""
     cache, out = tmp_path / "cache", tmp_path / "m"
+    t0 = time.monotonic()
     proc = matrix("--versions", f"{CLEAN}..{BAD_ABI}", "--sizing", "prefix,safe", "--contracts", "draft,window-rail",
                   *BUDGET, "--out", str(out), "--json", str(tmp_path / "m.json"), cache=cache, wheel_dir=wheels)
+    elapsed = time.monotonic() - t0
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc == json.loads((out / "matrix.json").read_text())
@@ -138,12 +141,18 @@ def test_matrix_over_fake_releases(tmp_path, wheels):
         assert "extra required parameter(s) scale" in cells[BAD_ABI, sizing, "draft"]["message"]
         for version in (CLEAN, BUGGY):  # the fake releases have no window-rail kernel (or the build no contract)
             assert cells[version, sizing, "window-rail"]["status"] == "not-applicable"
-    # One progress line per cell, and the reports: a row per release, the failing cell linked.
-    assert sum(line.startswith("kvfence: [") for line in proc.stderr.splitlines()) == 16
+    # A bar, not a line per cell: in a log a line at most every PLAIN_EVERY_S, the last one at 16/16; the
+    # cell that decides the exit code (the buggy release under safe) gets a line of its own.
+    bars = [line for line in proc.stderr.splitlines() if line.startswith("kvfence [")]
+    assert bars and "16/16 cells" in bars[-1], proc.stderr
+    assert len(bars) <= 1 + elapsed / PLAIN_EVERY_S, bars
+    assert f"kvfence: sglang=={BUGGY} safe draft: findings" in proc.stderr
+    # The reports: a row per release (tables within 120 columns), the failing cell's case file listed.
     report = (out / "report.md").read_text()
+    assert max(len(line) for line in report.splitlines() if line.startswith("|")) <= 120  # the tables
     for version in doc["versions"]:
         assert f"| {version} |" in report
-    assert f"(./{BUGGY}/safe-draft/cases/{Path(buggy['case_files'][0]).name})" in report
+    assert f": ./{BUGGY}/safe-draft/cases/{Path(buggy['case_files'][0]).name}" in report
     assert "ABI unsupported" in report and "## Legend" in report and "(exit 1)" in report
     page = (out / "report.html").read_text()
     assert f"href='./{BUGGY}/safe-draft/cases/" in page and "<td" in page

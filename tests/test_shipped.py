@@ -197,10 +197,23 @@ def test_matrix_shipped_names_each_failure_class_and_its_case_replays(tmp_path):
     cache = tmp_path / "cache"
     wheel = toy_wheel(tmp_path / "wheels")
     out = tmp_path / "m"
+    # An earlier run's report in the folder moves aside; what the matrix did not write stays.
+    (out / VERSION).mkdir(parents=True)
+    (out / "report.md").write_text("the earlier report\n")
+    (out / "notes.txt").write_text("the user's own file\n")
     proc = kvfence("upstream", "matrix", "--shipped", "--versions", VERSION, "--device", "cpu", "--out", str(out),
                    "--shipped-ctx", "8", "--shipped-steps", "2", "--shipped-max-bs", "2", "--shipped-max-topk", "2",
                    "--json", str(tmp_path / "asked.json"), cache=cache, wheel_dir=wheel.parent)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    earlier = list((out / "earlier").iterdir())
+    assert len(earlier) == 1 and (earlier[0] / "report.md").read_text() == "the earlier report\n"
+    assert (earlier[0] / VERSION).is_dir() and (out / "notes.txt").is_file()
+    assert f"moved to {earlier[0]}" in proc.stderr
+    # The printed report fits 120 columns, names backends as SGLang's flag does where one does, and lists
+    # each failure's case file relative to the report.
+    assert max(len(line) for line in proc.stdout.splitlines()[:-1]) <= 120, proc.stdout  # the last: a path
+    assert "| releases | " in proc.stdout and "./" + VERSION + "/RequestsBackend-graph/cases/" in proc.stdout
+    assert sum(line.startswith("kvfence [") for line in proc.stderr.splitlines()) == 1  # one release: one line
     doc = json.loads((out / "shipped.json").read_text())
     assert json.loads((tmp_path / "asked.json").read_text()) == doc  # --json is written, not only checked
     cells = {(c["backend"], c["mode"]): c for c in doc["rows"][0]["cells"]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from kvfence.commands.common import (
     _exit_codes, _Parser, _positive_int, _non_negative_int, _seconds, _stderr, _writable, _out_dir,
@@ -30,6 +31,15 @@ def cmd_upstream(args) -> int:
 def _terminal(lines) -> str:
     """Lines that quote a wheel's texts (file names, source), each control character shown escaped."""
     return "\n".join(printable(line, None) for line in "\n".join(lines).split("\n"))
+
+
+def _set_aside(out_dir) -> None:
+    """An earlier matrix's report in ``out_dir`` moves to ``out_dir/earlier/`` before this one writes."""
+    from kvfence.workflow.outdir import set_aside_earlier_report
+
+    moved = set_aside_earlier_report(out_dir)
+    if moved:
+        _stderr(f"kvfence: the earlier report in {out_dir} ({moved['count']} entries) moved to {moved['folder']}")
 
 
 def cmd_upstream_sizing(args) -> int:
@@ -69,15 +79,16 @@ def cmd_upstream_shipped_contracts(args, names, out_dir, json_path, offline: boo
         os.environ["KVFENCE_OFFLINE"] = "1"
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
     device = select(args.device, announce=_stderr)
-    doc = csm.run(contracts, versions, device=device, out=out_dir, progress=_stderr)
+    _set_aside(out_dir)
+    doc = csm.run(contracts, versions, device=device, out=out_dir, progress=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(doc, indent=1) + "\n"
     (out_dir / "shipped.json").write_text(text, encoding="utf-8")
     if json_path is not None:
         json_path.write_text(text, encoding="utf-8")
     report = out_dir / "report.md"
-    report.write_text(csm.markdown(doc), encoding="utf-8")
-    print(csm.markdown(doc), end="")
+    report.write_text(csm.markdown(doc, out_dir), encoding="utf-8")
+    print(csm.markdown(doc, out_dir), end="")
     print(f"kvfence upstream matrix --shipped: {len(versions)} release(s) x {len(contracts)} contract(s) in "
           f"{doc['elapsed_s']} s; report {report}")
     return doc["exit_code"]
@@ -94,12 +105,13 @@ def cmd_upstream_shipped(args, out_dir, offline: bool, json_path=None) -> int:
     device = select(args.device, announce=_stderr)
     domain = sm.Domain(ctx=args.shipped_ctx, num_steps=args.shipped_steps, max_bs=args.shipped_max_bs,
                        max_topk=args.shipped_max_topk, ordinary_only=args.shipped_lengths == "ordinary")
-    doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out_dir, progress=_stderr)
+    _set_aside(out_dir)
+    doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out_dir, progress=sys.stderr)
     report = write(doc, out_dir)
     (out_dir / "shipped.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if json_path is not None:
         json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(markdown(doc), end="")
+    print(markdown(doc, out_dir), end="")
     print(f"kvfence upstream matrix --shipped: {len(versions)} release(s) in {doc['elapsed_s']} s; report {report}")
     return doc["exit_code"]
 
@@ -144,8 +156,9 @@ def cmd_upstream_matrix(args) -> int:
                            shrink_seconds=args.shrink_seconds, cell_timeout=args.cell_timeout, max_gpu_mem=max_gpu_mem)
     _stderr(f"kvfence: upstream matrix: {len(versions)} release(s) x {len(sizings)} sizing(s) x "
             f"{len(contracts)} contract(s) on {device}, {args.max_examples} examples per cell, {jobs} cell(s) at once")
+    _set_aside(out_dir)
     doc, interrupted = rm.run(versions=versions, sizings=sizings, contracts=contracts, settings=settings,
-                              offline=offline, out=out_dir, json_path=json_path, jobs=jobs, progress=_stderr,
+                              offline=offline, out=out_dir, json_path=json_path, jobs=jobs, progress=sys.stderr,
                               write=write)
     print(f"kvfence upstream matrix: {headline(doc)}; report {out_dir / 'report.md'}")
     if interrupted:

@@ -43,6 +43,20 @@ DRAFT_CLASSES = {
     "cutedsl_mla": ("CuteDslMLAMultiStep", "TokenspeedMLAMultiStep"),
     "tokenspeed_mla": ("CuteDslMLAMultiStep", "TokenspeedMLAMultiStep"),
 }
+def attention_backend_name(backend_class: str) -> str:
+    """The ``--attention-backend`` name a deployer gives for a draft backend class (what the matrices print):
+    of the names that build the class, the one its class name spells (``cutedsl_mla`` for CuteDslMLA...),
+    with `` (MLA)`` where one name builds an MHA and an MLA class (``flashinfer``); the class itself when
+    no name builds it."""
+    names = [n for n, prefixes in DRAFT_CLASSES.items() if backend_class.startswith(prefixes)]
+    if not names:
+        return backend_class
+    spelled = [n for n in names if n.replace("_", "") in backend_class.lower()]
+    name = (spelled or names)[0]
+    mla_of_two = len(DRAFT_CLASSES[name]) > 1 and "MLA" in backend_class and not name.endswith("mla")
+    return f"{name} (MLA)" if mla_of_two else name
+
+
 #: Other ``--attention-backend`` names SGLang accepts: known, and none of them launches a contract's kernel
 #: kvfence models (the line says so rather than refusing the name).
 OTHER_BACKENDS = ("torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa4",

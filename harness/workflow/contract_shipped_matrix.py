@@ -23,7 +23,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, TextIO
 
 from kvfence.errors import BadInput
 
@@ -146,14 +146,18 @@ def settle_cell(contract, version: str, kernel, s: dict, adm: dict, device: str,
     return cell
 
 
-def run(contracts, versions: List[str], *, device: str, out: Path, progress=None) -> dict:
+def run(contracts, versions: List[str], *, device: str, out: Path, progress: Optional[TextIO] = None) -> dict:
     """Every (release, contract) pair: its cells (see the module docstring), and the exit code (1 when a
-    release's kernel was seen to write or publish past its row, or a cell is an error)."""
+    release's kernel was seen to write or publish past its row, or a cell is an error). ``progress``: the
+    stream of a bar over the releases (``None``: quiet)."""
     from kvfence.workflow import contract_run
+    from kvfence.workflow.progress import CountBar
 
     start = time.monotonic()
+    bar = CountBar(len(versions), "releases", progress) if progress is not None else None
+    announce = bar.note if bar is not None else None
     rows = []
-    for i, version in enumerate(versions):
+    for version in versions:
         for contract in contracts:
             row = {"version": version, "contract": contract.name}
             try:
@@ -162,52 +166,63 @@ def run(contracts, versions: List[str], *, device: str, out: Path, progress=None
                 row.update(status="no kernel", why=str(exc))
                 rows.append(row)
                 continue
-            record = load_record(version, contract, announce=progress)
+            record = load_record(version, contract, announce=announce)
             row["admission"] = record["admission"]
             row["cells"] = [settle_cell(contract, version, kernel, s, record["admission"], device, out)
                             for s in record["sites"]]
             rows.append(row)
-        if progress:
-            progress(f"kvfence: upstream matrix --shipped: {i + 1}/{len(versions)} release(s) ({version})")
+        if bar is not None:
+            bar.advance(f"sglang=={version}")
+    if bar is not None:
+        bar.close()
     bad = any(c["status"] in ("error", "findings on a fitting launch") or c["assessment"].get("status") == "overflows"
               for r in rows for c in r.get("cells", ()))
     return {"contracts": [c.name for c in contracts], "versions": versions, "device": device, "rows": rows,
             "elapsed_s": round(time.monotonic() - start, 1), "exit_code": 1 if bad else 0}
 
 
-def markdown(doc: dict) -> str:
-    """One table per contract: a row per release that has its kernel, a column per site; then the witnesses."""
-    out = []
+def markdown(doc: dict, out: Optional[Path] = None) -> str:
+    """One table per contract: a row per run of consecutive releases with the same cells, a column per site
+    (split to fit ``text_table.WIDTH``); then the newest release's witnesses, case files relative to ``out``."""
+    from kvfence.reports.text_table import markdown_tables, shown_path
+
+    out_lines: List[str] = []
     for name in doc["contracts"]:
         rows = [r for r in doc["rows"] if r["contract"] == name]
         have = [r for r in rows if "cells" in r]
-        out.append(f"## {name}\n")
+        out_lines.append(f"## {name}\n")
         missing = [r["version"] for r in rows if "cells" not in r]
         if missing:
-            out.append(f"No kernel (absent, or another signature): {_ranges(missing, doc['versions'])}.\n")
+            out_lines.append(f"No kernel (absent, or another signature): {_ranges(missing, doc['versions'])}.\n")
         if not have:
             continue
         sites = [c["site"] for c in have[-1]["cells"]]
-        out.append("| release | " + " | ".join(sites) + " |")
-        out.append("|---|" + "---|" * len(sites))
+        groups: List[tuple] = []
         for r in have:
             cells = {c["site"]: c for c in r["cells"]}
-            out.append(f"| {r['version']} | " + " | ".join(_short(cells.get(s)) for s in sites) + " |")
-        out.append("")
+            sig = tuple(_short(cells.get(s)) for s in sites)
+            if groups and groups[-1][1] == sig:
+                groups[-1][0].append(r["version"])
+            else:
+                groups.append(([r["version"]], sig))
+        span = lambda vs: vs[0] if len(vs) == 1 else f"{vs[0]} .. {vs[-1]} ({len(vs)})"  # noqa: E731
+        out_lines += markdown_tables(["releases"] + sites, [[span(vs), *sig] for vs, sig in groups])
+        out_lines.append("")
         last = have[-1]
-        out.append(f"Witnesses of {last['version']} (one request at the longest admitted length):")
+        out_lines.append(f"Witnesses of {last['version']} (one request at the longest admitted length):")
         for c in last["cells"]:
             if c.get("point"):
                 p = c["point"]
-                out.append(f"- {c['site']}: {c['status']}: ctx {p['ctx']}, page {p['page_size']}, d {p['d']}, "
-                           f"length {p['length']} + {p['delta']} needs {p['need']} pages, the row holds "
-                           f"{p['width']}; {c['assessment']['overflow']} of {c['assessment']['points']} domain "
-                           f"points overflow; kinds {', '.join(c.get('kinds', [])) or 'none'}"
-                           + (f"; {c['case_file']}" if c.get("case_file") else ""))
+                out_lines.append(f"- {c['site']}: {c['status']}; kinds {', '.join(c.get('kinds', [])) or 'none'}")
+                out_lines.append(f"  ctx {p['ctx']}, page {p['page_size']}, d {p['d']}: length {p['length']} + "
+                                 f"{p['delta']} needs {p['need']} pages, the row holds {p['width']}; "
+                                 f"{c['assessment']['overflow']} of {c['assessment']['points']} domain points overflow")
+                if c.get("case_file"):
+                    out_lines.append(f"  {shown_path(c['case_file'], out)}")
             elif c.get("why"):
-                out.append(f"- {c['site']}: {c['status']}: {c['why']}")
-        out.append("")
-    return "\n".join(out) + "\n"
+                out_lines.append(f"- {c['site']}: {c['status']}: {c['why']}")
+        out_lines.append("")
+    return "\n".join(out_lines) + "\n"
 
 
 def _short(cell: Optional[dict]) -> str:

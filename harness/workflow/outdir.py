@@ -5,10 +5,14 @@ them (and may contradict them: a clean report beside a failing case). Before a r
 ``cases/*.json`` are moved to ``cases/earlier/<time>/``, where the report names them as earlier. Moving,
 not deleting: a case file is the only copy of a shrunk failure. ``sweep --cases DIR`` and the other
 readers of case files look at ``DIR/*.json`` only, so the moved files stay out of their way.
+
+``upstream matrix`` does the same for its whole report (``set_aside_earlier_report``): a second run into one
+folder must not mix its cells with the first run's per-release folders.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Optional
@@ -18,6 +22,18 @@ from kvfence.errors import require
 from kvfence.running.journal import JOURNAL_DIR
 
 EARLIER_DIR = "earlier"
+#: What ``upstream matrix`` writes into its ``--out``: the reports, and one folder per release
+#: (``0.5.23/...``). Only these move: an ``--out`` may be a folder that holds other things too.
+MATRIX_FILES = ("report.md", "report.html", "matrix.json", "shipped.json")
+RELEASE_DIR = re.compile(r"^\d+\.\d+[A-Za-z0-9.+\-]*$")
+
+
+def _stamped(parent: Path, now: Optional[float]) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    dest, n = parent / stamp, 1
+    while dest.exists():  # two runs within one second
+        dest, n = parent / f"{stamp}-{n}", n + 1
+    return dest
 
 
 def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[dict]:
@@ -33,11 +49,31 @@ def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[di
     files = sorted(cases.glob("*.json")) if cases.is_dir() else []
     if not files:
         return None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    dest, n = cases / EARLIER_DIR / stamp, 1
-    while dest.exists():  # two runs within one second
-        dest, n = cases / EARLIER_DIR / f"{stamp}-{n}", n + 1
+    dest = _stamped(cases / EARLIER_DIR, now)
     dest.mkdir(parents=True)
     for f in files:
         f.replace(dest / f.name)  # same filesystem: a rename, never a half-copied file
     return {"folder": str(dest), "count": len(files)}
+
+
+def set_aside_earlier_report(out_dir, now: Optional[float] = None) -> Optional[dict]:
+    """Move an earlier ``upstream matrix`` run's reports and release folders (``MATRIX_FILES``,
+    ``RELEASE_DIR``) from ``out_dir`` to ``out_dir/earlier/<YYYYmmdd-HHMMSS>/``; anything else stays.
+
+    Returns ``{"folder": path, "count": n}`` (entries moved), or ``None`` when there was nothing to move.
+    """
+    out = Path(out_dir)
+    if not out.is_dir():
+        return None
+    earlier = out / EARLIER_DIR
+    require(not earlier.exists() or earlier.is_dir(),
+            f"--out {out_dir}: {earlier} exists and is not a directory: earlier reports move there; move it away")
+    entries = sorted(e for e in out.iterdir()
+                     if (e.name in MATRIX_FILES and e.is_file()) or (e.is_dir() and RELEASE_DIR.match(e.name)))
+    if not entries:
+        return None
+    dest = _stamped(earlier, now)
+    dest.mkdir(parents=True)
+    for e in entries:
+        e.replace(dest / e.name)  # same filesystem: a rename
+    return {"folder": str(dest), "count": len(entries)}

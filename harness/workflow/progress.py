@@ -1,4 +1,5 @@
-"""Live progress of a fuzz run on stderr: one updating line on a terminal, plain periodic lines otherwise."""
+"""Live progress on stderr: one updating line on a terminal, plain periodic lines otherwise. ``Progress``
+follows a fuzz run; ``CountBar`` a run over a known number of items (the matrices' releases and cells)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,59 @@ class Progress:
             self._drawn = True
         else:
             self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+class CountBar:
+    """Progress over ``total`` items (``upstream matrix``'s cells, ``--shipped``'s releases): on a terminal one
+    line redrawn per item; in a log (CI) a line at most every ``PLAIN_EVERY_S`` and the last one, so a
+    740-cell matrix does not print 740 lines. ``note(text)`` prints a line that stays (a failure worth
+    reading now) above the bar."""
+
+    def __init__(self, total: int, what: str, stream: Optional[TextIO] = None, *, tty: Optional[bool] = None,
+                 every_s: float = PLAIN_EVERY_S):
+        if total < 0:
+            raise ValueError(f"CountBar: total {total} < 0")
+        self.total, self.what, self.done = total, what, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        self.every_s = every_s
+        self._start = time.perf_counter()
+        self._last = self._start
+        self._drawn = False
+
+    def line(self, label: str) -> str:
+        spent = self.done / self.total if self.total else 1.0
+        filled = int(BAR_WIDTH * spent)
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        return (f"kvfence [{bar}] {self.done}/{self.total} {self.what} | "
+                f"{time.perf_counter() - self._start:.0f}s | {label}")
+
+    def advance(self, label: str, n: int = 1) -> None:
+        """``n`` more items are done; ``label`` says what the last one was."""
+        self.done = min(self.total, self.done + n)
+        now = time.perf_counter()
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line(label))
+            self._drawn = True
+        elif self.done == self.total or now - self._last >= self.every_s:
+            self.stream.write(self.line(label) + "\n")
+            self._last = now
+        else:
+            return
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\r\x1b[2K")
+            self._drawn = False
+        self.stream.write(text + "\n")
         self.stream.flush()
 
     def close(self) -> None:

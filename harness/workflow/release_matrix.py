@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from kvfence.cases import upstream
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
@@ -366,15 +366,23 @@ def exit_code(cells: Sequence[Cell]) -> int:
 
 
 def run(*, versions: List[str], sizings: List[str], contracts: List[str], settings: Settings, offline: bool,
-        out: Path, json_path: Optional[Path], jobs: int, progress: Callable[[str], None],
+        out: Path, json_path: Optional[Path], jobs: int, progress: Optional[TextIO],
         write: Callable[[dict, Path], None]) -> Tuple[dict, Optional[str]]:
     """Fuzz every cell; ``write(doc, out)`` renders the reports after every cell (a killed run keeps what it
-    had). Returns the document and the signal name if SIGINT/SIGTERM stopped it."""
+    had). Returns the document and the signal name if SIGINT/SIGTERM stopped it. ``progress``: the stream
+    of a bar over the cells, with a line of its own for each cell that decides the exit code (a correct
+    sizing's findings, an error); ``None``: quiet."""
     from kvfence.running.interrupt import signals_interrupt
+    from kvfence.workflow.progress import CountBar
+
+    def announce(text: str) -> None:
+        if progress is not None:
+            progress.write(text + "\n")
+            progress.flush()
 
     started, t0 = time.time(), time.monotonic()
     checked = fuzz_contracts()
-    releases = [prepare(v, offline, progress) for v in versions]
+    releases = [prepare(v, offline, announce) for v in versions]
     require(any(r.status != "not-cached" for r in releases),
             f"none of the {len(releases)} release(s) in --versions is in the cache {upstream.cache_root()} and "
             "fetching is off (--offline / KVFENCE_OFFLINE=1): nothing to test")
@@ -391,15 +399,17 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
            "seed": settings.seed, "shrink_seconds": settings.shrink_seconds, "cell_timeout": settings.cell_timeout,
            "jobs": jobs, "offline": offline, "cache": str(upstream.cache_root()), "started_at": started,
            "releases": [asdict(r) for r in releases], "statuses": STATUSES, "tool_versions": {}}
-    total, finished = len(cells), 0
+    bar = CountBar(len(cells), "cells", progress) if progress is not None else None
 
     def emit(cell: Cell) -> None:
-        nonlocal finished
-        finished += 1
         what = cell.status + (f" {', '.join(cell.kinds)}" if cell.kinds else "")
         more = f" ({cell.cases} cases, {cell.seconds:.1f} s)" if cell.status in ("clean", "findings") else \
             (f": {cell.message}" if cell.message and cell.status == "error" else "")
-        progress(f"kvfence: [{finished}/{total}] sglang=={cell.version} {cell.sizing} {cell.contract}: {what}{more}")
+        text = f"sglang=={cell.version} {cell.sizing} {cell.contract}: {what}{more}"
+        if bar is not None:
+            if cell.status == "error" or (cell.status == "findings" and cell.sizing in SAFE_SIZINGS):
+                bar.note(f"kvfence: {text}")
+            bar.advance(text[:100])
         if cell.tool_versions and not doc["tool_versions"]:
             doc["tool_versions"] = cell.tool_versions
 
@@ -437,6 +447,8 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
             interrupted = getattr(exc, "signal_name", "SIGINT")
             for r in running:
                 r.kill()
+    if bar is not None:
+        bar.close()
     save(interrupted)
     return doc, interrupted
 

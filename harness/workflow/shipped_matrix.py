@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, TextIO, Tuple
 
 from kvfence.cases import shipped, upstream
 
@@ -247,29 +247,37 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
 
 
 def run(versions: List[str], *, domain: Domain, device: str, offline: bool, out: Path,
-        progress: Callable[[str], None]) -> dict:
+        progress: Optional[TextIO] = None) -> dict:
+    """Every release's cells; ``progress``: the stream of a bar over the releases (``None``: quiet)."""
+    from kvfence.workflow.progress import CountBar
+
     t0 = time.monotonic()
     runs = Runs(device)
+    bar = CountBar(len(versions), "releases", progress) if progress is not None else None
     rows = []
     for version in versions:
         row = {"version": version, "cells": [], "note": ""}
+        rows.append(row)
         try:
             if offline and upstream.load_entry(version) is None and not os.environ.get("KVFENCE_WHEEL_DIR"):
                 row["note"] = NOT_CACHED
-                rows.append(row)
                 continue
             record = shipped_sizing.load_record(version)
         except BadInput as exc:
             row["note"] = str(exc)
-            rows.append(row)
             continue
+        finally:
+            if bar is not None and row["note"]:
+                bar.advance(f"sglang=={version}: {row['note']}"[:80])
         for backend in sorted(record["backends"]):
             for mode in MODES:
                 cell = settle_cell(version, backend, mode, record["backends"][backend], domain, runs, out)
                 row["cells"].append(asdict(cell))
-                progress(f"kvfence: sglang=={version} {backend} {mode}: {cell.status}"
-                         + (f" ({case_text(cell.case)})" if cell.case else ""))
-        rows.append(row)
+        if bar is not None:
+            silent = sum(c["status"] == SILENT for c in row["cells"])
+            bar.advance(f"sglang=={version}: {len(row['cells'])} cells, {silent} silent overflow(s)")
+    if bar is not None:
+        bar.close()
     cells = [c for r in rows for c in r["cells"]]
     doc = {"kvfence_shipped_matrix": FORMAT, "versions": versions, "domain": asdict(domain), "device": device,
            "statuses": STATUSES, "rows": rows, "elapsed_s": round(time.monotonic() - t0, 2),
