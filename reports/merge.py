@@ -76,7 +76,13 @@ def merge(folders: List[Path], out: Path, before_writing: Callable[[], None] = l
         mapping = {}
         for recorded in doc.get("cases", {}):
             path = _case_file(folder, recorded)
-            mapping[recorded] = target = str(out / CASES_DIR / f"{_case_key(path)}.json")
+            key = _case_key(path)
+            # A case file is named by its case's hash when written: a different hash now means the file was
+            # edited after its run, and the run's summary (its findings, need, kinds) describes another case.
+            require(key == path.stem, f"report --merge {folder}: case file {path.name} was changed after its run "
+                                      f"(its case now hashes to {key}): the summary describes the case as it "
+                                      "ran; restore the file, or leave this run out")
+            mapping[recorded] = target = str(out / CASES_DIR / f"{key}.json")
             sources.setdefault(target, path)
             found_in.setdefault(target, []).append(str(folder))
         for f in doc["findings"]:

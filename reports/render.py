@@ -250,6 +250,24 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
     return str(join(parts, "\n"))
 
 
+def shown_as_text(value):
+    """``value`` (a summary) with every string, keys included, made safe to show: control characters
+    (terminal escapes, NULs, newlines) as ``\\x1b``-style text (``kvfence.errors.printable``). A summary
+    is data a file holds (``report DIR`` reads any folder's), so the reports show what it says, never
+    what a terminal or a markdown viewer would do with it."""
+    from kvfence.errors import printable
+
+    if isinstance(value, str):
+        return value if value.isprintable() else printable(value, None)
+    if isinstance(value, dict):
+        return {shown_as_text(k): shown_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown_as_text(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(shown_as_text(v) for v in value)
+    return value
+
+
 def write_reports(doc: dict, out_dir) -> dict:
     """Write ``report.md``, ``report.html`` (and ``coverage.png`` for the markdown) into ``out_dir``.
 
@@ -258,6 +276,7 @@ def write_reports(doc: dict, out_dir) -> dict:
     from kvfence.cases.casefile import atomic_write_text
 
     out = Path(out_dir)
+    doc = shown_as_text(doc)
     png, why = coverage_png(doc)
     png_path = None
     if png is None and (out / PLOT_NAME).exists():

@@ -199,26 +199,6 @@ def st_seed():
     return st.integers(0, 2 ** 16)
 
 
-def _readme_contract_commands():
-    import re
-    import shlex
-
-    section = (ROOT / "README.md").read_text().split("\n## More contracts", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    out = []
-    for line in block.splitlines():
-        command, _, comment = line.partition("#")
-        if command.strip():
-            out.append((shlex.split(command)[1:], int(re.match(r"\s*exit (\d)", comment).group(1))))
-    return out
-
-
-@pytest.mark.parametrize("argv, code", _readme_contract_commands(), ids=lambda x: " ".join(x) if isinstance(x, list) else str(x))
-def test_the_readme_contract_commands_exit_as_written(argv, code, tmp_path):
-    run = _kvfence(*argv, "--quiet", cwd=tmp_path)
-    assert run.returncode == code, run.stdout[-1500:] + run.stderr[-1500:]
-
-
 def test_a_contract_from_outside_kvfence_runs_on_the_generic_engine(monkeypatch):
     """Two files in another folder, registered as an entry point would register them: the generic engine
     fuzzes it, shrinks a sizing failure, and its mutant is caught while its reference passes."""

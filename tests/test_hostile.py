@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -365,6 +366,59 @@ def test_a_cache_writable_by_others_is_refused(cached_entry, what):
     assert upstream.load_entry(version) is not None
 
 
+def test_a_cache_root_reached_through_a_link_is_judged_by_where_it_points(cached_entry, monkeypatch):
+    """A symlinked cache root (``~/.cache -> /data/cache``) is trusted when its target is: a link's own mode
+    reads 777 and means nothing. A target writable by others is still refused, named by the link."""
+    from kvfence.cases import upstream
+
+    folder, version = cached_entry
+    link = folder.parent.parent / "linked-cache"
+    link.symlink_to(folder.parent, target_is_directory=True)
+    monkeypatch.setenv("KVFENCE_CACHE", str(link))
+    assert upstream.entry_folder(version).parent == link
+    assert upstream.load_entry(version) is not None
+    folder.parent.chmod(folder.parent.stat().st_mode | 0o002)
+    with pytest.raises(BadInput, match=f"{link} is writable by others"):
+        upstream.load_entry(version)
+    folder.parent.chmod(folder.parent.stat().st_mode & ~0o022)
+
+
+def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cached_entry, monkeypatch, tmp_path):
+    """Simultaneous first uses: one process re-extracts (the old folder aside, the new one in) while another
+    reads. A file gone mid-read means the entry was swapped: read it again. Then the real thing: a thread
+    re-extracting 20 times while this one loads, with no "corrupt"."""
+    import threading
+
+    from test_upstream import make_wheel
+
+    from kvfence.cases import upstream
+
+    folder, version = cached_entry
+    real = upstream._validate_entry
+    calls = []
+
+    def swapped_once(v, f):
+        calls.append(f)
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file or directory", str(f / "spec_utils.py"))
+        return real(v, f)
+
+    monkeypatch.setattr(upstream, "_validate_entry", swapped_once)
+    assert upstream.load_entry(version) is not None and len(calls) == 2
+    monkeypatch.setattr(upstream, "_validate_entry", real)
+    wheel, errors = make_wheel(tmp_path / "again"), []
+    writer = threading.Thread(target=lambda: [upstream._extract_to_cache(version, wheel) for _ in range(20)])
+    writer.start()
+    while writer.is_alive():
+        try:
+            upstream.load_entry(version)
+        except BadInput as exc:
+            errors.append(str(exc))
+    writer.join()
+    assert errors == [] and upstream.load_entry(version) is not None
+    assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []  # no folder left aside
+
+
 def test_a_manifest_abi_of_the_wrong_type_is_corrupt(cached_entry):
     from kvfence.cases import upstream
 
@@ -661,3 +715,114 @@ def test_redaction_equals_the_specification_regex(text):
 
     rule = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)\S*@")
     assert redact(text) == rule.sub(r"\1***@", text)
+
+
+@pytest.mark.parametrize("where, make", [("jobs", "file"), ("jobs/job-0", "file"), ("jobs/stop", "dir")])
+def test_a_jobs_scratch_path_of_the_wrong_type_is_one_line_before_a_job_starts(capsys, tmp_path, where, make):
+    out = tmp_path / "out"
+    (out / where).parent.mkdir(parents=True, exist_ok=True)
+    (out / where).mkdir() if make == "dir" else (out / where).write_text("not a folder")
+    line = one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--jobs", "2", "--max-examples", "2", "--out", out],
+                           str(out / where))
+    assert ("is a directory" if make == "dir" else "exists and is not a directory") in line
+    assert not (out / "jobs" / "job-1").exists()
+
+
+def test_a_ctrl_c_while_kvfence_is_still_importing_is_exit_130_and_one_line():
+    """The first ~0.2 s of a run are Python importing kvfence, before any command sets its signal handling:
+    a SIGINT there is a KeyboardInterrupt raised at an import. It must end in one line and 130, as the
+    console script and ``python -m kvfence`` both start in ``kvfence.__main__.main``."""
+    child = ("import builtins, sys\n"
+             "real = builtins.__import__\n"
+             "def interrupted(name, *args, **kwargs):\n"
+             "    if name == 'kvfence.commands':\n"
+             "        raise KeyboardInterrupt\n"
+             "    return real(name, *args, **kwargs)\n"
+             "builtins.__import__ = interrupted\n"
+             "from kvfence.__main__ import main\n"
+             "sys.exit(main(['fuzz', '--device', 'cpu']))\n")
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["kvfence: interrupted while starting (no command ran; nothing was "
+                                                "written)"]
+    script = Path(sys.executable).with_name("kvfence")
+    if script.exists():  # the installed console script starts in the same function
+        assert "from kvfence.__main__ import main" in script.read_text()
+
+
+@pytest.mark.interpreter  # the real run of the fixture runs --device cpu
+def test_terminal_escapes_in_a_summary_reach_neither_report(capsys, real_run, tmp_path):
+    """``report DIR`` renders any folder's summary.json: its strings (kernel, sizing, a finding's fields)
+    are shown as text, control characters escaped, in report.md and report.html alike."""
+    folder = _hostile_copy(real_run, tmp_path, ("kernel",), "evil\x1b[2Jkernel\x07")
+    doc = json.loads((folder / "summary.json").read_text())
+    doc["sizing"] = "prefix\x1b]0;pwned\x07"
+    doc["findings"][0]["region"] = "kv_indices\x1b[31m row 0"
+    (folder / "summary.json").write_text(json.dumps(doc))
+    cli.main(["report", str(folder)])
+    capsys.readouterr()
+    for name in ("report.md", "report.html"):
+        text = (folder / name).read_text()
+        assert "\x1b" not in text and "\x07" not in text, name
+        assert "evil\\x1b[2Jkernel\\x07" in text, name
+
+
+@pytest.mark.interpreter  # the real run of the fixture runs --device cpu
+def test_merge_refuses_a_case_file_edited_after_its_run(capsys, real_run, tmp_path):
+    """The summary's findings describe each case as it ran; a case file edited since (its case no longer
+    hashes to its name) would be merged under the old description: one line naming the file instead."""
+    import shutil
+
+    folder = tmp_path / "edited"
+    shutil.copytree(real_run, folder)
+    case_file = sorted((folder / "cases").glob("*.json"))[0]
+    doc = json.loads(case_file.read_text())
+    doc["case"]["batch"]["token_seed"] += 1  # still a valid case, another one
+    case_file.write_text(json.dumps(doc))
+    one_line_exit_2(capsys, ["report", "--merge", real_run, folder, "--out", tmp_path / "merged"],
+                    f"case file {case_file.name} was changed after its run")
+    assert not (tmp_path / "merged").exists()
+
+
+# -- a sizing plug-in's callable runs in a child of its own ------------------------------------------------
+_SIZINGS = '''
+import os, time
+def exits(n, topk, ctx, num_steps):
+    os._exit(0)
+def aborts(n, topk, ctx, num_steps):
+    os.abort()
+def interrupts(n, topk, ctx, num_steps):
+    raise KeyboardInterrupt
+def hangs(n, topk, ctx, num_steps):
+    time.sleep(600)
+def chatty(n, topk, ctx, num_steps):
+    print("a width is coming")
+    return n * topk * (ctx + num_steps)
+'''
+
+
+@pytest.mark.parametrize("name, needle", [("exits", "ended its process (exit code 0)"), ("aborts", "died of SIGABRT"),
+                                          ("interrupts", "raised KeyboardInterrupt"), ("hangs", "did not return within 1s")])
+def test_a_sizing_that_ends_or_stalls_its_process_is_bad_input_naming_the_call(tmp_path, monkeypatch, name, needle):
+    """The callable of ``--sizing file.py:attr`` is user code called for every drawn config: in the fuzzing
+    process (or the user's pytest) an ``os._exit(0)`` would be a silent pass. It runs in a child; what
+    ends or stalls the child is one ``BadInput`` naming the call, and the next call starts a new child."""
+    from kvfence.cases.sizing_child import IsolatedSizing
+    from kvfence.cases.targets import resolve_sizing
+
+    (tmp_path / "sz.py").write_text(_SIZINGS)
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(resolve_sizing(f"sz.py:{name}"), IsolatedSizing)
+    policy = IsolatedSizing(f"sz.py:{name}", timeout_s=1)
+    with pytest.raises(BadInput, match=rf"sizing 'sz.py:{name}' .*when called for n=2, topk=1, ctx=5"):
+        policy(2, 1, 5, 3)
+    assert needle in str(pytest.raises(BadInput, policy, 2, 1, 5, 3).value)
+    chatty = IsolatedSizing("sz.py:chatty")
+    assert chatty(2, 3, 5, 1) == 36 and chatty(2, 3, 5, 1) == 36  # its print is not an answer
+
+
+def test_fuzz_with_a_sizing_that_exits_0_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
+    (tmp_path / "sz.py").write_text(_SIZINGS)
+    monkeypatch.chdir(tmp_path)
+    one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--sizing", "sz.py:exits", "--max-examples", "3",
+                             "--out", tmp_path / "o"], "ended its process (exit code 0) when called for")

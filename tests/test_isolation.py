@@ -23,19 +23,30 @@ HOSTILE_IMPORTS = {"exit": "import os\nos._exit(0)\n", "abort": "import os\nos.a
 LAUNCH = "\ndef launch(**kw):\n    pass\n"
 
 
-@pytest.mark.parametrize("launcher, kind", [("exit_zero", "LAUNCH_ERROR"), ("hard_exit", "CRASH"), ("abort", "CRASH"),
-                                            ("interrupt", "CRASH"), ("spin", "HANG")])
-def test_check_kernel_turns_a_misbehaving_launch_into_a_failing_case(launcher, kind, tmp_path):
+#: Each misbehaving launcher (tests/targets/crashers.py) and the finding kind its case must fail with.
+MISBEHAVING = [("exit_zero", "LAUNCH_ERROR"), ("hard_exit", "CRASH"), ("abort", "CRASH"), ("interrupt", "CRASH"),
+               ("spin", "HANG")]
+
+
+def check_a_misbehaving_launch(launcher: str, kind: str, tmp_path: Path, **options) -> dict:
+    """``check_kernel`` on ``launcher`` fails with ``kind`` and a case file holding it; the case file's record."""
     spec = f"{CRASHERS}:{launcher}"
     if launcher == "interrupt":
         (tmp_path / "kbd.py").write_text("def launch(**kw):\n    raise KeyboardInterrupt\n")
         spec = f"{tmp_path / 'kbd.py'}:launch"
     with pytest.raises(AssertionError) as info:
-        kvfence.check_kernel(spec, max_examples=3, out_dir=tmp_path / "o", shrink_seconds=2, case_timeout=3)
+        kvfence.check_kernel(spec, max_examples=3, out_dir=tmp_path / "o", shrink_seconds=2, **options)
     text = str(info.value)
     assert kind in text and "repro: python -m kvfence repro" in text
     case = Path(text.split("case file: ", 1)[1].split("\n", 1)[0])
-    assert case.is_file() and kind in {f["kind"] for f in json.loads(case.read_text())["findings"]}
+    record = json.loads(case.read_text())
+    assert case.is_file() and kind in {f["kind"] for f in record["findings"]}
+    return record
+
+
+@pytest.mark.parametrize("launcher, kind", MISBEHAVING)
+def test_check_kernel_turns_a_misbehaving_launch_into_a_failing_case(launcher, kind, tmp_path):
+    check_a_misbehaving_launch(launcher, kind, tmp_path, case_timeout=3)
 
 
 def test_check_kernel_passes_the_reference_in_its_worker(tmp_path):

@@ -235,10 +235,18 @@ def test_check_kernel_refuses_unusable_arguments_in_one_line(tmp_path, device):
     import kvfence
     from kvfence.errors import BadInput
 
+    (tmp_path / "afile").write_text("")
     for kwargs, needle in (({"max_examples": 0}, "max_examples"), ({"mode": "fast"}, "mode"),
-                           ({"sizing": "huge"}, "unknown sizing 'huge'"), ({"device": "tpu"}, "unknown device")):
+                           ({"sizing": "huge"}, "unknown sizing 'huge'"), ({"device": "tpu"}, "unknown device"),
+                           ({"shrink_seconds": -1}, "shrink_seconds must be"),
+                           ({"shrink_seconds": "10"}, "shrink_seconds must be"),
+                           ({"case_timeout": 0}, "case_timeout must be a positive"),
+                           ({"case_timeout": float("nan")}, "case_timeout must be a positive"),
+                           ({"out_dir": tmp_path / "afile"}, "afile exists and is not a directory"),
+                           ({"out_dir": tmp_path / "afile" / "sub"}, "out_dir .*afile/sub: cannot write in"),
+                           ({"out_dir": 3}, "out_dir must be a path")):
         with pytest.raises(BadInput, match=needle):
-            kvfence.check_kernel("reference", out_dir=tmp_path, **kwargs)
+            kvfence.check_kernel("reference", **dict({"out_dir": tmp_path}, **kwargs))
     with pytest.raises(BadInput, match="No module named 'no_such_kernels'"):
         kvfence.check_kernel("no_such_kernels:launch", device=device, out_dir=tmp_path)
     assert not (tmp_path / "cases").exists()

@@ -406,3 +406,44 @@ def test_a_zip_bomb_member_is_left_out_not_inflated(tmp_path):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100 * 1024
     assert "sglang/srt/layers/attention/bomb.py" in doc["skipped_members"]
     assert doc["backends"]["HostileBackend"]["graph"]["formula"]
+
+
+def test_kernel_extraction_reads_no_member_past_the_bound_and_names_what_it_left_out(tmp_path, monkeypatch):
+    """The kernel's search reads every ``sglang/*.py`` member: each within ``MAX_MEMBER_BYTES`` (a bomb is
+    left out, not inflated), and a release whose kernel is not found says which members were not read."""
+    import zipfile
+
+    from kvfence.cases import upstream
+
+    monkeypatch.setattr(shipped, "MAX_MEMBER_BYTES", 64 << 10)
+    bomb = "x = 0\n" + "#" * (1 << 20)
+    wheel = _hostile_wheel(tmp_path / "w", "0.0.9", "max_bs * self.max_context_len")
+    with zipfile.ZipFile(wheel, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("sglang/srt/layers/attention/bomb.py", bomb)
+    reads = []
+    real_open = zipfile.ZipFile.open
+
+    def counting_open(self, member, *args, **kwargs):
+        handle = real_open(self, member, *args, **kwargs)
+        real_read = handle.read
+        handle.read = lambda n=-1: reads.append(n) or real_read(n)
+        return handle
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", counting_open)
+    name, source = upstream._find_kernel_module("0.0.9", wheel)
+    assert name == MODULE and "def generate_draft_decode_kv_indices(" in source
+    assert reads and all(0 <= n <= shipped.MAX_MEMBER_BYTES + 1 for n in reads)  # never a whole-member read
+    without = make_wheel(tmp_path / "w2", "0.0.8", {"sglang/srt/x.py": "x = 1\n", "sglang/srt/bomb.py": bomb})
+    with pytest.raises(upstream.Refused, match=r"1 member\(s\) not read: sglang/srt/bomb.py \(\d+ bytes, more than 65536"):
+        upstream._find_kernel_module("0.0.8", without)
+
+
+def test_a_member_that_does_not_parse_is_named_when_no_backend_is_found(tmp_path):
+    """A backend file nested past the parser reads as absent; the release's "no draft backend" line says
+    which member could not be read (it may hold the backend)."""
+    wheel = make_wheel(tmp_path / "w", "0.0.6", {MODULE: FAKE_MODULE, UTILS: TOY_UTILS, RUNNER: TOY_RUNNER,
+                                                 BACKENDS: "from k import generate_draft_decode_kv_indices\n"
+                                                           + "x = " + "(" * 300 + "1" + ")" * 300 + "\n"})
+    record = shipped.validate_record(shipped.read_wheel(wheel))
+    assert record["backends"] == {} and BACKENDS in record["skipped_members"]
+    assert f"1 member(s) not read: {BACKENDS} (does not parse" in shipped.unread_note(record)

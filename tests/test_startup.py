@@ -240,7 +240,8 @@ def test_a_job_given_a_stop_file_that_exists_stops_exploring(tmp_path):
 #: A stand-in for ``python`` under ``run_jobs``. Its job's behaviour comes from ``plan.json`` beside the
 #: script: "fail" writes a failing progress file at once and exits 1; "explore" writes a clean progress
 #: file and runs until the parent's stop file appears (or 10 s pass); "silent" writes no progress and
-#: sleeps 3 s. Each writes a summary saying when it started and what ended it.
+#: sleeps 3 s; "late" starts up for 2 s (a loaded machine), then writes progress and explores 2 s.
+#: Each writes a summary saying when it started and what ended it.
 _FAKE_JOB = """#!{python}
 import json, os, sys, time
 started = time.time()
@@ -251,6 +252,10 @@ plan = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 role = plan[os.path.basename(out)]
 if role == "silent":
     time.sleep(3)
+elif role == "late":
+    time.sleep(2)
+    open(progress, "w").write(json.dumps({{"findings": 0, "first_failure_at": None, "written_at": time.time()}}))
+    time.sleep(2)
 else:
     failing = role == "fail"
     open(progress, "w").write(json.dumps({{"findings": int(failing), "first_failure_at": started if failing else None,
@@ -295,6 +300,22 @@ def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkey
         assert [d["ended_by"] for d in docs] == ["job_failure", "failure"] and wall < 8
     else:
         assert [d["ended_by"] for d in docs] == ["time", "failure"] and docs[0]["stop_file"] is None and wall >= 10
+
+
+def test_a_jobs_budget_counts_from_its_first_progress_so_a_slow_start_is_no_overrun(tmp_path, monkeypatch):
+    """``deadline_s``: a job whose start-up took long (a loaded machine) and which then runs within its
+    budget is not stopped, while one that runs past its budget and grace is stopped and named."""
+    from kvfence.workflow import jobs
+
+    monkeypatch.setattr(jobs, "JOB_OVERRUN_GRACE_S", 2.0)
+    monkeypatch.setattr(jobs, "STOP_WAIT_S", 1.0)
+    docs, problems, crashes, interrupted, not_started = jobs.run_jobs(
+        _fake_jobs(tmp_path, monkeypatch, "late", "explore"), tmp_path / "out", device="cpu", deadline_s=1.0,
+        stop_on_failure=False)
+    # 4 s from the run's start, past 1 + 2; 2 s from its first progress, within: its own pace.
+    assert [d["ended_by"] for d in docs] == ["time"] and [p for p in problems if "job 0" in p] == []
+    assert any(p.startswith("job 1 was still running") and "counted from its first progress" in p
+               for p in problems), problems
 
 
 def test_the_lead_job_starts_alone_and_the_others_after_its_first_example(tmp_path, monkeypatch):

@@ -212,6 +212,10 @@ def validate_record(record) -> dict:
     backends = record.get("backends")
     require(isinstance(backends, dict), "backends must be an object")
     require(record.get("unreadable") is None or isinstance(record["unreadable"], str), "unreadable must be a string")
+    skipped = record.get("skipped_members")
+    require(skipped is None or (isinstance(skipped, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                  for k, v in skipped.items())),
+            "skipped_members must map member names to reasons")
     for name, b in backends.items():
         what = f"backend {name!r}"[:120]
         require(isinstance(b, dict), f"{what}: not an object")
@@ -229,6 +233,29 @@ def validate_record(record) -> dict:
 
 
 # -- the wheel as text ------------------------------------------------------------------------------
+def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Tuple[Optional[bytes], str]:
+    """A wheel member's bytes, or ``None`` and why when it is larger than ``MAX_MEMBER_BYTES``: at most that
+    many bytes are ever inflated (a zip bomb's header may lie about its size)."""
+    if info.file_size > MAX_MEMBER_BYTES:
+        return None, f"{info.file_size} bytes, more than {MAX_MEMBER_BYTES}"
+    with zf.open(info) as member:
+        data = member.read(MAX_MEMBER_BYTES + 1)
+    if len(data) > MAX_MEMBER_BYTES:
+        return None, f"more than {MAX_MEMBER_BYTES} bytes once inflated"
+    return data, ""
+
+
+def unread_note(record: dict) -> str:
+    """``; ...`` naming what of a wheel could not be read (``unreadable``, ``skipped_members``), or ``""``:
+    a release with no backend found says whether one may sit in a member kvfence could not read."""
+    parts = [record["unreadable"]] if record.get("unreadable") else []
+    skipped = record.get("skipped_members") or {}
+    if skipped:
+        shown = ", ".join(f"{name} ({why})" for name, why in list(skipped.items())[:3])
+        parts.append(f"{len(skipped)} member(s) not read: {shown}" + (", ..." if len(skipped) > 3 else ""))
+    return "".join(f"; {p}" for p in parts)
+
+
 class Wheel:
     """The ``.py`` files of a wheel, read as text and parsed on demand (never imported)."""
 
@@ -242,13 +269,9 @@ class Wheel:
                     n = info.filename
                     if not n.endswith(".py") or n.startswith("/") or ".." in n.split("/"):
                         continue
-                    if info.file_size > MAX_MEMBER_BYTES:
-                        self.skipped[n] = f"{info.file_size} bytes, more than {MAX_MEMBER_BYTES}"
-                        continue
-                    with zf.open(info) as member:
-                        data = member.read(MAX_MEMBER_BYTES + 1)  # the header's size is not trusted
-                    if len(data) > MAX_MEMBER_BYTES:
-                        self.skipped[n] = f"more than {MAX_MEMBER_BYTES} bytes once inflated"
+                    data, why = read_member(zf, info)
+                    if data is None:
+                        self.skipped[n] = why
                         continue
                     self.files[n] = data.decode("utf-8", "replace")
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
@@ -261,6 +284,7 @@ class Wheel:
                 self._trees[name] = ast.parse(self.files[name])
             except (SyntaxError, ValueError, RecursionError, MemoryError):  # incl. nesting and huge literals
                 self._trees[name] = None
+                self.skipped[name] = "does not parse (a syntax error, or nested or sized past the parser)"
         return self._trees[name]
 
     def module_file(self, module: str) -> Optional[str]:

@@ -12,7 +12,7 @@ import json
 from typing import Optional, Tuple
 
 from kvfence.cases import upstream
-from kvfence.cases.shipped import DRAFT_KERNEL, MODES, RECORD_FILE, evaluate, validate_record
+from kvfence.cases.shipped import DRAFT_KERNEL, MODES, RECORD_FILE, evaluate, unread_note, validate_record
 from kvfence.errors import BadInput, require
 
 
@@ -50,7 +50,7 @@ def backend_record(version: str, backend: str) -> dict:
     record = load_record(version)
     names = sorted(record["backends"])
     require(names, f"sglang=={version} has no draft backend (no class launches {DRAFT_KERNEL})"
-                   + (f"; {record['unreadable']}" if record.get("unreadable") else ""))
+                   + unread_note(record))
     require(backend in record["backends"], f"sglang=={version} has no backend {backend!r}; it has {', '.join(names)}")
     return record["backends"][backend]
 

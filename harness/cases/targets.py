@@ -408,6 +408,10 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
         raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
 
     accepted = _window_kwargs_of(obj)
+    from kvfence.cases.sizing_child import IsolatedSizing, in_process
+
+    if not in_process():  # user code runs in a child: its exit or hang cannot end this process silently
+        return functools.update_wrapper(IsolatedSizing(spec), obj)
 
     @functools.wraps(obj)
     def policy(n: int, topk: int, ctx: int, num_steps: int, **window) -> int:

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -196,18 +197,32 @@ def entry_folder(version: str) -> Path:
     return cache_root() / f"sglang-{version}"
 
 
+#: Times ``load_entry`` reads an entry again that another process swapped while it read.
+SWAP_RETRIES = 3
+
+
 def load_entry(version: str) -> Optional[Entry]:
     """The cached entry of ``version``, None if there is none; ``BadInput`` if it is corrupt."""
     folder = entry_folder(version)
-    if not folder.exists():
-        return None
-    _check_trusted(folder)
-    try:
-        return _validate_entry(version, folder)
-    except (BadInput, OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError) as exc:
-        why = exc if isinstance(exc, BadInput) else f"{type(exc).__name__}: {exc}"
-        raise BadInput(f"cache entry {folder} is corrupt ({why}); delete it or run "
-                       f"`kvfence upstream fetch {version} --refresh`") from None
+    why: object = "it changed each time it was read"
+    for _ in range(SWAP_RETRIES + 1):
+        if not folder.exists():
+            return None
+        try:
+            _check_trusted(folder)  # its refusal (who may write the cache) is its own message, not "corrupt"
+        except FileNotFoundError:
+            continue  # swapped while this process looked: read it again
+        try:
+            return _validate_entry(version, folder)
+        except FileNotFoundError as exc:
+            # Another process swapped the entry while this one read it (_extract_to_cache moves the old
+            # folder aside, then the new one in): read it again rather than call a good entry corrupt.
+            why = f"{type(exc).__name__}: {exc}"
+        except (BadInput, OSError, ValueError, KeyError, TypeError, AttributeError, SyntaxError) as exc:
+            why = exc if isinstance(exc, BadInput) else f"{type(exc).__name__}: {exc}"
+            break
+    raise BadInput(f"cache entry {folder} is corrupt ({why}); delete it or run "
+                   f"`kvfence upstream fetch {version} --refresh`")
 
 
 def _check_trusted(folder: Path) -> None:
@@ -217,8 +232,13 @@ def _check_trusted(folder: Path) -> None:
     for path in (folder.parent, folder, *sorted(folder.iterdir())):
         try:
             st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):  # a link's own mode is always 777 and means nothing: its owner and
+                require(st.st_uid == os.getuid(),  # where it points count (e.g. ~/.cache -> /data/cache)
+                        f"cache entry {folder}: {path} is a link not owned by you; the cache holds code kvfence "
+                        "runs: fix it (chown) or delete it and fetch again")
+                st = path.stat()
         except OSError:
-            continue  # gone, or unreadable: the validation below says so
+            continue  # gone, dangling or unreadable: the validation below says so
         owner_ok = st.st_uid == os.getuid()
         require(owner_ok and not st.st_mode & 0o022,
                 f"cache entry {folder}: {path} is {'not owned by you' if not owner_ok else 'writable by others'} "
@@ -442,13 +462,20 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     folder = entry_folder(version)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    old: Optional[Path] = None
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from the other users of a shared cache
         (staging / module_file).write_text(text, encoding="utf-8")
         (staging / shipped.RECORD_FILE).write_text(shipped_text, encoding="utf-8")
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        # The old entry moves aside in one rename and the new one in in another: a reader sees the old entry,
+        # none, or the new one, never a folder half removed (load_entry reads again if it was mid-swap).
         if folder.exists():
-            shutil.rmtree(folder)
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}-old-", dir=folder.parent))
+            try:
+                os.replace(folder, old)
+            except OSError:  # another process swapped it first
+                pass
         try:
             os.replace(staging, folder)
         except OSError:
@@ -456,34 +483,42 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
             if not folder.is_dir():
                 raise
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        for leftover in (staging, old):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
     refusal_path(version).unlink(missing_ok=True)  # the release is testable now (a --refresh, another wheel)
     return _validate_entry(version, folder)
 
 
 def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:
     """``(path in the wheel, source)`` of the module defining the draft kernel; checks the wheel on the way."""
+    from kvfence.cases.shipped import read_member
     try:
         with zipfile.ZipFile(wheel) as zf:
             names = zf.namelist()
             meta = f"sglang-{version}.dist-info/METADATA"
             require(meta in names, f"wheel {wheel.name} is corrupt or not sglang {version}: no {meta}")
-            fields = dict(re.findall(r"^(Name|Version): *(\S+)", zf.read(meta).decode("utf-8", "replace"), re.M))
+            fields = dict(re.findall(r"^(Name|Version): *(\S+)", member_bytes(zf, meta).decode("utf-8", "replace"),
+                                     re.M))
             require(fields.get("Name", "").lower() == "sglang" and fields.get("Version") == version,
                     f"wheel {wheel.name} is {fields.get('Name')} {fields.get('Version')}, not sglang {version}")
             record = _record(zf, f"sglang-{version}.dist-info/RECORD")
             needle = re.compile(rf"^def {DRAFT_KERNEL}\(", re.M)
-            hits = []
-            for name in names:
+            hits, skipped = [], []
+            for info in zf.infolist():
+                name = info.filename
                 if name.startswith("sglang/") and name.endswith(".py"):
-                    data = zf.read(name)
-                    if needle.search(data.decode("utf-8", "replace")):
+                    data, why = read_member(zf, info)  # bounded: a zip bomb is skipped, not inflated
+                    if data is None:
+                        skipped.append(f"{name} ({why})")
+                    elif needle.search(data.decode("utf-8", "replace")):
                         hits.append((name, data))
-    except zipfile.BadZipFile as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as exc:
         raise BadInput(f"wheel {wheel} is corrupt: {exc}") from None
     if not hits:
-        raise Refused(f"sglang=={version} has no {DRAFT_KERNEL} (searched the .py files of {wheel.name})", NO_KERNEL)
+        unread = f"; {len(skipped)} member(s) not read: {', '.join(skipped[:3])}" if skipped else ""
+        raise Refused(f"sglang=={version} has no {DRAFT_KERNEL} (searched the .py files of {wheel.name}{unread})",
+                      NO_KERNEL)
     require(len(hits) == 1, f"sglang=={version} defines {DRAFT_KERNEL} in several modules: "
             f"{', '.join(h[0] for h in hits)}")
     name, data = hits[0]
@@ -497,10 +532,19 @@ def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:
         raise BadInput(f"wheel {wheel.name} is corrupt: {name} is not UTF-8") from None
 
 
+def member_bytes(zf: zipfile.ZipFile, name: str) -> bytes:
+    """A member kvfence needs whole (METADATA, RECORD, a kernel's module), read within the member bound."""
+    from kvfence.cases.shipped import read_member
+
+    data, why = read_member(zf, zf.getinfo(name))
+    require(data is not None, f"wheel is corrupt: {name} is {why}")
+    return data
+
+
 def _record(zf: zipfile.ZipFile, name: str) -> Dict[str, str]:
     require(name in zf.namelist(), f"wheel is corrupt: no {name}")
     rows = {}
-    for line in zf.read(name).decode("utf-8", "replace").splitlines():
+    for line in member_bytes(zf, name).decode("utf-8", "replace").splitlines():
         path, _, rest = line.partition(",")
         rows[path] = rest.partition(",")[0]
     return rows

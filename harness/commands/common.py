@@ -111,22 +111,6 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _probe_folder(folder: Path, what: str, path) -> None:
-    """Create and remove a temp file in ``folder`` (or its nearest existing parent, where the folder
-    would be created): the only check that holds for root, read-only mounts and /proc alike."""
-    import tempfile
-
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".kvfence-probe-", dir=probe)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        raise BadInput(f"{what} {path}: cannot write in {probe}: {exc.strerror or exc}") from None
-
-
 def _writable(path: Optional[str], what: str) -> Optional[Path]:
     """Fail before any work if an output path cannot be written (its folder must exist)."""
     if path is None:
@@ -136,7 +120,9 @@ def _writable(path: Optional[str], what: str) -> Optional[Path]:
     require(p.parent.is_dir() if str(p.parent) else True, f"{what} {path}: folder {p.parent} does not exist")
     require(not p.is_dir(), f"{what} {path} is a directory")
     require(not p.exists() or p.is_file(), f"{what} {path}: not a regular file")
-    _probe_folder(p.parent if str(p.parent) else Path("."), what, path)
+    from kvfence.workflow.outdir import probe_folder
+
+    probe_folder(p.parent if str(p.parent) else Path("."), what, path)
     return p
 
 
@@ -145,7 +131,9 @@ def _out_dir(path: str) -> Path:
     require(path.strip() != "", "--out: empty path (name a folder)")  # Path("") would mean the current folder
     p = Path(path)
     require(not p.exists() or p.is_dir(), f"--out {path}: exists and is not a directory")
-    _probe_folder(p, "--out", path)
+    from kvfence.workflow.outdir import probe_folder
+
+    probe_folder(p, "--out", path)
     return p
 
 

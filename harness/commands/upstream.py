@@ -59,8 +59,7 @@ def cmd_upstream_sizing(args) -> int:
         return EXIT_CLEAN
     record = shipped_sizing.load_record(args.version)
     require(record["backends"], f"sglang=={args.version} has no draft backend (no class launches "
-                                f"{shipped.DRAFT_KERNEL})" + (f"; {record['unreadable']}" if record.get("unreadable")
-                                                              else ""))
+                                f"{shipped.DRAFT_KERNEL})" + shipped.unread_note(record))
     print(_terminal(sizing_lines(args.version, record)))
     return EXIT_CLEAN
 

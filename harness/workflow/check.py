@@ -42,11 +42,12 @@ def check_kernel(kernel: str, *, sizing: str = "safe", max_examples: int = DEFAU
     """
     __tracebackhide__ = True  # pytest: the failure is the message, not this function's source
     from kvfence.cases.budget import default_budget
-    from kvfence.cases.casefile import case_repro_command, format_failure, write_case
+    from kvfence.cases.casefile import CASES_DIR, case_repro_command, format_failure, write_case
     from kvfence.cases.targets import check_kernel_spec, resolve_sizing
     from kvfence.device import interpreting, select
     from kvfence.strategies import cases, configs
     from kvfence.workflow.fuzz import fuzz
+    from kvfence.workflow.outdir import probe_folder
     from kvfence.workflow.probe import check_plugins
     from kvfence.workflow.worker import DEFAULT_CASE_TIMEOUT, RemoteSession
 
@@ -60,6 +61,13 @@ def check_kernel(kernel: str, *, sizing: str = "safe", max_examples: int = DEFAU
     require(isinstance(out_dir, (str, os.PathLike)) and str(out_dir), f"out_dir must be a path, got {out_dir!r}")
     require(isinstance(kernel, str) and kernel, f"kernel must be a spec string, got {kernel!r}")
     require(isinstance(sizing, str) and sizing, f"sizing must be a spec string, got {sizing!r}")
+    require(case_timeout is None or (isinstance(case_timeout, (int, float)) and not isinstance(case_timeout, bool)
+                                     and math.isfinite(case_timeout) and case_timeout > 0),
+            f"case_timeout must be a positive number of seconds, got {case_timeout!r}")
+    # The case file goes to out_dir/cases/ after the run: a folder that cannot take it is refused now.
+    for folder in (Path(out_dir), Path(out_dir) / CASES_DIR):
+        require(not folder.exists() or folder.is_dir(), f"out_dir {out_dir}: {folder} exists and is not a directory")
+    probe_folder(Path(out_dir), "out_dir", out_dir)
     timeout = DEFAULT_CASE_TIMEOUT if case_timeout is None else case_timeout
     if device is None:
         device = "cpu" if interpreting() else "auto"

@@ -97,8 +97,8 @@ def upstream_kernel_file(contract: Contract, spec: str) -> Path:
                 found = [p for p in contract.upstream.paths if p in names]
                 require(found, f"sglang=={version} has no {function} for contract {contract.name} (looked in "
                                f"{', '.join(contract.upstream.paths)})")
-                source = zf.read(found[0]).decode("utf-8")
-        except (zipfile.BadZipFile, UnicodeDecodeError) as exc:
+                source = upstream.member_bytes(zf, found[0]).decode("utf-8")
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, UnicodeDecodeError) as exc:
             raise BadInput(f"sglang=={version}: the wheel is unreadable: {exc}") from None
     require(f"def {function}(" in source, f"sglang=={version}: {found[0]} has no {function}")
     _check_signature(contract, version, source, function)  # before extraction: the more useful message

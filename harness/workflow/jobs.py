@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from kvfence.errors import require
 from kvfence.cases import casefile
 
 JOBS_DIR = "jobs"
@@ -162,16 +163,27 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
     ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure;
     with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``).
     ``lead`` (default: on CUDA) starts job 0 alone first (the module's docstring says why).
-    ``deadline_s``: the run's whole budget (exploring, shrinking, start-up); a job still running
-    ``JOB_OVERRUN_GRACE_S`` after it is stopped (SIGTERM, its outputs written; SIGKILL after
-    ``STOP_WAIT_S``) and named in ``problems``."""
+    ``deadline_s``: a job's budget (exploring and shrinking; on CUDA the lead's wait), counted from its
+    first progress (its start-up is not its budget: on a loaded machine it can take seconds), or from the
+    run's start for a job that never reports; a job still running ``JOB_OVERRUN_GRACE_S`` past it is
+    stopped (SIGTERM, its outputs written; SIGKILL after ``STOP_WAIT_S``) and named in ``problems``."""
     from kvfence.running.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
     from kvfence.running.journal import recover
 
     gpus = _visible_gpus() if device == "cuda" else []
     lead = device == "cuda" if lead is None else lead
     stop_file = Path(out_dir) / JOBS_DIR / STOP_FILE
-    if stop_file.exists():
+    # The scratch paths must have the type this run gives them, checked before anything moves or starts.
+    scratch = Path(out_dir) / JOBS_DIR
+    require(not scratch.exists() or scratch.is_dir(),
+            f"--out {out_dir}: {scratch} exists and is not a directory: the jobs write there; move it away")
+    require(not stop_file.is_dir() or stop_file.is_symlink(),
+            f"--out {out_dir}: {stop_file} is a directory: the jobs' stop signal is a file there; move it away")
+    for i in range(len(child_args)):
+        folder = job_dir(out_dir, i)
+        require(not folder.exists() or folder.is_dir(),
+                f"--out {out_dir}: {folder} exists and is not a directory: job {i} writes there; move it away")
+    if stop_file.exists() or stop_file.is_symlink():
         stop_file.unlink()  # an earlier run's
     specs = []
     for i, extra in enumerate(child_args):
@@ -196,6 +208,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                                        preexec_fn=child_dies_with_parent(signal.SIGTERM)), folder, log))
 
     start = time.perf_counter()
+    began: Dict[int, float] = {}  # job index -> when its progress file first appeared
     waiting = specs[1:] if lead else []
     for spec in specs[:1] if lead else specs:
         launch(spec)
@@ -209,8 +222,8 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                 raise_pending()  # a signal while the jobs were starting
                 time.sleep(FIRST_FAILURE_POLL_S if not announced or waiting else POLL_S)
                 now = time.perf_counter()
-                if announced and progress is None and not waiting:
-                    continue
+                if announced and progress is None and not waiting and deadline_s is None:
+                    continue  # nothing left to read the progress files for (a budget still needs them)
                 docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
                 failed = [d for d in docs if d.get("first_failure_at") is not None]
                 if not announced and failed:
@@ -228,13 +241,23 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                 if progress is not None and now - drawn >= POLL_S:
                     drawn = now
                     progress(_Summed(docs, now - start))
-                if deadline_s is not None and now - start > deadline_s + JOB_OVERRUN_GRACE_S:
-                    late = [i for i, (p, _, _) in enumerate(procs) if p.poll() is None]
-                    killed = set(_stop(procs, set(late), signal.SIGTERM))
-                    overrun += [f"job {i} was still running {now - start:.0f} s into a run budgeted {deadline_s:g} s "
-                                f"(+{JOB_OVERRUN_GRACE_S:g} s grace): {'killed' if i in killed else 'stopped'} "
-                                f"(log: {procs[i][1] / 'log.txt'})" for i in late]
-                    not_started, waiting = not_started + len(waiting), []
+                for i, d in enumerate(docs):
+                    if d and i not in began:
+                        began[i] = now  # its first progress: its start-up is over, its budget runs from here
+                if deadline_s is not None:
+                    # A job's budget counts from its first progress (start-up on a loaded machine is not its
+                    # budget); one that never reported counts from the run's start.
+                    late = [i for i, (p, _, _) in enumerate(procs)
+                            if p.poll() is None and now - began.get(i, start) > deadline_s + JOB_OVERRUN_GRACE_S]
+                    if late:
+                        killed = set(_stop(procs, set(late), signal.SIGTERM))
+                        overrun += [f"job {i} was still running {now - began.get(i, start):.0f} s into a run budgeted "
+                                    f"{deadline_s:g} s (+{JOB_OVERRUN_GRACE_S:g} s grace"
+                                    f"{', counted from its first progress' if i in began else ''}): "
+                                    f"{'killed' if i in killed else 'stopped'} (log: {procs[i][1] / 'log.txt'})"
+                                    for i in late]
+                    if waiting and now - start > deadline_s + JOB_OVERRUN_GRACE_S:
+                        not_started, waiting = not_started + len(waiting), []
     except Interrupted as exc:
         # Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
         # far written); the parent then merges what they wrote, like a finished run.

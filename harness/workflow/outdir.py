@@ -12,13 +12,15 @@ folder must not mix its cells with the first run's per-release folders.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
 from kvfence.cases.casefile import CASES_DIR
-from kvfence.errors import require
+from kvfence.errors import BadInput, require
 from kvfence.running.journal import JOURNAL_DIR
 
 EARLIER_DIR = "earlier"
@@ -77,3 +79,17 @@ def set_aside_earlier_report(out_dir, now: Optional[float] = None) -> Optional[d
     for e in entries:
         e.replace(dest / e.name)  # same filesystem: a rename
     return {"folder": str(dest), "count": len(entries)}
+
+
+def probe_folder(folder: Path, what: str, path) -> None:
+    """Create and remove a temp file in ``folder`` (or its nearest existing parent, where the folder
+    would be created): the only check that holds for root, read-only mounts and /proc alike."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kvfence-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise BadInput(f"{what} {path}: cannot write in {probe}: {exc.strerror or exc}") from None
