@@ -154,8 +154,9 @@ def doc_tests():
 def _run(line: DocLine, cwd: Path) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     argv = shlex.split(line.command)
-    if argv[0] == "kvfence":
-        argv = [sys.executable, "-m", "kvfence", *argv[1:]]
+    if argv[0] == "kvfence":  # the installed console script, as the reader types it
+        script = Path(sys.executable).with_name("kvfence")
+        argv = [str(script), *argv[1:]] if script.exists() else [sys.executable, "-m", "kvfence", *argv[1:]]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800,

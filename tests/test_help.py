@@ -81,7 +81,7 @@ def test_each_commands_help_lists_its_exit_codes(command):
 
 def test_the_console_script_names_itself_kvfence():
     scripts = re.search(r"\[project\.scripts\]\s*\n(.*?)(\n\[|\Z)", (ROOT / "pyproject.toml").read_text(), re.S)
-    assert re.search(r'^kvfence\s*=\s*"kvfence\.cli:main"', scripts.group(1), re.M)
+    assert re.search(r'^kvfence\s*=\s*"kvfence\.__main__:main"', scripts.group(1), re.M)  # one start for both
     proc = run(["fuzz", "--help"], console_script=True)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: kvfence fuzz ")
     proc = run(["fuzz", "--mode", "lazy"], console_script=True)

@@ -717,6 +717,7 @@ def test_redaction_equals_the_specification_regex(text):
     assert redact(text) == rule.sub(r"\1***@", text)
 
 
+@pytest.mark.interpreter  # --device cpu: the Triton interpreter must be usable here
 @pytest.mark.parametrize("where, make", [("jobs", "file"), ("jobs/job-0", "file"), ("jobs/stop", "dir")])
 def test_a_jobs_scratch_path_of_the_wrong_type_is_one_line_before_a_job_starts(capsys, tmp_path, where, make):
     out = tmp_path / "out"
@@ -807,7 +808,7 @@ def test_a_sizing_that_ends_or_stalls_its_process_is_bad_input_naming_the_call(t
     """The callable of ``--sizing file.py:attr`` is user code called for every drawn config: in the fuzzing
     process (or the user's pytest) an ``os._exit(0)`` would be a silent pass. It runs in a child; what
     ends or stalls the child is one ``BadInput`` naming the call, and the next call starts a new child."""
-    from kvfence.cases.sizing_child import IsolatedSizing
+    from kvfence.cases.targets import IsolatedSizing
     from kvfence.cases.targets import resolve_sizing
 
     (tmp_path / "sz.py").write_text(_SIZINGS)
@@ -821,6 +822,7 @@ def test_a_sizing_that_ends_or_stalls_its_process_is_bad_input_naming_the_call(t
     assert chatty(2, 3, 5, 1) == 36 and chatty(2, 3, 5, 1) == 36  # its print is not an answer
 
 
+@pytest.mark.interpreter  # --device cpu: the Triton interpreter must be usable here
 def test_fuzz_with_a_sizing_that_exits_0_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
     (tmp_path / "sz.py").write_text(_SIZINGS)
     monkeypatch.chdir(tmp_path)

@@ -351,7 +351,7 @@ class _Counter:
 
 def main(argv: Optional[List[str]] = None) -> None:
     """``python -m kvfence.workflow.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
-    from kvfence.cases.sizing_child import IN_PROCESS_ENV
+    from kvfence.cases.targets import IN_PROCESS_ENV
 
     argv = sys.argv[1:] if argv is None else argv
     os.environ[IN_PROCESS_ENV] = "1"  # a sizing plug-in that ends this process is this case's CRASH already
