@@ -411,6 +411,8 @@ class IsolatedSizing:
 
     def __init__(self, spec: str, timeout_s: float = CALL_TIMEOUT_S):
         self.spec, self.timeout_s = spec, timeout_s
+        # The child starts in the folder this process resolved the spec in, whatever folder it is in later.
+        self._cwd = os.getcwd()
         self._proc: Optional[subprocess.Popen] = None
         self._answers: Dict[Tuple, int] = {}
 
@@ -418,7 +420,7 @@ class IsolatedSizing:
         env = dict(os.environ, **{IN_PROCESS_ENV: "1"})
         return subprocess.Popen([sys.executable, "-m", "kvfence.cases.sizing_child", self.spec, str(os.getpid())],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=env, text=True, bufsize=1)
+                                env=env, text=True, bufsize=1, cwd=self._cwd)
 
     def _fail(self, call: str, what: str) -> BadInput:
         self.close()
