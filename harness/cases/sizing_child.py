@@ -1,4 +1,4 @@
-"""The child process that runs a sizing plug-in's callable (``python -m kvfence.cases.sizing_child SPEC PID``).
+"""The child that runs a sizing plug-in's callable (``python -m kvfence.cases.sizing_child SPEC PID SHOWN``).
 
 ``kvfence.cases.targets.IsolatedSizing`` starts it and sends one JSON line per call; it answers each with
 ``{"width": W}`` or ``{"bad_input": why}`` on the stdout it saved, pointing the plug-in's own prints at
@@ -39,12 +39,16 @@ def main(argv=None) -> None:
     args = argv if argv is not None else sys.argv[1:]
     spec = args[0]
     _die_with(int(args[1]) if len(args) > 1 else None)
+    shown = args[2] if len(args) > 2 else spec  # the spec as the user gave it (spec: its file made absolute)
+
+    def said(text: str) -> str:
+        return text.replace(repr(spec), repr(shown))
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the plug-in's prints go to stderr, not into the answers
     try:
         policy = resolve_sizing(spec)
     except BadInput as exc:
-        policy, refused = None, str(exc)
+        policy, refused = None, said(str(exc))
     for line in sys.stdin:
         if policy is None:
             answer = {"bad_input": refused}
@@ -53,9 +57,9 @@ def main(argv=None) -> None:
             try:
                 answer = {"width": policy(n, topk, ctx, num_steps, **window)}
             except BadInput as exc:
-                answer = {"bad_input": str(exc)}
+                answer = {"bad_input": said(str(exc))}
             except KeyboardInterrupt:  # raised by the plug-in, not a Ctrl-C (this process ignores SIGINT)
-                answer = {"bad_input": f"sizing {spec!r} raised KeyboardInterrupt when called for n={n}, "
+                answer = {"bad_input": f"sizing {shown!r} raised KeyboardInterrupt when called for n={n}, "
                                        f"topk={topk}, ctx={ctx}, num_steps={num_steps}"}
         protocol.write(json.dumps(answer) + "\n")
 

@@ -411,16 +411,19 @@ class IsolatedSizing:
 
     def __init__(self, spec: str, timeout_s: float = CALL_TIMEOUT_S):
         self.spec, self.timeout_s = spec, timeout_s
-        # The child starts in the folder this process resolved the spec in, whatever folder it is in later.
-        self._cwd = os.getcwd()
+        # The child resolves the file this process resolved (an absolute path: a later call may come from
+        # another folder, the one this spec was given in may be gone); its messages name the spec as given.
+        where, _, attr = spec.rpartition(":")
+        self._child_spec = f"{Path(where).resolve()}:{attr}" if where.endswith(".py") else spec
         self._proc: Optional[subprocess.Popen] = None
         self._answers: Dict[Tuple, int] = {}
 
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, **{IN_PROCESS_ENV: "1"})
-        return subprocess.Popen([sys.executable, "-m", "kvfence.cases.sizing_child", self.spec, str(os.getpid())],
+        return subprocess.Popen([sys.executable, "-m", "kvfence.cases.sizing_child", self._child_spec,
+                                 str(os.getpid()), self.spec],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=env, text=True, bufsize=1, cwd=self._cwd)
+                                env=env, text=True, bufsize=1)
 
     def _fail(self, call: str, what: str) -> BadInput:
         self.close()
