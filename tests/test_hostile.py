@@ -385,10 +385,8 @@ def test_a_cache_root_reached_through_a_link_is_judged_by_where_it_points(cached
 
 def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cached_entry, monkeypatch, tmp_path):
     """Simultaneous first uses: one process re-extracts (the old folder aside, the new one in) while another
-    reads. A file gone mid-read means the entry was swapped: read it again. Then the real thing: a thread
+    reads. A file gone mid-read means the entry was swapped: read it again. Then the real thing: a process
     re-extracting 20 times while this one loads, with no "corrupt"."""
-    import threading
-
     from test_upstream import make_wheel
 
     from kvfence.cases import upstream
@@ -407,14 +405,17 @@ def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cach
     assert upstream.load_entry(version) is not None and len(calls) == 2
     monkeypatch.setattr(upstream, "_validate_entry", real)
     wheel, errors = make_wheel(tmp_path / "again"), []
-    writer = threading.Thread(target=lambda: [upstream._extract_to_cache(version, wheel) for _ in range(20)])
-    writer.start()
-    while writer.is_alive():
+    # Another process (as another first user would be; ast.parse is not safe across threads in CPython 3.11).
+    writer = subprocess.Popen([sys.executable, "-c", "import sys\nfrom pathlib import Path\n"
+                               "from kvfence.cases import upstream\n"
+                               "for _ in range(20):\n    upstream._extract_to_cache(sys.argv[1], Path(sys.argv[2]))\n",
+                               version, str(wheel)], stderr=subprocess.PIPE, text=True)
+    while writer.poll() is None:
         try:
             upstream.load_entry(version)
         except BadInput as exc:
             errors.append(str(exc))
-    writer.join()
+    assert writer.wait() == 0, writer.stderr.read()[-2000:]
     assert errors == [] and upstream.load_entry(version) is not None
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []  # no folder left aside
 
