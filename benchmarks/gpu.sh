@@ -12,13 +12,14 @@
 #   part             seconds  writes ($RESULTS/)                 what
 #   throughput       560      h200.json, h200_scale_mutants.json parent, check_small, large, the 60 s fuzz runs; scale mutants
 #   verify-variants  120      h200_verify_final.json             the shipped device verifier's per-pass timings
-#   verifiers        400      h200_verifiers_seed{0,1,2}.json    mutants --verifiers both, seeds 0-2 at once: the two verifiers agree
+#   verifiers        560      h200_verifiers_seed{0..9}.json     mutants --verifiers both, seeds 0-9 at once: the two verifiers agree
 #   mutants          450      h200_mutants.json                  the mutation self-test on the GPU domain
 #   family           560      h200_family_mutants.json           the §6 mutants on the GPU domain
 #   nightly          560      h200_nightly.json                  the sweep: safe exits 0, prefix 1; detection matrix
 #   sanitizer-clean  560      h200_sweep_clean.json              clean cases under each compute-sanitizer tool
 #   worker           300      h200_worker_ipc.json, h200_worker_restart.json   worker messaging and restarts
 #   crash            200      h200_crash_run_summary.json        fuzz --keep-going over a kernel that faults
+#   crash-budget     400      h200_crash_budget.json             every multi-request case faults: budgets hold
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
 #   contracts        560      h200_contract_*.json               the plug-in contracts (docs/contract.md §9): self-test
@@ -42,7 +43,7 @@ export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
-ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash upstream tests contracts contract-shipped"
+ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests contracts contract-shipped"
 EXTRA="plain-mutants kill-time"
 mkdir -p "$RESULTS" "$LOGS"
 
@@ -60,13 +61,13 @@ run_verify_variants() {
 }
 
 run_verifiers() {
-  # One command per results file, the three seeds side by side (about 200 s each on one H200).
-  local s rc=0
-  for s in 0 1 2; do
-    timeout 400 kvfence mutants --device cuda --verifiers both --max-examples 2 --seed "$s" \
+  # One command per results file, the ten seeds side by side (each process mostly Python: one thread each).
+  local s rc=0 seeds=${VERIFIER_SEEDS:-0 1 2 3 4 5 6 7 8 9}
+  for s in $seeds; do
+    OMP_NUM_THREADS=1 timeout 560 kvfence mutants --device cuda --verifiers both --max-examples 2 --seed "$s" \
       --json "$RESULTS/h200_verifiers_seed$s.json" > "$LOGS/verifiers$s.txt" 2>&1 &
   done
-  for s in 0 1 2; do wait -n || rc=1; done
+  for s in $seeds; do wait -n || rc=1; done
   return $rc
 }
 
@@ -121,6 +122,38 @@ run_crash() {
   local rc=$?
   cp "$LOGS/crash_run/summary.json" "$RESULTS/h200_crash_run_summary.json" 2>/dev/null
   [ "$rc" -eq 1 ]
+}
+
+# Every case of two or more requests faults: the budgets (40 s exploring, 20 s shrinking) hold within a
+# worker restart with and without --keep-going, and the crash shrinks (the minimal case has 2 requests).
+run_crash_budget() {
+  local how rc=0
+  for how in first keep-going; do
+    local flag=() t0=$SECONDS
+    [ "$how" = keep-going ] && flag=(--keep-going)
+    timeout 200 kvfence fuzz --device cuda --kernel tests/targets/far_store.py:fault_on_two "${flag[@]}" \
+      --max-seconds 40 --shrink-seconds 20 --jobs 2 --seed 1 --quiet --out "$LOGS/crash_budget_$how" \
+      > "$LOGS/crash_budget_$how.txt" 2>&1
+    echo "$how $? $((SECONDS - t0))" >> "$LOGS/crash_budget_walls.txt"
+  done
+  python - "$LOGS" "$RESULTS/h200_crash_budget.json" <<'PY' || rc=1
+import json, sys
+from pathlib import Path
+logs, out = Path(sys.argv[1]), Path(sys.argv[2])
+runs = {}
+for line in (logs / "crash_budget_walls.txt").read_text().splitlines()[-2:]:
+    how, rc, wall = line.split()
+    summary = json.loads((logs / f"crash_budget_{how}" / "summary.json").read_text())
+    cases = [record["batch"]["seq_lens"] for record in summary.get("cases", {}).values()]
+    runs[how] = {"exit": int(rc), "wall_s": int(wall), "max_seconds": 40, "shrink_seconds": 20,
+                 "kinds": sorted({f["kind"] for f in summary["findings"]}), "verified_cases": summary["verified_cases"],
+                 "elapsed_s": summary["elapsed_s"], "first_failure_s": summary.get("first_failure_s"),
+                 "requests_per_case": [len(s) for s in cases]}
+json.dump({"kernel": "tests/targets/far_store.py:fault_on_two", "runs": runs}, out.open("w"), indent=1)
+print(json.dumps(runs))
+assert all(r["exit"] == 1 and r["kinds"] == ["CRASH"] for r in runs.values()), runs
+PY
+  return $rc
 }
 
 run_upstream() {

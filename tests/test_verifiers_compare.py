@@ -241,6 +241,13 @@ def test_a_kernel_whose_launches_alternate_findings_is_racy_and_agrees():
     assert {f.kind for f in result.oracle} == {Kind.STRAY_WRITE}
     assert result.racy and result.agree, result.problems
     assert result.counters[COUNTERS.index("kv_indices")] > 0
+    # The JSON keeps the racy case whole, each launch's verdict with it.
+    row = compare.Row(compare.targets("cpu", ["reference"])[0])
+    row.add(result)
+    kept = row.to_dict()["racy_cases"]
+    assert len(kept) == 1 and kept[0]["launches"] == result.launches
+    kinds = {(l["path"], tuple(l["kinds"])) for l in kept[0]["launches"]}
+    assert ("device", ("VALUE_MISMATCH",)) in kinds and ("oracle", ("STRAY_WRITE",)) in kinds, kinds
 
 
 @pytest.mark.cpu_only

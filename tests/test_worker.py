@@ -148,6 +148,18 @@ def test_a_wild_store_without_the_audit_is_a_crash_and_with_it_an_oob_write(devi
     assert kinds(got)[0] == [] and "OOB_WRITE" in kinds(got)[1] and "CRASH" not in kinds(got)[1]
 
 
+def test_the_one_case_reruns_after_a_crash_stop_once_enough_says_so(device):
+    """A list whose every case crashes: after the list's death each case re-runs alone, and each is one
+    more death. With ``enough`` (the fuzz loop's: a first failure, or a spent budget) the re-runs stop
+    at the first CRASH and the rest keep no verdict: two deaths, not one per case."""
+    spec = f"{CRASHERS}:segfault_on_3"
+    cases = batch_cases(spec, [1, 3, 3, 3, 3])
+    with RemoteSession(device, spec, spares=0) as rs:
+        got = rs.check_many(cases, enough=bool)
+        assert kinds(got[:2]) == [[], ["CRASH"]] and got[2:] == [None] * 3
+        assert rs.stats["deaths"] == 2, rs.stats
+
+
 def child_pids() -> set:
     me = os.getpid()
     try:

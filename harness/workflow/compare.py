@@ -103,6 +103,8 @@ INPUTS = ("req_to_token", "seq_lens", "req_pool_indices", "positions")
 INPUTS_COUNTER = COUNTERS.index("inputs")
 #: Extra launches per path of a case on which the two paths disagree (see the module docstring).
 RACE_RETRIES = 2
+#: Racy cases per target kept whole in the JSON (``racy_cases``), each launch's verdict with it.
+RACY_KEPT = 8
 #: Batches per drawn config: the first config of a target gets a run longer than one staging chunk
 #: (``kvfence.verifying.device_verify.BATCH_ROWS``) on CUDA, the others short runs; on the CPU (the
 #: interpreter) every run is short.
@@ -195,6 +197,9 @@ class Row:
     counters_seen: List[str] = field(default_factory=list)
     kinds: List[str] = field(default_factory=list)
     first_disagreement: Optional[dict] = None
+    #: The first ``RACY_KEPT`` racy cases in full (each launch's verdict included), so that a reader of the
+    #: JSON sees what the racy rule was shown, not only how often it ruled.
+    racy_cases: List[dict] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -219,6 +224,8 @@ class Row:
         self.kinds = sorted(set(self.kinds) | {f.kind.value for f in r.oracle})
         if not r.agree and self.first_disagreement is None:
             self.first_disagreement = r.to_dict()
+        if r.racy and len(self.racy_cases) < RACY_KEPT:
+            self.racy_cases.append(r.to_dict())
 
     def to_dict(self) -> dict:
         t = self.target
@@ -226,7 +233,7 @@ class Row:
                 "what": t.what, "cases": self.cases, "dirty": self.dirty, "judged_by_counters": self.judged,
                 "agree": self.agree, "disagree": self.disagree, "racy": self.racy, "exercised": self.exercised,
                 "counters_seen": self.counters_seen, "oracle_kinds": self.kinds, "seconds": round(self.seconds, 2),
-                "first_disagreement": self.first_disagreement}
+                "first_disagreement": self.first_disagreement, "racy_cases": self.racy_cases}
 
 
 @dataclass

@@ -230,24 +230,29 @@ def _keep(result: FuzzResult, make_stat: Callable[[], ExampleStat], rng: random.
     return None
 
 
-def _check_many(session, cases: List[Case], journal) -> List[List[Finding]]:
-    """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them."""
+def _check_many(session, cases: List[Case], journal,
+                enough: Callable[[List[Finding]], bool]) -> Dict[Case, List[Finding]]:
+    """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them.
+    Cases checked one at a time (a session without ``check_many``, or a worker's re-runs after a crash,
+    ``RemoteSession.check_many``) stop once ``enough(findings)`` is true: the rest get no verdict."""
     batch = getattr(session, "check_many", None)
     if batch is not None and len(cases) > 1:
         if journal is not None:
             journal.begin_many(cases)
-        out = batch(cases)
+        out = batch(cases, enough=enough) if getattr(session, "STOPS_EARLY", False) else batch(cases)
         if journal is not None:
             journal.end()
-        return out
-    out = []
+        return {case: findings for case, findings in zip(cases, out) if findings is not None}
+    got = {}
     for case in cases:
         if journal is not None:
             journal.begin(case)
-        out.append(session.check(case))
+        got[case] = findings = session.check(case)
         if journal is not None:
             journal.end()
-    return out
+        if enough(findings):
+            break
+    return got
 
 
 #: Bulk cases per ``check_many`` round trip at most: an example's Hypothesis-drawn cases go first, on their
@@ -359,13 +364,12 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             head_fresh = sum(1 for c in fresh if c in head_set) if bulk_start < len(cases) else len(fresh)
             timing = {"per_case": None}
             for lo, hi in _check_chunks(len(fresh), head_fresh, lambda: timing["per_case"]):
-                if (lo and not shrinking and max_seconds is not None
-                        and time.perf_counter() - start > max_seconds):
+                if lo and not shrinking and _over_budget(shrinking):
                     result.time_cut = True  # the rest of the bulk is not launched: the budget holds
                     break
                 chunk = fresh[lo:hi]
                 t0 = time.perf_counter()
-                got = dict(zip(chunk, _check_many(session, chunk, journal)))
+                got = _check_many(session, chunk, journal, lambda findings: _enough(findings, shrinking))
                 timing["per_case"] = (time.perf_counter() - t0) / len(chunk)
                 checked.update(got)
                 if known is None and any(got.values()):
@@ -405,6 +409,29 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             progress(result)
         if targeting and utilisations and state["first_failure"] is None:
             target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
+
+    def _over_budget(shrinking: bool) -> bool:
+        """Whether the budget of the phase running (exploring: ``max_seconds``; shrinking:
+        ``shrink_seconds`` from the first failure) is spent."""
+        now = time.perf_counter()
+        if shrinking:
+            return now - state["first_failure"] > shrink_seconds
+        return max_seconds is not None and now - start > max_seconds
+
+    def _enough(findings, shrinking: bool) -> bool:
+        """Whether an example's cases still unchecked need no verdict: a failure was found (the example
+        fails at its first; ``--keep-going`` checks on, as it may pass a known failure), or the phase's
+        budget is spent (cases checked one at a time, each a worker restart when every case crashes,
+        stop there, so the budget holds within one restart; the cases left pass, as after a cut)."""
+        if findings and known is None:
+            return True
+        if _over_budget(shrinking):
+            if shrinking:
+                result.shrink_cut = True
+            else:
+                result.time_cut = True
+            return True
+        return False
 
     def _explored(case: Case, findings, verified_now: bool) -> float:
         """Record one explored case (stats, coverage, largest config); returns its need/width."""

@@ -43,7 +43,7 @@ import tempfile
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from kvfence.cases.case import Case
 from kvfence.errors import BadInput, require
@@ -674,12 +674,19 @@ class RemoteSession:
         """The findings of one case (``CRASH`` / ``HANG`` when the worker died or stalled on it)."""
         return self._check_alone(case)
 
-    def check_many(self, cases: Sequence[Case]) -> List[List[Finding]]:
+    #: ``check_many`` takes ``enough`` (``kvfence.workflow.fuzz`` asks before passing it).
+    STOPS_EARLY = True
+
+    def check_many(self, cases: Sequence[Case],
+                   enough: Optional[Callable[[List[Finding]], bool]] = None) -> List[Optional[List[Finding]]]:
         """One findings list per case, sent to the worker as one message.
 
         If the worker dies or stalls part-way, the cases without a verdict are re-run one at a time, so
         only the guilty case is reported as ``CRASH`` (or ``HANG``: a stalled case then waits out its
-        time limit twice).
+        time limit twice). ``enough(findings)``, when given, is asked after each of those one-case runs:
+        once it is true the cases still without a verdict keep none (None). Each one-case run after a
+        crash costs a worker restart, so a caller that needs only a first failure, or whose budget is
+        spent, pays for no more restarts than that (a batch whose every case crashes: two, not one per case).
         """
         cases = list(cases)
         results: List[Optional[List[Finding]]] = [None] * len(cases)
@@ -693,6 +700,8 @@ class RemoteSession:
                 for j in range(i, len(cases)):
                     if results[j] is None:
                         results[j] = self._check_alone(cases[j])
+                        if enough is not None and enough(results[j]):
+                            break
                 break
             results[i:i + len(done)] = done
             i += len(done)

@@ -20,3 +20,11 @@ def fault_on_3(**kw):
     if int(kw["seq_lens"][0]) == 3:
         far_store[(1,)](kw["kv_indices"], FAR)
     launch(generate_draft_decode_kv_indices, **kw)
+
+
+def fault_on_two(**kw):
+    """Every batch of two or more requests faults (its second request's store lands ``FAR`` past): a run
+    whose every case but the one-request ones crashes, for the budgets and the crash shrink."""
+    if len(kw["seq_lens"]) >= 2:
+        far_store[(1,)](kw["kv_indices"], FAR)
+    launch(generate_draft_decode_kv_indices, **kw)

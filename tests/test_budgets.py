@@ -1,0 +1,63 @@
+"""Budgets hold when every case is hard: a run whose every case crashes ends within one worker restart of
+its budget (``kvfence.workflow.fuzz``: the one-case re-runs after a crash stop once the budget is spent)."""
+
+import time
+
+from hypothesis import strategies as hst
+
+from kvfence.cases.case import Batch, Case, Config
+from kvfence.cases.findings import Finding, Kind
+from kvfence.workflow.fuzz import fuzz
+from kvfence.workflow.keepgoing import fuzz_keep_going
+
+CONFIG = Config(topk=1, num_steps=1, page_size=1, ctx=64, max_bs=1)
+#: One example: 32 batches of one config, every one of which kills the worker.
+EXAMPLE = [Case(CONFIG, Batch((length,), (0,), 0)) for length in range(1, 33)]
+
+
+class EveryCaseCrashes:
+    """A checking worker (``kvfence.workflow.worker.RemoteSession``'s ``check_many`` contract) whose every
+    case kills it: the list dies, then each case re-runs alone and dies too, each death a restart of
+    ``RESTART_S``; ``enough`` stops the re-runs as the real one does."""
+
+    STOPS_EARLY = True
+    RESTART_S = 0.1
+
+    def __init__(self):
+        self.restarts = 0
+        self.stats = {}
+
+    def check(self, case):
+        time.sleep(self.RESTART_S)
+        self.restarts += 1
+        return [Finding(Kind.CRASH, "kernel", "launch", detail="the checking worker died with SIGSEGV")]
+
+    def check_many(self, cases, enough=None):
+        self.check(cases[0])  # the list's own death
+        out = [None] * len(cases)
+        for i, case in enumerate(cases):
+            out[i] = self.check(case)
+            if enough is not None and enough(out[i]):
+                break
+        return out
+
+
+def test_a_first_failure_costs_two_restarts_not_one_per_case():
+    """Exploring without --keep-going, an example fails at its first failing case: the re-runs stop there."""
+    session = EveryCaseCrashes()
+    result = fuzz(session, hst.just(EXAMPLE), max_examples=1, seed=0, targeting=False, shrink_seconds=0)
+    assert [f.kind for f in result.findings] == [Kind.CRASH]
+    assert session.restarts == 2 and result.verified_cases == 1
+
+
+def test_keep_going_over_a_kernel_whose_every_case_crashes_ends_within_a_restart_of_its_budgets():
+    """--keep-going checks every case of an example (a known failure passes), so an example of 32 crashing
+    cases costs 33 restarts (3.3 s here). The explore budget (1 s) and the shrink budget (0.5 s) still
+    hold within about one restart, and the crash is kept."""
+    session = EveryCaseCrashes()
+    start = time.monotonic()
+    result = fuzz_keep_going(session, hst.just(EXAMPLE), max_examples=50, seed=0, max_seconds=1.0,
+                             targeting=False, shrink_seconds=0.5)
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.0 + 0.5 + 3 * EveryCaseCrashes.RESTART_S + 0.5, (elapsed, session.restarts)
+    assert [f.kind for f in result.findings] == [Kind.CRASH] and result.time_cut
