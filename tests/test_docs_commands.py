@@ -31,6 +31,9 @@ NOT_HERE = (
     (r"pytest -n auto --kvfence-|KVFENCE_KERNEL=",
      "the whole suite against the reader's kernel (tests/test_plugins.py runs the options on a kernel of its own)"),
     (r"--device cuda", "needs a GPU (the H200 runs of BENCHMARKS.md)"),
+    (r"^kvfence sweep|benchmarks/nightly\.py",
+     "the compute-sanitizer sweep: needs the CUDA toolkit's compute-sanitizer and a GPU (benchmarks/gpu.sh "
+     "nightly; tests/test_sanitizer.py runs the sweep against a fake compute-sanitizer)"),
     (r"redis\.internal|redis://HOST|/shared/|/scratch/|sbatch|^DB=|^NIGHT=|^JOB=",
      "a site's shared database, folders or scheduler (docs/campaigns.md; the campaign tests use local ones)"),
     (r"^export ", "sets a variable of the reader's shell"),
@@ -41,7 +44,7 @@ NOT_HERE = (
 NETWORK = r"^kvfence (affected|upstream (fetch|sizing|matrix))|--kernel sglang=="
 #: Lines that take minutes on 2 cores: run with --kvfence-long.
 #: (A plug-in's fuzz runs the default budget: a minute on 2 cores.)
-LONG = (r"--seeds 20|^kvfence sweep|benchmarks/nightly\.py|^kvfence mutants --device cpu --json|"
+LONG = (r"--seeds 20|^kvfence mutants --device cpu --json|"
         r"^kvfence fuzz --(kernel path/to/my_kernel\.py|sizing my_sizing\.py)\S* (--topk 4 )?--device cpu$")
 
 #: The user's own files the docs name, written as docs/own-kernel.md describes: the reference kernel under

@@ -160,6 +160,23 @@ def test_the_one_case_reruns_after_a_crash_stop_once_enough_says_so(device):
         assert rs.stats["deaths"] == 2, rs.stats
 
 
+def test_a_dying_workers_output_goes_with_its_crash_not_to_the_terminal(device, capfd):
+    """What a worker prints (here a kernel's prints and the abort text a dying CUDA context leaves) is
+    not the terminal's: the dead worker's last lines are its case's CRASH finding's ``worker_output``
+    (so its case file's), and a worker that ends cleanly has its prints relayed when it ends."""
+    spec = f"{CRASHERS}:noisy_abort_on_3"
+    with RemoteSession(device, spec, spares=0) as rs:
+        got = rs.check_many(batch_cases(spec, [1, 3, 1]))
+        assert kinds(got) == [[], ["CRASH"], []]
+        crash = got[1][0]
+        assert "terminate called after throwing" in crash.extra["worker_output"], crash.extra
+        assert "is in the case file" in crash.detail and crash.to_dict()["extra"] == crash.extra
+        assert "terminate called" not in capfd.readouterr().err  # nothing of it while the run goes on
+    relayed = capfd.readouterr().err  # the replacement worker ended cleanly: its prints, once
+    assert "kvfence: the checking worker printed:" in relayed and "launch of" in relayed, relayed
+    assert "terminate called" not in relayed
+
+
 def child_pids() -> set:
     me = os.getpid()
     try:

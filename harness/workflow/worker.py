@@ -27,6 +27,13 @@ case that dies so ``EXTERNAL_RETRIES`` times is a ``CRASH``. When a worker dies 
 through a ``check_many`` list, the cases whose verdicts did not come back are re-run one at a time, so
 only the guilty case becomes ``CRASH`` or ``HANG``. (The worker hands a run of one config to
 ``Session.check_many``, one device round trip; the per-case re-run is what names the guilty case.)
+
+What a worker prints (its stdout and stderr: a kernel's own prints, Triton's warnings, the C++ abort
+text of a dying CUDA context) goes to a file of its own, not to the terminal: when the worker dies or
+is killed for a hang, the last ``OUTPUT_LINES`` lines go with that case's ``CRASH`` / ``HANG`` finding
+(``extra["worker_output"]``, so into its case file); a worker that ends cleanly has what it printed
+copied to this process's stderr when it ends (the last ``OUTPUT_RELAYED`` bytes). A replacement worker
+that was started but never used prints nothing anywhere.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Dict, List, Optional, Sequence
 
 from kvfence.cases.case import Case
-from kvfence.errors import BadInput, require
+from kvfence.errors import BadInput, printable, redact, require
 from kvfence.cases.findings import Finding, Kind
 from kvfence.running.interrupt import child_dies_with_parent
 
@@ -67,8 +74,15 @@ START_TIMEOUT = 300.0
 START_ATTEMPTS = 10
 EXTERNAL_RETRIES = 3
 #: Replacement workers kept starting once a session has seen a crash or hang (``RemoteSession(spares=)``):
-#: on CUDA a start (torch import, CUDA context, kernel load) takes seconds and the host has cores to spare.
+#: on CUDA a start (torch import, CUDA context, kernel load) takes about 4.5 s and a crash with a spare
+#: ready costs about 0.8 s (``benchmarks/worker_restart.py``), so while Hypothesis shrinks a crash (one
+#: death per crashing candidate) the spares decide its pace: ``k`` of them sustain about ``k`` restarts per
+#: start time. The host has the cores; each idle spare holds a CUDA context.
 SPARES = {"cuda": 2, "cpu": 1}
+#: Lines of a dead or hung worker's output kept with its case's finding (``extra["worker_output"]``).
+OUTPUT_LINES = 40
+#: Bytes of a worker's output read back at most: the tail kept with a finding, or relayed when it ends.
+OUTPUT_RELAYED = 64 * 1024
 #: How often the supervisor looks at the worker's progress counter while it waits.
 POLL_S = 0.2
 #: Exit statuses of a process killed by a signal the kernel does not send itself.
@@ -285,7 +299,10 @@ def _worker_main(conn, progress, options: dict) -> None:
         import torch
 
         torch.zeros(1, device="cuda")
-    _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
+    try:
+        _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
+    except OSError:
+        return  # the supervisor is gone (a spare it no longer needs)
     while True:
         try:
             message = json.loads(conn.recv_bytes())
@@ -361,17 +378,31 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 class _Pending:
-    """A worker process that was started and may not be ready yet: its pipe and progress counter."""
+    """A worker process that was started and may not be ready yet: its pipe, progress counter and the
+    file its stdout and stderr go to."""
 
-    def __init__(self, proc: subprocess.Popen, conn, progress: _Counter):
-        self.proc, self.conn, self.progress = proc, conn, progress
+    def __init__(self, proc: subprocess.Popen, conn, progress: _Counter, output):
+        self.proc, self.conn, self.progress, self.output = proc, conn, progress, output
 
     def kill(self) -> None:
+        """Stop a worker that was never used: what it printed (imports only) is dropped."""
         self.conn.close()
         self.progress.close()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        self.output.close()
+
+
+def _tail(output) -> str:
+    """The last ``OUTPUT_RELAYED`` bytes a worker wrote to ``output``, as text (bytes that are not UTF-8
+    replaced; the JSON of a case file and the reports escape what is left)."""
+    size = output.seek(0, os.SEEK_END)
+    output.seek(max(0, size - OUTPUT_RELAYED))
+    text = output.read().decode("utf-8", "replace")
+    if size > OUTPUT_RELAYED:
+        text = f"[{size - OUTPUT_RELAYED} bytes before left out]\n" + text.split("\n", 1)[-1]
+    return text
 
 
 class _Lost(Exception):
@@ -413,6 +444,9 @@ class RemoteSession:
         self._proc: Optional[subprocess.Popen] = None
         self._conn = None
         self._progress: Optional[_Counter] = None
+        self._output = None  # the file the current worker's stdout and stderr go to
+        #: What the last worker killed had printed (``_kill``), for the finding of its death or hang.
+        self._last_output = ""
         #: After the first crash or hang, ``spares`` replacement workers are always starting in the
         #: background (a crash is usually followed by more while Hypothesis shrinks it), oldest used
         #: first, so a restart costs what is left of a start begun earlier instead of a whole one
@@ -472,8 +506,10 @@ class RemoteSession:
                 return
             self.counters["external_kills" if code in _EXTERNAL else "deaths"] += 1
             if code not in _EXTERNAL or attempt == START_ATTEMPTS - 1:
+                said = [line for line in self._last_output.split("\n") if line.strip()]
+                last = f"; its last output: {printable(said[-1])}" if said else ""
                 raise BadInput(f"the checking worker died while starting ({_signal_name(code)}): "
-                               f"importing kernel {self.kernel!r} kills the process")
+                               f"importing kernel {self.kernel!r} kills the process{last}")
 
     def _prestart(self) -> None:
         """Start replacement workers now, in the background, until ``spares`` are starting or ready."""
@@ -485,20 +521,23 @@ class RemoteSession:
         ours, theirs = socket.socketpair()
         progress_file = tempfile.TemporaryFile()
         progress_file.truncate(8)
+        output = tempfile.TemporaryFile()  # the worker's stdout and stderr (module docstring)
         env = dict(os.environ)  # the installed kvfence, as this process imports it
         try:
             proc = subprocess.Popen([sys.executable, "-m", "kvfence.workflow.worker", str(theirs.fileno()),
                                      str(progress_file.fileno()), json.dumps(self._options)],
                                     pass_fds=(theirs.fileno(), progress_file.fileno()), env=env,
-                                    stdin=subprocess.DEVNULL, preexec_fn=child_dies_with_parent(signal.SIGKILL))
+                                    stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                    preexec_fn=child_dies_with_parent(signal.SIGKILL))
         finally:
             theirs.close()
         self.counters["worker_starts"] += 1
-        return _Pending(proc, Connection(ours.detach()), _Counter(progress_file))
+        return _Pending(proc, Connection(ours.detach()), _Counter(progress_file), output)
 
     def _adopt(self, pending: "_Pending") -> Optional[int]:
         """Make ``pending`` the worker and wait for it to be ready; the exit status if it died instead."""
         self._proc, self._conn, self._progress = pending.proc, pending.conn, pending.progress
+        self._output = pending.output
         self._warm = set()
         readable = wait([self._conn], timeout=self.start_timeout)
         message = self._recv() if readable else None
@@ -525,7 +564,7 @@ class RemoteSession:
         raise WorkerError("the checking worker failed:\n" + message.get("traceback", repr(message)))
 
     def _kill(self) -> Optional[int]:
-        """Kill the worker (if alive) and return its exit status."""
+        """Kill the worker (if alive) and return its exit status; what it printed is ``_last_output``."""
         for key, value in self._live.items():
             self._retired[key] = self._retired.get(key, 0) + value
         self._live = {}
@@ -540,7 +579,27 @@ class RemoteSession:
             return None
         if proc.poll() is None:
             proc.kill()
-        return proc.wait()
+        code = proc.wait()
+        self._last_output = self._take_output()
+        return code
+
+    def _take_output(self) -> str:
+        """What the current worker printed (its file closed): after ``proc.wait()``, so nothing is left unwritten."""
+        output, self._output = self._output, None
+        if output is None:
+            return ""
+        try:
+            return redact(_tail(output))  # a URL's credentials a plug-in printed stay out of case files
+        finally:
+            output.close()
+
+    def _with_output(self, finding: Finding) -> Finding:
+        """``finding`` (a dead or hung worker's) with the last ``OUTPUT_LINES`` lines that worker printed."""
+        lines = self._last_output.rstrip("\n").split("\n") if self._last_output.strip() else []
+        if lines:
+            finding.extra = dict(finding.extra, worker_output="\n".join(lines[-OUTPUT_LINES:]))
+            finding.detail += f" (its last output, {min(len(lines), OUTPUT_LINES)} lines, is in the case file)"
+        return finding
 
     def close(self) -> None:
         """Stop the worker: closing the pipe ends its loop; a worker stuck in a kernel is killed."""
@@ -558,6 +617,10 @@ class RemoteSession:
         except subprocess.TimeoutExpired:
             pass
         self._kill()
+        if self._last_output.strip():  # a worker that ended cleanly: what it printed is not lost
+            text = "\n".join(printable(line, None) for line in self._last_output.rstrip("\n").split("\n"))
+            sys.stderr.write("kvfence: the checking worker printed:\n" + text + "\n")
+            sys.stderr.flush()
 
     def __enter__(self) -> "RemoteSession":
         return self
@@ -624,7 +687,10 @@ class RemoteSession:
             self._kill()
         self.counters["cases"] += len(message["results"])
         kinds = getattr(self.codec, "kinds", ())
-        return [[Finding.from_dict(f, kinds) for f in findings] for findings in message["results"]]
+        out = [[Finding.from_dict(f, kinds) for f in findings] for findings in message["results"]]
+        if message["fatal"] and out:  # the last case lost the CUDA context: its CRASH gets the worker's output
+            out[-1] = [self._with_output(f) if f.kind is Kind.CRASH else f for f in out[-1]]
+        return out
 
     def _await(self, cases: Sequence[Case]) -> dict:
         """The worker's reply to the list in flight; ``_Lost`` if it dies or stalls on a case first."""
@@ -644,7 +710,8 @@ class RemoteSession:
                 if external:
                     detail += (f" (a signal the kernel does not raise itself: it died so in each of "
                                f"{EXTERNAL_RETRIES} runs of this case alone)")
-                raise _Lost(index, Finding(Kind.CRASH, "kernel", "launch", detail=detail), external)
+                raise _Lost(index, self._with_output(Finding(Kind.CRASH, "kernel", "launch", detail=detail)),
+                            external)
             now = time.monotonic()
             if self._progress.value != started:
                 started, clock = self._progress.value, now
@@ -656,7 +723,7 @@ class RemoteSession:
                 index = started - 1
                 detail = (f"no verdict after {now - clock:.1f}s (limit {limit:.1f}s: --case-timeout "
                           f"{self.case_timeout:g}s scaled by the case's size): the worker was killed")
-                raise _Lost(index, Finding(Kind.HANG, "kernel", "launch", detail=detail), False)
+                raise _Lost(index, self._with_output(Finding(Kind.HANG, "kernel", "launch", detail=detail)), False)
         return message
 
     def _check_alone(self, case: Case) -> List[Finding]:

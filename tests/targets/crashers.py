@@ -68,6 +68,17 @@ def segfault_on_3(**kw):
     _reference(**kw)
 
 
+def noisy_abort_on_3(**kw):
+    """Prints to stdout and stderr on every launch and, for the trigger length, writes the kind of text a
+    dying CUDA context leaves (C++'s ``terminate called ...``) to stderr, then aborts."""
+    print(f"launch of {len(kw['seq_lens'])} request(s)", flush=True)
+    if _first_len(kw) == TRIGGER:
+        sys.stderr.write("terminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error\n")
+        sys.stderr.flush()
+        os.abort()
+    _reference(**kw)
+
+
 def spin_on_3(**kw):
     if _first_len(kw) == TRIGGER:
         spin()
