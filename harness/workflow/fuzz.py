@@ -364,7 +364,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             head_fresh = sum(1 for c in fresh if c in head_set) if bulk_start < len(cases) else len(fresh)
             timing = {"per_case": None}
             for lo, hi in _check_chunks(len(fresh), head_fresh, lambda: timing["per_case"]):
-                if lo and not shrinking and _over_budget(shrinking):
+                if lo and not shrinking and _over_budget(False):
                     result.time_cut = True  # the rest of the bulk is not launched: the budget holds
                     break
                 chunk = fresh[lo:hi]
