@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from result_file import saver  # noqa: E402
 
 from kvfence.cases import domain as domains  # noqa: E402
+from kvfence.cases.budget import default_budget  # noqa: E402
 from kvfence.cases.case import v2p_table  # noqa: E402
 from kvfence.strategies import case_runs, cases, configs  # noqa: E402
 
@@ -87,12 +88,13 @@ TRIGGERS = {
 
 
 def strategy(domain: str, family_share=None):
-    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.workflow.mutants._strategy``), the
+    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.workflow.mutants._strategy``; the CPU
+    domain under the CPU's default memory budget, as ``kvfence mutants --device cpu`` runs it), the
     §6 fields in the domain's share of examples (``--family auto``), or in ``family_share`` of the GPU's."""
     if domain == "gpu":
         gpu = domains.GPU if family_share is None else dataclasses.replace(domains.GPU, family_share=family_share)
         return case_runs(configs(domain=gpu, max_bytes=8 * 2**30, family="auto"), max_batches=32)
-    return cases(configs(domain="cpu", family="auto"))
+    return cases(configs(domain="cpu", max_bytes=default_budget("cpu"), family="auto"))
 
 
 def draws(domain: str, seed: int, examples: int, family_share=None):

@@ -43,6 +43,7 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
 
 
 def _run(argv: Optional[List[str]], prog: str) -> int:
+    args = None
     try:
         parser = build_parser(prog)
         args = parser.parse_args(argv)
@@ -56,5 +57,8 @@ def _run(argv: Optional[List[str]], prog: str) -> int:
         _stderr(f"kvfence: error: {exc}")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:  # kvfence.running.interrupt.Interrupted carries SIGTERM's 143
+        if args is None:  # the command modules still importing or the parser: as kvfence.__main__ says it
+            _stderr("kvfence: interrupted while starting (no command ran; nothing was written)")
+            return 130
         _stderr("kvfence: interrupted")
         return getattr(exc, "exit_code", 130)

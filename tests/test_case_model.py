@@ -85,6 +85,30 @@ def test_strategies_draw_valid_cases_inside_their_bounds(data):
     Case(config, batch)  # validates
 
 
+@pytest.mark.parametrize("ctx, num_steps, limit", [(40, 3, "ctx"), (40, 3, "ctx-steps"), (1000, 5, "ctx")])
+def test_a_full_batch_at_the_context_wall_is_a_common_draw(ctx, num_steps, limit):
+    """``AT_THE_WALL``: every request of a full batch within ``num_steps`` of the bound is drawn in about one
+    batch in ten of a small config (the sizing_no_draft_headroom trigger: no headroom for the drafts), on
+    both length domains (small bounds draw one code per length, large ones ``sized``)."""
+    from hypothesis import HealthCheck, Phase, seed, settings
+
+    config = Config(topk=1, num_steps=num_steps, ctx=ctx, max_bs=4)
+    bound = seq_len_bound(config, limit)
+    drawn = []
+
+    @seed(0)
+    @settings(max_examples=200, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(batches(config, limit))
+    def collect(batch):
+        drawn.append(batch)
+
+    collect()
+    at_wall = [b for b in drawn if b.raw_bs == 4 and all(bound - num_steps < L <= bound for L in b.seq_lens)]
+    assert len(at_wall) >= 0.05 * len(drawn), (len(at_wall), len(drawn))
+    assert {L for b in at_wall for L in b.seq_lens} == set(range(bound - num_steps + 1, bound + 1))
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: configs(layout="diagonal"), "layout"),
     (lambda: configs(topk=0), "topk"),

@@ -147,3 +147,58 @@ def test_a_hung_job_is_stopped_within_the_budget_and_named(tmp_path):
     assert "job 0 was still running" in proc.stderr and "grace" in proc.stderr, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert any("was still running" in p for p in summary["job_problems"])
+
+
+def _children(pid: int) -> list:
+    """The processes whose parent is ``pid`` (from /proc: a job the ``--jobs`` parent started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the jobs through /proc")
+def test_a_ctrl_c_while_every_job_is_stopped_ends_the_run_within_its_grace_with_outputs(tmp_path):
+    """``--jobs``: with every job frozen (SIGSTOP, as a debugger or a job-control slip leaves it), a Ctrl-C
+    ends the run within ``GRACE_S + STOP_WAIT_S`` and merging: the parent continues and signals each job,
+    kills what still does not stop, names it, and writes the summary, exit 130."""
+    import signal
+    import time
+
+    from kvfence.workflow.jobs import GRACE_S, STOP_WAIT_S
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--jobs", "2",
+                             "--max-seconds", "120", "--seed", "0", "--out", str(out), "--quiet"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TRITON_INTERPRET="1"))
+    try:
+        deadline = time.monotonic() + 90
+        while len(list((out / "jobs").glob("*/progress.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # both jobs are checking cases
+        jobs = _children(proc.pid)
+        assert len(jobs) == 2 and proc.poll() is None, (jobs, proc.poll())
+        for pid in jobs:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=GRACE_S + STOP_WAIT_S + 30)
+        wall = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert wall < GRACE_S + STOP_WAIT_S + 15, (wall, stderr)  # 15: merging and the reports
+    assert proc.returncode == 130, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] == "SIGINT" and "jobs stopped" in stderr, stderr
+    # Continued, each job stops on the SIGINT it is sent (a partial run), or is killed and named.
+    stopped = [p for p in summary["job_problems"] if "did not stop" in p]
+    assert all("killed" in p for p in stopped), summary["job_problems"]

@@ -47,14 +47,18 @@ def test_shipped_mutants_are_well_formed(device):
 
 
 def test_every_mutant_is_detected_and_the_reference_is_clean(device):
-    """Unpinned draws from the CPU domain catch every CPU mutant; the reference stays clean. (The scale
-    mutants need sizes the interpreter never draws: their rows would spend the whole budget each, a third of
-    this test's time, to show a miss; the GPU self-test runs them.)"""
+    """``kvfence mutants`` as users run it (its seed, example budget and memory budget: the budget shapes
+    the draws) catches every CPU mutant; the reference stays clean. (The scale mutants need sizes the
+    interpreter never draws: their rows would spend the whole budget each, a third of this test's time, to
+    show a miss; the GPU self-test runs them.)"""
+    from kvfence.cli import build_parser
     from kvfence.workflow.mutants import discover, run_all
 
+    args = build_parser().parse_args(["mutants"])
+    assert (args.seed, args.seeds, args.max_examples, args.max_gpu_mem) == (0, 1, None, None)
     # The reference over 20 draws per contract (the CLI's default doubles the mutants' budget): its
     # clean verdict over the full domain is tests/test_properties.py's; here it is the pair of each row.
-    report = run_all(device, max_examples=60, reference_examples=20, seeds=[0],
+    report = run_all(device, reference_examples=20, seeds=[args.seed],
                      names=[m.name for m in discover() if m.name not in SCALE])
     missed = [m.name for m in report.mutants if m.expected and not m.detected]
     assert not missed, f"mutants not detected: {missed}"

@@ -237,6 +237,36 @@ def test_matrix_shipped_names_each_failure_class_and_its_case_replays(tmp_path):
     assert not list(tmp_path.rglob(MARKER_NAME))
 
 
+#: FAKE_MODULE with its kv_indices stores taken out: a kernel that writes nothing, past its row or in it.
+WRITES_NOTHING = [("        tl.store(row + t, tl.load(src + t, mask=t < L), mask=t < L)\n",
+                   "        tl.load(src + t, mask=t < L)\n"),
+                  ("    tl.store(row + L + j, tl.load(src + e + j, mask=j < n), mask=j < n)\n",
+                   "    tl.load(src + e + j, mask=j < n)\n")]
+
+
+def test_a_silent_overflow_cell_needs_the_kernel_seen_writing_past_its_row(tmp_path):
+    """The arithmetic (need > width) only predicts an overflow: a release whose kernel writes nothing is an
+    ``error`` cell naming what the witness showed, never ``silent overflow``."""
+    source = FAKE_MODULE
+    for old, new in WRITES_NOTHING:
+        assert old in source
+        source = source.replace(old, new)
+    modules = {MODULE: source, UTILS: TOY_UTILS, RUNNER: TOY_RUNNER, BACKENDS: TOY_BACKENDS}
+    wheel = make_wheel(tmp_path / "wheels", VERSION, modules)
+    out = tmp_path / "m"
+    proc = kvfence("upstream", "matrix", "--shipped", "--versions", VERSION, "--device", "cpu", "--out", str(out),
+                   "--shipped-ctx", "8", "--shipped-steps", "2", "--shipped-max-bs", "2", "--shipped-max-topk", "2",
+                   cache=tmp_path / "cache", wheel_dir=wheel.parent)
+    doc = json.loads((out / "shipped.json").read_text())
+    cells = {(c["backend"], c["mode"]): c for c in doc["rows"][0]["cells"]}
+    blind = cells[("RequestsBackend", "graph")]
+    assert blind["status"] == "error", (blind, proc.stdout + proc.stderr)
+    assert "wrote nothing past its row" in blind["detail"] and "MISSING_WRITE" in blind["detail"], blind
+    assert "SIZING_VIOLATION" in blind["kinds"] and not {"GUARD_OVERWRITE", "STRAY_WRITE"} & set(blind["kinds"])
+    assert not any(c["status"] == "silent overflow" for c in cells.values()), cells
+    assert cells[("SafeBackend", "graph")]["status"] == "clean"
+
+
 def test_config_sizes_each_mode_from_its_own_site_and_strategies_take_the_spec(tmp_path, monkeypatch):
     from hypothesis import given, settings
 

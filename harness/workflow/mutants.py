@@ -313,7 +313,10 @@ def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), name
             max_bytes: Optional[int] = None, verifier: str = "auto") -> SelfTest:
     """Fuzz every mutant under each seed (``max_examples`` each, unpinned draws from its domain), then
     the reference over every domain that ran, which must stay clean. ``verifier`` is the sessions'
-    (``kvfence.verifying.session.VERIFIERS``)."""
+    (``kvfence.verifying.session.VERIFIERS``). ``max_bytes`` (``None``: the device's default budget, as
+    ``kvfence mutants`` passes it) bounds every config drawn: the budget shapes the draws, so a self-test
+    without it would test other examples than the command's."""
+    from kvfence.cases.budget import default_budget
     from kvfence.verifying.session import Session
     from kvfence.cases.targets import resolve_sizing
 
@@ -323,6 +326,7 @@ def run_all(device: str, *, max_examples: Optional[int] = None, seeds=(0,), name
     mutants = discover(directory, names=names)
     require(mutants, f"no mutant files in {directory}")
     report = SelfTest(max_examples=max_examples, seeds=seeds, device=device)
+    max_bytes = default_budget(device) if max_bytes is None else max_bytes
     reference = Session(device, REFERENCE, audit=audit, max_bytes=max_bytes, verifier=verifier)
     ran_on = set()
     for m in mutants:

@@ -4,8 +4,9 @@ One row per release, one cell per backend x mode (``graph``, ``eager``), each un
 shipped sizing (``--sizing sglang==VERSION:BACKEND``, kvfence.cases.shipped) and its own kernel. A cell is:
 
 * ``silent overflow``: a launch the runner can make needs more than the row width and no host check stops
-  it; the minimal such case (smallest topk, then requests, then length) is run through the kernel and its
-  case file written (``repro`` replays it alone). ``at the context limit`` when it needs requests within
+  it; the minimal such case (smallest topk, then requests, then length) is run through the kernel, which
+  must be seen writing past its row (``OVERFLOW_DAMAGE``; else the cell is ``error``), and its case file
+  written (``repro`` replays it alone). ``at the context limit`` when it needs requests within
   ``num_steps`` of ``ctx``, ``at ordinary lengths`` otherwise.
 * ``host check fires``: every overflowing launch of the domain is rejected by the release's host check
   (a loud failure, ``HOST_CHECK_FIRED``); the minimal one is run and written as well.
@@ -59,6 +60,10 @@ STATUSES = {
 }
 MODES = shipped.MODES
 FORMAT = 1
+#: What a ``silent overflow`` cell's witness must show the kernel did: a canary past its row or buffer
+#: changed, an element outside the write set changed (the next row), a store outside every allocation
+#: (the interpreter's audit), or a dead launch.
+OVERFLOW_DAMAGE = {"GUARD_OVERWRITE", "STRAY_WRITE", "OOB_WRITE", "CRASH"}
 
 
 @dataclass
@@ -242,6 +247,12 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
                                     source="upstream matrix --shipped"))
     if expected not in cell.kinds:
         cell.detail = f"the arithmetic predicts {expected}, the run found {', '.join(cell.kinds) or 'nothing'}"
+        cell.status = ERROR
+    elif cell.status == SILENT and not set(cell.kinds) & OVERFLOW_DAMAGE:
+        # SIZING_VIOLATION is arithmetic (need > width, known before the launch): an overflow is claimed
+        # only where the release's kernel, run on the witness, was seen writing past its row.
+        cell.detail = (f"the arithmetic predicts an overflow, but the release's kernel wrote nothing past its row "
+                       f"(found: {', '.join(cell.kinds)})")
         cell.status = ERROR
     return cell
 
