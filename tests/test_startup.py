@@ -136,24 +136,26 @@ def _cases():
     return cases(configs())
 
 
-def _draw_configs(domain: str, n: int):
-    """The configs of a seeded run of ``n`` examples, one case each (as ``fuzz`` draws them on the CPU)."""
+def _draw_configs(domain: str, n: int, seeds=(7, 8, 9)):
+    """The configs of seeded runs of ``n`` examples each, one case each (as ``fuzz`` draws them on the CPU),
+    pooled: a share measured on one seed's run swings by a factor of two (the largest page's: 0.12-0.36
+    over seeds 0-9), a share over three is what the prior gives."""
     out = []
+    for s in seeds:
+        @seed(s)
+        @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(cases(configs(domain=domain, max_bytes=8 * 2**30)))
+        def collect(case):
+            out.append(case.config)
 
-    @seed(7)
-    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(cases(configs(domain=domain, max_bytes=8 * 2**30)))
-    def collect(case):
-        out.append(case.config)
-
-    collect()
+        collect()
     return out
 
 
 @pytest.mark.parametrize("domain", [CPU, GPU], ids=["cpu-domain", "production-domain"])
 def test_the_prior_favours_production_values_and_keeps_the_rest(domain):
-    drawn = _draw_configs(domain.name, 400)
+    drawn = _draw_configs(domain.name, 200)
     pages = collections.Counter(c.page_size for c in drawn)
     # SGLang's default page size: a third of the prior's draws (Hypothesis adds its own lean to the simplest).
     assert 0.2 <= pages[1] / len(drawn) <= 0.6, pages
