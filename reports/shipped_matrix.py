@@ -17,10 +17,11 @@ def short(backend: str) -> str:
 #: A cell's status in the table, in a few letters (the legend spells each out).
 CODE = {"silent overflow": "OVF", "host check fires": "fires", "host check rejects a fitting case": "strict",
         "clean": "ok", "topk > 1 refused": "ok*", "unreadable": "unread", "no buffer": "none",
-        "not cached": "n/c", "error": "ERROR"}
+        "not launched at replay": "cap", "not cached": "n/c", "error": "ERROR"}
 CODE_LEGEND = {"OVF": "silent overflow at ordinary lengths", "wall": "silent overflow, only at the context limit",
                "fires": "the host check fires (the launch is refused, loudly)",
                "strict": "the host check rejects a case that fits", "ok": "clean", "none": "no buffer to size",
+               "cap": "graph mode: launched while capturing only, no real batch reaches the kernel",
                "unread": "the sizing could not be read", "n/c": "not cached", "ERROR": "the cell could not be checked",
                "*": "the backend refuses topk > 1 (its verdict covers topk 1)", "-": "the release has no such backend",
                "A/B": "graph mode A, eager mode B (one code when both agree)"}

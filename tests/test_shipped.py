@@ -237,6 +237,50 @@ def test_matrix_shipped_names_each_failure_class_and_its_case_replays(tmp_path):
     assert not list(tmp_path.rglob(MARKER_NAME))
 
 
+#: The newer runner API: each replay calls ``init_forward_metadata_out_graph`` (capture: with ``in_capture=True``).
+REPLAYING_RUNNER = TOY_RUNNER + '''
+    def replay(self, forward_batch):
+        self.model_runner.draft_attn_backend.init_forward_metadata_out_graph(forward_batch)
+'''
+REPLAY_BACKENDS = "\n\n".join([
+    "import torch\n",
+    backend("ReplayingBackend", "max_bs * self.max_context_len") + '''
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        self.common_template(forward_batch, self.cuda_graph_kv_indices, None)
+''',
+    # As TRTLLM-MLA's draft backend from 0.5.13: the kernel only under in_capture, per-step planning at replay.
+    '''class CaptureOnlyBackend(ReplayingBackend):
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        if in_capture:
+            return super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        for step in self.attn_backends:
+            step.init_forward_metadata_out_graph(forward_batch)
+'''])
+
+
+def test_a_graph_site_whose_replay_never_launches_the_kernel_is_not_judged_by_its_width(tmp_path):
+    """A backend whose replay path reaches no launch (only capture does) is ``not launched at replay`` in
+    graph mode, named with its file:line, though its buffer is as small as its base's, which overflows."""
+    modules = {MODULE: FAKE_MODULE, RUNNER: REPLAYING_RUNNER, BACKENDS: REPLAY_BACKENDS}
+    wheel = make_wheel(tmp_path / "wheels", VERSION, modules)
+    record = shipped.read_wheel(wheel)["backends"]
+    assert "replay" not in record["ReplayingBackend"]["graph"]
+    note = record["CaptureOnlyBackend"]["graph"]["replay"]
+    assert f"CaptureOnlyBackend.init_forward_metadata_out_graph ({BACKENDS}:" in note and "in_capture" in note
+    assert record["CaptureOnlyBackend"]["graph"]["formula"] == record["ReplayingBackend"]["graph"]["formula"]
+    out = tmp_path / "m"
+    proc = kvfence("upstream", "matrix", "--shipped", "--versions", VERSION, "--device", "cpu", "--out", str(out),
+                   "--shipped-ctx", "8", "--shipped-steps", "2", "--shipped-max-bs", "2", "--shipped-max-topk", "2",
+                   cache=tmp_path / "cache", wheel_dir=wheel.parent)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cells = {(c["backend"], c["mode"]): c for c in json.loads((out / "shipped.json").read_text())["rows"][0]["cells"]}
+    assert cells[("ReplayingBackend", "graph")]["status"] == "silent overflow"
+    assert cells[("CaptureOnlyBackend", "graph")]["status"] == "not launched at replay"
+    assert cells[("CaptureOnlyBackend", "graph")]["detail"] == note
+    assert cells[("CaptureOnlyBackend", "eager")]["status"] == "silent overflow"  # eager still launches it
+    assert "| cap/wall | OVF/wall |" in proc.stdout and "`cap`: graph mode" in proc.stdout
+
+
 #: FAKE_MODULE with its kv_indices stores taken out: a kernel that writes nothing, past its row or in it.
 WRITES_NOTHING = [("        tl.store(row + t, tl.load(src + t, mask=t < L), mask=t < L)\n",
                    "        tl.load(src + t, mask=t < L)\n"),

@@ -9,6 +9,10 @@ each it reads
 * the graph-mode row width: the second dimension of ``self.cuda_graph_kv_indices = torch.zeros((steps, W))``
   in ``init_cuda_graph_state``, with that method's parameters bound to what the draft CUDA-graph runner
   (``EAGLEDraftCudaGraphRunner``) passes at its ``draft_attn_backend.init_cuda_graph_state(...)`` call;
+* whether a CUDA-graph replay launches the kernel: the backend's replay method (``REPLAY_METHODS``) is
+  followed through ``self.`` and ``super()`` calls, leaving out what runs only under ``if in_capture:``;
+  where no launch is reached, the graph site says so (``replay``): the kernel then runs only while the
+  graph is captured, on the capture batch, never on a real one;
 * the eager-mode row width: the per-batch ``torch.zeros((steps, W))`` of ``init_forward_metadata``;
 * the host check before the launch: an ``assert USED <= CAPACITY`` (directly or in a helper of the wheel)
   whose capacity is the width of the buffer the kernel writes;
@@ -36,7 +40,7 @@ from typing import Dict, List, Optional, Tuple
 from kvfence.errors import BadInput, require
 
 #: Bumped when the record's layout changes (kvfence.cases.upstream's cache format follows it).
-FORMAT = 1
+FORMAT = 2  # 2: a graph site says when the replay path launches no kernel (``replay``)
 RECORD_FILE = "shipped.json"
 DRAFT_KERNEL = "generate_draft_decode_kv_indices"
 WINDOW_KERNEL = "generate_draft_decode_window_kv_indices"
@@ -45,6 +49,10 @@ LAUNCHED = (DRAFT_KERNEL, WINDOW_KERNEL)
 RUNNER_CLASS = "EAGLEDraftCudaGraphRunner"
 RUNNER_BACKEND_ATTR = "draft_attn_backend"
 MODES = ("graph", "eager")
+#: The methods the draft CUDA-graph runner calls before each replay: up to 0.5.12.post1 the first; later
+#: the second, which capture calls too, with ``in_capture=True``.
+REPLAY_METHODS = ("init_forward_metadata_replay_cuda_graph", "init_forward_metadata_out_graph")
+CAPTURE_FLAG = "in_capture"
 
 #: The symbol table (docs/contract.md, "Shipped sizing"): a dotted name (or its last component, for the
 #: ``*.``-prefixed keys) -> the quantity it stands for. ``requests``: the request count the buffer is sized
@@ -193,6 +201,7 @@ def _check_site(site, what: str, symbols, *, check: bool = False) -> None:
         require(isinstance(u, dict) and strings(u, ("text", "source", "why")), f"{what}: bad unreadable entry")
         return
     require(strings(site, ("formula", "source")) and "tree" in site, f"{what}: needs formula, tree and source")
+    require(site.get("replay") is None or isinstance(site["replay"], str), f"{what}: replay must be a string")
     require(check or isinstance(site.get("formula_text"), str), f"{what}: needs formula_text")
     _check_tree(site["tree"], symbols, what)
     params = site.get("params", {})
@@ -489,6 +498,29 @@ def _launches(fn: ast.FunctionDef) -> Optional[Tuple[str, ast.Call]]:
     return None
 
 
+def _replay_nodes(body: list):
+    """Every node of ``body`` a replay runs: an ``if in_capture:`` keeps its ``else`` only, an ``if not
+    in_capture:`` its body only; nested function and class definitions are left out."""
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(stmt, ast.If):
+            test = stmt.test
+            if isinstance(test, ast.Name) and test.id == CAPTURE_FLAG:
+                yield from _replay_nodes(stmt.orelse)
+                continue
+            if (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name)
+                    and test.operand.id == CAPTURE_FLAG):
+                yield from _replay_nodes(stmt.body)
+                continue
+            yield from ast.walk(test)
+            yield from _replay_nodes(stmt.body)
+            yield from _replay_nodes(stmt.orelse)
+            continue
+        for node in ast.walk(stmt):
+            yield node
+
+
 def _methods(cls: ast.ClassDef) -> Dict[str, ast.FunctionDef]:
     return {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
 
@@ -637,7 +669,79 @@ class Reader:
             out.update(_unreadable(exc))
             return out
         out["backend_formula"] = render(raw)
+        silent = self.replay_launches_nothing(name)
+        if silent:
+            out["replay"] = silent
         return self._width(out, tree, stmt, file)
+
+    def _after(self, cls_name: str, defined_in: ast.ClassDef, method: str):
+        """The definition of ``method`` that ``super()`` reaches from ``defined_in`` in ``cls_name``'s MRO."""
+        chain = self.mro(cls_name)
+        start = next((i + 1 for i, (_, c) in enumerate(chain) if c is defined_in), len(chain))
+        for file, cls in chain[start:]:
+            fn = _methods(cls).get(method)
+            if fn is not None:
+                return file, cls, fn
+        return None
+
+    def _first(self, cls_name: str, method: str):
+        for file, cls in self.mro(cls_name):
+            fn = _methods(cls).get(method)
+            if fn is not None:
+                return file, cls, fn
+        return None
+
+    def _reaches_launch(self, cls_name: str, found, depth: int = 0) -> bool:
+        """Whether ``found`` (file, class, method) launches the kernel at replay: directly, or through
+        ``self.M(...)`` / ``super().M(...)``; statements under ``if in_capture:`` (capture only) and nested
+        functions (run by whoever calls them) are left out."""
+        if depth > _MAX_DEPTH:
+            return True  # too deep to follow: assume it launches (the verdict stays the arithmetic's)
+        _, cls, fn = found
+        for node in _replay_nodes(fn.body):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                if (_dotted(node.func.value) or "").rsplit(".", 1)[-1] in LAUNCHED:
+                    return True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value
+                if isinstance(target, ast.Name) and target.id == "self":
+                    nxt = self._first(cls_name, node.func.attr)
+                elif (isinstance(target, ast.Call) and isinstance(target.func, ast.Name)
+                      and target.func.id == "super"):
+                    nxt = self._after(cls_name, cls, node.func.attr)
+                else:
+                    continue
+                if nxt is not None and self._reaches_launch(cls_name, nxt, depth + 1):
+                    return True
+        return False
+
+    def runner_replay_methods(self) -> List[str]:
+        """The ``REPLAY_METHODS`` the draft CUDA-graph runner calls on its backend (what this release replays)."""
+        if not hasattr(self, "_replay_methods"):
+            called = set()
+            for _, cls in self.wheel.classes(RUNNER_CLASS):
+                if cls.name == RUNNER_CLASS:
+                    for node in ast.walk(cls):
+                        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                                and node.func.attr in REPLAY_METHODS
+                                and (_dotted(node.func.value) or "").endswith(RUNNER_BACKEND_ATTR)):
+                            called.add(node.func.attr)
+            self._replay_methods = [m for m in REPLAY_METHODS if m in called]
+        return self._replay_methods
+
+    def replay_launches_nothing(self, name: str) -> Optional[str]:
+        """Why a replay of ``name``'s CUDA graphs launches no kernel (``None``: it does, or no replay method
+        is found, which leaves the verdict to the arithmetic as before)."""
+        for method in self.runner_replay_methods():
+            found = self._first(name, method)
+            if found is None:
+                continue
+            if self._reaches_launch(name, found):
+                return None
+            file, cls, fn = found
+            return (f"{cls.name}.{method} ({file}:{fn.lineno}) launches the kernel only under {CAPTURE_FLAG}: "
+                    f"it writes the capture batch alone, a replay does not run it")
+        return None
 
     def _width(self, out: dict, tree, stmt, file: str) -> dict:
         extra = symbols_of(tree) - set(WIDTH_SYMBOLS)

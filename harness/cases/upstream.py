@@ -49,7 +49,7 @@ WINDOW_KERNEL = "generate_draft_decode_window_kv_indices"
 #: The kernels extracted from a release (the first is required, the second optional).
 KERNELS = (DRAFT_KERNEL, WINDOW_KERNEL)
 #: Bumped when the cache layout changes; an entry of another format is refetched, never trusted.
-CACHE_FORMAT = 2  # 2: the shipped-sizing record (kvfence.cases.shipped) beside the kernels
+CACHE_FORMAT = 3  # 2: the shipped-sizing record (kvfence.cases.shipped) beside the kernels; 3: its replay notes
 MANIFEST = "manifest.json"
 
 # A release version as PyPI spells sglang's (no local part, no epoch): also keeps pip's argv clean.

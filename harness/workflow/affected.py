@@ -328,6 +328,11 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
             v.condition = text or f"no {dep.mode}-mode buffer"
             verdicts.append(v)
             continue
+        replay = record["backends"][cls][dep.mode].get("replay")
+        if replay:  # graph mode whose replays never run the kernel (kvfence.cases.shipped)
+            v.status, v.condition = "not launched", replay
+            verdicts.append(v)
+            continue
         refuses = (record["backends"][cls].get("refuses") or {}).get("refuses") == "topk > 1"
         if refuses and dep.topk > 1:
             v.status, v.condition = "not launched", "its constructor refuses topk > 1 (the server does not start)"
@@ -366,7 +371,7 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
             if "unreadable" in states:
                 return None
             return any(_draft_witness(version, n, dep, dep.ctx)[0][0] is not None
-                       for n, s in zip(names, states) if s == "ok")
+                       for n, s in zip(names, states) if s == "ok" and not later["backends"][n][dep.mode].get("replay"))
 
         if v.status == "affected":
             v.fixed_in, v.fixed_text = _fixed(dep.version, releases, overflows)

@@ -12,7 +12,8 @@ shipped sizing (``--sizing sglang==VERSION:BACKEND``, kvfence.cases.shipped) and
   (a loud failure, ``HOST_CHECK_FIRED``); the minimal one is run and written as well.
 * ``clean``: no launch of the domain overflows.
 * ``topk > 1 refused``, ``unreadable`` (the expression and file:line), ``no buffer`` (the backend does not
-  launch the kernel in this mode), ``not cached``.
+  launch the kernel in this mode), ``not launched at replay`` (graph mode: the backend's replay path
+  reaches no launch, only its capture does, on the capture batch), ``not cached``.
 
 The domain is every batch of ``raw_bs <= max_bs`` requests with lengths ``1 <= L <= ctx`` and
 ``topk <= max_topk``, graph-padded as the runner pads (docs/contract.md §4), searched by total length
@@ -44,6 +45,7 @@ CLEAN = "clean"
 REFUSED = "topk > 1 refused"
 UNREADABLE = "unreadable"
 NO_BUFFER = "no buffer"
+NOT_REPLAYED = "not launched at replay"
 NOT_CACHED = "not cached"
 ERROR = "error"
 #: Cell statuses and what each means (the report's legend).
@@ -55,6 +57,7 @@ STATUSES = {
     REFUSED: "the backend's constructor raises for topk > 1, and topk = 1 never overflows",
     UNREADABLE: "the width's expression is outside what the restricted evaluator reads (shown with file:line)",
     NO_BUFFER: "the backend does not allocate the kernel's buffer in this mode (it delegates the launch)",
+    NOT_REPLAYED: "graph mode: the backend launches the kernel while capturing only, so no real batch reaches it",
     NOT_CACHED: "the release is not in the cache (fetch it where PyPI is reachable)",
     ERROR: "the witness did not reproduce as the arithmetic predicts, or the release could not be read",
 }
@@ -227,6 +230,9 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
         cell.status, cell.detail = UNREADABLE, text
         return cell
     cell.formula = site["formula"]
+    if site.get("replay"):  # the arithmetic would judge launches that never happen (kvfence.cases.shipped)
+        cell.status, cell.detail = NOT_REPLAYED, site["replay"]
+        return cell
     spec = f"{upstream.SPEC_PREFIX}{version}:{backend}"
     check = record.get("host_check")
     if check is not None and shipped_sizing.site_state(check)[0] == "unreadable":
