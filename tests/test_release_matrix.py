@@ -68,6 +68,26 @@ def test_version_ranges_and_lists_expand_against_the_known_releases(text, expect
     assert rm.parse_versions(text, KNOWN) == expected
 
 
+def test_a_range_leaves_pre_releases_out_and_says_which_a_list_names_them():
+    """As pip's ranges: 0.4.10..0.5.1 passes over 0.5.0rc0-rc2 (AITER first appears in rc1) and says so in one
+    line; named in the list (or as an endpoint), a pre-release is in."""
+    known = KNOWN + ["0.5.0rc0", "0.5.0rc1", "0.5.0rc2", "0.5.2.dev1"]
+    said = []
+    assert rm.parse_versions("0.4.10..0.5.1", known, said.append) == ["0.4.10", "0.4.10.post1", "0.5.1"]
+    assert said == ["kvfence: --versions leaves out the pre-release(s) 0.5.0rc0, 0.5.0rc1, 0.5.0rc2 inside its "
+                    "range(s); name one in the list to include it"]
+    said.clear()
+    assert rm.parse_versions("0.4.10..0.5.1,0.5.0rc1", known, said.append) == [
+        "0.4.10", "0.4.10.post1", "0.5.0rc1", "0.5.1"]
+    assert "0.5.0rc0, 0.5.0rc2 inside" in said[0]
+    said.clear()
+    assert rm.parse_versions("0.5.0rc1..0.5.1.post1", known, said.append) == ["0.5.0rc1", "0.5.1", "0.5.1.post1"]
+    assert "0.5.0rc2 inside" in said[0] and rm.is_prerelease("0.5.2.dev1") and not rm.is_prerelease("0.5.1.post1")
+    said.clear()
+    rm.parse_versions("0.5.3..0.5.23", known, said.append)
+    assert said == []  # 0.5.2.dev1 lies before the range
+
+
 @pytest.mark.parametrize("text,needle", [
     ("0.5.23..0.5.1", "range 0.5.23..0.5.1 is empty"),
     ("0.5.2", "sglang 0.5.2 is not a known release (known: 0.4.2 .. 0.5.23, 8 releases)"),

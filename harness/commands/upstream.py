@@ -76,7 +76,7 @@ def cmd_upstream_shipped_contracts(args, names, out_dir, json_path, offline: boo
         require(c.shipped_sites, f"contract {c.name} lists no shipped sites (upstream matrix --shipped needs them)")
     if offline:
         os.environ["KVFENCE_OFFLINE"] = "1"
-    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
+    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr), announce=_stderr)
     device = select(args.device, announce=_stderr)
     _set_aside(out_dir)
     doc = csm.run(contracts, versions, device=device, out=out_dir, progress=sys.stderr)
@@ -100,7 +100,7 @@ def cmd_upstream_shipped(args, out_dir, offline: bool, json_path=None) -> int:
     from kvfence.workflow import shipped_matrix as sm
     from kvfence.reports.shipped_matrix import markdown, write
 
-    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
+    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr), announce=_stderr)
     device = select(args.device, announce=_stderr)
     domain = sm.Domain(ctx=args.shipped_ctx, num_steps=args.shipped_steps, max_bs=args.shipped_max_bs,
                        max_topk=args.shipped_max_topk, ordinary_only=args.shipped_lengths == "ordinary")
@@ -135,7 +135,7 @@ def cmd_upstream_matrix(args) -> int:
     contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
     max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
     offline = bool(args.offline) or offline_by_env()
-    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr))
+    versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr), announce=_stderr)
     if args.fetch_only:  # fill the cache for an offline host (e.g. a GPU machine without network)
         releases = [rm.prepare(v, offline, _stderr) for v in versions]
         for r in releases:
@@ -199,8 +199,8 @@ def add_parser(sub) -> None:
                            two="bad input (unknown version, empty range, unknown sizing or contract, nothing "
                                "cached offline; one line on stderr)"))
     um.add_argument("--versions", required=True,
-                    help="required: releases, as A..B (inclusive, post releases included), a version, or a comma "
-                         "list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; expanded against the releases "
+                    help="required: releases, as A..B (inclusive, post releases included, pre-releases only when "
+                         "named), a version, or a comma list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; expanded against the releases "
                          "the package index lists and the cache has (no default)")
     um.add_argument("--sizing", default="prefix,fixed,safe", help="comma list of builtin sizings")
     um.add_argument("--contracts", default="draft",

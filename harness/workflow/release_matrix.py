@@ -69,13 +69,20 @@ def version_key(version: str) -> tuple:
     return (tuple(release), pre, post, dev)
 
 
-def parse_versions(text: str, known: Sequence[str]) -> List[str]:
+def is_prerelease(version: str) -> bool:
+    """An alpha, beta, release candidate or dev release (PEP 440)."""
+    m = _KEY.match(upstream.check_version(version))
+    return bool(m.group(2) or m.group(5) is not None)
+
+
+def parse_versions(text: str, known: Sequence[str], announce: Optional[Callable[[str], None]] = None) -> List[str]:
     """``--versions``: a comma list of versions and inclusive ranges ``A..B``, expanded against ``known``
-    (post releases included), sorted and without repeats. An unknown version or an empty range is
-    ``BadInput``."""
+    (post releases included; pre-releases only where named, as pip leaves them out of a range: ``announce``
+    gets one line naming those a range passed over), sorted and without repeats. An unknown version or an
+    empty range is ``BadInput``."""
     require(isinstance(text, str) and text.strip(), "--versions is empty: give A..B, a version, or a comma list")
     known = sorted(set(known), key=version_key)
-    chosen = set()
+    chosen, skipped = set(), []
 
     def known_one(v: str) -> str:
         upstream.check_version(v)
@@ -90,9 +97,15 @@ def parse_versions(text: str, known: Sequence[str]) -> List[str]:
             lo, hi = known_one(lo.strip()), known_one(hi.strip())
             span = [v for v in known if version_key(lo) <= version_key(v) <= version_key(hi)]
             require(span, f"--versions: range {item} is empty ({lo} comes after {hi})")
-            chosen.update(span)
+            passed = [v for v in span if is_prerelease(v) and v not in (lo, hi)]
+            chosen.update(v for v in span if v not in passed)
+            skipped.extend(passed)
         else:
             chosen.add(known_one(item))
+    left_out = sorted(set(skipped) - chosen, key=version_key)
+    if left_out and announce is not None:
+        announce(f"kvfence: --versions leaves out the pre-release(s) {', '.join(left_out)} inside its range(s); "
+                 "name one in the list to include it")
     return sorted(chosen, key=version_key)
 
 
@@ -125,7 +138,8 @@ def known_releases(offline: bool, *, announce: Callable[[str], None] = lambda m:
 
 def index_versions() -> List[str]:
     """The sglang releases the package index lists (``pip index versions``: pip's own index settings)."""
-    cmd = [sys.executable, "-m", "pip", "index", "versions", "sglang", "--disable-pip-version-check",
+    # --pre: pre-releases too, so that a range can say which it leaves out and a list can name them.
+    cmd = [sys.executable, "-m", "pip", "index", "versions", "sglang", "--pre", "--disable-pip-version-check",
            "--no-input", "--retries", "1", "--timeout", "30"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
