@@ -266,7 +266,7 @@ def test_a_graph_site_whose_replay_never_launches_the_kernel_is_not_judged_by_it
     record = shipped.read_wheel(wheel)["backends"]
     assert "replay" not in record["ReplayingBackend"]["graph"]
     note = record["CaptureOnlyBackend"]["graph"]["replay"]
-    assert f"CaptureOnlyBackend.init_forward_metadata_out_graph ({BACKENDS}:" in note and "in_capture" in note
+    assert f"CaptureOnlyBackend.init_forward_metadata_out_graph ({BACKENDS}:" in note and "if in_capture:" in note
     assert record["CaptureOnlyBackend"]["graph"]["formula"] == record["ReplayingBackend"]["graph"]["formula"]
     out = tmp_path / "m"
     proc = kvfence("upstream", "matrix", "--shipped", "--versions", VERSION, "--device", "cpu", "--out", str(out),

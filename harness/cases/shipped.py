@@ -563,6 +563,7 @@ class Reader:
     def __init__(self, wheel: Wheel):
         self.wheel = wheel
         self.ev = Evaluator(wheel)
+        self._replay_methods: Optional[List[str]] = None  # runner_replay_methods(), read once
         self.classes: Dict[str, Tuple[str, ast.ClassDef]] = {}
         for needle in LAUNCHED + ("MultiStepDraftBackend",):
             for file, cls in wheel.classes(needle):
@@ -717,7 +718,7 @@ class Reader:
 
     def runner_replay_methods(self) -> List[str]:
         """The ``REPLAY_METHODS`` the draft CUDA-graph runner calls on its backend (what this release replays)."""
-        if not hasattr(self, "_replay_methods"):
+        if self._replay_methods is None:
             called = set()
             for _, cls in self.wheel.classes(RUNNER_CLASS):
                 if cls.name == RUNNER_CLASS:
@@ -739,8 +740,8 @@ class Reader:
             if self._reaches_launch(name, found):
                 return None
             file, cls, fn = found
-            return (f"{cls.name}.{method} ({file}:{fn.lineno}) launches the kernel only under {CAPTURE_FLAG}: "
-                    f"it writes the capture batch alone, a replay does not run it")
+            return (f"{cls.name}.{method} ({file}:{fn.lineno}) reaches no launch of the kernel outside "
+                    f"'if {CAPTURE_FLAG}:': a replay does not run it (at most the capture batch is written)")
         return None
 
     def _width(self, out: dict, tree, stmt, file: str) -> dict:

@@ -200,8 +200,8 @@ def add_parser(sub) -> None:
                                "cached offline; one line on stderr)"))
     um.add_argument("--versions", required=True,
                     help="required: releases, as A..B (inclusive, post releases included, pre-releases only when "
-                         "named), a version, or a comma list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; expanded against the releases "
-                         "the package index lists and the cache has (no default)")
+                         "named), a version, or a comma list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; "
+                         "expanded against the releases the package index lists and the cache has (no default)")
     um.add_argument("--sizing", default="prefix,fixed,safe", help="comma list of builtin sizings")
     um.add_argument("--contracts", default="draft",
                     help="comma list of contracts (draft, window-rail); one this build or a release lacks is a "
