@@ -500,8 +500,8 @@ def _draw_lengths(draw, config: Config, bound: int, count: int):
     every request at the context wall: one shared length in the last ``num_steps`` tokens below
     ``bound``, where a row sized without draft headroom overflows once the batch is full. The wall gets
     two codes of five because a bug there needs three draws to line up (no window, a full batch, the
-    wall): with one shared length among edges it was reached in 35 of 40 seeds of the CPU self-test's
-    60 examples, with the wall mode in 298 of 300 (``benchmarks/prior_reach.py``)."""
+    wall): the CPU self-test's 60 examples reach sizing_no_draft_headroom's trigger in 298 of 300 seeds
+    (``python benchmarks/prior_reach.py --seeds 300``), in 35 of 40 without this mode."""
     # What a length draw needs is looked up once per batch, not once per length (the bulk's cost).
     if bound <= SMALL_BOUND:
         codes, edges = _length_codes(config, bound)
