@@ -502,7 +502,7 @@ def _replay_nodes(body: list):
     """Every node of ``body`` a replay runs: an ``if in_capture:`` keeps its ``else`` only, an ``if not
     in_capture:`` its body only; nested function and class definitions are left out."""
     for stmt in body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         if isinstance(stmt, ast.If):
             test = stmt.test
