@@ -258,6 +258,7 @@ REPLAY_BACKENDS = "\n\n".join([
 '''])
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_a_graph_site_whose_replay_never_launches_the_kernel_is_not_judged_by_its_width(tmp_path):
     """A backend whose replay path reaches no launch (only capture does) is ``not launched at replay`` in
     graph mode, named with its file:line, though its buffer is as small as its base's, which overflows."""
@@ -288,6 +289,7 @@ WRITES_NOTHING = [("        tl.store(row + t, tl.load(src + t, mask=t < L), mask
                    "    tl.load(src + e + j, mask=j < n)\n")]
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_a_silent_overflow_cell_needs_the_kernel_seen_writing_past_its_row(tmp_path):
     """The arithmetic (need > width) only predicts an overflow: a release whose kernel writes nothing is an
     ``error`` cell naming what the witness showed, never ``silent overflow``."""
