@@ -582,11 +582,8 @@ class Reader:
         return out
 
     def method(self, cls_name: str, method: str) -> Optional[Tuple[str, ast.FunctionDef]]:
-        for file, cls in self.mro(cls_name):
-            found = _methods(cls).get(method)
-            if found is not None:
-                return file, found
-        return None
+        found = self._first(cls_name, method)
+        return (found[0], found[2]) if found else None
 
     def backends(self) -> List[str]:
         launching = {name for name, (_, cls) in self.classes.items()
@@ -686,6 +683,7 @@ class Reader:
         return None
 
     def _first(self, cls_name: str, method: str):
+        """``(file, class, definition)`` of ``method`` first found along ``cls_name``'s bases."""
         for file, cls in self.mro(cls_name):
             fn = _methods(cls).get(method)
             if fn is not None:
