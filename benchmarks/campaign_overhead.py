@@ -39,10 +39,11 @@ def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, fold
 
     shard = campaign.Shard(3, 8) if variant == "shard 3/8" else None
     if shard is not None:
-        from kvfence.cases.domain import CPU
+        from kvfence.cases import contract as contracts
+        from kvfence.cases.plan import RunPlan
 
-        config_strategy, _ = campaign.shard_configs(shard, lambda **pins: configs(**pins), {},
-                                                    campaign.cell_domains(CPU))
+        config_strategy, _ = campaign.shard_draws(shard, lambda **pins: configs(**pins),
+                                                  contracts.get("draft").shard_fields(RunPlan()))
     else:
         config_strategy = configs()
     database = None

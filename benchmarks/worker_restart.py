@@ -52,7 +52,7 @@ def measure(device: str, spares, crashes: int, gap: float) -> dict:
         return Case(config, Batch((length,), (0,), seed), kernel=SPEC)
 
     t0 = time.perf_counter()
-    rs = RemoteSession(device, SPEC, audit=False, spares=spares)
+    rs = RemoteSession(device, SPEC, contract="draft", audit=False, spares=spares)
     out = {"worker_start_s": round(time.perf_counter() - t0, 3)}
     with rs:
         t0 = time.perf_counter()

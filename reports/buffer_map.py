@@ -424,6 +424,11 @@ def legend() -> Markup:
         html("<span><i style='background:{}'></i>{}</span>", colour, text) for text, colour in items))
 
 
+def case_map_with_legend(record: dict, findings: List[dict]) -> Markup:
+    """The draft kernel's ``case_map`` (``kvfence.contracts.draft``): what the colours mean, then the map."""
+    return join([legend(), case_map_html(record, findings)])
+
+
 def case_map_html(record: dict, findings: List[dict]) -> Markup:
     """The map of one case file as HTML (one SVG per step row), with each finding listed by its number."""
     from kvfence.errors import BadInput

@@ -12,43 +12,82 @@ import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from kvfence.reports.buffer_map import case_map_html, legend
 from kvfence.reports.markup import Markup, file_link, html, join, table
-from kvfence.reports.summary import COVERAGE_FIELDS, earlier_text, finding_rows, run_rows
+from kvfence.reports.summary import coverage_fields, earlier_text, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
 
 
-def _rows_by_topk(doc: dict) -> Dict[int, List[dict]]:
+def panel_field(doc: dict) -> str:
+    """The coverage field whose values the plot's panels split on: the contract's first (draft: topk)."""
+    return coverage_fields(doc)[0]
+
+
+def _rows_by_panel(doc: dict) -> Dict[int, List[dict]]:
+    fields, panel = coverage_fields(doc), panel_field(doc)
     out: Dict[int, List[dict]] = {}
     for row in doc.get("coverage", {}).get("examples", []):
-        r = dict(zip(COVERAGE_FIELDS, row))
-        out.setdefault(r["topk"], []).append(r)
+        r = dict(zip(fields, row))
+        out.setdefault(r[panel], []).append(r)
     return out
 
 
-def panel_counts(doc: dict) -> Dict[int, dict]:
-    """Per topk, what its panel holds: explored examples, of them failed, and case files (always failing).
+def case_panel(doc: dict, c: dict):
+    """The panel a case file's case sits in: its own coverage row (a summary before those: its config's)."""
+    fields, panel = coverage_fields(doc), panel_field(doc)
+    if isinstance(c.get("coverage"), list) and len(c["coverage"]) == len(fields):
+        return dict(zip(fields, c["coverage"]))[panel]
+    return (c.get("config") or {}).get(panel, 0)
 
-    The case files' cases are shrunk failures, not explored examples, but they are drawn in the panel
-    and counted in its title, so a panel never shows a point its title says is not there.
+
+def panel_counts(doc: dict) -> Dict[int, dict]:
+    """Per panel value, what its panel holds: explored examples, of them failed, and case files (always
+    failing). The case files' cases are shrunk failures, not explored examples, but they are drawn in the
+    panel and counted in its title, so a panel never shows a point its title says is not there.
     """
     out: Dict[int, dict] = {}
-    for topk, rows in _rows_by_topk(doc).items():
-        out[topk] = {"explored": len(rows), "failed": sum(1 for r in rows if r["failed"]), "case_files": 0}
+    for value, rows in _rows_by_panel(doc).items():
+        out[value] = {"explored": len(rows), "failed": sum(1 for r in rows if r["failed"]), "case_files": 0}
     for c in doc.get("cases", {}).values():
-        counts = out.setdefault(c["config"]["topk"], {"explored": 0, "failed": 0, "case_files": 0})
+        counts = out.setdefault(case_panel(doc, c), {"explored": 0, "failed": 0, "case_files": 0})
         counts["case_files"] += 1
     return dict(sorted(out.items()))
 
 
-def panel_title(topk: int, counts: dict) -> str:
+def panel_title(value: int, counts: dict, field: str = "topk") -> str:
     """``topk=2: 3 examples (1 case file), 2 failed``: every point of the panel is counted."""
     total = counts["explored"] + counts["case_files"]
     failed = counts["failed"] + counts["case_files"]
     files = counts["case_files"]
     of_which = f" ({files} case file{'s' if files != 1 else ''})" if files else ""
-    return f"topk={topk}: {total} example{'s' if total != 1 else ''}{of_which}, {failed} failed"
+    return f"{field}={value}: {total} example{'s' if total != 1 else ''}{of_which}, {failed} failed"
+
+
+def case_text(c: dict) -> str:
+    """One line describing a case file's case: its contract's words (a summary before those: the draft
+    kernel's config and lengths)."""
+    if isinstance(c.get("describe"), str):
+        return c["describe"]
+    cfg, b = c["config"], c.get("batch") or {}
+    return (f"topk={cfg['topk']} num_steps={cfg['num_steps']} page_size={cfg['page_size']} ctx={cfg['ctx']} "
+            f"max_bs={cfg['max_bs']} sizing={cfg['sizing']} mode={cfg['mode']} layout={cfg['layout']}; "
+            f"seq_lens={b.get('seq_lens')}")
+
+
+def case_map(c: dict, findings: list) -> Markup:
+    """A case file's buffer map, drawn by its contract's ``case_map`` (found by name, as an entry point is:
+    the reports import no contract); a contract this process does not know gets a line saying so."""
+    import importlib
+
+    from kvfence.cases import contract as contracts
+    from kvfence.errors import BadInput
+
+    try:
+        module, _, attr = contracts.get(c.get("contract", "draft")).case_map.partition(":")
+        draw = getattr(importlib.import_module(module), attr)
+    except (BadInput, ImportError, AttributeError, ValueError) as exc:
+        return html("<p class='note'>No buffer map: {}</p>", str(exc))
+    return draw(c, findings)
 
 
 def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
@@ -58,7 +97,8 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
     every explored example; the line at 1 is where the buffer overflows. Failing examples are red
     crosses, the case files' cases red stars.
     """
-    by_topk = _rows_by_topk(doc)
+    by_topk = _rows_by_panel(doc)
+    field = panel_field(doc)
     cases = list(doc.get("cases", {}).values())
     if not by_topk and not cases:
         return None, "no examples were recorded"
@@ -88,14 +128,14 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
             if group:
                 ax.scatter([r["num_seqs"] + jitter.uniform(-0.18, 0.18) for r in group],
                            [r["need"] / r["width"] for r in group], linewidths=1, **style)
-        mine = [c for c in cases if c["config"]["topk"] == topk]
+        mine = [c for c in cases if case_panel(doc, c) == topk]
         if mine:
             ax.scatter([c["num_seqs"] for c in mine], [c["need"] / c["width"] for c in mine], s=150, c="#d62728",
                        marker="*", edgecolors="black", linewidths=0.6, zorder=5, label="case file")
         ax.axhline(1.0, color="#d62728", linestyle="--", linewidth=0.9)
         ax.set_xlim(0.5, xmax + 0.5)
         ax.set_xticks(xticks)
-        ax.set_title(panel_title(topk, counts[topk]), fontsize=9)
+        ax.set_title(panel_title(topk, counts[topk], field), fontsize=9)
         ax.set_xlabel("launched requests (num_seqs)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.25)
@@ -146,13 +186,10 @@ def markdown(doc: dict, plot_note: str) -> str:
     if earlier_text(doc):
         out += [earlier_text(doc), ""]
     if doc["findings"]:
-        out += ["## Findings", "", md_table(finding_table(doc, lambda path: path), FINDING_HEADER), ""]
+        out += ["## Findings", "", md_table(finding_table(doc, lambda path: path), finding_header(doc)), ""]
         out += ["## Case files", ""]
         for c in doc.get("cases", {}).values():
-            cfg, b = c["config"], c["batch"]
-            out += [f"- `{c['path']}` ({', '.join(c['kinds'])}; from {c['source']}): topk={cfg['topk']} "
-                    f"num_steps={cfg['num_steps']} page_size={cfg['page_size']} ctx={cfg['ctx']} max_bs={cfg['max_bs']} "
-                    f"sizing={cfg['sizing']} mode={cfg['mode']} layout={cfg['layout']}; seq_lens={b['seq_lens']}; "
+            out += [f"- `{c['path']}` ({', '.join(c['kinds'])}; from {c['source']}): {case_text(c)}; "
                     f"need {c['need']} vs width {c['width']}", f"  - repro: `{c['repro']}`"]
         out.append("")
     if doc.get("shrink_cut"):
@@ -165,8 +202,8 @@ def markdown(doc: dict, plot_note: str) -> str:
     out += [f"![coverage]({PLOT_NAME})" if not plot_note else f"Plot skipped: {plot_note}.", ""]
     if _sampled_note(doc):
         out += [_sampled_note(doc), ""]
-    out += ["Each point is one explored example: launched requests against need/width of its kv_indices buffer, "
-            "one panel per topk. Above the dashed line the buffer is too small.", ""]
+    out += [f"Each point is one explored example: launched requests against need/width of its buffer, "
+            f"one panel per {panel_field(doc)}. Above the dashed line the buffer is too small.", ""]
     return "\n".join(out)
 
 
@@ -186,12 +223,22 @@ def _samples_text(f: dict) -> str:
 
 
 def _programs_text(f: dict, key: str = "programs") -> str:
-    progs = [f"({s},{b},{k})" for s, b, k in f.get(key, [])]
+    progs = ["(" + ",".join(str(x) for x in p) + ")" for p in f.get(key, [])]
     return ", ".join(progs[:6]) + (f" +{len(progs) - 6}" if len(progs) > 6 else "") or "-"
 
 
-FINDING_HEADER = ["kind", "where", "elements", "expected / found", "expected owners (s, b, k)",
-                  "written by (s, b, k)", "case file"]
+def finding_header(doc: dict) -> List[str]:
+    """The findings table's columns; a program's coordinates named as its contract names them (the draft
+    kernel's ``s, b, k``)."""
+    from kvfence.cases import contract as contracts
+    from kvfence.errors import BadInput
+
+    try:
+        axes = contracts.get(doc.get("contract", "draft")).program_axes.replace(",", ", ")
+    except BadInput:  # a summary of a contract this process does not know
+        axes = "program"
+    return ["kind", "where", "elements", "expected / found", f"expected owners ({axes})", f"written by ({axes})",
+            "case file"]
 
 
 def finding_table(doc: dict, case_cell) -> list:
@@ -218,19 +265,15 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
         parts.append(html("<p class='note'>{}</p>", earlier_text(doc)))
     if doc["findings"]:
         rows = finding_table(doc, lambda path: _case_link(path, out_dir))
-        parts += [Markup("<h2>Findings</h2>"), table(rows, FINDING_HEADER)]
+        parts += [Markup("<h2>Findings</h2>"), table(rows, finding_header(doc))]
         if doc.get("shrink_cut"):
             parts.append(Markup("<p class='note'>Shrinking hit its time budget: the case may not be minimal.</p>"))
-        parts += [Markup("<h2>Case files</h2>"), legend()]
+        parts += [Markup("<h2>Case files</h2>")]
         for c in doc.get("cases", {}).values():
-            cfg, b = c["config"], c["batch"]
-            parts.append(html(
-                "<h3>{}</h3><p>{} (from {}): topk={} num_steps={} page_size={} ctx={} max_bs={} sizing={} mode={} "
-                "layout={}; seq_lens={}; need {} vs width {}<br>repro: <code>{}</code></p>",
-                _case_link(c["path"], out_dir), ", ".join(c["kinds"]), c["source"], cfg["topk"], cfg["num_steps"],
-                cfg["page_size"], cfg["ctx"], cfg["max_bs"], cfg["sizing"], cfg["mode"], cfg["layout"],
-                b["seq_lens"], c["need"], c["width"], c["repro"]))
-            parts.append(case_map_html(c, doc["findings"]))
+            parts.append(html("<h3>{}</h3><p>{} (from {}): {}; need {} vs width {}<br>repro: <code>{}</code></p>",
+                              _case_link(c["path"], out_dir), ", ".join(c["kinds"]), c["source"], case_text(c),
+                              c["need"], c["width"], c["repro"]))
+            parts.append(case_map(c, doc["findings"]))
     parts += [Markup("<h2>Run</h2>"), table(run_rows(doc), ["run", "value"])]
     if merged_rows(doc):
         parts += [html("<h2>Merged runs ({} duplicate case(s) kept once)</h2>", doc["merged"].get("duplicate_cases", 0)),
@@ -241,8 +284,8 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
     else:
         parts.append(html("<p class='bad'>Plot skipped: {}.</p>", plot_note))
     parts.append(html("<p class='note'>Each point is one explored example: launched requests against need/width of "
-                      "its kv_indices buffer, one panel per topk. Above the dashed line the buffer is too small. {}</p>",
-                      _sampled_note(doc)))
+                      "its buffer, one panel per {}. Above the dashed line the buffer is too small. {}</p>",
+                      panel_field(doc), _sampled_note(doc)))
     versions = doc.get("versions") or {}
     if versions:
         parts.append(html("<p class='note'>{}</p>", ", ".join(f"{k} {v}" for k, v in versions.items())))

@@ -11,29 +11,39 @@ import json
 import math
 from typing import Dict, Iterable, List, Optional
 
-from kvfence.cases.casefile import case_repro_command
+from kvfence.cases import contract as contracts
+from kvfence.cases.casefile import LEGACY_CONTRACT, case_repro_command
 from kvfence.errors import require
 
 SUMMARY_VERSION = 1
 MARKER = "kvfence_summary"
-#: Columns of ``coverage.examples`` rows (``kvfence.workflow.fuzz.ExampleStat`` fields).
+#: Columns of ``coverage.examples`` rows of a summary that does not say (one written before contracts were
+#: plug-ins: the draft kernel's ``ExampleStat``); a summary names its contract's ``coverage_fields``.
 COVERAGE_FIELDS = ("topk", "num_steps", "page_size", "num_seqs", "raw_bs", "need", "width", "failed")
 
 
+def coverage_fields(doc: dict) -> tuple:
+    """The columns of a summary's coverage rows (its own ``coverage.fields``, else the draft kernel's)."""
+    fields = (doc.get("coverage") or {}).get("fields")
+    return tuple(fields) if isinstance(fields, list) and fields else COVERAGE_FIELDS
+
+
 def case_record(path: str, case, findings, *, source: str) -> dict:
-    """What the summary keeps about one case file (enough to plot and describe it)."""
-    s = case.sizing_summary()
-    c, b = case.config, case.batch
-    return {"path": path, "source": source, "kernel": case.kernel, "config": c.to_dict(), "batch": b.to_dict(),
-            "need": s["need"], "width": s["width"], "num_seqs": s["num_seqs"],
-            "kinds": sorted({f.kind.value for f in findings}), "repro": case_repro_command(path, case)}
+    """What the summary keeps about one case file (enough to plot, describe and map it without the file):
+    its contract's ``summary`` (need, width, rows, config and batch as data), one line describing it and
+    its coverage row."""
+    record = contracts.of(case)
+    return {"path": path, "source": source, "contract": record.name, "kernel": case.kernel,
+            "sizing": record.case_sizing(case), **record.summary(case), "describe": record.describe(case, full=True),
+            "coverage": list(record.coverage_row(case, True)), "kinds": sorted({f.kind.value for f in findings}),
+            "repro": case_repro_command(path, case)}
 
 
-def max_example(result) -> Optional[dict]:
-    """The explored case with the highest need/width (the one "max need/width" comes from), as a
-    ``COVERAGE_FIELDS`` dict (``FuzzResult.max_utilisation_stat``), or ``None`` before any case."""
+def max_example(result, fields: tuple) -> Optional[dict]:
+    """The explored case with the highest need/width (the one "max need/width" comes from), as a dict of the
+    contract's coverage ``fields`` (``FuzzResult.max_utilisation_stat``), or ``None`` before any case."""
     stat = getattr(result, "max_utilisation_stat", None)
-    return dict(zip(COVERAGE_FIELDS, stat)) if stat is not None else None
+    return dict(zip(fields, stat)) if stat is not None else None
 
 
 #: What ended a fuzz run (``ended_by``): a signal, the time budget, a failure (then shrunk), another
@@ -72,6 +82,7 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         cases[case_path] = case_record(case_path, result.case, result.findings, source="fuzz")
     stats = [list(s) for s in result.stats]
     session = result.session_stats or {}
+    fields = tuple(contracts.get(run.get("contract", LEGACY_CONTRACT)).coverage_fields)
     return {
         MARKER: SUMMARY_VERSION,
         "examples": result.examples,
@@ -89,7 +100,7 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "largest_config": result.largest_config,
         "boundaries": dict(sorted(result.boundaries.items())),
         "max_need_over_width": round(result.max_utilisation, 4),
-        "max_need_over_width_example": max_example(result),
+        "max_need_over_width_example": max_example(result, fields),
         "earlier_cases": earlier,
         "time_cut": result.time_cut,
         "ended_by": ended_by(interrupted=run.get("interrupted"), time_cut=result.time_cut,
@@ -103,7 +114,7 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "bulk_splice": result.bulk_splice,
         "findings": findings,
         "cases": cases,
-        "coverage": {"fields": list(COVERAGE_FIELDS), "examples": stats,
+        "coverage": {"fields": list(fields), "examples": stats,
                      "sampled": len(stats) < result.examples,
                      "failure": list(result.failure_stat) if result.failure_stat is not None else None},
         "versions": versions or {},
@@ -183,7 +194,8 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
     if len(rows) > MAX_COVERAGE_ROWS:
         rows, sampled = random.Random(0).sample(rows, MAX_COVERAGE_ROWS), True
     failures = [d["coverage"]["failure"] for d in docs if d.get("coverage", {}).get("failure")]
-    out["coverage"] = {"fields": list(COVERAGE_FIELDS), "examples": rows, "sampled": sampled,
+    fields = next((coverage_fields(d) for d in docs if d.get("coverage")), COVERAGE_FIELDS)
+    out["coverage"] = {"fields": list(fields), "examples": rows, "sampled": sampled,
                        "failure": failures[0] if failures else None}
     out["versions"] = next((d.get("versions") for d in docs if d.get("versions")), {})
     return out
@@ -229,14 +241,18 @@ def _dict_of(check):
 _CONFIG_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx": _count, "max_bs": _count,
                   "sizing": _text, "mode": _text, "layout": _text}
 _SIZED_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx": _count, "max_bs": _count}
-#: ``coverage.examples`` row columns: counts, need and width (width >= 1: the plot divides by it), failed.
-_ROW_CHECKS = (_count, _count, _count, _count, _count, _count, lambda v: _int(v) and v >= 1,
-               lambda v: isinstance(v, (bool, int)))
+#: ``coverage.examples`` row columns: counts, except width (>= 1: the plot divides by it) and failed.
+_COLUMN_CHECKS = {"width": lambda v: _int(v) and v >= 1, "failed": lambda v: isinstance(v, (bool, int))}
+
+
+def _column_check(field: str):
+    return _COLUMN_CHECKS.get(field, _count)
 _FINDING_FIELDS = {"kind": _text, "region": _text, "case": _text, "buffer": _optional(_text), "start": _optional(_int),
                    "stop": _optional(_int), "detail": _optional(_text)}
 _CASE_FIELDS = {"path": _text, "source": _text, "kernel": _text, "repro": _text, "kinds": _list_of(_text),
                 "need": _count, "width": lambda v: _int(v) and v >= 1, "num_seqs": _count,
-                "found_in": _optional(_list_of(_text))}
+                "found_in": _optional(_list_of(_text)), "contract": _text, "sizing": _text, "describe": _text,
+                "config": lambda v: isinstance(v, dict), "coverage": _list_of(lambda v: _int(v) or isinstance(v, bool))}
 _RUN_ROW_FIELDS = {"dir": _text, "examples": _count, "elapsed_s": _number, "findings": _count, "cases": _count,
                    "host": _optional(_text), "device": _optional(_text), "seed": _optional(_int)}
 #: Top-level fields besides the ones checked by hand below: each may be absent, else of this type.
@@ -292,30 +308,37 @@ def validate(doc, where: str) -> dict:
     for name, record in doc.get("cases", {}).items():
         at = f"{where}: cases[{_short(name)}]"
         _check_fields(record, _CASE_FIELDS, at, required=("path", "source", "repro", "kinds", "need", "width",
-                                                          "num_seqs", "config", "batch"))
-        _check_fields(record["config"], _CONFIG_FIELDS, f"{at}.config", required=tuple(_CONFIG_FIELDS))
-        _check_fields(record["batch"], {"seq_lens": _list_of(_count)}, f"{at}.batch", required=("seq_lens",))
+                                                          "num_seqs", "config"))
+        # A record without its own description (a summary written before contracts were plug-ins: a draft
+        # kernel's case) is described from its config's fields and its batch, so those must be there.
+        legacy = "describe" not in record
+        _check_fields(record["config"], _CONFIG_FIELDS, f"{at}.config", required=tuple(_CONFIG_FIELDS) if legacy else ())
+        if legacy or "batch" in record:
+            _check_fields(record.get("batch"), {"seq_lens": _list_of(_count)}, f"{at}.batch", required=("seq_lens",))
     largest = doc.get("largest_config")
     if largest is not None:
-        _check_fields(largest, dict(_SIZED_FIELDS, estimated_bytes=_number), f"{where}: largest_config",
-                      required=tuple(_SIZED_FIELDS))
+        _check_fields(largest, dict(_SIZED_FIELDS, estimated_bytes=_number), f"{where}: largest_config")
     earlier = doc.get("earlier_cases")
     require(earlier is None or (isinstance(earlier, dict) and isinstance(earlier.get("folder"), str)
                                 and _int(earlier.get("count"))),
             f"{where}: earlier_cases must be null or an object with folder (string) and count (integer)")
-    ex = doc.get("max_need_over_width_example")
-    require(ex is None or (isinstance(ex, dict) and set(COVERAGE_FIELDS) <= set(ex)
-                           and all(check(ex[k]) for k, check in zip(COVERAGE_FIELDS, _ROW_CHECKS))),
-            f"{where}: max_need_over_width_example must be null or an object of integers "
-            f"{', '.join(COVERAGE_FIELDS)}")
     cov = doc.get("coverage", {})
     require(isinstance(cov, dict) and isinstance(cov.get("examples", []), list), f"{where}: coverage.examples must be a list")
+    fields = cov.get("fields")
+    require(fields is None or (isinstance(fields, list) and all(isinstance(f, str) for f in fields)
+                               and set(contracts.COVERAGE_REQUIRED) <= set(fields)),
+            f"{where}: coverage.fields must be a list of names holding {', '.join(contracts.COVERAGE_REQUIRED)}")
+    fields = coverage_fields(doc)
+    checks = [_column_check(f) for f in fields]
+    ex = doc.get("max_need_over_width_example")
+    require(ex is None or (isinstance(ex, dict) and set(fields) <= set(ex)
+                           and all(_column_check(k)(ex[k]) for k in fields)),
+            f"{where}: max_need_over_width_example must be null or an object of integers {', '.join(fields)}")
     require(_flag(cov.get("sampled")), f"{where}: coverage.sampled must be true or false")
     for row in cov.get("examples", []) + ([cov["failure"]] if cov.get("failure") is not None else []):
-        require(isinstance(row, list) and len(row) == len(COVERAGE_FIELDS)
-                and all(check(x) for check, x in zip(_ROW_CHECKS, row)),
-                f"{where}: coverage rows must be lists of {len(COVERAGE_FIELDS)} integers "
-                f"({', '.join(COVERAGE_FIELDS)}), width at least 1; got {_short(row)}")
+        require(isinstance(row, list) and len(row) == len(fields) and all(check(x) for check, x in zip(checks, row)),
+                f"{where}: coverage rows must be lists of {len(fields)} integers "
+                f"({', '.join(fields)}), width at least 1; got {_short(row)}")
     campaign = doc.get("campaign")
     if campaign is not None:
         _check_fields(campaign, {"database": _optional(_text), "stored_failures_at_start": _optional(_count),
@@ -346,8 +369,11 @@ def _largest_text(doc: dict) -> str:
     c = doc.get("largest_config")
     if not c:
         return "-"
-    return (f"max_bs {c['max_bs']} x ctx {c['ctx']} x topk {c['topk']} x {c['num_steps']} steps, page {c['page_size']} "
-            f"({c.get('estimated_bytes', 0) / 2**20:.1f} MiB)")
+    size = f"({c.get('estimated_bytes', 0) / 2**20:.1f} MiB)"
+    if all(k in c for k in _SIZED_FIELDS):  # a draft kernel's config
+        return (f"max_bs {c['max_bs']} x ctx {c['ctx']} x topk {c['topk']} x {c['num_steps']} steps, "
+                f"page {c['page_size']} {size}")
+    return " ".join(f"{k}={v}" for k, v in c.items() if k != "estimated_bytes") + f" {size}"
 
 
 def _family_text(doc: dict) -> str:
@@ -376,11 +402,15 @@ def run_rows(doc: dict) -> List[List[str]]:
                                      f"({doc.get('compile_s', 0):.1f} s compiling, {doc.get('capture_s', 0):.1f} s capturing)"],
              ["jobs", str(doc.get("jobs", 1)) + (f" ({doc['jobs_not_started']} not started: the run ended while "
                                                  f"the lead job ran alone)" if doc.get("jobs_not_started") else "")],
-             ["domain", str(doc.get("domain_text") or doc.get("domain", "?"))],
-             ["§6 fields", _family_text(doc)],
-             ["largest config", _largest_text(doc)],
+             ["contract", str(doc.get("contract", LEGACY_CONTRACT))],
+             ["domain", str(doc.get("domain_text") or doc.get("domain", "?"))]]
+    if "family_drawn" in doc:  # the draft kernel's §6 fields (docs/contract.md §6)
+        rows.append(["§6 fields", _family_text(doc)])
+    rows += [["largest config", _largest_text(doc)],
              ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
-             ["sizing", str(doc.get("sizing", "?"))], ["mode / layout", f"{doc.get('mode', '?')} / {doc.get('layout', '?')}"],
+             ["sizing", str(doc.get("sizing", "?"))],
+             ["mode / layout", f"{doc.get('mode', '?')} / {doc['layout']}"] if doc.get("layout") else
+             ["mode", str(doc.get("mode", "?"))],
              ["seed", _seed_text(doc)], ["max need/width", max_need_text(doc)],
              ["findings", str(len(doc["findings"]))]]
     if doc.get("bulk_splice"):  # the first failure was a bulk case: shrunk through Hypothesis, or why not
@@ -418,11 +448,12 @@ def max_need_text(doc: dict) -> str:
     ex = doc.get("max_need_over_width_example")
     if not ex:
         return text
-    requests = f"{ex['raw_bs']} request{'s' if ex['raw_bs'] != 1 else ''}"
-    if ex["num_seqs"] != ex["raw_bs"]:
+    raw = ex.get("raw_bs", ex["num_seqs"])
+    requests = f"{raw} request{'s' if raw != 1 else ''}"
+    if ex["num_seqs"] != raw:
         requests += f" padded to {ex['num_seqs']}"
-    where = (f"topk={ex['topk']} num_steps={ex['num_steps']} page_size={ex['page_size']}, {requests}: "
-             f"need {ex['need']}, width {ex['width']}")
+    config = " ".join(f"{k}={v}" for k, v in ex.items() if k not in ("num_seqs", "raw_bs", "need", "width", "failed"))
+    where = f"{config}, {requests}: need {ex['need']}, width {ex['width']}"
     if ex["failed"]:
         cases = [c["path"] for c in doc.get("cases", {}).values() if c.get("source") == "fuzz"]
         where += "; the failing example" + (f", shrunk into {cases[0]}" if cases else "")

@@ -1,6 +1,7 @@
-"""``report.html`` for a plug-in contract's case (``kvfence.workflow.contract_run``): the table map.
+"""The table map of a table contract's case file in ``report.html`` (``kvfence.contracts.tables.TableContract``'s
+``case_map``).
 
-Computed from the case file and its findings alone, with the contract's oracle: for every output row a
+Computed from the summary's record of the case file and its findings alone, with the contract's oracle: for every output row a
 finding touches, one bar of the row's columns and the guard after it, in runs of one status:
 
 * green: written as the oracle expects; light grey: the row's slack (columns the launch must not write);
@@ -107,13 +108,16 @@ def table_map_html(record, case, width: int, findings: List[dict]) -> Markup:
     return html("<div>{}</div>{}<ol>{}</ol>", legend, join(parts), join(listing))
 
 
-def report_html(doc: dict, record, case) -> str:
-    """A self-contained page for one contract case file ``doc``."""
-    body = table_map_html(record, case, int(doc["width"]), doc.get("findings", []))
-    count = len(doc.get("findings", []))
-    return str(html("<!doctype html><html><head><meta charset='utf-8'><title>kvfence: {} ({} finding{})</title>"
-                    "</head><body style='font-family:sans-serif'><h1>kvfence: {}</h1>"
-                    "<p>kernel {}, sizing {} (width {}), {} on {}</p><p><code>kvfence repro {}</code></p>{}"
-                    "</body></html>", doc["contract"], count, "" if count == 1 else "s", doc["contract"],
-                    doc["kernel"], doc["sizing"], doc["width"], doc.get("mode"), doc.get("device"),
-                    doc.get("case_file", "CASE.json"), body))
+def case_map_html(summary_record: dict, findings: List[dict]) -> Markup:
+    """The map of one case file (its summary record holds the case as data: ``case``), with its findings."""
+    from kvfence.cases import contract as contracts
+    from kvfence.errors import BadInput
+
+    try:
+        record = contracts.get(summary_record["contract"])
+        launch = record.case_from_record(summary_record["case"])
+    except (BadInput, KeyError, TypeError) as exc:
+        return html("<p class='bad'>No buffer map: the case record is not a valid case ({}).</p>", str(exc))
+    mine = [f for f in findings if f.get("case") == summary_record.get("path")]
+    return html("<div class='buffer-map' data-case='{}'>{}</div>", summary_record.get("path"),
+                table_map_html(record, launch.case, launch.width, mine))

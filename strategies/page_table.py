@@ -1,7 +1,7 @@
 """Hypothesis strategies for the page-table builder contracts (docs/contract.md §9).
 
 ``page_table_cases(abi, domain, page_sizes, block_tokens)`` draws one launch, as the keyword arguments of the
-contract's case (``kvfence.cases.page_table.PageTableCase``, which validates it): a config (``page_table_configs``: page size, the model's
+contract's case (``kvfence.contracts.page_table.PageTableCase``, which validates it): a config (``page_table_configs``: page size, the model's
 context length, draft tokens) and a batch for it (``page_table_batches``: lengths, pool rows, start offsets,
 SWA). The edges are where these kernels break: lengths at the context wall (``ctx``, ``ctx + draft``), at
 page boundaries (``k*P``, ``k*P + 1``) and at page-block boundaries (4096 tokens per program); contexts

@@ -227,10 +227,10 @@ def test_cli_no_audit_flag_turns_it_off(tmp_path, monkeypatch):
     from kvfence import cli
     from kvfence.workflow.worker import RemoteSession
 
-    made = []  # the checking worker's session gets the audit setting (kvfence.workflow.worker)
+    made = []  # the checking worker's options carry the audit setting (the draft record's worker_options)
     monkeypatch.setattr("kvfence.workflow.worker.RemoteSession.__init__",
-                        lambda self, *a, _init=RemoteSession.__init__, **kw: (made.append(kw.get("audit")),
-                                                                               _init(self, *a, **kw))[1])
+                        lambda self, *a, _init=RemoteSession.__init__, **kw: (_init(self, *a, **kw),
+                                                                               made.append(self._options["audit"]))[0])
     common = ["fuzz", "--device", "cpu", "--max-examples", "3", "--seed", "1", "--quiet", "--out", str(tmp_path / "o")]
     assert cli.main(common + ["--no-audit"]) == 0
     assert cli.main(common) == 0

@@ -20,6 +20,7 @@ from kvfence.cases.findings import Finding, Kind
 from kvfence.errors import BadInput
 from kvfence.strategies import (FAST_SPEC, CaseRun, FastDraw, UnregisteredStrategy, _draw_batch, case_runs, configs,
                                 draw_batch, seq_len_bound)
+from kvfence.cases import contract as contracts
 from kvfence.workflow.fuzz import SPLICE_REPLAYED, config_key, fuzz, structure_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,7 +284,8 @@ def test_the_bulk_never_launches_a_structure_the_run_has_verified():
     strategy = case_runs(configs(topk=1, num_steps=1, page_size=1, ctx=6, max_bs=2), max_batches=4, bulk=32)
     result = fuzz(session, strategy, max_examples=60, seed=0, targeting=False, shrink_seconds=0)
     digest = config_key(session.checked[0].config)
-    keys = [structure_key(digest, c) for c in session.checked]
+    record = contracts.get("draft")
+    keys = [structure_key(digest, record.structure_of(c)) for c in session.checked]
     repeats = len(keys) - len(set(keys))
     assert result.bulk_skipped > 0 and result.bulk_cases > 0 and not result.findings
     assert result.structural_cases == len(set(keys)) and result.token_variant_cases == repeats

@@ -20,13 +20,16 @@ import pytest
 from hypothesis import given, settings
 
 from kvfence.workflow import campaign
+from kvfence.cases import contract as contracts
+from kvfence.cases.plan import RunPlan
 from kvfence.errors import BadInput
 from kvfence.cases.domain import CPU, GPU
 from kvfence.strategies import configs
 
 ROOT = Path(__file__).resolve().parents[1]
-DOMAINS = campaign.cell_domains(CPU)
-GRID = [DOMAINS[name] for name in campaign.CELL_FIELDS]
+#: The draft kernel's shard cells (its record's ``shard_fields``) on the CPU domain.
+DOMAINS = contracts.get("draft").shard_fields(RunPlan())
+GRID = list(DOMAINS.values())
 
 
 def kvfence(*args, timeout=240, env=None):
@@ -130,8 +133,8 @@ def test_each_shard_of_eight_spreads_over_topks_and_page_sizes():
 
 
 def test_more_shards_than_cells_share_cells_and_say_so():
-    _, info = campaign.shard_configs(campaign.Shard(3, 4), lambda **pins: configs(**pins),
-                                     {"topk": 2, "num_steps": 1, "page_size": 1}, DOMAINS)
+    _, info = campaign.shard_draws(campaign.Shard(3, 4), lambda **pins: configs(**pins),
+                                   {"topk": (2,), "num_steps": (1,), "page_size": (1,)})
     assert info["cells"] == 1 and info["of_cells"] == 1 and info["partition"].startswith("seeds only")
 
 
@@ -142,8 +145,8 @@ def test_shard_seeds_are_distinct_across_shards_and_seeds():
 
 
 def test_gpu_domain_cells_are_dealt_too():
-    gpu = campaign.cell_domains(GPU)
-    cells, total = campaign.shard_cells(campaign.Shard(5, 16), [gpu[n] for n in campaign.CELL_FIELDS])
+    gpu = contracts.get("draft").shard_fields(RunPlan(device="cuda", domain="gpu"))
+    cells, total = campaign.shard_cells(campaign.Shard(5, 16), list(gpu.values()))
     assert total == GPU.max_topk * GPU.max_steps * len(GPU.page_sizes) and len(cells) == total // 16
 
 
@@ -156,8 +159,7 @@ def test_cells_that_exceed_the_memory_budget_are_left_out_and_counted():
     big = estimate_bytes(Config(topk=8, num_steps=8, page_size=1, ctx=9, max_bs=1))
     assert small < big
     budget = (small + big) // 2
-    _, info = campaign.shard_configs(campaign.Shard(1, 1), lambda **pins: configs(**pins, max_bytes=budget), {},
-                                     DOMAINS)
+    _, info = campaign.shard_draws(campaign.Shard(1, 1), lambda **pins: configs(**pins, max_bytes=budget), DOMAINS)
     assert 0 < info["unfit_cells"] < info["of_cells"] and info["cells"] + info["unfit_cells"] == info["of_cells"]
 
 
@@ -168,7 +170,7 @@ def _cell(config):
 def test_a_sharded_strategy_draws_only_its_own_cells():
     shard = campaign.Shard(2, 8)
     mine = set(campaign.shard_cells(shard, GRID)[0])
-    sharded, _ = campaign.shard_configs(shard, lambda **pins: configs(**pins), {}, DOMAINS)
+    sharded, _ = campaign.shard_draws(shard, lambda **pins: configs(**pins), DOMAINS)
     seen_sharded, seen_all = set(), set()
 
     @settings(max_examples=150, database=None, derandomize=True)

@@ -1,4 +1,4 @@
-"""A plug-in contract's kernel runs in a checking worker (kvfence.workflow.contract_run.checking_worker): a
+"""A plug-in contract's kernel runs in a checking worker (kvfence.workflow.run.checker): a
 kernel that exits, aborts, raises KeyboardInterrupt or hangs is that case's CRASH or HANG finding, with a case
 file that ``repro`` replays the same way, never the end of the run or a silent exit 0. Each hostile kernel is
 paired with the correct one, which passes on the same engine. CPU: the interpreter runs a jit body as Python."""
@@ -35,25 +35,37 @@ def toy(monkeypatch):
     registry._LOADED.pop("toy-copy", None)
 
 
+def _fuzz(kernel: str, *, max_examples: int, shrink_seconds: float = 0.0):
+    """The toy contract fuzzed by the engine every run uses, its kernel in a checking worker."""
+    from kvfence.cases.plan import RunPlan
+    from kvfence.workflow import run as pipeline
+    from kvfence.workflow.fuzz import fuzz
+
+    plan = RunPlan(contract="toy-copy", kernel=kernel, max_examples=max_examples, seed=0, case_timeout=2.5,
+                   shrink_seconds=shrink_seconds)
+    pipeline.record(plan)
+    with pipeline.checker(plan) as session:
+        return fuzz(session, pipeline.draws(plan)[0], max_examples=max_examples, seed=0,
+                    shrink_seconds=shrink_seconds)
+
+
 @pytest.mark.parametrize("how, kind, detail", [
     ("exits", "CRASH", "exit status 0"), ("aborts", "CRASH", "SIGABRT"),
     ("interrupts", "CRASH", "KeyboardInterrupt"), ("hangs", "HANG", "no verdict after")])
 def test_a_kernel_that_ends_or_stalls_its_process_is_a_finding_of_its_case(toy, how, kind, detail):
     """The toy contract's hostile kernels misbehave only on a request of length 3: the run goes on, and the
     failing case is one holding that request, named by the kind and the way the worker ended."""
-    from kvfence.workflow.contract_run import fuzz
+    from kvfence.workflow.fuzz import damage_kinds
 
-    result = fuzz(toy, f"{TOY / 'hostile_toy_kernels.py'}:{how}", "safe", "cpu", max_examples=50, seed=0,
-                  case_timeout=2.5, shrink_seconds=1)
-    assert result.failed and result.to_dict()["kinds"] == [kind], result.headlines
-    assert 3 in result.case["lens"] and detail in result.headlines[0]
+    result = _fuzz(f"{TOY / 'hostile_toy_kernels.py'}:{how}", max_examples=50, shrink_seconds=1)
+    headlines = [f.headline() for f in result.findings]
+    assert result.findings and damage_kinds(result.findings) == [kind], headlines
+    assert 3 in result.case.case.lens and detail in headlines[0]
 
 
 def test_the_correct_toy_kernel_passes_in_the_checking_worker(toy):
-    from kvfence.workflow.contract_run import fuzz
-
-    clean = fuzz(toy, "reference", "safe", "cpu", max_examples=30, seed=0, case_timeout=2.5)
-    assert not clean.failed and clean.examples == 30
+    clean = _fuzz("reference", max_examples=30)
+    assert not clean.findings and clean.examples == 30
 
 
 def test_fuzz_and_repro_of_a_kernel_that_exits_0_fail_with_its_crash_and_the_reference_passes(tmp_path):
@@ -68,10 +80,62 @@ def test_fuzz_and_repro_of_a_kernel_that_exits_0_fail_with_its_crash_and_the_ref
     case_file = next((tmp_path / "out" / "cases").glob("*.json"))
     assert [f["kind"] for f in json.loads(case_file.read_text())["findings"]] == ["CRASH"]
     again = _kvfence("repro", str(case_file), "--kernel", kernel, "--device", "cpu", cwd=tmp_path)
-    assert again.returncode == 1 and "CRASH" in again.stdout and "reproduces" in again.stdout, again.stdout
+    assert again.returncode == 1 and "CRASH" in again.stdout and "FAIL:" in again.stdout, again.stdout
     fixed = _kvfence("repro", str(case_file), "--kernel", "reference", "--device", "cpu", cwd=tmp_path)
-    assert fixed.returncode == 0 and "passes" in fixed.stdout, fixed.stdout + fixed.stderr
+    assert fixed.returncode == 0 and "PASS: no findings" in fixed.stdout, fixed.stdout + fixed.stderr
     dies = _kvfence("fuzz", "--contract", "flashmla-page-table", "--kernel", f"{FIXTURES / 'exits_at_import.py'}:k",
                     "--device", "cpu", "--out", str(tmp_path / "out2"), cwd=tmp_path)
-    assert dies.returncode == 2 and "the checking worker died while starting (exit status 0)" in dies.stderr
-    assert "Traceback" not in dies.stderr and len(dies.stderr.strip().splitlines()) == 2  # the banner, the error
+    # Its import is probed in a throwaway process first, as a draft kernel's is: one line, before anything runs.
+    assert dies.returncode == 2 and "ends the process (exit status 0) before kvfence could check it" in dies.stderr
+    assert "Traceback" not in dies.stderr and len(dies.stderr.strip().splitlines()) == 1
+
+
+def _installed_toy(tmp_path: Path) -> dict:
+    """The toy contract installed as another package installs a contract: its two files on the path and an
+    entry point in the ``kvfence.contracts`` group (a ``.dist-info`` folder, what pip writes). No kvfence file
+    names it. The environment of a ``kvfence`` process that sees it."""
+    site = tmp_path / "site"
+    info = site / "toy_contract-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-contract\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kvfence.contracts]\ntoy-copy = toy_contract:TOY\n")
+    path = os.pathsep.join([str(site), str(TOY)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return {"PYTHONPATH": path}
+
+
+def _kvfence_env(*argv, cwd, env):
+    full = dict(os.environ, TRITON_INTERPRET="1", **env)
+    return subprocess.run([sys.executable, "-m", "kvfence", *argv], cwd=cwd, env=full, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_an_installed_contract_gets_jobs_keep_going_case_files_repro_and_the_report(tmp_path):
+    """The commands a user runs, on a contract kvfence's code never names: ``fuzz --jobs 2`` merges two jobs'
+    counts, ``--keep-going`` saves each distinct failure (the short sizing's overflow, the hostile kernel's
+    CRASH) as a case file, ``repro`` replays each as printed, and report.html draws its tables."""
+    env = _installed_toy(tmp_path)
+    listed = _kvfence_env("fuzz", "--help", cwd=tmp_path, env=env)
+    assert "toy-copy" in listed.stdout
+    clean = _kvfence_env("fuzz", "--contract", "toy-copy", "--device", "cpu", "--jobs", "2", "--max-examples", "30",
+                         "--seed", "0", "--quiet", "--out", str(tmp_path / "clean"), cwd=tmp_path, env=env)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    doc = json.loads((tmp_path / "clean" / "summary.json").read_text())
+    assert doc["contract"] == "toy-copy" and doc["jobs"] == 2 and doc["examples"] == 30 and not doc["findings"]
+    assert len(list((tmp_path / "clean" / "jobs").iterdir())) == 2
+    kernel = f"{TOY / 'hostile_toy_kernels.py'}:exits"
+    out = tmp_path / "bad"
+    bad = _kvfence_env("fuzz", "--contract", "toy-copy", "--device", "cpu", "--kernel", kernel, "--sizing", "short",
+                       "--keep-going", "--max-examples", "60", "--seed", "0", "--shrink-seconds", "5",
+                       "--case-timeout", "2.5", "--quiet", "--out", str(out), cwd=tmp_path, env=env)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    kinds = {frozenset(c["kinds"]) for c in summary["cases"].values()}
+    assert any("CRASH" in k for k in kinds) and any("GUARD_OVERWRITE" in k for k in kinds), kinds
+    page = (out / "report.html").read_text()
+    assert "buffer-map" in page and "toy-copy" in page
+    for path, record in summary["cases"].items():
+        assert record["contract"] == "toy-copy" and record["kernel"] == kernel
+        words = record["repro"].split()[3:]  # python -m kvfence repro FILE [--kernel K] [--sizing S]
+        replay = _kvfence_env(*words, "--device", "cpu", cwd=tmp_path, env=env)
+        assert replay.returncode == 1 and "FAIL:" in replay.stdout, replay.stdout + replay.stderr
+        assert all(kind in replay.stdout for kind in record["kinds"]), (record["kinds"], replay.stdout)

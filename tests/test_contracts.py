@@ -1,6 +1,7 @@
-"""Plug-in contracts (kvfence.cases.contract) and the generic engine (kvfence.workflow.contract_run), instantiated
-for every registered contract: the reference is clean under its safe sizing, every planted mutant is caught by
-a finding of a kind it declares, case files replay as printed, bad input is one line and exit 2.
+"""Contracts as plug-ins (kvfence.cases.contract) on the one engine every run uses (kvfence.workflow.fuzz, run,
+worker, casefile, repro), instantiated for every registered contract with planted patches: the reference is
+clean under its safe sizing, every planted mutant is caught by a finding of a kind it declares, case files
+replay as printed, bad input is one line and exit 2.
 
 The page-table contracts' oracle is checked by hand-worked examples (docs/contract.md §9). CPU only: the
 interpreter runs the kernels; the GPU run of the same engine is ``kvfence fuzz --contract C --device cuda``.
@@ -17,13 +18,16 @@ from pathlib import Path
 import pytest
 
 from kvfence.cases import contract as registry
-from kvfence.cases.page_table import FLASHMLA, TRTLLM_MHA, PageTableCase, page_ids, slot_table
+from kvfence.contracts.page_table import FLASHMLA, TRTLLM_MHA, PageTableCase, page_ids, slot_table
 from kvfence.errors import BadInput
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = registry.names()
+#: The contracts whose planted mutants are patches of their kernel (the draft family's are kernels/mutants/,
+#: self-tested by tests/test_mutants.py).
+PATCHED = [name for name in CONTRACTS if registry.get(name).planted_from_patches]
 
 
 def _kvfence(*argv, cwd, env=None):
@@ -54,12 +58,12 @@ def test_oracle_hand_worked_example():
     assert page_ids(with_start) == [[slot_table(with_start)[0][5] // 16, slot_table(with_start)[0][21] // 16]]
 
 
-@pytest.mark.parametrize("name", CONTRACTS)
+@pytest.mark.parametrize("name", PATCHED)
 def test_reference_clean_and_every_mutant_caught_by_a_declared_kind(name):
-    """The generic self-test on one seed, a small budget: the paired buggy/correct check of every mutant."""
-    from kvfence.workflow.contract_run import self_test
+    """The self-test on one seed, a small budget: the paired buggy/correct check of every mutant."""
+    from kvfence.workflow.mutants import contract_self_test
 
-    report = self_test(registry.get(name), "cpu", seeds=[0], max_examples=60)
+    report = contract_self_test(registry.get(name), "cpu", seeds=[0], max_examples=60)
     rows = {r["name"]: r for r in report["rows"]}
     assert rows["reference"]["good"] == 1, rows["reference"]
     for mutant in registry.get(name).mutants:
@@ -92,16 +96,20 @@ def test_fuzz_writes_a_minimal_case_that_repro_replays_as_printed_and_a_fix_pass
                    "--seed", "3", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert run.returncode == 1, run.stderr
     assert "TABLE_TRUNCATED" in run.stdout and "SIZING_VIOLATION" in run.stdout
-    line = next(x for x in run.stdout.splitlines() if x.startswith("kvfence repro "))
+    line = next(x for x in run.stdout.splitlines() if " repro " in x and x.endswith(".json"))
     case_file = Path(line.split()[-1])
     page = (tmp_path / "out" / "report.html").read_text()
     assert "needed past the row" in page and "GUARD_OVERWRITE" in page and "too small" in page
     doc = json.loads(case_file.read_text())
-    assert doc["case"]["seq_lens"] == [doc["case"]["ctx"] + 1] and doc["case"]["page_size"] == 1  # minimal
+    assert doc["contract"] == "trtllm-mha-page-table" and doc["case"]["sizing"] == "context"
+    case = doc["case"]["case"]
+    assert case["seq_lens"] == [case["ctx"] + 1] and case["page_size"] == 1  # minimal
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["contract"] == "trtllm-mha-page-table" and summary["coverage"]["fields"][0] == "page_size"
     again = _kvfence("repro", str(case_file), "--device", "cpu", cwd=tmp_path)
-    assert again.returncode == 1 and "reproduces" in again.stdout
+    assert again.returncode == 1 and "FAIL:" in again.stdout and "TABLE_TRUNCATED" in again.stdout
     fixed = _kvfence("repro", str(case_file), "--device", "cpu", "--sizing", "safe", cwd=tmp_path)
-    assert fixed.returncode == 0 and "passes" in fixed.stdout
+    assert fixed.returncode == 0 and "PASS: no findings" in fixed.stdout
     clean = _kvfence("fuzz", "--contract", "trtllm-mha-page-table", "--device", "cpu", "--max-examples", "20",
                      "--seed", "0", "--out", str(tmp_path / "clean"), cwd=tmp_path)
     assert clean.returncode == 0 and "no findings" in clean.stdout, clean.stderr
@@ -116,8 +124,8 @@ def test_a_case_file_never_imports_the_plug_in_kernel_it_names_and_bad_files_are
     path = tmp_path / "case.json"
     path.write_text(json.dumps(doc))
     run = _kvfence("repro", str(path), "--device", "cpu", cwd=tmp_path)
-    assert run.returncode == 2 and "never makes kvfence import code" in run.stderr
-    assert "Traceback" not in run.stderr
+    assert run.returncode == 2 and "which kvfence does not import from a case file" in run.stderr
+    assert "Traceback" not in run.stderr and "imported" not in run.stderr
     doc.update(kernel="reference")
     doc["case"]["seq_lens"] = [5]  # longer than ctx + draft_tokens
     path.write_text(json.dumps(doc))
@@ -126,11 +134,14 @@ def test_a_case_file_never_imports_the_plug_in_kernel_it_names_and_bad_files_are
     assert len(run.stderr.strip().splitlines()) == 1
 
 
-def test_flags_a_plug_in_contract_does_not_take_are_refused(tmp_path):
-    run = _kvfence("fuzz", "--contract", "flashmla-page-table", "--jobs", "2", "--device", "cpu", cwd=tmp_path)
-    assert run.returncode == 2 and "--jobs is not supported with --contract flashmla-page-table" in run.stderr
-    run = _kvfence("fuzz", "--contract", "flashmla-page-table", "--sizing", "prefix", "--device", "cpu", cwd=tmp_path)
-    assert run.returncode == 2 and "unknown sizing 'prefix'" in run.stderr
+def test_flags_a_contract_does_not_take_are_refused(tmp_path):
+    """A config flag of another contract (the draft kernel's --topk), a shard of a contract with no config cells
+    and another contract's sizing: one line, exit 2, before anything runs."""
+    for flags, said in ((["--topk", "2"], "--contract flashmla-page-table takes no --topk"),
+                        (["--shard", "1/2"], "contract flashmla-page-table has no config cells"),
+                        (["--sizing", "prefix"], "unknown sizing 'prefix'")):
+        run = _kvfence("fuzz", "--contract", "flashmla-page-table", "--device", "cpu", *flags, cwd=tmp_path)
+        assert run.returncode == 2 and said in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
 def _fake_wheel(folder: Path, version: str, path: str, source: str) -> None:
@@ -199,34 +210,46 @@ def st_seed():
     return st.integers(0, 2 ** 16)
 
 
-def test_a_contract_from_outside_kvfence_runs_on_the_generic_engine(monkeypatch):
-    """Two files in another folder, registered as an entry point would register them: the generic engine
-    fuzzes it, shrinks a sizing failure, and its mutant is caught while its reference passes."""
-    from kvfence.workflow.contract_run import fuzz, self_test
+def test_a_contract_from_outside_kvfence_runs_on_the_engine(monkeypatch):
+    """Two files in another folder, registered as an entry point would register them: the engine every run
+    uses fuzzes it in a checking worker, shrinks a sizing failure, and its mutant is caught while its
+    reference passes."""
+    from kvfence.cases.plan import RunPlan
+    from kvfence.workflow import run as pipeline
+    from kvfence.workflow.fuzz import damage_kinds, fuzz
+    from kvfence.workflow.mutants import contract_self_test
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures" / "toy_contract"))
     monkeypatch.setitem(registry._entry_points(), "toy-copy", "toy_contract:TOY")
     toy = registry.get("toy-copy")
-    clean = fuzz(toy, "reference", "safe", "cpu", max_examples=20, seed=0)
-    assert not clean.failed and clean.examples == 20
-    short = fuzz(toy, "reference", "short", "cpu", max_examples=50, seed=0)
-    assert short.case == {"lens": (2,), "width": 9} or short.case == {"lens": [2], "width": 9}, short.case
-    assert {"SIZING_VIOLATION", "GUARD_OVERWRITE"} <= set(short.to_dict()["kinds"])
-    report = self_test(toy, "cpu", seeds=[0, 1], max_examples=20)
+
+    def run(sizing, examples):
+        plan = RunPlan(contract="toy-copy", sizing=sizing, max_examples=examples, seed=0, shrink_seconds=30.0)
+        pipeline.record(plan)
+        with pipeline.checker(plan) as session:  # the worker loads the record by its entry
+            return fuzz(session, pipeline.draws(plan)[0], max_examples=examples, seed=0)
+
+    clean = run("safe", 20)
+    assert not clean.findings and clean.examples == 20
+    short = run("short", 50)
+    assert short.case.case.lens == (2,) and short.case.width == 1, short.case
+    assert {"SIZING_VIOLATION", "GUARD_OVERWRITE"} <= set(damage_kinds(short.findings))
+    report = contract_self_test(toy, "cpu", seeds=[0, 1], max_examples=20)
     assert report["passed"] and [r["good"] for r in report["rows"]] == [2, 2]
     registry._LOADED.pop("toy-copy", None)
 
 
 def test_the_table_map_escapes_every_value_and_marks_what_the_row_cannot_hold():
-    from kvfence.reports.table_map import report_html
+    from kvfence.reports.table_map import case_map_html
 
     case = PageTableCase(1, 300000, 2, (300002,), (0,), 1, None, False, 0)
     findings = [{"kind": "GUARD_OVERWRITE", "buffer": "kv_indices", "region": "guard after row 0", "start": 0,
-                 "stop": 2, "samples": [[0, -1, 7]], "programs": [[0, 73]], "detail": "<script>x</script>"}]
-    doc = {"contract": "flashmla-page-table", "kernel": "<b>k</b>", "sizing": "context", "width": 300000,
-           "findings": findings, "mode": "eager", "device": "cpu", "case_file": "c.json"}
-    page = report_html(doc, FLASHMLA, case)
-    assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;k&lt;/b&gt;" in page
+                 "stop": 2, "samples": [[0, -1, 7]], "programs": [[0, 73]], "detail": "<script>x</script>",
+                 "case": "c'.json"}]
+    record = {"contract": "flashmla-page-table", "path": "c'.json",
+              "case": FLASHMLA.case_record(FLASHMLA.bind(case, "context", "<b>k</b>"))}
+    page = str(case_map_html(record, findings))
+    assert "<script>" not in page and "&lt;script&gt;" in page and "c&#39;.json" in page
     assert "GUARD_OVERWRITE [0, 2)" in page and "guard [2, 8)" in page and "needs 300002 (too small)" in page
     assert "ok [0, 300000)" in page  # a long row is drawn in runs, not element by element
 
@@ -235,7 +258,7 @@ def test_fa3_metadata_oracle_hand_worked_example():
     """Page 16, delta 2 (target verify's draft tokens), lengths 30 and 14, rows 2 pages wide: published lengths
     32 and 16, prefix sums 0, 32, 48; row 0 holds its 2 pages (32 tokens fit exactly), row 1 its 1 page, then
     zeros with ZERO_TAIL; under a 1-page table row 0's published length needs 2 pages: PUBLISHED_PAST_TABLE."""
-    from kvfence.cases.fa3_metadata import FA3_METADATA, MetadataCase
+    from kvfence.contracts.fa3_metadata import FA3_METADATA, MetadataCase
 
     case = MetadataCase(16, 32, 2, (30, 14), (1, 0), 2, True, False, 3)
     slots = slot_table(case.slots)
@@ -254,8 +277,8 @@ def test_fa3_draws_reach_both_edges_often_on_the_gpu_domain():
     clamp shows in the guard), and ZERO_TAIL on a row shorter than the table (its zeros are checked)."""
     from hypothesis import given, settings
 
-    from kvfence.cases.fa3_metadata import _pages
-    from kvfence.cases.page_table import BLOCK_TOKENS, PAGE_SIZES
+    from kvfence.contracts.fa3_metadata import _pages
+    from kvfence.contracts.page_table import BLOCK_TOKENS, PAGE_SIZES
     from kvfence.strategies.fa3_metadata import fa3_metadata_cases
 
     drawn = []
@@ -266,7 +289,7 @@ def test_fa3_draws_reach_both_edges_often_on_the_gpu_domain():
         drawn.append(fields)
 
     draw()
-    from kvfence.cases.fa3_metadata import MetadataCase
+    from kvfence.contracts.fa3_metadata import MetadataCase
 
     cases = [MetadataCase(**f).validate() for f in drawn]
     context_row = lambda c: -(-c.ctx // c.page_size)  # noqa: E731 - the "context" sizing's width
@@ -348,7 +371,7 @@ def test_shipped_matrix_cell_rests_on_the_release_kernel_and_its_witness_replays
     assert cell["status"] == "writes past its row, truncates" and "GUARD_OVERWRITE" in cell["kinds"]
     assert "WRITES PAST ITS ROW, TRUNCATES (d >= 5)" in bad.stdout
     replay = _kvfence("repro", cell["case_file"], "--device", "cpu", cwd=tmp_path, env=env)
-    assert replay.returncode == 1 and "GUARD_OVERWRITE" in replay.stdout and "reproduces" in replay.stdout
+    assert replay.returncode == 1 and "GUARD_OVERWRITE" in replay.stdout and "FAIL:" in replay.stdout
     good = _kvfence("upstream", "matrix", "--shipped", "--contracts", "trtllm-mha-page-table", "--versions", "9.9.6",
                     "--device", "cpu", "--out", str(tmp_path / "m6"), cwd=tmp_path, env=env)
     assert good.returncode == 0 and "| 9.9.6 | fits |" in good.stdout, good.stdout + good.stderr
@@ -365,10 +388,10 @@ def test_shipped_matrix_cell_rests_on_the_release_kernel_and_its_witness_replays
 
 def test_the_self_test_reports_each_row_as_it_ends_so_a_cut_run_keeps_them():
     """``on_row`` gets the report after every row, incomplete and never passed until the last."""
-    from kvfence.workflow.contract_run import self_test
+    from kvfence.workflow.mutants import contract_self_test
 
     seen = []
-    final = self_test(registry.get("fa3-decode-metadata"), "cpu", seeds=range(2), max_examples=10,
+    final = contract_self_test(registry.get("fa3-decode-metadata"), "cpu", seeds=range(2), max_examples=10,
                       names=["zero_tail_ignored"], on_row=lambda doc: seen.append(json.loads(json.dumps(doc))))
     assert [len(d["rows"]) for d in seen] == [1, 2] and not any(d["complete"] or d["passed"] for d in seen)
     assert seen[0]["rows"][0]["name"] == "reference" and seen[0]["rows_planned"] == 2

@@ -2,11 +2,14 @@
 pool rows), token-table variants of a structure are counted apart, and a merge of several jobs counts
 structures and configs distinct across all of them (``kvfence.reports.summary.merge``), not summed."""
 
+import pytest
+
 from hypothesis import strategies as st
 
 from kvfence.cases.case import Config
 from kvfence.reports import summary
 from kvfence.strategies import case_runs, configs
+from kvfence.cases import contract as contracts
 from kvfence.workflow.fuzz import config_key, fuzz, structure_key
 
 
@@ -38,7 +41,8 @@ def doc(result):
 
 def test_structures_are_counted_once_and_token_variants_apart():
     result, checked = run(0, **SMALL)
-    keys = {structure_key(config_key(c.config), c) for c in checked}
+    record = contracts.get("draft")
+    keys = {structure_key(config_key(c.config), record.structure_of(c)) for c in checked}
     assert result.structural_cases == len(keys) < result.verified_cases  # case_runs re-keys token tables
     assert result.token_variant_cases == result.verified_cases - result.structural_cases
     assert result.structure_keys == keys and result.distinct_configs == 1
@@ -61,13 +65,20 @@ def test_a_merge_counts_what_is_distinct_across_jobs():
     assert summary.merge([same, other], run={}, elapsed_s=1.0)["structural_cases"] == other["structural_cases"]
 
 
-def test_structure_keys_are_the_same_in_every_process():
+@pytest.mark.parametrize("case", [
+    "Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2), Batch((3, 1), (1, 0), 5))",
+    # a table contract's case whose structural key holds None and a str: its record digests it to an int
+    "contracts.get('flashmla-page-table').bind(PageTableCase(16, 64, 2, (65, 3), (1, 0), 2), 'safe')",
+])
+def test_structure_keys_are_the_same_in_every_process(case):
     import subprocess
     import sys
 
-    code = ("from kvfence.cases.case import Batch, Case, Config; from kvfence.workflow.fuzz import config_key, "
-            "structure_key; c = Config(topk=2, num_steps=2, ctx=8, max_bs=2); "
-            "print(structure_key(config_key(c), Case(c, Batch((3, 1), (1, 0), 5))))")
+    code = ("from kvfence.cases import contract as contracts; from kvfence.cases.case import Batch, Case, Config; "
+            "from kvfence.workflow.fuzz import config_key, structure_key; "
+            "PageTableCase = type(contracts.get('flashmla-page-table').wall_case(64, 16, 2, 3)); "
+            f"x = {case}; r = contracts.of(x); "
+            "print(structure_key(config_key(r.config_of(x)), r.structure_of(x)))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
     assert len(outs) == 1 and outs.pop().strip().lstrip("-").isdigit()

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvfence.cases import casefile
+from kvfence.cases import contract as contracts
 from kvfence.cases.case import Batch, Case, Config, req_to_token_rows, table_entry, v2p_table
 from kvfence.errors import BadInput
 from kvfence.verifying.fastcheck import expected_writes_torch
@@ -24,6 +25,8 @@ from tests.test_scale import _draw_all
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
+#: The draft kernel's record (kvfence.contracts.draft): the §6 draws as a run plan makes them.
+DRAFT = contracts.get("draft")
 LAUNCHER = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:_reference"
 UPSTREAM_CACHE = Path(os.environ.get("KVFENCE_TEST_UPSTREAM_CACHE", "/work/main/upstream-cache"))
 
@@ -188,19 +191,15 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
     """--family: auto draws the §6 fields in every example on the CPU domain and in the GPU domain's
     share there (host-verified); on and off decide on both; on with a classic-ABI kernel is one-line bad
     input."""
-    import argparse
+    from kvfence.cases.domain import GPU_FAMILY_SHARE
 
-    from kvfence.commands.fuzz import _check_family, _draws_family, _family_share
-    from kvfence.cases.domain import CPU, GPU, GPU_FAMILY_SHARE
-
-    args = argparse.Namespace(kernel="reference", family=flag, window=None, sink=None, entry_page_size=None,
-                              translate=None, contract="draft")
-    _check_family(args)
-    assert _draws_family(args, CPU) is drawn and _draws_family(args, GPU) is drawn
-    assert _family_share(args, CPU) == float(drawn)
-    assert _family_share(args, GPU) == {"auto": GPU_FAMILY_SHARE, "on": 1.0, "off": 0.0}[flag]
+    cpu = _plan(flag)
+    gpu = cpu.with_(device="cuda", domain="gpu")
+    assert (DRAFT.family_share(cpu) > 0) is drawn and (DRAFT.family_share(gpu) > 0) is drawn
+    assert DRAFT.family_share(cpu) == float(drawn)
+    assert DRAFT.family_share(gpu) == {"auto": GPU_FAMILY_SHARE, "on": 1.0, "off": 0.0}[flag]
     with pytest.raises(BadInput) as err:
-        _check_family(argparse.Namespace(**{**vars(args), "kernel": CLASSIC, "family": "on"}))
+        DRAFT.check_plan(cpu.with_(kernel=CLASSIC, pins={"family": "on"}))
     assert "--family on" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -309,17 +308,15 @@ def test_strategies_reach_every_new_path_and_stay_classic_without_family():
 
 
 # -- the GPU domain's share of §6 examples (kvfence.cases.domain: GPU_FAMILY_SHARE) ----------------------
-def _fuzz_args(family: str, kernel: str = "reference"):
-    """``fuzz`` flags as the command line leaves them, with ``--family`` set (nothing pinned)."""
-    import argparse
+def _plan(family: str, kernel: str = "reference", **changes):
+    """The run plan of a ``fuzz`` command with ``--family`` set (nothing else pinned), checked by the draft
+    record as the command checks it; ``changes``: other plan fields (device, domain, max_bytes, pins)."""
+    from kvfence.cases.plan import RunPlan
 
-    from kvfence.commands.fuzz import _check_family
-
-    args = argparse.Namespace(kernel=kernel, family=family, window=None, sink=None, entry_page_size=None,
-                              translate=None, contract="draft", topk=None, num_steps=None, page_size=None, ctx=None,
-                              max_bs=None, sizing="safe", layout="redzone", mode="graph")
-    _check_family(args)
-    return args
+    pins = dict(changes.pop("pins", {}), family=family)
+    plan = RunPlan(kernel=kernel, pins=pins, **changes)
+    DRAFT.check_plan(plan)
+    return plan
 
 
 def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict_bound():
@@ -327,11 +324,10 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
     config, each within the host verdict's 16 MiB, while the others keep production sizes; ``off``
     never draws a §6 field, ``on`` in every example, as before (a few draw every field at its default). No kernel runs."""
     from kvfence.cases.budget import estimate_bytes
-    from kvfence.cases.domain import GPU, GPU_FAMILY_SHARE, HOST_VERDICT_MAX_BYTES
-    from kvfence.commands.fuzz import _config_strategy, _family_share
+    from kvfence.cases.domain import GPU_FAMILY_SHARE, HOST_VERDICT_MAX_BYTES
 
-    budget = 4 << 30
-    auto = _draw_all(_config_strategy(_fuzz_args("auto"), GPU, budget), 600)
+    gpu = dict(device="cuda", domain="gpu", max_bytes=4 << 30)
+    auto = _draw_all(DRAFT.configs(_plan("auto", **gpu)), 600)
     family = [c for c in auto if c.is_family]
     # A generous bound: Hypothesis leans toward code 0 ("no §6") and mutates earlier examples, and a share
     # example whose every field came out at its default is no §6 config: at one in four, 0.13 of these
@@ -341,13 +337,13 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
     assert {"window", "E>1", "translate"} <= {k for c in family for k, on in (
         ("window", c.window_size > 0), ("E>1", c.entry_page_size > 1), ("translate", c.translate)) if on}
     assert max(estimate_bytes(c) for c in auto if not c.is_family) > 16 * HOST_VERDICT_MAX_BYTES
-    assert _family_share(_fuzz_args("auto"), GPU) == GPU_FAMILY_SHARE
-    off = _draw_all(_config_strategy(_fuzz_args("off"), GPU, budget), 200)
-    assert not any(c.is_family for c in off) and _family_share(_fuzz_args("off"), GPU) == 0
-    on = _draw_all(_config_strategy(_fuzz_args("on"), GPU, budget), 100)
-    assert sum(c.is_family for c in on) >= 75 and _family_share(_fuzz_args("on"), GPU) == 1
+    assert DRAFT.family_share(_plan("auto", **gpu)) == GPU_FAMILY_SHARE
+    off = _draw_all(DRAFT.configs(_plan("off", **gpu)), 200)
+    assert not any(c.is_family for c in off) and DRAFT.family_share(_plan("off", **gpu)) == 0
+    on = _draw_all(DRAFT.configs(_plan("on", **gpu)), 100)
+    assert sum(c.is_family for c in on) >= 75 and DRAFT.family_share(_plan("on", **gpu)) == 1
     # A classic-ABI kernel takes no §6 field: auto draws none for it.
-    assert _family_share(_fuzz_args("auto", CLASSIC), GPU) == 0
+    assert DRAFT.family_share(_plan("auto", CLASSIC, **gpu)) == 0
 
 
 def test_pins_larger_than_the_bound_keep_the_share_at_the_smallest_config_they_allow():
@@ -398,13 +394,12 @@ def _plain_gpu_strategy(kernel: str, family: str):
     import dataclasses
 
     from kvfence.cases.domain import CPU, GPU
-    from kvfence.commands.fuzz import _config_strategy
-    from kvfence.strategies import case_runs
+    from kvfence.strategies import case_runs, configs
 
-    args = _fuzz_args(family)
-    args.topk, args.num_steps, args.page_size, args.max_bs = 1, 2, 1, 2
+    plan = _plan(family, pins=dict(topk=1, num_steps=2, page_size=1, max_bs=2))
     narrowed = dataclasses.replace(GPU, max_ctx=CPU.max_ctx)
-    return case_runs(_config_strategy(args, narrowed, None), kernel=kernel, max_batches=4)
+    return case_runs(configs(topk=1, num_steps=2, page_size=1, max_bs=2, domain=narrowed,
+                             family=DRAFT.family_draws(plan)), kernel=kernel, max_batches=4)
 
 
 def test_the_plain_gpu_domain_strategy_now_catches_a_family_mutant_and_the_reference_passes(make_session):

@@ -167,7 +167,7 @@ HOSTILE_SUMMARIES = [
     ("coverage-width-zero", ("coverage", "examples"), [[1, 1, 1, 1, 1, 1, 0, False]], "coverage rows"),
     ("max-need-over-width-abc", ("max_need_over_width",), "abc", "max_need_over_width"),
     ("compile-s-x", ("compile_s",), "x", "compile_s"),
-    ("largest-config-incomplete", ("largest_config",), {"topk": 2}, "largest_config"),
+    ("largest-config-not-an-object", ("largest_config",), ["topk", 2], "largest_config"),
     ("largest-config-topk-script", ("largest_config", "topk"), "<script>", "largest_config"),
     ("boundaries-string-count", ("boundaries",), {"x": "1"}, "boundaries"),
     ("finding-start-string", ("findings", 0, "start"), "0", "findings[0]"),
@@ -672,9 +672,9 @@ def test_plugins_that_import_cleanly_pass_the_probe(tmp_path):
 
     plugin = tmp_path / "plugin.py"
     plugin.write_text("X = 1" + PLUGIN_TAIL)
-    check_plugins({"kernel": f"{ROOT}/tests/targets/classic_kernel.py:classic", "sizing": f"{plugin}:width"})
+    check_plugins("draft", {"kernel": f"{ROOT}/tests/targets/classic_kernel.py:classic", "sizing": f"{plugin}:width"})
     with pytest.raises(BadInput, match="has no attribute"):  # a refusal in the probe reads as it would here
-        check_plugins({"sizing": f"{plugin}:nothing"})
+        check_plugins("draft", {"sizing": f"{plugin}:nothing"})
 
 
 @pytest.mark.parametrize("url, needle", [("redis://[::1/0", "Invalid IPv6 URL"), ("redis://:pw@h:99999/0", "port must be an integer"),

@@ -1,10 +1,12 @@
 """The package tree shows the data flow: ``harness/`` (the package ``kvfence``) is grouped by stage, and imports only point from a
 later stage to an earlier one (or within a stage), so each stage can be read without the ones after it.
 
-    base (errors, device) < cases < running < verifying < workflow < tools < entry (cli, __main__, commands/)
+    base (errors, device) < cases < running < verifying < contracts < workflow < tools < entry (cli, __main__, commands/)
 
 ``commands/`` (one module per subcommand, its parser beside its handler) belongs to the entry stage: it may
-import every earlier stage, and nothing before the entry stage imports it.
+import every earlier stage, and nothing before the entry stage imports it. ``contracts/`` holds kvfence's own
+contract records (``kvfence.cases.contract``): nothing imports them by name; the engine loads each by its
+entry point, as it loads another package's.
 """
 
 import argparse
@@ -12,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "harness"
-ORDER = ("base", "cases", "running", "verifying", "workflow", "tools", "entry")
+ORDER = ("base", "cases", "running", "verifying", "contracts", "workflow", "tools", "entry")
 BASE = ("errors", "device")
 #: Folders of harness/ that belong to the entry stage (``kvfence.cli`` assembles them).
 ENTRY_FOLDERS = ("commands",)
@@ -52,7 +54,7 @@ def test_every_module_lives_in_a_stage_folder_or_is_a_base_or_entry_module():
     top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert top == ["cli", "device", "errors", "sanitizer_child"], top
     folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert folders == sorted(ORDER[1:6] + ENTRY_FOLDERS), folders
+    assert folders == sorted(ORDER[1:7] + ENTRY_FOLDERS), folders
 
 
 def test_every_command_has_its_own_module_and_the_cli_assembles_them():
@@ -90,6 +92,22 @@ def test_imports_point_from_later_stages_to_earlier_ones():
             if ORDER.index(stage_of(target)) > here:
                 backward.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}")
     assert not backward, "\n".join(backward)
+
+
+def test_no_module_imports_a_contract_record_the_registry_loads_them():
+    """The engine (and everything else of kvfence) knows no contract by name: a record is loaded through the
+    entry-point group ``kvfence.contracts`` (``kvfence.cases.contract.get``), never imported, so adding a
+    contract is its own files plus an entry point, and no other module changes."""
+    records = ROOT / "contracts"
+    found = []
+    for path in list(ROOT.rglob("*.py")) + list((ROOT.parent / "reports").rglob("*.py")) \
+            + list((ROOT.parent / "strategies").rglob("*.py")):
+        if records in path.parents:
+            continue
+        for target, line in imported(ast.parse(path.read_text())):
+            if target.startswith("kvfence.contracts"):
+                found.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}")
+    assert not found, "\n".join(found)
 
 
 def test_the_checker_sees_a_backward_import():

@@ -35,7 +35,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
     os._exit (6): each case gets its own verdict, the others stay clean, the supervisor goes on."""
     spec = f"{CRASHERS}:misbehave"
     lengths = [1, 2, 3, 4, 5, 6, 1]
-    with RemoteSession(device, spec, case_timeout=0.4, warmup_s=1.0) as rs:
+    with RemoteSession(device, spec, contract="draft", case_timeout=0.4, warmup_s=1.0) as rs:
         got = rs.check_many(batch_cases(spec, lengths))
         assert kinds(got) == [[], ["HANG"], ["CRASH"], ["CRASH"], ["LAUNCH_ERROR"], ["CRASH"], []]
         hang, segv, abrt, exit_, gone = (got[i][0].detail for i in range(1, 6))
@@ -43,7 +43,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
         assert "SystemExit: 3" in exit_ and "exit status 0" in gone
         assert rs.stats["hangs"] >= 1 and rs.stats["deaths"] >= 3  # (a stalled list, then the case alone)
         assert rs.check(batch_cases(spec, [1])[0]) == []  # a fresh worker carries on
-    with RemoteSession(device, "reference", case_timeout=5) as rs:
+    with RemoteSession(device, "reference", contract="draft", case_timeout=5) as rs:
         assert kinds(rs.check_many(batch_cases("reference", lengths))) == [[]] * len(lengths)
         assert rs.stats["worker_starts"] == 1  # one worker, reused for every case
     # In-process, sys.exit() in a launch is a LAUNCH_ERROR too (kvfence.running.runner catches SystemExit).
@@ -55,7 +55,7 @@ def test_remote_findings_equal_in_process_findings(device):
     config = Config(topk=2, num_steps=2, ctx=6, max_bs=2, sizing="safe")
     cases = batch_cases(spec, [1, 4, 6], config)
     local = [[f.to_dict() for f in Session(device, spec).check(c)] for c in cases]
-    with RemoteSession(device, spec) as rs:
+    with RemoteSession(device, spec, contract="draft") as rs:
         remote = [[f.to_dict() for f in r] for r in rs.check_many(cases)]
     assert remote == local and all(local)
 
@@ -72,19 +72,19 @@ def test_a_drawn_page_table_reaches_the_worker_negative_pages_and_all(device):
     seed = next(s for s in range(1, 500) if any(p < 0 for p in v2p_table(config, s)[:5]))
     case = Case(config, Batch((16, 12), (1, 0), 3, seed), kernel=spec)
     local = sorted({f.kind.value for f in Session(device, spec).check(case)})
-    with RemoteSession(device, spec) as rs:
+    with RemoteSession(device, spec, contract="draft") as rs:
         assert sorted({f.kind.value for f in rs.check(case)}) == local and "VALUE_MISMATCH" in local
-    with RemoteSession(device, "reference") as rs:
+    with RemoteSession(device, "reference", contract="draft") as rs:
         assert rs.check(Case(config, case.batch)) == []
 
 
 def test_a_kernel_that_cannot_be_loaded_is_bad_input_before_any_case(device, tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
-        RemoteSession(device, f"{tmp_path}/gone.py:launch")
+        RemoteSession(device, f"{tmp_path}/gone.py:launch", contract="draft")
     dying = tmp_path / "dies_on_import.py"
     dying.write_text("import os\nos.abort()\n")
     with pytest.raises(BadInput, match="died while starting"):
-        RemoteSession(device, f"{dying}:launch")
+        RemoteSession(device, f"{dying}:launch", contract="draft")
 
 
 @pytest.mark.long
@@ -98,7 +98,7 @@ def test_chaos_sigkill_at_random_moments_loses_no_failing_case(device):
     assert 10 < len(failing) < 90
     kills = []
     stop = threading.Event()
-    with RemoteSession(device, "reference", case_timeout=5) as rs:
+    with RemoteSession(device, "reference", contract="draft", case_timeout=5) as rs:
         def killer():
             # After each kill, wait for a verdict to come back before the next random moment, so the
             # run makes progress (a worker killed while it starts is retried a few times, not forever).
@@ -140,10 +140,10 @@ def test_a_wild_store_without_the_audit_is_a_crash_and_with_it_an_oob_write(devi
     reported as OOB_WRITE, and the process never faults."""
     spec = f"{TARGETS / 'far_store.py'}:fault_on_3"
     cases = batch_cases(spec, [1, 3])
-    with RemoteSession(device, spec, audit=False) as rs:
+    with RemoteSession(device, spec, contract="draft", audit=False) as rs:
         got = rs.check_many(cases)
     assert kinds(got) == [[], ["CRASH"]] and "SIGSEGV" in got[1][0].detail
-    with RemoteSession(device, spec) as rs:
+    with RemoteSession(device, spec, contract="draft") as rs:
         got = rs.check_many(cases)
     assert kinds(got)[0] == [] and "OOB_WRITE" in kinds(got)[1] and "CRASH" not in kinds(got)[1]
 
@@ -154,7 +154,7 @@ def test_the_one_case_reruns_after_a_crash_stop_once_enough_says_so(device):
     at the first CRASH and the rest keep no verdict: two deaths, not one per case."""
     spec = f"{CRASHERS}:segfault_on_3"
     cases = batch_cases(spec, [1, 3, 3, 3, 3])
-    with RemoteSession(device, spec, spares=0) as rs:
+    with RemoteSession(device, spec, contract="draft", spares=0) as rs:
         got = rs.check_many(cases, enough=bool)
         assert kinds(got[:2]) == [[], ["CRASH"]] and got[2:] == [None] * 3
         assert rs.stats["deaths"] == 2, rs.stats
@@ -165,7 +165,7 @@ def test_a_dying_workers_output_goes_with_its_crash_not_to_the_terminal(device, 
     not the terminal's: the dead worker's last lines are its case's CRASH finding's ``worker_output``
     (so its case file's), and a worker that ends cleanly has its prints relayed when it ends."""
     spec = f"{CRASHERS}:noisy_abort_on_3"
-    with RemoteSession(device, spec, spares=0) as rs:
+    with RemoteSession(device, spec, contract="draft", spares=0) as rs:
         got = rs.check_many(batch_cases(spec, [1, 3, 1]))
         assert kinds(got) == [[], ["CRASH"], []]
         crash = got[1][0]
@@ -192,7 +192,7 @@ def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(dev
     spec = f"{CRASHERS}:segfault_on_3"
     before = child_pids()
     for spares, used in ((0, 0), (1, 2)):
-        with RemoteSession(device, spec, spares=spares) as rs:
+        with RemoteSession(device, spec, contract="draft", spares=spares) as rs:
             for i in range(2):
                 assert kinds([rs.check(c) for c in batch_cases(spec, [3, 1])]) == [["CRASH"], []]
             assert rs.stats["deaths"] == 2 and rs.stats["spares_used"] == used, rs.stats
@@ -202,15 +202,17 @@ def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(dev
 
 
 def test_the_wire_form_keeps_every_batch_field():
-    """``encode_cases`` / the worker's decoder round-trip a case exactly, the page table's seed included
-    (a TRANSLATE case checked with another table than its own would be judged on the wrong case)."""
+    """The draft record's codec and its worker side's decoder round-trip a case exactly, the page table's seed
+    included (a TRANSLATE case checked with another table than its own would be judged on the wrong case)."""
     import json
 
+    from kvfence.cases import contract as contracts
     from kvfence.cases.case import Batch, Case, Config
-    from kvfence.cases.casefile import case_from_dict
-    from kvfence.workflow.worker import _Decoder, encode_cases
 
+    record = contracts.get("draft")
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=2, translate=True)
     cases = [Case(config, Batch((2, 1), (1, 0), 5, 77)), Case(config, Batch((3,), (2,), 6, 0))]
-    decoded = list(_Decoder(case_from_dict).cases(json.loads(json.dumps(encode_cases(cases, {})))))
+    _, decode, group = record.worker_side({"kernel": "reference"}, "cpu")
+    decoded = list(decode(json.loads(json.dumps(record.codec(None).encode(cases)))))
     assert decoded == cases and [c.batch.v2p_seed for c in decoded] == [77, 0]
+    assert group(decoded[0]) == group(decoded[1])  # one config: one run the worker may batch

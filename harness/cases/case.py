@@ -484,6 +484,11 @@ class Case:
         require(isinstance(self.kernel, str) and self.kernel, "case.kernel must name a kernel")
         require(_is_int(self.canary_seed) and 0 <= self.canary_seed < 2**31, "case.canary_seed must be an integer in [0, 2**31)")
 
+    @property
+    def contract(self) -> str:
+        """The contract whose record checks this case (``kvfence.contracts.draft``): the config's."""
+        return self.config.contract
+
     @cached_property
     def _launch(self) -> LaunchBatch:
         return _padded(self.config, self.batch)  # __post_init__ checked that the batch fits

@@ -1,20 +1,23 @@
 """Case files: one failing case as versioned JSON, complete enough to re-run without Hypothesis.
 
-The format is defined here and nowhere else. A case file is data (JSON only: no pickle, no eval) and is
-validated on load; anything wrong is ``BadInput`` with a one-line message. Schema version 1::
+The format is defined here and nowhere else, for every contract. A case file is data (JSON only: no pickle,
+no eval) and is validated on load; anything wrong is ``BadInput`` with a one-line message. Schema version 1::
 
     {
       "kvfence_case": 1,
-      "case":     {"config": Config.to_dict(), "batch": Batch.to_dict(), "kernel": "<spec>", "canary_seed": 0},
+      "contract": "draft" | "flashmla-page-table" | ...,   # the record that reads "case" (absent: draft)
+      "case":     the contract's case_record(case),        # draft: {"config", "batch", "kernel", "canary_seed"}
       "device":   "cpu" | "cuda",            # where it was found
       "source":   "fuzz" | "pytest" | "journal" | ...,
-      "sizing":   Case.sizing_summary(),      # need vs width when found (informational)
+      "sizing":   need vs width when found (informational: the contract's summary, less its config)
       "findings": [Finding.to_dict(), ...],
       "versions": {"python", "torch", "triton", "hypothesis", "kvfence"},
       "extras":   {"hypothesis": {"blob": "@reproduce_failure(...)"} or {"unavailable": "<why>"}, ...}
     }
 
-``req_to_token`` is not stored: it is regenerated from ``batch.token_seed`` (``kvfence.cases.case.slot_id``).
+A file without ``contract`` is a draft kernel's (every case file before contracts were plug-ins); a plug-in
+contract's file of the earlier ``kvfence-contract-case/1`` format is read too. The draft kernel's case keeps
+no ``req_to_token``: it is regenerated from ``batch.token_seed`` (``kvfence.cases.case.slot_id``).
 The file name is a short hash of ``case`` alone, so re-finding the same case gives the same file, and
 writes are atomic (temp file + ``os.replace``), so pytest-xdist workers never clobber each other.
 """
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from kvfence.cases import contract as contracts
 from kvfence.cases.case import Case, batch_from_dict, config_from_dict
 from kvfence.errors import BadInput, require
 from kvfence.cases.findings import Finding, Kind
@@ -43,7 +47,11 @@ CASES_DIR = "cases"
 HASH_CHARS = 12
 #: Case files are small (a few KiB); anything far larger is not one.
 MAX_BYTES = 4 * 1024 * 1024
-_TOP_KEYS = {MARKER, "case", "device", "source", "sizing", "findings", "versions", "extras"}
+_TOP_KEYS = {MARKER, "contract", "case", "device", "source", "sizing", "findings", "versions", "extras"}
+#: The contract of a schema-1 file that names none: every case file written before contracts were plug-ins.
+LEGACY_CONTRACT = "draft"
+#: The format of a plug-in contract's case file before the one format above (still read).
+CONTRACT_CASE_FORMAT = "kvfence-contract-case/1"
 _CASE_KEYS = {"config", "batch", "kernel", "canary_seed"}
 
 
@@ -159,19 +167,20 @@ def case_from_dict(d) -> Case:
         raise BadInput(f"case has a value of the wrong type: {exc}") from None
 
 
-def case_hash(case: Case) -> str:
-    """Short sha256 of the case content (canonical JSON): the case file's name."""
-    text = json.dumps(case_to_dict(case), sort_keys=True, separators=(",", ":"))
+def case_hash(case) -> str:
+    """Short sha256 of the case content (canonical JSON of its contract's ``case_record``): the case file's name."""
+    text = json.dumps(contracts.of(case).case_record(case), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
 
 
-def document(case: Case, findings: List[Finding], *, device: str, source: str, extras: Optional[dict] = None) -> dict:
+def document(case, findings: List[Finding], *, device: str, source: str, extras: Optional[dict] = None) -> dict:
+    record = contracts.of(case)
     try:
-        sizing = case.sizing_summary()
+        sizing = {k: v for k, v in record.summary(case).items() if k not in ("config", "batch", "case")}
     except BadInput as exc:  # e.g. a plug-in sizing that is gone: the case still records what it can
         sizing = {"unavailable": str(exc)}
-    return {MARKER: SCHEMA_VERSION, "case": case_to_dict(case), "device": device, "source": source,
-            "sizing": sizing, "findings": [f.to_dict() for f in findings], "versions": versions(),
+    return {MARKER: SCHEMA_VERSION, "contract": record.name, "case": record.case_record(case), "device": device,
+            "source": source, "sizing": sizing, "findings": [f.to_dict() for f in findings], "versions": versions(),
             "extras": dict(extras or {})}
 
 
@@ -202,7 +211,7 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def write_case(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: str = "cpu",
+def write_case(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: str = "cpu",
                source: str = "fuzz", extras: Optional[dict] = None) -> Path:
     """Write the case file under ``out_dir/cases/<hash>.json`` and return its path."""
     folder = Path(out_dir) / CASES_DIR
@@ -213,30 +222,31 @@ def write_case(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, devi
     return path
 
 
-def repro_command(path, kernel: str = "reference", sizing: str = "safe") -> str:
+def repro_command(path, kernel: str = "reference", sizing: str = "safe", contract: str = LEGACY_CONTRACT) -> str:
     """The command that replays the case file ``path`` found with ``kernel`` and ``sizing``.
 
     A case file's plug-ins are data that ``repro`` never imports on its own (kvfence.workflow.repro), so
     a plug-in kernel or sizing is named again on the command line: the user who runs it vouches for it."""
     import shlex
 
-    from kvfence.cases.targets import is_plugin
-
+    record = contracts.get(contract)
     words = ["python", "-m", "kvfence", "repro", str(path)]
     for flag, spec in (("--kernel", kernel), ("--sizing", sizing)):
-        if is_plugin(spec):
+        if record.names_plugin(spec):
             words += [flag, spec]
     return shlex.join(words)
 
 
-def case_repro_command(path, case: Case) -> str:
+def case_repro_command(path, case) -> str:
     """``repro_command`` for a case file holding ``case``."""
-    return repro_command(path, case.kernel, case.config.sizing)
+    record = contracts.of(case)
+    return repro_command(path, case.kernel, record.case_sizing(case), record.name)
 
 
 def record_repro_command(path, record: dict) -> str:
     """``repro_command`` for a summary's case record (``kvfence.reports.summary.case_record``)."""
-    return repro_command(path, record.get("kernel", "reference"), (record.get("config") or {}).get("sizing", "safe"))
+    sizing = record.get("sizing") or (record.get("config") or {}).get("sizing", "safe")
+    return repro_command(path, record.get("kernel", "reference"), sizing, record.get("contract", LEGACY_CONTRACT))
 
 
 # -- loading -------------------------------------------------------------------------------------------
@@ -245,7 +255,7 @@ class CaseFile:
     """A loaded, validated case file."""
 
     path: Path
-    case: Case
+    case: object
     findings: List[Finding]
     device: str
     source: str
@@ -261,11 +271,12 @@ def _triple_list(value, what: str) -> List[Tuple]:
     return value
 
 
-def finding_from_dict(d, where: str) -> Finding:
-    """``Finding.from_dict`` with every field type-checked first (``BadInput`` names the field)."""
+def finding_from_dict(d, where: str, kinds=()) -> Finding:
+    """``Finding.from_dict`` with every field type-checked first (``BadInput`` names the field); ``kinds``: the
+    contract's own kinds a finding may carry."""
     require(isinstance(d, dict), f"{where} must be a JSON object")
-    kinds = [k.value for k in Kind]
-    require(d.get("kind") in kinds, f"{where}.kind must be one of {', '.join(kinds)}, got {d.get('kind')!r}")
+    known = [k.value for k in Kind] + list(kinds)
+    require(d.get("kind") in known, f"{where}.kind must be one of {', '.join(known)}, got {d.get('kind')!r}")
     for key in ("buffer", "region"):
         require(isinstance(d.get(key), str), f"{where}.{key} must be a string")
     for key in ("start", "stop", "count"):
@@ -276,9 +287,13 @@ def finding_from_dict(d, where: str) -> Finding:
     for sample in _triple_list(d.get("samples", []), f"{where}.samples"):
         require(all(x is None or _is_int(x) for x in sample), f"{where}.samples entries must be integers or null")
     for key in ("programs", "writers"):
-        for program in _triple_list(d.get(key, []), f"{where}.{key}"):
-            require(all(_is_int(x) and x >= 0 for x in program), f"{where}.{key} entries must be (s, b, k) integers")
-    return Finding.from_dict(d)
+        value = d.get(key, [])
+        require(isinstance(value, list), f"{where}.{key} must be a list")
+        for program in value:  # a program's grid coordinates: (s, b, k) for the draft kernel, 1-4 of them
+            require(isinstance(program, list) and 1 <= len(program) <= 4
+                    and all(_is_int(x) and x >= 0 for x in program),
+                    f"{where}.{key} entries must be lists of 1-4 non-negative integers (a program's grid index)")
+    return Finding.from_dict(d, kinds)
 
 
 def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
@@ -318,9 +333,19 @@ def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
         raise BadInput(f"{what} {path}: JSON nested too deeply") from None
 
 
+def _from_contract_case(doc: dict, path) -> dict:
+    """A ``kvfence-contract-case/1`` document as this schema's (its fields, renamed)."""
+    require(isinstance(doc.get("contract"), str), f"case file {path}: contract must be a string")
+    case = {key: doc.get(key) for key in ("case", "width", "sizing", "kernel", "mode") if key in doc}
+    return {MARKER: SCHEMA_VERSION, "contract": doc["contract"], "case": case, "device": doc.get("device", ""),
+            "source": "fuzz", "findings": doc.get("findings", [])}
+
+
 def from_document(doc, path="<memory>") -> CaseFile:
     """Validate a parsed case-file document (see the module docstring for the schema)."""
     require(isinstance(doc, dict), f"case file {path}: top level must be a JSON object")
+    if doc.get("format") == CONTRACT_CASE_FORMAT:
+        doc = _from_contract_case(doc, path)
     require(MARKER in doc, f"case file {path}: not a kvfence case file (no {MARKER!r} field)")
     version = doc[MARKER]
     require(version == SCHEMA_VERSION and _is_int(version),
@@ -328,20 +353,21 @@ def from_document(doc, path="<memory>") -> CaseFile:
     unknown = sorted(set(doc) - _TOP_KEYS)
     require(not unknown, f"case file {path}: unknown fields {unknown}")
     require("case" in doc, f"case file {path}: no 'case' field")
+    name = doc.get("contract", LEGACY_CONTRACT)
+    require(isinstance(name, str), f"case file {path}: contract must be a string")
     try:
-        case = case_from_dict(doc["case"])
+        record = contracts.get(name)
+        case = record.case_from_record(doc["case"])
         findings_raw = doc.get("findings", [])
         require(isinstance(findings_raw, list), "findings must be a list")
-        findings = [finding_from_dict(f, f"findings[{i}]") for i, f in enumerate(findings_raw)]
+        findings = [finding_from_dict(f, f"findings[{i}]", record.kinds) for i, f in enumerate(findings_raw)]
         for key in ("device", "source"):
             require(isinstance(doc.get(key, ""), str), f"{key} must be a string")
         for key in ("sizing", "versions", "extras"):
             require(isinstance(doc.get(key, {}), dict), f"{key} must be a JSON object")
-        from kvfence.cases.targets import check_spec
-
         # Syntax only: a plug-in named in a case file is data, never imported on load (kvfence.workflow.repro).
-        check_spec(case.config.sizing, "sizing")
-        check_spec(case.kernel, "kernel")
+        record.check_spec(record.case_sizing(case), "sizing")
+        record.check_spec(case.kernel, "kernel")
     except BadInput as exc:
         raise BadInput(f"case file {path}: {exc}") from None
     return CaseFile(Path(path), case, findings, doc.get("device", ""), doc.get("source", ""), doc.get("sizing", {}),
@@ -354,7 +380,7 @@ def load_case(path) -> CaseFile:
 
 
 # -- pytest --------------------------------------------------------------------------------------------
-def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: Optional[str] = None,
+def raise_on_findings(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: Optional[str] = None,
                       limit: int = 12) -> None:
     """For property tests: if ``findings``, write the case file and raise ``AssertionError``.
 
@@ -381,11 +407,8 @@ def raise_on_findings(case: Case, findings: List[Finding], *, out_dir=DEFAULT_OU
     raise AssertionError(f"{message}\ncase file: {path}\nrepro: {case_repro_command(path, case)}")
 
 
-def format_failure(case: Case, findings: List[Finding], limit: int = 8) -> str:
-    c, b = case.config, case.batch
-    lines = [f"{len(findings)} finding(s) for topk={c.topk} num_steps={c.num_steps} page_size={c.page_size} "
-             f"ctx={c.ctx} max_bs={c.max_bs} sizing={c.sizing} layout={c.layout} mode={c.mode}; "
-             f"seq_lens={list(b.seq_lens)} req_pool_indices={list(b.req_pool_indices)} token_seed={b.token_seed}"]
+def format_failure(case, findings: List[Finding], limit: int = 8) -> str:
+    lines = [f"{len(findings)} finding(s) for {contracts.of(case).describe(case, full=True)}"]
     lines += ["  " + f.headline() for f in findings[:limit]]
     if len(findings) > limit:
         lines.append(f"  ... {len(findings) - limit} more")

@@ -1,50 +1,72 @@
-"""What a kvfence contract provides: the one interface between the generic engine and a kernel family.
+"""What a kvfence contract provides: the one interface between the engine and a kernel family.
 
-Read this first when adding a contract. A contract is a record (a ``Contract`` subclass instance) that says
-everything kernel-specific; the generic engine (``kvfence.workflow.contract_run``: fuzz, shrink, case files,
-repro, the self-test of its mutants) and the generic buffers and verdict (``kvfence.running.tables``,
-``kvfence.verifying.tables``) know no contract by name. A contract is found through the entry-point group
-``kvfence.contracts`` (``name = "module:attr"``), so another package adds one without editing kvfence, and
-kvfence's own contracts are registered the same way in ``pyproject.toml``.
+Read this first when adding a contract (docs/contract.md §9, "Contracts as plug-ins"). A contract is a record,
+an instance of a ``Contract`` subclass, that says everything kernel-specific. The engine (the fuzz loop, the
+checking worker, ``--jobs``, the journal, case files, repro, the summary and report, the self-test, the
+matrices) knows no contract by name: it finds records through the entry-point group ``kvfence.contracts``
+(``name = "module:attr"``), kvfence's own five included (``pyproject.toml``), and asks them the questions
+below. Another package adds a contract the same way, with no edit to kvfence.
 
-What a record says (docs/contract.md §9 for the page-table builders, the first contracts on this interface):
+A record answers two kinds of question.
 
-* ``name``, ``section`` (where docs/contract.md states it), ``kinds`` (finding kinds beyond the common ones
-  of ``kvfence.cases.findings.Kind``);
-* its kernel: ``reference_kernel`` (kvfence's own Triton kernel, a file), ``upstream`` (the function name and
-  the module paths inside an SGLang wheel where releases define it, for ``--kernel sglang==VERSION``), and
-  ``launch(kernel, buffers, case, width)``, the ABI: how a jit function is launched on the guarded buffers;
-* its draws: ``cases(domain)``, a Hypothesis strategy of cases (config and batch in one value that shrinks
-  toward the simplest launch), ``case_to_dict``/``case_from_dict`` for case files (data, validated);
-* its buffers: ``tables(case, width)``, each ``Table`` an output (guarded rows, poison inside, canaries
-  between) or an input (its contents, with poisoned guards after each row so an over-read yields a
-  poison-derived value);
-* its oracle: ``expected(case, width)``, plain Python: every element each output must hold after the
-  launch, by (table, row, column); a column at or past ``width`` is a write the contract asks for that the
-  row cannot hold (it lands in the guard after the row), ``need(case)`` the row width the launch needs, and
-  ``findings_before_launch(case, width)`` the contract's own arithmetic findings (e.g. a truncated table);
-* its sizing: ``sizings``, named policies ``case -> width``;
-* its planted mutants (``mutants``: name, docstring, ``PATCH`` on ``reference_kernel``, ``DETECTS``);
-* its structural key: ``structural_key(case, width)``, what changes where the kernel writes; for the checking
-  worker, ``compile_key`` (what a launch's compiled specialization depends on: a new one may compile first)
-  and ``elements`` (how much work a launch is: its time limit scales with it);
-* its shipped sizing (optional): ``shipped_sites``, where SGLang's backends size the table and which lengths
-  they pass (``ShippedSite``, read from each wheel by ``kvfence.cases.contract_shipped``), and
-  ``wall_case(ctx, page_size, draft_tokens, length)``, the one-request launch at a committed length, on
-  which ``upstream matrix --shipped`` runs the release's kernel.
+**What the contract is** (data a reader checks against docs/contract.md): ``name``, ``section`` (where the
+contract is stated), ``kinds`` (finding kinds beyond ``kvfence.cases.findings.Kind``), ``reference_kernel`` /
+``reference_attr`` (kvfence's own Triton kernel), ``upstream`` (where SGLang's wheels define the kernel, for
+``--kernel sglang==VERSION``), ``sizings`` (named row-width policies) and ``safe_sizing``, ``mutants`` (planted
+bugs with the kinds they must be caught by), ``shipped_sites`` (where SGLang's backends size the table, read
+from each wheel) and ``pins`` (which of the command line's config flags it takes).
+
+**What the engine asks** about one of its *cases*. A case is the record's own frozen, hashable value, complete
+for one launch (config, batch, sizing, kernel, mode), with two attributes the engine reads directly:
+``contract`` (the record's name) and ``kernel`` (the kernel spec it runs). Everything else goes through the
+record:
+
+==========================  ================================================================================
+draws(plan)                 a Hypothesis strategy of cases, or of lists of cases of one config, for a run
+check_plan(plan)            refuse, in one line, a run the contract cannot make (a flag it does not take, ...)
+shard_fields(plan),         the config cells ``--shard`` deals out; the example database key's domain part;
+database_domain(plan, s),   what the run summary records of the contract's own choices
+run_record(plan)
+session(plan)               an in-process checker: ``check(case) -> [Finding]``, optionally ``check_many``,
+                            and ``stats``
+codec(plan) /               a case list on the checking worker's wire, and the worker's end of it
+worker_side(options, dev)   (``kvfence.workflow.worker``: a kernel that dies or hangs is its case's finding)
+case_record(case) /         the case as JSON data and back (validated: ``BadInput``), for case files, the
+case_from_record(data)      journal and the wire; a case file never makes kvfence import what it names
+summary(case)               need, width, rows launched, and the config and batch as data, for summaries
+describe(case, full)        one line naming the case's config (``full``: its batch too)
+config_of(case)             what the case shares with the others of its config (a hashable key; distinct
+                            configs and ``--keep-going`` signatures count these), ``config_record(config)``
+                            its data and ``config_bytes(config)`` its memory
+structure_of(case)          what changes where the kernel writes (the structural rate counts these)
+utilisation(case)           need / width, the quantity Hypothesis's target phase climbs
+coverage_fields /           one row of the coverage plot per explored case: the first field names the
+coverage_row(case, failed)  panel; ``num_seqs``, ``need``, ``width`` and ``failed`` are always there
+boundaries(case)            the edge classes the case sits on (the summary counts them)
+override(case, ...)         the case under another kernel, sizing, mode or layout (``repro`` tries a fix)
+explain(case)               lines of arithmetic ``repro`` prints (need against width)
+case_map                    ``module:attr`` of the function drawing a case file's buffer map in report.html
+==========================  ================================================================================
+
+The page-table builders (``kvfence.contracts.tables.TableContract``) answer the engine's questions from a
+smaller description (tables, a plain-Python oracle of every element, a launcher); the draft kernel's record
+(``kvfence.contracts.draft``) answers them with its CUDA-graph runner and device verifier. Both are records
+of this one class.
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from kvfence.cases.findings import ContractKind  # noqa: F401 - a contract's kinds are declared with it
 from kvfence.errors import BadInput, require
 
 ENTRY_POINT_GROUP = "kvfence.contracts"
+#: Fields every contract's coverage rows carry (the report's plot reads them by name).
+COVERAGE_REQUIRED = ("num_seqs", "need", "width", "failed")
 
 
 @dataclass(frozen=True)
@@ -116,7 +138,7 @@ class ShippedSite:
 
 
 class Contract(abc.ABC):
-    """The record of one kernel contract (see the module docstring)."""
+    """The record of one kernel contract (see the module docstring for what the engine asks of it)."""
 
     name: str = ""
     section: str = ""
@@ -125,74 +147,180 @@ class Contract(abc.ABC):
     reference_attr: str = ""
     upstream: Optional[Upstream] = None
     sizings: Mapping[str, Callable] = {}
-    #: The sizing a reference run must be clean under, and the one that models the shipped graph tables.
+    #: The sizing a reference run must be clean under (and the command line's default for this contract).
     safe_sizing: str = "safe"
     mutants: Tuple[ContractMutant, ...] = ()
     shipped_sites: Tuple[ShippedSite, ...] = ()
+    #: The command line's config flags (``RunPlan.pins`` keys) this contract takes; any other set flag is
+    #: refused in one line rather than ignored.
+    pins: Tuple[str, ...] = ()
+    #: Columns of a coverage row (``coverage_row``); the first names the plot's panels.
+    coverage_fields: Tuple[str, ...] = ()
+    #: ``module:attr`` of ``f(summary_record, case_file_document) -> HTML`` drawing one case file's buffers in
+    #: report.html (found by name, as an entry point is: the reports never import a contract).
+    case_map: str = ""
+    #: Planted kernel mutants the self-test builds from ``mutants`` (False: the contract lists them elsewhere,
+    #: as the draft kernel's ``kvfence.kernels.planted`` does).
+    planted_from_patches: bool = True
 
+    # -- drawing --------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def cases(self, domain: str):
-        """A Hypothesis strategy of this contract's cases on ``domain`` (``cpu`` or ``gpu``)."""
+    def draws(self, plan):
+        """A Hypothesis strategy for the run ``plan`` (``kvfence.cases.plan.RunPlan``): cases, or lists of cases
+        of one config (one example checks them as one run of one compiled, captured config)."""
 
-    @abc.abstractmethod
-    def case_to_dict(self, case) -> dict:
-        ...
+    def check_plan(self, plan) -> None:
+        """``BadInput`` (one line) for a run this contract cannot make, before anything runs."""
+        unknown = sorted(k for k, v in plan.pins.items() if v is not None and k not in self.pins)
+        require(not unknown, f"--contract {self.name} takes no {', '.join('--' + k.replace('_', '-') for k in unknown)}")
+        self.sizing(plan.sizing)
 
-    @abc.abstractmethod
-    def case_from_dict(self, data: dict):
-        """The case a case file holds; ``BadInput`` (one line) when it is malformed."""
+    def check_kernel(self, spec: str) -> None:
+        """Import and check a plug-in kernel spec (``BadInput`` when it names no kernel of this contract's ABI);
+        done first in a throwaway process (``kvfence.workflow.probe``), so an import that ends its process
+        cannot end kvfence's."""
+        from kvfence.cases.targets import _load_attr
 
-    @abc.abstractmethod
-    def tables(self, case, width: int) -> List[Table]:
-        ...
-
-    @abc.abstractmethod
-    def expected(self, case, width: int) -> Dict[str, Dict[Tuple[int, int], int]]:
-        """Plain-Python oracle: ``{output table: {(row, column): value}}``, every element the launch writes."""
-
-    @abc.abstractmethod
-    def need(self, case) -> int:
-        """The row width this launch needs."""
-
-    @abc.abstractmethod
-    def launch(self, kernel, buffers: Dict[str, object], case, width: int) -> None:
-        """Launch ``kernel`` (a jit function of this contract's ABI) on ``buffers`` (tensor views by table)."""
-
-    def findings_before_launch(self, case, width: int) -> list:
-        return []
-
-    def owner(self, case, table: str, row: int, column: int) -> Optional[Tuple[int, ...]]:
-        """The program that the contract says writes (table, row, column), or None."""
-        return None
-
-    def structural_key(self, case, width: int) -> tuple:
-        return (repr(self.case_to_dict(case)), width)
-
-    def compile_key(self, case, width: int) -> tuple:
-        """What a launch's compiled specialization depends on (its constexprs and shapes): a launch with a
-        key the checking worker has not run yet may compile first, and gets the warm-up allowance on top of
-        its time limit. The default (the structural key) errs towards allowing a compile."""
-        return self.structural_key(case, width)
-
-    def elements(self, case, width: int) -> int:
-        """Roughly how much work one check of ``case`` is, in elements (its time limit scales with it):
-        by default every element of its tables."""
-        return sum((t.rows or 1) * t.width for t in self.tables(case, width))
-
-    def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int):
-        """One request of committed length ``length`` launched with ``draft_tokens`` added, as the shipped
-        sites pass it (contracts with ``shipped_sites`` define it)."""
-        raise BadInput(f"contract {self.name} has no shipped sizing (no wall_case)")
+        _load_attr(spec, "kernel")
 
     def sizing(self, name: str) -> Callable:
         require(name in self.sizings, f"contract {self.name}: unknown sizing {name!r}: choose from "
                                       f"{', '.join(self.sizings)}")
         return self.sizings[name]
 
+    def shard_fields(self, plan) -> Dict[str, tuple]:
+        """The config fields a ``--shard`` deals out in cells, each with the values it ranges over on the plan's
+        domain, simplest first (a pinned field: its one value); none: the contract cannot be sharded."""
+        return {}
+
+    def database_domain(self, plan, shard) -> dict:
+        """Everything that changes what a drawn choice sequence means, for the example database's key."""
+        return {"contract": self.name, "mode": plan.mode, "domain": plan.domain, "pins": dict(plan.pins),
+                "shard": str(shard) if shard is not None else None}
+
+    def run_record(self, plan) -> dict:
+        """What the run summary says of this contract's own choices (besides kernel, sizing, mode, domain)."""
+        return {}
+
     def mutant(self, name: str) -> ContractMutant:
         known = {m.name: m for m in self.mutants}
         require(name in known, f"contract {self.name}: unknown mutant {name!r}: choose from {', '.join(known)}")
         return known[name]
+
+    # -- checking -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def session(self, plan, **options):
+        """A checker in this process for ``plan``'s kernel and device (``options``: the contract's own, as its
+        worker side reads them)."""
+
+    @abc.abstractmethod
+    def codec(self, plan):
+        """The wire form of this contract's cases (``encode(cases) -> dict``, ``group(case)``,
+        ``elements(case)``, ``kinds``) for a checking worker of ``plan``."""
+
+    def worker_options(self, plan) -> dict:
+        """What this contract's worker side needs beyond the device and kernel (JSON data)."""
+        return {}
+
+    @abc.abstractmethod
+    def worker_side(self, options: dict, device: str):
+        """The checking worker's end: ``(session, decode(message) -> cases, group(case) -> run key)``."""
+
+    # -- cases as data --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def case_record(self, case) -> dict:
+        """The case as JSON data, complete enough to replay it."""
+
+    @abc.abstractmethod
+    def case_from_record(self, data):
+        """The case ``case_record`` wrote; ``BadInput`` (one line) when ``data`` is malformed."""
+
+    def case_sizing(self, case) -> str:
+        """The sizing spec the case names (a plug-in spec is data until the user names it again)."""
+        return case.sizing
+
+    def check_spec(self, spec: str, what: str) -> None:
+        """``BadInput`` unless ``spec`` is a ``what`` (``kernel`` or ``sizing``) this contract knows by name or
+        looks like a plug-in spec: syntax only, a case file's plug-in is never imported on load."""
+        from kvfence.cases.targets import check_spec
+
+        check_spec(spec, what)
+
+    def names_plugin(self, spec: str) -> bool:
+        """Whether a kernel or sizing spec names user code (``module:attr`` / ``file.py:attr``), which a case file
+        never makes kvfence import: ``repro`` asks for it again."""
+        from kvfence.cases.targets import is_plugin
+
+        return is_plugin(spec)
+
+    @abc.abstractmethod
+    def summary(self, case) -> dict:
+        """``need``, ``width``, ``num_seqs`` (rows launched) and ``config`` (data), plus anything the contract's
+        report shows, for summaries and case files."""
+
+    @abc.abstractmethod
+    def describe(self, case, full: bool = False) -> str:
+        ...
+
+    # -- bookkeeping of a run ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def config_of(self, case):
+        ...
+
+    @abc.abstractmethod
+    def config_record(self, config) -> dict:
+        ...
+
+    def config_bytes(self, config) -> int:
+        return 0
+
+    @abc.abstractmethod
+    def structure_of(self, case):
+        ...
+
+    def utilisation(self, case) -> float:
+        s = self.summary(case)
+        return s["need"] / s["width"] if s["width"] else float(s["need"] > 0)
+
+    @abc.abstractmethod
+    def coverage_row(self, case, failed: bool) -> tuple:
+        ...
+
+    def boundaries(self, case) -> Iterable[str]:
+        return ()
+
+    # -- repro ----------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def override(self, case, *, kernel: Optional[str] = None, sizing: Optional[str] = None,
+                 mode: Optional[str] = None, layout: Optional[str] = None):
+        """``case`` under another kernel, sizing, mode or layout; ``BadInput`` for one it cannot take."""
+
+    #: What a program's grid coordinates are called in repro's lines (``expected owners (s,b,k)``).
+    program_axes: str = "program"
+
+    def repro_header(self, case) -> List[str]:
+        """The lines ``repro`` opens with, after the file's name: the case, described in full."""
+        return [f"case    {self.describe(case, full=True)}"]
+
+    def setting_changes(self, original, case) -> List[Tuple[str, object, object]]:
+        """``(name, new, old)`` of every setting besides kernel and sizing that ``override`` changed."""
+        return []
+
+    def replay_detail(self, case, device: str, *, absorb: bool = True):
+        """``None``, or ``(findings, show)`` from a re-run in this process that can show more than the
+        findings record: ``show(finding, verbose)`` gives ``repro.finding_lines``'s ``elements`` and ``segments``."""
+        return None
+
+    def explain(self, case) -> List[str]:
+        s = self.summary(case)
+        verdict = "too small" if s["need"] > s["width"] else "fits"
+        return [f"need {s['need']}, width {s['width']} under {self.case_sizing(case)}: {verdict}"]
+
+    # -- shipped sizing ---------------------------------------------------------------------------------------
+    def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int):
+        """One request of committed length ``length`` launched with ``draft_tokens`` added, as the shipped
+        sites pass it (contracts with ``shipped_sites`` define it)."""
+        raise BadInput(f"contract {self.name} has no shipped sizing (no wall_case)")
 
 
 # -- the registry ------------------------------------------------------------------------------------------
@@ -231,7 +359,8 @@ def get(name: str) -> Contract:
     if name in _LOADED:
         return _LOADED[name]
     known = _entry_points()
-    require(name in known, f"unknown contract {name!r}: choose from {', '.join(sorted(known)) or '(none registered)'}")
+    require(isinstance(name, str) and name in known,
+            f"unknown contract {name!r}: choose from {', '.join(sorted(known)) or '(none registered)'}")
     module_name, _, attr = known[name].partition(":")
     import importlib
 
@@ -241,5 +370,31 @@ def get(name: str) -> Contract:
         raise BadInput(f"contract {name!r}: cannot load {known[name]}: {type(exc).__name__}: {exc}") from None
     require(isinstance(record, Contract), f"contract {name!r}: {known[name]} is not a kvfence Contract")
     require(record.name == name, f"contract {name!r}: {known[name]} calls itself {record.name!r}")
+    missing = sorted(set(COVERAGE_REQUIRED) - set(record.coverage_fields))
+    require(not missing, f"contract {name!r}: its coverage_fields lack {', '.join(missing)}")
     _LOADED[name] = record
     return record
+
+
+def of(case) -> Contract:
+    """The record a case belongs to (its ``contract`` attribute names it)."""
+    return get(case.contract)
+
+
+def worker_options(record: Contract) -> dict:
+    """What a checking worker needs to load ``record`` as this process did: its registry entry and the
+    import path it was found on (a contract registered at run time, as a test does, is found the same way)."""
+    import sys
+
+    return {"contract": record.name, "entry": entry(record.name), "sys_path": [p for p in sys.path if p]}
+
+
+def load_in_worker(options: dict) -> Contract:
+    """The worker's side of ``worker_options``: the record, registered and loaded in this process."""
+    import sys
+
+    for path in reversed(options.get("sys_path", [])):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    register(options["contract"], options["entry"])
+    return get(options["contract"])

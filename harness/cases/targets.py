@@ -126,6 +126,32 @@ def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
     return launch_kernel
 
 
+_SCRATCH: list = []
+
+
+def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:
+    """A planted bug's kernel file: ``patch`` (``(reference text, mutated text)`` pairs, each matching exactly
+    once) applied to ``reference``'s source, written as ``file_name`` in a per-process scratch folder (several
+    pytest-xdist workers never share a file); loaded like any plug-in kernel file."""
+    require(isinstance(patch, (list, tuple)) and patch and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
+        f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
+    source = reference.read_text()
+    for old, new in patch:
+        found = source.count(old)
+        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/{reference.name} "
+                            "(a patch must match exactly once)")
+        require(old != new, f"mutant {name}: a patch pair leaves {old.strip()!r} unchanged")
+        source = source.replace(old, new)
+    if not _SCRATCH:
+        import tempfile
+
+        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
+    path = _SCRATCH[0] / file_name
+    path.write_text(f"# kvfence mutant {name!r}: kernels/{reference.name} with its planted PATCH.\n" + source)
+    return path
+
+
 def _load_file(path: Path):
     """Import a plug-in file once per process (kernel and sizing specs may name the same file)."""
     resolved = path.resolve()

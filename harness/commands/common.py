@@ -217,9 +217,10 @@ def _add_family_args(p: argparse.ArgumentParser) -> None:
     under test takes them, off for a classic-ABI kernel)."""
     from kvfence.cases import contract as registry
 
-    p.add_argument("--contract", default="draft", choices=["draft", "window-rail"] + registry.names(),
-                   help="which kernel contract: the draft kernel, the sliding-window read rail (needs --window), or "
-                        "a plug-in contract (kvfence.cases.contract; docs/contract.md §9: the page-table builders)")
+    p.add_argument("--contract", default="draft", choices=registry.names(),
+                   help="which kernel contract (kvfence.cases.contract; docs/contract.md): the draft kernel, the "
+                        "sliding-window read rail (needs --window), the page-table builders (§9), or another "
+                        "package's")
     p.add_argument("--window", type=_non_negative_int, default=None,
                    help="pin window_size, the sliding window (0: none; default: drawn when the kernel takes it)")
     p.add_argument("--sink", type=_non_negative_int, default=None,

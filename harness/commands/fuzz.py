@@ -32,64 +32,10 @@ def _shard(text: str):
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--shard ")) from None
 
 
-def _family_pins(args) -> dict:
-    """The §6 pins of ``args`` (None: drawn), as ``kvfence.strategies.configs`` keywords."""
-    translate = getattr(args, "translate", None)
-    return dict(window_size=getattr(args, "window", None), sink_size=getattr(args, "sink", None),
-                entry_page_size=getattr(args, "entry_page_size", None),
-                translate=None if translate is None else translate == "on",
-                contract=getattr(args, "contract", "draft"))
-
-
-def _family_draws(args):
-    """``kvfence.strategies.configs(family=...)`` for ``args``: False when the kernel does not take the
-    §6 fields (``_check_family``) or ``--family off``, True with ``--family on`` (every example), and
-    ``"auto"`` otherwise: the domain's share of examples (``kvfence.cases.domain``: every example on the
-    CPU domain; on the GPU domain, where §6 cases are checked by the host verdict, one in four, each a
-    small config of a few batches)."""
-    if not getattr(args, "draw_family", False):
-        return False
-    return {"on": True, "auto": "auto"}.get(getattr(args, "family", "auto"), False)
-
-
-def _family_share(args, domain) -> float:
-    """The share of examples that draw the §6 fields (the summary's ``family_share``)."""
-    family = _family_draws(args)
-    return domain.family_share if family == "auto" else float(family)
-
-
-def _draws_family(args, domain) -> bool:
-    """Whether any example draws the §6 fields (the summary's ``family_drawn``)."""
-    return _family_share(args, domain) > 0
-
-
-def _config_strategy(args, domain, max_bytes):
-    from kvfence.strategies import configs
-
-    return configs(topk=args.topk, num_steps=args.num_steps, page_size=args.page_size, ctx=args.ctx,
-                   max_bs=args.max_bs, sizing=args.sizing, layout=args.layout, mode=args.mode, domain=domain,
-                   max_bytes=max_bytes, family=_family_draws(args), **_family_pins(args))
-
-
-def _check_family(args) -> None:
-    """§6 flags against the kernel under test (one line, exit 2): the rail needs --window, and a kernel
-    must declare every §6 parameter a pin sets. Sets ``args.draw_family``: draw the §6 fields when the
-    kernel takes them all (kvfence's reference, SGLang 0.5.2x), never for a classic-ABI kernel."""
-    from kvfence.cases.case import Config
-    from kvfence.cases.targets import kernel_capabilities
-
-    pins = _family_pins(args)
-    require(not (pins["contract"] == "window-rail" and not pins["window_size"]),
-            "--contract window-rail needs --window W (W >= 1): the rail's window is part of its ABI")
-    caps = kernel_capabilities(args.kernel)
-    probe = Config(topk=1, num_steps=1, window_size=pins["window_size"] or 0, sink_size=pins["sink_size"] or 0,
-                   entry_page_size=pins["entry_page_size"] or 1, translate=bool(pins["translate"]),
-                   contract=pins["contract"])
-    caps.check_config(args.kernel, probe)
-    family = getattr(args, "family", "auto")
-    require(family != "on" or caps.family,
-            f"--family on: kernel {args.kernel!r} does not take the §6 parameters (a classic-ABI kernel)")
-    args.draw_family = caps.family and family != "off"
+#: The config flags a contract may take (``RunPlan.pins``; ``Contract.pins`` says which): a flag set away from
+#: its default goes into the plan, and a contract that does not take it refuses it in one line.
+PIN_FLAGS = ("topk", "num_steps", "page_size", "ctx", "max_bs", "window", "sink", "entry_page_size", "translate",
+             "family", "layout", "seq_len_limit")
 
 
 #: What ``fuzz --resume`` uses; any other flag set away from its default is refused (it would be ignored).
@@ -101,22 +47,6 @@ def _check_resume_flags(args) -> None:
                      if dest not in _RESUME_FLAGS and getattr(args, dest) != default)
     require(not ignored, f"--resume only collects cases left in flight by runs that died; it would ignore "
                          f"{', '.join('--' + d.replace('_', '-') for d in ignored)}: drop them or run without --resume")
-
-
-def _make_session(args, device: str, max_bytes: Optional[int]):
-    """The checking session: a worker process (default; crashes and hangs become findings, kvfence.workflow.worker)
-    or, with ``--in-process``, this process itself (for debugging the harness). The worker starts in the
-    background (torch and the CUDA context load while this process builds its strategies); the caller
-    joins it with ``wait_ready()`` before the first example."""
-    audit = False if args.no_audit else None
-    if args.in_process:
-        from kvfence.verifying.session import Session
-
-        return Session(device, args.kernel, audit=audit, max_bytes=max_bytes)
-    from kvfence.workflow.worker import RemoteSession
-
-    return RemoteSession(device, args.kernel, audit=audit, max_bytes=max_bytes, case_timeout=args.case_timeout,
-                         background=True)
 
 
 #: The default budgets: the CPU's interpreter checks an example budget; on CUDA the plain command checks
@@ -186,15 +116,15 @@ def _run_jobs(args, device: str) -> int:
     return args.jobs
 
 
-def _resolve_run_shape(args, device: str):
-    """Domain, jobs, batches per example and memory budget of a fuzz run (validated, one-line errors)."""
+def _plan(args, device: str):
+    """The run's ``RunPlan`` from the flags (validated, one-line errors): domain, jobs, batches per example,
+    the bulk, the memory budget and the config flags set away from their defaults (``pins``)."""
     from kvfence.cases.budget import default_budget, parse_size
-    from kvfence.cases.domain import domain_named
+    from kvfence.cases.plan import RunPlan
 
     scale = args.scale or ("gpu" if device == "cuda" else "cpu")
     require(not (scale == "gpu" and device != "cuda"),
             "--scale gpu needs --device cuda: production-sized launches under the interpreter would take hours")
-    domain = domain_named(scale)
     jobs = _run_jobs(args, device)  # before anything is sized by jobs
     require(not (args.resume and jobs > 1), "--resume collects crashed cases of one folder; it takes no --jobs")
     per_example = args.batches_per_example or (GPU_BATCHES_PER_EXAMPLE if device == "cuda" else 1)
@@ -203,7 +133,14 @@ def _resolve_run_shape(args, device: str):
     if args.bulk_after is None:
         args.bulk_after = GPU_BULK_AFTER_S if device == "cuda" else 0.0
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
-    return domain, jobs, per_example, max_bytes
+    defaults = args.fuzz_defaults
+    pins = {name: getattr(args, name) for name in PIN_FLAGS if getattr(args, name) != defaults.get(name)}
+    return RunPlan(contract=args.contract, kernel=args.kernel, sizing=args.sizing, device=device, mode=args.mode,
+                   domain=scale, pins=pins, seed=args.seed, max_examples=args.max_examples,
+                   max_seconds=args.max_seconds, shrink_seconds=args.shrink_seconds, batches_per_example=per_example,
+                   bulk_per_example=args.bulk_per_example, bulk_after=args.bulk_after, max_bytes=max_bytes,
+                   jobs=jobs, targeting=not args.no_target, keep_going=args.keep_going,
+                   isolate=not args.in_process, case_timeout=args.case_timeout, audit=False if args.no_audit else None)
 
 
 def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -> List[str]:
@@ -223,127 +160,50 @@ def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -
 
 
 def cmd_fuzz(args) -> int:
+    from kvfence.cases import contract as contracts
     from kvfence.device import select
-    from kvfence.cases.targets import resolve_sizing
+    from kvfence.workflow import run as pipeline
 
-    if args.contract not in ("draft", "window-rail"):
-        return _fuzz_contract(args)
     if args.resume:
         _check_resume_flags(args)
     json_path = _writable(args.json, "--json")
     out_dir = _out_dir(args.out)
     require(args.max_seconds is None or (args.max_seconds > 0 and args.max_seconds == args.max_seconds),
             f"--max-seconds {args.max_seconds}: expected a positive number of seconds")
+    record = contracts.get(args.contract)
     if not args.progress_file:  # a --jobs child's plug-ins were checked by its parent
         from kvfence.workflow.probe import check_plugins
 
-        check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
-    resolve_sizing(args.sizing)  # unknown policy: exit 2 before anything runs
+        # their import cannot end this process
+        check_plugins(record, {"kernel": args.kernel, "sizing": args.sizing})
+    record.sizing(args.sizing)  # unknown policy: exit 2 before anything runs
     # Only the process that launches kernels imports torch: the supervisor and a --jobs parent do not.
     device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
-    _check_family(args)  # §6 flags against the kernel: exit 2 before anything runs
     _resolve_budget(args, device)
-    domain, jobs, per_example, max_bytes = _resolve_run_shape(args, device)
+    plan = _plan(args, device)
+    pipeline.record(plan)  # the plan against the contract (its pins, kernel, sizing): exit 2 before anything runs
     session = None
-    if jobs == 1 and not args.resume:
+    if plan.jobs == 1 and not args.resume:
         if out_dir.is_dir():  # another run in this folder: refused now, before a worker starts
             _lock_out(out_dir)
         # Start-up off the critical path: the worker starts first, everything else happens meanwhile.
-        session = _make_session(args, device, max_bytes)
+        session = pipeline.checker(plan, background=True)
     try:
-        return _fuzz_prepared(args, device, session, json_path, out_dir, domain, jobs, per_example, max_bytes)
+        return _fuzz_prepared(args, plan, session, json_path, out_dir)
     finally:
         if hasattr(session, "close"):
             session.close()
 
 
-def _fuzz_contract(args) -> int:
-    """``--contract NAME`` of a plug-in contract: the generic engine (kvfence.workflow.contract_run), one job,
-    its kernel in a checking worker (``--in-process``: in this process). The draft-only flags are refused in
-    one line rather than ignored."""
-    from kvfence.cases import contract as registry
-    from kvfence.device import select
-    from kvfence.workflow import contract_run
-
-    record = registry.get(args.contract)
-    for flag, value, default in (("--jobs", args.jobs, None), ("--resume", args.resume, False),
-                                 ("--window", args.window, None), ("--sink", args.sink, None),
-                                 ("--shard", getattr(args, "shard", None), None)):
-        require(value in (default, 1) if flag == "--jobs" else value == default,
-                f"{flag} is not supported with --contract {record.name} (a plug-in contract runs one job)")
-    record.sizing(args.sizing)  # unknown policy: exit 2 before anything runs
-    out_dir = _out_dir(args.out)
-    device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
-    seed = args.seed if args.seed is not None else random.randrange(2 ** 32)
-    graph = device == "cuda" and args.mode == "graph"
-    progress = None if args.quiet else _stderr
-    if progress:
-        progress(f"kvfence: fuzzing {record.name} ({record.section}), kernel {args.kernel}, sizing {args.sizing}, "
-                 f"seed {seed}, {'CUDA graphs' if graph else 'eager'} on {device}")
-    result = contract_run.fuzz(record, args.kernel, args.sizing, device, max_examples=args.max_examples or 200,
-                               seed=seed, max_seconds=args.max_seconds, shrink_seconds=args.shrink_seconds,
-                               graph=graph, progress=progress, isolate=not args.in_process,
-                               case_timeout=args.case_timeout)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if result.failed:
-        result.case_file = str(contract_run.write_case(out_dir, result, graph))
-        contract_run.write_report(out_dir, Path(result.case_file))
-    doc = dict(result.to_dict(), seed=seed, mode="graph" if graph else "eager",
-               checking="in-process" if args.in_process else "worker")
-    (out_dir / "contract-summary.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    if args.json:
-        _writable(args.json, "--json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(f"{record.name}: {result.examples} examples, {result.structures} structurally distinct, "
-          f"{result.explore_s:.1f} s to the {'first failure' if result.failed else 'end of the budget'}")
-    if not result.failed:
-        print("no findings")
-        return EXIT_CLEAN
-    for line in result.headlines:
-        print("  " + line)
-    print(f"\nkvfence repro {result.case_file}\n(map: {out_dir / 'report.html'})")
-    return EXIT_FINDINGS
-
-
-def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_dir: Path, domain, jobs: int,
-                   per_example: int, max_bytes: int) -> int:
-    """``cmd_fuzz`` once the device is chosen and the worker is starting: strategies, database, the run."""
-    from kvfence.strategies import case_runs, cases
-
+def _fuzz_prepared(args, plan, session, json_path: Optional[Path], out_dir: Path) -> int:
+    """``cmd_fuzz`` once the plan is made and the worker is starting: strategies, database, the run."""
     from kvfence.workflow import campaign
+    from kvfence.workflow import run as pipeline
 
     # Validates every pinned field and the budget now (BadInput), not inside Hypothesis.
-    config_strategy, shard_info = _config_strategy(args, domain, max_bytes), None
-    if args.shard is not None:  # this host's part of the config space (kvfence.workflow.campaign)
-        config_strategy, shard_info = campaign.shard_configs(
-            args.shard, lambda **pins: _config_strategy(argparse.Namespace(**{**vars(args), **pins}), domain, max_bytes),
-            {name: getattr(args, name) for name in campaign.CELL_FIELDS}, campaign.cell_domains(domain))
-    if per_example > 1 or args.bulk_per_example:
-        strategy = case_runs(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit,
-                             max_batches=per_example, bulk=args.bulk_per_example, bulk_after=args.bulk_after)
-    else:
-        strategy = cases(config_strategy, kernel=args.kernel, seq_len_limit=args.seq_len_limit)
-    strategy.validate()
-    from kvfence.cases.case import Config
-
-    # The sizing policy on the smallest config the pinned fields allow: a bool, non-int or huge width is
-    # refused now (one line), not in the middle of the run.
-    from kvfence.kernels.sizing import WINDOW_POLICIES
-
-    Config(topk=args.topk or 1, num_steps=args.num_steps or 1, page_size=args.page_size or 1,
-           ctx=args.ctx or (args.num_steps or 1) + 1, max_bs=args.max_bs or 1, sizing=args.sizing,
-           layout=args.layout, mode=args.mode,
-           window_size=args.window if args.window is not None else int(args.sizing in WINDOW_POLICIES),
-           sink_size=args.sink or 0, contract=args.contract).row_width(1)
+    strategy, shard_info = pipeline.draws(plan, args.shard)
     seed, seed_source = (args.seed, "given") if args.seed is not None else (random.getrandbits(32), "random")
-    run = {"device": device, "kernel": args.kernel, "sizing": args.sizing, "mode": args.mode, "layout": args.layout,
-           "seq_len_limit": args.seq_len_limit, "seed": seed, "seed_source": seed_source, "resume": bool(args.resume),
-           "jobs": jobs, "batches_per_example": per_example,
-           "bulk_per_example": args.bulk_per_example, "bulk_after_s": args.bulk_after, "domain": domain.name, "domain_text": domain.describe(),
-           "max_gpu_mem": max_bytes, "checking": "in-process" if args.in_process else "worker",
-           # docs/contract.md §6: the contract, and the §6 fields pinned or drawn (None: drawn, if the kernel takes them)
-           "contract": args.contract, "family_drawn": _draws_family(args, domain),
-           "family_share": _family_share(args, domain),
-           "family_pins": {k: v for k, v in _family_pins(args).items() if k != "contract" and v is not None}}
+    run = dict(pipeline.run_record(plan, seed, seed_source), resume=bool(args.resume))
     # The example database: a malformed URL here, an unreachable Redis below, both before any work.
     if args.database is None:
         args.database = campaign.default_database(out_dir)  # --jobs children share it
@@ -351,25 +211,22 @@ def _fuzz_prepared(args, device: str, session, json_path: Optional[Path], out_di
     if db_spec.password:  # --jobs children get it from the environment, never on their command line
         os.environ[campaign.REDIS_PASSWORD_ENV] = db_spec.password
         args.database = db_spec.display
-    if jobs > 1:
+    db_key = pipeline.database_key(plan, args.shard)
+    if plan.jobs > 1:
         database = campaign.open_database(db_spec)
-        db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
-                                       domain=campaign.fuzz_domain(args, domain, per_example, args.bulk_per_example))
         run["campaign"] = campaign.summary_block(db_spec, db_key, shard_info, None,
                                                  campaign.stored_failures(database, db_key))
-        return _fuzz_jobs(args, device, run, out_dir, json_path, max_bytes)
+        return _fuzz_jobs(args, plan, run, out_dir, json_path)
     previous = _previous_summary(out_dir) if args.resume else None
     if out_dir.is_dir():  # another run in this folder: refused now
         _lock_out(out_dir)
     database = None if args.resume else campaign.open_database(db_spec)
-    db_key = campaign.database_key(kernel=args.kernel, sizing=args.sizing,
-                                   domain=campaign.fuzz_domain(args, domain, per_example, args.bulk_per_example))
     run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
                                              campaign.shard_seed(seed, args.shard),
                                              campaign.stored_failures(database, db_key))
     if hasattr(session, "wait_ready"):
         session.wait_ready()  # resolves the kernel in the worker: BadInput here, before the first example
-    return _fuzz_run(args, device, strategy, session, out_dir, json_path, previous, run, domain,
+    return _fuzz_run(args, plan, strategy, session, out_dir, json_path, previous, run,
                      database=database, db_key=db_key, db_spec=db_spec)
 
 
@@ -413,15 +270,15 @@ def _previous_summary(out_dir: Path) -> Optional[dict]:
         raise BadInput(f"--resume adds to {where}, which cannot be read: {exc}") from None
 
 
-def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Optional[Path], previous, run: dict,
-              domain, *, database, db_key, db_spec) -> int:
+def _fuzz_run(args, plan, strategy, session, out_dir: Path, json_path: Optional[Path], previous, run: dict, *,
+              database, db_key, db_spec) -> int:
     from kvfence.workflow.fuzz import SPLICE_REPLAYED, FuzzResult, fuzz
     from kvfence.running.interrupt import exit_code_for, signals_interrupt
     from kvfence.running.journal import Journal, recover
     from kvfence.workflow.outdir import set_aside_earlier_cases
 
     _lock_out(out_dir)
-    seed = run["seed"]
+    seed, device = run["seed"], plan.device
     if not args.resume:  # --resume adds to the folder's results: its case files stay where they are
         # Before anything is written: the folder's case files from earlier runs go to cases/earlier/<time>/.
         args.earlier_cases = set_aside_earlier_cases(out_dir)
@@ -453,10 +310,10 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
                 run_fuzz = fuzz_keep_going
                 keep_going = {"on_failure": lambda failure: _save_failure(args, run, device, out_dir, failure)}
             try:
-                result = run_fuzz(session, strategy, max_examples=args.max_examples, on_first_failure=_announcer(),
+                result = run_fuzz(session, strategy, max_examples=plan.max_examples, on_first_failure=_announcer(),
                               seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
-                              shrink_seconds=args.shrink_seconds, journal=journal, targeting=not args.no_target,
-                              progress=callback, max_seconds=args.max_seconds,
+                              shrink_seconds=plan.shrink_seconds, journal=journal, targeting=plan.targeting,
+                              progress=callback, max_seconds=plan.max_seconds,
                               progress_every_s=POLL_S if args.progress_file else (progress.every_s if progress else 2.0),
                               **keep_going)
             finally:
@@ -471,14 +328,20 @@ def _fuzz_run(args, device: str, strategy, session, out_dir: Path, json_path: Op
                   f"from {db_spec.display} first")
         print(f"kvfence fuzz: {result.verified_cases} cases verified ({result.cached_cases} from cache) in "
               f"{result.elapsed_s:.1f}s ({result.cases_per_s:.1f} verified cases/s, {result.structural_cases_per_s:.1f} "
-              f"structurally distinct/s) on {device}, kernel {args.kernel}, "
-              f"sizing {args.sizing}, mode {args.mode}, layout {args.layout}, domain {domain.name}, "
+              f"structurally distinct/s) on {device}, {_target_text(run)}, domain {plan.domain}, "
               f"seed {'random (%d)' % seed if run['seed_source'] == 'random' else seed}")
     run = dict(run, interrupted=result.interrupted, **_phases(session, result))
     if session is not None and not args.in_process:
         run["worker"] = {k: v for k, v in session.stats.items()}
     code = _fuzz_outputs(args, device, result, crashes, out_dir, json_path, run, previous=previous)
     return exit_code_for(result.interrupted) if result.interrupted else code
+
+
+def _target_text(run: dict) -> str:
+    """What a run checked, in one phrase: contract, kernel, sizing, mode (and the draft kernel's layout)."""
+    layout = f", layout {run['layout']}" if run.get("layout") else ""
+    return (f"contract {run['contract']}, kernel {run['kernel']}, sizing {run['sizing']}, mode {run['mode']}"
+            f"{layout}")
 
 
 def _stop_requested(args):
@@ -532,16 +395,16 @@ def _phases(session, result) -> dict:
             "first_launch_s": since_start(result.first_launch_at)}
 
 
-def _jobs_deadline(args, device: str) -> Optional[float]:
+def _jobs_deadline(plan) -> Optional[float]:
     """A ``--jobs`` run's whole budget, when it has one: exploring and shrinking (and on CUDA the lead's wait)."""
     from kvfence.workflow.jobs import LEAD_WAIT_S
 
-    if args.max_seconds is None:
+    if plan.max_seconds is None:
         return None  # an example budget only: no time the parent could hold a job to
-    return (LEAD_WAIT_S if device == "cuda" else 0.0) + args.max_seconds + args.shrink_seconds
+    return (LEAD_WAIT_S if plan.device == "cuda" else 0.0) + plan.max_seconds + plan.shrink_seconds
 
 
-def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[Path], max_bytes: int) -> int:
+def _fuzz_jobs(args, plan, run: dict, out_dir: Path, json_path: Optional[Path]) -> int:
     """``--jobs N``: N child fuzz processes (kvfence.workflow.jobs), merged into one summary, report and case folder."""
     import time
 
@@ -550,11 +413,11 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     from kvfence.workflow.progress import Progress
     from kvfence.reports import summary as summary_mod
 
-    jobs = run["jobs"]
-    share = [args.max_examples // jobs + (i < args.max_examples % jobs) for i in range(jobs)]
-    require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {args.max_examples}")
-    child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i], max_bytes=max_bytes)
-                  for i in range(jobs)]
+    jobs, device = plan.jobs, plan.device
+    share = [plan.max_examples // jobs + (i < plan.max_examples % jobs) for i in range(jobs)]
+    require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {plan.max_examples}")
+    child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i],
+                              max_bytes=plan.max_bytes) for i in range(jobs)]
     _lock_out(out_dir)
     from kvfence.workflow.outdir import set_aside_earlier_cases
 
@@ -569,7 +432,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
         docs, problems, crashes, interrupted, not_started = run_jobs(
             child_args, out_dir, device=device, progress=progress.update if progress else None,
             on_first_failure=_announce_job_failure, stop_on_failure=not args.keep_going,
-            deadline_s=_jobs_deadline(args, device))
+            deadline_s=_jobs_deadline(plan))
     finally:
         if progress:
             progress.close()
@@ -590,8 +453,7 @@ def _fuzz_jobs(args, device: str, run: dict, out_dir: Path, json_path: Optional[
     started = f"{jobs - not_started} of {jobs} jobs started" if not_started else f"{jobs} jobs"
     print(f"kvfence fuzz: {started}, {doc['verified_cases']} cases verified ({doc['cached_cases']} from cache) in "
           f"{elapsed:.1f}s ({doc['cases_per_s']:.1f} verified cases/s, {doc['structural_cases_per_s']:.1f} "
-          f"structurally distinct/s) on {device}, kernel {args.kernel}, "
-          f"sizing {args.sizing}, domain {run['domain']}")
+          f"structurally distinct/s) on {device}, {_target_text(run)}, domain {run['domain']}")
     for path, record in doc["cases"].items():
         print(f"{', '.join(record['kinds'])}: {path}")
     if not doc["findings"]:
@@ -650,8 +512,9 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
 
 def _case_extras(args, run: dict, *, interrupted: Optional[str], shrink_cut: bool) -> dict:
     """What a fuzz case file records besides the case: how it was found and how far it was shrunk."""
-    extras = {"fuzz": {"seed": run["seed"], "seq_len_limit": args.seq_len_limit, "max_examples": args.max_examples,
-                       "domain": run["domain"]}}
+    extras = {"fuzz": {"seed": run["seed"], "max_examples": args.max_examples, "domain": run["domain"]}}
+    if run.get("seq_len_limit"):
+        extras["fuzz"]["seq_len_limit"] = run["seq_len_limit"]
     if interrupted:
         extras["interrupted"] = {"signal": interrupted, "shrunk": False,
                                  "note": "the run was stopped before shrinking finished: the case may not be minimal"}

@@ -21,7 +21,11 @@ def cmd_mutants(args) -> int:
     from kvfence.device import select
     from kvfence.workflow.mutants import format_table, run_all, verdict_text
 
-    if args.contract is not None:
+    from kvfence.cases import contract as registry
+
+    # A contract whose mutants are planted patches of its kernel (the page-table builders); the draft family's
+    # are the files of kernels/mutants/, run below.
+    if args.contract is not None and registry.get(args.contract).planted_from_patches:
         return _mutants_contract(args)
     if args.verifiers == "both":
         return _mutants_both_verifiers(args)
@@ -83,10 +87,11 @@ def _mutants_both_verifiers(args) -> int:
 
 
 def _mutants_contract(args) -> int:
-    """``--contract NAME``: the self-test of a plug-in contract's mutants (kvfence.workflow.contract_run)."""
+    """``--contract NAME``: the self-test of a contract's planted mutants (``Contract.mutants``), fuzzed by the
+    engine every run uses (kvfence.workflow.mutants.contract_self_test)."""
     from kvfence.cases import contract as registry
     from kvfence.device import select
-    from kvfence.workflow.contract_run import self_test
+    from kvfence.workflow.mutants import contract_self_test
 
     record = registry.get(args.contract)
     json_path = _writable(args.json, "--json")
@@ -101,7 +106,7 @@ def _mutants_contract(args) -> int:
             staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
             os.replace(staging, json_path)
 
-    report = self_test(record, device, seeds=range(args.seed, args.seed + args.seeds),
+    report = contract_self_test(record, device, seeds=range(args.seed, args.seed + args.seeds),
                        max_examples=args.max_examples or 200, names=args.only,
                        progress=None if args.quiet else _stderr, on_row=save)
     for row in report["rows"]:
@@ -149,5 +154,6 @@ def add_parser(sub) -> None:
     from kvfence.cases import contract as registry
 
     mu.add_argument("--contract", default=None, choices=registry.names(),
-                    help="self-test a plug-in contract's mutants instead of the draft family's (docs/contract.md §9)")
+                    help="self-test this contract's planted mutants (docs/contract.md §9); default, draft or "
+                         "window-rail: the draft family's, kernels/mutants/")
     mu.set_defaults(func=cmd_mutants)

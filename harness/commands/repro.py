@@ -1,4 +1,4 @@
-"""``kvfence repro FILE``: re-run one case file and print the diff (kvfence.workflow.repro).
+"""``kvfence repro FILE``: re-run one case file, of any contract, and print the diff (kvfence.workflow.repro).
 
 ``add_parser(sub)`` adds the subcommand to ``sub`` (kvfence.cli.build_parser) with this handler as its ``func``.
 """
@@ -11,41 +11,18 @@ from kvfence.commands.common import _exit_codes, _stderr, _add_worker_args
 
 
 def cmd_repro(args) -> int:
+    from kvfence.cases import contract as contracts
+    from kvfence.cases.casefile import load_case
     from kvfence.workflow.probe import check_plugins
     from kvfence.workflow.repro import run_repro
 
-    if _is_contract_case(args.file):
-        return _repro_contract(args)
-    check_plugins({"kernel": args.kernel, "sizing": args.sizing})  # their import cannot end this process
-
+    record = contracts.of(load_case(args.file).case)  # a file that cannot be read: one line, before anything runs
+    # The plug-ins named here are imported in a throwaway process first: their import cannot end this one.
+    check_plugins(record, {"kernel": args.kernel, "sizing": args.sizing})
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
                      layout=args.layout, absorb=not args.no_absorb, verbose=args.verbose, out=sys.stdout,
                      announce=_stderr, trust_case=args.trust_case, in_process=args.in_process,
                      case_timeout=args.case_timeout)
-
-
-def _is_contract_case(path: str) -> bool:
-    """A plug-in contract's case file (kvfence.workflow.contract_run.CASE_FORMAT)? Unreadable files go on to
-    the draft reader, which names what is wrong with them."""
-    import json
-
-    from kvfence.workflow.contract_run import is_case_file
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return is_case_file(json.load(fh))
-    except (OSError, ValueError):
-        return False
-
-
-def _repro_contract(args) -> int:
-    from kvfence.device import select
-    from kvfence.workflow import contract_run
-
-    device = select(args.device, announce=_stderr, prepare=bool(args.in_process))
-    graph = None if args.mode is None else args.mode == "graph"
-    return contract_run.repro(args.file, kernel=args.kernel, sizing=args.sizing, device=device, graph=graph,
-                              verbose=args.verbose, in_process=args.in_process, case_timeout=args.case_timeout)
 
 
 def add_parser(sub) -> None:
@@ -62,7 +39,7 @@ def add_parser(sub) -> None:
     rp.add_argument("--mode", default=None, choices=["graph", "eager"],
                     help="run this case in another mode (default: the case file's)")
     rp.add_argument("--layout", default=None, choices=["redzone", "production"],
-                    help="run it in another layout (default: the case file's)")
+                    help="run it in another layout, a draft kernel's case (default: the case file's)")
     rp.add_argument("--no-absorb", action="store_true",
                     help="guards of MIN_GUARD only: an overflow leaves the allocation (for compute-sanitizer runs)")
     rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from kvfence.cases import casefile
-from kvfence.cases.case import Case
+from kvfence.cases import contract as contracts
 from kvfence.errors import BadInput, printable, require
 from kvfence.cases.findings import Finding, Kind
 
@@ -45,32 +45,23 @@ class Journal:
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._head = json.dumps({"device": device, "pid": os.getpid(), "started": round(time.time(), 3),
                                  **(meta or {})}, separators=(",", ":"))
-        # The case JSON of a config is built once; per launch only the batch is serialised.
-        self._prefix: Dict[tuple, str] = {}
         os.pwrite(self.fd, DONE + b"\n", 0)
 
-    def _record(self, case: Case, tail: str = "") -> str:
-        key = (case.config, case.kernel, case.canary_seed)
-        prefix = self._prefix.get(key)
-        if prefix is None:
-            if len(self._prefix) > 64:
-                self._prefix.clear()
-            prefix = (f'{{"run":{self._head},"case":{{"config":{json.dumps(case.config.to_dict(), separators=(",", ":"))},'
-                      f'"kernel":{json.dumps(case.kernel)},"canary_seed":{case.canary_seed},"batch":')
-            self._prefix[key] = prefix
-        b = case.batch
-        return (f'{prefix}{{"seq_lens":{list(b.seq_lens)},"req_pool_indices":{list(b.req_pool_indices)},'
-                f'"token_seed":{b.token_seed}}}}}{tail}}}\n')
+    def _record(self, case, tail: str = "") -> str:
+        record = contracts.of(case)
+        body = json.dumps(record.case_record(case), separators=(",", ":"))
+        return f'{{"run":{self._head},"contract":{json.dumps(record.name)},"case":{body}{tail}}}\n'
 
-    def begin(self, case: Case) -> None:
+    def begin(self, case) -> None:
         """Record ``case`` as in flight (call right before launching it)."""
         os.pwrite(self.fd, IN_FLIGHT + self._record(case).encode(), 0)
 
     def begin_many(self, cases) -> None:
         """Record a batch of cases of one config checked in one device round trip: the first as the case
-        in flight, the others' batches beside it. A fault surfaces only when the batch's results are
-        read back, so the journal cannot know which case caused it; ``recover`` says so."""
-        others = json.dumps([c.batch.to_dict() for c in cases[1:]], separators=(",", ":"))
+        in flight, the others beside it. A fault surfaces only when the batch's results are read back, so the
+        journal cannot know which case caused it; ``recover`` says so."""
+        record = contracts.of(cases[0])
+        others = json.dumps([record.case_record(c) for c in cases[1:]], separators=(",", ":"))
         os.pwrite(self.fd, IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
 
     def end(self) -> None:
@@ -112,7 +103,7 @@ class Crash:
     """An in-flight case recovered from a dead process's slot, written as a case file."""
 
     path: Path
-    case: Case
+    case: object
     finding: Finding
 
 
@@ -137,7 +128,7 @@ def _read_slot(path: Path):
         return None, "holds a record whose run is not an object"
     others = record.get("batch_of")
     if others is not None and not (isinstance(others, list) and all(isinstance(b, dict) for b in others)):
-        return None, "holds a record whose batch_of is not a list of batches"
+        return None, "holds a record whose batch_of is not a list of cases"
     return record, None
 
 
@@ -158,10 +149,12 @@ def _set_aside(folder: Path, path: Path, problem: str, report: Callable[[str], N
 
 def _crash(record: dict, path: Path, out_dir) -> Crash:
     """The ``CRASH`` case file of a slot's in-flight case."""
-    case = casefile.case_from_dict(record.get("case"))
+    name = record.get("contract", casefile.LEGACY_CONTRACT)
+    require(isinstance(name, str), "its contract is not a name")
+    case = contracts.get(name).case_from_record(record.get("case"))
     run = record.get("run", {})
     others = record.get("batch_of") or []
-    where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others' batches "
+    where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others "
              "are in the case file's extras: repro each to find the guilty one)") if others else "this launch"
     finding = Finding(Kind.CRASH, "kernel", "launch",
                       detail=f"process {printable(run.get('pid', '?'))} (run started {epoch_text(run.get('started'))}) "

@@ -401,7 +401,6 @@ def contract_verdicts(dep: Deployment, releases: List[str], out: Path, device: s
                       announce: Callable[[str], None]) -> List[Verdict]:
     from kvfence.cases import contract as registry
     from kvfence.cases import contract_shipped as cs
-    from kvfence.workflow import contract_run
     from kvfence.workflow import contract_shipped_matrix as csm
 
     verdicts = []
@@ -411,7 +410,8 @@ def contract_verdicts(dep: Deployment, releases: List[str], out: Path, device: s
             continue
         try:
             record = csm.load_record(dep.version, contract, announce=announce)
-            kernel = contract_run.resolve_kernel(contract, f"sglang=={dep.version}")
+            kernel = f"sglang=={dep.version}"
+            contract.resolve(kernel)
         except BadInput as exc:
             verdicts.append(Verdict(name, "unknown", condition=str(exc)))
             continue

@@ -7,18 +7,18 @@ Three things live here and nowhere else:
   ``parse_database`` checks the text, ``open_database`` connects (a Redis server that does not answer
   is ``BadInput`` before any work).
 * **The database key** — ``database_key(...)``: a digest of the kernel spec, the sizing spec, the
-  contract version (``KEY_VERSION``) and the domain (mode, layout, seq-len limit, pinned config fields,
-  ``--scale``'s bounds, batches per example, shard). Hypothesis's default key is a digest of the test
+  contract version (``KEY_VERSION``) and the domain (the contract's ``database_domain``; the draft kernel's:
+  mode, layout, seq-len limit, pinned config fields, ``--scale``'s bounds, batches per example, shard). Hypothesis's default key is a digest of the test
   function's source, and ``kvfence.workflow.fuzz`` builds one test function for every kernel, so without an
   explicit key every kernel would replay (and, when the example passes, delete) every other kernel's
   failures. The key does not depend on the host, the device, the seed, the example or memory budget
   or kvfence's own source, so last night's failure is replayed by tonight's run of the same target
   and domain on any host (``--scale cpu`` and ``gpu`` are different domains).
 * **``--shard I/N``** — a deterministic partition of the config space and of the seeds. The config
-  cells (every ``(topk, num_steps, page_size)`` the strategy can draw) are dealt to N shards by a hash
-  (balanced, and each shard gets a spread of topks, steps and page sizes); a shard draws one index into
-  its own cells (no rejection sampling), then the rest of the config from ``kvfence.strategies.configs`` with
-  the cell pinned (cells whose smallest config exceeds the memory budget are left out, and counted). ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run
+  cells (every combination of the contract's ``shard_fields``: the draft kernel's ``(topk, num_steps,
+  page_size)``) are dealt to N shards by a hash (balanced, and each shard gets a spread of each field); a
+  shard draws one index into its own cells (no rejection sampling), then the rest from the contract's draws
+  with the cell pinned (cells whose smallest config exceeds the memory budget are left out, and counted). ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run
   distinct random streams. When fewer cells than shards exist (e.g. a fully pinned GPU config),
   shards share cells and differ by seed only; the summary says so.
 """
@@ -51,8 +51,6 @@ REDIS_DEFAULT_PORT = 6379
 REDIS_TIMEOUT_S = 5.0
 #: The environment variable that passes a Redis password without putting it on the command line.
 REDIS_PASSWORD_ENV = "KVFENCE_REDIS_PASSWORD"
-#: The config fields a shard partitions (small, independent, finite domains).
-CELL_FIELDS = ("topk", "num_steps", "page_size")
 
 
 # -- shards ---------------------------------------------------------------------------------------------
@@ -143,9 +141,10 @@ def _cell_rank(cell: Tuple[int, ...]) -> str:
 
 
 def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[Tuple[int, ...], ...], int]:
-    """The cells (value tuples over ``CELL_FIELDS``) of ``shard``, simplest first, and the number of cells.
+    """The cells (value tuples over a contract's ``shard_fields``) of ``shard``, simplest first, and the number
+    of cells.
 
-    ``domains[i]`` are the values field ``CELL_FIELDS[i]`` can take, simplest first. Cells are ordered
+    ``domains[i]`` are the values the ``i``-th field can take, simplest first. Cells are ordered
     by a hash and dealt round-robin, so shard sizes differ by at most one and no shard is stuck with
     one page size or one topk; within a shard they are sorted simplest first (the shrink target).
     """
@@ -161,34 +160,27 @@ def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[T
     return tuple(mine), len(grid)
 
 
-def cell_domains(domain) -> Dict[str, Tuple[int, ...]]:
-    """The values each of ``CELL_FIELDS`` ranges over in a ``kvfence.cases.domain.Domain``, simplest first."""
-    return {"topk": tuple(range(1, domain.max_topk + 1)), "num_steps": tuple(range(1, domain.max_steps + 1)),
-            "page_size": tuple(domain.page_sizes)}
+def shard_draws(shard: Shard, build: Callable, fields: Dict[str, Sequence], contract: str = "?"):
+    """A strategy drawing only from ``shard``'s config cells, and a description of the part.
 
-
-def shard_configs(shard: Shard, build: Callable, pinned: Dict[str, Optional[int]],
-                  domains: Dict[str, Sequence[int]]):
-    """A config strategy drawing only from ``shard``'s cells, and a description of the part.
-
-    ``build(**pins)`` returns the unsharded config strategy (``kvfence.strategies.configs`` with the run's
-    arguments) with the ``CELL_FIELDS`` in ``pins`` pinned; ``pinned`` holds the fields the user pinned
-    (``None`` = drawn), whose domain is then that one value; ``domains`` (``cell_domains``) the values of
-    the others. One draw picks a cell; the remaining fields (ctx, max_bs) are drawn by ``configs``
-    itself, so sharding adds no rejection and no second definition of them. Cells are dealt before
-    anything else, so the partition is the same on every host; a cell whose smallest config exceeds
-    this host's memory budget (``build`` says ``BadInput``) is then left out here and counted.
+    ``fields`` (the contract's ``shard_fields``) maps each field a shard deals out to the values it takes,
+    simplest first (a pinned field: its one value); ``build(**cell)`` returns the contract's unsharded draws
+    with the cell's fields pinned. One draw picks a cell; everything else is drawn by the contract's strategy
+    itself, so sharding adds no rejection and no second definition of it. Cells are dealt before anything
+    else, so the partition is the same on every host; a cell whose smallest config exceeds this host's memory
+    budget (``build`` says ``BadInput``) is then left out here and counted.
     """
-    values = [(pinned[name],) if pinned.get(name) is not None else tuple(domains[name]) for name in CELL_FIELDS]
-    cells, total = shard_cells(shard, values)
+    require(fields, f"--shard: contract {contract} has no config cells to deal out (it takes no --shard)")
+    names = tuple(fields)
+    cells, total = shard_cells(shard, [tuple(fields[name]) for name in names])
     strategies, unfit = {}, 0
     for cell in cells:  # built now: BadInput here, not inside Hypothesis; cached for the draws
         try:
-            strategies[cell] = build(**dict(zip(CELL_FIELDS, cell)))
+            strategies[cell] = build(**dict(zip(names, cell)))
         except BadInput:
             unfit += 1
     require(strategies, f"--shard {shard}: none of its {len(cells)} config cell(s) fits this run's limits "
-                        f"(e.g. {dict(zip(CELL_FIELDS, cells[0]))}: {_why(build, cells[0])})")
+                        f"(e.g. {dict(zip(names, cells[0]))}: {_why(build, dict(zip(names, cells[0])))})")
     usable = tuple(cell for cell in cells if cell in strategies)
     index = st.integers(0, len(usable) - 1)
 
@@ -201,9 +193,9 @@ def shard_configs(shard: Shard, build: Callable, pinned: Dict[str, Optional[int]
     return sharded(), info
 
 
-def _why(build: Callable, cell) -> str:
+def _why(build: Callable, cell: dict) -> str:
     try:
-        build(**dict(zip(CELL_FIELDS, cell)))
+        build(**cell)
     except BadInput as exc:
         return str(exc)
     return "?"
@@ -313,26 +305,6 @@ def database_key(*, kernel: str, sizing: str, domain: dict) -> bytes:
     """
     doc = {"kvfence_db_key": KEY_VERSION, "kernel": kernel, "sizing": sizing, "domain": domain}
     return hashlib.sha384(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
-
-
-#: ``fuzz`` flags that change what a drawn choice sequence means. A new flag of that kind belongs here,
-#: or runs that differ in it would replay (and delete) each other's examples.
-DOMAIN_FLAGS = ("mode", "layout", "seq_len_limit", "topk", "num_steps", "page_size", "ctx", "max_bs", "shard")
-
-
-def fuzz_domain(args, domain, batches_per_example: int, bulk_per_example: int = 0) -> dict:
-    """The domain part of a ``fuzz`` run's database key: ``DOMAIN_FLAGS``, the resolved ``Domain``
-    (``--scale``), batches per example and, when on, bulk batches per example (off keeps the keys of
-    runs from before the bulk existed). Not the memory budget: its default follows free GPU
-    memory, which would make every night a new key (a stored failure whose config no longer fits
-    is replayed as the smaller config the budget allows)."""
-    out = {flag: getattr(args, flag, None) for flag in DOMAIN_FLAGS}
-    out["shard"] = str(out["shard"]) if out["shard"] is not None else None
-    out["domain"] = domain.to_dict()
-    out["batches_per_example"] = batches_per_example
-    if bulk_per_example:
-        out["bulk_per_example"] = bulk_per_example
-    return out
 
 
 def apply_database_key(test, inner, key: bytes) -> None:

@@ -2,7 +2,7 @@
 contracts: each release's backends under their own shipped sizing, a cell per (contract, backend, CUDA-graph
 mode, forward mode). It knows no contract by name.
 
-Per release and contract: the release's kernel is extracted from the wheel (``contract_run``; a release
+Per release and contract: the release's kernel is extracted from the wheel (the record's ``resolve``; a release
 without it, or with another signature, is a ``no kernel`` cell with the reason), the sites are read
 (``kvfence.cases.contract_shipped``, cached as ``CACHE/sglang-V/contracts/C.shipped.json`` so an offline host
 reads the same record), and each readable site is assessed over the production domain. A cell's status rests
@@ -99,14 +99,10 @@ def sizing_lines(version: str, contract, record: dict) -> List[str]:
     return out
 
 
-def _case_file(out: Path, contract, version: str, site: dict, point: dict, case, findings, graph: bool,
-               device: str) -> Path:
-    from kvfence.workflow import contract_run
+def _case_file(out: Path, launch, findings, device: str) -> Path:
+    from kvfence.cases.casefile import write_case
 
-    result = contract_run.FuzzResult(contract.name, f"sglang=={version}", shipped_sizing(version, site), device)
-    result.case, result.width = contract.case_to_dict(case), point["width"]
-    result.findings = [f.to_dict() for f in findings]
-    return contract_run.write_case(out, result, graph=graph)  # how it ran: a CUDA graph only on CUDA
+    return write_case(launch, findings, out_dir=out, device=device, source="shipped-matrix")
 
 
 def shipped_sizing(version: str, site: dict) -> str:
@@ -118,7 +114,6 @@ def settle_cell(contract, version: str, kernel, s: dict, adm: dict, device: str,
     """One site's cell: its assessment (``domain``: ``contexts``/``draft_tokens`` of ``assess``, default the
     matrix's), and the release's kernel run on the witness (or on the longest fitting launch)."""
     from kvfence.cases import contract_shipped as cs
-    from kvfence.workflow import contract_run
 
     a = cs.assess(s, adm, **domain)
     cell = {"site": site_name(s["site"]), "assessment": a, "status": a["status"]}
@@ -127,21 +122,20 @@ def settle_cell(contract, version: str, kernel, s: dict, adm: dict, device: str,
         return cell
     point = a["witness"] if a["status"] == "overflows" else a["fits_at"]
     case = contract.wall_case(point["ctx"], point["page_size"], point["delta"], point["length"])
-    graph = device == "cuda" and s["site"]["mode"] == "graph"
-    findings = contract_run.check(contract, kernel, case, point["width"], device, graph)
-    kinds = contract_run.kinds_of(findings)
+    # How it ran: in a CUDA graph for a graph site on CUDA (the width is the release's, recorded with the case).
+    launch = contract.bind(case, shipped_sizing(version, s["site"]), kernel, s["site"]["mode"], point["width"])
+    findings = contract.check_launch(launch, device)
+    kinds = sorted({f.kind.value for f in findings})
     cell.update(kinds=kinds, point=point)
     damage = [DAMAGE[k] for k in DAMAGE if k in kinds]
     if a["status"] == "overflows":
-        cell["case_file"] = str(_case_file(out / version / contract.name, contract, version, s["site"], point,
-                                           case, findings, graph, device))
+        cell["case_file"] = str(_case_file(out / version / contract.name, launch, findings, device))
         cell["status"] = ", ".join(damage) if damage else "error"
         if not damage:
             cell["why"] = "the arithmetic says the length needs more pages than the row, the kernel showed none"
     elif findings:
         cell["status"] = "findings on a fitting launch"
-        cell["case_file"] = str(_case_file(out / version / contract.name, contract, version, s["site"], point,
-                                           case, findings, graph, device))
+        cell["case_file"] = str(_case_file(out / version / contract.name, launch, findings, device))
         cell["why"] = f"a launch that fits its row has findings: {', '.join(kinds)}"
     return cell
 
@@ -150,7 +144,6 @@ def run(contracts, versions: List[str], *, device: str, out: Path, progress: Opt
     """Every (release, contract) pair: its cells (see the module docstring), and the exit code (1 when a
     release's kernel was seen to write or publish past its row, or a cell is an error). ``progress``: the
     stream of a bar over the releases (``None``: quiet)."""
-    from kvfence.workflow import contract_run
     from kvfence.workflow.progress import CountBar
 
     start = time.monotonic()
@@ -161,14 +154,14 @@ def run(contracts, versions: List[str], *, device: str, out: Path, progress: Opt
         for contract in contracts:
             row = {"version": version, "contract": contract.name}
             try:
-                kernel = contract_run.resolve_kernel(contract, f"sglang=={version}")
+                contract.resolve(f"sglang=={version}")
             except BadInput as exc:
                 row.update(status="no kernel", why=str(exc))
                 rows.append(row)
                 continue
             record = load_record(version, contract, announce=announce)
             row["admission"] = record["admission"]
-            row["cells"] = [settle_cell(contract, version, kernel, s, record["admission"], device, out)
+            row["cells"] = [settle_cell(contract, version, f"sglang=={version}", s, record["admission"], device, out)
                             for s in record["sites"]]
             rows.append(row)
         if bar is not None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings, target
 
-from kvfence.cases.case import Case
+from kvfence.cases import contract as contracts
 from kvfence.cases.casefile import format_failure
 from kvfence.cases.findings import Finding
 from kvfence.running.interrupt import raise_pending
@@ -24,23 +24,10 @@ from kvfence.running.interrupt import raise_pending
 class FindingsFound(AssertionError):
     """Raised inside the Hypothesis test when a case has findings; carries the case and findings."""
 
-    def __init__(self, case: Case, findings: List[Finding]):
+    def __init__(self, case, findings: List[Finding]):
         self.case = case
         self.findings = findings
         super().__init__(format_failure(case, findings))
-
-
-class ExampleStat(NamedTuple):
-    """What one explored case was: the coverage plot's point (reports/render.py)."""
-
-    topk: int
-    num_steps: int
-    page_size: int
-    num_seqs: int  # launched rows (the bucket, in graph mode)
-    raw_bs: int
-    need: int
-    width: int
-    failed: bool
 
 
 #: Example stats kept per run (a uniform reservoir sample beyond this), so long GPU runs stay small.
@@ -52,9 +39,10 @@ class DuplicateFailure(BaseException):
     reaches one already saved: the phase ends there instead of shrinking a failure it already has."""
 
 
-def failure_signature(case: Case, findings: List[Finding]) -> tuple:
-    """What makes two failures the same for ``--keep-going``: their finding kinds and config."""
-    return tuple(sorted({f.kind.value for f in findings})), case.config
+def failure_signature(case, findings: List[Finding]) -> tuple:
+    """What makes two failures the same for ``--keep-going``: their finding kinds and config (the contract's
+    ``config_of``)."""
+    return tuple(sorted({f.kind.value for f in findings})), contracts.of(case).config_of(case)
 
 
 class BulkFailure(BaseException):
@@ -62,7 +50,7 @@ class BulkFailure(BaseException):
     ``kvfence.strategies.CaseRun``: ``fuzz`` then replays ``choices`` (the example spliced down to that
     case) through Hypothesis, which shrinks it as any failure."""
 
-    def __init__(self, case: Case, findings: List[Finding], choices: Optional[tuple]):
+    def __init__(self, case, findings: List[Finding], choices: Optional[tuple]):
         self.case, self.findings, self.choices = case, findings, choices
         super().__init__(format_failure(case, findings))
 
@@ -131,11 +119,11 @@ class FuzzResult:
     #: saying why the bulk failure is reported as found, unshrunk.
     bulk_splice: Optional[str] = None
     elapsed_s: float = 0.0
-    case: Optional[Case] = None
+    case: Optional[object] = None
     findings: List[Finding] = field(default_factory=list)
     max_utilisation: float = 0.0
     #: The case of ``max_utilisation`` (need/width), so the report can name it.
-    max_utilisation_stat: Optional[ExampleStat] = None
+    max_utilisation_stat: Optional[tuple] = None
     shrink_cut: bool = False
     shrinking: bool = False
     #: True when ``max_seconds`` ended the run before ``max_examples``.
@@ -152,8 +140,8 @@ class FuzzResult:
     #: The first failure as found (before shrinking), one line: what the run announces at once.
     first_failure_text: Optional[str] = None
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
-    stats: List[ExampleStat] = field(default_factory=list)
-    failure_stat: Optional[ExampleStat] = None
+    stats: List[tuple] = field(default_factory=list)
+    failure_stat: Optional[tuple] = None
     #: ``kvfence.cases.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
     hypothesis: Optional[dict] = None
     #: Distinct configs checked, and the largest one launched (by its memory estimate).
@@ -197,26 +185,19 @@ def config_key(config) -> int:
     return int.from_bytes(hashlib.blake2b(repr(config).encode(), digest_size=8).digest(), "little")
 
 
-def structure_key(config_digest: int, case: Case) -> int:
-    """A case's structure (config, lengths, pool rows; not the token table), the same in every process:
-    a tuple of ints hashes identically everywhere."""
-    return hash((config_digest, case.batch.seq_lens, case.batch.req_pool_indices))
+def structure_key(config_digest: int, structure) -> int:
+    """A case's structure (its config's digest and the contract's ``structure_of``: what changes where the
+    kernel writes), the same in every process: a tuple of ints hashes identically everywhere."""
+    return hash((config_digest, structure))
 
 
-def utilisation(case: Case) -> float:
-    """need / width of the case's launch: Hypothesis ``target()``s it to press against the limit."""
-    summary = case.sizing_summary()
-    return summary["need"] / summary["width"]
+def utilisation(case) -> float:
+    """need / width of the case's launch (its contract's ``utilisation``): Hypothesis ``target()``s it to press
+    against the limit."""
+    return contracts.of(case).utilisation(case)
 
 
-def example_stat(case: Case, failed: bool) -> ExampleStat:
-    summary = case._sizing  # the case's own cached sizing (sizing_summary() is a copy of it, per case)
-    c = case.config
-    return ExampleStat(c.topk, c.num_steps, c.page_size, summary["num_seqs"], case.batch.raw_bs, summary["need"],
-                       summary["width"], failed)
-
-
-def _keep(result: FuzzResult, make_stat: Callable[[], ExampleStat], rng: random.Random) -> Optional[ExampleStat]:
+def _keep(result: FuzzResult, make_stat: Callable[[], tuple], rng: random.Random) -> Optional[tuple]:
     """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far. The stat is
     built (``make_stat()``) only when it is kept, and returned then."""
     if len(result.stats) < MAX_STATS:
@@ -230,8 +211,7 @@ def _keep(result: FuzzResult, make_stat: Callable[[], ExampleStat], rng: random.
     return None
 
 
-def _check_many(session, cases: List[Case], journal,
-                enough: Callable[[List[Finding]], bool]) -> Dict[Case, List[Finding]]:
+def _check_many(session, cases: list, journal, enough: Callable[[List[Finding]], bool]) -> dict:
     """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them.
     Cases checked one at a time (a session without ``check_many``, or a worker's re-runs after a crash,
     ``RemoteSession.check_many``) stop once ``enough(findings)`` is true: the rest get no verdict."""
@@ -283,9 +263,11 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          progress_every_s: float = 2.0, database=None, database_key: Optional[bytes] = None, journal=None,
          targeting: bool = True, max_seconds: Optional[float] = None, known=None,
          carry: Optional[dict] = None, on_first_failure: Optional[Callable[[FuzzResult], None]] = None,
-         stop_requested: Optional[Callable[[], bool]] = None) -> FuzzResult:
-    """Run Hypothesis over ``strategy`` (of ``Case``, or of lists of them) for ``max_examples`` examples,
-    or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
+         stop_requested: Optional[Callable[[], bool]] = None, contract=None) -> FuzzResult:
+    """Run Hypothesis over ``strategy`` (of one contract's cases, or of lists of them) for ``max_examples``
+    examples, or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
+    What a case is, the loop asks the contract's record (``contract``, or the record its first case names:
+    ``kvfence.cases.contract.Contract``): its config, structure, need/width, coverage row and edge classes.
 
     ``session`` is anything with ``check(case) -> List[Finding]`` (and optionally ``check_many``):
     ``kvfence.verifying.session.Session`` (in this process) or ``kvfence.workflow.worker.RemoteSession`` (in a worker
@@ -302,24 +284,29 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     ends the exploration when true, as the time budget does (``job_failure_cut``): a ``--jobs`` child
     stops once another job has found a failure (``kvfence.workflow.jobs``).
     """
-    from kvfence.cases.budget import estimate_bytes
     from kvfence.cases.casefile import hypothesis_blob, hypothesis_final
-    from kvfence.cases.domain import boundary_classes
 
     result = FuzzResult()
     rng = random.Random(0)
     carry = {} if carry is None else carry
-    verdicts: Dict[Case, List[Finding]] = carry.setdefault("verdicts", {})
+    verdicts: Dict[object, List[Finding]] = carry.setdefault("verdicts", {})
     configs_seen: Dict[object, int] = carry.setdefault("configs", {})
     shapes = carry.setdefault("shapes", set())
     result.structure_keys = shapes
     config_digests: Dict[object, int] = carry.setdefault("config_digests", {})
-    state = {"first_failure": None, "last_progress": 0.0, "largest": -1, "stop_asked": 0.0}
+    # "largest": a config's memory estimate (the contract's config_bytes; one that estimates none is never largest)
+    state = {"first_failure": None, "last_progress": 0.0, "largest": 0, "stop_asked": 0.0}
     start = time.perf_counter()
+    record = [contract]  # the contract's record, from the first case when not given
+
+    def _record(case):
+        if record[0] is None:
+            record[0] = contracts.of(case)
+        return record[0]
 
     def body(example):
         raise_pending()  # a signal that came while the run was starting: it ends the run here, cleanly
-        # An example is one Case, or a list of Cases sharing a config (kvfence.strategies.case_runs), the
+        # An example is one case, or a list of cases sharing a config (kvfence.strategies.case_runs), the
         # bulk ones (a CaseRun) from bulk_start on.
         cases = example if isinstance(example, list) else [example]
         bulk_start = getattr(example, "bulk_start", len(cases))
@@ -344,9 +331,10 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             # verdict is cached (a replay keeps its verdict).
             bulk = []
             if not shrinking:
-                digest = _digest(cases[0].config)
+                rec = _record(cases[0])
+                digest = _digest(rec.config_of(cases[0]))
                 for case in cases[bulk_start:]:
-                    if case in verdicts or structure_key(digest, case) not in shapes:
+                    if case in verdicts or structure_key(digest, rec.structure_of(case)) not in shapes:
                         bulk.append(case)
                     else:
                         result.bulk_skipped += 1
@@ -433,27 +421,27 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             return True
         return False
 
-    def _explored(case: Case, findings, verified_now: bool) -> float:
+    def _explored(case, findings, verified_now: bool) -> float:
         """Record one explored case (stats, coverage, largest config); returns its need/width."""
         result.generated_cases += 1
-        shape = structure_key(_digest(case.config), case)
+        rec = _record(case)
+        config = rec.config_of(case)
+        shape = structure_key(_digest(config), rec.structure_of(case))
         if shape not in shapes:
             shapes.add(shape)
             result.structural_cases += 1
         elif verified_now:
             result.token_variant_cases += 1
-        sizing = case._sizing  # computed once per case (sizing_summary() would copy it)
-        u = sizing["need"] / sizing["width"]
-        stat = _keep(result, lambda: example_stat(case, bool(findings)), rng)
+        u = rec.utilisation(case)
+        stat = _keep(result, lambda: rec.coverage_row(case, bool(findings)), rng)
         if u > result.max_utilisation:
-            result.max_utilisation, result.max_utilisation_stat = u, stat or example_stat(case, bool(findings))
-        config = case.config
+            result.max_utilisation, result.max_utilisation_stat = u, stat or rec.coverage_row(case, bool(findings))
         if config not in configs_seen:
-            configs_seen[config] = size = estimate_bytes(config)
+            configs_seen[config] = size = rec.config_bytes(config)
             if size > state["largest"]:
                 state["largest"] = size
-                result.largest_config = dict(config.to_dict(), estimated_bytes=size)
-        for name in boundary_classes(config, case.batch.seq_lens, case.batch.raw_bs):
+                result.largest_config = dict(rec.config_record(config), estimated_bytes=size)
+        for name in rec.boundaries(case):
             result.boundaries[name] = result.boundaries.get(name, 0) + 1
         return u
 
@@ -463,7 +451,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             digest = config_digests[config] = config_key(config)
         return digest
 
-    def _failed(case: Case, findings, run=None) -> None:
+    def _failed(case, findings, run=None) -> None:
         """A failing case: the first failure's bookkeeping, then ``FindingsFound`` for Hypothesis to
         shrink, or ``BulkFailure`` when it is a bulk case of the ``CaseRun`` ``run``."""
         if known is not None:  # --keep-going (kvfence.workflow.keepgoing)
@@ -525,7 +513,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         except FindingsFound as failure:
             result.case = failure.case
             result.findings = failure.findings
-            result.failure_stat = example_stat(failure.case, True)
+            result.failure_stat = _record(failure.case).coverage_row(failure.case, True)
         except BulkFailure as failure:
             return failure
         except KeyboardInterrupt as stop:
@@ -533,7 +521,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             result.interrupted = getattr(stop, "signal_name", None) or "SIGINT"
             if state.get("last_failure") is not None:
                 result.case, result.findings = state["last_failure"]
-                result.failure_stat = example_stat(result.case, True)
+                result.failure_stat = _record(result.case).coverage_row(result.case, True)
         except (TimeBudgetSpent, DuplicateFailure, SpliceMismatch):
             pass
         return None
@@ -596,15 +584,13 @@ def _shrink_bulk_failure(bulk: BulkFailure, hypothesis_test, run, shrink: list, 
             reason = "Hypothesis's replay of the spliced example was not the failing bulk case"
     result.bulk_splice = f"the first failure (a bulk case) is reported unshrunk: {reason}"
     result.case, result.findings = bulk.case, bulk.findings
-    result.failure_stat = example_stat(bulk.case, True)
+    result.failure_stat = contracts.of(bulk.case).coverage_row(bulk.case, True)
     result.shrink_cut = True
 
 
-def first_failure_line(case: Case, findings: List[Finding]) -> str:
+def first_failure_line(case, findings: List[Finding]) -> str:
     """One line naming a failure as first found: its finding kinds and its config."""
-    c = case.config
-    return (f"{', '.join(damage_kinds(findings))} at topk={c.topk} num_steps={c.num_steps} page_size={c.page_size} "
-            f"ctx={c.ctx} max_bs={c.max_bs} ({len(case.batch.seq_lens)} request(s))")
+    return f"{', '.join(damage_kinds(findings))} at {contracts.of(case).describe(case)}"
 
 
 def damage_kinds(findings: List[Finding]) -> List[str]:

@@ -30,18 +30,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from kvfence.cases.case import Case
 from kvfence.cases.findings import Finding
-from kvfence.workflow.fuzz import MAX_STATS, ExampleStat, FuzzResult, failure_signature, fuzz
+from kvfence.workflow.fuzz import MAX_STATS, FuzzResult, failure_signature, fuzz
 
 
 @dataclass
 class Failure:
     """One distinct failure of a keep-going run, shrunk (or as far as shrinking got)."""
 
-    case: Case
+    case: object
     findings: List[Finding]
-    stat: ExampleStat
+    stat: tuple
     phase: int
     hypothesis: Optional[dict] = None
     shrink_cut: bool = False

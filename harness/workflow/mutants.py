@@ -163,35 +163,15 @@ class SelfTest:
                 "mutants": [m.to_dict() for m in self.mutants]}
 
 
-_SCRATCH: List[Path] = []
-
-
 def build_kernel(name: str, patch, contract: str = "draft", reference: Optional[Path] = None) -> Path:
     """Apply ``patch`` to the reference kernel's source (of ``contract``, or the file ``reference``: a
-    plug-in contract's kernel) and write the mutated module; returns its path.
+    plug-in contract's kernel) and write the mutated module; returns its path
+    (``kvfence.cases.targets.patched_kernel``)."""
+    from kvfence.cases.targets import patched_kernel
 
-    The folder is a per-process temporary one (several pytest-xdist workers never share a file).
-    """
-    require(isinstance(patch, (list, tuple)) and patch and all(
-        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
-        f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
     plain = reference is None
     reference = reference or CONTRACT_KERNELS[contract][0]
-    source = reference.read_text()
-    for old, new in patch:
-        found = source.count(old)
-        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/{reference.name} "
-                            "(a patch must match exactly once)")
-        require(old != new, f"mutant {name}: a patch pair leaves {old.strip()!r} unchanged")
-        source = source.replace(old, new)
-    if not _SCRATCH:
-        import tempfile
-
-        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
-    path = _SCRATCH[0] / (f"{name}.py" if plain else f"{reference.stem}-{name}.py")
-    path.write_text(f"# kvfence mutant {name!r}: kernels/{reference.name} with kernels/mutants/{name}.py's PATCH.\n"
-                    + source)
-    return path
+    return patched_kernel(name, patch, reference, f"{name}.py" if plain else f"{reference.stem}-{name}.py")
 
 
 def kernel_spec(name: str, directory: Path = MUTANTS_DIR) -> str:
@@ -388,3 +368,94 @@ def format_table(report: SelfTest) -> str:
                  + f", reference {'clean' if all(r.passed for r in report.reference) else 'NOT clean'} "
                  f"({_budget_text(report.max_examples)} per mutant and seed, device {report.device})")
     return "\n".join(lines)
+
+
+# -- the self-test of a contract's planted mutants (``Contract.mutants``) -------------------------------------------
+class _OnlyKinds:
+    """A session whose findings count only when they include one of ``kinds`` (the self-test of a kernel mutant
+    that shows only under a buggy sizing, where every overflowing case has the sizing's own findings too)."""
+
+    def __init__(self, session, kinds):
+        self.session, self.kinds = session, set(kinds)
+        self.stats = session.stats
+        self.STOPS_EARLY = getattr(session, "STOPS_EARLY", False)
+
+    def _keep(self, findings):
+        return findings if findings and {f.kind.value for f in findings} & self.kinds else []
+
+    def check(self, case):
+        return self._keep(self.session.check(case))
+
+    def check_many(self, cases, **kw):
+        return [None if f is None else self._keep(f) for f in self.session.check_many(cases, **kw)]
+
+
+def contract_rows(contract, names: Optional[List[str]] = None) -> list:
+    """The self-test's rows: ``(row, kernel, sizing, kinds it must be found by, kinds that alone make a case
+    fail)``. The reference first (clean under the safe sizing); a kernel mutant that shows only under a buggy
+    sizing is searched for its own kinds, beside the reference under the same sizing and filter (clean)."""
+    rows = [("reference", "reference", contract.safe_sizing, (), None)]
+    for m in contract.mutants:
+        if names and m.name not in names:
+            continue
+        both = bool(m.patch and m.sizing)
+        if both:
+            rows.append((f"reference under {m.sizing}, {'/'.join(m.detects)} only", "reference", m.sizing,
+                         (), m.detects))
+        rows.append((m.name, f"mutant:{m.name}" if m.patch else "reference", m.sizing or contract.safe_sizing,
+                     m.detects, m.detects if both else None))
+    return rows
+
+
+def contract_self_test(contract, device: str, *, seeds, max_examples: int, names: Optional[List[str]] = None,
+                       progress=None, on_row=None, isolate: bool = True) -> dict:
+    """Each of ``contract``'s planted mutants fuzzed over ``seeds`` by the engine every run uses
+    (``kvfence.workflow.fuzz``, the contract's draws, a checking worker): a kernel mutant under the safe sizing,
+    a sizing mutant as the reference kernel under its sizing; on CUDA in captured graphs. Detected when the first
+    failure's kinds include one it declares; the first failure as found (the question is whether each bug is
+    found: no shrinking, no target phase). The reference must be clean under the safe sizing on every seed.
+    ``on_row(report)`` is called after each row with the report so far (``complete`` false), so a run cut
+    short keeps the rows it finished. One worker checks every row (each case names its kernel)."""
+    from kvfence.cases.plan import RunPlan
+    from kvfence.workflow import run as pipeline
+    from kvfence.workflow.fuzz import damage_kinds, fuzz
+
+    targets = contract_rows(contract, names)
+    mode = "graph" if device == "cuda" else "eager"
+    base = RunPlan(contract=contract.name, sizing=contract.safe_sizing, device=device, mode=mode,
+                   domain="gpu" if device == "cuda" else "cpu", max_examples=max_examples, shrink_seconds=0.0,
+                   isolate=isolate)
+    rows = []
+
+    def report(complete: bool) -> dict:
+        passed = complete and all(r["good"] == r["seeds"] if not r["detects"] else r["good"] >= REQUIRED_RATE * r["seeds"]
+                                  for r in rows)
+        return {"contract": contract.name, "device": device, "max_examples": max_examples, "seeds": list(seeds),
+                "passed": passed, "complete": complete, "rows_planned": len(targets), "rows": rows}
+
+    session = pipeline.checker(base)
+    try:
+        for name, kernel, sizing, detects, fail_on in targets:
+            plan = base.with_(kernel=kernel, sizing=sizing)
+            checker = _OnlyKinds(session, fail_on) if fail_on else session
+            runs, row_start = [], time.monotonic()
+            for s in seeds:
+                r = fuzz(checker, pipeline.draws(plan)[0], max_examples=max_examples, seed=s, shrink_seconds=0,
+                         targeting=False, contract=contract)
+                kinds = damage_kinds(r.findings)
+                clean_row = not detects
+                ok = (not r.findings) if clean_row else bool(set(kinds) & set(detects))
+                runs.append({"seed": s, "clean" if clean_row else "detected": ok, "kinds": kinds,
+                             "examples": r.examples, "search_s": r.first_failure_s})
+                if progress:
+                    progress(f"kvfence: {contract.name} {name} seed {s}: {'ok' if ok else 'NOT OK'} {kinds}")
+            good = sum(1 for x in runs if x.get("detected", x.get("clean")))
+            rows.append({"name": name, "kernel": kernel, "sizing": sizing, "detects": list(detects),
+                         "fail_on": list(fail_on) if fail_on else None, "good": good, "seeds": len(runs),
+                         "seconds": round(time.monotonic() - row_start, 1), "runs": runs})
+            if on_row is not None:
+                on_row(report(False))
+    finally:
+        if hasattr(session, "close"):
+            session.close()
+    return report(True)

@@ -33,18 +33,22 @@ def _exit_text(code: int) -> str:
     return f"dies of {_signal_name(code)}" if code < 0 else f"ends the process ({_signal_name(code)})"
 
 
-def check_plugins(specs: Dict[str, Optional[str]], timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Import each plug-in of ``specs`` (``{"kernel": spec, "sizing": spec}``; builtins and ``None`` are
-    skipped) in one child process; ``BadInput`` if an import does anything but return or raise."""
-    from kvfence.cases.targets import is_plugin
+def check_plugins(contract, specs: Dict[str, Optional[str]], timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Import each plug-in of ``specs`` (``{"kernel": spec, "sizing": spec}``; what ``contract``'s record does not
+    call user code (``names_plugin``: builtins, its own names) and ``None`` are skipped) in one child process,
+    checked there as the contract checks it (``Contract.check_kernel`` / ``sizing``); ``BadInput`` if an import
+    does anything but return or raise."""
+    from kvfence.cases import contract as contracts
 
-    todo = {what: spec for what, spec in specs.items() if spec and is_plugin(spec)}
+    record = contracts.get(contract) if isinstance(contract, str) else contract
+    todo = {what: spec for what, spec in specs.items() if spec and record.names_plugin(spec)}
     if not todo:
         return
+    options = json.dumps(dict(contracts.worker_options(record), todo=todo))
     with tempfile.TemporaryDirectory(prefix="kvfence-probe-") as tmp:
         report = Path(tmp) / "report.json"
         try:
-            proc = subprocess.run([sys.executable, "-m", "kvfence.workflow.probe", str(report), json.dumps(todo)],
+            proc = subprocess.run([sys.executable, "-m", "kvfence.workflow.probe", str(report), options],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -66,14 +70,15 @@ def _names(todo: Dict[str, str]) -> str:
     return " and ".join(f"{what} {spec!r}" for what, spec in todo.items())
 
 
-def _probe(report: Path, todo: Dict[str, str]) -> None:
-    """The child: import each plug-in as the CLI would, and write what happened to ``report``."""
-    from kvfence.cases.targets import check_kernel_spec, resolve_sizing
+def _probe(report: Path, options: dict) -> None:
+    """The child: import each plug-in as the contract's record would, and write what happened to ``report``."""
+    from kvfence.cases.contract import load_in_worker
 
     answer: dict = {"ok": True}
     try:
-        for what, spec in todo.items():
-            (check_kernel_spec if what == "kernel" else resolve_sizing)(spec)
+        record = load_in_worker(options)
+        for what, spec in options["todo"].items():
+            (record.check_kernel if what == "kernel" else record.sizing)(spec)
     except BadInput as exc:
         answer = {"bad_input": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit, anything: reported

@@ -2,15 +2,16 @@
 
 It works in any project that installs kvfence (disable it with ``-p no:kvfence``):
 
-* options ``--kvfence-kernel``, ``--kvfence-sizing``, ``--kvfence-device`` (env ``KVFENCE_KERNEL``,
-  ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``), ``--kvfence-network`` (env ``KVFENCE_NETWORK=1``) and
+* options ``--kvfence-contract``, ``--kvfence-kernel``, ``--kvfence-sizing``, ``--kvfence-device`` (env
+  ``KVFENCE_CONTRACT``, ``KVFENCE_KERNEL``, ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``), ``--kvfence-network`` (env ``KVFENCE_NETWORK=1``) and
   ``--kvfence-long`` (env ``KVFENCE_LONG=1``);
 * the Hypothesis profiles ``ci``, ``dev``, ``triage``, ``gpu`` and ``nightly``; the one named by ``HYPOTHESIS_PROFILE``
   (or the ini option ``kvfence_hypothesis_profile``) is loaded; ``KVFENCE_DATABASE`` layers an example
   database on it;
 * markers ``gpu``, ``cpu_only``, ``interpreter``, ``long``, ``network``, ``redis``;
-* fixtures ``kvfence_device``, ``kvfence_kernel``, ``kvfence_sizing`` and ``kvfence_session`` (a factory of
-  cached ``kvfence.verifying.session.Session`` objects);
+* fixtures ``kvfence_device``, ``kvfence_contract``, ``kvfence_kernel``, ``kvfence_sizing``, ``kvfence_plan`` (the
+  run plan those options make, ``kvfence.cases.plan.RunPlan``, the same object ``kvfence fuzz`` builds) and
+  ``kvfence_session`` (a factory of cached checking sessions of the contract under test);
 * a failing test whose message holds ``repro: python -m kvfence repro ...`` gets that command as its
   report's last section (Hypothesis appends its notes after the exception, burying it).
 
@@ -32,6 +33,8 @@ import pytest
 OPTIONS = (
     ("--kvfence-device", "KVFENCE_DEVICE", "auto",
      "where kernels run: cuda (compiled) or cpu (TRITON_INTERPRET=1); auto picks CUDA if present"),
+    ("--kvfence-contract", "KVFENCE_CONTRACT", "draft",
+     "contract under test (kvfence.cases.contract: draft, window-rail, the page-table builders, another package's)"),
     ("--kvfence-kernel", "KVFENCE_KERNEL", "reference",
      "kernel under test: reference, module:attr or file.py:attr"),
     ("--kvfence-sizing", "KVFENCE_SIZING", "safe",
@@ -74,7 +77,8 @@ register_profiles()
 
 
 def option(config, name: str):
-    """An option's value (``kernel``, ``sizing``, ``device``, ``network`` or ``long``), from the parsed command line."""
+    """An option's value (``contract``, ``kernel``, ``sizing``, ``device``, ``network`` or ``long``), from the parsed
+    command line."""
     return config.getoption(f"--kvfence-{name}")
 
 
@@ -110,11 +114,12 @@ def _probe_plugins(config) -> None:
     """``--kvfence-kernel`` / ``--kvfence-sizing`` plug-ins are imported in a throwaway process first
     (``kvfence.workflow.probe``): an import that exits, aborts or raises ``KeyboardInterrupt`` is a usage
     error naming it, never a pytest that ends with exit 0 and no output."""
+    from kvfence.cases import contract as contracts
     from kvfence.errors import BadInput
     from kvfence.workflow.probe import check_plugins
 
     try:
-        check_plugins({"kernel": option(config, "kernel"), "sizing": option(config, "sizing")})
+        check_plugins(contracts.get(option(config, "contract")), {what: option(config, what) for what in ("kernel", "sizing")})
     except BadInput as exc:
         raise pytest.UsageError(f"kvfence: {exc}") from None
 
@@ -272,6 +277,22 @@ def kvfence_device(pytestconfig) -> str:
 
 
 @pytest.fixture(scope="session")
+def kvfence_contract(pytestconfig) -> str:
+    """The contract under test (``--kvfence-contract``, env ``KVFENCE_CONTRACT``; default ``draft``)."""
+    return option(pytestconfig, "contract")
+
+
+@pytest.fixture(scope="session")
+def kvfence_plan(pytestconfig, kvfence_device, kvfence_contract):
+    """The run plan of the options (``kvfence.cases.plan.RunPlan``): contract, kernel, sizing, device; what
+    ``kvfence.workflow.run`` builds a run's draws and checker from, as ``kvfence fuzz`` does."""
+    from kvfence.cases.plan import RunPlan
+
+    return RunPlan(contract=kvfence_contract, kernel=option(pytestconfig, "kernel"), sizing=option(pytestconfig, "sizing"),
+                   device=kvfence_device, domain="gpu" if kvfence_device == "cuda" else "cpu")
+
+
+@pytest.fixture(scope="session")
 def kvfence_kernel(pytestconfig) -> str:
     """The kernel spec under test (``--kvfence-kernel``, env ``KVFENCE_KERNEL``; default ``reference``)."""
     return option(pytestconfig, "kernel")
@@ -299,26 +320,28 @@ class _Recording:
 
 
 @pytest.fixture(scope="session")
-def kvfence_session(kvfence_device):
-    """``kvfence_session(kernel="reference", *, isolated=None, **kw)``: a cached checking session on this
-    session's device. A plug-in kernel (``file.py:attr``, ``module:attr``: the user's code) is checked in a
-    worker process (``kvfence.workflow.worker.RemoteSession``, ``case_timeout`` seconds a case): an exit,
-    abort or crash of its launch is a ``CRASH`` finding and a launch that never returns a ``HANG``, so the
-    test fails instead of ending pytest; kvfence's builtin kernels run in this process
-    (``kvfence.verifying.session.Session``). ``isolated`` overrides the choice."""
-    from kvfence.cases.targets import is_plugin
-    from kvfence.verifying.session import Session
+def kvfence_session(kvfence_plan):
+    """``kvfence_session(kernel="reference", *, isolated=None, **kw)``: a cached checking session of the contract
+    under test (``--kvfence-contract``) on this session's device. A plug-in kernel (``file.py:attr``,
+    ``module:attr``: the user's code) is checked in a worker process (``kvfence.workflow.worker.RemoteSession``,
+    ``case_timeout`` seconds a case): an exit, abort or crash of its launch is a ``CRASH`` finding and a launch
+    that never returns a ``HANG``, so the test fails instead of ending pytest; kvfence's builtin kernels run in
+    this process (the contract's ``session``: the draft kernel's ``kvfence.verifying.session.Session``).
+    ``isolated`` overrides the choice; ``kw`` are the session's options (e.g. the draft kernel's ``audit``)."""
+    from kvfence.cases import contract as contracts
     from kvfence.workflow.worker import RemoteSession
 
+    contract = contracts.get(kvfence_plan.contract)
     cache = {}
 
     def make(kernel: str = "reference", *, isolated=None, record: bool = True, **kw):
-        isolated = is_plugin(kernel) if isolated is None else isolated
+        isolated = contract.names_plugin(kernel) if isolated is None else isolated
         key = (kernel, isolated, tuple(sorted(kw.items())))
         if key not in cache:
-            cache[key] = (RemoteSession(kvfence_device, kernel, **kw) if isolated
-                          else Session(kvfence_device, kernel, **kw))
-        return _Recording(cache[key], kvfence_device) if record else cache[key]
+            plan = kvfence_plan.with_(kernel=kernel)
+            cache[key] = (RemoteSession(plan.device, kernel, contract=contract, plan=plan, **kw) if isolated
+                          else contract.session(plan, **kw))
+        return _Recording(cache[key], kvfence_plan.device) if record else cache[key]
 
     yield make
     for session in cache.values():

@@ -3,7 +3,9 @@
 The fuzzing process (the supervisor: Hypothesis, journal, reports) never launches the kernel itself.
 ``RemoteSession`` starts one worker process (``python -m kvfence.workflow.worker``: a fresh interpreter that
 picks CUDA or the Triton interpreter for itself) and talks to it over a socket pair: cases go as plain
-JSON data (``kvfence.cases.casefile.case_to_dict`` fields), findings come back as ``Finding.to_dict`` JSON.
+JSON data (the contract's codec: ``kvfence.cases.contract.Contract.codec``), findings come back as
+``Finding.to_dict`` JSON. The worker loads the contract's record by its registry entry and checks with the
+session the record gives it (``Contract.worker_side``): it knows no contract by name.
 Nothing is pickled either way, so a kernel plug-in running in the worker cannot make the supervisor
 run code. The worker is started once and reused for many cases; ``check_many`` sends a whole list in
 one message, and a shared 8-byte counter tells the supervisor which case is running.
@@ -52,7 +54,6 @@ import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Dict, List, Optional, Sequence
 
-from kvfence.cases.case import Case
 from kvfence.errors import BadInput, printable, redact, require
 from kvfence.cases.findings import Finding, Kind
 from kvfence.running.interrupt import child_dies_with_parent
@@ -61,9 +62,6 @@ from kvfence.running.interrupt import child_dies_with_parent
 DEFAULT_CASE_TIMEOUT = 5.0
 #: Elements (buffer + pool + expected writes) that add one more ``case_timeout`` to a case's limit.
 ELEMENTS_PER_TIMEOUT = 1 << 20
-#: A program's fixed cost counted as this many elements: with ``ELEMENTS_PER_TIMEOUT``, 256 programs per
-#: ``case_timeout`` (the interpreter runs a small program in about 2 ms: BENCHMARKS.md).
-PROGRAM_ELEMENTS = 1 << 12
 #: A config new to a worker may compile its kernel and capture graphs first: this many extra
 #: ``case_timeout``s (compiling a Triton kernel for CUDA takes seconds; the interpreter compiles nothing).
 WARMUP_FACTOR = {"cuda": 12.0, "cpu": 1.0}
@@ -91,15 +89,6 @@ _EXTERNAL = {-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT}
 
 class WorkerError(RuntimeError):
     """kvfence itself failed inside the worker (not the kernel): carries the worker's traceback."""
-
-
-def case_elements(case: Case) -> int:
-    """Roughly how much work one check of ``case`` is, in elements: buffers, the pool, the write set,
-    and ``PROGRAM_ELEMENTS`` per Triton program (the interpreter's fixed cost per program)."""
-    c = case.config
-    s = case.sizing_summary()
-    programs = c.num_steps * s["num_seqs"] * c.topk
-    return c.num_steps * (s["width"] + s["need"]) + c.pool_rows * c.pool_len + PROGRAM_ELEMENTS * programs
 
 
 def _signal_name(code: int) -> str:
@@ -132,7 +121,7 @@ def _send(conn, message: dict) -> None:
     conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
 
 
-def _worker_check(session, case: Case, device: str):
+def _worker_check(session, case, device: str):
     """``(finding dicts, fatal)`` for one case; ``fatal`` when the CUDA context died with it."""
     try:
         findings = session.check(case)
@@ -162,7 +151,7 @@ EXIT_CONTEXT_LOST = 70
 EXIT_PLUGIN_INTERRUPT = 71
 
 
-def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
+def _worker_check_many(session, cases: list, device: str) -> List[list]:
     """Finding dicts for a run of one config, through ``Session.check_many``. If the batch leaves the
     CUDA context dead, the worker exits without a reply: which case did it is not known here."""
     try:
@@ -181,102 +170,12 @@ def _worker_check_many(session, cases: List[Case], device: str) -> List[list]:
     return [[f.to_dict() for f in findings] for findings in out]
 
 
-def encode_cases(cases: Sequence[Case], config_dicts: Dict[object, dict]) -> dict:
-    """The wire form of a case list: each distinct (config, kernel, canary seed) once under ``groups``,
-    then per case ``[group, seq_lens, req_pool_indices, token_seed, v2p_seed]``. Plain JSON data, the fields of
-    ``kvfence.cases.casefile.case_to_dict``; ``config_dicts`` caches ``Config.to_dict`` across calls."""
-    groups: Dict[tuple, int] = {}
-    rows = []
-    for case in cases:
-        key = (case.config, case.kernel, case.canary_seed)
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = len(groups)
-        b = case.batch
-        rows.append([g, b.seq_lens, b.req_pool_indices, b.token_seed, b.v2p_seed])
-    wire_groups = []
-    for config, kernel, canary_seed in groups:
-        d = config_dicts.get(config)
-        if d is None:
-            if len(config_dicts) > 256:
-                config_dicts.clear()
-            d = config_dicts[config] = config.to_dict()
-        wire_groups.append({"config": d, "kernel": kernel, "canary_seed": canary_seed})
-    return {"groups": wire_groups, "cases": rows}
-
-
-class _Decoder:
-    """Worker side of ``encode_cases``: every case is validated like a case file's
-    (``case_from_dict``); a group's config is built once and reused while the batches vary."""
-
-    def __init__(self, case_from_dict):
-        self._case_from_dict = case_from_dict
-        self._templates: Dict[str, Case] = {}
-
-    def cases(self, message: dict):
-        templates = []
-        for group in message["groups"]:
-            key = json.dumps(group, sort_keys=True)
-            template = self._templates.get(key)
-            if template is None:
-                if len(self._templates) > 256:
-                    self._templates.clear()
-                template = self._templates[key] = self._case_from_dict(
-                    dict(group, batch={"seq_lens": [1], "req_pool_indices": [0]}))
-            templates.append(template)
-        from kvfence.cases.case import Batch
-
-        for g, seq_lens, rows, token_seed, v2p_seed in message["cases"]:
-            t = templates[g]
-            yield Case(t.config, Batch(tuple(seq_lens), tuple(rows), token_seed, v2p_seed), t.kernel, t.canary_seed)
-
-
-class DraftCodec:
-    """What the worker protocol needs to know about the draft contract's cases (``kvfence.cases.case.Case``):
-    their wire form (``encode_cases``), which cases form one run the worker may check as one batch (one
-    config and canary seed, ``group``), and how much work one is (``elements``, for its time limit).
-
-    A plug-in contract's codec (``kvfence.workflow.contract_run.ContractCodec``) says the same for its cases;
-    ``engine`` names the worker side that decodes them (``WORKER_SIDES``)."""
-
-    engine = "draft"
-
-    def __init__(self) -> None:
-        self._config_dicts: Dict[object, dict] = {}
-
-    def encode(self, cases: Sequence[Case]) -> dict:
-        return encode_cases(cases, self._config_dicts)
-
-    @staticmethod
-    def group(case: Case):
-        return case.config, case.canary_seed
-
-    @staticmethod
-    def elements(case: Case) -> int:
-        return case_elements(case)
-
-
-def _draft_worker_side(options: dict, device: str):
-    """The draft contract's worker side: ``(session, decode, group)``."""
-    from kvfence.cases.casefile import case_from_dict
-    from kvfence.verifying.session import Session
-
-    session = Session(device, options["kernel"], poison=options["poison"], verifier=options["verifier"],
-                      audit=options["audit"], absorb=options["absorb"], max_bytes=options["max_bytes"])
-    return session, _Decoder(case_from_dict).cases, DraftCodec.group
-
-
-#: ``codec.engine`` -> the function (``module:attr``) that builds the worker side from the options:
-#: ``(session with check() and stats, decode(message) -> cases, group(case) -> run key)``.
-WORKER_SIDES = {"draft": "kvfence.workflow.worker:_draft_worker_side",
-                "contract": "kvfence.workflow.contract_run:worker_side"}
-
-
 def _worker_side(options: dict, device: str):
-    import importlib
+    """The contract's end of the worker: its record, loaded here by its registry entry (a plug-in's import runs
+    in this process only), gives ``(session, decode(message) -> cases, group(case) -> run key)``."""
+    from kvfence.cases.contract import load_in_worker
 
-    module, _, attr = WORKER_SIDES[options.get("engine", "draft")].partition(":")
-    return getattr(importlib.import_module(module), attr)(options, device)
+    return load_in_worker(options).worker_side(options, device)
 
 
 def _worker_main(conn, progress, options: dict) -> None:
@@ -415,32 +314,35 @@ class _Lost(Exception):
 
 
 class RemoteSession:
-    """The checking interface of ``kvfence.verifying.session.Session`` (``check``), backed by a worker process.
+    """The checking interface of an in-process session (``check``, ``check_many``, ``stats``), backed by a
+    worker process that checks one contract's cases.
 
+    ``contract``: the record (or its registered name) whose cases this session checks; ``options``: what
+    its worker side reads beyond the device and the kernel (``Contract.worker_options``; e.g. the draft
+    kernel's memory budget and address audit), overriding the record's defaults for ``plan``.
     ``check_many(cases)`` sends the list in one message and returns one findings list per case.
     Use as a context manager (or call ``close()``): the worker is stopped on exit.
     """
 
-    def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True, verifier: str = "auto",
-                 audit: Optional[bool] = None, absorb: bool = True, max_bytes: Optional[int] = None,
+    def __init__(self, device: str, kernel: str = "reference", *, contract, plan=None,
                  case_timeout: float = DEFAULT_CASE_TIMEOUT,
                  warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
-                 spares: Optional[int] = None, background: bool = False, codec=None,
-                 worker_options: Optional[dict] = None):
+                 spares: Optional[int] = None, background: bool = False, **options):
+        from kvfence.cases import contract as registry
+
         require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
                 f"--case-timeout must be a positive number of seconds, got {case_timeout!r}")
+        record = registry.get(contract) if isinstance(contract, str) else contract
         self.device = device
         self.kernel = kernel
+        self.contract = record
         self.case_timeout = float(case_timeout)
         self.warmup_s = case_timeout * WARMUP_FACTOR.get(device, 1.0) if warmup_s is None else float(warmup_s)
         self.start_timeout = start_timeout
-        #: The contract's cases on the wire (``DraftCodec`` unless a plug-in contract's codec is given,
-        #: with the ``worker_options`` its worker side reads).
-        self.codec = DraftCodec() if codec is None else codec
-        self._options = {"device": device, "kernel": kernel, "poison": poison, "verifier": verifier,
-                         "audit": audit, "absorb": absorb, "max_bytes": max_bytes}
-        if codec is not None:
-            self._options = dict(worker_options or {}, device=device, kernel=kernel, engine=codec.engine)
+        #: The contract's cases on the wire, and what its worker side reads.
+        self.codec = record.codec(plan)
+        base = record.worker_options(plan) if plan is not None else {}
+        self._options = dict(base, **options, **registry.worker_options(record), device=device, kernel=kernel)
         self._proc: Optional[subprocess.Popen] = None
         self._conn = None
         self._progress: Optional[_Counter] = None
@@ -629,7 +531,7 @@ class RemoteSession:
         self.close()
 
     # -- checking --------------------------------------------------------------------------------------
-    def _run_limit(self, cases: Sequence[Case], first: int) -> float:
+    def _run_limit(self, cases: Sequence, first: int) -> float:
         """Seconds for the run of one config that starts at ``first`` (the worker checks such a run as
         one batch and moves its progress counter once): the sum of its cases' limits."""
         head = self.codec.group(cases[first])
@@ -648,13 +550,13 @@ class RemoteSession:
         warm = self.codec.group(case) in self._warm
         return self._case_limit(case, 0.0 if warm else self.warmup_s)
 
-    def round_trip(self, cases: Sequence[Case]) -> None:
+    def round_trip(self, cases: Sequence) -> None:
         """Send ``cases`` and get empty verdicts back without running them: what ``check_many`` adds to
-        the checking itself (JSON both ways, the socket, rebuilding each ``Case`` in the worker).
+        the checking itself (JSON both ways, the socket, rebuilding each case in the worker).
         For ``benchmarks/worker_ipc.py``."""
         self._exchange(cases, dry=True)
 
-    def _exchange(self, cases: Sequence[Case], dry: bool = False) -> List[List[Finding]]:
+    def _exchange(self, cases: Sequence, dry: bool = False) -> List[List[Finding]]:
         """One message to the worker; the verdicts of a prefix of ``cases`` (all, unless one was fatal).
 
         Raises ``_Lost`` when the worker dies or hangs before replying (its results are lost).
@@ -692,7 +594,7 @@ class RemoteSession:
             out[-1] = [self._with_output(f) if f.kind is Kind.CRASH else f for f in out[-1]]
         return out
 
-    def _await(self, cases: Sequence[Case]) -> dict:
+    def _await(self, cases: Sequence) -> dict:
         """The worker's reply to the list in flight; ``_Lost`` if it dies or stalls on a case first."""
         started, clock, limit = 0, time.monotonic(), 0.0
         while True:
@@ -726,7 +628,7 @@ class RemoteSession:
                 raise _Lost(index, self._with_output(Finding(Kind.HANG, "kernel", "launch", detail=detail)), False)
         return message
 
-    def _check_alone(self, case: Case) -> List[Finding]:
+    def _check_alone(self, case) -> List[Finding]:
         """One case in its own message: a death is this case's ``CRASH`` (after one retry if external)."""
         attempt = 1
         while True:
@@ -737,14 +639,14 @@ class RemoteSession:
                     return [lost.finding]
             attempt += 1
 
-    def check(self, case: Case) -> List[Finding]:
+    def check(self, case) -> List[Finding]:
         """The findings of one case (``CRASH`` / ``HANG`` when the worker died or stalled on it)."""
         return self._check_alone(case)
 
     #: ``check_many`` takes ``enough`` (``kvfence.workflow.fuzz`` asks before passing it).
     STOPS_EARLY = True
 
-    def check_many(self, cases: Sequence[Case],
+    def check_many(self, cases: Sequence,
                    enough: Optional[Callable[[List[Finding]], bool]] = None) -> List[Optional[List[Finding]]]:
         """One findings list per case, sent to the worker as one message.
 

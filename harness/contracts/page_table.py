@@ -8,7 +8,7 @@ table) as far as the launched blocks reach, and drops the rest; the consumer, to
 row either way. The lengths include draft tokens (target verify passes ``seq_len + draft tokens``), while
 graph-mode tables are commonly ``ceil(context_len / P)`` wide: that is the ``context`` sizing.
 
-This module is the contract's record (``kvfence.cases.contract.Contract``): the case, the plain-Python
+This module is the contract's record (``kvfence.contracts.tables.TableContract``): the case, the plain-Python
 oracle, the sizing policies, the mutants. Its draws are ``kvfence.strategies.page_table``; its kernels
 ``kernels/flashmla_page_table.py`` and ``kernels/trtllm_mha_page_table.py``.
 """
@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from kvfence.cases.contract import Contract, ContractKind, ContractMutant, ShippedSite, Table, Upstream
+from kvfence.cases.contract import ContractKind, ContractMutant, ShippedSite, Table, Upstream
+from kvfence.contracts.tables import TableContract
 from kvfence.cases.findings import Finding, Kind
 from kvfence.errors import require
 
@@ -145,7 +146,7 @@ def _context_floor(case: PageTableCase) -> int:
     return max(1, case.ctx // case.page_size)
 
 
-class PageTableContract(Contract):
+class PageTableContract(TableContract):
     section = "docs/contract.md §9"
     kinds = (TABLE_TRUNCATED,)
     sizings = {"safe": _safe, "context": _context, "flashmla-graph": _flashmla_graph, "context-floor": _context_floor}
@@ -249,6 +250,11 @@ class PageTableContract(Contract):
         else:
             module.launch(kernel, full_to_swa=buffers.get("full_to_swa"), page_table=buffers["page_table"],
                           swa_page_table=buffers.get("swa_page_table"), **common)
+
+    def config_key(self, case: PageTableCase) -> tuple:
+        """What a backend fixes before the batch: page size, context, draft tokens, the optional inputs."""
+        return (("page_size", case.page_size), ("ctx", case.ctx), ("draft_tokens", case.draft_tokens),
+                ("kv_start", case.kv_start is not None), ("swa", case.swa))
 
     def compile_key(self, case: PageTableCase, width: int) -> tuple:
         """The kernels' constexprs: the page size and both row strides (the width and the pool row's length,

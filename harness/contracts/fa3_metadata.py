@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Tuple
 
-from kvfence.cases.contract import Contract, ContractKind, ContractMutant, ShippedSite, Table, Upstream
+from kvfence.cases.contract import ContractKind, ContractMutant, ShippedSite, Table, Upstream
+from kvfence.contracts.tables import TableContract
 from kvfence.cases.findings import Finding
-from kvfence.cases.page_table import BLOCK_TOKENS, KERNELS, PAGE_SIZES, PageTableCase, cdiv, slot_table
+from kvfence.contracts.page_table import BLOCK_TOKENS, KERNELS, PAGE_SIZES, PageTableCase, cdiv, slot_table
 from kvfence.errors import require
 
 PUBLISHED_PAST_TABLE = ContractKind("PUBLISHED_PAST_TABLE")
@@ -50,7 +51,7 @@ def _pages(case: MetadataCase, b: int) -> int:
     return cdiv(case.seq_lens[b] + case.delta, case.page_size)
 
 
-class FA3Metadata(Contract):
+class FA3Metadata(TableContract):
     name = "fa3-decode-metadata"
     section = "docs/contract.md §9"
     kinds = (PUBLISHED_PAST_TABLE,)
@@ -162,6 +163,11 @@ class FA3Metadata(Contract):
                       cu_seqlens_k=buffers["cu_seqlens_k"], page_table=buffers["page_table"], width=width,
                       page_size=case.page_size, delta=case.delta, skip_page_table=case.skip_page_table,
                       zero_tail=case.zero_tail)
+
+    def config_key(self, case) -> tuple:
+        """What the backend fixes before the batch: page size, context, the published delta, the flags."""
+        return (("page_size", case.page_size), ("ctx", case.ctx), ("delta", case.delta),
+                ("zero_tail", case.zero_tail), ("skip_page_table", case.skip_page_table))
 
     def structural_key(self, case, width):
         return (case.page_size, width, tuple(_pages(case, b) for b in range(len(case.seq_lens))), case.zero_tail,
