@@ -22,8 +22,12 @@
 #   crash-budget     400      h200_crash_budget.json             every multi-request case faults: budgets hold
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
-#   contracts        560      h200_contract_*.json               the plug-in contracts (docs/contract.md §9): self-test
-#                                                                 (CONTRACT_SELF_TEST=0: only 0.5.23's kernels)
+#   contracts        300      h200_contract_mutants_*.json       the table contracts' self-tests (docs/contract.md §9),
+#                                                                 side by side
+#   default-run      120      h200_default_run.json              the plain `kvfence fuzz --device cuda` (60 s, every core):
+#                                                                 examples, distinct configs, structural rate
+#   contract-jobs    330      h200_contract_jobs.json            each table contract's SGLang 0.5.23 kernel with the
+#                                                                 default --jobs, safe (clean) and context (caught)
 #   contract-shipped 200      h200_contract_shipped_matrix.json  the plug-in contracts under each release's own widths
 #                                                                over 20 seeds, SGLang 0.5.23's kernels (needs
 #                                                                contract-cache/, below), compiled, CUDA graphs
@@ -36,14 +40,14 @@
 #
 # upstream: the GPU machine has no network, so the extracted kernels travel in upstream-cache/, filled on a
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
-# contracts: likewise contract-cache/, filled by one CPU run per contract of
+# contract-jobs and contract-shipped: likewise contract-cache/, filled by one CPU run per contract of
 # KVFENCE_CACHE=contract-cache kvfence fuzz --contract C --kernel sglang==0.5.23 --device cpu --max-examples 1
 set -u
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
-ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests contracts contract-shipped"
+ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests default-run contracts contract-jobs contract-shipped"
 EXTRA="plain-mutants kill-time"
 mkdir -p "$RESULTS" "$LOGS"
 
@@ -193,21 +197,49 @@ run_plain_mutants() {
 }
 
 run_contracts() {
-  # Each plug-in contract: the self-test (reference + mutants, 20 seeds, GPU domain, CUDA graphs), then SGLang
-  # 0.5.23's own kernel under the safe sizing (clean) and under the context sizing (overflows at the wall).
-  local c z rc=0
+  # Each table contract's self-test (reference + planted mutants, 20 seeds, GPU domain, CUDA graphs), the three
+  # side by side (each one checking worker).
+  local c rc=0
   for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do
-    if [ "${CONTRACT_SELF_TEST:-1}" = 1 ]; then
-      timeout 250 kvfence mutants --contract "$c" --device cuda --seeds 20 --max-examples 8 --quiet \
-        --json "$RESULTS/h200_contract_mutants_$c.json" >> "$LOGS/contracts.txt" 2>&1 || rc=1
-    fi
+    timeout 300 kvfence mutants --contract "$c" --device cuda --seeds 20 --max-examples 8 --quiet \
+      --json "$RESULTS/h200_contract_mutants_$c.json" > "$LOGS/contracts_$c.txt" 2>&1 &
+  done
+  for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do wait -n || rc=1; done
+  return $rc
+}
+
+run_default_run() {
+  # The plain GPU command as a user runs it (default jobs, 8 Hypothesis batches per example, no bulk), 60 s.
+  timeout 120 kvfence fuzz --device cuda --max-seconds 60 --seed 1 --quiet --out "$LOGS/default-run" \
+    --json "$RESULTS/h200_default_run.json" > "$LOGS/default_run.txt" 2>&1
+}
+
+run_contract_jobs() {
+  # Each table contract through the same pipeline as the draft kernel: SGLang 0.5.23's kernel (contract-cache/),
+  # the default --jobs (every core), 20 s of search; safe must be clean, context caught and shrunk.
+  local c z rc=0
+  for c in flashmla-page-table trtllm-mha-page-table fa3-decode-metadata; do
     for z in safe context; do
-      KVFENCE_CACHE=contract-cache KVFENCE_OFFLINE=1 timeout 60 kvfence fuzz --contract "$c" --kernel sglang==0.5.23 \
-        --device cuda --sizing "$z" --max-examples 100 --seed 0 --out "reports/out/h200-$c-$z" \
-        --json "$RESULTS/h200_contract_sglang_0.5.23_${c}_$z.json" >> "$LOGS/contracts.txt" 2>&1
-      echo "$c $z rc=$?" >> "$LOGS/contracts.txt"
+      KVFENCE_CACHE=$PWD/contract-cache KVFENCE_OFFLINE=1 timeout 90 kvfence fuzz --contract "$c" \
+        --kernel sglang==0.5.23 --device cuda --sizing "$z" --max-seconds 20 --shrink-seconds 10 --seed 0 --quiet \
+        --out "$LOGS/contract-jobs/$c-$z" > "$LOGS/contract_jobs_$c-$z.txt" 2>&1
+      local got=$?
+      [ "$z" = safe ] && [ "$got" -ne 0 ] && rc=1
+      [ "$z" = context ] && [ "$got" -ne 1 ] && rc=1
     done
   done
+  python - "$LOGS/contract-jobs" "$RESULTS/h200_contract_jobs.json" <<'PY' || rc=1
+import json, sys
+from pathlib import Path
+runs = {}
+for folder in sorted(Path(sys.argv[1]).iterdir()):
+    s = json.loads((folder / "summary.json").read_text())
+    runs[folder.name] = dict({k: s.get(k) for k in ("contract", "kernel", "sizing", "device", "mode", "jobs", "examples",
+                              "verified_cases", "structural_cases", "distinct_configs", "elapsed_s", "first_failure_s",
+                              "ended_by")}, kinds=sorted({f["kind"] for f in s["findings"]}),
+                        cases=[c["describe"] for c in s["cases"].values()])
+json.dump({"runs": runs}, open(sys.argv[2], "w"), indent=1)
+PY
   return $rc
 }
 

@@ -172,36 +172,43 @@ def test_a_release_kernel_is_extracted_as_data_and_a_different_signature_is_one_
 
 
 def test_the_verdict_visiting_changed_and_defined_elements_equals_the_walk_over_every_element():
-    """Random damage (writes anywhere in the flat tensors, inputs included) on drawn cases: the verdict the
-    engine runs and the plain walk over every element give the same findings."""
+    """Random damage (writes anywhere in the flat tensors, inputs included) on drawn cases, and in a third of the
+    draws a clean launch (every page the oracle wants, nothing else): the verdict the engine runs (its whole-
+    tensor ``clean`` first, then the walk over changed and defined elements) and the plain walk over every
+    element give the same findings, and ``clean`` is true exactly when they are none."""
     import random
 
     from hypothesis import HealthCheck, given, settings
 
     from kvfence.running import tables as guarded
-    from kvfence.verifying.tables import verdict
+    from kvfence.verifying.tables import clean, verdict
 
-    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    outcomes = set()
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(TRTLLM_MHA.cases("cpu"), st_seed())
     def check(case, seed):
         width = TRTLLM_MHA.sizing("context")(case)
         buffers = guarded.allocate_all(TRTLLM_MHA.tables(case, width), "cpu")
         before = guarded.snapshot(buffers)
         rng = random.Random(seed)
-        for g in buffers.values():
-            ids = page_ids(case)
-            for (r, c), v in ((k, v) for k, v in
-                              {(b, j): x for b, row in enumerate(ids) for j, x in enumerate(row)}.items()):
-                if g.table.role == "output" and c < width + g.guard and rng.random() < 0.7:
+        whole = rng.random() < 1 / 3
+        expected = TRTLLM_MHA.expected(case, width)
+        for name, g in buffers.items():
+            for (r, c), v in expected.get(name, {}).items() if g.table.role == "output" else ():
+                if c < width and (whole or rng.random() < 0.7):
                     g.flat[g.position(r, c)] = v
-            for _ in range(rng.randrange(4)):
+            for _ in range(0 if whole else rng.randrange(4)):
                 g.flat[rng.randrange(len(g.flat))] = rng.randrange(-3, 50)
         after = guarded.snapshot(buffers)
         fast = [f.to_dict() for f in verdict(TRTLLM_MHA, case, width, buffers, before, after)]
         plain = [f.to_dict() for f in verdict(TRTLLM_MHA, case, width, buffers, before, after, every_element=True)]
         assert fast == plain
+        assert clean(buffers, before, after, expected) == (not plain)
+        outcomes.add(bool(plain))
 
     check()
+    assert outcomes == {True, False}  # both sides of the fast path were taken
 
 
 def st_seed():

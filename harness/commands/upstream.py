@@ -127,10 +127,19 @@ def cmd_upstream_matrix(args) -> int:
     out_dir = _out_dir(args.out)
     if args.shipped:
         offline = bool(args.offline) or offline_by_env()
-        plug_ins = [c for c in rm.split_list(args.contracts, "--contracts") if c not in ("draft", "window-rail")]
-        if plug_ins:
-            return cmd_upstream_shipped_contracts(args, plug_ins, out_dir, json_path, offline)
-        return cmd_upstream_shipped(args, out_dir, offline, json_path)
+        from kvfence.cases import contract as registry
+
+        # A contract that lists its shipped sites (the page-table builders) has its own tables; the draft kernel's
+        # shipped sizing is read per backend class (kvfence.cases.shipped). Both kinds asked: both, in turn.
+        names = rm.split_list(args.contracts, "--contracts")
+        with_sites = [n for n in names if registry.get(n).shipped_sites]
+        if len(with_sites) < len(names):
+            code = cmd_upstream_shipped(args, out_dir if not with_sites else out_dir / "draft", offline,
+                                        json_path if not with_sites else None)
+            if not with_sites:
+                return code
+            return max(code, cmd_upstream_shipped_contracts(args, with_sites, out_dir / "contracts", json_path, offline))
+        return cmd_upstream_shipped_contracts(args, with_sites, out_dir, json_path, offline)
     sizings = rm.check_sizings(rm.split_list(args.sizing, "--sizing"))
     contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
     max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
@@ -207,7 +216,8 @@ def add_parser(sub) -> None:
                     help="comma list of contracts (draft, window-rail); one this build or a release lacks is a "
                          "not-applicable cell. With --shipped also a plug-in contract with shipped sites "
                          "(flashmla-page-table, trtllm-mha-page-table, fa3-decode-metadata): one table per "
-                         "contract, a column per backend x mode x forward mode")
+                         "contract, a column per backend x mode x forward mode; with both kinds the draft's tables "
+                         "go to OUT/draft, the others' to OUT/contracts (and --json)")
     um.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
     um.add_argument("--max-examples", type=_positive_int, default=50, help="Hypothesis examples per cell")

@@ -333,6 +333,11 @@ _FLASHMLA_SITES = (
     ShippedSite("flashmla", "FlashMLABackend", "eager", "target_verify",
                 "triton.cdiv(eager_max_k + self.num_draft_tokens, PAGE_SIZE)", "self.num_draft_tokens", (64,),
                 within="init_forward_metadata", evidence="forward_batch.seq_lens + self.num_draft_tokens"),
+    ShippedSite("aiter", "AiterAttnBackend", "eager", "decode", "max_kv_len", "0", (1,),
+                within="init_forward_metadata", symbols=(("max_kv_len", "max_len"),),
+                note="the page-table decode path (decode_uses_page_table): a table of page 1 (PAGED_SIZE 1 at the "
+                     "launch) as wide as the batch's longest length, max_kv_len = "
+                     "forward_batch.seq_lens_cpu.max().item() (aiter_backend.py:2057 in 0.5.23), built per batch"),
     ShippedSite("trtllm_mla", "TRTLLMMLABackend", "graph", "target_verify",
                 "self._calc_padded_blocks(self.max_context_len)", "self.num_draft_tokens", (32, 64),
                 within="init_cuda_graph_state", evidence="torch.add(seq_lens[:bs], self.num_draft_tokens, "

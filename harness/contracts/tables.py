@@ -39,6 +39,10 @@ TRUSTED_PREFIXES = ("reference", "mutant:", "sglang==")
 #: formula, recorded with the case (``kvfence.workflow.contract_shipped_matrix``).
 SHIPPED_PREFIX = "sglang=="
 MAX_WIDTH = 1 << 24
+#: What an output element costs a check beside an input element: the plain-Python oracle builds each one (a
+#: FlashMLA launch of four 52,412-page rows, 0.2M output and 0.3M input elements, took 0.5 s on a 2-core CPU
+#: and, before the verdict's whole-tensor fast path, timed out at 5 s under 15 jobs on the H200).
+OUTPUT_WEIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,10 @@ class TableContract(Contract):
         return self.structural_key(case, width)
 
     def elements(self, case, width: int) -> int:
-        """Roughly how much work one check of ``case`` is, in elements (its time limit scales with it)."""
-        return sum((t.rows or 1) * t.width for t in self.tables(case, width))
+        """Roughly how much work one check of ``case`` is, in elements (its time limit scales with it): every
+        input element, and each output element ``OUTPUT_WEIGHT`` times (the oracle builds it in Python)."""
+        return sum((t.rows or 1) * t.width * (OUTPUT_WEIGHT if t.role == "output" else 1)
+                   for t in self.tables(case, width))
 
     def config_key(self, case) -> tuple:
         """What ``case`` shares with the other launches of its config (what a server fixes before the batch:
