@@ -57,15 +57,16 @@ class TriggerSession:
 
 
 def shape_strategy(batches: int, bulk: int):
-    """The GPU command's strategy (its config strategy over the GPU domain) with this example shape."""
-    from kvfence.cli import build_parser
-    from kvfence.commands.fuzz import _check_family, _config_strategy
-    from kvfence.cases.domain import domain_named
+    """The GPU command's strategy (the draft record's config strategy of the plain GPU plan) with this example
+    shape."""
+    from kvfence.cases import contract as contracts
+    from kvfence.cases.plan import RunPlan
     from kvfence.strategies import case_runs
 
-    args = build_parser().parse_args(["fuzz", "--device", "cpu"])
-    _check_family(args)
-    return case_runs(_config_strategy(args, domain_named("gpu"), 10 << 30), max_batches=batches, bulk=bulk)
+    draft = contracts.get("draft")
+    plan = RunPlan(device="cuda", domain="gpu", max_bytes=10 << 30)
+    draft.check_plan(plan)
+    return case_runs(draft.configs(plan), max_batches=batches, bulk=bulk)
 
 
 def main() -> int:

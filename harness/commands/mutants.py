@@ -46,7 +46,12 @@ def cmd_mutants(args) -> int:
 
     from kvfence.cases import casefile
 
-    report = run_all(device, max_examples=args.max_examples, seeds=seeds, names=args.only or None,
+    names = args.only or None
+    if args.contract is not None:  # the draft family's files that break this contract (their CONTRACT)
+        from kvfence.workflow.mutants import discover
+
+        names = [m.name for m in discover(names=names) if m.contract == args.contract]
+    report = run_all(device, max_examples=args.max_examples, seeds=seeds, names=names,
                      audit=False if args.no_audit else None, progress=progress, max_bytes=max_bytes,
                      verifier=args.verifiers)
     print(format_table(report))
