@@ -338,6 +338,13 @@ _FLASHMLA_SITES = (
                 note="the page-table decode path (decode_uses_page_table): a table of page 1 (PAGED_SIZE 1 at the "
                      "launch) as wide as the batch's longest length, max_kv_len = "
                      "forward_batch.seq_lens_cpu.max().item() (aiter_backend.py:2057 in 0.5.23), built per batch"),
+    ShippedSite("cutlass_mla", "CutlassMLABackend", "graph", "decode", "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE",
+                "0", (128,), within="init_cuda_graph_state",
+                note="decode without speculation only: a speculative batch goes to its FlashInfer-MLA base class"),
+    ShippedSite("cutlass_mla", "CutlassMLABackend", "eager", "decode",
+                "triton.cdiv(forward_batch.seq_lens_cpu.max().item(), PAGE_SIZE)", "0", (128,),
+                within="init_forward_metadata",
+                note="decode without speculation only: a speculative batch goes to its FlashInfer-MLA base class"),
     ShippedSite("trtllm_mla", "TRTLLMMLABackend", "graph", "target_verify",
                 "self._calc_padded_blocks(self.max_context_len)", "self.num_draft_tokens", (32, 64),
                 within="init_cuda_graph_state", evidence="torch.add(seq_lens[:bs], self.num_draft_tokens, "
