@@ -381,16 +381,17 @@ def of(case) -> Contract:
     return get(case.contract)
 
 
-def worker_options(record: Contract) -> dict:
-    """What a checking worker needs to load ``record`` as this process did: its registry entry and the
-    import path it was found on (a contract registered at run time, as a test does, is found the same way)."""
+def loading(record: Contract) -> dict:
+    """What another process (a checking worker, the plug-in probe) needs to load ``record`` as this process did:
+    its registry entry and the import path it was found on (a contract registered at run time, as a test does,
+    is found the same way); ``load_in_worker`` is the other end."""
     import sys
 
     return {"contract": record.name, "entry": entry(record.name), "sys_path": [p for p in sys.path if p]}
 
 
 def load_in_worker(options: dict) -> Contract:
-    """The worker's side of ``worker_options``: the record, registered and loaded in this process."""
+    """The other end of ``loading``: the record, registered and loaded in this process."""
     import sys
 
     for path in reversed(options.get("sys_path", [])):

@@ -44,7 +44,7 @@ def check_plugins(contract, specs: Dict[str, Optional[str]], timeout_s: float = 
     todo = {what: spec for what, spec in specs.items() if spec and record.names_plugin(spec)}
     if not todo:
         return
-    options = json.dumps(dict(contracts.worker_options(record), todo=todo))
+    options = json.dumps(dict(contracts.loading(record), todo=todo))
     with tempfile.TemporaryDirectory(prefix="kvfence-probe-") as tmp:
         report = Path(tmp) / "report.json"
         try:

@@ -91,12 +91,12 @@ def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizin
     require_trusted(loaded, kernel=kernel, sizing=sizing, trust=trust_case)
     case = record.override(loaded.case, kernel=kernel, sizing=sizing, mode=mode, layout=layout)
     device = select(device, announce=announce)
+    from kvfence.workflow.worker import DEFAULT_CASE_TIMEOUT, RemoteSession
+
     plan = RunPlan(contract=record.name, kernel=case.kernel, sizing=record.case_sizing(case), device=device,
-                   case_timeout=5.0 if case_timeout is None else case_timeout, isolate=not in_process)
+                   case_timeout=DEFAULT_CASE_TIMEOUT if case_timeout is None else case_timeout, isolate=not in_process)
     findings = None
     if not in_process:
-        from kvfence.workflow.worker import RemoteSession
-
         # Resolves the kernel in the worker: BadInput before anything runs.
         with RemoteSession(device, case.kernel, contract=record, plan=plan, case_timeout=plan.case_timeout,
                            absorb=absorb) as worker:

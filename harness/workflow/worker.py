@@ -342,7 +342,7 @@ class RemoteSession:
         #: The contract's cases on the wire, and what its worker side reads.
         self.codec = record.codec(plan)
         base = record.worker_options(plan) if plan is not None else {}
-        self._options = dict(base, **options, **registry.worker_options(record), device=device, kernel=kernel)
+        self._options = dict(base, **options, **registry.loading(record), device=device, kernel=kernel)
         self._proc: Optional[subprocess.Popen] = None
         self._conn = None
         self._progress: Optional[_Counter] = None
