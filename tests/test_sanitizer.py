@@ -96,12 +96,25 @@ def test_broken_xml_is_bad_input(text, message):
 
 
 def test_command_lines_per_tool(tmp_path):
+    from kvfence.cases import contract as contracts
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.cases.casefile import write_case
+
     status = tmp_path / "c.status.json"
-    target = sanitizer.repro_target(tmp_path / "c.json", status_path=status, python="python")
-    assert target == ["python", "-m", "kvfence.sanitizer_child", str(status), "repro", str(tmp_path / "c.json"),
+    case_file = write_case(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1), Batch((2,), (0,))), [], out_dir=tmp_path)
+    target = sanitizer.repro_target(case_file, status_path=status, python="python")
+    assert target == ["python", "-m", "kvfence.sanitizer_child", str(status), "repro", str(case_file),
                       "--device", "cuda", "--layout", "production", "--no-absorb", "--in-process", "--trust-case"]
-    assert sanitizer.repro_target(tmp_path / "c.json", status_path=status, kernel="k.py:f", mode="graph")[-4:] == \
+    assert sanitizer.repro_target(case_file, status_path=status, kernel="k.py:f", mode="graph")[-4:] == \
         ["--kernel", "k.py:f", "--mode", "graph"]
+    # A table contract's case: its record lays it out (no draft layout flags), its kernel filtered by its name.
+    flashmla = contracts.get("flashmla-page-table")
+    table_file = write_case(flashmla.bind(flashmla.wall_case(4, 1, 1, 3), "safe"), [], out_dir=tmp_path / "t")
+    assert "--layout" not in sanitizer.repro_target(table_file, status_path=status)
+    assert sanitizer.kernel_filter_for("reference", "flashmla-page-table") == "create_flashmla_kv_indices_triton"
+    assert sanitizer.kernel_filter_for("sglang==0.5.23", "fa3-decode-metadata") == "_fused_decode_metadata_kernel"
+    assert sanitizer.kernel_filter_for("reference-blocked", "draft") == sanitizer.DEFAULT_KERNEL_FILTER
+    assert sanitizer.kernel_filter_for("k.py:f", "flashmla-page-table") is None
     mem = sanitizer.tool_command("cs", "memcheck", target, xml_path=tmp_path / "x.xml", padding=256)
     assert mem[:9] == ["cs", "--tool", "memcheck", "--error-exitcode", "86", "--print-limit", "0", "--xml", "--save"]
     assert mem[mem.index("--padding") + 1] == "256" and "kns=generate_draft_decode_kv_indices" in mem

@@ -297,6 +297,22 @@ class Contract(abc.ABC):
 
     #: What a program's grid coordinates are called in repro's lines (``expected owners (s,b,k)``).
     program_axes: str = "program"
+    #: ``repro`` flags that lay a case out as production does for compute-sanitizer (``kvfence sweep``): an
+    #: overflow must leave the allocation for memcheck to see it (the draft kernel: contiguous rows, no guard).
+    sanitizer_flags: Tuple[str, ...] = ()
+
+    def case_mode(self, case) -> str:
+        """``graph`` or ``eager``: how the case is launched (the sweep picks the allocator by it)."""
+        return getattr(case, "mode", "eager")
+
+    def kernel_name(self, spec: str) -> Optional[str]:
+        """The name of the CUDA kernel ``spec`` launches, for compute-sanitizer's kernel filter; None (check
+        every kernel) for a plug-in, whose kernel names kvfence does not know."""
+        if spec == "reference" or spec.startswith("mutant:"):
+            return self.reference_attr or None
+        if spec.startswith("sglang==") and self.upstream is not None:
+            return self.upstream.function
+        return None
 
     def repro_header(self, case) -> List[str]:
         """The lines ``repro`` opens with, after the file's name: the case, described in full."""

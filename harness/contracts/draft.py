@@ -366,6 +366,16 @@ class DraftContract(Contract):
 
     # -- repro ------------------------------------------------------------------------------------------
     program_axes = "s,b,k"
+    #: Rows contiguous (production's layout) and no tail guard: an overflow past the last row leaves the
+    #: allocation, where memcheck sees it (``kvfence.tools.sanitizer``).
+    sanitizer_flags = ("--layout", "production", "--no-absorb")
+
+    def case_mode(self, case) -> str:
+        return case.config.mode
+
+    def kernel_name(self, spec: str):
+        """The reference kernels' name (``reference-blocked`` is the same function); None for a plug-in."""
+        return self.reference_attr if spec in ("reference", "reference-blocked") else None
 
     def repro_header(self, case) -> List[str]:
         c, b = case.config, case.batch

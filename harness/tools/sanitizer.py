@@ -45,7 +45,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from kvfence.errors import BadInput, require
 from kvfence.cases.findings import Finding, Kind
@@ -78,10 +78,13 @@ def locate(env: Optional[Dict[str, str]] = None, default_root: str = "/usr/local
                    "install the CUDA toolkit or put it on PATH")
 
 
-def kernel_filter_for(kernel: str) -> Optional[str]:
-    """The ``--kernel-name`` filter for a kernel spec: the reference kernel's name, or None (check every
-    kernel) for a plug-in, whose CUDA kernel names kvfence does not know (a launcher may run several)."""
-    return DEFAULT_KERNEL_FILTER if kernel in ("reference", "reference-blocked") else None
+def kernel_filter_for(kernel: str, contract: str) -> Optional[str]:
+    """The ``--kernel-name`` filter for a kernel spec of ``contract``: its record's ``kernel_name`` (the
+    reference kernel's name), or None (check every kernel) for a plug-in, whose CUDA kernel names kvfence does
+    not know (a launcher may run several)."""
+    from kvfence.cases import contract as contracts
+
+    return contracts.get(contract).kernel_name(kernel)
 
 
 def tool_command(exe: str, tool: str, target: Sequence[str], *, xml_path: Path,
@@ -110,12 +113,26 @@ def tool_command(exe: str, tool: str, target: Sequence[str], *, xml_path: Path,
 REPRO_FLAGS = ("--in-process", "--trust-case")
 
 
+def layout_flags(case_path: Path) -> Tuple[str, ...]:
+    """The ``repro`` flags that lay the case file's case out as production does (its contract's
+    ``sanitizer_flags``); none for a file that cannot be read (the child then says why, exit 2)."""
+    from kvfence.cases import contract as contracts
+    from kvfence.cases.casefile import load_case
+    from kvfence.errors import BadInput
+
+    try:
+        return tuple(contracts.of(load_case(case_path).case).sanitizer_flags)
+    except BadInput:
+        return ()
+
+
 def repro_target(case_path: Path, *, status_path: Path, python: str = sys.executable,
                  kernel: Optional[str] = None, mode: Optional[str] = None) -> List[str]:
-    """The child each tool runs: the case, in the production layout, overflow leaving the allocation,
-    its own exit code written to ``status_path`` (``kvfence.sanitizer_child``)."""
+    """The child each tool runs: the case, in the production layout (its contract's ``sanitizer_flags``: for
+    the draft kernel, overflow leaving the allocation), its own exit code written to ``status_path``
+    (``kvfence.sanitizer_child``)."""
     cmd = [python, "-m", "kvfence.sanitizer_child", str(status_path), "repro", str(case_path), "--device", "cuda",
-           "--layout", "production", "--no-absorb", *REPRO_FLAGS]
+           *layout_flags(case_path), *REPRO_FLAGS]
     if kernel is not None:
         cmd += ["--kernel", kernel]
     if mode is not None:

@@ -66,8 +66,8 @@ def load_cases(cases_dir: str, kernel_override: Optional[str]):
     A case file is data: it never makes kvfence import the code it names. A plug-in kernel runs only when
     the command line names it (``--kernel``, which then replaces every file's kernel).
     """
+    from kvfence.cases import contract as contracts
     from kvfence.cases.casefile import load_case
-    from kvfence.cases.targets import BUILTIN_KERNELS
 
     folder = Path(cases_dir)
     require(folder.is_dir(), f"--cases {cases_dir}: no such directory")
@@ -76,7 +76,7 @@ def load_cases(cases_dir: str, kernel_override: Optional[str]):
     chosen = []
     for path in files:
         loaded = load_case(path)
-        require(kernel_override is not None or loaded.case.kernel in BUILTIN_KERNELS,
+        require(kernel_override is not None or not contracts.of(loaded.case).names_plugin(loaded.case.kernel),
                 f"--cases: {path.name} names the plug-in kernel {loaded.case.kernel!r}; pass --kernel to run a plug-in")
         chosen.append((loaded.case, loaded.findings, path))
     return chosen
@@ -157,11 +157,13 @@ def sanitize_case(exe: str, case, findings, path: Path, tools: Sequence[str], wo
                   python: str = sys.executable) -> dict:
     """One case under every tool, plus the same child without a tool (slowdown denominator and verdict
     check): the case's row of ``sweep.json``."""
+    from kvfence.cases import contract as contracts
     from kvfence.tools import sanitizer
 
-    mode = case.config.mode
+    record = contracts.of(case)
+    mode = record.case_mode(case)
     run_kernel = kernel_override or case.kernel
-    kernel_filter = sanitizer.kernel_filter_for(run_kernel)
+    kernel_filter = sanitizer.kernel_filter_for(run_kernel, record.name)
     # The denominator runs the same child, layout, flags and allocator as the tools.
     # The kernel always goes on the child's command line: the child never takes code from the case file.
     base, base_exit, base_errors = sanitizer.baseline(path, mode, work, timeout=timeout, kernel=run_kernel,
@@ -175,7 +177,7 @@ def sanitize_case(exe: str, case, findings, path: Path, tools: Sequence[str], wo
             v.tool_errors.append(sanitizer.tool_error(
                 v.tool, f"the child's verdict under {v.tool} (exit {v.child_exit}) differs from the same "
                         f"child without a tool (exit {base_exit})", v.log))
-    summary = case.sizing_summary()
+    summary = record.summary(case)
     announce(f"kvfence sweep: {path.name}: canary {sorted({f.kind.value for f in findings}) or 'clean'}; "
              + ", ".join(f"{v.tool} {len(v.findings)} finding(s)"
                          + (f" + {len(v.tool_errors)} tool error(s)" if v.tool_errors else "") for v in verdicts))
