@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from kvfence.cases.casefile import CASES_DIR, MARKER as CASE_MARKER, SCHEMA_VERSION, atomic_write_text, case_from_dict, \
-    case_hash, parse_json_file, record_repro_command
+from kvfence.cases.casefile import CASES_DIR, atomic_write_text, case_hash, from_document, parse_json_file, \
+    record_repro_command
 from kvfence.errors import BadInput, require
 from kvfence.reports.summary import merge as merge_summaries, validate
 
@@ -41,14 +41,9 @@ def _case_file(folder: Path, recorded: str) -> Path:
 
 
 def _case_key(path: Path) -> str:
-    """The case file's content hash, from validated data (no kernel or sizing plug-in is resolved)."""
-    doc = parse_json_file(path, "case file")
-    require(isinstance(doc, dict) and doc.get(CASE_MARKER) == SCHEMA_VERSION,
-            f"case file {path}: not a kvfence case file of schema version {SCHEMA_VERSION}")
-    try:
-        return case_hash(case_from_dict(doc.get("case")))
-    except BadInput as exc:
-        raise BadInput(f"case file {path}: {exc}") from None
+    """The case file's content hash, from validated data (its contract's record reads the case; no kernel or
+    sizing plug-in is resolved)."""
+    return case_hash(from_document(parse_json_file(path, "case file"), path).case)
 
 
 def _mixed(values: List) -> object:

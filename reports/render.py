@@ -169,10 +169,14 @@ def merged_rows(doc: dict) -> List[List[str]]:
 
 def _sampled_note(doc: dict) -> str:
     cov = doc.get("coverage", {})
+    notes = []
     if cov.get("sampled"):
-        return (f"(plot shows a uniform sample of {len(cov.get('examples', []))} of "
-                f"{doc.get('generated_cases', doc['examples'])} generated cases)")
-    return ""
+        notes.append(f"(plot shows a uniform sample of {len(cov.get('examples', []))} of "
+                     f"{doc.get('generated_cases', doc['examples'])} generated cases)")
+    if cov.get("left_out_runs"):
+        notes.append(f"(the rows of {cov['left_out_runs']} merged run(s) of a contract with other coverage "
+                     "fields are not plotted)")
+    return " ".join(notes)
 
 
 def markdown(doc: dict, plot_note: str) -> str:

@@ -189,14 +189,19 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
                 findings.append(f)
         cases.update(d.get("cases", {}))
     out["findings"], out["cases"] = findings, cases
-    rows = [row for d in docs for row in d.get("coverage", {}).get("examples", [])]
-    sampled = any(d.get("coverage", {}).get("sampled") for d in docs)
+    # One plot: the coverage rows of the runs whose contract has the first run's columns (a merge of runs of
+    # contracts with other coverage fields keeps their findings and case files, and says whose rows it drew).
+    fields = next((coverage_fields(d) for d in docs if d.get("coverage")), COVERAGE_FIELDS)
+    plotted = [d for d in docs if coverage_fields(d) == fields]
+    rows = [row for d in plotted for row in d.get("coverage", {}).get("examples", [])]
+    sampled = any(d.get("coverage", {}).get("sampled") for d in plotted)
     if len(rows) > MAX_COVERAGE_ROWS:
         rows, sampled = random.Random(0).sample(rows, MAX_COVERAGE_ROWS), True
-    failures = [d["coverage"]["failure"] for d in docs if d.get("coverage", {}).get("failure")]
-    fields = next((coverage_fields(d) for d in docs if d.get("coverage")), COVERAGE_FIELDS)
+    failures = [d["coverage"]["failure"] for d in plotted if d.get("coverage", {}).get("failure")]
     out["coverage"] = {"fields": list(fields), "examples": rows, "sampled": sampled,
                        "failure": failures[0] if failures else None}
+    if len(plotted) < len(docs):
+        out["coverage"]["left_out_runs"] = len(docs) - len(plotted)
     out["versions"] = next((d.get("versions") for d in docs if d.get("versions")), {})
     return out
 
@@ -335,6 +340,8 @@ def validate(doc, where: str) -> dict:
                            and all(_column_check(k)(ex[k]) for k in fields)),
             f"{where}: max_need_over_width_example must be null or an object of integers {', '.join(fields)}")
     require(_flag(cov.get("sampled")), f"{where}: coverage.sampled must be true or false")
+    require(cov.get("left_out_runs") is None or _count(cov["left_out_runs"]),
+            f"{where}: coverage.left_out_runs must be a non-negative integer")
     for row in cov.get("examples", []) + ([cov["failure"]] if cov.get("failure") is not None else []):
         require(isinstance(row, list) and len(row) == len(fields) and all(check(x) for check, x in zip(checks, row)),
                 f"{where}: coverage rows must be lists of {len(fields)} integers "

@@ -97,3 +97,41 @@ def test_merge_usage_errors_are_one_line(args, message):
 def test_merging_into_an_input_folder_is_refused(runs):
     proc = kvfence("report", "--merge", str(runs / "a"), str(runs / "c"), "--out", str(runs / "a"))
     assert proc.returncode == 2 and "is one of the merged folders" in proc.stderr
+
+
+def test_runs_of_two_contracts_merge_with_their_case_files_and_one_plot(tmp_path):
+    """A draft kernel's run and a table contract's (written as the engine writes them, no kernel run) merge:
+    both case files are kept and re-read by their own records, the plot draws the first run's contract and says
+    how many runs' rows it left out, and the merged folder renders again."""
+    import json
+
+    from kvfence.cases import contract as contracts
+    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.cases.casefile import write_case
+    from kvfence.cases.findings import Finding, Kind
+    from kvfence.reports import summary as summary_mod
+    from kvfence.reports.merge import merge
+    from kvfence.reports.render import write_reports
+    from kvfence.workflow.fuzz import FuzzResult
+
+    flashmla = contracts.get("flashmla-page-table")
+    runs = {"table": flashmla.bind(flashmla.wall_case(4, 1, 1, 3), "context"),
+            "draft": Case(Config(topk=2, num_steps=1, ctx=2, max_bs=1, sizing="prefix"), Batch((1,), (0,)))}
+    folders = []
+    for name, case in runs.items():
+        folder = tmp_path / name
+        finding = Finding(Kind.SIZING_VIOLATION, "launch", "row width", 1, 2)
+        path = str(write_case(case, [finding], out_dir=folder))
+        result = FuzzResult(examples=1, generated_cases=1, verified_cases=1, case=case, findings=[finding],
+                            stats=[contracts.of(case).coverage_row(case, True)])
+        doc = summary_mod.build(result, run={"contract": case.contract}, case_path=path)
+        (folder / "summary.json").write_text(json.dumps(doc))
+        folders.append(folder)
+    out = tmp_path / "merged"
+    doc = merge(folders, out)
+    assert {c["contract"] for c in doc["cases"].values()} == {"flashmla-page-table", "draft"}
+    assert doc["coverage"]["fields"][0] == "page_size" and doc["coverage"]["left_out_runs"] == 1
+    assert len(doc["coverage"]["examples"]) == 1
+    summary_mod.validate(json.loads((out / "summary.json").read_text()), "merged")
+    page = write_reports(doc, out)["html"].read_text()
+    assert page.count("buffer-map") >= 2 and "not plotted" in page
