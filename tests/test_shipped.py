@@ -523,3 +523,30 @@ def test_a_member_that_does_not_parse_is_named_when_no_backend_is_found(tmp_path
     record = shipped.validate_record(shipped.read_wheel(wheel))
     assert record["backends"] == {} and BACKENDS in record["skipped_members"]
     assert f"1 member(s) not read: {BACKENDS} (does not parse" in shipped.unread_note(record)
+
+
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
+def test_one_shipped_matrix_command_runs_the_draft_family_and_a_table_contract(tmp_path):
+    """``--contracts draft,trtllm-mha-page-table``: the draft family's tables (read per backend class) and the
+    table contract's (read from its shipped sites) from one command, each in its own folder; --json holds the
+    table contracts' document; exit 1 (both find overflows in this wheel)."""
+    from test_contracts import _ADMISSION, _BACKEND
+
+    ours = (Path(__file__).resolve().parents[1] / "kernels" / "trtllm_mha_page_table.py").read_text()
+    modules = {MODULE: FAKE_MODULE, UTILS: TOY_UTILS, RUNNER: TOY_RUNNER, BACKENDS: TOY_BACKENDS, **_ADMISSION,
+               "sglang/kernels/ops/attention/trtllm_mha_page_table.py": ours,
+               "sglang/srt/layers/attention/trtllm_mha_backend.py":
+                   _BACKEND.format(WIDTH="(self.max_context_len + self.page_size - 1) // self.page_size")}
+    wheel = make_wheel(tmp_path / "wheels", VERSION, modules)
+    out = tmp_path / "m"
+    proc = kvfence("upstream", "matrix", "--shipped", "--contracts", "draft,trtllm-mha-page-table", "--versions",
+                   VERSION, "--device", "cpu", "--out", str(out), "--shipped-ctx", "8", "--shipped-steps", "2",
+                   "--shipped-max-bs", "2", "--shipped-max-topk", "2", "--json", str(tmp_path / "j.json"),
+                   cache=tmp_path / "cache", wheel_dir=wheel.parent)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (out / "draft" / "shipped.json").is_file() and (out / "contracts" / "shipped.json").is_file()
+    assert "RequestsBackend" in proc.stdout and "## trtllm-mha-page-table" in proc.stdout
+    doc = json.loads((tmp_path / "j.json").read_text())
+    assert doc["contracts"] == ["trtllm-mha-page-table"] and doc == json.loads((out / "contracts" / "shipped.json").read_text())
+    cell = doc["rows"][0]["cells"][0]
+    assert "GUARD_OVERWRITE" in cell["kinds"], cell
