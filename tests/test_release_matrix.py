@@ -228,7 +228,7 @@ def test_old_abi_without_page_size_is_fuzzed_flat(tmp_path):
 @pytest.mark.parametrize("argv,needles", [
     (["--versions", "9.9.9"], ("sglang 9.9.9 is not a known release",)),
     (["--versions", f"{BAD_ABI}..{CLEAN}"], ("is empty",)),
-    (["--versions", CLEAN, "--sizing", "safe,bogus"], ("'bogus' is not a builtin sizing",)),
+    (["--versions", CLEAN, "--sizing", "safe,bogus"], ("'bogus' is not a named sizing of draft",)),
     (["--versions", CLEAN, "--sizing", "safe,"], ("no empty item",)),
     (["--versions", CLEAN, "--contracts", "draft,rail"], ("unknown contract 'rail'",)),
     (["--versions", CLEAN, "--max-examples", "0"], ("expected a positive integer",)),
@@ -372,3 +372,33 @@ def test_rail_cells_pin_a_window_and_take_only_window_sizings():
     assert rm.contract_flags("draft") == ["--contract", "draft"]
     assert rm.sizing_applies("window-fixed", "window-rail") and rm.sizing_applies("safe", "draft")
     assert not rm.sizing_applies("safe", "window-rail") and not rm.sizing_applies("window-no-topk", "draft")
+
+
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
+def test_a_table_contracts_cells_fuzz_the_releases_own_kernel_under_its_named_sizings(tmp_path):
+    """``--contracts trtllm-mha-page-table --sizing safe,context``: a release with the kernel is clean under safe
+    and caught under context (expected: context is a buggy sizing, exit 0); one whose kernel has another
+    signature is abi-unsupported, one without it not applicable; a sizing the contract does not name is refused."""
+    from tests.test_contracts import _fake_wheel
+
+    ours = (ROOT / "kernels" / "trtllm_mha_page_table.py").read_text()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    path = "sglang/kernels/ops/attention/trtllm_mha_page_table.py"
+    _fake_wheel(wheels, "0.0.5", path, ours)
+    _fake_wheel(wheels, "0.0.6", path, ours.replace("    HAS_SWA: tl.constexpr,\n", ""))
+    _fake_wheel(wheels, "0.0.7", "sglang/srt/other.py", "x = 1\n")
+    cache, out = tmp_path / "cache", tmp_path / "m"
+    proc = matrix("--versions", "0.0.5,0.0.6,0.0.7", "--sizing", "safe,context", "--contracts", "trtllm-mha-page-table",
+                  *BUDGET, "--out", str(out), cache=cache, wheel_dir=wheels)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = by_cell(json.loads((out / "matrix.json").read_text()))
+    assert cells["0.0.5", "safe", "trtllm-mha-page-table"]["status"] == "clean"
+    caught = cells["0.0.5", "context", "trtllm-mha-page-table"]
+    assert caught["status"] == "findings" and "TABLE_TRUNCATED" in caught["kinds"] and caught["case_files"]
+    assert kvfence("repro", caught["case_files"][0], "--device", "cpu", cache=cache).returncode == 1
+    assert cells["0.0.6", "safe", "trtllm-mha-page-table"]["status"] == "abi-unsupported"
+    assert cells["0.0.7", "safe", "trtllm-mha-page-table"]["status"] == "not-applicable"
+    refused = matrix("--versions", "0.0.5", "--sizing", "prefix", "--contracts", "trtllm-mha-page-table", *BUDGET,
+                     "--out", str(tmp_path / "m2"), cache=cache, wheel_dir=wheels)
+    assert refused.returncode == 2 and "'prefix' is not a named sizing of trtllm-mha-page-table" in refused.stderr

@@ -202,6 +202,16 @@ class Contract(abc.ABC):
         """What the run summary says of this contract's own choices (besides kernel, sizing, mode, domain)."""
         return {}
 
+    def sizing_applies(self, name: str) -> bool:
+        """Whether the named sizing sizes this contract's rows (a release matrix cell pairs them)."""
+        return name in self.sizings
+
+    def release_kernel(self, version: str) -> None:
+        """Make SGLang release ``version``'s kernel of this contract ready from its wheel, as data (extracted
+        into the cache, never imported): ``kvfence.cases.upstream.Refused`` (``NO_KERNEL``, ``ABI_UNSUPPORTED``)
+        when the release has none or one of another signature; ``BadInput`` for anything else."""
+        raise BadInput(f"contract {self.name} names no kernel in SGLang's wheels")
+
     def mutant(self, name: str) -> ContractMutant:
         known = {m.name: m for m in self.mutants}
         require(name in known, f"contract {self.name}: unknown mutant {name!r}: choose from {', '.join(known)}")

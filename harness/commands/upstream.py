@@ -140,8 +140,8 @@ def cmd_upstream_matrix(args) -> int:
                 return code
             return max(code, cmd_upstream_shipped_contracts(args, with_sites, out_dir / "contracts", json_path, offline))
         return cmd_upstream_shipped_contracts(args, with_sites, out_dir, json_path, offline)
-    sizings = rm.check_sizings(rm.split_list(args.sizing, "--sizing"))
     contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
+    sizings = rm.check_sizings(rm.split_list(args.sizing, "--sizing"), contracts)
     max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
     offline = bool(args.offline) or offline_by_env()
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr), announce=_stderr)
@@ -211,10 +211,12 @@ def add_parser(sub) -> None:
                     help="required: releases, as A..B (inclusive, post releases included, pre-releases only when "
                          "named), a version, or a comma list of both, e.g. 0.4.0..0.5.23 or 0.4.8,0.5.1..0.5.23; "
                          "expanded against the releases the package index lists and the cache has (no default)")
-    um.add_argument("--sizing", default="prefix,fixed,safe", help="comma list of builtin sizings")
+    um.add_argument("--sizing", default="prefix,fixed,safe",
+                    help="comma list of named sizings of the contracts (a table contract's: safe, context, ...)")
     um.add_argument("--contracts", default="draft",
-                    help="comma list of contracts (draft, window-rail); one this build or a release lacks is a "
-                         "not-applicable cell. With --shipped also a plug-in contract with shipped sites "
+                    help="comma list of contracts (draft, window-rail, a table contract such as flashmla-page-table: "
+                         "its cells fuzz the release's own kernel under its named sizings); one a release lacks is a "
+                         "not-applicable cell. With --shipped also a contract with shipped sites "
                          "(flashmla-page-table, trtllm-mha-page-table, fa3-decode-metadata): one table per "
                          "contract, a column per backend x mode x forward mode; with both kinds the draft's tables "
                          "go to OUT/draft, the others' to OUT/contracts (and --json)")

@@ -159,6 +159,13 @@ class DraftContract(Contract):
         self.reference_kernel, self.reference_attr = KERNELS_DIR / kernel_file, attr
         self.sizings = dict(POLICIES)
 
+    def sizing_applies(self, name: str) -> bool:
+        """The rail is sized per window (``window-*`` policies, docs/contract.md §6); the draft kernel's rows by
+        the other builtin policies."""
+        from kvfence.kernels.sizing import WINDOW_POLICIES
+
+        return name in self.sizings and (name in WINDOW_POLICIES) == (self.name == "window-rail")
+
     def check_kernel(self, spec: str) -> None:
         """A classic-ABI ``@triton.jit`` function or a launcher (``kvfence.cases.targets.check_kernel_spec``)."""
         from kvfence.cases.targets import check_kernel_spec

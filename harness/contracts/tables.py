@@ -140,6 +140,11 @@ class TableContract(Contract):
         """The kernel ``spec`` names (``resolve_kernel``): ``BadInput`` now, for a release without it."""
         return resolve_kernel(self, spec)
 
+    def release_kernel(self, version: str) -> None:
+        """Extract release ``version``'s kernel into the cache, as data (nothing imported):
+        ``kvfence.cases.upstream.Refused`` when the release has none or another signature."""
+        upstream_kernel_file(self, f"sglang=={version}")
+
     def check_launch(self, launch: Launch, device: str) -> List[Finding]:
         """One launch checked in this process (the shipped-sizing matrix's witnesses)."""
         return TableSession(self, device).check(launch)
@@ -306,12 +311,14 @@ def upstream_kernel_file(contract: TableContract, spec: str) -> Path:
             with zipfile.ZipFile(wheel) as zf:
                 names = set(zf.namelist())
                 found = [p for p in contract.upstream.paths if p in names]
-                require(found, f"sglang=={version} has no {function} for contract {contract.name} (looked in "
-                               f"{', '.join(contract.upstream.paths)})")
+                if not found:
+                    raise upstream.Refused(f"sglang=={version} has no {function} for contract {contract.name} "
+                                           f"(looked in {', '.join(contract.upstream.paths)})", upstream.NO_KERNEL)
                 source = upstream.member_bytes(zf, found[0]).decode("utf-8")
         except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, UnicodeDecodeError) as exc:
             raise BadInput(f"sglang=={version}: the wheel is unreadable: {exc}") from None
-    require(f"def {function}(" in source, f"sglang=={version}: {found[0]} has no {function}")
+    if f"def {function}(" not in source:
+        raise upstream.Refused(f"sglang=={version}: {found[0]} has no {function}", upstream.NO_KERNEL)
     _check_signature(contract, version, source, function)  # before extraction: the more useful message
     text, functions = upstream.extract(source, found[0], roots=(function,))
     require(function in functions, f"sglang=={version}: {function} in {found[0]} is not a @triton.jit function")
@@ -336,11 +343,14 @@ def _check_signature(contract: TableContract, version: str, text: str, function:
         require(fn, f"sglang=={version}: {function} is not a top-level function")
         return [a.arg for a in fn[0].args.args]
 
+    from kvfence.cases import upstream
+
     ours = params(contract.reference_kernel.read_text())
     theirs = params(text)
-    require(len(ours) == len(theirs),
-            f"sglang=={version}: {function} takes {len(theirs)} parameters ({', '.join(theirs)}), the "
-            f"{contract.name} ABI {len(ours)} ({', '.join(ours)}); kvfence does not know this signature")
+    if len(ours) != len(theirs):
+        raise upstream.Refused(f"sglang=={version}: {function} takes {len(theirs)} parameters ({', '.join(theirs)}), "
+                               f"the {contract.name} ABI {len(ours)} ({', '.join(ours)}); kvfence does not know this "
+                               "signature", upstream.ABI_UNSUPPORTED)
 
 
 # -- one check --------------------------------------------------------------------------------------------------

@@ -153,10 +153,10 @@ def index_versions() -> List[str]:
 
 # -- what the fuzz command checks ----------------------------------------------------------------------
 def fuzz_contracts() -> Tuple[str, ...]:
-    """Contracts ``fuzz --contract`` checks (``kvfence.cases.case.CONTRACTS``)."""
-    from kvfence.cases.case import CONTRACTS
+    """Contracts ``fuzz --contract`` checks: every registered one (``kvfence.cases.contract``)."""
+    from kvfence.cases import contract as registry
 
-    return CONTRACTS
+    return tuple(registry.names())
 
 
 def contract_flags(contract: str) -> List[str]:
@@ -165,28 +165,31 @@ def contract_flags(contract: str) -> List[str]:
 
 
 def sizing_applies(sizing: str, contract: str) -> bool:
-    """The rail is sized per window (``window-*`` policies, docs/contract.md §6); the draft kernel's rows by
-    the other policies. A cell pairing a sizing with the other contract's kernel is not applicable."""
-    from kvfence.kernels.sizing import WINDOW_POLICIES
+    """Whether the named sizing sizes ``contract``'s rows (its record says: the rail by its ``window-*``
+    policies, the draft kernel by the others, a table contract by its own named sizings). A cell pairing a
+    sizing with a contract it does not size is not applicable."""
+    from kvfence.cases import contract as registry
 
-    return (sizing in WINDOW_POLICIES) == (contract == "window-rail")
+    return registry.get(contract).sizing_applies(sizing)
 
 
 def check_contracts(names: Sequence[str]) -> List[str]:
-    """``--contracts``: names kvfence knows of (``CONTRACT_KERNELS``, and whatever ``fuzz`` checks)."""
-    allowed = list(CONTRACT_KERNELS) + [c for c in fuzz_contracts() if c not in CONTRACT_KERNELS]
+    """``--contracts``: registered contract names (``fuzz --contract`` checks each)."""
+    allowed = fuzz_contracts()
     for name in names:
         require(name in allowed, f"--contracts: unknown contract {name!r}: choose {', '.join(allowed)}")
     return list(dict.fromkeys(names))
 
 
-def check_sizings(names: Sequence[str]) -> List[str]:
-    """``--sizing``: builtin policies only (a cell's folder is named after its sizing)."""
-    from kvfence.kernels.sizing import POLICIES
+def check_sizings(names: Sequence[str], contracts: Sequence[str] = ("draft",)) -> List[str]:
+    """``--sizing``: named policies of the contracts in the matrix (a cell's folder is named after its sizing);
+    a plug-in sizing (``file.py:attr``) is refused."""
+    from kvfence.cases import contract as registry
 
+    known = list(dict.fromkeys(n for c in contracts for n in registry.get(c).sizings))
     for name in names:
-        require(name in POLICIES, f"--sizing: {name!r} is not a builtin sizing; the matrix takes "
-                                  f"{', '.join(POLICIES)}")
+        require(name in known, f"--sizing: {name!r} is not a named sizing of {', '.join(contracts)}; the matrix "
+                               f"takes {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -246,9 +249,13 @@ def prepare(version: str, offline: bool, announce: Callable[[str], None]) -> Rel
 
 
 def settle(release: Release, sizing: str, contract: str, checked: Sequence[str]) -> Cell:
-    """The cell's result when it needs no fuzzing, else a ``pending`` cell to fuzz."""
+    """The cell's result when it needs no fuzzing, else a ``pending`` cell to fuzz. The draft family's cells
+    follow the release's cache entry (its draft kernel's ABI); another contract's, its record's
+    ``release_kernel`` (the release's kernel extracted from the wheel, or why not)."""
     cell = Cell(release.version, sizing, contract)
     kernel = CONTRACT_KERNELS.get(contract)
+    if kernel is None and contract in checked:
+        return _settle_release_kernel(cell, release)
     if release.status is not None:
         cell.status, cell.message = release.status, release.reason
     elif contract not in checked or kernel is None:
@@ -267,6 +274,27 @@ def settle(release: Release, sizing: str, contract: str, checked: Sequence[str])
     return cell
 
 
+def _settle_release_kernel(cell: Cell, release: Release) -> Cell:
+    """A cell of a contract whose record extracts the release's kernel itself (``Contract.release_kernel``)."""
+    from kvfence.cases import contract as registry
+
+    record = registry.get(cell.contract)
+    if release.status == "not-cached":
+        cell.status, cell.message = release.status, release.reason
+    elif not record.sizing_applies(cell.sizing):
+        cell.status, cell.message = "not-applicable", f"{cell.sizing} does not size the {cell.contract} kernel's rows"
+    else:
+        try:
+            record.release_kernel(release.version)
+            cell.status = "pending"
+        except upstream.Refused as exc:
+            cell.status = "not-applicable" if exc.status == upstream.NO_KERNEL else "abi-unsupported"
+            cell.message = str(exc)
+        except BadInput as exc:
+            cell.status, cell.message = "error", str(exc)
+    return cell
+
+
 @dataclass
 class Settings:
     """What every cell's fuzz gets (one budget and seed for all)."""
@@ -282,7 +310,7 @@ class Settings:
 
 def fuzz_command(cell: Cell, out: Path, s: Settings) -> List[str]:
     spec = f"{upstream.SPEC_PREFIX}{cell.version}"
-    if cell.contract != "draft":
+    if cell.contract in CONTRACT_KERNELS and cell.contract != "draft":
         spec += f":{CONTRACT_KERNELS[cell.contract]}"
     cmd = [sys.executable, "-m", "kvfence", "fuzz", "--kernel", spec, "--sizing", cell.sizing, "--device", s.device,
            "--max-examples", str(s.max_examples), "--seed", str(s.seed), "--shrink-seconds", str(s.shrink_seconds),
