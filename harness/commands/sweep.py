@@ -12,33 +12,37 @@ from kvfence.errors import require
 
 def cmd_sweep(args) -> int:
     """The nightly job (kvfence.tools.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
+    from kvfence.cases import contract as contracts
+    from kvfence.cases.plan import RunPlan
     from kvfence.tools import sanitizer
     from kvfence.tools.sweep import run_sweep
 
-    args.kernel_given = args.kernel is not None
-    args.kernel = args.kernel or "reference"
+    kernel_given = args.kernel is not None
+    kernel = args.kernel or "reference"
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     require(tools and all(t in sanitizer.TOOLS for t in tools),
             f"--tools {args.tools!r}: choose from {', '.join(sanitizer.TOOLS)}")
     require(args.cases is None or args.max_examples is None, "--cases and --max-examples exclude each other")
     require(args.timeout > 0, f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    from kvfence.cases.targets import check_kernel_spec, resolve_sizing
+    record = contracts.get(args.contract)
+    # The canary phase draws what the plain CPU-sized fuzz draws, less the draft kernel's §6 fields; the layout
+    # and the sizing as given. A flag the contract does not take is refused (one line) before anything runs.
+    wanted = {"family": "off", "layout": args.layout if args.layout != "redzone" else None}
+    pins = {k: v for k, v in wanted.items() if v is not None and (k in record.pins or k == "layout")}
+    sizing = args.sizing or record.safe_sizing
 
-    resolve_sizing(args.sizing)
-    # A bad --kernel is exit 2 naming the kernel, before the tool and GPU checks (it needs neither).
-    check_kernel_spec(args.kernel)
+    def plan_for(device: str) -> RunPlan:
+        return RunPlan(contract=record.name, kernel=kernel, sizing=sizing, device=device, mode=args.mode,
+                       domain="cpu", pins=pins)
 
-    def strategy():
-        from kvfence.strategies import cases, configs
-
-        return cases(configs(sizing=args.sizing, mode=args.mode, layout=args.layout), kernel=args.kernel,
-                     seq_len_limit="ctx")
-
+    # A bad --kernel or --sizing is exit 2 naming it, before the tool and GPU checks (it needs neither).
+    record.check_plan(plan_for("cpu"))
+    if kernel_given and record.names_plugin(kernel):
+        record.check_kernel(kernel)
     return run_sweep(tools=tools, cases_dir=args.cases, max_examples=args.max_examples or 500, jobs=args.jobs,
-                     strategy_factory=strategy, out_dir=_out_dir(args.out), seed=args.seed,
-                     max_failing=args.max_failing, sample=args.sample, timeout=args.timeout, announce=_stderr,
-                     kernel=args.kernel,
-                     kernel_override=args.kernel if args.cases is not None and args.kernel_given else None,
+                     plan_for=plan_for, out_dir=_out_dir(args.out), seed=args.seed, max_failing=args.max_failing,
+                     sample=args.sample, timeout=args.timeout, announce=_stderr,
+                     kernel_override=kernel if args.cases is not None and kernel_given else None,
                      matrix=args.matrix)
 
 
@@ -52,9 +56,9 @@ def add_parser(sub) -> None:
                     help="re-run the case files in this folder instead of fuzzing (default: fuzz)")
     sw.add_argument("--max-examples", type=_positive_int, default=None, help="canary examples (default 500)")
     sw.add_argument("--jobs", type=_positive_int, default=1, help="sanitizer processes at a time")
-    sw.add_argument("--sizing", default="safe",
+    sw.add_argument("--sizing", default=None,
                     help="sizing policy of the canary phase, as fuzz --sizing (prefix: the pre-fix CUDA-graph "
-                         "policy, W = max_bs*ctx, missing the topk factor)")
+                         "policy, W = max_bs*ctx, missing the topk factor; default: the contract's safe one)")
     sw.add_argument("--mode", default="eager", choices=["graph", "eager"],
                     help="eager: caching allocator off under the tools (memcheck sees overflows); graph: on")
     sw.add_argument("--layout", default="redzone", choices=["redzone", "production"], help="canary-phase layout")
@@ -66,6 +70,10 @@ def add_parser(sub) -> None:
     sw.add_argument("--kernel", default=None,
                     help="kernel to sweep (as fuzz --kernel; default reference); with --cases it replaces the "
                          "kernel the case files name")
+    from kvfence.cases import contract as registry
+
+    sw.add_argument("--contract", default="draft", choices=registry.names(),
+                    help="the contract the canary phase fuzzes (--cases: each file names its own)")
     sw.add_argument("--matrix", action="store_true",
                     help="also run the detection matrix (canaries vs memcheck variants per bug class, eager and "
                          "graph) into sweep.json / sweep.html")

@@ -1,8 +1,9 @@
 """``python -m kvfence sweep``: the nightly job. Canaries first, then compute-sanitizer on the cases.
 
-1. **Canary phase** (unless ``--cases DIR``): Hypothesis's nightly settings over ``cases()``, every
-   example checked by the canary harness and ``target()``-ed on need/width so the search presses against
-   the buffer limit. Nothing stops at the first failure: every verdict is recorded.
+1. **Canary phase** (unless ``--cases DIR``): Hypothesis's nightly settings over the contract's draws (the run
+   plan's: the draft kernel unless ``--contract`` names another), every example checked by the contract's
+   session and ``target()``-ed on need/width so the search presses against the buffer limit. Nothing stops
+   at the first failure: every verdict is recorded.
 2. **Sanitizer phase**: every failing case (up to ``max_failing``) and a sample of passing ones are
    written as case files and re-run, one process per case and tool (``kvfence.tools.sanitizer``), plus one
    plain run of the same case for the slowdown's denominator.
@@ -82,20 +83,21 @@ def load_cases(cases_dir: str, kernel_override: Optional[str]):
     return chosen
 
 
-def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: int, jobs: int, strategy_factory,
+def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: int, jobs: int, plan_for,
               out_dir: Path, seed: Optional[int], max_failing: int, sample: int, timeout: float,
-              announce: Callable[[str], None], kernel: str = "reference", kernel_override: Optional[str] = None,
-              matrix: bool = False) -> int:
+              announce: Callable[[str], None], kernel_override: Optional[str] = None, matrix: bool = False) -> int:
     """The whole sweep; returns the exit code: 1 when the canaries, any tool, or any tool's own signals
     (``SANITIZER_TOOL_ERROR``, baseline runs included) reported something, else 0.
 
-    ``kernel`` is fuzzed in the canary phase; ``kernel_override`` (``--kernel`` with ``--cases``) replaces
-    the kernel the case files name. ``matrix`` adds the detection matrix (``kvfence.tools.matrix``).
+    ``plan_for(device)`` is the canary phase's run plan (``kvfence.cases.plan.RunPlan``: its contract's
+    draws, checked in this process by the contract's session); ``kernel_override`` (``--kernel`` with
+    ``--cases``) replaces the kernel the case files name. ``matrix`` adds the detection matrix
+    (``kvfence.tools.matrix``).
     """
+    from kvfence.cases import contract as contracts
     from kvfence.tools import sanitizer
     from kvfence.cases.casefile import write_case
     from kvfence.device import select
-    from kvfence.verifying.session import Session
     from kvfence.reports.sweep import write_sweep_reports
 
     chosen = load_cases(cases_dir, kernel_override) if cases_dir is not None else None  # bad input first
@@ -109,8 +111,9 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
     if chosen is not None:
         explored_n, failing_n = len(chosen), sum(1 for _, f, _ in chosen if f)
     else:
-        session = Session(device, kernel)
-        explored = canary_phase(session, strategy_factory(), max_examples=max_examples, seed=seed,
+        plan = plan_for(device)
+        record = contracts.get(plan.contract)
+        explored = canary_phase(record.session(plan), record.draws(plan), max_examples=max_examples, seed=seed,
                                 progress=lambda n, bad: announce(f"kvfence sweep: {n} cases, {bad} failing"))
         explored_n, failing_n = len(explored), sum(1 for _, f in explored if f)
         chosen = [(c, f, write_case(c, f, out_dir=out_dir, device=device, source="sweep"))
@@ -132,7 +135,8 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
         per_tool[tool] = {"cases_with_findings": sum(1 for r in rows if r["tools"][tool]["findings"]),
                           "cases_with_tool_errors": sum(1 for r in rows if r["tools"][tool]["tool_errors"]),
                           "median_slowdown": round(statistics.median(slow), 2) if slow else None}
-    doc = {"tools": list(tools), "kernel": kernel_override or kernel, "explored": explored_n, "failing": failing_n,
+    doc = {"tools": list(tools), "kernel": kernel_override or plan_for("cuda").kernel, "explored": explored_n,
+           "failing": failing_n,
            "canary_seconds": round(canary_s, 1), "cases": rows, "per_tool": per_tool,
            "canary_cases_with_findings": sum(1 for r in rows if r["canary"]["kinds"]),
            # The children's own verdict (production layout, no tail guard): a finding the canary phase's
