@@ -35,14 +35,19 @@ def toy(monkeypatch):
     registry._LOADED.pop("toy-copy", None)
 
 
+#: Seconds a toy case may take in the worker: an interpreted launch is milliseconds, but on a loaded 2-core CI
+#: machine one took over 5 s (the limit of a 2.5 s timeout), a false HANG of the correct kernel.
+TOY_CASE_TIMEOUT = 5.0
+
+
 def _fuzz(kernel: str, *, max_examples: int, shrink_seconds: float = 0.0):
     """The toy contract fuzzed by the engine every run uses, its kernel in a checking worker."""
     from kvfence.cases.plan import RunPlan
     from kvfence.workflow import run as pipeline
     from kvfence.workflow.fuzz import fuzz
 
-    plan = RunPlan(contract="toy-copy", kernel=kernel, max_examples=max_examples, seed=0, case_timeout=2.5,
-                   shrink_seconds=shrink_seconds)
+    plan = RunPlan(contract="toy-copy", kernel=kernel, max_examples=max_examples, seed=0,
+                   case_timeout=TOY_CASE_TIMEOUT, shrink_seconds=shrink_seconds)
     pipeline.record(plan)
     with pipeline.checker(plan) as session:
         return fuzz(session, pipeline.draws(plan)[0], max_examples=max_examples, seed=0,
@@ -126,7 +131,7 @@ def test_an_installed_contract_gets_jobs_keep_going_case_files_repro_and_the_rep
     out = tmp_path / "bad"
     bad = _kvfence_env("fuzz", "--contract", "toy-copy", "--device", "cpu", "--kernel", kernel, "--sizing", "short",
                        "--keep-going", "--max-examples", "60", "--seed", "0", "--shrink-seconds", "5",
-                       "--case-timeout", "2.5", "--quiet", "--out", str(out), cwd=tmp_path, env=env)
+                       "--case-timeout", str(TOY_CASE_TIMEOUT), "--quiet", "--out", str(out), cwd=tmp_path, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     summary = json.loads((out / "summary.json").read_text())
     kinds = {frozenset(c["kinds"]) for c in summary["cases"].values()}
