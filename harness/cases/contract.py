@@ -65,6 +65,9 @@ from kvfence.cases.findings import ContractKind  # noqa: F401 - a contract's kin
 from kvfence.errors import BadInput, require
 
 ENTRY_POINT_GROUP = "kvfence.contracts"
+#: Programs ``repro --verbose`` lists per finding (its expected owners, and each one's segment where the
+#: contract's ``replay_detail`` shows them); 6 without ``--verbose``.
+VERBOSE_PROGRAMS = 32
 #: Fields every contract's coverage rows carry (the report's plot reads them by name).
 COVERAGE_REQUIRED = ("num_seqs", "need", "width", "failed")
 

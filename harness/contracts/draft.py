@@ -22,7 +22,7 @@ import json
 import re
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
-from kvfence.cases.contract import Contract
+from kvfence.cases.contract import VERBOSE_PROGRAMS, Contract
 from kvfence.errors import require
 from kvfence.kernels import KERNELS_DIR
 
@@ -454,9 +454,8 @@ class DraftContract(Contract):
 
 
 # -- repro's element diff -----------------------------------------------------------------------------------
-#: Elements shown per finding with ``--verbose`` (the finding itself keeps 3 samples); owners listed.
+#: Elements shown per finding with ``--verbose`` (the finding itself keeps 3 samples).
 VERBOSE_ELEMENTS = 64
-VERBOSE_PROGRAMS = 32
 _ROW = re.compile(r"^(?:slack of )?row (\d+)$")
 _GUARD = re.compile(r"^guard after row (\d+)$")
 

@@ -408,7 +408,3 @@ class TableCodec:
 
     def elements(self, launch: Launch) -> int:
         return self.contract.elements(launch.case, launch.width)
-
-
-def kinds_of(findings: List[Finding]) -> List[str]:
-    return sorted({f.kind.value for f in findings})

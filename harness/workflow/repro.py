@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import List, Optional, TextIO
 
 from kvfence.cases import contract as contracts
+from kvfence.cases.contract import VERBOSE_PROGRAMS
 from kvfence.cases.casefile import CaseFile, load_case
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
 from kvfence.cases.findings import Finding, Kind
 
-#: Programs listed per finding with ``--verbose`` (6 without).
-VERBOSE_PROGRAMS = 32
 
 
 def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional[str], trust: bool) -> None:
