@@ -7,11 +7,14 @@ writes the whole ``--json`` file from that run alone (the H200 record: ``H200_CO
 
 * ``default_structural_cases_per_s``: the headline rate of the default ``python -m kvfence fuzz --device
   cuda`` (no pinned field: the GPU domain, default ``--jobs``, config-major batches) over a
-  ``--max-seconds`` run: structurally distinct verified cases (config, lengths, pool rows; distinct
-  across all jobs) per second of the whole command's wall time (process start, compiles and captures
-  included); ``default_structurally_new_fraction`` is structural / verified cases, and
-  ``default_token_variant_cases`` the cases that only re-drew a structure's token table;
-  ``default_verified_cases_per_s`` counts every verified case; ``default_run`` keeps its summary;
+  ``--max-seconds`` run: structurally distinct verified cases (config and lengths: what changes where
+  the kernel writes; distinct across all jobs) per second of the whole command's wall time (process
+  start, compiles and captures included); ``default_structurally_new_fraction`` is structural /
+  verified cases, ``default_read_variant_cases`` the cases that only read other pool rows of a
+  structure and ``default_token_variant_cases`` those that only re-drew its token table (neither is
+  structural); ``default_examples_per_s`` and ``default_distinct_configs_per_s`` the Hypothesis
+  examples and distinct configs per second; ``default_verified_cases_per_s`` counts every verified
+  case; ``default_run`` keeps its summary;
 * ``pinned_structural_cases_per_s`` (and the same companions): the same with a pinned small config
   (``SMALL``) and ``--jobs``;
 * ``check_us_small``: kvfence's own check path on pre-drawn small cases (``Session.check_many`` in
@@ -29,7 +32,8 @@ writes the whole ``--json`` file from that run alone (the H200 record: ``H200_CO
   ``large_check_over_kernel``: what checking adds to that case as a fuzz run checks it (the fused
   per-case graph of prepare, kernel and verify, less the kernel's own replay) over the kernel's replay
   (``large_steps_check_over_kernel``: prepare and verify replayed as graphs of their own, a diagnostic);
-  ``case_us_large``: a whole verified case through ``Session.check`` (CUDA events, median);
+  ``case_us_large``: a whole verified case through ``Session.check`` (CUDA events, median), and
+  ``large_case_over_kernel`` that over the kernel's replay (the whole check, host side included);
 * ``naive_s_large``: a naive harness on the same case (``naive_errors``: fresh poisoned buffers, eager
   launch, copy to the host, every element compared with the plain oracle's formulas, slack and
   kv_indptr included), warm, median of ``NAIVE_RUNS``;
@@ -336,6 +340,9 @@ def large(device: str, naive: bool = True) -> dict:
         # The same check as two graphs of their own, prepare and verify replayed apart (each with its own
         # graph launch, the verify graph's branches joined inside it): a diagnostic of the parts.
         "large_steps_check_over_kernel": round((prepare_us + verify_us) / kernel_us, 2),
+        # A whole verified case through Session.check (staging copy, the fused graph, counters back, the
+        # host's share included) over the kernel's replay: what one case costs beside the kernel alone.
+        "large_case_over_kernel": round(case_us / kernel_us, 2),
         "naive_s_large": round(naive_s, 2),
         "speedup_vs_naive": round(naive_s * 1e6 / case_us, 1),
         "large_kv_indices_mib": round(bytes_out / 2**20, 1),
@@ -358,7 +365,8 @@ def _fuzz_cli(args, timeout: float) -> dict:
         assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
         doc = json.loads((Path(tmp) / "s.json").read_text())
     keys = ("examples", "generated_cases", "verified_cases", "cached_cases", "launches", "elapsed_s", "cases_per_s",
-            "structural_cases", "token_variant_cases", "structural_cases_per_s", "distinct_configs", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
+            "structural_cases", "read_variant_cases", "token_variant_cases", "structural_cases_per_s",
+            "examples_per_s", "distinct_configs", "distinct_configs_per_s", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
             "boundaries", "first_failure_s", "time_cut", "batches_per_example", "max_gpu_mem",
             "bulk_per_example", "bulk_cases", "bulk_skipped")
     return dict({k: doc.get(k) for k in keys}, wall_s=round(wall, 2), exit=proc.returncode,
@@ -373,7 +381,10 @@ def run_rates(name: str, run: dict) -> dict:
     return {f"{name}_run": run,
             f"{name}_structural_cases_per_s": round(structural / wall, 1),
             f"{name}_structurally_new_fraction": round(structural / verified, 3) if verified else None,
+            f"{name}_read_variant_cases": run["read_variant_cases"],
             f"{name}_token_variant_cases": run["token_variant_cases"],
+            f"{name}_examples_per_s": round(run["examples"] / wall, 1),
+            f"{name}_distinct_configs_per_s": round(run["distinct_configs"] / wall, 2),
             f"{name}_bulk_cases": run.get("bulk_cases"),
             f"{name}_distinct_configs": run["distinct_configs"],
             f"{name}_verified_cases_per_s": round(verified / wall, 1)}

@@ -90,10 +90,13 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         "elapsed_s": round(result.elapsed_s, 3),
         "cases_per_s": round(result.cases_per_s, 3),
         "structural_cases_per_s": round(result.structural_cases_per_s, 3),
+        "examples_per_s": round(result.examples_per_s, 3),
         "distinct_configs": result.distinct_configs,
-        # The digests behind structural_cases and distinct_configs: a merge counts what is distinct
-        # across jobs from them (sorted, so a summary is the same for the same run).
+        "distinct_configs_per_s": round(result.distinct_configs_per_s, 3),
+        # The digests behind structural_cases, read_variant_cases and distinct_configs: a merge counts what
+        # is distinct across jobs from them (sorted, so a summary is the same for the same run).
         "structure_keys": sorted(result.structure_keys),
+        "read_keys": sorted(result.read_keys),
         "config_keys": sorted(result.config_keys),
         **{key: (round(session.get(key, 0), 3) if key.endswith("_s") else session.get(key, 0)) for key in SESSION_KEYS},
         **run,
@@ -123,8 +126,9 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
 
 #: The run's counts, in the order every output shows them (kvfence.workflow.fuzz.FuzzResult defines each).
 COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases", "launches",
-          "structural_cases", "token_variant_cases", "bulk_cases", "bulk_skipped")
-#: Counts distinct across the jobs of a merge -> the digests each summary lists for them.
+          "structural_cases", "read_variant_cases", "token_variant_cases", "bulk_cases", "bulk_skipped")
+#: Counts distinct across the jobs of a merge -> the digests each summary lists for them
+#: (``read_variant_cases`` is the read keys less the structures: kvfence.workflow.fuzz.FuzzResult).
 DISTINCT = {"structural_cases": "structure_keys", "distinct_configs": "config_keys"}
 #: Session counters copied into the summary (kvfence.verifying.session.Session.stats).
 SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
@@ -150,9 +154,14 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
         if all(isinstance(d.get(keys), list) for d in docs):
             union = sorted(set().union(*(d[keys] for d in docs)))
             out[key], out[keys] = len(union), union
+    if all(isinstance(d.get("read_keys"), list) for d in docs) and all(isinstance(d.get("structure_keys"), list)
+                                                                       for d in docs):
+        out["read_keys"] = sorted(set().union(*(d["read_keys"] for d in docs)))
+        out["read_variant_cases"] = len(out["read_keys"]) - out["structural_cases"]
     out["elapsed_s"] = round(elapsed_s, 3)
-    out["cases_per_s"] = round(out["verified_cases"] / elapsed_s, 3) if elapsed_s > 0 else 0.0
-    out["structural_cases_per_s"] = round(out["structural_cases"] / elapsed_s, 3) if elapsed_s > 0 else 0.0
+    for key, count in (("cases_per_s", "verified_cases"), ("structural_cases_per_s", "structural_cases"),
+                       ("examples_per_s", "examples"), ("distinct_configs_per_s", "distinct_configs")):
+        out[key] = round(out[count] / elapsed_s, 3) if elapsed_s > 0 else 0.0
     out.update(run)
     sized = [d["largest_config"] for d in docs if d.get("largest_config")]
     out["largest_config"] = max(sized, key=lambda c: c.get("estimated_bytes", 0)) if sized else None
@@ -266,7 +275,8 @@ _TOP_FIELDS = {
     **{key: _optional(_count) for key in ("jobs", "jobs_not_started", "batches_per_example", "max_gpu_mem")},
     "seq_len_limit": _optional(lambda v: _count(v) or _text(v)),  # a merge of runs that differ says "mixed: ..."
     **{key: _number for key in ("elapsed_s", "cases_per_s", "compile_s", "capture_s", "runner_s",
-                                "max_need_over_width")},
+                                "max_need_over_width", "structural_cases_per_s", "examples_per_s",
+                                "distinct_configs_per_s")},
     **{key: _optional(_text) for key in ("device", "kernel", "sizing", "mode", "layout", "domain", "domain_text",
                                          "contract", "seed_source", "checking", "interrupted", "bulk_splice")},
     "seed": _optional(_int), "family_drawn": _flag, "time_cut": _flag, "shrink_cut": _flag, "resume": _flag,
@@ -404,7 +414,9 @@ def run_rows(doc: dict) -> List[List[str]]:
              ["start-up", phases_text(doc)],
              ["verified cases/s", f"{doc['cases_per_s']:.1f}"],
              ["structurally distinct cases/s", f"{doc.get('structural_cases_per_s', 0):.1f}"],
-             ["distinct configs", str(doc.get("distinct_configs", "?"))],
+             ["examples/s", f"{doc.get('examples_per_s', 0):.1f}"],
+             ["distinct configs", str(doc.get("distinct_configs", "?"))
+              + (f" ({doc['distinct_configs_per_s']:.1f}/s)" if "distinct_configs_per_s" in doc else "")],
              ["compiles / captures", f"{doc.get('compiles', 0)} / {doc.get('captures', 0)} "
                                      f"({doc.get('compile_s', 0):.1f} s compiling, {doc.get('capture_s', 0):.1f} s capturing)"],
              ["jobs", str(doc.get("jobs", 1)) + (f" ({doc['jobs_not_started']} not started: the run ended while "

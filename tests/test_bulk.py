@@ -21,7 +21,7 @@ from kvfence.errors import BadInput
 from kvfence.strategies import (FAST_SPEC, CaseRun, FastDraw, UnregisteredStrategy, _draw_batch, case_runs, configs,
                                 draw_batch, seq_len_bound)
 from kvfence.cases import contract as contracts
-from kvfence.workflow.fuzz import SPLICE_REPLAYED, config_key, fuzz, structure_key
+from kvfence.workflow.fuzz import SPLICE_REPLAYED, config_key, fuzz, read_key, structure_key
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16)
@@ -278,17 +278,20 @@ def test_the_time_budget_holds_within_one_chunk_when_every_case_is_slow():
 
 
 def test_the_bulk_never_launches_a_structure_the_run_has_verified():
-    """Every repeat of a structure among the launched cases is a Hypothesis-drawn token variant: the
-    bulk's repeats are skipped (``bulk_skipped``), and the counts say so."""
+    """Every repeat of a structure and its pool rows among the launched cases is a Hypothesis-drawn
+    token variant: the bulk's repeats are skipped (``bulk_skipped``), and the counts say so (a new pool
+    row assignment of a known structure is a read variant, not a structure)."""
     session = CleanStub()
     strategy = case_runs(configs(topk=1, num_steps=1, page_size=1, ctx=6, max_bs=2), max_batches=4, bulk=32)
     result = fuzz(session, strategy, max_examples=60, seed=0, targeting=False, shrink_seconds=0)
     digest = config_key(session.checked[0].config)
     record = contracts.get("draft")
-    keys = [structure_key(digest, record.structure_of(c)) for c in session.checked]
+    keys = [read_key(record, digest, c) for c in session.checked]
+    structures = {structure_key(digest, record.structure_of(c)) for c in session.checked}
     repeats = len(keys) - len(set(keys))
     assert result.bulk_skipped > 0 and result.bulk_cases > 0 and not result.findings
-    assert result.structural_cases == len(set(keys)) and result.token_variant_cases == repeats
+    assert result.structural_cases == len(structures) and result.token_variant_cases == repeats
+    assert result.read_variant_cases == len(set(keys)) - len(structures)
     assert repeats <= result.verified_cases - result.bulk_cases  # none of them from the bulk
 
 

@@ -1,6 +1,7 @@
-"""Rates that count new coverage: ``structural_cases`` counts distinct structures (config, lengths,
-pool rows), token-table variants of a structure are counted apart, and a merge of several jobs counts
-structures and configs distinct across all of them (``kvfence.reports.summary.merge``), not summed."""
+"""Rates that count new coverage: ``structural_cases`` counts distinct structures (config and lengths:
+what changes where the kernel writes), pool-row variants (``read_variant_cases``) and token-table
+variants of a structure are counted apart, and a merge of several jobs counts structures, read
+variants and configs distinct across all of them (``kvfence.reports.summary.merge``), not summed."""
 
 import pytest
 
@@ -39,13 +40,23 @@ def doc(result):
     return summary.build(result, run={}, case_path=None)
 
 
-def test_structures_are_counted_once_and_token_variants_apart():
+def test_structures_are_counted_once_and_pool_row_and_token_variants_apart():
     result, checked = run(0, **SMALL)
     record = contracts.get("draft")
-    keys = {structure_key(config_key(c.config), record.structure_of(c)) for c in checked}
-    assert result.structural_cases == len(keys) < result.verified_cases  # case_runs re-keys token tables
-    assert result.token_variant_cases == result.verified_cases - result.structural_cases
+    keys = {structure_key(config_key(c.config), c.batch.seq_lens) for c in checked}
+    with_rows = {structure_key(config_key(c.config), (c.batch.seq_lens, c.batch.req_pool_indices)) for c in checked}
+    # The structure is the lengths alone: two cases that differ only in the pool rows they read are one
+    # structure (the kernel stores to the same addresses), counted as read variants.
+    assert result.structural_cases == len(keys) < len(with_rows) < result.verified_cases
+    assert result.read_variant_cases == len(with_rows) - len(keys) > 0
+    assert result.token_variant_cases == result.verified_cases - len(with_rows)
     assert result.structure_keys == keys and result.distinct_configs == 1
+    assert len(result.read_keys) == len(with_rows)
+    doc = summary.build(result, run={}, case_path=None)
+    assert doc["read_variant_cases"] == result.read_variant_cases
+    assert doc["examples_per_s"] == round(result.examples / result.elapsed_s, 3)
+    assert doc["distinct_configs_per_s"] == round(1 / result.elapsed_s, 3)
+    summary.validate(doc, "summary.json")  # the new fields pass the reader's validation
 
 
 def test_a_merge_counts_what_is_distinct_across_jobs():
@@ -56,6 +67,7 @@ def test_a_merge_counts_what_is_distinct_across_jobs():
     c, _ = run(1, topk=1, num_steps=1, ctx=4, max_bs=1, page_size=1)
     same = summary.merge([doc(a), doc(b)], run={}, elapsed_s=1.0)
     assert same["distinct_configs"] == 1 and same["structural_cases"] == a.structural_cases
+    assert same["read_variant_cases"] == a.read_variant_cases  # the same pool-row variants, counted once
     assert same["verified_cases"] == a.verified_cases + b.verified_cases  # work done still adds up
     assert same["structural_cases_per_s"] == a.structural_cases
     other = summary.merge([doc(a), doc(c)], run={}, elapsed_s=2.0)

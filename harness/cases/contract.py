@@ -39,6 +39,9 @@ config_of(case)             what the case shares with the others of its config (
                             configs and ``--keep-going`` signatures count these), ``config_record(config)``
                             its data and ``config_bytes(config)`` its memory
 structure_of(case)          what changes where the kernel writes (the structural rate counts these)
+read_variant_of(case)       what else changes which input elements are read, not where anything is written
+                            (the draft's pool rows): a case new only in this is a read variant, counted
+                            apart from the structural rate; None (the default) when nothing is
 utilisation(case)           need / width, the quantity Hypothesis's target phase climbs
 coverage_fields /           one row of the coverage plot per explored case: the first field names the
 coverage_row(case, failed)  panel; ``num_seqs``, ``need``, ``width`` and ``failed`` are always there
@@ -290,6 +293,9 @@ class Contract(abc.ABC):
     @abc.abstractmethod
     def structure_of(self, case):
         ...
+
+    def read_variant_of(self, case):
+        return None
 
     def utilisation(self, case) -> float:
         s = self.summary(case)

@@ -355,9 +355,13 @@ class DraftContract(Contract):
         return estimate_bytes(config)
 
     def structure_of(self, case):
-        """Lengths and pool rows (and so positions, which follow from the lengths), not the token table: the
-        kernel makes the same stores at the same addresses for two cases of one structure."""
-        return case.batch.seq_lens, case.batch.req_pool_indices
+        """The lengths (and so positions, which follow from them): the kernel makes the same stores at the
+        same addresses for two cases of one structure, whatever pool rows and token table they read."""
+        return case.batch.seq_lens
+
+    def read_variant_of(self, case):
+        """The pool rows: which row of ``req_to_token`` each request reads (not where anything is written)."""
+        return case.batch.req_pool_indices
 
     def utilisation(self, case) -> float:
         sizing = case._sizing  # computed once per case (sizing_summary() would copy it)

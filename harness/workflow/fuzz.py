@@ -87,20 +87,25 @@ class FuzzResult:
     * ``cached_cases``: repeats answered from the verdict cache, never launched again;
     * ``shrink_cases``: cases checked while shrinking a failure (verified or cached);
     * ``launches``: kernel launches (a dirty case on the device path is launched twice);
-    * ``structural_cases``: explored cases distinct in config, lengths and pool rows (and so positions,
-      which follow from the lengths), token tables aside: the kernel makes the same stores at the same
-      addresses for two cases of one structure, only the slot ids copied differ;
-    * ``token_variant_cases``: explored cases verified although their structure had been verified
-      before (another token table only): counted apart, never in a rate called distinct;
+    * ``structural_cases``: explored cases distinct in what changes where the kernel writes (the
+      contract's ``structure_of``; the draft's: config and lengths, and so positions): the kernel makes
+      the same stores at the same addresses for two cases of one structure, only the values copied differ;
+    * ``read_variant_cases``: explored cases of a structure seen before that read other input elements
+      (the contract's ``read_variant_of``; the draft's pool rows): counted apart, never in a rate called
+      structural;
+    * ``token_variant_cases``: explored cases verified although their structure and reads had been
+      verified before (another token table only): counted apart, never in a rate called distinct;
     * ``bulk_cases``: verified cases that came from the fast generator (``case_runs(bulk=N)``), part of
       ``verified_cases``;
     * ``bulk_skipped``: bulk cases not launched because the run had already verified their structure
-      (they would only be token variants); not part of ``generated_cases``.
+      and reads (they would only be token variants); not part of ``generated_cases``.
 
     ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done;
-    ``structural_cases_per_s`` (``structural_cases / elapsed_s``) is the rate of new coverage.
-    ``structure_keys`` / ``config_keys`` are the digests behind ``structural_cases`` and
-    ``distinct_configs`` (``structure_key``), stable across processes, so a merge of several jobs
+    ``structural_cases_per_s`` (``structural_cases / elapsed_s``) is the rate of new coverage, beside
+    ``examples_per_s`` and ``distinct_configs_per_s``.
+    ``structure_keys`` / ``read_keys`` / ``config_keys`` are the digests behind ``structural_cases``,
+    ``read_variant_cases`` (``read_keys`` less ``structure_keys``: a new structure is a new read key too)
+    and ``distinct_configs`` (``structure_key``), stable across processes, so a merge of several jobs
     counts what is distinct across all of them (``kvfence.reports.summary.merge``).
     """
 
@@ -111,6 +116,7 @@ class FuzzResult:
     shrink_cases: int = 0
     launches: int = 0
     structural_cases: int = 0
+    read_variant_cases: int = 0
     token_variant_cases: int = 0
     bulk_cases: int = 0
     bulk_skipped: int = 0
@@ -167,6 +173,7 @@ class FuzzResult:
     keep_going: Optional[dict] = None
 
     structure_keys: set = field(default_factory=set)
+    read_keys: set = field(default_factory=set)
     config_keys: set = field(default_factory=set)
 
     @property
@@ -176,6 +183,14 @@ class FuzzResult:
     @property
     def structural_cases_per_s(self) -> float:
         return self.structural_cases / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def distinct_configs_per_s(self) -> float:
+        return self.distinct_configs / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
 def config_key(config) -> int:
@@ -189,6 +204,12 @@ def structure_key(config_digest: int, structure) -> int:
     """A case's structure (its config's digest and the contract's ``structure_of``: what changes where the
     kernel writes), the same in every process: a tuple of ints hashes identically everywhere."""
     return hash((config_digest, structure))
+
+
+def read_key(record, config_digest: int, case) -> int:
+    """A case's structure and reads (its contract's ``structure_of`` and ``read_variant_of``): two cases of
+    one read key differ only in values the kernel copies (the bulk skips the second)."""
+    return structure_key(config_digest, (record.structure_of(case), record.read_variant_of(case)))
 
 
 def utilisation(case) -> float:
@@ -292,7 +313,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     verdicts: Dict[object, List[Finding]] = carry.setdefault("verdicts", {})
     configs_seen: Dict[object, int] = carry.setdefault("configs", {})
     shapes = carry.setdefault("shapes", set())
-    result.structure_keys = shapes
+    read_shapes = carry.setdefault("read_shapes", set())
+    result.structure_keys, result.read_keys = shapes, read_shapes
     config_digests: Dict[object, int] = carry.setdefault("config_digests", {})
     # "largest": a config's memory estimate (the contract's config_bytes; one that estimates none is never largest)
     state = {"first_failure": None, "last_progress": 0.0, "largest": 0, "stop_asked": 0.0}
@@ -334,7 +356,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                 rec = _record(cases[0])
                 digest = _digest(rec.config_of(cases[0]))
                 for case in cases[bulk_start:]:
-                    if case in verdicts or structure_key(digest, rec.structure_of(case)) not in shapes:
+                    if case in verdicts or read_key(rec, digest, case) not in read_shapes:
                         bulk.append(case)
                     else:
                         result.bulk_skipped += 1
@@ -426,12 +448,16 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         result.generated_cases += 1
         rec = _record(case)
         config = rec.config_of(case)
-        shape = structure_key(_digest(config), rec.structure_of(case))
+        digest = _digest(config)
+        shape, reads = structure_key(digest, rec.structure_of(case)), read_key(rec, digest, case)
         if shape not in shapes:
             shapes.add(shape)
             result.structural_cases += 1
+        elif reads not in read_shapes:
+            result.read_variant_cases += 1
         elif verified_now:
             result.token_variant_cases += 1
+        read_shapes.add(reads)
         u = rec.utilisation(case)
         stat = _keep(result, lambda: rec.coverage_row(case, bool(findings)), rng)
         if u > result.max_utilisation:

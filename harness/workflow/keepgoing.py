@@ -85,10 +85,11 @@ def read_only(inner):
 def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
     """Add one phase's counts to the run's (the shared ``carry`` keeps shapes and configs distinct)."""
     for key in ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases",
-                "structural_cases", "token_variant_cases", "bulk_cases", "bulk_skipped", "known_repeats"):
+                "structural_cases", "read_variant_cases", "token_variant_cases", "bulk_cases", "bulk_skipped",
+                "known_repeats"):
         setattr(total, key, getattr(total, key) + getattr(r, key))
     total.launches, total.session_stats, total.distinct_configs = r.launches, r.session_stats, r.distinct_configs
-    total.structure_keys, total.config_keys = r.structure_keys, r.config_keys  # the shared carry's
+    total.structure_keys, total.read_keys, total.config_keys = r.structure_keys, r.read_keys, r.config_keys  # the shared carry's
     if r.max_utilisation > total.max_utilisation:
         total.max_utilisation, total.max_utilisation_stat = r.max_utilisation, r.max_utilisation_stat
     if r.largest_config and (not total.largest_config or r.largest_config.get("estimated_bytes", 0)
