@@ -383,10 +383,13 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     if "max_bs" in pinned:
         m = pinned["max_bs"]
     elif dom.name == "cpu":
-        # The largest max_bs (its full bucket pads and sums over the most requests) a quarter of the time;
-        # the count first and the tier after, so a failure shrinks the count on its own.
+        # The largest max_bs (its full bucket pads and sums over the most requests) a quarter of the time.
+        # The tier first, then a count drawn whatever the tier: shrinking the tier leaves a count that
+        # shrinks on its own, and a failure that needs more than one lets the shrinker trade the tier's
+        # value for the count's (a lower tier, a higher count), so "the largest" shrinks to "just enough".
+        full = draw(TIERS) == 3
         m = draw(_integers(1, dom.max_bs))
-        m = dom.max_bs if draw(TIERS) == 3 else m
+        m = dom.max_bs if full else m
     else:
         m = sized(draw, 1, dom.max_bs, _bs_edges(dom))
     fixed_d = dict(fixed)
@@ -541,10 +544,13 @@ def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
     Shrinks toward ``min_requests``."""
     lo, hi = min_requests, config.max_bs
     if hi - lo < 8:
-        # The count is drawn first and the tier after it, so shrinking the tier to 0 leaves a count that
-        # shrinks on its own (a tier deciding whether a draw happens at all shrinks badly).
+        # The tier first, then a count drawn whatever the tier (a tier deciding whether a draw happens at
+        # all shrinks badly): shrinking the tier to 0 leaves a count that shrinks on its own, and a
+        # failure that needs two requests shrinks from a full batch to two, the shrinker lowering the tier
+        # and raising the count together (the count drawn first would have shrunk to 1 under a full tier).
+        full = draw(TIERS) >= 2
         count = draw(_integers(lo, hi))
-        return hi if draw(TIERS) >= 2 else count
+        return hi if full else count
     tier = draw(TIERS)
     if tier <= 1:
         return draw(_integers(lo, lo + 3))

@@ -119,3 +119,24 @@ def test_a_full_batch_at_the_context_wall_is_a_common_draw(ctx, num_steps, limit
 def test_strategy_arguments_are_validated_up_front(make, message):
     with pytest.raises(BadInput, match=message):
         make().validate()
+
+
+def test_a_failure_that_needs_two_requests_shrinks_to_two_not_to_a_full_batch():
+    """A full batch (and the largest max_bs) is one tier of the count's draw: the tier comes first and the
+    count is drawn whatever it is, so the shrinker can lower the tier while raising the count. A bug that
+    needs two requests (a stray store from the second request, which kills the worker) then shrinks to
+    two requests on every seed, not to the full batch the tier gave (the count drawn first shrank to 1
+    under a full tier, stranding 2 of 10 seeds at four requests)."""
+    from kvfence.cases.findings import Finding, Kind
+    from kvfence.strategies import case_runs
+    from kvfence.workflow.fuzz import fuzz
+
+    class CrashesFromTwoRequests:
+        stats: dict = {}
+
+        def check(self, case):
+            return [Finding(Kind.CRASH, None, "kernel launch")] if len(case.batch.seq_lens) >= 2 else []
+
+    shrunk = [len(fuzz(CrashesFromTwoRequests(), case_runs(configs(), max_batches=1), max_examples=200, seed=seed,
+                       shrink_seconds=30).case.batch.seq_lens) for seed in range(10)]
+    assert shrunk == [2] * 10
