@@ -70,7 +70,7 @@ run_verifiers() {
   # VERIFIER_SEEDS="6 7 8" in a call of their own.
   local s rc=0 seeds=${VERIFIER_SEEDS:-3 4 5}
   for s in $seeds; do
-    OMP_NUM_THREADS=1 timeout 560 kvfence mutants --device cuda --verifiers both --max-examples 2 --seed "$s" \
+    OMP_NUM_THREADS=1 timeout "${VERIFIER_SECONDS:-560}" kvfence mutants --device cuda --verifiers both --max-examples 2 --seed "$s" \
       --json "$RESULTS/h200_verifiers_seed$s.json" > "$LOGS/verifiers$s.txt" 2>&1 &
   done
   for s in $seeds; do wait -n || rc=1; done
