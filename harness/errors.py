@@ -40,6 +40,7 @@ def redact(text: str) -> str:
     user did not percent-encode it). One left-to-right pass: linear in the text, whatever it holds."""
     text = str(text)
     out, pos, n = [], 0, len(text)
+    end, last_at = -1, -1  # the word holding the last ``://`` seen: where it ends, and its last ``@``
     while True:
         mark = text.find("://", pos)
         if mark < 0:
@@ -49,10 +50,14 @@ def redact(text: str) -> str:
             start -= 1
         while start < mark and not text[start].isalpha():  # a scheme begins with a letter
             start += 1
-        end = mark + 3
-        while end < n and not text[end].isspace():
-            end += 1
-        at = text.rfind("@", mark + 3, end)
+        if mark >= end:
+            # A new word: its end and last ``@`` are found once, however many ``://`` it holds (scanning
+            # the rest of the word again for each would make a long word of them quadratic).
+            end = mark + 3
+            while end < n and not text[end].isspace():
+                end += 1
+            last_at = text.rfind("@", mark + 3, end)
+        at = last_at if last_at >= mark + 3 else -1
         if start < mark and at >= 0:
             out.append(text[pos:mark + 3] + "***")
             pos = at
