@@ -318,19 +318,28 @@ def test_corrupt_cache_entry_is_one_line_exit_2_and_refresh_repairs_it(tmp_path,
     assert kvfence("upstream", "fetch", VERSION, cache=cache).returncode == 0
 
 
-def test_hand_edited_module_with_matching_hash_is_still_refused(tmp_path, cache, monkeypatch):
+@pytest.mark.parametrize("added,needle", [
+    ("print('side effect')", "unexpected statement"),
+    # A constant no kernel reads is not checked by extracting again: its value must be checked on its own.
+    ("Z = __import__('os').system('echo pwned')", "is not allowed|calls something other than Triton"),
+    ("Z = tl.constexpr(open('/tmp/kvfence-pwned', 'w').write('x'))", "calls something other than Triton"),
+    ("Z: int = __import__('os').getpid()", "is not allowed|calls something other than Triton"),
+    ("Z: __import__('os').getpid() = 1", "is not allowed|calls something other than Triton"),
+    ("Z.attr = 1", "unexpected assignment"),
+])
+def test_hand_edited_module_with_matching_hash_is_still_refused(tmp_path, cache, monkeypatch, added, needle):
     # Someone re-hashed a module that now runs code at import: the structural check refuses it.
     wheel = make_wheel(tmp_path / "wheels")
     assert kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache).returncode == 0
     folder = cache / f"sglang-{VERSION}"
     module = folder / "spec_utils.py"
-    text = module.read_text() + "\nprint('side effect')\n"
+    text = module.read_text() + f"\n{added}\n"
     module.write_text(text)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["module_sha256"] = hashlib.sha256(text.encode()).hexdigest()
     (folder / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setenv("KVFENCE_CACHE", str(cache))
-    with pytest.raises(BadInput, match="is corrupt.*unexpected statement"):
+    with pytest.raises(BadInput, match=f"is corrupt.*({needle})"):
         upstream.load_entry(VERSION)
 
 

@@ -279,8 +279,17 @@ def _check_extracted(tree: ast.Module, functions: set) -> None:
                     f"unexpected import from {node.module}")
         elif isinstance(node, ast.FunctionDef):
             require(node.name in functions and _is_jit(node), f"unexpected function {node.name}")
-        elif not (isinstance(node, (ast.Assign, ast.AnnAssign))
-                  or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))):
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            # A top-level constant runs when the module is imported: its value (and annotation) may read
+            # only literals, Triton and other constants, as extraction requires of every constant it takes
+            # (a constant no kernel reads is not checked by extracting again, so it is checked here).
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            require(all(isinstance(t, ast.Name) for t in targets), f"unexpected assignment at line {node.lineno}")
+            require(node.value is not None, f"unexpected annotation without a value at line {node.lineno}")
+            _check_safe_expr(node.value, f"constant at line {node.lineno}")
+            if isinstance(node, ast.AnnAssign):
+                _check_safe_expr(node.annotation, f"annotation at line {node.lineno}")
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
             raise BadInput(f"unexpected statement at line {node.lineno}")
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     require(functions == defined, f"functions {sorted(defined)} != manifest {sorted(functions)}")
