@@ -144,3 +144,49 @@ def test_an_installed_contract_gets_jobs_keep_going_case_files_repro_and_the_rep
         replay = _kvfence_env(*words, "--device", "cpu", cwd=tmp_path, env=env)
         assert replay.returncode == 1 and "FAIL:" in replay.stdout, replay.stdout + replay.stderr
         assert all(kind in replay.stdout for kind in record["kinds"]), (record["kinds"], replay.stdout)
+
+
+#: A contract package's module whose import misbehaves (the probes of the isolation issue).
+HOSTILE_IMPORTS = {
+    "exit": "import os\nos._exit(0)\n",
+    "raise": "raise RuntimeError('broken contract')\n",
+    "interrupt": "raise KeyboardInterrupt\n",
+    "system-exit": "raise SystemExit(0)\n",
+}
+
+
+def _installed_hostile_contract(tmp_path: Path, how: str) -> dict:
+    site = tmp_path / "site"
+    info = site / "evil_contract-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil-contract\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kvfence.contracts]\nevil = evil_contract:EVIL\n")
+    (site / "evil_contract.py").write_text(HOSTILE_IMPORTS[how])
+    path = os.pathsep.join([str(site)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return {"PYTHONPATH": path}
+
+
+@pytest.mark.parametrize("how", sorted(HOSTILE_IMPORTS))
+def test_a_contract_whose_import_ends_or_interrupts_its_process_is_one_line_in_fuzz_pytest_and_the_api(tmp_path, how):
+    """A contract plug-in's module is imported in a throwaway process first: an import that exits 0,
+    raises, raises KeyboardInterrupt or SystemExit is one line naming the contract (fuzz: exit 2; the
+    pytest plugin: a usage error, exit 4; ``check_kernel``: ``BadInput``, so the test fails), never an
+    exit 0 with no output, a traceback or a run that looks interrupted by Ctrl-C. The installed toy
+    contract passes the same way (the test above)."""
+    env = _installed_hostile_contract(tmp_path, how)
+    run = _kvfence_env("fuzz", "--contract", "evil", "--device", "cpu", "--max-examples", "2",
+                       "--out", str(tmp_path / "out"), cwd=tmp_path, env=env)
+    assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
+    assert "contract 'evil'" in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    test = tmp_path / "test_api.py"
+    test.write_text("import kvfence\n\ndef test_it():\n"
+                    "    kvfence.check_kernel('reference', device='cpu', contract='evil', max_examples=2)\n")
+    full = dict(os.environ, TRITON_INTERPRET="1", **env)
+    api = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(test)],
+                         cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
+    assert api.returncode == 1 and "contract 'evil'" in api.stdout and "1 failed" in api.stdout, api.stdout + api.stderr
+    plugin = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "--kvfence-contract", "evil", str(test)],
+                            cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
+    assert plugin.returncode == 4 and "contract 'evil'" in plugin.stderr, (plugin.returncode, plugin.stdout, plugin.stderr)

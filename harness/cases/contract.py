@@ -391,6 +391,60 @@ def names() -> List[str]:
 
 def get(name: str) -> Contract:
     """The contract registered as ``name``; ``BadInput`` naming the known ones otherwise."""
+    return _get(name, probe=True)
+
+
+#: Seconds a contract plug-in's import may take in its throwaway process.
+IMPORT_PROBE_TIMEOUT_S = 120.0
+
+_PROBE_CHILD = """\
+import importlib, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the parent, which decides
+sys.path[:0] = [p for p in sys.argv[3:] if p not in sys.path]
+try:
+    importlib.import_module(sys.argv[1])
+    answer = "ok"
+except BaseException as exc:  # KeyboardInterrupt, SystemExit, anything: reported
+    answer = "error " + type(exc).__name__ + ": " + str(exc)
+with open(sys.argv[2], "w") as report:
+    report.write(answer)
+os._exit(0)  # no interpreter shutdown: nothing the module registered (atexit) runs
+"""
+
+
+def _probe_import(name: str, entry: str) -> None:
+    """Import a contract plug-in's module in a throwaway process before this one imports it (as
+    ``kvfence.workflow.probe`` does for kernel and sizing plug-ins): an import that exits (``os._exit(0)``:
+    a silent pass in a user's CI), aborts, raises ``KeyboardInterrupt`` or ``SystemExit``, or hangs is one
+    line naming the contract, never the end of this process."""
+    import subprocess
+    import sys
+    import tempfile
+
+    module_name = entry.partition(":")[0]
+    with tempfile.TemporaryDirectory(prefix="kvfence-contract-probe-") as tmp:
+        report = Path(tmp) / "report"
+        try:
+            proc = subprocess.run([sys.executable, "-c", _PROBE_CHILD, module_name, str(report),
+                                   *[p for p in sys.path if p]],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=IMPORT_PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BadInput(f"contract {name!r}: importing {module_name} did not finish within "
+                           f"{IMPORT_PROBE_TIMEOUT_S:g}s") from None
+        try:
+            answer = report.read_text()
+        except OSError:
+            answer = None
+    if answer is None:
+        how = f"died of signal {-proc.returncode}" if proc.returncode < 0 else f"ended its process (exit status {proc.returncode})"
+        raise BadInput(f"contract {name!r}: importing {module_name} {how} before kvfence could check it "
+                       "(a contract's import must not exit or kill its process)")
+    require(answer == "ok", f"contract {name!r}: cannot load {entry}: {answer[len('error '):]}")
+
+
+def _get(name: str, *, probe: bool) -> Contract:
+    """``get``; ``probe=False`` in a process that is itself a throwaway one (a checking worker, a probe)."""
     if name in _LOADED:
         return _LOADED[name]
     known = _entry_points()
@@ -398,10 +452,13 @@ def get(name: str) -> Contract:
             f"unknown contract {name!r}: choose from {', '.join(sorted(known)) or '(none registered)'}")
     module_name, _, attr = known[name].partition(":")
     import importlib
+    import sys
 
+    if probe and module_name.split(".")[0] != "kvfence" and module_name not in sys.modules:
+        _probe_import(name, known[name])  # code from outside kvfence: its import cannot end this process
     try:
         record = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code's import: bad input, one line
         raise BadInput(f"contract {name!r}: cannot load {known[name]}: {type(exc).__name__}: {exc}") from None
     require(isinstance(record, Contract), f"contract {name!r}: {known[name]} is not a kvfence Contract")
     require(record.name == name, f"contract {name!r}: {known[name]} calls itself {record.name!r}")
@@ -433,4 +490,4 @@ def load_in_worker(options: dict) -> Contract:
         if path not in sys.path:
             sys.path.insert(0, path)
     register(options["contract"], options["entry"])
-    return get(options["contract"])
+    return _get(options["contract"], probe=False)  # this process is the throwaway one
