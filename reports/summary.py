@@ -13,7 +13,7 @@ from typing import Dict, Iterable, List, Optional
 
 from kvfence.cases import contract as contracts
 from kvfence.cases.casefile import LEGACY_CONTRACT, case_repro_command
-from kvfence.errors import require
+from kvfence.errors import printable, require
 
 SUMMARY_VERSION = 1
 MARKER = "kvfence_summary"
@@ -508,7 +508,9 @@ def text_table(doc: dict, program: str = "python -m kvfence") -> str:
         prefix = "python -m kvfence "
         parts.append("\n".join(program + " " + c["repro"][len(prefix):] if c["repro"].startswith(prefix)
                                else c["repro"] for c in doc.get("cases", {}).values()))
-    return "\n\n".join(parts)
+    # For a terminal: a summary may be an earlier run's (``--resume``, written elsewhere), so every line has
+    # its control characters (escape codes) shown escaped, whatever field they came from.
+    return "\n".join(printable(line, limit=None) for line in "\n\n".join(parts).split("\n"))
 
 
 def merge_resumed(previous: dict, doc: dict) -> dict:

@@ -152,3 +152,20 @@ def test_a_widened_row_guard_says_why_it_is_wider_than_the_others():
     assert "64 elements plus 4, this case&#39;s overflow past a row" in svg or \
         "64 elements plus 4, this case's overflow past a row" in svg, svg
     assert "overflow" not in str(row_svg(BufferMap("kv_indptr", [plain]), plain))
+
+
+def test_the_end_of_run_table_shows_an_earlier_summarys_escape_codes_escaped():
+    """``fuzz --resume`` prints a summary another run wrote: its strings (kernel, sizing, case paths, repro
+    lines) reach the terminal with control characters escaped, never as escape sequences."""
+    from kvfence.reports.summary import build, text_table
+    from kvfence.workflow.fuzz import FuzzResult
+
+    evil = "\x1b]0;pwn\x07\x1b[2J"
+    doc = build(FuzzResult(), run={"kernel": evil, "sizing": evil, "device": evil, "contract": "draft"},
+                case_path=None)
+    path = f"DIR/cases/{evil}.json"
+    doc["findings"] = [{"kind": "GUARD_OVERWRITE", "region": evil, "case": path, "buffer": evil, "start": 0,
+                        "stop": 1, "detail": evil}]
+    doc["cases"] = {path: {"path": path, "repro": f"python -m kvfence repro {path}", "kinds": ["GUARD_OVERWRITE"]}}
+    text = text_table(doc)
+    assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;pwn" in text
