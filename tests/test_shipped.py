@@ -447,6 +447,9 @@ def _nested_helpers(n: int) -> str:
     ("max_bs" + " + 1" * 2000, "", ""),  # 2,000 operators deep: parses, then too deep to expand, not a traceback
     ("max_bs * 10 ** 400", "", ""),
     ("max_bs * 123456789012345678901234567890", "", "larger than 2^62"),
+    # 200 operators: expandable, but deeper than a record may hold (the reader wrote it, and then refused
+    # to read its own record back as a corrupt cache entry)
+    ("max_bs" + " * max_bs" * 200, "", "nested more than 64 deep"),
 ])
 def test_a_runaway_site_is_unreadable_on_time_and_the_kernel_is_still_extracted(tmp_path, graph, helpers, why):
     import resource

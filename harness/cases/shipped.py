@@ -169,8 +169,28 @@ def substitute(tree, bindings: dict):
 
 
 # -- the record's schema -----------------------------------------------------------------------------
+#: The deepest formula tree a record may hold: the reader makes a deeper one an ``unreadable`` site, so that
+#: every record it writes passes this check when read back.
+TREE_MAX_DEPTH = 64
+
+
+def tree_depth(tree) -> int:
+    """The nesting depth of a formula tree (iterative: a hostile record's tree may be very deep)."""
+    deepest, todo = 0, [(tree, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, list) and node and node[0] not in ("int", "sym"):
+            todo.extend((a, depth + 1) for a in node[1:])
+    return deepest
+
+
+def _too_deep(text: str, where: str) -> "Unreadable":
+    return Unreadable(text, where, f"formula nested more than {TREE_MAX_DEPTH} deep")
+
+
 def _check_tree(tree, symbols, what: str, depth: int = 0) -> None:
-    require(depth <= 64, f"{what}: formula nested too deep")
+    require(depth <= TREE_MAX_DEPTH, f"{what}: formula nested too deep")
     require(isinstance(tree, list) and tree and isinstance(tree[0], str), f"{what}: a formula is not a tree")
     head, args = tree[0], tree[1:]
     if head == "int":
@@ -348,6 +368,7 @@ class Evaluator:
     def __init__(self, wheel: Wheel):
         self.wheel = wheel
         self.steps = 0  # MAX_EVAL_STEPS: reset for each site (``Reader.read``, one evaluator per site elsewhere)
+        self.nesting = 0  # expressions being expanded inside each other (TREE_MAX_DEPTH)
 
     def fail(self, node, site: Site, why: str):
         try:
@@ -367,6 +388,15 @@ class Evaluator:
         return None
 
     def expr(self, node, site: Site):
+        self.nesting += 1
+        try:
+            if self.nesting > TREE_MAX_DEPTH:
+                self.fail(node, site, f"an expression nested more than {TREE_MAX_DEPTH} deep")
+            return self._expr(node, site)
+        finally:
+            self.nesting -= 1
+
+    def _expr(self, node, site: Site):
         self.steps += 1
         if self.steps > MAX_EVAL_STEPS:
             self.fail(node, site, f"more than {MAX_EVAL_STEPS} evaluation steps (names expanding each other)")
@@ -748,6 +778,9 @@ class Reader:
             out.update(_unreadable(Unreadable(out["formula_text"], f"{file}:{stmt.lineno}",
                                               f"width depends on {', '.join(sorted(extra))}")))
             return out
+        if tree_depth(tree) > TREE_MAX_DEPTH:  # each part within the limit, the parameters substituted deeper
+            out.update(_unreadable(_too_deep(out["formula_text"], f"{file}:{stmt.lineno}")))
+            return out
         out["tree"] = tree
         out["formula"] = render(tree)
         return out
@@ -819,6 +852,9 @@ class Reader:
             if extra:
                 out.update(_unreadable(Unreadable(ast.unparse(left), f"{site_file}:{test.lineno}",
                                                   f"check depends on {', '.join(sorted(extra))}")))
+                return out
+            if tree_depth(tree) > TREE_MAX_DEPTH:
+                out.update(_unreadable(_too_deep(ast.unparse(left), f"{site_file}:{test.lineno}")))
                 return out
             out["tree"], out["formula"] = tree, render(tree)
             return out
