@@ -123,8 +123,12 @@ def sizing_lines(version: str, record: dict) -> List[str]:
     """``upstream sizing VERSION``: per backend, both widths, the host check and where each came from."""
     from kvfence.cases.shipped_sizing import site_state
 
+    from kvfence.cases.shipped import unread_note
+
+    # What was not read (too many backend classes, members left out) is said on the first line: a count of
+    # backends alone would hide that the rest of the wheel was never looked at.
     out = [f"sglang=={version}: {len(record['backends'])} draft backend(s) (classes that launch the kernel, "
-           "and their subclasses)"]
+           "and their subclasses)" + unread_note(record)]
     for name, b in sorted(record["backends"].items()):
         out.append("")
         base = f" (subclass of {', '.join(b['bases'])})" if b["bases"] else ""

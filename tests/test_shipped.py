@@ -553,3 +553,16 @@ def test_one_shipped_matrix_command_runs_the_draft_family_and_a_table_contract(t
     assert doc["contracts"] == ["trtllm-mha-page-table"] and doc == json.loads((out / "contracts" / "shipped.json").read_text())
     cell = doc["rows"][0]["cells"][0]
     assert "GUARD_OVERWRITE" in cell["kinds"], cell
+
+
+def test_upstream_sizing_says_when_backend_classes_were_left_unread(tmp_path):
+    """A wheel with more backend classes than kvfence reads: ``upstream sizing`` says so on its first line
+    beside the count, instead of a count that reads as the whole wheel."""
+    many = "\n\n".join(backend(f"Backend{i}", "max_bs * self.topk") for i in range(shipped.MAX_BACKENDS + 6))
+    wheel = _hostile_wheel(tmp_path / "w", "0.0.9", "max_bs * self.topk",
+                           extra={BACKENDS.replace(".py", "_more.py"): "import torch\n\n" + many})
+    cache = tmp_path / "cache"
+    sizing = kvfence("upstream", "sizing", "0.0.9", cache=cache, wheel_dir=wheel.parent)
+    first = sizing.stdout.splitlines()[0]
+    assert sizing.returncode == 0 and f"{shipped.MAX_BACKENDS} draft backend(s)" in first, sizing.stdout[:400]
+    assert f"more than {shipped.MAX_BACKENDS}: the rest were not read" in first, first
