@@ -202,3 +202,28 @@ def test_a_ctrl_c_while_every_job_is_stopped_ends_the_run_within_its_grace_with_
     # Continued, each job stops on the SIGINT it is sent (a partial run), or is killed and named.
     stopped = [p for p in summary["job_problems"] if "did not stop" in p]
     assert all("killed" in p for p in stopped), summary["job_problems"]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the target reads its job from /proc")
+def test_a_job_in_a_long_check_does_not_hold_back_the_verdict_of_anothers_failure(tmp_path):
+    """``--jobs 2``: job 0 finds a failure at once while job 1 sits in one long check (its launcher sleeps
+    120 s: a large config compiling on a shared GPU). Job 1 reads the stop file only between examples, so
+    once job 0 has ended the parent stops it (``AFTER_FAILURE_GRACE_S``): the run ends in seconds with job 0's
+    failure and no job problem, not when job 1's check or the budget's grace runs out (75 s here). The
+    correct kernel is the other half: the same command on it is clean (tests of --jobs above)."""
+    import time
+
+    out = tmp_path / "out"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--jobs", "2",
+                           "--kernel", f"{ROOT / 'tests' / 'targets' / 'job_split.py'}:wrong_in_job_0_slow_elsewhere",
+                           "--max-seconds", "60", "--shrink-seconds", "2", "--case-timeout", "300", "--seed", "0",
+                           "--no-audit", "--out", str(out), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=200,
+                          env=dict(os.environ, TRITON_INTERPRET="1"))
+    wall = time.monotonic() - start
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert "MISSING_WRITE" in {f["kind"] for f in summary["findings"]} and not summary["job_problems"]
+    assert summary["interrupted"] is None and "Traceback" not in proc.stderr
+    assert wall < 45, wall  # start-up, the failure and its 2 s shrink, the grace, the stop: not 75 s or 120 s

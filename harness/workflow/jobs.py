@@ -12,7 +12,10 @@ copies their case files into ``OUT/cases``. Each job shrinks its own first failu
 every job is kept. Once a job has found a failure (not under ``--keep-going``), the parent writes
 ``OUT/jobs/stop``: the other jobs stop exploring (``ended_by: job_failure``; one already shrinking its
 own failure finishes it), as one Hypothesis run ends its exploration at its first failure, so the
-run's wall time is the first failure and its shrinking, not the whole time budget. A job that dies (CUDA
+run's wall time is the first failure and its shrinking, not the whole time budget. A job reads that file
+between examples only: once every job that found a failure has ended, the others get
+``AFTER_FAILURE_GRACE_S`` more and are then stopped (SIGTERM, their outputs written and merged), so one
+in the middle of a long check cannot hold the verdict back. A job that dies (CUDA
 fault, kill -9) is reported, the case it had in flight is recovered from its journal as a ``CRASH`` case
 file, and the other jobs go on.
 
@@ -53,6 +56,11 @@ STOP_WAIT_S = 5.0
 #: Seconds past the run's budget (``deadline_s``) before the parent stops a job that is still running:
 #: a job checks its budget between examples only, so one hung in a launch or a plug-in never returns.
 JOB_OVERRUN_GRACE_S = 15.0
+#: Seconds the other jobs get, once every job that found a failure has ended (shrunk and written it), to stop
+#: on their own at their next example; then they are stopped (SIGTERM: their outputs written). A job reads the
+#: stop file between examples only, so one in the middle of a long check (a large config compiling and
+#: capturing on a shared GPU) held the verdict back until its budget's grace ran out.
+AFTER_FAILURE_GRACE_S = 2.0
 
 
 def _stop(procs, wanted: set, first: int) -> List[int]:
@@ -161,7 +169,8 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
     the run (the children are then stopped too, and what they wrote is still merged), and how many jobs
     were never started (the lead found a failure, or a signal came, before they were).
     ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure;
-    with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``).
+    with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``), and stopped
+    ``AFTER_FAILURE_GRACE_S`` after every job that found a failure has ended.
     ``lead`` (default: on CUDA) starts job 0 alone first (the module's docstring says why).
     ``deadline_s``: a job's budget (exploring and shrinking; on CUDA the lead's wait), counted from its
     first progress (its start-up is not its budget: on a loaded machine it can take seconds), or from the
@@ -215,6 +224,8 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
     not_started = 0
     interrupted = None
     overrun: List[str] = []
+    finders_done_at: Optional[float] = None  # when every job that found a failure had ended
+    stopped_after_failure: set = set()
     drawn, announced = start, on_first_failure is None and not stop_on_failure
     try:
         with signals_interrupt():
@@ -222,7 +233,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                 raise_pending()  # a signal while the jobs were starting
                 time.sleep(FIRST_FAILURE_POLL_S if not announced or waiting else POLL_S)
                 now = time.perf_counter()
-                if announced and progress is None and not waiting and deadline_s is None:
+                if announced and progress is None and not waiting and deadline_s is None and not stop_on_failure:
                     continue  # nothing left to read the progress files for (a budget still needs them)
                 docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
                 failed = [d for d in docs if d.get("first_failure_at") is not None]
@@ -232,6 +243,14 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                         casefile.atomic_write_text(stop_file, "a job found a failure\n")
                     if on_first_failure is not None:
                         on_first_failure(min(failed, key=lambda d: d["first_failure_at"]))
+                if stop_on_failure and failed and not stopped_after_failure:
+                    finders = [i for i, d in enumerate(docs) if d.get("first_failure_at") is not None]
+                    if all(procs[i][0].poll() is not None for i in finders):
+                        finders_done_at = finders_done_at or now
+                        rest = {i for i, (p, _, _) in enumerate(procs) if p.poll() is None}
+                        if rest and now - finders_done_at >= AFTER_FAILURE_GRACE_S:
+                            stopped_after_failure = rest
+                            _stop(procs, rest, signal.SIGTERM)
                 if waiting and (stop_on_failure and failed):
                     not_started, waiting = len(waiting), []  # they would only start up and stop
                 elif waiting and (docs[0] or procs[0][0].poll() is not None or now - start >= LEAD_WAIT_S):
@@ -283,6 +302,9 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         # exiting (past its own handler), so Python died of it: still a job we stopped, not a dead one.
         if interrupted and doc is not None and p.returncode in (0, 1, 130, 143, -signal.SIGINT):
             docs.append(doc)  # stopped by the signal we forwarded: a partial run, not a dead job
+            continue
+        if i in stopped_after_failure and doc is not None and p.returncode in (0, 1, 143, -signal.SIGTERM):
+            docs.append(doc)  # stopped once another job's failure was written: what it checked still counts
             continue
         if p.returncode not in (0, 1) or doc is None:
             tail = (folder / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
