@@ -152,6 +152,8 @@ HOSTILE_IMPORTS = {
     "raise": "raise RuntimeError('broken contract')\n",
     "interrupt": "raise KeyboardInterrupt\n",
     "system-exit": "raise SystemExit(0)\n",
+    "thread": "import os, threading, time\n"
+              "threading.Thread(target=lambda: (time.sleep(1.5), os._exit(0)), daemon=True).start()\n",
 }
 
 

@@ -19,7 +19,13 @@ pytestmark = [pytest.mark.cpu_only]
 ROOT = Path(__file__).resolve().parents[1]
 CRASHERS = ROOT / "tests" / "targets" / "crashers.py"
 HOSTILE_IMPORTS = {"exit": "import os\nos._exit(0)\n", "abort": "import os\nos.abort()\n",
-                   "interrupt": "raise KeyboardInterrupt\n"}
+                   "interrupt": "raise KeyboardInterrupt\n",
+                   # Left to run later, in whichever process imported the plug-in (kvfence.cases.import_probe):
+                   "thread": "import os, threading, time\n"
+                             "threading.Thread(target=lambda: (time.sleep(1.5), os._exit(0)), daemon=True).start()\n",
+                   "lingering-thread": "import os, threading, time\n"
+                                       "threading.Thread(target=lambda: (time.sleep(30), os._exit(0)), daemon=True).start()\n",
+                   "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))\n"}
 LAUNCH = "\ndef launch(**kw):\n    pass\n"
 
 
@@ -69,12 +75,27 @@ def _pytest(tmp_path, *args, timeout=300):
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_plugin_refuses_a_kernel_option_whose_import_ends_pytest(tmp_path):
-    (tmp_path / "k.py").write_text(HOSTILE_IMPORTS["exit"] + LAUNCH)
+@pytest.mark.parametrize("what", ["exit", "thread", "atexit"])
+def test_the_plugin_refuses_a_kernel_option_whose_import_ends_pytest(tmp_path, what):
+    """An import that ends the process, or leaves a thread or an exit handler that does (1.5 s later, or
+    when pytest exits), is a usage error: pytest exit 4, never a session that ends 0 with no output."""
+    (tmp_path / "k.py").write_text(HOSTILE_IMPORTS[what] + LAUNCH)
     (tmp_path / "test_x.py").write_text("def test_nothing():\n    pass\n")
     proc = _pytest(tmp_path, "--kvfence-kernel", "k.py:launch", "--kvfence-device", "cpu")
     assert proc.returncode == 4, proc.stdout + proc.stderr  # a usage error, not a silent exit 0
     assert "kvfence: importing kernel 'k.py:launch' ends the process" in proc.stderr
+
+
+@pytest.mark.parametrize("what", ["thread", "atexit"])
+def test_fuzz_refuses_a_kernel_whose_import_leaves_an_exit_behind(tmp_path, what):
+    """The same for ``fuzz``: one line, exit 2 (it ran to exit 0 with no output, or printed its findings
+    and exited 0); the clean plug-in beside it runs (``test_check_kernel_passes_the_reference_in_its_worker``)."""
+    (tmp_path / "k.py").write_text(HOSTILE_IMPORTS[what] + LAUNCH)
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--kernel", "k.py:launch",
+                           "--max-examples", "3", "--out", str(tmp_path / "o"), "--quiet"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 2 and "ends the process (exit status 0)" in proc.stderr, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 def test_the_session_fixture_checks_a_plug_in_in_a_worker(tmp_path):

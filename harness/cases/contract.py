@@ -397,26 +397,12 @@ def get(name: str) -> Contract:
 #: Seconds a contract plug-in's import may take in its throwaway process.
 IMPORT_PROBE_TIMEOUT_S = 120.0
 
-_PROBE_CHILD = """\
-import importlib, os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the parent, which decides
-sys.path[:0] = [p for p in sys.argv[3:] if p not in sys.path]
-try:
-    importlib.import_module(sys.argv[1])
-    answer = "ok"
-except BaseException as exc:  # KeyboardInterrupt, SystemExit, anything: reported
-    answer = "error " + type(exc).__name__ + ": " + str(exc)
-with open(sys.argv[2], "w") as report:
-    report.write(answer)
-os._exit(0)  # no interpreter shutdown: nothing the module registered (atexit) runs
-"""
-
-
 def _probe_import(name: str, entry: str) -> None:
     """Import a contract plug-in's module in a throwaway process before this one imports it (as
-    ``kvfence.workflow.probe`` does for kernel and sizing plug-ins): an import that exits (``os._exit(0)``:
-    a silent pass in a user's CI), aborts, raises ``KeyboardInterrupt`` or ``SystemExit``, or hangs is one
-    line naming the contract, never the end of this process."""
+    ``kvfence.workflow.probe`` does for kernel and sizing plug-ins; ``kvfence.cases.import_probe``): an import
+    that exits (``os._exit(0)``: a silent pass in a user's CI), aborts, raises ``KeyboardInterrupt`` or
+    ``SystemExit``, hangs, or leaves a thread or exit handler that would, is one line naming the contract,
+    never the end of this process."""
     import subprocess
     import sys
     import tempfile
@@ -425,7 +411,7 @@ def _probe_import(name: str, entry: str) -> None:
     with tempfile.TemporaryDirectory(prefix="kvfence-contract-probe-") as tmp:
         report = Path(tmp) / "report"
         try:
-            proc = subprocess.run([sys.executable, "-c", _PROBE_CHILD, module_name, str(report),
+            proc = subprocess.run([sys.executable, "-m", "kvfence.cases.import_probe", module_name, str(report),
                                    *[p for p in sys.path if p]],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   timeout=IMPORT_PROBE_TIMEOUT_S)
@@ -439,7 +425,8 @@ def _probe_import(name: str, entry: str) -> None:
     if answer is None:
         how = f"died of signal {-proc.returncode}" if proc.returncode < 0 else f"ended its process (exit status {proc.returncode})"
         raise BadInput(f"contract {name!r}: importing {module_name} {how} before kvfence could check it "
-                       "(a contract's import must not exit or kill its process)")
+                       "(a contract's import, or a thread or exit handler it leaves, must not exit or kill its "
+                       "process)")
     require(answer == "ok", f"contract {name!r}: cannot load {entry}: {answer[len('error '):]}")
 
 

@@ -59,7 +59,8 @@ def check_plugins(contract, specs: Dict[str, Optional[str]], timeout_s: float = 
             answer = None
     if not isinstance(answer, dict):  # the import ended the probe before it could answer
         raise BadInput(f"importing {_names(todo)} {_exit_text(proc.returncode)} before kvfence could check it "
-                       "(a plug-in's import must not exit or kill its process)")
+                       "(a plug-in's import, or a thread or exit handler it leaves, must not exit or kill its "
+                       "process)")
     if answer.get("bad_input"):
         raise BadInput(str(answer["bad_input"]))
     if answer.get("error"):
@@ -73,18 +74,23 @@ def _names(todo: Dict[str, str]) -> str:
 def _probe(report: Path, options: dict) -> None:
     """The child: import each plug-in as the contract's record would, and write what happened to ``report``."""
     from kvfence.cases.contract import load_in_worker
+    from kvfence.cases.import_probe import settle, threads_now
 
     answer: dict = {"ok": True}
     try:
         record = load_in_worker(options)
+        before = threads_now()
         for what, spec in options["todo"].items():
             (record.check_kernel if what == "kernel" else record.sizing)(spec)
+        problem = settle(before)  # threads and exit handlers the imports left, run out here
+        if problem is not None:
+            answer = {"bad_input": f"importing {_names(options['todo'])}: {problem}"}
     except BadInput as exc:
         answer = {"bad_input": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit, anything: reported
         answer = {"error": f"{type(exc).__name__}: {exc}"}
     report.write_text(json.dumps(answer))
-    os._exit(0)  # no interpreter shutdown: nothing the plug-in registered (atexit) runs
+    os._exit(0)  # no interpreter shutdown: its exit handlers ran in ``settle`` (or the import failed)
 
 
 if __name__ == "__main__":
