@@ -58,7 +58,7 @@ def _main(argv) -> None:
         problem = settle(before)
         answer = "ok" if problem is None else f"error {problem}"
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit, anything: reported
-        answer = f"error {type(exc).__name__}: {exc}"
+        answer = f"error {type(exc).__name__}: {exc}" if str(exc) else f"error {type(exc).__name__}"
     with open(report, "w") as fh:
         fh.write(answer)
     os._exit(0)  # no interpreter shutdown: the handlers ran above, or the import failed

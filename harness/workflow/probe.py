@@ -88,7 +88,7 @@ def _probe(report: Path, options: dict) -> None:
     except BadInput as exc:
         answer = {"bad_input": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit, anything: reported
-        answer = {"error": f"{type(exc).__name__}: {exc}"}
+        answer = {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__}
     report.write_text(json.dumps(answer))
     os._exit(0)  # no interpreter shutdown: its exit handlers ran in ``settle`` (or the import failed)
 
