@@ -189,3 +189,48 @@ def test_every_documented_command_uses_options_that_exist():
             wrong += [(page, " ".join(tokens), f) for f in sorted(flags - pytest_options)]
             checked += 1
     assert checked >= 30 and not wrong, wrong
+
+
+def _writer_fields(doc: dict):
+    """``(writer, the top-level fields it emits today)`` for a results file written by one of kvfence's own
+    JSON writers, recognised by the fields that only that writer emits; None for another writer's file."""
+    from kvfence.reports import summary
+    from kvfence.workflow.compare import Comparison
+    from kvfence.workflow.fuzz import FuzzResult
+    from kvfence.workflow.mutants import SelfTest
+
+    if summary.MARKER in doc:
+        return "kvfence fuzz --json", set(summary.build(FuzzResult(), run={}, case_path=None))
+    if "not_exercised" in doc and "rows" in doc:
+        return "kvfence mutants --verifiers both --json", set(Comparison("cuda", 1, 0, None).to_dict())
+    if "required_rate" in doc or ("mutants" in doc and "reference" in doc and "benchmark" not in doc):
+        return "kvfence mutants --json", set(SelfTest().to_dict())
+    return None
+
+
+def test_each_quoted_results_file_has_every_field_its_writer_emits_today():
+    """A results file BENCHMARKS.md quotes was written by the current code's writer: it holds every
+    top-level field that writer emits today (a file written before a field was added is stale: measure it
+    again with the row's command, or stop quoting it)."""
+    import json
+
+    stale = {}
+    for name in sorted({name for name, _ in quoted_keys(BENCHMARKS)}):
+        found = _writer_fields(json.loads((RESULTS / name).read_text()))
+        if found is not None:
+            writer, fields = found
+            missing = sorted(fields - set(json.loads((RESULTS / name).read_text())))
+            if missing:
+                stale[name] = f"{writer} emits {missing} today"
+    assert stale == {}
+
+
+def test_the_freshness_check_sees_a_file_written_before_a_field():
+    from kvfence.reports import summary
+    from kvfence.workflow.fuzz import FuzzResult
+
+    doc = summary.build(FuzzResult(), run={}, case_path=None)
+    writer, fields = _writer_fields(doc)
+    assert writer == "kvfence fuzz --json" and fields == set(doc)
+    old = {k: v for k, v in doc.items() if k != "examples_per_s"}
+    assert fields - set(old) == {"examples_per_s"}
