@@ -243,7 +243,7 @@ def test_a_job_given_a_stop_file_that_exists_stops_exploring(tmp_path):
 #: script: "fail" writes a failing progress file at once and exits 1; "explore" writes a clean progress
 #: file and runs until the parent's stop file appears (or 10 s pass); "silent" writes no progress and
 #: sleeps 3 s; "late" starts up for 2 s (a loaded machine), then writes progress and explores 2 s.
-#: Each writes a summary saying when it started and what ended it.
+#: Each writes a summary saying when it started and what ended it (a SIGTERM from the parent too).
 _FAKE_JOB = """#!{python}
 import json, os, sys, time
 started = time.time()
@@ -252,6 +252,16 @@ out, progress, stop = (args[args.index(flag) + 1] if flag in args else None
                        for flag in ("--out", "--progress-file", "--stop-file"))
 plan = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.json")))
 role = plan[os.path.basename(out)]
+import signal
+
+
+def stopped(*_):  # as a real job does when the parent stops it: its summary written, exit 143
+    open(os.path.join(out, "summary.json"), "w").write(json.dumps({{"ended_by": "SIGTERM", "stop_file": stop,
+                                                                   "started": started, "ended": time.time()}}))
+    os._exit(143)
+
+
+signal.signal(signal.SIGTERM, stopped)
 if role == "silent":
     time.sleep(3)
 elif role == "late":
@@ -315,7 +325,8 @@ def test_a_jobs_budget_counts_from_its_first_progress_so_a_slow_start_is_no_over
         _fake_jobs(tmp_path, monkeypatch, "late", "explore"), tmp_path / "out", device="cpu", deadline_s=1.0,
         stop_on_failure=False)
     # 4 s from the run's start, past 1 + 2; 2 s from its first progress, within: its own pace.
-    assert [d["ended_by"] for d in docs] == ["time"] and [p for p in problems if "job 0" in p] == []
+    # Job 1, stopped (SIGTERM), writes its summary as a real job does; it is merged and named in problems.
+    assert [d["ended_by"] for d in docs] == ["time", "SIGTERM"] and [p for p in problems if "job 0" in p] == []
     assert any(p.startswith("job 1 was still running") and "counted from its first progress" in p
                for p in problems), problems
 

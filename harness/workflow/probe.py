@@ -44,11 +44,13 @@ def check_plugins(contract, specs: Dict[str, Optional[str]], timeout_s: float = 
     todo = {what: spec for what, spec in specs.items() if spec and record.names_plugin(spec)}
     if not todo:
         return
-    options = json.dumps(dict(contracts.loading(record), todo=todo))
     with tempfile.TemporaryDirectory(prefix="kvfence-probe-") as tmp:
         report = Path(tmp) / "report.json"
+        # The options go in a file: a command-line argument is limited (128 KiB on Linux), a spec is not.
+        options = Path(tmp) / "options.json"
+        options.write_text(json.dumps(dict(contracts.loading(record), todo=todo)))
         try:
-            proc = subprocess.run([sys.executable, "-m", "kvfence.workflow.probe", str(report), options],
+            proc = subprocess.run([sys.executable, "-m", "kvfence.workflow.probe", str(report), str(options)],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -95,4 +97,4 @@ def _probe(report: Path, options: dict) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the parent, which decides
-    _probe(Path(sys.argv[1]), json.loads(sys.argv[2]))
+    _probe(Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()))
