@@ -200,7 +200,10 @@ def _writer_fields(doc: dict):
     from kvfence.workflow.mutants import SelfTest
 
     if summary.MARKER in doc:
-        return "kvfence fuzz --json", set(summary.build(FuzzResult(), run={}, case_path=None))
+        one = summary.build(FuzzResult(), run={}, case_path=None)
+        if (doc.get("jobs") or 1) > 1:  # a --jobs run's summary is the merge of its jobs'
+            return "kvfence fuzz --jobs N --json", set(summary.merge([one], run={}, elapsed_s=1.0))
+        return "kvfence fuzz --json", set(one)
     if "not_exercised" in doc and "rows" in doc:
         return "kvfence mutants --verifiers both --json", set(Comparison("cuda", 1, 0, None).to_dict())
     if "required_rate" in doc or ("mutants" in doc and "reference" in doc and "benchmark" not in doc):

@@ -383,3 +383,26 @@ def test_a_lossy_batched_path_is_a_disagreement_not_a_race(device, monkeypatch):
     assert ("device", "batch", False) in via and ("device", "one", True) not in via
     assert sum(1 for p, _, dirty in via if p == "oracle" and dirty) >= 2
     assert lossy[2].to_dict()["launches"] == lossy[2].launches
+
+
+#: The scale mutants' triggers (their docstrings), as predicates on a case.
+SCALE_TRIGGERS = {
+    "prefix_sum_16_lanes": lambda c: c.launch().num_seqs >= 18,
+    "indptr_sum_64_branches": lambda c: len(c.batch.seq_lens) * c.config.topk > 64,
+    "page_last_capped_64": lambda c: (c.config.page_size == 128 and c.config.topk >= 2
+                                      and any(n % 128 >= 64 for n in c.batch.seq_lens)),
+    "copy_first_block_only": lambda c: max(c.batch.seq_lens) > 512,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCALE_TRIGGERS))
+def test_an_unexercised_scale_mutant_gets_extra_rounds_aimed_at_its_trigger(name):
+    """On the H200, seed 7 with two configs per target never reached ``prefix_sum_16_lanes`` (18 requests in a
+    launch), so the comparison failed on luck, not on a disagreement. The extra rounds for a target not yet
+    dirty draw with its mutant's ``AIM`` (config pins): every scale mutant's trigger is reached in one round."""
+    (target,) = compare.targets("cuda", [name])
+    assert target.aim, target
+    runs = compare.draw_runs(target, compare.EXTRA_CONFIGS, 7 + 1000, compare.CUDA_MAX_BYTES,
+                             compare.SHORT_RUN["cuda"], pins=target.aim)
+    assert len(runs) == compare.EXTRA_CONFIGS
+    assert any(SCALE_TRIGGERS[name](case) for run in runs for case in run)

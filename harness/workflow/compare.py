@@ -23,7 +23,10 @@ its own. The counters of (2) are each case's own (one case per device round trip
 Every target but the reference must leave damage in some case on its own domain (mutants of the §6
 paths drawn with the §6 fields, as the mutation self-test draws them), or it is reported "not
 exercised" and the run fails: comparing on clean cases proves nothing. A target that found nothing in
-its ``max_examples`` configs gets up to ``EXTRA_ROUNDS`` more rounds of short runs first.
+its ``max_examples`` configs gets up to ``EXTRA_ROUNDS`` more rounds of short runs first, aimed at it
+where its mutant says what reaches it (``AIM``: config pins, such as ``max_bs`` for a bug that needs 18
+requests in a launch), so that the run passes or fails on what the paths say, not on whether two configs
+happened to reach a rare bug.
 
 A case agrees when (1) the device verdict (all counters zero or not) equals the oracle verdict (no
 finding or some), (2) the counters that are non-zero are exactly those the oracle's findings imply
@@ -154,6 +157,8 @@ class Target:
     what: str
     #: Draw the §6 fields too (a draft-kernel mutant of a §6 path, on the CPU domain, as the self-test).
     family: bool = False
+    #: Config pins that reach the target's bug (its mutant's ``AIM``), for the extra rounds: (field, value)s.
+    aim: Tuple[Tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -299,7 +304,8 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
         # A bug of a §6 path (its docstring's bug class) needs the §6 fields drawn to show, as the
         # self-test draws them on the CPU domain; every other target keeps to the device verifier's §2.
         family = domain == "cpu" and "contract.md §6" in (_module_of(m.path).__doc__ or "")
-        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug, family=family))
+        aim = tuple(sorted((getattr(_module_of(m.path), "AIM", None) or {}).items())) if device == "cuda" else ()
+        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug, family=family, aim=aim))
     if wanted(REFERENCE):
         out[:0] = [Target(REFERENCE, REFERENCE, REFERENCE, "safe", domain, "the reference kernel, safe sizing")
                    for domain in sorted(domains)]
@@ -312,9 +318,10 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     return out
 
 
-def draw_runs(target: Target, count: int, seed: int, max_bytes: Optional[int], batches: int) -> List[List[Case]]:
-    """``count`` runs of ``batches`` cases, each run of one config from ``target``'s domain (unpinned
-    configs, graph and eager mode, both layouts), drawn by Hypothesis from ``seed`` alone, so both
+def draw_runs(target: Target, count: int, seed: int, max_bytes: Optional[int], batches: int,
+              pins: Tuple[Tuple[str, int], ...] = ()) -> List[List[Case]]:
+    """``count`` runs of ``batches`` cases, each run of one config from ``target``'s domain (configs
+    unpinned but for ``pins``, graph and eager mode, both layouts), drawn by Hypothesis from ``seed`` alone, so both
     paths and every run see the same cases. A bucket that only one case of a run needs is moved to
     the end of the run: a long run then needs it first after its first staging chunk."""
     from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed, strategies as st
@@ -332,7 +339,7 @@ def draw_runs(target: Target, count: int, seed: int, max_bytes: Optional[int], b
         mode = data.draw(st.sampled_from(["graph", "graph", "graph", "eager"]))
         layout = data.draw(st.sampled_from(["redzone", "production"]))
         config = data.draw(configs(sizing=target.sizing, domain=target.domain, mode=mode, layout=layout,
-                                   max_bytes=max_bytes, family=target.family))
+                                   max_bytes=max_bytes, family=target.family, **dict(pins)))
         # Distinct cases (a repeated case would be one case checked twice). Hypothesis's first example is
         # its simplest, every draw in it alike: a repeated batch gets the next unused token seed instead
         # (a token-table variant, enough for a run that must span staging chunks).
@@ -587,7 +594,8 @@ def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, nam
                     row.add(result)
             if row.exercised or extra == EXTRA_ROUNDS:
                 break
-            runs = draw_runs(target, max(max_examples, EXTRA_CONFIGS), seed + 1000 * (extra + 1), max_bytes, short)
+            runs = draw_runs(target, max(max_examples, EXTRA_CONFIGS), seed + 1000 * (extra + 1), max_bytes, short,
+                             pins=target.aim)
         row.seconds = time.perf_counter() - start
         report.rows.append(row)
         if progress is not None:

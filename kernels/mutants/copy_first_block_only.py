@@ -10,6 +10,9 @@ KIND = "kernel"
 DETECTS = ("MISSING_WRITE",)
 #: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
+#: Config pins that reach the bug, for ``mutants --verifiers both``'s extra rounds when default draws
+#: did not (kvfence.workflow.compare): requests up to 2048 tokens: most are longer than one 512-token block.
+AIM = {"ctx": 2048}
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    for start in range(blk * BLOCK, L, num_blocks * BLOCK):\n',

@@ -11,6 +11,9 @@ KIND = "kernel"
 DETECTS = ("INDPTR_MISMATCH",)
 #: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
+#: Config pins that reach the bug, for ``mutants --verifiers both``'s extra rounds when default draws
+#: did not (kvfence.workflow.compare): up to 256 branches: a batch of 9 or more requests has more than 64.
+AIM = {"max_bs": 32, "topk": 8}
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('mask=offs_p < z, other=0)',

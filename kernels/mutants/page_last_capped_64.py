@@ -11,6 +11,9 @@ KIND = "kernel"
 DETECTS = ("VALUE_MISMATCH",)
 #: The domain whose default draws must reach the bug (``kvfence.cases.domain``): production-sized.
 DOMAIN = "gpu"
+#: Config pins that reach the bug, for ``mutants --verifiers both``'s extra rounds when default draws
+#: did not (kvfence.workflow.compare): pages of 128 tokens and several branches.
+AIM = {"page_size": 128, "topk": 4}
 #: (reference text, mutated text): applied to kernels/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('            last = seq_len % page_size\n',
