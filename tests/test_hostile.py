@@ -844,10 +844,11 @@ def test_fuzz_with_a_sizing_that_exits_0_is_one_line_and_exit_2(capsys, tmp_path
                              "--out", tmp_path / "o"], "ended its process (exit code 0) when called for")
 
 
+@pytest.mark.interpreter  # --device cpu: the Triton interpreter must be usable here
 @pytest.mark.parametrize("kernel, sizing", [
     ("é" * 40_000 + ".py:launch", None),  # 80 KB on the command line, 240 KB once JSON-escaped
     ("a" * 70_000 + ".py:launch", "a" * 70_000 + ".py:s"),
-])
+], ids=["non-ascii-kernel", "two-long-specs"])
 def test_a_very_long_plug_in_spec_is_one_line_not_a_traceback(capsys, tmp_path, kernel, sizing):
     """The plug-in probe's options go to its child in a file: as one command-line argument, a spec past
     Linux's 128 KiB per argument made the probe's start fail with an ``OSError`` traceback."""
