@@ -406,3 +406,20 @@ def test_an_unexercised_scale_mutant_gets_extra_rounds_aimed_at_its_trigger(name
                              compare.SHORT_RUN["cuda"], pins=target.aim)
     assert len(runs) == compare.EXTRA_CONFIGS
     assert any(SCALE_TRIGGERS[name](case) for run in runs for case in run)
+
+
+def test_on_the_cpu_a_scale_mutant_is_listed_unreachable_not_a_failure(monkeypatch):
+    """``mutants --device cpu --verifiers both`` failed on every seed because the four scale mutants (bugs that
+    need the GPU domain) were never dirty on the CPU's: they are now listed as not reachable there, as the
+    self-test lists them, and not compared; a reachable mutant that stays clean still fails the run, and on
+    CUDA every mutant is reachable."""
+    cpu = {t.name: t for t in compare.targets("cpu", list(SCALE_TRIGGERS) + ["off_by_one_n"])}
+    assert [n for n, t in cpu.items() if not t.reachable] == sorted(SCALE_TRIGGERS)
+    assert all(t.reachable for t in compare.targets("cuda", list(SCALE_TRIGGERS)))
+    monkeypatch.setattr(compare, "targets", lambda device, names: [cpu[n] for n in names])
+    report = compare.run("cpu", names=list(SCALE_TRIGGERS))
+    assert report.passed and report.cases == 0 and report.to_dict()["not_exercised"] == []
+    assert {compare.row_verdict(r) for r in report.rows} == {"not reachable here (expected)"}
+    assert [r["reachable"] for r in report.to_dict()["rows"]] == [False] * 4
+    stays_clean = compare.Comparison("cpu", 1, 0, None, [compare.Row(cpu["off_by_one_n"], cases=1, agree=1)])
+    assert not stays_clean.passed

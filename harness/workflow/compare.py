@@ -22,7 +22,9 @@ its own. The counters of (2) are each case's own (one case per device round trip
 
 Every target but the reference must leave damage in some case on its own domain (mutants of the §6
 paths drawn with the §6 fields, as the mutation self-test draws them), or it is reported "not
-exercised" and the run fails: comparing on clean cases proves nothing. A target that found nothing in
+exercised" and the run fails: comparing on clean cases proves nothing. On the CPU the scale mutants
+(``DOMAIN = "gpu"``: bugs the interpreter's domain never reaches) are listed as not reachable there,
+as the self-test lists them, and not compared. A target that found nothing in
 its ``max_examples`` configs gets up to ``EXTRA_ROUNDS`` more rounds of short runs first, aimed at it
 where its mutant says what reaches it (``AIM``: config pins, such as ``max_bs`` for a bug that needs 18
 requests in a launch), so that the run passes or fails on what the paths say, not on whether two configs
@@ -159,6 +161,9 @@ class Target:
     family: bool = False
     #: Config pins that reach the target's bug (its mutant's ``AIM``), for the extra rounds: (field, value)s.
     aim: Tuple[Tuple[str, int], ...] = ()
+    #: False for a scale mutant on the CPU: its bug needs the GPU domain (``DOMAIN = "gpu"``), which the
+    #: interpreter never draws, so it is not compared there (as the self-test calls it unreachable, expected).
+    reachable: bool = True
 
 
 @dataclass
@@ -235,7 +240,8 @@ class Row:
     def to_dict(self) -> dict:
         t = self.target
         return {"name": t.name, "group": t.group, "kernel": t.kernel, "sizing": t.sizing, "domain": t.domain,
-                "what": t.what, "cases": self.cases, "dirty": self.dirty, "judged_by_counters": self.judged,
+                "what": t.what, "reachable": t.reachable, "cases": self.cases, "dirty": self.dirty,
+                "judged_by_counters": self.judged,
                 "agree": self.agree, "disagree": self.disagree, "racy": self.racy, "exercised": self.exercised,
                 "counters_seen": self.counters_seen, "oracle_kinds": self.kinds, "seconds": round(self.seconds, 2),
                 "first_disagreement": self.first_disagreement, "racy_cases": self.racy_cases}
@@ -263,13 +269,14 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return bool(self.rows) and self.disagree == 0 and all(r.exercised for r in self.rows)
+        return bool(self.rows) and self.disagree == 0 and all(r.exercised or not r.target.reachable for r in self.rows)
 
     def to_dict(self) -> dict:
         return {"device": self.device, "max_examples": self.max_examples, "seed": self.seed,
                 "max_gpu_mem": self.max_bytes, "cases": self.cases, "agree": self.agree, "disagree": self.disagree,
                 "racy": sum(r.racy for r in self.rows),
-                "not_exercised": [r.target.name for r in self.rows if not r.exercised], "passed": self.passed,
+                "not_exercised": [r.target.name for r in self.rows if not r.exercised and r.target.reachable],
+                "passed": self.passed,
                 "rows": [r.to_dict() for r in self.rows]}
 
 
@@ -305,7 +312,8 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
         # self-test draws them on the CPU domain; every other target keeps to the device verifier's §2.
         family = domain == "cpu" and "contract.md §6" in (_module_of(m.path).__doc__ or "")
         aim = tuple(sorted((getattr(_module_of(m.path), "AIM", None) or {}).items())) if device == "cuda" else ()
-        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug, family=family, aim=aim))
+        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug, family=family, aim=aim,
+                          reachable=device == "cuda" or m.domain != "gpu"))
     if wanted(REFERENCE):
         out[:0] = [Target(REFERENCE, REFERENCE, REFERENCE, "safe", domain, "the reference kernel, safe sizing")
                    for domain in sorted(domains)]
@@ -578,6 +586,11 @@ def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, nam
     for target in targets(device, names):
         resolve_sizing(target.sizing)  # a broken sizing file is bad input before anything runs
         row = Row(target)
+        if not target.reachable:  # nothing it could show here (``Target.reachable``): listed, not compared
+            report.rows.append(row)
+            if progress is not None:
+                progress(report, row)
+            continue
         start = time.perf_counter()
         pair = paths.get(target.kernel) or paths.setdefault(target.kernel, Paths(device, target.kernel))
         if device == "cuda":  # one run longer than a staging chunk, then short runs
@@ -606,6 +619,8 @@ def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, nam
 def row_verdict(r: Row) -> str:
     if r.disagree:
         return f"DISAGREE in {r.disagree}"
+    if not r.target.reachable:
+        return "not reachable here (expected)"
     if not r.exercised:
         return "NOT EXERCISED (no dirty case)"
     return "agree" if r.dirty else "agree (all clean)"
