@@ -420,6 +420,8 @@ def test_on_the_cpu_a_scale_mutant_is_listed_unreachable_not_a_failure(monkeypat
     report = compare.run("cpu", names=list(SCALE_TRIGGERS))
     assert report.passed and report.cases == 0 and report.to_dict()["not_exercised"] == []
     assert {compare.row_verdict(r) for r in report.rows} == {"not reachable here (expected)"}
+    last = compare.format_table(report).splitlines()[-1]
+    assert last.startswith("PASS") and "never dirty" not in last and "not reachable here (expected)" in last
     assert [r["reachable"] for r in report.to_dict()["rows"]] == [False] * 4
     stays_clean = compare.Comparison("cpu", 1, 0, None, [compare.Row(cpu["off_by_one_n"], cases=1, agree=1)])
     assert not stays_clean.passed

@@ -643,9 +643,12 @@ def format_table(report: Comparison) -> str:
             lines.append(f"  case: config {d['config']}, batch {d['batch']}, counters {d['counters']}")
             lines.append("  oracle path: " + (" | ".join(d["oracle_findings"]) or "(none)"))
             lines.append("  device path: " + (" | ".join(d["device_findings"]) or "(none)"))
-    unexercised = [r.target.name for r in report.rows if not r.exercised]
+    unexercised = [r.target.name for r in report.rows if not r.exercised and r.target.reachable]
+    unreachable = [r.target.name for r in report.rows if not r.target.reachable]
     verdict = "PASS" if report.passed else "FAIL"
     lines.append(f"{verdict}: {report.agree}/{report.cases} cases agree, {report.disagree} disagree over "
-                 f"{len(report.rows)} targets ({report.max_examples} configs each, seed {report.seed}, device "
-                 f"{report.device})" + (f"; never dirty: {', '.join(unexercised)}" if unexercised else ""))
+                 f"{len(report.rows) - len(unreachable)} targets ({report.max_examples} configs each, seed "
+                 f"{report.seed}, device {report.device})"
+                 + (f"; never dirty: {', '.join(unexercised)}" if unexercised else "")
+                 + (f"; not reachable here (expected): {', '.join(unreachable)}" if unreachable else ""))
     return "\n".join(lines)
