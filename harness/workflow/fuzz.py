@@ -176,21 +176,24 @@ class FuzzResult:
     read_keys: set = field(default_factory=set)
     config_keys: set = field(default_factory=set)
 
+    def _per_s(self, count: int) -> float:
+        return count / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
     @property
     def cases_per_s(self) -> float:
-        return self.verified_cases / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self._per_s(self.verified_cases)
 
     @property
     def structural_cases_per_s(self) -> float:
-        return self.structural_cases / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self._per_s(self.structural_cases)
 
     @property
     def examples_per_s(self) -> float:
-        return self.examples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self._per_s(self.examples)
 
     @property
     def distinct_configs_per_s(self) -> float:
-        return self.distinct_configs / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return self._per_s(self.distinct_configs)
 
 
 def config_key(config) -> int:
