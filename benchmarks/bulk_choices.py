@@ -24,6 +24,8 @@ import time
 import warnings
 from pathlib import Path
 
+from kvfence.provenance import stamped
+
 from kvfence.cases.findings import Finding, Kind
 
 #: Triggers shaped like the shipped mutants' (kernels/mutants/): a predicate of one case.
@@ -110,7 +112,7 @@ def main() -> int:
             "worst_median": max(r["median"] for r in rows.values()), "worst": max(r["worst"] for r in rows.values())}
     doc["elapsed_s"] = round(time.monotonic() - start, 1)
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(stamped(doc), indent=1) + "\n")
     return 0
 
 

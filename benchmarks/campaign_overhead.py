@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvfence.provenance import stamped
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -85,7 +87,7 @@ def main() -> int:
         print(f"{variant:13s} target={'on ' if targeting else 'off'} {median:8.1f} cases/cpu-s  "
               f"(runs: {rows[-1]['cases_per_cpu_s']})", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(stamped({"rows": rows}), indent=1) + "\n")
     return 0
 
 

@@ -155,7 +155,8 @@ for line in (logs / "crash_budget_walls.txt").read_text().splitlines()[-2:]:
                  "kinds": sorted({f["kind"] for f in summary["findings"]}), "verified_cases": summary["verified_cases"],
                  "elapsed_s": summary["elapsed_s"], "first_failure_s": summary.get("first_failure_s"),
                  "requests_per_case": [len(s) for s in cases]}
-json.dump({"kernel": "tests/targets/far_store.py:fault_on_two", "runs": runs}, out.open("w"), indent=1)
+from kvfence.provenance import stamped
+json.dump(stamped({"kernel": "tests/targets/far_store.py:fault_on_two", "runs": runs}), out.open("w"), indent=1)
 print(json.dumps(runs))
 assert all(r["exit"] == 1 and r["kinds"] == ["CRASH"] for r in runs.values()), runs
 PY
@@ -238,7 +239,8 @@ for folder in sorted(Path(sys.argv[1]).iterdir()):
                               "verified_cases", "structural_cases", "distinct_configs", "elapsed_s", "first_failure_s",
                               "ended_by")}, kinds=sorted({f["kind"] for f in s["findings"]}),
                         cases=[c["describe"] for c in s["cases"].values()])
-json.dump({"runs": runs}, open(sys.argv[2], "w"), indent=1)
+from kvfence.provenance import stamped
+json.dump(stamped({"runs": runs}), open(sys.argv[2], "w"), indent=1)
 PY
   return $rc
 }

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvfence.provenance import stamped
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -89,7 +91,7 @@ def main():
            "command": "python benchmarks/interpreter.py " + " ".join(sys.argv[1:])}
     print(json.dumps(out, indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(stamped(out), indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvfence.provenance import stamped
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -77,7 +79,7 @@ def main() -> int:
     doc = {"safe_exit": safe["exit"], "prefix_exit": prefix["exit"], "wall_s": round(wall, 1),
            "detection_matrix": prefix.pop("detection_matrix"), "checks": checks,
            "safe": {k: v for k, v in safe.items() if k != "detection_matrix"}, "prefix": prefix}
-    Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    Path(args.json).write_text(json.dumps(stamped(doc), indent=2) + "\n")
     for name, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     print(f"nightly: safe exit {safe['exit']} ({safe['wall_s']} s), prefix exit {prefix['exit']} ({prefix['wall_s']} s), "

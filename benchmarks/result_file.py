@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from kvfence.provenance import stamped
 from typing import Callable, Optional
 
 
@@ -14,7 +16,7 @@ def saver(path: Optional[str], result: dict) -> Callable[[], None]:
     def save() -> None:
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(json.dumps(result, indent=1) + "\n")
+            Path(path).write_text(json.dumps(stamped(result), indent=1) + "\n")
 
     return save
 

@@ -53,6 +53,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvfence.provenance import stamped
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -532,7 +534,7 @@ def main(argv=None) -> int:
     def stage(results: dict) -> None:
         # Written after every stage: a run cut short by a time limit still leaves what it measured.
         out.update(results)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(stamped(out), indent=2) + "\n")
         print(f"throughput: {', '.join(k for k in results if not isinstance(results[k], (dict, list)))} done",
               file=sys.stderr, flush=True)
 
@@ -554,7 +556,7 @@ def main(argv=None) -> int:
     else:
         out.update({k: None for k in ("kernel_replay_us_large", "verify_us_large", "large_verify_over_kernel",
                                       "naive_s_large", "speedup_vs_naive")})
-    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    Path(args.json).write_text(json.dumps(stamped(out), indent=2) + "\n")
     width = max(len(k) for k in out)
     for k, v in out.items():
         if not isinstance(v, list) and not k.endswith("_run") and k != "scale_mutant_runs":

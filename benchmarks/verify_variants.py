@@ -27,6 +27,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from kvfence.provenance import stamped
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -118,7 +120,7 @@ def main() -> int:
                                              "large_check_over_kernel", "large_steps_check_over_kernel",
                                              "slack_verify_us", "small_fused_us", "check_us_small", "error")},
               flush=True)
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(stamped(out), indent=1) + "\n")
     return 0
 
 

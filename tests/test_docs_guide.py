@@ -6,6 +6,8 @@ import re
 import runpy
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 #: Pages other pieces of the project own; the README must link them (checked to exist where present).
@@ -222,7 +224,8 @@ def test_each_quoted_results_file_has_every_field_its_writer_emits_today():
         found = _writer_fields(json.loads((RESULTS / name).read_text()))
         if found is not None:
             writer, fields = found
-            missing = sorted(fields - set(json.loads((RESULTS / name).read_text())))
+            # The code stamp is the freshness test's (test_each_quoted_results_file_names_the_code_that_wrote_it).
+            missing = sorted(fields - set(json.loads((RESULTS / name).read_text())) - {"code"})
             if missing:
                 stale[name] = f"{writer} emits {missing} today"
     assert stale == {}
@@ -237,3 +240,75 @@ def test_the_freshness_check_sees_a_file_written_before_a_field():
     assert writer == "kvfence fuzz --json" and fields == set(doc)
     old = {k: v for k, v in doc.items() if k != "examples_per_s"}
     assert fields - set(old) == {"examples_per_s"}
+
+
+def _quoting_lines(name: str):
+    """The lines of BENCHMARKS.md that quote ``name`` as a results file (``| `name`: key |``)."""
+    return [line for line in BENCHMARKS.splitlines() if f"`{name}`:" in line]
+
+
+def test_each_quoted_results_file_names_the_code_that_wrote_it():
+    """Every figure names its code. A results file BENCHMARKS.md quotes carries its writer's ``code`` stamp
+    (kvfence.provenance); the stamp's digest is the digest of the commit it names (so it was not written by an
+    uncommitted tree), that commit is in this branch's history, and each line quoting the file names that
+    commit: a file cannot name an older commit than the code its row describes. A file written before stamps
+    existed is quoted only on a line that says so ("older code")."""
+    import json
+    import subprocess
+
+    from kvfence.provenance import digest_of_commit
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the stamps' commits cannot be read")
+    wrong = {}
+    for name in sorted({name for name, _ in quoted_keys(BENCHMARKS)}):
+        stamp = json.loads((RESULTS / name).read_text()).get("code")
+        lines = _quoting_lines(name)
+        if not stamp:
+            if not all("older code" in line for line in lines):
+                wrong[name] = "no code stamp, and a line quoting it does not say 'older code'"
+            continue
+        commit = stamp.get("commit") or ""
+        known = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", commit, "HEAD"],
+                               capture_output=True).returncode == 0 if commit else False
+        if not known:
+            wrong[name] = f"stamped with {commit or 'no commit'}, which is not in this branch's history"
+        elif digest_of_commit(ROOT, commit) != stamp.get("digest"):
+            wrong[name] = f"its digest is not {commit[:9]}'s: written by a tree with uncommitted changes"
+        elif not all(commit[:7] in line for line in lines):
+            wrong[name] = f"a line quoting it does not name its commit {commit[:7]}"
+    assert wrong == {}
+
+
+def test_a_code_stamp_matches_its_commit_only_while_the_tree_is_that_commit(tmp_path):
+    """The stamp's digest is recomputable from git: equal for the committed tree, different once a counted
+    source file changes or an untracked one appears; caches and files outside the source folders do not count."""
+    import subprocess
+
+    from kvfence.provenance import digest_of_commit, digest_of_tree
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
+                       env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                            "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "a.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "gpu.sh").write_text("echo\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("text\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    committed = digest_of_commit(tmp_path, "HEAD")
+    assert digest_of_tree(tmp_path) == committed
+    (tmp_path / "harness" / "__pycache__").mkdir()
+    (tmp_path / "harness" / "__pycache__" / "a.cpython-311.py").write_text("cache\n")
+    (tmp_path / "docs" / "x.md").write_text("changed\n")
+    assert digest_of_tree(tmp_path) == committed
+    (tmp_path / "harness" / "a.py").write_text("x = 2\n")
+    assert digest_of_tree(tmp_path) != committed
+    (tmp_path / "harness" / "a.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "new.py").write_text("")
+    assert digest_of_tree(tmp_path) != committed

@@ -19,6 +19,7 @@ from kvfence.commands.common import (
     _output_errors, _add_worker_args, _add_target_args, _add_config_args, _add_family_args,
 )
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
+from kvfence.provenance import stamped
 
 
 def _shard(text: str):
@@ -493,7 +494,8 @@ def _write_summary(doc: dict, out_dir: Path, json_path: Optional[Path], *, previ
         doc["interrupted"] = pending()
     if previous is not None:  # README: "Resuming into a folder"
         doc = summary_mod.merge_resumed(previous, doc)
-    text = json.dumps(doc, indent=1) + "\n"
+    # The code stamp (kvfence.provenance): which kvfence wrote this summary, for a figure quoted from it.
+    text = json.dumps(stamped(doc), indent=1) + "\n"
     # A disk that fills up (or turns read-only) now, after the case files, is one line and exit 2.
     with _output_errors(out_dir / "summary.json", doc):
         casefile.atomic_write_text(out_dir / "summary.json", text)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kvfence.commands.common import _exit_codes, _positive_int, _non_negative_int, _stderr, _writable
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
+from kvfence.provenance import stamped
 
 
 def cmd_mutants(args) -> int:
@@ -56,7 +57,7 @@ def cmd_mutants(args) -> int:
                      verifier=args.verifiers)
     print(format_table(report))
     if json_path is not None:
-        json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        json_path.write_text(json.dumps(stamped(report.to_dict()), indent=2) + "\n")
     return EXIT_CLEAN if report.passed else EXIT_FINDINGS
 
 
@@ -87,7 +88,7 @@ def _mutants_both_verifiers(args) -> int:
                          names=args.only or None, max_bytes=max_bytes, progress=progress)
     print(compare.format_table(report))
     if json_path is not None:
-        json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        json_path.write_text(json.dumps(stamped(report.to_dict()), indent=2) + "\n")
     return EXIT_CLEAN if report.passed else EXIT_FINDINGS
 
 
@@ -108,7 +109,7 @@ def _mutants_contract(args) -> int:
     def save(doc: dict) -> None:  # after every row: a run cut short (timeout, Ctrl-C) keeps what it finished
         if json_path is not None:
             staging = json_path.with_name(json_path.name + ".tmp")
-            staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            staging.write_text(json.dumps(stamped(doc), indent=1) + "\n", encoding="utf-8")
             os.replace(staging, json_path)
 
     report = contract_self_test(record, device, seeds=range(args.seed, args.seed + args.seeds),

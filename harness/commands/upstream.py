@@ -15,6 +15,7 @@ from kvfence.commands.common import (
     _exit_codes, _Parser, _positive_int, _non_negative_int, _seconds, _stderr, _writable, _out_dir,
 )
 from kvfence.errors import EXIT_CLEAN, BadInput, printable, require
+from kvfence.provenance import stamped
 
 
 def cmd_upstream(args) -> int:
@@ -81,7 +82,7 @@ def cmd_upstream_shipped_contracts(args, names, out_dir, json_path, offline: boo
     _set_aside(out_dir)
     doc = csm.run(contracts, versions, device=device, out=out_dir, progress=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(doc, indent=1) + "\n"
+    text = json.dumps(stamped(doc), indent=1) + "\n"
     (out_dir / "shipped.json").write_text(text, encoding="utf-8")
     if json_path is not None:
         json_path.write_text(text, encoding="utf-8")
@@ -107,6 +108,7 @@ def cmd_upstream_shipped(args, out_dir, offline: bool, json_path=None) -> int:
     _set_aside(out_dir)
     doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out_dir, progress=sys.stderr)
     report = write(doc, out_dir)
+    doc = stamped(doc)
     (out_dir / "shipped.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if json_path is not None:
         json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from kvfence.cases import upstream
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
+from kvfence.provenance import stamped
 
 #: Cell statuses and what each means (the report's legend).
 STATUSES = {
@@ -503,5 +504,5 @@ def _cell_dict(c: Cell) -> dict:
 
 def _write_json(path: Path, doc: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(stamped(doc), indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
