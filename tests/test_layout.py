@@ -1,7 +1,7 @@
 """The package tree shows the data flow: ``harness/`` (the package ``kvfence``) is grouped by stage, and imports only point from a
 later stage to an earlier one (or within a stage), so each stage can be read without the ones after it.
 
-    base (errors, device) < cases < running < verifying < contracts < workflow < tools < entry (cli, __main__, commands/)
+    base (errors, device, provenance) < cases < running < verifying < contracts < workflow < tools < entry (cli, __main__, commands/)
 
 ``commands/`` (one module per subcommand, its parser beside its handler) belongs to the entry stage: it may
 import every earlier stage, and nothing before the entry stage imports it. ``contracts/`` holds kvfence's own
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "harness"
 ORDER = ("base", "cases", "running", "verifying", "contracts", "workflow", "tools", "entry")
-BASE = ("errors", "device")
+BASE = ("errors", "device", "provenance")
 #: Folders of harness/ that belong to the entry stage (``kvfence.cli`` assembles them).
 ENTRY_FOLDERS = ("commands",)
 
@@ -52,7 +52,7 @@ def imported(tree: ast.AST):
 
 def test_every_module_lives_in_a_stage_folder_or_is_a_base_or_entry_module():
     top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__"))
-    assert top == ["cli", "device", "errors", "sanitizer_child"], top
+    assert top == ["cli", "device", "errors", "provenance", "sanitizer_child"], top
     folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert folders == sorted(ORDER[1:7] + ENTRY_FOLDERS), folders
 
