@@ -93,10 +93,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def quoted_keys(text: str):
     """``(file, top-level key)`` of every ``results file: key`` cell of BENCHMARKS.md's tables."""
-    for cell in re.findall(r"\| `([\w.]+\.json)`: ([^|]+) \|", text):
-        name, keys = cell
-        for key in re.findall(r"`([^`]+)`", keys):
-            yield name, re.split(r"[.\[]", key, 1)[0]
+    for cell in re.findall(r"\| (`[\w.-]+\.json`: [^|]+) \|", text):
+        # A cell may quote several files: `a.json`: `k1`, `k2`; `b.json`: `k3`.
+        for part in re.split(r"(?=`[\w.-]+\.json`: )", cell):
+            named = re.match(r"`([\w.-]+\.json)`: (.*)", part, re.S)
+            if named:
+                for key in re.findall(r"`([^`]+)`", named.group(2)):
+                    yield named.group(1), re.split(r"[.\[]", key, 1)[0]
 
 
 def test_benchmarks_quote_files_and_keys_that_exist_and_are_no_diary():
