@@ -55,5 +55,5 @@ def add_parser(sub) -> None:
     rr.add_argument("--merge", nargs="+", metavar="DIR", default=None,
                     help="merge these fuzz --out folders (hosts, shards, nights) into one report; identical "
                          "failing cases are kept once (default: off)")
-    rr.add_argument("--out", default="reports/merged", help="folder of the merged report")
+    rr.add_argument("--out", default="reports/out/merged", help="folder of the merged report")
     rr.set_defaults(func=cmd_report)

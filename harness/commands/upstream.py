@@ -239,7 +239,7 @@ def add_parser(sub) -> None:
     um.add_argument("--fetch-only", action="store_true",
                     help="only fetch the releases into the cache and print what each is (testable, no kernel, ABI "
                          "unsupported): prepares a cache for an offline host; fuzzes nothing, exit 0 or 2")
-    um.add_argument("--out", default="reports/upstream-matrix",
+    um.add_argument("--out", default="reports/out/upstream-matrix",
                     help="folder for report.md, report.html, matrix.json and each cell's fuzz output")
     um.add_argument("--shipped", action="store_true",
                     help="instead of builtin sizings: each release's backends under their own shipped sizing "
