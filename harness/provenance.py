@@ -84,7 +84,7 @@ def _head_commit(root: Path) -> Optional[str]:
 
 
 def code_stamp() -> dict:
-    """``{"commit", "digest"}`` of the code this process runs (docs/benchmarks.md: freshness of results files)."""
+    """``{"commit", "digest"}`` of the code this process runs (BENCHMARKS.md: which code wrote a figure)."""
     root = source_root()
     if root is None:
         return {"commit": None, "digest": None, "note": "an installed package, not a source checkout"}
