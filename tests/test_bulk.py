@@ -182,11 +182,18 @@ def _fuzz(session, bulk: int, seed: int = 1, **kw):
                 shrink_seconds=kw.pop("shrink_seconds", 30.0), **kw)
 
 
-def test_a_bug_found_in_the_bulk_shrinks_to_the_minimal_case_hypothesis_alone_finds():
+def test_a_bug_found_in_the_bulk_shrinks_to_the_minimal_case_and_no_further_from_it_than_hypothesis_alone():
+    """The bulk's failure, spliced back into Hypothesis, shrinks to the minimal case: one request of the
+    planted length, row 0, token seed 0. Hypothesis alone is the yardstick, not the answer: where its
+    shrink stops depends on the first failure it draws, and its draws take integer constants from every
+    local module the process has imported (``hypothesis.internal.conjecture.providers``), so under
+    pytest-xdist a worker's earlier test files change them (it stopped at 13 requests there)."""
     bulk = _fuzz(PlantedStub(), 64)
     alone = _fuzz(PlantedStub(), 0)
     assert bulk.bulk_splice == SPLICE_REPLAYED and alone.bulk_splice is None
-    assert bulk.case == alone.case and bulk.case.batch.seq_lens == (PlantedStub.RARE,)
+    assert bulk.case.batch.seq_lens == (PlantedStub.RARE,) and PlantedStub.RARE in alone.case.batch.seq_lens
+    assert bulk.case.config == alone.case.config
+    assert len(bulk.case.batch.seq_lens) <= len(alone.case.batch.seq_lens)
     assert bulk.case.batch.req_pool_indices == (0,) and bulk.case.batch.token_seed == 0
     assert bulk.examples_to_failure < alone.examples_to_failure
     assert "blob" in bulk.hypothesis and not bulk.shrink_cut
