@@ -122,6 +122,10 @@ def test_benchmarks_quote_files_and_keys_that_exist_and_are_no_diary():
 def test_the_benchmark_key_reader_sees_each_key():
     row = "| x | 1 | | `throughput` | `h200.json`: `a_b` (passes: `c`), `rows[variant=x].d` |"
     assert list(quoted_keys(row)) == [("h200.json", "a_b"), ("h200.json", "c"), ("h200.json", "rows")]
+    # Names with hyphens, and several files in one cell, each with its own keys.
+    row = "| x | 1 | | same | `cpu_contract_mutants_fa3-decode.json`: `passed`, `rows`; `b-c.json`: `cases` |"
+    assert list(quoted_keys(row)) == [("cpu_contract_mutants_fa3-decode.json", "passed"),
+                                      ("cpu_contract_mutants_fa3-decode.json", "rows"), ("b-c.json", "cases")]
 
 
 def _doc_commands():
