@@ -2,6 +2,8 @@
 
     python benchmarks/prior_reach.py [--seeds 20] [--cpu-examples 60] [--gpu-examples 100]
         [--gpu-family-shares 0.125,0.25] [--json FILE]
+    python benchmarks/prior_reach.py --examples-to-trigger [--seeds 40] [--gpu-examples 400]
+        [--gpu-path-on 0.5] [--json FILE]
 
 For each domain it draws what ``kvfence fuzz`` (and ``kvfence mutants``) would draw under each seed: the
 CPU domain's single cases with the §6 fields drawn, the GPU domain's runs of up to 32 batches of one
@@ -15,6 +17,13 @@ rates themselves come from ``kvfence mutants`` on the device.
 ``--gpu-family-shares`` also simulates the GPU domain under other shares of §6 examples than
 ``GPU_FAMILY_SHARE`` (``gpu_by_family_share`` in the file), beside it in one run: the evidence the
 share was chosen on.
+
+``--examples-to-trigger`` measures what time to a kill rests on instead: the plain ``kvfence fuzz --device
+cuda`` strategy (its default example shape, ``bulk_choices.shape_strategy``), and per mutant the examples
+drawn until the first that holds a case meeting its trigger, per seed (``None``: not within
+``--gpu-examples``), with median and worst (a miss counts as ``--gpu-examples`` + 1). ``--gpu-path-on`` adds
+the same at other odds of a §6 path being on in a §6 config than ``kvfence.strategies.RARE_PATH_ON``
+(``by_path_on``): the evidence those odds were chosen on.
 """
 
 from __future__ import annotations
@@ -132,6 +141,46 @@ def simulate(domain: str, seeds: int, examples: int, family_share=None) -> dict:
             "mutants": {n: {"seeds_reached": reached[n], "case_share": round(hits[n] / total, 4)} for n in names}}
 
 
+def examples_to_trigger(seeds: int, examples: int, path_on=None) -> dict:
+    """Per mutant of ``TRIGGERS``, the examples the plain GPU command's strategy draws until its trigger (module
+    docstring), at ``kvfence.strategies.RARE_PATH_ON`` or at ``path_on``."""
+    import statistics
+
+    import kvfence.strategies as strategies
+    from bulk_choices import shape_strategy
+    from kvfence.commands.fuzz import GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE
+
+    default = strategies.RARE_PATH_ON
+    strategies.RARE_PATH_ON = default if path_on is None else path_on
+    try:
+        first = {name: [] for name in TRIGGERS}
+        for s in range(seeds):
+            drawn = []
+
+            @hyp_seed(s)
+            @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
+                      suppress_health_check=list(HealthCheck))
+            @given(shape_strategy(GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE))
+            def collect(value):
+                drawn.append(value if isinstance(value, list) else [value])
+
+            collect()
+            for name, (_, trigger) in TRIGGERS.items():
+                first[name].append(next((i + 1 for i, run in enumerate(drawn) if any(trigger(c) for c in run)), None))
+    finally:
+        strategies.RARE_PATH_ON = default
+    counted = lambda row: [examples + 1 if k is None else k for k in row]  # noqa: E731
+    return {"path_on": strategies.RARE_PATH_ON if path_on is None else path_on, "seeds": seeds, "examples": examples,
+            "mutants": {name: {"examples": row, "median": statistics.median(counted(row)), "worst": max(counted(row)),
+                               "seeds_reached": sum(k is not None for k in row)} for name, row in first.items()}}
+
+
+def _print_examples_to_trigger(row: dict) -> None:
+    print(f"examples to the trigger, §6 paths on at {row['path_on']:g} ({row['seeds']} seeds, up to {row['examples']}):")
+    for name, m in row["mutants"].items():
+        print(f"  {name:30s} median {m['median']:6.1f}  worst {m['worst']:4d}  reached {m['seeds_reached']}/{row['seeds']}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
@@ -139,11 +188,29 @@ def main() -> int:
     parser.add_argument("--gpu-examples", type=int, default=100, help="kvfence.workflow.mutants.BUDGETS['gpu']")
     parser.add_argument("--gpu-family-shares", default="",
                         help="comma-separated shares of §6 examples to simulate beside GPU_FAMILY_SHARE")
+    parser.add_argument("--examples-to-trigger", action="store_true",
+                        help="examples to each trigger under the plain GPU command's strategy (module docstring)")
+    parser.add_argument("--gpu-path-on", default="",
+                        help="with --examples-to-trigger: comma-separated odds of a §6 path on, beside RARE_PATH_ON")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     result = {"benchmark": "prior_reach", "command": shlex.join(["python", *sys.argv]),
               "gpu_family_share": domains.GPU_FAMILY_SHARE}
     save = saver(args.json, result)
+    if args.examples_to_trigger:
+        start = time.perf_counter()
+        result["examples_to_trigger"] = examples_to_trigger(args.seeds, args.gpu_examples)
+        result["examples_to_trigger"]["seconds"] = round(time.perf_counter() - start, 1)
+        save()
+        _print_examples_to_trigger(result["examples_to_trigger"])
+        for odds in (float(x) for x in args.gpu_path_on.split(",") if x.strip()):
+            start = time.perf_counter()
+            row = examples_to_trigger(args.seeds, args.gpu_examples, path_on=odds)
+            row["seconds"] = round(time.perf_counter() - start, 1)
+            result.setdefault("by_path_on", {})[str(odds)] = row
+            save()
+            _print_examples_to_trigger(row)
+        return 0
     for domain, examples in (("cpu", args.cpu_examples), ("gpu", args.gpu_examples)):
         start = time.perf_counter()
         result[domain] = simulate(domain, args.seeds, examples)

@@ -329,7 +329,25 @@ def family_batches(config: Config, max_batches: int) -> int:
     return min(max_batches, FAMILY_MAX_BATCHES) if config.is_family else max_batches
 
 
-def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, rail: bool) -> dict:
+#: Odds that a §6 path (sinks beside a window, translation) is on in a §6 config where §6 examples are only a
+#: share of the domain's (``Domain.family_share`` < 1: the GPU domain); half where every example is §6's. On the
+#: H200 the translation and sink mutants were the slowest kills at one in two (``h200_kill_time.json`` on
+#: ff724a3); ``benchmarks/prior_reach.py --examples-to-trigger --gpu-path-on 0.5`` draws as ``fuzz --device
+#: cuda`` draws (no kernel) and counts the examples to each trigger at these odds beside one in two
+#: (BENCHMARKS.md). A fraction ``1 - 1/k``: one draw of ``k`` codes, code 0 (off) the shrink target.
+RARE_PATH_ON = 3 / 4
+
+
+def _path_on(draw, rare: bool) -> bool:
+    """Whether a §6 path is on in a §6 config: half the time, or ``RARE_PATH_ON`` where §6 examples are rare."""
+    if not rare:
+        return draw(BOOLEANS)
+    codes = round(1 / (1 - RARE_PATH_ON))
+    return draw(_integers(0, codes - 1)) > 0
+
+
+def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, rail: bool,
+            rare: bool = False) -> dict:
     """The §6 fields of one config (docs/contract.md §6), each pinned or, with ``family`` (this example
     draws them, ``_family_example``), drawn.
 
@@ -342,6 +360,9 @@ def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, r
     * ``entry_page_size``: 1, 2, 4 or 8, dividing neither ctx nor the pool row in particular;
     * ``translate``: off or on (the page table itself is drawn per batch, ``v2p_seed``).
     Nothing is drawn for a §2 run (``family`` off, no window needed): its draws are exactly as before.
+
+    ``rare``: §6 examples are a share of the domain's (``Domain.family_share`` < 1, the GPU domain), so sinks
+    (beside a window) and translation are on at ``RARE_PATH_ON`` rather than half the time.
     """
     if "window_size" in pinned:
         w = pinned["window_size"]
@@ -356,9 +377,9 @@ def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, r
     else:
         # Short sinks (1-4, a request then outruns window and sinks) or any up to past the longest request.
         sink = ((draw(_integers(1, min(4, c + 1))) if draw(BOOLEANS) else draw(_integers(1, c + 1)))
-                if family and w and not rail and draw(BOOLEANS) else 0)
+                if family and w and not rail and _path_on(draw, rare) else 0)
     e = pinned.get("entry_page_size") or (draw(_sampled(ENTRY_PAGE_SIZES)) if family else 1)
-    translate = pinned["translate"] if "translate" in pinned else (draw(BOOLEANS) if family else False)
+    translate = pinned["translate"] if "translate" in pinned else (_path_on(draw, rare) if family else False)
     return dict(window_size=w, sink_size=sink, entry_page_size=e, translate=translate)
 
 
@@ -397,8 +418,8 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     family = _family_example(draw, family_share)
     if family and family_bytes is not None:
         return _bounded_family_config(draw, dom, pinned, fixed_d, (t, n, p, c, m), family_pins, min_window, rail,
-                                      max_bytes, family_bytes)
-    fields = _family(draw, n, c, dict(family_pins), family, min_window, rail)
+                                      max_bytes, family_bytes, rare=family_share < 1)
+    fields = _family(draw, n, c, dict(family_pins), family, min_window, rail, rare=family_share < 1)
     config = Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m), **fixed_d, **fields)
     if max_bytes is not None:
         config = _fit(config, max_bytes, _fit_order(draw, pinned))  # configs() checked that the smallest one fits
@@ -419,7 +440,8 @@ def _fit(config: Config, max_bytes: int, free: list) -> Config:
 
 
 def _bounded_family_config(draw, dom: Domain, pinned: dict, fixed: dict, sizes: tuple, family_pins: tuple,
-                           min_window: int, rail: bool, max_bytes: Optional[int], family_bytes: int) -> Config:
+                           min_window: int, rail: bool, max_bytes: Optional[int], family_bytes: int,
+                           rare: bool) -> Config:
     """A §6 config of a share example (``Domain.family_max_bytes``): the drawn sizes fitted to the bound
     first, then the §6 fields drawn against the fitted ``num_steps`` and ``ctx`` (so windows and sinks
     fall shorter and longer than the requests this config really holds), then fitted again (a page
@@ -430,7 +452,7 @@ def _bounded_family_config(draw, dom: Domain, pinned: dict, fixed: dict, sizes: 
     least.update(dict(family_pins))
     base = _fit_bounded(Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m),
                                **fixed, **least), (family_bytes, max_bytes), free)
-    fields = _family(draw, base.num_steps, base.ctx, dict(family_pins), True, min_window, rail)
+    fields = _family(draw, base.num_steps, base.ctx, dict(family_pins), True, min_window, rail, rare=rare)
     return _fit_bounded(dataclasses.replace(base, **fields), (family_bytes, max_bytes), free)
 
 
