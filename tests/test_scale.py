@@ -15,7 +15,7 @@ from kvfence.cases.budget import buffer_geometry, estimate_bytes, fit, parse_siz
 from kvfence.cases.case import Batch, Case, Config
 from kvfence.cases.domain import BOUNDARY_CLASSES, CPU, GPU, boundary_classes, capture_buckets
 from kvfence.errors import BadInput
-from kvfence.strategies import case_runs, cases, configs
+from kvfence.strategies import RARE_PATH_ON, case_runs, cases, configs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +54,25 @@ def test_gpu_domain_reaches_every_boundary_class():
     assert min(max(c.config.topk for c in drawn), max(c.config.num_steps for c in drawn)) >= 12
     # Buckets are SGLang's speculative capture list, cut at max_bs.
     assert all(c.config.buckets == capture_buckets(c.config.max_bs) for c in drawn)
+
+
+def _path_on_share(drawn) -> float:
+    """Of the distinct §6 configs drawn, the share of §6 path draws that came out on: translation in each, sinks in
+    each with a window."""
+    family = {c for c in drawn if c.is_family}
+    trials = [c.translate for c in family] + [c.sink_size > 0 for c in family if c.window_size]
+    assert len(trials) > 200, len(trials)
+    return sum(trials) / len(trials)
+
+
+def test_section6_paths_are_on_more_often_where_section6_examples_are_rare():
+    """On the GPU domain (§6 fields in one example in four) a §6 config turns translation and sinks on at
+    ``RARE_PATH_ON`` (3/4); on the CPU domain, where every example is §6's, half the time (before the odds
+    changed (ff724a3), the GPU's share was 0.51 in this draw)."""
+    gpu = _path_on_share(_draw_all(configs(domain="gpu", max_bytes=8 * 2**30, family="auto"), 2000))
+    cpu = _path_on_share(_draw_all(configs(family=True), 600))
+    assert RARE_PATH_ON == 3 / 4
+    assert gpu > 0.62 and 0.35 < cpu < 0.6, (gpu, cpu)
 
 
 def test_cpu_domain_stays_interpreter_sized():
