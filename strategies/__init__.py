@@ -331,8 +331,8 @@ def family_batches(config: Config, max_batches: int) -> int:
 
 #: Odds that a §6 path (sinks beside a window, translation) is on in a §6 config where §6 examples are only a
 #: share of the domain's (``Domain.family_share`` < 1: the GPU domain); half where every example is §6's. On the
-#: H200 the translation and sink mutants were the slowest kills at one in two (``h200_kill_time.json`` on
-#: ff724a3); ``benchmarks/prior_reach.py --examples-to-trigger --gpu-path-on 0.5`` draws as ``fuzz --device
+#: H200 the translation and sink mutants were the slowest kills at one in two
+#: (``h200_kill_time_path_on_half.json``); ``benchmarks/prior_reach.py --examples-to-trigger --gpu-path-on 0.5`` draws as ``fuzz --device
 #: cuda`` draws (no kernel) and counts the examples to each trigger at these odds beside one in two
 #: (BENCHMARKS.md). A fraction ``1 - 1/k``: one draw of ``k`` codes, code 0 (off) the shrink target.
 RARE_PATH_ON = 3 / 4
