@@ -106,19 +106,25 @@ def strategy(domain: str, family_share=None):
     return cases(configs(domain="cpu", max_bytes=default_budget("cpu"), family="auto"))
 
 
-def draws(domain: str, seed: int, examples: int, family_share=None):
-    """Every case a seeded Hypothesis run of ``examples`` draws from ``strategy(domain, family_share)``."""
+def examples_drawn(strategy_, seed: int, examples: int) -> list:
+    """Each example a seeded Hypothesis run of ``examples`` (generate phase only) draws from ``strategy_``, as a
+    list of its cases."""
     out = []
 
     @hyp_seed(seed)
     @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(strategy(domain, family_share))
+    @given(strategy_)
     def collect(value):
-        out.extend(value if isinstance(value, list) else [value])
+        out.append(value if isinstance(value, list) else [value])
 
     collect()
     return out
+
+
+def draws(domain: str, seed: int, examples: int, family_share=None):
+    """Every case a seeded Hypothesis run of ``examples`` draws from ``strategy(domain, family_share)``."""
+    return [case for run in examples_drawn(strategy(domain, family_share), seed, examples) for case in run]
 
 
 def simulate(domain: str, seeds: int, examples: int, family_share=None) -> dict:
@@ -155,16 +161,7 @@ def examples_to_trigger(seeds: int, examples: int, path_on=None) -> dict:
     try:
         first = {name: [] for name in TRIGGERS}
         for s in range(seeds):
-            drawn = []
-
-            @hyp_seed(s)
-            @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
-                      suppress_health_check=list(HealthCheck))
-            @given(shape_strategy(GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE))
-            def collect(value):
-                drawn.append(value if isinstance(value, list) else [value])
-
-            collect()
+            drawn = examples_drawn(shape_strategy(GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE), s, examples)
             for name, (_, trigger) in TRIGGERS.items():
                 first[name].append(next((i + 1 for i, run in enumerate(drawn) if any(trigger(c) for c in run)), None))
     finally:
