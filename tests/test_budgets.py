@@ -17,28 +17,37 @@ EXAMPLE = [Case(CONFIG, Batch((length,), (0,), 0)) for length in range(1, 33)]
 
 class EveryCaseCrashes:
     """A checking worker (``kvfence.workflow.worker.RemoteSession``'s ``check_many`` contract) whose every
-    case kills it: the list dies, then each case re-runs alone and dies too, each death a restart of
-    ``RESTART_S``; ``enough`` stops the re-runs as the real one does."""
+    case (``crashes(case)``: by default every one) kills it: the list dies, then each case re-runs alone
+    and dies too, each death a restart of ``RESTART_S``; ``enough`` stops the re-runs as the real one does.
+    With ``one_at_a_time`` each case goes in a message of its own from the start (no list death)."""
 
     STOPS_EARLY = True
     RESTART_S = 0.1
 
-    def __init__(self):
+    def __init__(self, crashes=lambda case: True):
+        self.crashes = crashes
         self.restarts = 0
+        self.calls = []  # (cases in the list, one_at_a_time, restarts it cost)
         self.stats = {}
 
     def check(self, case):
+        if not self.crashes(case):
+            return []
         time.sleep(self.RESTART_S)
         self.restarts += 1
         return [Finding(Kind.CRASH, "kernel", "launch", detail="the checking worker died with SIGSEGV")]
 
-    def check_many(self, cases, enough=None):
-        self.check(cases[0])  # the list's own death
+    def check_many(self, cases, enough=None, one_at_a_time=False):
+        before = self.restarts
+        if not one_at_a_time and any(map(self.crashes, cases)):
+            time.sleep(self.RESTART_S)
+            self.restarts += 1  # the list's own death
         out = [None] * len(cases)
         for i, case in enumerate(cases):
             out[i] = self.check(case)
-            if enough is not None and enough(out[i]):
+            if (one_at_a_time or any(map(self.crashes, cases))) and enough is not None and enough(out[i]):
                 break
+        self.calls.append((len(cases), one_at_a_time, self.restarts - before))
         return out
 
 
@@ -61,3 +70,25 @@ def test_keep_going_over_a_kernel_whose_every_case_crashes_ends_within_a_restart
     elapsed = time.monotonic() - start
     assert elapsed < 1.0 + 0.5 + 3 * EveryCaseCrashes.RESTART_S + 0.5, (elapsed, session.restarts)
     assert [f.kind for f in result.findings] == [Kind.CRASH] and result.time_cut
+
+
+def test_a_crash_is_shrunk_one_case_per_message_so_each_crashing_candidate_costs_one_restart():
+    """Shrinking a CRASH, every candidate list is checked one case per message (``one_at_a_time``): a
+    candidate that crashes costs one restart, where the list's death and then its re-run alone cost two.
+    Exploring still sends whole lists (one device round trip). Every case of two or more requests crashes
+    here; the shrink reaches the minimal case (two requests)."""
+    session = EveryCaseCrashes(crashes=lambda case: len(case.batch.seq_lens) >= 2)
+    session.RESTART_S = 0.0
+    config = Config(topk=1, num_steps=1, page_size=1, ctx=64, max_bs=6)
+    batches = hst.lists(hst.integers(1, 64), min_size=1, max_size=6).map(
+        lambda ls: Case(config, Batch(tuple(ls), tuple(range(len(ls))), 0)))
+    result = fuzz(session, hst.lists(batches, min_size=2, max_size=4), max_examples=200, seed=0, targeting=False,
+                  shrink_seconds=30)
+    assert [f.kind for f in result.findings] == [Kind.CRASH]
+    assert len(result.case.batch.seq_lens) == 2 and not result.shrink_cut
+    first = next(i for i, call in enumerate(session.calls) if call[2])  # the first list that crashed
+    assert not any(alone for _, alone, _ in session.calls[:first + 1])  # exploring: whole lists
+    shrink = session.calls[first + 1:]
+    assert shrink and all(alone for _, alone, _ in shrink), session.calls
+    assert session.calls[first][2] == 2  # the first failure: the list's death, then the case alone
+    assert {restarts for _, _, restarts in shrink} <= {0, 1}, shrink  # a crashing candidate: one restart

@@ -158,6 +158,27 @@ def test_the_one_case_reruns_after_a_crash_stop_once_enough_says_so(device):
         got = rs.check_many(cases, enough=bool)
         assert kinds(got[:2]) == [[], ["CRASH"]] and got[2:] == [None] * 3
         assert rs.stats["deaths"] == 2, rs.stats
+        # One case per message from the start (the candidates of a CRASH being shrunk): one death.
+        got = rs.check_many(cases, enough=bool, one_at_a_time=True)
+        assert kinds(got[:2]) == [[], ["CRASH"]] and got[2:] == [None] * 3
+        assert rs.stats["deaths"] == 3, rs.stats
+
+
+def test_a_spare_warms_up_on_the_last_clean_case_and_one_that_fails_it_is_set_aside(device):
+    """A spare started after a crash is sent the session's last clean case to check once ready (its config
+    compiled and captured before it takes over): adopting it then counts a warm-up and verdicts stay true.
+    A spare whose warm-up does not come back clean (here: a crashing case passed off as the last clean one)
+    is discarded without a death counted, and a fresh worker takes the case."""
+    spec = f"{CRASHERS}:segfault_on_3"
+    clean, crash = batch_cases(spec, [1, 3])
+    with RemoteSession(device, spec, contract="draft", spares=1) as rs:
+        assert kinds([rs.check(clean), rs.check(crash), rs.check(clean)]) == [[], ["CRASH"], []]
+        assert rs.stats["warm_ups"] == 1 and rs.stats["deaths"] == 1, rs.stats
+        rs._last_clean = crash  # the spare started next warms up on a case that kills it
+        assert kinds([rs.check(crash), rs.check(clean)]) == [["CRASH"], []]  # (the spare warmed before)
+        assert rs.stats["deaths"] == 2 and rs.stats["warm_ups"] == 2, rs.stats
+        assert kinds([rs.check(crash), rs.check(clean)]) == [["CRASH"], []]  # (that spare is set aside)
+        assert rs.stats["deaths"] == 3 and rs.stats["warm_ups"] == 2 and rs.stats["worker_starts"] == 6, rs.stats
 
 
 def test_a_dying_workers_output_goes_with_its_crash_not_to_the_terminal(device, capfd):
@@ -199,6 +220,13 @@ def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(dev
             if spares:
                 assert len(child_pids() - before) == 2  # the worker and one spare, already starting
         assert child_pids() - before == set()
+    # A session that keeps dying (CRASHING_AFTER deaths: a crash being shrunk) keeps spares_crashing starting.
+    with RemoteSession(device, spec, contract="draft", spares=1, spares_crashing=3) as rs:
+        assert kinds([rs.check(c) for c in batch_cases(spec, [3, 1])]) == [["CRASH"], []]
+        assert len(child_pids() - before) == 2  # one death: the worker and one spare
+        assert kinds([rs.check(c) for c in batch_cases(spec, [3, 1])]) == [["CRASH"], []]
+        assert len(child_pids() - before) == 4, rs.stats  # two deaths: the worker and three spares
+    assert child_pids() - before == set()
 
 
 def test_the_wire_form_keeps_every_batch_field():
@@ -216,3 +244,24 @@ def test_the_wire_form_keeps_every_batch_field():
     decoded = list(decode(json.loads(json.dumps(record.codec(None).encode(cases)))))
     assert decoded == cases and [c.batch.v2p_seed for c in decoded] == [77, 0]
     assert group(decoded[0]) == group(decoded[1])  # one config: one run the worker may batch
+
+
+def test_a_crashing_session_gets_its_share_of_the_cores_in_spares(monkeypatch):
+    """``crash_spares``: a run's process that keeps crashing keeps up to ``CRASH_SPARES`` starting on CUDA, no
+    more than its share of the host's cores (the usable cores over the run's processes on the host), never
+    fewer than ``SPARES``; a ``--jobs`` child is told how many processes share the host (``--host-jobs``)."""
+    import argparse
+
+    from kvfence.commands.fuzz import _child_args
+    from kvfence.workflow import jobs
+    from kvfence.workflow.worker import crash_spares
+
+    monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
+    assert [crash_spares("cuda", n) for n in (1, 2, 4, 5, 8, 15)] == [4, 4, 4, 3, 2, 2]
+    assert [crash_spares("cpu", n) for n in (1, 2)] == [1, 1]
+    monkeypatch.setattr(jobs, "usable_cores", lambda: 2)
+    assert crash_spares("cuda", 1) == 2
+    parser = argparse.ArgumentParser()
+    args = argparse.Namespace()
+    child = _child_args(parser, args, seed=3, max_examples=10, max_bytes=1 << 30, host_jobs=15)
+    assert child[child.index("--host-jobs") + 1] == "15" and child[child.index("--jobs") + 1] == "1"

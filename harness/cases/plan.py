@@ -55,6 +55,8 @@ class RunPlan:
     bulk_after: float = 0.0
     max_bytes: Optional[int] = None
     jobs: int = 1
+    #: Fuzzing processes of this run on this host (a ``--jobs`` child's siblings counted): its share of the cores.
+    host_jobs: int = 1
     targeting: bool = True
     keep_going: bool = False
     isolate: bool = True
@@ -88,6 +90,7 @@ class RunPlan:
         require(self.max_bytes is None or (_int(self.max_bytes) and self.max_bytes > 0),
                 f"max_bytes must be a positive integer, got {self.max_bytes!r}")
         require(_int(self.jobs) and self.jobs >= 1, f"jobs must be a positive integer, got {self.jobs!r}")
+        require(_int(self.host_jobs) and self.host_jobs >= 1, f"host_jobs must be a positive integer, got {self.host_jobs!r}")
         require(_seconds(self.case_timeout, positive=True),
                 f"case_timeout must be a positive number of seconds, got {self.case_timeout!r}")
         for name in ("targeting", "keep_going", "isolate"):

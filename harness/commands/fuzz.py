@@ -140,14 +140,14 @@ def _plan(args, device: str):
                    domain=scale, pins=pins, seed=args.seed, max_examples=args.max_examples,
                    max_seconds=args.max_seconds, shrink_seconds=args.shrink_seconds, batches_per_example=per_example,
                    bulk_per_example=args.bulk_per_example, bulk_after=args.bulk_after, max_bytes=max_bytes,
-                   jobs=jobs, targeting=not args.no_target, keep_going=args.keep_going,
+                   jobs=jobs, host_jobs=args.host_jobs or jobs, targeting=not args.no_target, keep_going=args.keep_going,
                    isolate=not args.in_process, case_timeout=args.case_timeout, audit=False if args.no_audit else None)
 
 
-def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -> List[str]:
+def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int, host_jobs: int) -> List[str]:
     """The flags a ``--jobs`` child gets: the parent's, except those each child gets its own value of."""
     own = {"jobs", "seed", "out", "max_examples", "json", "quiet", "max_gpu_mem", "progress_file", "stop_file",
-           "resume"}
+           "resume", "host_jobs"}
     argv = []
     for action in parser._actions:
         if not action.option_strings or action.dest in own or action.dest == "help":
@@ -156,8 +156,8 @@ def _child_args(parser, args, *, seed: int, max_examples: int, max_bytes: int) -
         if value is None or value is False or value == action.default:
             continue
         argv += [action.option_strings[0]] if value is True else [action.option_strings[0], str(value)]
-    return argv + ["--jobs", "1", "--seed", str(seed), "--max-examples", str(max_examples), "--quiet",
-                   "--max-gpu-mem", str(max_bytes)]
+    return argv + ["--jobs", "1", "--host-jobs", str(host_jobs), "--seed", str(seed), "--max-examples",
+                   str(max_examples), "--quiet", "--max-gpu-mem", str(max_bytes)]
 
 
 def cmd_fuzz(args) -> int:
@@ -418,7 +418,7 @@ def _fuzz_jobs(args, plan, run: dict, out_dir: Path, json_path: Optional[Path]) 
     share = [plan.max_examples // jobs + (i < plan.max_examples % jobs) for i in range(jobs)]
     require(min(share) >= 1, f"--jobs {jobs} is more than --max-examples {plan.max_examples}")
     child_args = [_child_args(args._parser, args, seed=run["seed"] + i, max_examples=share[i],
-                              max_bytes=plan.max_bytes) for i in range(jobs)]
+                              max_bytes=plan.max_bytes, host_jobs=jobs) for i in range(jobs)]
     _lock_out(out_dir)
     from kvfence.workflow.outdir import set_aside_earlier_cases
 
@@ -634,6 +634,7 @@ def add_parser(sub) -> None:
                          f"the summary's ended_by says which budget ended the run")
     fz.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)  # --jobs children report here
     fz.add_argument("--stop-file", default=None, help=argparse.SUPPRESS)  # --jobs children stop when it exists
+    fz.add_argument("--host-jobs", type=_positive_int, default=None, help=argparse.SUPPRESS)  # a child's siblings
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--keep-going", action="store_true",

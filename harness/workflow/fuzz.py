@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, s
 
 from kvfence.cases import contract as contracts
 from kvfence.cases.casefile import format_failure
-from kvfence.cases.findings import Finding
+from kvfence.cases.findings import Finding, Kind
 from kvfence.running.interrupt import raise_pending
 
 
@@ -235,15 +235,26 @@ def _keep(result: FuzzResult, make_stat: Callable[[], tuple], rng: random.Random
     return None
 
 
-def _check_many(session, cases: list, journal, enough: Callable[[List[Finding]], bool]) -> dict:
-    """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them.
+#: Kinds of a failure whose every candidate costs a worker restart while it is shrunk (the worker died or
+#: was killed): its candidates are checked one case per message (``RemoteSession.check_many``'s
+#: ``one_at_a_time``), so a crashing candidate costs one restart, not two.
+RESTART_KINDS = frozenset({Kind.CRASH, Kind.HANG})
+
+
+def _check_many(session, cases: list, journal, enough: Callable[[List[Finding]], bool],
+                one_at_a_time: bool = False) -> dict:
+    """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them
+    (with ``one_at_a_time``, a session that stops early checks them one per message instead).
     Cases checked one at a time (a session without ``check_many``, or a worker's re-runs after a crash,
     ``RemoteSession.check_many``) stop once ``enough(findings)`` is true: the rest get no verdict."""
     batch = getattr(session, "check_many", None)
     if batch is not None and len(cases) > 1:
         if journal is not None:
             journal.begin_many(cases)
-        out = batch(cases, enough=enough) if getattr(session, "STOPS_EARLY", False) else batch(cases)
+        if getattr(session, "STOPS_EARLY", False):
+            out = batch(cases, enough=enough, one_at_a_time=one_at_a_time)
+        else:
+            out = batch(cases)
         if journal is not None:
             journal.end()
         return {case: findings for case, findings in zip(cases, out) if findings is not None}
@@ -320,7 +331,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     result.structure_keys, result.read_keys = shapes, read_shapes
     config_digests: Dict[object, int] = carry.setdefault("config_digests", {})
     # "largest": a config's memory estimate (the contract's config_bytes; one that estimates none is never largest)
-    state = {"first_failure": None, "last_progress": 0.0, "largest": 0, "stop_asked": 0.0}
+    # "restarts": the failure being shrunk is a CRASH or HANG (RESTART_KINDS)
+    state = {"first_failure": None, "last_progress": 0.0, "largest": 0, "stop_asked": 0.0, "restarts": False}
     start = time.perf_counter()
     record = [contract]  # the contract's record, from the first case when not given
 
@@ -382,7 +394,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                     break
                 chunk = fresh[lo:hi]
                 t0 = time.perf_counter()
-                got = _check_many(session, chunk, journal, lambda findings: _enough(findings, shrinking))
+                got = _check_many(session, chunk, journal, lambda findings: _enough(findings, shrinking),
+                                  one_at_a_time=shrinking and state["restarts"])
                 timing["per_case"] = (time.perf_counter() - t0) / len(chunk)
                 checked.update(got)
                 if known is None and any(got.values()):
@@ -502,6 +515,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             result.examples_to_failure = result.examples
             result.shrinking = True
             result.first_failure_text = first_failure_line(case, findings)
+            state["restarts"] = any(f.kind in RESTART_KINDS for f in findings)
             # The verdict is known now: say so before shrinking (which may take --shrink-seconds).
             if on_first_failure is not None:
                 on_first_failure(result)

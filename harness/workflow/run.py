@@ -54,10 +54,10 @@ def checker(plan: RunPlan, *, background: bool = False):
     found = contracts.get(plan.contract)
     if not plan.isolate:
         return found.session(plan)
-    from kvfence.workflow.worker import RemoteSession
+    from kvfence.workflow.worker import RemoteSession, crash_spares
 
     return RemoteSession(plan.device, plan.kernel, contract=found, plan=plan, case_timeout=plan.case_timeout,
-                         background=background)
+                         spares_crashing=crash_spares(plan.device, plan.host_jobs), background=background)
 
 
 def database_key(plan: RunPlan, shard=None) -> bytes:

@@ -77,6 +77,23 @@ EXTERNAL_RETRIES = 3
 #: death per crashing candidate) the spares decide its pace: ``k`` of them sustain about ``k`` restarts per
 #: start time. The host has the cores; each idle spare holds a CUDA context.
 SPARES = {"cuda": 2, "cpu": 1}
+#: Spares at most once a session has died ``CRASHING_AFTER`` times (a crash being shrunk, or ``--keep-going``
+#: over a kernel that keeps crashing): a crash then comes about every second (its verdict, then the next
+#: candidate's first case in a fresh worker), faster than two starts of about 3.5 s can follow, so more
+#: spares keep the restarts at about that second. Each spare is a process starting (CPU bound): a session
+#: gets more than ``SPARES`` only where its share of the host's cores has room (``crash_spares``).
+CRASH_SPARES = {"cuda": 4, "cpu": 1}
+CRASHING_AFTER = 2
+#: A spare is sent the session's last clean case to check as soon as it is ready (compiling or loading the
+#: kernel and capturing its graphs for that config), so the first case of the worker that replaces a crashed
+#: one does not pay for that: while a crash is shrunk its candidates mostly share the crashing case's config.
+#: Only a small case: a message of at most ``WARM_MESSAGE_BYTES`` (it waits in the socket's buffer while the
+#: spare imports) and at most ``WARM_ELEMENTS`` elements of work (what a spare then holds on the device stays
+#: small: spares are not counted in ``--max-gpu-mem``).
+WARM_MESSAGE_BYTES = 64 * 1024
+WARM_ELEMENTS = ELEMENTS_PER_TIMEOUT
+#: ``_adopt``'s answer for a spare whose warm-up case did not come back clean (it is discarded, not a death).
+_WARM_FAILED = "warm-up failed"
 #: Lines of a dead or hung worker's output kept with its case's finding (``extra["worker_output"]``).
 OUTPUT_LINES = 40
 #: Bytes of a worker's output read back at most: the tail kept with a finding, or relayed when it ends.
@@ -85,6 +102,15 @@ OUTPUT_RELAYED = 64 * 1024
 POLL_S = 0.2
 #: Exit statuses of a process killed by a signal the kernel does not send itself.
 _EXTERNAL = {-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT}
+
+
+def crash_spares(device: str, jobs: int = 1) -> int:
+    """Spares for a session that keeps crashing, one of ``jobs`` sessions on this host: its share of the
+    usable cores (``kvfence.workflow.jobs.usable_cores``), between ``SPARES`` and ``CRASH_SPARES``."""
+    from kvfence.workflow.jobs import usable_cores
+
+    base = SPARES.get(device, 1)
+    return max(base, min(CRASH_SPARES.get(device, base), usable_cores() // max(1, jobs)))
 
 
 class WorkerError(RuntimeError):
@@ -282,6 +308,7 @@ class _Pending:
 
     def __init__(self, proc: subprocess.Popen, conn, progress: _Counter, output):
         self.proc, self.conn, self.progress, self.output = proc, conn, progress, output
+        self.warming = None  # the case sent ahead for it to check once ready (``RemoteSession._prestart``)
 
     def kill(self) -> None:
         """Stop a worker that was never used: what it printed (imports only) is dropped."""
@@ -327,7 +354,8 @@ class RemoteSession:
     def __init__(self, device: str, kernel: str = "reference", *, contract, plan=None,
                  case_timeout: float = DEFAULT_CASE_TIMEOUT,
                  warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
-                 spares: Optional[int] = None, background: bool = False, **options):
+                 spares: Optional[int] = None, spares_crashing: Optional[int] = None,
+                 background: bool = False, **options):
         from kvfence.cases import contract as registry
 
         require(isinstance(case_timeout, (int, float)) and math.isfinite(case_timeout) and case_timeout > 0,
@@ -354,12 +382,15 @@ class RemoteSession:
         #: first, so a restart costs what is left of a start begun earlier instead of a whole one
         #: (imports, CUDA context, kernel load from Triton's on-disk cache).
         self._spare_count = SPARES.get(device, 1) if spares is None else spares
+        #: Spares once the session has died ``CRASHING_AFTER`` times (``crash_spares``); never fewer.
+        self._crashing_spare_count = max(self._spare_count, spares_crashing or 0)
         self._spares: List[_Pending] = []
         self._warm: set = set()  # codec.group keys this worker has run: no warm-up allowance
         #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
         #: (re-run, not reported), and cases with a verdict from a worker.
         self.counters = {"worker_starts": 0, "deaths": 0, "hangs": 0, "external_kills": 0, "cases": 0,
-                         "spares_used": 0}
+                         "spares_used": 0, "warm_ups": 0}
+        self._last_clean = None  # the last case a worker found clean: what a spare warms up on
         self._retired: Dict[str, float] = {}  # Session.stats of workers that are gone, summed
         self._live: Dict[str, float] = {}  # Session.stats of the current worker, as of its last reply
         #: Epoch seconds when the first worker said ``ready`` (the run summary's ``startup_s``).
@@ -400,6 +431,8 @@ class RemoteSession:
             if spare is not None:
                 self.counters["spares_used"] += 1
             code = self._adopt(early or spare or self._spawn())
+            if code == _WARM_FAILED:
+                continue  # the next spare, or a fresh worker
             if code is None:
                 if self.ready_at is None:
                     self.ready_at = time.time()
@@ -414,9 +447,27 @@ class RemoteSession:
                                f"importing kernel {self.kernel!r} kills the process{last}")
 
     def _prestart(self) -> None:
-        """Start replacement workers now, in the background, until ``spares`` are starting or ready."""
-        while len(self._spares) < self._spare_count:
-            self._spares.append(self._spawn())
+        """Start replacement workers now, in the background, until ``spares`` are starting or ready (or
+        ``spares_crashing`` once the session has died ``CRASHING_AFTER`` times)."""
+        crashing = self.counters["deaths"] + self.counters["hangs"] >= CRASHING_AFTER
+        while len(self._spares) < (self._crashing_spare_count if crashing else self._spare_count):
+            pending = self._spawn()
+            self._send_warm(pending)
+            self._spares.append(pending)
+
+    def _send_warm(self, pending: "_Pending") -> None:
+        """Queue the last clean case for ``pending`` to check once ready (``WARM_MESSAGE_BYTES``)."""
+        if self._last_clean is None or self.codec.elements(self._last_clean) > WARM_ELEMENTS:
+            return
+        data = json.dumps({"op": "check", "dry": False, **self.codec.encode([self._last_clean])},
+                          separators=(",", ":")).encode()
+        if len(data) > WARM_MESSAGE_BYTES:
+            return
+        try:
+            pending.conn.send_bytes(data)
+        except OSError:
+            return  # it died already: adopting it says so
+        pending.warming = self._last_clean
 
     def _spawn(self) -> "_Pending":
         """Start a worker process; it imports, sets up its device and says ``ready`` on its own time."""
@@ -436,8 +487,9 @@ class RemoteSession:
         self.counters["worker_starts"] += 1
         return _Pending(proc, Connection(ours.detach()), _Counter(progress_file), output)
 
-    def _adopt(self, pending: "_Pending") -> Optional[int]:
-        """Make ``pending`` the worker and wait for it to be ready; the exit status if it died instead."""
+    def _adopt(self, pending: "_Pending"):
+        """Make ``pending`` the worker and wait for it to be ready (and for its warm-up case, if it was sent
+        one); the exit status if it died instead, ``_WARM_FAILED`` if its warm-up did not come back clean."""
         self._proc, self._conn, self._progress = pending.proc, pending.conn, pending.progress
         self._output = pending.output
         self._warm = set()
@@ -451,6 +503,22 @@ class RemoteSession:
         if message["op"] != "ready":
             self._kill()
             self._raise(message)
+        if pending.warming is not None:
+            return self._warmed(pending.warming)
+        return None
+
+    def _warmed(self, case) -> Optional[str]:
+        """Take the reply to the warm-up case sent ahead (``_send_warm``): None when it came back clean (its
+        config is warm now), ``_WARM_FAILED`` (the worker killed) when it died, hung or found anything."""
+        limit = self._case_limit(case, self.warmup_s)
+        message = self._recv() if wait([self._conn], timeout=limit) else None
+        if message is None or message.get("op") != "results" or message.get("fatal") \
+                or [r for r in message.get("results", [[]]) if r]:
+            self._kill()
+            return _WARM_FAILED
+        self._warm.add(self.codec.group(case))
+        self._live = {k: v for k, v in message.get("stats", {}).items() if isinstance(v, (int, float))}
+        self.counters["warm_ups"] += 1
         return None
 
     def _recv(self) -> Optional[dict]:
@@ -590,6 +658,9 @@ class RemoteSession:
         self.counters["cases"] += len(message["results"])
         kinds = getattr(self.codec, "kinds", ())
         out = [[Finding.from_dict(f, kinds) for f in findings] for findings in message["results"]]
+        for case, findings in zip(cases, out):
+            if not findings and not dry:
+                self._last_clean = case
         if message["fatal"] and out:  # the last case lost the CUDA context: its CRASH gets the worker's output
             out[-1] = [self._with_output(f) if f.kind is Kind.CRASH else f for f in out[-1]]
         return out
@@ -646,8 +717,8 @@ class RemoteSession:
     #: ``check_many`` takes ``enough`` (``kvfence.workflow.fuzz`` asks before passing it).
     STOPS_EARLY = True
 
-    def check_many(self, cases: Sequence,
-                   enough: Optional[Callable[[List[Finding]], bool]] = None) -> List[Optional[List[Finding]]]:
+    def check_many(self, cases: Sequence, enough: Optional[Callable[[List[Finding]], bool]] = None,
+                   one_at_a_time: bool = False) -> List[Optional[List[Finding]]]:
         """One findings list per case, sent to the worker as one message.
 
         If the worker dies or stalls part-way, the cases without a verdict are re-run one at a time, so
@@ -656,9 +727,19 @@ class RemoteSession:
         once it is true the cases still without a verdict keep none (None). Each one-case run after a
         crash costs a worker restart, so a caller that needs only a first failure, or whose budget is
         spent, pays for no more restarts than that (a batch whose every case crashes: two, not one per case).
+
+        ``one_at_a_time`` sends each case in a message of its own from the start (with ``enough`` asked
+        after each): a crashing case then costs one restart, not two (the list's death, then its re-run
+        alone). For lists that are likely to crash: the candidates of a ``CRASH`` being shrunk.
         """
         cases = list(cases)
         results: List[Optional[List[Finding]]] = [None] * len(cases)
+        if one_at_a_time:
+            for j, case in enumerate(cases):
+                results[j] = self._check_alone(case)
+                if enough is not None and enough(results[j]):
+                    break
+            return results  # type: ignore[return-value]
         i = 0
         while i < len(cases):
             try:
