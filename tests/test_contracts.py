@@ -307,6 +307,46 @@ def test_fa3_draws_reach_both_edges_often_on_the_gpu_domain():
     assert len(spill) >= 0.25 * len(cases) and len(zero) >= 0.25 * len(cases), (len(spill), len(zero), len(cases))
 
 
+def test_fa3_self_test_search_reaches_both_edges_in_every_seed_of_the_gpu_domain():
+    """What the GPU self-test does per seed (``contract_self_test``: the fuzz loop, 8 examples, no target phase,
+    no shrinking) over 40 seeds, with a checker that fails exactly on an edge: the last row spilling past a
+    context-sized table with ZERO_TAIL off (``rows_not_clamped``'s guard write) in every seed (the first
+    example is the simplest wall launch), and ZERO_TAIL on a row shorter than the table (``zero_tail_ignored``)
+    in all but at most one. With the scenarios one in three each and ``any`` first, an H200 sitting missed the
+    first in 2 seeds of 20, and this search missed it in seeds 8 and 27 of these 40."""
+    from kvfence.cases import contract as registry
+    from kvfence.cases.findings import Finding, Kind
+    from kvfence.cases.plan import RunPlan
+    from kvfence.contracts.fa3_metadata import _pages
+    from kvfence.workflow import run as pipeline
+    from kvfence.workflow.fuzz import fuzz
+
+    record = registry.get("fa3-decode-metadata")
+    spills = lambda c, width: (not c.zero_tail and not c.skip_page_table  # noqa: E731
+                               and _pages(c, len(c.seq_lens) - 1) > width)
+    short_row = lambda c, width: (c.zero_tail and not c.skip_page_table  # noqa: E731
+                                  and min(_pages(c, b) for b in range(len(c.seq_lens))) < width)
+
+    class EdgeChecker:
+        stats = {}
+
+        def __init__(self, edge):
+            self.edge = edge
+
+        def check(self, launch):
+            hit = self.edge(launch.case, launch.width)
+            return [Finding(Kind.GUARD_OVERWRITE, "page_table", "the edge")] if hit else []
+
+    reached = {}
+    for name, edge, sizing in (("spill", spills, "context"), ("short_row", short_row, "safe")):
+        plan = RunPlan(contract=record.name, sizing=sizing, device="cuda", domain="gpu", max_examples=8,
+                       shrink_seconds=0.0)
+        reached[name] = sum(bool(fuzz(EdgeChecker(edge), pipeline.draws(plan)[0], max_examples=8, seed=s,
+                                      shrink_seconds=0, targeting=False, contract=record).findings)
+                            for s in range(40))
+    assert reached["spill"] == 40 and reached["short_row"] >= 39, reached
+
+
 # -- shipped sizing of the plug-in contracts (kvfence.cases.contract_shipped) ---------------------------------------
 _BACKEND = '''
 class TRTLLMHAAttnBackend(Base):
