@@ -32,6 +32,10 @@
 #   contract-shipped 200      h200_contract_shipped_matrix.json  the plug-in contracts under each release's own widths
 #                                                                over 20 seeds, SGLang 0.5.23's kernels (needs
 #                                                                contract-cache/, below), compiled, CUDA graphs
+#   first-verdict    200      h200_first_verdict.json            benchmarks/first_verdict.py: the first printed finding
+#                                                                 of `fuzz --sizing prefix` over the CUDA floor, 3 runs
+#   scale-mutants    400      h200_mutants_gpu_domain.json       the scale and page-1 mutants through their declared
+#                                                                 kinds, 2 seeds, reference clean on both domains
 #   kill-time        560      h200_kill_time.json                time to a kill: the plain default command per shipped
 #                                                                mutant x 10 seeds, search seconds (not in the default
 #                                                                list; run it again to resume a cut file)
@@ -48,7 +52,7 @@ export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
-ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests default-run contracts contract-jobs contract-shipped"
+ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests default-run contracts contract-jobs contract-shipped first-verdict scale-mutants"
 EXTRA="plain-mutants kill-time"
 mkdir -p "$RESULTS" "$LOGS"
 
@@ -261,6 +265,18 @@ run_contract_shipped() {
     --device cuda --out reports/out/h200-contract-shipped --json "$RESULTS/h200_contract_shipped_matrix.json" \
     > "$LOGS/contract_shipped.txt" 2>&1
   [ $? -le 1 ]  # 1: overflows found, as the CPU run of the same releases says
+}
+
+run_first_verdict() {
+  timeout 200 python benchmarks/first_verdict.py --device cuda --repeats 3 --json "$RESULTS/h200_first_verdict.json" \
+    > "$LOGS/first_verdict.txt" 2>&1
+}
+
+run_scale_mutants() {
+  # Alone on the GPU: beside the verifiers part it did not finish in 200 s.
+  timeout 400 kvfence mutants --device cuda --seeds 2 --only copy_first_block_only prefix_sum_16_lanes \
+    indptr_sum_64_branches page_last_capped_64 page1_step_major_drafts --json "$RESULTS/h200_mutants_gpu_domain.json" \
+    > "$LOGS/scale_mutants.txt" 2>&1
 }
 
 run_kill_time() {
