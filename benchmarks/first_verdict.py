@@ -10,7 +10,8 @@ In one run, on one machine:
   found within a job's first few examples) to the line on stderr that names the first failure
   (``kvfence.commands.fuzz.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
   ``first_launch_s`` and ``first_failure_s`` with it, and with ``--jobs`` each job's ``startup_s``
-  (``jobs_ready_s``, job 0 first: it leads on CUDA).
+  (``jobs_ready_s``, job 0 first: it leads on CUDA), and of the job that failed first its examples to the
+  failure and its compile and capture seconds (``first_failing_job_*``).
 
 Each is measured ``--repeats`` times after ``--warmup`` unmeasured runs (a warm Triton disk cache, as a
 user's second run has); the medians give ``first_verdict_over_floor``. Flags after ``--`` go to the fuzz
@@ -63,11 +64,18 @@ def verdict_run(device: str, extra, out_dir: Path) -> dict:
     # --jobs: when each job's worker was ready (job 0 leads on CUDA; kvfence.workflow.jobs), and how many
     # jobs the parent did not start.
     job_summaries = sorted((out_dir / "jobs").glob("job-*/summary.json"), key=lambda p: int(p.parent.name[4:]))
-    ready = [json.loads(p.read_text()).get("startup_s") for p in job_summaries]
+    jobs = [json.loads(p.read_text()) for p in job_summaries]
+    # Where a slow verdict's time went: which job failed first, after how many examples, and what that job
+    # spent compiling and capturing (the seed is random per run, as a user's is).
+    failed = [j for j in jobs if j.get("first_failure_s") is not None]
+    first = min(failed, key=lambda j: j["first_failure_s"]) if failed else summary
     return {"first_verdict_s": round(verdict, 3), "wall_s": round(total, 3), "exit": code,
-            **{k: summary.get(k) for k in ("startup_s", "first_launch_s", "first_failure_s", "ended_by", "jobs",
-                                           "jobs_not_started")},
-            "jobs_ready_s": ready}
+            **{k: summary.get(k) for k in ("seed", "startup_s", "first_launch_s", "first_failure_s", "ended_by",
+                                           "jobs", "jobs_not_started")},
+            "jobs_ready_s": [j.get("startup_s") for j in jobs],
+            "first_failing_job": jobs.index(first) if first in jobs else None,
+            **{f"first_failing_job_{k}": first.get(k) for k in ("examples_to_failure", "compile_s", "capture_s",
+                                                                 "compiles", "captures")}}
 
 
 def main() -> int:

@@ -212,6 +212,8 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     assert run["ended_by"] == "failure" and run["startup_s"] <= run["first_failure_s"]
     assert run["jobs"] == 2 and run["jobs_not_started"] == 0  # the CPU starts both jobs at once
     assert len(run["jobs_ready_s"]) == 2 and all(0 < t < run["wall_s"] for t in run["jobs_ready_s"])
+    assert run["seed"] == 1 and run["first_failing_job"] in (0, 1)
+    assert 1 <= run["first_failing_job_examples_to_failure"] <= 6 and run["first_failing_job_compile_s"] >= 0
 
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)

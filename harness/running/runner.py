@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 import torch
 
 from kvfence.running.audit import for_launch as audit_for_launch, resolve_audit
+from kvfence.running.capture import collector_paused
 from kvfence.cases.case import (Batch, Case, Config, INT32_LIMIT, LaunchBatch, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK,
                           _PERMUTE, launch_batch)
 from kvfence.cases.findings import Finding
@@ -153,7 +154,7 @@ def capture_graph(fn, device, stats: Optional[dict] = None) -> "torch.cuda.CUDAG
     torch.cuda.synchronize(device)
     t1 = time.perf_counter()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with collector_paused(), torch.cuda.graph(graph):
         fn()
     torch.cuda.synchronize(device)
     if stats is not None:

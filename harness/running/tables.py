@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Dict, List
 
 from kvfence.cases.contract import Table
+from kvfence.running.capture import collector_paused
 
 POISON = -1
 CANARY_BASE = -1000
@@ -103,7 +104,7 @@ def launch(contract, kernel, buffers: Dict[str, Guarded], case, width: int, devi
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        with torch.cuda.graph(cuda_graph, stream=stream):
+        with collector_paused(), torch.cuda.graph(cuda_graph, stream=stream):
             contract.launch(kernel, views, case, width)
     torch.cuda.current_stream().wait_stream(stream)
     for name, g in buffers.items():  # capture records, it should not run; restore in case a kernel did
