@@ -3,15 +3,13 @@
 A collection inside a capture can free a captured graph kept in a reference cycle; destroying it is a CUDA call
 not permitted while a stream captures, and CUDA invalidates the capture in progress. The H200 suite failed
 that way once in ``tests/test_properties.py`` (a clean case reported "operation failed due to a previous error
-during capture"). The first test runs on any machine (a stand-in for ``torch.cuda`` records what the collector
-was doing during the capture); the second makes the collision happen on a GPU.
+during capture"). A stand-in for ``torch.cuda`` records what the collector was doing during the capture, so
+the tests run on any machine.
 """
 
 import contextlib
 import gc
 import types
-
-import pytest
 
 import kvfence.running.runner as runner_module
 from kvfence.running.runner import capture_graph
@@ -54,36 +52,3 @@ def test_capture_graph_leaves_a_disabled_collector_disabled(monkeypatch):
     finally:
         gc.enable()
 
-
-@pytest.mark.gpu
-def test_a_graph_freed_by_a_collection_during_a_capture_does_not_break_it(device):
-    """The garbage cycle that holds a captured graph is made inside the captured function, and the collector is
-    set to run at the next allocation: with the collector running during captures, this capture fails."""
-    import torch
-
-    if device != "cuda":
-        pytest.skip("needs CUDA graphs")
-    x = torch.zeros(4, device="cuda")
-    old = [capture_graph(lambda: x.add_(1), torch.device("cuda"))]
-
-    def fn():
-        x.add_(1)
-        if torch.cuda.is_current_stream_capturing() and old:
-            cycle = [old.pop()]
-            cycle.append(cycle)  # only a collection frees it, and the graph with it
-            del cycle
-            for _ in range(100):
-                [[] for _ in range(10)]  # allocations: a collection would start here
-
-    thresholds = gc.get_threshold()
-    gc.set_threshold(1, 1, 1)
-    try:
-        graph = capture_graph(fn, torch.device("cuda"))
-    finally:
-        gc.set_threshold(*thresholds)
-    gc.collect()  # the old graph goes now, outside any capture
-    assert not old
-    x.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert x.tolist() == [1.0] * 4
