@@ -24,9 +24,9 @@ def _stand_in_cuda(events):
         yield
 
     stream = types.SimpleNamespace(wait_stream=lambda other: None)
-    return types.SimpleNamespace(Stream=lambda device: stream, current_stream=lambda device: stream,
-                                 stream=lambda s: contextlib.nullcontext(), synchronize=lambda device: None,
-                                 CUDAGraph=lambda: types.SimpleNamespace(), graph=graph)
+    return types.SimpleNamespace(Stream=lambda *device: stream, current_stream=lambda *device: stream,
+                                 stream=lambda s: contextlib.nullcontext(), synchronize=lambda *device: None,
+                                 CUDAGraph=lambda: types.SimpleNamespace(replay=lambda: None), graph=graph)
 
 
 def test_capture_graph_holds_off_the_collector_during_the_capture_only(monkeypatch):
@@ -52,3 +52,20 @@ def test_capture_graph_leaves_a_disabled_collector_disabled(monkeypatch):
     finally:
         gc.enable()
 
+
+def test_a_table_contract_launch_captures_with_the_collector_paused(monkeypatch):
+    """The table contracts' graph launch (``kvfence.running.tables.launch``): warm-up, capture, replay."""
+    import torch
+
+    from kvfence.cases.contract import Table
+    from kvfence.running import tables
+
+    events = []
+    for name, value in vars(_stand_in_cuda(events)).items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    contract = types.SimpleNamespace(
+        launch=lambda kernel, views, case, width: events.append("collector on" if gc.isenabled() else "collector off"))
+    buffers = tables.allocate_all([Table("out", width=4, rows=2)], "cpu")
+    tables.launch(contract, None, buffers, None, 4, "cuda", graph=True)
+    assert events == ["collector on", "capture", "collector off"]
+    assert gc.isenabled()

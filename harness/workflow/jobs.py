@@ -26,6 +26,10 @@ at once: the first ready 6.5-6.8 s into the command; the lead alone, on a machin
 4.6-4.9 s; BENCHMARKS.md), and the first verdict waits for the first of them; the lead makes it wait
 for one start only. A lead that has found a failure by then (not under ``--keep-going``) ends the run:
 the others are not started (``not_started``; a signal before they start leaves them unstarted too).
+The others run at a lower CPU priority (``FOLLOWER_NICENESS``, inherited by their workers): while they
+start (two processes each, every one importing torch: more than the machine has cores) the lead goes on
+with its next examples, and the first verdict is usually its; at nice 0 it got a share of a core beside
+them. Once all have started the priority only orders who runs first when the CPU is short.
 """
 
 from __future__ import annotations
@@ -159,6 +163,8 @@ FIRST_FAILURE_POLL_S = 0.1
 #: Seconds the other jobs wait at most for the lead job's first checked example (a CUDA run's start-up
 #: and first compile take a few seconds; a lead that takes longer is not worth waiting for).
 LEAD_WAIT_S = 20.0
+#: ``nice`` increment of the jobs that start after the lead (the module's docstring says why).
+FOLLOWER_NICENESS = 10
 
 
 def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, on_first_failure=None,
@@ -208,13 +214,21 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
         specs.append((cmd, env, folder))
     procs = []
 
-    def launch(spec) -> None:
+    def launch(spec, niceness: int = 0) -> None:
         cmd, env, folder = spec
         folder.mkdir(parents=True)
         log = open(folder / "log.txt", "w")
         # A job stops (SIGTERM: its outputs written) when this process dies, even by SIGKILL: no orphans.
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                       preexec_fn=child_dies_with_parent(signal.SIGTERM)), folder, log))
+        orphan_guard = child_dies_with_parent(signal.SIGTERM)
+
+        def preexec() -> None:
+            if orphan_guard is not None:
+                orphan_guard()
+            if niceness:
+                os.nice(niceness)
+
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec),
+                      folder, log))
 
     start = time.perf_counter()
     began: Dict[int, float] = {}  # job index -> when its progress file first appeared
@@ -255,7 +269,7 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                     not_started, waiting = len(waiting), []  # they would only start up and stop
                 elif waiting and (docs[0] or procs[0][0].poll() is not None or now - start >= LEAD_WAIT_S):
                     for spec in waiting:
-                        launch(spec)
+                        launch(spec, FOLLOWER_NICENESS)
                     waiting = []
                 if progress is not None and now - drawn >= POLL_S:
                     drawn = now

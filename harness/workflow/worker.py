@@ -57,6 +57,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from kvfence.errors import BadInput, printable, redact, require
 from kvfence.cases.findings import Finding, Kind
 from kvfence.running.interrupt import child_dies_with_parent
+from kvfence.running.triton_warmup import TritonWarmup, wanted as triton_warmup_wanted
 
 #: Seconds a small case may take before it is a ``HANG`` (``--case-timeout``); scaled up by case size.
 DEFAULT_CASE_TIMEOUT = 5.0
@@ -209,6 +210,8 @@ def _worker_main(conn, progress, options: dict) -> None:
     # Ctrl-C in a terminal reaches the whole process group: the supervisor decides when the worker ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Triton's per-process start-up runs beside torch's import (kvfence.running.triton_warmup says why).
+    warmup = TritonWarmup().start() if triton_warmup_wanted(options["device"]) else None
     try:
         from kvfence.device import select
 
@@ -224,6 +227,9 @@ def _worker_main(conn, progress, options: dict) -> None:
         import torch
 
         torch.zeros(1, device="cuda")
+        if warmup is not None and warmup.join() is None:
+            print(f"kvfence worker: Triton's start-up was not warmed ({warmup.error}); the first launch pays for it",
+                  file=sys.stderr, flush=True)
     try:
         _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
     except OSError:
