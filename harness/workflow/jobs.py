@@ -27,9 +27,10 @@ at once: the first ready 6.5-6.8 s into the command; the lead alone, on a machin
 for one start only. A lead that has found a failure by then (not under ``--keep-going``) ends the run:
 the others are not started (``not_started``; a signal before they start leaves them unstarted too).
 The others run at a lower CPU priority (``FOLLOWER_NICENESS``, inherited by their workers): while they
-start (two processes each, every one importing torch: more than the machine has cores) the lead goes on
-with its next examples, and the first verdict is usually its; at nice 0 it got a share of a core beside
-them. Once all have started the priority only orders who runs first when the CPU is short.
+start (two processes each, a supervisor importing Hypothesis and a worker importing torch and creating its
+CUDA context: more processes than the machine has cores) the lead goes on with its next examples, and the
+first verdict is usually its; at nice 0 it got a share of a core beside them. Once all have started the
+priority only orders who runs first when the CPU is short.
 """
 
 from __future__ import annotations
