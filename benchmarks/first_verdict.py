@@ -15,7 +15,14 @@ In one run, on one machine:
 
 Each is measured ``--repeats`` times after ``--warmup`` unmeasured runs (a warm Triton disk cache, as a
 user's second run has); the medians give ``first_verdict_over_floor``. Flags after ``--`` go to the fuzz
-command (e.g. ``-- --max-examples 5`` for a quick CPU check).
+command (e.g. ``-- --max-examples 5`` for a quick CPU check). Every run also records what the lead (job 0)
+did (``lead``: its examples, when it was ready and failed, its compiles), so a slow verdict shows whether
+the lead was unlucky (many examples) or held up (few).
+
+``--head-starts 0,1`` also runs the command with the lead's head start (``kvfence.workflow.jobs.
+LEAD_HEAD_START_S``, set in the parent process by a launcher) at each of those values, interleaved with the
+default runs so every variant sees the same machine: ``by_head_start`` holds their runs and ratios, the
+evidence the default was chosen on.
 """
 
 from __future__ import annotations
@@ -28,12 +35,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import fuzz_command_parser, saver  # noqa: E402
 
 from kvfence.commands.fuzz import FIRST_FAILURE  # noqa: E402
+from kvfence.workflow.jobs import LEAD_HEAD_START_S  # noqa: E402
 
 
 def floor_seconds(device: str) -> float:
@@ -43,9 +52,25 @@ def floor_seconds(device: str) -> float:
     return time.perf_counter() - start
 
 
-def verdict_run(device: str, extra, out_dir: Path) -> dict:
-    """One ``kvfence fuzz --sizing prefix`` run: seconds to the first-failure line and to the exit."""
-    cmd = [sys.executable, "-m", "kvfence", "fuzz", "--sizing", "prefix", "--device", device, "--out", str(out_dir),
+#: ``python -m kvfence`` with the lead's head start set first (argv[1]): the parent is the process that reads it.
+_HEAD_START_LAUNCHER = """
+import sys
+from kvfence.workflow import jobs
+jobs.LEAD_HEAD_START_S = float(sys.argv.pop(1))
+from kvfence.__main__ import main
+sys.exit(main(prog="python -m kvfence"))
+"""
+
+#: What a run records of the lead's (job 0's) summary.
+LEAD_FIELDS = ("startup_s", "first_failure_s", "examples", "examples_to_failure", "compile_s", "compiles",
+               "ended_by")
+
+
+def verdict_run(device: str, extra, out_dir: Path, head_start: Optional[float] = None) -> dict:
+    """One ``kvfence fuzz --sizing prefix`` run (with ``head_start``: the lead's head start set to it): seconds
+    to the first-failure line and to the exit."""
+    launcher = ["-m", "kvfence"] if head_start is None else ["-c", _HEAD_START_LAUNCHER, str(head_start)]
+    cmd = [sys.executable, *launcher, "fuzz", "--sizing", "prefix", "--device", device, "--out", str(out_dir),
            *extra]
     env = dict(os.environ)
     env.pop("KVFENCE_COMMAND_START", None)  # the fuzz command's own start, not this script's
@@ -70,6 +95,8 @@ def verdict_run(device: str, extra, out_dir: Path) -> dict:
     failed = [j for j in jobs if j.get("first_failure_s") is not None]
     first = min(failed, key=lambda j: j["first_failure_s"]) if failed else summary
     return {"first_verdict_s": round(verdict, 3), "wall_s": round(total, 3), "exit": code,
+            "lead_head_start_s": LEAD_HEAD_START_S if head_start is None else head_start,
+            "lead": {k: jobs[0].get(k) for k in LEAD_FIELDS} if jobs else None,
             **{k: summary.get(k) for k in ("seed", "startup_s", "first_launch_s", "first_failure_s", "ended_by",
                                            "jobs", "jobs_not_started")},
             "jobs_ready_s": [j.get("startup_s") for j in jobs],
@@ -82,24 +109,43 @@ def main() -> int:
     parser, argv, extra = fuzz_command_parser(__doc__, sys.argv[1:])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs first (Triton's disk cache)")
+    parser.add_argument("--head-starts", default="",
+                        help="comma-separated lead head starts (seconds) to run beside the default (docstring)")
     args = parser.parse_args(argv)
-    result = {"benchmark": "first_verdict", "device": args.device, "fuzz_flags": extra, "floor_s": [], "runs": []}
+    try:
+        head_starts = [float(v) for v in args.head_starts.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--head-starts {args.head_starts!r}: expected comma-separated seconds, e.g. 0,1")
+    if any(not 0 <= v < 60 for v in head_starts):
+        parser.error(f"--head-starts {args.head_starts!r}: each must be 0 <= seconds < 60")
+    result = {"benchmark": "first_verdict", "device": args.device, "fuzz_flags": extra,
+              "lead_head_start_s": LEAD_HEAD_START_S, "floor_s": [], "runs": []}
+    if head_starts:
+        result["by_head_start"] = {f"{v:g}": {"runs": []} for v in head_starts}
     save = saver(args.json, result)
     with tempfile.TemporaryDirectory(prefix="kvfence-first-verdict-") as tmp:
         for i in range(args.warmup):
             verdict_run(args.device, extra, Path(tmp) / f"warmup-{i}")
             floor_seconds(args.device)
-        for i in range(args.repeats):  # interleaved, so both see the same machine load
+        for i in range(args.repeats):  # interleaved, so every variant sees the same machine load
             result["floor_s"].append(round(floor_seconds(args.device), 3))
             result["runs"].append(verdict_run(args.device, extra, Path(tmp) / f"run-{i}"))
             save()
+            for v in head_starts:
+                result["by_head_start"][f"{v:g}"]["runs"].append(
+                    verdict_run(args.device, extra, Path(tmp) / f"run-{i}-head-{v:g}", head_start=v))
+                save()
     floor = statistics.median(result["floor_s"])
     verdict = statistics.median(r["first_verdict_s"] for r in result["runs"])
     result.update(floor_median_s=round(floor, 3), first_verdict_median_s=round(verdict, 3),
                   first_verdict_over_floor=round(verdict / floor, 3))
+    for key, row in result.get("by_head_start", {}).items():
+        median = statistics.median(r["first_verdict_s"] for r in row["runs"])
+        row.update(first_verdict_median_s=round(median, 3), first_verdict_over_floor=round(median / floor, 3))
+        print(f"head start {key}s: first verdict {median:.2f}s, over the floor {row['first_verdict_over_floor']:.2f}")
     save()
-    print(f"floor {floor:.2f}s, first verdict {verdict:.2f}s: first_verdict_over_floor "
-          f"{result['first_verdict_over_floor']:.2f}")
+    print(f"floor {floor:.2f}s, first verdict {verdict:.2f}s (head start {LEAD_HEAD_START_S:g}s): "
+          f"first_verdict_over_floor {result['first_verdict_over_floor']:.2f}")
     return 0
 
 

@@ -207,10 +207,12 @@ def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 @pytest.mark.long
 def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
-    """benchmarks/first_verdict.py over ``--jobs 2``: its ratio, the run's phases and each job's ready time."""
+    """benchmarks/first_verdict.py over ``--jobs 2``: its ratio, the run's phases, each job's ready time, what
+    the lead did, and a run with another lead head start beside the default (``--head-starts``)."""
     out = tmp_path / "fv.json"
     proc = subprocess.run([sys.executable, "benchmarks/first_verdict.py", "--device", "cpu", "--repeats", "1",
-                           "--warmup", "0", "--json", str(out), "--", "--max-examples", "6", "--seed", "1",
+                           "--warmup", "0", "--head-starts", "0.5", "--json", str(out), "--", "--max-examples", "6",
+                           "--seed", "1",
                            "--shrink-seconds", "0", "--jobs", "2"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -223,6 +225,14 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     assert len(run["jobs_ready_s"]) == 2 and all(0 < t < run["wall_s"] for t in run["jobs_ready_s"])
     assert run["seed"] == 1 and run["first_failing_job"] in (0, 1)
     assert 1 <= run["first_failing_job_examples_to_failure"] <= 6 and run["first_failing_job_compile_s"] >= 0
+    from kvfence.workflow.jobs import LEAD_HEAD_START_S
+
+    assert run["lead_head_start_s"] == doc["lead_head_start_s"] == LEAD_HEAD_START_S
+    assert 0 < run["lead"]["startup_s"] < run["wall_s"] and run["lead"]["examples"] >= 1
+    other = doc["by_head_start"]["0.5"]
+    assert [r["lead_head_start_s"] for r in other["runs"]] == [0.5] and other["runs"][0]["exit"] == 1
+    assert other["first_verdict_over_floor"] == pytest.approx(
+        other["runs"][0]["first_verdict_s"] / doc["floor_s"][0], rel=1e-2)
 
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
@@ -344,14 +354,15 @@ def test_a_jobs_budget_counts_from_its_first_progress_so_a_slow_start_is_no_over
                for p in problems), problems
 
 
-def test_the_lead_job_starts_alone_and_the_others_after_its_first_example(tmp_path, monkeypatch):
-    """``lead`` (CUDA's default): job 1 starts only once job 0's progress file (its first checked example)
-    is there, at a lower CPU priority than the lead (``FOLLOWER_NICENESS``, so its start-up does not slow
-    the lead's next examples), then its failure stops the lead as any job's does."""
+def test_the_lead_job_starts_alone_and_the_others_after_its_head_start(tmp_path, monkeypatch):
+    """``lead`` (CUDA's default): job 1 starts only ``LEAD_HEAD_START_S`` after job 0's progress file (its
+    first checked example) is there, at a lower CPU priority than the lead (``FOLLOWER_NICENESS``, so its
+    start-up does not slow the lead's next examples), then its failure stops the lead as any job's does."""
     import os
 
     from kvfence.workflow import jobs
 
+    monkeypatch.setattr(jobs, "LEAD_HEAD_START_S", 1.0)
     docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "explore", "fail"),
                                                       tmp_path / "out", device="cpu", lead=True)
     assert problems == [] and not_started == 0
@@ -359,7 +370,7 @@ def test_the_lead_job_starts_alone_and_the_others_after_its_first_example(tmp_pa
     # The lead's own clock, not the file's mtime: a file system stamps with a coarse clock that can lag
     # time.time() by a tick, so an mtime can read earlier than the time.time() taken before the write.
     progress = json.loads((tmp_path / "out" / "jobs" / "job-0" / "progress.json").read_text())
-    assert lead["started"] <= progress["written_at"] <= other["started"]
+    assert lead["started"] <= progress["written_at"] and progress["written_at"] + 1.0 <= other["started"]
     assert (lead["ended_by"], other["ended_by"]) == ("job_failure", "failure")
     assert lead["niceness"] == os.nice(0) and jobs.FOLLOWER_NICENESS > 0
     assert other["niceness"] == min(19, os.nice(0) + jobs.FOLLOWER_NICENESS)

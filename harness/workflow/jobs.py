@@ -19,8 +19,8 @@ in the middle of a long check cannot hold the verdict back. A job that dies (CUD
 fault, kill -9) is reported, the case it had in flight is recovered from its journal as a ``CRASH`` case
 file, and the other jobs go on.
 
-On CUDA, job 0 leads: it starts alone and the others start once it has checked its first example (its
-progress file appears), it has ended, or ``LEAD_WAIT_S`` have passed. N processes that each import torch
+On CUDA, job 0 leads: it starts alone and the others start ``LEAD_HEAD_START_S`` after it has checked its
+first example (its progress file appears), once it has ended, or once ``LEAD_WAIT_S`` have passed. N processes that each import torch
 and create a CUDA context on one GPU at once make every one of them ready later (on the H200, 15 jobs
 at once: the first ready 6.5-6.8 s into the command; the lead alone, on a machine of the same floor:
 4.6-4.9 s; BENCHMARKS.md), and the first verdict waits for the first of them; the lead makes it wait
@@ -30,7 +30,13 @@ The others run at a lower CPU priority (``FOLLOWER_NICENESS``, inherited by thei
 start (two processes each, a supervisor importing Hypothesis and a worker importing torch and creating its
 CUDA context: more processes than the machine has cores) the lead goes on with its next examples, and the
 first verdict is usually its; at nice 0 it got a share of a core beside them. Once all have started the
-priority only orders who runs first when the CPU is short.
+priority only orders who runs first when the CPU is short. Priority does not order the GPU's driver,
+and the others' start-ups slowed the lead anyway: on the H200, in two runs of ``fuzz --sizing prefix`` the
+lead (ready at 5.6-5.9 s) had not found the seed's bug by 12.8-13.3 s, when another job found it at its
+3rd example, though the lead's draws reach that bug by their 3rd to 6th example (``sizing_missing_topk``
+in ``benchmarks/prior_reach.py --examples-to-trigger``). So the others also wait ``LEAD_HEAD_START_S``
+of the lead's search, in which its first examples run alone (BENCHMARKS.md: the first verdict by head
+start).
 """
 
 from __future__ import annotations
@@ -164,6 +170,9 @@ FIRST_FAILURE_POLL_S = 0.1
 #: Seconds the other jobs wait at most for the lead job's first checked example (a CUDA run's start-up
 #: and first compile take a few seconds; a lead that takes longer is not worth waiting for).
 LEAD_WAIT_S = 20.0
+#: Seconds of the lead's search (from its first checked example) before the others start (the module's
+#: docstring says why); with ``LEAD_WAIT_S`` the others wait the lesser of the two bounds.
+LEAD_HEAD_START_S = 2.0
 #: ``nice`` increment of the jobs that start after the lead (the module's docstring says why).
 FOLLOWER_NICENESS = 10
 
@@ -266,18 +275,19 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
                         if rest and now - finders_done_at >= AFTER_FAILURE_GRACE_S:
                             stopped_after_failure = rest
                             _stop(procs, rest, signal.SIGTERM)
+                for i, d in enumerate(docs):
+                    if d and i not in began:
+                        began[i] = now  # its first progress: its start-up is over, its budget runs from here
                 if waiting and (stop_on_failure and failed):
                     not_started, waiting = len(waiting), []  # they would only start up and stop
-                elif waiting and (docs[0] or procs[0][0].poll() is not None or now - start >= LEAD_WAIT_S):
+                elif waiting and (now - began.get(0, now) >= LEAD_HEAD_START_S or procs[0][0].poll() is not None
+                                  or now - start >= LEAD_WAIT_S):
                     for spec in waiting:
                         launch(spec, FOLLOWER_NICENESS)
                     waiting = []
                 if progress is not None and now - drawn >= POLL_S:
                     drawn = now
                     progress(_Summed(docs, now - start))
-                for i, d in enumerate(docs):
-                    if d and i not in began:
-                        began[i] = now  # its first progress: its start-up is over, its budget runs from here
                 if deadline_s is not None:
                     # A job's budget counts from its first progress (start-up on a loaded machine is not its
                     # budget); one that never reported counts from the run's start.
