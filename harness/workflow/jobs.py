@@ -20,8 +20,8 @@ fault, kill -9) is reported, the case it had in flight is recovered from its jou
 file, and the other jobs go on.
 
 On CUDA, job 0 leads: it starts alone and the others start ``LEAD_HEAD_START_S`` after it has checked its
-first example (its progress file appears), once it has ended, or once ``LEAD_WAIT_S`` have passed. N processes that each import torch
-and create a CUDA context on one GPU at once make every one of them ready later (on the H200, 15 jobs
+first example (its progress file appears), once it has ended, or once ``LEAD_WAIT_S`` have passed. N
+processes that each import torch and create a CUDA context on one GPU at once make every one of them ready later (on the H200, 15 jobs
 at once: the first ready 6.5-6.8 s into the command; the lead alone, on a machine of the same floor:
 4.6-4.9 s; BENCHMARKS.md), and the first verdict waits for the first of them; the lead makes it wait
 for one start only. A lead that has found a failure by then (not under ``--keep-going``) ends the run:
@@ -31,12 +31,14 @@ start (two processes each, a supervisor importing Hypothesis and a worker import
 CUDA context: more processes than the machine has cores) the lead goes on with its next examples, and the
 first verdict is usually its; at nice 0 it got a share of a core beside them. Once all have started the
 priority only orders who runs first when the CPU is short. Priority does not order the GPU's driver,
-and the others' start-ups slowed the lead anyway: on the H200, in two runs of ``fuzz --sizing prefix`` the
+and the lead was slow anyway, we inferred from the others' start-ups: on the H200, in two runs of ``fuzz --sizing prefix`` the
 lead (ready at 5.6-5.9 s) had not found the seed's bug by 12.8-13.3 s, when another job found it at its
 3rd example, though the lead's draws reach that bug by their 3rd to 6th example (``sizing_missing_topk``
 in ``benchmarks/prior_reach.py --examples-to-trigger``). So the others also wait ``LEAD_HEAD_START_S``
-of the lead's search, in which its first examples run alone (BENCHMARKS.md: the first verdict by head
-start).
+of the lead's search, in which its first examples run alone. Measured (BENCHMARKS.md, the first verdict,
+three runs each way in one H200 sitting) it has not shown a gain yet: 1.46x the floor with it, 1.53x
+without, and in its slowest run the lead's first three examples took 11.6 s with 0.18 s of compiling, past
+the head start, so a lead's own slow example, not only the others' start-ups, holds the verdict back.
 """
 
 from __future__ import annotations
