@@ -21,24 +21,27 @@ file, and the other jobs go on.
 
 On CUDA, job 0 leads: it starts alone and the others start ``LEAD_HEAD_START_S`` after it has checked its
 first example (its progress file appears), once it has ended, or once ``LEAD_WAIT_S`` have passed. N
-processes that each import torch and create a CUDA context on one GPU at once make every one of them ready later (on the H200, 15 jobs
-at once: the first ready 6.5-6.8 s into the command; the lead alone, on a machine of the same floor:
-4.6-4.9 s; BENCHMARKS.md), and the first verdict waits for the first of them; the lead makes it wait
-for one start only. A lead that has found a failure by then (not under ``--keep-going``) ends the run:
-the others are not started (``not_started``; a signal before they start leaves them unstarted too).
+processes that each import torch and create a CUDA context on one GPU at once make every one of them ready
+later (on the H200, 15 jobs at once: the first ready 6.5-6.8 s into the command; the lead alone, on a
+machine of the same floor: 4.6-4.9 s; BENCHMARKS.md), and the first verdict waits for the first of them;
+the lead makes it wait for one start only. A lead that has found a failure by then (not under
+``--keep-going``) ends the run: the others are not started (``not_started``; a signal before they start
+leaves them unstarted too).
 The others run at a lower CPU priority (``FOLLOWER_NICENESS``, inherited by their workers): while they
 start (two processes each, a supervisor importing Hypothesis and a worker importing torch and creating its
 CUDA context: more processes than the machine has cores) the lead goes on with its next examples, and the
 first verdict is usually its; at nice 0 it got a share of a core beside them. Once all have started the
-priority only orders who runs first when the CPU is short. Priority does not order the GPU's driver,
-and the lead was slow anyway, we inferred from the others' start-ups: on the H200, in two runs of ``fuzz --sizing prefix`` the
-lead (ready at 5.6-5.9 s) had not found the seed's bug by 12.8-13.3 s, when another job found it at its
-3rd example, though the lead's draws reach that bug by their 3rd to 6th example (``sizing_missing_topk``
-in ``benchmarks/prior_reach.py --examples-to-trigger``). So the others also wait ``LEAD_HEAD_START_S``
-of the lead's search, in which its first examples run alone. Measured (BENCHMARKS.md, the first verdict,
-three runs each way in one H200 sitting) it has not shown a gain yet: 1.46x the floor with it, 1.53x
-without, and in its slowest run the lead's first three examples took 11.6 s with 0.18 s of compiling, past
-the head start, so a lead's own slow example, not only the others' start-ups, holds the verdict back.
+priority only orders who runs first when the CPU is short.
+
+Priority does not order the GPU, and the lead was still slow in some runs: on the H200, in two runs of
+``fuzz --sizing prefix``, the lead (ready at 5.6-5.9 s) had not found the seed's bug by 12.8-13.3 s, when
+another job found it at its 3rd example, though the lead's draws reach that bug by their 3rd to 6th
+example (``sizing_missing_topk`` in ``benchmarks/prior_reach.py --examples-to-trigger``). Inferring that
+the others' start-ups held the lead up, the others also wait ``LEAD_HEAD_START_S`` of the lead's search,
+in which its first examples run alone. Measured (BENCHMARKS.md, the first verdict, three runs each way in
+one H200 sitting), that has not shown a gain yet: 1.46x the floor with it, 1.53x without. In its slowest
+run the lead's first three examples took 11.6 s with 0.18 s of compiling, past the head start: a lead's
+own slow example can hold the verdict back too.
 """
 
 from __future__ import annotations
