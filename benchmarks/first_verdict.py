@@ -16,7 +16,8 @@ In one run, on one machine:
 Each is measured ``--repeats`` times after ``--warmup`` unmeasured runs (a warm Triton disk cache, as a
 user's second run has); the medians give ``first_verdict_over_floor``. Flags after ``--`` go to the fuzz
 command (e.g. ``-- --max-examples 5`` for a quick CPU check). Every run also records what the lead (job 0)
-did (``lead``: its examples, when it was ready and failed, its compiles), so a slow verdict shows whether
+did (``lead``: its examples, when it was ready and failed, its compiles and captures, and when each of its
+first examples began and was checked, with its config: ``first_examples``), so a slow verdict shows whether
 the lead was unlucky (many examples) or held up (few).
 
 ``--head-starts 0,1`` also runs the command with the lead's head start (``kvfence.workflow.jobs.
@@ -63,7 +64,7 @@ sys.exit(main(prog="python -m kvfence"))
 
 #: What a run records of the lead's (job 0's) summary.
 LEAD_FIELDS = ("startup_s", "first_failure_s", "examples", "examples_to_failure", "compile_s", "compiles",
-               "ended_by")
+               "capture_s", "captures", "ended_by", "first_examples")
 
 
 def verdict_run(device: str, extra, out_dir: Path, head_start: Optional[float] = None) -> dict:

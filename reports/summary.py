@@ -113,6 +113,7 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
                             else round(result.first_failure_s, 3) if result.first_failure_s is not None else None),
         "examples_to_failure": result.examples_to_failure,
         "first_failure_at": result.first_failure_at,
+        "first_examples": result.first_examples,
         "shrink_cut": result.shrink_cut,
         "bulk_splice": result.bulk_splice,
         "findings": findings,
@@ -284,6 +285,7 @@ _TOP_FIELDS = {
     "first_failure_s": _optional(_number), "first_failure_at": _optional(_number),
     "boundaries": _optional(_dict_of(_count)), "versions": _optional(_dict_of(_text)),
     "job_problems": _optional(_list_of(_text)),
+    "first_examples": _optional(_list_of(lambda v: isinstance(v, dict))),
     "family_share": _optional(_number),  # the share of examples that drew the §6 fields (docs/contract.md §5)
 }
 

@@ -266,10 +266,26 @@ def test_a_directory_database_replays_the_first_runs_failure(tmp_path):
     check_replay(tmp_path, str(tmp_path / "examples"))
 
 
+def _assert_first_examples(doc: dict) -> None:
+    """``first_examples``: the explored examples in order up to ``FIRST_EXAMPLES_KEPT``, the failing one
+    last when it came within them, each checked after it began, with the config it drew."""
+    from kvfence.workflow.fuzz import FIRST_EXAMPLES_KEPT
+
+    rows = doc["first_examples"]
+    assert [r["example"] for r in rows] == list(range(1, min(doc["examples"], FIRST_EXAMPLES_KEPT) + 1))
+    assert all(0 < r["began_s"] <= r["checked_s"] for r in rows)
+    assert all(a["checked_s"] <= b["began_s"] for a, b in zip(rows, rows[1:]))
+    # An example whose cases were checked before (Hypothesis repeats its simplest one) checks none.
+    assert rows[0]["cases_checked"] >= 1 and all(r["config"]["topk"] >= 1 for r in rows)
+    if doc["examples_to_failure"] <= FIRST_EXAMPLES_KEPT:
+        assert rows[doc["examples_to_failure"] - 1]["config"]["topk"] >= 2  # the prefix policy fails only there
+
+
 @pytest.mark.cpu_only
 def test_the_default_database_lives_under_out_and_replays(tmp_path):
     out = tmp_path / "out"
     assert kvfence(*FIRST, "--out", str(out)).returncode == 1
+    _assert_first_examples(_summary(out))
     again = kvfence(*SECOND, "--out", str(out))
     assert again.returncode == 1, again.stdout + again.stderr
     doc = _summary(out)

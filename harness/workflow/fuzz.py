@@ -32,6 +32,9 @@ class FindingsFound(AssertionError):
 
 #: Example stats kept per run (a uniform reservoir sample beyond this), so long GPU runs stay small.
 MAX_STATS = 20000
+#: Explored examples whose timing and config a run keeps (``FuzzResult.first_examples``): where a slow first
+#: verdict spent its time.
+FIRST_EXAMPLES_KEPT = 8
 
 
 class DuplicateFailure(BaseException):
@@ -145,6 +148,9 @@ class FuzzResult:
     first_launch_at: Optional[float] = None
     #: The first failure as found (before shrinking), one line: what the run announces at once.
     first_failure_text: Optional[str] = None
+    #: The first ``FIRST_EXAMPLES_KEPT`` explored examples: when each began and its check ended (seconds from the
+    #: command's start), the cases it checked and its config (the contract's ``config_record``).
+    first_examples: List[dict] = field(default_factory=list)
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
     stats: List[tuple] = field(default_factory=list)
     failure_stat: Optional[tuple] = None
@@ -412,6 +418,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
                 verdicts.update((c, f) for c, f in checked.items() if f or c in head_set)
             else:
                 verdicts.update(checked)
+        if not shrinking and cases and len(result.first_examples) < FIRST_EXAMPLES_KEPT:
+            _keep_first_example(cases[0], began=time.time() - (time.perf_counter() - now), checked=len(checked))
         utilisations = []
         for i, case in enumerate(cases):
             findings = checked[case] if case in launched else verdicts.get(case)
@@ -486,6 +494,15 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         for name in rec.boundaries(case):
             result.boundaries[name] = result.boundaries.get(name, 0) + 1
         return u
+
+    def _keep_first_example(case, *, began: float, checked: int) -> None:
+        """One row of ``result.first_examples``: the example began at epoch ``began``; its check ended now."""
+        from kvfence.running.clock import since_start
+
+        rec = _record(case)
+        result.first_examples.append({"example": result.examples, "began_s": since_start(began),
+                                      "checked_s": since_start(time.time()), "cases_checked": checked,
+                                      "config": rec.config_record(rec.config_of(case))})
 
     def _digest(config) -> int:
         digest = config_digests.get(config)

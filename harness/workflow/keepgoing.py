@@ -100,6 +100,8 @@ def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
     total.stats.extend(r.stats[:max(0, MAX_STATS - len(total.stats))])
     if total.first_launch_at is None:
         total.first_launch_at = r.first_launch_at
+    if not total.first_examples:
+        total.first_examples = list(r.first_examples)  # the run's first examples are its first phase's
     if total.first_failure_s is None and r.first_failure_s is not None:
         total.first_failure_text = r.first_failure_text
         total.first_failure_s = offset_s + r.first_failure_s
