@@ -1,6 +1,7 @@
 """The first verdict against the floor: how long a user waits for ``kvfence fuzz`` to name a bug.
 
-    python benchmarks/first_verdict.py [--device cuda|cpu] [--repeats 3] [--json FILE] [-- FUZZ FLAGS...]
+    python benchmarks/first_verdict.py [--device cuda|cpu] [--repeats 3] [--head-starts S,...] [--jobs-list N,...]
+        [--json FILE] [-- FUZZ FLAGS...]
 
 In one run, on one machine:
 
@@ -23,7 +24,9 @@ the lead was unlucky (many examples) or held up (few).
 ``--head-starts 0,1`` also runs the command with the lead's head start (``kvfence.workflow.jobs.
 LEAD_HEAD_START_S``, set in the parent process by a launcher) at each of those values, interleaved with the
 default runs so every variant sees the same machine: ``by_head_start`` holds their runs and ratios, the
-evidence the default was chosen on.
+evidence the default was chosen on. ``--jobs-list 4,8`` likewise runs it with ``--jobs N`` added last (``by_jobs``; it wins over a
+``--jobs`` among the fuzz flags): on
+CUDA every job is a process with its own context on the one GPU, and fewer contexts contend less for it.
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs first (Triton's disk cache)")
     parser.add_argument("--head-starts", default="",
                         help="comma-separated lead head starts (seconds) to run beside the default (docstring)")
+    parser.add_argument("--jobs-list", default="",
+                        help="comma-separated --jobs values to run beside the default (docstring)")
     args = parser.parse_args(argv)
     try:
         head_starts = [float(v) for v in args.head_starts.split(",") if v.strip()]
@@ -119,10 +124,19 @@ def main() -> int:
         parser.error(f"--head-starts {args.head_starts!r}: expected comma-separated seconds, e.g. 0,1")
     if any(not 0 <= v < 60 for v in head_starts):
         parser.error(f"--head-starts {args.head_starts!r}: each must be 0 <= seconds < 60")
+    try:
+        jobs_list = [int(v) for v in args.jobs_list.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--jobs-list {args.jobs_list!r}: expected comma-separated job counts, e.g. 4,8")
+    if any(n < 1 for n in jobs_list):
+        parser.error(f"--jobs-list {args.jobs_list!r}: each must be >= 1")
     result = {"benchmark": "first_verdict", "device": args.device, "fuzz_flags": extra,
               "lead_head_start_s": LEAD_HEAD_START_S, "floor_s": [], "runs": []}
-    if head_starts:
-        result["by_head_start"] = {f"{v:g}": {"runs": []} for v in head_starts}
+    # Each variant beside the default: (results key, row key, verdict_run's keywords); argparse takes the last --jobs.
+    variants = ([("by_head_start", f"{v:g}", {"head_start": v}) for v in head_starts]
+                + [("by_jobs", str(n), {"extra": [*extra, "--jobs", str(n)]}) for n in jobs_list])
+    for group, key, _ in variants:
+        result.setdefault(group, {})[key] = {"runs": []}
     save = saver(args.json, result)
     with tempfile.TemporaryDirectory(prefix="kvfence-first-verdict-") as tmp:
         for i in range(args.warmup):
@@ -132,18 +146,21 @@ def main() -> int:
             result["floor_s"].append(round(floor_seconds(args.device), 3))
             result["runs"].append(verdict_run(args.device, extra, Path(tmp) / f"run-{i}"))
             save()
-            for v in head_starts:
-                result["by_head_start"][f"{v:g}"]["runs"].append(
-                    verdict_run(args.device, extra, Path(tmp) / f"run-{i}-head-{v:g}", head_start=v))
+            for group, key, how in variants:
+                out = Path(tmp) / f"run-{i}-{group}-{key}"
+                result[group][key]["runs"].append(verdict_run(args.device, how.get("extra", extra), out,
+                                                              head_start=how.get("head_start")))
                 save()
     floor = statistics.median(result["floor_s"])
     verdict = statistics.median(r["first_verdict_s"] for r in result["runs"])
     result.update(floor_median_s=round(floor, 3), first_verdict_median_s=round(verdict, 3),
                   first_verdict_over_floor=round(verdict / floor, 3))
-    for key, row in result.get("by_head_start", {}).items():
+    for group, key, _ in variants:
+        row = result[group][key]
         median = statistics.median(r["first_verdict_s"] for r in row["runs"])
         row.update(first_verdict_median_s=round(median, 3), first_verdict_over_floor=round(median / floor, 3))
-        print(f"head start {key}s: first verdict {median:.2f}s, over the floor {row['first_verdict_over_floor']:.2f}")
+        what = f"head start {key}s" if group == "by_head_start" else f"--jobs {key}"
+        print(f"{what}: first verdict {median:.2f}s, over the floor {row['first_verdict_over_floor']:.2f}")
     save()
     print(f"floor {floor:.2f}s, first verdict {verdict:.2f}s (head start {LEAD_HEAD_START_S:g}s): "
           f"first_verdict_over_floor {result['first_verdict_over_floor']:.2f}")

@@ -32,10 +32,11 @@
 #   contract-shipped 200      h200_contract_shipped_matrix.json  the plug-in contracts under each release's own widths
 #                                                                over 20 seeds, SGLang 0.5.23's kernels (needs
 #                                                                contract-cache/, below), compiled, CUDA graphs
-#   first-verdict    300      h200_first_verdict.json            benchmarks/first_verdict.py: the first printed finding
+#   first-verdict    420      h200_first_verdict.json            benchmarks/first_verdict.py: the first printed finding
 #                                                                 of `fuzz --sizing prefix` over the CUDA floor, 3 runs,
-#                                                                 and 3 without the lead's head start ($FIRST_VERDICT_FILE
-#                                                                 names the file: a second sitting's)
+#                                                                 3 without the lead's head start, 3 each at --jobs 4
+#                                                                 and 8 ($FIRST_VERDICT_FILE names the file: a second
+#                                                                 sitting's)
 #   scale-mutants    400      h200_mutants_gpu_domain.json       the scale and page-1 mutants through their declared
 #                                                                 kinds, 2 seeds, reference clean on both domains
 #   kill-time        560      h200_kill_time.json                time to a kill: the plain default command per shipped
@@ -270,8 +271,9 @@ run_contract_shipped() {
 }
 
 run_first_verdict() {
-  # The default lead head start, and beside it (interleaved) the lead without one: the evidence for it.
-  timeout 300 python benchmarks/first_verdict.py --device cuda --repeats 3 --head-starts 0 \
+  # The default lead head start, and beside it (interleaved) the lead without one: the evidence for it; and
+  # 4 and 8 jobs (CUDA contexts on the one GPU) beside the default's one per core less one.
+  timeout 420 python benchmarks/first_verdict.py --device cuda --repeats 3 --head-starts 0 --jobs-list 4,8 \
     --json "$RESULTS/${FIRST_VERDICT_FILE:-h200_first_verdict.json}" > "$LOGS/first_verdict.txt" 2>&1
 }
 

@@ -269,7 +269,7 @@ def test_a_directory_database_replays_the_first_runs_failure(tmp_path):
 def _assert_first_examples(doc: dict) -> None:
     """``first_examples``: the explored examples in order up to ``FIRST_EXAMPLES_KEPT``, the failing one
     last when it came within them, each checked after it began, with the config it drew."""
-    from kvfence.workflow.fuzz import FIRST_EXAMPLES_KEPT
+    from kvfence.workflow.fuzz import EXAMPLE_WORK, FIRST_EXAMPLES_KEPT
 
     rows = doc["first_examples"]
     assert [r["example"] for r in rows] == list(range(1, min(doc["examples"], FIRST_EXAMPLES_KEPT) + 1))
@@ -279,6 +279,11 @@ def _assert_first_examples(doc: dict) -> None:
     assert rows[0]["cases_checked"] >= 1 and all(r["config"]["topk"] >= 1 for r in rows)
     if doc["examples_to_failure"] <= FIRST_EXAMPLES_KEPT:
         assert rows[doc["examples_to_failure"] - 1]["config"]["topk"] >= 2  # the prefix policy fails only there
+    # Each row's work is the sessions' counters' change over that example: the first built its config's buffers
+    # and launched; the rows add up to no more than the run's totals.
+    assert set(rows[0]["work"]) == set(EXAMPLE_WORK)
+    assert rows[0]["work"]["runners"] >= 1 and rows[0]["work"]["launches"] >= rows[0]["cases_checked"]
+    assert sum(r["work"]["launches"] for r in rows) <= doc["launches"]
 
 
 @pytest.mark.cpu_only

@@ -111,6 +111,9 @@ def test_benchmarks_quote_files_and_keys_that_exist_and_are_no_diary():
         doc = json.loads((RESULTS / name).read_text())
         assert key in doc, f"BENCHMARKS.md quotes {name}: {key}, which the file does not have"
     assert not re.search(r"\bsession\b|\$OUT|\bruns? \d+\b|not run yet", BENCHMARKS)
+    # No results file that BENCHMARKS.md does not name: a figure nobody quotes is a figure nobody keeps true.
+    unnamed = sorted(p.name for p in RESULTS.iterdir() if p.is_file() and p.name not in BENCHMARKS)
+    assert unnamed == [], f"results files BENCHMARKS.md does not name: {unnamed}"
     # One script runs every GPU benchmark; no numbered one-off device scripts.
     scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.sh"))
     assert scripts == ["gpu.sh"], scripts

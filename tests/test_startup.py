@@ -208,10 +208,11 @@ def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
 @pytest.mark.long
 def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     """benchmarks/first_verdict.py over ``--jobs 2``: its ratio, the run's phases, each job's ready time, what
-    the lead did, and a run with another lead head start beside the default (``--head-starts``)."""
+    the lead did, and runs with another lead head start (``--head-starts``) and another ``--jobs``
+    (``--jobs-list``) beside the default."""
     out = tmp_path / "fv.json"
     proc = subprocess.run([sys.executable, "benchmarks/first_verdict.py", "--device", "cpu", "--repeats", "1",
-                           "--warmup", "0", "--head-starts", "0.5", "--json", str(out), "--", "--max-examples", "6",
+                           "--warmup", "0", "--head-starts", "0.5", "--jobs-list", "1", "--json", str(out), "--", "--max-examples", "6",
                            "--seed", "1",
                            "--shrink-seconds", "0", "--jobs", "2"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -233,6 +234,10 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     assert [r["lead_head_start_s"] for r in other["runs"]] == [0.5] and other["runs"][0]["exit"] == 1
     assert other["first_verdict_over_floor"] == pytest.approx(
         other["runs"][0]["first_verdict_s"] / doc["floor_s"][0], rel=1e-2)
+    alone = doc["by_jobs"]["1"]["runs"][0]
+    assert alone["exit"] == 1 and alone["jobs_ready_s"] == [] and alone["lead"] is None  # one job: no job folders
+    assert doc["by_jobs"]["1"]["first_verdict_over_floor"] == pytest.approx(
+        alone["first_verdict_s"] / doc["floor_s"][0], rel=1e-2)
 
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)

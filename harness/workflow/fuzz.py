@@ -35,6 +35,10 @@ MAX_STATS = 20000
 #: Explored examples whose timing and config a run keeps (``FuzzResult.first_examples``): where a slow first
 #: verdict spent its time.
 FIRST_EXAMPLES_KEPT = 8
+#: The ``Session.stats`` counters a kept first example records the change of (``first_examples[].work``):
+#: kernel variants first launched and the seconds warming them up (compiling), configs built (buffers) and
+#: their seconds, graph captures and their seconds, launches and check_many round trips.
+EXAMPLE_WORK = ("compiles", "compile_s", "runners", "runner_s", "captures", "capture_s", "launches", "batches")
 
 
 class DuplicateFailure(BaseException):
@@ -496,13 +500,19 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         return u
 
     def _keep_first_example(case, *, began: float, checked: int) -> None:
-        """One row of ``result.first_examples``: the example began at epoch ``began``; its check ended now."""
+        """One row of ``result.first_examples``: the example began at epoch ``began``; its check ended now.
+        ``work`` is what the checking sessions counted since the row before (``EXAMPLE_WORK``): an example
+        that took seconds says whether it compiled, built buffers, captured, or waited on the device."""
         from kvfence.running.clock import since_start
 
         rec = _record(case)
+        stats = session.stats
+        before = state.setdefault("work_before", {})
+        work = {k: round(stats.get(k, 0) - before.get(k, 0), 4) for k in EXAMPLE_WORK}
+        state["work_before"] = {k: stats.get(k, 0) for k in EXAMPLE_WORK}
         result.first_examples.append({"example": result.examples, "began_s": since_start(began),
                                       "checked_s": since_start(time.time()), "cases_checked": checked,
-                                      "config": rec.config_record(rec.config_of(case))})
+                                      "work": work, "config": rec.config_record(rec.config_of(case))})
 
     def _digest(config) -> int:
         digest = config_digests.get(config)
