@@ -9,7 +9,7 @@ predicate shaped like a planted bug's trigger (a config-dependent one, a batch-d
 context wall); nothing is launched. Per shape and predicate: the seconds from the loop's start to the first
 failure over ``--seeds`` seeds (a miss counts as twice ``--cap``), with median and worst. This isolates what
 the shape changes, the parent's generation (how many configs and structures per second it reaches), from
-the GPU's checking; ``benchmarks/plain_fuzz_mutants.py --device cuda --compare-bulk`` measures the real
+the GPU's checking; ``benchmarks/plain_fuzz_mutants.py --device cuda --compare-bulk N`` measures the real
 mutants on the GPU. The default shape of ``kvfence.commands.fuzz`` (``GPU_BATCHES_PER_EXAMPLE`` /
 ``GPU_BULK_PER_EXAMPLE``) was chosen from this table.
 """

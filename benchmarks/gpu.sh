@@ -41,10 +41,13 @@
 #                                                                 kinds, 2 seeds, reference clean on both domains
 #   kill-time        560      h200_kill_time.json                time to a kill: the plain default command per shipped
 #                                                                mutant x 10 seeds, search seconds (not in the default
-#                                                                list; run it again to resume a cut file)
+#                                                                list; run it again to resume a cut file of this code)
+#   kill-time-bulk   560      h200_kill_time_bulk.json           the same, 4 seeds, beside each mutant with the bulk on
+#                                                                (--compare-bulk 256): whether the bulk kills sooner
 #   plain-mutants    560      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
 #                                                                run per GPU, or 8 sharing one GPU (not in the
-#                                                                default list; run it again to resume a cut file)
+#                                                                default list; run it again to resume a cut file of this
+#                                                                code)
 #
 # upstream: the GPU machine has no network, so the extracted kernels travel in upstream-cache/, filled on a
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
@@ -56,7 +59,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests default-run contracts contract-jobs contract-shipped first-verdict scale-mutants"
-EXTRA="plain-mutants kill-time"
+EXTRA="plain-mutants kill-time kill-time-bulk"
 mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {
@@ -192,7 +195,18 @@ run_upstream() {
 # run of 8 jobs; the default of one job, 60% of all, taken by 8 runs at once would not fit). No run starts
 # after PLAIN_START_S (default 400) seconds and each stops at 120 s, so the part ends inside its cap.
 # Seed-major, so a cut leaves every mutant with about as many of the SEEDS (default 20) seeds; running the
-# part again resumes an incomplete file (only the runs it lacks).
+# part again resumes an incomplete file of this code (only the runs it lacks).
+# Whether results file $1 is a cut plain_fuzz_mutants file of this very code (then the part resumes it; a file of
+# other code is measured again, not continued).
+cut_by_this_code() {
+  python - "$1" <<'PY'
+import json, sys
+from kvfence.provenance import code_stamp
+doc = json.load(open(sys.argv[1]))
+sys.exit(not (doc.get("complete") is False and (doc.get("code") or {}).get("digest") == code_stamp()["digest"]))
+PY
+}
+
 run_plain_mutants() {
   local file="$RESULTS/h200_plain_fuzz_mutants.json" gpus parallel where=() resume=() shared=()
   gpus=$(nvidia-smi -L | grep -c '^GPU ')
@@ -203,8 +217,7 @@ run_plain_mutants() {
     where=(--gpus "$(python -c "print(','.join(['0'] * $parallel))")")
     shared=(-- --max-gpu-mem "${PLAIN_MEM:-10G}")
   fi
-  if [ -f "$file" ] && python -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('complete') is not False)" \
-      "$file"; then
+  if [ -f "$file" ] && cut_by_this_code "$file"; then
     resume=(--resume "$file")
   fi
   timeout 560 python benchmarks/plain_fuzz_mutants.py --device cuda --parallel "$parallel" "${where[@]}" \
@@ -284,21 +297,31 @@ run_scale_mutants() {
     > "$LOGS/scale_mutants.txt" 2>&1
 }
 
-run_kill_time() {
-  # Time to a kill: the plain default command per shipped mutant, 8 runs sharing one GPU (2 cores, --jobs 2
-  # each), search time (first failure less the first worker ready) over 10 seeds; a cut file is resumed.
-  local file="$RESULTS/h200_kill_time.json" resume=()
-  if [ -f "$file" ] && python -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('complete') is not False)" \
-      "$file"; then
+# Time to a kill: the plain default command per shipped mutant, 8 runs sharing one GPU (2 cores, --jobs 2 each),
+# search time (first failure less the first worker ready) over $2 seeds into $1, with plain_fuzz_mutants.py's
+# further flags after them; a cut file of this code is resumed.
+kill_time() {
+  local file="$RESULTS/$1" seeds=$2 resume=()
+  shift 2
+  if [ -f "$file" ] && cut_by_this_code "$file"; then
     resume=(--resume "$file")
   fi
   timeout "${KILL_SECONDS:-560}" python benchmarks/plain_fuzz_mutants.py --device cuda --parallel 8 \
-    --gpus 0,0,0,0,0,0,0,0 --seeds 10 --reference-seeds 0 --max-seconds "$(( ${KILL_SECONDS:-560} - 60 ))" \
-    --run-timeout 40 --json "$file" "${resume[@]}" -- --jobs 2 --max-seconds 15 --max-gpu-mem 10G \
-    > "$LOGS/kill_time.txt" 2>&1
+    --gpus 0,0,0,0,0,0,0,0 --seeds "$seeds" --reference-seeds 0 --max-seconds "$(( ${KILL_SECONDS:-560} - 60 ))" \
+    --run-timeout 40 --json "$file" "${resume[@]}" "$@" -- --jobs 2 --max-seconds 15 --max-gpu-mem 10G \
+    > "$LOGS/${file##*/}.txt" 2>&1
   local rc=$?
   [ "$rc" -eq 3 ] && return 0  # cut (INCOMPLETE): the file holds the seeds run so far; run the part again
   return $rc
+}
+
+run_kill_time() {
+  kill_time h200_kill_time.json 10
+}
+
+run_kill_time_bulk() {
+  # The default (no bulk) beside the bulk on (256 batches per example, opened after the default 5 s), 4 seeds.
+  kill_time h200_kill_time_bulk.json 4 --compare-bulk 256
 }
 
 run_tests() {

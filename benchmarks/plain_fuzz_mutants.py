@@ -2,7 +2,7 @@
 
     python benchmarks/plain_fuzz_mutants.py [--device cuda] [--seeds 20] [--only NAME ...] [--parallel N]
         [--cores-per-run C] [--gpus 0,1,...] [--reference-seeds K] [--max-seconds S] [--json FILE]
-        [--resume FILE] [--compare-bulk] [-- EXTRA FUZZ FLAGS]
+        [--resume FILE] [--compare-bulk N] [-- EXTRA FUZZ FLAGS]
 
 For every mutant of ``kernels/mutants/`` (or those named with ``--only``) and every seed, it runs the
 command a user would run, ``python -m kvfence fuzz --device D --kernel FILE:ATTR`` (a kernel mutant,
@@ -16,10 +16,13 @@ mutant breaks, and must stay clean (exit 0). The result per mutant: seeds detect
 ``--required`` (0.95), the seconds from each command's start to its first failure (the run's
 ``first_failure_s``), the search time (that less the start-up to the first worker ready, the summary's
 ``startup_s``: ``search_s``, median and worst per row, a miss counted as its whole wall time), each run's
-wall time, and the command. ``kill_search_s`` tabulates the search times per mutant against the kill
-targets (median <= 3 s, worst <= 10 s); ``--compare-bulk`` runs every mutant and seed a second time with
-``--bulk-per-example 0`` (rows ``NAME [--bulk-per-example 0]``), so ``kill_search_s`` also says whether
-the bulk ever makes a mutant slower (``bulk_not_slower`` per mutant, ``bulk_never_slower``).
+wall time, the first failing job's examples to its failure and work (``examples_to_failure``,
+``failing_job_work``), and the command. ``kill_search_s`` tabulates the search times per mutant against the kill
+targets (median <= 3 s, worst <= 10 s). The default runs without the bulk generator; ``--compare-bulk N``
+runs every mutant and seed a second time with ``--bulk-per-example N`` (rows ``NAME [--bulk-per-example N]``,
+the bulk opened after the default ``--bulk-after``), so ``kill_search_s`` also holds each mutant's search
+times with the bulk on and whether it was slower so (``bulk_slower``: a higher median), and
+``bulk_comparison`` counts the mutants the bulk made slower and faster.
 
 ``--parallel N`` runs N commands at once, each on its own GPU (``CUDA_VISIBLE_DEVICES``, ``--gpus``) and
 its own ``--cores-per-run`` CPU cores (default: the cores this process may use, split N ways; whole
@@ -60,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from result_file import fuzz_command_parser, saver  # noqa: E402
 
 from kvfence.errors import BadInput, require  # noqa: E402
+from kvfence.provenance import code_stamp  # noqa: E402
 from kvfence.workflow.mutants import REFERENCE, discover, names_the_bug  # noqa: E402
 
 #: A run past this many seconds is stopped and counted as a miss (a default GPU run ends after 60 s of
@@ -200,6 +204,18 @@ def _row(result: dict, run: Run) -> dict:
     return (result["reference"] if run.reference else result["mutants"])[run.row]
 
 
+#: What a detecting run records of its first failing job's summary (``failing_job_work``): compiles and their
+#: seconds, the seconds building configs' buffers, graph captures and their seconds.
+FAILING_JOB_WORK = ("compiles", "compile_s", "runner_s", "captures", "capture_s")
+
+
+def _first_failing_job(out: Path, doc: dict) -> dict:
+    """The summary of the job that failed first (``--jobs N``: ``OUT/jobs/job-i``), else the run's own."""
+    jobs = [json.loads(p.read_text()) for p in sorted((out / "jobs").glob("job-*/summary.json"))]
+    failed = [j for j in jobs if j.get("first_failure_at") is not None]
+    return min(failed, key=lambda j: j["first_failure_at"]) if failed else doc
+
+
 def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> None:
     """One finished (or stopped: ``returncode`` None) run into its row."""
     row = _row(result, run)
@@ -219,6 +235,12 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
         return
     found = returncode == 1 and names_the_bug(kinds, run.detects)
     row["first_failure_s"].append(doc.get("first_failure_s") if found else None)
+    # Where a slow kill's time went: the first failing job's examples to its failure (many: the draws were
+    # slow to reach the bug; few: its examples were slow) and what its checking session spent on the way.
+    first = _first_failing_job(run.out, doc) if found else None
+    row.setdefault("examples_to_failure", []).append(first.get("examples_to_failure") if first else None)
+    row.setdefault("failing_job_work", []).append(
+        {k: first.get(k) for k in FAILING_JOB_WORK} if first else None)
     # Search time: the first failure less the start-up (the first worker ready), as kill times are counted.
     startup = doc.get("startup_s")
     row.setdefault("search_s", []).append(
@@ -239,18 +261,23 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
     row["passed"] = row["rate"] >= result["required"]
 
 
-#: ``--compare-bulk``: each mutant's row again under these flags, a row of its own (``NAME`` + the suffix).
-BULK_OFF_FLAGS = ["--bulk-per-example", "0"]
-BULK_OFF_SUFFIX = " [--bulk-per-example 0]"
+def bulk_flags(compare_bulk: Optional[int]) -> List[str]:
+    """``--compare-bulk N``'s fuzz flags: each mutant's row again with the bulk on, a row of its own."""
+    return ["--bulk-per-example", str(compare_bulk)] if compare_bulk else []
 
 
-def variants(compare_bulk: bool) -> List[tuple]:
-    """``(row suffix, extra flags)`` of each way a mutant is run: the plain command, and with the bulk off."""
-    return [("", [])] + ([(BULK_OFF_SUFFIX, BULK_OFF_FLAGS)] if compare_bulk else [])
+def bulk_suffix(compare_bulk: Optional[int]) -> str:
+    """The name suffix of ``--compare-bulk N``'s rows (``NAME [--bulk-per-example N]``)."""
+    return f" [{' '.join(bulk_flags(compare_bulk))}]" if compare_bulk else ""
+
+
+def variants(compare_bulk: Optional[int]) -> List[tuple]:
+    """``(row suffix, extra flags)`` of each way a mutant is run: the plain command, and with the bulk on."""
+    return [("", [])] + ([(bulk_suffix(compare_bulk), bulk_flags(compare_bulk))] if compare_bulk else [])
 
 
 def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str], tmp: Path, result: dict,
-         compare_bulk: bool = False):
+         compare_bulk: Optional[int] = None):
     """Every run, in the order they start (reference runs first, then seed-major), and their rows; a row
     already in ``result`` (``--resume``) keeps what it has and gets only the seeds it has not run."""
     base = [sys.executable, "-m", "kvfence", "fuzz", "--device", device]
@@ -287,7 +314,7 @@ def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str
     for seed in range(seeds):
         for suffix, more in ways:
             for m in mutants:
-                out = tmp / f"{m.name}{'-bulk-off' if suffix else ''}-{seed}"
+                out = tmp / f"{m.name}{'-bulk-on' if suffix else ''}-{seed}"
                 if seed in result["mutants"][m.name + suffix]["seeds_run"]:
                     continue
                 runs.append(Run(m.name + suffix, seed, command(flags_for(m) + more, seed, out), out,
@@ -300,19 +327,20 @@ KILL_MEDIAN_S, KILL_WORST_S = 3.0, 10.0
 
 
 def kill_table(result: dict) -> dict:
-    """Per mutant, the median and worst search time of the plain command (and, with ``--compare-bulk``,
-    of the same with the bulk off): ``kill_search_s``, with whether the targets hold."""
+    """Per mutant, the median and worst search time of the plain command (and, with ``--compare-bulk N``,
+    of the same with the bulk on): ``kill_search_s``, with whether the targets hold."""
     table = {}
+    suffix = bulk_suffix(result.get("compare_bulk"))
     for name, row in result["mutants"].items():
-        if name.endswith(BULK_OFF_SUFFIX):
+        if suffix and name.endswith(suffix):
             continue
         entry = {"median": row["median_search_s"], "worst": row["worst_search_s"], "seeds": len(row["seeds_run"]),
                  "detected": row["detected"]}
-        off = result["mutants"].get(name + BULK_OFF_SUFFIX)
-        if off is not None:
-            entry.update(median_bulk_off=off["median_search_s"], worst_bulk_off=off["worst_search_s"])
-            entry["bulk_not_slower"] = (entry["median"] is not None and off["median_search_s"] is not None
-                                        and entry["median"] <= off["median_search_s"])
+        on = result["mutants"].get(name + suffix) if suffix else None
+        if on is not None:
+            entry.update(median_bulk_on=on["median_search_s"], worst_bulk_on=on["worst_search_s"])
+            entry["bulk_slower"] = (None if entry["median"] is None or on["median_search_s"] is None
+                                    else on["median_search_s"] > entry["median"])
         entry["meets_targets"] = (entry["median"] is not None and entry["median"] <= KILL_MEDIAN_S
                                   and entry["worst"] <= KILL_WORST_S)
         table[name] = entry
@@ -340,6 +368,11 @@ def resumed(path: str, fresh: dict, mutants) -> dict:
                                             f"{fresh[key]!r}")
     names = sorted(m.name for m in mutants)
     require(sorted(doc["mutants"]) == names, f"--resume {path}: it holds other mutants than this command's --only")
+    # One file, one code: a cut file of other code is measured again, not continued (its figures would mix two).
+    code = doc.get("code") or {}
+    require(code.get("digest") == code_stamp()["digest"],
+            f"--resume {path}: written by other code (commit {str(code.get('commit'))[:9]}): measure again "
+            f"without --resume")
     if "sessions" not in doc:  # written before sessions were kept: its own command is the first
         doc["sessions"] = [{"command": doc.get("command"), "parallel": doc.get("parallel"), "slots": doc.get("slots"),
                             "wall_s": doc.get("wall_s", 0.0), "cut": doc.get("cut", False)}]
@@ -358,14 +391,17 @@ def main() -> int:
     parser.add_argument("--reference-seeds", type=int, default=2)
     parser.add_argument("--max-seconds", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT_S)
-    parser.add_argument("--compare-bulk", action="store_true",
-                        help="run every mutant and seed again with --bulk-per-example 0 (rows NAME [--bulk-per-example 0])")
+    parser.add_argument("--compare-bulk", type=int, default=None, metavar="N",
+                        help="run every mutant and seed again with --bulk-per-example N (rows NAME "
+                             "[--bulk-per-example N]): the bulk on beside the default, off")
     parser.add_argument("--resume", default=None, metavar="FILE",
                         help="continue this cut results file of the same plan (rewritten in place)")
     args = parser.parse_args(argv)
     try:
         require(args.seeds >= 1 and args.parallel >= 1 and args.reference_seeds >= 0, "--seeds and --parallel must be "
                                                                                          ">= 1, --reference-seeds >= 0")
+        require(args.compare_bulk is None or args.compare_bulk >= 1,
+                f"--compare-bulk {args.compare_bulk}: expected the bulk to compare, N >= 1 batches per example")
         gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
         layout = slots(args.parallel, args.cores_per_run, gpus, args.device)
         mutants = discover(names=args.only or None)
@@ -455,8 +491,11 @@ def main() -> int:
                         and all(r["passed"] for r in result["reference"].values()))
     result["kill_search_s"] = kill_table(result)
     result["kill_targets_met"] = result["complete"] and all(e["meets_targets"] for e in result["kill_search_s"].values())
-    result["bulk_never_slower"] = (result["complete"] and args.compare_bulk
-                                   and all(e.get("bulk_not_slower") for e in result["kill_search_s"].values()))
+    if args.compare_bulk:
+        compared = [e for e in result["kill_search_s"].values() if e.get("bulk_slower") is not None]
+        result["bulk_comparison"] = {"flags": bulk_flags(args.compare_bulk), "mutants": len(compared),
+                                     "slower_with_bulk": sum(e["bulk_slower"] for e in compared),
+                                     "faster_with_bulk": sum(e["median_bulk_on"] < e["median"] for e in compared)}
     clock()
     save()
     for name, r in result["mutants"].items():

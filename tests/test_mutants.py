@@ -196,6 +196,31 @@ def test_plain_benchmark_pins_each_run_to_its_own_gpu_and_cores(tmp_path, monkey
 
 
 @pytest.mark.long
+def test_plain_benchmark_compares_the_default_with_the_bulk_on(tmp_path):
+    """``--compare-bulk N``: every mutant and seed again with ``--bulk-per-example N``, a row of its own; the
+    kill table holds both rows' search times and whether the bulk was slower, ``bulk_comparison`` the counts."""
+    out = tmp_path / "bulk.json"
+    proc = subprocess.run([sys.executable, "benchmarks/plain_fuzz_mutants.py", "--device", "cpu", "--seeds", "2",
+                           "--parallel", "2", "--cores-per-run", "1", "--reference-seeds", "0", "--only",
+                           "indptr_without_drafts", "--compare-bulk", "4", "--json", str(out), "--",
+                           "--max-examples", "15"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    on = doc["mutants"]["indptr_without_drafts [--bulk-per-example 4]"]
+    assert on["detected"] == 2 and on["flags"][-2:] == ["--bulk-per-example", "4"]
+    assert "--bulk-per-example" not in doc["mutants"]["indptr_without_drafts"]["command"]
+    entry = doc["kill_search_s"]["indptr_without_drafts"]
+    assert list(doc["kill_search_s"]) == ["indptr_without_drafts"] and entry["median_bulk_on"] == on["median_search_s"]
+    assert entry["bulk_slower"] == (on["median_search_s"] > entry["median"])
+    assert doc["bulk_comparison"] == {"flags": ["--bulk-per-example", "4"], "mutants": 1,
+                                      "slower_with_bulk": int(entry["bulk_slower"]),
+                                      "faster_with_bulk": int(on["median_search_s"] < entry["median"])}
+    bad = subprocess.run([sys.executable, "benchmarks/plain_fuzz_mutants.py", "--device", "cpu", "--compare-bulk", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--compare-bulk 0" in bad.stderr, bad.stderr
+
+
+@pytest.mark.long
 def test_plain_benchmark_detects_a_mutant_and_keeps_the_reference_clean(tmp_path):
     """Two runs at once on the CPU: a mutant detected under both seeds by a kind it declares, the
     reference clean, one results file with the rates and the commands. The plan is measured in two
@@ -217,6 +242,10 @@ def test_plain_benchmark_detects_a_mutant_and_keeps_the_reference_clean(tmp_path
     assert row["seeds_run"] == [0, 1] and doc["reference"]["reference (draft)"]["seeds_run"] == [0]
     assert row["detected"] == 2 and row["rate"] == 1.0 and row["passed"] and row["median_first_failure_s"] > 0
     assert set(row["kinds"]) & set(row["detects"]) and "--seed SEED" in row["command"]
+    # Each detection says how many examples its failing job took and what that job's session spent.
+    assert all(1 <= n <= 15 for n in row["examples_to_failure"]) and len(row["examples_to_failure"]) == 2
+    assert all(set(w) == {"compiles", "compile_s", "runner_s", "captures", "capture_s"} and w["runner_s"] > 0
+               for w in row["failing_job_work"])
     assert doc["reference"]["reference (draft)"]["clean"] is True and doc["passed"] is True and doc["cut"] is False
     assert [s["cut"] for s in doc["sessions"]] == [True, False] and "--resume" in doc["sessions"][1]["command"]
     assert doc["wall_s"] == pytest.approx(sum(s["wall_s"] for s in doc["sessions"]), abs=0.2)
@@ -224,3 +253,8 @@ def test_plain_benchmark_detects_a_mutant_and_keeps_the_reference_clean(tmp_path
     other = subprocess.run([a if a != "2" or i != base.index("--seeds") + 1 else "3" for i, a in enumerate(base)]
                            + ["--resume", str(out)] + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert other.returncode == 2 and other.stderr.count("\n") == 1 and "its seeds is 2" in other.stderr, other.stderr
+    # A cut file of other code is not continued: its figures would mix two codes.
+    doc["code"]["digest"], doc["complete"] = "0" * 64, False
+    out.write_text(json.dumps(doc))
+    older = subprocess.run(base + ["--resume", str(out)] + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert older.returncode == 2 and older.stderr.count("\n") == 1 and "other code" in older.stderr, older.stderr
