@@ -24,9 +24,9 @@ the lead was unlucky (many examples) or held up (few).
 ``--head-starts 0,1`` also runs the command with the lead's head start (``kvfence.workflow.jobs.
 LEAD_HEAD_START_S``, set in the parent process by a launcher) at each of those values, interleaved with the
 default runs so every variant sees the same machine: ``by_head_start`` holds their runs and ratios, the
-evidence the default was chosen on. ``--jobs-list 4,8`` likewise runs it with ``--jobs N`` added last (``by_jobs``; it wins over a
-``--jobs`` among the fuzz flags): on
-CUDA every job is a process with its own context on the one GPU, and fewer contexts contend less for it.
+evidence the default was chosen on. ``--jobs-list 4,8`` likewise runs it with ``--jobs N`` added last
+(``by_jobs``; it wins over a ``--jobs`` among the fuzz flags): on CUDA every job is a process with its own
+context on the one GPU, and fewer contexts contend less for it.
 """
 
 from __future__ import annotations

@@ -356,6 +356,39 @@ def test_sigterm_stops_the_running_cells_and_writes_what_was_checked(tmp_path, w
     assert not alive, [_cmdline(p) for p in alive]
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
+def test_a_second_matrix_into_a_busy_folder_is_refused_and_the_first_keeps_its_cells(tmp_path, wheels):
+    """Two matrices into one ``--out``: the second is refused in one line (exit 2) instead of moving the first's
+    live cell folders to ``earlier/`` (the first then called those cells errors); the lock ends with the run."""
+    cache, out = tmp_path / "cache", tmp_path / "m"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KVFENCE_CACHE=str(cache), KVFENCE_OFFLINE="1",
+               KVFENCE_WHEEL_DIR=str(wheels))
+    first = subprocess.Popen([sys.executable, "-m", "kvfence", "upstream", "matrix", "--versions", CLEAN, "--sizing",
+                              "safe", "--device", "cpu", "--max-examples", "100000", "--out", str(out)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        cell = out / CLEAN / "safe-draft"
+        deadline = time.monotonic() + 120
+        while not (cell / "fuzz.log").exists() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.2)
+        assert (cell / "fuzz.log").exists(), first.communicate()
+        second = matrix("--versions", CLEAN, "--sizing", "prefix", *BUDGET, "--out", str(out), cache=cache,
+                        wheel_dir=wheels)
+        assert second.returncode == 2 and first.poll() is None, second.stdout + second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "in use by another kvfence run" in lines[0] and f"pid {first.pid}" in lines[0]
+        assert cell.is_dir() and not (out / "earlier").exists()  # the first run's cell stayed where it runs
+        first.send_signal(signal.SIGTERM)
+        stdout, stderr = first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert first.returncode == 143, stdout + stderr
+    assert json.loads((out / "matrix.json").read_text())["interrupted"] == "SIGTERM"
+    third = matrix("--versions", NO_KERNEL, "--sizing", "safe", *BUDGET, "--out", str(out), cache=cache,
+                   wheel_dir=wheels)
+    assert third.returncode == 0 and "in use" not in third.stderr, third.stdout + third.stderr
+
+
 def _cmdline(proc_dir: Path) -> str:
     try:
         return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -212,9 +212,8 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     (``--jobs-list``) beside the default."""
     out = tmp_path / "fv.json"
     proc = subprocess.run([sys.executable, "benchmarks/first_verdict.py", "--device", "cpu", "--repeats", "1",
-                           "--warmup", "0", "--head-starts", "0.5", "--jobs-list", "1", "--json", str(out), "--", "--max-examples", "6",
-                           "--seed", "1",
-                           "--shrink-seconds", "0", "--jobs", "2"],
+                           "--warmup", "0", "--head-starts", "0.5", "--jobs-list", "1", "--json", str(out),
+                           "--", "--max-examples", "6", "--seed", "1", "--shrink-seconds", "0", "--jobs", "2"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     doc = json.loads(out.read_text())

@@ -12,7 +12,7 @@ import os
 import sys
 
 from kvfence.commands.common import (
-    _exit_codes, _Parser, _positive_int, _non_negative_int, _seconds, _stderr, _writable, _out_dir,
+    _exit_codes, _lock_out, _Parser, _positive_int, _non_negative_int, _seconds, _stderr, _writable, _out_dir,
 )
 from kvfence.errors import EXIT_CLEAN, BadInput, printable, require
 from kvfence.provenance import stamped
@@ -35,9 +35,12 @@ def _terminal(lines) -> str:
 
 
 def _set_aside(out_dir) -> None:
-    """An earlier matrix's report in ``out_dir`` moves to ``out_dir/earlier/`` before this one writes."""
+    """``out_dir`` is this run's until the command returns (``kvfence.workflow.outlock``: a second matrix into it
+    is refused, rather than moving this one's live cells away), and an earlier matrix's report in it moves to
+    ``out_dir/earlier/`` before this one writes."""
     from kvfence.workflow.outdir import set_aside_earlier_report
 
+    _lock_out(out_dir)
     moved = set_aside_earlier_report(out_dir)
     if moved:
         _stderr(f"kvfence: the earlier report in {out_dir} ({moved['count']} entries) moved to {moved['folder']}")
@@ -118,7 +121,18 @@ def cmd_upstream_shipped(args, out_dir, offline: bool, json_path=None) -> int:
 
 
 def cmd_upstream_matrix(args) -> int:
-    """``upstream matrix``: fuzz every release x sizing x contract cell (kvfence.workflow.release_matrix)."""
+    """``upstream matrix``: ``_matrix``, then the ``--out`` lock it took is released however it ended."""
+    from kvfence.workflow import outlock
+
+    try:
+        return _matrix(args)
+    finally:
+        outlock.release_all()
+
+
+def _matrix(args) -> int:
+    """Fuzz every release x sizing x contract cell (kvfence.workflow.release_matrix), or with ``--shipped``
+    assess each release's own sizing."""
     from kvfence.workflow import release_matrix as rm
     from kvfence.cases.budget import parse_size
     from kvfence.device import select
@@ -164,9 +178,9 @@ def cmd_upstream_matrix(args) -> int:
         max_gpu_mem = default_budget(device, jobs)  # cells share the GPU: each gets its part
     settings = rm.Settings(device=device, max_examples=args.max_examples, seed=args.seed,
                            shrink_seconds=args.shrink_seconds, cell_timeout=args.cell_timeout, max_gpu_mem=max_gpu_mem)
+    _set_aside(out_dir)  # a busy --out is refused before anything is announced
     _stderr(f"kvfence: upstream matrix: {len(versions)} release(s) x {len(sizings)} sizing(s) x "
             f"{len(contracts)} contract(s) on {device}, {args.max_examples} examples per cell, {jobs} cell(s) at once")
-    _set_aside(out_dir)
     doc, interrupted = rm.run(versions=versions, sizings=sizings, contracts=contracts, settings=settings,
                               offline=offline, out=out_dir, json_path=json_path, jobs=jobs, progress=sys.stderr,
                               write=write)

@@ -1,4 +1,5 @@
-"""One fuzz run at a time per ``--out`` folder: a lock, so two runs never lose each other's findings.
+"""One run at a time per ``--out`` folder (fuzz, ``report --merge``, ``upstream matrix``): a lock, so two runs
+never lose each other's findings.
 
 Two runs writing the same folder would set each other's case files aside (``kvfence.workflow.outdir``) and
 replace each other's ``summary.json`` and reports, so one run's findings would vanish from the folder.
