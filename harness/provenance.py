@@ -48,15 +48,25 @@ def source_root() -> Optional[Path]:
     return root if (root / "pyproject.toml").is_file() and (root / "harness" / "provenance.py").is_file() else None
 
 
+def _skipped_folder(rel: str) -> bool:
+    """A folder the digest never walks: ``__pycache__``, and ``reports/out/``, where every run writes its
+    outputs and other runs delete theirs while this one reads."""
+    return rel.rsplit("/", 1)[-1] in _SKIPPED_PARTS or (rel + "/").startswith(_SKIPPED_PREFIXES)
+
+
 def digest_of_tree(root: Path) -> str:
-    """The digest of the source files on disk under ``root`` (what this process runs)."""
+    """The digest of the source files on disk under ``root`` (what this process runs). Every results file and
+    run summary is stamped with it, so the walk stays out of skipped folders (its time does not grow with the
+    outputs beside the source) and passes over a folder that vanishes under it (``os.walk`` skips what it
+    cannot list): a stamp must never end a run before its summary is written."""
     entries = []
     for folder in SOURCE_FOLDERS:
-        base = root / folder
-        if base.is_dir():
-            for path in base.rglob("*"):
-                rel = path.relative_to(root).as_posix()
-                if path.is_file() and _counted(rel):
+        for here, folders, files in os.walk(root / folder):
+            rel_here = Path(here).relative_to(root).as_posix()
+            folders[:] = [f for f in folders if not _skipped_folder(f"{rel_here}/{f}")]
+            for name in files:
+                rel, path = f"{rel_here}/{name}", Path(here) / name
+                if _counted(rel) and path.is_file():
                     entries.append((rel, blob_id(path.read_bytes())))
     return digest(entries)
 

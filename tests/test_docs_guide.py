@@ -322,3 +322,29 @@ def test_a_code_stamp_matches_its_commit_only_while_the_tree_is_that_commit(tmp_
     (tmp_path / "harness" / "a.py").write_text("x = 1\n")
     (tmp_path / "benchmarks" / "new.py").write_text("")
     assert digest_of_tree(tmp_path) != committed
+
+
+def test_the_code_stamp_stays_out_of_the_runs_outputs(tmp_path, monkeypatch):
+    """Every run summary is stamped as it is written, while other runs write and delete folders under
+    ``reports/out/``: the digest never lists a folder there (here, each such listing fails as a folder deleted
+    mid-walk would), so stamping cannot end a run before its summary is written."""
+    import os
+
+    from kvfence import provenance
+
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "a.py").write_text("x = 1\n")
+    (tmp_path / "reports" / "out" / "run" / "cases").mkdir(parents=True)
+    (tmp_path / "reports" / "render.py").write_text("y = 2\n")
+    (tmp_path / "reports" / "out" / "run" / "plugin.py").write_text("z = 3\n")  # an output, not source
+    expected = provenance.digest([("harness/a.py", provenance.blob_id(b"x = 1\n")),
+                                  ("reports/render.py", provenance.blob_id(b"y = 2\n"))])
+    listing = os.scandir
+
+    def scandir(path="."):
+        if "reports/out" in os.fspath(path).replace(os.sep, "/"):
+            raise FileNotFoundError(2, "deleted by another run", os.fspath(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert provenance.digest_of_tree(tmp_path) == expected
