@@ -43,7 +43,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from result_file import fuzz_command_parser, saver  # noqa: E402
+from result_file import first_failing, fuzz_command_parser, job_summaries, saver  # noqa: E402
 
 from kvfence.commands.fuzz import FIRST_FAILURE  # noqa: E402
 from kvfence.workflow.jobs import LEAD_HEAD_START_S  # noqa: E402
@@ -92,12 +92,10 @@ def verdict_run(device: str, extra, out_dir: Path, head_start: Optional[float] =
         raise SystemExit(f"first_verdict: no '{FIRST_FAILURE}' line (exit {code}): {' | '.join(lines[-3:])}")
     # --jobs: when each job's worker was ready (job 0 leads on CUDA; kvfence.workflow.jobs), and how many
     # jobs the parent did not start.
-    job_summaries = sorted((out_dir / "jobs").glob("job-*/summary.json"), key=lambda p: int(p.parent.name[4:]))
-    jobs = [json.loads(p.read_text()) for p in job_summaries]
+    jobs = job_summaries(out_dir)
     # Where a slow verdict's time went: which job failed first, after how many examples, and what that job
     # spent compiling and capturing (the seed is random per run, as a user's is).
-    failed = [j for j in jobs if j.get("first_failure_s") is not None]
-    first = min(failed, key=lambda j: j["first_failure_s"]) if failed else summary
+    first = first_failing(jobs, summary)
     return {"first_verdict_s": round(verdict, 3), "wall_s": round(total, 3), "exit": code,
             "lead_head_start_s": LEAD_HEAD_START_S if head_start is None else head_start,
             "lead": {k: jobs[0].get(k) for k in LEAD_FIELDS} if jobs else None,

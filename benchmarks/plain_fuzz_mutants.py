@@ -60,7 +60,7 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from result_file import fuzz_command_parser, saver  # noqa: E402
+from result_file import first_failing, fuzz_command_parser, job_summaries, saver  # noqa: E402
 
 from kvfence.errors import BadInput, require  # noqa: E402
 from kvfence.provenance import code_stamp  # noqa: E402
@@ -209,13 +209,6 @@ def _row(result: dict, run: Run) -> dict:
 FAILING_JOB_WORK = ("compiles", "compile_s", "runner_s", "captures", "capture_s")
 
 
-def _first_failing_job(out: Path, doc: dict) -> dict:
-    """The summary of the job that failed first (``--jobs N``: ``OUT/jobs/job-i``), else the run's own."""
-    jobs = [json.loads(p.read_text()) for p in sorted((out / "jobs").glob("job-*/summary.json"))]
-    failed = [j for j in jobs if j.get("first_failure_at") is not None]
-    return min(failed, key=lambda j: j["first_failure_at"]) if failed else doc
-
-
 def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> None:
     """One finished (or stopped: ``returncode`` None) run into its row."""
     row = _row(result, run)
@@ -237,7 +230,7 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
     row["first_failure_s"].append(doc.get("first_failure_s") if found else None)
     # Where a slow kill's time went: the first failing job's examples to its failure (many: the draws were
     # slow to reach the bug; few: its examples were slow) and what its checking session spent on the way.
-    first = _first_failing_job(run.out, doc) if found else None
+    first = first_failing(job_summaries(run.out), doc) if found else None
     row.setdefault("examples_to_failure", []).append(first.get("examples_to_failure") if first else None)
     row.setdefault("failing_job_work", []).append(
         {k: first.get(k) for k in FAILING_JOB_WORK} if first else None)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from kvfence.provenance import stamped
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 
 def saver(path: Optional[str], result: dict) -> Callable[[], None]:
@@ -32,3 +32,17 @@ def fuzz_command_parser(doc: str, argv):
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--json", default=None)
     return parser, argv[:cut], argv[cut + 1:]
+
+
+def job_summaries(out_dir: Path) -> List[dict]:
+    """A ``fuzz --jobs N`` run's summaries of its jobs (``OUT/jobs/job-i/summary.json``), job 0 first; none for
+    a run of one job."""
+    paths = sorted((Path(out_dir) / "jobs").glob("job-*/summary.json"), key=lambda p: int(p.parent.name[4:]))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def first_failing(jobs: List[dict], run: dict) -> dict:
+    """Of ``jobs``, the summary of the one that failed first (the earliest ``first_failure_at``: every job dates
+    it by the same clock); ``run``, the run's own summary, when none failed or there are no jobs."""
+    failed = [j for j in jobs if j.get("first_failure_at") is not None]
+    return min(failed, key=lambda j: j["first_failure_at"]) if failed else run
