@@ -1,4 +1,4 @@
-"""kvfence's own tests run under kvfence's pytest plugin (``kvfence.workflow.pytest_plugin``, registered by
+"""kvfence's own tests run under kvfence's pytest plugin (``kvfence.pytest_plugin``, registered by
 the installed package's ``pytest11`` entry point): options, profiles, markers and fixtures live there.
 
 This file only names the plugin's fixtures by the short names the suite uses, and loads the plugin itself
@@ -11,8 +11,8 @@ from importlib.metadata import entry_points
 import pytest
 
 if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") or not any(
-        ep.value == "kvfence.workflow.pytest_plugin" for ep in entry_points(group="pytest11")):
-    pytest_plugins = ["kvfence.workflow.pytest_plugin"]
+        ep.value == "kvfence.pytest_plugin" for ep in entry_points(group="pytest11")):
+    pytest_plugins = ["kvfence.pytest_plugin"]
 
 
 @pytest.fixture(scope="session")

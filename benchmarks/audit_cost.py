@@ -1,4 +1,4 @@
-"""Cost of the interpreter address audit (kvfence.running.audit) against the plain interpreter.
+"""Cost of the interpreter address audit (kvfence.engine.audit) against the plain interpreter.
 
     python benchmarks/audit_cost.py [--cases 60] [--repeat 3]
 
@@ -21,7 +21,7 @@ from kvfence.device import select  # noqa: E402
 
 
 def cases(n: int, seed: int):
-    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.contracts.draft.case import Batch, Case, Config
 
     rng = random.Random(seed)
     out = []
@@ -44,7 +44,7 @@ def main() -> None:
     device = select("cpu")
     import triton
 
-    from kvfence.verifying.session import Session
+    from kvfence.contracts.draft.session import Session
 
     work = cases(args.cases, args.seed)
     programs = sum(c.config.num_steps * c.launch().num_seqs * c.config.topk for c in work)

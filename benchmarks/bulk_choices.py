@@ -10,7 +10,7 @@ context wall); nothing is launched. Per shape and predicate: the seconds from th
 failure over ``--seeds`` seeds (a miss counts as twice ``--cap``), with median and worst. This isolates what
 the shape changes, the parent's generation (how many configs and structures per second it reaches), from
 the GPU's checking; ``benchmarks/plain_fuzz_mutants.py --device cuda --compare-bulk N`` measures the real
-mutants on the GPU. The default shape of ``kvfence.commands.fuzz`` (``GPU_BATCHES_PER_EXAMPLE`` /
+mutants on the GPU. The default shape of ``kvfence.cli.fuzz`` (``GPU_BATCHES_PER_EXAMPLE`` /
 ``GPU_BULK_PER_EXAMPLE``) was chosen from this table.
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from kvfence.provenance import stamped
 
-from kvfence.cases.findings import Finding, Kind
+from kvfence.engine.findings import Finding, Kind
 
-#: Triggers shaped like the shipped mutants' (kernels/mutants/): a predicate of one case.
+#: Triggers shaped like the shipped mutants' (kernels/draft/mutants/): a predicate of one case.
 TRIGGERS = {
     # prefix_sum_16_lanes: more than 16 lanes (requests x topk) in a multi-step launch.
     "lanes_over_16": lambda c: len(c.batch.seq_lens) * c.config.topk > 16 and c.config.num_steps > 1,
@@ -61,9 +61,9 @@ class TriggerSession:
 def shape_strategy(batches: int, bulk: int):
     """The GPU command's strategy (the draft record's config strategy of the plain GPU plan) with this example
     shape."""
-    from kvfence.cases import contract as contracts
-    from kvfence.cases.plan import RunPlan
-    from kvfence.strategies import case_runs
+    from kvfence import contract as contracts
+    from kvfence.engine.plan import RunPlan
+    from kvfence.contracts.draft.strategies import case_runs
 
     draft = contracts.get("draft")
     plan = RunPlan(device="cuda", domain="gpu", max_bytes=10 << 30)
@@ -90,7 +90,7 @@ def main() -> int:
         print("bulk_choices: --shapes is B/N,... (B >= 1, N >= 0), --seeds >= 1, --cap > 0, --triggers of "
               + ", ".join(TRIGGERS), file=sys.stderr)
         return 2
-    from kvfence.workflow.fuzz import fuzz
+    from kvfence.engine.loop import fuzz
 
     warnings.simplefilter("ignore")  # Hypothesis's "overly large repr" of a bulk example
     start = time.monotonic()

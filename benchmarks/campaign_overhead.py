@@ -35,14 +35,14 @@ class NullSession:
 
 
 def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, folder: Path) -> float:
-    from kvfence.workflow import campaign
-    from kvfence.workflow.fuzz import fuzz
-    from kvfence.strategies import cases, configs
+    from kvfence.engine import campaign
+    from kvfence.engine.loop import fuzz
+    from kvfence.contracts.draft.strategies import cases, configs
 
     shard = campaign.Shard(3, 8) if variant == "shard 3/8" else None
     if shard is not None:
-        from kvfence.cases import contract as contracts
-        from kvfence.cases.plan import RunPlan
+        from kvfence import contract as contracts
+        from kvfence.engine.plan import RunPlan
 
         config_strategy, _ = campaign.shard_draws(shard, lambda **pins: configs(**pins),
                                                   contracts.get("draft").shard_fields(RunPlan()))

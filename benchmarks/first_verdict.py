@@ -9,7 +9,7 @@ In one run, on one machine:
   CUDA context: what any process that launches a kernel pays; ``device='cpu'`` with ``--device cpu``);
 * the first verdict: wall time from starting ``python -m kvfence fuzz --sizing prefix`` (the seed's bug,
   found within a job's first few examples) to the line on stderr that names the first failure
-  (``kvfence.commands.fuzz.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
+  (``kvfence.cli.fuzz.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
   ``first_launch_s`` and ``first_failure_s`` with it, and with ``--jobs`` each job's ``startup_s``
   (``jobs_ready_s``, job 0 first: it leads on CUDA), and of the job that failed first its examples to the
   failure and its compile and capture seconds (``first_failing_job_*``).
@@ -21,7 +21,7 @@ did (``lead``: its examples, when it was ready and failed, its compiles and capt
 first examples began and was checked, with its config: ``first_examples``), so a slow verdict shows whether
 the lead was unlucky (many examples) or held up (few).
 
-``--head-starts 0,1`` also runs the command with the lead's head start (``kvfence.workflow.jobs.
+``--head-starts 0,1`` also runs the command with the lead's head start (``kvfence.engine.jobs.
 LEAD_HEAD_START_S``, set in the parent process by a launcher) at each of those values, interleaved with the
 default runs so every variant sees the same machine: ``by_head_start`` holds their runs and ratios, the
 evidence the default was chosen on. ``--jobs-list 4,8`` likewise runs it with ``--jobs N`` added last
@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import first_failing, fuzz_command_parser, job_summaries, saver  # noqa: E402
 
-from kvfence.commands.fuzz import FIRST_FAILURE  # noqa: E402
-from kvfence.workflow.jobs import LEAD_HEAD_START_S  # noqa: E402
+from kvfence.cli.fuzz import FIRST_FAILURE  # noqa: E402
+from kvfence.engine.jobs import LEAD_HEAD_START_S  # noqa: E402
 
 
 def floor_seconds(device: str) -> float:
@@ -59,7 +59,7 @@ def floor_seconds(device: str) -> float:
 #: ``python -m kvfence`` with the lead's head start set first (argv[1]): the parent is the process that reads it.
 _HEAD_START_LAUNCHER = """
 import sys
-from kvfence.workflow import jobs
+from kvfence.engine import jobs
 jobs.LEAD_HEAD_START_S = float(sys.argv.pop(1))
 from kvfence.__main__ import main
 sys.exit(main(prog="python -m kvfence"))
@@ -90,7 +90,7 @@ def verdict_run(device: str, extra, out_dir: Path, head_start: Optional[float] =
     summary = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").exists() else {}
     if verdict is None:
         raise SystemExit(f"first_verdict: no '{FIRST_FAILURE}' line (exit {code}): {' | '.join(lines[-3:])}")
-    # --jobs: when each job's worker was ready (job 0 leads on CUDA; kvfence.workflow.jobs), and how many
+    # --jobs: when each job's worker was ready (job 0 leads on CUDA; kvfence.engine.jobs), and how many
     # jobs the parent did not start.
     jobs = job_summaries(out_dir)
     # Where a slow verdict's time went: which job failed first, after how many examples, and what that job

@@ -111,8 +111,8 @@ run_sanitizer_clean() {
   mkdir -p "$dir"
   CLEAN="$dir" python - <<'PY' || return 1
 import os
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.casefile import write_case
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.casefile import write_case
 for mode in ("eager", "graph"):
     case = Case(Config(topk=4, num_steps=3, ctx=64, max_bs=4, mode=mode, sizing="safe"),
                 Batch((64, 40, 17, 64), (0, 1, 2, 3), 5))

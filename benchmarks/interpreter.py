@@ -2,7 +2,7 @@
 
     python benchmarks/interpreter.py [--examples N] [--json PATH]
 
-Fuzzes the default domain (``kvfence.strategies.cases()``: topk 1-8, 1-8 steps, page sizes 1-64, ctx <= 48,
+Fuzzes the default domain (``kvfence.contracts.draft.strategies.cases()``: topk 1-8, 1-8 steps, page sizes 1-64, ctx <= 48,
 max_bs <= 4, graph mode, safe sizing) with a fixed seed, twice: with the interpreter's discarded
 int32-overflow checks skipped (kvfence's default, ``kvfence.device.skip_discarded_overflow_checks``)
 and with them on (Triton's default). Reports cases/s and the cost per Triton program, then profiles the
@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def run(examples: int, seed: int, profile: bool):
-    from kvfence.workflow.fuzz import fuzz
-    from kvfence.verifying.session import Session
-    from kvfence.strategies import cases
+    from kvfence.engine.loop import fuzz
+    from kvfence.contracts.draft.session import Session
+    from kvfence.contracts.draft.strategies import cases
 
     programs = []
 

@@ -4,7 +4,7 @@ Runs two sweeps of the reference kernel (eager mode, caching allocator off under
 
 1. ``--sizing safe``: must exit 0 (no canary finding, no tool finding, no tool error);
 2. ``--sizing prefix --matrix``: must exit 1 with canary findings *and* memcheck findings; it also runs
-   the detection matrix (``kvfence.tools.matrix``).
+   the detection matrix (``kvfence.sanitizer.matrix``).
 
 and writes one JSON (``--json``) with ``safe_exit``, ``prefix_exit``, ``wall_s`` and ``detection_matrix``,
 plus what each sweep found. Exit 0 when both verdicts are as expected, 1 otherwise, 2 on bad input.

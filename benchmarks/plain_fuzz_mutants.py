@@ -4,12 +4,12 @@
         [--cores-per-run C] [--gpus 0,1,...] [--reference-seeds K] [--max-seconds S] [--json FILE]
         [--resume FILE] [--compare-bulk N] [-- EXTRA FUZZ FLAGS]
 
-For every mutant of ``kernels/mutants/`` (or those named with ``--only``) and every seed, it runs the
+For every mutant of ``kernels/draft/mutants/`` (or those named with ``--only``) and every seed, it runs the
 command a user would run, ``python -m kvfence fuzz --device D --kernel FILE:ATTR`` (a kernel mutant,
 built as ``kvfence mutants`` builds it) or ``--sizing FILE:row_width`` (a sizing mutant), with the
 default budget of the device and ``--shrink-seconds 0`` (the first failure is the detection; shrinking
 would only add time). A seed counts as a detection when the run exits 1 with findings that name one of
-the mutant's ``DETECTS`` kinds (``kvfence.workflow.mutants.names_the_bug``, as ``kvfence mutants``
+the mutant's ``DETECTS`` kinds (``kvfence.selftest.mutants.names_the_bug``, as ``kvfence mutants``
 counts). Window-rail mutants get ``--contract window-rail --window 4`` (the command needs the window,
 part of the rail's ABI; see ``RAIL_FLAGS`` for why 4). The reference kernel runs the same command under ``--reference-seeds`` seeds for each contract a
 mutant breaks, and must stay clean (exit 0). The result per mutant: seeds detected, the rate against
@@ -64,7 +64,7 @@ from result_file import first_failing, fuzz_command_parser, job_summaries, saver
 
 from kvfence.errors import BadInput, require  # noqa: E402
 from kvfence.provenance import code_stamp  # noqa: E402
-from kvfence.workflow.mutants import REFERENCE, discover, names_the_bug  # noqa: E402
+from kvfence.selftest.mutants import REFERENCE, discover, names_the_bug  # noqa: E402
 
 #: A run past this many seconds is stopped and counted as a miss (a default GPU run ends after 60 s of
 #: fuzzing, plus start-up and reports; the CPU's 100 examples take about as long).

@@ -22,7 +22,7 @@ share was chosen on.
 cuda`` strategy (its default example shape, ``bulk_choices.shape_strategy``), and per mutant the examples
 drawn until the first that holds a case meeting its trigger, per seed (``None``: not within
 ``--gpu-examples``), with median and worst (a miss counts as ``--gpu-examples`` + 1). ``--gpu-path-on`` adds
-the same at other odds of a §6 path being on in a §6 config than ``kvfence.strategies.RARE_PATH_ON``
+the same at other odds of a §6 path being on in a §6 config than ``kvfence.contracts.draft.strategies.RARE_PATH_ON``
 (``by_path_on``): the evidence those odds were chosen on.
 """
 
@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import saver  # noqa: E402
 
-from kvfence.cases import domain as domains  # noqa: E402
-from kvfence.cases.budget import default_budget  # noqa: E402
-from kvfence.cases.case import v2p_table  # noqa: E402
-from kvfence.strategies import case_runs, cases, configs  # noqa: E402
+from kvfence.contracts.draft import domain as domains  # noqa: E402
+from kvfence.contracts.draft.budget import default_budget  # noqa: E402
+from kvfence.contracts.draft.case import v2p_table  # noqa: E402
+from kvfence.contracts.draft.strategies import case_runs, cases, configs  # noqa: E402
 
 
 def _launched(case) -> int:
@@ -85,7 +85,7 @@ TRIGGERS = {
     "page1_step_major_drafts": ("cpu", lambda c: c.config.page_size == 1 and c.config.topk >= 2
                                 and c.config.num_steps >= 2),
     "translate_page_unscaled": ("cpu", lambda c: c.config.translate and c.config.page_size > 1),
-    # §6 (docs/contract.md): drawn on the GPU domain in its share of examples (kvfence.cases.domain).
+    # §6 (docs/contract.md): drawn on the GPU domain in its share of examples (kvfence.contracts.draft.domain).
     "translate_negative_unclipped": ("cpu", lambda c: c.config.translate and c.batch.v2p_seed > 0
                                      and min(v2p_table(c.config, c.batch.v2p_seed)) < 0),
     "window_offsets_unclipped": ("cpu", lambda c: c.config.window_size > 0 and any(
@@ -97,7 +97,7 @@ TRIGGERS = {
 
 
 def strategy(domain: str, family_share=None):
-    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.workflow.mutants._strategy``; the CPU
+    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.selftest.mutants._strategy``; the CPU
     domain under the CPU's default memory budget, as ``kvfence mutants --device cpu`` runs it), the
     §6 fields in the domain's share of examples (``--family auto``), or in ``family_share`` of the GPU's."""
     if domain == "gpu":
@@ -149,12 +149,12 @@ def simulate(domain: str, seeds: int, examples: int, family_share=None) -> dict:
 
 def examples_to_trigger(seeds: int, examples: int, path_on=None) -> dict:
     """Per mutant of ``TRIGGERS``, the examples the plain GPU command's strategy draws until its trigger (module
-    docstring), at ``kvfence.strategies.RARE_PATH_ON`` or at ``path_on``."""
+    docstring), at ``kvfence.contracts.draft.strategies.RARE_PATH_ON`` or at ``path_on``."""
     import statistics
 
-    import kvfence.strategies as strategies
+    import kvfence.contracts.draft.strategies as strategies
     from bulk_choices import shape_strategy
-    from kvfence.commands.fuzz import GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE
+    from kvfence.cli.fuzz import GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE
 
     default = strategies.RARE_PATH_ON
     strategies.RARE_PATH_ON = default if path_on is None else path_on
@@ -181,8 +181,8 @@ def _print_examples_to_trigger(row: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--cpu-examples", type=int, default=60, help="kvfence.workflow.mutants.BUDGETS['cpu']")
-    parser.add_argument("--gpu-examples", type=int, default=100, help="kvfence.workflow.mutants.BUDGETS['gpu']")
+    parser.add_argument("--cpu-examples", type=int, default=60, help="kvfence.selftest.mutants.BUDGETS['cpu']")
+    parser.add_argument("--gpu-examples", type=int, default=100, help="kvfence.selftest.mutants.BUDGETS['gpu']")
     parser.add_argument("--gpu-family-shares", default="",
                         help="comma-separated shares of §6 examples to simulate beside GPU_FAMILY_SHARE")
     parser.add_argument("--examples-to-trigger", action="store_true",

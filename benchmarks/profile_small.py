@@ -34,9 +34,9 @@ def main():
     import torch
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from kvfence.workflow.fuzz import fuzz
-    from kvfence.verifying.session import Session
-    from kvfence.strategies import cases, configs
+    from kvfence.engine.loop import fuzz
+    from kvfence.contracts.draft.session import Session
+    from kvfence.contracts.draft.strategies import cases, configs
 
     strategy = cases(configs(sizing="safe", **SMALL))
     drawn = []

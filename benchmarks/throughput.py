@@ -67,9 +67,9 @@ LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
 
 
 def small_rate(device: str, examples: int, seed: int) -> dict:
-    from kvfence.workflow.fuzz import fuzz
-    from kvfence.verifying.session import Session
-    from kvfence.strategies import case_runs, cases, configs
+    from kvfence.engine.loop import fuzz
+    from kvfence.contracts.draft.session import Session
+    from kvfence.contracts.draft.strategies import case_runs, cases, configs
 
     session = Session(device, "reference")
     strategy = cases(configs(sizing="safe", **SMALL))
@@ -84,7 +84,7 @@ def small_rate(device: str, examples: int, seed: int) -> dict:
             rates.append(result.cases_per_s)
         out[key] = round(statistics.median(rates), 1)
         out[key.replace("per_s", "rates")] = [round(r, 1) for r in rates]
-    # Throughput mode: up to 8 batches of the config per Hypothesis example (kvfence.strategies.case_runs).
+    # Throughput mode: up to 8 batches of the config per Hypothesis example (kvfence.contracts.draft.strategies.case_runs).
     runs = case_runs(configs(sizing="safe", **SMALL), max_batches=8)
     rates = []
     for rep in range(3 if device == "cuda" else 1):
@@ -109,16 +109,16 @@ NAIVE_RUNS = 3
 def naive_errors(config, batch, kernel: str = "reference", device: str = "cuda") -> int:
     """One case checked the way a careful hand-written test would: fresh buffers filled with a poison
     (so a missing write is seen), an eager launch, everything copied to the host, and every element of
-    every row compared with the plain oracle's formulas (``kvfence.cases.oracle``, program by program):
+    every row compared with the plain oracle's formulas (``kvfence.contracts.draft.oracle``, program by program):
     each segment's values, the slack after the used length (must still hold the poison), and every
     kv_indptr column (column 0 and the columns past ``bs`` must still hold the poison). Returns the
     number of wrong elements (0: clean). No guards: a naive harness has none."""
     import torch
 
-    from kvfence.cases import oracle
-    from kvfence.cases.case import launch_batch
-    from kvfence.running.runner import slot_table
-    from kvfence.cases.targets import resolve_kernel
+    from kvfence.contracts.draft import oracle
+    from kvfence.contracts.draft.case import launch_batch
+    from kvfence.contracts.draft.runner import slot_table
+    from kvfence.contracts.draft.targets import resolve_kernel
 
     poison = -1
     lb = launch_batch(config, batch)
@@ -200,8 +200,8 @@ def _small_cases(small: dict, count: int, seed: int) -> list:
     """``count`` graph-mode cases of the pinned small config, drawn as the fuzzer draws batches."""
     from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed
 
-    from kvfence.cases.case import Case
-    from kvfence.strategies import batches, configs
+    from kvfence.contracts.draft.case import Case
+    from kvfence.contracts.draft.strategies import batches, configs
 
     drawn = []
 
@@ -227,8 +227,8 @@ def naive_vs_kvfence(device: str, quick: bool = False, seed: int = 0) -> dict:
     Both sides check the same elements: values, missing writes, the slack after the used length and
     every kv_indptr column (kvfence also guards and inputs). Each side must find the reference clean.
     """
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.verifying.session import Session
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.session import Session
 
     if device == "cuda":
         large_cfg, small_cfg = LARGE, SMALL
@@ -268,9 +268,9 @@ def large(device: str, naive: bool = True) -> dict:
     import torch
     import triton.testing
 
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.verifying.device_verify import DeviceVerifier
-    from kvfence.verifying.session import Session
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.device_verify import DeviceVerifier
+    from kvfence.contracts.draft.session import Session
 
     config = Config(sizing="safe", **LARGE)
     batch = Batch(tuple([LARGE["ctx"]] * LARGE["max_bs"]), tuple(range(1, LARGE["max_bs"] + 1)), 12345)
@@ -289,7 +289,7 @@ def large(device: str, naive: bool = True) -> dict:
     fused_us = triton.testing.do_bench(lambda: (verifier.cursor.zero_(), fused()), warmup=25, rep=200,
                                        return_mode="median") * 1e3
     # Where verification time goes: each verify kernel alone (direct launches, do_bench medians).
-    from kvfence.running.guarded import POISON
+    from kvfence.contracts.draft.guarded import POISON
 
     c, m, inputs = config, case.launch().num_seqs, runner.inputs
 
@@ -406,7 +406,7 @@ def fuzz_runs(seconds: float, jobs, pinned_seconds: float, device: str = "cuda")
 
 def scale_mutants(seconds: float) -> dict:
     """Seconds until the default GPU fuzz command catches each scale mutant (DOMAIN = "gpu")."""
-    from kvfence.workflow.mutants import discover
+    from kvfence.selftest.mutants import discover
 
     caught, runs = {}, {}
     for m in discover():
@@ -424,8 +424,8 @@ def check_small(device: str, cases: int = 4096, batch: int = 32, passes: int = 5
     the median of ``passes`` timed passes over all of them (each pass's per-case time is kept too)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from kvfence.verifying.session import Session
-    from kvfence.strategies import case_runs, configs
+    from kvfence.contracts.draft.session import Session
+    from kvfence.contracts.draft.strategies import case_runs, configs
 
     drawn = []
 
@@ -473,9 +473,9 @@ def parent_rate(seconds: float = 10.0, seed: int = 0) -> dict:
     of ``PARENT_BULK`` on or off) checked by a stub session that judges every case clean at
     once, over ``seconds`` each: generation, the verdict cache, counting and stats, nothing launched.
     ``parent_cpu_share_*`` is the process's CPU time over wall time (below 1 on a shared machine)."""
-    from kvfence.commands.fuzz import GPU_BATCHES_PER_EXAMPLE
-    from kvfence.strategies import case_runs, configs
-    from kvfence.workflow.fuzz import fuzz
+    from kvfence.cli.fuzz import GPU_BATCHES_PER_EXAMPLE
+    from kvfence.contracts.draft.strategies import case_runs, configs
+    from kvfence.engine.loop import fuzz
 
     out = {}
     for name, bulk in (("bulk", PARENT_BULK), ("no_bulk", 0)):

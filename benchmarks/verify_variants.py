@@ -13,7 +13,7 @@ its graphs are captured with them) and times, in the same run and the same way:
   time included) for the variants that change the graph's shape.
 
 The tunables: ``kernels/verify/segments.py`` ``BLOCK_TOKENS``, ``NUM_WARPS``, ``LOAD_EVICTION``,
-``STORE_CACHE``; ``kernels/verify/outside.py`` ``PROGRAMS_PER_ROW``; ``harness/verifying/device_verify.py``
+``STORE_CACHE``; ``kernels/verify/outside.py`` ``PROGRAMS_PER_ROW``; ``harness/contracts/draft/device_verify.py``
 ``PARALLEL_BRANCHES``. The first variant is the shipped setting.
 
 Usage: ``python benchmarks/verify_variants.py --json OUT.json [--only NAME ...]``.
@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import kvfence.verifying.device_verify as device_verify  # noqa: E402
-import kvfence.kernels.verify.outside as outside  # noqa: E402
-import kvfence.kernels.verify.segments as segments  # noqa: E402
+import kvfence.contracts.draft.device_verify as device_verify  # noqa: E402
+import kvfence.kernels.draft.verify.outside as outside  # noqa: E402
+import kvfence.kernels.draft.verify.segments as segments  # noqa: E402
 
 #: name -> {(module, constant): value}; unnamed constants keep the shipped value.
 VARIANTS = {
@@ -60,8 +60,8 @@ def _measure(name: str) -> dict:
     import triton.testing
 
     import throughput
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.verifying.session import Session
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.session import Session
 
     out = {k: v for k, v in throughput.large("cuda", naive=False).items() if not k.startswith("naive")}
     # The slack case: same config, one token per request.

@@ -41,7 +41,7 @@ CONFIGS = {"cuda": dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16),
 
 
 def make_cases(device: str, n: int, seed: int):
-    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.contracts.draft.case import Batch, Case, Config
 
     config = Config(sizing="safe", **CONFIGS[device])
     rng = random.Random(seed)
@@ -98,8 +98,8 @@ def measure(args, result: dict, save) -> int:
         import torch
 
         result["gpu"] = torch.cuda.get_device_name()
-    from kvfence.verifying.session import Session
-    from kvfence.workflow.worker import RemoteSession
+    from kvfence.contracts.draft.session import Session
+    from kvfence.engine.worker import RemoteSession
 
     cases = make_cases(device, n, seed=1)
     local = Session(device, "reference")

@@ -3,11 +3,11 @@
     python benchmarks/worker_restart.py --device cpu --json results/cpu_worker_restart.json
     python benchmarks/worker_restart.py --device cuda --json $OUT/worker_restart.json
 
-Shrinking a crash restarts the worker once per crashing candidate (``kvfence.workflow.worker``). This measures,
+Shrinking a crash restarts the worker once per crashing candidate (``kvfence.engine.worker``). This measures,
 for ``--crashes`` crashes of ``tests/targets/far_store.py:fault_on_3`` (an illegal address on CUDA, a
 segfault under the interpreter with the audit off), the seconds from the crash's verdict to the next
 case's verdict (``next_case_s``: the restart plus a first launch of the config), with ``spares=0`` (a
-worker is started only when one is needed) and with the default spares (``kvfence.workflow.worker.SPARES``:
+worker is started only when one is needed) and with the default spares (``kvfence.engine.worker.SPARES``:
 started in the background once the session has seen a crash). ``--gap`` seconds pass between the two,
 as passing candidates do while Hypothesis shrinks. Also: the first start (``worker_start_s``) and
 Triton's on-disk cache folder, which every worker shares (a restart loads compiled kernels from it).
@@ -43,8 +43,8 @@ def triton_cache_dir() -> str:
 
 
 def measure(device: str, spares, crashes: int, gap: float) -> dict:
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.workflow.worker import RemoteSession
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.worker import RemoteSession
 
     config = Config(topk=2, num_steps=2, ctx=8, max_bs=2, sizing="safe", mode="eager")
 
@@ -89,7 +89,7 @@ def main() -> int:
     code = 0
     try:
         from kvfence.device import select
-        from kvfence.workflow.worker import SPARES
+        from kvfence.engine.worker import SPARES
 
         device = select(args.device)
         cache = triton_cache_dir()

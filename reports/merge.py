@@ -1,12 +1,12 @@
 """``python -m kvfence report --merge DIR... --out OUT``: several fuzz runs (hosts, shards, nights) as one report.
 
 Each DIR is a ``fuzz --out`` folder (``summary.json`` and ``cases/``), copied from wherever it ran.
-The merged ``OUT/summary.json`` is an ordinary summary (``kvfence.reports.summary``), so ``report OUT`` re-renders
+The merged ``OUT/summary.json`` is an ordinary summary (``kvfence.engine.summary``), so ``report OUT`` re-renders
 it, plus a ``merged`` block listing the runs. Identical failing cases (same case content, hence the same
 ``<hash>.json`` name) are kept once, with every run that found them; identical findings of one case are
 kept once. Case files are validated as data and copied byte for byte: nothing they name is imported.
 
-Counts, coverage and findings are merged by ``kvfence.reports.summary.merge`` (as for ``fuzz --jobs``);
+Counts, coverage and findings are merged by ``kvfence.engine.summary.merge`` (as for ``fuzz --jobs``);
 ``elapsed_s`` is the runs' elapsed seconds summed (machine time, whether the runs were parallel or
 not), so ``cases_per_s`` is the mean rate of one run; each run's own numbers are in ``merged.runs``.
 """
@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from kvfence.cases.casefile import CASES_DIR, atomic_write_text, case_hash, from_document, parse_json_file, \
+from kvfence.engine.casefile import CASES_DIR, atomic_write_text, case_hash, from_document, parse_json_file, \
     record_repro_command
 from kvfence.errors import BadInput, require
-from kvfence.reports.summary import merge as merge_summaries, validate
+from kvfence.engine.summary import merge as merge_summaries, validate
 
 #: Run settings that should agree across merged runs; when they do not, the merged value says "mixed".
 SHARED_FIELDS = ("device", "kernel", "sizing", "mode", "layout", "seq_len_limit")
@@ -55,7 +55,7 @@ def _mixed(values: List) -> object:
 def merge(folders: List[Path], out: Path, before_writing: Callable[[], None] = lambda: None) -> dict:
     """Merge the runs in ``folders`` into ``out`` (summary.json and cases/); return the merged summary.
     ``before_writing`` runs once every input is validated, before anything is written (the CLI takes
-    ``out``'s run lock there, ``kvfence.workflow.outlock``)."""
+    ``out``'s run lock there, ``kvfence.engine.outlock``)."""
     require(folders, "report --merge: name at least one run folder")
     resolved = [f.resolve() for f in folders]
     require(len(set(resolved)) == len(resolved), "report --merge: a folder is named twice")
@@ -87,7 +87,7 @@ def merge(folders: List[Path], out: Path, before_writing: Callable[[], None] = l
         doc["cases"] = {mapping[k]: dict(v, path=mapping[k], repro=record_repro_command(mapping[k], v),
                                          found_in=found_in[mapping[k]]) for k, v in doc.get("cases", {}).items()}
 
-    # Counts, coverage and findings as for --jobs (one definition: kvfence.reports.summary.merge); identical
+    # Counts, coverage and findings as for --jobs (one definition: kvfence.engine.summary.merge); identical
     # findings of one case file are kept once. Time is machine time: the runs' elapsed seconds summed.
     shared = {name: _mixed([d.get(name) for d in docs]) for name in SHARED_FIELDS}
     doc = merge_summaries(docs, run=dict(shared, seed=None, resume=False),

@@ -1,4 +1,4 @@
-"""Render the upstream release matrix (``harness/workflow/release_matrix.py``) as ``report.md`` and ``report.html``.
+"""Render the upstream release matrix (``harness/release/release_matrix.py``) as ``report.md`` and ``report.html``.
 
 One row per release, one column per sizing x contract, a note column for what a whole release is (no
 kernel, ABI unsupported, not cached) and a legend of the statuses. Case files are linked relative to the
@@ -63,7 +63,7 @@ def headline(doc: dict) -> str:
     else:
         lead = ""
     if bad:
-        from kvfence.workflow.release_matrix import version_key
+        from kvfence.release.release_matrix import version_key
 
         names = sorted({c["version"] for c in bad}, key=version_key)
         return lead + (f"{len(bad)} cell(s) of a correct sizing ({', '.join(sorted(safe))}) have findings or "

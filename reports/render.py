@@ -1,4 +1,4 @@
-"""Render a fuzz summary (``reports/summary.py``) as ``report.md`` and a self-contained ``report.html``.
+"""Render a fuzz summary (``harness/engine/summary.py``) as ``report.md`` and a self-contained ``report.html``.
 
 The coverage plot needs matplotlib, which is optional: it is imported here, lazily, and when it is
 missing (or fails) both reports say the plot was skipped and why. Nothing else in kvfence imports it.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from kvfence.reports.markup import Markup, file_link, html, join, table
-from kvfence.reports.summary import coverage_fields, earlier_text, finding_rows, run_rows
+from kvfence.engine.summary import coverage_fields, earlier_text, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
 
@@ -79,7 +79,7 @@ def case_map(c: dict, findings: list) -> Markup:
     the reports import no contract); a contract this process does not know gets a line saying so."""
     import importlib
 
-    from kvfence.cases import contract as contracts
+    from kvfence import contract as contracts
     from kvfence.errors import BadInput
 
     try:
@@ -234,7 +234,7 @@ def _programs_text(f: dict, key: str = "programs") -> str:
 def finding_header(doc: dict) -> List[str]:
     """The findings table's columns; a program's coordinates named as its contract names them (the draft
     kernel's ``s, b, k``)."""
-    from kvfence.cases import contract as contracts
+    from kvfence import contract as contracts
     from kvfence.errors import BadInput
 
     try:
@@ -320,7 +320,7 @@ def write_reports(doc: dict, out_dir) -> dict:
 
     Returns ``{"md": path, "html": path, "png": path or None, "plot_skipped": reason or ""}``.
     """
-    from kvfence.cases.casefile import atomic_write_text
+    from kvfence.engine.casefile import atomic_write_text
 
     out = Path(out_dir)
     doc = shown_as_text(doc)

@@ -1,4 +1,4 @@
-"""The ``upstream matrix --shipped`` table (kvfence.workflow.shipped_matrix): one row per release, one column
+"""The ``upstream matrix --shipped`` table (kvfence.release.shipped_matrix): one row per release, one column
 per backend x mode; and the ``upstream sizing VERSION`` listing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 def short(backend: str) -> str:
     """A backend class as a deployer names it: SGLang's ``--attention-backend`` (the legend gives the class)."""
-    from kvfence.workflow.affected import attention_backend_name
+    from kvfence.release.affected import attention_backend_name
 
     return attention_backend_name(backend)
 
@@ -86,7 +86,7 @@ def markdown(doc: dict, out: Optional[Path] = None) -> str:
     """The report: a table of releases x backends (split to fit ``text_table.WIDTH``), each distinct failure's
     minimal case and case file (relative to ``out``, the report's folder), and the legend."""
     from kvfence.reports.text_table import markdown_tables, shown_path
-    from kvfence.workflow.shipped_matrix import case_text
+    from kvfence.release.shipped_matrix import case_text
 
     names = backends(doc)
     groups = grouped(doc)
@@ -121,9 +121,9 @@ def write(doc: dict, out: Path) -> Path:
 
 def sizing_lines(version: str, record: dict) -> List[str]:
     """``upstream sizing VERSION``: per backend, both widths, the host check and where each came from."""
-    from kvfence.cases.shipped_sizing import site_state
+    from kvfence.release.shipped_sizing import site_state
 
-    from kvfence.cases.shipped import unread_note
+    from kvfence.release.shipped import unread_note
 
     # What was not read (too many backend classes, members left out) is said on the first line: a count of
     # backends alone would hide that the rest of the wheel was never looked at.

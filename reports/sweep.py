@@ -1,4 +1,4 @@
-"""Render the nightly sweep (``harness/tools/sweep.py``): per case, the canary verdict beside each
+"""Render the nightly sweep (``harness/sanitizer/sweep.py``): per case, the canary verdict beside each
 compute-sanitizer tool's verdict, its own signals and slowdown, and the detection matrix when the sweep
 ran it, as one self-contained HTML page. ``matrix_markdown`` gives the matrix as a Markdown table (for
 README / BENCHMARKS, from a real run's ``sweep.json``)."""

@@ -110,7 +110,7 @@ def table_map_html(record, case, width: int, findings: List[dict]) -> Markup:
 
 def case_map_html(summary_record: dict, findings: List[dict]) -> Markup:
     """The map of one case file (its summary record holds the case as data: ``case``), with its findings."""
-    from kvfence.cases import contract as contracts
+    from kvfence import contract as contracts
     from kvfence.errors import BadInput
 
     try:

@@ -1,6 +1,6 @@
 """A fake ``compute-sanitizer`` for CPU tests: a script put first on PATH that behaves as the
 ``FAKE_SCENARIO`` environment variable says (writes the XML report, the log, the child's status file
-and exits with the code that scenario needs), so every signal path of ``kvfence.tools.sanitizer`` runs."""
+and exits with the code that scenario needs), so every signal path of ``kvfence.sanitizer.tool`` runs."""
 
 import os
 import sys
@@ -13,7 +13,7 @@ FAKE_TOOL = r'''#!{python}
 import json, os, shutil, subprocess, sys, time
 argv = sys.argv[1:]
 xml = argv[argv.index("--save") + 1]
-status = argv[argv.index("kvfence.sanitizer_child") + 1]
+status = argv[argv.index("kvfence.sanitizer.child") + 1]
 fixtures = os.environ["FAKE_FIXTURES"]
 scenario = os.environ["FAKE_SCENARIO"]
 EMPTY = "<?xml version='1.0'?><ComputeSanitizerOutput></ComputeSanitizerOutput>"

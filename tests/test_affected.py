@@ -1,4 +1,4 @@
-"""``kvfence affected VERSION SGLANG-FLAGS``: one line per contract in SGLang's words (kvfence.workflow.affected).
+"""``kvfence affected VERSION SGLANG-FLAGS``: one line per contract in SGLang's words (kvfence.release.affected).
 
 Two synthetic releases (tests/test_shipped.py's toy backends, named as SGLang names its draft backends):
 in 0.0.7 the Triton backend's CUDA-graph buffer lacks the topk factor (the seed's bug) and FlashInfer's
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvfence.errors import BadInput
-from kvfence.workflow.affected import parse_deployment
+from kvfence.release.affected import parse_deployment
 from test_shipped import BACKENDS, RUNNER, TOY_RUNNER, backend
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 

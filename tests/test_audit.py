@@ -1,4 +1,4 @@
-"""The interpreter address audit (kvfence.running.audit): OOB reads and writes are found, wild stores dropped.
+"""The interpreter address audit (kvfence.engine.audit): OOB reads and writes are found, wild stores dropped.
 
 Every detection test pairs a buggy kernel that must be caught with a correct one that must stay clean.
 Several tests put the kernel's tensor inside a larger numpy array (``sandwich``): the memory around the
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvfence.workflow.mutants import kernel_spec
+from kvfence.selftest.mutants import kernel_spec
 
 pytestmark = pytest.mark.cpu_only
 
@@ -56,7 +56,7 @@ def kernels(device):
 
 
 def run_copy(kernel, shift: int, audit: bool):
-    from kvfence.running.audit import Audit
+    from kvfence.engine.audit import Audit
 
     n = 16
     src_outer, src = sandwich(n, fill=3, pad=-6)
@@ -81,7 +81,7 @@ def test_in_bounds_copy_is_clean(kernels):
 
 @pytest.mark.parametrize("shift", [5, -3])
 def test_wild_stores_are_reported_and_dropped(kernels, shift):
-    from kvfence.cases.findings import Kind
+    from kvfence.engine.findings import Kind
 
     findings, outer, dst = run_copy(kernels[0], shift, audit=True)
     by_kind = {f.kind: f for f in findings}
@@ -105,8 +105,8 @@ def test_without_the_audit_the_same_kernel_writes_past_the_tensor(kernels):
 
 
 def test_atomics_outside_the_tensor_are_dropped(kernels):
-    from kvfence.running.audit import Audit
-    from kvfence.cases.findings import Kind
+    from kvfence.engine.audit import Audit
+    from kvfence.engine.findings import Kind
 
     for shift, expect_oob in ((0, False), (4, True)):
         outer, dst = sandwich(8)
@@ -122,7 +122,7 @@ def test_atomics_outside_the_tensor_are_dropped(kernels):
 
 
 def test_unregistered_launch_arguments_are_registered_not_flagged(kernels):
-    from kvfence.running.audit import Audit
+    from kvfence.engine.audit import Audit
 
     a = Audit()  # nothing registered: the launch's own tensors become allocations
     src, dst = torch.arange(16, dtype=torch.int32), torch.zeros(16, dtype=torch.int32)
@@ -135,7 +135,7 @@ def test_unregistered_launch_arguments_are_registered_not_flagged(kernels):
 def test_audit_restores_the_interpreter(kernels):
     from triton.runtime import interpreter
 
-    from kvfence.running.audit import Audit
+    from kvfence.engine.audit import Audit
 
     before = interpreter.GridExecutor._init_args_hst
     with Audit():
@@ -146,13 +146,13 @@ def test_audit_restores_the_interpreter(kernels):
 
 # -- through the harness -------------------------------------------------------------------------------
 def long_case(kernel: str):
-    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.contracts.draft.case import Batch, Case, Config
 
     return Case(Config(topk=1, num_steps=2, ctx=48, max_bs=2), Batch((48, 40), (2, 0), 5), kernel)
 
 
 def test_a_whole_row_past_the_buffer_is_an_oob_write_and_the_reference_is_clean(make_session):
-    from kvfence.cases.findings import Kind
+    from kvfence.engine.findings import Kind
 
     # Without a tail guard (--no-absorb) the row past the end leaves the allocation at its first element.
     findings = make_session(PAST_END, absorb=False).check(long_case(PAST_END))
@@ -169,7 +169,7 @@ def test_a_whole_row_past_the_buffer_is_an_oob_write_and_the_reference_is_clean(
 
 
 def test_reads_outside_the_programs_own_pool_row_are_oob_reads(make_session):
-    from kvfence.cases.findings import Kind
+    from kvfence.engine.findings import Kind
 
     findings = make_session(OTHER_ROW).check(long_case(OTHER_ROW))
     reads = [f for f in findings if f.kind is Kind.OOB_READ]
@@ -179,8 +179,8 @@ def test_reads_outside_the_programs_own_pool_row_are_oob_reads(make_session):
 
 def test_guard_writes_are_left_to_the_canaries(make_session):
     """The seed's sizing bug writes into our guards: GUARD_OVERWRITE, not OOB (guards are ours)."""
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.cases.findings import Kind
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.findings import Kind
 
     bad = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2, sizing="prefix"), Batch((8, 8), (0, 1)))
     kinds = {f.kind for f in make_session().check(bad)}
@@ -192,7 +192,7 @@ def test_guard_writes_are_left_to_the_canaries(make_session):
 @pytest.mark.parametrize("mode,layout,page_size,topk", [("graph", "redzone", 1, 3), ("eager", "production", 4, 2),
                                                           ("graph", "production", 16, 1)])
 def test_reference_is_clean_under_the_audit(make_session, mode, layout, page_size, topk):
-    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.contracts.draft.case import Batch, Case, Config
 
     config = Config(topk=topk, num_steps=3, page_size=page_size, ctx=40, max_bs=3, mode=mode, layout=layout)
     session = make_session()
@@ -203,9 +203,9 @@ def test_reference_is_clean_under_the_audit(make_session, mode, layout, page_siz
 
 
 def test_audit_can_be_turned_off(make_session):
-    from kvfence.running.audit import resolve_audit
+    from kvfence.engine.audit import resolve_audit
     from kvfence.errors import BadInput
-    from kvfence.cases.findings import Kind
+    from kvfence.engine.findings import Kind
 
     kinds = {f.kind for f in make_session(OTHER_ROW, audit=False).check(long_case(OTHER_ROW))}
     assert Kind.VALUE_MISMATCH in kinds and Kind.OOB_READ not in kinds
@@ -225,10 +225,10 @@ def test_cli_fuzz_of_the_row_past_end_kernel_exits_1_without_a_crash(tmp_path):
 
 def test_cli_no_audit_flag_turns_it_off(tmp_path, monkeypatch):
     from kvfence import cli
-    from kvfence.workflow.worker import RemoteSession
+    from kvfence.engine.worker import RemoteSession
 
     made = []  # the checking worker's options carry the audit setting (the draft record's worker_options)
-    monkeypatch.setattr("kvfence.workflow.worker.RemoteSession.__init__",
+    monkeypatch.setattr("kvfence.engine.worker.RemoteSession.__init__",
                         lambda self, *a, _init=RemoteSession.__init__, **kw: (_init(self, *a, **kw),
                                                                                made.append(self._options["audit"]))[0])
     common = ["fuzz", "--device", "cpu", "--max-examples", "3", "--seed", "1", "--quiet", "--out", str(tmp_path / "o")]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvfence.cases import casefile
-from kvfence.cases.case import Batch, Case, Config
+from kvfence.engine import casefile
+from kvfence.contracts.draft.case import Batch, Case, Config
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZINGS = ROOT / "tests" / "targets" / "sizings.py"

@@ -1,14 +1,14 @@
 """Budgets hold when every case is hard: a run whose every case crashes ends within one worker restart of
-its budget (``kvfence.workflow.fuzz``: the one-case re-runs after a crash stop once the budget is spent)."""
+its budget (``kvfence.engine.loop``: the one-case re-runs after a crash stop once the budget is spent)."""
 
 import time
 
 from hypothesis import strategies as hst
 
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.findings import Finding, Kind
-from kvfence.workflow.fuzz import fuzz
-from kvfence.workflow.keepgoing import fuzz_keep_going
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.findings import Finding, Kind
+from kvfence.engine.loop import fuzz
+from kvfence.engine.keepgoing import fuzz_keep_going
 
 CONFIG = Config(topk=1, num_steps=1, page_size=1, ctx=64, max_bs=1)
 #: One example: 32 batches of one config, every one of which kills the worker.
@@ -16,7 +16,7 @@ EXAMPLE = [Case(CONFIG, Batch((length,), (0,), 0)) for length in range(1, 33)]
 
 
 class EveryCaseCrashes:
-    """A checking worker (``kvfence.workflow.worker.RemoteSession``'s ``check_many`` contract) whose every
+    """A checking worker (``kvfence.engine.worker.RemoteSession``'s ``check_many`` contract) whose every
     case (``crashes(case)``: by default every one) kills it: the list dies, then each case re-runs alone
     and dies too, each death a restart of ``RESTART_S``; ``enough`` stops the re-runs as the real one does.
     With ``one_at_a_time`` each case goes in a message of its own from the start (no list death)."""

@@ -1,6 +1,6 @@
 """The fast structural generator: ``case_runs(bulk=N)`` draws the bulk of an example's batches with the
-batch draw code fed by a seeded PRNG (``kvfence.strategies.FastDraw``), and every failure it finds is
-spliced back into a Hypothesis example and shrunk there (``kvfence.workflow.fuzz``).
+batch draw code fed by a seeded PRNG (``kvfence.contracts.draft.strategies.FastDraw``), and every failure it finds is
+spliced back into a Hypothesis example and shrunk there (``kvfence.engine.loop``).
 
 No kernel runs here except in the command-line tests (tiny configs under the interpreter); the rest
 checks the strategies through Hypothesis's own choice replay and the fuzz loop through stub sessions.
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.internal.conjecture.data import ConjectureData
 
-from kvfence.cases.findings import Finding, Kind
+from kvfence.engine.findings import Finding, Kind
 from kvfence.errors import BadInput
-from kvfence.strategies import (FAST_SPEC, CaseRun, FastDraw, UnregisteredStrategy, _draw_batch, case_runs, configs,
+from kvfence.contracts.draft.strategies import (FAST_SPEC, CaseRun, FastDraw, UnregisteredStrategy, _draw_batch, case_runs, configs,
                                 draw_batch, seq_len_bound)
-from kvfence.cases import contract as contracts
-from kvfence.workflow.fuzz import SPLICE_REPLAYED, config_key, fuzz, read_key, structure_key
+from kvfence import contract as contracts
+from kvfence.engine.loop import SPLICE_REPLAYED, config_key, fuzz, read_key, structure_key
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16)
@@ -206,7 +206,7 @@ def test_a_splice_hypothesis_does_not_replay_is_reported_unshrunk(monkeypatch):
     result = _fuzz(PlantedStub(), 64)
     assert result.bulk_splice.startswith("the first failure (a bulk case) is reported unshrunk")
     assert PlantedStub.RARE in result.case.batch.seq_lens and result.findings and result.shrink_cut
-    from kvfence.reports import summary
+    from kvfence.engine import summary
 
     doc = summary.build(result, run={}, case_path="c.json")
     replayed = dict(doc, bulk_splice=SPLICE_REPLAYED)
@@ -235,8 +235,8 @@ def test_an_example_is_checked_up_to_its_first_failing_chunk():
     passes and every case needs its verdict. The failing case is the same either way."""
     from hypothesis import strategies as hst
 
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.workflow.fuzz import BULK_CHECK_CHUNK
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.loop import BULK_CHECK_CHUNK
 
     config = Config(topk=1, num_steps=1, page_size=1, ctx=1024, max_bs=1)
     run = CaseRun([Case(config, Batch((length,), (0,), 0)) for length in range(1, 902)])
@@ -270,8 +270,8 @@ def test_the_time_budget_holds_within_one_chunk_when_every_case_is_slow():
 
     from hypothesis import strategies as hst
 
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.workflow.fuzz import CHUNK_TARGET_S
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.loop import CHUNK_TARGET_S
 
     config = Config(topk=1, num_steps=1, page_size=1, ctx=1024, max_bs=1)
     run = CaseRun([Case(config, Batch((length,), (0,), 0)) for length in range(1, 902)])
@@ -303,7 +303,7 @@ def test_the_bulk_never_launches_a_structure_the_run_has_verified():
 
 
 def test_bulk_counts_reach_the_summary():
-    from kvfence.reports import summary
+    from kvfence.engine import summary
 
     result = _fuzz(CleanStub(), 16, max_examples=10)
     doc = summary.build(result, run={}, case_path=None)

@@ -1,4 +1,4 @@
-"""Campaigns beyond one process (kvfence.workflow.campaign): the example database, its key, shards.
+"""Campaigns beyond one process (kvfence.engine.campaign): the example database, its key, shards.
 
 The replay tests run real ``python -m kvfence fuzz`` processes one after another against one database
 (a directory, and a real ``redis-server`` when it is installed): the first finds the seed's bug, the
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from kvfence.workflow import campaign
-from kvfence.cases import contract as contracts
-from kvfence.cases.plan import RunPlan
+from kvfence.engine import campaign
+from kvfence import contract as contracts
+from kvfence.engine.plan import RunPlan
 from kvfence.errors import BadInput
-from kvfence.cases.domain import CPU, GPU
-from kvfence.strategies import configs
+from kvfence.contracts.draft.domain import CPU, GPU
+from kvfence.contracts.draft.strategies import configs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The draft kernel's shard cells (its record's ``shard_fields``) on the CPU domain.
@@ -151,8 +151,8 @@ def test_gpu_domain_cells_are_dealt_too():
 
 
 def test_cells_that_exceed_the_memory_budget_are_left_out_and_counted():
-    from kvfence.cases.budget import estimate_bytes
-    from kvfence.cases.case import Config
+    from kvfence.contracts.draft.budget import estimate_bytes
+    from kvfence.contracts.draft.case import Config
 
     # A budget that the smallest topk-8 config exceeds but the smallest topk-1 config fits.
     small = estimate_bytes(Config(topk=1, num_steps=1, page_size=1, ctx=2, max_bs=1))
@@ -217,7 +217,7 @@ def test_the_key_separates_kernels_sizings_and_domains_and_nothing_else():
 
 
 def test_the_key_is_the_same_in_another_process():
-    code = ("from kvfence.workflow.campaign import database_key; print(database_key(kernel='reference', sizing='prefix', "
+    code = ("from kvfence.engine.campaign import database_key; print(database_key(kernel='reference', sizing='prefix', "
             "domain={'mode': 'graph', 'shard': None}).hex())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT),
                          PYTHONHASHSEED="123"), capture_output=True, text=True, timeout=120, check=True)
@@ -269,7 +269,7 @@ def test_a_directory_database_replays_the_first_runs_failure(tmp_path):
 def _assert_first_examples(doc: dict) -> None:
     """``first_examples``: the explored examples in order up to ``FIRST_EXAMPLES_KEPT``, the failing one
     last when it came within them, each checked after it began, with the config it drew."""
-    from kvfence.workflow.fuzz import EXAMPLE_WORK, FIRST_EXAMPLES_KEPT
+    from kvfence.engine.loop import EXAMPLE_WORK, FIRST_EXAMPLES_KEPT
 
     rows = doc["first_examples"]
     assert [r["example"] for r in rows] == list(range(1, min(doc["examples"], FIRST_EXAMPLES_KEPT) + 1))

@@ -1,4 +1,4 @@
-"""A CUDA graph capture with Python's cyclic collector held off (kvfence.running.capture).
+"""A CUDA graph capture with Python's cyclic collector held off (kvfence.engine.capture).
 
 A collection inside a capture can free a captured graph kept in a reference cycle; destroying it is a CUDA call
 not permitted while a stream captures, and CUDA invalidates the capture in progress. The H200 suite failed
@@ -11,8 +11,8 @@ import contextlib
 import gc
 import types
 
-import kvfence.running.runner as runner_module
-from kvfence.running.runner import capture_graph
+import kvfence.contracts.draft.runner as runner_module
+from kvfence.contracts.draft.runner import capture_graph
 
 
 def _stand_in_cuda(events):
@@ -54,11 +54,11 @@ def test_capture_graph_leaves_a_disabled_collector_disabled(monkeypatch):
 
 
 def test_a_table_contract_launch_captures_with_the_collector_paused(monkeypatch):
-    """The table contracts' graph launch (``kvfence.running.tables.launch``): warm-up, capture, replay."""
+    """The table contracts' graph launch (``kvfence.engine.tables.launch``): warm-up, capture, replay."""
     import torch
 
-    from kvfence.cases.contract import Table
-    from kvfence.running import tables
+    from kvfence.contract import Table
+    from kvfence.engine import tables
 
     events = []
     for name, value in vars(_stand_in_cuda(events)).items():

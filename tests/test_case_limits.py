@@ -3,8 +3,8 @@ before anything is computed or allocated."""
 
 import pytest
 
-from kvfence.cases import oracle
-from kvfence.cases.case import MAX_POOL_BYTES, Config
+from kvfence.contracts.draft import oracle
+from kvfence.contracts.draft.case import MAX_POOL_BYTES, Config
 from kvfence.errors import BadInput
 
 

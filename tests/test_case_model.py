@@ -5,11 +5,11 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from kvfence.cases.case import Batch, Case, Config, slot_id
+from kvfence.contracts.draft.case import Batch, Case, Config, slot_id
 from kvfence.errors import BadInput
-from kvfence.running.guarded import POISON, GuardedBuffer, canary_values
-from kvfence.running.runner import slot_table
-from kvfence.strategies import batches, cases, configs, seq_len_bound
+from kvfence.contracts.draft.guarded import POISON, GuardedBuffer, canary_values
+from kvfence.contracts.draft.runner import slot_table
+from kvfence.contracts.draft.strategies import batches, cases, configs, seq_len_bound
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -127,9 +127,9 @@ def test_a_failure_that_needs_two_requests_shrinks_to_two_not_to_a_full_batch():
     needs two requests (a stray store from the second request, which kills the worker) then shrinks to
     two requests on every seed, not to the full batch the tier gave (the count drawn first shrank to 1
     under a full tier, stranding 2 of 10 seeds at four requests)."""
-    from kvfence.cases.findings import Finding, Kind
-    from kvfence.strategies import case_runs
-    from kvfence.workflow.fuzz import fuzz
+    from kvfence.engine.findings import Finding, Kind
+    from kvfence.contracts.draft.strategies import case_runs
+    from kvfence.engine.loop import fuzz
 
     class CrashesFromTwoRequests:
         stats: dict = {}

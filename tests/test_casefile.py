@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvfence.cases import casefile
-from kvfence.cases.case import Batch, Case, Config
+from kvfence.engine import casefile
+from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.errors import BadInput
-from kvfence.cases.findings import Kind
+from kvfence.engine.findings import Kind
 
 
 def prefix_case(seq_lens=(3,), rows=(1,), token_seed=5, **kw):

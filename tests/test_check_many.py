@@ -12,9 +12,9 @@ from unittest import mock
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import kvfence.verifying.device_verify as device_verify
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.verifying.session import Session
+import kvfence.contracts.draft.device_verify as device_verify
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.session import Session
 
 BAD = Path(__file__).parent / "targets" / "bad_writes.py"
 #: Dirty exactly in launches of more than two requests (bucket 4 here): a stray store into the tail guard.
@@ -113,10 +113,10 @@ def test_every_failure_fuzzing_reports_on_the_batched_path_replays_with_repro(de
 
     from hypothesis import strategies as hst
 
-    from kvfence.cases.casefile import write_case
-    from kvfence.strategies import case_runs
-    from kvfence.workflow.fuzz import fuzz
-    from kvfence.workflow.repro import run_repro
+    from kvfence.engine.casefile import write_case
+    from kvfence.contracts.draft.strategies import case_runs
+    from kvfence.engine.loop import fuzz
+    from kvfence.engine.repro import run_repro
 
     session = Session(device, BUCKET_DIRTY, verifier="device")
     result = fuzz(session, case_runs(hst.just(CONFIG), kernel=BUCKET_DIRTY, max_batches=8), max_examples=40,

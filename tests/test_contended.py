@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.findings import Kind
-from kvfence.verifying.fastcheck import expected_writes_torch
-from kvfence.verifying.session import Session
-from kvfence.verifying.verdict import check, expected_from_oracle
-from kvfence.workflow import compare
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.findings import Kind
+from kvfence.contracts.draft.fastcheck import expected_writes_torch
+from kvfence.contracts.draft.session import Session
+from kvfence.contracts.draft.verdict import check, expected_from_oracle
+from kvfence.contracts.draft import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 SPILLS = ROOT / "tests" / "targets" / "spills.py"
@@ -22,7 +22,7 @@ SPILLS = ROOT / "tests" / "targets" / "spills.py"
 #: so rows 1 and 2 spill 2 and 5 elements into rows 2 and 3, and row 3 spills 8 into the tail guard.
 SPILL_CASE = Case(Config(topk=1, num_steps=4, page_size=2, ctx=24, max_bs=3, buckets=(1, 2, 3),
                          layout="production", mode="graph",
-                         sizing=f"{ROOT / 'kernels' / 'mutants' / 'sizing_one_request.py'}:row_width"),
+                         sizing=f"{ROOT / 'kernels' / 'draft' / 'mutants' / 'sizing_one_request.py'}:row_width"),
                   Batch((14, 5, 5), (2, 3, 0), 450), "reference")
 HOST_KNOWN = ("SIZING_VIOLATION", "kv_indices", "row 3", 28, 36)
 TAIL = ("GUARD_OVERWRITE", "kv_indices", "tail", 0, 8)

@@ -1,4 +1,4 @@
-"""A plug-in contract's kernel runs in a checking worker (kvfence.workflow.run.checker): a
+"""A plug-in contract's kernel runs in a checking worker (kvfence.engine.run.checker): a
 kernel that exits, aborts, raises KeyboardInterrupt or hangs is that case's CRASH or HANG finding, with a case
 file that ``repro`` replays the same way, never the end of the run or a silent exit 0. Each hostile kernel is
 paired with the correct one, which passes on the same engine. CPU: the interpreter runs a jit body as Python."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import contract as registry
+from kvfence import contract as registry
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
 
@@ -42,9 +42,9 @@ TOY_CASE_TIMEOUT = 5.0
 
 def _fuzz(kernel: str, *, max_examples: int, shrink_seconds: float = 0.0):
     """The toy contract fuzzed by the engine every run uses, its kernel in a checking worker."""
-    from kvfence.cases.plan import RunPlan
-    from kvfence.workflow import run as pipeline
-    from kvfence.workflow.fuzz import fuzz
+    from kvfence.engine.plan import RunPlan
+    from kvfence.engine import run as pipeline
+    from kvfence.engine.loop import fuzz
 
     plan = RunPlan(contract="toy-copy", kernel=kernel, max_examples=max_examples, seed=0,
                    case_timeout=TOY_CASE_TIMEOUT, shrink_seconds=shrink_seconds)
@@ -60,7 +60,7 @@ def _fuzz(kernel: str, *, max_examples: int, shrink_seconds: float = 0.0):
 def test_a_kernel_that_ends_or_stalls_its_process_is_a_finding_of_its_case(toy, how, kind, detail):
     """The toy contract's hostile kernels misbehave only on a request of length 3: the run goes on, and the
     failing case is one holding that request, named by the kind and the way the worker ended."""
-    from kvfence.workflow.fuzz import damage_kinds
+    from kvfence.engine.loop import damage_kinds
 
     result = _fuzz(f"{TOY / 'hostile_toy_kernels.py'}:{how}", max_examples=50, shrink_seconds=1)
     headlines = [f.headline() for f in result.findings]

@@ -1,4 +1,4 @@
-"""Contracts as plug-ins (kvfence.cases.contract) on the one engine every run uses (kvfence.workflow.fuzz, run,
+"""Contracts as plug-ins (kvfence.contract) on the one engine every run uses (kvfence.engine.loop, run,
 worker, casefile, repro), instantiated for every registered contract with planted patches: the reference is
 clean under its safe sizing, every planted mutant is caught by a finding of a kind it declares, case files
 replay as printed, bad input is one line and exit 2.
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import contract as registry
-from kvfence.contracts.page_table import FLASHMLA, TRTLLM_MHA, PageTableCase, page_ids, slot_table
+from kvfence import contract as registry
+from kvfence.contracts.page_table.record import FLASHMLA, TRTLLM_MHA, PageTableCase, page_ids, slot_table
 from kvfence.errors import BadInput
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = registry.names()
-#: The contracts whose planted mutants are patches of their kernel (the draft family's are kernels/mutants/,
+#: The contracts whose planted mutants are patches of their kernel (the draft family's are kernels/draft/mutants/,
 #: self-tested by tests/test_mutants.py).
 PATCHED = [name for name in CONTRACTS if registry.get(name).planted_from_patches]
 
@@ -61,7 +61,7 @@ def test_oracle_hand_worked_example():
 @pytest.mark.parametrize("name", PATCHED)
 def test_reference_clean_and_every_mutant_caught_by_a_declared_kind(name):
     """The self-test on one seed, a small budget: the paired buggy/correct check of every mutant."""
-    from kvfence.workflow.mutants import contract_self_test
+    from kvfence.selftest.mutants import contract_self_test
 
     report = contract_self_test(registry.get(name), "cpu", seeds=[0], max_examples=60)
     rows = {r["name"]: r for r in report["rows"]}
@@ -76,8 +76,8 @@ def test_reference_clean_and_every_mutant_caught_by_a_declared_kind(name):
 def test_a_write_past_the_row_is_a_guard_overwrite_and_an_unwritten_page_missing(tmp_path):
     """The verdict on hand-made damage: the kernel's output replaced by a launch that writes one page past
     the row and leaves another page unwritten."""
-    from kvfence.running import tables as guarded
-    from kvfence.verifying.tables import verdict
+    from kvfence.engine import tables as guarded
+    from kvfence.engine.verdict import verdict
 
     case = PageTableCase(1, 3, 0, (3,), (0,), 1, None, False, 0)
     buffers = guarded.allocate_all(FLASHMLA.tables(case, 2), "cpu")
@@ -152,7 +152,7 @@ def _fake_wheel(folder: Path, version: str, path: str, source: str) -> None:
 def test_a_release_kernel_is_extracted_as_data_and_a_different_signature_is_one_line(tmp_path):
     """A wheel whose module defines the kernel (here kvfence's own text) runs under the contract; one whose
     signature differs is refused in one line, exit 2."""
-    ours = (ROOT / "kernels" / "trtllm_mha_page_table.py").read_text()
+    ours = (ROOT / "kernels" / "page_table" / "trtllm_mha_page_table.py").read_text()
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     _fake_wheel(wheels, "9.9.1", "sglang/kernels/ops/attention/trtllm_mha_page_table.py", ours)
@@ -180,8 +180,8 @@ def test_the_verdict_visiting_changed_and_defined_elements_equals_the_walk_over_
 
     from hypothesis import HealthCheck, given, settings
 
-    from kvfence.running import tables as guarded
-    from kvfence.verifying.tables import clean, verdict
+    from kvfence.engine import tables as guarded
+    from kvfence.engine.verdict import clean, verdict
 
     outcomes = set()
 
@@ -221,10 +221,10 @@ def test_a_contract_from_outside_kvfence_runs_on_the_engine(monkeypatch):
     """Two files in another folder, registered as an entry point would register them: the engine every run
     uses fuzzes it in a checking worker, shrinks a sizing failure, and its mutant is caught while its
     reference passes."""
-    from kvfence.cases.plan import RunPlan
-    from kvfence.workflow import run as pipeline
-    from kvfence.workflow.fuzz import damage_kinds, fuzz
-    from kvfence.workflow.mutants import contract_self_test
+    from kvfence.engine.plan import RunPlan
+    from kvfence.engine import run as pipeline
+    from kvfence.engine.loop import damage_kinds, fuzz
+    from kvfence.selftest.mutants import contract_self_test
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures" / "toy_contract"))
     monkeypatch.setitem(registry._entry_points(), "toy-copy", "toy_contract:TOY")
@@ -265,7 +265,7 @@ def test_fa3_metadata_oracle_hand_worked_example():
     """Page 16, delta 2 (target verify's draft tokens), lengths 30 and 14, rows 2 pages wide: published lengths
     32 and 16, prefix sums 0, 32, 48; row 0 holds its 2 pages (32 tokens fit exactly), row 1 its 1 page, then
     zeros with ZERO_TAIL; under a 1-page table row 0's published length needs 2 pages: PUBLISHED_PAST_TABLE."""
-    from kvfence.contracts.fa3_metadata import FA3_METADATA, MetadataCase
+    from kvfence.contracts.fa3_metadata.record import FA3_METADATA, MetadataCase
 
     case = MetadataCase(16, 32, 2, (30, 14), (1, 0), 2, True, False, 3)
     slots = slot_table(case.slots)
@@ -284,9 +284,9 @@ def test_fa3_draws_reach_both_edges_often_on_the_gpu_domain():
     clamp shows in the guard), and ZERO_TAIL on a row shorter than the table (its zeros are checked)."""
     from hypothesis import given, settings
 
-    from kvfence.contracts.fa3_metadata import _pages
-    from kvfence.contracts.page_table import BLOCK_TOKENS, PAGE_SIZES
-    from kvfence.strategies.fa3_metadata import fa3_metadata_cases
+    from kvfence.contracts.fa3_metadata.record import _pages
+    from kvfence.contracts.page_table.record import BLOCK_TOKENS, PAGE_SIZES
+    from kvfence.contracts.fa3_metadata.strategies import fa3_metadata_cases
 
     drawn = []
 
@@ -296,7 +296,7 @@ def test_fa3_draws_reach_both_edges_often_on_the_gpu_domain():
         drawn.append(fields)
 
     draw()
-    from kvfence.contracts.fa3_metadata import MetadataCase
+    from kvfence.contracts.fa3_metadata.record import MetadataCase
 
     cases = [MetadataCase(**f).validate() for f in drawn]
     context_row = lambda c: -(-c.ctx // c.page_size)  # noqa: E731 - the "context" sizing's width
@@ -314,12 +314,12 @@ def test_fa3_self_test_search_reaches_both_edges_in_every_seed_of_the_gpu_domain
     example is the simplest wall launch), and ZERO_TAIL on a row shorter than the table (``zero_tail_ignored``)
     in all but at most one. With the scenarios one in three each and ``any`` first, an H200 sitting missed the
     first in 2 seeds of 20, and this search missed it in seeds 8 and 27 of these 40."""
-    from kvfence.cases import contract as registry
-    from kvfence.cases.findings import Finding, Kind
-    from kvfence.cases.plan import RunPlan
-    from kvfence.contracts.fa3_metadata import _pages
-    from kvfence.workflow import run as pipeline
-    from kvfence.workflow.fuzz import fuzz
+    from kvfence import contract as registry
+    from kvfence.engine.findings import Finding, Kind
+    from kvfence.engine.plan import RunPlan
+    from kvfence.contracts.fa3_metadata.record import _pages
+    from kvfence.engine import run as pipeline
+    from kvfence.engine.loop import fuzz
 
     record = registry.get("fa3-decode-metadata")
     spills = lambda c, width: (not c.zero_tail and not c.skip_page_table  # noqa: E731
@@ -347,7 +347,7 @@ def test_fa3_self_test_search_reaches_both_edges_in_every_seed_of_the_gpu_domain
     assert reached["spill"] == 40 and reached["short_row"] >= 39, reached
 
 
-# -- shipped sizing of the plug-in contracts (kvfence.cases.contract_shipped) ---------------------------------------
+# -- shipped sizing of the plug-in contracts (kvfence.release.contract_shipped) ---------------------------------------
 _BACKEND = '''
 class TRTLLMHAAttnBackend(Base):
     def __init__(self, model_runner):
@@ -367,7 +367,7 @@ _ADMISSION = {"sglang/srt/managers/tp_worker.py": "def get_worker_info(self):\n 
 
 
 def _release(folder: Path, version: str, width: str) -> None:
-    ours = (ROOT / "kernels" / "trtllm_mha_page_table.py").read_text()
+    ours = (ROOT / "kernels" / "page_table" / "trtllm_mha_page_table.py").read_text()
     files = dict(_ADMISSION, **{"sglang/kernels/ops/attention/trtllm_mha_page_table.py": ours,
                                 "sglang/srt/layers/attention/trtllm_mha_backend.py": _BACKEND.format(WIDTH=width)})
     with zipfile.ZipFile(folder / f"sglang-{version}-py3-none-any.whl", "w") as zf:
@@ -380,7 +380,7 @@ def test_a_shipped_site_is_read_from_the_wheel_with_its_lines_and_a_missing_text
     scheduler's bound gives the longest length a verify starts from; a text a release lacks is 'not found'."""
     import tempfile
 
-    from kvfence.cases import contract_shipped as cs
+    from kvfence.release import contract_shipped as cs
 
     with tempfile.TemporaryDirectory() as tmp:
         _release(Path(tmp), "9.9.3", "(self.max_context_len + self.page_size - 1) // self.page_size")
@@ -435,7 +435,7 @@ def test_shipped_matrix_cell_rests_on_the_release_kernel_and_its_witness_replays
 
 def test_the_self_test_reports_each_row_as_it_ends_so_a_cut_run_keeps_them():
     """``on_row`` gets the report after every row, incomplete and never passed until the last."""
-    from kvfence.workflow.mutants import contract_self_test
+    from kvfence.selftest.mutants import contract_self_test
 
     seen = []
     final = contract_self_test(registry.get("fa3-decode-metadata"), "cpu", seeds=range(2), max_examples=10,
@@ -496,8 +496,8 @@ class TRTLLMMLABackend(Base):
 def test_a_method_helper_with_a_branch_is_read_as_a_conditional_formula(tmp_path):
     """TRTLLM-MLA's padded width: a method of assignments, an ``if`` and a return, a module constant, a wheel
     helper and ``math.lcm``; the formula is the release's arithmetic, checked at three points."""
-    from kvfence.cases import contract_shipped as cs
-    from kvfence.cases import shipped
+    from kvfence.release import contract_shipped as cs
+    from kvfence.release import shipped
 
     wheel = tmp_path / "sglang-9.9.8-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:

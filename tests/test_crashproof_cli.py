@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import casefile
+from kvfence.engine import casefile
 
-from kvfence.running import journal
-from kvfence.cases.findings import Kind
+from kvfence.engine import journal
+from kvfence.engine.findings import Kind
 
 pytestmark = pytest.mark.cpu_only  # the plug-ins crash or stall the interpreter's process on purpose
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import casefile
-from kvfence.cases.findings import Kind
+from kvfence.engine import casefile
+from kvfence.engine.findings import Kind
 
 pytestmark = pytest.mark.cpu_only
 

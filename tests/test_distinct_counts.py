@@ -1,17 +1,17 @@
 """Rates that count new coverage: ``structural_cases`` counts distinct structures (config and lengths:
 what changes where the kernel writes), pool-row variants (``read_variant_cases``) and token-table
 variants of a structure are counted apart, and a merge of several jobs counts structures, read
-variants and configs distinct across all of them (``kvfence.reports.summary.merge``), not summed."""
+variants and configs distinct across all of them (``kvfence.engine.summary.merge``), not summed."""
 
 import pytest
 
 from hypothesis import strategies as st
 
-from kvfence.cases.case import Config
-from kvfence.reports import summary
-from kvfence.strategies import case_runs, configs
-from kvfence.cases import contract as contracts
-from kvfence.workflow.fuzz import config_key, fuzz, structure_key
+from kvfence.contracts.draft.case import Config
+from kvfence.engine import summary
+from kvfence.contracts.draft.strategies import case_runs, configs
+from kvfence import contract as contracts
+from kvfence.engine.loop import config_key, fuzz, structure_key
 
 
 class CleanStub:
@@ -86,8 +86,8 @@ def test_structure_keys_are_the_same_in_every_process(case):
     import subprocess
     import sys
 
-    code = ("from kvfence.cases import contract as contracts; from kvfence.cases.case import Batch, Case, Config; "
-            "from kvfence.workflow.fuzz import config_key, structure_key; "
+    code = ("from kvfence import contract as contracts; from kvfence.contracts.draft.case import Batch, Case, Config; "
+            "from kvfence.engine.loop import config_key, structure_key; "
             "PageTableCase = type(contracts.get('flashmla-page-table').wall_case(64, 16, 2, 3)); "
             f"x = {case}; r = contracts.of(x); "
             "print(structure_key(config_key(r.config_of(x)), r.structure_of(x)))")

@@ -1,12 +1,12 @@
 """docs/contract.md is the one statement of the contract: its finding-kind table equals
-``kvfence.cases.findings.Kind``, and every ``docs/contract.md §N`` citation in the repository names a section
+``kvfence.engine.findings.Kind``, and every ``docs/contract.md §N`` citation in the repository names a section
 that exists (no citation points at the old out-of-repo spec file)."""
 
 import os
 import re
 from pathlib import Path
 
-from kvfence.cases.findings import Kind
+from kvfence.engine.findings import Kind
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = ROOT / "docs" / "contract.md"

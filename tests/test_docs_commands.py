@@ -132,7 +132,7 @@ def test_every_documented_command_is_run_or_says_why_not():
 @pytest.fixture
 def project(tmp_path):
     """A scratch project holding the files the docs call the reader's own."""
-    kernel = (ROOT / "kernels" / "draft_kv_indices.py").read_text()
+    kernel = (ROOT / "kernels" / "draft" / "draft_kv_indices.py").read_text()
     for rel in ("path/to/my_kernel.py", "my_pkg/kernels.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(kernel)

@@ -173,7 +173,7 @@ def test_every_documented_command_uses_options_that_exist():
 
     from kvfence.cli import build_parser
 
-    from kvfence.workflow.affected import FLAGS as SGLANG_FLAGS
+    from kvfence.release.affected import FLAGS as SGLANG_FLAGS
 
     options = _options(build_parser())
     options[("affected",)] = options[("affected",)] | set(SGLANG_FLAGS)  # SGLang's flags, after the release
@@ -206,10 +206,10 @@ def test_every_documented_command_uses_options_that_exist():
 def _writer_fields(doc: dict):
     """``(writer, the top-level fields it emits today)`` for a results file written by one of kvfence's own
     JSON writers, recognised by the fields that only that writer emits; None for another writer's file."""
-    from kvfence.reports import summary
-    from kvfence.workflow.compare import Comparison
-    from kvfence.workflow.fuzz import FuzzResult
-    from kvfence.workflow.mutants import SelfTest
+    from kvfence.engine import summary
+    from kvfence.contracts.draft.compare import Comparison
+    from kvfence.engine.loop import FuzzResult
+    from kvfence.selftest.mutants import SelfTest
 
     if summary.MARKER in doc:
         one = summary.build(FuzzResult(), run={}, case_path=None)
@@ -242,8 +242,8 @@ def test_each_quoted_results_file_has_every_field_its_writer_emits_today():
 
 
 def test_the_freshness_check_sees_a_file_written_before_a_field():
-    from kvfence.reports import summary
-    from kvfence.workflow.fuzz import FuzzResult
+    from kvfence.engine import summary
+    from kvfence.engine.loop import FuzzResult
 
     doc = summary.build(FuzzResult(), run={}, case_path=None)
     writer, fields = _writer_fields(doc)

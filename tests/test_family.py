@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvfence.cases import casefile
-from kvfence.cases import contract as contracts
-from kvfence.cases.case import Batch, Case, Config, req_to_token_rows, table_entry, v2p_table
+from kvfence.engine import casefile
+from kvfence import contract as contracts
+from kvfence.contracts.draft.case import Batch, Case, Config, req_to_token_rows, table_entry, v2p_table
 from kvfence.errors import BadInput
-from kvfence.verifying.fastcheck import expected_writes_torch
-from kvfence.verifying.verdict import expected_from_oracle
-from kvfence.strategies import batches, cases, configs
+from kvfence.contracts.draft.fastcheck import expected_writes_torch
+from kvfence.contracts.draft.verdict import expected_from_oracle
+from kvfence.contracts.draft.strategies import batches, cases, configs
 from tests.test_scale import _draw_all
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
-#: The draft kernel's record (kvfence.contracts.draft): the §6 draws as a run plan makes them.
+#: The draft kernel's record (kvfence.contracts.draft.record): the §6 draws as a run plan makes them.
 DRAFT = contracts.get("draft")
 LAUNCHER = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:_reference"
 UPSTREAM_CACHE = Path(os.environ.get("KVFENCE_TEST_UPSTREAM_CACHE", "/work/main/upstream-cache"))
@@ -64,8 +64,8 @@ def test_defaults_are_todays_config_and_old_case_files_load():
 
 
 def pool_and_oracle_are_classic(case):
-    from kvfence.cases import oracle
-    from kvfence.cases.case import slot_id
+    from kvfence.contracts.draft import oracle
+    from kvfence.contracts.draft.case import slot_id
 
     c, lb = case.config, case.launch()
     rows = [[slot_id(case.batch.token_seed, r * c.pool_len + t) for t in range(c.pool_len)] for r in range(c.pool_rows)]
@@ -104,7 +104,7 @@ def test_page_granular_rows_and_the_virtual_table():
 def test_the_drawn_page_table_has_negative_sink_and_far_pages_and_shrinks_to_the_identity():
     import torch
 
-    from kvfence.running.runner import v2p_tensor
+    from kvfence.contracts.draft.runner import v2p_tensor
 
     config = Config(topk=2, num_steps=2, page_size=2, ctx=40, max_bs=4, translate=True)
     assert v2p_table(config, 0) == list(range(config.v2p_pages))
@@ -114,7 +114,7 @@ def test_the_drawn_page_table_has_negative_sink_and_far_pages_and_shrinks_to_the
     assert any(p * config.page_size >= 2**30 for p in table)  # far pages
     assert all(p * config.page_size + config.page_size - 1 < 2**31 for p in table)
     assert v2p_tensor(config, 77, "cpu").tolist() == table and v2p_tensor(config, 0, "cpu").tolist() == v2p_table(config, 0)
-    from kvfence.running.runner import slot_table
+    from kvfence.contracts.draft.runner import slot_table
 
     for c in (config, Config(topk=1, num_steps=1, entry_page_size=8)):
         flat = slot_table(5, c.pool_rows, c.pool_cols, "cpu", c).view(-1).tolist()
@@ -154,7 +154,7 @@ def test_rail_padding_segments_overlap_and_both_builders_agree(make_session):
     assert ew.either and all(len(v) == 2 for v in ew.either.values())
     assert make_session("reference").check(case) == []
     # Either value is accepted (a GPU may run the programs in any order); a third value is a finding.
-    from kvfence.verifying.verdict import check
+    from kvfence.contracts.draft.verdict import check
 
     (flat, values) = next(iter(ew.either.items()))
     for value, clean in ((values[0], True), (values[1], True), (12345, False)):
@@ -170,7 +170,7 @@ def test_rail_padding_segments_overlap_and_both_builders_agree(make_session):
     (LAUNCHER, dict(entry_page_size=2), "lacks ENTRY_PAGE_SIZE"),
 ])
 def test_a_kernel_without_the_parameters_is_refused_in_one_line(device, spec, fields, needle):
-    from kvfence.verifying.session import Session
+    from kvfence.contracts.draft.session import Session
 
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=1, **fields)
     with pytest.raises(BadInput) as err:
@@ -179,7 +179,7 @@ def test_a_kernel_without_the_parameters_is_refused_in_one_line(device, spec, fi
 
 
 def test_classic_kernels_get_no_family_draws_and_the_reference_gets_them():
-    from kvfence.cases.targets import kernel_capabilities
+    from kvfence.contracts.draft.targets import kernel_capabilities
 
     assert not kernel_capabilities(CLASSIC).family and not kernel_capabilities(LAUNCHER).family
     assert kernel_capabilities("reference").family
@@ -191,7 +191,7 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
     """--family: auto draws the §6 fields in every example on the CPU domain and in the GPU domain's
     share there (host-verified); on and off decide on both; on with a classic-ABI kernel is one-line bad
     input."""
-    from kvfence.cases.domain import GPU_FAMILY_SHARE
+    from kvfence.contracts.draft.domain import GPU_FAMILY_SHARE
 
     cpu = _plan(flag)
     gpu = cpu.with_(device="cuda", domain="gpu")
@@ -205,7 +205,7 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
 
 # -- sizing --------------------------------------------------------------------------------------------
 def test_window_policies_and_four_argument_plugins(tmp_path):
-    from kvfence.cases.targets import resolve_sizing
+    from kvfence.contracts.draft.targets import resolve_sizing
 
     plugin = tmp_path / "sizing_plugin.py"
     plugin.write_text("def four(n, topk, ctx, num_steps):\n    return n * topk * (ctx + num_steps)\n"
@@ -230,7 +230,7 @@ def test_window_need_is_clipped():
 
 # -- the device verifier's routing -----------------------------------------------------------------------
 def test_family_configs_are_verified_on_the_host_and_counted(device):
-    from kvfence.verifying.session import Session
+    from kvfence.contracts.draft.session import Session
 
     session = Session(device, "reference", verifier="device")
     classic = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2), Batch((5, 3), (0, 1)))
@@ -239,7 +239,7 @@ def test_family_configs_are_verified_on_the_host_and_counted(device):
     assert session.check(family) == []
     assert session.stats["host_verified_cases"] == 1 and session.stats["fast_clean"] == 1
     # The host path really checks: a kernel that drops the sinks is caught there.
-    from kvfence.workflow.mutants import kernel_spec
+    from kvfence.selftest.mutants import kernel_spec
 
     buggy = Session(device, kernel_spec("window_sinks_dropped"), verifier="device")
     sinks = Case(Config(topk=1, num_steps=1, ctx=8, max_bs=1, window_size=2, sink_size=1), Batch((6,), (0,)))
@@ -262,7 +262,7 @@ DETECTIONS = [  # mutant, config fields, batch (seq_lens), v2p_seed
 
 @pytest.mark.parametrize("mutant, fields, lens, v2p_seed", DETECTIONS, ids=[d[0] for d in DETECTIONS])
 def test_each_new_path_catches_its_bug_and_passes_the_reference(make_session, mutant, fields, lens, v2p_seed):
-    from kvfence.workflow.mutants import kernel_spec
+    from kvfence.selftest.mutants import kernel_spec
 
     fields = dict(dict(ctx=8, max_bs=2), **fields)
     config = Config(**fields)
@@ -307,11 +307,11 @@ def test_strategies_reach_every_new_path_and_stay_classic_without_family():
     assert seen == {"window<L", "window>=L", "sink>L", "E>1", "translate", "negative page"}
 
 
-# -- the GPU domain's share of §6 examples (kvfence.cases.domain: GPU_FAMILY_SHARE) ----------------------
+# -- the GPU domain's share of §6 examples (kvfence.contracts.draft.domain: GPU_FAMILY_SHARE) ----------------------
 def _plan(family: str, kernel: str = "reference", **changes):
     """The run plan of a ``fuzz`` command with ``--family`` set (nothing else pinned), checked by the draft
     record as the command checks it; ``changes``: other plan fields (device, domain, max_bytes, pins)."""
-    from kvfence.cases.plan import RunPlan
+    from kvfence.engine.plan import RunPlan
 
     pins = dict(changes.pop("pins", {}), family=family)
     plan = RunPlan(kernel=kernel, pins=pins, **changes)
@@ -323,8 +323,8 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
     """The plain GPU command's config strategy (``--family auto``): about one example in four is a §6
     config, each within the host verdict's 16 MiB, while the others keep production sizes; ``off``
     never draws a §6 field, ``on`` in every example, as before (a few draw every field at its default). No kernel runs."""
-    from kvfence.cases.budget import estimate_bytes
-    from kvfence.cases.domain import GPU_FAMILY_SHARE, HOST_VERDICT_MAX_BYTES
+    from kvfence.contracts.draft.budget import estimate_bytes
+    from kvfence.contracts.draft.domain import GPU_FAMILY_SHARE, HOST_VERDICT_MAX_BYTES
 
     gpu = dict(device="cuda", domain="gpu", max_bytes=4 << 30)
     auto = _draw_all(DRAFT.configs(_plan("auto", **gpu)), 600)
@@ -347,8 +347,8 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
 
 
 def test_pins_larger_than_the_bound_keep_the_share_at_the_smallest_config_they_allow():
-    from kvfence.cases.budget import estimate_bytes
-    from kvfence.cases.domain import HOST_VERDICT_MAX_BYTES
+    from kvfence.contracts.draft.budget import estimate_bytes
+    from kvfence.contracts.draft.domain import HOST_VERDICT_MAX_BYTES
 
     drawn = _draw_all(configs(domain="gpu", family="auto", ctx=131072, max_bs=256, topk=4, num_steps=5), 200)
     family = [c for c in drawn if c.is_family]
@@ -357,8 +357,8 @@ def test_pins_larger_than_the_bound_keep_the_share_at_the_smallest_config_they_a
 
 
 def test_family_examples_hold_few_batches_and_classic_ones_keep_theirs():
-    from kvfence.cases.domain import FAMILY_MAX_BATCHES
-    from kvfence.strategies import case_runs, family_batches
+    from kvfence.contracts.draft.domain import FAMILY_MAX_BATCHES
+    from kvfence.contracts.draft.strategies import case_runs, family_batches
 
     assert family_batches(Config(topk=1, num_steps=1, window_size=2), 32) == FAMILY_MAX_BATCHES
     assert family_batches(Config(topk=1, num_steps=1, contract="window-rail", window_size=2), 2) == 2
@@ -393,8 +393,8 @@ def _plain_gpu_strategy(kernel: str, family: str):
     interpreter), 4 batches per example."""
     import dataclasses
 
-    from kvfence.cases.domain import CPU, GPU
-    from kvfence.strategies import case_runs, configs
+    from kvfence.contracts.draft.domain import CPU, GPU
+    from kvfence.contracts.draft.strategies import case_runs, configs
 
     plan = _plan(family, pins=dict(topk=1, num_steps=2, page_size=1, max_bs=2))
     narrowed = dataclasses.replace(GPU, max_ctx=CPU.max_ctx)
@@ -406,8 +406,8 @@ def test_the_plain_gpu_domain_strategy_now_catches_a_family_mutant_and_the_refer
     """A §6 mutant (page-granular rows read without ``+ p mod E``) under the GPU domain's draws
     (``--family auto``): caught, by a kind it declares, in a §6 config of the share; unreachable with
     ``--family off``; the reference is clean under the same draws."""
-    from kvfence.workflow.fuzz import damage_kinds, fuzz
-    from kvfence.workflow.mutants import discover
+    from kvfence.engine.loop import damage_kinds, fuzz
+    from kvfence.selftest.mutants import discover
 
     (m,) = discover(names=["entry_page_no_offset"])
 
@@ -460,7 +460,7 @@ def test_fuzz_the_rail_with_a_sizing_bug_finds_it_and_the_fix_is_clean(tmp_path)
                     reason="no extracted sglang 0.5.23 (python -m kvfence upstream fetch 0.5.23)")
 @pytest.mark.parametrize("attr, contract", [("", "draft"), (":generate_draft_decode_window_kv_indices", "window-rail")])
 def test_sglang_0_5_23_is_clean_on_the_family(device, monkeypatch, attr, contract):
-    from kvfence.verifying.session import Session
+    from kvfence.contracts.draft.session import Session
 
     monkeypatch.setenv("KVFENCE_CACHE", str(UPSTREAM_CACHE))
     monkeypatch.setenv("KVFENCE_OFFLINE", "1")

@@ -9,14 +9,14 @@ import triton
 import triton.language as tl
 from hypothesis import assume, given, settings, strategies as st
 
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.verifying.device_verify import DeviceVerifier
-from kvfence.verifying.fastcheck import expected_writes_torch
-from kvfence.cases.findings import Kind
-from kvfence.verifying.session import Session
-from kvfence.verifying.verdict import expected_from_oracle
-from kvfence.kernels.verify.slots import slot_ids
-from kvfence.strategies import batches, configs
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.device_verify import DeviceVerifier
+from kvfence.contracts.draft.fastcheck import expected_writes_torch
+from kvfence.engine.findings import Kind
+from kvfence.contracts.draft.session import Session
+from kvfence.contracts.draft.verdict import expected_from_oracle
+from kvfence.kernels.draft.verify.slots import slot_ids
+from kvfence.contracts.draft.strategies import batches, configs
 
 BAD = Path(__file__).parent / "targets" / "bad_writes.py"
 
@@ -44,7 +44,7 @@ def test_torch_write_set_equals_the_plain_oracle(make_session, data):
 
 
 #: Sizings whose rows are too narrow for some launches: a row overflow spills into the next row.
-MUTANTS = Path(__file__).resolve().parents[1] / "kernels" / "mutants"
+MUTANTS = Path(__file__).resolve().parents[1] / "kernels" / "draft" / "mutants"
 OVERFLOWING = ["prefix", f"{MUTANTS / 'sizing_one_request.py'}:row_width", f"{MUTANTS / 'sizing_missing_topk.py'}:row_width"]
 
 
@@ -157,7 +157,7 @@ def test_device_verifier_on_rows_of_many_outside_blocks(device, launcher, counte
     row's slack from its first unwritten column with up to ``PROGRAMS_PER_ROW`` programs, each taking
     every P-th block; with 4 programs each loops over several blocks. A write at the end of the slack
     and one into the tail are still counted, and the reference stays clean."""
-    import kvfence.kernels.verify.outside as outside
+    import kvfence.kernels.draft.verify.outside as outside
 
     monkeypatch.setattr(outside, "PROGRAMS_PER_ROW", programs)
     config = Config(topk=8, num_steps=1, ctx=700, max_bs=4, sizing="safe")
@@ -186,8 +186,8 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
     """The verdict with the torch write-set builder (the device path's full verdict) equals the verdict
     with the plain oracle, finding for finding, on kernels that really are wrong (the mutants) and under
     a sizing that overflows: kind, buffer, region and element range all agree."""
-    from kvfence.workflow.mutants import kernel_spec
-    from kvfence.verifying.verdict import check
+    from kvfence.selftest.mutants import kernel_spec
+    from kvfence.contracts.draft.verdict import check
 
     name = data.draw(st.sampled_from(DIRTY_MUTANTS))
     config = data.draw(configs(sizing=data.draw(st.sampled_from(["safe", "prefix"])),
@@ -204,10 +204,10 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
 @pytest.mark.cpu_only
 def test_verifier_slot_ids_equal_the_case_model_in_32_bit_arithmetic():
     """kernels/verify/slots.py computes slot ids with wrapping 32-bit products; they must equal
-    kvfence.cases.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
+    kvfence.contracts.draft.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
     import torch
 
-    from kvfence.cases.case import slot_id
+    from kvfence.contracts.draft.case import slot_id
 
     pairs = [(0, 0), (1, 0), (7, 2**30 - 1), (2**31 - 1, 12345), (2**31, 99), (2**32 + 5, 2**29), (2**33 + 77, 7),
              (123456789, 987654321 % 2**30)] + [(i * 104729 + 3, (i * 7919) % 2**30) for i in range(8)]

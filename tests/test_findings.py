@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.findings import Kind
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.findings import Kind
 
 BAD = Path(__file__).parent / "targets" / "bad_writes.py"
 BAD_VALUE = 777_777

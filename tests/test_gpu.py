@@ -10,12 +10,12 @@ import time
 import pytest
 import torch
 
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.findings import Kind
-from kvfence.workflow.fuzz import fuzz
-from kvfence.running.runner import GraphRunner
-from kvfence.verifying.session import Session
-from kvfence.strategies import cases, configs
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.findings import Kind
+from kvfence.engine.loop import fuzz
+from kvfence.contracts.draft.runner import GraphRunner
+from kvfence.contracts.draft.session import Session
+from kvfence.contracts.draft.strategies import cases, configs
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvfence import cli
-from kvfence.commands.common import _Parser
+from kvfence.cli.common import _Parser
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Runs ``kvfence.cli:main`` exactly as the ``kvfence`` console script does (``main()`` with no arguments).

@@ -81,7 +81,7 @@ def test_a_bad_redis_url_message_never_holds_the_password(capsys, tmp_path, pass
 
 
 def test_a_password_with_a_slash_is_parsed_as_a_password():
-    from kvfence.workflow.campaign import parse_database
+    from kvfence.engine.campaign import parse_database
 
     spec = parse_database("redis://:pw/x@host:6399/2")
     assert (spec.host, spec.port, spec.db, spec.password) == ("host", 6399, 2, "pw/x")
@@ -89,7 +89,7 @@ def test_a_password_with_a_slash_is_parsed_as_a_password():
 
 
 def test_the_password_can_come_from_the_environment(monkeypatch):
-    from kvfence.workflow.campaign import REDIS_PASSWORD_ENV, parse_database
+    from kvfence.engine.campaign import REDIS_PASSWORD_ENV, parse_database
 
     monkeypatch.setenv(REDIS_PASSWORD_ENV, "from-env")
     assert parse_database("redis://host:6399/0").password == "from-env"
@@ -99,7 +99,7 @@ def test_the_password_can_come_from_the_environment(monkeypatch):
 
 
 def test_the_lock_record_keeps_no_password(tmp_path, monkeypatch):
-    from kvfence.workflow import outlock
+    from kvfence.engine import outlock
 
     monkeypatch.setattr(sys, "argv", ["kvfence", "fuzz", "--database", "redis://:se/cret@h:1/0", "--out", "x"])
     outlock.acquire(tmp_path, announce=lambda line: None)
@@ -118,7 +118,7 @@ def test_bad_input_messages_carry_no_terminal_escapes():
 
 def test_a_redis_that_accepts_and_never_answers_times_out_on_time(monkeypatch):
     pytest.importorskip("redis", reason="needs the redis client (pip install redis; the test extra has it)")
-    from kvfence.workflow import campaign
+    from kvfence.engine import campaign
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -228,7 +228,7 @@ def _hold_lock(folder: Path):
     """A real process holding ``folder``'s run lock (as a running fuzz does) until it is killed."""
     import subprocess
 
-    code = ("import sys, time; from pathlib import Path; from kvfence.workflow import outlock; "
+    code = ("import sys, time; from pathlib import Path; from kvfence.engine import outlock; "
             "outlock.acquire(Path(sys.argv[1]), announce=print); print('held', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -262,7 +262,7 @@ def test_empty_output_paths_are_refused(capsys, real_run, tmp_path, argv, needle
 # -- corrupt journal slots ---------------------------------------------------------------------------------
 def _live_slot(out: Path, case) -> Path:
     """A slot exactly as a process that died mid-launch leaves it (written, not removed, lock gone)."""
-    from kvfence.running.journal import Journal
+    from kvfence.engine.journal import Journal
 
     j = Journal(out, device="cpu")
     j.begin(case)
@@ -272,7 +272,7 @@ def _live_slot(out: Path, case) -> Path:
 
 
 def _small_case():
-    from kvfence.cases.case import Batch, Case, Config
+    from kvfence.contracts.draft.case import Batch, Case, Config
 
     return Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2, sizing="prefix"), Batch((3,), (1,), 5))
 
@@ -284,7 +284,7 @@ def _corrupt(record_text: str) -> bytes:
 @pytest.mark.parametrize("name", ["list", "run-int", "started-string", "started-1e300", "batch_of-int", "directory",
                                   "case-string"])
 def test_a_corrupt_journal_slot_is_reported_and_set_aside(tmp_path, name):
-    from kvfence.running import journal
+    from kvfence.engine import journal
 
     good = json.loads(_live_slot(tmp_path, _small_case()).read_bytes()[1:])
     folder = tmp_path / journal.JOURNAL_DIR
@@ -312,7 +312,7 @@ def test_a_corrupt_journal_slot_is_reported_and_set_aside(tmp_path, name):
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_fuzz_into_a_folder_with_a_corrupt_slot_runs_and_says_so(tmp_path):
-    from kvfence.running import journal
+    from kvfence.engine import journal
 
     folder = tmp_path / "out" / journal.JOURNAL_DIR
     folder.mkdir(parents=True)
@@ -343,7 +343,7 @@ def cached_entry(tmp_path, monkeypatch):
     """A real cache entry, fetched from a small local wheel (tests/test_upstream.py builds it)."""
     from test_upstream import VERSION, make_wheel
 
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVFENCE_OFFLINE", "1")
@@ -353,7 +353,7 @@ def cached_entry(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("what", ["root", "entry", "module", "manifest"])
 def test_a_cache_writable_by_others_is_refused(cached_entry, what):
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     folder, version = cached_entry
     assert upstream.load_entry(version) is not None  # as fetched: trusted
@@ -369,7 +369,7 @@ def test_a_cache_writable_by_others_is_refused(cached_entry, what):
 def test_a_cache_root_reached_through_a_link_is_judged_by_where_it_points(cached_entry, monkeypatch):
     """A symlinked cache root (``~/.cache -> /data/cache``) is trusted when its target is: a link's own mode
     reads 777 and means nothing. A target writable by others is still refused, named by the link."""
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     folder, version = cached_entry
     link = folder.parent.parent / "linked-cache"
@@ -389,7 +389,7 @@ def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cach
     re-extracting 20 times while this one loads, with no "corrupt"."""
     from test_upstream import make_wheel
 
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     folder, version = cached_entry
     real = upstream._validate_entry
@@ -407,7 +407,7 @@ def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cach
     wheel, errors = make_wheel(tmp_path / "again"), []
     # Another process (as another first user would be; ast.parse is not safe across threads in CPython 3.11).
     writer = subprocess.Popen([sys.executable, "-c", "import sys\nfrom pathlib import Path\n"
-                               "from kvfence.cases import upstream\n"
+                               "from kvfence.release import upstream\n"
                                "for _ in range(20):\n    upstream._extract_to_cache(sys.argv[1], Path(sys.argv[2]))\n",
                                version, str(wheel)], stderr=subprocess.PIPE, text=True)
     while writer.poll() is None:
@@ -421,7 +421,7 @@ def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cach
 
 
 def test_a_manifest_abi_of_the_wrong_type_is_corrupt(cached_entry):
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     folder, version = cached_entry
     manifest = json.loads((folder / upstream.MANIFEST).read_text())
@@ -433,7 +433,7 @@ def test_a_manifest_abi_of_the_wrong_type_is_corrupt(cached_entry):
 # -- lock records ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("started", [1e300, -1e20, "NaN", "soon"])
 def test_a_dead_runs_lock_record_is_one_safe_line(tmp_path, started):
-    from kvfence.workflow import outlock
+    from kvfence.engine import outlock
 
     record = {"pid": "12\x1b[2J", "host": "evil\x1b]0;title\x07\nhost", "started": started}
     text = json.dumps(record).replace('"NaN"', "NaN")
@@ -449,7 +449,7 @@ def test_a_dead_runs_lock_record_is_one_safe_line(tmp_path, started):
 def test_a_full_disk_when_writing_the_lock_record_is_one_line(tmp_path, monkeypatch):
     import errno
 
-    from kvfence.workflow import outlock
+    from kvfence.engine import outlock
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -476,7 +476,7 @@ def test_a_symlink_loop_case_file_says_so(capsys, tmp_path):
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 @pytest.mark.parametrize("jobs", [str(10**30), "1000"])
 def test_more_jobs_than_the_machine_holds_is_refused_at_once(capsys, tmp_path, jobs):
-    from kvfence.workflow.jobs import max_jobs
+    from kvfence.engine.jobs import max_jobs
 
     start = time.monotonic()
     line = one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--jobs", jobs, "--max-examples", "2000",
@@ -485,9 +485,9 @@ def test_more_jobs_than_the_machine_holds_is_refused_at_once(capsys, tmp_path, j
 
 
 def test_the_jobs_bound_follows_cores_and_memory(monkeypatch):
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
-    from kvfence.commands import fuzz
+    from kvfence.cli import fuzz
 
     monkeypatch.setattr(jobs.os, "cpu_count", lambda: 128)  # the host: only the affinity mask counts
     monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
@@ -581,8 +581,8 @@ def test_a_sigint_while_the_run_starts_ends_it_with_its_outputs(tmp_path):
 def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete(tmp_path, real_run, capsys):
     import signal
 
-    from kvfence.commands.fuzz import _write_summary
-    from kvfence.running import interrupt
+    from kvfence.cli.fuzz import _write_summary
+    from kvfence.engine import interrupt
 
     doc = json.loads((real_run / "summary.json").read_text())
     doc["interrupted"] = None
@@ -623,8 +623,8 @@ def test_a_wild_store_is_named_after_its_pointer(far_store, shift, region):
     import numpy as np
     import torch
 
-    from kvfence.cases.findings import Kind
-    from kvfence.running.audit import Audit
+    from kvfence.engine.findings import Kind
+    from kvfence.engine.audit import Audit
 
     n = 16
     # One host array: "neighbour" right after "target" (a store 40 past target's end lands just past the
@@ -668,7 +668,7 @@ def test_a_plugin_whose_import_ends_the_process_is_one_line(tmp_path, what, name
 
 
 def test_plugins_that_import_cleanly_pass_the_probe(tmp_path):
-    from kvfence.workflow.probe import check_plugins
+    from kvfence.engine.probe import check_plugins
 
     plugin = tmp_path / "plugin.py"
     plugin.write_text("X = 1" + PLUGIN_TAIL)
@@ -686,7 +686,7 @@ def test_malformed_redis_urls_are_one_line(capsys, tmp_path, url, needle):
 
 
 def test_repro_probes_a_kernel_plugin_named_on_its_command_line(tmp_path):
-    from kvfence.cases import casefile
+    from kvfence.engine import casefile
 
     case = tmp_path / "case.json"
     case.write_text(json.dumps(casefile.document(_small_case(), [], device="cpu", source="test")))
@@ -738,7 +738,7 @@ STARTING = {
     "importing": ("import builtins\n"
                   "real = builtins.__import__\n"
                   "def interrupted(name, *args, **kwargs):\n"
-                  "    if name == 'kvfence.commands':\n"
+                  "    if name == 'kvfence.cli':\n"
                   "        raise KeyboardInterrupt\n"
                   "    return real(name, *args, **kwargs)\n"
                   "builtins.__import__ = interrupted\n"),
@@ -822,8 +822,8 @@ def test_a_sizing_that_ends_or_stalls_its_process_is_bad_input_naming_the_call(t
     """The callable of ``--sizing file.py:attr`` is user code called for every drawn config: in the fuzzing
     process (or the user's pytest) an ``os._exit(0)`` would be a silent pass. It runs in a child; what
     ends or stalls the child is one ``BadInput`` naming the call, and the next call starts a new child."""
-    from kvfence.cases.targets import IsolatedSizing
-    from kvfence.cases.targets import resolve_sizing
+    from kvfence.contracts.draft.targets import IsolatedSizing
+    from kvfence.contracts.draft.targets import resolve_sizing
 
     (tmp_path / "sz.py").write_text(_SIZINGS)
     monkeypatch.chdir(tmp_path)

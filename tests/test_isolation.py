@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CRASHERS = ROOT / "tests" / "targets" / "crashers.py"
 HOSTILE_IMPORTS = {"exit": "import os\nos._exit(0)\n", "abort": "import os\nos.abort()\n",
                    "interrupt": "raise KeyboardInterrupt\n",
-                   # Left to run later, in whichever process imported the plug-in (kvfence.cases.import_probe):
+                   # Left to run later, in whichever process imported the plug-in (kvfence.engine.import_probe):
                    "thread": "import os, threading, time\n"
                              "threading.Thread(target=lambda: (time.sleep(1.5), os._exit(0)), daemon=True).start()\n",
                    "lingering-thread": "import os, threading, time\n"
@@ -102,20 +102,20 @@ def test_the_session_fixture_checks_a_plug_in_in_a_worker(tmp_path):
     """A user's test through ``kvfence_session`` on a launcher that never returns fails with HANG; the same
     test on the reference passes."""
     (tmp_path / "test_mine.py").write_text(
-        "from kvfence.cases.case import Batch, Case, Config\n\n"
+        "from kvfence.contracts.draft.case import Batch, Case, Config\n\n"
         "def test_mine(kvfence_session, kvfence_kernel):\n"
         "    case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, sizing='safe'), Batch((2,), (0,), 0),"
         " kvfence_kernel)\n"
         "    assert [f.kind.value for f in kvfence_session(kvfence_kernel, case_timeout=3).check(case)] == []\n")
     hang = _pytest(tmp_path, "--kvfence-kernel", f"{CRASHERS}:spin", "--kvfence-device", "cpu")
     assert hang.returncode == 1 and "HANG" in hang.stdout, hang.stdout + hang.stderr
-    clean = _pytest(tmp_path, "--kvfence-kernel", f"{ROOT / 'kernels' / 'draft_kv_indices.py'}:"
+    clean = _pytest(tmp_path, "--kvfence-kernel", f"{ROOT / 'kernels' / 'draft' / 'draft_kv_indices.py'}:"
                     "generate_draft_decode_kv_indices", "--kvfence-device", "cpu")
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
 
 GIVEN_TEST = """from hypothesis import given
-from kvfence.strategies import cases, configs
+from kvfence.contracts.draft.strategies import cases, configs
 
 
 @given(case=cases(configs(sizing="safe", max_ctx=24), kernel="mykern.py:generate_draft_decode_kv_indices"))
@@ -131,11 +131,11 @@ def test_a_users_given_test_passes_under_hypothesis_defaults_and_fails_with_a_ca
     import runpy
 
     (tmp_path / "test_mine.py").write_text(GIVEN_TEST)
-    reference = (ROOT / "kernels" / "draft_kv_indices.py").read_text()
+    reference = (ROOT / "kernels" / "draft" / "draft_kv_indices.py").read_text()
     (tmp_path / "mykern.py").write_text(reference)
     clean = _pytest(tmp_path)
     assert clean.returncode == 0 and "1 passed" in clean.stdout, clean.stdout[-3000:]
-    mutant = runpy.run_path(str(ROOT / "kernels" / "mutants" / "last_row_past_end.py"))
+    mutant = runpy.run_path(str(ROOT / "kernels" / "draft" / "mutants" / "last_row_past_end.py"))
     for old, new in mutant["PATCH"]:
         reference = reference.replace(old, new)
     (tmp_path / "mykern.py").write_text(reference)
@@ -154,7 +154,7 @@ def test_a_hung_job_is_stopped_within_the_budget_and_named(tmp_path):
     is stopped by the parent once the run's budget and ``JOB_OVERRUN_GRACE_S`` are spent, and named."""
     import time
 
-    from kvfence.workflow.jobs import JOB_OVERRUN_GRACE_S, STOP_WAIT_S
+    from kvfence.engine.jobs import JOB_OVERRUN_GRACE_S, STOP_WAIT_S
 
     out = tmp_path / "out"
     start = time.monotonic()
@@ -192,7 +192,7 @@ def test_a_ctrl_c_while_every_job_is_stopped_ends_the_run_within_its_grace_with_
     import signal
     import time
 
-    from kvfence.workflow.jobs import GRACE_S, STOP_WAIT_S
+    from kvfence.engine.jobs import GRACE_S, STOP_WAIT_S
 
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--jobs", "2",

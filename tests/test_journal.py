@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import casefile
+from kvfence.engine import casefile
 
-from kvfence.running import journal
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.findings import Kind
+from kvfence.engine import journal
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.findings import Kind
 
 ROOT = Path(__file__).resolve().parent.parent
-#: A launcher plug-in (harness/cases/targets.py LAUNCH_KWARGS) that records the batch it got, then hangs or aborts.
+#: A launcher plug-in (harness/contracts/draft/targets.py LAUNCH_KWARGS) that records the batch it got, then hangs or aborts.
 LAUNCHER = '''
 import json, os, time
 

@@ -1,4 +1,4 @@
-"""``fuzz --keep-going`` (kvfence.workflow.keepgoing): one run finds, shrinks and saves every distinct failure
+"""``fuzz --keep-going`` (kvfence.engine.keepgoing): one run finds, shrinks and saves every distinct failure
 it meets within its budget instead of stopping at the first."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import casefile
-from kvfence.cases.findings import Kind
+from kvfence.engine import casefile
+from kvfence.engine.findings import Kind
 
 pytestmark = pytest.mark.cpu_only  # the plug-in segfaults the interpreter's process on purpose
 

@@ -5,7 +5,7 @@ later stage to an earlier one (or within a stage), so each stage can be read wit
 
 ``commands/`` (one module per subcommand, its parser beside its handler) belongs to the entry stage: it may
 import every earlier stage, and nothing before the entry stage imports it. ``contracts/`` holds kvfence's own
-contract records (``kvfence.cases.contract``): nothing imports them by name; the engine loads each by its
+contract records (``kvfence.contract``): nothing imports them by name; the engine loads each by its
 entry point, as it loads another package's.
 """
 
@@ -96,7 +96,7 @@ def test_imports_point_from_later_stages_to_earlier_ones():
 
 def test_no_module_imports_a_contract_record_the_registry_loads_them():
     """The engine (and everything else of kvfence) knows no contract by name: a record is loaded through the
-    entry-point group ``kvfence.contracts`` (``kvfence.cases.contract.get``), never imported, so adding a
+    entry-point group ``kvfence.contracts`` (``kvfence.contract.get``), never imported, so adding a
     contract is its own files plus an entry point, and no other module changes."""
     records = ROOT / "contracts"
     found = []
@@ -112,15 +112,15 @@ def test_no_module_imports_a_contract_record_the_registry_loads_them():
 
 def test_the_checker_sees_a_backward_import():
     """The rule above is not vacuous: an import from a later stage is reported."""
-    tree = ast.parse("def f():\n    from kvfence.workflow.fuzz import fuzz\n")
+    tree = ast.parse("def f():\n    from kvfence.engine.loop import fuzz\n")
     targets = [t for t, _ in imported(tree)]
-    assert targets == ["kvfence.workflow.fuzz"]
-    assert ORDER.index(stage_of(targets[0])) > ORDER.index(stage_of("kvfence.cases.casefile"))
+    assert targets == ["kvfence.engine.loop"]
+    assert ORDER.index(stage_of(targets[0])) > ORDER.index(stage_of("kvfence.engine.casefile"))
     # commands/ is the entry stage: a tool importing a command module is backward, a command importing a tool is not
-    for text in ("from kvfence.commands.common import _stderr\n", "from kvfence.commands import fuzz\n"):
+    for text in ("from kvfence.cli.common import _stderr\n", "from kvfence.cli import fuzz\n"):
         (target,) = [t for t, _ in imported(ast.parse(text))]
-        assert stage_of(target) == "entry" and ORDER.index(stage_of(target)) > ORDER.index(stage_of("kvfence.tools.sweep"))
-    assert ORDER.index(stage_of("kvfence.tools.sweep")) < ORDER.index(stage_of("kvfence.commands.sweep"))
+        assert stage_of(target) == "entry" and ORDER.index(stage_of(target)) > ORDER.index(stage_of("kvfence.sanitizer.sweep"))
+    assert ORDER.index(stage_of("kvfence.sanitizer.sweep")) < ORDER.index(stage_of("kvfence.cli.sweep"))
 
 
 #: Every folder of the package kvfence, with the module prefix the packaging maps it to.
@@ -192,7 +192,7 @@ def test_the_circle_check_sees_a_circle_and_a_chain_is_none():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     graph = module_imports()
-    assert "kvfence.cases.upstream" in graph["kvfence.cases.targets"]  # the walk sees lazy imports
+    assert "kvfence.release.upstream" in graph["kvfence.contracts.draft.targets"]  # the walk sees lazy imports
 
 
 def _packaging() -> tuple:
@@ -216,7 +216,7 @@ def _folder_packages(package_dir: dict) -> set:
 
 def test_a_built_install_holds_every_package_of_the_tree():
     """A wheel (``pip install .``, not editable) installs only the packages pyproject.toml lists: a folder
-    left out imports in a checkout and fails installed (``kvfence.commands`` once did)."""
+    left out imports in a checkout and fails installed (``kvfence.cli`` once did)."""
     package_dir, packages = _packaging()
     assert _folder_packages(package_dir) == set(packages)
-    assert "kvfence.commands" in _folder_packages(package_dir)
+    assert "kvfence.cli" in _folder_packages(package_dir)

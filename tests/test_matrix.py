@@ -1,4 +1,4 @@
-"""The detection matrix's bug classes (kernels/bugclasses.py) and its rendering.
+"""The detection matrix's bug classes (kernels/draft/bugclasses.py) and its rendering.
 
 Each class's launcher must produce its class on the canary harness (redzone layout) and, in the layout
 compute-sanitizer children run (production, no tail guard), land where that class lands in production;
@@ -9,9 +9,9 @@ import dataclasses
 
 import pytest
 
-from kvfence.tools import matrix
-from kvfence.cases.findings import Kind
-from kvfence.verifying.session import Session
+from kvfence.sanitizer import matrix
+from kvfence.engine.findings import Kind
+from kvfence.contracts.draft.session import Session
 from kvfence.reports.sweep import matrix_markdown, matrix_rows
 
 pytestmark = pytest.mark.cpu_only
@@ -21,7 +21,7 @@ CLASSES = {b.name: b for b in matrix.bug_classes()}
 REDZONE = {
     "row-to-row overflow": (Kind.GUARD_OVERWRITE, "kv_indices", "guard after row 0"),
     "short tail overflow": (Kind.GUARD_OVERWRITE, "kv_indices", "guard after row 2"),
-    # kv_indices' tail guard reaches past the far-tail store (kvfence.cases.budget.TAIL_REACH): it lands
+    # kv_indices' tail guard reaches past the far-tail store (kvfence.contracts.draft.budget.TAIL_REACH): it lands
     # in kvfence's own guard, whatever the allocator put next to the buffer.
     "far tail overflow": (Kind.GUARD_OVERWRITE, "kv_indices", "tail"),
     "stray write into an input": (Kind.STRAY_WRITE, "req_to_token", "input"),
@@ -85,7 +85,7 @@ def test_matrix_rendering_shows_seen_missed_and_errored_cells():
 def test_the_matrix_fills_every_cell_and_never_counts_a_failed_run_as_missed(tmp_path, monkeypatch):
     # End to end on the CPU: canary cells are real repro children under the interpreter; memcheck is the
     # fake tool, first clean (every memcheck cell "missed"), then dying (every memcheck cell "error").
-    from kvfence.tools import sanitizer
+    from kvfence.sanitizer import tool as sanitizer
     from tests.fake_sanitizer import install_fake_tool
 
     install_fake_tool(tmp_path, monkeypatch)

@@ -8,8 +8,8 @@ import io
 import pytest
 
 from kvfence.reports.text_table import WIDTH, markdown_tables
-from kvfence.workflow.outdir import EARLIER_DIR, set_aside_earlier_report
-from kvfence.workflow.progress import CountBar
+from kvfence.engine.outdir import EARLIER_DIR, set_aside_earlier_report
+from kvfence.engine.progress import CountBar
 
 
 def _tables(lines):

@@ -105,14 +105,14 @@ def test_runs_of_two_contracts_merge_with_their_case_files_and_one_plot(tmp_path
     how many runs' rows it left out, and the merged folder renders again."""
     import json
 
-    from kvfence.cases import contract as contracts
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.cases.casefile import write_case
-    from kvfence.cases.findings import Finding, Kind
-    from kvfence.reports import summary as summary_mod
+    from kvfence import contract as contracts
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.casefile import write_case
+    from kvfence.engine.findings import Finding, Kind
+    from kvfence.engine import summary as summary_mod
     from kvfence.reports.merge import merge
     from kvfence.reports.render import write_reports
-    from kvfence.workflow.fuzz import FuzzResult
+    from kvfence.engine.loop import FuzzResult
 
     flashmla = contracts.get("flashmla-page-table")
     runs = {"table": flashmla.bind(flashmla.wall_case(4, 1, 1, 3), "context"),

@@ -1,4 +1,4 @@
-"""The mutation self-test (kvfence.workflow.mutants, ``python -m kvfence mutants``): every shipped mutant is
+"""The mutation self-test (kvfence.selftest.mutants, ``python -m kvfence mutants``): every shipped mutant is
 detected under its fixed example budget, and the reference stays clean under the same configs."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ SCALE = {"copy_first_block_only", "prefix_sum_16_lanes", "indptr_sum_64_branches
 
 
 def test_shipped_mutants_are_well_formed(device):
-    from kvfence.workflow.mutants import discover
-    from kvfence.cases.targets import resolve_kernel, resolve_sizing
+    from kvfence.selftest.mutants import discover
+    from kvfence.contracts.draft.targets import resolve_kernel, resolve_sizing
 
     mutants = discover()
     assert len(mutants) >= 16 and REQUIRED | SCALE | FAMILY <= {m.name for m in mutants}
@@ -52,7 +52,7 @@ def test_every_mutant_is_detected_and_the_reference_is_clean(device):
     interpreter never draws: their rows would spend the whole budget each, a third of this test's time, to
     show a miss; the GPU self-test runs them.)"""
     from kvfence.cli import build_parser
-    from kvfence.workflow.mutants import discover, run_all
+    from kvfence.selftest.mutants import discover, run_all
 
     args = build_parser().parse_args(["mutants"])
     assert (args.seed, args.seeds, args.max_examples, args.max_gpu_mem) == (0, 1, None, None)
@@ -75,14 +75,14 @@ def test_every_mutant_is_detected_and_the_reference_is_clean(device):
 
 def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path):
     """The pair of the test above: a correct kernel posing as a mutant is not 'detected'."""
-    from kvfence.workflow.mutants import run_all
+    from kvfence.selftest.mutants import run_all
 
-    src = (ROOT / "kernels" / "mutants" / "off_by_one_n.py").read_text()
+    src = (ROOT / "kernels" / "draft" / "mutants" / "off_by_one_n.py").read_text()
     # The same patch site, "mutated" into the correct line: a kernel identical in behaviour.
     fixed = src.replace("\"    n = s  # BUG: the spec's n is s + 1\\n\"", "'    n = (s + 1)\\n'")
     assert fixed != src
     (tmp_path / "not_a_bug.py").write_text(fixed)
-    shutil.copy(ROOT / "kernels" / "mutants" / "no_z0_rule.py", tmp_path / "no_z0_rule.py")
+    shutil.copy(ROOT / "kernels" / "draft" / "mutants" / "no_z0_rule.py", tmp_path / "no_z0_rule.py")
     # The reference rows are not what this test is about: one draw each.
     report = run_all(device, max_examples=10, seeds=[0, 1], directory=tmp_path, reference_examples=1)
     by_name = {m.name: m for m in report.mutants}
@@ -121,13 +121,13 @@ def test_a_mutant_is_detected_only_by_the_kinds_it_declares(device, tmp_path):
     """A patch that does not compile fails every launch (LAUNCH_ERROR, which it does not declare): no
     seed detects it and the self-test fails; the same bug declared by its real kinds is detected. The
     reference control runs under every seed."""
-    from kvfence.workflow.mutants import run_all
+    from kvfence.selftest.mutants import run_all
 
-    src = (ROOT / "kernels" / "mutants" / "off_by_one_n.py").read_text()
+    src = (ROOT / "kernels" / "draft" / "mutants" / "off_by_one_n.py").read_text()
     broken = src.replace("\"    n = s  # BUG: the spec's n is s + 1\\n\"", "'    n = no_such_name\\n'")
     assert broken != src
     (tmp_path / "does_not_compile.py").write_text(broken)
-    shutil.copy(ROOT / "kernels" / "mutants" / "off_by_one_n.py", tmp_path / "off_by_one_n.py")
+    shutil.copy(ROOT / "kernels" / "draft" / "mutants" / "off_by_one_n.py", tmp_path / "off_by_one_n.py")
     report = run_all(device, max_examples=5, seeds=[0, 1], directory=tmp_path, reference_examples=3)
     by_name = {m.name: m for m in report.mutants}
     assert by_name["does_not_compile"].detections == 0
@@ -143,9 +143,9 @@ def test_a_mutant_is_detected_only_by_the_kinds_it_declares(device, tmp_path):
                                            ("DETECTS = 'VALUE_MISMATCH'", "DETECTS must be a non-empty tuple")])
 def test_a_mutant_file_without_valid_detects_is_bad_input(tmp_path, line, message):
     from kvfence.errors import BadInput
-    from kvfence.workflow.mutants import discover
+    from kvfence.selftest.mutants import discover
 
-    src = (ROOT / "kernels" / "mutants" / "sizing_missing_topk.py").read_text()
+    src = (ROOT / "kernels" / "draft" / "mutants" / "sizing_missing_topk.py").read_text()
     lines = [l for l in src.splitlines() if not l.startswith("DETECTS")]
     (tmp_path / "m.py").write_text("\n".join(lines + [line]) + "\n")
     with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(")", r"\)")):

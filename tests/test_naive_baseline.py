@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases.case import Batch, Config
-from kvfence.workflow.compare import PLANTED_FILE
+from kvfence.contracts.draft.case import Batch, Config
+from kvfence.contracts.draft.compare import PLANTED_FILE
 
 pytestmark = pytest.mark.cpu_only
 

@@ -6,9 +6,9 @@ back to the (row, token) it came from.
 
 from hypothesis import given, strategies as st
 
-from kvfence.cases import oracle
-from kvfence.cases.case import Batch, Config, launch_batch
-from kvfence.strategies import batches, configs
+from kvfence.contracts.draft import oracle
+from kvfence.contracts.draft.case import Batch, Config, launch_batch
+from kvfence.contracts.draft.strategies import batches, configs
 
 TABLE = [[100 * r + t for t in range(64)] for r in range(8)]
 

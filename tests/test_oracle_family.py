@@ -5,9 +5,9 @@ words in the comments, not from the code. Rows of req_to_token hold 10, 11, 12, 
 
 from hypothesis import given, strategies as st
 
-from kvfence.cases import oracle
-from kvfence.cases.case import launch_batch, req_to_token_rows
-from kvfence.strategies import batches, configs
+from kvfence.contracts.draft import oracle
+from kvfence.contracts.draft.case import launch_batch, req_to_token_rows
+from kvfence.contracts.draft.strategies import batches, configs
 
 ROW = list(range(10, 40))
 

@@ -1,4 +1,4 @@
-"""Two runs into one ``--out`` (kvfence.workflow.outlock): the second is refused with one line naming the first,
+"""Two runs into one ``--out`` (kvfence.engine.outlock): the second is refused with one line naming the first,
 so neither loses the other's findings; a lock left by a run that died is taken over with a note."""
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases.findings import Kind
+from kvfence.engine.findings import Kind
 
 pytestmark = pytest.mark.cpu_only
 
@@ -64,7 +64,7 @@ def test_a_second_run_into_a_busy_folder_is_refused_and_the_first_keeps_its_find
 
 def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_note(tmp_path):
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from kvfence.workflow import outlock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from kvfence.engine import outlock; "
                                f"outlock.acquire({str(out)!r}, print); print('held', flush=True); time.sleep(600)"],
                               cwd=ROOT, env=env(PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
     try:

@@ -79,7 +79,7 @@ def test_wheel_has_one_top_level_name_and_the_pytest_plugin(wheel):
         entries = zf.read(entry_points).decode()
     assert tops == {"kvfence"}, tops
     assert not any("/out/" in n for n in names)  # generated output is no part of the package
-    assert "kvfence/kernels/draft_kv_indices.py" in names and "kvfence/strategies/__init__.py" in names
+    assert "kvfence/kernels/draft/draft_kv_indices.py" in names and "kvfence/strategies/__init__.py" in names
     assert re.search(r"\[pytest11\]\s*kvfence = kvfence\.workflow\.pytest_plugin", entries), entries
 
 
@@ -103,7 +103,7 @@ def test_wheel_installs_next_to_a_package_named_kernels(wheel, tmp_path):
     # kvfence's dependencies (torch, triton, ...) from this environment, after the fresh venv's own packages.
     deps = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     (site / "zz_outer_deps.pth").write_text("\n".join(deps) + "\n")
-    probe = ("import kernels, kvfence, kvfence.kernels.draft_kv_indices as ours; "
+    probe = ("import kernels, kvfence, kvfence.kernels.draft.draft_kv_indices as ours; "
              "print(kernels.draft_kv_indices); print(ours.__file__); print(kvfence.__file__)")
     out = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
                          timeout=300)
@@ -114,7 +114,7 @@ def test_wheel_installs_next_to_a_package_named_kernels(wheel, tmp_path):
 
 
 def test_import_kvfence_imports_neither_torch_nor_triton():
-    probe = "import sys, kvfence, kvfence.strategies; print(sorted({'torch', 'triton'} & set(sys.modules)))"
+    probe = "import sys, kvfence, kvfence.contracts.draft.strategies; print(sorted({'torch', 'triton'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -125,7 +125,7 @@ def project(tmp_path) -> Path:
     """A user's project: its kernel file (kvfence's reference kernel, copied) and tests/test_kernel.py."""
     root = tmp_path / "proj"
     (root / "tests").mkdir(parents=True)
-    shutil.copy(ROOT / "kernels" / "draft_kv_indices.py", root / "my_kernel.py")
+    shutil.copy(ROOT / "kernels" / "draft" / "draft_kv_indices.py", root / "my_kernel.py")
     assert CORRECT_LINE in (root / "my_kernel.py").read_text()
     (root / "tests" / "test_kernel.py").write_text(USER_TEST)
     return root
@@ -153,7 +153,7 @@ def test_a_projects_own_tests_pass_a_correct_kernel_and_fail_a_planted_bug(proje
     line = next(t for t in section.splitlines() if t.startswith("python -m kvfence repro "))
     assert "--kernel my_kernel.py:" + ATTR in line
     case_path = project / line.split()[4]
-    from kvfence.cases.casefile import load_case
+    from kvfence.engine.casefile import load_case
 
     shrunk = load_case(case_path).case
     c, b = shrunk.config, shrunk.batch
@@ -186,7 +186,7 @@ def printed_repro_lines(out: Path, stdout: str) -> dict:
 @pytest.mark.long
 def test_every_repro_line_of_a_plugin_run_replays_as_printed(tmp_path):
     """Kernel and sizing are plug-ins named as module:attr from the current folder (no PYTHONPATH)."""
-    shutil.copy(ROOT / "kernels" / "draft_kv_indices.py", tmp_path / "my_kernel.py")
+    shutil.copy(ROOT / "kernels" / "draft" / "draft_kv_indices.py", tmp_path / "my_kernel.py")
     (tmp_path / "my_sizing.py").write_text(SIZING)
     proc = subprocess.run(["kvfence", "fuzz", "--kernel", f"my_kernel:{ATTR}", "--sizing", "my_sizing:width",
                            "--device", "cpu", "--max-examples", "30", "--seed", "1", "--shrink-seconds", "5", "--quiet",
@@ -205,7 +205,7 @@ def test_every_repro_line_of_a_plugin_run_replays_as_printed(tmp_path):
 
 def test_repro_command_names_only_plugins():
     """A builtin kernel or sizing needs no flag (the case file names it); a plug-in is named again."""
-    from kvfence.cases.casefile import repro_command
+    from kvfence.engine.casefile import repro_command
 
     assert repro_command("c.json") == "python -m kvfence repro c.json"
     assert repro_command("c.json", "reference-blocked", "prefix") == "python -m kvfence repro c.json"
@@ -217,7 +217,7 @@ def test_repro_command_names_only_plugins():
 # -- module:attr from the current folder -----------------------------------------------------------------
 def test_module_spec_resolves_from_the_current_folder_or_says_how(tmp_path):
     (tmp_path / "my_sizing.py").write_text(SIZING)
-    probe = ("from kvfence.cases.targets import resolve_sizing; import sys; "
+    probe = ("from kvfence.contracts.draft.targets import resolve_sizing; import sys; "
              "print(resolve_sizing(sys.argv[1])(1, 2, 8, 1))")
     # -I: the current folder is not on sys.path (as for the console script, whose sys.path[0] is its bin
     # folder; the plug-in run above goes through it): kvfence adds it.

@@ -1,4 +1,4 @@
-"""Plug-in kernels and sizing policies (kvfence.cases.targets): ``--kernel`` / ``--sizing`` end to end.
+"""Plug-in kernels and sizing policies (kvfence.contracts.draft.targets): ``--kernel`` / ``--sizing`` end to end.
 
 A kernel file outside the project runs through ``python -m kvfence fuzz``; a plug-in that cannot be
 imported, has the wrong signature or lacks the attribute is exit 2 with one line on stderr. The same
@@ -26,7 +26,7 @@ ATTR = "generate_draft_decode_kv_indices"
 LAUNCHER = '''
 import sys
 sys.path.insert(0, {root!r})
-from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch as classic_launch
+from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices, launch as classic_launch
 
 
 def launch(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, topk, num_steps,
@@ -55,7 +55,7 @@ def outside_kernel(tmp_path) -> Path:
     folder = tmp_path / "elsewhere"
     folder.mkdir()
     path = folder / "my_kernel.py"
-    shutil.copy(ROOT / "kernels" / "draft_kv_indices.py", path)
+    shutil.copy(ROOT / "kernels" / "draft" / "draft_kv_indices.py", path)
     return path
 
 
@@ -131,9 +131,9 @@ def test_launcher_plugin_with_scratch_runs_clean(tmp_path):
 
 
 def test_module_attr_spec_resolves(device):
-    from kvfence.cases.targets import resolve_kernel
+    from kvfence.contracts.draft.targets import resolve_kernel
 
-    target = resolve_kernel(f"kvfence.kernels.draft_kv_indices:{ATTR}", device)
+    target = resolve_kernel(f"kvfence.kernels.draft.draft_kv_indices:{ATTR}", device)
     assert target.request_axis == 1
 
 
@@ -164,7 +164,7 @@ def test_bad_sizing_plugins_are_one_line_exit_2(tmp_path, source, needles):
 
 
 def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, device):
-    from kvfence.cases.targets import _load_attr
+    from kvfence.contracts.draft.targets import _load_attr
 
     first = _load_attr(f"{outside_kernel}:{ATTR}", "kernel")
     assert _load_attr(f"{outside_kernel}:{ATTR}", "kernel") is first
@@ -174,8 +174,8 @@ def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, d
 @given(data=st.data())
 def test_kernel_under_test_matches_the_oracle(kernel_spec, sizing_spec, make_session, data):
     """Runs ``--kvfence-kernel`` / ``--kvfence-sizing`` (env KVFENCE_KERNEL / KVFENCE_SIZING; reference and safe by default)."""
-    from kvfence.cases.casefile import format_failure
-    from kvfence.strategies import cases, configs
+    from kvfence.engine.casefile import format_failure
+    from kvfence.contracts.draft.strategies import cases, configs
 
     case = data.draw(cases(configs(sizing=sizing_spec, max_ctx=24, max_max_bs=3), kernel=kernel_spec))
     findings = make_session(kernel_spec).check(case)

@@ -3,15 +3,15 @@ strategies' domain, and the fuzz loop catching the sizing bugs it exists for."""
 
 from hypothesis import given, settings, strategies as st
 
-from kvfence.cases import oracle
-from kvfence.cases.case import Case
-from kvfence.cases.findings import Kind
-from kvfence.workflow.fuzz import fuzz, utilisation
-from kvfence.running.runner import make_runner
-from kvfence.cases.targets import resolve_kernel
-from kvfence.kernels.draft_kv_indices import token_blocks_for
-from kvfence.cases.casefile import raise_on_findings
-from kvfence.strategies import batches, cases, configs
+from kvfence.contracts.draft import oracle
+from kvfence.contracts.draft.case import Case
+from kvfence.engine.findings import Kind
+from kvfence.engine.loop import fuzz, utilisation
+from kvfence.contracts.draft.runner import make_runner
+from kvfence.contracts.draft.targets import resolve_kernel
+from kvfence.kernels.draft.draft_kv_indices import token_blocks_for
+from kvfence.engine.casefile import raise_on_findings
+from kvfence.contracts.draft.strategies import batches, cases, configs
 
 layouts = st.sampled_from(["redzone", "production"])
 modes = st.sampled_from(["graph", "eager"])

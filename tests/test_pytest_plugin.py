@@ -1,5 +1,5 @@
-"""kvfence's pytest plugin (kvfence.workflow.pytest_plugin): the device is chosen before a project's conftest
-imports triton, its fixtures and kvfence.strategies serve a project's own ``@given`` test, a triton import
+"""kvfence's pytest plugin (kvfence.pytest_plugin): the device is chosen before a project's conftest
+imports triton, its fixtures and kvfence.contracts.draft.strategies serve a project's own ``@given`` test, a triton import
 ahead of the plugin is one line saying what to change, and tests that need the CPU interpreter skip with
 the versions named where the installed triton/numpy pair cannot interpret (simulated here)."""
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvfence.workflow import pytest_plugin
+from kvfence import pytest_plugin
 
 CONFTEST_IMPORTING_TRITON = '''
 import os
@@ -24,7 +24,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "the plugin did not choose the
 
 OWN_GIVEN_TEST = '''
 from hypothesis import given, settings
-from kvfence.strategies import cases, configs
+from kvfence.contracts.draft.strategies import cases, configs
 
 
 @settings(max_examples=3, deadline=None)

@@ -1,4 +1,4 @@
-"""The upstream release matrix (kvfence.workflow.release_matrix, ``upstream matrix``), over fake sglang wheels.
+"""The upstream release matrix (kvfence.release.release_matrix, ``upstream matrix``), over fake sglang wheels.
 
 The wheels are tests/test_upstream.py's (a classic-ABI kernel written from docs/contract.md, no SGLang code):
 a correct release, one with an inclusive prefix sum (a real bug: caught under every sizing), one without the
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.workflow import release_matrix as rm
-from kvfence.workflow.progress import PLAIN_EVERY_S
-from kvfence.cases import upstream
+from kvfence.release import release_matrix as rm
+from kvfence.engine.progress import PLAIN_EVERY_S
+from kvfence.release import upstream
 from kvfence.errors import BadInput
 from tests.test_upstream import EXTRA_REQUIRED, INCLUSIVE_PREFIX_SUM, MODULE, NUM_SEQS_TOPK, ROOT, edited, \
     kvfence, make_wheel, one_line_exit_2
@@ -398,7 +398,7 @@ def _cmdline(proc_dir: Path) -> str:
 def test_rail_cells_pin_a_window_and_take_only_window_sizings():
     """A window-rail cell runs fuzz with the rail's window pinned, and only the window-* policies size the
     rail (the draft kernel's policies size the draft kernel): the other pairs are not applicable."""
-    from kvfence.workflow import release_matrix as rm
+    from kvfence.release import release_matrix as rm
 
     assert rm.contract_flags("window-rail") == ["--contract", "window-rail", "--window", str(rm.RAIL_WINDOW)]
     assert rm.contract_flags("draft") == ["--contract", "draft"]
@@ -413,7 +413,7 @@ def test_a_table_contracts_cells_fuzz_the_releases_own_kernel_under_its_named_si
     signature is abi-unsupported, one without it not applicable; a sizing the contract does not name is refused."""
     from tests.test_contracts import _fake_wheel
 
-    ours = (ROOT / "kernels" / "trtllm_mha_page_table.py").read_text()
+    ours = (ROOT / "kernels" / "page_table" / "trtllm_mha_page_table.py").read_text()
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     path = "sglang/kernels/ops/attention/trtllm_mha_page_table.py"

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.workflow.fuzz import fuzz
-from kvfence.workflow.progress import Progress
-from kvfence.reports import summary as summary_mod
+from kvfence.engine.loop import fuzz
+from kvfence.engine.progress import Progress
+from kvfence.engine import summary as summary_mod
 from kvfence.reports.render import coverage_png, write_reports
-from kvfence.strategies import cases, configs
+from kvfence.contracts.draft.strategies import cases, configs
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def doc(make_session, tmp_path_factory):
     """A real, small fuzz run of the pre-fix sizing (finds its missing topk factor) turned into a summary."""
-    from kvfence.cases import casefile
+    from kvfence.engine import casefile
 
     strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix"))
     result = fuzz(make_session(), strategy, max_examples=30, seed=4, shrink_seconds=20)
@@ -90,7 +90,7 @@ def test_report_command_rerenders_from_summary_json(doc, tmp_path):
 
 
 def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
-    from kvfence.workflow.fuzz import FuzzResult
+    from kvfence.engine.loop import FuzzResult
 
     r = FuzzResult(examples=50, verified_cases=100, cached_cases=3, elapsed_s=2.0, max_utilisation=0.5)
     tty, plain = io.StringIO(), io.StringIO()
@@ -144,7 +144,7 @@ def test_a_case_link_is_a_relative_file_path_never_a_scheme(tmp_path):
 def test_a_widened_row_guard_says_why_it_is_wider_than_the_others():
     """kvfence widens every row's guard by the case's overflow: the map labels 64 + the overflow, not a bare
     count beside the 64 of other buffers; a plain guard keeps its count."""
-    from kvfence.reports.buffer_map import BufferMap, MapRow, row_svg
+    from kvfence.contracts.draft.buffer_map import BufferMap, MapRow, row_svg
 
     wide = MapRow("row 0", 0, 72, [(0, 4, "row"), (4, 72, "guard")], [], width=4)
     plain = MapRow("row 0", 0, 68, [(0, 4, "row"), (4, 68, "guard")], [], width=4)
@@ -157,8 +157,8 @@ def test_a_widened_row_guard_says_why_it_is_wider_than_the_others():
 def test_the_end_of_run_table_shows_an_earlier_summarys_escape_codes_escaped():
     """``fuzz --resume`` prints a summary another run wrote: its strings (kernel, sizing, case paths, repro
     lines) reach the terminal with control characters escaped, never as escape sequences."""
-    from kvfence.reports.summary import build, text_table
-    from kvfence.workflow.fuzz import FuzzResult
+    from kvfence.engine.summary import build, text_table
+    from kvfence.engine.loop import FuzzResult
 
     evil = "\x1b]0;pwn\x07\x1b[2J"
     doc = build(FuzzResult(), run={"kernel": evil, "sizing": evil, "device": evil, "contract": "draft"},

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import casefile
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.reports import summary as summary_mod
+from kvfence.engine import casefile
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine import summary as summary_mod
 from kvfence.reports.render import write_reports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def _expected_segments(case: Case):
 @pytest.fixture(scope="module")
 def reports(make_session, tmp_path_factory):
     """report.html of a planted value bug (off_by_one_n), of the pre-fix sizing, and of the correct pair."""
-    from kvfence.workflow.mutants import kernel_spec
+    from kvfence.selftest.mutants import kernel_spec
 
     spec = kernel_spec("off_by_one_n")
     out = {}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.workflow.mutants import MutantResult, SelfTest, format_table
-from kvfence.workflow.outdir import set_aside_earlier_cases
-from kvfence.reports import summary as summary_mod
+from kvfence.selftest.mutants import MutantResult, SelfTest, format_table
+from kvfence.engine.outdir import set_aside_earlier_cases
+from kvfence.engine import summary as summary_mod
 from kvfence.reports.render import panel_counts, panel_title
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,9 +62,9 @@ def test_set_aside_moves_only_top_level_case_files_and_never_overwrites(tmp_path
 @pytest.fixture(scope="module")
 def failing_doc(make_session, tmp_path_factory):
     """A real fuzz run of the pre-fix sizing with its shrunk case file."""
-    from kvfence.cases import casefile
-    from kvfence.workflow.fuzz import fuzz
-    from kvfence.strategies import cases, configs
+    from kvfence.engine import casefile
+    from kvfence.engine.loop import fuzz
+    from kvfence.contracts.draft.strategies import cases, configs
 
     result = fuzz(make_session(), cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")), max_examples=30,
                   seed=4, shrink_seconds=20)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import casefile
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.workflow.repro import run_repro
+from kvfence.engine import casefile
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.repro import run_repro
 
 ROOT = Path(__file__).resolve().parent.parent
 

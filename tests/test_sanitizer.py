@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.tools import sanitizer
+from kvfence.sanitizer import tool as sanitizer
 from kvfence.errors import BadInput
-from kvfence.cases.findings import Kind
+from kvfence.engine.findings import Kind
 from tests.fake_sanitizer import install_fake_tool
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -96,14 +96,14 @@ def test_broken_xml_is_bad_input(text, message):
 
 
 def test_command_lines_per_tool(tmp_path):
-    from kvfence.cases import contract as contracts
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.cases.casefile import write_case
+    from kvfence import contract as contracts
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.casefile import write_case
 
     status = tmp_path / "c.status.json"
     case_file = write_case(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1), Batch((2,), (0,))), [], out_dir=tmp_path)
     target = sanitizer.repro_target(case_file, status_path=status, python="python")
-    assert target == ["python", "-m", "kvfence.sanitizer_child", str(status), "repro", str(case_file),
+    assert target == ["python", "-m", "kvfence.sanitizer.child", str(status), "repro", str(case_file),
                       "--device", "cuda", "--layout", "production", "--no-absorb", "--in-process", "--trust-case"]
     assert sanitizer.repro_target(case_file, status_path=status, kernel="k.py:f", mode="graph")[-4:] == \
         ["--kernel", "k.py:f", "--mode", "graph"]
@@ -130,7 +130,7 @@ def test_command_lines_per_tool(tmp_path):
 
 def test_initcheck_never_gets_a_kernel_filter(tmp_path):
     # With a filter, initcheck does not see the stores of PyTorch's kernels, so everything they fill
-    # reads as uninitialised: the noise of the fixture and of every sweep case (kvfence.tools.sanitizer).
+    # reads as uninitialised: the noise of the fixture and of every sweep case (kvfence.sanitizer.tool).
     target = ["python", "child"]
     for tool in ("memcheck", "racecheck", "synccheck"):
         assert "--kernel-name" in sanitizer.tool_command("cs", tool, target, xml_path=tmp_path / "x.xml")
@@ -200,8 +200,8 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
 def fake_tool(tmp_path, monkeypatch):
     """A fake compute-sanitizer first on PATH, found by ``locate`` like the real one; returns
     ``run(scenario, timeout)`` -> ToolVerdict for a real case file."""
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.cases.casefile import write_case
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.casefile import write_case
 
     tool = install_fake_tool(tmp_path, monkeypatch)
     exe = sanitizer.locate()
@@ -266,7 +266,7 @@ def test_a_timeout_kills_the_tool_and_its_children_and_is_a_tool_error(fake_tool
 def test_the_child_wrapper_records_its_own_exit_code(tmp_path):
     # The real child: a case file that does not exist is bad input (2), recorded in the status file.
     status = tmp_path / "s.json"
-    proc = subprocess.run([sys.executable, "-m", "kvfence.sanitizer_child", str(status), "repro",
+    proc = subprocess.run([sys.executable, "-m", "kvfence.sanitizer.child", str(status), "repro",
                            str(tmp_path / "missing.json"), "--device", "cpu"],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                           timeout=120)
@@ -330,7 +330,7 @@ def test_baseline_runs_the_same_child_and_reports_when_it_cannot_run(fake_tool, 
 
 
 def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
-    from kvfence.tools.sweep import sweep_exit
+    from kvfence.sanitizer.sweep import sweep_exit
 
     clean = {"canary_cases_with_findings": 0, "baseline_errors": 0,
              "per_tool": {"memcheck": {"cases_with_findings": 0, "cases_with_tool_errors": 0}},
@@ -345,7 +345,7 @@ def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
 
 FAKE_PYTHON = """#!{python}
 import json, os, sys
-status = sys.argv[sys.argv.index("kvfence.sanitizer_child") + 1]
+status = sys.argv[sys.argv.index("kvfence.sanitizer.child") + 1]
 code = int(os.environ["FAKE_CHILD_EXIT"])
 open(status, "w").write(json.dumps({{"exit": code}}))
 sys.exit(code)
@@ -355,8 +355,8 @@ sys.exit(code)
 @pytest.mark.parametrize("baseline_exit", [0, 1])
 def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool, tmp_path, monkeypatch, baseline_exit):
     # The baseline child (a fake python) says `baseline_exit`; under the (fake) tools the child says 0.
-    from kvfence.cases.casefile import load_case
-    from kvfence.tools.sweep import sanitize_case
+    from kvfence.engine.casefile import load_case
+    from kvfence.sanitizer.sweep import sanitize_case
 
     python = tmp_path / "fake-python"
     python.write_text(FAKE_PYTHON.format(python=sys.executable))
@@ -380,9 +380,9 @@ def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool
 
 def test_sweep_cases_never_runs_a_plugin_a_case_file_names(tmp_path):
     # A case file is data: a plug-in kernel it names runs only when --kernel names it too.
-    from kvfence.cases.case import Batch, Case, Config
-    from kvfence.cases.casefile import write_case
-    from kvfence.tools.sweep import load_cases
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.casefile import write_case
+    from kvfence.sanitizer.sweep import load_cases
 
     case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, mode="eager"), Batch((2,), (0,), 1),
                 kernel="evil.py:payload")

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from kvfence.cases.budget import buffer_geometry, estimate_bytes, fit, parse_size
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.domain import BOUNDARY_CLASSES, CPU, GPU, boundary_classes, capture_buckets
+from kvfence.contracts.draft.budget import buffer_geometry, estimate_bytes, fit, parse_size
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.domain import BOUNDARY_CLASSES, CPU, GPU, boundary_classes, capture_buckets
 from kvfence.errors import BadInput
-from kvfence.strategies import RARE_PATH_ON, case_runs, cases, configs
+from kvfence.contracts.draft.strategies import RARE_PATH_ON, case_runs, cases, configs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,8 +104,8 @@ def test_fit_shrinks_free_fields_only_and_refuses_what_cannot_fit():
 
 def test_budget_estimate_covers_the_real_allocation(device):
     """The estimate is built from the geometry the runner allocates: every guarded buffer matches it."""
-    from kvfence.running.runner import GraphRunner
-    from kvfence.cases.targets import resolve_kernel
+    from kvfence.contracts.draft.runner import GraphRunner
+    from kvfence.contracts.draft.targets import resolve_kernel
 
     config = Config(topk=3, num_steps=2, page_size=4, ctx=20, max_bs=4, sizing="prefix")
     runner = GraphRunner(config, resolve_kernel("reference", device), device)
@@ -125,7 +125,7 @@ def test_parse_size():
 
 def test_cached_cases_are_not_counted_as_verified(make_session):
     """A strategy that repeats two cases: only two are launched; the rest are cache hits, outside the rate."""
-    from kvfence.workflow.fuzz import fuzz
+    from kvfence.engine.loop import fuzz
 
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=1)
     pair = [Case(config, Batch((1,), (0,), 0)), Case(config, Batch((2,), (1,), 0))]
@@ -141,8 +141,8 @@ def test_cached_cases_are_not_counted_as_verified(make_session):
 def test_batched_device_verification_equals_case_by_case(device):
     """``check_many`` (one device round trip per batch) gives each case exactly the findings ``check``
     gives it, for a buggy kernel whose batches are dirty only with three or more requests."""
-    from kvfence.workflow.mutants import kernel_spec
-    from kvfence.verifying.session import Session
+    from kvfence.selftest.mutants import kernel_spec
+    from kvfence.contracts.draft.session import Session
 
     config = Config(topk=2, num_steps=2, page_size=1, ctx=6, max_bs=4)
     runs = [Case(config, Batch((3,), (1,), 7)), Case(config, Batch((2, 5, 1), (2, 0, 4), 8)),
@@ -182,7 +182,7 @@ def test_default_jobs_follow_the_cores_this_process_may_run_on(monkeypatch):
     """On CUDA the default --jobs is the cores of the affinity mask less one (a run pinned to 16 cores
     of a 128-core host, as ``benchmarks/plain_fuzz_mutants.py --parallel`` pins each run, gets 15), not
     the host's core count; one job on the CPU."""
-    from kvfence.commands import fuzz
+    from kvfence.cli import fuzz
 
     monkeypatch.setattr(fuzz.os, "cpu_count", lambda: 128)
     monkeypatch.setattr(fuzz.os, "sched_getaffinity", lambda pid: set(range(16, 32)), raising=False)

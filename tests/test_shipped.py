@@ -1,4 +1,4 @@
-"""Shipped sizing (kvfence.cases.shipped): the buffer sizing a release ships, read from its wheel, and used.
+"""Shipped sizing (kvfence.release.shipped): the buffer sizing a release ships, read from its wheel, and used.
 
 The wheels here are synthetic: tiny backends and a CUDA-graph runner written for these tests (no SGLang
 code), zipped with the classic-ABI kernel of tests/test_upstream.py. They cover the call-site rule (request
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import shipped
+from kvfence.release import shipped
 
-from kvfence.cases import shipped_sizing
+from kvfence.release import shipped_sizing
 from kvfence.errors import BadInput
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
@@ -316,8 +316,8 @@ def test_a_silent_overflow_cell_needs_the_kernel_seen_writing_past_its_row(tmp_p
 def test_config_sizes_each_mode_from_its_own_site_and_strategies_take_the_spec(tmp_path, monkeypatch):
     from hypothesis import given, settings
 
-    from kvfence.cases.case import Config
-    from kvfence.strategies import configs
+    from kvfence.contracts.draft.case import Config
+    from kvfence.contracts.draft.strategies import configs
 
     wheel = toy_wheel(tmp_path / "wheels")
     monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
@@ -398,7 +398,7 @@ def _tampered(record: dict):
 def test_a_tampered_record_with_its_sha256_in_the_manifest_is_one_line_exit_2(tmp_path):
     """A record someone edited and re-hashed into the manifest is read only after its schema and types are
     checked: every kind of damage is one line naming the record, exit 2, never a traceback."""
-    from kvfence.cases.upstream import _sha256
+    from kvfence.release.upstream import _sha256
 
     cache = tmp_path / "cache"
     wheel = toy_wheel(tmp_path / "wheels")
@@ -492,7 +492,7 @@ def test_kernel_extraction_reads_no_member_past_the_bound_and_names_what_it_left
     left out, not inflated), and a release whose kernel is not found says which members were not read."""
     import zipfile
 
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     monkeypatch.setattr(shipped, "MAX_MEMBER_BYTES", 64 << 10)
     bomb = "x = 0\n" + "#" * (1 << 20)
@@ -535,7 +535,7 @@ def test_one_shipped_matrix_command_runs_the_draft_family_and_a_table_contract(t
     table contracts' document; exit 1 (both find overflows in this wheel)."""
     from test_contracts import _ADMISSION, _BACKEND
 
-    ours = (Path(__file__).resolve().parents[1] / "kernels" / "trtllm_mha_page_table.py").read_text()
+    ours = (Path(__file__).resolve().parents[1] / "kernels" / "page_table" / "trtllm_mha_page_table.py").read_text()
     modules = {MODULE: FAKE_MODULE, UTILS: TOY_UTILS, RUNNER: TOY_RUNNER, BACKENDS: TOY_BACKENDS, **_ADMISSION,
                "sglang/kernels/ops/attention/trtllm_mha_page_table.py": ours,
                "sglang/srt/layers/attention/trtllm_mha_backend.py":

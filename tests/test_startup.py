@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, seed, settings
 
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.domain import COMMON_STEPS, COMMON_TOPK, CPU, GPU
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.domain import COMMON_STEPS, COMMON_TOPK, CPU, GPU
 from kvfence.cli import build_parser
-from kvfence.commands.fuzz import DEFAULT_GPU_SECONDS, DEFAULT_MAX_EXAMPLES, FIRST_FAILURE, _resolve_budget
-from kvfence.strategies import cases, configs
-from kvfence.workflow.fuzz import fuzz
-from kvfence.workflow.progress import UNBOUNDED_EXAMPLES
-from kvfence.reports.summary import build
+from kvfence.cli.fuzz import DEFAULT_GPU_SECONDS, DEFAULT_MAX_EXAMPLES, FIRST_FAILURE, _resolve_budget
+from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.engine.loop import fuzz
+from kvfence.engine.progress import UNBOUNDED_EXAMPLES
+from kvfence.engine.summary import build
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The real interpreter (tests below put a stand-in in ``kvfence.workflow.jobs.sys.executable``).
+#: The real interpreter (tests below put a stand-in in ``kvfence.engine.jobs.sys.executable``).
 _PYTHON = sys.executable
 
 #: Runs ``kvfence.cli.main`` in a fresh interpreter and prints which heavy modules that process imported.
@@ -189,7 +189,7 @@ def _check(make_session, kernel, page_size, topk, num_steps):
 def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
     """page1_step_major_drafts names its kinds at page 1 with topk, steps >= 2, and is clean on the paged
     path and where the layouts coincide; the reference is clean everywhere."""
-    from kvfence.workflow.mutants import discover
+    from kvfence.selftest.mutants import discover
 
     mutant = next(m for m in discover() if m.name == "page1_step_major_drafts")
     import importlib.util
@@ -225,7 +225,7 @@ def test_first_verdict_benchmark_writes_its_ratio(tmp_path):
     assert len(run["jobs_ready_s"]) == 2 and all(0 < t < run["wall_s"] for t in run["jobs_ready_s"])
     assert run["seed"] == 1 and run["first_failing_job"] in (0, 1)
     assert 1 <= run["first_failing_job_examples_to_failure"] <= 6 and run["first_failing_job_compile_s"] >= 0
-    from kvfence.workflow.jobs import LEAD_HEAD_START_S
+    from kvfence.engine.jobs import LEAD_HEAD_START_S
 
     assert run["lead_head_start_s"] == doc["lead_head_start_s"] == LEAD_HEAD_START_S
     assert 0 < run["lead"]["startup_s"] < run["wall_s"] and run["lead"]["examples"] >= 1
@@ -311,7 +311,7 @@ sys.exit(1 if role == "fail" else 0)
 
 def _fake_jobs(tmp_path, monkeypatch, *roles):
     """``run_jobs`` argument lists for fake jobs of these roles (``_FAKE_JOB``), the fake put in as python."""
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
     fake = tmp_path / "python"
     fake.write_text(_FAKE_JOB.format(python=_PYTHON))
@@ -326,7 +326,7 @@ def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkey
     """``run_jobs``: the first failure of any job makes the parent write the stop file the other jobs
     were given, so the run ends with that failure, not with the time budget; under ``--keep-going``
     (``stop_on_failure=False``) no job is given one and the others run their budget."""
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
     announced = []
     start = time.perf_counter()
@@ -344,7 +344,7 @@ def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkey
 def test_a_jobs_budget_counts_from_its_first_progress_so_a_slow_start_is_no_overrun(tmp_path, monkeypatch):
     """``deadline_s``: a job whose start-up took long (a loaded machine) and which then runs within its
     budget is not stopped, while one that runs past its budget and grace is stopped and named."""
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "JOB_OVERRUN_GRACE_S", 2.0)
     monkeypatch.setattr(jobs, "STOP_WAIT_S", 1.0)
@@ -364,7 +364,7 @@ def test_the_lead_job_starts_alone_and_the_others_after_its_head_start(tmp_path,
     start-up does not slow the lead's next examples), then its failure stops the lead as any job's does."""
     import os
 
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "LEAD_HEAD_START_S", 1.0)
     docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "explore", "fail"),
@@ -384,7 +384,7 @@ def test_a_lead_that_fails_first_ends_the_run_without_the_others(tmp_path, monke
     """A lead whose first example fails: the others would only start up and stop, so they are not
     started, and the parent says how many (the summary's ``jobs_not_started``); under ``--keep-going``
     they are started."""
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
     docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "fail", "explore", "explore"),
                                                       tmp_path / "out", device="cpu", lead=True)
@@ -398,7 +398,7 @@ def test_a_lead_that_fails_first_ends_the_run_without_the_others(tmp_path, monke
 def test_the_others_do_not_wait_past_lead_wait_s_for_a_silent_lead(tmp_path, monkeypatch):
     """A lead that writes no progress (a slow first example) holds the others back ``LEAD_WAIT_S`` at
     most: here they start while it still runs."""
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "LEAD_WAIT_S", 0.5)
     docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"),
@@ -411,7 +411,7 @@ def test_the_others_do_not_wait_past_lead_wait_s_for_a_silent_lead(tmp_path, mon
 def test_cuda_runs_lead_by_default_and_the_cpu_does_not(tmp_path, monkeypatch):
     """Without ``lead``: a CUDA run holds job 1 back for job 0's first example, a CPU run starts both at
     once (the interpreter's first example is slow, and no CUDA contexts compete there)."""
-    from kvfence.workflow import jobs
+    from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "_visible_gpus", lambda: ["0"])
     docs, *_ = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"), tmp_path / "cuda", device="cuda")
@@ -423,7 +423,7 @@ def test_cuda_runs_lead_by_default_and_the_cpu_does_not(tmp_path, monkeypatch):
 #: ``kvfence.cli.main`` with the jobs' lead on whatever the device (CUDA's default), in a fresh interpreter.
 _LEAD_PROBE = """
 import functools, sys
-from kvfence.workflow import jobs
+from kvfence.engine import jobs
 jobs.run_jobs = functools.partial(jobs.run_jobs, lead=True)
 from kvfence.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -437,7 +437,7 @@ def test_a_fuzz_run_whose_lead_fails_first_says_how_many_jobs_it_did_not_start(t
     table and the summary's ``jobs_not_started`` say so, and the failure is reported as usual."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-c", _LEAD_PROBE, "fuzz", "--device", "cpu", "--kernel",
-                           "kvfence.kernels.planted:kvi_front_guard", "--jobs", "3", "--max-examples", "6",
+                           "kvfence.kernels.draft.planted:kvi_front_guard", "--jobs", "3", "--max-examples", "6",
                            "--seed", "1", "--shrink-seconds", "0", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr

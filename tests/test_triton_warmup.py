@@ -1,4 +1,4 @@
-"""Triton's per-process start-up, warmed on a thread in a CUDA worker (kvfence.running.triton_warmup)."""
+"""Triton's per-process start-up, warmed on a thread in a CUDA worker (kvfence.engine.triton_warmup)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import json
 import subprocess
 import sys
 
-from kvfence.running import triton_warmup
-from kvfence.running.triton_warmup import TritonWarmup, wanted
+from kvfence.engine import triton_warmup
+from kvfence.engine.triton_warmup import TritonWarmup, wanted
 
 #: In a fresh interpreter (Triton's cache key not yet computed): warm up, then report what is ready.
 _PROBE = """
 import json, sys
-from kvfence.running.triton_warmup import FIRST_COMPILE_MODULES, TritonWarmup
+from kvfence.engine.triton_warmup import FIRST_COMPILE_MODULES, TritonWarmup
 from triton.runtime import cache
 before = cache.triton_key.cache_info().currsize
 seconds = TritonWarmup().start().join()

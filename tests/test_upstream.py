@@ -1,4 +1,4 @@
-"""SGLang's kernels from its wheel (kvfence.cases.upstream): ``upstream fetch`` and ``--kernel sglang==VERSION``.
+"""SGLang's kernels from its wheel (kvfence.release.upstream): ``upstream fetch`` and ``--kernel sglang==VERSION``.
 
 The unit tests build small fake wheels in tmp_path: a zip with a dist-info and an ``sglang/.../spec_utils.py``
 holding a classic-ABI kernel written here from docs/contract.md (no SGLang code), plus module-level code that would
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases import upstream
+from kvfence.release import upstream
 from kvfence.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]

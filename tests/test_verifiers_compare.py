@@ -1,4 +1,4 @@
-"""The device verifier and the oracle path compared on dirty cases (``kvfence.workflow.compare``,
+"""The device verifier and the oracle path compared on dirty cases (``kvfence.contracts.draft.compare``,
 ``python -m kvfence mutants --verifiers both``).
 
 Each planted bad write must be seen by both paths the same way (verdict, counter, findings), the clean
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.workflow import compare
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.verifying.device_verify import COUNTERS, DeviceVerifier
-from kvfence.cases.findings import Finding, Kind
-from kvfence.verifying.session import Session
+from kvfence.contracts.draft import compare
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.device_verify import COUNTERS, DeviceVerifier
+from kvfence.engine.findings import Finding, Kind
+from kvfence.contracts.draft.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = compare.PLANTED_FILE
@@ -116,7 +116,7 @@ def test_the_device_path_is_compared_through_check_many(device, monkeypatch):
     path as it is agrees on a run whose last case alone is dirty; with its dirty-batch reset removed
     (a re-check then meets the dirty case's stray store) the comparison reports a disagreement on a
     clean case."""
-    from kvfence.verifying.device_verify import DeviceVerifier
+    from kvfence.contracts.draft.device_verify import DeviceVerifier
 
     bad = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:tail_write_past_two"
     config = Config(topk=1, num_steps=2, ctx=4, max_bs=4, sizing="safe")
@@ -201,7 +201,7 @@ def test_racy_cases_are_compared_by_what_holds_whatever_the_schedule():
     not when they do not, when the host-known findings differ, when a counter is non-zero that no
     launch's findings imply, or when one path is clean on every launch. A case that is not racy must
     match range for range."""
-    from kvfence.workflow.compare import Paths
+    from kvfence.contracts.draft.compare import Paths
 
     value = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
     shifted = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]
@@ -232,7 +232,7 @@ def test_a_kernel_whose_launches_alternate_findings_is_racy_and_agrees():
     on odd ones. The two paths' first launches name different kinds (equal kinds per launch would call
     that a disagreement), the case is racy, and it agrees: each path saw both kinds over its launches,
     and the counters saw what some launch named."""
-    from kvfence.cases.targets import _load_file
+    from kvfence.contracts.draft.targets import _load_file
 
     _load_file(SPILLS).LAUNCHES.clear()  # launch 0 is the counters' own, launch 2 the device path's full one
     spec = f"{SPILLS}:parity"
@@ -257,7 +257,7 @@ def test_a_race_that_follows_the_buffers_is_found_by_judging_one_launch_twice():
     launch's buffers, the findings are the same, so the verifiers agree and the case is racy (launch-
     dependent); judged by the plain oracle on that launch, a verifier that named other findings would be
     a disagreement."""
-    from kvfence.cases.targets import _load_file
+    from kvfence.contracts.draft.targets import _load_file
 
     _load_file(SPILLS).ALLOCATIONS.clear()
     spec = f"{SPILLS}:by_allocation"
@@ -326,7 +326,7 @@ def test_a_race_that_repeats_twice_on_the_oracle_path_is_still_found_racy():
     """H200 run 16: two oracle-path launches agreed, the device path's differed. The extra launches on a
     disagreement find the race (here on the device path's second launch); a deterministic disagreement
     stays one, after the extra launches on both paths."""
-    from kvfence.cases.findings import Finding
+    from kvfence.engine.findings import Finding
 
     here = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 10, 20)]
     there = [Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 12, 20)]
@@ -348,7 +348,7 @@ def test_a_guarded_buffer_keeps_nothing_but_its_storage_on_the_device():
     canaries are computed when needed, so the only tensor it holds is its storage (and a view of it)."""
     import torch
 
-    from kvfence.running.guarded import GuardedBuffer, POISON, canary_values
+    from kvfence.contracts.draft.guarded import GuardedBuffer, POISON, canary_values
 
     buf = GuardedBuffer("kv_indptr", 3, 5, row_guard=2, front=4, tail=4, device="cpu", canary_seed=7,
                         guard_column0=True)

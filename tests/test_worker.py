@@ -1,4 +1,4 @@
-"""The worker process (kvfence.workflow.worker): crashes, hangs and exits of the kernel become findings, the
+"""The worker process (kvfence.engine.worker): crashes, hangs and exits of the kernel become findings, the
 supervisor lives on, and only the guilty case of a ``check_many`` list is blamed."""
 
 import os
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases.case import Batch, Case, Config
+from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.errors import BadInput
-from kvfence.cases.findings import Kind
-from kvfence.verifying.session import Session
-from kvfence.workflow.worker import RemoteSession
+from kvfence.engine.findings import Kind
+from kvfence.contracts.draft.session import Session
+from kvfence.engine.worker import RemoteSession
 
 pytestmark = pytest.mark.cpu_only  # the plug-ins below crash the interpreter's process on purpose
 
@@ -46,7 +46,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
     with RemoteSession(device, "reference", contract="draft", case_timeout=5) as rs:
         assert kinds(rs.check_many(batch_cases("reference", lengths))) == [[]] * len(lengths)
         assert rs.stats["worker_starts"] == 1  # one worker, reused for every case
-    # In-process, sys.exit() in a launch is a LAUNCH_ERROR too (kvfence.running.runner catches SystemExit).
+    # In-process, sys.exit() in a launch is a LAUNCH_ERROR too (kvfence.contracts.draft.runner catches SystemExit).
     assert [f.kind for f in Session(device, spec).check(batch_cases(spec, [5])[0])] == [Kind.LAUNCH_ERROR]
 
 
@@ -63,11 +63,11 @@ def test_remote_findings_equal_in_process_findings(device):
 def test_a_drawn_page_table_reaches_the_worker_negative_pages_and_all(device):
     """translate_negative_unclipped needs a drawn table with a negative page: through the worker it is
     caught on the case that catches it in-process, and the reference passes there too."""
-    from kvfence.workflow.mutants import kernel_spec
+    from kvfence.selftest.mutants import kernel_spec
 
     spec = kernel_spec("translate_negative_unclipped")
     config = Config(topk=2, num_steps=2, page_size=4, ctx=16, max_bs=2, translate=True)
-    from kvfence.cases.case import v2p_table
+    from kvfence.contracts.draft.case import v2p_table
 
     seed = next(s for s in range(1, 500) if any(p < 0 for p in v2p_table(config, s)[:5]))
     case = Case(config, Batch((16, 12), (1, 0), 3, seed), kernel=spec)
@@ -208,7 +208,7 @@ def child_pids() -> set:
 
 @pytest.mark.long
 def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(device):
-    """Once a session has crashed, replacement workers start in the background (kvfence.workflow.worker.SPARES):
+    """Once a session has crashed, replacement workers start in the background (kvfence.engine.worker.SPARES):
     the next restart adopts one, verdicts stay the true ones, and close() leaves no process behind."""
     spec = f"{CRASHERS}:segfault_on_3"
     before = child_pids()
@@ -234,8 +234,8 @@ def test_the_wire_form_keeps_every_batch_field():
     included (a TRANSLATE case checked with another table than its own would be judged on the wrong case)."""
     import json
 
-    from kvfence.cases import contract as contracts
-    from kvfence.cases.case import Batch, Case, Config
+    from kvfence import contract as contracts
+    from kvfence.contracts.draft.case import Batch, Case, Config
 
     record = contracts.get("draft")
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=2, translate=True)
@@ -252,9 +252,9 @@ def test_a_crashing_session_gets_its_share_of_the_cores_in_spares(monkeypatch):
     fewer than ``SPARES``; a ``--jobs`` child is told how many processes share the host (``--host-jobs``)."""
     import argparse
 
-    from kvfence.commands.fuzz import _child_args
-    from kvfence.workflow import jobs
-    from kvfence.workflow.worker import crash_spares
+    from kvfence.cli.fuzz import _child_args
+    from kvfence.engine import jobs
+    from kvfence.engine.worker import crash_spares
 
     monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
     assert [crash_spares("cuda", n) for n in (1, 2, 4, 5, 8, 15)] == [4, 4, 4, 3, 2, 2]

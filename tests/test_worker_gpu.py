@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.cases.case import Batch, Case, Config
-from kvfence.cases.findings import Kind
-from kvfence.workflow.worker import RemoteSession
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.engine.findings import Kind
+from kvfence.engine.worker import RemoteSession
 
 pytestmark = pytest.mark.gpu
 

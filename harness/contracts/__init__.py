@@ -1,4 +1,4 @@
-"""kvfence's own contract records (``kvfence.cases.contract.Contract``), one module per kernel family.
+"""kvfence's own contract records (``kvfence.contract.Contract``), one module per kernel family.
 
 The engine never imports these modules: it loads each record by its entry point (``pyproject.toml``, group
 ``kvfence.contracts``), as it loads another package's. ``tables`` is the tier the page-table builders are

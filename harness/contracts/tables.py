@@ -5,19 +5,19 @@ writes a few lines of its own:
 
 * ``cases(domain)``: a Hypothesis strategy of its cases (config and batch in one frozen value that shrinks
   toward the simplest launch), ``case_to_dict`` / ``case_from_dict`` (data, validated);
-* ``tables(case, width)``: its buffers (``kvfence.cases.contract.Table``: outputs guarded, inputs with poisoned
+* ``tables(case, width)``: its buffers (``kvfence.contract.Table``: outputs guarded, inputs with poisoned
   guards), ``expected(case, width)``: the plain-Python oracle of every output element, ``need(case)``: the row
   width the launch needs, ``launch(kernel, buffers, case, width)``: its ABI;
 * optionally ``findings_before_launch`` (arithmetic findings such as a truncated table), ``owner`` (the program
   the contract says writes an element), ``structural_key``, ``compile_key`` and ``elements``.
 
-From those, this class answers the engine (``kvfence.cases.contract.Contract``): a case of the engine is a
+From those, this class answers the engine (``kvfence.contract.Contract``): a case of the engine is a
 ``Launch``, the contract's case bound to the row width its sizing gives it, with the kernel and mode it runs
-in; one check allocates the guarded tables (``kvfence.running.tables``), launches (in a captured CUDA graph in
-graph mode on CUDA) and compares every element (``kvfence.verifying.tables``).
+in; one check allocates the guarded tables (``kvfence.engine.tables``), launches (in a captured CUDA graph in
+graph mode on CUDA) and compares every element (``kvfence.engine.verdict``).
 
 Kernel specs (``resolve_kernel``): ``reference`` (kvfence's own kernel), ``mutant:NAME`` (a planted bug),
-``sglang==VERSION`` (the release's own kernel, extracted from its wheel as data: ``kvfence.cases.upstream``),
+``sglang==VERSION`` (the release's own kernel, extracted from its wheel as data: ``kvfence.release.upstream``),
 or a plug-in ``file.py:attr`` / ``module:attr``.
 """
 
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from kvfence.cases.contract import Contract, Table  # noqa: F401 - Table: what a table contract's tables() returns
-from kvfence.cases.findings import Finding, Kind
+from kvfence.contract import Contract, Table  # noqa: F401 - Table: what a table contract's tables() returns
+from kvfence.engine.findings import Finding, Kind
 from kvfence.errors import BadInput, require
 
 #: Kernel specs a case file may name and repro takes from it (none of them runs code the file chose).
 TRUSTED_PREFIXES = ("reference", "mutant:", "sglang==")
 #: A shipped sizing (``sglang==V:BACKEND:MODE:FORWARD_MODE``) is no named policy: its width is the release's
-#: formula, recorded with the case (``kvfence.workflow.contract_shipped_matrix``).
+#: formula, recorded with the case (``kvfence.release.contract_shipped_matrix``).
 SHIPPED_PREFIX = "sglang=="
 MAX_WIDTH = 1 << 24
 #: What an output element costs a check beside an input element: the plain-Python oracle builds each one (a
@@ -142,7 +142,7 @@ class TableContract(Contract):
 
     def release_kernel(self, version: str) -> None:
         """Extract release ``version``'s kernel into the cache, as data (nothing imported):
-        ``kvfence.cases.upstream.Refused`` when the release has none or another signature."""
+        ``kvfence.release.upstream.Refused`` when the release has none or another signature."""
         upstream_kernel_file(self, f"sglang=={version}")
 
     def check_launch(self, launch: Launch, device: str) -> List[Finding]:
@@ -270,7 +270,8 @@ def resolve_kernel(contract: TableContract, spec: str):
 
 
 def _resolve(contract: TableContract, spec: str):
-    from kvfence.cases import targets, upstream
+    from kvfence.contracts.draft import targets
+    from kvfence.release import upstream
 
     require(isinstance(spec, str) and spec, "--kernel: empty spec")
     if spec == "reference":
@@ -294,7 +295,7 @@ def upstream_kernel_file(contract: TableContract, spec: str) -> Path:
     import tempfile
     import zipfile
 
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     require(contract.upstream is not None, f"contract {contract.name} names no upstream kernel")
     version, _, attr = spec[len(upstream.SPEC_PREFIX):].partition(":")
@@ -343,7 +344,7 @@ def _check_signature(contract: TableContract, version: str, text: str, function:
         require(fn, f"sglang=={version}: {function} is not a top-level function")
         return [a.arg for a in fn[0].args.args]
 
-    from kvfence.cases import upstream
+    from kvfence.release import upstream
 
     ours = params(contract.reference_kernel.read_text())
     theirs = params(text)
@@ -358,8 +359,8 @@ def check(contract: TableContract, kernel, case, width: int, device: str, graph:
     """The findings of one launch: ``SIZING_VIOLATION`` (``need > width``) and the contract's own arithmetic
     findings, then the launch in guarded tables (a ``LAUNCH_ERROR`` if it raises) and the element-by-element
     verdict."""
-    from kvfence.running import tables as guarded
-    from kvfence.verifying.tables import verdict
+    from kvfence.engine import tables as guarded
+    from kvfence.engine.verdict import verdict
 
     findings: List[Finding] = []
     need = contract.need(case)

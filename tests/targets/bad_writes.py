@@ -1,7 +1,7 @@
 """Launchers that run the reference kernel and then make one genuine bad write with a Triton kernel.
 
 Each is a kvfence launcher plug-in (``tests/targets/bad_writes.py:NAME``): keyword arguments as in
-``kvfence.cases.targets.LAUNCH_KWARGS``, ``kv_indices`` / ``kv_indptr`` as 2-D step-row views. Offsets are
+``kvfence.contracts.draft.targets.LAUNCH_KWARGS``, ``kv_indices`` / ``kv_indptr`` as 2-D step-row views. Offsets are
 relative to the view's first element, so negative offsets reach the front guard and offsets past the
 last row reach the tail, exactly where a buggy kernel's stores would land.
 """
@@ -9,7 +9,7 @@ last row reach the tail, exactly where a buggy kernel's stores would land.
 import triton
 import triton.language as tl
 
-from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices, launch
 
 #: Written by every bad store: no slot id, canary or poison value equals it at these positions.
 BAD_VALUE = 777_777
@@ -119,7 +119,7 @@ def tail_write_past_two(**kw):
 
 
 #: The one request length ``rare_length_value`` goes wrong at: not an edge length of a 16-token
-#: context (kvfence.strategies.edge_lengths), so drawn only uniformly (tests/test_bulk.py).
+#: context (kvfence.contracts.draft.strategies.edge_lengths), so drawn only uniformly (tests/test_bulk.py).
 RARE_LENGTH = 11
 
 

@@ -5,7 +5,7 @@ and that default fuzzing of it draws no §6 field."""
 import triton
 import triton.language as tl
 
-from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices as _reference
+from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices as _reference
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Launcher plug-ins that kill, hang or exit the process that launches them (tests/test_worker.py).
 
-Each takes the ``kvfence.cases.targets.LAUNCH_KWARGS`` keyword arguments. ``misbehave`` and the ``*_on_3``
+Each takes the ``kvfence.contracts.draft.targets.LAUNCH_KWARGS`` keyword arguments. ``misbehave`` and the ``*_on_3``
 variants run the reference kernel except for batches whose first request has a given length, so a
 test can tell the guilty case from its neighbours in one ``check_many`` list.
 """
@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices, launch
 
 #: The first request length that triggers the ``*_on_3`` launchers.
 TRIGGER = 3

@@ -5,7 +5,7 @@ with ``--no-audit``: a store to unmapped host memory (a segfault); with the audi
 import triton
 import triton.language as tl
 
-from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices, launch
 
 #: Elements past kv_indices' first element: 2**36 int32s = 256 GiB, outside anything a process maps.
 FAR = 1 << 36

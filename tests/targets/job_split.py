@@ -6,7 +6,7 @@ command line (``--out OUT/jobs/job-N``)."""
 import os
 import time
 
-from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices, launch
 
 SLEEP_S = 120.0
 

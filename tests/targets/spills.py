@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvfence.kernels.draft_kv_indices import generate_draft_decode_kv_indices, launch
+from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices, launch
 
 #: Neither writer's value: no slot id, canary or poison equals it in these cases.
 BAD_VALUE = 777_777

@@ -1,0 +1,64 @@
+"""``python -m kvfence COMMAND``: the command line. Each command's parser and handler live in its own module
+of ``kvfence.cli``; this module assembles them and runs one.
+
+Exit codes (``kvfence.errors``): 0 no finding, 1 findings, 2 bad input or unusable environment, always
+as one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from kvfence.cli import affected, fuzz, mutants, repro, report, sweep, upstream
+from kvfence.cli.common import EXIT_CODES, _Parser, _stderr
+from kvfence.errors import EXIT_BAD_INPUT, BadInput
+
+
+#: The name the command line gives itself: the console script is ``kvfence``; ``python -m kvfence``
+#: passes its own name (``kvfence.__main__``), so usage lines show what the user actually typed.
+PROG = "kvfence"
+
+#: The command modules, in the order ``--help`` lists them.
+COMMANDS = (fuzz, repro, report, mutants, sweep, upstream, affected)
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="kvfence: differential fuzzing and memory-safety "
+                     "harness for the EAGLE draft-decode kv-indices kernel",
+                     epilog=f"Run '{prog} COMMAND --help' for a command's flags and exit codes.\n\n{EXIT_CODES}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for command in COMMANDS:  # the order of the command list in --help
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
+    """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m kvfence``)."""
+    from kvfence.engine.clock import command_clock
+
+    with command_clock():  # children (--jobs, checking workers) time their phases from this command's start
+        return _run(argv, prog)
+
+
+def _run(argv: Optional[List[str]], prog: str) -> int:
+    args = None
+    try:
+        parser = build_parser(prog)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            # No command: the command list, on stderr with exit 2 so a script that lost its arguments
+            # does not pass silently.
+            parser.print_help(sys.stderr)
+            return EXIT_BAD_INPUT
+        return args.func(args)
+    except BadInput as exc:
+        _stderr(f"kvfence: error: {exc}")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt as exc:  # kvfence.engine.interrupt.Interrupted carries SIGTERM's 143
+        if args is None:  # the command modules still importing or the parser: as kvfence.__main__ says it
+            _stderr("kvfence: interrupted while starting (no command ran; nothing was written)")
+            return 130
+        _stderr("kvfence: interrupted")
+        return getattr(exc, "exit_code", 130)

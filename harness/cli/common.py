@@ -1,0 +1,239 @@
+"""The argparse pieces the commands share: the parser class (a usage error is one line, exit 2), its help
+formatter, exit-code epilogs, value types, output-path checks, the ``--out`` lock, one-line output errors, and
+the flag groups: where cases run (fuzz, repro) and the kernel, config and §6 family flags of fuzz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Optional
+
+from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
+
+
+_BAD = "bad input or unusable environment (one line on stderr)"
+
+
+def _exit_codes(zero: str = "no finding", one: Optional[str] = "findings", two: str = _BAD) -> str:
+    """An epilog listing a command's exit codes (``kvfence.errors``)."""
+    rows = [(EXIT_CLEAN, zero), (EXIT_FINDINGS, one), (EXIT_BAD_INPUT, two)]
+    return "exit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in rows if text)
+
+
+#: Exit codes shared by every command; a command's epilog may state what 0 and 1 mean for it.
+EXIT_CODES = _exit_codes()
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows every option's default.
+
+    ``%(default)s`` is appended unless the help text already says what the default is (options whose
+    default is ``None`` describe it in words, e.g. "default: drawn by Hypothesis"); a flag that only
+    switches something on says "default: off". The epilog (exit codes) keeps its line breaks.
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit 2 (no usage dump).
+
+    Every parser (subcommands included, also ones added later) shows defaults in its help and, unless
+    it states its own, the shared exit codes in its epilog.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("epilog", EXIT_CODES)
+        # The formatter keeps line breaks (for the exit-code list), so long lines are wrapped here.
+        for key in ("description", "epilog"):
+            if kwargs.get(key):
+                kwargs[key] = "\n".join(textwrap.fill(line, 88, break_on_hyphens=False,
+                                                      subsequent_indent=" " * (len(line) - len(line.lstrip())))
+                                        for line in kwargs[key].splitlines())
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        # main() prints "kvfence: error: ..."; name only the command after the program (``fuzz: ...``).
+        command = self.prog.split("kvfence", 1)[-1].strip()
+        raise BadInput(f"{command}: {message}" if command else message)
+
+
+def _int_at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``, with a one-line error naming ``what`` it must be."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "a non-negative integer")
+
+
+def _seconds(minimum_exclusive: bool):
+    """An argparse type: finite seconds, > 0 (``minimum_exclusive``) or >= 0; NaN and inf are refused."""
+
+    def parse(text: str) -> float:
+        import math
+
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > 0 if minimum_exclusive else value >= 0)
+        if not ok:
+            what = "a positive" if minimum_exclusive else "a non-negative"
+            raise argparse.ArgumentTypeError(f"expected {what} finite number of seconds, got {text!r}")
+        return value
+
+    return parse
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _writable(path: Optional[str], what: str) -> Optional[Path]:
+    """Fail before any work if an output path cannot be written (its folder must exist)."""
+    if path is None:
+        return None
+    require(path.strip() != "", f"{what}: empty path (name a file)")  # Path("") would mean the current folder
+    p = Path(path)
+    require(p.parent.is_dir() if str(p.parent) else True, f"{what} {path}: folder {p.parent} does not exist")
+    require(not p.is_dir(), f"{what} {path} is a directory")
+    require(not p.exists() or p.is_file(), f"{what} {path}: not a regular file")
+    from kvfence.engine.outdir import probe_folder
+
+    probe_folder(p.parent if str(p.parent) else Path("."), what, path)
+    return p
+
+
+def _out_dir(path: str) -> Path:
+    """``--out``: must be a folder or not exist yet (created only once all input has been validated)."""
+    require(path.strip() != "", "--out: empty path (name a folder)")  # Path("") would mean the current folder
+    p = Path(path)
+    require(not p.exists() or p.is_dir(), f"--out {path}: exists and is not a directory")
+    from kvfence.engine.outdir import probe_folder
+
+    probe_folder(p, "--out", path)
+    return p
+
+
+def _lock_out(out_dir: Path) -> None:
+    """Create ``--out`` and hold its lock (kvfence.engine.outlock): a second run into it is refused, exit 2."""
+    from kvfence.engine import outlock
+
+    outlock.acquire(out_dir, announce=_stderr)
+
+
+def _output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
+    """The one-line error for an output that cannot be written (full disk, read-only filesystem, ...):
+    the path, the errno, and where the run's findings already are (case files are written first)."""
+    import errno as errno_mod
+
+    name = errno_mod.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
+    text = f"cannot write {path}: {exc.strerror or exc} ({name})"
+    cases = sorted((doc or {}).get("cases") or {})
+    if cases:
+        shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
+        text += (f"; the run has {len(doc['findings'])} finding(s), saved before this in {len(cases)} case "
+                 f"file(s): {shown}")
+    elif doc is not None and doc.get("findings"):
+        text += f"; the run has {len(doc['findings'])} finding(s) (printed above)"
+    return BadInput(text)
+
+
+class _output_errors:
+    """``with _output_errors(path, doc):`` turns an ``OSError`` of writing ``path`` into ``_output_failure``."""
+
+    def __init__(self, path, doc: Optional[dict] = None):
+        self.path, self.doc = path, doc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, OSError):
+            raise _output_failure(self.path, exc, self.doc) from None
+        return False
+
+
+def _add_worker_args(p: argparse.ArgumentParser) -> None:
+    """Where cases run (kvfence.engine.worker): a worker process that may crash or hang, or this process."""
+    from kvfence.engine.worker import DEFAULT_CASE_TIMEOUT
+
+    p.add_argument("--case-timeout", type=_seconds(True), default=DEFAULT_CASE_TIMEOUT,
+                   help="seconds a small case may run before it is a HANG (scaled up by the case's size)")
+    p.add_argument("--in-process", action="store_true",
+                   help="launch kernels in this process instead of a worker (debugging: a crash ends the run)")
+
+
+def _add_target_args(p: argparse.ArgumentParser, *, sizing_default: Optional[str] = "safe") -> None:
+    p.add_argument("--kernel", default="reference",
+                   help="kernel under test: reference, reference-blocked, package.module:attr or path/file.py:attr")
+    p.add_argument("--sizing", default=sizing_default,
+                   help="row-width policy of kv_indices: eager, fixed, prefix (the pre-fix CUDA-graph policy, "
+                        "W = max_bs*ctx, missing the topk factor), safe, window-fixed / window-no-topk (the window "
+                        "rail's, W = max_bs*topk*w / max_bs*w), or module:attr / file.py:attr")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
+    p.add_argument("--no-audit", action="store_true",
+                   help="CPU only: turn off the interpreter address audit (OOB_READ/OOB_WRITE; on by default)")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", default="graph", choices=["graph", "eager"],
+                   help="graph: buffers sized once at max_bs, batches padded to a capture bucket; "
+                        "eager: buffers sized per batch")
+    p.add_argument("--layout", default="redzone", choices=["redzone", "production"],
+                   help="redzone: a guard after every step row; production: rows contiguous, as upstream")
+    p.add_argument("--seq-len-limit", default="ctx", choices=["ctx", "ctx-steps"],
+                   help="longest request: ctx, or ctx-steps (requests keep num_steps of draft headroom)")
+    for flag in ("--topk", "--num-steps", "--page-size", "--ctx", "--max-bs"):
+        p.add_argument(flag, type=_positive_int, default=None,
+                       help="pin this config field (default: drawn by Hypothesis)")
+
+
+def _add_family_args(p: argparse.ArgumentParser) -> None:
+    """docs/contract.md §6: the newer kernel family's fields, pinned like --topk (drawn when the kernel
+    under test takes them, off for a classic-ABI kernel)."""
+    from kvfence import contract as registry
+
+    p.add_argument("--contract", default="draft", choices=registry.names(),
+                   help="which kernel contract (kvfence.contract; docs/contract.md): the draft kernel, the "
+                        "sliding-window read rail (needs --window), the page-table builders (§9), or another "
+                        "package's")
+    p.add_argument("--window", type=_non_negative_int, default=None,
+                   help="pin window_size, the sliding window (0: none; default: drawn when the kernel takes it)")
+    p.add_argument("--sink", type=_non_negative_int, default=None,
+                   help="pin sink_size, the attention sinks kept beside the window (default: drawn when the kernel "
+                        "takes it)")
+    p.add_argument("--entry-page-size", type=_positive_int, default=None,
+                   help="pin ENTRY_PAGE_SIZE, tokens per req_to_token entry, a power of two (default: drawn when "
+                        "the kernel takes it)")
+    p.add_argument("--translate", choices=["on", "off"], default=None,
+                   help="pin TRANSLATE, reads through a drawn v2p page table (default: drawn when the kernel "
+                        "takes it)")
+    p.add_argument("--family", choices=["auto", "on", "off"], default="auto",
+                   help="draw the §6 fields (window, sinks, entry page size, translation) for a kernel that takes "
+                        "them: auto = in every example on the CPU domain and in one example in four on the GPU "
+                        "domain (there §6 cases are verified on the host, so those examples are configs of at most "
+                        "16 MiB and 4 batches); on = in every example, off = never (default: auto)")

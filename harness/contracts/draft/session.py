@@ -1,0 +1,194 @@
+"""A checking session: one device, one kernel under test, runners cached per config.
+
+``Session.check(case)`` is the whole pipeline for one case: pick (or build) the runner for the case's
+config (graph mode keeps its buffers and captured graphs across cases, as production does), launch,
+and return the verdict's findings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import List, Optional
+
+from weakref import WeakKeyDictionary
+
+from kvfence.engine.audit import resolve_audit
+from kvfence.contracts.draft.budget import estimate_bytes
+from kvfence.contracts.draft.case import Case, Config
+from kvfence.contracts.draft.device_verify import COUNTERS, DeviceVerifier
+from kvfence.errors import require
+from kvfence.contracts.draft.fastcheck import expected_writes_torch
+from kvfence.engine.findings import Finding, Kind
+from kvfence.contracts.draft.runner import GraphRunner, Observation, make_runner
+from kvfence.contracts.draft.targets import KernelTarget, resolve_kernel
+from kvfence.contracts.draft.verdict import check
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+VERIFIERS = ("auto", "oracle", "device")
+
+#: Configs whose runners (buffers, graphs) stay alive; Hypothesis revisits recent configs when shrinking.
+RUNNER_CACHE = 16
+
+
+class Session:
+    def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True,
+                 verifier: str = "auto", audit: Optional[bool] = None, absorb: bool = True,
+                 max_bytes: Optional[int] = None):
+        self.device = device
+        #: Device memory the cached runners may hold together (kvfence.contracts.draft.budget estimates); None: no bound.
+        self.max_bytes = max_bytes
+        # Interpreter address audit (kvfence.engine.audit): None = on for cpu, off for cuda; True on cuda is BadInput.
+        self.audit = resolve_audit(audit, device)
+        self.kernel: KernelTarget = resolve_kernel(kernel, device)
+        self.poison = poison
+        self.absorb = absorb  # False only under compute-sanitizer (kvfence.contracts.draft.runner._buffers)
+        require(absorb or device == "cuda" or self.audit,
+                "--no-absorb on the CPU needs the address audit: a wild store would write host memory")
+        # "oracle": the plain-Python oracle builds every expected write set (CPU default).
+        # "device": graph-mode cases are verified on the device (kvfence.contracts.draft.device_verify) and only a dirty
+        # case goes through the full verdict, with the torch write-set builder (CUDA default).
+        require(verifier in VERIFIERS, f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
+        self.verifier = ("device" if device == "cuda" else "oracle") if verifier == "auto" else verifier
+        #: fast_clean / full: cases judged by the device counters alone / by the full verdict;
+        #: launches: kernel launches; runners: configs built; captures, compile_s, capture_s: CUDA-graph
+        #: captures and the time spent warming up (compiling) and capturing them (kvfence.contracts.draft.runner);
+        #: compiles: distinct constexpr variants of the kernel under test first launched by this process
+        #: (each a Triton compile, or a load from Triton's on-disk cache); batches: check_many round trips.
+        #: host_verified: cases the device verifier would have judged but whose config is §6's (a window,
+        #: page-granular rows, translation or the rail, docs/contract.md §6): it checks §2 only, so they go
+        #: through the full verdict on the host instead, and are counted, never silently.
+        self.stats = {"fast_clean": 0, "full": 0, "launches": 0, "runners": 0, "runner_s": 0.0, "captures": 0,
+                      "compile_s": 0.0, "capture_s": 0.0, "compiles": 0, "batches": 0, "host_verified_cases": 0}
+        self._variants = set()
+        self._runners: "OrderedDict[tuple, object]" = OrderedDict()
+        self._runner_bytes: dict = {}
+        self._device_verifiers: "WeakKeyDictionary[GraphRunner, DeviceVerifier]" = WeakKeyDictionary()
+
+    def runner(self, config: Config, canary_seed: int = 0):
+        key = (config, canary_seed)
+        runner = self._runners.get(key)
+        if runner is None:
+            self.kernel.check_config(config)  # a §6 config needs a kernel that takes its fields (BadInput)
+            t0 = time.perf_counter()
+            runner = make_runner(config, self.kernel, self.device, canary_seed=canary_seed, poison=self.poison,
+                                 audit=self.audit, absorb=self.absorb, stats=self.stats)
+            self.stats["runners"] += 1
+            self.stats["runner_s"] += time.perf_counter() - t0
+            self._runners[key] = runner
+            self._runner_bytes[key] = estimate_bytes(config) if self.max_bytes is not None else 0
+            evicted = False
+            while len(self._runners) > 1 and (len(self._runners) > RUNNER_CACHE or (
+                    self.max_bytes is not None and sum(self._runner_bytes.values()) > self.max_bytes)):
+                old, _ = self._runners.popitem(last=False)
+                evicted |= self._runner_bytes.pop(old) > 0
+            if evicted and self.device == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()  # hand the evicted buffers and graph pools back for the next config
+        else:
+            self._runners.move_to_end(key)
+        return runner
+
+    def observe(self, case: Case) -> Observation:
+        return self.runner(case.config, case.canary_seed).run(case.batch)
+
+    def _count_launch(self, case: Case) -> None:
+        self._count_launches(case.config, [case.launch().num_seqs])
+
+    def _count_launches(self, c: Config, buckets) -> None:
+        """Launches of config ``c`` at these buckets (one per entry), and the kernel variants they compile."""
+        self.stats["launches"] += len(buckets)
+        if self.device != "cuda":
+            return
+        for m in set(buckets):  # a batch repeats a handful of buckets: the variant once per bucket
+            # The classic launcher's constexprs (kvfence.contracts.draft.targets / kvfence.kernels.draft.draft_kv_indices.launch).
+            variant = (c.page_size, next_pow2(m), next_pow2(c.num_steps), next_pow2(m * c.topk), c.mode)
+            if variant not in self._variants:
+                self._variants.add(variant)
+                self.stats["compiles"] += 1
+
+    def _device_verifier(self, runner) -> DeviceVerifier:
+        verifier = self._device_verifiers.get(runner)
+        if verifier is None:
+            verifier = self._device_verifiers[runner] = DeviceVerifier(runner)
+        return verifier
+
+    def _device_verifiable(self, case: Case, runner) -> bool:
+        """The device verifier applies: graph mode, poisoned rows, and a §2 config (it checks §2 only;
+        a §6 config is verified on the host and counted in ``stats["host_verified_cases"]``)."""
+        return (self.verifier == "device" and self.poison and isinstance(runner, GraphRunner)
+                and not case.config.is_family)
+
+    def _fast_path(self, case: Case, runner) -> bool:
+        if not self._device_verifiable(case, runner):
+            return False
+        sizing = case.sizing_summary()
+        return sizing["need"] <= sizing["width"]
+
+    def check_many(self, cases: List[Case]) -> List[List[Finding]]:
+        """Verdicts of ``cases``, in order. Cases of one config that the device verifier can judge go
+        in one round trip (``DeviceVerifier.total_counters``); if that batch is not all clean, each of
+        its cases is checked again on its own, so a finding is always one case's."""
+        out: List[Optional[List[Finding]]] = [None] * len(cases)
+        # Grouped by the config object first (the cases of one example share it): hashing a config
+        # per case would cost more than checking the case on the device.
+        by_object: "OrderedDict[tuple, List[int]]" = OrderedDict()
+        for i, case in enumerate(cases):
+            by_object.setdefault((id(case.config), case.canary_seed), []).append(i)
+        for idx in by_object.values():
+            first = cases[idx[0]]
+            runner = self.runner(first.config, first.canary_seed)
+            fast = [i for i in idx if self._fast_path(cases[i], runner)]
+            if len(fast) < 2:
+                fast = []  # one case: Session.check is the same round trip
+            on_device = set(fast)
+            for i in idx:
+                if i not in on_device:
+                    out[i] = self.check(cases[i])
+            if not fast:
+                continue
+            batch = [cases[i] for i in fast]
+            self._count_launches(first.config, [case.launch().num_seqs for case in batch])
+            self.stats["batches"] += 1
+            if not any(self._device_verifier(runner).total_counters(batch)):
+                self.stats["fast_clean"] += len(batch)
+                for i in fast:
+                    out[i] = []
+                continue
+            for i in fast:  # some case is dirty: find which, one by one
+                out[i] = self.check(cases[i])
+        return out
+
+    def check(self, case: Case) -> List[Finding]:
+        runner = self.runner(case.config, case.canary_seed)
+        self._count_launch(case)
+        counters = None
+        if self.verifier == "device" and case.config.is_family:
+            self.stats["host_verified_cases"] += 1
+        if self._device_verifiable(case, runner):
+            sizing = case.sizing_summary()
+            if sizing["need"] <= sizing["width"]:
+                counters = self._device_verifier(runner).counters(case)
+                if not any(counters):
+                    self.stats["fast_clean"] += 1
+                    return []
+        self.stats["full"] += 1
+        if counters is not None:
+            self.stats["launches"] += 1  # the full path launches the dirty case again
+        obs = runner.run(case.batch)
+        expected = expected_writes_torch(obs) if self.verifier == "device" else None
+        findings = check(obs, expected)
+        if counters is not None or (findings and self.verifier == "device"):
+            # The device fast path re-poisons rows but trusts the guards: restore what this case broke.
+            obs.kv_indices.reset()
+            obs.kv_indptr.reset()
+        if counters is not None and not findings:
+            # The device counters saw damage that a second launch of the same case did not repeat.
+            findings.append(Finding(Kind.VALUE_MISMATCH, "kv_indices", "unrepeatable",
+                                    detail=f"device verifier counted {dict(zip(COUNTERS, counters))} but a re-run "
+                                           "was clean: a nondeterministic (racy) kernel?"))
+        return findings

@@ -1,0 +1,553 @@
+"""What is under test: kernels and sizing policies, by builtin name or plug-in spec.
+
+A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
+``package.module:attr``, ``path/to/file.py:attr`` or, for kernels, ``sglang==VERSION[:attr]`` (SGLang's own
+kernel from its wheel, kvfence.release.upstream). A kernel attr is either a ``@triton.jit`` function
+with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
+A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import operator
+import os
+import select
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, FrozenSet, Optional, Tuple
+
+from kvfence.device import ensure
+from kvfence.errors import BadInput, require
+
+#: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
+LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
+                 "num_steps", "page_size")
+#: The classic ABI's parameter count (docs/contract.md §2).
+CLASSIC_ARITY = 13
+BUILTIN_KERNELS = ("reference", "reference-blocked")
+
+
+#: The §6 parameters a config field needs from a kernel (docs/contract.md §6), by the kernel's names.
+FAMILY_PARAMS = {"window_size": ("window_size",), "sink_size": ("sink_size",), "entry_page_size": ("ENTRY_PAGE_SIZE",),
+                 "translate": ("v2p", "TRANSLATE")}
+#: Keyword arguments the runner adds for a §6 config (``kvfence.contracts.draft.runner``), on top of ``LAUNCH_KWARGS``.
+FAMILY_KWARGS = ("contract", "window_size", "sink_size", "entry_page_size", "v2p")
+ALL_FAMILY = frozenset(p for ps in FAMILY_PARAMS.values() for p in ps)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a kernel can be given: the contracts it implements and the §6 parameters it declares."""
+
+    contracts: Tuple[str, ...] = ("draft",)
+    params: FrozenSet[str] = frozenset()
+
+    @property
+    def family(self) -> bool:
+        """Every §6 draft parameter (window, sinks, page-granular rows, translation) is declared."""
+        return ALL_FAMILY <= self.params or (self.contracts == ("window-rail",)
+                                            and {"ENTRY_PAGE_SIZE", "v2p", "TRANSLATE"} <= self.params)
+
+    def check_config(self, spec: str, config) -> None:
+        """``BadInput`` (one line) unless this kernel can run ``config``'s contract and §6 fields."""
+        require(config.contract in self.contracts,
+                f"kernel {spec!r} implements the {'/'.join(self.contracts)} contract, not {config.contract} "
+                "(docs/contract.md §6)")
+        fields = config.family_dict()
+        fields.pop("contract", None)
+        if config.is_rail:
+            fields.pop("window_size", None)  # the rail's required ``window``
+        missing = [p for name in fields for p in FAMILY_PARAMS[name] if p not in self.params]
+        require(not missing, f"kernel {spec!r} lacks {', '.join(missing)}: its ABI cannot take "
+                             f"{', '.join(f'{k}={v}' for k, v in fields.items())} (docs/contract.md §6)")
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """A resolved kernel: its spec and a launcher with the ``LAUNCH_KWARGS`` signature (plus, for a §6
+    config, ``FAMILY_KWARGS``: only kernels whose ``capabilities`` accept the config get them).
+
+    ``request_axis`` is the launch grid's axis that indexes requests (1 for classic-ABI kernels; None for
+    a launcher plug-in, whose grid kvfence does not know). The address audit uses it to check that
+    program ``(., b, .)`` reads only its own ``req_to_token`` row.
+    """
+
+    spec: str
+    launch: Callable[..., None]
+    request_axis: Optional[int] = 1
+    capabilities: Capabilities = Capabilities()
+
+    def check_config(self, config) -> None:
+        self.capabilities.check_config(self.spec, config)
+
+
+def family_constexprs(kw: dict) -> Tuple[str, dict]:
+    """Pop ``FAMILY_KWARGS`` from a launch's keyword arguments: ``(contract, constexprs)``, the §6
+    parameters by the kernel's names, only those away from their defaults (so a kernel is compiled for
+    exactly the paths a config turns on). ``window_size`` stays in for the rail, which calls it ``window``."""
+    contract = kw.pop("contract", "draft")
+    family = {name: kw.pop(name) for name in FAMILY_KWARGS[1:] if name in kw}
+    out = {}
+    if family.get("window_size"):
+        out["window_size"] = family["window_size"]
+    if family.get("sink_size"):
+        out["sink_size"] = family["sink_size"]
+    if family.get("entry_page_size", 1) != 1:
+        out["ENTRY_PAGE_SIZE"] = family["entry_page_size"]
+    if family.get("v2p") is not None:
+        out["v2p"], out["TRANSLATE"] = family["v2p"], True
+    return contract, out
+
+
+def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
+    """A ``LAUNCH_KWARGS`` (+ ``FAMILY_KWARGS``) launcher over a draft kernel and/or a rail kernel, both of
+    the classic 13-argument head (``kvfence.kernels.draft.draft_kv_indices.launch`` / ``kvfence.kernels.draft.window_kv_indices.launch``)."""
+    from kvfence.kernels.draft import draft_kv_indices, window_kv_indices
+
+    def launch_kernel(**kw):
+        contract, constexprs = family_constexprs(kw)
+        if contract == "window-rail":
+            window = constexprs.pop("window_size")
+            window_kv_indices.launch(rail, window=window, **kw, **constexprs)
+            return
+        # From a shape, not from seq_lens' values: no host sync, so it also works inside graph capture.
+        blocks = draft_kv_indices.token_blocks_for(kw["req_to_token"].shape[1]) if token_blocks_for_batch else 0
+        draft_kv_indices.launch(draft, token_blocks=blocks, **kw, **constexprs)
+
+    return launch_kernel
+
+
+_SCRATCH: list = []
+
+
+def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:
+    """A planted bug's kernel file: ``patch`` (``(reference text, mutated text)`` pairs, each matching exactly
+    once) applied to ``reference``'s source, written as ``file_name`` in a per-process scratch folder (several
+    pytest-xdist workers never share a file); loaded like any plug-in kernel file."""
+    require(isinstance(patch, (list, tuple)) and patch and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
+        f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
+    source = reference.read_text()
+    for old, new in patch:
+        found = source.count(old)
+        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/{reference.name} "
+                            "(a patch must match exactly once)")
+        require(old != new, f"mutant {name}: a patch pair leaves {old.strip()!r} unchanged")
+        source = source.replace(old, new)
+    if not _SCRATCH:
+        import tempfile
+
+        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
+    path = _SCRATCH[0] / file_name
+    path.write_text(f"# kvfence mutant {name!r}: kernels/{reference.name} with its planted PATCH.\n" + source)
+    return path
+
+
+def _load_file(path: Path):
+    """Import a plug-in file once per process (kernel and sizing specs may name the same file)."""
+    resolved = path.resolve()
+    name = "kvfence_plugin_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, "__file__", None) == str(resolved):
+        return module
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # triton.jit needs the module to be importable by name
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_module(name: str):
+    """Import ``name`` as ``python -m`` would from the current folder: the folder is on the import path
+    (appended, so an installed package of the same name still wins), in every process that resolves
+    a spec (the parent and its checking worker)."""
+    here = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
+        sys.path.append(here)
+        importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+def _load_attr(spec: str, what: str):
+    require(":" in spec, f"unknown {what} {spec!r}: expected a builtin name, module:attr or file.py:attr")
+    where, _, attr = spec.rpartition(":")
+    require(where and attr, f"malformed {what} spec {spec!r}: expected module:attr or file.py:attr")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            path = Path(where)
+            require(path.is_file(), f"{what} file {where} does not exist")
+            module = _load_file(path)
+        else:
+            module = _import_module(where)
+    except BadInput:
+        raise
+    except ModuleNotFoundError as exc:
+        raise BadInput(f"cannot import {what} {spec!r}: ModuleNotFoundError: {exc} (looked in the current folder {os.getcwd()} and "
+                       "on sys.path: run from the folder that holds it, set PYTHONPATH, or name a file "
+                       "such as path/to/file.py:attr)") from None
+    except (Exception, SystemExit) as exc:  # any import-time failure of user code is bad input, in one line
+        raise BadInput(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from None
+    require(hasattr(module, attr), f"{what} {spec!r}: {where} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def _is_triton_kernel(obj) -> bool:
+    # JITFunction (compiled) and InterpretedFunction (TRITON_INTERPRET=1) both carry the raw fn; so do
+    # the autotune / heuristics wrappers around them (their fn is the JIT function).
+    return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn"))
+
+
+def _unwrap(kernel):
+    """``(jit_function, python_function, names the wrappers supply)`` of a possibly autotuned kernel."""
+    supplied, jit = set(), kernel
+    while _is_triton_kernel(jit) and _is_triton_kernel(jit.fn):
+        for config in getattr(jit, "configs", None) or []:  # triton.autotune
+            supplied.update(getattr(config, "kwargs", {}))
+        supplied.update(getattr(jit, "values", None) or {})  # triton.heuristics
+        jit = jit.fn
+    return jit, jit.fn, supplied
+
+
+#: The window rail's required parameter after the classic 13 (docs/contract.md §6).
+RAIL_WINDOW = "window"
+
+
+def _check_classic_signature(spec: str, kernel) -> Capabilities:
+    """13 positional parameters without a default (docs/contract.md §2), or 14 ending in ``window`` (the
+    window rail, §6); any other must have one or be supplied. Returns what the kernel can be given."""
+    _, fn, supplied = _unwrap(kernel)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        raise BadInput(f"kernel {spec!r}: cannot read its signature") from None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in params if p.default is inspect.Parameter.empty and p.name not in supplied]
+    rail = len(required) == CLASSIC_ARITY + 1 and required[-1].name == RAIL_WINDOW
+    require(len(positional) >= CLASSIC_ARITY and required == positional[:len(required)]
+            and (len(required) == CLASSIC_ARITY or rail),
+            f"kernel {spec!r} takes {len(required)} required arguments "
+            f"({', '.join(p.name for p in required)}); the classic ABI has {CLASSIC_ARITY} (docs/contract.md §2)")
+    optional = frozenset(p.name for p in params if p not in required) & ALL_FAMILY
+    return Capabilities(("window-rail",) if rail else ("draft",), optional)
+
+
+def _for_device(kernel, device: str):
+    """Check that a ``@triton.jit`` kernel was built for ``device`` (interpreted on CPU, compiled on CUDA)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    ensure(device)
+    interpreted = isinstance(_unwrap(kernel)[0], InterpretedFunction)
+    require(interpreted == (device == "cpu"),
+            f"kernel was {'interpreted' if interpreted else 'compiled'} but device is {device}: "
+            "choose the device before importing the kernel")
+    return kernel
+
+
+#: What kvfence's own kernels implement: both contracts, every §6 parameter.
+REFERENCE_CAPABILITIES = Capabilities(("draft", "window-rail"), ALL_FAMILY)
+
+
+def kernel_capabilities(spec: str) -> Capabilities:
+    """What the kernel ``spec`` names can be given (device-independent: imports a plug-in, never launches).
+    A launcher plug-in gets only ``LAUNCH_KWARGS``: the classic draft contract."""
+    obj = check_kernel_spec(spec)
+    if spec in BUILTIN_KERNELS:
+        return REFERENCE_CAPABILITIES
+    from kvfence.release import upstream
+
+    if upstream.is_spec(spec):
+        return _upstream_capabilities(upstream.resolve(spec)[2])
+    if _is_triton_kernel(obj):
+        return _check_classic_signature(spec, obj)
+    return Capabilities()
+
+
+def check_kernel_spec(spec: str):
+    """The device-independent part of ``resolve_kernel``: import the plug-in and check its signature.
+    Returns the object (None for a builtin); ``BadInput`` on anything unusable. Commands that pick their
+    device later (``sweep``) call it first, so a bad ``--kernel`` is reported as such."""
+    require(isinstance(spec, str) and spec, "kernel spec must be a non-empty string")
+    if spec in BUILTIN_KERNELS:
+        return None
+    from kvfence.release import upstream
+
+    if upstream.is_spec(spec):
+        upstream.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
+        return None
+    obj = _load_attr(spec, "kernel")
+    if _is_triton_kernel(obj):
+        _check_classic_signature(spec, obj)
+        return obj
+    require(callable(obj), f"kernel {spec!r} is neither a @triton.jit function nor a launcher callable")
+    try:
+        sig = inspect.signature(obj)
+        sig.bind(**{name: None for name in LAUNCH_KWARGS})
+    except (TypeError, ValueError):
+        raise BadInput(f"launcher {spec!r} must accept keyword arguments {', '.join(LAUNCH_KWARGS)}") from None
+    return obj
+
+
+def resolve_kernel(spec: str, device: str) -> KernelTarget:
+    """Resolve a kernel spec for ``device`` (``cpu`` or ``cuda``); ``BadInput`` on anything unusable."""
+    obj = check_kernel_spec(spec)
+    if spec in BUILTIN_KERNELS:
+        from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices
+        from kvfence.kernels.draft.window_kv_indices import generate_draft_decode_window_kv_indices
+
+        launch = abi_launcher(_for_device(generate_draft_decode_kv_indices, device),
+                              _for_device(generate_draft_decode_window_kv_indices, device), spec == "reference-blocked")
+        return KernelTarget(spec, launch, capabilities=REFERENCE_CAPABILITIES)
+    from kvfence.release import upstream
+
+    if upstream.is_spec(spec):
+        return _upstream_kernel(spec, device)
+    if _is_triton_kernel(obj):
+        caps = _check_classic_signature(spec, obj)
+        kernel = _for_device(obj, device)
+        rail = caps.contracts == ("window-rail",)
+        return KernelTarget(spec, abi_launcher(None if rail else kernel, kernel if rail else None), capabilities=caps)
+    ensure(device)
+    return KernelTarget(spec, obj, request_axis=None)
+
+
+def is_plugin(spec: str) -> bool:
+    """A ``module:attr`` / ``file.py:attr`` spec (user code), as opposed to a builtin name or an SGLang
+    release (``sglang==VERSION``: extracted and vetted by ``kvfence.release.upstream``, never imported as is)."""
+    from kvfence.release.upstream import is_spec as is_upstream_spec
+    from kvfence.contracts.draft.sizing import POLICIES
+
+    return spec not in BUILTIN_KERNELS and spec not in POLICIES and not is_upstream_spec(spec)
+
+
+def check_spec(spec: str, what: str) -> None:
+    """``BadInput`` unless ``spec`` is a builtin ``what`` (kernel or sizing) or looks like a plug-in spec.
+
+    Imports nothing: for specs read from a case file, which are data until the user vouches for them.
+    """
+    from kvfence.contracts.draft.sizing import POLICIES
+
+    from kvfence.release.upstream import is_spec as is_upstream_spec
+
+    builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
+    if spec in builtins or is_upstream_spec(spec):  # a sizing sglang==VERSION:BACKEND is data too
+        return
+    where, _, attr = spec.rpartition(":")
+    require(bool(where and attr),
+            f"unknown {what} {spec!r}: expected {', '.join(builtins)}, module:attr or file.py:attr"
+            + (" or sglang==VERSION" if what == "kernel" else ""))
+
+
+def _upstream_kernel(spec: str, device: str) -> KernelTarget:
+    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (kvfence.release.upstream), fetched if allowed."""
+    from kvfence.release import upstream
+
+    entry, attr, abi = upstream.resolve(spec)
+    kernel = getattr(_load_file(entry.module_path), attr)
+    return KernelTarget(spec, _upstream_launcher(_for_device(kernel, device), abi),
+                        capabilities=_upstream_capabilities(abi))
+
+
+def _upstream_capabilities(abi) -> "Capabilities":
+    """What an extracted kernel can be given (``Capabilities``): its contract, and the §6
+    parameters its signature declares (only the classic and row-stride ABIs launch with them)."""
+    params = frozenset(abi.optional) & ALL_FAMILY if abi.name in ("classic", "row-stride") else frozenset()
+    return Capabilities((abi.contract,), params)
+
+
+def _upstream_launcher(kernel, abi):
+    """A ``LAUNCH_KWARGS`` launcher for an extracted kernel of ABI ``abi`` (grid (steps, seqs, topk)); the
+    classic and row-stride ABIs also take a §6 config's ``FAMILY_KWARGS`` (``abi_launcher``)."""
+    import triton
+
+    if abi.name in ("classic", "row-stride"):
+        # Same 13 positional values (plus the rail's window); row_stride gets pool_len's (kvfence's
+        # req_to_token is contiguous); the §6 constexprs by name.
+        rail = abi.contract == "window-rail"
+        return abi_launcher(None if rail else kernel, kernel if rail else None)
+
+    def launch_by_name(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, topk,
+                       num_steps, page_size):
+        num_seqs = seq_lens.shape[0]
+        values = {"req_pool_indices": req_pool_indices, "req_to_token": req_to_token, "paged_kernel_lens": seq_lens,
+                  "kv_indices": kv_indices, "kv_indptr": kv_indptr, "positions": positions, "num_seqs": num_seqs,
+                  "topk": topk, "pool_len": req_to_token.shape[1], "kv_indices_stride": kv_indices.stride(0),
+                  "kv_indptr_stride": kv_indptr.stride(0), "bs_upper": triton.next_power_of_2(num_seqs),
+                  "iter_upper": triton.next_power_of_2(num_steps),
+                  "num_tokens_upper": triton.next_power_of_2(num_seqs * topk), "page_size": page_size}
+        kernel[(num_steps, num_seqs, topk)](*(values[p] for p in abi.required))
+
+    return launch_by_name
+
+
+#: The window parameters a sizing policy may take as keywords (docs/contract.md §3, §6).
+WINDOW_KWARGS = ("window_size", "sink_size")
+
+
+def _window_kwargs_of(fn) -> Tuple[str, ...]:
+    """Which ``WINDOW_KWARGS`` a policy accepts: a 4-argument plug-in gets none of them."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return WINDOW_KWARGS
+    return tuple(name for name in WINDOW_KWARGS if name in params)
+
+
+# -- a sizing plug-in's callable runs in a child of its own -----------------------------------------------
+# ``--sizing file.py:attr`` (and ``check_kernel(sizing=...)``, ``--kvfence-sizing``) is user code the
+# strategies call for every config they draw. Called in the fuzzing process (or the user's pytest), an
+# ``os._exit(0)`` there would end the run with exit 0 and no output: a silent pass in CI. So, outside the
+# processes where a plug-in's death is already handled (the checking worker, where it is the case's
+# ``CRASH``, and the child itself), ``resolve_sizing`` returns an ``IsolatedSizing``: each distinct call goes
+# to one child process (``kvfence.contracts.draft.sizing_child``) over a pipe, as plain JSON; a child that exits, dies
+# of a signal or does not answer within ``CALL_TIMEOUT_S`` is ``BadInput`` naming the call.
+
+#: Seconds one call of a sizing plug-in may take (a width is arithmetic: this is a hang, not slowness).
+CALL_TIMEOUT_S = 30.0
+#: Set (to "1") in the processes that call a sizing plug-in themselves: the checking worker and the child.
+IN_PROCESS_ENV = "KVFENCE_SIZING_IN_PROCESS"
+
+
+def _ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"died of {signal.Signals(-code).name}"
+        except ValueError:
+            return f"died of signal {-code}"
+    return f"ended its process (exit code {code})"
+
+
+class IsolatedSizing:
+    """``(n, topk, ctx, num_steps, **window) -> width`` of the plug-in ``spec``, computed in a child process
+    started on the first call and kept for the next; answers are kept per distinct call."""
+
+    def __init__(self, spec: str, timeout_s: float = CALL_TIMEOUT_S):
+        self.spec, self.timeout_s = spec, timeout_s
+        # The child resolves the file this process resolved (an absolute path: a later call may come from
+        # another folder, the one this spec was given in may be gone); its messages name the spec as given.
+        where, _, attr = spec.rpartition(":")
+        self._child_spec = f"{Path(where).resolve()}:{attr}" if where.endswith(".py") else spec
+        self._proc: Optional[subprocess.Popen] = None
+        self._answers: Dict[Tuple, int] = {}
+
+    def _start(self) -> subprocess.Popen:
+        env = dict(os.environ, **{IN_PROCESS_ENV: "1"})
+        return subprocess.Popen([sys.executable, "-m", "kvfence.contracts.draft.sizing_child", self._child_spec,
+                                 str(os.getpid()), self.spec],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env=env, text=True, bufsize=1)
+
+    def _fail(self, call: str, what: str) -> BadInput:
+        self.close()
+        return BadInput(f"sizing {self.spec!r} {what} when called for {call} (a sizing must return a row width)")
+
+    def __call__(self, n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
+        key = (n, topk, ctx, num_steps, tuple(sorted(window.items())))
+        if key in self._answers:
+            return self._answers[key]
+        call = f"n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}"
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = self._start()
+        proc = self._proc
+        try:
+            proc.stdin.write(json.dumps([n, topk, ctx, num_steps, window]) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._fail(call, _ended(proc.wait())) from None
+        ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
+        if not ready:
+            raise self._fail(call, f"did not return within {self.timeout_s:g}s")
+        line = proc.stdout.readline()
+        if not line:
+            raise self._fail(call, _ended(proc.wait()))
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise self._fail(call, "answered something other than a width") from None
+        if "bad_input" in answer:
+            raise BadInput(str(answer["bad_input"]))
+        width = answer.get("width")
+        if type(width) is not int:
+            raise self._fail(call, "answered something other than a width")
+        self._answers[key] = width
+        return width
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            for stream in (self._proc.stdin, self._proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            self._proc = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_sizing(spec: str) -> Callable[..., int]:
+    """Resolve a sizing spec to ``(n, topk, ctx, num_steps, *, window_size=0, sink_size=0) -> width``.
+
+    The window parameters reach only policies that declare them (or ``**kwargs``): a 4-argument
+    plug-in keeps working unchanged."""
+    from kvfence.contracts.draft.sizing import POLICIES
+
+    require(isinstance(spec, str) and spec, "sizing spec must be a non-empty string")
+    if spec in POLICIES:
+        builtin = POLICIES[spec]
+        accepted = _window_kwargs_of(builtin)
+
+        @functools.wraps(builtin)
+        def builtin_policy(n, topk, ctx, num_steps, **window):
+            return builtin(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
+
+        return builtin_policy
+    from kvfence.release import shipped_sizing
+
+    if shipped_sizing.is_spec(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
+        return shipped_sizing.policy(spec)
+    require(":" in spec, f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
+    obj = _load_attr(spec, "sizing")
+    require(callable(obj), f"sizing {spec!r} is not callable")
+    try:
+        inspect.signature(obj).bind(1, 1, 1, 1)
+    except (TypeError, ValueError):
+        raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
+
+    accepted = _window_kwargs_of(obj)
+    if os.environ.get(IN_PROCESS_ENV) != "1":  # user code runs in a child: its exit or hang cannot end this one
+        return functools.update_wrapper(IsolatedSizing(spec), obj)
+
+    @functools.wraps(obj)
+    def policy(n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
+        # User code: an exception or a non-integer width is bad input (one line), not a traceback.
+        try:
+            width = obj(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
+            require(not isinstance(width, bool), f"returned a bool ({width!r}), not a row width")
+            return operator.index(width)
+        except (Exception, SystemExit) as exc:  # SystemExit: a plug-in's sys.exit() is no silent exit 0
+            raise BadInput(f"sizing {spec!r} failed for n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}: "
+                           f"{type(exc).__name__}: {exc}") from None
+
+    return policy

@@ -1,0 +1,473 @@
+"""Interpreter address audit: a CPU memcheck for kernels run under ``TRITON_INTERPRET=1``.
+
+While an ``Audit`` is active it wraps the memory operations of Triton's interpreter (the singleton
+``triton.runtime.interpreter.interpreter_builder``: ``create_masked_load``, ``create_masked_store``,
+``create_atomic_rmw``, ``create_atomic_cas``; plain, atomic and block-pointer loads and stores all
+funnel into these) and checks the address of every active lane against the allocations the harness
+registered. Tensors a kernel is launched with that nobody registered (a launcher plug-in's scratch
+buffers) are registered automatically, under their parameter name, when the interpreter copies the
+launch arguments (``GridExecutor._init_args_hst``).
+
+What is reported (as ``Finding``s of ``kvfence.engine.findings``), per registered allocation:
+
+* ``OOB_WRITE``: a store or atomic lane outside every registered allocation. The lane is **dropped**
+  (masked off, or for ``atomic_cas`` redirected to a scratch word) so host memory is never corrupted.
+  A store into our own allocation is performed and not reported here: a store into a guard of a
+  ``GuardedBuffer`` is the canary check's ``GUARD_OVERWRITE``, a store into an input is the verdict's
+  ``STRAY_WRITE`` (changed input).
+* ``OOB_READ``: a load lane outside the *extent the kernel was handed*: outside every registered
+  tensor view (a guard of kv_indices/kv_indptr counts as outside: reading it is reading past a row; so
+  does the part of a static graph-runner input past the bucket's slice), and, when the runner tells the
+  audit which grid axis indexes requests, a ``req_to_token`` read by program ``(., b, .)`` outside row
+  ``req_pool_indices[b]`` (a column ``>= pool_len`` that lands in another request's row). Lanes outside
+  every allocation are masked off (they read ``other``/0) so a wild read cannot fault either.
+
+A bad lane is attributed to the allocation its pointer was derived from (pointer arithmetic carries
+it: ``kv_indices + 10**7`` is kv_indices' store wherever it lands), else to the allocation an in-bounds
+lane of the same access is in, else to the nearest. Each finding names the argument, the region (``front guard``, ``row S``, ``guard after row S``,
+``tail``, ``past the allocation``, ``before the allocation``, ``past the view``), element offsets inside
+that region, samples ``(offset, None, value stored or None)`` and the program ids (interpreter grid
+indices) that touched it. Works with Triton 3.6 through 3.9 (the wrapped methods take the extra
+cache/eviction arguments of either version as ``*rest``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from kvfence.errors import BadInput
+from kvfence.engine.findings import Finding, Kind
+from kvfence.contracts.draft.guarded import GuardedBuffer
+
+#: Runs kept per (kind, argument, region); the last one says how many were left out.
+MAX_RUNS = 16
+#: Lanes kept per (kind, argument, region); further bad lanes are counted, not stored.
+MAX_LANES = 1 << 14
+#: Samples kept per finding.
+MAX_SAMPLES = 3
+#: Programs listed per finding.
+MAX_PROGRAMS = 32
+
+_EMPTY = np.zeros(0, dtype=np.uint64)
+#: Interpreter ops that derive a pointer from another (``_derive`` carries the allocation it came from).
+_DERIVING = ("create_addptr", "create_splat", "create_broadcast", "create_expand_dims", "create_reshape",
+             "create_trans", "create_permute", "create_select", "create_cat", "create_join", "create_bitcast",
+             "create_unsplat")
+
+
+@dataclass
+class Allocation:
+    """One registered allocation: its storage's byte range and the byte ranges the kernel may read."""
+
+    name: str
+    base: int
+    nbytes: int
+    elsize: int
+    readable: List[Tuple[int, int]]
+    region: Callable[[int], Tuple[str, int]]  # element index from ``base`` -> (region, offset in region)
+    coords: Callable[[int], str] = lambda flat: ""
+    # 2-D contiguous inputs only: which row program ``grid_idx`` may read (None: any row of the view).
+    row_of_program: Optional[Callable[[Tuple[int, int, int]], int]] = None
+    row_bytes: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.base + self.nbytes
+
+
+def _view_extent(t: torch.Tensor) -> Tuple[int, int]:
+    """Byte range ``[lo, hi)`` a strided view spans (empty views span nothing)."""
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    return lo, lo + span * t.element_size()
+
+
+def _storage_range(t: torch.Tensor) -> Tuple[int, int]:
+    st = t.untyped_storage()
+    return st.data_ptr(), st.nbytes()
+
+
+class Audit:
+    """Register allocations, then ``with audit:`` around interpreted launches; ``findings()`` after."""
+
+    def __init__(self):
+        self.allocations: List[Allocation] = []
+        self._events: Dict[Tuple[Kind, str, str], dict] = {}
+        self._tables_dirty = True
+        self._read_tables: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
+        self._saved = None
+        self._scratch = np.zeros(64, dtype=np.uint64)  # atomic_cas lanes that would have gone wild
+
+    # -- registration ------------------------------------------------------------------------------
+    def _covered(self, base: int) -> bool:
+        return any(a.base <= base < a.end for a in self.allocations)
+
+    def register_guarded(self, buf: GuardedBuffer) -> None:
+        """A ``GuardedBuffer``: the whole storage is ours; only its rows are readable."""
+        base, nbytes = _storage_range(buf.storage)
+        es = buf.storage.element_size()
+        view0 = buf.view.data_ptr()
+        readable = [(view0 + r * buf.stride * es, view0 + (r * buf.stride + buf.width) * es) for r in range(buf.rows)]
+
+        def region(flat: int) -> Tuple[str, int]:
+            if flat < 0:
+                return "before the allocation", flat
+            if flat >= buf.length:
+                return "past the allocation", flat - buf.length
+            r = buf.region_of(flat)
+            return r.name, r.offset
+
+        def coords(flat: int) -> str:
+            row, col = divmod(flat - buf.front, buf.stride)
+            return f"= {buf.name}[{row}, {col}] of the ({buf.rows}, {buf.width}) view, row stride {buf.stride}"
+
+        self._add(Allocation(buf.name, base, nbytes, es, readable, region, coords))
+
+    def register_tensor(self, name: str, t: torch.Tensor,
+                        row_of_program: Optional[Callable[[Tuple[int, int, int]], int]] = None) -> None:
+        """An input (or any tensor): readable over the view it is passed as, ours over its storage.
+
+        ``row_of_program`` (2-D contiguous tensors): program ``grid_idx`` may read only that row.
+        """
+        base, nbytes = _storage_range(t)
+        es = t.element_size()
+        lo, hi = _view_extent(t)
+        row_bytes = 0
+        if row_of_program is not None:
+            if t.dim() != 2 or not t.is_contiguous():
+                raise ValueError(f"row_of_program needs a contiguous 2-D tensor, {name} is not")
+            row_bytes = t.shape[1] * es
+        width = t.shape[1] if t.dim() == 2 else 0
+
+        def region(flat: int) -> Tuple[str, int]:
+            if flat < 0:
+                return "before the allocation", flat
+            if flat * es >= nbytes:
+                return "past the allocation", flat - nbytes // es
+            v0, v1 = (lo - base) // es, (hi - base) // es
+            if flat >= v1:
+                return "past the view", flat - v1
+            if flat < v0:
+                return "before the view", flat - v0
+            return "view", flat - v0
+
+        def coords(flat: int) -> str:
+            if width:
+                row, col = divmod(flat - (lo - base) // es, width)
+                return f"= {name}[{row}, {col}] of the {tuple(t.shape)} view"
+            return ""
+
+        self._add(Allocation(name, base, nbytes, es, [(lo, hi)], region, coords, row_of_program, row_bytes))
+
+    def _add(self, alloc: Allocation) -> None:
+        for other in self.allocations:
+            if alloc.base < other.end and other.base < alloc.end:
+                raise ValueError(f"allocations {other.name} and {alloc.name} overlap; register each storage once")
+        self.allocations.append(alloc)
+        self._tables_dirty = True
+
+    def _register_launch_args(self, arg_names: Sequence[str], args_hst, kwargs_hst) -> None:
+        named = list(zip(arg_names, args_hst)) + list(kwargs_hst.items())
+        for name, arg in named:
+            # triton's TensorWrapper (a reinterpreted dtype) keeps the tensor in .base
+            t = arg if isinstance(arg, torch.Tensor) else getattr(arg, "base", None)
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not self._covered(t.untyped_storage().data_ptr()):
+                self.register_tensor(f"{name} (unregistered launch argument)", t)
+
+    # -- interval tables ---------------------------------------------------------------------------
+    def _rebuild(self) -> None:
+        allocs = sorted(self.allocations, key=lambda a: a.base)
+        self._store_starts = np.array([a.base for a in allocs], dtype=np.uint64)
+        self._store_ends = np.array([a.end for a in allocs], dtype=np.uint64)
+        self._constrained = [a for a in self.allocations if a.row_of_program is not None]
+        self._read_tables = {}
+        self._tables_dirty = False
+
+    def _read_table(self, grid) -> Tuple[np.ndarray, np.ndarray]:
+        key = tuple(a.row_of_program(grid) for a in self._constrained)
+        table = self._read_tables.get(key)
+        if table is None:
+            spans = []
+            for a in self.allocations:
+                if a.row_of_program is not None:
+                    row = a.row_of_program(grid)
+                    start = a.readable[0][0] + row * a.row_bytes
+                    spans.append((start, start + a.row_bytes))
+                else:
+                    spans.extend(s for s in a.readable if s[1] > s[0])
+            spans.sort()
+            table = (np.array([s[0] for s in spans], dtype=np.uint64), np.array([s[1] for s in spans], dtype=np.uint64))
+            self._read_tables[key] = table
+        return table
+
+    @staticmethod
+    def _outside(addr: np.ndarray, size: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Lanes whose ``[addr, addr+size)`` is not inside one of the sorted intervals."""
+        if starts.size == 0:
+            return np.ones(addr.shape, dtype=bool)
+        i = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
+        return (i < 0) | (addr + np.uint64(size) > ends[i])
+
+    # -- the wrapped interpreter operations ---------------------------------------------------------
+    def _grid(self) -> Tuple[int, int, int]:
+        return tuple(int(x) for x in self._builder.grid_idx)
+
+    @staticmethod
+    def _elsize(ptrs) -> int:
+        return max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+
+    def _check(self, kind: Kind, ptrs, mask: Optional[np.ndarray], values) -> Optional[np.ndarray]:
+        """Record bad lanes; return the lanes to keep (full shape) or None when every lane is fine."""
+        if self._tables_dirty:
+            self._rebuild()
+        p = ptrs.data
+        if mask is None:
+            active = None
+            addr = p.ravel()
+        else:
+            active = np.broadcast_to(mask, p.shape)
+            addr = p[active]
+        if addr.size == 0:
+            return None
+        size = self._elsize(ptrs)
+        if kind is Kind.OOB_READ:
+            grid = self._grid()
+            starts, ends = self._read_table(grid)
+        else:
+            starts, ends = self._store_starts, self._store_ends
+        bad = self._outside(addr, size, starts, ends)
+        if not bad.any():
+            return None
+        grid = self._grid()
+        bad_addr = addr[bad]
+        wild = self._outside(bad_addr, size, self._store_starts, self._store_ends)
+        vals = None
+        if values is not None:
+            v = np.broadcast_to(values, p.shape)
+            vals = (v[active] if active is not None else v.ravel())[bad]
+        # Provenance hint: a lane of the same access that is inside an allocation names the tensor the
+        # kernel was indexing (a row copy that runs past the end is partly inside, partly outside).
+        hint = getattr(ptrs, "_kvfence_origin", None)  # the allocation the pointer was derived from
+        if hint is None and wild.any():
+            inside = addr[~self._outside(addr, size, self._store_starts, self._store_ends)]
+            if inside.size:
+                hint = self._containing(int(inside[0]))
+        self._record(kind, bad_addr, vals, grid, hint)
+        if not wild.any():
+            return None  # inside our own allocations: performed (guard / input checks see stores)
+        keep = np.ones(p.shape, dtype=bool) if active is None else active.copy()
+        lanes = np.flatnonzero(keep.ravel())[np.flatnonzero(bad)[wild]]
+        keep.ravel()[lanes] = False
+        return keep
+
+    def _derive(self, name: str, orig, *args):
+        """A pointer-deriving op: its result carries the allocation its pointer operand came from, so a
+        wild access is named after the pointer it went through, wherever it lands."""
+        out = orig(*args)
+        origin = next((a._kvfence_origin for a in args if hasattr(a, "_kvfence_origin")), None)
+        if origin is None and name == "create_addptr" and getattr(args[0], "data", None) is not None \
+                and args[0].data.size:
+            origin = self._containing(int(args[0].data.flat[0]))  # a kernel argument's base pointer
+        if origin is not None and hasattr(out, "data"):
+            out._kvfence_origin = origin
+        return out
+
+    def _load(self, orig, ptrs, mask, other, *rest):
+        keep = self._check(Kind.OOB_READ, ptrs, mask.data, None)
+        if keep is not None:
+            mask = type(mask)(np.ascontiguousarray(keep), mask.dtype)
+        return orig(ptrs, mask, other, *rest)
+
+    def _store(self, orig, ptrs, value, mask, *rest):
+        keep = self._check(Kind.OOB_WRITE, ptrs, mask.data, value.data)
+        if keep is not None:
+            mask = type(mask)(np.ascontiguousarray(keep), mask.dtype)
+        return orig(ptrs, value, mask, *rest)
+
+    def _rmw(self, orig, op, ptr, val, mask, *rest):
+        keep = self._check(Kind.OOB_WRITE, ptr, mask.data, val.data)
+        if keep is not None:
+            mask = type(mask)(np.ascontiguousarray(keep), mask.dtype)
+        return orig(op, ptr, val, mask, *rest)
+
+    def _cas(self, orig, ptr, cmp, val, *rest):
+        keep = self._check(Kind.OOB_WRITE, ptr, None, val.data)
+        if keep is not None:  # no mask operand: point the dropped lanes at a scratch word instead
+            data = np.array(np.broadcast_to(ptr.data, keep.shape), dtype=np.uint64)
+            data[~keep] = np.uint64(self._scratch.ctypes.data)
+            ptr = type(ptr)(data, ptr.dtype)
+        return orig(ptr, cmp, val, *rest)
+
+    # -- activation --------------------------------------------------------------------------------
+    def __enter__(self) -> "Audit":
+        from triton.runtime import interpreter
+
+        if self._saved is not None:
+            raise RuntimeError("this Audit is already active")
+        builder = interpreter.interpreter_builder
+        self._builder = builder
+        saved = {}
+        for name, wrapper in (("create_masked_load", self._load), ("create_masked_store", self._store),
+                              ("create_atomic_rmw", self._rmw), ("create_atomic_cas", self._cas)):
+            saved[name] = builder.__dict__.get(name)
+            setattr(builder, name, functools.partial(wrapper, getattr(builder, name)))
+        for name in _DERIVING:
+            if hasattr(builder, name):
+                saved[name] = builder.__dict__.get(name)
+                setattr(builder, name, functools.partial(self._derive, name, getattr(builder, name)))
+        executor = interpreter.GridExecutor
+        original_init = executor.__dict__["_init_args_hst"]
+        audit = self
+
+        def init_args_hst(self_, args_dev, kwargs):
+            args_hst, kwargs_hst = original_init(self_, args_dev, kwargs)
+            audit._register_launch_args(self_.arg_names, args_hst, kwargs_hst)
+            return args_hst, kwargs_hst
+
+        executor._init_args_hst = init_args_hst
+        self._saved = (saved, executor, original_init)
+        return self
+
+    def wrap(self, launch: Callable[[], None]) -> Callable[[], None]:
+        """``launch`` run with this audit active."""
+
+        def audited():
+            with self:
+                launch()
+
+        return audited
+
+    def __exit__(self, *exc) -> None:
+        saved, executor, original_init = self._saved
+        for name, previous in saved.items():
+            if previous is None:
+                delattr(self._builder, name)
+            else:
+                setattr(self._builder, name, previous)
+        executor._init_args_hst = original_init
+        self._saved = None
+
+    # -- recording and reporting -------------------------------------------------------------------
+    def _containing(self, addr: int) -> Optional[Allocation]:
+        return next((a for a in self.allocations if a.base <= addr < a.end), None)
+
+    def _attribute(self, addr: int, hint: Optional[Allocation]) -> Allocation:
+        """The allocation an address belongs to or, outside all, the one the kernel most likely overran.
+
+        Inside one: that one. Else ``hint`` (the allocation the pointer was derived from, or that an
+        in-bounds lane of the same access is in); else the allocation it
+        is past the end of by at most that allocation's size (overflows run forward); else one it is
+        before by at most its size; else the nearest.
+        """
+        inside = self._containing(addr)
+        if inside is not None:
+            return inside
+        if hint is not None:
+            return hint
+        before = [a for a in self.allocations if a.end <= addr and addr - a.end < a.nbytes]
+        if before:
+            return max(before, key=lambda a: a.end)
+        after = [a for a in self.allocations if addr < a.base and a.base - addr <= a.nbytes]
+        if after:
+            return min(after, key=lambda a: a.base)
+        return min(self.allocations, key=lambda a: a.base - addr if addr < a.base else addr - a.end + 1)
+
+    def _locate(self, addr: int, grid, hint: Optional[Allocation] = None) -> Tuple[Allocation, str, int]:
+        """The allocation an address is attributed to, and its region and element offset there."""
+        alloc = self._attribute(addr, hint)
+        flat = (addr - alloc.base) // alloc.elsize
+        if alloc.row_of_program is not None and alloc.base <= addr < alloc.end:
+            lo = alloc.readable[0][0]
+            if lo <= addr < alloc.readable[0][1]:
+                row = alloc.row_of_program(grid)
+                col = (addr - (lo + row * alloc.row_bytes)) // alloc.elsize
+                return alloc, f"outside own row {row}", col
+        name, offset = alloc.region(flat)
+        return alloc, name, offset
+
+    def _record(self, kind: Kind, addrs: np.ndarray, values: Optional[np.ndarray], grid,
+                hint: Optional[Allocation] = None) -> None:
+        for i, a in enumerate(addrs.tolist()):
+            alloc, region, offset = self._locate(a, grid, hint)
+            ev = self._events.setdefault((kind, alloc.name, region), {"lanes": [], "dropped": 0, "alloc": alloc})
+            if len(ev["lanes"]) >= MAX_LANES:
+                ev["dropped"] += 1
+                continue
+            ev["lanes"].append((offset, grid, None if values is None else int(values[i]), a))
+
+    def findings(self) -> List[Finding]:
+        """Bad lanes grouped into contiguous runs per (kind, argument, region)."""
+        out: List[Finding] = []
+        for (kind, name, region), ev in self._events.items():
+            lanes = sorted(ev["lanes"], key=lambda x: x[0])
+            offsets = [x[0] for x in lanes]
+            runs, start = [], 0
+            for i in range(1, len(offsets) + 1):
+                if i == len(offsets) or offsets[i] > offsets[i - 1] + 1:
+                    runs.append((start, i))
+                    start = i
+            alloc = ev["alloc"]
+            what = "store dropped" if kind is Kind.OOB_WRITE else "read"
+            for n, (i0, i1) in enumerate(runs):
+                chunk = lanes[i0:i1]
+                programs = sorted({lane[1] for lane in chunk})
+                samples, seen = [], set()
+                for off, _, v, _ in chunk:
+                    # Reads have no value to show; stores show what the kernel tried to write.
+                    if v is not None and off not in seen and len(samples) < MAX_SAMPLES:
+                        seen.add(off)
+                        samples.append((off, None, v))
+                where = alloc.coords((chunk[0][3] - alloc.base) // alloc.elsize)
+                detail = f"{what} outside the registered extent of {alloc.name}"
+                if where:
+                    detail += f"; first lane {where}"
+                if len(programs) > MAX_PROGRAMS:
+                    detail += f"; {len(programs)} programs"
+                out.append(Finding(kind, alloc.name, region, chunk[0][0], chunk[-1][0] + 1, samples,
+                                   programs[:MAX_PROGRAMS], detail))
+                if n + 1 == MAX_RUNS and n + 1 < len(runs):
+                    out[-1].detail += f"; {len(runs) - MAX_RUNS} more runs not listed"
+                    break
+            if ev["dropped"]:
+                out[-1].detail += f"; {ev['dropped']} more bad lanes not recorded"
+        return out
+
+
+def for_launch(kernel_kwargs: dict, guarded: Sequence[GuardedBuffer], *, request_axis: Optional[int],
+               req_pool_indices: Sequence[int]) -> Audit:
+    """The audit of one harness launch: guarded outputs by region, tensor inputs by the views passed.
+
+    ``request_axis`` is the grid axis that indexes requests (1 for classic-ABI kernels, None for a
+    launcher plug-in whose grid is unknown); with it, ``req_to_token`` reads are checked per program
+    against the row ``req_pool_indices[b]`` that program owns.
+    """
+    audit = Audit()
+    for buf in guarded:
+        audit.register_guarded(buf)
+    views = [buf.view for buf in guarded]  # by identity: the window rail's buffers have their own names
+    rows = tuple(req_pool_indices)
+    for name, value in kernel_kwargs.items():
+        if not isinstance(value, torch.Tensor) or any(value is v for v in views):
+            continue
+        owner = None
+        if name == "req_to_token" and request_axis is not None:
+            owner = lambda grid, rows=rows, axis=request_axis: rows[grid[axis]]
+        audit.register_tensor(name, value, owner)
+    return audit
+
+
+def resolve_audit(audit: Optional[bool], device_type: str) -> bool:
+    """``None`` means on for the CPU interpreter, off on CUDA; asking for it on CUDA is ``BadInput``."""
+    if audit is None:
+        return device_type == "cpu"
+    if audit and device_type != "cpu":
+        raise BadInput("the address audit needs the Triton interpreter (device cpu); compiled CUDA kernels "
+                       "are checked by the guards (and compute-sanitizer)")
+    return bool(audit)

@@ -1,0 +1,415 @@
+"""Case files: one failing case as versioned JSON, complete enough to re-run without Hypothesis.
+
+The format is defined here and nowhere else, for every contract. A case file is data (JSON only: no pickle,
+no eval) and is validated on load; anything wrong is ``BadInput`` with a one-line message. Schema version 1::
+
+    {
+      "kvfence_case": 1,
+      "contract": "draft" | "flashmla-page-table" | ...,   # the record that reads "case" (absent: draft)
+      "case":     the contract's case_record(case),        # draft: {"config", "batch", "kernel", "canary_seed"}
+      "device":   "cpu" | "cuda",            # where it was found
+      "source":   "fuzz" | "pytest" | "journal" | ...,
+      "sizing":   need vs width when found (informational: the contract's summary, less its config)
+      "findings": [Finding.to_dict(), ...],
+      "versions": {"python", "torch", "triton", "hypothesis", "kvfence"},
+      "extras":   {"hypothesis": {"blob": "@reproduce_failure(...)"} or {"unavailable": "<why>"}, ...}
+    }
+
+A file without ``contract`` is a draft kernel's (every case file before contracts were plug-ins); a plug-in
+contract's file of the earlier ``kvfence-contract-case/1`` format is read too. The draft kernel's case keeps
+no ``req_to_token``: it is regenerated from ``batch.token_seed`` (``kvfence.contracts.draft.case.slot_id``).
+The file name is a short hash of ``case`` alone, so re-finding the same case gives the same file, and
+writes are atomic (temp file + ``os.replace``), so pytest-xdist workers never clobber each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from kvfence import contract as contracts
+from kvfence.contracts.draft.case import Case, batch_from_dict, config_from_dict
+from kvfence.errors import BadInput, require
+from kvfence.engine.findings import Finding, Kind
+
+SCHEMA_VERSION = 1
+#: The key that marks a JSON object as a kvfence case file; its value is the schema version.
+MARKER = "kvfence_case"
+DEFAULT_OUT = Path("reports") / "out"
+CASES_DIR = "cases"
+#: Characters of the sha256 of the case content used as the file name.
+HASH_CHARS = 12
+#: Case files are small (a few KiB); anything far larger is not one.
+MAX_BYTES = 4 * 1024 * 1024
+_TOP_KEYS = {MARKER, "contract", "case", "device", "source", "sizing", "findings", "versions", "extras"}
+#: The contract of a schema-1 file that names none: every case file written before contracts were plug-ins.
+LEGACY_CONTRACT = "draft"
+#: The format of a plug-in contract's case file before the one format above (still read).
+CONTRACT_CASE_FORMAT = "kvfence-contract-case/1"
+_CASE_KEYS = {"config", "batch", "kernel", "canary_seed"}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# -- versions ------------------------------------------------------------------------------------------
+def _dist_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _kvfence_version() -> str:
+    version = _dist_version("kvfence")
+    if version != "not installed":
+        return version
+    import tomllib  # a source checkout: read pyproject.toml
+
+    try:
+        with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as fh:
+            return tomllib.load(fh)["project"]["version"] + " (source)"
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+_VERSIONS: Optional[dict] = None
+
+
+def versions() -> dict:
+    """Tool versions, from package metadata (never imports triton: the device choice precedes that)."""
+    global _VERSIONS
+    if _VERSIONS is None:
+        _VERSIONS = {"python": platform.python_version(), "torch": _dist_version("torch"),
+                     "triton": _dist_version("triton"), "hypothesis": _dist_version("hypothesis"),
+                     "kvfence": _kvfence_version()}
+    return dict(_VERSIONS)
+
+
+# -- Hypothesis blob -----------------------------------------------------------------------------------
+def hypothesis_blob() -> dict:
+    """The ``@reproduce_failure`` decorator of the example Hypothesis is running now, or why there is none.
+
+    Called from inside a test body: the build context's choices are the ones drawn for this example
+    (``@given`` draws every argument before the body runs), encoded as Hypothesis prints them with
+    ``print_blob``. Uses ``hypothesis.core.reproduction_decorator``; if a Hypothesis release moves it,
+    the case file says so instead of failing.
+    """
+    try:
+        from hypothesis.control import _current_build_context
+        from hypothesis.core import reproduction_decorator
+    except ImportError as exc:
+        return {"unavailable": f"hypothesis internals changed: {exc}"}
+    context = _current_build_context.value
+    if context is None:
+        return {"unavailable": "not found by Hypothesis (no Hypothesis test was running)"}
+    try:
+        return {"blob": reproduction_decorator(context.data.choices),
+                "note": "add it as a decorator to the same test (same strategy); Hypothesis version must match"}
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the case file re-runs without it
+        return {"unavailable": f"cannot encode the Hypothesis choices: {type(exc).__name__}: {exc}"}
+
+
+def hypothesis_final() -> Optional[bool]:
+    """``True`` on Hypothesis' final replay of the minimal example, ``False`` while it explores or
+    shrinks, ``None`` outside Hypothesis. Only final (or non-Hypothesis) failures are written to disk."""
+    try:
+        from hypothesis.control import _current_build_context
+    except ImportError:
+        return None
+    context = _current_build_context.value
+    return None if context is None else bool(context.is_final)
+
+
+def current_choices() -> Optional[bytes]:
+    """The choices of the example Hypothesis runs now, in its database encoding (or None if this
+    Hypothesis has no such encoding: the failure is then kept in its case file only)."""
+    try:
+        from hypothesis.control import _current_build_context
+        from hypothesis.database import choices_to_bytes
+    except ImportError:
+        return None
+    context = _current_build_context.value
+    if context is None:
+        return None
+    try:
+        return choices_to_bytes(context.data.choices)
+    except Exception:  # noqa: BLE001 - optional: without it the failure still has its case file
+        return None
+
+
+# -- case <-> dict -------------------------------------------------------------------------------------
+def case_to_dict(case: Case) -> dict:
+    return {"config": case.config.to_dict(), "batch": case.batch.to_dict(), "kernel": case.kernel,
+            "canary_seed": case.canary_seed}
+
+
+def case_from_dict(d) -> Case:
+    require(isinstance(d, dict), "case must be a JSON object")
+    unknown = sorted(set(d) - _CASE_KEYS)
+    require(not unknown, f"case has unknown fields {unknown}")
+    missing = sorted({"config", "batch"} - set(d))
+    require(not missing, f"case lacks fields {missing}")
+    kernel = d.get("kernel", "reference")
+    require(isinstance(kernel, str) and kernel, f"case.kernel must be a non-empty string, got {kernel!r}")
+    try:
+        return Case(config_from_dict(d["config"]), batch_from_dict(d["batch"]), kernel, d.get("canary_seed", 0))
+    except TypeError as exc:  # a value of the wrong type deep inside a field
+        raise BadInput(f"case has a value of the wrong type: {exc}") from None
+
+
+def case_hash(case) -> str:
+    """Short sha256 of the case content (canonical JSON of its contract's ``case_record``): the case file's name."""
+    text = json.dumps(contracts.of(case).case_record(case), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+def document(case, findings: List[Finding], *, device: str, source: str, extras: Optional[dict] = None) -> dict:
+    record = contracts.of(case)
+    try:
+        sizing = {k: v for k, v in record.summary(case).items() if k not in ("config", "batch", "case")}
+    except BadInput as exc:  # e.g. a plug-in sizing that is gone: the case still records what it can
+        sizing = {"unavailable": str(exc)}
+    return {MARKER: SCHEMA_VERSION, "contract": record.name, "case": record.case_record(case), "device": device,
+            "source": source, "sizing": sizing, "findings": [f.to_dict() for f in findings], "versions": versions(),
+            "extras": dict(extras or {})}
+
+
+def _file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``: readers and
+    concurrent writers see the old file or the new one, never a torn one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; outputs are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_case(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: str = "cpu",
+               source: str = "fuzz", extras: Optional[dict] = None) -> Path:
+    """Write the case file under ``out_dir/cases/<hash>.json`` and return its path."""
+    folder = Path(out_dir) / CASES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{case_hash(case)}.json"
+    doc = document(case, findings, device=device, source=source, extras=extras)
+    atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def repro_command(path, kernel: str = "reference", sizing: str = "safe", contract: str = LEGACY_CONTRACT) -> str:
+    """The command that replays the case file ``path`` found with ``kernel`` and ``sizing``.
+
+    A case file's plug-ins are data that ``repro`` never imports on its own (kvfence.engine.repro), so
+    a plug-in kernel or sizing is named again on the command line: the user who runs it vouches for it."""
+    import shlex
+
+    record = contracts.get(contract)
+    words = ["python", "-m", "kvfence", "repro", str(path)]
+    for flag, spec in (("--kernel", kernel), ("--sizing", sizing)):
+        if record.names_plugin(spec):
+            words += [flag, spec]
+    return shlex.join(words)
+
+
+def case_repro_command(path, case) -> str:
+    """``repro_command`` for a case file holding ``case``."""
+    record = contracts.of(case)
+    return repro_command(path, case.kernel, record.case_sizing(case), record.name)
+
+
+def record_repro_command(path, record: dict) -> str:
+    """``repro_command`` for a summary's case record (``kvfence.engine.summary.case_record``)."""
+    sizing = record.get("sizing") or (record.get("config") or {}).get("sizing", "safe")
+    return repro_command(path, record.get("kernel", "reference"), sizing, record.get("contract", LEGACY_CONTRACT))
+
+
+# -- loading -------------------------------------------------------------------------------------------
+@dataclass
+class CaseFile:
+    """A loaded, validated case file."""
+
+    path: Path
+    case: object
+    findings: List[Finding]
+    device: str
+    source: str
+    sizing: dict
+    versions: dict
+    extras: dict = field(default_factory=dict)
+
+
+def _triple_list(value, what: str) -> List[Tuple]:
+    require(isinstance(value, list), f"{what} must be a list")
+    for item in value:
+        require(isinstance(item, list) and len(item) == 3, f"{what} entries must be lists of 3, got {item!r}")
+    return value
+
+
+def finding_from_dict(d, where: str, kinds=()) -> Finding:
+    """``Finding.from_dict`` with every field type-checked first (``BadInput`` names the field); ``kinds``: the
+    contract's own kinds a finding may carry."""
+    require(isinstance(d, dict), f"{where} must be a JSON object")
+    known = [k.value for k in Kind] + list(kinds)
+    require(d.get("kind") in known, f"{where}.kind must be one of {', '.join(known)}, got {d.get('kind')!r}")
+    for key in ("buffer", "region"):
+        require(isinstance(d.get(key), str), f"{where}.{key} must be a string")
+    for key in ("start", "stop", "count"):
+        require(key not in d or _is_int(d[key]), f"{where}.{key} must be an integer, got {d.get(key)!r}")
+    require(d.get("start", 0) <= d.get("stop", 0), f"{where}: start {d.get('start')} > stop {d.get('stop')}")
+    require(isinstance(d.get("detail", ""), str), f"{where}.detail must be a string")
+    require(isinstance(d.get("extra", {}), dict), f"{where}.extra must be a JSON object")
+    for sample in _triple_list(d.get("samples", []), f"{where}.samples"):
+        require(all(x is None or _is_int(x) for x in sample), f"{where}.samples entries must be integers or null")
+    for key in ("programs", "writers"):
+        value = d.get(key, [])
+        require(isinstance(value, list), f"{where}.{key} must be a list")
+        for program in value:  # a program's grid coordinates: (s, b, k) for the draft kernel, 1-4 of them
+            require(isinstance(program, list) and 1 <= len(program) <= 4
+                    and all(_is_int(x) and x >= 0 for x in program),
+                    f"{where}.{key} entries must be lists of 1-4 non-negative integers (a program's grid index)")
+    return Finding.from_dict(d, kinds)
+
+
+def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
+    """Read and parse a JSON file; every failure (missing, unreadable, too large, not JSON) is ``BadInput``."""
+    import stat
+
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise BadInput(f"{what} {path}: no such file") from None
+    except OSError as exc:  # a symlink loop (ELOOP), a folder on the way that cannot be searched (EACCES), ...
+        raise BadInput(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+    require(stat.S_ISREG(mode), f"{what} {path}: not a regular file")
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise BadInput(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+    require(len(raw) <= max_bytes, f"{what} {path}: larger than {max_bytes} bytes")
+    require(raw.strip(), f"{what} {path}: file is empty")
+
+    def no_constants(name):
+        raise BadInput(f"{what} {path}: {name} is not valid JSON")
+
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=no_constants)
+    except UnicodeDecodeError:
+        raise BadInput(f"{what} {path}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{what} {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except BadInput:  # no_constants' own message
+        raise
+    except ValueError as exc:  # Python's limit on digits in an integer (a 5,000-digit number)
+        raise BadInput(f"{what} {path}: unusable number: {' '.join(str(exc).split())[:120]}") from None
+    except RecursionError:
+        raise BadInput(f"{what} {path}: JSON nested too deeply") from None
+
+
+def _from_contract_case(doc: dict, path) -> dict:
+    """A ``kvfence-contract-case/1`` document as this schema's (its fields, renamed)."""
+    require(isinstance(doc.get("contract"), str), f"case file {path}: contract must be a string")
+    case = {key: doc.get(key) for key in ("case", "width", "sizing", "kernel", "mode") if key in doc}
+    return {MARKER: SCHEMA_VERSION, "contract": doc["contract"], "case": case, "device": doc.get("device", ""),
+            "source": "fuzz", "findings": doc.get("findings", [])}
+
+
+def from_document(doc, path="<memory>") -> CaseFile:
+    """Validate a parsed case-file document (see the module docstring for the schema)."""
+    require(isinstance(doc, dict), f"case file {path}: top level must be a JSON object")
+    if doc.get("format") == CONTRACT_CASE_FORMAT:
+        doc = _from_contract_case(doc, path)
+    require(MARKER in doc, f"case file {path}: not a kvfence case file (no {MARKER!r} field)")
+    version = doc[MARKER]
+    require(version == SCHEMA_VERSION and _is_int(version),
+            f"case file {path}: schema version {version!r} is not supported (this kvfence reads version {SCHEMA_VERSION})")
+    unknown = sorted(set(doc) - _TOP_KEYS)
+    require(not unknown, f"case file {path}: unknown fields {unknown}")
+    require("case" in doc, f"case file {path}: no 'case' field")
+    name = doc.get("contract", LEGACY_CONTRACT)
+    require(isinstance(name, str), f"case file {path}: contract must be a string")
+    try:
+        record = contracts.get(name)
+        case = record.case_from_record(doc["case"])
+        findings_raw = doc.get("findings", [])
+        require(isinstance(findings_raw, list), "findings must be a list")
+        findings = [finding_from_dict(f, f"findings[{i}]", record.kinds) for i, f in enumerate(findings_raw)]
+        for key in ("device", "source"):
+            require(isinstance(doc.get(key, ""), str), f"{key} must be a string")
+        for key in ("sizing", "versions", "extras"):
+            require(isinstance(doc.get(key, {}), dict), f"{key} must be a JSON object")
+        # Syntax only: a plug-in named in a case file is data, never imported on load (kvfence.engine.repro).
+        record.check_spec(record.case_sizing(case), "sizing")
+        record.check_spec(case.kernel, "kernel")
+    except BadInput as exc:
+        raise BadInput(f"case file {path}: {exc}") from None
+    return CaseFile(Path(path), case, findings, doc.get("device", ""), doc.get("source", ""), doc.get("sizing", {}),
+                    doc.get("versions", {}), doc.get("extras", {}))
+
+
+def load_case(path) -> CaseFile:
+    """Load and validate a case file; ``BadInput`` (one line naming the problem) on anything wrong."""
+    return from_document(parse_json_file(path, "case file"), path)
+
+
+# -- pytest --------------------------------------------------------------------------------------------
+def raise_on_findings(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: Optional[str] = None,
+                      limit: int = 12) -> None:
+    """For property tests: if ``findings``, write the case file and raise ``AssertionError``.
+
+    The message lists the findings and ends with the repro command. Inside Hypothesis the file is
+    written only on the final replay of the shrunk example (not for every intermediate failure);
+    content-hash names and atomic writes make it safe under ``pytest -n auto``.
+    """
+    if not findings:
+        return
+
+    message = format_failure(case, findings, limit=limit)
+    final = hypothesis_final()
+    if final is False:
+        raise AssertionError(message + "\n(case file written once Hypothesis has shrunk this failure)")
+    if device is None:
+        from kvfence.device import interpreting
+
+        device = "cpu" if interpreting() else "cuda"
+    extras = {"hypothesis": hypothesis_blob()}
+    test = os.environ.get("PYTEST_CURRENT_TEST")
+    if test:
+        extras["pytest"] = test.rsplit(" (", 1)[0]
+    path = write_case(case, findings, out_dir=out_dir, device=device, source="pytest", extras=extras)
+    raise AssertionError(f"{message}\ncase file: {path}\nrepro: {case_repro_command(path, case)}")
+
+
+def format_failure(case, findings: List[Finding], limit: int = 8) -> str:
+    lines = [f"{len(findings)} finding(s) for {contracts.of(case).describe(case, full=True)}"]
+    lines += ["  " + f.headline() for f in findings[:limit]]
+    if len(findings) > limit:
+        lines.append(f"  ... {len(findings) - limit} more")
+    return "\n".join(lines)

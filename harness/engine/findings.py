@@ -1,0 +1,144 @@
+"""What the harness reports: ``Finding`` and its kinds, defined once and imported everywhere."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional, Tuple
+
+
+class Kind(str, enum.Enum):
+    """Finding kinds. The value is what JSON, tables and case files carry."""
+
+    #: An element the contract defines holds another (non-poison) value.
+    VALUE_MISMATCH = "VALUE_MISMATCH"
+    #: An element the contract defines still holds what was there before the launch (poison).
+    MISSING_WRITE = "MISSING_WRITE"
+    #: An element inside a buffer's rows but outside the write set changed (row overflow, slack writes,
+    #: kv_indptr column 0, or an input the kernel must only read).
+    STRAY_WRITE = "STRAY_WRITE"
+    #: A canary in a front/row/tail guard changed: the kernel wrote outside the buffer's rows.
+    GUARD_OVERWRITE = "GUARD_OVERWRITE"
+    #: A kv_indptr column the contract defines holds the wrong value.
+    INDPTR_MISMATCH = "INDPTR_MISMATCH"
+    #: ``need > width`` for this launch: known before the kernel runs.
+    SIZING_VIOLATION = "SIZING_VIOLATION"
+    #: A shipped sizing's host check (kvfence.release.shipped) rejects a launch that would overflow: a loud
+    #: failure in production (the assertion fires before the launch), not a silent one.
+    HOST_CHECK_FIRED = "HOST_CHECK_FIRED"
+    #: The host check admits a launch the kernel overflows: the check's formula is wrong (too lax).
+    HOST_CHECK_ADMITS_OVERFLOW = "HOST_CHECK_ADMITS_OVERFLOW"
+    #: The host check rejects a launch that fits its buffer: the check's formula is wrong (too strict).
+    HOST_CHECK_REJECTS_FIT = "HOST_CHECK_REJECTS_FIT"
+    #: The launch itself raised (compile error, interpreter error, CUDA error).
+    LAUNCH_ERROR = "LAUNCH_ERROR"
+    #: The process launching the case died before the verdict (journal: a dead fuzzing process;
+    #: kvfence.engine.worker: a dead worker, or a CUDA context the launch left unusable).
+    CRASH = "CRASH"
+    #: The launch ran past its time limit (kvfence.engine.worker, ``--case-timeout``); its worker was killed.
+    HANG = "HANG"
+    #: Interpreter address audit: a load or store outside every registered allocation.
+    OOB_READ = "OOB_READ"
+    OOB_WRITE = "OOB_WRITE"
+    #: compute-sanitizer's verdicts (kvfence.sanitizer.tool), one kind per tool.
+    SANITIZER_MEMCHECK = "SANITIZER_MEMCHECK"
+    SANITIZER_INITCHECK = "SANITIZER_INITCHECK"
+    SANITIZER_RACECHECK = "SANITIZER_RACECHECK"
+    SANITIZER_SYNCCHECK = "SANITIZER_SYNCCHECK"
+    #: A compute-sanitizer run whose own signals cannot be trusted or disagree: a timeout, an exit code that
+    #: does not match its report, an ``ERROR SUMMARY`` with no parsed record, an unreadable XML report, or
+    #: a child that died or rejected its input. ``extra["log"]`` is the run's log file.
+    SANITIZER_TOOL_ERROR = "SANITIZER_TOOL_ERROR"
+
+
+class ContractKind(str):
+    """A finding kind a plug-in contract declares (``kvfence.contract.Contract.kinds``). Behaves like
+    ``Kind`` where findings are written (``.value``), so ``Finding`` carries it unchanged."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
+def kind_of(value: str, declared=()) -> "Kind | ContractKind":
+    """The kind ``value`` names: a common ``Kind``, or one of ``declared`` (a contract's own kinds);
+    ``ValueError`` for any other."""
+    if value in declared:
+        return ContractKind(value)
+    return Kind(value)
+
+
+@dataclass
+class Finding:
+    """One contiguous run of bad elements (or one launch-level problem).
+
+    ``region`` is ``front guard``, ``row S``, ``slack of row S``, ``guard after row S`` or ``tail``;
+    ``start``/``stop`` are element offsets inside that region (row-relative for rows and slack).
+    ``samples`` holds a few ``(region offset, expected, found)`` triples; ``programs`` the ``(s, b, k)``
+    whose predicted segments (or kv_indptr columns) cover the run: its expected owners. ``writers`` the
+    ``(s, b, k)`` that wrote what was found there: the programs the oracle expects to store each found
+    value (token tables hold distinct values, so a value names where it was copied from), those of the
+    run's own row first, then of the row before it (a spill); empty when no program stores such a value.
+    """
+
+    kind: Kind
+    buffer: str
+    region: str
+    start: int = 0
+    stop: int = 0
+    samples: List[Tuple[int, Optional[int], Optional[int]]] = field(default_factory=list)
+    programs: List[Tuple[int, int, int]] = field(default_factory=list)
+    detail: str = ""
+    writers: List[Tuple[int, int, int]] = field(default_factory=list)
+    #: Structured facts of findings from outside tools (compute-sanitizer: access, address, thread, ...).
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return self.stop - self.start
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        d["count"] = self.count
+        d["samples"] = [list(x) for x in self.samples]
+        d["programs"] = [list(p) for p in self.programs]
+        d["writers"] = [list(p) for p in self.writers]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, kinds=()) -> "Finding":
+        """The finding ``to_dict`` wrote; ``kinds``: the contract's own kinds it may carry."""
+        return cls(
+            kind=kind_of(d["kind"], kinds),
+            buffer=d["buffer"],
+            region=d["region"],
+            start=d.get("start", 0),
+            stop=d.get("stop", 0),
+            samples=[tuple(x) for x in d.get("samples", [])],
+            programs=[tuple(p) for p in d.get("programs", [])],
+            detail=d.get("detail", ""),
+            extra=dict(d.get("extra", {})),
+            writers=[tuple(p) for p in d.get("writers", [])],
+        )
+
+    def headline(self) -> str:
+        """One line: kind, where, how many elements, the first sample, who wrote it."""
+        where = f"{self.buffer} {self.region}"
+        if self.count:
+            where += f" [{self.start}:{self.stop}] ({self.count} elements)"
+        parts = [f"{self.kind.value:<16} {where}"]
+        if self.samples:
+            off, exp, got = self.samples[0]
+            parts.append(f"first @{off}: expected {exp}, found {got}")
+        if self.programs:
+            shown = ", ".join("(" + ",".join(str(i) for i in p) + ")" for p in self.programs[:4])
+            more = f" +{len(self.programs) - 4}" if len(self.programs) > 4 else ""
+            parts.append(f"expected owners {shown}{more}")
+        if self.writers:
+            shown = ", ".join("(" + ",".join(str(i) for i in p) + ")" for p in self.writers[:4])
+            more = f" +{len(self.writers) - 4}" if len(self.writers) > 4 else ""
+            parts.append(f"written by {shown}{more}")
+        if self.detail:
+            parts.append(self.detail)
+        return "; ".join(parts)

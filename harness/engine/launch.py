@@ -1,0 +1,170 @@
+"""The engine's value, ``kvfence.contract.Launch``: binding a contract's case, and everything derived from it.
+
+A contract says what its case is (``to_json``), what it needs (``need``) and what it runs on (``tables``); the
+engine binds a case to a sizing, kernel, mode and layout, and derives from that launch, the same way for every
+contract: its JSON record (case files, the journal, the checking worker's wire), a replacement under other
+settings (``repro --sizing/--kernel/--mode/--layout``), one line describing it, its summary, its keys and the
+need/width arithmetic ``repro`` prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Dict, List, Optional
+
+from kvfence.contract import LAYOUTS, MODES, Contract, Keys, Launch
+from kvfence.errors import BadInput, printable, require
+
+#: Widest row kvfence allocates (elements): a sizing answering more is refused in one line.
+MAX_WIDTH = 1 << 30
+#: The record's fields beside ``case`` (the launch's settings).
+SETTINGS = ("width", "sizing", "kernel", "mode", "layout")
+
+
+def is_release_sizing(spec: str) -> bool:
+    """A release's shipped sizing (``sglang==V:...``): its width is the release's formula at the case, recorded
+    with the launch, not a policy kvfence can call."""
+    return isinstance(spec, str) and "==" in spec.split(":", 1)[0]
+
+
+def width_of(record: Contract, case, sizing: str, mode: str) -> int:
+    """The row width the named sizing gives ``case`` launched in ``mode``; ``BadInput`` (one line) for an unknown
+    sizing or one that answers anything but an integer in ``[0, MAX_WIDTH]``."""
+    try:
+        policy = record.sizings[sizing]
+    except (KeyError, TypeError):
+        raise BadInput(f"unknown sizing {sizing!r} of contract {record.name}: choose from "
+                       f"{', '.join(record.sizings)}") from None
+    width = policy(case, mode)
+    require(type(width) is int and 0 <= width <= MAX_WIDTH,
+            f"contract {record.name}: sizing {sizing!r} gives width {printable(width, 60)}, not an integer in "
+            f"[0, 2**30]")
+    return width
+
+
+def bind(record: Contract, case, sizing: str, kernel: str = "reference", mode: str = "eager",
+         layout: str = "redzone", width: Optional[int] = None) -> Launch:
+    """``case`` launched under ``sizing`` (its width computed, or for a release's shipped sizing, given)."""
+    require(mode in MODES, f"mode must be graph or eager, got {mode!r}")
+    require(layout in LAYOUTS, f"layout must be redzone or production, got {layout!r}")
+    if width is None or not is_release_sizing(sizing):
+        width = width_of(record, case, sizing, mode)
+    require(type(width) is int and 0 <= width <= MAX_WIDTH, f"width must be an integer in [0, 2**30], got {width!r}")
+    return Launch(record.name, case, width, sizing, kernel, mode, layout)
+
+
+def replace(record: Contract, launch: Launch, *, kernel: Optional[str] = None, sizing: Optional[str] = None,
+            mode: Optional[str] = None, layout: Optional[str] = None) -> Launch:
+    """``launch`` under another kernel, sizing, mode or layout (the width recomputed by the new sizing)."""
+    keep = sizing is None and mode is None and is_release_sizing(launch.sizing)
+    return bind(record, launch.case, sizing or launch.sizing, kernel or launch.kernel, mode or launch.mode,
+                layout or launch.layout, launch.width if keep else None)
+
+
+def to_record(record: Contract, launch: Launch) -> dict:
+    """The launch as JSON data: ``{"case": to_json(case), "width", "sizing", "kernel", "mode", "layout"}``."""
+    return {"case": record.to_json(launch.case), "width": launch.width, "sizing": launch.sizing,
+            "kernel": launch.kernel, "mode": launch.mode, "layout": launch.layout}
+
+
+def from_record(record: Contract, data) -> Launch:
+    """The launch ``to_record`` wrote (validated: ``BadInput`` naming the field). A record of an older format,
+    without ``case``, goes to the contract's ``from_json`` whole: a contract whose case once carried its launch
+    settings returns the bound launch from it."""
+    require(isinstance(data, dict), "case: expected a JSON object")
+    if "case" not in data:
+        legacy = record.from_json(data)
+        require(isinstance(legacy, Launch), f"case: a {record.name} launch record needs its 'case' field")
+        return legacy
+    unknown = sorted(set(data) - {"case", *SETTINGS})
+    require(not unknown, f"case: unknown field(s) {', '.join(unknown)}")
+    for key in ("sizing", "kernel"):
+        require(isinstance(data.get(key), str) and data[key], f"case: {key} must be a non-empty string")
+    mode, layout = data.get("mode", "eager"), data.get("layout", "redzone")
+    require(mode in MODES, "case: mode must be graph or eager")
+    require(layout in LAYOUTS, "case: layout must be redzone or production")
+    width = data.get("width")
+    if is_release_sizing(data["sizing"]):
+        require(type(width) is int and 0 <= width <= MAX_WIDTH,
+                "case: a shipped-sizing case needs its width, an integer in [0, 2**30]")
+    case = record.from_json(data["case"])
+    return bind(record, case, data["sizing"], data["kernel"], mode, layout, width)
+
+
+def digest(record: Contract, launch: Launch) -> str:
+    """A short sha256 of the launch's record and its contract: the name of its case file."""
+    text = json.dumps({"contract": record.name, **to_record(record, launch)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _flat(data: dict, full: bool) -> Dict[str, object]:
+    """A case's JSON fields, nested objects flattened (their fields, unprefixed where no name repeats)."""
+    out: Dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            for k, v in _flat(value, full).items():
+                out[k if k not in out else f"{key}.{k}"] = v
+        elif full or not isinstance(value, (list, tuple)):
+            out[key] = value
+    return out
+
+
+def describe(record: Contract, launch: Launch, full: bool = False) -> str:
+    """One line naming the launch: its contract, the case's fields (``full``: lists too), width and settings."""
+    fields = " ".join(f"{k}={printable(v, 120)}" for k, v in _flat(record.to_json(launch.case), full).items())
+    settings = f"{launch.mode}" + (f", {launch.layout} layout" if launch.layout != "redzone" else "")
+    kernel = f", kernel {launch.kernel}" if full else ""
+    return f"{record.name} {fields}; width {launch.width} ({launch.sizing}), {settings}{kernel}"
+
+
+_KEYS: Dict[int, tuple] = {}
+
+
+def keys(record: Contract, launch: Launch) -> Keys:
+    """The contract's keys of the launch (``Contract.keys``), with the launch's settings in its config."""
+    found = record.keys(launch.case, launch.width)
+    settings = (("sizing", launch.sizing), ("mode", launch.mode), ("layout", launch.layout), ("kernel", launch.kernel))
+    return Keys(config=tuple(found.config) + settings, structure=(found.structure, launch.width),
+                compile=found.compile, reads=found.reads, edges=tuple(found.edges), requests=found.requests)
+
+
+def requests(record: Contract, launch: Launch, found: Optional[Keys] = None) -> int:
+    """How many requests the launch has (the contract's ``Keys.requests``, else rows of its first output)."""
+    found = found or record.keys(launch.case, launch.width)
+    if found.requests is not None:
+        return found.requests
+    outputs = [t for t in record.tables(launch.case, launch.width) if t.role == "output"]
+    return (outputs[0].rows or 1) if outputs else 1
+
+
+def table_bytes(record: Contract, launch: Launch) -> int:
+    """Bytes the launch's tables hold (guards aside), from their shapes alone: nothing is built."""
+    size = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}
+    return sum((t.rows or 1) * t.width * size.get(t.dtype, 8) for t in record.tables(launch.case, launch.width))
+
+
+def summary(record: Contract, launch: Launch) -> dict:
+    """What summaries and case files keep of a launch: need, width, requests, its config and its record."""
+    found = record.keys(launch.case, launch.width)
+    return {"need": record.need(launch.case), "width": launch.width, "num_seqs": requests(record, launch, found),
+            "config": {k: v for k, v in keys(record, launch).config}, "case": to_record(record, launch)}
+
+
+def explain(record: Contract, launch: Launch) -> List[str]:
+    """The need/width arithmetic, as ``repro`` prints it: the need, the sizing (with its policy's formula, the
+    first line of its docstring) and the verdict."""
+    need = record.need(launch.case)
+    policy = record.sizings.get(launch.sizing) if hasattr(record.sizings, "get") else None
+    formula = ((getattr(policy, "__doc__", None) or "").strip().splitlines() or [""])[0]
+    verdict = (f"need > width by {need - launch.width}: the row is too narrow" if need > launch.width
+               else f"fits ({launch.width - need} spare)")
+    return [f"need   = {need} (the widest row the launch needs)",
+            f"width  = {launch.sizing}(case, {launch.mode}) = {launch.width}" + (f"   [{formula}]" if formula else ""),
+            f"=> {verdict}"]
+
+
+def utilisation(record: Contract, launch: Launch) -> float:
+    """need / width (Hypothesis's target phase climbs it toward the wall)."""
+    need = record.need(launch.case)
+    return need / launch.width if launch.width else float(need > 0)

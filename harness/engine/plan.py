@@ -1,0 +1,112 @@
+"""``RunPlan``: the choices of one fuzz run, built once by its front end and read by everything after it.
+
+Three front ends build one: the command line (``kvfence fuzz``, ``kvfence.cli.fuzz``), the API
+(``kvfence.check_kernel``) and the pytest plugin. From there the engine (``kvfence.engine.run``), the
+contract's record (``kvfence.contract.Contract.draws`` / ``session`` / ``codec``), the checking worker and
+the ``--jobs`` children read the plan, never the front end's own arguments. Every field is validated here,
+with a one-line ``BadInput``.
+
+``pins`` holds the contract-specific config choices (the draft kernel's ``topk``, ``num_steps``, window
+fields, layout, ...), ``None`` meaning "drawn"; a contract takes the pins it lists (``Contract.pins``) and
+refuses the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Mapping, Optional
+
+from kvfence.errors import require
+
+DEVICES = ("cpu", "cuda")
+MODES = ("graph", "eager")
+DOMAINS = ("cpu", "gpu")
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _seconds(v, *, positive: bool) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v > 0 if positive else v >= 0))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What one run checks (contract, kernel, sizing, device, mode, domain, pins), how long (examples, seconds,
+    shrinking), how (batches per example, bulk, memory, jobs, targeting, keep-going) and where cases run
+    (a checking worker with a case timeout, or this process)."""
+
+    contract: str = "draft"
+    kernel: str = "reference"
+    sizing: str = "safe"
+    device: str = "cpu"
+    mode: str = "graph"
+    domain: str = "cpu"
+    pins: Mapping[str, object] = field(default_factory=dict)
+    seed: Optional[int] = None
+    max_examples: int = 100
+    max_seconds: Optional[float] = None
+    shrink_seconds: float = 60.0
+    batches_per_example: int = 1
+    bulk_per_example: int = 0
+    bulk_after: float = 0.0
+    max_bytes: Optional[int] = None
+    jobs: int = 1
+    #: Fuzzing processes of this run on this host (a ``--jobs`` child's siblings counted): its share of the cores.
+    host_jobs: int = 1
+    targeting: bool = True
+    keep_going: bool = False
+    isolate: bool = True
+    case_timeout: float = 5.0
+    audit: Optional[bool] = None
+
+    def __post_init__(self):
+        for name in ("contract", "kernel", "sizing"):
+            require(isinstance(getattr(self, name), str) and getattr(self, name),
+                    f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        require(self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        require(self.mode in MODES, f"mode must be graph or eager, got {self.mode!r}")
+        require(self.domain in DOMAINS, f"domain must be cpu or gpu, got {self.domain!r}")
+        require(not (self.domain == "gpu" and self.device != "cuda"),
+                "the gpu domain needs a CUDA device: production-sized launches under the interpreter would take hours")
+        require(isinstance(self.pins, Mapping) and all(isinstance(k, str) for k in self.pins),
+                "pins must map field names to values")
+        object.__setattr__(self, "pins", dict(self.pins))
+        require(self.seed is None or (_int(self.seed) and self.seed >= 0), f"seed must be an integer >= 0, got {self.seed!r}")
+        require(_int(self.max_examples) and self.max_examples >= 1,
+                f"max_examples must be a positive integer, got {self.max_examples!r}")
+        require(self.max_seconds is None or _seconds(self.max_seconds, positive=True),
+                f"max_seconds must be a positive number of seconds, got {self.max_seconds!r}")
+        require(_seconds(self.shrink_seconds, positive=False),
+                f"shrink_seconds must be a number of seconds >= 0, got {self.shrink_seconds!r}")
+        require(_int(self.batches_per_example) and self.batches_per_example >= 1,
+                f"batches_per_example must be a positive integer, got {self.batches_per_example!r}")
+        require(_int(self.bulk_per_example) and self.bulk_per_example >= 0,
+                f"bulk_per_example must be an integer >= 0, got {self.bulk_per_example!r}")
+        require(_seconds(self.bulk_after, positive=False), f"bulk_after must be seconds >= 0, got {self.bulk_after!r}")
+        require(self.max_bytes is None or (_int(self.max_bytes) and self.max_bytes > 0),
+                f"max_bytes must be a positive integer, got {self.max_bytes!r}")
+        require(_int(self.jobs) and self.jobs >= 1, f"jobs must be a positive integer, got {self.jobs!r}")
+        require(_int(self.host_jobs) and self.host_jobs >= 1, f"host_jobs must be a positive integer, got {self.host_jobs!r}")
+        require(_seconds(self.case_timeout, positive=True),
+                f"case_timeout must be a positive number of seconds, got {self.case_timeout!r}")
+        for name in ("targeting", "keep_going", "isolate"):
+            require(isinstance(getattr(self, name), bool), f"{name} must be true or false")
+
+    @property
+    def graph(self) -> bool:
+        """Launches are captured in CUDA graphs (graph mode on a CUDA device)."""
+        return self.mode == "graph" and self.device == "cuda"
+
+    def pin(self, name: str, default=None):
+        value = self.pins.get(name)
+        return default if value is None else value
+
+    def with_(self, **changes) -> "RunPlan":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""Upstream releases: kernels and shipped sizing read from SGLang's wheels, the release matrices, ``affected``."""

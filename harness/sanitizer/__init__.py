@@ -1,0 +1,1 @@
+"""compute-sanitizer: runs folded into findings, the nightly sweep and its detection matrix."""

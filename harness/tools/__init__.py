@@ -1,1 +1,0 @@
-"""External tools: compute-sanitizer runs, the nightly sweep and its detection matrix."""

@@ -1,1 +1,0 @@
-"""Workflows built on a session: fuzzing (with --keep-going and --jobs), the checking worker, campaigns, repro, the mutation self-test, the verifier comparison, the release matrix, and output folders."""

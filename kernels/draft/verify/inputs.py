@@ -1,0 +1,54 @@
+"""Count changed input elements: the kernel under test must only read its inputs.
+
+``req_to_token`` is compared with the slot ids regenerated from the case's token seed (no copy of
+the pool is kept), and the whole of ``seq_lens`` / ``req_pool_indices`` / ``positions`` (all ``max_bs``
+rows, not only the launched bucket) with the staging row ``cursor`` of ``rows``, which ``prepare.py``
+copied in full: live rows, the runner's padding, and padding values past the bucket. A write anywhere
+in an input is counted in ``counts[3]``.
+
+Grid ``(cdiv(pool_numel, BLOCK) + 1,)`` as in ``prepare.py``.
+"""
+
+import triton
+import triton.language as tl
+
+from kvfence.kernels.draft.verify.prepare import BLOCK_ELEMENTS
+from kvfence.kernels.draft.verify.slots import slot_ids
+
+
+@triton.jit(do_not_specialize=['width', 'max_bs', 'topk', 'pool_numel'])
+def verify_inputs_kernel(rows, cursor, width, seq_lens, req_pool_indices, positions, max_bs, topk, req_to_token,
+                         pool_numel, counts, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    row = rows + tl.load(cursor) * width
+    pool_blocks = tl.cdiv(pool_numel, BLOCK)
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
+    if pid < pool_blocks:
+        i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = i < pool_numel
+        found = tl.load(req_to_token + i, mask=live, other=0)
+        bad += (live & (found != slot_ids(i, tl.load(row)))).to(tl.int32)
+    else:
+        for start in range(0, max_bs, BLOCK):
+            j = start + tl.arange(0, BLOCK)
+            live = j < max_bs
+            lens = tl.load(seq_lens + j, mask=live, other=0).to(tl.int64)
+            pool_rows = tl.load(req_pool_indices + j, mask=live, other=0).to(tl.int64)
+            bad += (live & (lens != tl.load(row + 1 + j, mask=live, other=0))).to(tl.int32)
+            bad += (live & (pool_rows != tl.load(row + 1 + max_bs + j, mask=live, other=0))).to(tl.int32)
+        for start in range(0, max_bs * topk, BLOCK):
+            j = start + tl.arange(0, BLOCK)
+            live = j < max_bs * topk
+            pos = tl.load(positions + j, mask=live, other=0).to(tl.int64)
+            bad += (live & (pos != tl.load(row + 1 + 2 * max_bs + j, mask=live, other=0))).to(tl.int32)
+    total = tl.sum(bad)
+    if total > 0:  # atomics only when non-zero (see outside.py)
+        tl.atomic_add(counts + 3, total)
+
+
+def verify_inputs(*, rows, cursor, seq_lens, req_pool_indices, positions, req_to_token, counts, max_bs: int,
+                  topk: int):
+    pool_numel = req_to_token.numel()
+    grid = (triton.cdiv(pool_numel, BLOCK_ELEMENTS) + 1,)
+    verify_inputs_kernel[grid](rows, cursor, rows.shape[1], seq_lens, req_pool_indices, positions, max_bs, topk,
+                               req_to_token, pool_numel, counts, BLOCK=BLOCK_ELEMENTS)

@@ -1,0 +1,1 @@
+"""kvfence's own Triton kernels of the fa3_metadata contract(s)."""

@@ -1,0 +1,1 @@
+"""kvfence's own Triton kernels of the page_table contract(s)."""

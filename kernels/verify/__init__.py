@@ -1,2 +1,0 @@
-"""kvfence's own verification kernels: they recompute the contract on the device and count
-mismatches, so a clean case never copies its buffers to the host (see harness/verifying/device_verify.py)."""
