@@ -31,6 +31,17 @@ def sizing_spec(kvfence_sizing) -> str:
 
 
 @pytest.fixture(scope="session")
-def make_session(kvfence_session):
-    """kvfence's own tests look inside sessions (runners, buffers): in this process, plug-ins included."""
-    return lambda kernel="reference", **kw: kvfence_session(kernel, isolated=False, record=False, **kw)
+def make_session(kvfence_device):
+    """kvfence's own tests of the draft kernel look inside its sessions (runners, buffers): the draft checker's
+    ``Session``, in this process, plug-ins included."""
+    from kvfence.contracts.draft.session import Session
+
+    cache = {}
+
+    def make(kernel="reference", **kw):
+        key = (kernel, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = Session(kvfence_device, kernel, **kw)
+        return cache[key]
+
+    return make

@@ -24,11 +24,11 @@ import time
 import warnings
 from pathlib import Path
 
+from kvfence.engine.findings import Finding, Kind
 from kvfence.provenance import stamped
 
-from kvfence.engine.findings import Finding, Kind
-
-#: Triggers shaped like the shipped mutants' (kernels/draft/mutants/): a predicate of one case.
+#: Triggers shaped like the shipped mutants' (kernels/draft/mutants/): a predicate of one case (the draft
+#: contract's ``DraftCase``: its config and batch).
 TRIGGERS = {
     # prefix_sum_16_lanes: more than 16 lanes (requests x topk) in a multi-step launch.
     "lanes_over_16": lambda c: len(c.batch.seq_lens) * c.config.topk > 16 and c.config.num_steps > 1,
@@ -44,31 +44,35 @@ TRIGGERS = {
 
 
 class TriggerSession:
-    """A stub session: a case meeting ``trigger`` has one finding, every other is clean."""
+    """A stub session: a launch whose case meets ``trigger`` has one finding, every other is clean."""
 
     stats: dict = {}
 
     def __init__(self, trigger):
         self.trigger = trigger
 
-    def check(self, case):
-        return self.check_many([case])[0]
+    def check(self, launch):
+        return self.check_many([launch])[0]
 
-    def check_many(self, cases):
-        return [[Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 0, 1)] if self.trigger(c) else [] for c in cases]
+    def check_many(self, launches):
+        return [[Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", 0, 1)] if self.trigger(x.case) else []
+                for x in launches]
+
+
+def shape_plan(batches: int, bulk: int):
+    """The plain GPU command's plan (the draft contract, the GPU domain) with this example shape."""
+    from kvfence.engine.plan import RunPlan
+
+    return RunPlan(contract="draft", device="cuda", domain="gpu", max_bytes=10 << 30, batches_per_example=batches,
+                   bulk_per_example=bulk)
 
 
 def shape_strategy(batches: int, bulk: int):
-    """The GPU command's strategy (the draft record's config strategy of the plain GPU plan) with this example
-    shape."""
-    from kvfence import contract as contracts
-    from kvfence.engine.plan import RunPlan
-    from kvfence.contracts.draft.strategies import case_runs
+    """The GPU command's strategy (``kvfence.engine.run.draws`` of the plain GPU plan: the draft contract's
+    launches, a list of one config per example) with this example shape."""
+    from kvfence.engine.run import draws
 
-    draft = contracts.get("draft")
-    plan = RunPlan(device="cuda", domain="gpu", max_bytes=10 << 30)
-    draft.check_plan(plan)
-    return case_runs(draft.configs(plan), max_batches=batches, bulk=bulk)
+    return draws(shape_plan(batches, bulk))[0]
 
 
 def main() -> int:
@@ -94,8 +98,8 @@ def main() -> int:
 
     warnings.simplefilter("ignore")  # Hypothesis's "overly large repr" of a bulk example
     start = time.monotonic()
-    doc = {"benchmark": "bulk_choices", "command": " ".join(["python", *sys.argv]), "seeds": args.seeds, "first_seed": args.first_seed,
-           "cap_s": args.cap, "shapes": {}}
+    doc = {"benchmark": "bulk_choices", "command": " ".join(["python", *sys.argv]), "seeds": args.seeds,
+           "first_seed": args.first_seed, "cap_s": args.cap, "shapes": {}}
     for batches, bulk in shapes:
         rows = {}
         for name in triggers:

@@ -23,6 +23,7 @@ from pathlib import Path
 from kvfence.provenance import stamped
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # result_file.py beside it
 
 
 class NullSession:
@@ -35,17 +36,21 @@ class NullSession:
 
 
 def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, folder: Path) -> float:
+    from result_file import draft_launches
+
+    from kvfence.contracts.draft.strategies import cases, configs
     from kvfence.engine import campaign
     from kvfence.engine.loop import fuzz
-    from kvfence.contracts.draft.strategies import cases, configs
 
     shard = campaign.Shard(3, 8) if variant == "shard 3/8" else None
     if shard is not None:
-        from kvfence import contract as contracts
+        from kvfence.engine import registry
         from kvfence.engine.plan import RunPlan
+        from kvfence.engine.run import shard_fields
 
+        draft = registry.get("draft")
         config_strategy, _ = campaign.shard_draws(shard, lambda **pins: configs(**pins),
-                                                  contracts.get("draft").shard_fields(RunPlan()))
+                                                  shard_fields(draft, RunPlan(contract=draft.name)), draft.name)
     else:
         config_strategy = configs()
     database = None
@@ -58,8 +63,8 @@ def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, fold
     # CPU seconds of this process (the Redis server's are not counted, its round trips are): on a
     # machine shared with other jobs, wall time mostly measures the neighbours.
     start = time.process_time()
-    result = fuzz(NullSession(), cases(config_strategy), max_examples=examples, seed=seed, database=database,
-                  database_key=key, targeting=targeting)
+    result = fuzz(NullSession(), draft_launches(cases(config_strategy)), max_examples=examples, seed=seed,
+                  database=database, database_key=key, targeting=targeting)
     return result.examples / (time.process_time() - start)
 
 

@@ -9,7 +9,7 @@ In one run, on one machine:
   CUDA context: what any process that launches a kernel pays; ``device='cpu'`` with ``--device cpu``);
 * the first verdict: wall time from starting ``python -m kvfence fuzz --sizing prefix`` (the seed's bug,
   found within a job's first few examples) to the line on stderr that names the first failure
-  (``kvfence.cli.fuzz.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
+  (``kvfence.engine.fuzzrun.FIRST_FAILURE``), and to the command's exit; the run summary's ``startup_s``,
   ``first_launch_s`` and ``first_failure_s`` with it, and with ``--jobs`` each job's ``startup_s``
   (``jobs_ready_s``, job 0 first: it leads on CUDA), and of the job that failed first its examples to the
   failure and its compile and capture seconds (``first_failing_job_*``).
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import first_failing, fuzz_command_parser, job_summaries, saver  # noqa: E402
 
-from kvfence.cli.fuzz import FIRST_FAILURE  # noqa: E402
+from kvfence.engine.fuzzrun import FIRST_FAILURE  # noqa: E402
 from kvfence.engine.jobs import LEAD_HEAD_START_S  # noqa: E402
 
 

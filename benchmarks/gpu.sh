@@ -112,11 +112,12 @@ run_sanitizer_clean() {
   CLEAN="$dir" python - <<'PY' || return 1
 import os
 from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.record import launch_of
 from kvfence.engine.casefile import write_case
 for mode in ("eager", "graph"):
     case = Case(Config(topk=4, num_steps=3, ctx=64, max_bs=4, mode=mode, sizing="safe"),
                 Batch((64, 40, 17, 64), (0, 1, 2, 3), 5))
-    print(write_case(case, [], out_dir=os.environ["CLEAN"], device="cuda", source="gpu.sh"))
+    print(write_case(launch_of(case), [], out_dir=os.environ["CLEAN"], device="cuda", source="gpu.sh"))
 PY
   timeout 500 kvfence sweep --cases "$dir/cases" --jobs 4 --timeout 150 --out "$dir/sweep" > "$dir/sweep.txt" 2>&1
   local rc=$?

@@ -2,8 +2,8 @@
 
     python benchmarks/interpreter.py [--examples N] [--json PATH]
 
-Fuzzes the default domain (``kvfence.contracts.draft.strategies.cases()``: topk 1-8, 1-8 steps, page sizes 1-64, ctx <= 48,
-max_bs <= 4, graph mode, safe sizing) with a fixed seed, twice: with the interpreter's discarded
+Fuzzes the default domain (``kvfence.contracts.draft.strategies.cases()``: topk 1-8, 1-8 steps, page sizes 1-64,
+ctx <= 48, max_bs <= 4, graph mode, safe sizing) with a fixed seed, twice: with the interpreter's discarded
 int32-overflow checks skipped (kvfence's default, ``kvfence.device.skip_discarded_overflow_checks``)
 and with them on (Triton's default). Reports cases/s and the cost per Triton program, then profiles the
 first run and splits its own time by package (triton / torch+numpy / hypothesis / kvfence).
@@ -21,19 +21,23 @@ from pathlib import Path
 from kvfence.provenance import stamped
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # result_file.py beside it
 
 
 def run(examples: int, seed: int, profile: bool):
-    from kvfence.engine.loop import fuzz
-    from kvfence.contracts.draft.session import Session
+    from result_file import draft_launches
+
+    from kvfence.contracts.draft.session import Session, runtime_case
     from kvfence.contracts.draft.strategies import cases
+    from kvfence.engine.loop import fuzz
 
     programs = []
 
     class Counting(Session):
         def check(self, case):
-            lb = case.launch()
-            programs.append(case.config.num_steps * lb.num_seqs * case.config.topk)
+            runtime = runtime_case(case)  # the engine's launch as the runner's case
+            lb = runtime.launch()
+            programs.append(runtime.config.num_steps * lb.num_seqs * runtime.config.topk)
             return super().check(case)
 
     session = Counting("cpu", "reference")
@@ -41,12 +45,13 @@ def run(examples: int, seed: int, profile: bool):
     if prof:
         prof.enable()
     t0 = time.perf_counter()
-    result = fuzz(session, cases(), max_examples=examples, seed=seed, targeting=False)
+    result = fuzz(session, draft_launches(cases()), max_examples=examples, seed=seed, targeting=False)
     elapsed = time.perf_counter() - t0
     if prof:
         prof.disable()
     assert not result.findings
-    return {"examples": result.examples, "elapsed_s": round(elapsed, 2), "cases_per_s": round(result.examples / elapsed, 1),
+    return {"examples": result.examples, "elapsed_s": round(elapsed, 2),
+            "cases_per_s": round(result.examples / elapsed, 1),
             "programs": sum(programs), "ms_per_program": round(elapsed * 1e3 / sum(programs), 3)}, prof
 
 

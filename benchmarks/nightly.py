@@ -82,7 +82,8 @@ def main() -> int:
     Path(args.json).write_text(json.dumps(stamped(doc), indent=2) + "\n")
     for name, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    print(f"nightly: safe exit {safe['exit']} ({safe['wall_s']} s), prefix exit {prefix['exit']} ({prefix['wall_s']} s), "
+    print(f"nightly: safe exit {safe['exit']} ({safe['wall_s']} s), "
+          f"prefix exit {prefix['exit']} ({prefix['wall_s']} s), "
           f"{wall:.0f} s in all; wrote {args.json}")
     return 0 if all(checks.values()) else 1
 

@@ -4,15 +4,17 @@
         [--cores-per-run C] [--gpus 0,1,...] [--reference-seeds K] [--max-seconds S] [--json FILE]
         [--resume FILE] [--compare-bulk N] [-- EXTRA FUZZ FLAGS]
 
-For every mutant of ``kernels/draft/mutants/`` (or those named with ``--only``) and every seed, it runs the
-command a user would run, ``python -m kvfence fuzz --device D --kernel FILE:ATTR`` (a kernel mutant,
-built as ``kvfence mutants`` builds it) or ``--sizing FILE:row_width`` (a sizing mutant), with the
-default budget of the device and ``--shrink-seconds 0`` (the first failure is the detection; shrinking
-would only add time). A seed counts as a detection when the run exits 1 with findings that name one of
-the mutant's ``DETECTS`` kinds (``kvfence.selftest.mutants.names_the_bug``, as ``kvfence mutants``
-counts). Window-rail mutants get ``--contract window-rail --window 4`` (the command needs the window,
-part of the rail's ABI; see ``RAIL_FLAGS`` for why 4). The reference kernel runs the same command under ``--reference-seeds`` seeds for each contract a
-mutant breaks, and must stay clean (exit 0). The result per mutant: seeds detected, the rate against
+For every planted bug of the draft kernel's contracts (``CONTRACTS``: each record's ``mutants``,
+``kernels/draft/mutants/``), or those named with ``--only``, and every seed, it runs the command a user
+would run, ``python -m kvfence fuzz --device D --kernel mutant:NAME`` (a patch or kernel mutant, built as
+``kvfence mutants`` builds it) or ``--sizing SPEC`` with the reference kernel (a sizing mutant: its
+``sizing``), with the default budget of the device and ``--shrink-seconds 0`` (the first failure is the
+detection; shrinking would only add time). A seed counts as a detection when the run exits 1 with
+findings that name one of the mutant's ``detects`` kinds (``names_the_bug``, as ``kvfence mutants``
+counts: ``kvfence.selftest.mutants``). Window-rail mutants get ``--contract window-rail --window 4`` (the
+command needs the window, part of the rail's ABI; see ``RAIL_FLAGS`` for why 4). The reference kernel runs the
+same command under ``--reference-seeds`` seeds for each contract a mutant breaks, and must stay clean (exit 0).
+The result per mutant: seeds detected, the rate against
 ``--required`` (0.95), the seconds from each command's start to its first failure (the run's
 ``first_failure_s``), the search time (that less the start-up to the first worker ready, the summary's
 ``startup_s``: ``search_s``, median and worst per row, a miss counted as its whole wall time), each run's
@@ -62,9 +64,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import first_failing, fuzz_command_parser, job_summaries, saver  # noqa: E402
 
+from kvfence.engine import registry  # noqa: E402
 from kvfence.errors import BadInput, require  # noqa: E402
 from kvfence.provenance import code_stamp  # noqa: E402
-from kvfence.selftest.mutants import REFERENCE, discover, names_the_bug  # noqa: E402
+
+#: The contracts of the draft kernel: their planted bugs (each record's ``mutants``) are kernels/draft/mutants/.
+CONTRACTS = ("draft", "window-rail")
+#: The reference rows' name: ``reference (CONTRACT)``.
+REFERENCE = "reference"
 
 #: A run past this many seconds is stopped and counted as a miss (a default GPU run ends after 60 s of
 #: fuzzing, plus start-up and reports; the CPU's 100 examples take about as long).
@@ -77,9 +84,48 @@ RUN_TIMEOUT_S = 240.0
 RAIL_FLAGS = ["--contract", "window-rail", "--window", "4"]
 
 
-def flags_for(mutant) -> list:
-    flags = ["--kernel", mutant.kernel] if mutant.kind == "kernel" else ["--sizing", mutant.sizing]
-    return flags + (RAIL_FLAGS if mutant.contract == "window-rail" else [])
+#: The fuzz flags that choose each contract of ``CONTRACTS`` (the draft is the default contract).
+CONTRACT_FLAGS = {"draft": [], "window-rail": RAIL_FLAGS}
+
+
+@dataclass(frozen=True)
+class Planted:
+    """One planted bug (``kvfence.contract.Mutant``) of the contract it breaks."""
+
+    name: str
+    contract: str
+    domain: str  # where the default draws must reach it
+    detects: tuple  # the finding kinds that count as catching it
+    kernel: str  # the --kernel spec: ``mutant:NAME`` (a patch or kernel of its own), or the reference
+    sizing: Optional[str] = None  # the buggy sizing it runs under (a sizing mutant), or None: the default
+
+    @property
+    def kind(self) -> str:
+        return "sizing" if self.kernel == REFERENCE else "kernel"
+
+
+def discover(names: Optional[List[str]] = None) -> List[Planted]:
+    """The planted bugs of ``CONTRACTS`` (sorted by name), or only ``names``; ``BadInput`` naming the known ones."""
+    found = {}
+    for contract in CONTRACTS:
+        for m in registry.get(contract).mutants:
+            found[m.name] = Planted(m.name, contract, m.domain, tuple(m.detects),
+                                    f"mutant:{m.name}" if (m.patch or m.kernel) else REFERENCE, m.sizing)
+    unknown = [n for n in names or () if n not in found]
+    require(not unknown, f"unknown mutant(s) {', '.join(unknown)}: choose from {', '.join(sorted(found))}")
+    return [found[n] for n in names] if names else [found[n] for n in sorted(found)]
+
+
+def names_the_bug(kinds, detects) -> bool:
+    """Whether a failure's finding kinds detect a mutant: one of the kinds it declares (the reference declares
+    none, and fails on any finding)."""
+    return bool(kinds) and (not detects or bool(set(kinds) & set(detects)))
+
+
+def flags_for(mutant: Planted) -> list:
+    flags = (["--kernel", mutant.kernel] if mutant.kernel != REFERENCE else []) + (
+        ["--sizing", mutant.sizing] if mutant.sizing else [])
+    return flags + CONTRACT_FLAGS[mutant.contract]
 
 
 @dataclass
@@ -219,7 +265,8 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
     row["exit_codes"].append(returncode)
     row["wall_s"].append(round(wall_s, 2))
     row["kinds"] = sorted(set(row["kinds"]) | set(kinds))
-    last_error = (run.stderr.read_text(errors="replace").strip().splitlines() or [""])[-1] if run.stderr.exists() else ""
+    last_error = ((run.stderr.read_text(errors="replace").strip().splitlines() or [""])[-1]
+                  if run.stderr.exists() else "")
     if run.reference:
         row["clean"] = row["clean"] is not False and returncode == 0 and not kinds
         row["passed"] = row["clean"]
@@ -283,7 +330,7 @@ def plan(mutants, seeds: int, reference_seeds: int, device: str, extra: List[str
         return shlex.join(["python", *command(flags, "SEED", "OUT")[1:]])
 
     for contract in sorted({m.contract for m in mutants}):
-        name, flags = f"{REFERENCE} ({contract})", (RAIL_FLAGS if contract == "window-rail" else [])
+        name, flags = f"{REFERENCE} ({contract})", CONTRACT_FLAGS[contract]
         done = set(result["reference"].get(name, {}).get("seeds_run", []))
         for seed in range(reference_seeds):
             out = tmp / f"{REFERENCE}-{contract}-{seed}"
@@ -400,7 +447,8 @@ def main() -> int:
         mutants = discover(names=args.only or None)
         result = {"benchmark": "plain_fuzz_mutants", "command": shlex.join(["python", *sys.argv]),
                   "device": args.device, "seeds": args.seeds, "reference_seeds": args.reference_seeds,
-                  "required": args.required, "compare_bulk": args.compare_bulk, "parallel": args.parallel, "slots": layout, "extra": extra,
+                  "required": args.required, "compare_bulk": args.compare_bulk, "parallel": args.parallel,
+                  "slots": layout, "extra": extra,
                   "cut": False, "stopped": [], "wall_s": 0.0, "reference": {}, "mutants": {}}
         if args.resume:
             result = resumed(args.resume, result, mutants)
@@ -483,7 +531,8 @@ def main() -> int:
     result["passed"] = (result["complete"] and all(r["passed"] for r in rows)
                         and all(r["passed"] for r in result["reference"].values()))
     result["kill_search_s"] = kill_table(result)
-    result["kill_targets_met"] = result["complete"] and all(e["meets_targets"] for e in result["kill_search_s"].values())
+    result["kill_targets_met"] = result["complete"] and all(e["meets_targets"]
+                                                            for e in result["kill_search_s"].values())
     if args.compare_bulk:
         compared = [e for e in result["kill_search_s"].values() if e.get("bulk_slower") is not None]
         result["bulk_comparison"] = {"flags": bulk_flags(args.compare_bulk), "mutants": len(compared),

@@ -36,16 +36,17 @@ import sys
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hyp_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import saver  # noqa: E402
 
 from kvfence.contracts.draft import domain as domains  # noqa: E402
-from kvfence.contracts.draft.budget import default_budget  # noqa: E402
-from kvfence.contracts.draft.case import v2p_table  # noqa: E402
 from kvfence.contracts.draft.strategies import case_runs, cases, configs  # noqa: E402
+from kvfence.contracts.draft.tokens import v2p_table  # noqa: E402
+from kvfence.engine.budget import default_budget  # noqa: E402
 
 
 def _launched(case) -> int:
@@ -97,8 +98,9 @@ TRIGGERS = {
 
 
 def strategy(domain: str, family_share=None):
-    """What the default ``kvfence fuzz`` of each domain draws (``kvfence.selftest.mutants._strategy``; the CPU
-    domain under the CPU's default memory budget, as ``kvfence mutants --device cpu`` runs it), the
+    """What the default ``kvfence fuzz`` of each domain draws (as ``kvfence.selftest.mutants.self_test`` draws the draft
+    contract's: up to ``GPU_BATCHES`` batches of one config on the GPU domain; the CPU domain under the CPU's default
+    memory budget, as ``kvfence mutants --device cpu`` runs it), the
     §6 fields in the domain's share of examples (``--family auto``), or in ``family_share`` of the GPU's."""
     if domain == "gpu":
         gpu = domains.GPU if family_share is None else dataclasses.replace(domains.GPU, family_share=family_share)
@@ -152,16 +154,21 @@ def examples_to_trigger(seeds: int, examples: int, path_on=None) -> dict:
     docstring), at ``kvfence.contracts.draft.strategies.RARE_PATH_ON`` or at ``path_on``."""
     import statistics
 
-    import kvfence.contracts.draft.strategies as strategies
     from bulk_choices import shape_strategy
+
+    import kvfence.contracts.draft.strategies as strategies
     from kvfence.cli.fuzz import GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE
+    from kvfence.contracts.draft.session import runtime_case
 
     default = strategies.RARE_PATH_ON
     strategies.RARE_PATH_ON = default if path_on is None else path_on
     try:
         first = {name: [] for name in TRIGGERS}
         for s in range(seeds):
-            drawn = examples_drawn(shape_strategy(GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE), s, examples)
+            # The engine's launches, as the runner's cases the triggers read (their sizing summary, the bound config).
+            drawn = [[runtime_case(x) for x in run]
+                     for run in examples_drawn(shape_strategy(GPU_BATCHES_PER_EXAMPLE, GPU_BULK_PER_EXAMPLE), s,
+                                               examples)]
             for name, (_, trigger) in TRIGGERS.items():
                 first[name].append(next((i + 1 for i, run in enumerate(drawn) if any(trigger(c) for c in run)), None))
     finally:
@@ -173,9 +180,11 @@ def examples_to_trigger(seeds: int, examples: int, path_on=None) -> dict:
 
 
 def _print_examples_to_trigger(row: dict) -> None:
-    print(f"examples to the trigger, §6 paths on at {row['path_on']:g} ({row['seeds']} seeds, up to {row['examples']}):")
+    print(f"examples to the trigger, §6 paths on at {row['path_on']:g} "
+          f"({row['seeds']} seeds, up to {row['examples']}):")
     for name, m in row["mutants"].items():
-        print(f"  {name:30s} median {m['median']:6.1f}  worst {m['worst']:4d}  reached {m['seeds_reached']}/{row['seeds']}")
+        print(f"  {name:30s} median {m['median']:6.1f}  worst {m['worst']:4d}  "
+              f"reached {m['seeds_reached']}/{row['seeds']}")
 
 
 def main() -> int:

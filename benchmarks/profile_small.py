@@ -33,12 +33,13 @@ def main():
     device = select(args.device)
     import torch
     from hypothesis import HealthCheck, Phase, given, settings
+    from result_file import draft_launches
 
-    from kvfence.engine.loop import fuzz
     from kvfence.contracts.draft.session import Session
     from kvfence.contracts.draft.strategies import cases, configs
+    from kvfence.engine.loop import fuzz
 
-    strategy = cases(configs(sizing="safe", **SMALL))
+    strategy = draft_launches(cases(configs(sizing="safe", **SMALL)))  # the engine's launches, as fuzz takes
     drawn = []
 
     @settings(max_examples=args.examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),

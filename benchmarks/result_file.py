@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, List, Optional
 
 from kvfence.provenance import stamped
-from typing import Callable, List, Optional
 
 
 def saver(path: Optional[str], result: dict) -> Callable[[], None]:
@@ -19,6 +19,22 @@ def saver(path: Optional[str], result: dict) -> Callable[[], None]:
             Path(path).write_text(json.dumps(stamped(result), indent=1) + "\n")
 
     return save
+
+
+def draft_launches(strategy):
+    """A strategy of the draft runner's cases (``kvfence.contracts.draft.strategies``: a ``Case`` per example, or a
+    ``CaseRun`` of them) as the engine's launches, what ``kvfence.engine.loop.fuzz`` and a checker take
+    (``kvfence.contracts.draft.record.launch_of``; a run's bulk bookkeeping read through, as
+    ``kvfence.engine.run.BoundRun`` does for the engine's own draws)."""
+    from kvfence.contracts.draft.record import launch_of
+    from kvfence.engine.run import BoundRun
+
+    def bind(drawn):
+        if isinstance(drawn, list):
+            return BoundRun([launch_of(c) for c in drawn], drawn)
+        return launch_of(drawn)
+
+    return strategy.map(bind)
 
 
 def fuzz_command_parser(doc: str, argv):

@@ -57,6 +57,7 @@ from kvfence.provenance import stamped
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # result_file.py beside it
 
 SMALL = dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16)
 #: The one command that writes benchmarks/results/h200.json on the H200 (every key from that run; the
@@ -67,12 +68,14 @@ LARGE = dict(topk=8, num_steps=5, page_size=1, ctx=4096, max_bs=256)
 
 
 def small_rate(device: str, examples: int, seed: int) -> dict:
-    from kvfence.engine.loop import fuzz
+    from result_file import draft_launches
+
     from kvfence.contracts.draft.session import Session
     from kvfence.contracts.draft.strategies import case_runs, cases, configs
+    from kvfence.engine.loop import fuzz
 
     session = Session(device, "reference")
-    strategy = cases(configs(sizing="safe", **SMALL))
+    strategy = draft_launches(cases(configs(sizing="safe", **SMALL)))
     # Warm-up: compiles the kernels and captures every bucket's graphs.
     fuzz(session, strategy, max_examples=min(examples, 200), seed=seed + 1)
     out = {}
@@ -84,8 +87,9 @@ def small_rate(device: str, examples: int, seed: int) -> dict:
             rates.append(result.cases_per_s)
         out[key] = round(statistics.median(rates), 1)
         out[key.replace("per_s", "rates")] = [round(r, 1) for r in rates]
-    # Throughput mode: up to 8 batches of the config per Hypothesis example (kvfence.contracts.draft.strategies.case_runs).
-    runs = case_runs(configs(sizing="safe", **SMALL), max_batches=8)
+    # Throughput mode: up to 8 batches of the config per Hypothesis example
+    # (kvfence.contracts.draft.strategies.case_runs).
+    runs = draft_launches(case_runs(configs(sizing="safe", **SMALL), max_batches=8))
     rates = []
     for rep in range(3 if device == "cuda" else 1):
         result = fuzz(session, runs, max_examples=max(1, examples // 4), seed=seed + 7 + rep, targeting=False)
@@ -198,7 +202,8 @@ def _timed_us(fn, device: str, runs: int, warm: bool = True) -> list:
 
 def _small_cases(small: dict, count: int, seed: int) -> list:
     """``count`` graph-mode cases of the pinned small config, drawn as the fuzzer draws batches."""
-    from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
 
     from kvfence.contracts.draft.case import Case
     from kvfence.contracts.draft.strategies import batches, configs
@@ -304,8 +309,9 @@ def large(device: str, naive: bool = True) -> dict:
     parts = {
         "segments_us": bench(segments(False)),
         "segments_poison_back_us": bench(segments(True)),
-        "indptr_us": bench(lambda: verifier._indptr(runner.kv_indptr, positions=inputs.positions, counts=verifier.counts,
-                                                    num_seqs=m, topk=c.topk, poison=POISON, poison_back=True)),
+        "indptr_us": bench(lambda: verifier._indptr(runner.kv_indptr, positions=inputs.positions,
+                                                    counts=verifier.counts, num_seqs=m, topk=c.topk, poison=POISON,
+                                                    poison_back=True)),
         "outside_kv_indices_us": bench(lambda: verifier._outside(runner.kv_indices, counts=verifier.counts, slot=2,
                                                                  rows=verifier.rows, cursor=verifier.cursor,
                                                                  num_seqs=m, topk=c.topk, poison=POISON)),
@@ -368,7 +374,8 @@ def _fuzz_cli(args, timeout: float) -> dict:
         doc = json.loads((Path(tmp) / "s.json").read_text())
     keys = ("examples", "generated_cases", "verified_cases", "cached_cases", "launches", "elapsed_s", "cases_per_s",
             "structural_cases", "read_variant_cases", "token_variant_cases", "structural_cases_per_s",
-            "examples_per_s", "distinct_configs", "distinct_configs_per_s", "compiles", "captures", "compile_s", "capture_s", "jobs", "domain", "largest_config",
+            "examples_per_s", "distinct_configs", "distinct_configs_per_s", "compiles", "captures", "compile_s",
+            "capture_s", "jobs", "domain", "largest_config",
             "boundaries", "first_failure_s", "time_cut", "batches_per_example", "max_gpu_mem",
             "bulk_per_example", "bulk_cases", "bulk_skipped")
     return dict({k: doc.get(k) for k in keys}, wall_s=round(wall, 2), exit=proc.returncode,
@@ -405,14 +412,17 @@ def fuzz_runs(seconds: float, jobs, pinned_seconds: float, device: str = "cuda")
 
 
 def scale_mutants(seconds: float) -> dict:
-    """Seconds until the default GPU fuzz command catches each scale mutant (DOMAIN = "gpu")."""
-    from kvfence.selftest.mutants import discover
+    """Seconds until the default GPU fuzz command catches each scale mutant (the draft contract's mutants of
+    ``domain`` gpu, each run as ``--kernel mutant:NAME``)."""
+    from kvfence.engine import registry
 
     caught, runs = {}, {}
-    for m in discover():
+    for m in registry.get("draft").mutants:
         if m.domain != "gpu":
             continue
-        run = _fuzz_cli(["--device", "cuda", "--kernel", m.kernel, "--max-examples", "100000000", "--max-seconds",
+        flags = (["--kernel", f"mutant:{m.name}"] if (m.patch or m.kernel) else []) + (
+            ["--sizing", m.sizing] if m.sizing else [])
+        run = _fuzz_cli(["--device", "cuda", *flags, "--max-examples", "100000000", "--max-seconds",
                          str(seconds), "--shrink-seconds", "10"], timeout=seconds + 240)
         runs[m.name] = run
         caught[m.name] = run["first_failure_s"] if run["findings"] else None
@@ -473,13 +483,16 @@ def parent_rate(seconds: float = 10.0, seed: int = 0) -> dict:
     of ``PARENT_BULK`` on or off) checked by a stub session that judges every case clean at
     once, over ``seconds`` each: generation, the verdict cache, counting and stats, nothing launched.
     ``parent_cpu_share_*`` is the process's CPU time over wall time (below 1 on a shared machine)."""
+    from result_file import draft_launches
+
     from kvfence.cli.fuzz import GPU_BATCHES_PER_EXAMPLE
     from kvfence.contracts.draft.strategies import case_runs, configs
     from kvfence.engine.loop import fuzz
 
     out = {}
     for name, bulk in (("bulk", PARENT_BULK), ("no_bulk", 0)):
-        strategy = case_runs(configs(sizing="safe", **SMALL), max_batches=GPU_BATCHES_PER_EXAMPLE, bulk=bulk)
+        strategy = draft_launches(case_runs(configs(sizing="safe", **SMALL), max_batches=GPU_BATCHES_PER_EXAMPLE,
+                                            bulk=bulk))
         cpu0, t0 = time.process_time(), time.perf_counter()
         result = fuzz(_CleanStub(), strategy, max_examples=10**9, seed=seed, max_seconds=seconds, shrink_seconds=0)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -501,7 +514,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each fuzz-command run (CUDA)")
     parser.add_argument("--jobs", type=int, default=None, help="--jobs of the pinned run (default: fuzz's default)")
-    parser.add_argument("--pinned-seconds", type=float, default=None, help="length of the pinned run (default --seconds)")
+    parser.add_argument("--pinned-seconds", type=float, default=None,
+                        help="length of the pinned run (default --seconds)")
     parser.add_argument("--scale-seconds", type=float, default=None,
                         help="--max-seconds of each scale-mutant run (default --seconds)")
     parser.add_argument("--skip-runs", action="store_true", help="skip the fuzz-command runs and the scale mutants")

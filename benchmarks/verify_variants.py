@@ -57,9 +57,9 @@ SMALL_PATH = ("shipped", "serial")
 
 
 def _measure(name: str) -> dict:
+    import throughput
     import triton.testing
 
-    import throughput
     from kvfence.contracts.draft.case import Batch, Case, Config
     from kvfence.contracts.draft.session import Session
 

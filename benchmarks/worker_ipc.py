@@ -10,7 +10,7 @@ one on the interpreter), after warm-up in both places, medians of ``--reps`` rep
 * ``check_many_us``: ``RemoteSession.check_many`` of the whole list (one message) per case;
 * ``check_us``: ``RemoteSession.check`` per case (one message each);
 * ``round_trip_us``: ``RemoteSession.round_trip`` per case: the messaging alone (JSON both ways, the
-  socket, rebuilding each ``Case`` in the worker), nothing launched;
+  socket, rebuilding each launch in the worker), nothing launched;
 * ``added_us_many`` = ``check_many_us - in_process_us``: the figure of issue 10 (target <= 10 us).
 
 Also ``worker_start_s``: starting a worker until it is ready (imports, device, kernel resolution).
@@ -41,7 +41,9 @@ CONFIGS = {"cuda": dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16),
 
 
 def make_cases(device: str, n: int, seed: int):
+    """``n`` launches of the draft contract (what a checker and a checking worker take), of one config."""
     from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.record import launch_of
 
     config = Config(sizing="safe", **CONFIGS[device])
     rng = random.Random(seed)
@@ -49,7 +51,8 @@ def make_cases(device: str, n: int, seed: int):
     for i in range(n):
         bs = rng.randint(1, config.max_bs)
         rows = rng.sample(range(config.pool_rows), bs)
-        out.append(Case(config, Batch(tuple(rng.randint(1, config.ctx) for _ in range(bs)), tuple(rows), i)))
+        out.append(launch_of(Case(config, Batch(tuple(rng.randint(1, config.ctx) for _ in range(bs)), tuple(rows),
+                                                i))))
     return out
 
 
@@ -99,17 +102,19 @@ def measure(args, result: dict, save) -> int:
 
         result["gpu"] = torch.cuda.get_device_name()
     from kvfence.contracts.draft.session import Session
-    from kvfence.engine.worker import RemoteSession
+    from kvfence.engine.plan import RunPlan
+    from kvfence.engine.supervisor import RemoteSession
 
     cases = make_cases(device, n, seed=1)
     local = Session(device, "reference")
     dirty = [i for i, case in enumerate(cases) if local.check(case)]  # warm-up: compiles, every bucket's graphs
     if dirty:
-        raise RuntimeError(f"the reference kernel failed {len(dirty)} of the benchmark's cases (first: {cases[dirty[0]]})")
+        raise RuntimeError(f"the reference kernel failed {len(dirty)} of the benchmark's cases "
+                           f"(first: {cases[dirty[0]]})")
     result["in_process_us"] = per_case_us(lambda cs: [local.check(c) for c in cs], cases, reps)
     save()
     t0 = time.perf_counter()
-    remote = RemoteSession(device, "reference", contract="draft")
+    remote = RemoteSession(RunPlan(contract="draft", device=device, kernel="reference"))
     result["worker_start_s"] = round(time.perf_counter() - t0, 2)
     with remote:
         remote.check_many(cases)  # the worker's warm-up

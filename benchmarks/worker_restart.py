@@ -3,11 +3,11 @@
     python benchmarks/worker_restart.py --device cpu --json results/cpu_worker_restart.json
     python benchmarks/worker_restart.py --device cuda --json $OUT/worker_restart.json
 
-Shrinking a crash restarts the worker once per crashing candidate (``kvfence.engine.worker``). This measures,
+Shrinking a crash restarts the worker once per crashing candidate (``kvfence.engine.supervisor``). This measures,
 for ``--crashes`` crashes of ``tests/targets/far_store.py:fault_on_3`` (an illegal address on CUDA, a
 segfault under the interpreter with the audit off), the seconds from the crash's verdict to the next
 case's verdict (``next_case_s``: the restart plus a first launch of the config), with ``spares=0`` (a
-worker is started only when one is needed) and with the default spares (``kvfence.engine.worker.SPARES``:
+worker is started only when one is needed) and with the default spares (``kvfence.engine.supervisor.SPARES``:
 started in the background once the session has seen a crash). ``--gap`` seconds pass between the two,
 as passing candidates do while Hypothesis shrinks. Also: the first start (``worker_start_s``) and
 Triton's on-disk cache folder, which every worker shares (a restart loads compiled kernels from it).
@@ -44,15 +44,19 @@ def triton_cache_dir() -> str:
 
 def measure(device: str, spares, crashes: int, gap: float) -> dict:
     from kvfence.contracts.draft.case import Batch, Case, Config
-    from kvfence.engine.worker import RemoteSession
+    from kvfence.contracts.draft.record import launch_of
+    from kvfence.engine.plan import RunPlan
+    from kvfence.engine.supervisor import RemoteSession
 
     config = Config(topk=2, num_steps=2, ctx=8, max_bs=2, sizing="safe", mode="eager")
 
-    def case(length: int, seed: int) -> Case:
-        return Case(config, Batch((length,), (0,), seed), kernel=SPEC)
+    def case(length: int, seed: int):
+        """The launch a checking worker takes (the draft contract's)."""
+        return launch_of(Case(config, Batch((length,), (0,), seed), kernel=SPEC))
 
     t0 = time.perf_counter()
-    rs = RemoteSession(device, SPEC, contract="draft", audit=False, spares=spares)
+    rs = RemoteSession(RunPlan(contract="draft", device=device, kernel=SPEC, mode="eager", audit=False),
+                       spares=spares)
     out = {"worker_start_s": round(time.perf_counter() - t0, 3)}
     with rs:
         t0 = time.perf_counter()
@@ -68,7 +72,8 @@ def measure(device: str, spares, crashes: int, gap: float) -> dict:
             t0 = time.perf_counter()
             assert rs.check(case(1, 100 + i)) == []
             next_s.append(time.perf_counter() - t0)
-        out.update(crash_verdict_s=round(statistics.median(crash_s), 3), next_case_s=round(statistics.median(next_s), 3),
+        out.update(crash_verdict_s=round(statistics.median(crash_s), 3),
+                   next_case_s=round(statistics.median(next_s), 3),
                    next_case_all_s=[round(x, 3) for x in next_s],
                    counters={k: rs.stats.get(k) for k in ("worker_starts", "deaths", "spares_used")})
     return out
@@ -89,7 +94,7 @@ def main() -> int:
     code = 0
     try:
         from kvfence.device import select
-        from kvfence.engine.worker import SPARES
+        from kvfence.engine.supervisor import SPARES
 
         device = select(args.device)
         cache = triton_cache_dir()

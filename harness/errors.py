@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 #: No finding.
 EXIT_CLEAN = 0
 #: At least one finding (or a case that reproduces).

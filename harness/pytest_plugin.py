@@ -3,8 +3,8 @@
 It works in any project that installs kvfence (disable it with ``-p no:kvfence``):
 
 * options ``--kvfence-contract``, ``--kvfence-kernel``, ``--kvfence-sizing``, ``--kvfence-device`` (env
-  ``KVFENCE_CONTRACT``, ``KVFENCE_KERNEL``, ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``), ``--kvfence-network`` (env ``KVFENCE_NETWORK=1``) and
-  ``--kvfence-long`` (env ``KVFENCE_LONG=1``);
+  ``KVFENCE_CONTRACT``, ``KVFENCE_KERNEL``, ``KVFENCE_SIZING``, ``KVFENCE_DEVICE``), ``--kvfence-network``
+  (env ``KVFENCE_NETWORK=1``) and ``--kvfence-long`` (env ``KVFENCE_LONG=1``);
 * the Hypothesis profiles ``ci``, ``dev``, ``triage``, ``gpu`` and ``nightly``; the one named by ``HYPOTHESIS_PROFILE``
   (or the ini option ``kvfence_hypothesis_profile``) is loaded; ``KVFENCE_DATABASE`` layers an example
   database on it;
@@ -33,7 +33,7 @@ import pytest
 OPTIONS = (
     ("--kvfence-device", "KVFENCE_DEVICE", "auto",
      "where kernels run: cuda (compiled) or cpu (TRITON_INTERPRET=1); auto picks CUDA if present"),
-    ("--kvfence-contract", "KVFENCE_CONTRACT", "draft",
+    ("--kvfence-contract", "KVFENCE_CONTRACT", None,
      "contract under test (kvfence.contract: draft, window-rail, the page-table builders, another package's)"),
     ("--kvfence-kernel", "KVFENCE_KERNEL", "reference",
      "kernel under test: reference, module:attr or file.py:attr"),
@@ -78,8 +78,13 @@ register_profiles()
 
 def option(config, name: str):
     """An option's value (``contract``, ``kernel``, ``sizing``, ``device``, ``network`` or ``long``), from the parsed
-    command line."""
-    return config.getoption(f"--kvfence-{name}")
+    command line (the contract: the registry's default when none is named)."""
+    value = config.getoption(f"--kvfence-{name}")
+    if name == "contract" and value is None:
+        from kvfence.engine.registry import default_name
+
+        return default_name()
+    return value
 
 
 def pytest_addoption(parser):
@@ -89,7 +94,8 @@ def pytest_addoption(parser):
     group.addoption("--kvfence-network", action="store_true", default=os.environ.get("KVFENCE_NETWORK") == "1",
                     help="run tests marked network (they download from PyPI; env KVFENCE_NETWORK=1)")
     group.addoption("--kvfence-long", action="store_true", default=os.environ.get("KVFENCE_LONG") == "1",
-                    help="run tests marked long (soaks, benchmarks' smoke tests, matrices end to end; env KVFENCE_LONG=1)")
+                    help="run tests marked long (soaks, benchmarks' smoke tests, matrices end to end; "
+                         "env KVFENCE_LONG=1)")
     parser.addini("kvfence_hypothesis_profile", "Hypothesis profile loaded when HYPOTHESIS_PROFILE is unset",
                   default="")
 
@@ -114,12 +120,12 @@ def _probe_plugins(config) -> None:
     """``--kvfence-kernel`` / ``--kvfence-sizing`` plug-ins are imported in a throwaway process first
     (``kvfence.engine.probe``): an import that exits, aborts or raises ``KeyboardInterrupt`` is a usage
     error naming it, never a pytest that ends with exit 0 and no output."""
-    from kvfence import contract as contracts
-    from kvfence.errors import BadInput
     from kvfence.engine.probe import check_plugins
+    from kvfence.engine.registry import get
+    from kvfence.errors import BadInput
 
     try:
-        check_plugins(contracts.get(option(config, "contract")), {what: option(config, what) for what in ("kernel", "sizing")})
+        check_plugins(get(option(config, "contract")), {what: option(config, what) for what in ("kernel", "sizing")})
     except BadInput as exc:
         raise pytest.UsageError(f"kvfence: {exc}") from None
 
@@ -148,8 +154,8 @@ def _load_example_database(config) -> None:
         return
     from hypothesis import settings
 
-    from kvfence.errors import BadInput
     from kvfence.engine.campaign import pytest_database
+    from kvfence.errors import BadInput
 
     try:
         database = pytest_database(text, kernel=option(config, "kernel"), sizing=option(config, "sizing"))
@@ -218,8 +224,9 @@ def pytest_collection_modifyitems(config, items):
 
 def _no_deadline_for_kernel_checks(item) -> None:
     """A user's ``@given`` test that checks cases through ``kvfence_session`` gets no Hypothesis deadline
-    unless its settings give another one than the loaded profile's: a check's time depends on compiling (or interpreting) the kernel for the
-    drawn shape, so the default 200 ms would fail a correct kernel (``DeadlineExceeded``), not a slow one."""
+    unless its settings give another one than the loaded profile's: a check's time depends on compiling (or
+    interpreting) the kernel for the drawn shape, so the default 200 ms would fail a correct kernel
+    (``DeadlineExceeded``), not a slow one."""
     from hypothesis import settings
 
     test = getattr(item, "obj", None)
@@ -288,8 +295,9 @@ def kvfence_plan(pytestconfig, kvfence_device, kvfence_contract):
     ``kvfence.engine.run`` builds a run's draws and checker from, as ``kvfence fuzz`` does."""
     from kvfence.engine.plan import RunPlan
 
-    return RunPlan(contract=kvfence_contract, kernel=option(pytestconfig, "kernel"), sizing=option(pytestconfig, "sizing"),
-                   device=kvfence_device, domain="gpu" if kvfence_device == "cuda" else "cpu")
+    return RunPlan(contract=kvfence_contract, kernel=option(pytestconfig, "kernel"),
+                   sizing=option(pytestconfig, "sizing"), device=kvfence_device,
+                   domain="gpu" if kvfence_device == "cuda" else "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -321,26 +329,27 @@ class _Recording:
 
 @pytest.fixture(scope="session")
 def kvfence_session(kvfence_plan):
-    """``kvfence_session(kernel="reference", *, isolated=None, **kw)``: a cached checking session of the contract
-    under test (``--kvfence-contract``) on this session's device. A plug-in kernel (``file.py:attr``,
-    ``module:attr``: the user's code) is checked in a worker process (``kvfence.engine.worker.RemoteSession``,
-    ``case_timeout`` seconds a case): an exit, abort or crash of its launch is a ``CRASH`` finding and a launch
-    that never returns a ``HANG``, so the test fails instead of ending pytest; kvfence's builtin kernels run in
-    this process (the contract's ``session``: the draft kernel's ``kvfence.contracts.draft.session.Session``).
-    ``isolated`` overrides the choice; ``kw`` are the session's options (e.g. the draft kernel's ``audit``)."""
-    from kvfence import contract as contracts
-    from kvfence.engine.worker import RemoteSession
+    """``kvfence_session(kernel="reference", *, isolated=None, **kw)``: a cached checker of the contract under
+    test (``--kvfence-contract``) on this session's device. A plug-in kernel (``file.py:attr``, ``module:attr``:
+    the user's code) is checked in a worker process (``kvfence.engine.supervisor.RemoteSession``, ``case_timeout``
+    seconds a case): an exit, abort or crash of its launch is a ``CRASH`` finding and a launch that never returns
+    a ``HANG``, so the test fails instead of ending pytest; kvfence's builtin kernels run in this process (the
+    contract's checker: ``kvfence.engine.checking.checker_for``). ``isolated`` overrides the choice; ``kw`` are
+    fields of the run's plan (e.g. ``audit``, ``case_timeout``, ``mode``)."""
+    from kvfence.engine.checking import checker_for
+    from kvfence.engine.kernels import is_plugin
+    from kvfence.engine.registry import get
+    from kvfence.engine.supervisor import RemoteSession
 
-    contract = contracts.get(kvfence_plan.contract)
+    contract = get(kvfence_plan.contract)
     cache = {}
 
     def make(kernel: str = "reference", *, isolated=None, record: bool = True, **kw):
-        isolated = contract.names_plugin(kernel) if isolated is None else isolated
+        isolated = is_plugin(kernel) if isolated is None else isolated
         key = (kernel, isolated, tuple(sorted(kw.items())))
         if key not in cache:
-            plan = kvfence_plan.with_(kernel=kernel)
-            cache[key] = (RemoteSession(plan.device, kernel, contract=contract, plan=plan, **kw) if isolated
-                          else contract.session(plan, **kw))
+            plan = kvfence_plan.with_(kernel=kernel, **kw)
+            cache[key] = RemoteSession(plan) if isolated else checker_for(contract, plan)
         return _Recording(cache[key], kvfence_plan.device) if record else cache[key]
 
     yield make

@@ -17,10 +17,17 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from kvfence.engine.casefile import CASES_DIR, atomic_write_text, case_hash, from_document, parse_json_file, \
-    record_repro_command
+from kvfence.engine.casefile import (
+    CASES_DIR,
+    atomic_write_text,
+    case_hash,
+    from_document,
+    parse_json_file,
+    record_repro_command,
+)
+from kvfence.engine.summary import merge as merge_summaries
+from kvfence.engine.summary import validate
 from kvfence.errors import BadInput, require
-from kvfence.engine.summary import merge as merge_summaries, validate
 
 #: Run settings that should agree across merged runs; when they do not, the merged value says "mixed".
 SHARED_FIELDS = ("device", "kernel", "sizing", "mode", "layout", "seq_len_limit")
@@ -103,7 +110,8 @@ def merge(folders: List[Path], out: Path, before_writing: Callable[[], None] = l
             Path(target).write_bytes(source.read_bytes())
         atomic_write_text(out / "summary.json", json.dumps(doc, indent=1) + "\n")
     except OSError as exc:
-        raise BadInput(f"report --merge --out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
+        raise BadInput(f"report --merge --out {out}: cannot write {exc.filename or out}: "
+                       f"{exc.strerror or exc}") from None
     return doc
 
 

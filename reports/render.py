@@ -12,8 +12,9 @@ import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from kvfence.engine.summary import coverage_fields
 from kvfence.reports.markup import Markup, file_link, html, join, table
-from kvfence.engine.summary import coverage_fields, earlier_text, finding_rows, run_rows
+from kvfence.reports.text import earlier_text, finding_rows, run_rows
 
 PLOT_NAME = "coverage.png"
 
@@ -75,19 +76,28 @@ def case_text(c: dict) -> str:
 
 
 def case_map(c: dict, findings: list) -> Markup:
-    """A case file's buffer map, drawn by its contract's ``case_map`` (found by name, as an entry point is:
-    the reports import no contract); a contract this process does not know gets a line saying so."""
-    import importlib
-
-    from kvfence import contract as contracts
+    """A case file's buffer map: its contract's own drawing (``Contract.report``) or the engine's table map; a
+    contract this process does not know, or whose drawing fails, gets a line saying so (the report is written
+    whatever a contract's code does)."""
+    from kvfence.engine import registry
+    from kvfence.engine.casefile import legacy_contract
     from kvfence.errors import BadInput
+    from kvfence.reports.table_map import case_map_html
 
     try:
-        module, _, attr = contracts.get(c.get("contract", "draft")).case_map.partition(":")
-        draw = getattr(importlib.import_module(module), attr)
-    except (BadInput, ImportError, AttributeError, ValueError) as exc:
+        record = registry.get(c.get("contract") or legacy_contract(c))
+        drawn = record.report(c, findings)
+    except (BadInput, KeyError, TypeError, ValueError) as exc:
         return html("<p class='note'>No buffer map: {}</p>", str(exc))
-    return draw(c, findings)
+    except Exception as exc:  # noqa: BLE001 - a contract's own drawing that raises: named, the report goes on
+        return html("<p class='note'>No buffer map: the contract's drawing raised {}: {}</p>",
+                    type(exc).__name__, str(exc))
+    return Markup(drawn) if drawn else case_map_html(c, findings)
+
+
+def _ratio(row: dict) -> float:
+    """need / width of a coverage point; a zero-width row that needs something plots at 2 (past the wall)."""
+    return row["need"] / row["width"] if row["width"] else (2.0 if row["need"] else 0.0)
 
 
 def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
@@ -127,10 +137,10 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
                              (bad, dict(s=40, c="#d62728", marker="x", label="failed"))):
             if group:
                 ax.scatter([r["num_seqs"] + jitter.uniform(-0.18, 0.18) for r in group],
-                           [r["need"] / r["width"] for r in group], linewidths=1, **style)
+                           [_ratio(r) for r in group], linewidths=1, **style)
         mine = [c for c in cases if case_panel(doc, c) == topk]
         if mine:
-            ax.scatter([c["num_seqs"] for c in mine], [c["need"] / c["width"] for c in mine], s=150, c="#d62728",
+            ax.scatter([c["num_seqs"] for c in mine], [_ratio(c) for c in mine], s=150, c="#d62728",
                        marker="*", edgecolors="black", linewidths=0.6, zorder=5, label="case file")
         ax.axhline(1.0, color="#d62728", linestyle="--", linewidth=0.9)
         ax.set_xlim(0.5, xmax + 0.5)
@@ -231,18 +241,14 @@ def _programs_text(f: dict, key: str = "programs") -> str:
     return ", ".join(progs[:6]) + (f" +{len(progs) - 6}" if len(progs) > 6 else "") or "-"
 
 
-def finding_header(doc: dict) -> List[str]:
-    """The findings table's columns; a program's coordinates named as its contract names them (the draft
-    kernel's ``s, b, k``)."""
-    from kvfence import contract as contracts
-    from kvfence.errors import BadInput
+#: The findings table's columns (a program is its grid coordinates, as its contract's ``owner`` gives them).
+FINDING_HEADER = ["kind", "where", "elements", "expected / found", "expected owners (programs)",
+                  "written by (programs)", "case file"]
 
-    try:
-        axes = contracts.get(doc.get("contract", "draft")).program_axes.replace(",", ", ")
-    except BadInput:  # a summary of a contract this process does not know
-        axes = "program"
-    return ["kind", "where", "elements", "expected / found", f"expected owners ({axes})", f"written by ({axes})",
-            "case file"]
+
+def finding_header(doc: dict) -> List[str]:
+    """The findings table's columns."""
+    return list(FINDING_HEADER)
 
 
 def finding_table(doc: dict, case_cell) -> list:
@@ -261,7 +267,8 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
     """report.html: the verdict, the findings with samples and programs, each case file's buffer map and
     repro line, then the run's statistics and the coverage plot. Every value goes through
     ``kvfence.reports.markup`` (escaped whatever its type)."""
-    status = (html('<span class="bad">{} finding{}</span>', len(doc["findings"]), "" if len(doc["findings"]) == 1 else "s") if doc["findings"]
+    status = (html('<span class="bad">{} finding{}</span>', len(doc["findings"]),
+                   "" if len(doc["findings"]) == 1 else "s") if doc["findings"]
               else Markup('<span class="ok">clean</span>'))
     parts = [html("<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvfence fuzz report</title>"
                   "<style>{}</style></head><body>", Markup(_CSS)), html("<h1>kvfence fuzz report: {}</h1>", status)]
@@ -280,7 +287,8 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
             parts.append(case_map(c, doc["findings"]))
     parts += [Markup("<h2>Run</h2>"), table(run_rows(doc), ["run", "value"])]
     if merged_rows(doc):
-        parts += [html("<h2>Merged runs ({} duplicate case(s) kept once)</h2>", doc["merged"].get("duplicate_cases", 0)),
+        parts += [html("<h2>Merged runs ({} duplicate case(s) kept once)</h2>",
+                       doc["merged"].get("duplicate_cases", 0)),
                   table(merged_rows(doc), MERGED_HEADER)]
     parts.append(Markup("<h2>Coverage</h2>"))
     if png is not None:

@@ -1,14 +1,16 @@
-"""The table map of a table contract's case file in ``report.html`` (``kvfence.contracts.tables.TableContract``'s
-``case_map``).
+"""The table map of a case file in ``report.html``: the engine's drawing of any contract's tables (a contract whose
+``report`` hook draws its own, the draft kernel's buffer map, gets that instead).
 
-Computed from the summary's record of the case file and its findings alone, with the contract's oracle: for every output row a
-finding touches, one bar of the row's columns and the guard after it, in runs of one status:
+Computed from the summary's record of the case file and its findings alone, with the contract's oracle: for every output
+row a finding touches, one bar of the row's columns and the guard after it, in runs of one status:
 
 * green: written as the oracle expects; light grey: the row's slack (columns the launch must not write);
 * hatched yellow: columns the row's length needs past the row's width (``TABLE_TRUNCATED``: the consumer reads
   them from whatever follows the row);
 * a finding's colour over the elements it names (orange wrong value, grey missing, red stray write, purple
-  guard overwrite), numbered, with the list under the map giving its samples and its expected owners.
+  guard overwrite), numbered, with the list under the map giving its samples (a guard poison or canary found
+  there decoded in its detail), its expected owners and the programs that store what was found there
+  (``writers``: ``Contract.owner`` of the elements the oracle gives those values).
 
 Each run's width is proportional to its length, at least a few pixels for a finding's run, so a one-element
 overflow past a 262144-page row stays visible. Every value is escaped (``kvfence.reports.markup``).
@@ -62,23 +64,25 @@ def _bar(runs: List[Tuple[int, int, str]], numbers: Dict[Tuple[int, int, str], i
     return html("<div style='display:flex;height:18px;border:1px solid #999'>{}</div>", join(cells))
 
 
-def table_map_html(record, case, width: int, findings: List[dict]) -> Markup:
+def table_map_html(record, launch, findings: List[dict]) -> Markup:
     """The map of every output row a finding touches (row 0 when none names a row)."""
-    expected = record.expected(case, width)
+    expected = record.expected(launch)
+    width = launch.width
     touched = sorted({int(m.group(2)) for f in findings for m in [_REGION.match(str(f.get("region", "")))] if m}) or [0]
     numbered = {}
     listing = []
     for i, f in enumerate(findings, 1):
         numbered[i] = f
-        listing.append(html("<li>[{}] {} {} {} [{}:{}] {}; samples {}; expected owners {}</li>", i, f.get("kind"),
-                            f.get("buffer"), f.get("region"), f.get("start"), f.get("stop"), f.get("detail", ""),
-                            f.get("samples", [])[:3], f.get("programs", [])[:4]))
+        listing.append(html("<li>[{}] {} {} {} [{}:{}] {}; samples {}; expected owners {}; written by {}</li>", i,
+                            f.get("kind"), f.get("buffer"), f.get("region"), f.get("start"), f.get("stop"),
+                            f.get("detail", ""), f.get("samples", [])[:3], f.get("programs", [])[:4],
+                            f.get("writers", [])[:4] or "-"))
     parts = []
     for table_name, cells in expected.items():
         for row in touched:
             need = 1 + max([c for (r, c) in cells if r == row], default=-1)
             row_marks, guard_marks, numbers = [], [], {}
-            for i, f in numbered.items():
+            for _i, f in numbered.items():
                 if f.get("buffer") != table_name:
                     continue
                 m = _REGION.match(str(f.get("region", "")))
@@ -109,15 +113,19 @@ def table_map_html(record, case, width: int, findings: List[dict]) -> Markup:
 
 
 def case_map_html(summary_record: dict, findings: List[dict]) -> Markup:
-    """The map of one case file (its summary record holds the case as data: ``case``), with its findings."""
-    from kvfence import contract as contracts
+    """The map of one case file (its summary record holds the launch as data: ``case``), with its findings; a case
+    whose tables are larger than one case may take is named, not drawn (nothing is built for it)."""
+    from kvfence.engine import registry
+    from kvfence.engine.checking import require_fits
+    from kvfence.engine.launch import from_record
     from kvfence.errors import BadInput
 
     try:
-        record = contracts.get(summary_record["contract"])
-        launch = record.case_from_record(summary_record["case"])
+        record = registry.get(summary_record["contract"])
+        launch = from_record(record, summary_record["case"])
+        require_fits(record, launch, None)
     except (BadInput, KeyError, TypeError) as exc:
         return html("<p class='bad'>No buffer map: the case record is not a valid case ({}).</p>", str(exc))
     mine = [f for f in findings if f.get("case") == summary_record.get("path")]
     return html("<div class='buffer-map' data-case='{}'>{}</div>", summary_record.get("path"),
-                table_map_html(record, launch.case, launch.width, mine))
+                table_map_html(record, launch, mine))

@@ -13,7 +13,7 @@ FAKE_TOOL = r'''#!{python}
 import json, os, shutil, subprocess, sys, time
 argv = sys.argv[1:]
 xml = argv[argv.index("--save") + 1]
-status = argv[argv.index("kvfence.sanitizer.child") + 1]
+status = argv[argv.index("kvfence.sanitizer_child") + 1]
 fixtures = os.environ["FAKE_FIXTURES"]
 scenario = os.environ["FAKE_SCENARIO"]
 EMPTY = "<?xml version='1.0'?><ComputeSanitizerOutput></ComputeSanitizerOutput>"

@@ -3,7 +3,8 @@
 Two synthetic releases (tests/test_shipped.py's toy backends, named as SGLang names its draft backends):
 in 0.0.7 the Triton backend's CUDA-graph buffer lacks the topk factor (the seed's bug) and FlashInfer's
 has room for the draft tokens; 0.0.8 fixes Triton. The answer must come from the flags alone, name the
-condition, the release that fixes it and a case file that replays, and refuse what it cannot read.
+condition, the severity, the release that fixes it and a case file that replays, and refuse what it cannot
+read. The page-table contracts' answers are tests/test_affected_sites.py's.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_shipped import BACKENDS, RUNNER, TOY_RUNNER, backend
+from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
 from kvfence.errors import BadInput
 from kvfence.release.affected import parse_deployment
-from test_shipped import BACKENDS, RUNNER, TOY_RUNNER, backend
-from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
 SAFE = "max_bs * self.topk * (self.max_context_len + self.speculative_num_steps)"
 
@@ -44,13 +45,19 @@ def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_p
                    cache=cache, wheel_dir=wheels)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1, proc.stdout  # one contract the backend launches, one line
-    line = lines[0]
+    # One contract the backend launches: its graph mode, and its eager mode, which a graph deployment reaches
+    # with a batch above the capture buckets.
+    assert len(lines) == 2, proc.stdout
+    line, eager = lines
     assert line.startswith("sglang 0.0.7, triton, CUDA graphs, topk 2, 2 steps, 4 draft tokens, ctx 32")
-    assert "AFFECTED" in line and "writes past its row" in line and "fixed in 0.0.8" in line
-    assert "GUARD_OVERWRITE" in line or "STRAY_WRITE" in line  # damage the release's kernel showed
-    # The condition is a formula in the context length: one request of topk 2 overflows a row of ctx.
-    assert "ctx" in line.split("AFFECTED")[1]
+    assert "(TritonMultiStepDraftBackend, graph): AFFECTED" in line and "writes past its row" in line
+    assert "fixed in 0.0.8" in line and "severity: silent overwrite" in line
+    assert "the release's kernel showed GUARD_OVERWRITE" in line  # damage the kernel showed, nothing arithmetic
+    assert "SIZING_VIOLATION" not in line
+    # The condition is the least total length that overflows, a formula in the context length; not a witness.
+    assert "a launch whose lengths add up to at least ctx" in line and "each on average" not in line
+    assert "(TritonMultiStepDraftBackend, eager): NOT AFFECTED" in eager
+    assert "reached by batches above the largest capture bucket (--cuda-graph-max-bs 2)" in eager
     case = line.split("case: ")[1].split(";")[0]
     assert Path(case).is_file()
     replay = kvfence("repro", case, "--device", device, cache=cache, wheel_dir=wheels)

@@ -16,14 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from kvfence.selftest.mutants import kernel_spec
-
 pytestmark = pytest.mark.cpu_only
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PAST_END = kernel_spec("last_row_past_end")  # the reference kernel with that mutant's PATCH applied
-OTHER_ROW = kernel_spec("row_from_request_index")
+PAST_END = "mutant:last_row_past_end"  # the reference kernel with that mutant's PATCH applied
+OTHER_ROW = "mutant:row_from_request_index"
 PAD = 64  # elements of the sandwich on each side of the tensor
 
 
@@ -129,7 +127,8 @@ def test_unregistered_launch_arguments_are_registered_not_flagged(kernels):
     with a:
         kernels[0][(1,)](src, dst, 16, 0, BLOCK=16)
     assert a.findings() == [] and torch.equal(src, dst)
-    assert {x.name for x in a.allocations} == {"src (unregistered launch argument)", "dst (unregistered launch argument)"}
+    assert {x.name for x in a.allocations} == {"src (unregistered launch argument)",
+                                               "dst (unregistered launch argument)"}
 
 
 def test_audit_restores_the_interpreter(kernels):
@@ -204,8 +203,8 @@ def test_reference_is_clean_under_the_audit(make_session, mode, layout, page_siz
 
 def test_audit_can_be_turned_off(make_session):
     from kvfence.engine.audit import resolve_audit
-    from kvfence.errors import BadInput
     from kvfence.engine.findings import Kind
+    from kvfence.errors import BadInput
 
     kinds = {f.kind for f in make_session(OTHER_ROW, audit=False).check(long_case(OTHER_ROW))}
     assert Kind.VALUE_MISMATCH in kinds and Kind.OOB_READ not in kinds
@@ -225,12 +224,12 @@ def test_cli_fuzz_of_the_row_past_end_kernel_exits_1_without_a_crash(tmp_path):
 
 def test_cli_no_audit_flag_turns_it_off(tmp_path, monkeypatch):
     from kvfence import cli
-    from kvfence.engine.worker import RemoteSession
+    from kvfence.engine.supervisor import RemoteSession
 
-    made = []  # the checking worker's options carry the audit setting (the draft record's worker_options)
-    monkeypatch.setattr("kvfence.engine.worker.RemoteSession.__init__",
+    made = []  # the checking worker's plan carries the audit setting
+    monkeypatch.setattr("kvfence.engine.supervisor.RemoteSession.__init__",
                         lambda self, *a, _init=RemoteSession.__init__, **kw: (_init(self, *a, **kw),
-                                                                               made.append(self._options["audit"]))[0])
+                                                                               made.append(self.plan.audit))[0])
     common = ["fuzz", "--device", "cpu", "--max-examples", "3", "--seed", "1", "--quiet", "--out", str(tmp_path / "o")]
     assert cli.main(common + ["--no-audit"]) == 0
     assert cli.main(common) == 0

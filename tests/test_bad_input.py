@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvfence.engine import casefile
 from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.record import launch_of
+from kvfence.engine import casefile
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZINGS = ROOT / "tests" / "targets" / "sizings.py"
-GOOD = casefile.document(Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2, sizing="prefix"), Batch((3,), (1,), 5)),
-                         [], device="cpu", source="test")
+GOOD = casefile.document(launch_of(Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2, sizing="prefix"),
+                                         Batch((3,), (1,), 5))), [], device="cpu", source="test")
 
 
 def mutated(path_in_doc, value):
@@ -38,16 +39,17 @@ INPUTS = [
     ("top-level-list", "[1, 2]", ["repro", "{case}"], "top level must be a JSON object"),
     ("no-marker", json.dumps({"case": GOOD["case"]}), ["repro", "{case}"], "not a kvfence case file"),
     ("schema-v2", mutated([casefile.MARKER], 2), ["repro", "{case}"], "schema version 2"),
-    ("topk-string", mutated(["case", "config", "topk"], "2"), ["repro", "{case}"], "config.topk"),
-    ("topk-zero", mutated(["case", "config", "topk"], 0), ["repro", "{case}"], "config.topk"),
-    ("ctx-negative", mutated(["case", "config", "ctx"], -4), ["repro", "{case}"], "config.ctx"),
-    ("seq-len-zero", mutated(["case", "batch", "seq_lens"], [0]), ["repro", "{case}"], "seq_lens"),
-    ("seq-len-over-ctx", mutated(["case", "batch", "seq_lens"], [9]), ["repro", "{case}"], "exceed ctx"),
-    ("pool-rows-repeated", mutated(["case", "batch", "req_pool_indices"], [1, 1]), ["repro", "{case}"],
+    ("topk-string", mutated(["case", "case", "config", "topk"], "2"), ["repro", "{case}"], "config.topk"),
+    ("topk-zero", mutated(["case", "case", "config", "topk"], 0), ["repro", "{case}"], "config.topk"),
+    ("ctx-negative", mutated(["case", "case", "config", "ctx"], -4), ["repro", "{case}"], "config.ctx"),
+    ("seq-len-zero", mutated(["case", "case", "batch", "seq_lens"], [0]), ["repro", "{case}"], "seq_lens"),
+    ("seq-len-over-ctx", mutated(["case", "case", "batch", "seq_lens"], [9]), ["repro", "{case}"], "exceed ctx"),
+    ("pool-rows-repeated", mutated(["case", "case", "batch", "req_pool_indices"], [1, 1]), ["repro", "{case}"],
      "req_pool_indices"),
-    ("int32-overflow", json.dumps(dict(GOOD, case=dict(GOOD["case"], config=dict(
-        GOOD["case"]["config"], topk=64, ctx=2**24, max_bs=2, buckets=[1, 2])))), ["repro", "{case}"], "2**31"),
-    ("unknown-sizing-in-file", mutated(["case", "config", "sizing"], "huge"), ["repro", "{case}"], "unknown sizing"),
+    ("int32-overflow", json.dumps(dict(GOOD, case=dict(GOOD["case"], case=dict(GOOD["case"]["case"], config=dict(
+        GOOD["case"]["case"]["config"], topk=64, ctx=2**24, max_bs=2, buckets=[1, 2]))))), ["repro", "{case}"],
+     "2**31"),
+    ("unknown-sizing-in-file", mutated(["case", "sizing"], "huge"), ["repro", "{case}"], "unknown sizing"),
     ("unknown-kernel-in-file", mutated(["case", "kernel"], "fastest"), ["repro", "{case}"], "unknown kernel"),
     ("bad-finding-kind", mutated(["findings"], [{"kind": "OOPS", "buffer": "b", "region": "r"}]), ["repro", "{case}"],
      "findings[0].kind"),
@@ -95,7 +97,7 @@ INPUTS = [
      "--topk"),
     ("case-5000-digit-number", json.dumps(GOOD).replace('"page_size": 1', '"page_size": 1' + "0" * 5000),
      ["repro", "{case}"], "page_size" if sys.version_info < (3, 11) else "number"),
-    ("case-page-size-2**130", mutated(["case", "config", "page_size"], 2**130), ["repro", "{case}"],
+    ("case-page-size-2**130", mutated(["case", "case", "config", "page_size"], 2**130), ["repro", "{case}"],
      "config too large"),
     ("report-missing-dir", None, ["report", "{dir}/nowhere"], "no such directory"),
     ("report-bad-summary", None, ["report", "{out}"], "summary"),

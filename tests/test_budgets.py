@@ -6,18 +6,19 @@ import time
 from hypothesis import strategies as hst
 
 from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.record import launch_of
 from kvfence.engine.findings import Finding, Kind
-from kvfence.engine.loop import fuzz
 from kvfence.engine.keepgoing import fuzz_keep_going
+from kvfence.engine.loop import fuzz
 
 CONFIG = Config(topk=1, num_steps=1, page_size=1, ctx=64, max_bs=1)
-#: One example: 32 batches of one config, every one of which kills the worker.
-EXAMPLE = [Case(CONFIG, Batch((length,), (0,), 0)) for length in range(1, 33)]
+#: One example: 32 batches of one config (the engine's launches), every one of which kills the worker.
+EXAMPLE = [launch_of(Case(CONFIG, Batch((length,), (0,), 0))) for length in range(1, 33)]
 
 
 class EveryCaseCrashes:
-    """A checking worker (``kvfence.engine.worker.RemoteSession``'s ``check_many`` contract) whose every
-    case (``crashes(case)``: by default every one) kills it: the list dies, then each case re-runs alone
+    """A checking worker (``kvfence.engine.supervisor.RemoteSession``'s ``check_many`` contract) whose every
+    case (``crashes(launch)``: by default every one) kills it: the list dies, then each case re-runs alone
     and dies too, each death a restart of ``RESTART_S``; ``enough`` stops the re-runs as the real one does.
     With ``one_at_a_time`` each case goes in a message of its own from the start (no list death)."""
 
@@ -77,15 +78,15 @@ def test_a_crash_is_shrunk_one_case_per_message_so_each_crashing_candidate_costs
     candidate that crashes costs one restart, where the list's death and then its re-run alone cost two.
     Exploring still sends whole lists (one device round trip). Every case of two or more requests crashes
     here; the shrink reaches the minimal case (two requests)."""
-    session = EveryCaseCrashes(crashes=lambda case: len(case.batch.seq_lens) >= 2)
+    session = EveryCaseCrashes(crashes=lambda launch: len(launch.case.batch.seq_lens) >= 2)
     session.RESTART_S = 0.0
     config = Config(topk=1, num_steps=1, page_size=1, ctx=64, max_bs=6)
     batches = hst.lists(hst.integers(1, 64), min_size=1, max_size=6).map(
-        lambda ls: Case(config, Batch(tuple(ls), tuple(range(len(ls))), 0)))
+        lambda ls: launch_of(Case(config, Batch(tuple(ls), tuple(range(len(ls))), 0))))
     result = fuzz(session, hst.lists(batches, min_size=2, max_size=4), max_examples=200, seed=0, targeting=False,
                   shrink_seconds=30)
     assert [f.kind for f in result.findings] == [Kind.CRASH]
-    assert len(result.case.batch.seq_lens) == 2 and not result.shrink_cut
+    assert len(result.case.case.batch.seq_lens) == 2 and not result.shrink_cut
     first = next(i for i, call in enumerate(session.calls) if call[2])  # the first list that crashed
     assert not any(alone for _, alone, _ in session.calls[:first + 1])  # exploring: whole lists
     shrink = session.calls[first + 1:]

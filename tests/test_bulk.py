@@ -13,15 +13,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.internal.conjecture.data import ConjectureData
 
+from kvfence.contracts.draft.batch_draws import composite_batch, draw_batch, seq_len_bound
+from kvfence.contracts.draft.fastdraw import FAST_SPEC, FastDraw, UnregisteredStrategy
+from kvfence.contracts.draft.record import launch_of
+from kvfence.contracts.draft.strategies import CaseRun, case_runs, configs
+from kvfence.engine import launch as launches
+from kvfence.engine import registry
 from kvfence.engine.findings import Finding, Kind
+from kvfence.engine.loop import fuzz
+from kvfence.engine.result import SPLICE_REPLAYED, config_key, read_key, structure_key
+from kvfence.engine.run import BoundRun
 from kvfence.errors import BadInput
-from kvfence.contracts.draft.strategies import (FAST_SPEC, CaseRun, FastDraw, UnregisteredStrategy, _draw_batch, case_runs, configs,
-                                draw_batch, seq_len_bound)
-from kvfence import contract as contracts
-from kvfence.engine.loop import SPLICE_REPLAYED, config_key, fuzz, read_key, structure_key
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = dict(topk=2, num_steps=3, page_size=1, ctx=512, max_bs=16)
@@ -66,7 +72,7 @@ def test_a_bulk_batch_is_what_hypothesis_draws_from_its_recorded_choices(domain,
     source = FastDraw(random.Random(seed))
     batch = draw_batch(source, config, bound, 1)
     replay = ConjectureData.for_choices(tuple(source.choices))
-    assert replay.draw(_draw_batch(config, bound, 1)) == batch
+    assert replay.draw(composite_batch(config, bound, 1)) == batch
     assert len(replay.nodes) == len(source.choices)  # every recorded choice used, no other
 
 
@@ -154,6 +160,14 @@ def test_bulk_is_validated(bulk):
 
 
 # -- the fuzz loop ------------------------------------------------------------------------------------
+def bound(drawn):
+    """What the strategies draw (runner cases, or a ``CaseRun`` of them) as the engine's launches, the run's
+    bulk bookkeeping (``bulk_start``, ``splice``) read through, as ``kvfence.engine.run.draws`` binds them."""
+    if isinstance(drawn, list):
+        return BoundRun([launch_of(c) for c in drawn], drawn)
+    return launch_of(drawn)
+
+
 class PlantedStub:
     """A session that finds the planted bug (a request of length ``RARE``) without launching anything."""
 
@@ -169,7 +183,7 @@ class PlantedStub:
     def check_many(self, cases):
         self.checked += cases
         return [[Finding(Kind.VALUE_MISMATCH, "kv_indices", "row 0", detail="planted")]
-                if self.RARE in c.batch.seq_lens else [] for c in cases]
+                if self.RARE in c.case.batch.seq_lens else [] for c in cases]
 
 
 class CleanStub(PlantedStub):
@@ -177,7 +191,7 @@ class CleanStub(PlantedStub):
 
 
 def _fuzz(session, bulk: int, seed: int = 1, **kw):
-    strategy = case_runs(configs(**PINNED), max_batches=8, bulk=bulk)
+    strategy = case_runs(configs(**PINNED), max_batches=8, bulk=bulk).map(bound)
     return fuzz(session, strategy, max_examples=kw.pop("max_examples", 3000), seed=seed, targeting=False,
                 shrink_seconds=kw.pop("shrink_seconds", 30.0), **kw)
 
@@ -191,10 +205,13 @@ def test_a_bug_found_in_the_bulk_shrinks_to_the_minimal_case_and_no_further_from
     bulk = _fuzz(PlantedStub(), 64)
     alone = _fuzz(PlantedStub(), 0)
     assert bulk.bulk_splice == SPLICE_REPLAYED and alone.bulk_splice is None
-    assert bulk.case.batch.seq_lens == (PlantedStub.RARE,) and PlantedStub.RARE in alone.case.batch.seq_lens
-    assert bulk.case.config == alone.case.config
-    assert len(bulk.case.batch.seq_lens) <= len(alone.case.batch.seq_lens)
-    assert bulk.case.batch.req_pool_indices == (0,) and bulk.case.batch.token_seed == 0
+    found, yardstick = bulk.case.case, alone.case.case  # the launches' draft cases
+    assert found.batch.seq_lens == (PlantedStub.RARE,) and PlantedStub.RARE in yardstick.batch.seq_lens
+    assert found.config == yardstick.config
+    assert ((bulk.case.sizing, bulk.case.mode, bulk.case.layout)
+            == (alone.case.sizing, alone.case.mode, alone.case.layout))
+    assert len(found.batch.seq_lens) <= len(yardstick.batch.seq_lens)
+    assert found.batch.req_pool_indices == (0,) and found.batch.token_seed == 0
     assert bulk.examples_to_failure < alone.examples_to_failure
     assert "blob" in bulk.hypothesis and not bulk.shrink_cut
 
@@ -205,13 +222,14 @@ def test_a_splice_hypothesis_does_not_replay_is_reported_unshrunk(monkeypatch):
     monkeypatch.setattr(CaseRun, "splice", lambda self, i: self.prefix + (2,))  # two batches, not the case
     result = _fuzz(PlantedStub(), 64)
     assert result.bulk_splice.startswith("the first failure (a bulk case) is reported unshrunk")
-    assert PlantedStub.RARE in result.case.batch.seq_lens and result.findings and result.shrink_cut
+    assert PlantedStub.RARE in result.case.case.batch.seq_lens and result.findings and result.shrink_cut
     from kvfence.engine import summary
+    from kvfence.reports.text import run_rows
 
     doc = summary.build(result, run={}, case_path="c.json")
     replayed = dict(doc, bulk_splice=SPLICE_REPLAYED)
     assert summary.merge([replayed, doc], run={}, elapsed_s=1.0)["bulk_splice"] == result.bulk_splice
-    assert ["bulk failure", result.bulk_splice] in summary.run_rows(doc)
+    assert ["bulk failure", result.bulk_splice] in run_rows(doc)
 
 
 class RoundTrips(PlantedStub):
@@ -242,9 +260,9 @@ def test_an_example_is_checked_up_to_its_first_failing_chunk():
     run = CaseRun([Case(config, Batch((length,), (0,), 0)) for length in range(1, 902)])
     run.bulk_start, run.bulk_choices, run.prefix = 1, [()] * 900, None  # one drawn case, then the bulk
     stop, every = RoundTrips(), RoundTrips()
-    found = fuzz(stop, hst.just(run), max_examples=1, seed=0, targeting=False, shrink_seconds=0)
-    full = fuzz(every, hst.just(run), max_examples=1, seed=0, targeting=False, shrink_seconds=0, known=set())
-    assert found.case.batch.seq_lens == full.case.batch.seq_lens == (RoundTrips.RARE,)
+    found = fuzz(stop, hst.just(bound(run)), max_examples=1, seed=0, targeting=False, shrink_seconds=0)
+    full = fuzz(every, hst.just(bound(run)), max_examples=1, seed=0, targeting=False, shrink_seconds=0, known=set())
+    assert found.case.case.batch.seq_lens == full.case.case.batch.seq_lens == (RoundTrips.RARE,)
     # Length 300 is bulk case 299: in the second chunk of 256.
     assert stop.calls == [1, BULK_CHECK_CHUNK, BULK_CHECK_CHUNK] and found.verified_cases == 1 + 2 * BULK_CHECK_CHUNK
     assert sum(every.calls) == 901 and every.calls[0] == 1 and max(every.calls) == BULK_CHECK_CHUNK
@@ -278,7 +296,8 @@ def test_the_time_budget_holds_within_one_chunk_when_every_case_is_slow():
     run.bulk_start, run.bulk_choices, run.prefix = 1, [()] * 900, None
     slow = SlowChecks()
     start = time.monotonic()
-    result = fuzz(slow, hst.just(run), max_examples=10, seed=0, targeting=False, shrink_seconds=0, max_seconds=0.5)
+    result = fuzz(slow, hst.just(bound(run)), max_examples=10, seed=0, targeting=False, shrink_seconds=0,
+                  max_seconds=0.5)
     assert time.monotonic() - start < 0.5 + 2 * CHUNK_TARGET_S + 1, slow.calls
     assert result.time_cut and result.verified_cases < 900
     assert slow.calls[0] == 1 and max(slow.calls[1:]) <= CHUNK_TARGET_S / SlowChecks.SECONDS + 1
@@ -289,12 +308,12 @@ def test_the_bulk_never_launches_a_structure_the_run_has_verified():
     token variant: the bulk's repeats are skipped (``bulk_skipped``), and the counts say so (a new pool
     row assignment of a known structure is a read variant, not a structure)."""
     session = CleanStub()
-    strategy = case_runs(configs(topk=1, num_steps=1, page_size=1, ctx=6, max_bs=2), max_batches=4, bulk=32)
+    strategy = case_runs(configs(topk=1, num_steps=1, page_size=1, ctx=6, max_bs=2), max_batches=4, bulk=32).map(bound)
     result = fuzz(session, strategy, max_examples=60, seed=0, targeting=False, shrink_seconds=0)
-    digest = config_key(session.checked[0].config)
-    record = contracts.get("draft")
+    record = registry.get("draft")
+    digest = config_key(launches.keys(record, session.checked[0]).config)
     keys = [read_key(record, digest, c) for c in session.checked]
-    structures = {structure_key(digest, record.structure_of(c)) for c in session.checked}
+    structures = {structure_key(digest, launches.keys(record, c).structure) for c in session.checked}
     repeats = len(keys) - len(set(keys))
     assert result.bulk_skipped > 0 and result.bulk_cases > 0 and not result.findings
     assert result.structural_cases == len(structures) and result.token_variant_cases == repeats
@@ -344,7 +363,7 @@ def test_fuzz_with_bulk_saves_the_minimal_case_file_and_it_replays(tmp_path):
                  "--out", str(alone_out), "--quiet")
     assert alone.returncode == 1, alone.stdout[-2000:] + alone.stderr[-2000:]
     case, reference = _case_file(bulk_out), _case_file(alone_out)
-    assert case["case"] == reference["case"] and case["case"]["batch"]["seq_lens"] == [11]
+    assert case["case"] == reference["case"] and case["case"]["case"]["batch"]["seq_lens"] == [11]
     assert {f["kind"] for f in case["findings"]} == {"VALUE_MISMATCH"}
     path = next((bulk_out / "cases").glob("*.json"))
     assert _cli("repro", str(path), "--device", "cpu", "--kernel", RARE_KERNEL).returncode == 1

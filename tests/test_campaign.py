@@ -19,16 +19,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from kvfence.engine import campaign
-from kvfence import contract as contracts
-from kvfence.engine.plan import RunPlan
-from kvfence.errors import BadInput
 from kvfence.contracts.draft.domain import CPU, GPU
 from kvfence.contracts.draft.strategies import configs
+from kvfence.engine import campaign, registry, run
+from kvfence.engine.plan import RunPlan
+from kvfence.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The draft kernel's shard cells (its record's ``shard_fields``) on the CPU domain.
-DOMAINS = contracts.get("draft").shard_fields(RunPlan())
+DOMAINS = run.shard_fields(registry.get("draft"), RunPlan())
 GRID = list(DOMAINS.values())
 
 
@@ -145,7 +144,7 @@ def test_shard_seeds_are_distinct_across_shards_and_seeds():
 
 
 def test_gpu_domain_cells_are_dealt_too():
-    gpu = contracts.get("draft").shard_fields(RunPlan(device="cuda", domain="gpu"))
+    gpu = run.shard_fields(registry.get("draft"), RunPlan(device="cuda", domain="gpu"))
     cells, total = campaign.shard_cells(campaign.Shard(5, 16), list(gpu.values()))
     assert total == GPU.max_topk * GPU.max_steps * len(GPU.page_sizes) and len(cells) == total // 16
 
@@ -269,7 +268,7 @@ def test_a_directory_database_replays_the_first_runs_failure(tmp_path):
 def _assert_first_examples(doc: dict) -> None:
     """``first_examples``: the explored examples in order up to ``FIRST_EXAMPLES_KEPT``, the failing one
     last when it came within them, each checked after it began, with the config it drew."""
-    from kvfence.engine.loop import EXAMPLE_WORK, FIRST_EXAMPLES_KEPT
+    from kvfence.engine.result import EXAMPLE_WORK, FIRST_EXAMPLES_KEPT
 
     rows = doc["first_examples"]
     assert [r["example"] for r in rows] == list(range(1, min(doc["examples"], FIRST_EXAMPLES_KEPT) + 1))
@@ -412,9 +411,7 @@ def test_a_sharded_run_stays_in_its_cells_and_records_the_shard(tmp_path):
     shard = doc["campaign"]["shard"]
     assert shard["shard"] == "2/8" and shard["cells"] == 40 and shard["of_cells"] == 320
     assert doc["campaign"]["hypothesis_seed"] == 3 * 8 + 1
-    fields = doc["coverage"]["fields"]
-    columns = [fields.index(f) for f in ("topk", "num_steps", "page_size")]
-    drawn = {tuple(row[i] for i in columns) for row in doc["coverage"]["examples"]}
+    drawn = {tuple(e["config"][f] for f in ("topk", "num_steps", "page_size")) for e in doc["first_examples"]}
     assert drawn and drawn <= set(campaign.shard_cells(campaign.Shard(2, 8), GRID)[0])
     assert "shard" in proc.stdout and "2/8" in proc.stdout
 

@@ -63,9 +63,9 @@ def test_a_table_contract_launch_captures_with_the_collector_paused(monkeypatch)
     events = []
     for name, value in vars(_stand_in_cuda(events)).items():
         monkeypatch.setattr(torch.cuda, name, value)
-    contract = types.SimpleNamespace(
-        launch=lambda kernel, views, case, width: events.append("collector on" if gc.isenabled() else "collector off"))
+    record = types.SimpleNamespace(
+        launch=lambda kernel, views, launch: events.append("collector on" if gc.isenabled() else "collector off"))
     buffers = tables.allocate_all([Table("out", width=4, rows=2)], "cpu")
-    tables.launch(contract, None, buffers, None, 4, "cuda", graph=True)
+    tables.launch(record, None, buffers, None, "cuda", graph=True)
     assert events == ["collector on", "capture", "collector off"]
     assert gc.isenabled()

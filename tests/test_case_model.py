@@ -3,13 +3,15 @@ and the torch slot table equal to the plain definition."""
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kvfence.contracts.draft.case import Batch, Case, Config, slot_id
-from kvfence.errors import BadInput
+from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.guarded import POISON, GuardedBuffer, canary_values
 from kvfence.contracts.draft.runner import slot_table
 from kvfence.contracts.draft.strategies import batches, cases, configs, seq_len_bound
+from kvfence.contracts.draft.tokens import slot_id
+from kvfence.errors import BadInput
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -127,16 +129,19 @@ def test_a_failure_that_needs_two_requests_shrinks_to_two_not_to_a_full_batch():
     needs two requests (a stray store from the second request, which kills the worker) then shrinks to
     two requests on every seed, not to the full batch the tier gave (the count drawn first shrank to 1
     under a full tier, stranding 2 of 10 seeds at four requests)."""
-    from kvfence.engine.findings import Finding, Kind
+    from kvfence.contracts.draft.record import launch_of
     from kvfence.contracts.draft.strategies import case_runs
+    from kvfence.engine.findings import Finding, Kind
     from kvfence.engine.loop import fuzz
 
     class CrashesFromTwoRequests:
         stats: dict = {}
 
-        def check(self, case):
-            return [Finding(Kind.CRASH, None, "kernel launch")] if len(case.batch.seq_lens) >= 2 else []
+        def check(self, launch):
+            return [Finding(Kind.CRASH, None, "kernel launch")] if len(launch.case.batch.seq_lens) >= 2 else []
 
-    shrunk = [len(fuzz(CrashesFromTwoRequests(), case_runs(configs(), max_batches=1), max_examples=200, seed=seed,
-                       shrink_seconds=30).case.batch.seq_lens) for seed in range(10)]
+    # The draft's strategy, each drawn case as the launch the engine checks.
+    launches = case_runs(configs(), max_batches=1).map(lambda run: [launch_of(c) for c in run])
+    shrunk = [len(fuzz(CrashesFromTwoRequests(), launches, max_examples=200, seed=seed,
+                       shrink_seconds=30).case.case.batch.seq_lens) for seed in range(10)]
     assert shrunk == [2] * 10

@@ -7,17 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvfence.engine import casefile
 from kvfence.contracts.draft.case import Batch, Case, Config
-from kvfence.errors import BadInput
+from kvfence.contracts.draft.record import DRAFT, launch_of
+from kvfence.engine import casefile
 from kvfence.engine.findings import Kind
+from kvfence.errors import BadInput
 
 
 def prefix_case(seq_lens=(3,), rows=(1,), token_seed=5, **kw):
-    """A case the pre-fix sizing overflows (topk 2, ctx 4, max_bs 1: width 4)."""
+    """A launch the pre-fix sizing overflows (topk 2, ctx 4, max_bs 1: width 4)."""
     cfg = dict(topk=2, num_steps=1, page_size=1, ctx=4, max_bs=1, sizing="prefix")
     cfg.update(kw)
-    return Case(Config(**cfg), Batch(seq_lens, rows, token_seed))
+    return launch_of(Case(Config(**cfg), Batch(seq_lens, rows, token_seed)))
 
 
 def test_round_trip_reruns_to_the_same_findings(tmp_path, make_session):
@@ -28,9 +29,11 @@ def test_round_trip_reruns_to_the_same_findings(tmp_path, make_session):
                                extras={"hypothesis": {"unavailable": "test"}})
     assert path.parent == tmp_path / "cases" and path.name == f"{casefile.case_hash(case)}.json"
     loaded = casefile.load_case(path)
-    assert loaded.case == case and loaded.case.batch.token_seed == 5
+    assert loaded.case == case and loaded.case.case.batch.token_seed == 5
     assert [f.to_dict() for f in loaded.findings] == [f.to_dict() for f in findings]
-    assert loaded.sizing == case.sizing_summary() and loaded.sizing["need"] > loaded.sizing["width"]
+    runtime = DRAFT.runtime(case).sizing_summary()  # the runner's own need vs width arithmetic
+    assert loaded.sizing == {k: runtime[k] for k in ("need", "width", "num_seqs")}
+    assert loaded.sizing["need"] > loaded.sizing["width"]
     assert set(loaded.versions) == {"python", "torch", "triton", "hypothesis", "kvfence"}
     # Re-running the loaded case (req_to_token regenerated from the seed) gives the same findings.
     assert [f.to_dict() for f in make_session().check(loaded.case)] == [f.to_dict() for f in findings]
@@ -63,7 +66,7 @@ def test_concurrent_writers_never_leave_a_torn_or_temp_file(tmp_path):
         assert sorted(pool.map(_hammer, [(str(tmp_path), w) for w in range(4)])) == [0, 1, 2, 3]
     files = sorted((tmp_path / "cases").iterdir())
     assert len(files) == 4 and all(f.suffix == ".json" for f in files)
-    assert {casefile.load_case(f).case.batch.token_seed for f in files} == {0, 1, 2, 3}
+    assert {casefile.load_case(f).case.case.batch.token_seed for f in files} == {0, 1, 2, 3}
 
 
 def test_validation_names_the_problem(tmp_path):
@@ -77,14 +80,15 @@ def test_validation_names_the_problem(tmp_path):
             casefile.from_document(doc)
 
     bad(lambda d: d.update({casefile.MARKER: 2}), "schema version 2 is not supported")
-    bad(lambda d: d["case"]["config"].update(topk="2"), "config.topk must be a positive integer")
-    bad(lambda d: d["case"]["config"].update(ctx=0), "config.ctx must be a positive integer")
-    bad(lambda d: d["case"]["config"].update(sizing="nope"), "unknown sizing 'nope'")
+    # The file's "case" is the launch's record: the contract's case JSON under "case", the settings beside it.
+    bad(lambda d: d["case"]["case"]["config"].update(topk="2"), "config.topk must be a positive integer")
+    bad(lambda d: d["case"]["case"]["config"].update(ctx=0), "config.ctx must be a positive integer")
+    bad(lambda d: d["case"].update(sizing="nope"), "unknown sizing 'nope'")
     bad(lambda d: d["case"].update(kernel="nope"), "unknown kernel 'nope'")
-    bad(lambda d: d["case"]["config"].update(topk=64, ctx=2**25, max_bs=1, buckets=[1]), "overflows int32")
+    bad(lambda d: d["case"]["case"]["config"].update(topk=64, ctx=2**25, max_bs=1, buckets=[1]), "overflows int32")
     bad(lambda d: d.update(findings=[{"kind": "WHAT", "buffer": "x", "region": "y"}]), "findings\\[0\\].kind")
     bad(lambda d: d.update(extra=1), "unknown fields \\['extra'\\]")
-    bad(lambda d: d["case"]["batch"].update(seq_lens=[True]), "seq_lens must be positive integers")
+    bad(lambda d: d["case"]["case"]["batch"].update(seq_lens=[True]), "seq_lens must be positive integers")
     truncated = tmp_path / "t.json"
     truncated.write_text(json.dumps(good)[:60])
     with pytest.raises(BadInput, match="malformed JSON at line 1") as info:
@@ -120,6 +124,6 @@ def test_inside_hypothesis_only_the_shrunk_case_is_written_with_its_blob(tmp_pat
     assert len(files) == 1  # intermediate shrink steps were not written
     loaded = casefile.load_case(files[0])
     # topk*L + topk*1 > 4 first holds at L = 2; shrinking goes to the smallest such case, seed 0.
-    assert loaded.case.batch.seq_lens == (2,) and loaded.case.batch.token_seed == 0
+    assert loaded.case.case.batch.seq_lens == (2,) and loaded.case.case.batch.token_seed == 0
     assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")
     assert str(info.value).endswith(f"python -m kvfence repro {files[0]}")

@@ -10,7 +10,8 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvfence.contracts.draft.device_verify as device_verify
 from kvfence.contracts.draft.case import Batch, Case, Config
@@ -29,9 +30,10 @@ def named(findings):
 
 
 @st.composite
-def tiny_batches(draw, *, requests=st.integers(1, 2)):
+def tiny_batches(draw, *, requests=None):
     """A batch of ``CONFIG``: ``requests`` requests (1..2 by default: buckets 1 and 2) of lengths 1..4
     on distinct pool rows, and a token seed; shrinks toward one request of length 1 on row 0, seed 0."""
+    requests = st.integers(1, 2) if requests is None else requests
     n = draw(requests)
     lens = draw(st.lists(st.integers(1, CONFIG.ctx), min_size=n, max_size=n))
     rows = draw(st.permutations(range(CONFIG.pool_rows)))[:n]
@@ -72,7 +74,8 @@ def test_a_batch_gives_each_case_its_own_verdict(device, drawn):
     assert dirty.stats["batches"] == 1
     assert together == verdicts_alone(device, BUCKET_DIRTY, cases)
     assert [i for i, f in enumerate(together) if f] == [at]
-    assert {f[0] for f in together[at]} == {"GUARD_OVERWRITE"} and not any("unrepeatable" in str(f) for f in together[at])
+    assert {f[0] for f in together[at]} == {"GUARD_OVERWRITE"}
+    assert not any("unrepeatable" in str(f) for f in together[at])
     clean = Session(device, "reference", verifier="device")
     with small_chunks():
         assert clean.check_many([Case(CONFIG, b) for b in batches]) == [[]] * len(batches)
@@ -113,16 +116,19 @@ def test_every_failure_fuzzing_reports_on_the_batched_path_replays_with_repro(de
 
     from hypothesis import strategies as hst
 
-    from kvfence.engine.casefile import write_case
+    from kvfence.contracts.draft.record import DRAFT, launch_of
     from kvfence.contracts.draft.strategies import case_runs
+    from kvfence.engine.casefile import write_case
     from kvfence.engine.loop import fuzz
     from kvfence.engine.repro import run_repro
+    from kvfence.engine.run import BoundRun
 
     session = Session(device, BUCKET_DIRTY, verifier="device")
-    result = fuzz(session, case_runs(hst.just(CONFIG), kernel=BUCKET_DIRTY, max_batches=8), max_examples=40,
-                  seed=seed, shrink_seconds=0.0, targeting=False)
+    runs = case_runs(hst.just(CONFIG), kernel=BUCKET_DIRTY, max_batches=8).map(
+        lambda run: BoundRun([launch_of(c) for c in run], run))  # the engine's launches, as a run binds them
+    result = fuzz(session, runs, max_examples=40, seed=seed, shrink_seconds=0.0, targeting=False)
     assert result.case is not None and session.stats["batches"] >= 1
-    assert result.case.launch().num_seqs == 4  # the planted bug's bucket, not a clean case blamed
+    assert DRAFT.runtime(result.case).launch().num_seqs == 4  # the planted bug's bucket, not a clean case blamed
     path = write_case(result.case, result.findings, out_dir=tmp_path, device=device)
     out = io.StringIO()
     assert run_repro(path, device=device, trust_case=True, in_process=True, out=out) == 1, out.getvalue()

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kvfence.contracts.draft import compare
 from kvfence.contracts.draft.case import Batch, Case, Config
-from kvfence.engine.findings import Kind
 from kvfence.contracts.draft.fastcheck import expected_writes_torch
 from kvfence.contracts.draft.session import Session
 from kvfence.contracts.draft.verdict import check, expected_from_oracle
-from kvfence.contracts.draft import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 SPILLS = ROOT / "tests" / "targets" / "spills.py"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfence import contract as registry
+from kvfence.engine import registry
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
 
@@ -30,9 +30,8 @@ def _kvfence(*argv, cwd):
 @pytest.fixture
 def toy(monkeypatch):
     monkeypatch.syspath_prepend(str(TOY))
-    monkeypatch.setitem(registry._entry_points(), "toy-copy", "toy_contract:TOY")
-    yield registry.get("toy-copy")
-    registry._LOADED.pop("toy-copy", None)
+    with registry.registered("toy-copy", "toy_contract:TOY"):
+        yield registry.get("toy-copy")
 
 
 #: Seconds a toy case may take in the worker: an interpreted launch is milliseconds, but on a loaded 2-core CI
@@ -42,9 +41,9 @@ TOY_CASE_TIMEOUT = 5.0
 
 def _fuzz(kernel: str, *, max_examples: int, shrink_seconds: float = 0.0):
     """The toy contract fuzzed by the engine every run uses, its kernel in a checking worker."""
-    from kvfence.engine.plan import RunPlan
     from kvfence.engine import run as pipeline
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     plan = RunPlan(contract="toy-copy", kernel=kernel, max_examples=max_examples, seed=0,
                    case_timeout=TOY_CASE_TIMEOUT, shrink_seconds=shrink_seconds)
@@ -138,7 +137,7 @@ def test_an_installed_contract_gets_jobs_keep_going_case_files_repro_and_the_rep
     assert any("CRASH" in k for k in kinds) and any("GUARD_OVERWRITE" in k for k in kinds), kinds
     page = (out / "report.html").read_text()
     assert "buffer-map" in page and "toy-copy" in page
-    for path, record in summary["cases"].items():
+    for _path, record in summary["cases"].items():
         assert record["contract"] == "toy-copy" and record["kernel"] == kernel
         words = record["repro"].split()[3:]  # python -m kvfence repro FILE [--kernel K] [--sizing S]
         replay = _kvfence_env(*words, "--device", "cpu", cwd=tmp_path, env=env)
@@ -191,4 +190,5 @@ def test_a_contract_whose_import_ends_or_interrupts_its_process_is_one_line_in_f
     plugin = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                              "--kvfence-contract", "evil", str(test)],
                             cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
-    assert plugin.returncode == 4 and "contract 'evil'" in plugin.stderr, (plugin.returncode, plugin.stdout, plugin.stderr)
+    assert plugin.returncode == 4 and "contract 'evil'" in plugin.stderr, (plugin.returncode, plugin.stdout,
+                                                                           plugin.stderr)

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.engine import casefile
-
-from kvfence.engine import journal
+from kvfence.engine import casefile, journal
 from kvfence.engine.findings import Kind
 
 pytestmark = pytest.mark.cpu_only  # the plug-ins crash or stall the interpreter's process on purpose
@@ -57,8 +55,9 @@ def test_a_segfaulting_kernel_is_a_minimal_crash_case_and_repro_reports_it(tmp_p
     assert [f["kind"] for f in summary["findings"]] == ["CRASH"]
     loaded = casefile.load_case(summary["findings"][0]["case"])
     # Shrunk like any failure: the one request of length 3 that kills the worker, smallest other fields.
-    assert list(loaded.case.batch.seq_lens) == [3] and list(loaded.case.batch.req_pool_indices) == [0]
-    assert loaded.case.batch.token_seed == 0 and "SIGSEGV" in loaded.findings[0].detail
+    batch = loaded.case.case.batch  # the file's launch; its case is the draft's (config, batch)
+    assert list(batch.seq_lens) == [3] and list(batch.req_pool_indices) == [0]
+    assert batch.token_seed == 0 and "SIGSEGV" in loaded.findings[0].detail
     assert all_json_valid(out) == []
     # repro runs it in a worker: exit 1 with CRASH, never dies with the kernel. The plug-in named in the
     # file is named again on the command line (a case file's plug-ins are never imported on their own).
@@ -74,9 +73,11 @@ def test_repro_never_imports_a_plugin_named_only_by_the_case_file(tmp_path):
     plugin = tmp_path / "evil.py"
     plugin.write_text(f"open({str(evidence)!r}, 'w').write('ran')\n"
                       "def launch(**kw):\n    pass\n")
+    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.record import launch_of
+
     doc = json.loads(json.dumps(casefile.document(
-        casefile.case_from_dict({"config": {"topk": 1, "num_steps": 1, "ctx": 4, "max_bs": 1},
-                                 "batch": {"seq_lens": [2], "req_pool_indices": [0]}}), [], device="cpu",
+        launch_of(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1), Batch((2,), (0,), 0))), [], device="cpu",
         source="test")))
     doc["case"]["kernel"] = f"{plugin}:launch"
     case = tmp_path / "case.json"
@@ -86,12 +87,12 @@ def test_repro_never_imports_a_plugin_named_only_by_the_case_file(tmp_path):
     line = res.stderr.strip().splitlines()[-1]
     assert "plug-in" in line and f"--kernel {plugin}:launch" in line and "--trust-case" in line
     doc["case"]["kernel"] = "reference"
-    doc["case"]["config"]["sizing"] = f"{plugin}:launch"
+    doc["case"]["sizing"] = f"{plugin}:launch"  # a launch's sizing (the file's "case" holds the launch)
     case.write_text(json.dumps(doc))
     res = harness("repro", case, "--device", "cpu")
     assert res.returncode == 2 and "--sizing" in res.stderr and not evidence.exists()
     # A builtin-only case file runs (the correct half of the pair).
-    doc["case"]["config"]["sizing"] = "safe"
+    doc["case"]["sizing"] = "safe"
     case.write_text(json.dumps(doc))
     assert harness("repro", case, "--device", "cpu").returncode == 0
 

@@ -12,21 +12,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvfence.engine import casefile
-from kvfence import contract as contracts
-from kvfence.contracts.draft.case import Batch, Case, Config, req_to_token_rows, table_entry, v2p_table
-from kvfence.errors import BadInput
+from kvfence.contracts.draft import draws
+from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.fastcheck import expected_writes_torch
-from kvfence.contracts.draft.verdict import expected_from_oracle
+from kvfence.contracts.draft.record import DRAFT, launch_of
 from kvfence.contracts.draft.strategies import batches, cases, configs
+from kvfence.contracts.draft.tokens import req_to_token_rows, table_entry, v2p_table
+from kvfence.contracts.draft.verdict import expected_from_oracle
+from kvfence.engine import casefile
+from kvfence.errors import BadInput
 from tests.test_scale import _draw_all
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
-#: The draft kernel's record (kvfence.contracts.draft.record): the §6 draws as a run plan makes them.
-DRAFT = contracts.get("draft")
 LAUNCHER = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:_reference"
 UPSTREAM_CACHE = Path(os.environ.get("KVFENCE_TEST_UPSTREAM_CACHE", "/work/main/upstream-cache"))
 
@@ -57,15 +58,15 @@ def test_defaults_are_todays_config_and_old_case_files_load():
     case = Case(config, Batch((3,), (1,), 7))
     assert "v2p_seed" not in case.batch.to_dict()
     # An old (pre-§6) case file: none of the new keys; it loads, with every §6 field at its default.
-    doc = casefile.document(case, [], device="cpu", source="test")
-    loaded = casefile.from_document(json.loads(json.dumps(doc))).case
+    doc = casefile.document(launch_of(case), [], device="cpu", source="test")
+    loaded = DRAFT.runtime(casefile.from_document(json.loads(json.dumps(doc))).case)
     assert loaded.config == config and loaded.batch == case.batch
     assert pool_and_oracle_are_classic(loaded)
 
 
 def pool_and_oracle_are_classic(case):
     from kvfence.contracts.draft import oracle
-    from kvfence.contracts.draft.case import slot_id
+    from kvfence.contracts.draft.tokens import slot_id
 
     c, lb = case.config, case.launch()
     rows = [[slot_id(case.batch.token_seed, r * c.pool_len + t) for t in range(c.pool_len)] for r in range(c.pool_rows)]
@@ -78,10 +79,10 @@ def test_family_case_files_round_trip_and_bad_fields_exit_2_on_load(tmp_path):
     config = Config(topk=2, num_steps=3, page_size=4, ctx=12, max_bs=2, window_size=3, sink_size=1,
                     entry_page_size=2, translate=True)
     case = Case(config, Batch((9, 2), (0, 2), 5, 1234))
-    doc = json.loads(json.dumps(casefile.document(case, [], device="cpu", source="test")))
-    loaded = casefile.from_document(doc).case
+    doc = json.loads(json.dumps(casefile.document(launch_of(case), [], device="cpu", source="test")))
+    loaded = DRAFT.runtime(casefile.from_document(doc).case)
     assert loaded.config == config and loaded.batch.v2p_seed == 1234
-    doc["case"]["config"]["entry_page_size"] = 6
+    doc["case"]["case"]["config"]["entry_page_size"] = 6
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
     proc = subprocess.run([sys.executable, "-m", "kvfence", "repro", str(path), "--device", "cpu"], cwd=ROOT,
@@ -113,7 +114,8 @@ def test_the_drawn_page_table_has_negative_sink_and_far_pages_and_shrinks_to_the
     assert any(p < 0 for p in table) and any(p == 0 for p in table[1:])
     assert any(p * config.page_size >= 2**30 for p in table)  # far pages
     assert all(p * config.page_size + config.page_size - 1 < 2**31 for p in table)
-    assert v2p_tensor(config, 77, "cpu").tolist() == table and v2p_tensor(config, 0, "cpu").tolist() == v2p_table(config, 0)
+    assert v2p_tensor(config, 77, "cpu").tolist() == table
+    assert v2p_tensor(config, 0, "cpu").tolist() == v2p_table(config, 0)
     from kvfence.contracts.draft.runner import slot_table
 
     for c in (config, Config(topk=1, num_steps=1, entry_page_size=8)):
@@ -195,11 +197,12 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
 
     cpu = _plan(flag)
     gpu = cpu.with_(device="cuda", domain="gpu")
-    assert (DRAFT.family_share(cpu) > 0) is drawn and (DRAFT.family_share(gpu) > 0) is drawn
-    assert DRAFT.family_share(cpu) == float(drawn)
-    assert DRAFT.family_share(gpu) == {"auto": GPU_FAMILY_SHARE, "on": 1.0, "off": 0.0}[flag]
+    assert (draws.family_share(cpu.draw_domain()) > 0) is drawn
+    assert (draws.family_share(gpu.draw_domain()) > 0) is drawn
+    assert draws.family_share(cpu.draw_domain()) == float(drawn)
+    assert draws.family_share(gpu.draw_domain()) == {"auto": GPU_FAMILY_SHARE, "on": 1.0, "off": 0.0}[flag]
     with pytest.raises(BadInput) as err:
-        DRAFT.check_plan(cpu.with_(kernel=CLASSIC, pins={"family": "on"}))
+        draws.check(DRAFT, cpu.with_(kernel=CLASSIC, pins={"family": "on"}).draw_domain())
     assert "--family on" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -239,9 +242,8 @@ def test_family_configs_are_verified_on_the_host_and_counted(device):
     assert session.check(family) == []
     assert session.stats["host_verified_cases"] == 1 and session.stats["fast_clean"] == 1
     # The host path really checks: a kernel that drops the sinks is caught there.
-    from kvfence.selftest.mutants import kernel_spec
 
-    buggy = Session(device, kernel_spec("window_sinks_dropped"), verifier="device")
+    buggy = Session(device, "mutant:window_sinks_dropped", verifier="device")
     sinks = Case(Config(topk=1, num_steps=1, ctx=8, max_bs=1, window_size=2, sink_size=1), Batch((6,), (0,)))
     assert buggy.check(sinks) and buggy.stats["host_verified_cases"] == 1
 
@@ -262,7 +264,6 @@ DETECTIONS = [  # mutant, config fields, batch (seq_lens), v2p_seed
 
 @pytest.mark.parametrize("mutant, fields, lens, v2p_seed", DETECTIONS, ids=[d[0] for d in DETECTIONS])
 def test_each_new_path_catches_its_bug_and_passes_the_reference(make_session, mutant, fields, lens, v2p_seed):
-    from kvfence.selftest.mutants import kernel_spec
 
     fields = dict(dict(ctx=8, max_bs=2), **fields)
     config = Config(**fields)
@@ -271,7 +272,7 @@ def test_each_new_path_catches_its_bug_and_passes_the_reference(make_session, mu
         v2p_seed = next(seed for seed in range(1, 500) if any(p < 0 for p in v2p_table(config, seed)[:8]))
     case = Case(config, Batch(lens, tuple(range(len(lens))), 0, v2p_seed))
     assert make_session("reference").check(case) == []
-    findings = make_session(kernel_spec(mutant)).check(case)
+    findings = make_session(f"mutant:{mutant}").check(case)
     assert findings, f"{mutant} not caught on {case}"
 
 
@@ -315,19 +316,20 @@ def _plan(family: str, kernel: str = "reference", **changes):
 
     pins = dict(changes.pop("pins", {}), family=family)
     plan = RunPlan(kernel=kernel, pins=pins, **changes)
-    DRAFT.check_plan(plan)
+    draws.check(DRAFT, plan.draw_domain())
     return plan
 
 
 def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict_bound():
     """The plain GPU command's config strategy (``--family auto``): about one example in four is a §6
     config, each within the host verdict's 16 MiB, while the others keep production sizes; ``off``
-    never draws a §6 field, ``on`` in every example, as before (a few draw every field at its default). No kernel runs."""
+    never draws a §6 field, ``on`` in every example, as before (a few draw every field at its default). No kernel
+    runs."""
     from kvfence.contracts.draft.budget import estimate_bytes
     from kvfence.contracts.draft.domain import GPU_FAMILY_SHARE, HOST_VERDICT_MAX_BYTES
 
     gpu = dict(device="cuda", domain="gpu", max_bytes=4 << 30)
-    auto = _draw_all(DRAFT.configs(_plan("auto", **gpu)), 600)
+    auto = _draw_all(draws.configs(DRAFT, _plan("auto", **gpu).draw_domain()), 600)
     family = [c for c in auto if c.is_family]
     # A generous bound: Hypothesis leans toward code 0 ("no §6") and mutates earlier examples, and a share
     # example whose every field came out at its default is no §6 config: at one in four, 0.13 of these
@@ -337,13 +339,13 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
     assert {"window", "E>1", "translate"} <= {k for c in family for k, on in (
         ("window", c.window_size > 0), ("E>1", c.entry_page_size > 1), ("translate", c.translate)) if on}
     assert max(estimate_bytes(c) for c in auto if not c.is_family) > 16 * HOST_VERDICT_MAX_BYTES
-    assert DRAFT.family_share(_plan("auto", **gpu)) == GPU_FAMILY_SHARE
-    off = _draw_all(DRAFT.configs(_plan("off", **gpu)), 200)
-    assert not any(c.is_family for c in off) and DRAFT.family_share(_plan("off", **gpu)) == 0
-    on = _draw_all(DRAFT.configs(_plan("on", **gpu)), 100)
-    assert sum(c.is_family for c in on) >= 75 and DRAFT.family_share(_plan("on", **gpu)) == 1
+    assert draws.family_share(_plan("auto", **gpu).draw_domain()) == GPU_FAMILY_SHARE
+    off = _draw_all(draws.configs(DRAFT, _plan("off", **gpu).draw_domain()), 200)
+    assert not any(c.is_family for c in off) and draws.family_share(_plan("off", **gpu).draw_domain()) == 0
+    on = _draw_all(draws.configs(DRAFT, _plan("on", **gpu).draw_domain()), 100)
+    assert sum(c.is_family for c in on) >= 75 and draws.family_share(_plan("on", **gpu).draw_domain()) == 1
     # A classic-ABI kernel takes no §6 field: auto draws none for it.
-    assert DRAFT.family_share(_plan("auto", CLASSIC, **gpu)) == 0
+    assert draws.family_share(_plan("auto", CLASSIC, **gpu).draw_domain()) == 0
 
 
 def test_pins_larger_than_the_bound_keep_the_share_at_the_smallest_config_they_allow():
@@ -399,7 +401,7 @@ def _plain_gpu_strategy(kernel: str, family: str):
     plan = _plan(family, pins=dict(topk=1, num_steps=2, page_size=1, max_bs=2))
     narrowed = dataclasses.replace(GPU, max_ctx=CPU.max_ctx)
     return case_runs(configs(topk=1, num_steps=2, page_size=1, max_bs=2, domain=narrowed,
-                             family=DRAFT.family_draws(plan)), kernel=kernel, max_batches=4)
+                             family=draws.family_draws(plan.draw_domain())), kernel=kernel, max_batches=4)
 
 
 def test_the_plain_gpu_domain_strategy_now_catches_a_family_mutant_and_the_reference_passes(make_session):
@@ -407,18 +409,19 @@ def test_the_plain_gpu_domain_strategy_now_catches_a_family_mutant_and_the_refer
     (``--family auto``): caught, by a kind it declares, in a §6 config of the share; unreachable with
     ``--family off``; the reference is clean under the same draws."""
     from kvfence.engine.loop import damage_kinds, fuzz
-    from kvfence.selftest.mutants import discover
 
-    (m,) = discover(names=["entry_page_no_offset"])
+    (m,) = [m for m in DRAFT.mutants if m.name == "entry_page_no_offset"]
+    kernel = f"mutant:{m.name}"
 
     def run(kernel, family, budget):
-        return fuzz(make_session(kernel), _plain_gpu_strategy(kernel, family), max_examples=budget, seed=0,
-                    shrink_seconds=0.0, targeting=False)
+        strategy = _plain_gpu_strategy(kernel, family).map(lambda run: [launch_of(c) for c in run])
+        return fuzz(make_session(kernel), strategy, max_examples=budget, seed=0, shrink_seconds=0.0,
+                    targeting=False)
 
-    caught = run(m.kernel, "auto", 300)  # found in 15-39 examples under seeds 0-2
+    caught = run(kernel, "auto", 300)  # found in 15-39 examples under seeds 0-2
     assert set(damage_kinds(caught.findings)) & set(m.detects), caught.findings
-    assert caught.case is not None and caught.case.config.entry_page_size > 1
-    assert run(m.kernel, "off", 60).findings == []
+    assert caught.case is not None and caught.case.case.config.entry_page_size > 1
+    assert run(kernel, "off", 60).findings == []
     assert run("reference", "auto", 60).findings == []
 
 
@@ -430,7 +433,6 @@ def kvfence(*args):
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("flags, needle", [
-    (["--contract", "window-rail"], "--contract window-rail needs --window"),
     (["--sink", "2"], "needs a window"),
     (["--entry-page-size", "3"], "entry_page_size must be a power of two"),
     (["--translate", "maybe"], "--translate"),
@@ -452,7 +454,7 @@ def test_fuzz_the_rail_with_a_sizing_bug_finds_it_and_the_fix_is_clean(tmp_path)
     good = kvfence(*common, "--sizing", "window-fixed", "--out", str(tmp_path / "good"))
     assert good.returncode == 0, good.stdout + good.stderr
     summary = json.loads((tmp_path / "good" / "summary.json").read_text())
-    assert summary["contract"] == "window-rail" and summary["family_pins"] == {"window_size": 3}
+    assert summary["contract"] == "window-rail" and summary["pins"] == {"window": 3, "topk": 2}
 
 
 # -- SGLang 0.5.23's own kernels on every new path (needs its extracted cache) ---------------------------

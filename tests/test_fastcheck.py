@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 import triton
 import triton.language as tl
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.device_verify import DeviceVerifier
 from kvfence.contracts.draft.fastcheck import expected_writes_torch
-from kvfence.engine.findings import Kind
 from kvfence.contracts.draft.session import Session
-from kvfence.contracts.draft.verdict import expected_from_oracle
-from kvfence.kernels.draft.verify.slots import slot_ids
 from kvfence.contracts.draft.strategies import batches, configs
+from kvfence.contracts.draft.verdict import expected_from_oracle
+from kvfence.engine.findings import Kind
+from kvfence.kernels.draft.verify.slots import slot_ids
 
 BAD = Path(__file__).parent / "targets" / "bad_writes.py"
 
@@ -45,7 +46,8 @@ def test_torch_write_set_equals_the_plain_oracle(make_session, data):
 
 #: Sizings whose rows are too narrow for some launches: a row overflow spills into the next row.
 MUTANTS = Path(__file__).resolve().parents[1] / "kernels" / "draft" / "mutants"
-OVERFLOWING = ["prefix", f"{MUTANTS / 'sizing_one_request.py'}:row_width", f"{MUTANTS / 'sizing_missing_topk.py'}:row_width"]
+OVERFLOWING = ["prefix", f"{MUTANTS / 'sizing_one_request.py'}:row_width",
+               f"{MUTANTS / 'sizing_missing_topk.py'}:row_width"]
 
 
 @st.composite
@@ -81,7 +83,8 @@ def test_the_batched_device_path_equals_the_oracle_on_production_spills(device, 
     oracle = Session(device, "reference", verifier="oracle")
 
     def named(findings):
-        return sorted((f.kind.value, f.buffer, f.region, f.start, f.stop, tuple(f.programs), f.detail) for f in findings)
+        return sorted((f.kind.value, f.buffer, f.region, f.start, f.stop, tuple(f.programs), f.detail)
+                      for f in findings)
 
     assert [named(fs) for fs in batched] == [named(oracle.check(c)) for c in run]
 
@@ -170,7 +173,8 @@ def test_sizing_violation_skips_the_fast_path(device):
     config = Config(topk=2, num_steps=2, ctx=8, max_bs=2, sizing="prefix")
     session = device_session(device, "reference")
     findings = session.check(Case(config, Batch((8, 7), (1, 2), 3)))
-    assert Kind.SIZING_VIOLATION in {f.kind for f in findings} and (session.stats["fast_clean"], session.stats["full"]) == (0, 1)
+    assert Kind.SIZING_VIOLATION in {f.kind for f in findings}
+    assert (session.stats["fast_clean"], session.stats["full"]) == (0, 1)
 
 
 #: Mutants whose bug shows on every case (docstrings: "Shows with any config").
@@ -186,14 +190,13 @@ def test_both_write_set_builders_give_the_same_findings_on_dirty_cases(device, d
     """The verdict with the torch write-set builder (the device path's full verdict) equals the verdict
     with the plain oracle, finding for finding, on kernels that really are wrong (the mutants) and under
     a sizing that overflows: kind, buffer, region and element range all agree."""
-    from kvfence.selftest.mutants import kernel_spec
     from kvfence.contracts.draft.verdict import check
 
     name = data.draw(st.sampled_from(DIRTY_MUTANTS))
     config = data.draw(configs(sizing=data.draw(st.sampled_from(["safe", "prefix"])),
                                layout=data.draw(st.sampled_from(["redzone", "production"]))))
-    case = Case(config, data.draw(batches(config)), kernel_spec(name))
-    obs = Session(device, kernel_spec(name)).observe(case)  # the address audit drops any wild store
+    case = Case(config, data.draw(batches(config)), f"mutant:{name}")
+    obs = Session(device, f"mutant:{name}").observe(case)  # the address audit drops any wild store
     plain = [(f.kind, f.buffer, f.region, f.start, f.stop) for f in check(obs)]
     torch_built = [(f.kind, f.buffer, f.region, f.start, f.stop) for f in check(obs, expected_writes_torch(obs))]
     assert torch_built == plain
@@ -207,7 +210,7 @@ def test_verifier_slot_ids_equal_the_case_model_in_32_bit_arithmetic():
     kvfence.contracts.draft.case.slot_id (defined on unbounded integers) for any index and seed, large ones included."""
     import torch
 
-    from kvfence.contracts.draft.case import slot_id
+    from kvfence.contracts.draft.tokens import slot_id
 
     pairs = [(0, 0), (1, 0), (7, 2**30 - 1), (2**31 - 1, 12345), (2**31, 99), (2**32 + 5, 2**29), (2**33 + 77, 7),
              (123456789, 987654321 % 2**30)] + [(i * 104729 + 3, (i * 7919) % 2**30) for i in range(8)]

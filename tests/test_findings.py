@@ -18,7 +18,10 @@ def config(**kw):
     return Config(**base)
 
 
-def run(make_session, kernel, cfg, batch=Batch((5, 3), (2, 0), 11)):
+_BATCH = Batch((5, 3), (2, 0), 11)
+
+
+def run(make_session, kernel, cfg, batch=_BATCH):
     return make_session(kernel).check(Case(cfg, batch, kernel))
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from kvfence.contracts.draft.case import Batch, Case, Config
-from kvfence.engine.findings import Kind
-from kvfence.engine.loop import fuzz
 from kvfence.contracts.draft.runner import GraphRunner
 from kvfence.contracts.draft.session import Session
 from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.engine.findings import Kind
+from kvfence.engine.loop import fuzz
 
 pytestmark = pytest.mark.gpu
 
@@ -44,8 +44,8 @@ def test_device_verifier_agrees_with_the_oracle_verdict_on_graph_replays(device)
 
 
 def test_prefix_policy_is_caught_inside_a_captured_graph_in_under_a_second(device):
-    """The pre-fix sizing (max_bs*ctx, no topk factor), found by fuzzing compiled graph replays. Kernels are compiled and graphs captured
-    by a clean warm-up first: the second counts fuzzing, not Triton's compiler."""
+    """The pre-fix sizing (max_bs*ctx, no topk factor), found by fuzzing compiled graph replays. Kernels are compiled
+    and graphs captured by a clean warm-up first: the second counts fuzzing, not Triton's compiler."""
     pinned = dict(topk=4, num_steps=3, page_size=1, ctx=256, max_bs=8)
     session = Session(device, "reference")
     for m in (1, 2, 4, 8):  # compile and capture every bucket of the prefix config

@@ -272,9 +272,11 @@ def _live_slot(out: Path, case) -> Path:
 
 
 def _small_case():
+    """A small draft launch (what the journal and case files take)."""
     from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.record import launch_of
 
-    return Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2, sizing="prefix"), Batch((3,), (1,), 5))
+    return launch_of(Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2, sizing="prefix"), Batch((3,), (1,), 5)))
 
 
 def _corrupt(record_text: str) -> bytes:
@@ -485,9 +487,8 @@ def test_more_jobs_than_the_machine_holds_is_refused_at_once(capsys, tmp_path, j
 
 
 def test_the_jobs_bound_follows_cores_and_memory(monkeypatch):
-    from kvfence.engine import jobs
-
     from kvfence.cli import fuzz
+    from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs.os, "cpu_count", lambda: 128)  # the host: only the affinity mask counts
     monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
@@ -496,10 +497,13 @@ def test_the_jobs_bound_follows_cores_and_memory(monkeypatch):
     monkeypatch.setattr(jobs, "_available_memory", lambda: 3 * jobs.JOB_MEMORY_BYTES + 1)
     assert jobs.max_jobs() == 3
     # The default --jobs (15 on 16 cores) fits what the machine holds; an explicit --jobs 4 is refused.
+    from kvfence.engine import budget
+
+    monkeypatch.setattr(budget, "free_device_memory", lambda: 80 << 30)  # the plan's GPU budget: no GPU here
+
     def shape(*flags):
         args = cli.build_parser().parse_args(["fuzz", "--device", "cuda", "--max-seconds", "60", *flags])
-        fuzz._resolve_budget(args, "cuda")
-        return fuzz._run_jobs(args, "cuda")
+        return fuzz.plan_from_args(args, "cuda").jobs
 
     assert shape() == 3
     with pytest.raises(BadInput, match="at most 3 jobs"):
@@ -581,8 +585,11 @@ def test_a_sigint_while_the_run_starts_ends_it_with_its_outputs(tmp_path):
 def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete(tmp_path, real_run, capsys):
     import signal
 
-    from kvfence.cli.fuzz import _write_summary
     from kvfence.engine import interrupt
+    from kvfence.engine.fuzzrun import Outputs, Run
+    from kvfence.engine.plan import RunPlan
+    from kvfence.reports.render import write_reports
+    from kvfence.reports.text import text_table
 
     doc = json.loads((real_run / "summary.json").read_text())
     doc["interrupted"] = None
@@ -590,7 +597,8 @@ def test_a_sigint_while_the_outputs_are_written_marks_them_and_they_are_complete
     try:
         interrupt.defer()
         os.kill(os.getpid(), signal.SIGINT)  # arrives now, as the outputs are about to be written
-        code = _write_summary(doc, tmp_path, None)
+        run = Run(RunPlan(out=str(tmp_path)), Outputs(render=write_reports, table=text_table), print, print)
+        code = run.write_summary(doc)
         assert interrupt.pending() == "SIGINT"
     finally:
         interrupt._RECEIVED.clear()
@@ -623,8 +631,8 @@ def test_a_wild_store_is_named_after_its_pointer(far_store, shift, region):
     import numpy as np
     import torch
 
-    from kvfence.engine.findings import Kind
     from kvfence.engine.audit import Audit
+    from kvfence.engine.findings import Kind
 
     n = 16
     # One host array: "neighbour" right after "target" (a store 40 past target's end lands just past the
@@ -677,7 +685,8 @@ def test_plugins_that_import_cleanly_pass_the_probe(tmp_path):
         check_plugins("draft", {"sizing": f"{plugin}:nothing"})
 
 
-@pytest.mark.parametrize("url, needle", [("redis://[::1/0", "Invalid IPv6 URL"), ("redis://:pw@h:99999/0", "port must be an integer"),
+@pytest.mark.parametrize("url, needle", [("redis://[::1/0", "Invalid IPv6 URL"),
+                                         ("redis://:pw@h:99999/0", "port must be an integer"),
                                          ("redis://h:6379/x", "must be a number")])
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_malformed_redis_urls_are_one_line(capsys, tmp_path, url, needle):
@@ -703,7 +712,8 @@ def test_redaction_is_linear_whatever_the_message():
     import time
 
     for text in ("a" * 200_000, "x://" + "b" * 200_000, ("ab1+" * 2_500_000) + " redis://u:p@h",
-                 "x://" * 20_000 + " redis://u:p@h", "x://a" * 16_000 + "@h redis://u:p@h", "redis://:" * 9_000 + "u:p@h"):
+                 "x://" * 20_000 + " redis://u:p@h", "x://a" * 16_000 + "@h redis://u:p@h",
+                 "redis://:" * 9_000 + "u:p@h"):
         start = time.perf_counter()
         out = redact(text)
         assert time.perf_counter() - start < 2.0, len(text)
@@ -792,7 +802,7 @@ def test_merge_refuses_a_case_file_edited_after_its_run(capsys, real_run, tmp_pa
     shutil.copytree(real_run, folder)
     case_file = sorted((folder / "cases").glob("*.json"))[0]
     doc = json.loads(case_file.read_text())
-    doc["case"]["batch"]["token_seed"] += 1  # still a valid case, another one
+    doc["case"]["case"]["batch"]["token_seed"] += 1  # still a valid case, another one
     case_file.write_text(json.dumps(doc))
     one_line_exit_2(capsys, ["report", "--merge", real_run, folder, "--out", tmp_path / "merged"],
                     f"case file {case_file.name} was changed after its run")
@@ -817,13 +827,13 @@ def chatty(n, topk, ctx, num_steps):
 
 
 @pytest.mark.parametrize("name, needle", [("exits", "ended its process (exit code 0)"), ("aborts", "died of SIGABRT"),
-                                          ("interrupts", "raised KeyboardInterrupt"), ("hangs", "did not return within 1s")])
+                                          ("interrupts", "raised KeyboardInterrupt"),
+                                          ("hangs", "did not return within 1s")])
 def test_a_sizing_that_ends_or_stalls_its_process_is_bad_input_naming_the_call(tmp_path, monkeypatch, name, needle):
     """The callable of ``--sizing file.py:attr`` is user code called for every drawn config: in the fuzzing
     process (or the user's pytest) an ``os._exit(0)`` would be a silent pass. It runs in a child; what
     ends or stalls the child is one ``BadInput`` naming the call, and the next call starts a new child."""
-    from kvfence.contracts.draft.targets import IsolatedSizing
-    from kvfence.contracts.draft.targets import resolve_sizing
+    from kvfence.contracts.draft.targets import IsolatedSizing, resolve_sizing
 
     (tmp_path / "sz.py").write_text(_SIZINGS)
     monkeypatch.chdir(tmp_path)

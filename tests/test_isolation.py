@@ -24,7 +24,8 @@ HOSTILE_IMPORTS = {"exit": "import os\nos._exit(0)\n", "abort": "import os\nos.a
                    "thread": "import os, threading, time\n"
                              "threading.Thread(target=lambda: (time.sleep(1.5), os._exit(0)), daemon=True).start()\n",
                    "lingering-thread": "import os, threading, time\n"
-                                       "threading.Thread(target=lambda: (time.sleep(30), os._exit(0)), daemon=True).start()\n",
+                                       "threading.Thread(target=lambda: (time.sleep(30), os._exit(0)), "
+                                       "daemon=True).start()\n",
                    "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))\n"}
 LAUNCH = "\ndef launch(**kw):\n    pass\n"
 
@@ -102,10 +103,11 @@ def test_the_session_fixture_checks_a_plug_in_in_a_worker(tmp_path):
     """A user's test through ``kvfence_session`` on a launcher that never returns fails with HANG; the same
     test on the reference passes."""
     (tmp_path / "test_mine.py").write_text(
-        "from kvfence.contracts.draft.case import Batch, Case, Config\n\n"
+        "from kvfence.contracts.draft.case import Batch, Case, Config\n"
+        "from kvfence.contracts.draft.record import launch_of\n\n"
         "def test_mine(kvfence_session, kvfence_kernel):\n"
-        "    case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, sizing='safe'), Batch((2,), (0,), 0),"
-        " kvfence_kernel)\n"
+        "    case = launch_of(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, sizing='safe'), Batch((2,), (0,), 0),"
+        " kvfence_kernel))\n"
         "    assert [f.kind.value for f in kvfence_session(kvfence_kernel, case_timeout=3).check(case)] == []\n")
     hang = _pytest(tmp_path, "--kvfence-kernel", f"{CRASHERS}:spin", "--kvfence-device", "cpu")
     assert hang.returncode == 1 and "HANG" in hang.stdout, hang.stdout + hang.stderr
@@ -115,7 +117,7 @@ def test_the_session_fixture_checks_a_plug_in_in_a_worker(tmp_path):
 
 
 GIVEN_TEST = """from hypothesis import given
-from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.strategies import cases, configs
 
 
 @given(case=cases(configs(sizing="safe", max_ctx=24), kernel="mykern.py:generate_draft_decode_kv_indices"))

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from test_isolation import CRASHERS, MISBEHAVING, ROOT, check_a_misbehaving_launch
 
 pytestmark = [pytest.mark.gpu]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.engine import casefile
-
-from kvfence.engine import journal
 from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.record import launch_of
+from kvfence.engine import casefile, journal
 from kvfence.engine.findings import Kind
 
 ROOT = Path(__file__).resolve().parent.parent
-#: A launcher plug-in (harness/contracts/draft/targets.py LAUNCH_KWARGS) that records the batch it got, then hangs or aborts.
+#: A launcher plug-in (harness/contracts/draft/targets.py LAUNCH_KWARGS) that records the batch it got, then hangs or
+#: aborts.
 LAUNCHER = '''
 import json, os, time
 
@@ -37,8 +37,8 @@ def abort(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, po
 '''
 # --in-process: the journal is about the fuzzing process itself dying mid-launch, which only happens when it
 # launches the kernel (a worker's death is a CRASH finding at once: tests/test_worker.py).
-SMALL = ["--in-process", "--device", "cpu", "--mode", "eager", "--topk", "2", "--num-steps", "1", "--ctx", "4", "--max-bs", "2",
-         "--seed", "1", "--quiet"]
+SMALL = ["--in-process", "--device", "cpu", "--mode", "eager", "--topk", "2", "--num-steps", "1", "--ctx", "4",
+         "--max-bs", "2", "--seed", "1", "--quiet"]
 
 
 def harness(*args, env=None, **kw):
@@ -92,7 +92,7 @@ def test_sigkill_mid_launch_is_reported_as_crash_by_resume(tmp_path, plugin):
     assert len(crashes) == 1 and crashes[0]["region"] == "launch"
     loaded = casefile.load_case(crashes[0]["case"])
     assert [f.kind for f in loaded.findings] == [Kind.CRASH]
-    assert list(loaded.case.batch.seq_lens) == launched  # exactly the batch the dead process was launching
+    assert list(loaded.case.case.batch.seq_lens) == launched  # exactly the batch the dead process was launching
     assert loaded.case.kernel == spec and loaded.source == "journal"
     assert "died during this launch" in loaded.findings[0].detail
     assert not list((out / journal.JOURNAL_DIR).glob("*" + journal.SUFFIX))
@@ -113,12 +113,12 @@ def test_interpreter_abort_is_reported_by_the_next_run(tmp_path, plugin):
     assert nxt.returncode == 1, nxt.stderr
     crashes = crash_findings(out / "summary.json")
     assert len(crashes) == 1
-    assert list(casefile.load_case(crashes[0]["case"]).case.batch.seq_lens) == launched
+    assert list(casefile.load_case(crashes[0]["case"]).case.case.batch.seq_lens) == launched
     assert "CRASH" in (out / "report.md").read_text()
 
 
 def test_a_live_process_slot_is_left_alone_and_a_clean_end_removes_it(tmp_path):
-    case = Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2), Batch((3, 1), (2, 0), 7))
+    case = launch_of(Case(Config(topk=2, num_steps=1, ctx=4, max_bs=2), Batch((3, 1), (2, 0), 7)))
     with journal.Journal(tmp_path, device="cpu") as j:
         j.begin(case)
         assert journal.recover(tmp_path) == []  # locked by us: alive
@@ -130,7 +130,8 @@ def test_a_live_process_slot_is_left_alone_and_a_clean_end_removes_it(tmp_path):
 
 
 def test_journal_overhead_per_case_is_small(tmp_path):
-    cases = [Case(Config(topk=2, num_steps=2, ctx=16, max_bs=4), Batch((i % 16 + 1, 3), (1, 0), i)) for i in range(2000)]
+    cases = [launch_of(Case(Config(topk=2, num_steps=2, ctx=16, max_bs=4), Batch((i % 16 + 1, 3), (1, 0), i)))
+             for i in range(2000)]
     with journal.Journal(tmp_path, device="cpu") as j:
         t0 = time.perf_counter()
         for case in cases:

@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 
-from kvfence.sanitizer import matrix
-from kvfence.engine.findings import Kind
 from kvfence.contracts.draft.session import Session
+from kvfence.engine.findings import Kind
 from kvfence.reports.sweep import matrix_markdown, matrix_rows
+from kvfence.sanitizer import matrix
 
 pytestmark = pytest.mark.cpu_only
 
@@ -41,7 +41,8 @@ def test_every_class_of_the_issue_has_a_target():
 
 
 def _has(findings, kind, buffer, region):
-    return any((kind is None or f.kind == kind) and (buffer is None or f.buffer == buffer) and (region is None or f.region == region)
+    return any((kind is None or f.kind == kind) and (buffer is None or f.buffer == buffer)
+               and (region is None or f.region == region)
                for f in findings)
 
 
@@ -52,7 +53,7 @@ def test_each_class_lands_where_its_name_says(device, name, mode):
     case = matrix.class_case(bug, mode)
     redzone = Session(device, bug.kernel).check(case)
     assert _has(redzone, *REDZONE[name]), [f.headline() for f in redzone]
-    production = dataclasses.replace(case, config=dataclasses.replace(case.config, layout="production"))
+    production = dataclasses.replace(case, layout="production")
     found = Session(device, bug.kernel, absorb=False).check(production)
     assert _has(found, *PRODUCTION[name]), [f.headline() for f in found]
     # The same case with the correct kernel is clean in both layouts.

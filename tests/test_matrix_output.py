@@ -7,9 +7,9 @@ import io
 
 import pytest
 
-from kvfence.reports.text_table import WIDTH, markdown_tables
 from kvfence.engine.outdir import EARLIER_DIR, set_aside_earlier_report
 from kvfence.engine.progress import CountBar
+from kvfence.reports.text_table import WIDTH, markdown_tables
 
 
 def _tables(lines):

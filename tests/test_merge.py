@@ -105,25 +105,31 @@ def test_runs_of_two_contracts_merge_with_their_case_files_and_one_plot(tmp_path
     how many runs' rows it left out, and the merged folder renders again."""
     import json
 
-    from kvfence import contract as contracts
     from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.record import launch_of
+    from kvfence.contracts.page_table.record import PageTableCase
+    from kvfence.engine import launch as launches
+    from kvfence.engine import registry
+    from kvfence.engine import summary as summary_mod
     from kvfence.engine.casefile import write_case
     from kvfence.engine.findings import Finding, Kind
-    from kvfence.engine import summary as summary_mod
+    from kvfence.engine.result import FuzzResult
     from kvfence.reports.merge import merge
     from kvfence.reports.render import write_reports
-    from kvfence.engine.loop import FuzzResult
 
-    flashmla = contracts.get("flashmla-page-table")
-    runs = {"table": flashmla.bind(flashmla.wall_case(4, 1, 1, 3), "context"),
-            "draft": Case(Config(topk=2, num_steps=1, ctx=2, max_bs=1, sizing="prefix"), Batch((1,), (0,)))}
+    # one request of 3 tokens and a draft token at a context of 4, page size 1, under the context sizing
+    wall = PageTableCase(page_size=1, ctx=4, draft_tokens=1, seq_lens=(4,), req_pool_indices=(0,), pool_rows=1)
+    runs = {"table": launches.bind(registry.get("flashmla-page-table"), wall, "context"),
+            "draft": launch_of(Case(Config(topk=2, num_steps=1, ctx=2, max_bs=1, sizing="prefix"), Batch((1,), (0,))))}
     folders = []
     for name, case in runs.items():
         folder = tmp_path / name
+        record = registry.get(case.contract)
         finding = Finding(Kind.SIZING_VIOLATION, "launch", "row width", 1, 2)
         path = str(write_case(case, [finding], out_dir=folder))
         result = FuzzResult(examples=1, generated_cases=1, verified_cases=1, case=case, findings=[finding],
-                            stats=[contracts.of(case).coverage_row(case, True)])
+                            stats=[launches.coverage_row(record, case, True)],
+                            coverage_fields=launches.coverage_fields(record, case))
         doc = summary_mod.build(result, run={"contract": case.contract}, case_path=path)
         (folder / "summary.json").write_text(json.dumps(doc))
         folders.append(folder)

@@ -1,5 +1,6 @@
-"""The mutation self-test (kvfence.selftest.mutants, ``python -m kvfence mutants``): every shipped mutant is
-detected under its fixed example budget, and the reference stays clean under the same configs."""
+"""The mutation self-test (kvfence.selftest.mutants, ``python -m kvfence mutants``): every shipped mutant of the
+draft kernel and the window rail (their records' ``mutants``, from ``kernels/draft/mutants/``) is detected under
+its fixed example budget, and the reference stays clean under the same configs."""
 
 from __future__ import annotations
 
@@ -27,55 +28,80 @@ FAMILY = {"window_offsets_unclipped", "window_sinks_dropped", "window_recent_off
 SCALE = {"copy_first_block_only", "prefix_sum_16_lanes", "indptr_sum_64_branches", "page_last_capped_64"}
 
 
-def test_shipped_mutants_are_well_formed(device):
-    from kvfence.selftest.mutants import discover
-    from kvfence.contracts.draft.targets import resolve_kernel, resolve_sizing
+def _records():
+    from kvfence.contracts.draft.record import DRAFT, WINDOW_RAIL
 
-    mutants = discover()
+    return DRAFT, WINDOW_RAIL
+
+
+def test_shipped_mutants_are_well_formed(device):
+    from kvfence.contracts.draft.targets import resolve_kernel, resolve_sizing
+    from kvfence.engine.record_check import static_problems
+
+    draft, rail = _records()
+    mutants = draft.mutants + rail.mutants
     assert len(mutants) >= 16 and REQUIRED | SCALE | FAMILY <= {m.name for m in mutants}
-    assert {m.name for m in mutants if m.contract == "window-rail"} == {
+    assert {m.name for m in rail.mutants} == {
         "rail_prefix_from_start", "rail_chain_from_zero", "rail_indptr_without_chain", "sizing_window_no_topk"}
     assert {m.name for m in mutants if m.domain == "gpu"} == SCALE
-    assert {m.kind for m in mutants} == {"kernel", "sizing"}
+    # Each file is one bug: a patch of the reference kernel, or the reference under a buggy sizing.
+    assert all(bool(m.patch) != bool(m.sizing) and m.kernel is None for m in mutants)
+    assert {bool(m.patch) for m in mutants} == {True, False}
+    for record in (draft, rail):
+        assert static_problems(record.name, f"kvfence.contracts.draft:{record.name}", record) == []
     for m in mutants:
-        assert m.bug.startswith("Mutant (")
+        assert m.doc.startswith("Mutant (")
         assert m.detects and "LAUNCH_ERROR" not in m.detects  # a shipped bug is a wrong write, not a crash
-        if m.kind == "kernel":
-            assert resolve_kernel(m.kernel, device).request_axis == 1  # a classic-ABI @triton.jit kernel
+        if m.patch:
+            assert resolve_kernel(f"mutant:{m.name}", device).request_axis == 1  # a classic-ABI @triton.jit kernel
         else:
             assert resolve_sizing(m.sizing)(2, 2, 8, 2, window_size=3) >= 1
 
 
 def test_every_mutant_is_detected_and_the_reference_is_clean(device):
     """``kvfence mutants`` as users run it (its seed, example budget and memory budget: the budget shapes
-    the draws) catches every CPU mutant; the reference stays clean. (The scale mutants need sizes the
-    interpreter never draws: their rows would spend the whole budget each, a third of this test's time, to
-    show a miss; the GPU self-test runs them.)"""
+    the draws) catches every CPU mutant of the draft kernel and the rail; the reference stays clean. (The scale
+    mutants need sizes the interpreter never draws: their rows would spend the whole budget each, a third of this
+    test's time, to show a miss; the GPU self-test runs them.)"""
     from kvfence.cli import build_parser
-    from kvfence.selftest.mutants import discover, run_all
+    from kvfence.selftest.mutants import self_test
 
     args = build_parser().parse_args(["mutants"])
     assert (args.seed, args.seeds, args.max_examples, args.max_gpu_mem) == (0, 1, None, None)
-    # The reference over 20 draws per contract (the CLI's default doubles the mutants' budget): its
-    # clean verdict over the full domain is tests/test_properties.py's; here it is the pair of each row.
-    report = run_all(device, reference_examples=20, seeds=[args.seed],
-                     names=[m.name for m in discover() if m.name not in SCALE])
-    missed = [m.name for m in report.mutants if m.expected and not m.detected]
+    # The reference rows run the same budget as the mutants (its clean verdict over the full domain is
+    # tests/test_properties.py's; here it is the pair of each row).
+    reports = [self_test(record, device, seeds=[args.seed], max_examples=args.max_examples,
+                         names=[m.name for m in record.mutants if m.name not in SCALE]) for record in _records()]
+    rows = [r for report in reports for r in report["rows"]]
+    mutants = [r for r in rows if not r["reference"]]
+    missed = [r["name"] for r in mutants if r["expected"] and not r["detections"]]
     assert not missed, f"mutants not detected: {missed}"
-    assert all(m.expected for m in report.mutants)
+    assert all(r["expected"] for r in mutants)
     # One reference row per contract the mutants break (docs/contract.md §6): draft and window-rail.
-    assert [r.detected for r in report.reference] == [False, False]
-    assert report.passed
-    by_name = {m.name: m for m in report.mutants}
-    assert all(m.examples_to_detection >= 1 and m.kinds for m in report.mutants if m.expected)
-    assert "SIZING_VIOLATION" in by_name["sizing_missing_topk"].kinds
-    assert "INDPTR_MISMATCH" in by_name["no_z0_rule"].kinds
-    assert "OOB_READ" in by_name["row_from_request_index"].kinds
+    assert [(r["name"], r["detections"]) for r in rows if r["reference"]] == [("reference (draft)", 0),
+                                                                             ("reference (window-rail)", 0)]
+    assert all(report["passed"] and report["complete"] for report in reports)
+    by_name = {r["name"]: r for r in mutants}
+    assert all(r["median_examples_to_detection"] >= 1 and r["runs"][0]["kinds"] for r in mutants)
+    assert "SIZING_VIOLATION" in by_name["sizing_missing_topk"]["runs"][0]["kinds"]
+    assert "INDPTR_MISMATCH" in by_name["no_z0_rule"]["runs"][0]["kinds"]
+    assert "OOB_READ" in by_name["row_from_request_index"]["runs"][0]["kinds"]
 
 
-def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path):
+def _planted(monkeypatch, directory: Path):
+    """The draft record with the mutant files of ``directory`` as its planted bugs, read as the shipped ones are
+    read from ``kernels/draft/mutants/``. In this process only: its self-test checks in-process (``isolate``
+    off), where ``mutant:NAME`` resolves against this record."""
+    import kvfence.contracts.draft.record as draft_record
+
+    monkeypatch.setattr(draft_record, "MUTANTS_DIR", directory)
+    monkeypatch.setattr(draft_record.DRAFT, "mutants", draft_record._mutants("draft"))
+    return draft_record.DRAFT
+
+
+def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path, monkeypatch):
     """The pair of the test above: a correct kernel posing as a mutant is not 'detected'."""
-    from kvfence.selftest.mutants import run_all
+    from kvfence.selftest.mutants import self_test
 
     src = (ROOT / "kernels" / "draft" / "mutants" / "off_by_one_n.py").read_text()
     # The same patch site, "mutated" into the correct line: a kernel identical in behaviour.
@@ -83,12 +109,15 @@ def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path):
     assert fixed != src
     (tmp_path / "not_a_bug.py").write_text(fixed)
     shutil.copy(ROOT / "kernels" / "draft" / "mutants" / "no_z0_rule.py", tmp_path / "no_z0_rule.py")
-    # The reference rows are not what this test is about: one draw each.
-    report = run_all(device, max_examples=10, seeds=[0, 1], directory=tmp_path, reference_examples=1)
-    by_name = {m.name: m for m in report.mutants}
-    assert by_name["no_z0_rule"].rate == 1.0 and by_name["not_a_bug"].detections == 0
-    assert by_name["not_a_bug"].budget == 10 and by_name["not_a_bug"].seeds == [0, 1]
-    assert not report.passed
+    record = _planted(monkeypatch, tmp_path)
+    assert [m.name for m in record.mutants] == ["no_z0_rule", "not_a_bug"]
+    report = self_test(record, device, max_examples=10, seeds=[0, 1], isolate=False)
+    by_name = {r["name"]: r for r in report["rows"]}
+    assert by_name["no_z0_rule"]["rate"] == 1.0 and by_name["not_a_bug"]["detections"] == 0
+    assert report["max_examples"] == 10 and [r["seed"] for r in by_name["not_a_bug"]["runs"]] == [0, 1]
+    assert all(r["examples"] == 10 for r in by_name["not_a_bug"]["runs"])  # the whole budget, nothing found
+    assert not by_name["not_a_bug"]["passed"] and by_name["reference (draft)"]["passed"]
+    assert not report["passed"]
 
 
 def run_cli(*args):
@@ -98,58 +127,76 @@ def run_cli(*args):
 
 def test_cli_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "m.json"
-    proc = run_cli("--device", "cpu", "--json", str(out), "--only", "no_z0_rule", "sizing_missing_topk",
-                   "--max-examples", "10", "--quiet")
+    proc = run_cli("--device", "cpu", "--contract", "draft", "--json", str(out), "--only", "no_z0_rule",
+                   "sizing_missing_topk", "--max-examples", "10", "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[0].split()[:5] == ["mutant", "kind", "domain", "ran", "on"]
-    assert "PASS: 2/2 mutants detected in >= 95% of 1 seed(s) on their domain, reference clean" in proc.stdout
+    assert proc.stdout.splitlines()[0].split()[:4] == ["target", "domain", "ran", "on"]
+    assert ("PASS: contract draft: 2/2 mutants detected in >= 95% of 1 seed(s) on their domain, references clean"
+            in proc.stdout)
     assert "clean (expected)" in proc.stdout
     data = json.loads(out.read_text())
-    assert [m["name"] for m in data["mutants"]] == ["no_z0_rule", "sizing_missing_topk"]
-    for m in data["mutants"]:
-        assert {"name", "detected", "rate", "examples_to_detection", "kinds", "seconds"} <= set(m) and m["detected"]
-    assert [r["detected"] for r in data["reference"]] == [False] and data["passed"] is True
+    assert list(data["contracts"]) == ["draft"] and data["passed"] is True
+    rows = data["contracts"]["draft"]["rows"]
+    mutants = [r for r in rows if not r["reference"]]
+    assert [m["name"] for m in mutants] == ["no_z0_rule", "sizing_missing_topk"]
+    for m in mutants:
+        assert {"name", "detections", "rate", "median_examples_to_detection", "runs", "seconds"} <= set(m)
+        assert m["detections"] == 1 and m["passed"] and set(m["runs"][0]["kinds"]) & set(m["detects"])
+    assert [(r["name"], r["detections"]) for r in rows if r["reference"]] == [("reference (draft)", 0)]
 
 
 def test_cli_unknown_mutant_is_one_line_exit_2():
-    proc = run_cli("--device", "cpu", "--only", "no_such_mutant")
+    proc = run_cli("--device", "cpu", "--contract", "draft", "--only", "no_such_mutant")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "unknown mutant" in proc.stderr
+    # Mutant names are a contract's: --only without --contract is refused the same way.
+    proc = run_cli("--device", "cpu", "--only", "no_z0_rule")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--contract" in proc.stderr
 
 
-def test_a_mutant_is_detected_only_by_the_kinds_it_declares(device, tmp_path):
+def test_a_mutant_is_detected_only_by_the_kinds_it_declares(device, tmp_path, monkeypatch):
     """A patch that does not compile fails every launch (LAUNCH_ERROR, which it does not declare): no
     seed detects it and the self-test fails; the same bug declared by its real kinds is detected. The
     reference control runs under every seed."""
-    from kvfence.selftest.mutants import run_all
+    from kvfence.selftest.mutants import self_test
 
     src = (ROOT / "kernels" / "draft" / "mutants" / "off_by_one_n.py").read_text()
     broken = src.replace("\"    n = s  # BUG: the spec's n is s + 1\\n\"", "'    n = no_such_name\\n'")
     assert broken != src
     (tmp_path / "does_not_compile.py").write_text(broken)
     shutil.copy(ROOT / "kernels" / "draft" / "mutants" / "off_by_one_n.py", tmp_path / "off_by_one_n.py")
-    report = run_all(device, max_examples=5, seeds=[0, 1], directory=tmp_path, reference_examples=3)
-    by_name = {m.name: m for m in report.mutants}
-    assert by_name["does_not_compile"].detections == 0
-    assert by_name["does_not_compile"].undeclared == [["LAUNCH_ERROR"], ["LAUNCH_ERROR"]]
-    assert by_name["off_by_one_n"].rate == 1.0 and set(by_name["off_by_one_n"].kinds) & {"MISSING_WRITE", "INDPTR_MISMATCH"}
-    assert not report.passed
-    assert [r.seeds for r in report.reference] == [[0, 1]]
+    record = _planted(monkeypatch, tmp_path)
+    report = self_test(record, device, max_examples=5, seeds=[0, 1], isolate=False)
+    by_name = {r["name"]: r for r in report["rows"]}
+    assert by_name["does_not_compile"]["detections"] == 0
+    assert [(r["kinds"], r["declared"]) for r in by_name["does_not_compile"]["runs"]] == [(["LAUNCH_ERROR"], False)] * 2
+    assert by_name["off_by_one_n"]["rate"] == 1.0
+    assert all(set(r["kinds"]) & {"MISSING_WRITE", "INDPTR_MISMATCH"} for r in by_name["off_by_one_n"]["runs"])
+    assert not report["passed"]
+    assert [r["seed"] for r in by_name["reference (draft)"]["runs"]] == [0, 1]
 
 
 @pytest.mark.parametrize("line, message", [("", "DETECTS must be a non-empty tuple"),
                                            ("DETECTS = ()", "DETECTS must be a non-empty tuple"),
-                                           ("DETECTS = ('VALUE_MISMATCH', 'WRONG_KIND')", "unknown kind(s) WRONG_KIND"),
+                                           ("DETECTS = ('VALUE_MISMATCH', 'WRONG_KIND')",
+                                            "detects WRONG_KIND, which no kind declares"),
                                            ("DETECTS = 'VALUE_MISMATCH'", "DETECTS must be a non-empty tuple")])
-def test_a_mutant_file_without_valid_detects_is_bad_input(tmp_path, line, message):
+def test_a_mutant_file_without_valid_detects_is_bad_input(tmp_path, monkeypatch, line, message):
+    """A mutant file's ``DETECTS`` is checked where the record reads it (one line, ``BadInput``) or by the check
+    every record load runs (``kvfence.engine.record_check``): never a traceback, never a mutant no kind detects."""
+    import kvfence.contracts.draft.record as draft_record
+    from kvfence.engine.record_check import static
     from kvfence.errors import BadInput
-    from kvfence.selftest.mutants import discover
 
     src = (ROOT / "kernels" / "draft" / "mutants" / "sizing_missing_topk.py").read_text()
-    lines = [l for l in src.splitlines() if not l.startswith("DETECTS")]
+    lines = [text for text in src.splitlines() if not text.startswith("DETECTS")]
     (tmp_path / "m.py").write_text("\n".join(lines + [line]) + "\n")
+    monkeypatch.setattr(draft_record, "MUTANTS_DIR", tmp_path)
     with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(")", r"\)")):
-        discover(tmp_path)
+        record = draft_record.DraftContract("draft", draft_record.DRAFT.doc, "draft_kv_indices",
+                                            "generate_draft_decode_kv_indices")
+        static("draft", "kvfence.contracts.draft:DRAFT", record)
 
 
 # -- benchmarks/plain_fuzz_mutants.py: the plain command per mutant and seed -----------------------------
@@ -157,7 +204,8 @@ def _plain_benchmark():
     import importlib.util
 
     sys.path.insert(0, str(ROOT / "benchmarks"))  # its sibling result_file.py
-    spec = importlib.util.spec_from_file_location("kvfence_plain_fuzz_mutants", ROOT / "benchmarks" / "plain_fuzz_mutants.py")
+    spec = importlib.util.spec_from_file_location("kvfence_plain_fuzz_mutants",
+                                                  ROOT / "benchmarks" / "plain_fuzz_mutants.py")
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
     spec.loader.exec_module(module)
     return module

@@ -55,7 +55,8 @@ def test_a_fuzz_command_run_gives_structural_rates_from_its_own_summary(throughp
     assert rates["default_structural_cases_per_s"] == round(run["structural_cases"] / run["wall_s"], 1)
     assert rates["default_structural_cases_per_s"] <= rates["default_verified_cases_per_s"]
     assert rates["default_structurally_new_fraction"] == round(run["structural_cases"] / run["verified_cases"], 3)
-    assert rates["default_token_variant_cases"] == run["token_variant_cases"] <= run["verified_cases"] - run["structural_cases"]
+    assert (rates["default_token_variant_cases"] == run["token_variant_cases"]
+            <= run["verified_cases"] - run["structural_cases"])
 
 
 def test_the_h200_command_names_only_stages_that_exist(throughput):

@@ -4,7 +4,8 @@ In the hand-worked examples ``req_to_token[r][t] = 100*r + t`` so every expected
 back to the (row, token) it came from.
 """
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvfence.contracts.draft import oracle
 from kvfence.contracts.draft.case import Batch, Config, launch_batch
@@ -110,4 +111,5 @@ def test_segments_tile_rows_and_indptr_marks_branch_starts(data):
         # Reads stay inside the pool row: the config's pool_len covers every draft slot.
         for g in segs:
             L = lb.seq_lens[g.b]
-            assert oracle.draft_slot_start(L, g.k, config.topk, config.num_steps, config.page_size) + s + 1 <= config.pool_len
+            assert (oracle.draft_slot_start(L, g.k, config.topk, config.num_steps, config.page_size) + s + 1
+                    <= config.pool_len)

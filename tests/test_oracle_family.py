@@ -3,11 +3,13 @@ page-table translation, and the window rail. Expected values below are computed 
 words in the comments, not from the code. Rows of req_to_token hold 10, 11, 12, ... so ``token(p)`` is
 ``10 + p`` unless the example says otherwise."""
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvfence.contracts.draft import oracle
-from kvfence.contracts.draft.case import launch_batch, req_to_token_rows
+from kvfence.contracts.draft.case import launch_batch
 from kvfence.contracts.draft.strategies import batches, configs
+from kvfence.contracts.draft.tokens import req_to_token_rows
 
 ROW = list(range(10, 40))
 

@@ -80,7 +80,7 @@ def test_wheel_has_one_top_level_name_and_the_pytest_plugin(wheel):
     assert tops == {"kvfence"}, tops
     assert not any("/out/" in n for n in names)  # generated output is no part of the package
     assert "kvfence/kernels/draft/draft_kv_indices.py" in names and "kvfence/strategies/__init__.py" in names
-    assert re.search(r"\[pytest11\]\s*kvfence = kvfence\.workflow\.pytest_plugin", entries), entries
+    assert re.search(r"\[pytest11\]\s*kvfence = kvfence\.pytest_plugin\s", entries), entries
 
 
 def test_wheel_installs_next_to_a_package_named_kernels(wheel, tmp_path):
@@ -114,7 +114,8 @@ def test_wheel_installs_next_to_a_package_named_kernels(wheel, tmp_path):
 
 
 def test_import_kvfence_imports_neither_torch_nor_triton():
-    probe = "import sys, kvfence, kvfence.contracts.draft.strategies; print(sorted({'torch', 'triton'} & set(sys.modules)))"
+    probe = ("import sys, kvfence, kvfence.contracts.draft.strategies; "
+             "print(sorted({'torch', 'triton'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -156,7 +157,7 @@ def test_a_projects_own_tests_pass_a_correct_kernel_and_fail_a_planted_bug(proje
     from kvfence.engine.casefile import load_case
 
     shrunk = load_case(case_path).case
-    c, b = shrunk.config, shrunk.batch
+    c, b = shrunk.case.config, shrunk.case.batch
     assert (c.topk, c.num_steps, c.page_size, b.raw_bs) == (1, 1, 1, 1), (c, b)  # shrunk to the simplest shape
     replay = run_verbatim(line, project)
     assert replay.returncode == 1, replay.stdout + replay.stderr
@@ -207,11 +208,18 @@ def test_repro_command_names_only_plugins():
     """A builtin kernel or sizing needs no flag (the case file names it); a plug-in is named again."""
     from kvfence.engine.casefile import repro_command
 
-    assert repro_command("c.json") == "python -m kvfence repro c.json"
-    assert repro_command("c.json", "reference-blocked", "prefix") == "python -m kvfence repro c.json"
-    assert (repro_command("my dir/c.json", "k.py:f", "safe")
+    assert repro_command("c.json", "reference", "safe", "draft") == "python -m kvfence repro c.json"
+    assert repro_command("c.json", "reference-blocked", "prefix", "draft") == "python -m kvfence repro c.json"
+    assert repro_command("c.json", "mutant:no_z0_rule", "safe", "draft") == "python -m kvfence repro c.json"
+    # a table contract's own sizing and a release's are named by the case file too
+    assert (repro_command("c.json", "reference", "flashmla-graph", "flashmla-page-table")
+            == "python -m kvfence repro c.json")
+    assert (repro_command("c.json", "sglang==0.5.5", "sglang==0.5.5:flashmla", "flashmla-page-table")
+            == "python -m kvfence repro c.json")
+    assert (repro_command("my dir/c.json", "k.py:f", "safe", "draft")
             == "python -m kvfence repro 'my dir/c.json' --kernel k.py:f")
-    assert repro_command("c.json", "reference", "pkg.mod:w") == "python -m kvfence repro c.json --sizing pkg.mod:w"
+    assert (repro_command("c.json", "reference", "pkg.mod:w", "draft")
+            == "python -m kvfence repro c.json --sizing pkg.mod:w")
 
 
 # -- module:attr from the current folder -----------------------------------------------------------------

@@ -151,9 +151,10 @@ def test_sizing_file_plugin(tmp_path, body, code):
     ("def width(n, topk, ctx, num_steps):\n    return 2.5\n", ("failed for", "TypeError")),
 ])
 def test_bad_sizing_plugins_are_one_line_exit_2(tmp_path, source, needles):
-    from kvfence.cli import main
     import io
     from contextlib import redirect_stderr
+
+    from kvfence.cli import main
 
     path = tmp_path / "bad_sizing.py"
     path.write_text(source)
@@ -173,17 +174,20 @@ def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, d
 # -- the kernel / sizing under test in pytest ----------------------------------------------------------
 @given(data=st.data())
 def test_kernel_under_test_matches_the_oracle(kernel_spec, sizing_spec, make_session, data):
-    """Runs ``--kvfence-kernel`` / ``--kvfence-sizing`` (env KVFENCE_KERNEL / KVFENCE_SIZING; reference and safe by default)."""
-    from kvfence.engine.casefile import format_failure
+    """Runs ``--kvfence-kernel`` / ``--kvfence-sizing`` (env KVFENCE_KERNEL / KVFENCE_SIZING; reference and safe by
+    default)."""
+    from kvfence.contracts.draft.record import launch_of
     from kvfence.contracts.draft.strategies import cases, configs
+    from kvfence.engine.casefile import format_failure
 
-    case = data.draw(cases(configs(sizing=sizing_spec, max_ctx=24, max_max_bs=3), kernel=kernel_spec))
-    findings = make_session(kernel_spec).check(case)
-    assert not findings, format_failure(case, findings)
+    launch = launch_of(data.draw(cases(configs(sizing=sizing_spec, max_ctx=24, max_max_bs=3), kernel=kernel_spec)))
+    findings = make_session(kernel_spec).check(launch)
+    assert not findings, format_failure(launch, findings)
 
 
 def test_pytest_kernel_option_tests_a_users_kernel(tmp_path, outside_kernel):
-    """``pytest --kvfence-kernel file.py:attr`` (here via KVFENCE_KERNEL) runs the property test above on that kernel: a buggy one fails."""
+    """``pytest --kvfence-kernel file.py:attr`` (here via KVFENCE_KERNEL) runs the property test above on that kernel: a
+    buggy one fails."""
     src = outside_kernel.read_text()
     outside_kernel.write_text(src.replace("z = tl.where(z == 0, num_seqs * topk, z)", "z = z"))
     # triage: the failure as drawn (a clean checkout has no example database, and shrinking takes a minute)

@@ -1,17 +1,20 @@
 """Property tests: the kernel under test (``--kernel``, default ours) against the oracle over the
 strategies' domain, and the fuzz loop catching the sizing bugs it exists for."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvfence.contracts.draft import oracle
 from kvfence.contracts.draft.case import Case
-from kvfence.engine.findings import Kind
-from kvfence.engine.loop import fuzz, utilisation
+from kvfence.contracts.draft.record import DRAFT, launch_of
 from kvfence.contracts.draft.runner import make_runner
-from kvfence.contracts.draft.targets import resolve_kernel
-from kvfence.kernels.draft.draft_kv_indices import token_blocks_for
-from kvfence.engine.casefile import raise_on_findings
 from kvfence.contracts.draft.strategies import batches, cases, configs
+from kvfence.contracts.draft.targets import resolve_kernel
+from kvfence.engine.casefile import raise_on_findings
+from kvfence.engine.findings import Kind
+from kvfence.engine.launch import utilisation
+from kvfence.engine.loop import fuzz
+from kvfence.kernels.draft.draft_kv_indices import token_blocks_for
 
 layouts = st.sampled_from(["redzone", "production"])
 modes = st.sampled_from(["graph", "eager"])
@@ -25,25 +28,25 @@ def any_config(draw, sizing):
 @given(data=st.data())
 def test_kernel_with_safe_sizing_is_clean_over_the_full_domain(make_session, kernel_spec, data):
     case = data.draw(cases(any_config("safe"), kernel=kernel_spec))
-    raise_on_findings(case, make_session(kernel_spec).check(case))
+    raise_on_findings(launch_of(case), make_session(kernel_spec).check(case))
 
 
 @given(data=st.data())
 def test_fixed_sizing_is_clean_when_requests_keep_draft_headroom(make_session, kernel_spec, data):
     case = data.draw(cases(any_config("fixed"), kernel=kernel_spec, seq_len_limit="ctx-steps"))
     assert case.sizing_summary()["need"] <= case.sizing_summary()["width"]
-    raise_on_findings(case, make_session(kernel_spec).check(case))
+    raise_on_findings(launch_of(case), make_session(kernel_spec).check(case))
 
 
 @given(data=st.data())
 def test_sizing_under_test_is_clean_when_requests_keep_draft_headroom(make_session, kernel_spec, sizing_spec, data):
     """``--sizing`` (default ``safe``) is the policy a user brings; ``ctx-steps`` is its fair domain."""
     case = data.draw(cases(any_config(sizing_spec), kernel=kernel_spec, seq_len_limit="ctx-steps"))
-    raise_on_findings(case, make_session(kernel_spec).check(case))
+    raise_on_findings(launch_of(case), make_session(kernel_spec).check(case))
 
 
 def _fuzz(make_session, kernel, sizing, seq_len_limit, max_examples=120, seed=7):
-    strategy = cases(configs(sizing=sizing), kernel=kernel, seq_len_limit=seq_len_limit)
+    strategy = cases(configs(sizing=sizing), kernel=kernel, seq_len_limit=seq_len_limit).map(launch_of)
     return fuzz(make_session(kernel), strategy, max_examples=max_examples, seed=seed, shrink_seconds=60)
 
 
@@ -54,10 +57,11 @@ def test_prefix_sizing_is_caught_and_shrunk_to_a_topk_bug(make_session, kernel_s
     kinds = {f.kind for f in result.findings}
     assert kinds & {Kind.GUARD_OVERWRITE, Kind.STRAY_WRITE}, [f.headline() for f in result.findings]
     assert Kind.SIZING_VIOLATION in kinds
-    summary = result.case.sizing_summary()
-    assert result.case.config.topk >= 2 and summary["need"] > summary["width"]
+    case = DRAFT.runtime(result.case)
+    summary = case.sizing_summary()
+    assert case.config.topk >= 2 and summary["need"] > summary["width"]
     # Shrunk: one request, one step, the smallest config that still overflows.
-    assert result.case.batch.raw_bs == 1 and result.case.config.num_steps == 1 and result.case.config.max_bs == 1
+    assert case.batch.raw_bs == 1 and case.config.num_steps == 1 and case.config.max_bs == 1
 
 
 def test_fixed_sizing_context_limit_overflow_is_caught(make_session, kernel_spec):
@@ -66,10 +70,10 @@ def test_fixed_sizing_context_limit_overflow_is_caught(make_session, kernel_spec
     result = _fuzz(make_session, kernel_spec, "fixed", "ctx")
     kinds = {f.kind for f in result.findings}
     assert Kind.SIZING_VIOLATION in kinds and Kind.GUARD_OVERWRITE in kinds
-    c, b = result.case.config, result.case.batch
+    c, b = result.case.case.config, result.case.case.batch
     # Every such overflow needs a request within num_steps of ctx.
     assert max(b.seq_lens) > c.ctx - c.num_steps
-    assert utilisation(result.case) > 1
+    assert utilisation(DRAFT, result.case) > 1
 
 
 def test_reference_fuzz_with_safe_sizing_finds_nothing(make_session):

@@ -1,6 +1,6 @@
 """kvfence's pytest plugin (kvfence.pytest_plugin): the device is chosen before a project's conftest
-imports triton, its fixtures and kvfence.contracts.draft.strategies serve a project's own ``@given`` test, a triton import
-ahead of the plugin is one line saying what to change, and tests that need the CPU interpreter skip with
+imports triton, its fixtures and kvfence.contracts.draft.strategies serve a project's own ``@given`` test, a triton
+import ahead of the plugin is one line saying what to change, and tests that need the CPU interpreter skip with
 the versions named where the installed triton/numpy pair cannot interpret (simulated here)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "the plugin did not choose the
 
 OWN_GIVEN_TEST = '''
 from hypothesis import given, settings
-from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.strategies import cases, configs
 
 
 @settings(max_examples=3, deadline=None)

@@ -18,12 +18,21 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.release import release_matrix as rm
 from kvfence.engine.progress import PLAIN_EVERY_S
-from kvfence.release import upstream
 from kvfence.errors import BadInput
-from tests.test_upstream import EXTRA_REQUIRED, INCLUSIVE_PREFIX_SUM, MODULE, NUM_SEQS_TOPK, ROOT, edited, \
-    kvfence, make_wheel, one_line_exit_2
+from kvfence.release import release_matrix as rm
+from kvfence.release import upstream
+from tests.test_upstream import (
+    EXTRA_REQUIRED,
+    INCLUSIVE_PREFIX_SUM,
+    MODULE,
+    NUM_SEQS_TOPK,
+    ROOT,
+    edited,
+    kvfence,
+    make_wheel,
+    one_line_exit_2,
+)
 
 CLEAN, BUGGY, NO_KERNEL, BAD_ABI = "0.0.1", "0.0.2", "0.0.3", "0.0.4"
 BUDGET = ("--device", "cpu", "--max-examples", "8", "--shrink-seconds", "2")
@@ -335,7 +344,8 @@ def test_sigterm_stops_the_running_cells_and_writes_what_was_checked(tmp_path, w
     env = dict(os.environ, PYTHONPATH=str(ROOT), KVFENCE_CACHE=str(cache), KVFENCE_OFFLINE="1",
                KVFENCE_WHEEL_DIR=str(wheels))
     proc = subprocess.Popen([sys.executable, "-m", "kvfence", "upstream", "matrix",
-                             "--versions", f"{CLEAN},{NO_KERNEL}", "--sizing", "safe", "--device", "cpu", "--max-examples", "100000", "--out", str(out)],
+                             "--versions", f"{CLEAN},{NO_KERNEL}", "--sizing", "safe", "--device", "cpu",
+                             "--max-examples", "100000", "--out", str(out)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / CLEAN / "safe-draft" / "fuzz.log"
     deadline = time.monotonic() + 120
@@ -398,9 +408,10 @@ def _cmdline(proc_dir: Path) -> str:
 def test_rail_cells_pin_a_window_and_take_only_window_sizings():
     """A window-rail cell runs fuzz with the rail's window pinned, and only the window-* policies size the
     rail (the draft kernel's policies size the draft kernel): the other pairs are not applicable."""
+    from kvfence.contracts.draft.release import RAIL_WINDOW
     from kvfence.release import release_matrix as rm
 
-    assert rm.contract_flags("window-rail") == ["--contract", "window-rail", "--window", str(rm.RAIL_WINDOW)]
+    assert rm.contract_flags("window-rail") == ["--contract", "window-rail", "--window", str(RAIL_WINDOW)]
     assert rm.contract_flags("draft") == ["--contract", "draft"]
     assert rm.sizing_applies("window-fixed", "window-rail") and rm.sizing_applies("safe", "draft")
     assert not rm.sizing_applies("safe", "window-rail") and not rm.sizing_applies("window-no-topk", "draft")

@@ -8,14 +8,15 @@ captured graphs. A runner that forgets to reset padded rows (a real bug class) m
 
 import pytest
 import torch
-from hypothesis import Phase, settings, strategies as st
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from kvfence.contracts.draft.case import Batch, Case
 from kvfence.contracts.draft.runner import GraphRunner
+from kvfence.contracts.draft.strategies import batches, configs
 from kvfence.contracts.draft.targets import resolve_kernel
 from kvfence.contracts.draft.verdict import check
-from kvfence.contracts.draft.strategies import batches, configs
 
 
 class ReplayMachine(RuleBasedStateMachine):

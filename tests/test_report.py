@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from kvfence.contracts.draft.record import launch_of
+from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.engine import summary as summary_mod
 from kvfence.engine.loop import fuzz
 from kvfence.engine.progress import Progress
-from kvfence.engine import summary as summary_mod
 from kvfence.reports.render import coverage_png, write_reports
-from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.reports.text import text_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -25,13 +27,14 @@ def doc(make_session, tmp_path_factory):
     """A real, small fuzz run of the pre-fix sizing (finds its missing topk factor) turned into a summary."""
     from kvfence.engine import casefile
 
-    strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix"))
+    strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")).map(launch_of)
     result = fuzz(make_session(), strategy, max_examples=30, seed=4, shrink_seconds=20)
     assert result.findings and result.stats and result.failure_stat is not None
     assert result.hypothesis["blob"].startswith("@reproduce_failure(")
     out = tmp_path_factory.mktemp("fuzzed")
     path = str(casefile.write_case(result.case, result.findings, out_dir=out))
-    run = {"device": "cpu", "kernel": "reference", "sizing": "prefix", "mode": "graph", "layout": "redzone", "seed": 4}
+    run = {"device": "cpu", "kernel": "reference", "sizing": "prefix", "mode": "graph", "layout": "redzone", "seed": 4,
+           "contract": "draft"}
     return summary_mod.build(result, run=run, case_path=path, versions=casefile.versions())
 
 
@@ -39,9 +42,12 @@ def test_summary_lists_findings_with_their_case_file_and_the_coverage(doc):
     summary_mod.validate(json.loads(json.dumps(doc)), "summary")
     assert doc["findings"] and {f["case"] for f in doc["findings"]} == set(doc["cases"])
     rows = doc["coverage"]["examples"]
-    assert len(rows) == doc["examples"] and doc["coverage"]["fields"] == list(summary_mod.COVERAGE_FIELDS)
+    # The draft's coverage columns: its panel field (topk), then the generic ones.
+    fields = summary_mod.coverage_fields(doc)
+    assert fields == ("topk", "num_seqs", "need", "width", "failed") and doc["coverage"]["fields"] == list(fields)
+    assert len(rows) == doc["examples"] and all(len(row) == len(fields) for row in rows)
     assert any(row[-1] for row in rows)  # the failing example is marked
-    table = summary_mod.text_table(doc)
+    table = text_table(doc)
     assert "SIZING_VIOLATION" in table and "kvfence repro" in table
 
 
@@ -90,7 +96,7 @@ def test_report_command_rerenders_from_summary_json(doc, tmp_path):
 
 
 def test_progress_is_one_updating_line_on_a_tty_and_plain_lines_otherwise(doc):
-    from kvfence.engine.loop import FuzzResult
+    from kvfence.engine.result import FuzzResult
 
     r = FuzzResult(examples=50, verified_cases=100, cached_cases=3, elapsed_s=2.0, max_utilisation=0.5)
     tty, plain = io.StringIO(), io.StringIO()
@@ -157,8 +163,8 @@ def test_a_widened_row_guard_says_why_it_is_wider_than_the_others():
 def test_the_end_of_run_table_shows_an_earlier_summarys_escape_codes_escaped():
     """``fuzz --resume`` prints a summary another run wrote: its strings (kernel, sizing, case paths, repro
     lines) reach the terminal with control characters escaped, never as escape sequences."""
-    from kvfence.engine.summary import build, text_table
-    from kvfence.engine.loop import FuzzResult
+    from kvfence.engine.result import FuzzResult
+    from kvfence.engine.summary import build
 
     evil = "\x1b]0;pwn\x07\x1b[2J"
     doc = build(FuzzResult(), run={"kernel": evil, "sizing": evil, "device": evil, "contract": "draft"},

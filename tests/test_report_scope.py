@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.selftest.mutants import MutantResult, SelfTest, format_table
-from kvfence.engine.outdir import set_aside_earlier_cases
 from kvfence.engine import summary as summary_mod
+from kvfence.engine.outdir import set_aside_earlier_cases
 from kvfence.reports.render import panel_counts, panel_title
+from kvfence.reports.text import max_need_text
+from kvfence.selftest.mutants import Row, format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,12 +63,13 @@ def test_set_aside_moves_only_top_level_case_files_and_never_overwrites(tmp_path
 @pytest.fixture(scope="module")
 def failing_doc(make_session, tmp_path_factory):
     """A real fuzz run of the pre-fix sizing with its shrunk case file."""
+    from kvfence.contracts.draft.record import launch_of
+    from kvfence.contracts.draft.strategies import cases, configs
     from kvfence.engine import casefile
     from kvfence.engine.loop import fuzz
-    from kvfence.contracts.draft.strategies import cases, configs
 
-    result = fuzz(make_session(), cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")), max_examples=30,
-                  seed=4, shrink_seconds=20)
+    result = fuzz(make_session(), cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")).map(launch_of),
+                  max_examples=30, seed=4, shrink_seconds=20)
     assert result.findings
     path = str(casefile.write_case(result.case, result.findings, out_dir=tmp_path_factory.mktemp("fuzzed")))
     return summary_mod.build(result, run={"sizing": "prefix"}, case_path=path)
@@ -75,7 +77,7 @@ def failing_doc(make_session, tmp_path_factory):
 
 def test_every_panel_counts_every_point_it_draws(failing_doc):
     counts = panel_counts(failing_doc)
-    rows = [dict(zip(summary_mod.COVERAGE_FIELDS, r)) for r in failing_doc["coverage"]["examples"]]
+    rows = [dict(zip(summary_mod.coverage_fields(failing_doc), r)) for r in failing_doc["coverage"]["examples"]]
     (case,) = failing_doc["cases"].values()
     assert set(counts) == {r["topk"] for r in rows} | {case["config"]["topk"]}
     for topk, c in counts.items():
@@ -96,31 +98,33 @@ def test_every_panel_counts_every_point_it_draws(failing_doc):
 def test_max_need_over_width_names_its_example(failing_doc):
     ex = failing_doc["max_need_over_width_example"]
     assert ex["need"] / ex["width"] == pytest.approx(failing_doc["max_need_over_width"], abs=1e-4)
-    stats = [dict(zip(summary_mod.COVERAGE_FIELDS, r)) for r in failing_doc["coverage"]["examples"]]
+    stats = [dict(zip(summary_mod.coverage_fields(failing_doc), r)) for r in failing_doc["coverage"]["examples"]]
     assert ex in stats and max(s["need"] / s["width"] for s in stats) == ex["need"] / ex["width"]
-    text = summary_mod.max_need_text(failing_doc)
-    assert f"topk={ex['topk']} num_steps={ex['num_steps']}" in text and f"need {ex['need']}, width {ex['width']}" in text
+    text = max_need_text(failing_doc)
+    assert f"topk={ex['topk']}" in text and f"need {ex['need']}, width {ex['width']}" in text
     (case_path,) = failing_doc["cases"]
     # Under the pre-fix sizing the highest need/width is the failing example, shrunk into the case file.
     assert ex["failed"] and f"shrunk into {case_path}" in text
     summary_mod.validate(json.loads(json.dumps(failing_doc)), "summary")
 
 
-def _result(name, to_detection, *, expected=True, ran_on="cpu", domain="cpu", budget=30, reference=False):
-    return MutantResult(name, "kernel", domain, ran_on, expected, seeds=list(range(len(to_detection))),
-                        to_detection=list(to_detection), seconds_to_detection=[0.1 if x else None for x in to_detection],
-                        kinds=["STRAY_WRITE"] if any(to_detection) else [], budget=budget, reference=reference)
+def _row(name, to_detection, *, expected=True, ran_on="cpu", domain="cpu", reference=False):
+    """A self-test row whose seed ``i`` found the target after ``to_detection[i]`` examples (None: clean)."""
+    row = Row(name, "kernel", "safe", domain, ran_on, expected, detects=("STRAY_WRITE",), reference=reference)
+    row.runs = [{"seed": i, "kinds": ["STRAY_WRITE"] if n else [], "declared": bool(n), "examples": 30,
+                 "examples_to_failure": n, "search_s": 0.1 if n else None} for i, n in enumerate(to_detection)]
+    return row
 
 
 @pytest.mark.parametrize("reference_dirty", [False, True])
 def test_mutants_table_reports_the_reference_as_expected(reference_dirty):
-    report = SelfTest(mutants=[_result("off_by_one_n", [3, 5, 4]), _result("paged_no_last", [None, 4, 2]),
-                               _result("copy_first_block_only", [None, None, None], domain="gpu", expected=False)],
-                      reference=[_result("reference (draft)", [7, None, None] if reference_dirty else [None] * 3,
-                                         expected=False, budget=60, reference=True),
-                                 _result("reference (window-rail)", [None] * 3, expected=False, budget=60,
-                                         reference=True)],
-                      max_examples=30, seeds=[0, 1, 2], device="cpu")
+    rows_ = [_row("off_by_one_n", [3, 5, 4]), _row("paged_no_last", [None, 4, 2]),
+             _row("copy_first_block_only", [None, None, None], domain="gpu", expected=False),
+             _row("reference (draft)", [7, None, None] if reference_dirty else [None] * 3, expected=False,
+                  reference=True),
+             _row("reference (window-rail)", [None] * 3, expected=False, reference=True)]
+    report = {"contract": "draft", "device": "cpu", "seeds": [0, 1, 2], "rows": [r.to_dict() for r in rows_],
+              "passed": all(r.passed for r in rows_)}
     lines = format_table(report).splitlines()[2:]
     rows = {line.split()[0]: line for line in lines}
     # One reference row per contract, each named by it: the two rows can be told apart.
@@ -132,8 +136,8 @@ def test_mutants_table_reports_the_reference_as_expected(reference_dirty):
     assert "not reachable here (expected)" in rows["copy_first_block_only"]
     if reference_dirty:
         assert "FOUND: the reference is not clean" in rows["reference"]
-        assert "reference NOT clean" in rows["FAIL:"]
+        assert "references NOT clean" in rows["FAIL:"]
     else:
         assert "clean (expected)" in rows["reference"] and "not detected" not in rows["reference"]
-        assert "reference clean" in rows["FAIL:"]  # FAIL: paged_no_last missed a seed
+        assert "references clean" in rows["FAIL:"]  # FAIL: paged_no_last missed a seed
     assert "1/2 mutants detected in >= 95% of 3 seed(s)" in rows["FAIL:"]

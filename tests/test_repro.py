@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.engine import casefile
 from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.record import launch_of
+from kvfence.engine import casefile
 from kvfence.engine.repro import run_repro
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +46,7 @@ def test_fuzz_writes_a_case_file_named_in_the_json_summary(fuzzed):
     assert path.parent == tmp / "out" / "cases" and path.is_file()
     assert f"python -m kvfence repro {path}" in res.stdout
     loaded = casefile.load_case(path)
-    assert loaded.case.config.sizing == "prefix" and loaded.sizing["need"] > loaded.sizing["width"]
+    assert loaded.case.sizing == "prefix" and loaded.sizing["need"] > loaded.sizing["width"]
     assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")
 
 
@@ -57,31 +58,38 @@ def test_repro_exits_1_with_a_readable_diff_and_0_under_the_fixed_sizing(fuzzed)
     assert res.returncode == 1, res.stderr
     out = res.stdout
     assert "FAIL:" in out and "GUARD_OVERWRITE" in out and "SIZING_VIOLATION" in out
-    assert "need   = topk*sum(L)" in out and "=> need > width by" in out
-    assert "expected owners (s,b,k): (0,0," in out and "written by (s,b,k): (0," in out
+    # The need/width arithmetic is the engine's (kvfence.engine.launch.explain): the need, the sizing's policy
+    # with its formula, and the verdict.
+    assert "need   = " in out and "width  = prefix(case, graph) = " in out and "W = n * ctx" in out
+    assert "=> need > width by" in out
+    assert "expected owners (programs): (0,0," in out and "written by: (0," in out
     assert "expected" in out and "found" in out and "elements [" in out
     fixed = harness("repro", path, "--device", "cpu", "--sizing", "safe")
     assert fixed.returncode == 0, fixed.stderr
     assert "PASS: no findings" in fixed.stdout and "override sizing safe (file: prefix)" in fixed.stdout
-    assert "=> fits" in fixed.stdout
+    assert "width  = safe(case, graph) = " in fixed.stdout and "=> fits" in fixed.stdout
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_repro_verbose_shows_every_element_and_the_program_segments(tmp_path, device):
     # A wider overflow than the fuzzer's minimal case: 3 requests of 4, topk 2, pre-fix width 3*4.
-    case = Case(Config(topk=2, num_steps=2, ctx=4, max_bs=3, sizing="prefix"), Batch((4, 4, 4), (3, 1, 0), 9))
+    case = launch_of(Case(Config(topk=2, num_steps=2, ctx=4, max_bs=3, sizing="prefix"),
+                          Batch((4, 4, 4), (3, 1, 0), 9)))
     path = casefile.write_case(case, [], out_dir=tmp_path, device=device)
     short, verbose = io.StringIO(), io.StringIO()
     assert run_repro(path, device=device, out=short) == 1
     assert run_repro(path, device=device, out=verbose, verbose=True) == 1
     assert len(verbose.getvalue().splitlines()) > len(short.getvalue().splitlines()) + 10
-    assert "should write row 0 [" in verbose.getvalue() and "<-" in verbose.getvalue()
-    assert "should write row" not in short.getvalue()
+    # --verbose lists every element of each finding (the plain path's re-run), each that differs marked "<-";
+    # the short form shows only the samples the finding recorded, and says how to see the rest.
+    assert verbose.getvalue().count("   <-") >= 24 and "   <-" not in short.getvalue()
+    assert "(--verbose lists every element" in short.getvalue()
+    assert "(--verbose lists every element" not in verbose.getvalue()
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_repro_kernel_override_runs_the_named_kernel(tmp_path, device):
-    case = Case(Config(topk=2, num_steps=1, ctx=4, max_bs=1, sizing="prefix"), Batch((3,), (1,), 0))
+    case = launch_of(Case(Config(topk=2, num_steps=1, ctx=4, max_bs=1, sizing="prefix"), Batch((3,), (1,), 0)))
     path = casefile.write_case(case, [], out_dir=tmp_path, device=device)
     out = io.StringIO()
     assert run_repro(path, device=device, kernel="reference-blocked", sizing="safe", out=out) == 0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.sanitizer import tool as sanitizer
-from kvfence.errors import BadInput
 from kvfence.engine.findings import Kind
+from kvfence.errors import BadInput
+from kvfence.sanitizer import tool as sanitizer
 from tests.fake_sanitizer import install_fake_tool
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -96,21 +96,29 @@ def test_broken_xml_is_bad_input(text, message):
 
 
 def test_command_lines_per_tool(tmp_path):
-    from kvfence import contract as contracts
     from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.record import launch_of
+    from kvfence.engine import registry
     from kvfence.engine.casefile import write_case
+    from kvfence.engine.launch import bind, replace
+    from kvfence.release.knowledge import wall_case
 
     status = tmp_path / "c.status.json"
-    case_file = write_case(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1), Batch((2,), (0,))), [], out_dir=tmp_path)
+    case_file = write_case(launch_of(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1), Batch((2,), (0,)))), [],
+                           out_dir=tmp_path)
     target = sanitizer.repro_target(case_file, status_path=status, python="python")
-    assert target == ["python", "-m", "kvfence.sanitizer.child", str(status), "repro", str(case_file),
+    assert target == ["python", "-m", "kvfence.sanitizer_child", str(status), "repro", str(case_file),
                       "--device", "cuda", "--layout", "production", "--no-absorb", "--in-process", "--trust-case"]
     assert sanitizer.repro_target(case_file, status_path=status, kernel="k.py:f", mode="graph")[-4:] == \
         ["--kernel", "k.py:f", "--mode", "graph"]
-    # A table contract's case: its record lays it out (no draft layout flags), its kernel filtered by its name.
-    flashmla = contracts.get("flashmla-page-table")
-    table_file = write_case(flashmla.bind(flashmla.wall_case(4, 1, 1, 3), "safe"), [], out_dir=tmp_path / "t")
-    assert "--layout" not in sanitizer.repro_target(table_file, status_path=status)
+    # A table contract's case: the layout is the engine's now (a Launch field of every contract), so its child
+    # gets the same production-layout flags, which its launch takes; its kernel filtered by its name.
+    flashmla = registry.get("flashmla-page-table")
+    table_launch = bind(flashmla, wall_case(flashmla, 4, 1, 1, 3), "safe")
+    table_file = write_case(table_launch, [], out_dir=tmp_path / "t")
+    assert sanitizer.repro_target(table_file, status_path=status, python="python")[6:] == \
+        ["--device", "cuda", "--layout", "production", "--no-absorb", "--in-process", "--trust-case"]
+    assert replace(flashmla, table_launch, layout="production").layout == "production"
     assert sanitizer.kernel_filter_for("reference", "flashmla-page-table") == "create_flashmla_kv_indices_triton"
     assert sanitizer.kernel_filter_for("sglang==0.5.23", "fa3-decode-metadata") == "_fused_decode_metadata_kernel"
     assert sanitizer.kernel_filter_for("reference-blocked", "draft") == sanitizer.DEFAULT_KERNEL_FILTER
@@ -187,7 +195,8 @@ def test_sweep_without_compute_sanitizer_exits_2_with_one_line(tmp_path):
                PYTHONPATH=str(ROOT))
     if Path("/usr/local/cuda/bin/compute-sanitizer").exists():
         pytest.skip("compute-sanitizer is installed at /usr/local/cuda on this machine")
-    proc = subprocess.run([sys.executable, "-m", "kvfence", "sweep", "--max-examples", "3", "--out", str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "sweep", "--max-examples", "3",
+                           "--out", str(tmp_path / "o")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -201,12 +210,13 @@ def fake_tool(tmp_path, monkeypatch):
     """A fake compute-sanitizer first on PATH, found by ``locate`` like the real one; returns
     ``run(scenario, timeout)`` -> ToolVerdict for a real case file."""
     from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.record import launch_of
     from kvfence.engine.casefile import write_case
 
     tool = install_fake_tool(tmp_path, monkeypatch)
     exe = sanitizer.locate()
     assert exe == str(tool)
-    case = Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2, mode="eager"), Batch((3, 4), (0, 1), 1))
+    case = launch_of(Case(Config(topk=2, num_steps=2, ctx=8, max_bs=2, mode="eager"), Batch((3, 4), (0, 1), 1)))
     path = write_case(case, [], out_dir=tmp_path / "out", device="cuda", source="test")
     work = tmp_path / "work"
     work.mkdir()
@@ -266,7 +276,7 @@ def test_a_timeout_kills_the_tool_and_its_children_and_is_a_tool_error(fake_tool
 def test_the_child_wrapper_records_its_own_exit_code(tmp_path):
     # The real child: a case file that does not exist is bad input (2), recorded in the status file.
     status = tmp_path / "s.json"
-    proc = subprocess.run([sys.executable, "-m", "kvfence.sanitizer.child", str(status), "repro",
+    proc = subprocess.run([sys.executable, "-m", "kvfence.sanitizer_child", str(status), "repro",
                            str(tmp_path / "missing.json"), "--device", "cpu"],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                           timeout=120)
@@ -345,7 +355,7 @@ def test_sweep_exit_counts_tool_errors_and_baselines_not_only_findings():
 
 FAKE_PYTHON = """#!{python}
 import json, os, sys
-status = sys.argv[sys.argv.index("kvfence.sanitizer.child") + 1]
+status = sys.argv[sys.argv.index("kvfence.sanitizer_child") + 1]
 code = int(os.environ["FAKE_CHILD_EXIT"])
 open(status, "w").write(json.dumps({{"exit": code}}))
 sys.exit(code)
@@ -381,11 +391,12 @@ def test_a_case_row_checks_the_child_verdict_with_and_without_the_tool(fake_tool
 def test_sweep_cases_never_runs_a_plugin_a_case_file_names(tmp_path):
     # A case file is data: a plug-in kernel it names runs only when --kernel names it too.
     from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.contracts.draft.record import launch_of
     from kvfence.engine.casefile import write_case
     from kvfence.sanitizer.sweep import load_cases
 
-    case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, mode="eager"), Batch((2,), (0,), 1),
-                kernel="evil.py:payload")
+    case = launch_of(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, mode="eager"), Batch((2,), (0,), 1),
+                          kernel="evil.py:payload"))
     write_case(case, [], out_dir=tmp_path, device="cuda", source="test")
     with pytest.raises(BadInput, match="names the plug-in kernel 'evil.py:payload'; pass --kernel"):
         load_cases(str(tmp_path / "cases"), None)

@@ -9,13 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
-from kvfence.contracts.draft.budget import buffer_geometry, estimate_bytes, fit, parse_size
+from kvfence.contracts.draft.budget import buffer_geometry, estimate_bytes, fit
 from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.domain import BOUNDARY_CLASSES, CPU, GPU, boundary_classes, capture_buckets
-from kvfence.errors import BadInput
 from kvfence.contracts.draft.strategies import RARE_PATH_ON, case_runs, cases, configs
+from kvfence.engine.budget import parse_size
+from kvfence.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,10 +127,11 @@ def test_parse_size():
 
 def test_cached_cases_are_not_counted_as_verified(make_session):
     """A strategy that repeats two cases: only two are launched; the rest are cache hits, outside the rate."""
+    from kvfence.contracts.draft.record import launch_of
     from kvfence.engine.loop import fuzz
 
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=1)
-    pair = [Case(config, Batch((1,), (0,), 0)), Case(config, Batch((2,), (1,), 0))]
+    pair = [launch_of(Case(config, Batch((1,), (0,), 0))), launch_of(Case(config, Batch((2,), (1,), 0)))]
     # Distinct draws (Hypothesis does not see the repeats) that map onto the same two cases.
     repeating = st.tuples(st.integers(0, 10**6), st.sampled_from(pair)).map(lambda t: t[1])
     result = fuzz(make_session("reference"), repeating, max_examples=25, seed=0, targeting=False)
@@ -141,13 +144,12 @@ def test_cached_cases_are_not_counted_as_verified(make_session):
 def test_batched_device_verification_equals_case_by_case(device):
     """``check_many`` (one device round trip per batch) gives each case exactly the findings ``check``
     gives it, for a buggy kernel whose batches are dirty only with three or more requests."""
-    from kvfence.selftest.mutants import kernel_spec
     from kvfence.contracts.draft.session import Session
 
     config = Config(topk=2, num_steps=2, page_size=1, ctx=6, max_bs=4)
     runs = [Case(config, Batch((3,), (1,), 7)), Case(config, Batch((2, 5, 1), (2, 0, 4), 8)),
             Case(config, Batch((4,), (0,), 9))]
-    for kernel, dirty in (("reference", []), (kernel_spec("bs_upper_small"), [1])):
+    for kernel, dirty in (("reference", []), ("mutant:bs_upper_small", [1])):
         batched = Session(device, kernel, verifier="device")
         one_by_one = Session(device, kernel, verifier="device")
         many = [[f.headline() for f in fs] for fs in batched.check_many([c for c in runs])]
@@ -183,14 +185,15 @@ def test_default_jobs_follow_the_cores_this_process_may_run_on(monkeypatch):
     of a 128-core host, as ``benchmarks/plain_fuzz_mutants.py --parallel`` pins each run, gets 15), not
     the host's core count; one job on the CPU."""
     from kvfence.cli import fuzz
+    from kvfence.engine import jobs  # usable_cores: the affinity mask
 
-    monkeypatch.setattr(fuzz.os, "cpu_count", lambda: 128)
-    monkeypatch.setattr(fuzz.os, "sched_getaffinity", lambda pid: set(range(16, 32)), raising=False)
-    assert fuzz._default_jobs("cuda", 10**8, 60.0) == 15
-    assert fuzz._default_jobs("cuda", 200, None) == 4  # an example budget still caps it
-    assert fuzz._default_jobs("cpu", 10**8, 60.0) == 1
-    monkeypatch.setattr(fuzz.os, "sched_getaffinity", lambda pid: {3}, raising=False)
-    assert fuzz._default_jobs("cuda", 10**8, 60.0) == 1
+    monkeypatch.setattr(jobs.os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(16, 32)), raising=False)
+    assert fuzz.default_jobs("cuda", 10**8, 60.0) == 15
+    assert fuzz.default_jobs("cuda", 200, None) == 4  # an example budget still caps it
+    assert fuzz.default_jobs("cpu", 10**8, 60.0) == 1
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert fuzz.default_jobs("cuda", 10**8, 60.0) == 1
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess

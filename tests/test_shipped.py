@@ -12,12 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from kvfence.release import shipped
-
-from kvfence.release import shipped_sizing
-from kvfence.errors import BadInput
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
+
+from kvfence.errors import BadInput
+from kvfence.release import shipped, shipped_sizing, wheel_ast
 
 VERSION = "0.0.7"
 BACKENDS = "sglang/srt/layers/attention/toy_backends.py"
@@ -85,13 +83,15 @@ _LAUNCH = '''
 
 def backend(name: str, graph: str, *, eager: str = "forward_batch.batch_size * self.topk * self.max_context_len",
             check: str = "pass", init: str = "pass", base: str = "") -> str:
-    head = f"class {name}{f'({base})' if base else ''}:\n    def __init__(self, model_runner, topk, speculative_num_steps):\n"
+    head = (f"class {name}{f'({base})' if base else ''}:\n"
+            "    def __init__(self, model_runner, topk, speculative_num_steps):\n")
     head += f"        {init}\n        self.topk = topk\n        self.speculative_num_steps = speculative_num_steps\n"
     return head + _LAUNCH.format(check=check, eager=eager, graph=graph)
 
 
 GOOD_CHECK = "fits(used_len(seq_lens_sum, self.topk, bs, self.speculative_num_steps), kv_indices_buffer.shape[1])"
-LAX_CHECK = "assert used_len_wrong(seq_lens_sum, self.topk, bs, self.speculative_num_steps) <= kv_indices_buffer.shape[1]"
+LAX_CHECK = ("assert used_len_wrong(seq_lens_sum, self.topk, bs, self.speculative_num_steps) "
+             "<= kv_indices_buffer.shape[1]")
 TOY_BACKENDS = "\n\n".join([
     "import torch\nfrom sglang.srt.speculative.toy_utils import row_width, used_len, used_len_wrong, fits, sneaky\n"
     "open('" + MARKER_NAME + "', 'w')  # module-level code: runs only if the module is imported\n",
@@ -141,10 +141,11 @@ def test_backends_are_found_by_what_launches_the_kernel(record):
 def test_call_site_rule_request_count_vs_token_count(record):
     requests, tokens = record["RequestsBackend"]["graph"], record["TokensBackend"]["graph"]
     assert requests["backend_formula"] == "max_bs * ctx" and requests["params"]["max_bs"]["unit"] == "requests"
-    assert tokens["backend_formula"] == "max_num_tokens * ctx" and tokens["params"]["max_num_tokens"]["unit"] == "tokens"
+    assert (tokens["backend_formula"] == "max_num_tokens * ctx"
+            and tokens["params"]["max_num_tokens"]["unit"] == "tokens")
     values = {"requests": 3, "topk": 4, "ctx": 10, "steps": 2}
-    assert shipped.evaluate(requests["tree"], values) == 30
-    assert shipped.evaluate(tokens["tree"], values) == 120
+    assert wheel_ast.evaluate(requests["tree"], values) == 30
+    assert wheel_ast.evaluate(tokens["tree"], values) == 120
     assert requests["params"]["max_bs"]["source"] == f"{RUNNER}:8"
 
 
@@ -384,7 +385,8 @@ def _tampered(record: dict):
     yield edit(lambda b: b["graph"].update(tree=["**", ["int", 2], ["int", 3]]))
     yield edit(lambda b: b["graph"].update(tree=["int", "9" * 30]))
     yield edit(lambda b: b["graph"].update(params=[1]))
-    yield edit(lambda b: b["eager"].update(unreadable=5) if "unreadable" in b["eager"] else b.update(eager={"unreadable": 5}))
+    yield edit(lambda b: b["eager"].update(unreadable=5) if "unreadable" in b["eager"]
+               else b.update(eager={"unreadable": 5}))
     yield edit(lambda b: b.update(bases="A"))
     yield edit(lambda b: b.update(line="12"))
     yield edit(lambda b: b.update(host_check={"formula": "x", "source": "y", "tree": ["sym", "requests"]}))
@@ -398,7 +400,7 @@ def _tampered(record: dict):
 def test_a_tampered_record_with_its_sha256_in_the_manifest_is_one_line_exit_2(tmp_path):
     """A record someone edited and re-hashed into the manifest is read only after its schema and types are
     checked: every kind of damage is one line naming the record, exit 2, never a traceback."""
-    from kvfence.release.upstream import _sha256
+    from kvfence.release.upstream import sha256_hex as _sha256
 
     cache = tmp_path / "cache"
     wheel = toy_wheel(tmp_path / "wheels")
@@ -475,7 +477,7 @@ def test_a_zip_bomb_member_is_left_out_not_inflated(tmp_path):
     import resource
     import zipfile
 
-    bomb = "x = 0\n" + "#" * (shipped.MAX_MEMBER_BYTES + 1024)
+    bomb = "x = 0\n" + "#" * (wheel_ast.MAX_MEMBER_BYTES + 1024)
     wheel = _hostile_wheel(tmp_path / "w", "0.0.9", "max_bs * self.max_context_len")
     with zipfile.ZipFile(wheel, "a", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("sglang/srt/layers/attention/bomb.py", bomb)
@@ -494,7 +496,7 @@ def test_kernel_extraction_reads_no_member_past_the_bound_and_names_what_it_left
 
     from kvfence.release import upstream
 
-    monkeypatch.setattr(shipped, "MAX_MEMBER_BYTES", 64 << 10)
+    monkeypatch.setattr(wheel_ast, "MAX_MEMBER_BYTES", 64 << 10)
     bomb = "x = 0\n" + "#" * (1 << 20)
     wheel = _hostile_wheel(tmp_path / "w", "0.0.9", "max_bs * self.max_context_len")
     with zipfile.ZipFile(wheel, "a", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -511,9 +513,10 @@ def test_kernel_extraction_reads_no_member_past_the_bound_and_names_what_it_left
     monkeypatch.setattr(zipfile.ZipFile, "open", counting_open)
     name, source = upstream._find_kernel_module("0.0.9", wheel)
     assert name == MODULE and "def generate_draft_decode_kv_indices(" in source
-    assert reads and all(0 <= n <= shipped.MAX_MEMBER_BYTES + 1 for n in reads)  # never a whole-member read
+    assert reads and all(0 <= n <= wheel_ast.MAX_MEMBER_BYTES + 1 for n in reads)  # never a whole-member read
     without = make_wheel(tmp_path / "w2", "0.0.8", {"sglang/srt/x.py": "x = 1\n", "sglang/srt/bomb.py": bomb})
-    with pytest.raises(upstream.Refused, match=r"1 member\(s\) not read: sglang/srt/bomb.py \(\d+ bytes, more than 65536"):
+    with pytest.raises(upstream.Refused,
+                       match=r"1 member\(s\) not read: sglang/srt/bomb.py \(\d+ bytes, more than 65536"):
         upstream._find_kernel_module("0.0.8", without)
 
 
@@ -550,7 +553,8 @@ def test_one_shipped_matrix_command_runs_the_draft_family_and_a_table_contract(t
     assert (out / "draft" / "shipped.json").is_file() and (out / "contracts" / "shipped.json").is_file()
     assert "RequestsBackend" in proc.stdout and "## trtllm-mha-page-table" in proc.stdout
     doc = json.loads((tmp_path / "j.json").read_text())
-    assert doc["contracts"] == ["trtllm-mha-page-table"] and doc == json.loads((out / "contracts" / "shipped.json").read_text())
+    assert doc["contracts"] == ["trtllm-mha-page-table"]
+    assert doc == json.loads((out / "contracts" / "shipped.json").read_text())
     cell = doc["rows"][0]["cells"][0]
     assert "GUARD_OVERWRITE" in cell["kinds"], cell
 

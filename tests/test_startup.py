@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, seed, settings
 
+from kvfence.cli import build_parser
+from kvfence.cli.fuzz import DEFAULT_GPU_SECONDS, DEFAULT_MAX_EXAMPLES, plan_from_args
 from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.domain import COMMON_STEPS, COMMON_TOPK, CPU, GPU
-from kvfence.cli import build_parser
-from kvfence.cli.fuzz import DEFAULT_GPU_SECONDS, DEFAULT_MAX_EXAMPLES, FIRST_FAILURE, _resolve_budget
+from kvfence.contracts.draft.record import DRAFT, launch_of
 from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.engine.fuzzrun import FIRST_FAILURE
 from kvfence.engine.loop import fuzz
+from kvfence.engine.plan import RunPlan
 from kvfence.engine.progress import UNBOUNDED_EXAMPLES
 from kvfence.engine.summary import build
 
@@ -81,9 +84,8 @@ def test_in_process_checking_imports_torch_in_the_command_itself(tmp_path):
 
 
 def _budget(device, *flags):
-    args = build_parser().parse_args(["fuzz", *flags])
-    _resolve_budget(args, device)
-    return args.max_examples, args.max_seconds
+    plan = plan_from_args(build_parser().parse_args(["fuzz", "--jobs", "1", "--max-gpu-mem", "1GiB", *flags]), device)
+    return plan.max_examples, plan.max_seconds
 
 
 def test_default_budget_is_time_on_cuda_and_examples_on_the_cpu():
@@ -125,7 +127,8 @@ def test_a_stop_request_ends_the_exploration_and_the_summary_says_why():
         asked.append(time.perf_counter())
         return len(asked) >= 3
 
-    result = fuzz(_SlowSession(), _cases(), max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=60, stop_requested=stop)
+    result = fuzz(_SlowSession(), _cases(), max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=60,
+                  stop_requested=stop)
     assert result.job_failure_cut and not result.time_cut and len(asked) == 3
     assert 0 < result.examples < 40  # asked at most every STOP_POLL_S, each example sleeps 0.05 s
     assert build(result, run={}, case_path=None)["ended_by"] == "job_failure"
@@ -134,7 +137,7 @@ def test_a_stop_request_ends_the_exploration_and_the_summary_says_why():
 
 
 def _cases():
-    return cases(configs())
+    return cases(configs()).map(launch_of)
 
 
 def _draw_configs(domain: str, n: int, seeds=(7, 8, 9)):
@@ -189,17 +192,11 @@ def _check(make_session, kernel, page_size, topk, num_steps):
 def test_the_page_1_mutant_is_caught_only_on_the_page_1_path(make_session):
     """page1_step_major_drafts names its kinds at page 1 with topk, steps >= 2, and is clean on the paged
     path and where the layouts coincide; the reference is clean everywhere."""
-    from kvfence.selftest.mutants import discover
-
-    mutant = next(m for m in discover() if m.name == "page1_step_major_drafts")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("page1_mutant", mutant.path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert _check(make_session, mutant.kernel, 1, 2, 2) == sorted(module.DETECTS)
+    mutant = next(m for m in DRAFT.mutants if m.name == "page1_step_major_drafts")
+    kernel = f"mutant:{mutant.name}"
+    assert _check(make_session, kernel, 1, 2, 2) == sorted(mutant.detects)
     for page_size, topk, num_steps in ((2, 2, 2), (4, 3, 3), (1, 1, 3), (1, 3, 1)):
-        assert _check(make_session, mutant.kernel, page_size, topk, num_steps) == []
+        assert _check(make_session, kernel, page_size, topk, num_steps) == []
     for page_size, topk, num_steps in ((1, 2, 2), (2, 2, 2)):
         assert _check(make_session, "reference", page_size, topk, num_steps) == []
 
@@ -255,11 +252,19 @@ def test_a_jobs_parent_announces_the_first_failure_of_any_job(tmp_path):
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_a_job_given_a_stop_file_that_exists_stops_exploring(tmp_path):
-    """The child's half: ``--stop-file`` (what ``run_jobs`` gives each job) that exists ends the
-    exploration before the example budget, as a clean run (exit 0) ended by ``job_failure``."""
+    """The child's half: the stop file its job plan names (what ``run_jobs`` gives each job) that exists ends
+    the exploration before the example budget, as a clean run (exit 0) ended by ``job_failure``."""
+    from kvfence.engine.fuzzrun import write_job_file
+
     stop = tmp_path / "stop"
     stop.write_text("a job found a failure\n")
-    proc, doc, _, _ = _fuzz(tmp_path, "--max-examples", "500", "--stop-file", str(stop))
+    out = tmp_path / "out"
+    out.mkdir()
+    write_job_file(tmp_path / "plan.json", RunPlan(device="cpu", seed=3, max_examples=500, out=str(out)),
+                   out / "progress.json", stop)
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--plan", str(tmp_path / "plan.json")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    doc = json.loads((out / "summary.json").read_text())
     assert proc.returncode == 0, proc.stderr
     assert doc["ended_by"] == "job_failure" and doc["examples"] < 500 and doc["findings"] == []
 
@@ -274,8 +279,9 @@ _FAKE_JOB = """#!{python}
 import json, os, sys, time
 started = time.time()
 args = sys.argv[1:]
-out, progress, stop = (args[args.index(flag) + 1] if flag in args else None
-                       for flag in ("--out", "--progress-file", "--stop-file"))
+job = json.load(open(args[args.index("--plan") + 1]))
+progress, stop = job["progress_file"], job["stop_file"]
+out = os.path.dirname(progress)
 plan = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.json")))
 role = plan[os.path.basename(out)]
 import signal
@@ -318,7 +324,7 @@ def _fake_jobs(tmp_path, monkeypatch, *roles):
     fake.chmod(0o755)
     (tmp_path / "plan.json").write_text(json.dumps({f"job-{i}": role for i, role in enumerate(roles)}))
     monkeypatch.setattr(jobs.sys, "executable", str(fake))
-    return [[] for _ in roles]
+    return [RunPlan() for _ in roles]
 
 
 @pytest.mark.parametrize("stop_on_failure", [True, False], ids=["stops-the-others", "keep-going"])
@@ -338,7 +344,8 @@ def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkey
     if stop_on_failure:
         assert [d["ended_by"] for d in docs] == ["job_failure", "failure"] and wall < 8
     else:
-        assert [d["ended_by"] for d in docs] == ["time", "failure"] and docs[0]["stop_file"] is None and wall >= 10
+        assert ([d["ended_by"] for d in docs] == ["time", "failure"] and not Path(docs[0]["stop_file"]).exists()
+                and wall >= 10)
 
 
 def test_a_jobs_budget_counts_from_its_first_progress_so_a_slow_start_is_no_overrun(tmp_path, monkeypatch):

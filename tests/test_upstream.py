@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.release import upstream
 from kvfence.errors import BadInput
+from kvfence.release import upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.0.1"
@@ -191,7 +191,7 @@ def test_fetch_extracts_only_the_jit_code_and_writes_a_manifest(tmp_path, cache)
     assert proc.returncode == 0, proc.stderr
     module = Path(proc.stdout.strip())
     assert module == cache / f"sglang-{VERSION}" / "spec_utils.py"
-    assert f"{MODULE}: generate_draft_decode_kv_indices (classic ABI, draft)" in proc.stderr
+    assert f"{MODULE}: generate_draft_decode_kv_indices (classic ABI)" in proc.stderr
     text = module.read_text()
     tree = ast.parse(text)
     defs = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
@@ -211,7 +211,7 @@ def test_fetch_extracts_only_the_jit_code_and_writes_a_manifest(tmp_path, cache)
 def test_abi_is_detected_from_the_signature(edits, abi):
     fn = next(n for n in ast.parse(edited(edits)).body if getattr(n, "name", "") == upstream.DRAFT_KERNEL)
     detected = upstream.detect_abi(fn)
-    assert (detected.name, detected.contract) == (abi, "draft")
+    assert (detected.name, detected.rail) == (abi, False)
 
 
 @pytest.mark.parametrize("edits,needles", [
@@ -244,7 +244,7 @@ def test_the_window_rail_kernel_is_extracted_and_needs_its_contract(tmp_path, ca
     assert kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache).returncode == 0
     manifest = json.loads((cache / f"sglang-{VERSION}" / "manifest.json").read_text())
     rail = manifest["abi"][upstream.WINDOW_KERNEL]
-    assert (rail["name"], rail["contract"], rail["required"][-1]) == ("row-stride", "window-rail", "window")
+    assert (rail["name"], rail["rail"], rail["required"][-1]) == ("row-stride", True, "window")
     # Fuzzed under the draft contract (the default) it is refused in one line: it is the rail.
     one_line_exit_2(fuzz(cache, tmp_path, f"sglang=={VERSION}:{upstream.WINDOW_KERNEL}"),
                     "implements the window-rail contract, not draft")
@@ -303,7 +303,8 @@ def test_corrupt_wheel_is_one_line_exit_2(tmp_path, cache, make, needles):
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
 @pytest.mark.parametrize("damage,needles", [
-    (lambda d: (d / "spec_utils.py").write_text("import os\nos.system('echo pwned')\n"), ("does not match its sha256",)),
+    (lambda d: (d / "spec_utils.py").write_text("import os\nos.system('echo pwned')\n"),
+     ("does not match its sha256",)),
     (lambda d: (d / "manifest.json").write_text("{truncated"), ("JSONDecodeError",)),
     (lambda d: (d / "spec_utils.py").unlink(), ("No such file",)),
 ])

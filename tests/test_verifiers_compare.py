@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.contracts.draft import compare
+from kvfence.contracts.draft import compare, compare_rows
 from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.device_verify import COUNTERS, DeviceVerifier
-from kvfence.engine.findings import Finding, Kind
 from kvfence.contracts.draft.session import Session
+from kvfence.engine.findings import Finding, Kind
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = compare.PLANTED_FILE
@@ -63,7 +63,7 @@ def test_each_planted_write_is_seen_the_same_way_on_both_paths(device, plant):
     assert result.agree, (result.problems, result.to_dict())
     assert result.counters[COUNTERS.index(counter)] > 0, result.counters
     assert kind in {f.kind for f in result.oracle}, [f.headline() for f in result.oracle]
-    assert compare.named(result.device) == compare.named(result.oracle) != []
+    assert compare_rows.named(result.device) == compare_rows.named(result.oracle) != []
 
 
 def blind_device_verifier(monkeypatch, counter: str) -> None:
@@ -107,8 +107,8 @@ def test_the_run_agrees_on_the_reference_and_planted_writes_it_draws(device):
     assert report.disagree == 0, compare.format_table(report)
     assert report.passed and all(r.cases > 2 for r in report.rows)  # runs of several cases per config
     rows = {r.target.name: r for r in report.rows}
-    assert rows["reference"].dirty == 0 and all(rows[n].dirty == rows[n].cases for n in ("kvi_missing", "indptr_column0",
-                                                                                         "positions_live"))
+    assert rows["reference"].dirty == 0 and all(rows[n].dirty == rows[n].cases
+                                                for n in ("kvi_missing", "indptr_column0", "positions_live"))
 
 
 def test_the_device_path_is_compared_through_check_many(device, monkeypatch):
@@ -134,17 +134,17 @@ def test_the_device_path_is_compared_through_check_many(device, monkeypatch):
 
 
 def test_every_mutant_must_leave_damage_or_the_run_fails():
-    target = compare.Target("off_by_one_n", "kernel mutant", "x", "safe", "cpu", "")
-    report = compare.Comparison("cpu", 1, 0, None, [compare.Row(target, cases=1, agree=1)])
+    target = compare_rows.Target("off_by_one_n", "kernel mutant", "x", "safe", "cpu", "")
+    report = compare_rows.Comparison("cpu", 1, 0, None, [compare_rows.Row(target, cases=1, agree=1)])
     assert not report.passed and report.to_dict()["not_exercised"] == ["off_by_one_n"]
 
 
 def test_a_planted_write_that_never_lands_fails_the_run():
-    target = compare.Target("seq_lens_past", "planted", "x", "safe", "cpu", "")
-    report = compare.Comparison("cpu", 1, 0, None, [compare.Row(target, cases=1, agree=1)])
+    target = compare_rows.Target("seq_lens_past", "planted", "x", "safe", "cpu", "")
+    report = compare_rows.Comparison("cpu", 1, 0, None, [compare_rows.Row(target, cases=1, agree=1)])
     assert report.disagree == 0 and not report.passed and report.to_dict()["not_exercised"] == ["seq_lens_past"]
-    clean_reference = compare.Comparison("cpu", 1, 0, None, [compare.Row(
-        compare.Target("reference", "reference", "reference", "safe", "cpu", ""), cases=1, agree=1)])
+    clean_reference = compare_rows.Comparison("cpu", 1, 0, None, [compare_rows.Row(
+        compare_rows.Target("reference", "reference", "reference", "safe", "cpu", ""), cases=1, agree=1)])
     assert clean_reference.passed
 
 
@@ -242,11 +242,11 @@ def test_a_kernel_whose_launches_alternate_findings_is_racy_and_agrees():
     assert result.racy and result.agree, result.problems
     assert result.counters[COUNTERS.index("kv_indices")] > 0
     # The JSON keeps the racy case whole, each launch's verdict with it.
-    row = compare.Row(compare.targets("cpu", ["reference"])[0])
+    row = compare_rows.Row(compare.targets("cpu", ["reference"])[0])
     row.add(result)
     kept = row.to_dict()["racy_cases"]
     assert len(kept) == 1 and kept[0]["launches"] == result.launches
-    kinds = {(l["path"], tuple(l["kinds"])) for l in kept[0]["launches"]}
+    kinds = {(lch["path"], tuple(lch["kinds"])) for lch in kept[0]["launches"]}
     assert ("device", ("VALUE_MISMATCH",)) in kinds and ("oracle", ("STRAY_WRITE",)) in kinds, kinds
 
 
@@ -268,7 +268,7 @@ def test_a_race_that_follows_the_buffers_is_found_by_judging_one_launch_twice():
     assert {f.kind for f in result.oracle} == {Kind.STRAY_WRITE}
     assert result.racy and result.agree, result.problems
     by_device, by_oracle = paths.cross_judge(case)
-    assert compare.named(by_device) == compare.named(by_oracle) == compare.named(result.device)
+    assert compare_rows.named(by_device) == compare_rows.named(by_oracle) == compare_rows.named(result.device)
 
 
 def test_a_verifier_that_drops_a_finding_is_still_a_disagreement():
@@ -294,9 +294,10 @@ def test_a_racy_case_of_a_planted_write_fails_the_run(monkeypatch):
     report = compare.run("cpu", max_examples=1, names=["kvi_value"])
     assert not report.passed and report.disagree == report.cases == report.to_dict()["racy"] > 0
     assert "a harness bug" in report.rows[0].first_disagreement["problems"][-1]
-    assert compare.must_be_deterministic(compare.Target("sizing_one_request", "sizing mutant", "reference", "x",
-                                                        "cpu", ""))
-    assert not compare.must_be_deterministic(compare.Target("bs_upper_small", "kernel mutant", "k", "safe", "cpu", ""))
+    assert compare_rows.must_be_deterministic(compare_rows.Target("sizing_one_request", "sizing mutant", "reference",
+                                                                  "x", "cpu", ""))
+    assert not compare_rows.must_be_deterministic(compare_rows.Target("bs_upper_small", "kernel mutant", "k", "safe",
+                                                                      "cpu", ""))
 
 
 class _Launches:
@@ -348,7 +349,7 @@ def test_a_guarded_buffer_keeps_nothing_but_its_storage_on_the_device():
     canaries are computed when needed, so the only tensor it holds is its storage (and a view of it)."""
     import torch
 
-    from kvfence.contracts.draft.guarded import GuardedBuffer, POISON, canary_values
+    from kvfence.contracts.draft.guarded import POISON, GuardedBuffer, canary_values
 
     buf = GuardedBuffer("kv_indptr", 3, 5, row_guard=2, front=4, tail=4, device="cpu", canary_seed=7,
                         guard_column0=True)
@@ -379,7 +380,7 @@ def test_a_lossy_batched_path_is_a_disagreement_not_a_race(device, monkeypatch):
                         lambda self, cases: [[] for _ in cases] if len(cases) > 1 else real_many(self, cases))
     lossy = compare.Paths(device, bad).check_run(run)
     assert lossy[2].dirty and not lossy[2].agree, lossy[2].problems
-    via = [(l["path"], l["via"], bool(l["kinds"])) for l in lossy[2].launches]
+    via = [(lch["path"], lch["via"], bool(lch["kinds"])) for lch in lossy[2].launches]
     assert ("device", "batch", False) in via and ("device", "one", True) not in via
     assert sum(1 for p, _, dirty in via if p == "oracle" and dirty) >= 2
     assert lossy[2].to_dict()["launches"] == lossy[2].launches
@@ -419,9 +420,9 @@ def test_on_the_cpu_a_scale_mutant_is_listed_unreachable_not_a_failure(monkeypat
     monkeypatch.setattr(compare, "targets", lambda device, names: [cpu[n] for n in names])
     report = compare.run("cpu", names=list(SCALE_TRIGGERS))
     assert report.passed and report.cases == 0 and report.to_dict()["not_exercised"] == []
-    assert {compare.row_verdict(r) for r in report.rows} == {"not reachable here (expected)"}
+    assert {compare_rows.row_verdict(r) for r in report.rows} == {"not reachable here (expected)"}
     last = compare.format_table(report).splitlines()[-1]
     assert last.startswith("PASS") and "never dirty" not in last and "not reachable here (expected)" in last
     assert [r["reachable"] for r in report.to_dict()["rows"]] == [False] * 4
-    stays_clean = compare.Comparison("cpu", 1, 0, None, [compare.Row(cpu["off_by_one_n"], cases=1, agree=1)])
+    stays_clean = compare_rows.Comparison("cpu", 1, 0, None, [compare_rows.Row(cpu["off_by_one_n"], cases=1, agree=1)])
     assert not stays_clean.passed

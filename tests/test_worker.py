@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from kvfence.contracts.draft.case import Batch, Case, Config
-from kvfence.errors import BadInput
-from kvfence.engine.findings import Kind
+from kvfence.contracts.draft.record import DRAFT, launch_of
 from kvfence.contracts.draft.session import Session
-from kvfence.engine.worker import RemoteSession
+from kvfence.engine.findings import Kind
+from kvfence.engine.plan import RunPlan
+from kvfence.engine.supervisor import RemoteSession
+from kvfence.errors import BadInput
 
 pytestmark = pytest.mark.cpu_only  # the plug-ins below crash the interpreter's process on purpose
 
@@ -23,7 +25,14 @@ CONFIG = Config(topk=2, num_steps=2, ctx=6, max_bs=2, sizing="safe", mode="eager
 
 
 def batch_cases(kernel: str, lengths, config: Config = CONFIG):
-    return [Case(config, Batch((L,), (1,), i), kernel=kernel) for i, L in enumerate(lengths)]
+    return [launch_of(Case(config, Batch((L,), (1,), i), kernel=kernel)) for i, L in enumerate(lengths)]
+
+
+def remote(device, kernel, *, contract="draft", case_timeout=None, audit=None, **session):
+    """A checking worker of ``kernel`` under the plan a ``fuzz`` run of these settings makes."""
+    plan = RunPlan(contract=contract, device=device, kernel=kernel, audit=audit,
+                   **({"case_timeout": case_timeout} if case_timeout is not None else {}))
+    return RemoteSession(plan, **session)
 
 
 def kinds(results):
@@ -35,7 +44,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
     os._exit (6): each case gets its own verdict, the others stay clean, the supervisor goes on."""
     spec = f"{CRASHERS}:misbehave"
     lengths = [1, 2, 3, 4, 5, 6, 1]
-    with RemoteSession(device, spec, contract="draft", case_timeout=0.4, warmup_s=1.0) as rs:
+    with remote(device, spec, case_timeout=0.4, warmup_s=1.0) as rs:
         got = rs.check_many(batch_cases(spec, lengths))
         assert kinds(got) == [[], ["HANG"], ["CRASH"], ["CRASH"], ["LAUNCH_ERROR"], ["CRASH"], []]
         hang, segv, abrt, exit_, gone = (got[i][0].detail for i in range(1, 6))
@@ -43,7 +52,7 @@ def test_each_way_of_dying_is_blamed_on_its_own_case_and_the_correct_kernel_pass
         assert "SystemExit: 3" in exit_ and "exit status 0" in gone
         assert rs.stats["hangs"] >= 1 and rs.stats["deaths"] >= 3  # (a stalled list, then the case alone)
         assert rs.check(batch_cases(spec, [1])[0]) == []  # a fresh worker carries on
-    with RemoteSession(device, "reference", contract="draft", case_timeout=5) as rs:
+    with remote(device, "reference", case_timeout=5) as rs:
         assert kinds(rs.check_many(batch_cases("reference", lengths))) == [[]] * len(lengths)
         assert rs.stats["worker_starts"] == 1  # one worker, reused for every case
     # In-process, sys.exit() in a launch is a LAUNCH_ERROR too (kvfence.contracts.draft.runner catches SystemExit).
@@ -55,36 +64,35 @@ def test_remote_findings_equal_in_process_findings(device):
     config = Config(topk=2, num_steps=2, ctx=6, max_bs=2, sizing="safe")
     cases = batch_cases(spec, [1, 4, 6], config)
     local = [[f.to_dict() for f in Session(device, spec).check(c)] for c in cases]
-    with RemoteSession(device, spec, contract="draft") as rs:
-        remote = [[f.to_dict() for f in r] for r in rs.check_many(cases)]
-    assert remote == local and all(local)
+    with remote(device, spec) as rs:
+        far = [[f.to_dict() for f in r] for r in rs.check_many(cases)]
+    assert far == local and all(local)
 
 
 def test_a_drawn_page_table_reaches_the_worker_negative_pages_and_all(device):
     """translate_negative_unclipped needs a drawn table with a negative page: through the worker it is
     caught on the case that catches it in-process, and the reference passes there too."""
-    from kvfence.selftest.mutants import kernel_spec
 
-    spec = kernel_spec("translate_negative_unclipped")
+    spec = "mutant:translate_negative_unclipped"
     config = Config(topk=2, num_steps=2, page_size=4, ctx=16, max_bs=2, translate=True)
-    from kvfence.contracts.draft.case import v2p_table
+    from kvfence.contracts.draft.tokens import v2p_table
 
     seed = next(s for s in range(1, 500) if any(p < 0 for p in v2p_table(config, s)[:5]))
-    case = Case(config, Batch((16, 12), (1, 0), 3, seed), kernel=spec)
+    case = launch_of(Case(config, Batch((16, 12), (1, 0), 3, seed), kernel=spec))
     local = sorted({f.kind.value for f in Session(device, spec).check(case)})
-    with RemoteSession(device, spec, contract="draft") as rs:
+    with remote(device, spec) as rs:
         assert sorted({f.kind.value for f in rs.check(case)}) == local and "VALUE_MISMATCH" in local
-    with RemoteSession(device, "reference", contract="draft") as rs:
-        assert rs.check(Case(config, case.batch)) == []
+    with remote(device, "reference") as rs:
+        assert rs.check(launch_of(Case(config, case.case.batch))) == []
 
 
 def test_a_kernel_that_cannot_be_loaded_is_bad_input_before_any_case(device, tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
-        RemoteSession(device, f"{tmp_path}/gone.py:launch", contract="draft")
+        remote(device, f"{tmp_path}/gone.py:launch")
     dying = tmp_path / "dies_on_import.py"
     dying.write_text("import os\nos.abort()\n")
     with pytest.raises(BadInput, match="died while starting"):
-        RemoteSession(device, f"{dying}:launch", contract="draft")
+        remote(device, f"{dying}:launch")
 
 
 @pytest.mark.long
@@ -92,13 +100,14 @@ def test_chaos_sigkill_at_random_moments_loses_no_failing_case(device):
     """SIGKILL the worker at random moments over 100 cases: every verdict is still the true one."""
     config = Config(topk=2, num_steps=1, ctx=6, max_bs=1, sizing="prefix", mode="eager")
     rng = random.Random(7)
-    cases = [Case(config, Batch((rng.randint(1, 6),), (rng.randint(0, 1),), i)) for i in range(100)]
+    runtime = [Case(config, Batch((rng.randint(1, 6),), (rng.randint(0, 1),), i)) for i in range(100)]
     # The truth: under the prefix sizing (width ctx) a length L overflows when 2*L + 2 > 6.
-    failing = {i for i, c in enumerate(cases) if c.sizing_summary()["need"] > c.sizing_summary()["width"]}
+    failing = {i for i, c in enumerate(runtime) if c.sizing_summary()["need"] > c.sizing_summary()["width"]}
+    cases = [launch_of(c) for c in runtime]
     assert 10 < len(failing) < 90
     kills = []
     stop = threading.Event()
-    with RemoteSession(device, "reference", contract="draft", case_timeout=5) as rs:
+    with remote(device, "reference", case_timeout=5) as rs:
         def killer():
             # After each kill, wait for a verdict to come back before the next random moment, so the
             # run makes progress (a worker killed while it starts is retried a few times, not forever).
@@ -140,10 +149,10 @@ def test_a_wild_store_without_the_audit_is_a_crash_and_with_it_an_oob_write(devi
     reported as OOB_WRITE, and the process never faults."""
     spec = f"{TARGETS / 'far_store.py'}:fault_on_3"
     cases = batch_cases(spec, [1, 3])
-    with RemoteSession(device, spec, contract="draft", audit=False) as rs:
+    with remote(device, spec, audit=False) as rs:
         got = rs.check_many(cases)
     assert kinds(got) == [[], ["CRASH"]] and "SIGSEGV" in got[1][0].detail
-    with RemoteSession(device, spec, contract="draft") as rs:
+    with remote(device, spec) as rs:
         got = rs.check_many(cases)
     assert kinds(got)[0] == [] and "OOB_WRITE" in kinds(got)[1] and "CRASH" not in kinds(got)[1]
 
@@ -154,7 +163,7 @@ def test_the_one_case_reruns_after_a_crash_stop_once_enough_says_so(device):
     at the first CRASH and the rest keep no verdict: two deaths, not one per case."""
     spec = f"{CRASHERS}:segfault_on_3"
     cases = batch_cases(spec, [1, 3, 3, 3, 3])
-    with RemoteSession(device, spec, contract="draft", spares=0) as rs:
+    with remote(device, spec, spares=0) as rs:
         got = rs.check_many(cases, enough=bool)
         assert kinds(got[:2]) == [[], ["CRASH"]] and got[2:] == [None] * 3
         assert rs.stats["deaths"] == 2, rs.stats
@@ -171,7 +180,7 @@ def test_a_spare_warms_up_on_the_last_clean_case_and_one_that_fails_it_is_set_as
     is discarded without a death counted, and a fresh worker takes the case."""
     spec = f"{CRASHERS}:segfault_on_3"
     clean, crash = batch_cases(spec, [1, 3])
-    with RemoteSession(device, spec, contract="draft", spares=1) as rs:
+    with remote(device, spec, spares=1) as rs:
         assert kinds([rs.check(clean), rs.check(crash), rs.check(clean)]) == [[], ["CRASH"], []]
         assert rs.stats["warm_ups"] == 1 and rs.stats["deaths"] == 1, rs.stats
         rs._last_clean = crash  # the spare started next warms up on a case that kills it
@@ -186,7 +195,7 @@ def test_a_dying_workers_output_goes_with_its_crash_not_to_the_terminal(device, 
     not the terminal's: the dead worker's last lines are its case's CRASH finding's ``worker_output``
     (so its case file's), and a worker that ends cleanly has its prints relayed when it ends."""
     spec = f"{CRASHERS}:noisy_abort_on_3"
-    with RemoteSession(device, spec, contract="draft", spares=0) as rs:
+    with remote(device, spec, spares=0) as rs:
         got = rs.check_many(batch_cases(spec, [1, 3, 1]))
         assert kinds(got) == [[], ["CRASH"], []]
         crash = got[1][0]
@@ -213,15 +222,15 @@ def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(dev
     spec = f"{CRASHERS}:segfault_on_3"
     before = child_pids()
     for spares, used in ((0, 0), (1, 2)):
-        with RemoteSession(device, spec, contract="draft", spares=spares) as rs:
-            for i in range(2):
+        with remote(device, spec, spares=spares) as rs:
+            for _ in range(2):
                 assert kinds([rs.check(c) for c in batch_cases(spec, [3, 1])]) == [["CRASH"], []]
             assert rs.stats["deaths"] == 2 and rs.stats["spares_used"] == used, rs.stats
             if spares:
                 assert len(child_pids() - before) == 2  # the worker and one spare, already starting
         assert child_pids() - before == set()
     # A session that keeps dying (CRASHING_AFTER deaths: a crash being shrunk) keeps spares_crashing starting.
-    with RemoteSession(device, spec, contract="draft", spares=1, spares_crashing=3) as rs:
+    with remote(device, spec, spares=1, spares_crashing=3) as rs:
         assert kinds([rs.check(c) for c in batch_cases(spec, [3, 1])]) == [["CRASH"], []]
         assert len(child_pids() - before) == 2  # one death: the worker and one spare
         assert kinds([rs.check(c) for c in batch_cases(spec, [3, 1])]) == [["CRASH"], []]
@@ -230,38 +239,35 @@ def test_after_a_crash_a_spare_worker_takes_over_and_close_ends_every_worker(dev
 
 
 def test_the_wire_form_keeps_every_batch_field():
-    """The draft record's codec and its worker side's decoder round-trip a case exactly, the page table's seed
-    included (a TRANSLATE case checked with another table than its own would be judged on the wrong case)."""
+    """The engine's wire form and the worker's decoder round-trip a launch exactly, the page table's seed included
+    (a TRANSLATE case checked with another table than its own would be judged on the wrong case)."""
     import json
 
-    from kvfence import contract as contracts
-    from kvfence.contracts.draft.case import Batch, Case, Config
+    from kvfence.engine.launch import from_record
+    from kvfence.engine.workers import Wire
 
-    record = contracts.get("draft")
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=2, translate=True)
-    cases = [Case(config, Batch((2, 1), (1, 0), 5, 77)), Case(config, Batch((3,), (2,), 6, 0))]
-    _, decode, group = record.worker_side({"kernel": "reference"}, "cpu")
-    decoded = list(decode(json.loads(json.dumps(record.codec(None).encode(cases)))))
-    assert decoded == cases and [c.batch.v2p_seed for c in decoded] == [77, 0]
-    assert group(decoded[0]) == group(decoded[1])  # one config: one run the worker may batch
+    cases = [launch_of(Case(config, Batch((2, 1), (1, 0), 5, 77))), launch_of(Case(config, Batch((3,), (2,), 6, 0)))]
+    wire = Wire(DRAFT)
+    message = json.loads(json.dumps(wire.encode(cases)))
+    decoded = [from_record(DRAFT, data) for data in message["launches"]]
+    assert decoded == cases and [c.case.batch.v2p_seed for c in decoded] == [77, 0]
+    assert message["groups"] == [0, 0]  # one config: one run the worker may batch
 
 
-def test_a_crashing_session_gets_its_share_of_the_cores_in_spares(monkeypatch):
+def test_a_crashing_session_gets_its_share_of_the_cores_in_spares(monkeypatch, tmp_path):
     """``crash_spares``: a run's process that keeps crashing keeps up to ``CRASH_SPARES`` starting on CUDA, no
     more than its share of the host's cores (the usable cores over the run's processes on the host), never
     fewer than ``SPARES``; a ``--jobs`` child is told how many processes share the host (``--host-jobs``)."""
-    import argparse
-
-    from kvfence.cli.fuzz import _child_args
-    from kvfence.engine import jobs
-    from kvfence.engine.worker import crash_spares
+    from kvfence.engine import campaign, jobs
+    from kvfence.engine.fuzzrun import Outputs, Run
+    from kvfence.engine.workers import crash_spares
 
     monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
     assert [crash_spares("cuda", n) for n in (1, 2, 4, 5, 8, 15)] == [4, 4, 4, 3, 2, 2]
     assert [crash_spares("cpu", n) for n in (1, 2)] == [1, 1]
     monkeypatch.setattr(jobs, "usable_cores", lambda: 2)
     assert crash_spares("cuda", 1) == 2
-    parser = argparse.ArgumentParser()
-    args = argparse.Namespace()
-    child = _child_args(parser, args, seed=3, max_examples=10, max_bytes=1 << 30, host_jobs=15)
-    assert child[child.index("--host-jobs") + 1] == "15" and child[child.index("--jobs") + 1] == "1"
+    run = Run(RunPlan(jobs=15, max_examples=30, out=str(tmp_path)), Outputs(), print, print)
+    children = run.child_plans(3, campaign.parse_database("none"))
+    assert len(children) == 15 and all(c.host_jobs == 15 and c.jobs == 1 for c in children)

@@ -11,22 +11,21 @@ import argparse
 import sys
 from typing import List, Optional
 
-from kvfence.cli import affected, fuzz, mutants, repro, report, sweep, upstream
+from kvfence.cli import affected, check_contract, fuzz, mutants, report, repro, sweep, upstream
 from kvfence.cli.common import EXIT_CODES, _Parser, _stderr
 from kvfence.errors import EXIT_BAD_INPUT, BadInput
-
 
 #: The name the command line gives itself: the console script is ``kvfence``; ``python -m kvfence``
 #: passes its own name (``kvfence.__main__``), so usage lines show what the user actually typed.
 PROG = "kvfence"
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (fuzz, repro, report, mutants, sweep, upstream, affected)
+COMMANDS = (fuzz, repro, report, mutants, sweep, upstream, affected, check_contract)
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="kvfence: differential fuzzing and memory-safety "
-                     "harness for the EAGLE draft-decode kv-indices kernel",
+                     "harness for the kernels that build and read paged-KV index tables",
                      epilog=f"Run '{prog} COMMAND --help' for a command's flags and exit codes.\n\n{EXIT_CODES}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:  # the order of the command list in --help
@@ -37,12 +36,26 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m kvfence``)."""
     from kvfence.engine.clock import command_clock
+    from kvfence.engine.isolation import report_status, take_status_path
 
+    child = take_status_path()
     with command_clock():  # children (--jobs, checking workers) time their phases from this command's start
-        return _run(argv, prog)
+        code = _run(argv, prog, child)
+    report_status(code)  # a child's status, once the command returned (kvfence.engine.isolation)
+    return code
 
 
-def _run(argv: Optional[List[str]], prog: str) -> int:
+def _plugin_contracts(args) -> List[str]:
+    """The contracts the command is about that are not kvfence's own (their code runs in a child)."""
+    from kvfence.engine import registry
+
+    module = next((m for m in COMMANDS if getattr(m, "contracts_of", None) and args.func.__module__ == m.__name__),
+                  None)
+    names = module.contracts_of(args) if module is not None else []
+    return [n for n in dict.fromkeys(names) if n in registry.names() and not registry.builtin(n)]
+
+
+def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
     args = None
     try:
         parser = build_parser(prog)
@@ -52,6 +65,11 @@ def _run(argv: Optional[List[str]], prog: str) -> int:
             # does not pass silently.
             parser.print_help(sys.stderr)
             return EXIT_BAD_INPUT
+        plugins = [] if child else _plugin_contracts(args)
+        if plugins:  # a plug-in contract's code cannot end, pass or hide this command (kvfence.engine.isolation)
+            from kvfence.engine.isolation import run_in_child
+
+            return run_in_child(list(sys.argv[1:] if argv is None else argv), plugins, _stderr)
         return args.func(args)
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")

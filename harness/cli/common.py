@@ -6,14 +6,12 @@ the flag groups: where cases run (fuzz, repro) and the kernel, config and §6 fa
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 from pathlib import Path
 from typing import Optional
 
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
-
 
 _BAD = "bad input or unusable environment (one line on stderr)"
 
@@ -144,41 +142,9 @@ def _lock_out(out_dir: Path) -> None:
     outlock.acquire(out_dir, announce=_stderr)
 
 
-def _output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
-    """The one-line error for an output that cannot be written (full disk, read-only filesystem, ...):
-    the path, the errno, and where the run's findings already are (case files are written first)."""
-    import errno as errno_mod
-
-    name = errno_mod.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
-    text = f"cannot write {path}: {exc.strerror or exc} ({name})"
-    cases = sorted((doc or {}).get("cases") or {})
-    if cases:
-        shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
-        text += (f"; the run has {len(doc['findings'])} finding(s), saved before this in {len(cases)} case "
-                 f"file(s): {shown}")
-    elif doc is not None and doc.get("findings"):
-        text += f"; the run has {len(doc['findings'])} finding(s) (printed above)"
-    return BadInput(text)
-
-
-class _output_errors:
-    """``with _output_errors(path, doc):`` turns an ``OSError`` of writing ``path`` into ``_output_failure``."""
-
-    def __init__(self, path, doc: Optional[dict] = None):
-        self.path, self.doc = path, doc
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if isinstance(exc, OSError):
-            raise _output_failure(self.path, exc, self.doc) from None
-        return False
-
-
 def _add_worker_args(p: argparse.ArgumentParser) -> None:
     """Where cases run (kvfence.engine.worker): a worker process that may crash or hang, or this process."""
-    from kvfence.engine.worker import DEFAULT_CASE_TIMEOUT
+    from kvfence.engine.supervisor import DEFAULT_CASE_TIMEOUT
 
     p.add_argument("--case-timeout", type=_seconds(True), default=DEFAULT_CASE_TIMEOUT,
                    help="seconds a small case may run before it is a HANG (scaled up by the case's size)")
@@ -188,11 +154,13 @@ def _add_worker_args(p: argparse.ArgumentParser) -> None:
 
 def _add_target_args(p: argparse.ArgumentParser, *, sizing_default: Optional[str] = "safe") -> None:
     p.add_argument("--kernel", default="reference",
-                   help="kernel under test: reference, reference-blocked, package.module:attr or path/file.py:attr")
+                   help="kernel under test: reference (the contract's own; the draft's also reference-blocked), "
+                        "mutant:NAME, sglang==VERSION or vllm==VERSION (the release's own, from its wheel), "
+                        "package.module:attr or path/file.py:attr")
     p.add_argument("--sizing", default=sizing_default,
-                   help="row-width policy of kv_indices: eager, fixed, prefix (the pre-fix CUDA-graph policy, "
-                        "W = max_bs*ctx, missing the topk factor), safe, window-fixed / window-no-topk (the window "
-                        "rail's, W = max_bs*topk*w / max_bs*w), or module:attr / file.py:attr")
+                   help="row-width policy, one of the contract's named ones (the draft's: eager, fixed, prefix (the "
+                        "pre-fix CUDA-graph policy, W = max_bs*ctx, missing the topk factor), safe, window-fixed / "
+                        "window-no-topk (the window rail's), sglang==VERSION:BACKEND, or module:attr / file.py:attr)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
     p.add_argument("--no-audit", action="store_true",
@@ -215,12 +183,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def _add_family_args(p: argparse.ArgumentParser) -> None:
     """docs/contract.md §6: the newer kernel family's fields, pinned like --topk (drawn when the kernel
     under test takes them, off for a classic-ABI kernel)."""
-    from kvfence import contract as registry
+    from kvfence.engine import registry
 
-    p.add_argument("--contract", default="draft", choices=registry.names(),
-                   help="which kernel contract (kvfence.contract; docs/contract.md): the draft kernel, the "
-                        "sliding-window read rail (needs --window), the page-table builders (§9), or another "
-                        "package's")
+    p.add_argument("--contract", default=registry.default_name(), choices=registry.names(),
+                   help="which kernel contract (a record registered under the entry-point group kvfence.contracts; "
+                        "docs/contract.md): the draft kernel, the sliding-window read rail (its window drawn unless "
+                        "--window pins it), the "
+                        "page-table builders (§9), or another package's")
     p.add_argument("--window", type=_non_negative_int, default=None,
                    help="pin window_size, the sliding window (0: none; default: drawn when the kernel takes it)")
     p.add_argument("--sink", type=_non_negative_int, default=None,

@@ -1,5 +1,7 @@
-"""``kvfence mutants``: the mutation self-test (kvfence.selftest.mutants), or both verifiers compared
-(kvfence.contracts.draft.compare).
+"""``kvfence mutants``: the mutation self-test of one contract's planted bugs, or every contract's
+(kvfence.selftest.mutants); with ``--verifiers both``, the contract's own comparison of its checker's two paths
+(found under the entry-point group ``kvfence.verifier_comparisons``: the draft kernel's device verifier against its
+oracle path).
 
 ``add_parser(sub)`` adds the subcommand to ``sub`` (kvfence.cli.build_parser) with this handler as its ``func``.
 """
@@ -10,68 +12,81 @@ import json
 import os
 from pathlib import Path
 
-from kvfence.cli.common import _exit_codes, _positive_int, _non_negative_int, _stderr, _writable
+from kvfence.cli.common import _exit_codes, _non_negative_int, _positive_int, _stderr, _writable
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
 from kvfence.provenance import stamped
 
+COMPARISONS = "kvfence.verifier_comparisons"
+
+
+def _save(json_path, doc: dict) -> None:
+    """After every row: a run cut short (a time limit, Ctrl-C) keeps what it finished."""
+    if json_path is not None:
+        staging = json_path.with_name(json_path.name + ".tmp")
+        staging.write_text(json.dumps(stamped(doc), indent=1) + "\n", encoding="utf-8")
+        os.replace(staging, json_path)
+
+
+def contracts_of(args) -> list:
+    return [args.contract] if args.contract else []
+
 
 def cmd_mutants(args) -> int:
-    """The mutation self-test (kvfence.selftest.mutants): exit 0 when every mutant is caught on its domain in
-    enough seeds, scale mutants stay unreachable on the CPU domain, and the reference is clean."""
-    from kvfence.contracts.draft.budget import default_budget, parse_size
+    """Exit 0 when every mutant is caught on its domain in enough seeds, scale mutants stay unreachable on the CPU
+    domain, and the references are clean."""
     from kvfence.device import select
-    from kvfence.selftest.mutants import format_table, run_all, verdict_text
+    from kvfence.engine import registry
+    from kvfence.engine.budget import parse_size
+    from kvfence.selftest.mutants import format_table, self_test
 
-    from kvfence import contract as registry
-
-    # A contract whose mutants are planted patches of its kernel (the page-table builders); the draft family's
-    # are the files of kernels/draft/mutants/, run below.
-    if args.contract is not None and registry.get(args.contract).planted_from_patches:
-        return _mutants_contract(args)
     if args.verifiers == "both":
-        return _mutants_both_verifiers(args)
-    device = select(args.device, announce=_stderr)
+        return _both_verifiers(args)
+    names = [args.contract] if args.contract else [n for n in registry.names()
+                                                   if registry.builtin(n) and registry.get(n).mutants]
+    records = [registry.get(n) for n in names]
+    if args.only:
+        require(len(records) == 1, "--only names mutants of one contract: give --contract")
     json_path = _writable(args.json, "--json")
-    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device)
-    seeds = range(args.seed, args.seed + args.seeds)
-    partial = {}
+    device = select(args.device, announce=_stderr)
+    max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
+    reports = {}
 
-    def progress(r):
-        # Called after every seed; the finished mutant is printed, and with --json every result so far
-        # is kept in JSON.partial, so a self-test cut short by a time limit still leaves its numbers.
-        if json_path is not None:
-            partial[f"{r.name}@{r.ran_on}"] = r.to_dict()
-            casefile.atomic_write_text(Path(str(json_path) + ".partial"), json.dumps(partial, indent=1) + "\n")
-        if not args.quiet and len(r.seeds) == len(seeds):
-            _stderr(f"kvfence: {r.name} ({r.ran_on} domain): {verdict_text(r)} ({r.seconds:.1f}s)")
+    def doc(partial: dict = None) -> dict:
+        every = dict(reports, **({partial["contract"]: partial} if partial else {}))
+        return {"passed": partial is None and all(r["passed"] for r in every.values()), "contracts": every}
 
-    from kvfence.engine import casefile
-
-    names = args.only or None
-    if args.contract is not None:  # the draft family's files that break this contract (their CONTRACT)
-        from kvfence.selftest.mutants import discover
-
-        names = [m.name for m in discover(names=names) if m.contract == args.contract]
-    report = run_all(device, max_examples=args.max_examples, seeds=seeds, names=names,
-                     audit=False if args.no_audit else None, progress=progress, max_bytes=max_bytes,
-                     verifier=args.verifiers)
-    print(format_table(report))
-    if json_path is not None:
-        json_path.write_text(json.dumps(stamped(report.to_dict()), indent=2) + "\n")
-    return EXIT_CLEAN if report.passed else EXIT_FINDINGS
+    for record in records:
+        report = self_test(record, device, seeds=range(args.seed, args.seed + args.seeds),
+                           max_examples=args.max_examples, names=args.only, max_bytes=max_bytes,
+                           audit=False if args.no_audit else None,
+                           on_row=lambda partial: _save(json_path, doc(partial)),
+                           progress=None if args.quiet else _stderr)
+        reports[record.name] = report
+        print(format_table(report))
+        _save(json_path, doc())
+    return EXIT_CLEAN if doc()["passed"] else EXIT_FINDINGS
 
 
-def _mutants_both_verifiers(args) -> int:
-    """``mutants --verifiers both`` (kvfence.contracts.draft.compare): the device verifier and the oracle path on the same
-    cases of every mutant, planted bad write and the reference; exit 1 on any disagreement."""
-    from kvfence.engine import casefile
-    from kvfence.contracts.draft import compare
-    from kvfence.contracts.draft.budget import parse_size
+def _both_verifiers(args) -> int:
+    """``mutants --verifiers both``: the contract's comparison of its own checker's two paths on the same cases of
+    every mutant and the reference (exit 1 on any disagreement)."""
+    from importlib import import_module
+    from importlib.metadata import entry_points
+
     from kvfence.device import select
+    from kvfence.engine import casefile
+    from kvfence.engine.budget import parse_size
+    from kvfence.engine.registry import default_name
 
+    contract = args.contract or default_name()
+    found = [ep for ep in entry_points(group=COMPARISONS) if ep.name == contract]
+    require(bool(found), f"--verifiers both: contract {contract} has one checking path (no comparison is "
+                         f"registered under {COMPARISONS})")
+    compare = import_module(found[0].value)
     require(args.seeds == 1, "--seeds applies to the mutation self-test; --verifiers both draws --max-examples "
                              "cases per target from --seed")
-    require(not args.no_audit, "--no-audit: with --verifiers both the audit only guards host memory and is not compared")
+    require(not args.no_audit, "--no-audit: with --verifiers both the audit only guards host memory and is not "
+                               "compared")
     device = select(args.device, announce=_stderr)
     json_path = _writable(args.json, "--json")
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
@@ -92,54 +107,26 @@ def _mutants_both_verifiers(args) -> int:
     return EXIT_CLEAN if report.passed else EXIT_FINDINGS
 
 
-def _mutants_contract(args) -> int:
-    """``--contract NAME``: the self-test of a contract's planted mutants (``Contract.mutants``), fuzzed by the
-    engine every run uses (kvfence.selftest.mutants.contract_self_test)."""
-    from kvfence import contract as registry
-    from kvfence.device import select
-    from kvfence.selftest.mutants import contract_self_test
-
-    record = registry.get(args.contract)
-    json_path = _writable(args.json, "--json")
-    if args.only:
-        for name in args.only:
-            record.mutant(name)  # unknown: exit 2 now
-    device = select(args.device, announce=_stderr)
-
-    def save(doc: dict) -> None:  # after every row: a run cut short (timeout, Ctrl-C) keeps what it finished
-        if json_path is not None:
-            staging = json_path.with_name(json_path.name + ".tmp")
-            staging.write_text(json.dumps(stamped(doc), indent=1) + "\n", encoding="utf-8")
-            os.replace(staging, json_path)
-
-    report = contract_self_test(record, device, seeds=range(args.seed, args.seed + args.seeds),
-                       max_examples=args.max_examples or 200, names=args.only,
-                       progress=None if args.quiet else _stderr, on_row=save)
-    for row in report["rows"]:
-        times = sorted(r["search_s"] for r in row["runs"] if r.get("search_s") is not None)
-        median = f"{times[len(times) // 2]:.2f} s" if times else "-"
-        what = "detected" if row["detects"] else "clean"
-        print(f"{row['name']:<40} {what} in {row['good']}/{row['seeds']} seeds; median search {median}; "
-              f"kinds {sorted({k for r in row['runs'] for k in r['kinds']})}")
-    print("PASSED" if report["passed"] else "FAILED")
-    save(report)
-    return EXIT_CLEAN if report["passed"] else EXIT_FINDINGS
-
-
 def add_parser(sub) -> None:
-    mu = sub.add_parser("mutants", help="mutation self-test: every kernels/draft/mutants/ bug must be detected",
-                        description="Fuzz every bug in kernels/draft/mutants/ under a fixed budget and several seeds, with "
-                                    "unpinned draws from the domain it belongs to (cpu or gpu), then the reference "
-                                    "kernel (safe sizing) over the same domains, which must stay clean.",
+    from kvfence.engine import registry
+
+    mu = sub.add_parser("mutants", help="mutation self-test: every contract's planted bugs must be detected",
+                        description="Fuzz every planted bug of a contract (default: of every kvfence contract) under "
+                                    "a fixed budget and several seeds, with unpinned draws from the domain it belongs "
+                                    "to (cpu or gpu), then the reference kernel (safe sizing) over the same domains, "
+                                    "which must stay clean.",
                         epilog=_exit_codes(zero="every mutant detected in >= 95% of the seeds on its domain, scale "
-                                                "mutants unreachable on the CPU domain, the reference clean "
+                                                "mutants unreachable on the CPU domain, the references clean "
                                                 "(--verifiers both: every case agrees, every planted write seen)",
-                                           one="a mutant missed too often, or a finding on the reference "
+                                           one="a mutant missed too often, or a finding on a reference "
                                                "(--verifiers both: a disagreement, or a target never dirty)"))
+    mu.add_argument("--contract", default=None, choices=registry.names(),
+                    help="self-test this contract's planted mutants (default: every kvfence contract's, one after "
+                         "another)")
     mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
     mu.add_argument("--max-examples", type=_positive_int, default=None,
-                    help="example budget per mutant and seed (default: 60 on the CPU domain, 100 on the GPU "
+                    help="example budget per mutant and seed (default: 60 on the CPU domain, 150 on the GPU "
                          "domain; with --verifiers both, configs per target, each a run of batches, default 8)")
     mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
     mu.add_argument("--seeds", type=_positive_int, default=1,
@@ -147,19 +134,12 @@ def add_parser(sub) -> None:
                          "a mutant passes when detected in >= 95%% of them")
     mu.add_argument("--max-gpu-mem", default=None, metavar="SIZE", help="memory budget per config (as for fuzz)")
     mu.add_argument("--only", nargs="+", metavar="NAME",
-                    help="run only these mutants, by file stem (default: every mutant); with --verifiers both "
-                         "also 'reference' or a planted write of kernels/draft/planted.py")
-    mu.add_argument("--verifiers", default="auto", choices=["auto", "oracle", "device", "both"],
-                    help="the verifier of the self-test's sessions (auto: device on CUDA, oracle on the CPU); "
-                         "both: instead of the self-test, judge every mutant, planted bad write and the reference "
-                         "on both paths, same cases, and compare verdicts, counters and findings (exit 1 on any "
-                         "disagreement)")
+                    help="run only these mutants of --contract (default: every mutant); with --verifiers both "
+                         "also 'reference' or a planted write of the contract's comparison")
+    mu.add_argument("--verifiers", default="auto", choices=["auto", "both"],
+                    help="auto: the self-test, each case checked as fuzz checks it; both: instead, the contract's own "
+                         "comparison of its two checking paths on the same cases (exit 1 on any disagreement)")
     mu.add_argument("--json", default=None, help="write the results here (default: not written)")
     mu.add_argument("--no-audit", action="store_true", help="CPU only: turn off the interpreter address audit")
     mu.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    from kvfence import contract as registry
-
-    mu.add_argument("--contract", default=None, choices=registry.names(),
-                    help="self-test this contract's planted mutants (docs/contract.md §9); default, draft or "
-                         "window-rail: the draft family's, kernels/draft/mutants/")
     mu.set_defaults(func=cmd_mutants)

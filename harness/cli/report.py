@@ -7,20 +7,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvfence.cli.common import _exit_codes, _stderr, _out_dir, _lock_out, _output_errors
+from kvfence.cli.common import _exit_codes, _lock_out, _out_dir, _stderr
+from kvfence.engine.fuzzrun import output_errors as _output_errors
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
+
+
+def contracts_of(args) -> list:
+    """The contracts of the runs a report renders (their summaries' and case files' ``contract``, read as data)."""
+    from kvfence.engine.casefile import contract_named
+
+    folders = [args.dir] if args.dir is not None else list(args.merge or [])
+    return [name for folder in folders for path in sorted(Path(folder).glob("summary.json")) +
+            sorted(Path(folder).glob("cases/*.json")) for name in contract_named(path)]
 
 
 def cmd_report(args) -> int:
     from kvfence.engine.casefile import parse_json_file
-    from kvfence.reports.render import write_reports
     from kvfence.engine.summary import validate
+    from kvfence.reports.render import write_reports
 
     require((args.dir is None) != (args.merge is None), "report: name one run folder DIR, or --merge DIR... --out OUT")
     if args.merge is not None:
-        from kvfence.reports.merge import merge
-
         from kvfence.engine import outlock
+        from kvfence.reports.merge import merge
 
         out = _out_dir(args.out)
         try:  # the --out lock of fuzz, taken once every input is validated: no run and no merge write over it

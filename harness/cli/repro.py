@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import sys
 
-from kvfence.cli.common import _exit_codes, _stderr, _add_worker_args
+from kvfence.cli.common import _add_worker_args, _exit_codes, _stderr
+
+
+def contracts_of(args) -> list:
+    """The case file's contract, read as data (a file that cannot be read is the command's own one-line error)."""
+    from kvfence.engine.casefile import contract_named
+
+    return contract_named(args.file)
 
 
 def cmd_repro(args) -> int:
-    from kvfence import contract as contracts
+    from kvfence.engine import registry
     from kvfence.engine.casefile import load_case
     from kvfence.engine.probe import check_plugins
     from kvfence.engine.repro import run_repro
 
-    record = contracts.of(load_case(args.file).case)  # a file that cannot be read: one line, before anything runs
+    record = registry.get(load_case(args.file).case.contract)  # a file that cannot be read: one line, first
     # The plug-ins named here are imported in a throwaway process first: their import cannot end this one.
     check_plugins(record, {"kernel": args.kernel, "sizing": args.sizing})
     return run_repro(args.file, device=args.device, kernel=args.kernel, sizing=args.sizing, mode=args.mode,
@@ -39,11 +46,15 @@ def add_parser(sub) -> None:
     rp.add_argument("--mode", default=None, choices=["graph", "eager"],
                     help="run this case in another mode (default: the case file's)")
     rp.add_argument("--layout", default=None, choices=["redzone", "production"],
-                    help="run it in another layout, a draft kernel's case (default: the case file's)")
+                    help="run it in another layout: redzone (a guard after every row) or production (rows "
+                         "contiguous, as upstream; default: the case file's)")
     rp.add_argument("--no-absorb", action="store_true",
-                    help="guards of MIN_GUARD only: an overflow leaves the allocation (for compute-sanitizer runs)")
-    rp.add_argument("--verbose", action="store_true", help="every element of each finding and each program's segment")
+                    help="with --layout production: no tail guard, an overflow leaves the allocation (for "
+                         "compute-sanitizer runs)")
+    rp.add_argument("--verbose", action="store_true",
+                    help="every element of each finding, from a re-run of the launch in this process")
     rp.add_argument("--trust-case", action="store_true",
-                    help="import the kernel/sizing plug-ins the case file names (never done without this or --kernel/--sizing)")
+                    help="import the kernel/sizing plug-ins the case file names "
+                         "(never done without this or --kernel/--sizing)")
     _add_worker_args(rp)
     rp.set_defaults(func=cmd_repro)

@@ -5,15 +5,16 @@
 
 from __future__ import annotations
 
-
-from kvfence.cli.common import _exit_codes, _positive_int, _non_negative_int, _stderr, _out_dir
+from kvfence.cli.common import _exit_codes, _non_negative_int, _out_dir, _positive_int, _stderr
 from kvfence.errors import require
 
 
 def cmd_sweep(args) -> int:
     """The nightly job (kvfence.sanitizer.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
-    from kvfence import contract as contracts
+    from kvfence.engine import registry
+    from kvfence.engine import run as pipeline
     from kvfence.engine.plan import RunPlan
+    from kvfence.engine.probe import check_plugins
     from kvfence.sanitizer import tool as sanitizer
     from kvfence.sanitizer.sweep import run_sweep
 
@@ -24,21 +25,23 @@ def cmd_sweep(args) -> int:
             f"--tools {args.tools!r}: choose from {', '.join(sanitizer.TOOLS)}")
     require(args.cases is None or args.max_examples is None, "--cases and --max-examples exclude each other")
     require(args.timeout > 0, f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    record = contracts.get(args.contract)
-    # The canary phase draws what the plain CPU-sized fuzz draws, less the draft kernel's §6 fields; the layout
-    # and the sizing as given. A flag the contract does not take is refused (one line) before anything runs.
-    wanted = {"family": "off", "layout": args.layout if args.layout != "redzone" else None}
-    pins = {k: v for k, v in wanted.items() if v is not None and (k in record.pins or k == "layout")}
-    sizing = args.sizing or record.safe_sizing
+    record = registry.get(args.contract)
+    # The canary phase draws what the plain CPU-sized fuzz draws, less the §6 fields of a contract that takes
+    # them; the layout and the sizing as given. Anything the contract cannot run is one line before anything runs.
+    pins = {"family": "off"} if "family" in record.options else {}
+    sizing = args.sizing or "safe"
 
     def plan_for(device: str) -> RunPlan:
         return RunPlan(contract=record.name, kernel=kernel, sizing=sizing, device=device, mode=args.mode,
-                       domain="cpu", pins=pins)
+                       layout=args.layout, domain="cpu", pins=pins)
 
     # A bad --kernel or --sizing is exit 2 naming it, before the tool and GPU checks (it needs neither).
-    record.check_plan(plan_for("cpu"))
-    if kernel_given and record.names_plugin(kernel):
-        record.check_kernel(kernel)
+    pipeline.record(plan_for("cpu"))
+    if kernel_given:
+        check_plugins(record, {"kernel": kernel, "sizing": sizing})
+        # The contract's draws check the kernel against its ABI (the draft's: a @triton.jit function or a
+        # launcher), as fuzz does before any launch; the probe above only imports it.
+        pipeline.draws(plan_for("cpu"))
     return run_sweep(tools=tools, cases_dir=args.cases, max_examples=args.max_examples or 500, jobs=args.jobs,
                      plan_for=plan_for, out_dir=_out_dir(args.out), seed=args.seed, max_failing=args.max_failing,
                      sample=args.sample, timeout=args.timeout, announce=_stderr,
@@ -70,9 +73,9 @@ def add_parser(sub) -> None:
     sw.add_argument("--kernel", default=None,
                     help="kernel to sweep (as fuzz --kernel; default reference); with --cases it replaces the "
                          "kernel the case files name")
-    from kvfence import contract as registry
+    from kvfence.engine import registry
 
-    sw.add_argument("--contract", default="draft", choices=registry.names(),
+    sw.add_argument("--contract", default=registry.default_name(), choices=registry.names(),
                     help="the contract the canary phase fuzzes (--cases: each file names its own)")
     sw.add_argument("--matrix", action="store_true",
                     help="also run the detection matrix (canaries vs memcheck variants per bug class, eager and "

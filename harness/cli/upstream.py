@@ -1,5 +1,5 @@
 """``kvfence upstream fetch|matrix|sizing``: SGLang's own kernels from its wheels (kvfence.release.upstream,
-kvfence.release.release_matrix, kvfence.release.shipped_matrix).
+kvfence.release.release_matrix; a contract's shipped sizing through kvfence.release.knowledge).
 
 ``add_parser(sub)`` adds ``upstream`` to ``sub`` (kvfence.cli.build_parser), each action with its handler as
 its ``func``.
@@ -12,10 +12,19 @@ import os
 import sys
 
 from kvfence.cli.common import (
-    _exit_codes, _lock_out, _Parser, _positive_int, _non_negative_int, _seconds, _stderr, _writable, _out_dir,
+    _exit_codes,
+    _lock_out,
+    _non_negative_int,
+    _out_dir,
+    _Parser,
+    _positive_int,
+    _seconds,
+    _stderr,
+    _writable,
 )
 from kvfence.errors import EXIT_CLEAN, BadInput, printable, require
 from kvfence.provenance import stamped
+from kvfence.release.knowledge import shipped
 
 
 def cmd_upstream(args) -> int:
@@ -47,37 +56,34 @@ def _set_aside(out_dir) -> None:
 
 
 def cmd_upstream_sizing(args) -> int:
-    """``upstream sizing VERSION``: the release's shipped sizing per backend (kvfence.release.shipped)."""
-    from kvfence.release import shipped
-    from kvfence.release import shipped_sizing
-    from kvfence.reports.shipped_matrix import sizing_lines
+    """``upstream sizing VERSION [--contract C]``: the release's shipped sizing of a contract: its own release
+    tooling's listing (``ReleaseTool.sizing_lines``), or its sites' widths (kvfence.release.contract_shipped_matrix)."""
+    from kvfence.engine import registry
+    from kvfence.release import contract_shipped_matrix as csm
 
-    if args.contract not in (None, "draft"):
-        from kvfence import contract as registry
-        from kvfence.release import contract_shipped_matrix as csm
-
-        record = registry.get(args.contract)
-        require(record.shipped_sites, f"contract {record.name} lists no shipped sites")
-        lines = csm.sizing_lines(args.version, record, csm.load_record(args.version, record, announce=_stderr))
-        print(_terminal(lines))
+    record = registry.get(args.contract or registry.default_name())
+    knowledge = shipped(record.name)
+    if knowledge.tool is not None:
+        print(_terminal(knowledge.tool.sizing_lines(args.version, _stderr)))
         return EXIT_CLEAN
-    record = shipped_sizing.load_record(args.version)
-    require(record["backends"], f"sglang=={args.version} has no draft backend (no class launches "
-                                f"{shipped.DRAFT_KERNEL})" + shipped.unread_note(record))
-    print(_terminal(sizing_lines(args.version, record)))
+    require(knowledge.sites, f"contract {record.name} lists no shipped sites")
+    lines = csm.sizing_lines(args.version, record, csm.load_record(args.version, record, announce=_stderr))
+    print(_terminal(lines))
     return EXIT_CLEAN
 
 
 def cmd_upstream_shipped_contracts(args, names, out_dir, json_path, offline: bool) -> int:
-    """``upstream matrix --shipped --contracts C,...`` for plug-in contracts (kvfence.release.contract_shipped_matrix)."""
-    from kvfence import contract as registry
+    """``upstream matrix --shipped --contracts C,...`` for plug-in contracts
+    (kvfence.release.contract_shipped_matrix)."""
     from kvfence.device import select
+    from kvfence.engine import registry
     from kvfence.release import contract_shipped_matrix as csm
     from kvfence.release import release_matrix as rm
 
     contracts = [registry.get(n) for n in names]
     for c in contracts:
-        require(c.shipped_sites, f"contract {c.name} lists no shipped sites (upstream matrix --shipped needs them)")
+        require(shipped(c.name).sites, f"contract {c.name} lists no shipped sites (upstream matrix --shipped needs "
+                                       "them)")
     if offline:
         os.environ["KVFENCE_OFFLINE"] = "1"
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr), announce=_stderr)
@@ -97,26 +103,23 @@ def cmd_upstream_shipped_contracts(args, names, out_dir, json_path, offline: boo
     return doc["exit_code"]
 
 
-def cmd_upstream_shipped(args, out_dir, offline: bool, json_path=None) -> int:
-    """``upstream matrix --shipped``: each release's backends under their own sizing (kvfence.release.shipped_matrix)."""
+def cmd_upstream_shipped(args, name: str, out_dir, offline: bool, json_path=None) -> int:
+    """``upstream matrix --shipped`` of a contract with release tooling of its own (``ReleaseTool.shipped_matrix``):
+    each release's backends under their own sizing."""
     from kvfence.device import select
     from kvfence.release import release_matrix as rm
-    from kvfence.release import shipped_matrix as sm
-    from kvfence.reports.shipped_matrix import markdown, write
 
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr), announce=_stderr)
     device = select(args.device, announce=_stderr)
-    domain = sm.Domain(ctx=args.shipped_ctx, num_steps=args.shipped_steps, max_bs=args.shipped_max_bs,
-                       max_topk=args.shipped_max_topk, ordinary_only=args.shipped_lengths == "ordinary")
+    options = dict(ctx=args.shipped_ctx, num_steps=args.shipped_steps, max_bs=args.shipped_max_bs,
+                   max_topk=args.shipped_max_topk, ordinary_only=args.shipped_lengths == "ordinary")
     _set_aside(out_dir)
-    doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out_dir, progress=sys.stderr)
-    report = write(doc, out_dir)
-    doc = stamped(doc)
-    (out_dir / "shipped.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    doc, text = shipped(name).tool.shipped_matrix(versions, options, device=device, offline=offline, out=out_dir,
+                                                  progress=sys.stderr)
     if json_path is not None:
         json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(markdown(doc, out_dir), end="")
-    print(f"kvfence upstream matrix --shipped: {len(versions)} release(s) in {doc['elapsed_s']} s; report {report}")
+    print(text, end="")
+    print(f"kvfence upstream matrix --shipped: {len(versions)} release(s) of {name} in {doc['elapsed_s']} s")
     return doc["exit_code"]
 
 
@@ -133,30 +136,34 @@ def cmd_upstream_matrix(args) -> int:
 def _matrix(args) -> int:
     """Fuzz every release x sizing x contract cell (kvfence.release.release_matrix), or with ``--shipped``
     assess each release's own sizing."""
-    from kvfence.release import release_matrix as rm
-    from kvfence.contracts.draft.budget import parse_size
     from kvfence.device import select
+    from kvfence.engine import registry
+    from kvfence.engine.budget import parse_size
+    from kvfence.release import release_matrix as rm
+    from kvfence.release.matrix_report import headline, write
     from kvfence.release.upstream import offline_by_env
-    from kvfence.reports.release_matrix import headline, write
 
     json_path = _writable(args.json, "--json")
     out_dir = _out_dir(args.out)
     if args.shipped:
         offline = bool(args.offline) or offline_by_env()
-        from kvfence import contract as registry
 
-        # A contract that lists its shipped sites (the page-table builders) has its own tables; the draft kernel's
-        # shipped sizing is read per backend class (kvfence.release.shipped). Both kinds asked: both, in turn.
-        names = rm.split_list(args.contracts, "--contracts")
-        with_sites = [n for n in names if registry.get(n).shipped_sites]
-        if len(with_sites) < len(names):
-            code = cmd_upstream_shipped(args, out_dir if not with_sites else out_dir / "draft", offline,
-                                        json_path if not with_sites else None)
-            if not with_sites:
-                return code
-            return max(code, cmd_upstream_shipped_contracts(args, with_sites, out_dir / "contracts", json_path, offline))
-        return cmd_upstream_shipped_contracts(args, with_sites, out_dir, json_path, offline)
-    contracts = rm.check_contracts(rm.split_list(args.contracts, "--contracts"))
+        # A contract that lists its shipped sites (the page-table builders) shares one table per contract; one
+        # with release tooling of its own (the draft kernel's backends, read per class) writes its own. Both
+        # kinds asked: each tool's tables under OUT/<contract>, the sites' under OUT/contracts.
+        names = rm.split_list(args.contracts or registry.default_name(), "--contracts")
+        for name in names:
+            registry.get(name)  # an unknown name: one line, before anything runs
+        tools = [n for n in names if shipped(n).tool is not None]
+        with_sites = [n for n in names if shipped(n).tool is None]
+        alone = len(tools) == 1 and not with_sites
+        codes = [cmd_upstream_shipped(args, n, out_dir if alone else out_dir / n, offline,
+                                      json_path if alone else None) for n in tools]
+        if with_sites:
+            codes.append(cmd_upstream_shipped_contracts(args, with_sites, out_dir if not tools else
+                                                        out_dir / "contracts", json_path, offline))
+        return max(codes)
+    contracts = rm.check_contracts(rm.split_list(args.contracts or registry.default_name(), "--contracts"))
     sizings = rm.check_sizings(rm.split_list(args.sizing, "--sizing"), contracts)
     max_gpu_mem = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
     offline = bool(args.offline) or offline_by_env()
@@ -173,7 +180,7 @@ def _matrix(args) -> int:
     device = select(args.device, announce=_stderr)
     jobs = args.jobs or (max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1)
     if max_gpu_mem is None and device == "cuda":
-        from kvfence.contracts.draft.budget import default_budget
+        from kvfence.engine.budget import default_budget
 
         max_gpu_mem = default_budget(device, jobs)  # cells share the GPU: each gets its part
     settings = rm.Settings(device=device, max_examples=args.max_examples, seed=args.seed,
@@ -229,13 +236,14 @@ def add_parser(sub) -> None:
                          "expanded against the releases the package index lists and the cache has (no default)")
     um.add_argument("--sizing", default="prefix,fixed,safe",
                     help="comma list of named sizings of the contracts (a table contract's: safe, context, ...)")
-    um.add_argument("--contracts", default="draft",
-                    help="comma list of contracts (draft, window-rail, a table contract such as flashmla-page-table: "
-                         "its cells fuzz the release's own kernel under its named sizings); one a release lacks is a "
-                         "not-applicable cell. With --shipped also a contract with shipped sites "
-                         "(flashmla-page-table, trtllm-mha-page-table, fa3-decode-metadata): one table per "
-                         "contract, a column per backend x mode x forward mode; with both kinds the draft's tables "
-                         "go to OUT/draft, the others' to OUT/contracts (and --json)")
+    um.add_argument("--contracts", default=None,
+                    help="comma list of registered contracts (default: the default contract; kvfence check-contract "
+                         "--list names them): each cell fuzzes the release's own kernel under the contract's named "
+                         "sizings; "
+                         "one a release lacks is a not-applicable cell. With --shipped: a contract with release "
+                         "tooling of its own writes its tables to OUT/<contract>, those with shipped sites one table "
+                         "per contract (a column per backend x mode x forward mode) to OUT/contracts (and --json); "
+                         "alone, each writes to OUT")
     um.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels in CUDA graphs; auto: cuda when present")
     um.add_argument("--max-examples", type=_positive_int, default=50, help="Hypothesis examples per cell")
@@ -274,6 +282,6 @@ def add_parser(sub) -> None:
         epilog=_exit_codes(zero="printed", one=None))
     us.add_argument("version", help="a release, e.g. 0.5.23 (fetched into the cache unless offline)")
     us.add_argument("--contract", default=None,
-                    help="a plug-in contract with shipped sites (e.g. flashmla-page-table): its backends' table "
-                         "widths and the tokens each adds to the lengths, with their lines (default: draft)")
+                    help="a contract with shipped sizing (e.g. flashmla-page-table): its backends' table widths and "
+                         "the tokens each adds to the lengths, with their lines (default: the default contract)")
     us.set_defaults(func=cmd_upstream_sizing)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -36,7 +37,7 @@ def _seconds(value, positive: bool) -> bool:
 def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int = DEFAULT_MAX_EXAMPLES,
                  device: Optional[str] = None, seed: int = 0, shrink_seconds: float = 30.0,
                  out_dir="reports/out", mode: str = "graph", case_timeout: Optional[float] = None,
-                 contract: str = "draft", max_seconds: Optional[float] = None) -> None:
+                 contract: Optional[str] = None, max_seconds: Optional[float] = None) -> None:
     """Fuzz ``kernel`` (``path/to/file.py:attr``, ``package.module:attr`` or a builtin name) of ``contract``
     (``kvfence.contract``: ``draft`` unless named) with the sizing policy ``sizing`` (default: the
     contract's safe one) for ``max_examples`` examples, or until ``max_seconds``; return if no case has a
@@ -51,21 +52,22 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     whose import ends its process) is ``kvfence.errors.BadInput``.
     """
     __tracebackhide__ = True  # pytest: the failure is the message, not this function's source
-    from kvfence import contract as contracts
-    from kvfence.contracts.draft.budget import default_budget
-    from kvfence.engine.casefile import CASES_DIR, case_repro_command, format_failure, write_case
-    from kvfence.engine.plan import RunPlan
     from kvfence.device import interpreting, select
+    from kvfence.engine import registry
     from kvfence.engine import run as pipeline
+    from kvfence.engine.budget import default_budget
+    from kvfence.engine.casefile import CASES_DIR, case_repro_command, format_failure, write_case
     from kvfence.engine.loop import fuzz
     from kvfence.engine.outdir import probe_folder
-    from kvfence.engine.worker import DEFAULT_CASE_TIMEOUT
+    from kvfence.engine.plan import RunPlan
+    from kvfence.engine.supervisor import DEFAULT_CASE_TIMEOUT
 
     require(isinstance(max_examples, int) and not isinstance(max_examples, bool) and max_examples >= 1,
             f"max_examples must be a positive integer, got {max_examples!r}")
     require(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be an integer, got {seed!r}")
     require(mode in ("graph", "eager"), f"mode must be graph or eager, got {mode!r}")
-    require(_seconds(shrink_seconds, positive=False), f"shrink_seconds must be a number of seconds >= 0, got {shrink_seconds!r}")
+    require(_seconds(shrink_seconds, positive=False),
+            f"shrink_seconds must be a number of seconds >= 0, got {shrink_seconds!r}")
     require(max_seconds is None or _seconds(max_seconds, positive=True),
             f"max_seconds must be a positive number of seconds, got {max_seconds!r}")
     require(isinstance(out_dir, (str, os.PathLike)) and str(out_dir), f"out_dir must be a path, got {out_dir!r}")
@@ -73,7 +75,8 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     require(sizing is None or (isinstance(sizing, str) and sizing), f"sizing must be a spec string, got {sizing!r}")
     require(case_timeout is None or _seconds(case_timeout, positive=True),
             f"case_timeout must be a positive number of seconds, got {case_timeout!r}")
-    record = contracts.get(contract)
+    contract = contract or registry.default_name()
+    record = registry.get(contract)
     # The case file goes to out_dir/cases/ after the run: a folder that cannot take it is refused now.
     for folder in (Path(out_dir), Path(out_dir) / CASES_DIR):
         require(not folder.exists() or folder.is_dir(), f"out_dir {out_dir}: {folder} exists and is not a directory")
@@ -81,16 +84,28 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     if device is None:
         device = "cpu" if interpreting() else "auto"
     device = select(device)
-    plan = RunPlan(contract=contract, kernel=kernel, sizing=sizing or record.safe_sizing, device=device, mode=mode,
+    plan = RunPlan(contract=contract, kernel=kernel, sizing=sizing or "safe", device=device, mode=mode,
                    domain="cpu" if device == "cpu" else "gpu", seed=seed, max_examples=max_examples,
                    max_seconds=max_seconds, shrink_seconds=shrink_seconds, max_bytes=default_budget(device),
                    case_timeout=DEFAULT_CASE_TIMEOUT if case_timeout is None else case_timeout)
     pipeline.probe_plugins(plan)  # an import that ends its process ends only the probe's
     pipeline.record(plan)
     strategy, _ = pipeline.draws(plan)
-    with pipeline.checker(plan) as session:
+    import threading
+
+    from kvfence.engine.interrupt import signals_interrupt
+
+    # A signal during the search is the user's (``Interrupted``, raised again below); from the main thread only.
+    signals = signals_interrupt() if threading.current_thread() is threading.main_thread() else nullcontext()
+    with pipeline.checker(plan) as session, signals:
         result = fuzz(session, strategy, max_examples=max_examples, seed=seed, shrink_seconds=shrink_seconds,
                       max_seconds=max_seconds, contract=record)
+    if result.interrupted:  # the user's Ctrl-C (or a signal): it interrupts the caller too, never a pass
+        import signal
+
+        from kvfence.engine.interrupt import Interrupted
+
+        raise Interrupted(signal.Signals[result.interrupted].value)
     if not result.findings:
         return
     extras = {"hypothesis": result.hypothesis} if result.hypothesis else {}

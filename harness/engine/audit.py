@@ -24,10 +24,10 @@ What is reported (as ``Finding``s of ``kvfence.engine.findings``), per registere
 
 A bad lane is attributed to the allocation its pointer was derived from (pointer arithmetic carries
 it: ``kv_indices + 10**7`` is kv_indices' store wherever it lands), else to the allocation an in-bounds
-lane of the same access is in, else to the nearest. Each finding names the argument, the region (``front guard``, ``row S``, ``guard after row S``,
-``tail``, ``past the allocation``, ``before the allocation``, ``past the view``), element offsets inside
-that region, samples ``(offset, None, value stored or None)`` and the program ids (interpreter grid
-indices) that touched it. Works with Triton 3.6 through 3.9 (the wrapped methods take the extra
+lane of the same access is in, else to the nearest. Each finding names the argument, the region (``front guard``,
+``row S``, ``guard after row S``, ``tail``, ``past the allocation``, ``before the allocation``, ``past the view``),
+element offsets inside that region, samples ``(offset, None, value stored or None)`` and the program ids (interpreter
+grid indices) that touched it. Works with Triton 3.6 through 3.9 (the wrapped methods take the extra
 cache/eviction arguments of either version as ``*rest``).
 """
 
@@ -40,9 +40,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from kvfence.errors import BadInput
 from kvfence.engine.findings import Finding, Kind
-from kvfence.contracts.draft.guarded import GuardedBuffer
+from kvfence.errors import BadInput
 
 #: Runs kept per (kind, argument, region); the last one says how many were left out.
 MAX_RUNS = 16
@@ -52,6 +51,8 @@ MAX_LANES = 1 << 14
 MAX_SAMPLES = 3
 #: Programs listed per finding.
 MAX_PROGRAMS = 32
+#: Bytes past address 0 that count as an access through a zero-element table's null pointer.
+NULL_SPAN = 1 << 24
 
 _EMPTY = np.zeros(0, dtype=np.uint64)
 #: Interpreter ops that derive a pointer from another (``_derive`` carries the allocation it came from).
@@ -99,6 +100,8 @@ class Audit:
 
     def __init__(self):
         self.allocations: List[Allocation] = []
+        #: Zero-element tables, launched as null pointers (``register_table``): an access near address 0 is theirs.
+        self.null_views: List[Allocation] = []
         self._events: Dict[Tuple[Kind, str, str], dict] = {}
         self._tables_dirty = True
         self._read_tables: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
@@ -109,7 +112,7 @@ class Audit:
     def _covered(self, base: int) -> bool:
         return any(a.base <= base < a.end for a in self.allocations)
 
-    def register_guarded(self, buf: GuardedBuffer) -> None:
+    def register_guarded(self, buf) -> None:
         """A ``GuardedBuffer``: the whole storage is ours; only its rows are readable."""
         base, nbytes = _storage_range(buf.storage)
         es = buf.storage.element_size()
@@ -129,6 +132,35 @@ class Audit:
             return f"= {buf.name}[{row}, {col}] of the ({buf.rows}, {buf.width}) view, row stride {buf.stride}"
 
         self._add(Allocation(buf.name, base, nbytes, es, readable, region, coords))
+
+    def register_table(self, g) -> None:
+        """A table of ``kvfence.engine.tables`` (``Guarded``): the flat tensor is ours; only its rows are
+        readable (a load from a guard, or past the last row, is a read past the table). A table of no elements
+        (width 0) reaches the kernel as a null pointer, as a zero-element tensor does in any launch: every access
+        through it is past its (empty) rows, and is named after it (``NULL_SPAN``)."""
+        if g.view.numel() == 0:
+            es = g.flat.element_size()
+            self.null_views.append(Allocation(
+                g.table.name, 0, NULL_SPAN, es, [],
+                lambda flat: ("past a zero-width row (the kernel was given a null pointer)", flat)))
+        base, nbytes = _storage_range(g.flat)
+        es = g.flat.element_size()
+        start = g.flat.data_ptr() + g.front * es
+        readable = [(start + r * g.stride * es, start + (r * g.stride + g.table.width) * es) for r in range(g.rows)]
+
+        def region(flat: int) -> Tuple[str, int]:
+            if flat < 0:
+                return "before the allocation", flat
+            if flat >= len(g.flat):
+                return "past the allocation", flat - len(g.flat)
+            name, row, offset = g.locate(flat)
+            return (f"{name} {row}" if row is not None else name), offset
+
+        def coords(flat: int) -> str:
+            name, row, offset = g.locate(flat) if 0 <= flat < len(g.flat) else ("", None, 0)
+            return f"= {g.table.name}[{row}, {offset}]" if name == "row" else ""
+
+        self._add(Allocation(g.table.name, base, nbytes, es, readable, region, coords))
 
     def register_tensor(self, name: str, t: torch.Tensor,
                         row_of_program: Optional[Callable[[Tuple[int, int, int]], int]] = None) -> None:
@@ -178,7 +210,8 @@ class Audit:
         for name, arg in named:
             # triton's TensorWrapper (a reinterpreted dtype) keeps the tensor in .base
             t = arg if isinstance(arg, torch.Tensor) else getattr(arg, "base", None)
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not self._covered(t.untyped_storage().data_ptr()):
+            if (isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                    and not self._covered(t.untyped_storage().data_ptr())):
                 self.register_tensor(f"{name} (unregistered launch argument)", t)
 
     # -- interval tables ---------------------------------------------------------------------------
@@ -274,7 +307,8 @@ class Audit:
         origin = next((a._kvfence_origin for a in args if hasattr(a, "_kvfence_origin")), None)
         if origin is None and name == "create_addptr" and getattr(args[0], "data", None) is not None \
                 and args[0].data.size:
-            origin = self._containing(int(args[0].data.flat[0]))  # a kernel argument's base pointer
+            base = int(args[0].data.flat[0])  # a kernel argument's base pointer
+            origin = self._containing(base) or self._null_view(base)
         if origin is not None and hasattr(out, "data"):
             out._kvfence_origin = origin
         return out
@@ -358,6 +392,10 @@ class Audit:
     def _containing(self, addr: int) -> Optional[Allocation]:
         return next((a for a in self.allocations if a.base <= addr < a.end), None)
 
+    def _null_view(self, addr: int) -> Optional[Allocation]:
+        """The zero-element table an address near 0 went through (the first, where several were null)."""
+        return self.null_views[0] if self.null_views and 0 <= addr < NULL_SPAN else None
+
     def _attribute(self, addr: int, hint: Optional[Allocation]) -> Allocation:
         """The allocation an address belongs to or, outside all, the one the kernel most likely overran.
 
@@ -371,6 +409,9 @@ class Audit:
             return inside
         if hint is not None:
             return hint
+        null = self._null_view(addr)
+        if null is not None:
+            return null
         before = [a for a in self.allocations if a.end <= addr and addr - a.end < a.nbytes]
         if before:
             return max(before, key=lambda a: a.end)
@@ -405,7 +446,7 @@ class Audit:
     def findings(self) -> List[Finding]:
         """Bad lanes grouped into contiguous runs per (kind, argument, region)."""
         out: List[Finding] = []
-        for (kind, name, region), ev in self._events.items():
+        for (kind, _name, region), ev in self._events.items():
             lanes = sorted(ev["lanes"], key=lambda x: x[0])
             offsets = [x[0] for x in lanes]
             runs, start = [], 0
@@ -440,7 +481,7 @@ class Audit:
         return out
 
 
-def for_launch(kernel_kwargs: dict, guarded: Sequence[GuardedBuffer], *, request_axis: Optional[int],
+def for_launch(kernel_kwargs: dict, guarded: Sequence, *, request_axis: Optional[int],
                req_pool_indices: Sequence[int]) -> Audit:
     """The audit of one harness launch: guarded outputs by region, tensor inputs by the views passed.
 
@@ -458,7 +499,8 @@ def for_launch(kernel_kwargs: dict, guarded: Sequence[GuardedBuffer], *, request
             continue
         owner = None
         if name == "req_to_token" and request_axis is not None:
-            owner = lambda grid, rows=rows, axis=request_axis: rows[grid[axis]]
+            def owner(grid, rows=rows, axis=request_axis):
+                return rows[grid[axis]]
         audit.register_tensor(name, value, owner)
     return audit
 

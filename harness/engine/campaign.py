@@ -8,19 +8,20 @@ Three things live here and nowhere else:
   is ``BadInput`` before any work).
 * **The database key** — ``database_key(...)``: a digest of the kernel spec, the sizing spec, the
   contract version (``KEY_VERSION``) and the domain (the contract's ``database_domain``; the draft kernel's:
-  mode, layout, seq-len limit, pinned config fields, ``--scale``'s bounds, batches per example, shard). Hypothesis's default key is a digest of the test
-  function's source, and ``kvfence.engine.loop`` builds one test function for every kernel, so without an
-  explicit key every kernel would replay (and, when the example passes, delete) every other kernel's
-  failures. The key does not depend on the host, the device, the seed, the example or memory budget
+  mode, layout, seq-len limit, pinned config fields, ``--scale``'s bounds, batches per example, shard).
+  Hypothesis's default key is a digest of the test function's source, and ``kvfence.engine.loop`` builds one test
+  function for every kernel, so without an explicit key every kernel would replay (and, when the example passes, delete)
+  every other kernel's failures. The key does not depend on the host, the device, the seed, the example or memory budget
   or kvfence's own source, so last night's failure is replayed by tonight's run of the same target
   and domain on any host (``--scale cpu`` and ``gpu`` are different domains).
 * **``--shard I/N``** — a deterministic partition of the config space and of the seeds. The config
   cells (every combination of the contract's ``shard_fields``: the draft kernel's ``(topk, num_steps,
   page_size)``) are dealt to N shards by a hash (balanced, and each shard gets a spread of each field); a
   shard draws one index into its own cells (no rejection sampling), then the rest from the contract's draws
-  with the cell pinned (cells whose smallest config exceeds the memory budget are left out, and counted). ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run
-  distinct random streams. When fewer cells than shards exist (e.g. a fully pinned GPU config),
-  shards share cells and differ by seed only; the summary says so.
+  with the cell pinned (cells whose smallest config exceeds the memory budget are left out, and counted).
+  ``shard_seed`` maps ``--seed S`` to ``S*N + I-1``, so shards sharing a seed still run distinct random streams. When
+  fewer cells than shards exist (e.g. a fully pinned GPU config), shards share cells and differ by seed only; the
+  summary says so.
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
         parts = urlsplit(f"{scheme}://{hostpart}")
         port = parts.port
     except ValueError as exc:
-        raise BadInput(f"{where}: {'the port must be an integer in 0..65535' if 'port' in str(exc).lower() else exc}") from None
+        reason = "the port must be an integer in 0..65535" if "port" in str(exc).lower() else exc
+        raise BadInput(f"{where}: {reason}") from None
     require(parts.scheme == "redis",
             f"{where}: unsupported scheme {parts.scheme!r}; use none, a directory or redis://HOST:PORT/DB")
     require(not parts.query and not parts.fragment, f"{where}: unexpected ?query or #fragment")
@@ -245,7 +247,8 @@ def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
     path = parts.path.strip("/")
     require(path == "" or path.isdigit(), f"{where}: the database must be a number, got {path!r}")
     username, _, password = userinfo.partition(":")
-    require(username == "", f"{where}: Redis URLs take a password only (the password goes before the @ after a colon, or in KVFENCE_REDIS_PASSWORD)")
+    require(username == "", f"{where}: Redis URLs take a password only (the password goes before the @ after a colon, "
+                            "or in KVFENCE_REDIS_PASSWORD)")
     port = REDIS_DEFAULT_PORT if port is None else port
     require(1 <= port <= 65535, f"{where}: port {port} out of range")
     db = int(path) if path else 0

@@ -5,8 +5,9 @@ no eval) and is validated on load; anything wrong is ``BadInput`` with a one-lin
 
     {
       "kvfence_case": 1,
-      "contract": "draft" | "flashmla-page-table" | ...,   # the record that reads "case" (absent: draft)
-      "case":     the contract's case_record(case),        # draft: {"config", "batch", "kernel", "canary_seed"}
+      "contract": the registered name of the record that reads "case" (absent: the draft kernel's),
+      "case":     the launch's record (``kvfence.engine.launch.to_record``):
+                  {"case": the contract's to_json(case), "width", "sizing", "kernel", "mode", "layout"},
       "device":   "cpu" | "cuda",            # where it was found
       "source":   "fuzz" | "pytest" | "journal" | ...,
       "sizing":   need vs width when found (informational: the contract's summary, less its config)
@@ -16,15 +17,15 @@ no eval) and is validated on load; anything wrong is ``BadInput`` with a one-lin
     }
 
 A file without ``contract`` is a draft kernel's (every case file before contracts were plug-ins); a plug-in
-contract's file of the earlier ``kvfence-contract-case/1`` format is read too. The draft kernel's case keeps
-no ``req_to_token``: it is regenerated from ``batch.token_seed`` (``kvfence.contracts.draft.case.slot_id``).
-The file name is a short hash of ``case`` alone, so re-finding the same case gives the same file, and
-writes are atomic (temp file + ``os.replace``), so pytest-xdist workers never clobber each other.
+contract's file of the earlier ``kvfence-contract-case/1`` format is read too, and so is a launch record written
+before launches existed (its contract's ``from_json`` reads it whole). The file name is a short hash of the
+contract and the launch's record, so re-finding the same case gives the same file and two contracts' cases
+never share one; writes are atomic (temp file + ``os.replace``), so pytest-xdist workers never clobber each
+other.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -33,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from kvfence import contract as contracts
-from kvfence.contracts.draft.case import Case, batch_from_dict, config_from_dict
-from kvfence.errors import BadInput, require
+from kvfence.engine import kernels, registry
+from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding, Kind
+from kvfence.errors import BadInput, require
 
 SCHEMA_VERSION = 1
 #: The key that marks a JSON object as a kvfence case file; its value is the schema version.
@@ -48,11 +49,8 @@ HASH_CHARS = 12
 #: Case files are small (a few KiB); anything far larger is not one.
 MAX_BYTES = 4 * 1024 * 1024
 _TOP_KEYS = {MARKER, "contract", "case", "device", "source", "sizing", "findings", "versions", "extras"}
-#: The contract of a schema-1 file that names none: every case file written before contracts were plug-ins.
-LEGACY_CONTRACT = "draft"
 #: The format of a plug-in contract's case file before the one format above (still read).
 CONTRACT_CASE_FORMAT = "kvfence-contract-case/1"
-_CASE_KEYS = {"config", "batch", "kernel", "canary_seed"}
 
 
 def _is_int(x) -> bool:
@@ -147,41 +145,21 @@ def current_choices() -> Optional[bytes]:
         return None
 
 
-# -- case <-> dict -------------------------------------------------------------------------------------
-def case_to_dict(case: Case) -> dict:
-    return {"config": case.config.to_dict(), "batch": case.batch.to_dict(), "kernel": case.kernel,
-            "canary_seed": case.canary_seed}
-
-
-def case_from_dict(d) -> Case:
-    require(isinstance(d, dict), "case must be a JSON object")
-    unknown = sorted(set(d) - _CASE_KEYS)
-    require(not unknown, f"case has unknown fields {unknown}")
-    missing = sorted({"config", "batch"} - set(d))
-    require(not missing, f"case lacks fields {missing}")
-    kernel = d.get("kernel", "reference")
-    require(isinstance(kernel, str) and kernel, f"case.kernel must be a non-empty string, got {kernel!r}")
-    try:
-        return Case(config_from_dict(d["config"]), batch_from_dict(d["batch"]), kernel, d.get("canary_seed", 0))
-    except TypeError as exc:  # a value of the wrong type deep inside a field
-        raise BadInput(f"case has a value of the wrong type: {exc}") from None
-
-
+# -- case files ----------------------------------------------------------------------------------------
 def case_hash(case) -> str:
-    """Short sha256 of the case content (canonical JSON of its contract's ``case_record``): the case file's name."""
-    text = json.dumps(contracts.of(case).case_record(case), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+    """Short sha256 of the launch's contract and record: the case file's name."""
+    return launches.digest(registry.get(case.contract), case)[:HASH_CHARS]
 
 
 def document(case, findings: List[Finding], *, device: str, source: str, extras: Optional[dict] = None) -> dict:
-    record = contracts.of(case)
+    record = registry.get(case.contract)
     try:
-        sizing = {k: v for k, v in record.summary(case).items() if k not in ("config", "batch", "case")}
+        sizing = {k: v for k, v in launches.summary(record, case).items() if k not in ("config", "case")}
     except BadInput as exc:  # e.g. a plug-in sizing that is gone: the case still records what it can
         sizing = {"unavailable": str(exc)}
-    return {MARKER: SCHEMA_VERSION, "contract": record.name, "case": record.case_record(case), "device": device,
-            "source": source, "sizing": sizing, "findings": [f.to_dict() for f in findings], "versions": versions(),
-            "extras": dict(extras or {})}
+    return {MARKER: SCHEMA_VERSION, "contract": record.name, "case": launches.to_record(record, case),
+            "device": device, "source": source, "sizing": sizing, "findings": [f.to_dict() for f in findings],
+            "versions": versions(), "extras": dict(extras or {})}
 
 
 def _file_mode() -> int:
@@ -222,31 +200,57 @@ def write_case(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: st
     return path
 
 
-def repro_command(path, kernel: str = "reference", sizing: str = "safe", contract: str = LEGACY_CONTRACT) -> str:
+def sizing_is_plugin(record, spec: str) -> bool:
+    """A sizing spec naming user code (not one of the contract's named policies nor a release's shipped sizing),
+    which a case file never makes kvfence import: ``repro`` asks for it again."""
+    return not launches.named(record, spec) and launches.is_plugin_spec(spec)
+
+
+def legacy_contract(data: dict) -> str:
+    """The contract of a record written before case files and summaries named one (every such record is the draft
+    kernel's): the one of kvfence's own contracts whose ``from_json`` reads its case (``BadInput`` unless exactly
+    one does)."""
+    case = {k: data[k] for k in ("config", "batch", "kernel", "canary_seed") if k in data}
+    readers = []
+    for name in registry.names():
+        if not registry.builtin(name):
+            continue
+        try:
+            registry.get(name).from_json(case)
+        except (BadInput, KeyError, TypeError, ValueError):
+            continue
+        readers.append(name)
+    require(len(readers) == 1, "a record that names no contract must be one kvfence's own contracts read alone "
+                               f"(read by {', '.join(readers) or 'none'})")
+    return readers[0]
+
+
+def repro_command(path, kernel: str, sizing: str, contract: str) -> str:
     """The command that replays the case file ``path`` found with ``kernel`` and ``sizing``.
 
     A case file's plug-ins are data that ``repro`` never imports on its own (kvfence.engine.repro), so
     a plug-in kernel or sizing is named again on the command line: the user who runs it vouches for it."""
     import shlex
 
-    record = contracts.get(contract)
+    record = registry.get(contract)
     words = ["python", "-m", "kvfence", "repro", str(path)]
-    for flag, spec in (("--kernel", kernel), ("--sizing", sizing)):
-        if record.names_plugin(spec):
-            words += [flag, spec]
+    if kernels.is_plugin(kernel):
+        words += ["--kernel", kernel]
+    if sizing_is_plugin(record, sizing):
+        words += ["--sizing", sizing]
     return shlex.join(words)
 
 
 def case_repro_command(path, case) -> str:
-    """``repro_command`` for a case file holding ``case``."""
-    record = contracts.of(case)
-    return repro_command(path, case.kernel, record.case_sizing(case), record.name)
+    """``repro_command`` for a case file holding ``case`` (a launch)."""
+    return repro_command(path, case.kernel, case.sizing, case.contract)
 
 
 def record_repro_command(path, record: dict) -> str:
     """``repro_command`` for a summary's case record (``kvfence.engine.summary.case_record``)."""
     sizing = record.get("sizing") or (record.get("config") or {}).get("sizing", "safe")
-    return repro_command(path, record.get("kernel", "reference"), sizing, record.get("contract", LEGACY_CONTRACT))
+    return repro_command(path, record.get("kernel", "reference"), sizing,
+                         record.get("contract") or legacy_contract(record))
 
 
 # -- loading -------------------------------------------------------------------------------------------
@@ -349,29 +353,44 @@ def from_document(doc, path="<memory>") -> CaseFile:
     require(MARKER in doc, f"case file {path}: not a kvfence case file (no {MARKER!r} field)")
     version = doc[MARKER]
     require(version == SCHEMA_VERSION and _is_int(version),
-            f"case file {path}: schema version {version!r} is not supported (this kvfence reads version {SCHEMA_VERSION})")
+            f"case file {path}: schema version {version!r} is not supported "
+            f"(this kvfence reads version {SCHEMA_VERSION})")
     unknown = sorted(set(doc) - _TOP_KEYS)
     require(not unknown, f"case file {path}: unknown fields {unknown}")
     require("case" in doc, f"case file {path}: no 'case' field")
-    name = doc.get("contract", LEGACY_CONTRACT)
-    require(isinstance(name, str), f"case file {path}: contract must be a string")
     try:
-        record = contracts.get(name)
-        case = record.case_from_record(doc["case"])
+        name = doc["contract"] if "contract" in doc else legacy_contract(doc["case"] if isinstance(doc["case"], dict)
+                                                                         else {})
+        require(isinstance(name, str), "contract must be a string")
+        record = registry.get(name)
+        require(isinstance(doc["case"], dict), "case must be a JSON object")
+        # Syntax only: a plug-in named in a case file is data, never imported on load (kvfence.engine.repro).
+        kernels.check_spec(doc["case"].get("kernel", "reference"), record=record)
+        case = launches.from_record(record, doc["case"])
+        kernels.check_spec(case.kernel, record=record)
         findings_raw = doc.get("findings", [])
         require(isinstance(findings_raw, list), "findings must be a list")
-        findings = [finding_from_dict(f, f"findings[{i}]", record.kinds) for i, f in enumerate(findings_raw)]
+        kinds = [k.name for k in record.kinds]
+        findings = [finding_from_dict(f, f"findings[{i}]", kinds) for i, f in enumerate(findings_raw)]
         for key in ("device", "source"):
             require(isinstance(doc.get(key, ""), str), f"{key} must be a string")
         for key in ("sizing", "versions", "extras"):
             require(isinstance(doc.get(key, {}), dict), f"{key} must be a JSON object")
-        # Syntax only: a plug-in named in a case file is data, never imported on load (kvfence.engine.repro).
-        record.check_spec(record.case_sizing(case), "sizing")
-        record.check_spec(case.kernel, "kernel")
     except BadInput as exc:
         raise BadInput(f"case file {path}: {exc}") from None
     return CaseFile(Path(path), case, findings, doc.get("device", ""), doc.get("source", ""), doc.get("sizing", {}),
                     doc.get("versions", {}), doc.get("extras", {}))
+
+
+def contract_named(path) -> List[str]:
+    """The contract a case file or summary names, read as data: ``[name]``, or ``[]`` for a file that cannot be
+    read or names none (reading it for real says why, in one line)."""
+    try:
+        doc = parse_json_file(path, "file")
+    except (BadInput, OSError):
+        return []
+    name = doc.get("contract") if isinstance(doc, dict) else None
+    return [name] if isinstance(name, str) else []
 
 
 def load_case(path) -> CaseFile:
@@ -408,7 +427,7 @@ def raise_on_findings(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, dev
 
 
 def format_failure(case, findings: List[Finding], limit: int = 8) -> str:
-    lines = [f"{len(findings)} finding(s) for {contracts.of(case).describe(case, full=True)}"]
+    lines = [f"{len(findings)} finding(s) for {launches.describe(registry.get(case.contract), case, full=True)}"]
     lines += ["  " + f.headline() for f in findings[:limit]]
     if len(findings) > limit:
         lines.append(f"  ... {len(findings) - limit} more")

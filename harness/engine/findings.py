@@ -40,6 +40,9 @@ class Kind(str, enum.Enum):
     #: Interpreter address audit: a load or store outside every registered allocation.
     OOB_READ = "OOB_READ"
     OOB_WRITE = "OOB_WRITE"
+    #: An output element holds a value derived from an input table's guard poison: the kernel read past an
+    #: input's rows and stored what it read (kvfence.engine.verdict).
+    POISON_READ = "POISON_READ"
     #: compute-sanitizer's verdicts (kvfence.sanitizer.tool), one kind per tool.
     SANITIZER_MEMCHECK = "SANITIZER_MEMCHECK"
     SANITIZER_INITCHECK = "SANITIZER_INITCHECK"
@@ -52,12 +55,25 @@ class Kind(str, enum.Enum):
 
 
 class ContractKind(str):
-    """A finding kind a plug-in contract declares (``kvfence.contract.Contract.kinds``). Behaves like
+    """A finding kind a contract declares (``kvfence.contract.FindingKind`` in ``Contract.kinds``). Behaves like
     ``Kind`` where findings are written (``.value``), so ``Finding`` carries it unchanged."""
 
     @property
     def value(self) -> str:
         return str(self)
+
+
+#: kvfence's own kinds decided from a case's arithmetic before any launch (need against width, a host check's
+#: formula); every other kind of ``Kind`` is seen in what a launch did.
+ARITHMETIC_KINDS = frozenset({"SIZING_VIOLATION", "HOST_CHECK_FIRED", "HOST_CHECK_ADMITS_OVERFLOW",
+                              "HOST_CHECK_REJECTS_FIT"})
+
+
+def observed(record, kind: str) -> bool:
+    """Whether ``kind`` is seen in what a kernel did (not decided by arithmetic before the launch): kvfence's own
+    kinds but ``ARITHMETIC_KINDS``, and a contract's own kinds it declares observed."""
+    declared = next((k for k in getattr(record, "kinds", ()) if k.name == kind), None)
+    return declared.observed if declared is not None else kind not in ARITHMETIC_KINDS
 
 
 def kind_of(value: str, declared=()) -> "Kind | ContractKind":

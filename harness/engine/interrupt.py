@@ -67,6 +67,20 @@ def pending() -> Optional[str]:
     return signal.Signals(_RECEIVED[0]).name if _RECEIVED else None
 
 
+#: Signals received when the run's outputs were last written (``outputs_written``).
+_AT_OUTPUTS: List[int] = []
+
+
+def outputs_written() -> None:
+    """The run's outputs are written, with what ``pending()`` said then: a signal after this changes none of them."""
+    _AT_OUTPUTS[:] = [len(_RECEIVED)]
+
+
+def only_after_outputs() -> bool:
+    """Every signal this process got came after its outputs were last written (they say it was not interrupted)."""
+    return bool(_RECEIVED) and _AT_OUTPUTS == [0]
+
+
 def raise_pending() -> None:
     """Raise ``Interrupted`` for a signal that came while it was deferred (a safe point of the run)."""
     if _RECEIVED:

@@ -56,8 +56,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from kvfence.errors import require
 from kvfence.engine import casefile
+from kvfence.errors import require
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
@@ -135,6 +135,10 @@ def max_jobs() -> int:
     return max(1, min(cores * JOBS_PER_CORE, by_memory))
 
 
+#: A job's plan, in its folder (``kvfence fuzz --plan FILE``).
+PLAN_FILE = "plan.json"
+
+
 def job_dir(out_dir: Path, i: int) -> Path:
     return Path(out_dir) / JOBS_DIR / f"job-{i}"
 
@@ -182,10 +186,11 @@ LEAD_HEAD_START_S = 2.0
 FOLLOWER_NICENESS = 10
 
 
-def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progress=None, on_first_failure=None,
+def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_first_failure=None,
              stop_on_failure: bool = True, lead: Optional[bool] = None, deadline_s: Optional[float] = None):
-    """Run one ``python -m kvfence fuzz`` child per argument list; return ``(docs, problems, crashes,
-    interrupted, not_started)``: the children's summaries, one line per child that ended abnormally, the
+    """Run one ``python -m kvfence fuzz --plan FILE`` child per plan (``RunPlan``s, each its own seed, budget share
+    and folder: ``kvfence.engine.fuzzrun.Run.child_plans``), the plan written as data; return ``(docs, problems,
+    crashes, interrupted, not_started)``: the children's summaries, one line per child that ended abnormally, the
     ``CRASH`` records recovered from dead children's journals, the signal's name if SIGINT/SIGTERM stopped
     the run (the children are then stopped too, and what they wrote is still merged), and how many jobs
     were never started (the lead found a failure, or a signal came, before they were).
@@ -209,29 +214,32 @@ def run_jobs(child_args: List[List[str]], out_dir: Path, *, device: str, progres
             f"--out {out_dir}: {scratch} exists and is not a directory: the jobs write there; move it away")
     require(not stop_file.is_dir() or stop_file.is_symlink(),
             f"--out {out_dir}: {stop_file} is a directory: the jobs' stop signal is a file there; move it away")
-    for i in range(len(child_args)):
+    for i in range(len(children)):
         folder = job_dir(out_dir, i)
         require(not folder.exists() or folder.is_dir(),
                 f"--out {out_dir}: {folder} exists and is not a directory: job {i} writes there; move it away")
     if stop_file.exists() or stop_file.is_symlink():
         stop_file.unlink()  # an earlier run's
+    from kvfence.engine.fuzzrun import write_job_file
+
     specs = []
-    for i, extra in enumerate(child_args):
+    for i, plan in enumerate(children):
         folder = job_dir(out_dir, i)
         if folder.exists():
             shutil.rmtree(folder)  # a job folder is this run's scratch; the merged outputs are the record
         env = dict(os.environ)
         if len(gpus) > 1:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-        cmd = [sys.executable, "-m", "kvfence", "fuzz", *extra, "--out", str(folder),
-               "--progress-file", str(folder / PROGRESS_FILE)] + (["--stop-file", str(stop_file)] if stop_on_failure
-                                                                  else [])
-        specs.append((cmd, env, folder))
+        plan_file = folder / PLAN_FILE
+        cmd = [sys.executable, "-m", "kvfence", "fuzz", "--plan", str(plan_file)]
+        specs.append((cmd, env, folder, plan, plan_file))
+    stop_path = stop_file if stop_on_failure else Path(out_dir) / JOBS_DIR / "never-stop"
     procs = []
 
     def launch(spec, niceness: int = 0) -> None:
-        cmd, env, folder = spec
+        cmd, env, folder, plan, plan_file = spec
         folder.mkdir(parents=True)
+        write_job_file(plan_file, plan, folder / PROGRESS_FILE, stop_path)
         log = open(folder / "log.txt", "w")
         # A job stops (SIGTERM: its outputs written) when this process dies, even by SIGKILL: no orphans.
         orphan_guard = child_dies_with_parent(signal.SIGTERM)

@@ -19,12 +19,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, List
 
-from kvfence.engine import casefile
-from kvfence import contract as contracts
-from kvfence.errors import BadInput, printable, require
+from kvfence.engine import casefile, registry
+from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding, Kind
+from kvfence.errors import BadInput, printable, require
 
 JOURNAL_DIR = "journal"
 SUFFIX = ".inflight"
@@ -48,8 +48,8 @@ class Journal:
         os.pwrite(self.fd, DONE + b"\n", 0)
 
     def _record(self, case, tail: str = "") -> str:
-        record = contracts.of(case)
-        body = json.dumps(record.case_record(case), separators=(",", ":"))
+        record = registry.get(case.contract)
+        body = json.dumps(launches.to_record(record, case), separators=(",", ":"))
         return f'{{"run":{self._head},"contract":{json.dumps(record.name)},"case":{body}{tail}}}\n'
 
     def begin(self, case) -> None:
@@ -60,8 +60,8 @@ class Journal:
         """Record a batch of cases of one config checked in one device round trip: the first as the case
         in flight, the others beside it. A fault surfaces only when the batch's results are read back, so the
         journal cannot know which case caused it; ``recover`` says so."""
-        record = contracts.of(cases[0])
-        others = json.dumps([record.case_record(c) for c in cases[1:]], separators=(",", ":"))
+        record = registry.get(cases[0].contract)
+        others = json.dumps([launches.to_record(record, c) for c in cases[1:]], separators=(",", ":"))
         os.pwrite(self.fd, IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
 
     def end(self) -> None:
@@ -149,9 +149,9 @@ def _set_aside(folder: Path, path: Path, problem: str, report: Callable[[str], N
 
 def _crash(record: dict, path: Path, out_dir) -> Crash:
     """The ``CRASH`` case file of a slot's in-flight case."""
-    name = record.get("contract", casefile.LEGACY_CONTRACT)
+    name = record.get("contract") or casefile.legacy_contract(record.get("case") or {})
     require(isinstance(name, str), "its contract is not a name")
-    case = contracts.get(name).case_from_record(record.get("case"))
+    case = launches.from_record(registry.get(name), record.get("case"))
     run = record.get("run", {})
     others = record.get("batch_of") or []
     where = (f"a batch of {1 + len(others)} cases of this config (this is the first; the others "

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from kvfence.engine.findings import Finding
-from kvfence.engine.loop import MAX_STATS, FuzzResult, failure_signature, fuzz
+from kvfence.engine.loop import fuzz
+from kvfence.engine.result import MAX_STATS, FuzzResult, failure_signature
 
 
 @dataclass
@@ -89,7 +90,8 @@ def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
                 "known_repeats"):
         setattr(total, key, getattr(total, key) + getattr(r, key))
     total.launches, total.session_stats, total.distinct_configs = r.launches, r.session_stats, r.distinct_configs
-    total.structure_keys, total.read_keys, total.config_keys = r.structure_keys, r.read_keys, r.config_keys  # the shared carry's
+    # the shared carry's
+    total.structure_keys, total.read_keys, total.config_keys = r.structure_keys, r.read_keys, r.config_keys
     if r.max_utilisation > total.max_utilisation:
         total.max_utilisation, total.max_utilisation_stat = r.max_utilisation, r.max_utilisation_stat
     if r.largest_config and (not total.largest_config or r.largest_config.get("estimated_bytes", 0)

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Mapping, Tuple
 
 from kvfence.errors import BadInput, require
 
@@ -30,6 +30,19 @@ RELEASE = re.compile(r"^([a-z][a-z0-9_-]*)==")
 SOURCES_GROUP = "kvfence.kernel_sources"
 
 
+def references(record) -> Dict[str, str]:
+    """The contract's own kernels by name: ``{"reference": record.reference}``, or its ``reference`` mapping
+    (``reference`` first; the others are the same ABI launched another way, which ``launch`` reads from
+    ``Launch.kernel``)."""
+    ref = record.reference
+    return dict(ref) if isinstance(ref, Mapping) else {"reference": ref}
+
+
+def reference_spec(record) -> str:
+    """``module:attr`` of the contract's reference kernel."""
+    return references(record)["reference"]
+
+
 def release_source(spec: str):
     """The source name of a release spec (``sglang`` of ``sglang==0.5.23``), or None."""
     match = RELEASE.match(spec) if isinstance(spec, str) else None
@@ -38,14 +51,20 @@ def release_source(spec: str):
 
 def is_plugin(spec: str) -> bool:
     """A ``module:attr`` / ``file.py:attr`` spec: user code, which a case file never makes kvfence import."""
-    return not (spec in ("reference",) or spec.startswith("mutant:") or release_source(spec))
+    return ":" in spec and not (spec.startswith("mutant:") or release_source(spec))
 
 
-def check_spec(spec, what: str = "kernel") -> None:
+def check_spec(spec, what: str = "kernel", record=None) -> None:
     """Syntax only (``BadInput`` unless ``spec`` looks like a kernel spec); imports nothing."""
     require(isinstance(spec, str) and spec and "\n" not in spec and len(spec) <= 4096,
             f"{what} spec must be a non-empty one-line string, got {str(spec)[:80]!r}")
-    if not is_plugin(spec):
+    if spec.startswith("mutant:") or release_source(spec):
+        return
+    if ":" not in spec:
+        require(record is None or spec in references(record),
+                f"unknown {what} {spec!r}: expected "
+                f"{', '.join(references(record)) if record is not None else 'reference'}, mutant:NAME, "
+                "SOURCE==VERSION, module:attr or file.py:attr")
         return
     where, _, attr = spec.rpartition(":")
     require(bool(where and attr), f"unknown {what} {spec!r}: expected reference, mutant:NAME, SOURCE==VERSION, "
@@ -99,7 +118,9 @@ def load_attr(spec: str, what: str):
         raise BadInput(f"cannot import {what} {spec!r}: ModuleNotFoundError: {exc} (looked in the current folder "
                        f"{os.getcwd()} and on sys.path: run from the folder that holds it, set PYTHONPATH, or name a "
                        "file such as path/to/file.py:attr)") from None
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code's import: bad input, one line
+    except (Exception, SystemExit) as exc:  # user code's import: bad input, one line
+        # Not KeyboardInterrupt: here it is a Ctrl-C (exit 130), in the plug-in probe (kvfence.engine.probe) an
+        # import that raises it, reported there as "importing ... raised KeyboardInterrupt".
         raise BadInput(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from None
     require(hasattr(module, attr), f"{what} {spec!r}: {where} has no attribute {attr!r}")
     return getattr(module, attr)
@@ -118,7 +139,7 @@ def module_file(spec: str) -> Path:
 # -- triton kernels ------------------------------------------------------------------------------------------
 def is_triton_kernel(obj) -> bool:
     """A ``@triton.jit`` function (compiled or interpreted), or an autotune / heuristics wrapper of one."""
-    return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn"))
+    return hasattr(obj, "fn") and hasattr(obj, "run") and callable(obj.fn)
 
 
 def unwrap(kernel):
@@ -146,7 +167,7 @@ def check_abi(record, spec: str, kernel) -> None:
     reference kernel (an int, a class, a plain function or another ABI's kernel is refused before any launch)."""
     require(is_triton_kernel(kernel), f"kernel {spec!r} is {type(kernel).__name__}, not a @triton.jit function of "
                                       f"contract {record.name}'s ABI")
-    ours = parameters(load_attr(record.reference, "kernel"))
+    ours = parameters(load_attr(reference_spec(record), "kernel"))
     theirs = parameters(kernel)
     require(len(theirs) == len(ours), f"kernel {spec!r} takes {len(theirs)} parameters ({', '.join(theirs)}); "
                                       f"contract {record.name}'s ABI takes {len(ours)} ({', '.join(ours)})")
@@ -182,7 +203,8 @@ def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:
 def mutant_of(record, name: str):
     """The record's planted bug ``name`` (``BadInput`` naming the known ones otherwise)."""
     known = {m.name: m for m in record.mutants}
-    require(name in known, f"contract {record.name}: unknown mutant {name!r}: choose from {', '.join(known) or '(none)'}")
+    require(name in known,
+            f"contract {record.name}: unknown mutant {name!r}: choose from {', '.join(known) or '(none)'}")
     return known[name]
 
 
@@ -218,19 +240,20 @@ def resolve(record, spec: str):
 
 
 def _resolve(record, spec: str):
-    check_spec(spec)
-    if spec == "reference":
-        return load_attr(record.reference, "kernel")
+    check_spec(spec, record=record)
+    named = references(record)
+    if spec in named:
+        return load_attr(named[spec], "kernel")
     if spec.startswith("mutant:"):
         mutant = mutant_of(record, spec.split(":", 1)[1])
         if mutant.kernel:
             return _resolve(record, mutant.kernel)
         require(bool(mutant.patch), f"mutant {mutant.name} of {record.name} is a sizing mutant: run the reference "
                                     f"kernel with --sizing {mutant.sizing}")
-        reference = module_file(record.reference)
+        reference = module_file(reference_spec(record))
         path = patched_kernel(mutant.name, [list(p) for p in mutant.patch], reference,
                               f"{reference.stem}-{record.name}-{mutant.name}.py")
-        return load_attr(f"{path}:{record.reference.rpartition(':')[2]}", "kernel")
+        return load_attr(f"{path}:{reference_spec(record).rpartition(':')[2]}", "kernel")
     if release_source(spec):
         path, function = release_kernel_file(record, spec)
         return load_attr(f"{path}:{function}", "kernel")

@@ -9,6 +9,7 @@ need/width arithmetic ``repro`` prints.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Dict, List, Optional
@@ -28,6 +29,11 @@ def is_release_sizing(spec: str) -> bool:
     return isinstance(spec, str) and "==" in spec.split(":", 1)[0]
 
 
+def is_plugin_spec(spec: str) -> bool:
+    """A spec naming user code: ``module:attr`` or ``path.py:attr``."""
+    return isinstance(spec, str) and ":" in spec and not is_release_sizing(spec)
+
+
 def width_of(record: Contract, case, sizing: str, mode: str) -> int:
     """The row width the named sizing gives ``case`` launched in ``mode``; ``BadInput`` (one line) for an unknown
     sizing or one that answers anything but an integer in ``[0, MAX_WIDTH]``."""
@@ -38,17 +44,24 @@ def width_of(record: Contract, case, sizing: str, mode: str) -> int:
                        f"{', '.join(record.sizings)}") from None
     width = policy(case, mode)
     require(type(width) is int and 0 <= width <= MAX_WIDTH,
-            f"contract {record.name}: sizing {sizing!r} gives width {printable(width, 60)}, not an integer in "
+            f"contract {record.name}: sizing {sizing!r} gives width {printable(repr(width), 60)}, not an integer in "
             f"[0, 2**30]")
     return width
 
 
+def named(record: Contract, sizing: str) -> bool:
+    """One of the contract's named policies (kvfence's own code: always recomputed, never taken from a file)."""
+    return sizing in list(record.sizings)
+
+
 def bind(record: Contract, case, sizing: str, kernel: str = "reference", mode: str = "eager",
          layout: str = "redzone", width: Optional[int] = None) -> Launch:
-    """``case`` launched under ``sizing`` (its width computed, or for a release's shipped sizing, given)."""
+    """``case`` launched under ``sizing``: its width computed by a named policy; for any other sizing (a
+    release's shipped one, a plug-in's) the ``width`` given is taken as recorded, since computing it would run
+    code a case file names, else computed."""
     require(mode in MODES, f"mode must be graph or eager, got {mode!r}")
     require(layout in LAYOUTS, f"layout must be redzone or production, got {layout!r}")
-    if width is None or not is_release_sizing(sizing):
+    if width is None or named(record, sizing):
         width = width_of(record, case, sizing, mode)
     require(type(width) is int and 0 <= width <= MAX_WIDTH, f"width must be an integer in [0, 2**30], got {width!r}")
     return Launch(record.name, case, width, sizing, kernel, mode, layout)
@@ -57,7 +70,7 @@ def bind(record: Contract, case, sizing: str, kernel: str = "reference", mode: s
 def replace(record: Contract, launch: Launch, *, kernel: Optional[str] = None, sizing: Optional[str] = None,
             mode: Optional[str] = None, layout: Optional[str] = None) -> Launch:
     """``launch`` under another kernel, sizing, mode or layout (the width recomputed by the new sizing)."""
-    keep = sizing is None and mode is None and is_release_sizing(launch.sizing)
+    keep = sizing is None and mode is None and not named(record, launch.sizing)
     return bind(record, launch.case, sizing or launch.sizing, kernel or launch.kernel, mode or launch.mode,
                 layout or launch.layout, launch.width if keep else None)
 
@@ -85,9 +98,12 @@ def from_record(record: Contract, data) -> Launch:
     require(mode in MODES, "case: mode must be graph or eager")
     require(layout in LAYOUTS, "case: layout must be redzone or production")
     width = data.get("width")
-    if is_release_sizing(data["sizing"]):
+    require(named(record, data["sizing"]) or is_release_sizing(data["sizing"]) or is_plugin_spec(data["sizing"]),
+            f"case: unknown sizing '{printable(data['sizing'], 80)}' of contract {record.name}: choose from "
+            f"{', '.join(record.sizings)}, a release's (sglang==V:...) or a plug-in (module:attr)")
+    if not named(record, data["sizing"]):
         require(type(width) is int and 0 <= width <= MAX_WIDTH,
-                "case: a shipped-sizing case needs its width, an integer in [0, 2**30]")
+                f"case: a case of sizing {data['sizing']!r} needs its width, an integer in [0, 2**30]")
     case = record.from_json(data["case"])
     return bind(record, case, data["sizing"], data["kernel"], mode, layout, width)
 
@@ -118,43 +134,66 @@ def describe(record: Contract, launch: Launch, full: bool = False) -> str:
     return f"{record.name} {fields}; width {launch.width} ({launch.sizing}), {settings}{kernel}"
 
 
-_KEYS: Dict[int, tuple] = {}
-
-
+@functools.lru_cache(maxsize=8192)
 def keys(record: Contract, launch: Launch) -> Keys:
-    """The contract's keys of the launch (``Contract.keys``), with the launch's settings in its config."""
-    found = record.keys(launch.case, launch.width)
+    """The contract's keys of the launch (``Contract.keys``), with the launch's settings in its config and its
+    width in its structure (computed once per launch: the fuzz loop and the worker's wire both ask)."""
+    found = record.keys(launch)
     settings = (("sizing", launch.sizing), ("mode", launch.mode), ("layout", launch.layout), ("kernel", launch.kernel))
     return Keys(config=tuple(found.config) + settings, structure=(found.structure, launch.width),
                 compile=found.compile, reads=found.reads, edges=tuple(found.edges), requests=found.requests)
 
 
+#: The columns of a coverage row (``coverage_row``); the first is the contract's panel (its config key's first).
+COVERAGE = ("num_seqs", "need", "width", "failed")
+
+
+def coverage_fields(record: Contract, launch: Launch) -> tuple:
+    """The coverage plot's columns for the contract: its panel field, then ``COVERAGE``."""
+    config = keys(record, launch).config
+    return ((config[0][0] if config else "config"),) + COVERAGE
+
+
+def coverage_row(record: Contract, launch: Launch, failed: bool) -> tuple:
+    """One point of the coverage plot: the panel's value, the requests, need, width and whether it failed."""
+    found = keys(record, launch)
+    panel = found.config[0][1] if found.config else 0
+    return (panel, requests(record, launch, found), record.need(launch), launch.width, failed)
+
+
 def requests(record: Contract, launch: Launch, found: Optional[Keys] = None) -> int:
     """How many requests the launch has (the contract's ``Keys.requests``, else rows of its first output)."""
-    found = found or record.keys(launch.case, launch.width)
+    found = found or keys(record, launch)
     if found.requests is not None:
         return found.requests
-    outputs = [t for t in record.tables(launch.case, launch.width) if t.role == "output"]
+    outputs = [t for t in record.tables(launch) if t.role == "output"]
     return (outputs[0].rows or 1) if outputs else 1
 
 
 def table_bytes(record: Contract, launch: Launch) -> int:
     """Bytes the launch's tables hold (guards aside), from their shapes alone: nothing is built."""
     size = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}
-    return sum((t.rows or 1) * t.width * size.get(t.dtype, 8) for t in record.tables(launch.case, launch.width))
+    return sum((t.rows or 1) * t.width * size.get(t.dtype, 8) for t in record.tables(launch))
 
 
 def summary(record: Contract, launch: Launch) -> dict:
     """What summaries and case files keep of a launch: need, width, requests, its config and its record."""
-    found = record.keys(launch.case, launch.width)
-    return {"need": record.need(launch.case), "width": launch.width, "num_seqs": requests(record, launch, found),
-            "config": {k: v for k, v in keys(record, launch).config}, "case": to_record(record, launch)}
+    found = keys(record, launch)
+    return {"need": record.need(launch), "width": launch.width, "num_seqs": requests(record, launch, found),
+            "config": {k: _data(v) for k, v in found.config}, "case": to_record(record, launch)}
+
+
+def _data(value):
+    """A key's value as JSON data (tuples as lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_data(v) for v in value]
+    return value
 
 
 def explain(record: Contract, launch: Launch) -> List[str]:
     """The need/width arithmetic, as ``repro`` prints it: the need, the sizing (with its policy's formula, the
     first line of its docstring) and the verdict."""
-    need = record.need(launch.case)
+    need = record.need(launch)
     policy = record.sizings.get(launch.sizing) if hasattr(record.sizings, "get") else None
     formula = ((getattr(policy, "__doc__", None) or "").strip().splitlines() or [""])[0]
     verdict = (f"need > width by {need - launch.width}: the row is too narrow" if need > launch.width
@@ -166,5 +205,5 @@ def explain(record: Contract, launch: Launch) -> List[str]:
 
 def utilisation(record: Contract, launch: Launch) -> float:
     """need / width (Hypothesis's target phase climbs it toward the wall)."""
-    need = record.need(launch.case)
+    need = record.need(launch)
     return need / launch.width if launch.width else float(need > 0)

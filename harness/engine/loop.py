@@ -10,245 +10,36 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
+from hypothesis import seed as hyp_seed
+from hypothesis import strategies as st
 
-from kvfence import contract as contracts
-from kvfence.engine.casefile import format_failure
-from kvfence.engine.findings import Finding, Kind
-from kvfence.engine.interrupt import raise_pending
-
-
-class FindingsFound(AssertionError):
-    """Raised inside the Hypothesis test when a case has findings; carries the case and findings."""
-
-    def __init__(self, case, findings: List[Finding]):
-        self.case = case
-        self.findings = findings
-        super().__init__(format_failure(case, findings))
-
-
-#: Example stats kept per run (a uniform reservoir sample beyond this), so long GPU runs stay small.
-MAX_STATS = 20000
-#: Explored examples whose timing and config a run keeps (``FuzzResult.first_examples``): where a slow first
-#: verdict spent its time.
-FIRST_EXAMPLES_KEPT = 8
-#: The ``Session.stats`` counters a kept first example records the change of (``first_examples[].work``):
-#: kernel variants first launched and the seconds warming them up (compiling), configs built (buffers) and
-#: their seconds, graph captures and their seconds, launches and check_many round trips.
-EXAMPLE_WORK = ("compiles", "compile_s", "runners", "runner_s", "captures", "capture_s", "launches", "batches")
-
-
-class DuplicateFailure(BaseException):
-    """Raised inside the Hypothesis test when, with ``known`` failures (``--keep-going``), shrinking
-    reaches one already saved: the phase ends there instead of shrinking a failure it already has."""
-
-
-def failure_signature(case, findings: List[Finding]) -> tuple:
-    """What makes two failures the same for ``--keep-going``: their finding kinds and config (the contract's
-    ``config_of``)."""
-    return tuple(sorted({f.kind.value for f in findings})), contracts.of(case).config_of(case)
-
-
-class BulkFailure(BaseException):
-    """Raised inside the Hypothesis test when the run's first failure is a bulk case of a
-    ``kvfence.contracts.draft.strategies.CaseRun``: ``fuzz`` then replays ``choices`` (the example spliced down to that
-    case) through Hypothesis, which shrinks it as any failure."""
-
-    def __init__(self, case, findings: List[Finding], choices: Optional[tuple]):
-        self.case, self.findings, self.choices = case, findings, choices
-        super().__init__(format_failure(case, findings))
-
-
-class SpliceMismatch(BaseException):
-    """Raised inside the splice replay when Hypothesis's replay of the spliced choices is not the bulk
-    case (a Hypothesis whose internals differ): the failure is then reported as found."""
-
-
-#: What ``FuzzResult.bulk_splice`` says when the spliced replay reproduced the bulk failure.
-SPLICE_REPLAYED = "replayed"
-
-
-#: Seconds between two calls of ``fuzz(stop_requested=)`` (a file's existence, asked per example otherwise).
-STOP_POLL_S = 0.05
-
-
-class TimeBudgetSpent(BaseException):
-    """Raised inside the Hypothesis test when ``max_seconds`` have passed before any failure (or
-    ``stop_requested`` said so).
-
-    A ``BaseException``: Hypothesis lets it through (it is not a failure to shrink), and ``fuzz`` ends
-    the run cleanly with what was checked so far.
-    """
-
-
-@dataclass
-class FuzzResult:
-    """What one run did. The counts use one vocabulary everywhere (progress, summary, table, JSON):
-
-    * ``examples``: Hypothesis examples explored (each holds one case, or several of one config);
-    * ``generated_cases``: cases drawn while exploring, repeats included;
-    * ``verified_cases``: distinct cases launched and verified (exploring and shrinking);
-    * ``cached_cases``: repeats answered from the verdict cache, never launched again;
-    * ``shrink_cases``: cases checked while shrinking a failure (verified or cached);
-    * ``launches``: kernel launches (a dirty case on the device path is launched twice);
-    * ``structural_cases``: explored cases distinct in what changes where the kernel writes (the
-      contract's ``structure_of``; the draft's: config and lengths, and so positions): the kernel makes
-      the same stores at the same addresses for two cases of one structure, only the values copied differ;
-    * ``read_variant_cases``: explored cases of a structure seen before that read other input elements
-      (the contract's ``read_variant_of``; the draft's pool rows): counted apart, never in a rate called
-      structural;
-    * ``token_variant_cases``: explored cases verified although their structure and reads had been
-      verified before (another token table only): counted apart, never in a rate called distinct;
-    * ``bulk_cases``: verified cases that came from the fast generator (``case_runs(bulk=N)``), part of
-      ``verified_cases``;
-    * ``bulk_skipped``: bulk cases not launched because the run had already verified their structure
-      and reads (they would only be token variants); not part of ``generated_cases``.
-
-    ``cases_per_s`` is ``verified_cases / elapsed_s``: a rate only of work really done;
-    ``structural_cases_per_s`` (``structural_cases / elapsed_s``) is the rate of new coverage, beside
-    ``examples_per_s`` and ``distinct_configs_per_s``.
-    ``structure_keys`` / ``read_keys`` / ``config_keys`` are the digests behind ``structural_cases``,
-    ``read_variant_cases`` (``read_keys`` less ``structure_keys``: a new structure is a new read key too)
-    and ``distinct_configs`` (``structure_key``), stable across processes, so a merge of several jobs
-    counts what is distinct across all of them (``kvfence.engine.summary.merge``).
-    """
-
-    examples: int = 0
-    generated_cases: int = 0
-    verified_cases: int = 0
-    cached_cases: int = 0
-    shrink_cases: int = 0
-    launches: int = 0
-    structural_cases: int = 0
-    read_variant_cases: int = 0
-    token_variant_cases: int = 0
-    bulk_cases: int = 0
-    bulk_skipped: int = 0
-    #: None when the first failure was a Hypothesis-drawn case; ``SPLICE_REPLAYED`` when it was a bulk
-    #: case and Hypothesis replayed (and shrank) the example spliced down to it; otherwise the one line
-    #: saying why the bulk failure is reported as found, unshrunk.
-    bulk_splice: Optional[str] = None
-    elapsed_s: float = 0.0
-    case: Optional[object] = None
-    findings: List[Finding] = field(default_factory=list)
-    max_utilisation: float = 0.0
-    #: The case of ``max_utilisation`` (need/width), so the report can name it.
-    max_utilisation_stat: Optional[tuple] = None
-    shrink_cut: bool = False
-    shrinking: bool = False
-    #: True when ``max_seconds`` ended the run before ``max_examples``.
-    time_cut: bool = False
-    #: True when ``stop_requested`` ended the exploration (``--jobs``: another job found a failure).
-    job_failure_cut: bool = False
-    #: Seconds from the start to the first failing case, and the examples it took (before shrinking).
-    first_failure_s: Optional[float] = None
-    examples_to_failure: Optional[int] = None
-    #: Wall-clock time (epoch seconds) of the first failing case: ``--jobs`` parents compare jobs by it.
-    first_failure_at: Optional[float] = None
-    #: Wall-clock time (epoch seconds) when the first cases went to the session (the summary's ``first_launch_s``).
-    first_launch_at: Optional[float] = None
-    #: The first failure as found (before shrinking), one line: what the run announces at once.
-    first_failure_text: Optional[str] = None
-    #: The first ``FIRST_EXAMPLES_KEPT`` explored examples: when each began and its check ended (seconds from the
-    #: command's start), the cases it checked and its config (the contract's ``config_record``).
-    first_examples: List[dict] = field(default_factory=list)
-    #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat.
-    stats: List[tuple] = field(default_factory=list)
-    failure_stat: Optional[tuple] = None
-    #: ``kvfence.engine.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
-    hypothesis: Optional[dict] = None
-    #: Distinct configs checked, and the largest one launched (by its memory estimate).
-    distinct_configs: int = 0
-    largest_config: Optional[dict] = None
-    #: Boundary class -> cases that reached it (``kvfence.contracts.draft.domain.boundary_classes``).
-    boundaries: Dict[str, int] = field(default_factory=dict)
-    #: The session's compile / capture counters and times (``Session.stats``), copied at the end.
-    session_stats: Dict[str, float] = field(default_factory=dict)
-    #: Set when a signal ended the run (``KeyboardInterrupt``, e.g. ``kvfence.cli``'s SIGINT/SIGTERM
-    #: handler): the signal's name. ``case``/``findings`` are then the smallest failure seen so far.
-    interrupted: Optional[str] = None
-    #: ``--keep-going`` (``kvfence.engine.keepgoing``): failures already saved that exploring met again (they
-    #: pass there), the saved failure this run's shrinking reached, the signature of the first failure
-    #: explored (before shrinking), every distinct failure of the run
-    #: (``keepgoing.Failure``), and the final replay's Hypothesis choices (to store it in the database).
-    known_repeats: int = 0
-    duplicate_of: Optional[tuple] = None
-    first_signature: Optional[tuple] = None
-    failures: list = field(default_factory=list)
-    choices: Optional[bytes] = None
-    #: ``--keep-going`` only: phases run, distinct failures, duplicates, known repeats.
-    keep_going: Optional[dict] = None
-
-    structure_keys: set = field(default_factory=set)
-    read_keys: set = field(default_factory=set)
-    config_keys: set = field(default_factory=set)
-
-    def _per_s(self, count: int) -> float:
-        return count / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def cases_per_s(self) -> float:
-        return self._per_s(self.verified_cases)
-
-    @property
-    def structural_cases_per_s(self) -> float:
-        return self._per_s(self.structural_cases)
-
-    @property
-    def examples_per_s(self) -> float:
-        return self._per_s(self.examples)
-
-    @property
-    def distinct_configs_per_s(self) -> float:
-        return self._per_s(self.distinct_configs)
-
-
-def config_key(config) -> int:
-    """A digest of a config, the same in every process (``hash`` of a config is not: it holds strings)."""
-    import hashlib
-
-    return int.from_bytes(hashlib.blake2b(repr(config).encode(), digest_size=8).digest(), "little")
-
-
-def structure_key(config_digest: int, structure) -> int:
-    """A case's structure (its config's digest and the contract's ``structure_of``: what changes where the
-    kernel writes), the same in every process: a tuple of ints hashes identically everywhere."""
-    return hash((config_digest, structure))
-
-
-def read_key(record, config_digest: int, case) -> int:
-    """A case's structure and reads (its contract's ``structure_of`` and ``read_variant_of``): two cases of
-    one read key differ only in values the kernel copies (the bulk skips the second)."""
-    return structure_key(config_digest, (record.structure_of(case), record.read_variant_of(case)))
-
-
-def utilisation(case) -> float:
-    """need / width of the case's launch (its contract's ``utilisation``): Hypothesis ``target()``s it to press
-    against the limit."""
-    return contracts.of(case).utilisation(case)
-
-
-def _keep(result: FuzzResult, make_stat: Callable[[], tuple], rng: random.Random) -> Optional[tuple]:
-    """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far. The stat is
-    built (``make_stat()``) only when it is kept, and returned then."""
-    if len(result.stats) < MAX_STATS:
-        stat = make_stat()
-        result.stats.append(stat)
-        return stat
-    j = rng.randrange(result.generated_cases)
-    if j < MAX_STATS:
-        stat = result.stats[j] = make_stat()
-        return stat
-    return None
-
-
-#: Kinds of a failure whose every candidate costs a worker restart while it is shrunk (the worker died or
-#: was killed): its candidates are checked one case per message (``RemoteSession.check_many``'s
-#: ``one_at_a_time``), so a crashing candidate costs one restart, not two.
-RESTART_KINDS = frozenset({Kind.CRASH, Kind.HANG})
+from kvfence.engine import launch as launches
+from kvfence.engine import registry
+from kvfence.engine.findings import Finding
+from kvfence.engine.interrupt import Interrupted, pending, raise_pending
+from kvfence.engine.result import (
+    EXAMPLE_WORK,
+    FIRST_EXAMPLES_KEPT,
+    RESTART_KINDS,
+    SPLICE_REPLAYED,
+    STOP_POLL_S,
+    BulkFailure,
+    DuplicateFailure,
+    FindingsFound,
+    FuzzResult,
+    RunAborted,
+    SpliceMismatch,
+    TimeBudgetSpent,
+    config_key,
+    failure_signature,
+    keep_sample,
+    read_key,
+    structure_key,
+)
+from kvfence.errors import BadInput
 
 
 def _check_many(session, cases: list, journal, enough: Callable[[List[Finding]], bool],
@@ -315,8 +106,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
     ``kvfence.contract.Contract``): its config, structure, need/width, coverage row and edge classes.
 
     ``session`` is anything with ``check(case) -> List[Finding]`` (and optionally ``check_many``):
-    ``kvfence.contracts.draft.session.Session`` (in this process) or ``kvfence.engine.worker.RemoteSession`` (in a worker
-    process that may crash or hang).
+    ``kvfence.contracts.draft.session.Session`` (in this process) or ``kvfence.engine.worker.RemoteSession`` (in a
+    worker process that may crash or hang).
 
     ``journal`` (a ``kvfence.engine.journal.Journal``) records the cases in flight around each launch.
     ``database`` (a Hypothesis ``ExampleDatabase``) needs ``database_key`` (``kvfence.engine.campaign.database_key``):
@@ -348,13 +139,13 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
 
     def _record(case):
         if record[0] is None:
-            record[0] = contracts.of(case)
+            record[0] = registry.get(case.contract)
         return record[0]
 
     def body(example):
         raise_pending()  # a signal that came while the run was starting: it ends the run here, cleanly
-        # An example is one case, or a list of cases sharing a config (kvfence.contracts.draft.strategies.case_runs), the
-        # bulk ones (a CaseRun) from bulk_start on.
+        # An example is one case, or a list of cases sharing a config (kvfence.contracts.draft.strategies.case_runs),
+        # the bulk ones (a CaseRun) from bulk_start on.
         cases = example if isinstance(example, list) else [example]
         bulk_start = getattr(example, "bulk_start", len(cases))
         now = time.perf_counter()
@@ -379,7 +170,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             bulk = []
             if not shrinking:
                 rec = _record(cases[0])
-                digest = _digest(rec.config_of(cases[0]))
+                digest = _digest(launches.keys(rec, cases[0]).config)
                 for case in cases[bulk_start:]:
                     if case in verdicts or read_key(rec, digest, case) not in read_shapes:
                         bulk.append(case)
@@ -475,9 +266,10 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         """Record one explored case (stats, coverage, largest config); returns its need/width."""
         result.generated_cases += 1
         rec = _record(case)
-        config = rec.config_of(case)
+        found = launches.keys(rec, case)
+        config = found.config
         digest = _digest(config)
-        shape, reads = structure_key(digest, rec.structure_of(case)), read_key(rec, digest, case)
+        shape, reads = structure_key(digest, found.structure), read_key(rec, digest, case)
         if shape not in shapes:
             shapes.add(shape)
             result.structural_cases += 1
@@ -486,16 +278,19 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         elif verified_now:
             result.token_variant_cases += 1
         read_shapes.add(reads)
-        u = rec.utilisation(case)
-        stat = _keep(result, lambda: rec.coverage_row(case, bool(findings)), rng)
+        if result.coverage_fields is None:
+            result.coverage_fields = launches.coverage_fields(rec, case)
+        u = launches.utilisation(rec, case)
+        stat = keep_sample(result, lambda: launches.coverage_row(rec, case, bool(findings)), rng)
         if u > result.max_utilisation:
-            result.max_utilisation, result.max_utilisation_stat = u, stat or rec.coverage_row(case, bool(findings))
+            result.max_utilisation = u
+            result.max_utilisation_stat = stat or launches.coverage_row(rec, case, bool(findings))
         if config not in configs_seen:
-            configs_seen[config] = size = rec.config_bytes(config)
+            configs_seen[config] = size = launches.table_bytes(rec, case)
             if size > state["largest"]:
                 state["largest"] = size
-                result.largest_config = dict(rec.config_record(config), estimated_bytes=size)
-        for name in rec.boundaries(case):
+                result.largest_config = dict(launches.summary(rec, case)["config"], estimated_bytes=size)
+        for name in found.edges:
             result.boundaries[name] = result.boundaries.get(name, 0) + 1
         return u
 
@@ -512,7 +307,7 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         state["work_before"] = {k: stats.get(k, 0) for k in EXAMPLE_WORK}
         result.first_examples.append({"example": result.examples, "began_s": since_start(began),
                                       "checked_s": since_start(time.time()), "cases_checked": checked,
-                                      "work": work, "config": rec.config_record(rec.config_of(case))})
+                                      "work": work, "config": launches.summary(rec, case)["config"]})
 
     def _digest(config) -> int:
         digest = config_digests.get(config)
@@ -560,12 +355,28 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
             raise BulkFailure(case, findings, run.splice(run.index(case)))
         raise FindingsFound(case, findings)
 
+    @st.composite
+    def aborting(draw):
+        """The strategy's draw, a ``BadInput`` in it ending the run (``RunAborted``) instead of failing the example."""
+        try:
+            return draw(strategy)
+        except BadInput as exc:
+            raise RunAborted(exc) from None
+
+    def checked(drawn):
+        try:
+            return body(drawn)
+        except BadInput as exc:
+            raise RunAborted(exc) from None
+
     def hypothesis_test(phases, db, key):
-        test = given(strategy)(body)
+        test = given(aborting())(checked)
         if seed is not None:
             # Before @settings: @seed on its own turns the example database off; the settings below decide.
             test = hyp_seed(seed)(test)
+        # derandomize off: the run's own seed decides (a profile's derandomize, pytest's ci, would ignore it).
         test = settings(max_examples=max_examples, deadline=None, database=db, verbosity=Verbosity.quiet,
+                        derandomize=False,
                         report_multiple_bugs=False, print_blob=False, phases=phases,
                         suppress_health_check=list(HealthCheck))(test)
         if db is not None:
@@ -573,8 +384,13 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
 
             if key is None:
                 raise ValueError("fuzz(database=...) needs a database_key (kvfence.engine.campaign.database_key)")
-            apply_database_key(test, body, key)
+            apply_database_key(test, checked, key)
         return test
+
+    def whose() -> str:
+        """Whose code may have raised what the search did not expect: the contract's, or a plug-in's."""
+        name = record[0].name if record[0] is not None else None
+        return f"contract {name}'s or a plug-in's code" if name else "a contract's or a plug-in's code"
 
     def run(test) -> Optional[BulkFailure]:
         """Run ``test``; the failure it ends with goes into ``result`` (a bulk one is returned)."""
@@ -583,17 +399,26 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         except FindingsFound as failure:
             result.case = failure.case
             result.findings = failure.findings
-            result.failure_stat = _record(failure.case).coverage_row(failure.case, True)
+            result.failure_stat = launches.coverage_row(_record(failure.case), failure.case, True)
         except BulkFailure as failure:
             return failure
         except KeyboardInterrupt as stop:
+            if not isinstance(stop, Interrupted) and pending() is None:
+                # No signal came: code raised it (a contract's method, a plug-in), not the user.
+                raise BadInput(f"a KeyboardInterrupt was raised while no signal came (by {whose()}, during the "
+                               f"search): {stop!r}; the run is not a verdict") from None
             # A signal: keep what was checked and the smallest failure so far (not fully shrunk).
             result.interrupted = getattr(stop, "signal_name", None) or "SIGINT"
             if state.get("last_failure") is not None:
                 result.case, result.findings = state["last_failure"]
-                result.failure_stat = _record(result.case).coverage_row(result.case, True)
+                result.failure_stat = launches.coverage_row(_record(result.case), result.case, True)
         except (TimeBudgetSpent, DuplicateFailure, SpliceMismatch):
             pass
+        except RunAborted as stop:
+            raise stop.error from None
+        except SystemExit as exc:  # code's, not the run's: never an exit (0 would read as a pass)
+            raise BadInput(f"SystemExit({exc.code!r}) was raised during the search (by {whose()}); the run is not "
+                           "a verdict") from None
         return None
 
     # No shrink budget: the first failure is the answer (Hypothesis's shrinker would still replay
@@ -654,13 +479,13 @@ def _shrink_bulk_failure(bulk: BulkFailure, hypothesis_test, run, shrink: list, 
             reason = "Hypothesis's replay of the spliced example was not the failing bulk case"
     result.bulk_splice = f"the first failure (a bulk case) is reported unshrunk: {reason}"
     result.case, result.findings = bulk.case, bulk.findings
-    result.failure_stat = contracts.of(bulk.case).coverage_row(bulk.case, True)
+    result.failure_stat = launches.coverage_row(registry.get(bulk.case.contract), bulk.case, True)
     result.shrink_cut = True
 
 
 def first_failure_line(case, findings: List[Finding]) -> str:
     """One line naming a failure as first found: its finding kinds and its config."""
-    return f"{', '.join(damage_kinds(findings))} at {contracts.of(case).describe(case)}"
+    return f"{', '.join(damage_kinds(findings))} at {launches.describe(registry.get(case.contract), case)}"
 
 
 def damage_kinds(findings: List[Finding]) -> List[str]:

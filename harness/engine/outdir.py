@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Optional
 
 from kvfence.engine.casefile import CASES_DIR
-from kvfence.errors import BadInput, require
 from kvfence.engine.journal import JOURNAL_DIR
+from kvfence.errors import BadInput, require
 
 EARLIER_DIR = "earlier"
 #: What ``upstream matrix`` writes into its ``--out``: the reports, and one folder per release

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Tuple
 
-from kvfence.errors import BadInput, printable, redact_word
 from kvfence.engine.journal import epoch_text
+from kvfence.errors import BadInput, printable, redact_word
 
 LOCK_NAME = ".kvfence.lock"
 

@@ -14,14 +14,14 @@ refuses the others.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Mapping, Optional
 
+from kvfence.contract import DOMAINS, LAYOUTS, MODES, Domain
+from kvfence.engine.registry import default_name
 from kvfence.errors import require
 
 DEVICES = ("cpu", "cuda")
-MODES = ("graph", "eager")
-DOMAINS = ("cpu", "gpu")
 
 
 def _int(v) -> bool:
@@ -39,11 +39,12 @@ class RunPlan:
     shrinking), how (batches per example, bulk, memory, jobs, targeting, keep-going) and where cases run
     (a checking worker with a case timeout, or this process)."""
 
-    contract: str = "draft"
+    contract: str = field(default_factory=lambda: default_name())
     kernel: str = "reference"
     sizing: str = "safe"
     device: str = "cpu"
     mode: str = "graph"
+    layout: str = "redzone"
     domain: str = "cpu"
     pins: Mapping[str, object] = field(default_factory=dict)
     seed: Optional[int] = None
@@ -62,6 +63,14 @@ class RunPlan:
     isolate: bool = True
     case_timeout: float = 5.0
     audit: Optional[bool] = None
+    #: False (``--no-absorb``): a write past the last row leaves the allocation (for compute-sanitizer).
+    absorb: bool = True
+    #: Where the run writes (cases/, summary.json, the reports), its example database (None: OUT/.hypothesis),
+    #: its shard (``--shard I/N``, as given) and ``--resume`` (only collect cases left in flight by runs that died).
+    out: str = "reports/out"
+    database: Optional[str] = None
+    shard: Optional[str] = None
+    resume: bool = False
 
     def __post_init__(self):
         for name in ("contract", "kernel", "sizing"):
@@ -69,13 +78,15 @@ class RunPlan:
                     f"{name} must be a non-empty string, got {getattr(self, name)!r}")
         require(self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         require(self.mode in MODES, f"mode must be graph or eager, got {self.mode!r}")
+        require(self.layout in LAYOUTS, f"layout must be redzone or production, got {self.layout!r}")
         require(self.domain in DOMAINS, f"domain must be cpu or gpu, got {self.domain!r}")
         require(not (self.domain == "gpu" and self.device != "cuda"),
                 "the gpu domain needs a CUDA device: production-sized launches under the interpreter would take hours")
         require(isinstance(self.pins, Mapping) and all(isinstance(k, str) for k in self.pins),
                 "pins must map field names to values")
         object.__setattr__(self, "pins", dict(self.pins))
-        require(self.seed is None or (_int(self.seed) and self.seed >= 0), f"seed must be an integer >= 0, got {self.seed!r}")
+        require(self.seed is None or (_int(self.seed) and self.seed >= 0),
+                f"seed must be an integer >= 0, got {self.seed!r}")
         require(_int(self.max_examples) and self.max_examples >= 1,
                 f"max_examples must be a positive integer, got {self.max_examples!r}")
         require(self.max_seconds is None or _seconds(self.max_seconds, positive=True),
@@ -90,10 +101,17 @@ class RunPlan:
         require(self.max_bytes is None or (_int(self.max_bytes) and self.max_bytes > 0),
                 f"max_bytes must be a positive integer, got {self.max_bytes!r}")
         require(_int(self.jobs) and self.jobs >= 1, f"jobs must be a positive integer, got {self.jobs!r}")
-        require(_int(self.host_jobs) and self.host_jobs >= 1, f"host_jobs must be a positive integer, got {self.host_jobs!r}")
+        require(_int(self.host_jobs) and self.host_jobs >= 1,
+                f"host_jobs must be a positive integer, got {self.host_jobs!r}")
         require(_seconds(self.case_timeout, positive=True),
                 f"case_timeout must be a positive number of seconds, got {self.case_timeout!r}")
-        for name in ("targeting", "keep_going", "isolate"):
+        require(self.audit is None or isinstance(self.audit, bool), "audit must be true, false or null")
+        require(isinstance(self.out, str) and self.out.strip(), "out must name a folder")
+        for name in ("database", "shard"):
+            require(getattr(self, name) is None or isinstance(getattr(self, name), str), f"{name} must be a string")
+        require(not (self.resume and self.jobs > 1),
+                "--resume collects crashed cases of one folder; it takes no --jobs")
+        for name in ("targeting", "keep_going", "isolate", "absorb", "resume"):
             require(isinstance(getattr(self, name), bool), f"{name} must be true or false")
 
     @property
@@ -108,5 +126,19 @@ class RunPlan:
     def with_(self, **changes) -> "RunPlan":
         return replace(self, **changes)
 
+    def draw_domain(self) -> Domain:
+        """What the contract's ``cases`` may depend on (``kvfence.contract.Domain``)."""
+        return Domain(self.domain, dict(self.pins), self.kernel, self.sizing, self.mode, self.layout, self.max_bytes,
+                      self.batches_per_example, self.bulk_per_example, self.bulk_after)
+
     def to_dict(self) -> dict:
+        """The plan as JSON data: what a checking worker and a ``--jobs`` child get (``from_dict``)."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data) -> "RunPlan":
+        require(isinstance(data, dict), "plan: expected a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        require(not unknown, f"plan: unknown field(s) {', '.join(unknown)}")
+        return cls(**data)

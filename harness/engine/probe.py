@@ -28,27 +28,31 @@ PROBE_TIMEOUT_S = 120.0
 
 
 def _exit_text(code: int) -> str:
-    from kvfence.engine.worker import _signal_name
+    from kvfence.engine.workers import signal_name as _signal_name
 
     return f"dies of {_signal_name(code)}" if code < 0 else f"ends the process ({_signal_name(code)})"
 
 
 def check_plugins(contract, specs: Dict[str, Optional[str]], timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Import each plug-in of ``specs`` (``{"kernel": spec, "sizing": spec}``; what ``contract``'s record does not
-    call user code (``names_plugin``: builtins, its own names) and ``None`` are skipped) in one child process,
-    checked there as the contract checks it (``Contract.check_kernel`` / ``sizing``); ``BadInput`` if an import
+    """Import each plug-in of ``specs`` (``{"kernel": spec, "sizing": spec}``; specs naming no user code and
+    ``None`` are skipped) in one child process, checked there as far as the import goes (a kernel of a contract
+    checked by the engine against its ABI, a sizing through the contract's ``sizings``); ``BadInput`` if an import
     does anything but return or raise."""
-    from kvfence import contract as contracts
+    from kvfence.engine import registry
+    from kvfence.engine.kernels import is_plugin
+    from kvfence.engine.launch import is_release_sizing, named
 
-    record = contracts.get(contract) if isinstance(contract, str) else contract
-    todo = {what: spec for what, spec in specs.items() if spec and record.names_plugin(spec)}
+    record = registry.get(contract) if isinstance(contract, str) else contract
+    plugin = {"kernel": lambda s: is_plugin(s),
+              "sizing": lambda s: not named(record, s) and not is_release_sizing(s)}
+    todo = {what: spec for what, spec in specs.items() if spec and plugin[what](spec)}
     if not todo:
         return
     with tempfile.TemporaryDirectory(prefix="kvfence-probe-") as tmp:
         report = Path(tmp) / "report.json"
         # The options go in a file: a command-line argument is limited (128 KiB on Linux), a spec is not.
         options = Path(tmp) / "options.json"
-        options.write_text(json.dumps(dict(contracts.loading(record), todo=todo)))
+        options.write_text(json.dumps(dict(loading=registry.loading(record), todo=todo)))
         try:
             proc = subprocess.run([sys.executable, "-m", "kvfence.engine.probe", str(report), str(options)],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -75,15 +79,23 @@ def _names(todo: Dict[str, str]) -> str:
 
 def _probe(report: Path, options: dict) -> None:
     """The child: import each plug-in as the contract's record would, and write what happened to ``report``."""
-    from kvfence.contract import load_in_worker
+    from kvfence.contract import Contract
+    from kvfence.engine import kernels
     from kvfence.engine.import_probe import settle, threads_now
+    from kvfence.engine.registry import load_in_worker
+    from kvfence.engine.run import sizing_policy
 
     answer: dict = {"ok": True}
     try:
-        record = load_in_worker(options)
+        record = load_in_worker(options["loading"])
         before = threads_now()
         for what, spec in options["todo"].items():
-            (record.check_kernel if what == "kernel" else record.sizing)(spec)
+            if what == "sizing":
+                sizing_policy(record, spec)
+                continue
+            kernel = kernels.load_attr(spec, "kernel")
+            if type(record).checker is Contract.checker:  # checked by the engine: its ABI now
+                kernels.check_abi(record, spec, kernel)
         problem = settle(before)  # threads and exit handlers the imports left, run out here
         if problem is not None:
             answer = {"bad_input": f"importing {_names(options['todo'])}: {problem}"}

@@ -1,39 +1,46 @@
 """``python -m kvfence repro FILE``: re-run one case file, of any contract, and print a readable diff.
 
-The case file names its contract (``kvfence.engine.casefile``); the contract's record rebuilds the case, applies
-the overrides of kernel, sizing, mode and layout ("does my fix work on this case?"), describes it and writes
-out its need/width arithmetic. The case runs in a checking worker (``kvfence.engine.worker``), so a case that
-crashes or hangs is reported as ``CRASH`` / ``HANG`` instead of killing repro. A contract that can show more
-(the draft kernel: every element of each finding, each program's segment, with ``--verbose``) re-runs a case
-that survived in this process for that (``Contract.replay_detail``).
+The case file names its contract (``kvfence.engine.casefile``); the engine rebuilds its launch, applies the
+overrides of kernel, sizing, mode and layout ("does my fix work on this case?"), describes it and writes out its
+need/width arithmetic (``kvfence.engine.launch``). The case runs in a checking worker (``kvfence.engine.supervisor``)
+through the contract's checker, so a case that crashes or hangs is reported as ``CRASH`` / ``HANG`` instead of
+killing repro. With ``--verbose`` a case that survived runs again in this process on the plain path (the
+contract's tables, oracle and launch: ``kvfence.engine.checking``), keeping its buffers, so every element of each
+finding is listed with what the oracle expected there.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, TextIO
+from typing import Dict, List, Optional, TextIO
 
-from kvfence import contract as contracts
-from kvfence.contract import VERBOSE_PROGRAMS
-from kvfence.engine.casefile import CaseFile, load_case
-from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
+from kvfence.engine import launch as launches
+from kvfence.engine import registry
+from kvfence.engine.casefile import CaseFile, load_case, sizing_is_plugin
 from kvfence.engine.findings import Finding, Kind
+from kvfence.engine.kernels import is_plugin
+from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
+#: Programs a finding lists (its expected owners, the programs whose values were found there); more with
+#: ``--verbose``.
+PROGRAMS, VERBOSE_PROGRAMS = 6, 32
+#: Elements ``--verbose`` lists per finding.
+VERBOSE_ELEMENTS = 64
 
 
 def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional[str], trust: bool) -> None:
     """A case file's plug-ins are data: ``BadInput`` unless the user named them again or trusts the file.
 
-    Re-running a case file must not run code it names (a file from a bug report could name any module),
-    so a plug-in kernel or sizing runs only when ``--kernel`` / ``--sizing`` replace it or
-    ``--trust-case`` is given. Builtin names (and a contract's own: ``mutant:NAME``, ``sglang==V``) are always
-    fine.
+    Re-running a case file must not run code it names (a file from a bug report could name any module), so a
+    plug-in kernel or sizing runs only when ``--kernel`` / ``--sizing`` replace it or ``--trust-case`` is given.
+    Builtin names, a contract's own (``mutant:NAME``) and releases (``sglang==V``) are always fine.
     """
     if trust:
         return
-    record = contracts.of(loaded.case)
-    for what, named, override, flag in (("kernel", loaded.case.kernel, kernel, "--kernel"),
-                                        ("sizing", record.case_sizing(loaded.case), sizing, "--sizing")):
-        require(override is not None or not record.names_plugin(named),
+    record = registry.get(loaded.case.contract)
+    for what, named, override, flag, plugin in (
+            ("kernel", loaded.case.kernel, kernel, "--kernel", is_plugin(loaded.case.kernel)),
+            ("sizing", loaded.case.sizing, sizing, "--sizing", sizing_is_plugin(record, loaded.case.sizing))):
+        require(override is not None or not plugin,
                 f"case file {loaded.path} names {what} plug-in {named!r}, which kvfence does not import from a "
                 f"case file: re-run with {flag} {named} (or --trust-case) if you trust that code")
 
@@ -43,12 +50,10 @@ def _program_text(programs, limit: int) -> str:
     return shown + (f" and {len(programs) - limit} more" if len(programs) > limit else "")
 
 
-def finding_lines(i: int, f: Finding, *, axes: str = "s,b,k", elements: Optional[List[str]] = None,
-                  segments: Optional[List[str]] = None, verbose: bool = False) -> List[str]:
+def finding_lines(i: int, f: Finding, *, elements: Optional[List[str]] = None, verbose: bool = False) -> List[str]:
     """One finding, as repro prints it: kind and where, its detail, its elements (``elements``: every one the
-    contract's replay shows, up to a limit; else the samples it recorded), its expected owners (with each
-    one's segment, ``segments``, when given) and the programs whose values were found there. ``axes`` names a
-    program's grid coordinates (the contract's ``program_axes``)."""
+    plain path's re-run shows, up to a limit; else the samples it recorded), its expected owners and the
+    programs whose values were found there."""
     where = f"{f.buffer} {f.region}"
     if f.count:
         where += f", elements [{f.start}, {f.stop}) ({f.count})"
@@ -60,14 +65,70 @@ def finding_lines(i: int, f: Finding, *, axes: str = "s,b,k", elements: Optional
     elif f.samples:
         out.append(f"      {'offset':>8} {'expected':>12} {'found':>12}")
         out += [f"      {off:>8} {str(e):>12} {str(g):>12}" for off, e, g in f.samples]
-    limit = VERBOSE_PROGRAMS if verbose else 6
+    limit = VERBOSE_PROGRAMS if verbose else PROGRAMS
     if f.programs:
-        out.append(f"    expected owners ({axes}): {_program_text(f.programs, limit)}")
-        out += segments or []
+        out.append(f"    expected owners (programs): {_program_text(f.programs, limit)}")
     if f.writers:
-        out.append(f"    written by ({axes}): {_program_text(f.writers, limit)} (the programs whose values were "
-                   "found there)")
+        out.append(f"    written by: {_program_text(f.writers, limit)} (the programs whose values were found there)")
     return out
+
+
+def _position(g, region: str, offset: int) -> Optional[int]:
+    """A finding's region and offset as a flat position of a guarded table (``kvfence.engine.tables``)."""
+    name, _, row = region.rpartition(" ")
+    if region == "front guard":
+        return offset
+    if region == "tail":
+        return g.front + g.rows * g.stride + offset
+    if not row.isdigit():
+        return None
+    row = int(row)
+    if name in ("row", "slack of row"):
+        return g.position(row, offset)
+    if name == "guard after row":
+        return g.position(row, g.table.width + offset)
+    return None
+
+
+def element_rows(kept: dict, f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[str]:
+    """Every element of ``f`` in the plain path's buffers (``kept``: ``check_launch(keep=...)``), with what the
+    oracle expected there and what the launch left."""
+    from kvfence.engine.verdict import sample_value
+
+    g = kept["buffers"].get(f.buffer)
+    if g is None or not f.count:
+        return []
+    lo = _position(g, f.region.split(" .. ")[0], f.start)
+    if lo is None:
+        return []
+    region, row, _ = g.locate(lo)
+    wanted: Dict = kept["expected"].get(f.buffer, {})
+    before, after = kept["before"][f.buffer], kept["after"][f.buffer]
+    rows = [f"      {'offset':>8} {'expected':>12} {'found':>12}"]
+    hi = min(lo + f.count, lo + limit, len(after))
+    for flat in range(lo, hi):
+        reg, r, col = g.locate(flat)
+        exp = wanted.get((r, col)) if reg == "row" else None
+        e = sample_value(exp) if exp is not None else int(before[flat])
+        found = int(after[flat])
+        rows.append(f"      {f.start + flat - lo:>8} {e:>12} {found:>12}{'' if e == found else '   <-'}")
+    if f.count > hi - lo:
+        rows.append(f"      ... {f.count - (hi - lo)} more elements")
+    return rows
+
+
+def _plain(record, case, device: str, absorb: bool):
+    """The plain path's re-run of ``case`` in this process with its buffers kept, or ``(None, why not)``."""
+    from kvfence.engine import kernels
+    from kvfence.engine.checking import check_launch
+
+    try:
+        kernel = kernels.resolve(record, case.kernel)
+    except BadInput as exc:
+        return None, f"the plain path cannot run this kernel: {exc}"
+    keep: dict = {}
+    check_launch(record, kernel, case, device, audit=False, absorb=absorb, keep=keep)
+    return (keep, "") if "buffers" in keep else (None, "the plain path's launch failed")
 
 
 def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizing: Optional[str] = None,
@@ -76,51 +137,39 @@ def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizin
               in_process: bool = False, case_timeout: Optional[float] = None) -> int:
     """Load, re-run and describe one case file; returns the exit code (1 reproduces, 0 passes).
 
-    ``absorb=False`` (``--no-absorb``) lets an overflow leave the buffer's allocation, as in
-    production: for runs under compute-sanitizer (``kvfence.sanitizer.tool``). The case runs first in a
-    worker process (``kvfence.engine.worker``), so a case that crashes or hangs is reported as ``CRASH`` /
-    ``HANG`` instead of killing repro; a case that survives is re-run here for the full diff when its contract
-    shows one (``Contract.replay_detail``). ``in_process`` skips the worker (debugging).
-    """
-    from kvfence.engine.plan import RunPlan
+    ``absorb=False`` (``--no-absorb``) lets an overflow leave the buffer's allocation, as in production: for runs
+    under compute-sanitizer (``kvfence.sanitizer.tool``). ``in_process`` skips the worker (debugging, and the
+    sanitizer, which must watch the launch in the process it traces)."""
     from kvfence.device import select
+    from kvfence.engine.checking import checker_for
+    from kvfence.engine.plan import RunPlan
+    from kvfence.engine.supervisor import DEFAULT_CASE_TIMEOUT, RemoteSession
 
     loaded = load_case(path)
-    record = contracts.of(loaded.case)
+    record = registry.get(loaded.case.contract)
     require_trusted(loaded, kernel=kernel, sizing=sizing, trust=trust_case)
-    case = record.override(loaded.case, kernel=kernel, sizing=sizing, mode=mode, layout=layout)
+    case = launches.replace(record, loaded.case, kernel=kernel, sizing=sizing, mode=mode, layout=layout)
     device = select(device, announce=announce)
-    from kvfence.engine.worker import DEFAULT_CASE_TIMEOUT, RemoteSession
-
-    plan = RunPlan(contract=record.name, kernel=case.kernel, sizing=record.case_sizing(case), device=device,
-                   case_timeout=DEFAULT_CASE_TIMEOUT if case_timeout is None else case_timeout, isolate=not in_process)
-    findings = None
-    if not in_process:
-        # Resolves the kernel in the worker: BadInput before anything runs.
-        with RemoteSession(device, case.kernel, contract=record, plan=plan, case_timeout=plan.case_timeout,
-                           absorb=absorb) as worker:
+    plan = RunPlan(contract=record.name, kernel=case.kernel, sizing=case.sizing, device=device, mode=case.mode,
+                   layout=case.layout, absorb=absorb, isolate=not in_process,
+                   case_timeout=DEFAULT_CASE_TIMEOUT if case_timeout is None else case_timeout)
+    if in_process:
+        findings = checker_for(record, plan).check(case)
+    else:
+        with RemoteSession(plan) as worker:  # resolves the kernel in the worker: BadInput before anything runs
             findings = worker.check(case)
-    fatal = [f for f in findings or [] if f.kind in (Kind.CRASH, Kind.HANG)]
-    detail = None if fatal else record.replay_detail(case, device, absorb=absorb)
-    if detail is not None:
-        findings, show = detail
-    elif findings is None:
-        findings = record.session(plan).check(case)
     p = lambda line="": print(line, file=out)  # noqa: E731
     p(f"kvfence repro {path}")
-    for line in record.repro_header(case):
-        p(line)
+    p(f"case    {launches.describe(record, case, full=True)}")
     original = loaded.case
     changed = [f"{name} {new} (file: {old})" for name, new, old in
-               (("kernel", case.kernel, original.kernel),
-                ("sizing", record.case_sizing(case), record.case_sizing(original)))
-               if new != old]
-    changed += [f"{name} {new} (file: {old})" for name, new, old in record.setting_changes(original, case)]
-    p(f"target  kernel {case.kernel}, sizing {record.case_sizing(case)}, device {device}"
+               (("kernel", case.kernel, original.kernel), ("sizing", case.sizing, original.sizing),
+                ("mode", case.mode, original.mode), ("layout", case.layout, original.layout)) if new != old]
+    p(f"target  kernel {case.kernel}, sizing {case.sizing}, device {device}"
       + (f" (found on {loaded.device})" if loaded.device and loaded.device != device else ""))
     if changed:
         p(f"override {'; '.join(changed)}")
-    for line in record.explain(case):
+    for line in launches.explain(record, case):
         p(f"sizing  {line}")
     recorded = ", ".join(sorted({f.kind.value for f in loaded.findings})) or "none"
     p()
@@ -128,12 +177,17 @@ def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizin
         p(f"PASS: no findings (the file recorded {len(loaded.findings)}: {recorded})")
         return EXIT_CLEAN
     p(f"FAIL: {len(findings)} finding(s) (the file recorded {len(loaded.findings)}: {recorded})")
+    kept, why = (None, "")
+    if verbose and not any(f.kind in (Kind.CRASH, Kind.HANG) for f in findings):
+        kept, why = _plain(record, case, device, absorb)
     for i, f in enumerate(findings, 1):
         p()
-        extra = show(f, verbose) if detail is not None else {}
-        for line in finding_lines(i, f, axes=record.program_axes, verbose=verbose, **extra):
+        for line in finding_lines(i, f, elements=element_rows(kept, f) if kept else None, verbose=verbose):
             p(line)
-    if detail is not None and not verbose:
-        p()
-        p("(--verbose shows every element of each finding, up to 64, and each program's segment)")
+    p()
+    if verbose and why:
+        p(f"(no element listing: {why})")
+    elif not verbose:
+        p(f"(--verbose lists every element of each finding, up to {VERBOSE_ELEMENTS}, from a re-run of the launch "
+          "in this process)")
     return EXIT_FINDINGS

@@ -1,29 +1,38 @@
 """A run's pipeline from its plan (``kvfence.engine.plan.RunPlan``), the same for every front end and contract.
 
-``kvfence fuzz`` (``kvfence.cli.fuzz``), ``kvfence.check_kernel`` (``kvfence.engine.api``) and the
-pytest plugin build a plan and take these pieces from here, so a run's draws, its checker, its example
-database key and what its summary says of it are assembled once:
+``kvfence fuzz`` (``kvfence.cli.fuzz``), ``kvfence.check_kernel`` (``kvfence.engine.api``) and the pytest plugin
+build a plan and take these pieces from here, so a run's draws, its checker, its example database key and what
+its summary says of it are assembled once:
 
 * ``record(plan)``: the contract's record, the plan checked against it (one line, exit 2, before any work);
-* ``draws(plan, shard)``: the contract's strategy, cut to one shard of its config cells when asked;
-* ``checker(plan)``: a checking worker for the contract (a kernel that dies or hangs is its case's finding),
-  or with ``plan.isolate`` off, the contract's in-process session;
+* ``draws(plan, shard)``: the contract's cases on the plan's domain, bound into launches (``kvfence.engine.launch``),
+  cut to one shard of its config cells when asked;
+* ``checker(plan)``: a checking worker for the contract (a kernel that dies or hangs is its case's finding), or
+  with ``plan.isolate`` off, the checker itself in this process;
 * ``database_key(plan, shard)``: the example database's key for this contract, kernel, sizing and domain;
 * ``run_record(plan)``: the run's choices as the summary records them.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
-from kvfence import contract as contracts
+from kvfence.contract import Launch
+from kvfence.engine import registry
+from kvfence.engine.kernels import check_spec
+from kvfence.engine.launch import bind
 from kvfence.engine.plan import RunPlan
+from kvfence.errors import BadInput, require
 
 
 def record(plan: RunPlan):
-    """The contract's record, with ``plan`` checked against it (``BadInput``, one line, before any work)."""
-    found = contracts.get(plan.contract)
-    found.check_plan(plan)
+    """The contract's record, with ``plan`` checked against it (``BadInput``, one line, before any work): every
+    pinned flag one the contract takes, a sizing it knows, a kernel spec of the right shape."""
+    found = registry.get(plan.contract)
+    unknown = sorted(k for k, v in plan.pins.items() if v is not None and k not in found.options)
+    require(not unknown, f"--contract {found.name} takes no {', '.join('--' + k.replace('_', '-') for k in unknown)}")
+    sizing_policy(found, plan.sizing)
+    check_spec(plan.kernel, record=found)
     return found
 
 
@@ -32,45 +41,102 @@ def probe_plugins(plan: RunPlan) -> None:
     aborts or raises ``KeyboardInterrupt`` is one line naming it, never the end of this process."""
     from kvfence.engine.probe import check_plugins
 
-    check_plugins(plan.contract, {"kernel": plan.kernel, "sizing": plan.sizing})
+    check_plugins(registry.get(plan.contract), {"kernel": plan.kernel, "sizing": plan.sizing})
+
+
+def sizing_policy(found, spec: str):
+    """The contract's sizing named ``spec`` (``BadInput`` naming the known ones otherwise)."""
+    try:
+        return found.sizings[spec]
+    except (KeyError, TypeError):
+        raise BadInput(f"unknown sizing {spec!r} of contract {found.name}: choose from "
+                       f"{', '.join(found.sizings)}") from None
+
+
+class BoundRun(list):
+    """The launches of one example that drew several cases of one config, with the drawn list's bulk
+    bookkeeping (``bulk_start``, ``splice``) read through: the fuzz loop splices a bulk failure by it."""
+
+    def __init__(self, launches, drawn):
+        super().__init__(launches)
+        self.drawn = drawn
+
+    @property
+    def bulk_start(self) -> int:
+        return getattr(self.drawn, "bulk_start", len(self))
+
+    def splice(self, index: int):
+        splice = getattr(self.drawn, "splice", None)
+        return splice(index) if splice is not None else None
+
+
+def binder(found, plan: RunPlan):
+    """``drawn -> launches``: a drawn case (or list of them) bound to the plan's sizing, kernel, mode, layout."""
+    def bind_one(case) -> Launch:
+        return bind(found, case, plan.sizing, plan.kernel, plan.mode, plan.layout)
+
+    def bind_drawn(drawn):
+        if isinstance(drawn, list):
+            return BoundRun([bind_one(c) for c in drawn], drawn)
+        return bind_one(drawn)
+
+    return bind_drawn
 
 
 def draws(plan: RunPlan, shard=None) -> Tuple[object, Optional[dict]]:
-    """``(strategy, shard description)``: the contract's draws for ``plan``, or with ``shard`` (``--shard I/N``)
-    only its part of the contract's config cells (``kvfence.engine.campaign.shard_draws``)."""
-    found = contracts.get(plan.contract)
+    """``(strategy, shard description)``: the contract's launches for ``plan``, or with ``shard`` (``--shard I/N``)
+    only its part of the contract's config cells (``kvfence.engine.campaign.shard_draws``: the options the
+    contract deals out, each over its values on the plan's domain)."""
+    found = record(plan)
     if shard is None:
-        return found.draws(plan), None
+        return found.cases(plan.draw_domain()).map(binder(found, plan)), None
     from kvfence.engine.campaign import shard_draws
 
-    return shard_draws(shard, lambda **cell: found.draws(plan.with_(pins={**plan.pins, **cell})),
-                       found.shard_fields(plan), found.name)
+    def build(**cell):
+        cut = plan.with_(pins={**plan.pins, **cell})
+        return found.cases(cut.draw_domain()).map(binder(found, cut))
+
+    return shard_draws(shard, build, shard_fields(found, plan), found.name)
+
+
+def shard_fields(found, plan: RunPlan) -> Dict[str, tuple]:
+    """The options a ``--shard`` deals out, each with its values on the plan's domain (a pinned one: its value)."""
+    return {name: (plan.pins[name],) if plan.pins.get(name) is not None else tuple(values(plan.domain))
+            for name, values in found.options.items() if values is not None}
 
 
 def checker(plan: RunPlan, *, background: bool = False):
-    """Where the plan's cases are checked: a worker process (``kvfence.engine.worker.RemoteSession``; with
+    """Where the plan's cases are checked: a worker process (``kvfence.engine.supervisor.RemoteSession``; with
     ``background`` it starts while the caller builds its strategies, joined by ``wait_ready()``), or the
-    contract's in-process session when ``plan.isolate`` is off (debugging: a crash ends the run)."""
-    found = contracts.get(plan.contract)
+    contract's checker in this process when ``plan.isolate`` is off (debugging: a crash ends the run)."""
+    found = record(plan)
     if not plan.isolate:
-        return found.session(plan)
-    from kvfence.engine.worker import RemoteSession, crash_spares
+        from kvfence.engine.checking import checker_for
 
-    return RemoteSession(plan.device, plan.kernel, contract=found, plan=plan, case_timeout=plan.case_timeout,
-                         spares_crashing=crash_spares(plan.device, plan.host_jobs), background=background)
+        return checker_for(found, plan)
+    from kvfence.engine.supervisor import RemoteSession
+    from kvfence.engine.workers import crash_spares
+
+    return RemoteSession(plan, spares_crashing=crash_spares(plan.device, plan.host_jobs), background=background)
 
 
 def database_key(plan: RunPlan, shard=None) -> bytes:
+    """The example database's key: everything that changes what a drawn choice sequence means."""
     from kvfence.engine.campaign import database_key as key
 
-    return key(kernel=plan.kernel, sizing=plan.sizing, domain=contracts.get(plan.contract).database_domain(plan, shard))
+    domain = {"contract": plan.contract, "mode": plan.mode, "layout": plan.layout, "domain": plan.domain,
+              "pins": {k: v for k, v in sorted(plan.pins.items()) if v is not None},
+              "shard": str(shard) if shard is not None else None, "batches_per_example": plan.batches_per_example}
+    if plan.bulk_per_example:
+        domain["bulk_per_example"] = plan.bulk_per_example
+    return key(kernel=plan.kernel, sizing=plan.sizing, domain=domain)
 
 
 def run_record(plan: RunPlan, seed: int, seed_source: str) -> dict:
-    """The run's choices as summary.json records them (the contract adds its own: ``Contract.run_record``)."""
+    """The run's choices as summary.json records them."""
     return {"device": plan.device, "contract": plan.contract, "kernel": plan.kernel, "sizing": plan.sizing,
-            "mode": plan.mode, "seed": seed, "seed_source": seed_source, "jobs": plan.jobs,
+            "mode": plan.mode, "layout": plan.layout, "seed": seed, "seed_source": seed_source, "jobs": plan.jobs,
             "batches_per_example": plan.batches_per_example, "bulk_per_example": plan.bulk_per_example,
-            "bulk_after_s": plan.bulk_after, "domain": plan.domain, "max_gpu_mem": plan.max_bytes,
-            "checking": "worker" if plan.isolate else "in-process",
-            **contracts.get(plan.contract).run_record(plan)}
+            "bulk_after_s": plan.bulk_after, "domain": plan.domain, "pins": {k: v for k, v in plan.pins.items()
+                                                                            if v is not None},
+            "max_gpu_mem": plan.max_bytes, "checking": "worker" if plan.isolate else "in-process"}

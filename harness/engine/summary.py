@@ -11,15 +11,18 @@ import json
 import math
 from typing import Dict, Iterable, List, Optional
 
-from kvfence import contract as contracts
-from kvfence.engine.casefile import LEGACY_CONTRACT, case_repro_command
-from kvfence.errors import printable, require
+from kvfence.engine import launch as launches
+from kvfence.engine import registry
+from kvfence.engine.casefile import case_repro_command
+from kvfence.errors import require
 
 SUMMARY_VERSION = 1
 MARKER = "kvfence_summary"
 #: Columns of ``coverage.examples`` rows of a summary that does not say (one written before contracts were
-#: plug-ins: the draft kernel's ``ExampleStat``); a summary names its contract's ``coverage_fields``.
+#: plug-ins: the draft kernel's); a summary names its own (``kvfence.engine.launch.coverage_fields``).
 COVERAGE_FIELDS = ("topk", "num_steps", "page_size", "num_seqs", "raw_bs", "need", "width", "failed")
+#: The columns of a run that explored no example (so no contract named its panel).
+NO_COVERAGE = ("panel",) + launches.COVERAGE
 
 
 def coverage_fields(doc: dict) -> tuple:
@@ -30,12 +33,14 @@ def coverage_fields(doc: dict) -> tuple:
 
 def case_record(path: str, case, findings, *, source: str) -> dict:
     """What the summary keeps about one case file (enough to plot, describe and map it without the file):
-    its contract's ``summary`` (need, width, rows, config and batch as data), one line describing it and
-    its coverage row."""
-    record = contracts.of(case)
+    the launch's summary (need, width, requests, config, its record as data), one line describing it and its
+    coverage row."""
+    record = registry.get(case.contract)
     return {"path": path, "source": source, "contract": record.name, "kernel": case.kernel,
-            "sizing": record.case_sizing(case), **record.summary(case), "describe": record.describe(case, full=True),
-            "coverage": list(record.coverage_row(case, True)), "kinds": sorted({f.kind.value for f in findings}),
+            "sizing": case.sizing, **launches.summary(record, case),
+            "describe": launches.describe(record, case, full=True),
+            "coverage": list(launches.coverage_row(record, case, True)),
+            "kinds": sorted({f.kind.value for f in findings}),
             "repro": case_repro_command(path, case)}
 
 
@@ -82,7 +87,7 @@ def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = ()
         cases[case_path] = case_record(case_path, result.case, result.findings, source="fuzz")
     stats = [list(s) for s in result.stats]
     session = result.session_stats or {}
-    fields = tuple(contracts.get(run.get("contract", LEGACY_CONTRACT)).coverage_fields)
+    fields = tuple(result.coverage_fields or NO_COVERAGE)
     return {
         MARKER: SUMMARY_VERSION,
         "examples": result.examples,
@@ -133,7 +138,8 @@ COUNTS = ("examples", "generated_cases", "verified_cases", "cached_cases", "shri
 DISTINCT = {"structural_cases": "structure_keys", "distinct_configs": "config_keys"}
 #: Session counters copied into the summary (kvfence.contracts.draft.session.Session.stats).
 SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
-                # §6 cases verified on the host because the device verifier checks §2 only (kvfence.contracts.draft.session)
+                # §6 cases verified on the host because the device verifier checks §2 only
+                # (kvfence.contracts.draft.session)
                 "host_verified_cases")
 
 
@@ -256,18 +262,23 @@ def _dict_of(check):
 _CONFIG_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx": _count, "max_bs": _count,
                   "sizing": _text, "mode": _text, "layout": _text}
 _SIZED_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx": _count, "max_bs": _count}
-#: ``coverage.examples`` row columns: counts, except width (>= 1: the plot divides by it) and failed.
-_COLUMN_CHECKS = {"width": lambda v: _int(v) and v >= 1, "failed": lambda v: isinstance(v, (bool, int))}
+#: ``coverage.examples`` row columns: counts (a width may be 0: a launch with no room), except failed and the panel
+#: (the contract's own config field: any JSON scalar).
+_COLUMN_CHECKS = {"failed": lambda v: isinstance(v, (bool, int))}
 
 
-def _column_check(field: str):
-    return _COLUMN_CHECKS.get(field, _count)
+def _scalar(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def _column_check(field: str, panel: bool = False):
+    return _scalar if panel else _COLUMN_CHECKS.get(field, _count)
 _FINDING_FIELDS = {"kind": _text, "region": _text, "case": _text, "buffer": _optional(_text), "start": _optional(_int),
                    "stop": _optional(_int), "detail": _optional(_text)}
 _CASE_FIELDS = {"path": _text, "source": _text, "kernel": _text, "repro": _text, "kinds": _list_of(_text),
-                "need": _count, "width": lambda v: _int(v) and v >= 1, "num_seqs": _count,
+                "need": _count, "width": _count, "num_seqs": _count,
                 "found_in": _optional(_list_of(_text)), "contract": _text, "sizing": _text, "describe": _text,
-                "config": lambda v: isinstance(v, dict), "coverage": _list_of(lambda v: _int(v) or isinstance(v, bool))}
+                "config": lambda v: isinstance(v, dict), "coverage": _list_of(_scalar)}
 _RUN_ROW_FIELDS = {"dir": _text, "examples": _count, "elapsed_s": _number, "findings": _count, "cases": _count,
                    "host": _optional(_text), "device": _optional(_text), "seed": _optional(_int)}
 #: Top-level fields besides the ones checked by hand below: each may be absent, else of this type.
@@ -310,7 +321,8 @@ def validate(doc, where: str) -> dict:
     written by hand)."""
     require(isinstance(doc, dict), f"{where}: top level must be a JSON object")
     require(doc.get(MARKER) == SUMMARY_VERSION,
-            f"{where}: not a kvfence summary of version {SUMMARY_VERSION} (field {MARKER!r} is {_short(doc.get(MARKER))})")
+            f"{where}: not a kvfence summary of version {SUMMARY_VERSION} "
+            f"(field {MARKER!r} is {_short(doc.get(MARKER))})")
     for key in ("examples", "launches"):
         require(_count(doc.get(key)), f"{where}: {key} must be a non-negative integer")
     for key in ("elapsed_s", "cases_per_s"):
@@ -329,35 +341,40 @@ def validate(doc, where: str) -> dict:
         # A record without its own description (a summary written before contracts were plug-ins: a draft
         # kernel's case) is described from its config's fields and its batch, so those must be there.
         legacy = "describe" not in record
-        _check_fields(record["config"], _CONFIG_FIELDS, f"{at}.config", required=tuple(_CONFIG_FIELDS) if legacy else ())
+        _check_fields(record["config"], _CONFIG_FIELDS, f"{at}.config",
+                      required=tuple(_CONFIG_FIELDS) if legacy else ())
         if legacy or "batch" in record:
             _check_fields(record.get("batch"), {"seq_lens": _list_of(_count)}, f"{at}.batch", required=("seq_lens",))
     largest = doc.get("largest_config")
     if largest is not None:
-        _check_fields(largest, dict(_SIZED_FIELDS, estimated_bytes=_number), f"{where}: largest_config")
+        # Its config fields as a case record's are checked (a draft config's counts: the report formats them).
+        _check_fields(largest, dict(_SIZED_FIELDS, estimated_bytes=_number), f"{where}: largest_config",
+                      required=("estimated_bytes",))
     earlier = doc.get("earlier_cases")
     require(earlier is None or (isinstance(earlier, dict) and isinstance(earlier.get("folder"), str)
                                 and _int(earlier.get("count"))),
             f"{where}: earlier_cases must be null or an object with folder (string) and count (integer)")
     cov = doc.get("coverage", {})
-    require(isinstance(cov, dict) and isinstance(cov.get("examples", []), list), f"{where}: coverage.examples must be a list")
+    require(isinstance(cov, dict) and isinstance(cov.get("examples", []), list),
+            f"{where}: coverage.examples must be a list")
     fields = cov.get("fields")
     require(fields is None or (isinstance(fields, list) and all(isinstance(f, str) for f in fields)
-                               and set(contracts.COVERAGE_REQUIRED) <= set(fields)),
-            f"{where}: coverage.fields must be a list of names holding {', '.join(contracts.COVERAGE_REQUIRED)}")
+                               and set(launches.COVERAGE) <= set(fields)),
+            f"{where}: coverage.fields must be a list of names holding {', '.join(launches.COVERAGE)}")
     fields = coverage_fields(doc)
-    checks = [_column_check(f) for f in fields]
+    panel = fields[0] not in launches.COVERAGE and fields != COVERAGE_FIELDS
+    checks = [_column_check(f, panel and i == 0) for i, f in enumerate(fields)]
     ex = doc.get("max_need_over_width_example")
     require(ex is None or (isinstance(ex, dict) and set(fields) <= set(ex)
-                           and all(_column_check(k)(ex[k]) for k in fields)),
+                           and all(check(ex[k]) for check, k in zip(checks, fields))),
             f"{where}: max_need_over_width_example must be null or an object of integers {', '.join(fields)}")
     require(_flag(cov.get("sampled")), f"{where}: coverage.sampled must be true or false")
     require(cov.get("left_out_runs") is None or _count(cov["left_out_runs"]),
             f"{where}: coverage.left_out_runs must be a non-negative integer")
     for row in cov.get("examples", []) + ([cov["failure"]] if cov.get("failure") is not None else []):
         require(isinstance(row, list) and len(row) == len(fields) and all(check(x) for check, x in zip(checks, row)),
-                f"{where}: coverage rows must be lists of {len(fields)} integers "
-                f"({', '.join(fields)}), width at least 1; got {_short(row)}")
+                f"{where}: coverage rows must be lists of {len(fields)} values "
+                f"({', '.join(fields)}); got {_short(row)}")
     campaign = doc.get("campaign")
     if campaign is not None:
         _check_fields(campaign, {"database": _optional(_text), "stored_failures_at_start": _optional(_count),
@@ -370,149 +387,6 @@ def validate(doc, where: str) -> dict:
         for i, row in enumerate(merged["runs"]):
             _check_fields(row, _RUN_ROW_FIELDS, f"{where}: merged.runs[{i}]")
     return doc
-
-
-def table(rows: List[List[str]], header: List[str]) -> str:
-    """A plain fixed-width text table."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
-
-
-def _seed_text(doc: dict) -> str:
-    seed = doc.get("seed")
-    return f"random ({seed})" if doc.get("seed_source") == "random" else str(seed)
-
-
-def _largest_text(doc: dict) -> str:
-    c = doc.get("largest_config")
-    if not c:
-        return "-"
-    size = f"({c.get('estimated_bytes', 0) / 2**20:.1f} MiB)"
-    if all(k in c for k in _SIZED_FIELDS):  # a draft kernel's config
-        return (f"max_bs {c['max_bs']} x ctx {c['ctx']} x topk {c['topk']} x {c['num_steps']} steps, "
-                f"page {c['page_size']} {size}")
-    return " ".join(f"{k}={v}" for k, v in c.items() if k != "estimated_bytes") + f" {size}"
-
-
-def _family_text(doc: dict) -> str:
-    """Contract, whether the §6 fields were drawn (``--family``) and in which share of the examples, what
-    was pinned, and how many cases the host verdict judged because the device verifier checks only the
-    classic contract."""
-    pins = doc.get("family_pins") or {}
-    share = doc.get("family_share")
-    drawn = "drawn" + (f" in {share:.3g} of examples" if doc.get("family_drawn") and share not in (None, 1) else "")
-    text = f"contract {doc.get('contract', 'draft')}, {drawn if doc.get('family_drawn') else 'not drawn'}"
-    if pins:
-        text += ", pinned " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
-    host = doc.get("host_verified_cases")
-    return text + (f"; {host} case(s) verified on the host" if host else "")
-
-
-def run_rows(doc: dict) -> List[List[str]]:
-    """The run table: the same words and numbers as the progress line and the JSON keys."""
-    rows = [[key.replace("_", " "), str(doc.get(key, 0))] for key in COUNTS]
-    rows += [["elapsed", f"{doc['elapsed_s']:.1f} s" + (f" (ended by {doc['ended_by']})" if doc.get("ended_by") else "")],
-             ["start-up", phases_text(doc)],
-             ["verified cases/s", f"{doc['cases_per_s']:.1f}"],
-             ["structurally distinct cases/s", f"{doc.get('structural_cases_per_s', 0):.1f}"],
-             ["examples/s", f"{doc.get('examples_per_s', 0):.1f}"],
-             ["distinct configs", str(doc.get("distinct_configs", "?"))
-              + (f" ({doc['distinct_configs_per_s']:.1f}/s)" if "distinct_configs_per_s" in doc else "")],
-             ["compiles / captures", f"{doc.get('compiles', 0)} / {doc.get('captures', 0)} "
-                                     f"({doc.get('compile_s', 0):.1f} s compiling, {doc.get('capture_s', 0):.1f} s capturing)"],
-             ["jobs", str(doc.get("jobs", 1)) + (f" ({doc['jobs_not_started']} not started: the run ended while "
-                                                 f"the lead job ran alone)" if doc.get("jobs_not_started") else "")],
-             ["contract", str(doc.get("contract", LEGACY_CONTRACT))],
-             ["domain", str(doc.get("domain_text") or doc.get("domain", "?"))]]
-    if "family_drawn" in doc:  # the draft kernel's §6 fields (docs/contract.md §6)
-        rows.append(["§6 fields", _family_text(doc)])
-    rows += [["largest config", _largest_text(doc)],
-             ["device", str(doc.get("device", "?"))], ["kernel", str(doc.get("kernel", "?"))],
-             ["sizing", str(doc.get("sizing", "?"))],
-             ["mode / layout", f"{doc.get('mode', '?')} / {doc['layout']}"] if doc.get("layout") else
-             ["mode", str(doc.get("mode", "?"))],
-             ["seed", _seed_text(doc)], ["max need/width", max_need_text(doc)],
-             ["findings", str(len(doc["findings"]))]]
-    if doc.get("bulk_splice"):  # the first failure was a bulk case: shrunk through Hypothesis, or why not
-        rows.append(["bulk failure", str(doc["bulk_splice"])])
-    return rows + campaign_rows(doc)
-
-
-def phases_text(doc: dict) -> str:
-    """Seconds from the command's start to the checking worker's ready, the first launch, the first failure."""
-    parts = [f"{label} {doc[key]:.2f} s" for key, label in (("startup_s", "worker ready"),
-                                                           ("first_launch_s", "first launch"),
-                                                           ("first_failure_s", "first failure"))
-             if isinstance(doc.get(key), (int, float))]
-    return ", ".join(parts) or "-"
-
-
-def campaign_rows(doc: dict) -> List[List[str]]:
-    """The example database and shard of a run (``kvfence.engine.campaign``), when it recorded them."""
-    c = doc.get("campaign")
-    if not isinstance(c, dict):
-        return []
-    rows = [["database", str(c.get("database"))]]
-    if c.get("stored_failures_at_start"):
-        rows.append(["replayed from database", f"{c['stored_failures_at_start']} stored failure(s)"])
-    shard = c.get("shard")
-    if isinstance(shard, dict):
-        rows.append(["shard", f"{shard.get('shard')} ({shard.get('cells')} of {shard.get('of_cells')} config cells; "
-                              f"{shard.get('partition')})"])
-    return rows
-
-
-def max_need_text(doc: dict) -> str:
-    """"max need/width" with the example it came from (config, launched requests, need and width)."""
-    text = f"{doc.get('max_need_over_width', 0):.2f}"
-    ex = doc.get("max_need_over_width_example")
-    if not ex:
-        return text
-    raw = ex.get("raw_bs", ex["num_seqs"])
-    requests = f"{raw} request{'s' if raw != 1 else ''}"
-    if ex["num_seqs"] != raw:
-        requests += f" padded to {ex['num_seqs']}"
-    config = " ".join(f"{k}={v}" for k, v in ex.items() if k not in ("num_seqs", "raw_bs", "need", "width", "failed"))
-    where = f"{config}, {requests}: need {ex['need']}, width {ex['width']}"
-    if ex["failed"]:
-        cases = [c["path"] for c in doc.get("cases", {}).values() if c.get("source") == "fuzz"]
-        where += "; the failing example" + (f", shrunk into {cases[0]}" if cases else "")
-    return f"{text} ({where})"
-
-
-def earlier_text(doc: dict) -> str:
-    """A line naming where an earlier run's case files went, or ``""``."""
-    e = doc.get("earlier_cases")
-    if not e:
-        return ""
-    return (f"{e['count']} case file(s) of an earlier run in this folder were moved to {e['folder']}; "
-            "they are not part of this report.")
-
-
-def finding_rows(doc: dict) -> List[List[str]]:
-    out = []
-    for f in doc["findings"]:
-        span = f"[{f.get('start', 0)}, {f.get('stop', 0)})" if f.get("stop", 0) else ""
-        out.append([f["kind"], f"{f.get('buffer', '')} {f['region']}".strip(), span, f["case"]])
-    return out
-
-
-def text_table(doc: dict, program: str = "python -m kvfence") -> str:
-    """The end-of-run summary printed by ``fuzz``: the run, then the findings and their case files, each
-    repro line spelled with ``program``, the name the user ran (the files keep ``python -m kvfence``, which
-    works wherever kvfence imports)."""
-    parts = [table(run_rows(doc), ["run", "value"])]
-    if earlier_text(doc):
-        parts.append(earlier_text(doc))
-    if doc["findings"]:
-        parts.append(table(finding_rows(doc), ["kind", "where", "elements", "case file"]))
-        prefix = "python -m kvfence "
-        parts.append("\n".join(program + " " + c["repro"][len(prefix):] if c["repro"].startswith(prefix)
-                               else c["repro"] for c in doc.get("cases", {}).values()))
-    # For a terminal: a summary may be an earlier run's (``--resume``, written elsewhere), so every line has
-    # its control characters (escape codes) shown escaped, whatever field they came from.
-    return "\n".join(printable(line, limit=None) for line in "\n\n".join(parts).split("\n"))
 
 
 def merge_resumed(previous: dict, doc: dict) -> dict:

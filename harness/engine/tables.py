@@ -9,6 +9,11 @@ kvfence's guard, not in the next row, and a read past an input row returns a gua
 as ``POISON`` (no page id or slot is negative) and output guards hold position-dependent canaries below
 ``CANARY_BASE``; input guards hold ``INPUT_POISON - position``, which no legitimate read returns, so an
 over-read shows as a poison-derived value in the output (docs/contract.md §9, "Buffers").
+
+A table whose ``guards`` are ``ends`` keeps its rows contiguous in every layout (its kernel takes no row stride).
+The ``production`` layout lays the rows out contiguously, as upstream does (no guard between rows: a write past
+a row lands in the next one), keeping the front and tail guards; without ``absorb`` (``--no-absorb``, for
+compute-sanitizer) there is no tail either, so a write past the last row leaves the allocation.
 """
 
 from __future__ import annotations
@@ -30,51 +35,67 @@ class Guarded:
     table: Table
     flat: object  # torch tensor
     view: object  # what the kernel gets
-    guard: int
+    guard: int  # elements between two rows
+    front: int = GUARD
+    tail: int = GUARD
 
     @property
     def stride(self) -> int:
         return self.table.width + self.guard
 
+    @property
+    def rows(self) -> int:
+        return 1 if self.table.rows is None else self.table.rows
+
     def locate(self, position: int):
         """``(region, row, offset)`` of a flat position: region is ``front guard``, ``row``, ``guard after row``
         or ``tail``."""
-        g, w, t = self.guard, self.table.width, self.table
-        rows = 1 if t.rows is None else t.rows
-        if position < g:
+        w = self.table.width
+        if position < self.front:
             return "front guard", None, position
-        rel = position - g
-        if rel >= rows * self.stride:
-            return "tail", None, rel - rows * self.stride
+        rel = position - self.front
+        body = self.rows * self.stride
+        if rel >= body:
+            return "tail", None, rel - body
+        if self.stride == 0:
+            return "tail", None, rel
         row, col = divmod(rel, self.stride)
         return ("row", row, col) if col < w else ("guard after row", row, col - w)
 
     def position(self, row: int, column: int) -> int:
-        return self.guard + row * self.stride + column
+        return self.front + row * self.stride + column
 
 
-def allocate(table: Table, device: str, guard: int = GUARD) -> Guarded:
+def contents_of(table: Table):
+    """An input's contents, built now if the contract gave a callable."""
+    return table.contents() if callable(table.contents) else table.contents
+
+
+def allocate(table: Table, device: str, *, layout: str = "redzone", absorb: bool = True) -> Guarded:
     import torch
 
     rows = 1 if table.rows is None else table.rows
+    guard = GUARD if layout == "redzone" and table.guards == "rows" else 0
+    tail = GUARD if (layout == "redzone" or absorb) else 0
     stride = table.width + guard
-    total = guard + rows * stride + guard
+    total = GUARD + rows * stride + tail
     dtype = getattr(torch, table.dtype)
     base = CANARY_BASE if table.role == "output" else INPUT_POISON
     flat = (base - torch.arange(total, dtype=torch.int64)).to(dtype)
-    body = flat[guard:guard + rows * stride].view(rows, stride)[:, :table.width]
+    body = flat[GUARD:GUARD + rows * stride].view(rows, stride)[:, :table.width]
     if table.role == "output":
         body.fill_(POISON)
-    else:
-        contents = torch.as_tensor(table.contents, dtype=dtype)
+    elif rows * table.width:
+        contents = torch.as_tensor(contents_of(table), dtype=dtype)
         body.copy_(contents.reshape(rows, table.width))
     flat = flat.to(device)
-    body = flat[guard:guard + rows * stride].view(rows, stride)[:, :table.width]
-    return Guarded(table, flat, body[0] if table.rows is None else body, guard)
+    body = flat[GUARD:GUARD + rows * stride].view(rows, stride)[:, :table.width]
+    return Guarded(table, flat, body[0] if table.rows is None else body, guard, GUARD, tail)
 
 
-def allocate_all(tables: List[Table], device: str) -> Dict[str, Guarded]:
-    return {t.name: allocate(t, device) for t in tables}
+def allocate_all(tables: List[Table], device: str, *, layout: str = "redzone", absorb: bool = True
+                 ) -> Dict[str, Guarded]:
+    return {t.name: allocate(t, device, layout=layout, absorb=absorb) for t in tables}
 
 
 def snapshot(buffers: Dict[str, Guarded]) -> Dict[str, object]:
@@ -82,12 +103,13 @@ def snapshot(buffers: Dict[str, Guarded]) -> Dict[str, object]:
     return {name: g.flat.cpu().clone() for name, g in buffers.items()}
 
 
-def launch(contract, kernel, buffers: Dict[str, Guarded], case, width: int, device: str, graph: bool) -> None:
-    """One launch of ``kernel`` on the views. ``graph`` (CUDA only): warm up (compiles), restore every buffer,
-    capture the launch into a ``torch.cuda.CUDAGraph`` and replay it once, as a CUDA-graph runner does."""
+def launch(record, kernel, buffers: Dict[str, Guarded], value, device: str, graph: bool) -> None:
+    """One launch of ``kernel`` on the views (``value``: the engine's ``Launch``). ``graph`` (CUDA only): warm up
+    (compiles), restore every buffer, capture the launch into a ``torch.cuda.CUDAGraph`` and replay it once, as a
+    CUDA-graph runner does."""
     views = {name: g.view for name, g in buffers.items()}
     if not graph:
-        contract.launch(kernel, views, case, width)
+        record.launch(kernel, views, value)
         if device == "cuda":
             import torch
 
@@ -96,7 +118,7 @@ def launch(contract, kernel, buffers: Dict[str, Guarded], case, width: int, devi
     import torch
 
     before = {name: g.flat.clone() for name, g in buffers.items()}
-    contract.launch(kernel, views, case, width)  # compiles outside the capture
+    record.launch(kernel, views, value)  # compiles outside the capture
     torch.cuda.synchronize()
     for name, g in buffers.items():
         g.flat.copy_(before[name])
@@ -105,7 +127,7 @@ def launch(contract, kernel, buffers: Dict[str, Guarded], case, width: int, devi
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         with collector_paused(), torch.cuda.graph(cuda_graph, stream=stream):
-            contract.launch(kernel, views, case, width)
+            record.launch(kernel, views, value)
     torch.cuda.current_stream().wait_stream(stream)
     for name, g in buffers.items():  # capture records, it should not run; restore in case a kernel did
         g.flat.copy_(before[name])

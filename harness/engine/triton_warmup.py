@@ -4,10 +4,10 @@ Why: the first kernel a fresh process launches pays, before anything of its own,
 (``triton.runtime.cache.triton_key``: it hashes Triton's sources and its ~500 MB ``libtriton`` shared
 library) and for compiler modules imported on first use. That is so even when every kernel is already in
 Triton's on-disk cache. On the H200 (triton 3.6) the cache key took 0.43-0.78 s of a fresh process and the
-first compile's imports 0.14 s, all of it on the path to its first verdict. None of it needs the GPU, and reading and hashing a file release the GIL, so
-a thread started before the worker imports torch finishes while torch imports (``benchmarks/
-first_verdict.py`` times the effect). A warm-up is only ever an early copy of work the first launch would
-do anyway: the cache key is memoised, the imports are the same modules, and a step this Triton version
+first compile's imports 0.14 s, all of it on the path to its first verdict. None of it needs the GPU, and
+reading and hashing a file release the GIL, so a thread started before the worker imports torch finishes while torch
+imports (``benchmarks/ first_verdict.py`` times the effect). A warm-up is only ever an early copy of work the first
+launch would do anyway: the cache key is memoised, the imports are the same modules, and a step this Triton version
 does not have is skipped (the launch then does what it needs itself, and reports its own errors).
 """
 

@@ -1,6 +1,6 @@
 """The verdict for any contract's launch: every element of every guarded table compared with the oracle.
 
-``verdict(contract, case, width, buffers, after)`` walks each table's flat tensor once (plain Python, the
+``verdict(record, launch, buffers, before, after)`` walks each table's flat tensor once (plain Python, the
 specification; docs/contract.md §9, "Verdict"):
 
 * an element of a row that the oracle defines: equal (clean), still ``POISON`` (``MISSING_WRITE``) or another
@@ -8,7 +8,10 @@ specification; docs/contract.md §9, "Verdict"):
 * an element of a row the oracle does not define that changed: ``STRAY_WRITE``;
 * a guard or tail element that changed: ``GUARD_OVERWRITE`` (a write past a row; the sample's expected value is
   the canary, and when the oracle asks for an entry the row cannot hold there, its program is named);
-* any change to an input table: ``STRAY_WRITE`` on that input.
+* any change to an input table: ``STRAY_WRITE`` on that input;
+* an output element holding a value derived from an input's guard poison (``INPUT_POISON`` and below, also
+  after a division by up to ``POISON_DERIVED``): ``POISON_READ``, the kernel read past an input's rows and
+  stored what it read there (decoded: which input, which guard position, where an exact value says).
 
 Consecutive bad elements of one kind and region make one ``Finding``; its ``programs`` are the programs the
 contract says own those elements (``Contract.owner``: the expected owners, not observed writers).
@@ -24,29 +27,66 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from kvfence.engine.findings import Finding, Kind
-from kvfence.engine.tables import POISON, Guarded
+from kvfence.engine.tables import INPUT_POISON, POISON, Guarded
 
 SAMPLES = 3
+#: The largest divisor of a read value that still makes a stored value poison-derived (a page id is a slot
+#: divided by the page size, up to 128; a block id by a block size): below ``INPUT_POISON // POISON_DERIVED``.
+POISON_DERIVED = 4096
+
+
+def poison_derived(value: int) -> bool:
+    """Whether ``value`` can only come from an input's guard (no legitimate input value is that negative)."""
+    return value <= INPUT_POISON // POISON_DERIVED
+
+
+def decode_poison(value: int, buffers: Dict[str, Guarded]) -> str:
+    """Where a poison-derived value came from, as far as its value says."""
+    inputs = [g for g in buffers.values() if g.table.role == "input"]
+    position = INPUT_POISON - value
+    exact = [f"{g.table.name} {_region_name(*g.locate(position)[:2])} [{g.locate(position)[2]}] (flat position "
+             f"{position})" for g in inputs if 0 <= position < len(g.flat) and g.locate(position)[0] != "row"]
+    if exact:
+        return f"{value} is the guard poison of {' or '.join(exact)}: a read past an input's rows"
+    return f"{value} is derived from an input's guard poison: a read past an input's rows"
 
 
 def _region_name(region: str, row) -> str:
     return region if row is None else f"{region} {row}"
 
 
-def expected_flat(g: Guarded, before, wanted: Dict[Tuple[int, int], int]):
+def matches(now: int, exp) -> bool:
+    """An element holds what the oracle asks: its value, or one of the values of a set (two programs write it)."""
+    return now in exp if isinstance(exp, frozenset) else now == exp
+
+
+def sample_value(exp) -> int:
+    """What a finding's sample records as expected: the value, or the least of a set of them."""
+    return min(exp) if isinstance(exp, frozenset) else exp
+
+
+def expected_flat(g: Guarded, before, after, wanted: Dict[Tuple[int, int], object]):
     """The flat tensor a clean launch leaves in output table ``g``: what it held (poisoned rows, canaries),
     with every element the oracle defines inside a row set to its value (one past the row stays the canary:
-    the walk calls a change there a guard overwrite whatever the oracle asks)."""
+    the walk calls a change there a guard overwrite whatever the oracle asks). An element of a set of values
+    takes what ``after`` holds there when that is one of them, else the least of them."""
     import numpy as np
     import torch
 
     want = before.clone()
-    if wanted:
-        keys = np.fromiter((x for key in wanted for x in key), dtype=np.int64, count=2 * len(wanted)).reshape(-1, 2)
+    if not wanted:
+        return want
+    keys = np.fromiter((x for key in wanted for x in key), dtype=np.int64, count=2 * len(wanted)).reshape(-1, 2)
+    positions = g.front + keys[:, 0] * g.stride + keys[:, 1]
+    inside = keys[:, 1] < g.table.width
+    try:  # every value an int (the common case): one pass in numpy
         values = np.fromiter(wanted.values(), dtype=np.int64, count=len(wanted))
-        inside = keys[:, 1] < g.table.width
-        positions = g.guard + keys[inside, 0] * g.stride + keys[inside, 1]
-        want[torch.from_numpy(positions)] = torch.from_numpy(values[inside]).to(want.dtype)
+    except TypeError:  # a set of values: what the launch left there when it is one of them
+        values = np.fromiter((v if not isinstance(v, frozenset) else
+                              (int(after[int(pos)]) if ok and int(after[int(pos)]) in v else min(v))
+                              for v, pos, ok in zip(wanted.values(), positions, inside)),
+                             dtype=np.int64, count=len(wanted))
+    want[torch.from_numpy(positions[inside])] = torch.from_numpy(values[inside]).to(want.dtype)
     return want
 
 
@@ -56,22 +96,24 @@ def clean(buffers: Dict[str, Guarded], before: Dict[str, object], after: Dict[st
 
     for name, g in buffers.items():
         wanted = expected.get(name, {}) if g.table.role == "output" else {}
-        if not torch.equal(after[name], expected_flat(g, before[name], wanted) if wanted else before[name]):
+        if not torch.equal(after[name], expected_flat(g, before[name], after[name], wanted) if wanted
+                           else before[name]):
             return False
     return True
 
 
-def verdict(contract, case, width: int, buffers: Dict[str, Guarded], before: Dict[str, object],
-            after: Dict[str, object], every_element: bool = False) -> List[Finding]:
+def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, object],
+            after: Dict[str, object], every_element: bool = False, expected=None) -> List[Finding]:
     """The findings of one launch; ``before``/``after`` are each table's flat host tensor (``snapshot``).
     ``every_element``: the plain walk over every element, without the ``clean`` fast path (what tests compare
     the engine's path with)."""
-    expected = contract.expected(case, width)
+    expected = record.expected(launch) if expected is None else expected
     if not every_element and clean(buffers, before, after, expected):
         return []
     findings: List[Finding] = []
     for name, g in buffers.items():
         table = g.table
+        width = table.width  # this table's own: a launch's tables need not share the row width its sizing gave
         wanted = expected.get(name, {}) if table.role == "output" else {}
         open_run = None  # [kind, region, row, start, stop, samples, programs]
         was_all, now_all = before[name], after[name]
@@ -92,15 +134,17 @@ def verdict(contract, case, width: int, buffers: Dict[str, Guarded], before: Dic
             elif region == "row":
                 if (row, off) in wanted:
                     exp = wanted[(row, off)]
-                    if now != exp:
-                        kind = Kind.MISSING_WRITE if now == POISON else Kind.VALUE_MISMATCH
+                    if not matches(now, exp):
+                        exp = sample_value(exp)
+                        kind = (Kind.MISSING_WRITE if now == POISON else Kind.POISON_READ if poison_derived(now)
+                                else Kind.VALUE_MISMATCH)
                 elif now != POISON:
-                    kind, exp = Kind.STRAY_WRITE, POISON
-                owner = contract.owner(case, name, row, off) if kind else None
+                    kind, exp = (Kind.POISON_READ if poison_derived(now) else Kind.STRAY_WRITE), POISON
+                owner = record.owner(launch, name, row, off) if kind else None
             elif now != was:
                 kind, exp = Kind.GUARD_OVERWRITE, was  # expected: the canary that was there
                 if region == "guard after row" and (row, width + off) in wanted:
-                    owner = contract.owner(case, name, row, width + off)  # the row's own entry past its width
+                    owner = record.owner(launch, name, row, width + off)  # the row's own entry past its width
             if kind is not None and open_run and open_run[0] == kind and open_run[1] == region \
                     and open_run[2] == row and open_run[4] == off and open_run[7] == p - 1:
                 open_run[4], open_run[7] = off + 1, p
@@ -116,7 +160,67 @@ def verdict(contract, case, width: int, buffers: Dict[str, Guarded], before: Dic
                 open_run = [kind, region, row, off, off + 1, [(off, exp, now)], [owner] if owner is not None else [], p]
         if open_run:
             findings.append(_finding(name, open_run))
+    for f in findings:
+        if f.kind is Kind.POISON_READ and f.samples:
+            f.detail = decode_poison(f.samples[0][2], buffers)
+    attribute(record, launch, findings, expected, buffers)
     return findings
+
+
+def decode_canary(value: int, buffers: Dict[str, Guarded]) -> str:
+    """Which output guard a value is the canary of (``CANARY_BASE - position``), or ''."""
+    from kvfence.engine.tables import CANARY_BASE
+
+    position = CANARY_BASE - value
+    exact = []
+    for g in buffers.values():
+        if g.table.role == "output" and 0 <= position < len(g.flat):
+            region, row, off = g.locate(position)
+            if region != "row":
+                exact.append(f"{g.table.name} {_region_name(region, row)} [{off}]")
+    return f"{value} is the canary of {' or '.join(exact)}: a read of an output's guard" if exact else ""
+
+
+def _row_of(region: str):
+    last = region.rsplit(" ", 1)[-1]
+    return int(last) if last.isdigit() else None
+
+
+def attribute(record, launch, findings: List[Finding], expected, buffers: Dict[str, Guarded]) -> None:
+    """Each output finding's ``writers`` and decoded values, from its samples' found values: the programs the
+    contract says store such a value (``Contract.owner`` of the elements the oracle gives that value, those of the
+    finding's own row first, then of the row before it: a spill, then any), and what a guard poison or canary
+    found there says (docs/contract.md §9, "Verdict")."""
+    index: Dict[str, Dict[int, List[Tuple[int, int]]]] = {}
+    for f in findings:
+        g = buffers.get(f.buffer)
+        if g is None or g.table.role != "output" or not f.samples:
+            continue
+        notes = []
+        for _, _, found in f.samples:
+            if found is None or found == POISON:
+                continue
+            said = decode_poison(found, buffers) if poison_derived(found) else decode_canary(found, buffers)
+            if said and said not in notes and said not in f.detail:
+                notes.append(said)
+        if notes:
+            f.detail = "; ".join([f.detail] * bool(f.detail) + notes)
+        if f.buffer not in index:
+            where: Dict[int, List[Tuple[int, int]]] = {}
+            for key, value in expected.get(f.buffer, {}).items():
+                for v in (value if isinstance(value, frozenset) else (value,)):
+                    where.setdefault(v, []).append(key)
+            index[f.buffer] = where
+        row = _row_of(f.region)
+        writers = []
+        for _, _, found in f.samples:
+            places = index[f.buffer].get(found, []) if found is not None else []
+            for place in sorted(places, key=lambda rc: (rc[0] != row, rc[0] != (row or 0) - 1, rc)):
+                who = record.owner(launch, f.buffer, place[0], place[1])
+                if who is not None and tuple(who) not in writers:
+                    writers.append(tuple(who))
+                break  # the likeliest place only: a value the oracle gives several elements names one writer
+        f.writers = writers[:8]
 
 
 def _finding(buffer: str, run) -> Finding:

@@ -3,12 +3,18 @@
 A deployer knows the release and the flags they launch SGLang with, not kvfence's backend classes or
 sizing formulas. This module reads those flags (SGLang's own names: ``--attention-backend``,
 ``--speculative-eagle-topk``, ``--speculative-num-steps``, ``--speculative-num-draft-tokens``,
-``--context-length``, ``--cuda-graph-max-bs``, ``--disable-cuda-graph``, ``--page-size``), takes the
-release's shipped sizing of every contract the backend launches (the draft contract,
-kvfence.release.shipped_matrix; the plug-in contracts' sites, kvfence.release.contract_shipped_matrix)
-for that one deployment, runs the release's kernel on the minimal overflowing launch (the verdict rests on
-what the kernel did, not only on the arithmetic), and answers one line per contract: affected or not,
-under which condition, since which release it is fixed, and the case file that replays it.
+``--context-length``, ``--cuda-graph-max-bs``, ``--disable-cuda-graph``, ``--page-size``, and for the DFlash
+family ``--speculative-algorithm``, ``--speculative-dflash-block-size``, ``--speculative-dspark-block-size``; a
+vLLM launch command is ``kvfence.release.affected_vllm``'s), takes the
+release's shipped sizing of every contract the backend launches (a contract's own release tooling,
+``kvfence.release.knowledge.ReleaseTool``; the sites other contracts list, ``kvfence.release.affected_sites``),
+for the sites SGLang runs for that deployment (a CUDA-graph deployment's eager sites too), runs the release's
+kernel on the longest admitted (or the minimal overflowing) launch, and answers one line per contract and site:
+AFFECTED, NOT AFFECTED, NOT LAUNCHED or UNKNOWN, the severity (``SEVERITY_OF``), the condition over the request
+lengths, what the kernel was seen to do (a line names damage only from a kind the contract declares observed,
+``kvfence.engine.findings.observed``; arithmetic is stated as arithmetic), the release that fixes it or the flag
+values that avoid it, and the case file. ``exit_code``: 1 affected, ``EXIT_UNKNOWN`` (3) when no line is and one
+is unknown (an unknown release, a kernel kvfence cannot run), 0 otherwise. ``Progress`` reports a long run.
 
 Defaults are SGLang's where SGLang has one kvfence can state: without topk and steps, SGLang 0.5.23 picks
 (steps, topk, draft tokens) = (3, 1, 4) for most models (``sglang/srt/arg_groups/speculative_hook.py``,
@@ -22,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -57,8 +63,9 @@ def attention_backend_name(backend_class: str) -> str:
     return f"{name} (MLA)" if mla_of_two else name
 
 
-#: Other ``--attention-backend`` names SGLang accepts: known, and none of them launches a contract's kernel
-#: kvfence models (the line says so rather than refusing the name).
+#: Other ``--attention-backend`` names SGLang accepts (none builds a draft backend class; which classes each
+#: builds, and so which contracts' sites it runs, is read from the release's attention registry:
+#: ``kvfence.release.affected_sites``).
 OTHER_BACKENDS = ("torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa4",
                   "llada2_cfg_flashinfer", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "wave",
                   "intel_amx", "ascend", "intel_xpu", "cutlass_mla", "flashinfer_mla")
@@ -74,6 +81,19 @@ NEAR_FLAGS = ("--cuda-graph-bs", "--disable-cuda-graph-padding", "--prefill-atte
 #: Words that mark a launch command among the arguments (its other flags, --model-path and so on, are not
 #: kvfence's business); without one, an unknown flag is refused (a typo must not pass as a default).
 LAUNCH_MARKERS = ("sglang.launch_server", "launch_server", "sglang")
+#: ``--speculative-algorithm`` names kvfence models (SGLang 0.5.23 ``speculative/spec_info.py:32-45``; NEXTN is an
+#: alias of EAGLE, ``speculative/spec_registry.py:183``). EAGLE and EAGLE3 run the EAGLE worker and its multi-step
+#: draft backends; the DFlash family (DFLASH, DSPARK) runs one verify block of D tokens a step, steps and topk
+#: forced to 1 (``arg_groups/speculative_hook.py:287`` ``_handle_dflash``, ``:666`` ``_handle_dspark``).
+ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK")
+DFLASH_FAMILY = ("DFLASH", "DSPARK")
+#: SGLang's other algorithms: refused in one line (kvfence does not model their workers).
+OTHER_ALGORITHMS = ("STANDALONE", "NGRAM", "UNO", "FROZEN_KV_MTP")
+#: The DFlash family's block when no flag gives it: DFLASH's is the draft checkpoint's ``block_size``, else 16
+#: (``_handle_dflash``); DSPARK's gamma the checkpoint's, else ``DEFAULT_DSPARK_GAMMA`` = 7
+#: (``speculative/dspark_components/dspark_config.py:21``), D = gamma + 1.
+DFLASH_DEFAULT_D = 16
+DSPARK_DEFAULT_GAMMA = 7
 
 
 @dataclass(frozen=True)
@@ -90,14 +110,17 @@ class Deployment:
     graphs: bool
     page_size: Optional[int]
     assumed: Tuple[str, ...] = ()
+    algorithm: str = "EAGLE"   # --speculative-algorithm, NEXTN read as EAGLE (SGLang's alias)
 
     @property
     def mode(self) -> str:
         return "graph" if self.graphs else "eager"
 
     def describe(self) -> str:
+        spec = (f"{self.algorithm}, " if self.algorithm != "EAGLE" else "") + (
+            "" if self.algorithm in DFLASH_FAMILY else f"topk {self.topk}, {self.num_steps} steps, ")
         return (f"sglang {self.version}, {self.backend}, {'CUDA graphs' if self.graphs else 'no CUDA graphs'}, "
-                f"topk {self.topk}, {self.num_steps} steps, {self.draft_tokens} draft tokens, ctx {self.ctx}"
+                f"{spec}{self.draft_tokens} draft tokens, ctx {self.ctx}"
                 + (f", page {self.page_size}" if self.page_size else ""))
 
 
@@ -111,13 +134,16 @@ def _flag_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-dflash-block-size", type=int, default=None)
+    p.add_argument("--speculative-dspark-block-size", type=int, default=None)
     return p
 
 
 #: The flags ``parse_deployment`` reads (for help texts and errors).
 FLAGS = ("--attention-backend", "--speculative-eagle-topk", "--speculative-num-steps",
          "--speculative-num-draft-tokens", "--context-length", "--cuda-graph-max-bs", "--disable-cuda-graph",
-         "--page-size")
+         "--page-size", "--speculative-algorithm", "--speculative-dflash-block-size", "--speculative-dspark-block-size")
 
 
 class _Refuse(argparse.ArgumentParser):
@@ -153,23 +179,21 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
     require(backend is not None, "SGLang flags: name --attention-backend (SGLang picks one per GPU and model; "
                                  "kvfence needs the one you run)")
     require(backend in DRAFT_CLASSES or backend in OTHER_BACKENDS,
-            f"--attention-backend {backend!r} is not one of SGLang's ({', '.join(sorted(DRAFT_CLASSES) + list(OTHER_BACKENDS))})")
+            f"--attention-backend {backend!r} is not one of SGLang's "
+            f"({', '.join(sorted(DRAFT_CLASSES) + list(OTHER_BACKENDS))})")
+    algorithm = (args.speculative_algorithm or "EAGLE").upper()
+    if algorithm in OTHER_ALGORITHMS:
+        raise BadInput(f"SGLang flags: --speculative-algorithm {algorithm}: kvfence models "
+                       f"{', '.join(ALGORITHMS)} deployments, not {algorithm}'s worker")
+    require(algorithm in ALGORITHMS, f"--speculative-algorithm {args.speculative_algorithm!r} is not one of SGLang's "
+                                     f"({', '.join(ALGORITHMS + OTHER_ALGORITHMS)})")
+    algorithm = "EAGLE" if algorithm == "NEXTN" else algorithm
     assumed = []
     steps, topk, tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
-    if steps is None and topk is None:
-        steps, topk, auto_tokens = AUTO_SPECULATIVE
-        tokens = tokens if tokens is not None else auto_tokens
-        assumed.append(f"{steps} steps, topk {topk} (SGLang's automatic choice for most models)")
-    steps = steps if steps is not None else AUTO_SPECULATIVE[0]
-    topk = topk if topk is not None else 1
-    if topk == 1 and tokens is not None and tokens != steps + 1:
-        # SGLang overrides it (0.5.23 speculative_hook.py, _handle_eagle_family): say so, as its log does.
-        assumed.append(f"{steps + 1} draft tokens, not {tokens}: SGLang sets steps + 1 when topk is 1")
-        tokens = steps + 1
-    if tokens is None:
-        require(topk == 1, "SGLang flags: with --speculative-eagle-topk > 1 give --speculative-num-draft-tokens "
-                           "(SGLang has no default for it there)")
-        tokens = steps + 1
+    if algorithm in DFLASH_FAMILY:
+        steps, topk, tokens = _dflash_settings(algorithm, args, assumed)
+    else:
+        steps, topk, tokens = _eagle_settings(steps, topk, tokens, assumed)
     for name, value, top in (("--speculative-num-steps", steps, 64), ("--speculative-eagle-topk", topk, 64),
                              ("--speculative-num-draft-tokens", tokens, 4096)):
         require(1 <= value <= top, f"{name} {value}: must be 1..{top}")
@@ -185,52 +209,201 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
     require(1 <= max_bs <= 4096, f"--cuda-graph-max-bs {max_bs}: must be 1..4096")
     require(args.page_size is None or 1 <= args.page_size <= 4096, f"--page-size {args.page_size}: must be 1..4096")
     return Deployment(version, backend, topk, steps, tokens, ctx, max_bs, not args.disable_cuda_graph,
-                      args.page_size, tuple(assumed))
+                      args.page_size, tuple(assumed), algorithm)
 
 
-#: Kinds kvfence's arithmetic reports before the kernel runs: not damage the kernel showed.
-ARITHMETIC_KINDS = ("SIZING_VIOLATION",)
+def _eagle_settings(steps, topk, tokens, assumed: List[str]) -> Tuple[int, int, int]:
+    """``(steps, topk, draft tokens)`` of an EAGLE deployment (see the module docstring for SGLang's defaults)."""
+    if steps is None and topk is None:
+        steps, topk, auto_tokens = AUTO_SPECULATIVE
+        tokens = tokens if tokens is not None else auto_tokens
+        assumed.append(f"{steps} steps, topk {topk} (SGLang's automatic choice for most models)")
+    steps = steps if steps is not None else AUTO_SPECULATIVE[0]
+    topk = topk if topk is not None else 1
+    if topk == 1 and tokens is not None and tokens != steps + 1:
+        # SGLang overrides it (0.5.23 speculative_hook.py, _handle_eagle_family): say so, as its log does.
+        assumed.append(f"{steps + 1} draft tokens, not {tokens}: SGLang sets steps + 1 when topk is 1")
+        tokens = steps + 1
+    if tokens is None:
+        require(topk == 1, "SGLang flags: with --speculative-eagle-topk > 1 give --speculative-num-draft-tokens "
+                           "(SGLang has no default for it there)")
+        tokens = steps + 1
+    return steps, topk, tokens
+
+
+def _dflash_settings(algorithm: str, args, assumed: List[str]) -> Tuple[int, int, int]:
+    """``(steps, topk, draft tokens)`` of a DFlash-family deployment as SGLang 0.5.23 resolves them
+    (``_handle_dflash``, ``_handle_dspark``): steps and topk 1 whatever the flags say; DFLASH's block from
+    ``--speculative-dflash-block-size`` or ``--speculative-num-draft-tokens`` (equal when both are given),
+    DSPARK's ``gamma + 1`` from ``--speculative-dspark-block-size`` (equal to the draft tokens when both are given);
+    the draft checkpoint's block otherwise, which kvfence does not read: SGLang's fallback, said in ``assumed``."""
+    for name, value in (("--speculative-num-steps", args.speculative_num_steps),
+                        ("--speculative-eagle-topk", args.speculative_eagle_topk)):
+        if value is not None and value != 1:
+            assumed.append(f"{name} 1, not {value}: SGLang sets 1 for {algorithm}")
+    tokens = args.speculative_num_draft_tokens
+    if algorithm == "DFLASH":
+        block = args.speculative_dflash_block_size
+        require(block is None or block >= 1, f"--speculative-dflash-block-size {block}: must be positive")
+        require(block is None or tokens is None or block == tokens,
+                f"--speculative-num-draft-tokens {tokens} and --speculative-dflash-block-size {block} differ: "
+                "SGLang refuses to start (for DFLASH they must match)")
+        tokens = block if block is not None else tokens
+        if tokens is None:
+            tokens = DFLASH_DEFAULT_D
+            assumed.append(f"{DFLASH_DEFAULT_D} draft tokens (SGLang takes the draft checkpoint's block_size, else "
+                           f"{DFLASH_DEFAULT_D}: give --speculative-dflash-block-size)")
+    else:
+        gamma = args.speculative_dspark_block_size
+        require(gamma is None or gamma >= 1, f"--speculative-dspark-block-size {gamma}: must be positive")
+        require(gamma is None or tokens is None or tokens == gamma + 1,
+                f"--speculative-num-draft-tokens {tokens} is not --speculative-dspark-block-size {gamma} + 1: SGLang "
+                "refuses to start (DSPARK's draft tokens are gamma + 1)")
+        if gamma is not None:
+            tokens = gamma + 1
+        elif tokens is None:
+            tokens = DSPARK_DEFAULT_GAMMA + 1
+            assumed.append(f"gamma {DSPARK_DEFAULT_GAMMA}, {tokens} draft tokens (SGLang takes the draft checkpoint's "
+                           f"block size, else gamma {DSPARK_DEFAULT_GAMMA}: give --speculative-dspark-block-size)")
+        require(tokens >= 2, f"--speculative-num-draft-tokens {tokens}: DSPARK needs at least 2 (gamma + 1)")
+    return 1, 1, tokens
+
+
+#: Exit codes of ``affected``: 0 none affected, 1 a line AFFECTED, 2 bad input (``kvfence.errors``), and
+#: ``EXIT_UNKNOWN`` when no line is AFFECTED but one is UNKNOWN (an unknown release, a kernel kvfence cannot run,
+#: a width it cannot read): a CI gate must not read "could not tell" as "not affected".
+EXIT_UNKNOWN = 3
+
+#: What a deployment suffers, by the class of a line (``kvfence.release.contract_space``'s, and the draft's).
+SILENT, READ_PAST, SERVER_DOWN = "silent overwrite", "read past the table", "server down"
+SEVERITY_OF = {"writes past its row": SILENT, "width formula short": READ_PAST, "host check fires": SERVER_DOWN}
 
 
 @dataclass
 class Verdict:
-    """One contract's answer for a deployment."""
+    """One contract's answer for a deployment (one backend site or draft class).
+
+    ``seen``: the kinds the release's kernel was seen to do (observed: ``kvfence.engine.findings.observed`` of the
+    record); ``arithmetic``: the kinds decided before the launch (stated as arithmetic, never as damage);
+    ``severity``: what the deployment suffers, and ``impact`` its words; ``fix``: the release that fixes it or
+    the flag values that avoid it; ``evidence``: the wheel's ``file:line`` each fact comes from."""
 
     contract: str
     status: str              # affected | not affected | unknown | not launched
     condition: str = ""
-    seen: List[str] = field(default_factory=list)   # the kinds the release's kernel showed on the witness
+    seen: List[str] = field(default_factory=list)
+    arithmetic: List[str] = field(default_factory=list)
     fixed_in: Optional[str] = None
     fixed_text: str = ""
+    avoid: List[str] = field(default_factory=list)
+    severity: str = ""
+    impact: str = ""
     case_file: str = ""
     site: str = ""
+    evidence: List[str] = field(default_factory=list)
+    reach: str = ""
 
     def line(self, dep: Deployment) -> str:
         parts = [f"{dep.describe()}: {self.contract}{f' ({self.site})' if self.site else ''}: {self.status.upper()}"]
+        if self.severity:
+            parts.append(f"severity: {self.severity} ({self.impact})" if self.impact else f"severity: {self.severity}")
+        if self.reach:
+            parts.append(self.reach)
         if self.condition:
             parts.append(self.condition)
-        damage = [k for k in self.seen if k not in ARITHMETIC_KINDS]
-        if damage:
-            parts.append("the release's kernel showed " + ", ".join(damage))
+        if self.seen:
+            parts.append("the release's kernel showed " + ", ".join(self.seen))
         if self.fixed_text:
             parts.append(self.fixed_text)
+        if self.avoid:
+            parts.append("avoided with " + " or ".join(self.avoid))
         if self.case_file:
             parts.append(f"case: {self.case_file}")
         if dep.assumed:
             parts.append("assumed: " + "; ".join(dep.assumed))
         return "; ".join(parts)
 
+    def to_json(self) -> dict:
+        return {"contract": self.contract, "site": self.site, "status": self.status, "severity": self.severity,
+                "impact": self.impact, "reach": self.reach, "condition": self.condition, "observed": self.seen,
+                "arithmetic": self.arithmetic, "fixed_in": self.fixed_in, "fixed": self.fixed_text,
+                "avoid": self.avoid, "case_file": self.case_file, "evidence": self.evidence}
 
-def _later(version: str, releases: List[str]) -> List[str]:
+
+def exit_code(verdicts: List[Verdict]) -> int:
+    """1 when a line is AFFECTED, else ``EXIT_UNKNOWN`` when one is UNKNOWN, else 0."""
+    if any(v.status == "affected" for v in verdicts):
+        return 1
+    return EXIT_UNKNOWN if any(v.status == "unknown" for v in verdicts) else 0
+
+
+def deployment_json(dep: Deployment, verdicts: List[Verdict]) -> dict:
+    return {"deployment": {"version": dep.version, "backend": dep.backend, "topk": dep.topk,
+                           "num_steps": dep.num_steps, "draft_tokens": dep.draft_tokens, "ctx": dep.ctx,
+                           "max_bs": dep.max_bs, "graphs": dep.graphs, "page_size": dep.page_size,
+                           "algorithm": dep.algorithm, "assumed": list(dep.assumed)},
+            "verdicts": [v.to_json() for v in verdicts], "exit_code": exit_code(verdicts)}
+
+
+# -- progress ---------------------------------------------------------------------------------------------------
+class Progress:
+    """Progress of one ``affected`` run on stderr: each step once the run is past ``QUIET_S`` seconds, and a
+    line every ``EVERY_S`` seconds while one step runs on (a witness search may take a minute)."""
+
+    QUIET_S, EVERY_S = 2.0, 10.0
+
+    def __init__(self, announce: Callable[[str], None]):
+        import threading
+        import time
+
+        self.announce, self.time = announce, time
+        self.start = time.monotonic()
+        self.step_text, self.step_at = "starting", self.start
+        self.shown = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+        self._thread.start()
+
+    def _elapsed(self) -> float:
+        return self.time.monotonic() - self.start
+
+    def step(self, text: str) -> None:
+        self.step_text, self.step_at = text, self.time.monotonic()
+        if self._elapsed() >= self.QUIET_S:
+            self.announce(f"kvfence affected: {text} ({self._elapsed():.0f} s)")
+            self.shown = True
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.EVERY_S):
+            self.announce(f"kvfence affected: still {self.step_text} ({self._elapsed():.0f} s)")
+            self.shown = True
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.shown:
+            self.announce(f"kvfence affected: done in {self._elapsed():.1f} s")
+
+
+_CURRENT: List[Progress] = []
+
+
+def step(text: str) -> None:
+    """Report a step of the ``affected`` run in progress (a no-op outside one)."""
+    if _CURRENT:
+        _CURRENT[-1].step(text)
+
+
+def later_releases(version: str, releases: List[str]) -> List[str]:
     from kvfence.release.release_matrix import version_key
 
     return [v for v in releases if version_key(v) > version_key(version)]
 
 
-def _fixed(version: str, releases: List[str], overflows: Callable[[str], Optional[bool]]) -> Tuple[Optional[str], str]:
+def fixed_in(version: str, releases: List[str],
+             overflows: Callable[[str], Optional[bool]]) -> Tuple[Optional[str], str]:
     """The first release after ``version`` from which no later one overflows (``overflows(v)``: True,
     False, or None when unknown there)."""
-    later = _later(version, releases)
+    later = later_releases(version, releases)
     if not later:
         return None, f"not fixed: {version} is the newest release kvfence knows"
     states = [(v, overflows(v)) for v in later]
@@ -246,229 +419,31 @@ def _fixed(version: str, releases: List[str], overflows: Callable[[str], Optiona
     return None, (f"not fixed up to {last[0]}" if last[1] else f"unknown in {last[0]} (its sizing is not readable)")
 
 
-# -- the draft contract -----------------------------------------------------------------------------------
-def _draft_classes(dep: Deployment, record: dict) -> List[str]:
-    prefixes = DRAFT_CLASSES.get(dep.backend, ())
-    return sorted(b for b in record["backends"] if b.startswith(prefixes))
-
-
-#: A running request has at most ``ctx - ADMITTED_MARGIN`` committed tokens: SGLang 0.5.23 bounds a request by
-#: ``context_len - 1`` (``managers/tp_worker.py:568-571``) and its new tokens by ``max_req_len - input_len - 1``
-#: (``managers/scheduler.py:2714``); docs/contract.md §9, "Reachability".
-ADMITTED_MARGIN = 3
-
-
-def _draft_witness(version: str, cls: str, dep: Deployment, ctx: int, admitted: bool = True):
-    from kvfence.release import upstream
-    from kvfence.release import shipped_matrix as sm
-
-    spec = f"{upstream.SPEC_PREFIX}{version}:{cls}"
-    domain = sm.Domain(ctx=ctx, num_steps=dep.num_steps, max_bs=dep.max_bs, max_topk=max(dep.topk, 1),
-                       max_len=ctx - ADMITTED_MARGIN if admitted else None)
-    return sm.search(spec, dep.mode, domain, topks=range(dep.topk, dep.topk + 1)), domain
-
-
-def _linear(values: List[Tuple[int, int]]) -> Optional[Tuple[Fraction, Fraction]]:
-    """``(a, b)`` with ``y = a * x + b`` through every ``(x, y)``, or None."""
-    (x0, y0), (x1, y1) = values[0], values[1]
-    a = Fraction(y1 - y0, x1 - x0)
-    b = y0 - a * x0
-    return (a, b) if all(a * x + b == y for x, y in values) else None
-
-
-def _ctx_text(a: Fraction, b: Fraction) -> str:
-    term = "ctx" if a == 1 else f"ctx/{a.denominator}" if a.numerator == 1 else f"{a}*ctx"
-    return term + (f" + {b}" if b > 0 else f" - {-b}" if b < 0 else "")
-
-
-def _draft_condition(version: str, cls: str, dep: Deployment, case) -> str:
-    """The witness's condition, as a formula in the context length when the threshold is linear in it."""
-    requests, total = case.batch.raw_bs, sum(case.batch.seq_lens)
-    at_wall = max(case.batch.seq_lens) > dep.ctx - dep.num_steps
-    points = []
-    for ctx in (dep.ctx, 2 * dep.ctx, 4 * dep.ctx):
-        (silent, _, _), _ = _draft_witness(version, cls, dep, ctx)
-        if silent is None or silent.batch.raw_bs != requests:
-            points = []
-            break
-        points.append((ctx, sum(silent.batch.seq_lens)))
-    fit = _linear(points) if points else None
-    mean = (f"whose lengths add up to at least {_ctx_text(*fit)} ({total} at ctx {dep.ctx}"
-            + (f"; {_ctx_text(fit[0] / requests, fit[1] / requests)} each on average)" if requests > 1 else ")")
-            if fit else f"whose lengths add up to at least {total} (at ctx {dep.ctx})")
-    launch = f"a launch of {requests} request{'s' if requests > 1 else ''}" + (
-        f" (capture bucket {case.launch().num_seqs})" if dep.graphs else "")
-    where = (f"; it needs requests within {dep.num_steps} tokens of the context length, which the scheduler "
-             f"admits up to ctx - {ADMITTED_MARGIN} (docs/contract.md §9, Reachability)") if at_wall else ""
-    return f"{launch} {mean} writes past its row{where}"
-
-
-def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) -> List[Verdict]:
-    from kvfence.release import shipped_sizing
-    from kvfence.engine.casefile import write_case
-    from kvfence.release import shipped_matrix as sm
-
-    name = "draft decode kv_indices"
-    try:
-        record = shipped_sizing.load_record(dep.version)
-    except BadInput as exc:
-        return [Verdict(name, "unknown", condition=str(exc))]
-    classes = _draft_classes(dep, record)
-    if not classes:
-        return [Verdict(name, "not launched", condition=f"the {dep.backend} backend of {dep.version} does not "
-                                                        "launch generate_draft_decode_kv_indices")]
-    runs = sm.Runs(device)
-    verdicts = []
-    for cls in classes:
-        v = Verdict(name, "not affected", site=cls + (
-            (", MLA models" if "MLA" in cls else ", MHA models") if dep.backend == "flashinfer" else ""))
-        state, text = shipped_sizing.site_state(record["backends"][cls][dep.mode])
-        if state != "ok":
-            v.status = "not launched" if state == "absent" else "unknown"
-            v.condition = text or f"no {dep.mode}-mode buffer"
-            verdicts.append(v)
-            continue
-        replay = record["backends"][cls][dep.mode].get("replay")
-        if replay:  # graph mode whose replays never run the kernel (kvfence.release.shipped)
-            v.status, v.condition = "not launched", replay
-            verdicts.append(v)
-            continue
-        refuses = (record["backends"][cls].get("refuses") or {}).get("refuses") == "topk > 1"
-        if refuses and dep.topk > 1:
-            v.status, v.condition = "not launched", "its constructor refuses topk > 1 (the server does not start)"
-            verdicts.append(v)
-            continue
-        (silent, caught, wrong), _ = _draft_witness(dep.version, cls, dep, dep.ctx)
-        if silent is not None:
-            findings = runs.findings(silent)
-            kinds = sorted({f.kind.value for f in findings})
-            damage = [k for k in kinds if k not in ARITHMETIC_KINDS]
-            v.status = "affected" if damage else "unknown"
-            v.condition = _draft_condition(dep.version, cls, dep, silent) if damage else (
-                "the arithmetic says a launch overflows its row, the release's kernel showed no damage")
-            v.seen = kinds
-            v.case_file = str(write_case(silent, findings, out_dir=out / dep.version / f"{cls}-{dep.mode}",
-                                         device=device, source="affected"))
-        elif _draft_witness(dep.version, cls, dep, dep.ctx, admitted=False)[0][0] is not None:
-            v.condition = (f"its row overflows only for requests longer than ctx - {ADMITTED_MARGIN} tokens, which "
-                           "SGLang's scheduler does not admit (docs/contract.md §9, Reachability: 0.5.23's bound)")
-        elif caught is not None:
-            v.condition = "an overflowing launch is refused by the release's host check (the server raises)"
-        elif wrong is not None:
-            v.condition = "but its host check refuses some launches that fit"
-        else:
-            v.condition = (f"no launch of up to {dep.max_bs} requests of admitted lengths overflows its row")
-
-        def overflows(version: str, cls: str = cls) -> Optional[bool]:
-            try:
-                later = shipped_sizing.load_record(version)
-            except BadInput:
-                return None
-            names = _draft_classes(dep, later)
-            if not names:
-                return False  # the backend no longer launches the kernel
-            states = [shipped_sizing.site_state(later["backends"][n][dep.mode])[0] for n in names]
-            if "unreadable" in states:
-                return None
-            return any(_draft_witness(version, n, dep, dep.ctx)[0][0] is not None
-                       for n, s in zip(names, states) if s == "ok" and not later["backends"][n][dep.mode].get("replay"))
-
-        if v.status == "affected":
-            v.fixed_in, v.fixed_text = _fixed(dep.version, releases, overflows)
-        verdicts.append(v)
-    return verdicts
-
-
-# -- the plug-in contracts ---------------------------------------------------------------------------------
-def _site_for(dep: Deployment, s: dict) -> Optional[dict]:
-    """The site record ``s`` restricted to the deployment's page size (None when the backend never runs it)."""
-    site = s["site"]
-    if site["backend"] != dep.backend or site["mode"] != dep.mode:
-        return None
-    pages = list(site["page_sizes"])
-    if dep.page_size is not None:
-        if dep.page_size not in pages:
-            return None
-        pages = [dep.page_size]
-    return {**s, "site": {**site, "page_sizes": pages}}
-
-
-def _tokens(dep: Deployment, s: dict) -> int:
-    return dep.draft_tokens if s["site"]["forward_mode"] == "target_verify" else dep.topk
-
-
-def contract_verdicts(dep: Deployment, releases: List[str], out: Path, device: str,
-                      announce: Callable[[str], None]) -> List[Verdict]:
-    from kvfence import contract as registry
-    from kvfence.release import contract_shipped as cs
-    from kvfence.release import contract_shipped_matrix as csm
-
-    verdicts = []
-    for name in registry.names():
-        contract = registry.get(name)
-        if not any(s.backend == dep.backend and s.mode == dep.mode for s in contract.shipped_sites):
-            continue
-        try:
-            record = csm.load_record(dep.version, contract, announce=announce)
-            kernel = f"sglang=={dep.version}"
-            contract.resolve(kernel)
-        except BadInput as exc:
-            verdicts.append(Verdict(name, "unknown", condition=str(exc)))
-            continue
-        for s in record["sites"]:
-            if s["site"]["backend"] != dep.backend or s["site"]["mode"] != dep.mode:
-                continue
-            site = _site_for(dep, s)
-            if site is None:
-                verdicts.append(Verdict(name, "not launched", site=csm.site_name(s["site"]), condition=(
-                    f"the backend runs with page sizes {', '.join(map(str, s['site']['page_sizes']))}, not "
-                    f"{dep.page_size}")))
-                continue
-            domain = {"contexts": (dep.ctx,), "draft_tokens": (_tokens(dep, s),)}
-            cell = csm.settle_cell(contract, dep.version, kernel, site, record["admission"], device, out, **domain)
-            v = Verdict(name, "not affected", site=csm.site_name(s["site"]))
-            a = cell["assessment"]
-            if a["status"] == "fits" and a.get("fits_at"):
-                p = a["fits_at"]
-                v.condition = (f"the longest launch ({p['length']} + {p['delta']} tokens) needs {p['need']} pages, its "
-                               f"row holds {p['width']}; {a['reach']}")
-            if a["status"] == "absent":
-                continue
-            if a["status"] == "unreadable":
-                v.status, v.condition = "unknown", f"unreadable: {a['why']}"
-            elif a["status"] == "overflows":
-                p = a["witness"]
-                damaged = cell["status"] not in ("error",)
-                v.status = "affected" if damaged else "unknown"
-                v.condition = (f"a request of committed length {p['length']} (+{p['delta']} in the launch) needs "
-                               f"{p['need']} pages of {p['page_size']} tokens, its row holds {p['width']}: "
-                               f"{cell['status']}; {a['reach']}")
-                v.seen, v.case_file = cell.get("kinds", []), cell.get("case_file", "")
-            elif cell["status"] == "findings on a fitting launch":
-                v.status, v.condition = "affected", cell["why"]
-                v.seen, v.case_file = cell.get("kinds", []), cell.get("case_file", "")
-
-            def overflows(version: str, s=s) -> Optional[bool]:
-                try:
-                    later = csm.load_record(version, contract, announce=announce)
-                except BadInput:
-                    return None
-                same = [x for x in later["sites"] if x["site"] == s["site"]]
-                if not same or _site_for(dep, same[0]) is None:
-                    return False
-                state = cs.assess(_site_for(dep, same[0]), later["admission"], **domain)["status"]
-                return None if state == "unreadable" else state == "overflows"
-
-            if v.status == "affected":
-                v.fixed_in, v.fixed_text = _fixed(dep.version, releases, overflows)
-            verdicts.append(v)
-    return verdicts
-
-
 def assess_deployment(dep: Deployment, *, out: Path, device: str, offline: bool,
                       announce: Callable[[str], None]) -> List[Verdict]:
-    """Every contract's verdict for ``dep`` (the draft contract first)."""
+    """Every contract's verdict for ``dep``: those with release tooling of their own first (``ReleaseTool``),
+    then those whose knowledge lists sites (``kvfence.release.affected_sites``). A release kvfence cannot find
+    is one UNKNOWN line."""
+    from kvfence.release.affected_sites import contract_verdicts
+    from kvfence.release.knowledge import shipped, with_tool
     from kvfence.release.release_matrix import known_releases
 
-    releases = known_releases(offline, announce=announce)
-    return draft_verdict(dep, releases, out, device) + contract_verdicts(dep, releases, out, device, announce)
+    progress = Progress(announce)
+    _CURRENT.append(progress)
+    try:
+        progress.step("listing the releases")
+        releases = known_releases(offline, announce=announce)
+        if dep.version not in releases:
+            newest = releases[-1] if releases else "none"
+            return [Verdict("sglang", "unknown", condition=(
+                f"sglang {dep.version} is not a release kvfence finds (the package index, the cache"
+                + (", KVFENCE_WHEEL_DIR" if os.environ.get("KVFENCE_WHEEL_DIR") else "")
+                + f"; the newest it knows is {newest}): nothing of it can be read"))]
+        own = []
+        for name in with_tool():
+            progress.step(f"{name}: the release's backends")
+            own += shipped(name).tool.deployment_verdicts(dep, releases, out, device)
+        return own + contract_verdicts(dep, releases, out, device, announce)
+    finally:
+        _CURRENT.remove(progress)
+        progress.close()

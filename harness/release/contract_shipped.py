@@ -1,8 +1,8 @@
 """Shipped sizing of plug-in contracts, read from a release's wheel as data (docs/contract.md §9, "Shipped
 sizing of the plug-in contracts"). It knows no contract by name.
 
-A contract lists its ``shipped_sites`` (``kvfence.contract.ShippedSite``): per SGLang backend, CUDA-graph
-mode and forward mode, the expression text of the table's row width and of the tokens the launch adds to each
+A contract's release knowledge lists its sites (``kvfence.release.knowledge.ShippedSite``): per SGLang backend,
+CUDA-graph mode and forward mode, the expression text of the table's row width and of the tokens the launch adds to each
 committed length. ``read(contract, wheel)`` finds each text in the backend's class (and its bases in the wheel)
 by ``ast`` equality, never importing or running anything, and evaluates it with ``kvfence.release.shipped``'s
 restricted evaluator over the quantities of ``SYMBOLS`` (``ctx``, ``page``, ``d``, ``requests``, ``max_len``):
@@ -23,12 +23,15 @@ import ast
 from dataclasses import asdict
 from typing import Dict, List, Optional, Tuple
 
-from kvfence.release import shipped
-from kvfence.contract import Contract, ShippedSite
 from kvfence.errors import require
+from kvfence.release import wheel_ast
+from kvfence.release.knowledge import ShippedSite
+from kvfence.release.knowledge import shipped as knowledge_of
 
-#: Bumped when a record's layout changes (a cached record of another format is read again).
-FORMAT = 1
+#: Bumped when a record's layout changes (a cached record of another format is read again). 2: the attention
+#: registry's builders, the graph runner's eager fallback and each site's guard; 3: the admission bound as
+#: 0.5.10 spells it too.
+FORMAT = 3
 #: Dotted names (or expression texts) -> the quantity they stand for. ``ctx``: the model's context length;
 #: ``page``: the page size; ``d``: the draft tokens per request (target verify's num_draft_tokens);
 #: ``requests``: the largest capture bucket (graph) or the batch size (eager); ``max_len``: the longest
@@ -47,12 +50,12 @@ CONTEXTS = (1024, 2048, 4095, 4096, 8192, 32000, 32768, 65536, 100000, 128000, 1
 DRAFT_TOKENS = tuple(range(1, 17))
 
 
-class _SiteEvaluator(shipped.Evaluator):
-    """``kvfence.release.shipped.Evaluator`` with the contract symbols, the site's own, module constants, the
+class _SiteEvaluator(wheel_ast.Evaluator):
+    """``kvfence.release.wheel_ast.Evaluator`` with the contract symbols, the site's own, module constants, the
     ``self`` attributes of the class's ``__init__`` (in its file), ``triton.cdiv`` and conditional
     expressions (their smaller branch: the width a launch may get)."""
 
-    def __init__(self, wheel: shipped.Wheel, symbols: Dict[str, str], inits: Dict[str, Tuple[str, ast.AST]],
+    def __init__(self, wheel: wheel_ast.Wheel, symbols: Dict[str, str], inits: Dict[str, Tuple[str, ast.AST]],
                  mro=()):
         super().__init__(wheel)
         self.symbols, self.inits, self.mro = symbols, inits, mro
@@ -64,7 +67,7 @@ class _SiteEvaluator(shipped.Evaluator):
         return self.symbols.get(name)
 
     def expr(self, node, site):
-        if site.depth > shipped._MAX_DEPTH:
+        if site.depth > wheel_ast.MAX_DEPTH:
             self.fail(node, site, "nested too deep")
         if isinstance(node, ast.Name) and self.frames and site.fn is self.frames[-1][0] \
                 and node.id in self.frames[-1][1]:
@@ -76,15 +79,15 @@ class _SiteEvaluator(shipped.Evaluator):
             return ["%", self.expr(node.left, site), self.expr(node.right, site)]
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
             return [_COMPARE[type(node.ops[0])], self.expr(node.left, site), self.expr(node.comparators[0], site)]
-        if isinstance(node, ast.Call) and shipped._dotted(node.func) == "math.lcm" and len(node.args) >= 2 \
+        if isinstance(node, ast.Call) and wheel_ast.dotted(node.func) == "math.lcm" and len(node.args) >= 2 \
                 and not node.keywords:
             return ["lcm"] + [self.expr(a, site) for a in node.args]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                shipped._dotted(node.func.value) == "self" and not node.keywords:
+                wheel_ast.dotted(node.func.value) == "self" and not node.keywords:
             return self.method(node, site)
         if isinstance(node, ast.IfExp):
             return ["min", self.expr(node.body, site), self.expr(node.orelse, site)]
-        if isinstance(node, ast.Call) and (shipped._dotted(node.func) or "").rsplit(".", 1)[-1] == "cdiv" \
+        if isinstance(node, ast.Call) and (wheel_ast.dotted(node.func) or "").rsplit(".", 1)[-1] == "cdiv" \
                 and len(node.args) == 2 and not node.keywords:
             a, b = (self.expr(x, site) for x in node.args)
             return ["//", ["+", a, ["-", b, ["int", 1]]], b]
@@ -94,7 +97,7 @@ class _SiteEvaluator(shipped.Evaluator):
                 return ["int", constant]
         if isinstance(node, ast.Attribute) and text in self.inits and text not in site.bound:
             file, fn, value = self.inits[text]
-            return self.expr(value, shipped.Site(file, fn, "backend", {}, {}, site.depth + 1))
+            return self.expr(value, wheel_ast.Site(file, fn, "backend", {}, {}, site.depth + 1))
         return super().expr(node, site)
 
     def method(self, call: ast.Call, site):
@@ -105,14 +108,14 @@ class _SiteEvaluator(shipped.Evaluator):
                       if isinstance(fn, ast.FunctionDef) and fn.name == name), None)
         if found is None:
             self.fail(call, site, f"method {name} is not in the class or its bases in the wheel")
-        if site.depth > shipped._MAX_DEPTH or len(self.frames) > 4:
+        if site.depth > wheel_ast.MAX_DEPTH or len(self.frames) > 4:
             self.fail(call, site, f"method {name}: helpers nested too deep")
         file, fn = found
         params = [a.arg for a in fn.args.args][1:]
         if len(call.args) != len(params) or any(isinstance(a, ast.Starred) for a in call.args):
             self.fail(call, site, f"method {name} ({file}:{fn.lineno}): arguments do not match its parameters")
         frame = {p: self.expr(a, site) for p, a in zip(params, call.args)}
-        inner = shipped.Site(file, fn, "backend", {}, {}, site.depth + 1)
+        inner = wheel_ast.Site(file, fn, "backend", {}, {}, site.depth + 1)
         body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
         self.frames.append((fn, frame))
         try:
@@ -151,7 +154,7 @@ class _SiteEvaluator(shipped.Evaluator):
 _COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 
 
-def _module_constant(wheel: shipped.Wheel, file: str, name: str) -> Optional[int]:
+def _module_constant(wheel: wheel_ast.Wheel, file: str, name: str) -> Optional[int]:
     tree = wheel.tree(file)
     for node in tree.body if tree else []:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
@@ -161,7 +164,7 @@ def _module_constant(wheel: shipped.Wheel, file: str, name: str) -> Optional[int
     return None
 
 
-def _find_class(wheel: shipped.Wheel, name: str) -> Optional[Tuple[str, ast.ClassDef]]:
+def _find_class(wheel: wheel_ast.Wheel, name: str) -> Optional[Tuple[str, ast.ClassDef]]:
     needle = f"class {name}"
     # The serving runtime's class first: other packages of the wheel reuse backend class names.
     for file in sorted(wheel.files, key=lambda f: (not f.startswith("sglang/srt/"), f)):
@@ -173,7 +176,7 @@ def _find_class(wheel: shipped.Wheel, name: str) -> Optional[Tuple[str, ast.Clas
     return None
 
 
-def _mro(wheel: shipped.Wheel, name: str) -> List[Tuple[str, ast.ClassDef]]:
+def _mro(wheel: wheel_ast.Wheel, name: str) -> List[Tuple[str, ast.ClassDef]]:
     """The class and its bases that the wheel defines, nearest first (at most 8 deep)."""
     out, todo, seen = [], [name], set()
     while todo and len(out) < 8:
@@ -184,7 +187,7 @@ def _mro(wheel: shipped.Wheel, name: str) -> List[Tuple[str, ast.ClassDef]]:
         found = _find_class(wheel, n)
         if found is not None:
             out.append(found)
-            todo += [(shipped._dotted(b) or "").rsplit(".", 1)[-1] for b in found[1].bases]
+            todo += [(wheel_ast.dotted(b) or "").rsplit(".", 1)[-1] for b in found[1].bases]
     return out
 
 
@@ -224,13 +227,13 @@ def _inits(mro) -> Dict[str, Tuple[str, ast.FunctionDef, ast.AST]]:
             if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
                 for node in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
                     if len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
-                        name = shipped._dotted(node.targets[0])
+                        name = wheel_ast.dotted(node.targets[0])
                         if name and name.startswith("self."):
                             out[name] = (file, fn, node.value)
     return out
 
 
-def read_site(wheel: shipped.Wheel, site: ShippedSite) -> dict:
+def read_site(wheel: wheel_ast.Wheel, site: ShippedSite) -> dict:
     """One site's record: the width and delta as text, tree and ``file:line``, or why they are not read."""
     record = {"site": asdict(site)}
     mro = _mro(wheel, site.cls)
@@ -259,15 +262,15 @@ def read_site(wheel: shipped.Wheel, site: ShippedSite) -> dict:
             continue
         file, fn, node = found
         try:
-            tree = ev.expr(node, shipped.Site(file, fn, "backend", {}, {}, 0))
-            record[key] = {"text": ast.unparse(node), "tree": tree, "formula": shipped.render(tree),
+            tree = ev.expr(node, wheel_ast.Site(file, fn, "backend", {}, {}, 0))
+            record[key] = {"text": ast.unparse(node), "tree": tree, "formula": wheel_ast.render(tree),
                            "source": f"{file}:{node.lineno}", "method": fn.name}
-        except shipped.Unreadable as exc:
+        except wheel_ast.Unreadable as exc:
             record[key] = {"unreadable": {"text": exc.text, "source": exc.where, "why": exc.why}}
     return record
 
 
-def admission(wheel: shipped.Wheel) -> dict:
+def admission(wheel: wheel_ast.Wheel) -> dict:
     """The scheduler's bound on a request's tokens: ``max_req_len = min(<ctx> - K, ...)`` and the
     ``max_req_len - input_len - 1`` cap of ``max_new_tokens``. ``max_length`` is the longest length a verify can
     start from, ``ctx - K - 3``, when both are read (see the comment below)."""
@@ -275,23 +278,27 @@ def admission(wheel: shipped.Wheel) -> dict:
     for file in sorted(f for f in wheel.files if f.startswith("sglang/srt/managers/") and "tp_worker" in f):
         tree = wheel.tree(file)
         for node in ast.walk(tree) if tree else []:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id == "max_req_len" and isinstance(node.value, ast.Call)
-                    and shipped._dotted(node.value.func) == "min" and node.value.args):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and wheel_ast.dotted(node.targets[0]) in ("max_req_len", "self.max_req_len")
+                    and isinstance(node.value, ast.Call)
+                    and wheel_ast.dotted(node.value.func) == "min" and node.value.args):
                 first = node.value.args[0]
                 if (isinstance(first, ast.BinOp) and isinstance(first.op, ast.Sub)
-                        and (shipped._dotted(first.left) or "").endswith("context_len")
+                        and (wheel_ast.dotted(first.left) or "").endswith("context_len")
                         and isinstance(first.right, ast.Constant) and type(first.right.value) is int):
                     out["max_req_len"] = {"text": ast.unparse(node.value), "source": f"{file}:{node.lineno}",
                                           "minus": first.right.value}
-    cap = _parsed("self.max_req_len - input_len - 1")[0]
+    # ``self.max_req_len - <the input's length> - 1`` (0.5.23 spells the input ``input_len``, 0.5.10
+    # ``len(req.origin_input_ids)``): the first by line in the scheduler's files.
     for file in sorted(f for f in wheel.files if f.startswith("sglang/srt/managers/scheduler")):
         tree = wheel.tree(file)
-        for node in ast.walk(tree) if tree else []:
-            if isinstance(node, ast.expr) and ast.unparse(node) == cap:
-                out["new_tokens_cap"] = {"text": cap, "source": f"{file}:{node.lineno}"}
-                break
-        if "new_tokens_cap" in out:
+        hits = sorted((node.lineno, ast.unparse(node)) for node in (ast.walk(tree) if tree else [])
+                      if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
+                      and isinstance(node.right, ast.Constant) and node.right.value == 1
+                      and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Sub)
+                      and wheel_ast.dotted(node.left.left) == "self.max_req_len")
+        if hits:
+            out["new_tokens_cap"] = {"text": hits[0][1], "source": f"{file}:{hits[0][0]}"}
             break
     if "max_req_len" in out and "new_tokens_cap" in out:
         # input + max_new <= max_req_len - 1, and a request still verifying has fewer outputs than max_new:
@@ -301,12 +308,80 @@ def admission(wheel: shipped.Wheel) -> dict:
     return out
 
 
-def read(contract: Contract, wheel_path) -> dict:
-    """Every shipped site of ``contract`` in one wheel, and the scheduler's admission bound."""
-    require(contract.shipped_sites, f"contract {contract.name} lists no shipped sites")
-    wheel = shipped.Wheel(wheel_path)
-    return {"format": FORMAT, "contract": contract.name, "admission": admission(wheel),
-            "sites": [read_site(wheel, s) for s in contract.shipped_sites]}
+def registry(wheel: wheel_ast.Wheel) -> dict:
+    """Which classes each ``--attention-backend`` name builds: the functions SGLang registers with
+    ``@register_attention_backend("NAME")`` and the classes they return (``{"names": {NAME: {"classes": [...],
+    "source": file:line}}}``; empty where the release has no such registry: the name is then the site's own)."""
+    names: dict = {}
+    for file in sorted(f for f in wheel.files if f.startswith("sglang/srt/") and "register_attention_backend(" in
+                       wheel.files[f]):
+        tree = wheel.tree(file)
+        for fn in tree.body if tree else []:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for dec in fn.decorator_list:
+                if (isinstance(dec, ast.Call) and wheel_ast.dotted(dec.func) == "register_attention_backend"
+                        and dec.args and isinstance(dec.args[0], ast.Constant) and isinstance(dec.args[0].value, str)):
+                    classes = sorted({(wheel_ast.dotted(n.value.func) or "").rsplit(".", 1)[-1] for n in ast.walk(fn)
+                                      if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)} - {""})
+                    names.setdefault(dec.args[0].value, {"classes": classes, "source": f"{file}:{dec.lineno}"})
+    return {"names": names}
+
+
+#: The graph runner's test of whether a batch fits its capture buckets; a batch that does not runs eagerly.
+EAGER_FALLBACK = "cuda_graph_bs <= self.max_bs"
+
+
+def eager_fallback(wheel: wheel_ast.Wheel) -> dict:
+    """Where the decode CUDA-graph runner sends a batch above its largest capture bucket to the eager path
+    (``{"text", "source"}``; empty when the text is not in this release)."""
+    wanted = _parsed(EAGER_FALLBACK)[0]
+    for file in sorted(f for f in wheel.files if f.startswith("sglang/srt/model_executor/")
+                       and "cuda_graph_runner" in f and "max_bs" in wheel.files[f]):
+        tree = wheel.tree(file)
+        hits = sorted(n.lineno for n in ast.walk(tree) if tree and isinstance(n, ast.expr)
+                      and ast.unparse(n) == wanted) if tree else []
+        if hits:
+            return {"text": EAGER_FALLBACK, "source": f"{file}:{hits[0]}"}
+    return {}
+
+
+def _guard(wheel: wheel_ast.Wheel, site: ShippedSite, mro) -> Optional[dict]:
+    """The line of the site's guard: its text nearest before the evidence in the evidence's method (a site
+    without evidence: the first in the class; none found: no line)."""
+    if not site.guard or not mro:
+        return None
+    wanted, _ = _parsed(site.guard)
+    evidence = _occurrence(mro, site.evidence) if site.evidence else None
+    if evidence is not None:
+        file, fn, node = evidence
+        hits = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.expr) and ast.unparse(n) == wanted
+                and n.lineno <= node.lineno]
+        if hits:
+            return {"text": site.guard, "source": f"{file}:{max(hits)}"}
+    if site.evidence:
+        return {"text": site.guard, "source": None}  # the site's path is not in this release
+    found = _occurrence(mro, site.guard)
+    if found is None:
+        return {"text": site.guard, "source": None}
+    return {"text": site.guard, "source": f"{found[0]}:{found[2].lineno}"}
+
+
+def read(contract, wheel_path) -> dict:
+    """Every shipped site of ``contract`` in one wheel, the scheduler's admission bound, which classes the
+    ``--attention-backend`` names build and where a batch above the capture buckets goes eager."""
+    sites = knowledge_of(contract.name).sites
+    require(sites, f"contract {contract.name} lists no shipped sites")
+    wheel = wheel_ast.Wheel(wheel_path)
+    records = []
+    for s in sites:
+        record = read_site(wheel, s)
+        guard = _guard(wheel, s, _mro(wheel, s.cls)) if "absent" not in record else None
+        if guard is not None:
+            record["guard"] = guard
+        records.append(record)
+    return {"format": FORMAT, "contract": contract.name, "admission": admission(wheel), "registry": registry(wheel),
+            "eager_fallback": eager_fallback(wheel), "sites": records}
 
 
 def validate(doc: dict) -> dict:
@@ -326,7 +401,19 @@ def validate(doc: dict) -> dict:
                 continue
             require(isinstance(v.get("formula"), str) and (v.get("source") is None or isinstance(v["source"], str)),
                     f"shipped record: {key} needs formula and source")
-            shipped._check_tree(v.get("tree"), QUANTITIES, f"shipped record {key}")
+            wheel_ast.check_tree(v.get("tree"), QUANTITIES, f"shipped record {key}")
+        guard = s.get("guard")
+        require(guard is None or (isinstance(guard, dict) and isinstance(guard.get("text"), str)
+                                  and (guard.get("source") is None or isinstance(guard["source"], str))),
+                "shipped record: bad guard")
+    reg = doc.get("registry")
+    require(isinstance(reg, dict) and isinstance(reg.get("names"), dict) and all(
+        isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("source"), str)
+        and isinstance(v.get("classes"), list) and all(isinstance(c, str) for c in v["classes"])
+        for k, v in reg["names"].items()), "shipped record: bad registry")
+    fallback = doc.get("eager_fallback")
+    require(isinstance(fallback, dict) and all(isinstance(fallback.get(k), str) for k in fallback),
+            "shipped record: bad eager_fallback")
     adm = doc.get("admission")
     require(isinstance(adm, dict), "shipped record: admission must be an object")
     if "minus" in adm:
@@ -362,8 +449,8 @@ def assess(site_record: dict, adm: dict, *, contexts=CONTEXTS, draft_tokens=DRAF
                 if committed < 1:
                     continue
                 values = {"ctx": ctx, "page": page, "d": d, "requests": 1, "max_len": committed}
-                delta = shipped.evaluate(site_record["delta"]["tree"], values)
-                width = shipped.evaluate(site_record["width"]["tree"], values)
+                delta = wheel_ast.evaluate(site_record["delta"]["tree"], values)
+                width = wheel_ast.evaluate(site_record["width"]["tree"], values)
                 need = _cdiv(committed + delta, page)
                 total += 1
                 point = {"ctx": ctx, "page_size": page, "d": d, "length": committed, "delta": delta,
@@ -375,5 +462,6 @@ def assess(site_record: dict, adm: dict, *, contexts=CONTEXTS, draft_tokens=DRAF
                 elif fits is None or (d, -ctx) > (fits["d"], -fits["ctx"]):
                     fits = point
     return {"status": "overflows" if witness else "fits", "overflow": overflow, "points": total,
-            "witness": witness, "fits_at": fits, "reach": "the scheduler admits that length (its admission bound, read from the wheel)" if minus is not None
+            "witness": witness, "fits_at": fits,
+            "reach": "the scheduler admits that length (its admission bound, read from the wheel)" if minus is not None
             else "admission bound not read: the length is the context length, reachability unknown"}

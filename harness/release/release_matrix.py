@@ -4,7 +4,7 @@ Which SGLang release is safe under which buffer sizing? Every release of a versi
 every contract is one *cell*, fuzzed with a fixed example budget and seed by its own ``python -m kvfence
 fuzz`` process (so a cell that crashes, hangs or is refused is that cell's result, never the matrix's end).
 Releases come from ``kvfence.release.upstream`` (fetched into its cache unless offline); the table is rendered by
-``reports/release_matrix.py``.
+``harness/release/matrix_report.py``.
 
 A cell's ``status`` is one of ``STATUSES``. The exit code is about the releases, not the harness: 0 when
 every applicable cell of a correct sizing (``SAFE_SIZINGS``) is clean, 1 when one has findings or could not
@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from kvfence.release import upstream
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 from kvfence.provenance import stamped
+from kvfence.release import upstream
+from kvfence.release.knowledge import shipped
 
 #: Cell statuses and what each means (the report's legend).
 STATUSES = {
@@ -41,11 +42,6 @@ STATUSES = {
 }
 #: Sizings that are correct by the contract: a finding under one of them is a bug in the release.
 SAFE_SIZINGS = ("safe", "window-fixed")
-#: The rail's window in a matrix cell (``--contract window-rail`` needs one): longer than most drawn
-#: requests and shorter than the longest, so both of the rail's parts (prefix and chain) are exercised.
-RAIL_WINDOW = 16
-#: The kernel each contract fuzzes (``--kernel sglang==VERSION:attr``).
-CONTRACT_KERNELS = {"draft": upstream.DRAFT_KERNEL, "window-rail": upstream.WINDOW_KERNEL}
 #: ``releases.json`` in the cache: the releases the package index listed when last asked (for offline runs).
 RELEASES_FILE = "releases.json"
 MARKER = "kvfence_release_matrix"
@@ -119,14 +115,14 @@ def known_releases(offline: bool, *, announce: Callable[[str], None] = lambda m:
     if listing.is_file():
         try:
             saved = json.loads(listing.read_text(encoding="utf-8"))["versions"]
-            found.update(v for v in saved if isinstance(v, str) and upstream._VERSION.match(v))
+            found.update(v for v in saved if isinstance(v, str) and upstream.is_version(v))
         except (OSError, ValueError, KeyError, TypeError):
             announce(f"kvfence: ignoring {listing}: not a release listing")
     wheel_dir = os.environ.get("KVFENCE_WHEEL_DIR")
     if wheel_dir:
         for wheel in Path(wheel_dir).glob("sglang-*.whl"):
             version = wheel.name.split("-")[1]
-            if upstream._VERSION.match(version):
+            if upstream.is_version(version):
                 found.add(version)
     elif not offline:
         listed = index_versions()
@@ -149,29 +145,38 @@ def index_versions() -> List[str]:
     line = re.search(r"^Available versions: *(.*)$", proc.stdout, re.M) if proc is not None else None
     require(line is not None, "cannot list sglang releases: the package index is not reachable (no network?); "
                               "use --offline (or KVFENCE_OFFLINE=1) to test the cached releases only")
-    return [v.strip() for v in line.group(1).split(",") if upstream._VERSION.match(v.strip())]
+    return [v.strip() for v in line.group(1).split(",") if upstream.is_version(v.strip())]
 
 
 # -- what the fuzz command checks ----------------------------------------------------------------------
 def fuzz_contracts() -> Tuple[str, ...]:
     """Contracts ``fuzz --contract`` checks: every registered one (``kvfence.contract``)."""
-    from kvfence import contract as registry
+    from kvfence.engine import registry
 
     return tuple(registry.names())
 
 
 def contract_flags(contract: str) -> List[str]:
-    """The fuzz flags that select ``contract``: the rail's window is part of its ABI, so its cells pin one."""
-    return ["--contract", contract] + (["--window", str(RAIL_WINDOW)] if contract == "window-rail" else [])
+    """The fuzz flags that select ``contract``, with those its release knowledge pins (``Shipped.flags``: the
+    rail's window is part of its ABI)."""
+    return ["--contract", contract, *shipped(contract).flags]
+
+
+def contract_kernel(contract: str) -> Optional[str]:
+    """The function each release's wheel defines for ``contract`` (``Shipped.upstream``), or None."""
+    found = shipped(contract).upstream
+    return found.function if found is not None else None
 
 
 def sizing_applies(sizing: str, contract: str) -> bool:
-    """Whether the named sizing sizes ``contract``'s rows (its record says: the rail by its ``window-*``
-    policies, the draft kernel by the others, a table contract by its own named sizings). A cell pairing a
-    sizing with a contract it does not size is not applicable."""
-    from kvfence import contract as registry
+    """Whether the named sizing sizes ``contract``'s rows: one of the sizings its release knowledge pairs with it
+    (``Shipped.sizings``; the rail is sized by its ``window-*`` policies, the draft kernel by the others), or any
+    of its record's named sizings where it lists none. A cell pairing a sizing with a contract it does not size
+    is not applicable."""
+    from kvfence.engine import registry
 
-    return registry.get(contract).sizing_applies(sizing)
+    paired = shipped(contract).sizings
+    return sizing in paired if paired else sizing in list(registry.get(contract).sizings)
 
 
 def check_contracts(names: Sequence[str]) -> List[str]:
@@ -182,10 +187,10 @@ def check_contracts(names: Sequence[str]) -> List[str]:
     return list(dict.fromkeys(names))
 
 
-def check_sizings(names: Sequence[str], contracts: Sequence[str] = ("draft",)) -> List[str]:
+def check_sizings(names: Sequence[str], contracts: Sequence[str]) -> List[str]:
     """``--sizing``: named policies of the contracts in the matrix (a cell's folder is named after its sizing);
     a plug-in sizing (``file.py:attr``) is refused."""
-    from kvfence import contract as registry
+    from kvfence.engine import registry
 
     known = list(dict.fromkeys(n for c in contracts for n in registry.get(c).sizings))
     for name in names:
@@ -251,10 +256,10 @@ def prepare(version: str, offline: bool, announce: Callable[[str], None]) -> Rel
 
 def settle(release: Release, sizing: str, contract: str, checked: Sequence[str]) -> Cell:
     """The cell's result when it needs no fuzzing, else a ``pending`` cell to fuzz. The draft family's cells
-    follow the release's cache entry (its draft kernel's ABI); another contract's, its record's
-    ``release_kernel`` (the release's kernel extracted from the wheel, or why not)."""
+    follow the release's cache entry (its kernels' ABIs: ``Shipped.cache``); another contract's, its kernel
+    extracted from the wheel by the kernel source (``kvfence.engine.kernels.release_kernel_file``), or why not."""
     cell = Cell(release.version, sizing, contract)
-    kernel = CONTRACT_KERNELS.get(contract)
+    kernel = contract_kernel(contract) if shipped(contract).cache else None
     if kernel is None and contract in checked:
         return _settle_release_kernel(cell, release)
     if release.status is not None:
@@ -276,17 +281,18 @@ def settle(release: Release, sizing: str, contract: str, checked: Sequence[str])
 
 
 def _settle_release_kernel(cell: Cell, release: Release) -> Cell:
-    """A cell of a contract whose record extracts the release's kernel itself (``Contract.release_kernel``)."""
-    from kvfence import contract as registry
+    """A cell of a contract whose kernel the kernel source extracts from the wheel."""
+    from kvfence.engine import registry
+    from kvfence.engine.kernels import release_kernel_file
 
     record = registry.get(cell.contract)
     if release.status == "not-cached":
         cell.status, cell.message = release.status, release.reason
-    elif not record.sizing_applies(cell.sizing):
+    elif not sizing_applies(cell.sizing, cell.contract):
         cell.status, cell.message = "not-applicable", f"{cell.sizing} does not size the {cell.contract} kernel's rows"
     else:
         try:
-            record.release_kernel(release.version)
+            release_kernel_file(record, f"{upstream.SPEC_PREFIX}{release.version}")
             cell.status = "pending"
         except upstream.Refused as exc:
             cell.status = "not-applicable" if exc.status == upstream.NO_KERNEL else "abi-unsupported"
@@ -311,8 +317,8 @@ class Settings:
 
 def fuzz_command(cell: Cell, out: Path, s: Settings) -> List[str]:
     spec = f"{upstream.SPEC_PREFIX}{cell.version}"
-    if cell.contract in CONTRACT_KERNELS and cell.contract != "draft":
-        spec += f":{CONTRACT_KERNELS[cell.contract]}"
+    if shipped(cell.contract).cache and contract_kernel(cell.contract) != upstream.DRAFT_KERNEL:
+        spec += f":{contract_kernel(cell.contract)}"
     cmd = [sys.executable, "-m", "kvfence", "fuzz", "--kernel", spec, "--sizing", cell.sizing, "--device", s.device,
            "--max-examples", str(s.max_examples), "--seed", str(s.seed), "--shrink-seconds", str(s.shrink_seconds),
            "--database", "none", "--jobs", "1", "--quiet", "--out", str(out), *contract_flags(cell.contract)]

@@ -11,9 +11,9 @@ import functools
 import json
 from typing import Optional, Tuple
 
+from kvfence.errors import BadInput, require
 from kvfence.release import upstream
 from kvfence.release.shipped import DRAFT_KERNEL, MODES, RECORD_FILE, evaluate, unread_note, validate_record
-from kvfence.errors import BadInput, require
 
 
 def is_spec(spec: str) -> bool:
@@ -38,7 +38,7 @@ def load_record(version: str) -> dict:
     path = entry.folder / RECORD_FILE
     try:
         record = validate_record(json.loads(path.read_text(encoding="utf-8")))
-        require(upstream._sha256(path.read_bytes()) == entry.manifest.get("shipped_sha256"),
+        require(upstream.sha256_hex(path.read_bytes()) == entry.manifest.get("shipped_sha256"),
                 "does not match the manifest's sha256")
     except (OSError, ValueError, RecursionError, BadInput) as exc:
         raise BadInput(f"cache entry {entry.folder} is corrupt ({RECORD_FILE}: {exc}); run "
@@ -121,7 +121,8 @@ def check_verdict(sizing: str, topk: int, num_steps: int, num_seqs: int, sum_seq
     check = policy(sizing).host_check()
     if check is None:
         return None
-    used = evaluate(check["tree"], {"requests": num_seqs, "topk": topk, "steps": num_steps, "sum_seq_lens": sum_seq_lens})
+    used = evaluate(check["tree"], {"requests": num_seqs, "topk": topk, "steps": num_steps,
+                                    "sum_seq_lens": sum_seq_lens})
     fires = used >= width if check["strict"] else used > width
     values = (f"{check['formula']} = {used} {'>=' if check['strict'] else '>'} width {width}" if fires
               else f"{check['formula']} = {used} fits width {width}")

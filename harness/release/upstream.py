@@ -16,31 +16,40 @@ function, a literal constant or Triton itself.
 Each kernel's ABI is read from its signature (``detect_abi``); a release whose kernel fits none of
 ``ABIS`` is ``BadInput`` with one line naming what differs. Such a release, and one without the kernel, is
 ``Refused`` and remembered in the cache (``sglang-VERSION.refused.json``: data, the reason and the wheel's
-sha256), so a later offline run (the release matrix on a host without network) gives the same reason. ``KVFENCE_OFFLINE=1`` (or ``--offline``)
-forbids the network: only the cache and local wheels are used. ``KVFENCE_WHEEL_DIR`` (or ``--wheel``)
-supplies wheels from disk instead of pip.
+sha256), so a later offline run (the release matrix on a host without network) gives the same reason.
+``KVFENCE_OFFLINE=1`` (or ``--offline``) forbids the network: only the cache and local wheels are used.
+``KVFENCE_WHEEL_DIR`` (or ``--wheel``) supplies wheels from disk instead of pip.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
-import builtins
 import hashlib
 import json
 import os
 import re
 import shutil
-import stat
-import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from kvfence.errors import BadInput, require
+from kvfence.release.extract import check_extracted, extract
+from kvfence.release.wheels import (
+    cache_root,
+    check_trusted,
+    check_version,
+    is_version,
+    member_bytes,
+    offline_by_env,
+    sha256_hex,
+    wheel_record,
+)
+from kvfence.release.wheels import find_wheel as find_project_wheel
 
 #: ``--kernel sglang==VERSION`` or ``sglang==VERSION:attr``.
 SPEC_PREFIX = "sglang=="
@@ -49,11 +58,9 @@ WINDOW_KERNEL = "generate_draft_decode_window_kv_indices"
 #: The kernels extracted from a release (the first is required, the second optional).
 KERNELS = (DRAFT_KERNEL, WINDOW_KERNEL)
 #: Bumped when the cache layout changes; an entry of another format is refetched, never trusted.
-CACHE_FORMAT = 3  # 2: the shipped-sizing record (kvfence.release.shipped) beside the kernels; 3: its replay notes
+CACHE_FORMAT = 4  # 2: the shipped-sizing record beside the kernels; 3: its replay notes; 4: an ABI says ``rail``
 MANIFEST = "manifest.json"
 
-# A release version as PyPI spells sglang's (no local part, no epoch): also keeps pip's argv clean.
-_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
 
 # -- ABIs ---------------------------------------------------------------------------------------------
 _HEAD = ("req_pool_indices", "req_to_token", "paged_kernel_lens", "kv_indices", "kv_indptr", "positions")
@@ -96,21 +103,22 @@ class Refused(BadInput):
 
 @dataclass(frozen=True)
 class Abi:
-    """How to launch one extracted kernel: ABI name, contract and its parameters (from its signature)."""
+    """How to launch one extracted kernel: ABI name, whether it is the window rail's (its ABI adds the rail's
+    ``window``) and its parameters (from its signature)."""
 
     name: str  # a key of ABIS
-    contract: str  # "draft" (the draft kernel) or "window-rail" (window-rail kernel)
+    rail: bool  # the window rail's kernel (WINDOW_KERNEL), else the draft kernel's
     required: Tuple[str, ...]  # required parameters, in order
     optional: Tuple[str, ...]  # parameters with defaults (left at their defaults)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "contract": self.contract, "required": list(self.required),
+        return {"name": self.name, "rail": self.rail, "required": list(self.required),
                 "optional": list(self.optional)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Abi":
-        abi = cls(d["name"], d["contract"], tuple(d["required"]), tuple(d["optional"]))
-        require(abi.name in ABIS and abi.contract in ("draft", "window-rail"), f"unknown ABI {d!r}")
+        abi = cls(d["name"], d["rail"], tuple(d["required"]), tuple(d["optional"]))
+        require(abi.name in ABIS and type(abi.rail) is bool, f"unknown ABI {d!r}")
         return abi
 
 
@@ -135,7 +143,7 @@ def detect_abi(fn: ast.FunctionDef) -> Abi:
             require(value == NEUTRAL_DEFAULTS[param] and type(value) is type(NEUTRAL_DEFAULTS[param]),
                     f"{where}: {param} defaults to {ast.unparse(default)}; the {name} ABI needs "
                     f"{NEUTRAL_DEFAULTS[param]!r} (its contract at the defaults)")
-    return Abi(name, "window-rail" if rail else "draft", required, optional)
+    return Abi(name, rail, required, optional)
 
 
 def _abi_difference(got: Tuple[str, ...], extra: Tuple[str, ...]) -> str:
@@ -160,23 +168,6 @@ def _literal(node):
         return ast.literal_eval(node)
     except ValueError:
         return ast.unparse(node)
-
-
-# -- cache --------------------------------------------------------------------------------------------
-def cache_root() -> Path:
-    """``$KVFENCE_CACHE``, else ``~/.cache/kvfence``."""
-    env = os.environ.get("KVFENCE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kvfence"
-
-
-def offline_by_env() -> bool:
-    return os.environ.get("KVFENCE_OFFLINE", "").strip().lower() in ("1", "true", "yes")
-
-
-def check_version(version: str) -> str:
-    require(isinstance(version, str) and _VERSION.match(version) is not None,
-            f"{version!r} is not an sglang release version (e.g. 0.5.23 or 0.5.15.post1)")
-    return version
 
 
 @dataclass(frozen=True)
@@ -209,7 +200,7 @@ def load_entry(version: str) -> Optional[Entry]:
         if not folder.exists():
             return None
         try:
-            _check_trusted(folder)  # its refusal (who may write the cache) is its own message, not "corrupt"
+            check_trusted(folder)  # its refusal (who may write the cache) is its own message, not "corrupt"
         except FileNotFoundError:
             continue  # swapped while this process looked: read it again
         try:
@@ -225,27 +216,6 @@ def load_entry(version: str) -> Optional[Entry]:
                    f"`kvfence upstream fetch {version} --refresh`")
 
 
-def _check_trusted(folder: Path) -> None:
-    """The cache holds code kvfence imports, and its sha256 catches accidents, not tampering (anyone who
-    can write the file can rewrite the hash): the cache root, the entry and its files must belong to
-    this user and be writable by no one else (docs/security.md, "The upstream cache is trusted code")."""
-    for path in (folder.parent, folder, *sorted(folder.iterdir())):
-        try:
-            st = path.lstat()
-            if stat.S_ISLNK(st.st_mode):  # a link's own mode is always 777 and means nothing: its owner and
-                require(st.st_uid == os.getuid(),  # where it points count (e.g. ~/.cache -> /data/cache)
-                        f"cache entry {folder}: {path} is a link not owned by you; the cache holds code kvfence "
-                        "runs: fix it (chown) or delete it and fetch again")
-                st = path.stat()
-        except OSError:
-            continue  # gone, dangling or unreadable: the validation below says so
-        owner_ok = st.st_uid == os.getuid()
-        require(owner_ok and not st.st_mode & 0o022,
-                f"cache entry {folder}: {path} is {'not owned by you' if not owner_ok else 'writable by others'} "
-                f"(mode {st.st_mode & 0o777:o}); the cache holds code kvfence runs, so it must be writable only by "
-                "its user: fix it (chmod go-w, chown) or delete it and fetch again")
-
-
 def _validate_entry(version: str, folder: Path) -> Entry:
     manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     require(isinstance(manifest, dict), "manifest is not a JSON object")
@@ -255,12 +225,12 @@ def _validate_entry(version: str, folder: Path) -> Entry:
     module = folder / manifest["module_file"]
     require(module.parent == folder and module.suffix == ".py", f"bad module_file {manifest['module_file']!r}")
     text = module.read_text(encoding="utf-8")
-    require(_sha256(text.encode()) == manifest["module_sha256"], f"{module.name} does not match its sha256")
+    require(sha256_hex(text.encode()) == manifest["module_sha256"], f"{module.name} does not match its sha256")
     # The file will be imported: it must hold only what extraction writes (imports of triton, constants,
     # jit functions), whatever happened to it on disk.
-    _check_extracted(ast.parse(text), set(manifest["functions"]))
+    check_extracted(ast.parse(text), set(manifest["functions"]))
     # Extracting the cached module again must give itself: every check of extraction holds for it too.
-    require(extract(text, module.name)[1] == manifest["functions"], "module does not extract to its manifest")
+    require(extract(text, module.name, KERNELS)[1] == manifest["functions"], "module does not extract to its manifest")
     abi = manifest.get("abi")
     require(isinstance(abi, dict) and all(isinstance(d, dict) and all(
         isinstance(d.get(k), list) and all(isinstance(x, str) for x in d[k]) for k in ("required", "optional"))
@@ -268,35 +238,6 @@ def _validate_entry(version: str, folder: Path) -> Entry:
     entry = Entry(version, folder, module, manifest)
     require(DRAFT_KERNEL in entry.abis, f"manifest has no ABI for {DRAFT_KERNEL}")
     return entry
-
-
-def _check_extracted(tree: ast.Module, functions: set) -> None:
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            require(all(a.name in ("triton", "triton.language") for a in node.names), "unexpected import")
-        elif isinstance(node, ast.ImportFrom):
-            require(node.module == "__future__" or (node.module or "").split(".")[0] == "triton",
-                    f"unexpected import from {node.module}")
-        elif isinstance(node, ast.FunctionDef):
-            require(node.name in functions and _is_jit(node), f"unexpected function {node.name}")
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            # A top-level constant runs when the module is imported: its value (and annotation) may read
-            # only literals, Triton and other constants, as extraction requires of every constant it takes
-            # (a constant no kernel reads is not checked by extracting again, so it is checked here).
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            require(all(isinstance(t, ast.Name) for t in targets), f"unexpected assignment at line {node.lineno}")
-            require(node.value is not None, f"unexpected annotation without a value at line {node.lineno}")
-            _check_safe_expr(node.value, f"constant at line {node.lineno}")
-            if isinstance(node, ast.AnnAssign):
-                _check_safe_expr(node.annotation, f"annotation at line {node.lineno}")
-        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
-            raise BadInput(f"unexpected statement at line {node.lineno}")
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    require(functions == defined, f"functions {sorted(defined)} != manifest {sorted(functions)}")
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # -- fetching -----------------------------------------------------------------------------------------
@@ -318,7 +259,7 @@ def fetch(version: str, *, wheel: Optional[str] = None, offline: Optional[bool] 
         if refused is not None:
             raise refused
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
-        path = _find_wheel(version, wheel, offline, Path(tmp), announce)
+        path = find_wheel(version, wheel, offline, Path(tmp), announce)
         try:
             return _extract_to_cache(version, path)
         except Refused as exc:
@@ -360,7 +301,7 @@ def load_refusal(version: str) -> Optional[Refused]:
 
 def _remember_refusal(version: str, wheel: Path, exc: Refused) -> None:
     record = {"format": CACHE_FORMAT, "version": version, "status": exc.status, "reason": str(exc),
-              "wheel": wheel.name, "wheel_sha256": _sha256(wheel.read_bytes())}
+              "wheel": wheel.name, "wheel_sha256": sha256_hex(wheel.read_bytes())}
     path = refusal_path(version)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
@@ -370,6 +311,11 @@ def _remember_refusal(version: str, wheel: Path, exc: Refused) -> None:
     os.replace(tmp, path)  # a reader sees the old record or the new one, never half of one
 
 
+def find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce) -> Path:
+    """The ``sglang`` wheel of ``version`` (``kvfence.release.wheels.find_wheel``)."""
+    return find_project_wheel("sglang", version, wheel, offline, tmp, announce, cached_in=entry_folder(version))
+
+
 def cached_versions() -> Dict[str, str]:
     """Releases the cache knows: version -> ``"entry"`` (extracted) or ``"refused"`` (a remembered refusal).
     Folder and file names only; nothing is validated or read here."""
@@ -377,63 +323,11 @@ def cached_versions() -> Dict[str, str]:
     found: Dict[str, str] = {}
     for path in sorted(root.glob("sglang-*")) if root.is_dir() else []:
         name = path.name[len("sglang-"):]
-        if path.is_dir() and _VERSION.match(name):
+        if path.is_dir() and is_version(name):
             found[name] = "entry"
-        elif name.endswith(".refused.json") and _VERSION.match(name[:-len(".refused.json")]):
+        elif name.endswith(".refused.json") and is_version(name[:-len(".refused.json")]):
             found.setdefault(name[:-len(".refused.json")], "refused")
     return found
-
-
-def _find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce) -> Path:
-    if wheel:
-        path = Path(wheel)
-        require(path.is_file(), f"--wheel {wheel}: no such file")
-        return path
-    wheel_dir = os.environ.get("KVFENCE_WHEEL_DIR")
-    if wheel_dir:
-        found = sorted(Path(wheel_dir).glob(f"sglang-{version}-*.whl"))
-        require(found, f"sglang=={version}: no sglang-{version}-*.whl in KVFENCE_WHEEL_DIR={wheel_dir}")
-        return found[0]
-    require(not offline, f"sglang=={version} is not in the cache ({entry_folder(version)}) and the network is "
-            "off (--offline / KVFENCE_OFFLINE=1); fetch it where PyPI is reachable, or point KVFENCE_CACHE at "
-            "a cache that has it")
-    if announce:
-        announce(f"kvfence: downloading the sglang=={version} wheel with pip (no install, no dependencies)")
-    return _pip_download(version, tmp)
-
-
-# The wheel's Python source is the same for every CPython tag; newer releases publish only some tags, so
-# a miss for this interpreter is retried for others before the version is called unknown.
-_OTHER_PYTHONS = ("3.12", "3.11", "3.10", "3.13")
-
-
-def _pip_download(version: str, dest: Path) -> Path:
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    last = ""
-    for python in (None,) + tuple(p for p in _OTHER_PYTHONS if p != here):
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-               "--disable-pip-version-check", "--retries", "1", "--timeout", "30", "-d", str(dest),
-               f"sglang=={version}"]
-        if python:
-            cmd[-1:-1] = ["--python-version", python]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        except subprocess.TimeoutExpired:
-            raise BadInput(f"sglang=={version}: pip download timed out (network?)") from None
-        found = sorted(dest.glob("sglang-*.whl"))
-        if proc.returncode == 0 and found:
-            return found[0]
-        last = proc.stderr + proc.stdout
-        if "from versions: none" in last or "No matching distribution" not in last:
-            break  # the index answered nothing at all, or pip failed otherwise: no retry helps
-    if "from versions: none" in last or re.search(r"NewConnectionError|Max retries|Temporary failure|"
-                                                  r"Network is unreachable|Could not fetch URL", last):
-        raise BadInput(f"sglang=={version}: cannot download the wheel, the package index is not reachable "
-                       "(no network?); use the cache, --wheel PATH or KVFENCE_WHEEL_DIR")
-    if "No matching distribution" in last:
-        raise BadInput(f"sglang=={version}: no such release with a wheel on the package index")
-    tail = [line for line in last.strip().splitlines() if line.strip()]
-    raise BadInput(f"sglang=={version}: pip download failed: {tail[-1] if tail else 'no output'}")
 
 
 # -- extraction ---------------------------------------------------------------------------------------
@@ -448,7 +342,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
             abi = {name: detect_abi(defs[name]).to_dict() for name in KERNELS if name in defs}
         except BadInput as exc:
             raise Refused(str(exc), ABI_UNSUPPORTED) from None
-        text, functions = extract(source, source_path)
+        text, functions = extract(source, source_path, KERNELS)
     except SyntaxError as exc:
         raise BadInput(f"sglang=={version}: {source_path} does not parse: {exc.msg} (line {exc.lineno})") from None
     except Refused as exc:
@@ -457,16 +351,16 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
         raise BadInput(f"sglang=={version}: {exc}") from None
     module_file = Path(source_path).name
     header = (f'"""{", ".join(k for k in KERNELS if k in defs)} of sglang=={version}, extracted by kvfence.\n\n'
-              f"Source: {source_path} in {wheel.name} (sha256 {_sha256(wheel_bytes)}).\n"
+              f"Source: {source_path} in {wheel.name} (sha256 {sha256_hex(wheel_bytes)}).\n"
               'Generated; do not edit (the manifest holds its sha256).\n"""\n\n')
     text = header + text
     from kvfence.release import shipped  # the wheel's sizing sites, read as data (never imported)
 
     shipped_text = json.dumps(shipped.read_wheel_or_note(wheel), indent=1) + "\n"
     manifest = {"format": CACHE_FORMAT, "version": version, "source_path": source_path, "wheel": wheel.name,
-                "wheel_sha256": _sha256(wheel_bytes), "module_file": module_file,
-                "module_sha256": _sha256(text.encode()), "functions": functions, "abi": abi,
-                "shipped_sha256": _sha256(shipped_text.encode())}
+                "wheel_sha256": sha256_hex(wheel_bytes), "module_file": module_file,
+                "module_sha256": sha256_hex(text.encode()), "functions": functions, "abi": abi,
+                "shipped_sha256": sha256_hex(shipped_text.encode())}
     # Write a sibling folder, then swap it in: a reader never sees half an entry.
     folder = entry_folder(version)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -501,7 +395,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
 
 def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:
     """``(path in the wheel, source)`` of the module defining the draft kernel; checks the wheel on the way."""
-    from kvfence.release.shipped import read_member
+    from kvfence.release.wheel_ast import read_member
     try:
         with zipfile.ZipFile(wheel) as zf:
             names = zf.namelist()
@@ -511,7 +405,7 @@ def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:
                                      re.M))
             require(fields.get("Name", "").lower() == "sglang" and fields.get("Version") == version,
                     f"wheel {wheel.name} is {fields.get('Name')} {fields.get('Version')}, not sglang {version}")
-            record = _record(zf, f"sglang-{version}.dist-info/RECORD")
+            record = wheel_record(zf, f"sglang-{version}.dist-info/RECORD")
             needle = re.compile(rf"^def {DRAFT_KERNEL}\(", re.M)
             hits, skipped = [], []
             for info in zf.infolist():
@@ -541,151 +435,6 @@ def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:
         raise BadInput(f"wheel {wheel.name} is corrupt: {name} is not UTF-8") from None
 
 
-def member_bytes(zf: zipfile.ZipFile, name: str) -> bytes:
-    """A member kvfence needs whole (METADATA, RECORD, a kernel's module), read within the member bound."""
-    from kvfence.release.shipped import read_member
-
-    data, why = read_member(zf, zf.getinfo(name))
-    require(data is not None, f"wheel is corrupt: {name} is {why}")
-    return data
-
-
-def _record(zf: zipfile.ZipFile, name: str) -> Dict[str, str]:
-    require(name in zf.namelist(), f"wheel is corrupt: no {name}")
-    rows = {}
-    for line in member_bytes(zf, name).decode("utf-8", "replace").splitlines():
-        path, _, rest = line.partition(",")
-        rows[path] = rest.partition(",")[0]
-    return rows
-
-
-def _is_jit(fn: ast.FunctionDef) -> bool:
-    for deco in fn.decorator_list:
-        target = deco.func if isinstance(deco, ast.Call) else deco
-        if ast.unparse(target) in ("triton.jit", "jit"):
-            return True
-    return False
-
-
-# Builtins a jit function may name (Triton's own and harmless ones); any other (``__import__``, ``open``,
-# ``eval``) is refused like any unresolvable name. The interpreter runs a jit body as Python.
-_ALLOWED_BUILTINS = {"range", "min", "max", "abs", "int", "float", "bool", "len", "isinstance", "print", "tuple",
-                     "list", "zip", "enumerate", "getattr", "hasattr", "Ellipsis"} & set(dir(builtins))
-# What a module-level constant, a decorator or a default may be: literals, names, Triton attribute chains and
-# calls of them (``tl.constexpr(64)``, ``triton.jit(do_not_specialize=[...])``), arithmetic.
-_SAFE_NODES = (ast.Constant, ast.Name, ast.Load, ast.Attribute, ast.Call, ast.keyword, ast.BinOp, ast.UnaryOp,
-               ast.operator, ast.unaryop, ast.Tuple, ast.List)
-
-
-def _check_safe_expr(node: ast.AST, what: str) -> None:
-    for sub in ast.walk(node):
-        require(isinstance(sub, _SAFE_NODES), f"{what}: {type(sub).__name__} in {ast.unparse(node)!r} is not allowed")
-        if isinstance(sub, ast.Call):
-            root = sub.func
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            require(isinstance(root, ast.Name) and root.id in ("triton", "tl"),
-                    f"{what}: {ast.unparse(sub)!r} calls something other than Triton")
-
-
-def _free_names(node: ast.AST, bound: set) -> List[str]:
-    """Names ``node`` reads that it does not bind itself (parameters, assignments, loop targets)."""
-    stored, loaded = set(bound), []
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.arg):
-            stored.add(sub.arg)
-        elif isinstance(sub, ast.Name):
-            if isinstance(sub.ctx, ast.Store):
-                stored.add(sub.id)
-            else:
-                loaded.append(sub.id)
-    seen = []
-    for name in loaded:
-        if name not in stored and name not in _ALLOWED_BUILTINS and name not in seen:
-            seen.append(name)
-    return seen
-
-
-def extract(source: str, source_path: str = "<module>", roots: Tuple[str, ...] = KERNELS) -> Tuple[str, List[str]]:
-    """The standalone module text for the kernels of ``source``, and the jit functions it holds.
-
-    Starts from ``roots`` (default ``KERNELS``, the draft family; a contract names its own) and follows every name they read: a top-level ``@triton.jit`` function is
-    taken (and followed), a top-level constant is taken when its value only reads literals, Triton and
-    other such constants, ``triton`` / ``tl`` come from the standard imports. Anything else is ``BadInput``.
-    """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise BadInput(f"{source_path} does not parse: {exc.msg} (line {exc.lineno})") from None
-    lines = source.splitlines(keepends=True)
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    constants = {}
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) and node.value is not None else []
-        for target in targets:
-            if isinstance(target, ast.Name):
-                constants[target.id] = node
-    imports = {}
-    future = False
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
-            future = future or any(a.name == "annotations" for a in node.names)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                imports[alias.asname or alias.name.split(".")[0]] = node
-    taken: Dict[str, ast.AST] = {}
-    triton_imports: Dict[str, ast.AST] = {}
-    todo = [name for name in roots if name in functions]
-
-    def resolve(name: str, user: str) -> None:
-        if name in ("triton", "tl") or name in taken or name in triton_imports:
-            return
-        if name in functions:
-            fn = functions[name]
-            require(_is_jit(fn), f"{source_path}: {user} calls {name}, which is not a @triton.jit function")
-            todo.append(name)
-        elif name in constants:
-            node = constants[name]
-            _check_safe_expr(node.value, f"{source_path}: constant {name}")
-            taken[name] = node
-            for inner in _free_names(node.value, set()):
-                resolve(inner, name)
-        elif name in imports and _imports_only_triton(imports[name]):
-            triton_imports[name] = imports[name]
-        elif name in imports:
-            raise BadInput(f"{source_path}: {user} uses {name!r}, imported from outside Triton "
-                           f"({ast.unparse(imports[name])}); kvfence extracts only jit code and constants")
-        else:
-            raise BadInput(f"{source_path}: {user} reads {name!r}, which kvfence cannot resolve")
-
-    while todo:
-        name = todo.pop()
-        if name in taken:
-            continue
-        fn = functions[name]
-        # Evaluated when the module is imported, not only when the kernel runs: Triton and literals only.
-        for expr in fn.decorator_list + fn.args.defaults + [a.annotation for a in fn.args.args if a.annotation]:
-            _check_safe_expr(expr, f"{source_path}: {name}")
-        taken[name] = fn
-        for free in _free_names(fn, {name}):
-            resolve(free, name)
-    nodes = sorted(set(taken.values()) | set(triton_imports.values()), key=lambda n: n.lineno)
-    parts = ["from __future__ import annotations\n\n"] if future else []
-    parts.append("import triton\nimport triton.language as tl\n")
-    for node in nodes:
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        parts.append(("\n\n" if isinstance(node, ast.FunctionDef) else "\n") + "".join(lines[start - 1:node.end_lineno]))
-    names = [n.name for n in nodes if isinstance(n, ast.FunctionDef)]
-    return "".join(parts).rstrip() + "\n", names
-
-
-def _imports_only_triton(node: ast.AST) -> bool:
-    if isinstance(node, ast.Import):
-        return all(a.name.split(".")[0] == "triton" for a in node.names)
-    return (node.module or "").split(".")[0] == "triton" and node.level == 0
-
-
 # -- resolving a --kernel spec ------------------------------------------------------------------------
 def is_spec(spec: str) -> bool:
     return isinstance(spec, str) and spec.startswith(SPEC_PREFIX)
@@ -711,5 +460,8 @@ def resolve(spec: str) -> Tuple[Entry, str, Abi]:
 
 def describe(entry: Entry) -> str:
     """One line: where the kernels came from and their ABIs."""
-    kernels = ", ".join(f"{name} ({abi.name} ABI, {abi.contract})" for name, abi in entry.abis.items())
+    kernels = ", ".join(f"{name} ({abi.name} ABI{', window rail' if abi.rail else ''})"
+                        for name, abi in entry.abis.items())
     return f"sglang=={entry.version}: {entry.manifest['source_path']}: {kernels}"
+
+

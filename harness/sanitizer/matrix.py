@@ -17,6 +17,7 @@ such, never as "missed". The numbers exist only from a GPU run (``bash benchmark
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from kvfence.sanitizer import tool as sanitizer
-from kvfence.contracts.draft.case import Batch, Case, Config
 
 MODES = ("eager", "graph")
 CANARY = "canary"
@@ -36,9 +36,9 @@ DETECTORS = (
     sanitizer.Variant("memcheck", caching=False, name="memcheck nocache"),
 )
 DETECTOR_NAMES = (CANARY,) + tuple(v.label for v in DETECTORS)
-#: The one case every class runs on: two requests, topk 2, three steps (small, several rows).
-CONFIG = dict(topk=2, num_steps=3, page_size=1, ctx=16, max_bs=2, sizing="safe", layout="redzone")
-BATCH = Batch(seq_lens=(9, 6), req_pool_indices=(0, 1), token_seed=3)
+#: The classes and the one case every class runs on (``matrix.json`` beside this module: data naming its
+#: contract, its case as that contract's JSON, and the launchers' table: two requests, topk 2, three steps).
+SPEC = json.loads((Path(__file__).resolve().parent / "matrix.json").read_text())
 _FINDING_LINE = re.compile(r"^\[\d+\] (\w+)\s+(.+)$")
 
 
@@ -50,13 +50,19 @@ class BugClass:
 
 
 def bug_classes() -> List[BugClass]:
-    from kvfence.kernels.draft.bugclasses import CLASSES
+    from kvfence.engine.kernels import load_attr
 
-    return [BugClass(name, f"kvfence.kernels.draft.bugclasses:{attr}", text) for name, (attr, text) in CLASSES.items()]
+    classes = load_attr(SPEC["classes"], "matrix classes")
+    return [BugClass(name, f"{SPEC['kernel_module']}:{attr}", text) for name, (attr, text) in classes.items()]
 
 
-def class_case(bug: BugClass, mode: str) -> Case:
-    return Case(Config(mode=mode, **CONFIG), BATCH, bug.kernel)
+def class_case(bug: BugClass, mode: str):
+    """The matrix's case, launched by ``bug``'s launcher in ``mode``."""
+    from kvfence.engine import registry
+    from kvfence.engine.launch import bind
+
+    record = registry.get(SPEC["contract"])
+    return bind(record, record.from_json(SPEC["case"]), SPEC["sizing"], bug.kernel, mode)
 
 
 def canary_cell(case_path: Path, kernel: str, mode: str, work: Path, *, timeout: float,
@@ -66,7 +72,7 @@ def canary_cell(case_path: Path, kernel: str, mode: str, work: Path, *, timeout:
     stem = f"{case_path.stem}.{mode}.canary"
     status_path, log_path = work / f"{stem}.status.json", work / f"{stem}.log"
     status_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "kvfence.sanitizer.child", str(status_path), "repro", str(case_path),
+    cmd = [sys.executable, "-m", "kvfence.sanitizer_child", str(status_path), "repro", str(case_path),
            "--device", device, "--mode", mode, "--kernel", kernel]
     code, timed_out, seconds, log = sanitizer.run_process(cmd, sanitizer.case_env(sanitizer.default_caching(mode)),
                                                           timeout)

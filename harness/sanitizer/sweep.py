@@ -26,11 +26,18 @@ from typing import Callable, Optional, Sequence
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
 
 
+def utilisation(case) -> float:
+    """need / width of a launch (``kvfence.engine.launch.utilisation``)."""
+    from kvfence.engine import launch as launches
+    from kvfence.engine import registry
+
+    return launches.utilisation(registry.get(case.contract), case)
+
+
 def canary_phase(session, strategy, *, max_examples: int, seed: Optional[int], progress=None):
     """All (case, findings) Hypothesis explored, with need/width targeted. No shrinking, no stopping."""
-    from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings, target
-
-    from kvfence.engine.loop import utilisation
+    from hypothesis import HealthCheck, Phase, given, settings, target
+    from hypothesis import seed as hyp_seed
 
     seen = {}
 
@@ -53,8 +60,6 @@ def canary_phase(session, strategy, *, max_examples: int, seed: Optional[int], p
 
 def select_cases(explored, *, max_failing: int, sample: int, seed: int = 0):
     """Every failing case (up to ``max_failing``, highest need/width first) and ``sample`` passing ones."""
-    from kvfence.engine.loop import utilisation
-
     failing = sorted(((c, f) for c, f in explored if f), key=lambda cf: -utilisation(cf[0]))[:max_failing]
     passing = [(c, f) for c, f in explored if not f]
     rng = random.Random(seed)
@@ -67,8 +72,8 @@ def load_cases(cases_dir: str, kernel_override: Optional[str]):
     A case file is data: it never makes kvfence import the code it names. A plug-in kernel runs only when
     the command line names it (``--kernel``, which then replaces every file's kernel).
     """
-    from kvfence import contract as contracts
     from kvfence.engine.casefile import load_case
+    from kvfence.engine.kernels import is_plugin
 
     folder = Path(cases_dir)
     require(folder.is_dir(), f"--cases {cases_dir}: no such directory")
@@ -77,7 +82,7 @@ def load_cases(cases_dir: str, kernel_override: Optional[str]):
     chosen = []
     for path in files:
         loaded = load_case(path)
-        require(kernel_override is not None or not contracts.of(loaded.case).names_plugin(loaded.case.kernel),
+        require(kernel_override is not None or not is_plugin(loaded.case.kernel),
                 f"--cases: {path.name} names the plug-in kernel {loaded.case.kernel!r}; pass --kernel to run a plug-in")
         chosen.append((loaded.case, loaded.findings, path))
     return chosen
@@ -94,11 +99,12 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
     ``--cases``) replaces the kernel the case files name. ``matrix`` adds the detection matrix
     (``kvfence.sanitizer.matrix``).
     """
-    from kvfence import contract as contracts
-    from kvfence.sanitizer import tool as sanitizer
-    from kvfence.engine.casefile import write_case
     from kvfence.device import select
+    from kvfence.engine import run as pipeline
+    from kvfence.engine.casefile import write_case
+    from kvfence.engine.checking import checker_for
     from kvfence.reports.sweep import write_sweep_reports
+    from kvfence.sanitizer import tool as sanitizer
 
     chosen = load_cases(cases_dir, kernel_override) if cases_dir is not None else None  # bad input first
     exe = sanitizer.locate()  # then exit 2 when the tool is missing
@@ -112,9 +118,9 @@ def run_sweep(*, tools: Sequence[str], cases_dir: Optional[str], max_examples: i
         explored_n, failing_n = len(chosen), sum(1 for _, f, _ in chosen if f)
     else:
         plan = plan_for(device)
-        record = contracts.get(plan.contract)
-        explored = canary_phase(record.session(plan), record.draws(plan), max_examples=max_examples, seed=seed,
-                                progress=lambda n, bad: announce(f"kvfence sweep: {n} cases, {bad} failing"))
+        strategy, _ = pipeline.draws(plan)
+        explored = canary_phase(checker_for(pipeline.record(plan), plan), strategy, max_examples=max_examples,
+                                seed=seed, progress=lambda n, bad: announce(f"kvfence sweep: {n} cases, {bad} failing"))
         explored_n, failing_n = len(explored), sum(1 for _, f in explored if f)
         chosen = [(c, f, write_case(c, f, out_dir=out_dir, device=device, source="sweep"))
                   for c, f in select_cases(explored, max_failing=max_failing, sample=sample, seed=seed or 0)]
@@ -161,11 +167,12 @@ def sanitize_case(exe: str, case, findings, path: Path, tools: Sequence[str], wo
                   python: str = sys.executable) -> dict:
     """One case under every tool, plus the same child without a tool (slowdown denominator and verdict
     check): the case's row of ``sweep.json``."""
-    from kvfence import contract as contracts
+    from kvfence.engine import launch as launches
+    from kvfence.engine import registry
     from kvfence.sanitizer import tool as sanitizer
 
-    record = contracts.of(case)
-    mode = record.case_mode(case)
+    record = registry.get(case.contract)
+    mode = case.mode
     run_kernel = kernel_override or case.kernel
     kernel_filter = sanitizer.kernel_filter_for(run_kernel, record.name)
     # The denominator runs the same child, layout, flags and allocator as the tools.
@@ -181,7 +188,7 @@ def sanitize_case(exe: str, case, findings, path: Path, tools: Sequence[str], wo
             v.tool_errors.append(sanitizer.tool_error(
                 v.tool, f"the child's verdict under {v.tool} (exit {v.child_exit}) differs from the same "
                         f"child without a tool (exit {base_exit})", v.log))
-    summary = record.summary(case)
+    summary = launches.summary(record, case)
     announce(f"kvfence sweep: {path.name}: canary {sorted({f.kind.value for f in findings}) or 'clean'}; "
              + ", ".join(f"{v.tool} {len(v.findings)} finding(s)"
                          + (f" + {len(v.tool_errors)} tool error(s)" if v.tool_errors else "") for v in verdicts))

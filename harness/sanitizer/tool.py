@@ -8,7 +8,7 @@ tool in its own process (the first memory error destroys the CUDA context), pars
 
 How each case is run under a tool (``tool_command`` + ``case_env``):
 
-* the child is ``python -m kvfence.sanitizer.child STATUS repro CASE --device cuda --layout production
+* the child is ``python -m kvfence.sanitizer_child STATUS repro CASE --device cuda --layout production
   --no-absorb``: rows contiguous and nothing after kv_indices' last row, so an overflow past the buffer
   leaves the allocation as in production; the child writes its own exit code to ``STATUS``
   (compute-sanitizer replaces it when it reports errors);
@@ -45,10 +45,10 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
-from kvfence.errors import BadInput, require
 from kvfence.engine.findings import Finding, Kind
+from kvfence.errors import BadInput, require
 
 TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")
 KIND_OF_TOOL = {"memcheck": Kind.SANITIZER_MEMCHECK, "initcheck": Kind.SANITIZER_INITCHECK,
@@ -79,12 +79,20 @@ def locate(env: Optional[Dict[str, str]] = None, default_root: str = "/usr/local
 
 
 def kernel_filter_for(kernel: str, contract: str) -> Optional[str]:
-    """The ``--kernel-name`` filter for a kernel spec of ``contract``: its record's ``kernel_name`` (the
-    reference kernel's name), or None (check every kernel) for a plug-in, whose CUDA kernel names kvfence does
-    not know (a launcher may run several)."""
-    from kvfence import contract as contracts
+    """The ``--kernel-name`` filter for a kernel spec of ``contract``: the reference kernel's name for the
+    reference and its mutants (a patched copy keeps the name), the release's function for a release, else None
+    (check every kernel): a plug-in's CUDA kernel names kvfence does not know (a launcher may run several)."""
+    from kvfence.engine import registry
+    from kvfence.engine.kernels import reference_spec, references, release_source
+    from kvfence.release.knowledge import shipped
 
-    return contracts.get(contract).kernel_name(kernel)
+    record = registry.get(contract)
+    if kernel in references(record) or kernel.startswith("mutant:"):
+        return reference_spec(record).rpartition(":")[2]
+    if release_source(kernel):
+        upstream = shipped(contract).upstream
+        return upstream.function if upstream is not None else None
+    return None
 
 
 def tool_command(exe: str, tool: str, target: Sequence[str], *, xml_path: Path,
@@ -111,28 +119,17 @@ def tool_command(exe: str, tool: str, target: Sequence[str], *, xml_path: Path,
 #: once). The sweep checked the case files before (a plug-in kernel runs only when named with --kernel),
 #: so the child trusts them (kvfence.engine.repro.require_trusted).
 REPRO_FLAGS = ("--in-process", "--trust-case")
-
-
-def layout_flags(case_path: Path) -> Tuple[str, ...]:
-    """The ``repro`` flags that lay the case file's case out as production does (its contract's
-    ``sanitizer_flags``); none for a file that cannot be read (the child then says why, exit 2)."""
-    from kvfence import contract as contracts
-    from kvfence.engine.casefile import load_case
-    from kvfence.errors import BadInput
-
-    try:
-        return tuple(contracts.of(load_case(case_path).case).sanitizer_flags)
-    except BadInput:
-        return ()
+#: Every contract's tables laid out as production does: rows contiguous, no tail guard, so an overflow past the
+#: last row leaves the allocation, where memcheck sees it.
+LAYOUT_FLAGS = ("--layout", "production", "--no-absorb")
 
 
 def repro_target(case_path: Path, *, status_path: Path, python: str = sys.executable,
                  kernel: Optional[str] = None, mode: Optional[str] = None) -> List[str]:
-    """The child each tool runs: the case, in the production layout (its contract's ``sanitizer_flags``: for
-    the draft kernel, overflow leaving the allocation), its own exit code written to ``status_path``
-    (``kvfence.sanitizer.child``)."""
-    cmd = [python, "-m", "kvfence.sanitizer.child", str(status_path), "repro", str(case_path), "--device", "cuda",
-           *layout_flags(case_path), *REPRO_FLAGS]
+    """The child each tool runs: the case, in the production layout (``LAYOUT_FLAGS``), its own exit code
+    written to ``status_path`` (``kvfence.sanitizer_child``)."""
+    cmd = [python, "-m", "kvfence.sanitizer_child", str(status_path), "repro", str(case_path), "--device", "cuda",
+           *LAYOUT_FLAGS, *REPRO_FLAGS]
     if kernel is not None:
         cmd += ["--kernel", kernel]
     if mode is not None:
@@ -363,7 +360,7 @@ def run_process(cmd: Sequence[str], env: Dict[str, str], timeout: float):
 
 
 def read_status(path: Path) -> Optional[dict]:
-    """The child's ``{"exit": N[, "error": ...]}`` (``kvfence.sanitizer.child``), or None if it left none."""
+    """The child's ``{"exit": N[, "error": ...]}`` (``kvfence.sanitizer_child``), or None if it left none."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -416,7 +413,7 @@ def signal_findings(tool: str, *, exit_code: Optional[int], timed_out: bool, tim
 
 
 def _child_problem(child, log_text: str, exit_text: str, after: str = "") -> str:
-    """What is wrong with a sanitizer child's own status (``kvfence.sanitizer.child``), or ``""``."""
+    """What is wrong with a sanitizer child's own status (``kvfence.sanitizer_child``), or ``""``."""
     if child is None:
         return f"the child left no status: it died before its verdict ({exit_text})"
     if child["exit"] == 2:

@@ -2,8 +2,8 @@
 
 Each launcher runs the reference kernel, then one Triton store lands where that class of bug lands. They
 are kvfence launcher plug-ins (``kvfence.kernels.draft.bugclasses:NAME``, keyword arguments of
-``kvfence.contracts.draft.targets.LAUNCH_KWARGS``); offsets are relative to the first element of the ``kv_indices`` view,
-whose rows are ``stride(0)`` apart. The classes differ in *where* the stray store lands, which is what
+``kvfence.contracts.draft.targets.LAUNCH_KWARGS``); offsets are relative to the first element of the ``kv_indices``
+view, whose rows are ``stride(0)`` apart. The classes differ in *where* the stray store lands, which is what
 decides which detector can see it:
 
 * ``row_to_row``: one past row 0's width. In the production layout that is row 1's first element, inside

@@ -1,7 +1,7 @@
 """Planted bad writes: the reference kernel, then one store where a buggy kernel's store would land.
 
-``python -m kvfence mutants --verifiers both`` (``kvfence.contracts.draft.compare``) runs each through the device verifier
-and through the oracle path on the same cases and checks that both see it the same way. There is one
+``python -m kvfence mutants --verifiers both`` (``kvfence.contracts.draft.compare``) runs each through the device
+verifier and through the oracle path on the same cases and checks that both see it the same way. There is one
 plant per region of each output buffer and one per input tensor (live rows, the bucket's last row and
 the rows past the bucket), so a verifier that ignores any region disagrees with the other one.
 

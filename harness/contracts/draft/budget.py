@@ -10,11 +10,8 @@ fits, so an over-budget draw becomes a smaller config instead of an out-of-memor
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
-
-from kvfence.errors import require
 
 #: kvfence's minimum guard (elements) at the front, after rows (redzone layout) and at the tail.
 MIN_GUARD = 64
@@ -32,8 +29,6 @@ POOL_BYTES = 4 + 4 + 3 * 8
 #: Bytes per written element on the full (dirty-case) path: two snapshots and the verdict's expected
 #: copy and masks, plus the torch write-set builder's int64 temporaries.
 FULL_PATH_BYTES = 3 * 4 + 2 + 8 * 8
-#: Fraction of free device memory the default budget takes (split between ``--jobs`` processes).
-DEFAULT_FRACTION = 0.6
 
 
 @dataclass(frozen=True)
@@ -86,45 +81,6 @@ def estimate_bytes(config) -> int:
     written = config.num_steps * config.worst_need(n)
     transient = kvi.length * 3 * 4 + written * FULL_PATH_BYTES
     return outputs + pool + transient
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """``"8G"``, ``"512MiB"``, ``"1.5g"`` or a plain byte count -> bytes (``BadInput`` otherwise)."""
-    m = _SIZE.match(str(text))
-    require(m is not None, f"--max-gpu-mem {text!r}: expected a size such as 8G, 512M or a byte count")
-    value = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()[:1]]
-    require(value >= 1, f"--max-gpu-mem {text!r} must be at least one byte")
-    return int(value)
-
-
-def free_device_memory() -> int:
-    """Free memory of the current GPU, asked of ``nvidia-smi`` so the asking process (the one running
-    Hypothesis) never creates a CUDA context of its own; torch's ``mem_get_info`` when that fails."""
-    import os
-    import subprocess
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    cmd = ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"]
-    if visible:
-        cmd.insert(1, f"--id={visible}")
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout.split()
-        return int(out[0]) * 2**20  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        import torch
-
-        return torch.cuda.mem_get_info()[0]
-
-
-def default_budget(device: str, jobs: int = 1) -> int:
-    """``DEFAULT_FRACTION`` of the device's free memory split over ``jobs`` (CPU: 4 GiB per job)."""
-    if device == "cuda":
-        return int(free_device_memory() * DEFAULT_FRACTION / max(1, jobs))
-    return 4 * 2**30
 
 
 def fit(config, max_bytes: Optional[int], free: Iterable[str] = ("ctx", "max_bs", "topk", "num_steps")):

@@ -120,7 +120,8 @@ def _rows(geo, used: List[int], column0: bool) -> List[MapRow]:
         if s == geo.rows - 1 and geo.tail:
             zones.append((stride, hi, "tail"))
         caption = (f"{geo.width} columns, programs write 1..{used[s] - 1} (column 0 never)" if column0
-                   else f"width {geo.width}, U({s}) = {used[s]}" + (" > width: too small" if used[s] > geo.width else ""))
+                   else f"width {geo.width}, U({s}) = {used[s]}"
+                   + (" > width: too small" if used[s] > geo.width else ""))
         rows.append(MapRow(f"row {s}", lo, hi, [z for z in zones if z[1] > z[0]], [], caption=caption,
                            width=geo.width))
     return rows
@@ -219,7 +220,8 @@ def _drawable(segments: List[Span]) -> List[Span]:
         s, b, _ = sp.label.strip("()").split(",")
         by_request.setdefault((int(s), int(b)), []).append(sp)
     spans = [Span(min(x.lo for x in group), max(x.hi for x in group), f"({s},{b},*)",
-                  f"programs ({s},{b},0..{len(group) - 1}) write [{min(x.lo for x in group)}, {max(x.hi for x in group)})")
+                  f"programs ({s},{b},0..{len(group) - 1}) write "
+                  f"[{min(x.lo for x in group)}, {max(x.hi for x in group)})")
              for (s, b), group in sorted(by_request.items())]
     if len(spans) <= MAX_DRAWN_SEGMENTS:
         return spans
@@ -311,7 +313,10 @@ def _lanes(marks: List[Mark]) -> List[int]:
     return out
 
 
-def _rect(x0, x1, y, h, fill, title, cls="", data=Markup(""), stroke="#555", dash: bool = False):
+_NO_DATA = Markup("")
+
+
+def _rect(x0, x1, y, h, fill, title, cls="", data=_NO_DATA, stroke="#555", dash: bool = False):
     """A rectangle with its tooltip; an outline (``fill`` none, ``dash``) is drawn thicker."""
     width, pattern = ("0.6", "") if fill != "none" else ("2", " stroke-dasharray='4 2'" if dash else "")
     return html("<g class='{}' {}><rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}' stroke='{}' "

@@ -6,11 +6,12 @@ Everything is validated on construction with ``BadInput``: an impossible case ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import List, Optional, Tuple
 
 from kvfence.contracts.draft import oracle
+from kvfence.contracts.draft.tokens import INT32_LIMIT, SLOT_BITS, req_to_token_rows, v2p_table
 from kvfence.errors import BadInput, require
 
 LAYOUTS = ("redzone", "production")
@@ -19,12 +20,6 @@ MODES = ("graph", "eager")
 CONTRACTS = ("draft", "window-rail")
 #: Largest ``entry_page_size`` (a power of two): an entry then holds a 24-bit page id (see ``entry_bits``).
 MAX_ENTRY_PAGE_SIZE = 64
-#: A prime above any pool's entry count: ``i -> (i*A + c) mod N`` is then a permutation of ``[0, N)``.
-_PERMUTE = 2654435761
-#: Offsets are int32 inside the kernel (docs/contract.md §3).
-INT32_LIMIT = 2**31
-#: KV slot ids live in [1, 2**30]; poison and canaries are negative, so no valid slot id equals them.
-SLOT_BITS = 30
 #: The most bytes a config's req_to_token pool may take, checked by arithmetic on construction (before
 #: ``pool_len`` or anything else is computed): far above any real pool (257 rows x 131072 tokens is
 #: 137 MB), so it only refuses absurd inputs such as ``--page-size 2**40`` or a 5,000-digit number in a
@@ -46,7 +41,8 @@ def _cached_hash(obj, names: tuple) -> int:
 
 
 def _state_without_hash(obj) -> dict:
-    return {k: v for k, v in obj.__dict__.items() if k != "_hash"}
+    """The fields, without the caches kept in ``__dict__`` (a str's hash differs between processes)."""
+    return {k: v for k, v in obj.__dict__.items() if not k.startswith("_")}
 
 
 def _plain_ints(values: tuple) -> bool:
@@ -61,20 +57,6 @@ def default_buckets(max_bs: int) -> Tuple[int, ...]:
         out.append(b)
         b *= 2
     return tuple(out + [max_bs])
-
-
-def slot_id(token_seed: int, flat_index: int, bits: int = SLOT_BITS) -> int:
-    """The KV slot id stored at ``req_to_token.view(-1)[flat_index]``.
-
-    A bijection on ``bits`` bits (odd multiply, xor-shift, odd multiply, all mod 2**bits) plus one, so
-    every entry of the table is distinct: a shifted, swapped or stale copy never equals the right value.
-    ``bits`` is 30 except for page-granular rows (``entry_bits``).
-    """
-    mask = (1 << bits) - 1
-    h = (flat_index * 0x9E3779B1 + token_seed) & mask
-    h ^= h >> 13
-    h = (h * 0x5BD1E995) & mask
-    return h + 1
 
 
 def _mib(nbytes: int) -> str:
@@ -94,6 +76,9 @@ class Config:
     ``sizing`` names a row-width policy (``kvfence.contracts.draft.sizing`` or a plug-in spec). ``layout`` is
     ``redzone`` (a guard after every step row) or ``production`` (rows contiguous, as upstream).
     ``mode`` is ``graph`` (buffers sized once at ``max_bs``, batches padded to a bucket) or ``eager``.
+
+    The contract's case (``DraftCase``) holds a config *unbound*: ``sizing``, ``layout`` and ``mode`` None, since
+    they are the launch's settings (``kvfence.contract.Launch``), not the case's; ``bind`` gives the runner's.
     """
 
     topk: int
@@ -118,10 +103,14 @@ class Config:
             require(_is_int(value) and value >= 1, f"config.{name} must be a positive integer, got {value!r}")
         require(self.topk <= 64, f"config.topk must be at most 64, got {self.topk}")
         require(self.num_steps <= 64, f"config.num_steps must be at most 64, got {self.num_steps}")
-        require(self.page_size & (self.page_size - 1) == 0, f"config.page_size must be a power of two, got {self.page_size}")
-        require(self.layout in LAYOUTS, f"config.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
-        require(self.mode in MODES, f"config.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        require(isinstance(self.sizing, str) and self.sizing, f"config.sizing must be a policy name, got {self.sizing!r}")
+        require(self.page_size & (self.page_size - 1) == 0,
+                f"config.page_size must be a power of two, got {self.page_size}")
+        require(self.layout is None or self.layout in LAYOUTS,
+                f"config.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        require(self.mode is None or self.mode in MODES,
+                f"config.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        require(self.sizing is None or (isinstance(self.sizing, str) and self.sizing),
+                f"config.sizing must be a policy name, got {self.sizing!r}")
         self._check_family()
         if self.buckets is None:
             object.__setattr__(self, "buckets", default_buckets(self.max_bs))
@@ -131,7 +120,8 @@ class Config:
                 len(buckets) > 0 and all(_is_int(b) and b >= 1 for b in buckets),
                 f"config.buckets must be positive integers, got {list(buckets)!r}",
             )
-            require(list(buckets) == sorted(set(buckets)), f"config.buckets must be strictly increasing, got {list(buckets)}")
+            require(list(buckets) == sorted(set(buckets)),
+                    f"config.buckets must be strictly increasing, got {list(buckets)}")
             require(buckets[-1] == self.max_bs, f"config.buckets must end at max_bs={self.max_bs}, got {list(buckets)}")
             object.__setattr__(self, "buckets", buckets)
         require(
@@ -156,7 +146,8 @@ class Config:
         require(_is_int(e) and 1 <= e <= MAX_ENTRY_PAGE_SIZE and e & (e - 1) == 0,
                 f"config.entry_page_size must be a power of two in 1..{MAX_ENTRY_PAGE_SIZE}, got {e!r}")
         require(isinstance(self.translate, bool), f"config.translate must be true or false, got {self.translate!r}")
-        require(self.contract in CONTRACTS, f"config.contract must be one of {', '.join(CONTRACTS)}, got {self.contract!r}")
+        require(self.contract in CONTRACTS,
+                f"config.contract must be one of {', '.join(CONTRACTS)}, got {self.contract!r}")
         require(self.sink_size == 0 or self.window_size > 0,
                 f"config.sink_size={self.sink_size} needs a window (window_size > 0): sinks only exist beside a window")
         if self.contract == "window-rail":
@@ -169,6 +160,33 @@ class Config:
 
     def __getstate__(self) -> dict:
         return _state_without_hash(self)
+
+    @property
+    def bound(self) -> bool:
+        """Sizing, layout and mode set: a runner's config (``bind``), not a case's."""
+        return self.sizing is not None and self.layout is not None and self.mode is not None
+
+    def bind(self, sizing: str, mode: str, layout: str = "redzone") -> "Config":
+        """This config under a launch's settings (the same object for the same settings: runners are cached
+        by config, and a config caches the widths its policy gave)."""
+        if (self.sizing, self.mode, self.layout) == (sizing, mode, layout):
+            return self
+        cache = self.__dict__.setdefault("_bound", {})
+        key = (sizing, mode, layout)
+        if key not in cache:
+            if len(cache) > 64:
+                cache.clear()
+            cache[key] = replace(self, sizing=sizing, mode=mode, layout=layout)
+        return cache[key]
+
+    def unbound(self) -> "Config":
+        """This config without a launch's settings: what a ``DraftCase`` holds."""
+        if self.sizing is None and self.mode is None and self.layout is None:
+            return self
+        found = self.__dict__.get("_unbound")
+        if found is None:
+            found = self.__dict__["_unbound"] = replace(self, sizing=None, mode=None, layout=None)
+        return found
 
     @property
     def is_family(self) -> bool:
@@ -254,7 +272,8 @@ class Config:
         mode = {"mode": self.mode} if getattr(policy, "takes_mode", False) else {}
         width = policy(n, self.topk, self.ctx, self.num_steps, window_size=self.window_size, sink_size=self.sink_size,
                        **mode)
-        require(_is_int(width) and width >= 1, f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
+        require(_is_int(width) and width >= 1,
+                f"sizing policy {self.sizing!r} returned {width!r} for n={n}: not a positive int")
         # Row offsets are int32 in the kernel (docs/contract.md §3): a wider row cannot be addressed.
         require(width < INT32_LIMIT,
                 f"sizing policy {self.sizing!r} returned width {_short(width)} for n={n}: wider than int32 row offsets "
@@ -286,9 +305,7 @@ class Config:
             "ctx": self.ctx,
             "max_bs": self.max_bs,
             "buckets": list(self.buckets),
-            "sizing": self.sizing,
-            "layout": self.layout,
-            "mode": self.mode,
+            **{k: getattr(self, k) for k in ("sizing", "layout", "mode") if getattr(self, k) is not None},
             **self.family_dict(),  # §6 fields only when set: a §2 config's dict is unchanged
         }
 
@@ -325,9 +342,12 @@ class Batch:
         if not (_plain_ints(self.req_pool_indices) and min(self.req_pool_indices) >= 0):
             require(all(_is_int(r) and r >= 0 for r in self.req_pool_indices),
                     "batch.req_pool_indices must be non-negative integers")
-        require(len(set(self.req_pool_indices)) == len(self.req_pool_indices), "batch.req_pool_indices must be distinct")
-        require(_is_int(self.token_seed) and 0 <= self.token_seed < 2**SLOT_BITS, "batch.token_seed must be an integer in [0, 2**30)")
-        require(_is_int(self.v2p_seed) and 0 <= self.v2p_seed < 2**SLOT_BITS, "batch.v2p_seed must be an integer in [0, 2**30)")
+        require(len(set(self.req_pool_indices)) == len(self.req_pool_indices),
+                "batch.req_pool_indices must be distinct")
+        require(_is_int(self.token_seed) and 0 <= self.token_seed < 2**SLOT_BITS,
+                "batch.token_seed must be an integer in [0, 2**30)")
+        require(_is_int(self.v2p_seed) and 0 <= self.v2p_seed < 2**SLOT_BITS,
+                "batch.v2p_seed must be an integer in [0, 2**30)")
 
     @property
     def raw_bs(self) -> int:
@@ -344,63 +364,13 @@ class Batch:
             require(not rows, f"batch.req_pool_indices {rows} outside the pool's {config.pool_rows} rows")
 
     def to_dict(self) -> dict:
-        d = {"seq_lens": list(self.seq_lens), "req_pool_indices": list(self.req_pool_indices), "token_seed": self.token_seed}
+        d = {"seq_lens": list(self.seq_lens), "req_pool_indices": list(self.req_pool_indices),
+             "token_seed": self.token_seed}
         if self.v2p_seed:
             d["v2p_seed"] = self.v2p_seed
         return d
 
 
-def table_entry(config: Config, token_seed: int, flat: int) -> int:
-    """Entry ``flat`` of the flattened req_to_token table (``kvfence.contracts.draft.runner.slot_table`` is its torch twin).
-
-    Without TRANSLATE a distinct slot id of ``config.entry_bits`` bits (with ``E > 1`` the token id
-    ``entry*E + p mod E`` is then still distinct and below 2**30). With TRANSLATE a virtual id: the
-    entries are a seeded permutation of ``[0, N)``, ``N = pool_rows*pool_cols``, so every virtual page has
-    a ``v2p`` entry (docs/contract.md §6)."""
-    if config.translate:
-        n = config.pool_rows * config.pool_cols
-        return (flat * (_PERMUTE % n) + token_seed) % n
-    return slot_id(token_seed, flat, config.entry_bits)
-
-
-def req_to_token_rows(config: Config, token_seed: int) -> List[List[int]]:
-    """The req_to_token table as plain lists (``[pool_rows][pool_cols]``), for the oracle."""
-    width = config.pool_cols
-    return [[table_entry(config, token_seed, r * width + t) for t in range(width)] for r in range(config.pool_rows)]
-
-
-#: Hash classes (of 8) of a drawn page: mapped to a negative id, to the page-0 sink, far away.
-V2P_NEGATIVE, V2P_SINK, V2P_FAR = 0, 1, 2
-
-
-def v2p_entry(seed: int, page: int, pages: int, page_size: int) -> int:
-    """``v2p[page]`` of the page table drawn with ``seed`` (docs/contract.md §6, TRANSLATE).
-
-    Seed 0 is the identity (the shrink target). Otherwise page 0 stays the sink page 0 (a pool reserves
-    it), and every other page gets a hash class: 1 in 8 a negative id (the kernel must read 0), 1 in 8
-    the sink page 0, 1 in 8 a far page near the int32 limit, the rest a seeded permutation of the pages.
-    ``kvfence.contracts.draft.runner.v2p_tensor`` is the torch twin."""
-    if seed == 0:
-        return page
-    if page == 0:
-        return 0
-    perm = (page * (_PERMUTE % pages) + seed) % pages
-    h = slot_id(seed, page)
-    cls = h % 8
-    if cls == V2P_NEGATIVE:
-        return -1 - (h >> 3) % 3
-    if cls == V2P_SINK:
-        return 0
-    if cls == V2P_FAR:
-        return (INT32_LIMIT // page_size) - 1 - perm
-    return perm
-
-
-def v2p_table(config: Config, seed: int) -> Optional[List[int]]:
-    """The page table as a plain list (None without TRANSLATE), for the oracle."""
-    if not config.translate:
-        return None
-    return [v2p_entry(seed, p, config.v2p_pages, config.page_size) for p in range(config.v2p_pages)]
 
 
 def _row_used(config: Config, seq_lens, positions, s: int) -> int:
@@ -482,7 +452,8 @@ class Case:
     def __post_init__(self):
         self.batch.check_fits(self.config)
         require(isinstance(self.kernel, str) and self.kernel, "case.kernel must name a kernel")
-        require(_is_int(self.canary_seed) and 0 <= self.canary_seed < 2**31, "case.canary_seed must be an integer in [0, 2**31)")
+        require(_is_int(self.canary_seed) and 0 <= self.canary_seed < 2**31,
+                "case.canary_seed must be an integer in [0, 2**31)")
 
     @property
     def contract(self) -> str:
@@ -515,15 +486,23 @@ class Case:
         return launch_used(self.config, lb.seq_lens, lb.positions)
 
     @cached_property
-    def _sizing(self) -> dict:
+    def _need(self) -> Tuple[int, Tuple[int, ...]]:
+        """``(need, launched lengths)``: the widest step row the launch writes (no sizing is asked)."""
         c = self.config
         if c.is_rail:
             lb = self.launch()
-            lens, need = lb.seq_lens, launch_need(c, lb.seq_lens, lb.positions)
-        else:  # the draft kernel's need follows from the padded lengths alone (computed for every case)
-            lens = _padded_lens(c, self.batch)
-            need = launch_need(c, lens, ())
-        return {"need": need, "width": c.row_width(len(lens)), "num_seqs": len(lens), "sum_seq_lens": sum(lens)}
+            return launch_need(c, lb.seq_lens, lb.positions), lb.seq_lens
+        lens = _padded_lens(c, self.batch)  # the draft kernel's need follows from the padded lengths alone
+        return launch_need(c, lens, ()), lens
+
+    def need(self) -> int:
+        return self._need[0]
+
+    @cached_property
+    def _sizing(self) -> dict:
+        need, lens = self._need
+        return {"need": need, "width": self.config.row_width(len(lens)), "num_seqs": len(lens),
+                "sum_seq_lens": sum(lens)}
 
     def sizing_summary(self) -> dict:
         """need vs width for this launch: the arithmetic behind ``SIZING_VIOLATION`` (computed once)."""
@@ -555,3 +534,34 @@ def batch_from_dict(d: dict) -> Batch:
 
 #: The fields a ``Case`` compares and hashes (``extras`` is neither).
 _CASE_KEY_FIELDS = tuple(f.name for f in Case.__dataclass_fields__.values() if f.compare)
+
+
+@dataclass(frozen=True)
+class DraftCase:
+    """The draft contract's case (``kvfence.contract.Contract``): an unbound config (``Config.unbound``: no
+    sizing, layout or mode: those are the launch's settings), a batch and the seed of the guards' canaries."""
+
+    config: Config
+    batch: Batch
+    canary_seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "config", self.config.unbound())
+        self.batch.check_fits(self.config)
+        require(_is_int(self.canary_seed) and 0 <= self.canary_seed < 2**31,
+                "case.canary_seed must be an integer in [0, 2**31)")
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, ("config", "batch", "canary_seed"))
+
+    def __getstate__(self) -> dict:
+        return _state_without_hash(self)
+
+    def runtime(self, sizing: str, mode: str, layout: str, kernel: str) -> Case:
+        """The runner's case: the config bound to the launch's settings, with the kernel it runs."""
+        return Case(self.config.bind(sizing, mode, layout), self.batch, kernel, self.canary_seed)
+
+    @classmethod
+    def of(cls, case: Case) -> "DraftCase":
+        """A runner's case as the contract's (its settings dropped)."""
+        return cls(case.config, case.batch, case.canary_seed)

@@ -30,16 +30,15 @@ where its mutant says what reaches it (``AIM``: config pins, such as ``max_bs`` 
 requests in a launch), so that the run passes or fails on what the paths say, not on whether two configs
 happened to reach a rare bug.
 
-A case agrees when (1) the device verdict (all counters zero or not) equals the oracle verdict (no
-finding or some), (2) the counters that are non-zero are exactly those the oracle's findings imply
-(``counter_of``; when an input changed, only the inputs counter: the verifier recomputes the write set
-from the inputs, so the other counters then count against damaged inputs), and (3) the device path's findings equal the oracle path's, compared by kind,
-buffer, region and element range. (1) and (2) apply where the device verifier runs (graph mode,
-``need <= width``); (3) to every case. On a case whose stores left kvfence's allocations (an
-``OOB_WRITE``), input findings are not compared: where such stores land depends on the allocator. The interpreter address audit's ``OOB_READ`` / ``OOB_WRITE``
-are left out of (3): they come from neither verifier (the audit is a third, CPU-only detector, off on
-CUDA), and on the CPU both paths' launches run under an audit that drops stores outside kvfence's
-allocations, so neither writes into host memory.
+A case agrees when (1) the device verdict (all counters zero or not) equals the oracle verdict (no finding or some), (2)
+the counters that are non-zero are exactly those the oracle's findings imply (``counter_of``; when an input changed,
+only the inputs counter: the verifier recomputes the write set from the inputs, so the other counters then count against
+damaged inputs), and (3) the device path's findings equal the oracle path's, compared by kind, buffer, region and
+element range. (1) and (2) apply where the device verifier runs (graph mode, ``need <= width``); (3) to every case. On a
+case whose stores left kvfence's allocations (an ``OOB_WRITE``), input findings are not compared: where such stores land
+depends on the allocator. The interpreter address audit's ``OOB_READ`` / ``OOB_WRITE`` are left out of (3): they come
+from neither verifier (the audit is a third, CPU-only detector, off on CUDA), and on the CPU both paths' launches run
+under an audit that drops stores outside kvfence's allocations, so neither writes into host memory.
 
 A kernel whose stores race (two programs storing different values to one element, as several mutants
 do on a GPU) can leave different values on two launches of one case. Where the contract itself lets
@@ -83,33 +82,41 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from kvfence.contracts.draft.case import Case
-from kvfence.contracts.draft.domain import HOST_VERDICT_MAX_BYTES
+from kvfence.contracts.draft.compare_rows import (
+    AUDIT_KINDS,
+    INPUTS,
+    INPUTS_COUNTER,
+    REFERENCE,
+    CaseResult,
+    Comparison,
+    Row,
+    Target,
+    counter_of,
+    format_table,
+    must_be_deterministic,
+    named,
+)
 from kvfence.contracts.draft.device_verify import COUNTERS
+from kvfence.contracts.draft.domain import HOST_VERDICT_MAX_BYTES
+
+__all__ = ["DEFAULT_EXAMPLES", "Comparison", "format_table", "run"]  # what ``kvfence mutants --verifiers both`` uses
 from kvfence.engine.findings import Finding, Kind
 from kvfence.kernels import KERNELS_DIR
 
 PLANTED_FILE = KERNELS_DIR / "draft" / "planted.py"
-REFERENCE = "reference"
 #: Configs per target when ``--max-examples`` is not given (each a run of several batches).
 DEFAULT_EXAMPLES = 8
 #: Device bytes per drawn config on CUDA when ``--max-gpu-mem`` is not given: the oracle path builds
 #: the whole write set in Python, so configs are kept to the size the host verdict checks in a second.
 CUDA_MAX_BYTES = HOST_VERDICT_MAX_BYTES
-#: The address audit's kinds: not a verifier's (see the module docstring).
-AUDIT_KINDS = frozenset({Kind.OOB_READ, Kind.OOB_WRITE})
 #: Kinds known on the host before the kernel runs: the same on every launch of a case, racy or not.
 HOST_KINDS = frozenset({Kind.SIZING_VIOLATION, Kind.HOST_CHECK_FIRED, Kind.HOST_CHECK_ADMITS_OVERFLOW,
                         Kind.HOST_CHECK_REJECTS_FIT})
-INPUTS = ("req_to_token", "seq_lens", "req_pool_indices", "positions")
-INPUTS_COUNTER = COUNTERS.index("inputs")
 #: Extra launches per path of a case on which the two paths disagree (see the module docstring).
 RACE_RETRIES = 2
-#: Racy cases per target kept whole in the JSON (``racy_cases``), each launch's verdict with it.
-RACY_KEPT = 8
 #: Batches per drawn config: the first config of a target gets a run longer than one staging chunk
 #: (``kvfence.contracts.draft.device_verify.BATCH_ROWS``) on CUDA, the others short runs; on the CPU (the
 #: interpreter) every run is short.
@@ -122,164 +129,6 @@ EXTRA_ROUNDS = 3
 EXTRA_CONFIGS = 8
 
 
-def counter_of(f: Finding) -> Optional[int]:
-    """The device counter (index into ``COUNTERS``) that must be non-zero when the oracle reports ``f``;
-    None for findings no counter stands for (``SIZING_VIOLATION``, launch errors, the audit's)."""
-    if f.buffer == "kv_indices" and f.kind in (Kind.VALUE_MISMATCH, Kind.MISSING_WRITE):
-        return COUNTERS.index("kv_indices")
-    if f.buffer == "kv_indptr" and f.kind == Kind.INDPTR_MISMATCH:
-        return COUNTERS.index("kv_indptr")
-    if f.buffer in ("kv_indices", "kv_indptr") and f.kind in (Kind.STRAY_WRITE, Kind.GUARD_OVERWRITE):
-        return COUNTERS.index("outside")
-    if f.buffer in INPUTS and f.kind == Kind.STRAY_WRITE:
-        return INPUTS_COUNTER
-    return None
-
-
-def must_be_deterministic(target: "Target") -> bool:
-    """The reference kernel (any sizing) and the planted writes: a race there is kvfence's bug (the
-    module docstring)."""
-    return target.kernel == REFERENCE or target.group == "planted"
-
-
-def named(findings: List[Finding]) -> List[Tuple[str, str, str, int, int]]:
-    """What is compared of a finding list: (kind, buffer, region, start, stop), sorted, audit kinds left out."""
-    return sorted((f.kind.value, f.buffer, f.region, f.start, f.stop) for f in findings if f.kind not in AUDIT_KINDS)
-
-
-@dataclass(frozen=True)
-class Target:
-    """One kernel (and sizing) whose cases both paths judge."""
-
-    name: str
-    group: str  # "reference", "kernel mutant", "sizing mutant" or "planted"
-    kernel: str
-    sizing: str
-    domain: str
-    what: str
-    #: Draw the §6 fields too (a draft-kernel mutant of a §6 path, on the CPU domain, as the self-test).
-    family: bool = False
-    #: Config pins that reach the target's bug (its mutant's ``AIM``), for the extra rounds: (field, value)s.
-    aim: Tuple[Tuple[str, int], ...] = ()
-    #: False for a scale mutant on the CPU: its bug needs the GPU domain (``DOMAIN = "gpu"``), which the
-    #: interpreter never draws, so it is not compared there (as the self-test calls it unreachable, expected).
-    reachable: bool = True
-
-
-@dataclass
-class CaseResult:
-    case: Case
-    counters: Optional[List[int]]  # None: the device verifier does not judge this case (eager, need > width)
-    implied: List[int]  # counters the oracle's findings imply
-    oracle: List[Finding]
-    device: List[Finding]
-    problems: List[str]
-    racy: bool = False  # two launches on one path named different findings (the module docstring)
-    #: Every launch's verdict: path (device/oracle), how it ran (batch: ``check_many`` with the run's other
-    #: cases; one: the case alone; cross-judge), and the kinds it named (none: clean).
-    launches: List[dict] = field(default_factory=list)
-
-    @property
-    def agree(self) -> bool:
-        return not self.problems
-
-    @property
-    def dirty(self) -> bool:
-        return bool(named(self.oracle))
-
-    def to_dict(self) -> dict:
-        return {"config": self.case.config.to_dict(), "batch": self.case.batch.to_dict(), "kernel": self.case.kernel,
-                "counters": dict(zip(COUNTERS, self.counters)) if self.counters is not None else None,
-                "counters_implied_by_oracle": [COUNTERS[i] for i in self.implied], "problems": self.problems,
-                "racy": self.racy, "launches": self.launches,
-                "oracle_findings": [f.headline() for f in self.oracle],
-                "device_findings": [f.headline() for f in self.device]}
-
-
-@dataclass
-class Row:
-    target: Target
-    cases: int = 0
-    dirty: int = 0  # cases the oracle path finds something in
-    judged: int = 0  # cases the device verifier's counters judged (graph mode, need <= width)
-    agree: int = 0
-    racy: int = 0  # cases two launches on one path named differently (judged by the racy rule)
-    counters_seen: List[str] = field(default_factory=list)
-    kinds: List[str] = field(default_factory=list)
-    first_disagreement: Optional[dict] = None
-    #: The first ``RACY_KEPT`` racy cases in full (each launch's verdict included), so that a reader of the
-    #: JSON sees what the racy rule was shown, not only how often it ruled.
-    racy_cases: List[dict] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def disagree(self) -> int:
-        return self.cases - self.agree
-
-    @property
-    def exercised(self) -> bool:
-        """Every target but the reference must leave damage in some case, or comparing on it proved
-        nothing. (Whether a mutant is caught, and how fast, is the mutation self-test's question.)"""
-        return self.target.group == REFERENCE or self.dirty > 0
-
-    def add(self, r: CaseResult) -> None:
-        self.cases += 1
-        self.dirty += r.dirty
-        self.judged += r.counters is not None
-        self.agree += r.agree
-        self.racy += r.racy
-        if r.counters is not None:
-            self.counters_seen = sorted(set(self.counters_seen) | {COUNTERS[i] for i, c in enumerate(r.counters) if c},
-                                        key=COUNTERS.index)
-        self.kinds = sorted(set(self.kinds) | {f.kind.value for f in r.oracle})
-        if not r.agree and self.first_disagreement is None:
-            self.first_disagreement = r.to_dict()
-        if r.racy and len(self.racy_cases) < RACY_KEPT:
-            self.racy_cases.append(r.to_dict())
-
-    def to_dict(self) -> dict:
-        t = self.target
-        return {"name": t.name, "group": t.group, "kernel": t.kernel, "sizing": t.sizing, "domain": t.domain,
-                "what": t.what, "reachable": t.reachable, "cases": self.cases, "dirty": self.dirty,
-                "judged_by_counters": self.judged,
-                "agree": self.agree, "disagree": self.disagree, "racy": self.racy, "exercised": self.exercised,
-                "counters_seen": self.counters_seen, "oracle_kinds": self.kinds, "seconds": round(self.seconds, 2),
-                "first_disagreement": self.first_disagreement, "racy_cases": self.racy_cases}
-
-
-@dataclass
-class Comparison:
-    device: str
-    max_examples: int
-    seed: int
-    max_bytes: Optional[int]
-    rows: List[Row] = field(default_factory=list)
-
-    @property
-    def cases(self) -> int:
-        return sum(r.cases for r in self.rows)
-
-    @property
-    def agree(self) -> int:
-        return sum(r.agree for r in self.rows)
-
-    @property
-    def disagree(self) -> int:
-        return sum(r.disagree for r in self.rows)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.rows) and self.disagree == 0 and all(r.exercised or not r.target.reachable for r in self.rows)
-
-    def to_dict(self) -> dict:
-        return {"device": self.device, "max_examples": self.max_examples, "seed": self.seed,
-                "max_gpu_mem": self.max_bytes, "cases": self.cases, "agree": self.agree, "disagree": self.disagree,
-                "racy": sum(r.racy for r in self.rows),
-                "not_exercised": [r.target.name for r in self.rows if not r.exercised and r.target.reachable],
-                "passed": self.passed,
-                "rows": [r.to_dict() for r in self.rows]}
-
-
 # -- targets and cases -----------------------------------------------------------------------------------
 def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     """The reference, every mutant and every planted write (or only ``names``), with their domains.
@@ -287,32 +136,37 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     As in the mutation self-test, a mutant is drawn from its own domain on CUDA and from the CPU domain
     on the CPU; the reference and the planted writes from the device's own domain.
     """
+    import runpy
+
+    from kvfence.contracts.draft.record import DRAFT, MUTANTS_DIR, WINDOW_RAIL
     from kvfence.errors import require
-    from kvfence.selftest.mutants import MUTANTS_DIR, _module_of, discover
     from kvfence.kernels.draft.planted import PLANTS
 
     home = "gpu" if device == "cuda" else "cpu"
-    mutant_names = {p.stem for p in MUTANTS_DIR.glob("*.py") if not p.name.startswith("_")}
+    every = {m.name: m for m in DRAFT.mutants + WINDOW_RAIL.mutants}
+    mutant_names = set(every)
     if names:
         unknown = sorted(set(names) - mutant_names - set(PLANTS) - {REFERENCE})
         require(not unknown, f"unknown target(s) {', '.join(unknown)}: choose reference, a mutant "
                              f"({', '.join(sorted(mutant_names))}) or a planted write ({', '.join(PLANTS)})")
     wanted = (lambda n: n in names) if names else (lambda n: True)
     out = []
-    mutants = discover(names=[n for n in sorted(mutant_names) if wanted(n)]) if any(map(wanted, mutant_names)) else []
     domains = {home}
-    for m in mutants:
-        if m.contract != "draft":
-            # The device verifier checks the draft contract only; a window-rail case is judged by the host
-            # verdict on both paths (kvfence.contracts.draft.session), so there is nothing to compare.
+    for m in DRAFT.mutants:
+        # The device verifier checks the draft contract only; a window-rail case is judged by the host verdict on
+        # both paths (kvfence.contracts.draft.session), so there is nothing to compare.
+        if not wanted(m.name):
             continue
         domain = m.domain if device == "cuda" else "cpu"
         domains.add(domain)
+        data = runpy.run_path(str(MUTANTS_DIR / f"{m.name}.py"))
         # A bug of a §6 path (its docstring's bug class) needs the §6 fields drawn to show, as the
         # self-test draws them on the CPU domain; every other target keeps to the device verifier's §2.
-        family = domain == "cpu" and "contract.md §6" in (_module_of(m.path).__doc__ or "")
-        aim = tuple(sorted((getattr(_module_of(m.path), "AIM", None) or {}).items())) if device == "cuda" else ()
-        out.append(Target(m.name, f"{m.kind} mutant", m.kernel, m.sizing, domain, m.bug, family=family, aim=aim,
+        family = domain == "cpu" and "contract.md §6" in (data.get("__doc__") or "")
+        aim = tuple(sorted((data.get("AIM") or {}).items())) if device == "cuda" else ()
+        kind = "sizing" if m.sizing and not m.patch else "kernel"
+        out.append(Target(m.name, f"{kind} mutant", f"mutant:{m.name}" if kind == "kernel" else REFERENCE,
+                          m.sizing or "safe", domain, m.doc, family=family, aim=aim,
                           reachable=device == "cuda" or m.domain != "gpu"))
     if wanted(REFERENCE):
         out[:0] = [Target(REFERENCE, REFERENCE, REFERENCE, "safe", domain, "the reference kernel, safe sizing")
@@ -332,9 +186,12 @@ def draw_runs(target: Target, count: int, seed: int, max_bytes: Optional[int], b
     unpinned but for ``pins``, graph and eager mode, both layouts), drawn by Hypothesis from ``seed`` alone, so both
     paths and every run see the same cases. A bucket that only one case of a run needs is moved to
     the end of the run: a long run then needs it first after its first staging chunk."""
-    from hypothesis import HealthCheck, Phase, given, settings, seed as hypothesis_seed, strategies as st
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
 
-    from kvfence.contracts.draft.strategies import batches as batch_strategy, configs
+    from kvfence.contracts.draft.strategies import batches as batch_strategy
+    from kvfence.contracts.draft.strategies import configs
 
     drawn: List[List[Case]] = []
 
@@ -374,9 +231,9 @@ class Paths:
     """The two sessions of one kernel: the oracle path and the device path."""
 
     def __init__(self, device: str, kernel: str):
-        from kvfence.contracts.draft.session import Session
-
         from weakref import WeakKeyDictionary
+
+        from kvfence.contracts.draft.session import Session
 
         self.device = device
         self.oracle = Session(device, kernel, verifier="oracle")  # the address audit as by default
@@ -572,8 +429,8 @@ def _dropping_wild_stores(target):
 def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, names: Optional[List[str]] = None,
         max_bytes: Optional[int] = None, progress: Optional[Callable[[Comparison, Row], None]] = None) -> Comparison:
     """Every target's cases through both paths; ``progress`` is called after each target."""
-    from kvfence.errors import require
     from kvfence.contracts.draft.targets import resolve_sizing
+    from kvfence.errors import require
 
     require(max_examples >= 1, f"max_examples must be positive, got {max_examples}")
     if device == "cuda" and max_bytes is None:
@@ -616,39 +473,3 @@ def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, nam
     return report
 
 
-def row_verdict(r: Row) -> str:
-    if r.disagree:
-        return f"DISAGREE in {r.disagree}"
-    if not r.target.reachable:
-        return "not reachable here (expected)"
-    if not r.exercised:
-        return "NOT EXERCISED (no dirty case)"
-    return "agree" if r.dirty else "agree (all clean)"
-
-
-def format_table(report: Comparison) -> str:
-    rows = [("target", "group", "domain", "cases", "dirty", "judged", "agree", "disagree", "counters seen",
-             "oracle kinds", "verdict")]
-    for r in report.rows:
-        rows.append((r.target.name, r.target.group, r.target.domain, str(r.cases), str(r.dirty), str(r.judged),
-                     str(r.agree), str(r.disagree), ",".join(r.counters_seen) or "-", ",".join(r.kinds) or "-",
-                     row_verdict(r)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    for r in report.rows:
-        d = r.first_disagreement
-        if d is not None:
-            lines.append(f"first disagreement of {r.target.name}: {'; '.join(d['problems'])}")
-            lines.append(f"  case: config {d['config']}, batch {d['batch']}, counters {d['counters']}")
-            lines.append("  oracle path: " + (" | ".join(d["oracle_findings"]) or "(none)"))
-            lines.append("  device path: " + (" | ".join(d["device_findings"]) or "(none)"))
-    unexercised = [r.target.name for r in report.rows if not r.exercised and r.target.reachable]
-    unreachable = [r.target.name for r in report.rows if not r.target.reachable]
-    verdict = "PASS" if report.passed else "FAIL"
-    lines.append(f"{verdict}: {report.agree}/{report.cases} cases agree, {report.disagree} disagree over "
-                 f"{len(report.rows) - len(unreachable)} targets ({report.max_examples} configs each, seed "
-                 f"{report.seed}, device {report.device})"
-                 + (f"; never dirty: {', '.join(unexercised)}" if unexercised else "")
-                 + (f"; not reachable here (expected): {', '.join(unreachable)}" if unreachable else ""))
-    return "\n".join(lines)

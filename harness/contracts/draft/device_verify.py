@@ -2,9 +2,9 @@
 
 Cases of one config go to the device as a batch: the host packs each case's batch into one staging row
 (``[token seed | seq_lens | pool rows | positions | sum(seq_lens)]``, all ``max_bs`` rows: live
-requests, the runner's padding, and padding values past the bucket) and all rows travel in one host-to-device copy. Then, per
-case, **one** CUDA graph (captured once per bucket) reads staging row ``cursor`` (a device scalar, so the
-same graph serves every row) and runs:
+requests, the runner's padding, and padding values past the bucket) and all rows travel in one host-to-device
+copy. Then, per case, **one** CUDA graph (captured once per bucket) reads staging row ``cursor`` (a device
+scalar, so the same graph serves every row) and runs:
 
 1. **prepare** (``kernels/verify/prepare.py``): unpack the row into the runner's static inputs and
    regenerate req_to_token from the case's token seed;
@@ -70,7 +70,8 @@ class DeviceVerifier:
         # Staging rows of a batch of cases, and the device cursor the graphs read them by.
         self.rows = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, device=self.device)
         self.rows_host = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, pin_memory=cuda)
-        self._rows_host_np = self.rows_host.numpy()  # rows are written here from Python lists (3x faster than torch.tensor)
+        # rows are written here from Python lists (3x faster than torch.tensor)
+        self._rows_host_np = self.rows_host.numpy()
         self.cursor = torch.zeros(1, dtype=torch.int64, device=self.device)
         #: A second stream for the verification passes that do not depend on each other (see ``_verify``).
         self.fork = torch.cuda.Stream(self.device) if cuda and PARALLEL_BRANCHES else None

@@ -119,7 +119,8 @@ class Domain:
     family_max_bytes: Optional[int] = None
 
     def __post_init__(self):
-        require(self.buckets in ("power-of-two", "capture-list"), f"domain {self.name}: unknown bucket rule {self.buckets!r}")
+        require(self.buckets in ("power-of-two", "capture-list"),
+                f"domain {self.name}: unknown bucket rule {self.buckets!r}")
         for field in ("max_topk", "max_steps", "max_ctx", "max_bs"):
             value = getattr(self, field)
             require(isinstance(value, int) and value >= 1, f"domain {self.name}: {field} must be >= 1, got {value!r}")
@@ -127,8 +128,10 @@ class Domain:
         share = self.family_share
         require(isinstance(share, (int, float)) and 0 < share <= 1 and (1 / share) == round(1 / share),
                 f"domain {self.name}: family_share must be 1/k for an integer k >= 1, got {share!r}")
-        require(self.family_max_bytes is None or (isinstance(self.family_max_bytes, int) and self.family_max_bytes >= 1),
-                f"domain {self.name}: family_max_bytes must be a positive number of bytes, got {self.family_max_bytes!r}")
+        require(self.family_max_bytes is None
+                or (isinstance(self.family_max_bytes, int) and self.family_max_bytes >= 1),
+                f"domain {self.name}: family_max_bytes must be a positive number of bytes, "
+                f"got {self.family_max_bytes!r}")
 
     def buckets_for(self, max_bs: int) -> Tuple[int, ...]:
         return capture_buckets(max_bs) if self.buckets == "capture-list" else power_of_two_buckets(max_bs)

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from kvfence.contracts.draft.case import SLOT_BITS
+from kvfence.contracts.draft.tokens import SLOT_BITS
 
 #: Fills the live region before a launch; every valid kv_indices / kv_indptr value is >= 0.
 POISON = -1

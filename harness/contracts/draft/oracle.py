@@ -176,7 +176,7 @@ def expected_writes_family(seq_lens: Sequence[int], req_pool_indices: Sequence[i
             sinks = min(sink_size, L)
             recent = L - (Lc - sinks)  # first recent position kept after the sinks
 
-            def token(p):
+            def token(p, row=row):
                 return read_token(row, p, entry_page_size=entry_page_size, v2p=v2p, page_size=page_size)
 
             for k in range(topk):

@@ -17,14 +17,15 @@ from typing import Dict, List, Optional
 
 import torch
 
-from kvfence.engine.audit import for_launch as audit_for_launch, resolve_audit
-from kvfence.engine.capture import collector_paused
-from kvfence.contracts.draft.case import (Batch, Case, Config, INT32_LIMIT, LaunchBatch, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK,
-                          _PERMUTE, launch_batch)
-from kvfence.engine.findings import Finding
 from kvfence.contracts.draft.budget import buffer_geometry
+from kvfence.contracts.draft.case import Batch, Case, Config, LaunchBatch, launch_batch
 from kvfence.contracts.draft.guarded import GuardedBuffer
 from kvfence.contracts.draft.targets import KernelTarget
+from kvfence.contracts.draft.tokens import INT32_LIMIT, PERMUTE, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK
+from kvfence.engine.audit import for_launch as audit_for_launch
+from kvfence.engine.audit import resolve_audit
+from kvfence.engine.capture import collector_paused
+from kvfence.engine.findings import Finding
 
 
 def _slot_ids(i: torch.Tensor, token_seed: int, bits: int) -> torch.Tensor:
@@ -37,12 +38,13 @@ def _slot_ids(i: torch.Tensor, token_seed: int, bits: int) -> torch.Tensor:
 
 
 def slot_table(token_seed: int, rows: int, cols: int, device, config: Optional[Config] = None) -> torch.Tensor:
-    """``req_to_token`` with entry ``i`` (flattened) equal to ``kvfence.contracts.draft.case.table_entry(config, token_seed, i)``
-    (``slot_id(token_seed, i)`` for a §2 config or none)."""
+    """``req_to_token`` with entry ``i`` (flattened) equal to
+    ``kvfence.contracts.draft.case.table_entry(config, token_seed, i)`` (``slot_id(token_seed, i)`` for a §2 config
+    or none)."""
     i = torch.arange(rows * cols, dtype=torch.int64, device=device)
     if config is not None and config.translate:
         n = rows * cols
-        return ((i * (_PERMUTE % n) + token_seed) % n).to(torch.int32).view(rows, cols)
+        return ((i * (PERMUTE % n) + token_seed) % n).to(torch.int32).view(rows, cols)
     bits = config.entry_bits if config is not None else SLOT_BITS
     return _slot_ids(i, token_seed, bits).to(torch.int32).view(rows, cols)
 
@@ -53,7 +55,7 @@ def v2p_tensor(config: Config, seed: int, device) -> torch.Tensor:
     page = torch.arange(pages, dtype=torch.int64, device=device)
     if seed == 0:
         return page.to(torch.int32)
-    perm = (page * (_PERMUTE % pages) + seed) % pages
+    perm = (page * (PERMUTE % pages) + seed) % pages
     h = _slot_ids(page, seed, SLOT_BITS)
     cls = h % 8
     out = perm.clone()

@@ -10,19 +10,19 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from typing import List, Optional
-
 from weakref import WeakKeyDictionary
 
-from kvfence.engine.audit import resolve_audit
+from kvfence.contract import Launch
 from kvfence.contracts.draft.budget import estimate_bytes
 from kvfence.contracts.draft.case import Case, Config
 from kvfence.contracts.draft.device_verify import COUNTERS, DeviceVerifier
-from kvfence.errors import require
 from kvfence.contracts.draft.fastcheck import expected_writes_torch
-from kvfence.engine.findings import Finding, Kind
 from kvfence.contracts.draft.runner import GraphRunner, Observation, make_runner
 from kvfence.contracts.draft.targets import KernelTarget, resolve_kernel
 from kvfence.contracts.draft.verdict import check
+from kvfence.engine.audit import resolve_audit
+from kvfence.engine.findings import Finding, Kind
+from kvfence.errors import require
 
 
 def next_pow2(x: int) -> int:
@@ -37,9 +37,10 @@ RUNNER_CACHE = 16
 class Session:
     def __init__(self, device: str, kernel: str = "reference", *, poison: bool = True,
                  verifier: str = "auto", audit: Optional[bool] = None, absorb: bool = True,
-                 max_bytes: Optional[int] = None):
+                 max_bytes: Optional[int] = None, stats: Optional[dict] = None):
         self.device = device
-        #: Device memory the cached runners may hold together (kvfence.contracts.draft.budget estimates); None: no bound.
+        #: Device memory the cached runners may hold together (kvfence.contracts.draft.budget estimates);
+        #: None: no bound.
         self.max_bytes = max_bytes
         # Interpreter address audit (kvfence.engine.audit): None = on for cpu, off for cuda; True on cuda is BadInput.
         self.audit = resolve_audit(audit, device)
@@ -61,8 +62,12 @@ class Session:
         #: host_verified: cases the device verifier would have judged but whose config is §6's (a window,
         #: page-granular rows, translation or the rail, docs/contract.md §6): it checks §2 only, so they go
         #: through the full verdict on the host instead, and are counted, never silently.
-        self.stats = {"fast_clean": 0, "full": 0, "launches": 0, "runners": 0, "runner_s": 0.0, "captures": 0,
-                      "compile_s": 0.0, "capture_s": 0.0, "compiles": 0, "batches": 0, "host_verified_cases": 0}
+        counters = {"fast_clean": 0, "full": 0, "launches": 0, "runners": 0, "runner_s": 0.0, "captures": 0,
+                    "compile_s": 0.0, "capture_s": 0.0, "compiles": 0, "batches": 0, "host_verified_cases": 0}
+        #: ``stats``: another session's counters to add to (a checker holding a session per kernel).
+        self.stats = counters if stats is None else stats
+        for key, value in counters.items():
+            self.stats.setdefault(key, value)
         self._variants = set()
         self._runners: "OrderedDict[tuple, object]" = OrderedDict()
         self._runner_bytes: dict = {}
@@ -105,7 +110,8 @@ class Session:
         if self.device != "cuda":
             return
         for m in set(buckets):  # a batch repeats a handful of buckets: the variant once per bucket
-            # The classic launcher's constexprs (kvfence.contracts.draft.targets / kvfence.kernels.draft.draft_kv_indices.launch).
+            # The classic launcher's constexprs
+            # (kvfence.contracts.draft.targets / kvfence.kernels.draft.draft_kv_indices.launch).
             variant = (c.page_size, next_pow2(m), next_pow2(c.num_steps), next_pow2(m * c.topk), c.mode)
             if variant not in self._variants:
                 self._variants.add(variant)
@@ -133,6 +139,7 @@ class Session:
         """Verdicts of ``cases``, in order. Cases of one config that the device verifier can judge go
         in one round trip (``DeviceVerifier.total_counters``); if that batch is not all clean, each of
         its cases is checked again on its own, so a finding is always one case's."""
+        cases = [runtime_case(c) for c in cases]
         out: List[Optional[List[Finding]]] = [None] * len(cases)
         # Grouped by the config object first (the cases of one example share it): hashing a config
         # per case would cost more than checking the case on the device.
@@ -164,6 +171,7 @@ class Session:
         return out
 
     def check(self, case: Case) -> List[Finding]:
+        case = runtime_case(case)
         runner = self.runner(case.config, case.canary_seed)
         self._count_launch(case)
         counters = None
@@ -192,3 +200,10 @@ class Session:
                                     detail=f"device verifier counted {dict(zip(COUNTERS, counters))} but a re-run "
                                            "was clean: a nondeterministic (racy) kernel?"))
         return findings
+
+
+def runtime_case(case) -> Case:
+    """The runner's case of an engine launch (a runner's own case as it is)."""
+    if isinstance(case, Launch):
+        return case.case.runtime(case.sizing, case.mode, case.layout, case.kernel)
+    return case

@@ -65,8 +65,8 @@ def window_no_topk(n: int, topk: int, ctx: int, num_steps: int, *, window_size: 
 
 
 #: The builtin policies by name; the CLI, the strategies and the case files all refer to these names.
-#: Any policy may take ``window_size`` / ``sink_size`` keywords (kvfence.contracts.draft.targets.resolve_sizing passes them
-#: only to policies that declare them); the ``window-*`` ones need a window.
+#: Any policy may take ``window_size`` / ``sink_size`` keywords (kvfence.contracts.draft.targets.resolve_sizing
+#: passes them only to policies that declare them); the ``window-*`` ones need a window.
 POLICIES = {"eager": eager, "fixed": fixed, "prefix": prefix, "safe": safe, "window-fixed": window_fixed,
             "window-no-topk": window_no_topk}
 #: Policies that size the window rail from ``w``: a config using one must have a window.

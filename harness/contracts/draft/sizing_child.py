@@ -13,7 +13,8 @@ import signal
 import sys
 from typing import Optional
 
-from kvfence.contracts.draft.targets import IN_PROCESS_ENV, resolve_sizing
+from kvfence.contracts.draft.targets import resolve_sizing
+from kvfence.engine.worker import IN_WORKER_ENV
 from kvfence.errors import BadInput
 
 
@@ -34,7 +35,7 @@ def _die_with(parent: Optional[int]) -> None:
 
 def main(argv=None) -> None:
     """The child: resolve the plug-in here, then answer one JSON line per call on the saved stdout."""
-    os.environ[IN_PROCESS_ENV] = "1"
+    os.environ[IN_WORKER_ENV] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the run's to handle; stdin's end ends this
     args = argv if argv is not None else sys.argv[1:]
     spec = args[0]

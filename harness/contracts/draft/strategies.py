@@ -15,119 +15,52 @@ The batch draw code (``draw_batch`` and what it calls) takes any ``draw``: Hypot
 that gives the same value. ``case_runs(bulk=N)`` uses the second for the bulk of an example's batches
 (new structures at a fraction of a Hypothesis draw's cost, Hypothesis still choosing the config), and
 the recorded choices splice any bulk case back into a Hypothesis example (``CaseRun.splice``), which is
-how a failure found in the bulk is shrunk. Every strategy the batch code draws is built by a
-``_fast_*`` helper, which registers how ``FastDraw`` draws it.
+how a failure found in the bulk is shrunk. The batch draws live in ``kvfence.contracts.draft.batch_draws``, the
+fast source in ``kvfence.contracts.draft.fastdraw``; this module is their public face.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import math
 import random
 import time
 from typing import Optional, Union
 
 from hypothesis import strategies as st
 
-from kvfence.contracts.draft.case import Batch, Case, Config, LAYOUTS, MODES, SLOT_BITS
+from kvfence.contracts.draft.batch_draws import SEQ_LEN_LIMITS, batches, cached_batches, draw_batch, seq_len_bound
+from kvfence.contracts.draft.case import LAYOUTS, MODES, Batch, Case, Config
+from kvfence.contracts.draft.domain import (
+    COMMON_SHARE,
+    COMMON_STEPS,
+    COMMON_TOPK,
+    COPY_BLOCKS,
+    CPU,
+    FAMILY_MAX_BATCHES,
+    LANE_WIDTHS,
+    LARGEST_PAGE_SHARE,
+    PAGE1_SHARE,
+    Domain,
+    domain_named,
+)
+from kvfence.contracts.draft.fastdraw import (
+    BOOLEANS,
+    TIERS,
+    FastDraw,
+    integers,
+    sampled,
+    sized,
+)
+from kvfence.contracts.draft.tokens import SLOT_BITS
 from kvfence.errors import require
-from kvfence.contracts.draft.domain import (COMMON_SHARE, COMMON_STEPS, COMMON_TOPK, COPY_BLOCKS, CPU, Domain, FAMILY_MAX_BATCHES,
-                                  LANE_WIDTHS, LARGEST_PAGE_SHARE, PAGE1_SHARE, domain_named)
+
+__all__ = ["batches", "case_runs", "cases", "configs", "seq_len_bound"]
 
 PAGE_SIZES = CPU.page_sizes
-SEQ_LEN_LIMITS = ("ctx", "ctx-steps")
 #: The CPU domain's bounds (interpreter-sized: a launch is num_steps*bucket*topk programs of ~2 ms each).
 DEFAULT_MAX_CTX = CPU.max_ctx
 DEFAULT_MAX_BS = CPU.max_bs
-
-# -- the fast source: the batch code's draws from a seeded PRNG -----------------------------------------
-#: The attribute under which a strategy the batch code draws carries how ``FastDraw`` draws it: the
-#: registry lives on the strategy objects themselves, so it lasts exactly as long as they do.
-FAST_SPEC = "_kvfence_fast_spec"
-_INT, _SAMPLED, _BOOL, _JUST = range(4)
-
-
-class UnregisteredStrategy(LookupError):
-    """``FastDraw`` met a strategy no ``_fast_*`` helper registered: the batch code drew something new."""
-
-
-def _fast_integers(strategy, lo: int, hi: int):
-    """Register ``strategy`` (``st.integers(lo, hi)``) for ``FastDraw``: uniform, recorded as the int."""
-    setattr(strategy, FAST_SPEC, (_INT, lo, hi - lo + 1, None))
-    return strategy
-
-
-def _fast_sampled(strategy, values: tuple):
-    """Register ``strategy`` (``st.sampled_from(values)``): recorded as the index, as Hypothesis does;
-    one value is Hypothesis's ``just`` (no choice at all)."""
-    setattr(strategy, FAST_SPEC, (_SAMPLED, 0, len(values), values) if len(values) > 1 else (_JUST, 0, 1, values))
-    return strategy
-
-
-def _fast_booleans(strategy):
-    setattr(strategy, FAST_SPEC, (_BOOL, 0, 2, None))
-    return strategy
-
-
-class FastDraw:
-    """A ``draw`` for the batch code (``draw_batch``) that takes its choices from ``rng`` instead of
-    Hypothesis: uniform over each registered strategy's choices (the code's tiers and codes carry the
-    edge bias, so the distributions are the strategies' own), at a fraction of a Hypothesis draw's cost.
-
-    Every draw is recorded in ``choices`` as the Hypothesis choice that gives the same value (the int of
-    ``st.integers``, the index of ``st.sampled_from``, the bool of ``st.booleans``; nothing for a
-    one-value ``sampled_from``): feeding them to Hypothesis replays the same batch, which is how a
-    failure found here is shrunk (``kvfence.engine.loop``). A strategy no ``_fast_*`` registered
-    raises ``UnregisteredStrategy``.
-    """
-
-    __slots__ = ("_random", "choices")
-
-    def __init__(self, rng: random.Random):
-        self._random = rng.random
-        self.choices: list = []
-
-    def __call__(self, strategy):
-        spec = getattr(strategy, FAST_SPEC, None)
-        if spec is None:
-            raise UnregisteredStrategy(f"FastDraw cannot draw {strategy!r}: the batch code's strategies are "
-                                       f"built by the _fast_* helpers of kvfence.contracts.draft.strategies")
-        kind, lo, n, values = spec
-        i = int(self._random() * n)
-        if kind == _INT:
-            self.choices.append(lo + i)
-            return lo + i
-        if kind == _SAMPLED:
-            self.choices.append(i)
-            return values[i]
-        if kind == _BOOL:
-            self.choices.append(i == 1)
-            return i == 1
-        return values[0]
-
-
-BOOLEANS = _fast_booleans(st.booleans())
-TOKEN_SEEDS = _fast_integers(st.integers(0, 2**30 - 1), 0, 2**30 - 1)
-V2P_SEEDS = _fast_integers(st.integers(1, 2**30 - 1), 1, 2**30 - 1)
-#: Tier of a size draw: 0-1 small (half the mass, and the shrink target), 2 an edge, 3 log-uniform.
-TIERS = _fast_integers(st.integers(0, 3), 0, 3)
-#: Length pattern of a batch: 0 one shared length (shrink target), 1 one length per request, 2 a palette,
-#: 3-4 every request at the context wall (``AT_THE_WALL``; two codes of five, see ``_draw_lengths``).
-LENGTH_MODES = _fast_integers(st.integers(0, 4), 0, 4)
-AT_THE_WALL = 3
-
-
-@functools.lru_cache(maxsize=1024)
-def _integers(lo: int, hi: int):
-    return _fast_integers(st.integers(lo, hi), lo, hi)
-
-
-@functools.lru_cache(maxsize=1024)
-def _sampled(values: tuple):
-    return _fast_sampled(st.sampled_from(values), values)
-
 
 def _positive(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -148,31 +81,6 @@ def _domain(domain: Union[str, Domain]) -> Domain:
     return domain_named(domain)
 
 
-def sized(draw, lo: int, hi: int, edges=(), small: int = 8, small_from: Optional[int] = None) -> int:
-    """An integer in ``[lo, hi]``: half the time a small one (``small_from .. small_from+small-1``,
-    ``small_from`` defaulting to ``lo``), a quarter an edge from ``edges``, a quarter log-uniform (a
-    power-of-two range, then a value in it). Shrinks toward ``small_from`` (``lo`` when it is None)."""
-    if hi <= lo:
-        return lo
-    tier = draw(TIERS)
-    if tier <= 1:
-        first = min(hi, max(lo, small_from if small_from is not None else lo))
-        return draw(_integers(first, min(hi, first + small - 1)))
-    if tier == 2:
-        inside = _edges_inside(edges, lo, hi) if isinstance(edges, tuple) else _inside(edges, lo, hi)
-        if inside:
-            return draw(_sampled(inside))
-    top = hi.bit_length() - 1
-    e = draw(_integers(max(0, lo.bit_length() - 1), top))
-    return draw(_integers(max(lo, 1 << e), min(hi, (2 << e) - 1)))
-
-
-def _inside(edges, lo: int, hi: int) -> tuple:
-    return tuple(sorted({e for e in edges if lo <= e <= hi}))
-
-
-#: ``_inside`` for the edges a batch draws with (a tuple, per config and bound): once, not per length.
-_edges_inside = functools.lru_cache(maxsize=1024)(_inside)
 
 
 # -- configs --------------------------------------------------------------------------------------------
@@ -293,16 +201,16 @@ def _page_size(draw, dom: Domain) -> int:
         return 1 if 1 in dom.page_sizes else dom.page_sizes[0]
     if dom.name != "cpu" and code < _PAGE1_CODES + _LARGEST_CODES:
         return dom.page_sizes[-1]
-    return draw(_sampled(tuple(p for p in dom.page_sizes if p != 1)))
+    return draw(sampled(tuple(p for p in dom.page_sizes if p != 1)))
 
 
 def _weighted(draw, common: tuple, hi: int) -> int:
     """An integer in ``1..hi``: ``COMMON_SHARE`` of the time one of ``common`` (those up to ``hi``),
     otherwise uniform, so rare large values stay reachable. Shrinks toward ``common[0]`` (1)."""
     inside = tuple(v for v in common if v <= hi)
-    if inside and draw(_integers(0, round(1 / COMMON_SHARE) - 1)) == 0:
-        return draw(_sampled(inside))
-    return draw(_integers(1, hi))
+    if inside and draw(integers(0, round(1 / COMMON_SHARE) - 1)) == 0:
+        return draw(sampled(inside))
+    return draw(integers(1, hi))
 
 
 def _bs_edges(dom: Domain):
@@ -320,7 +228,7 @@ def _family_example(draw, share: float) -> bool:
     if share >= 1 or share <= 0:
         return share >= 1
     codes = round(1 / share)
-    return draw(_integers(0, codes - 1)) == codes - 1
+    return draw(integers(0, codes - 1)) == codes - 1
 
 
 def family_batches(config: Config, max_batches: int) -> int:
@@ -332,9 +240,9 @@ def family_batches(config: Config, max_batches: int) -> int:
 #: Odds that a §6 path (sinks beside a window, translation) is on in a §6 config where §6 examples are only a
 #: share of the domain's (``Domain.family_share`` < 1: the GPU domain); half where every example is §6's. On the
 #: H200 the translation and sink mutants were the slowest kills at one in two
-#: (``h200_kill_time_path_on_half.json``); ``benchmarks/prior_reach.py --examples-to-trigger --gpu-path-on 0.5`` draws as ``fuzz --device
-#: cuda`` draws (no kernel) and counts the examples to each trigger at these odds beside one in two
-#: (BENCHMARKS.md). A fraction ``1 - 1/k``: one draw of ``k`` codes, code 0 (off) the shrink target.
+#: (``h200_kill_time_path_on_half.json``); ``benchmarks/prior_reach.py --examples-to-trigger --gpu-path-on 0.5``
+#: draws as ``fuzz --device cuda`` draws (no kernel) and counts the examples to each trigger at these odds beside
+#: one in two (BENCHMARKS.md). A fraction ``1 - 1/k``: one draw of ``k`` codes, code 0 (off) the shrink target.
 RARE_PATH_ON = 3 / 4
 
 
@@ -343,7 +251,7 @@ def _path_on(draw, rare: bool) -> bool:
     if not rare:
         return draw(BOOLEANS)
     codes = round(1 / (1 - RARE_PATH_ON))
-    return draw(_integers(0, codes - 1)) > 0
+    return draw(integers(0, codes - 1)) > 0
 
 
 def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, rail: bool,
@@ -371,14 +279,14 @@ def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, r
     else:
         # Half the windows within the draft chain (w <= num_steps + 1: the rail's window then starts past
         # the prefix at the last steps), half anywhere up to past the longest request.
-        w = draw(_integers(1, n + 1)) if draw(BOOLEANS) else draw(_integers(1, c + n + 1))
+        w = draw(integers(1, n + 1)) if draw(BOOLEANS) else draw(integers(1, c + n + 1))
     if "sink_size" in pinned:
         sink = pinned["sink_size"]
     else:
         # Short sinks (1-4, a request then outruns window and sinks) or any up to past the longest request.
-        sink = ((draw(_integers(1, min(4, c + 1))) if draw(BOOLEANS) else draw(_integers(1, c + 1)))
+        sink = ((draw(integers(1, min(4, c + 1))) if draw(BOOLEANS) else draw(integers(1, c + 1)))
                 if family and w and not rail and _path_on(draw, rare) else 0)
-    e = pinned.get("entry_page_size") or (draw(_sampled(ENTRY_PAGE_SIZES)) if family else 1)
+    e = pinned.get("entry_page_size") or (draw(sampled(ENTRY_PAGE_SIZES)) if family else 1)
     translate = pinned["translate"] if "translate" in pinned else (_path_on(draw, rare) if family else False)
     return dict(window_size=w, sink_size=sink, entry_page_size=e, translate=translate)
 
@@ -395,7 +303,7 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
     if "ctx" in pinned:
         c = pinned["ctx"]
     elif dom.name == "cpu":
-        c = draw(_integers(lo, max(lo, dom.max_ctx)))
+        c = draw(integers(lo, max(lo, dom.max_ctx)))
     else:
         # A small context still spans a page and more: a page-size bug needs requests that fill and
         # cross pages (edges and log-uniform draws still reach contexts below one page).
@@ -409,7 +317,7 @@ def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[i
         # shrinks on its own, and a failure that needs more than one lets the shrinker trade the tier's
         # value for the count's (a lower tier, a higher count), so "the largest" shrinks to "just enough".
         full = draw(TIERS) == 3
-        m = draw(_integers(1, dom.max_bs))
+        m = draw(integers(1, dom.max_bs))
         m = dom.max_bs if full else m
     else:
         m = sized(draw, 1, dom.max_bs, _bs_edges(dom))
@@ -467,168 +375,13 @@ def _fit_bounded(config: Config, bounds: tuple, free: list) -> Config:
     return config
 
 
-# -- batches --------------------------------------------------------------------------------------------
-def seq_len_bound(config: Config, seq_len_limit: str) -> int:
-    """Largest request length a batch may hold: ``ctx``, or ``ctx - num_steps`` to keep draft headroom."""
-    require(seq_len_limit in SEQ_LEN_LIMITS, f"seq_len_limit={seq_len_limit!r}: choose {', '.join(SEQ_LEN_LIMITS)}")
-    if seq_len_limit == "ctx":
-        return config.ctx
-    bound = config.ctx - config.num_steps
-    require(bound >= 1, f"seq_len_limit='ctx-steps' needs ctx > num_steps, got ctx={config.ctx}, num_steps={config.num_steps}")
-    return bound
-
-
-def edge_lengths(config: Config, bound: int):
-    """Lengths where bugs live: 1, the first page boundaries +-1 and minus ``num_steps`` (drafts that
-    just fill a page), copy blocks (128, 512, 1024) +-1, ``ctx - num_steps`` +-1, and the bound itself."""
-    edges = {1, 2, bound, bound - 1, config.ctx - config.num_steps - 1, config.ctx - config.num_steps,
-             config.ctx - config.num_steps + 1}
-    p = config.page_size
-    for page in {p, 2 * p, 3 * p, (bound // p) * p}:
-        # page - num_steps: the drafts fill the page exactly; one more and they spill into the next.
-        edges.update({page - config.num_steps, page - 1, page, page + 1})
-    for block in COPY_BLOCKS + (1024,):
-        edges.update({block - 1, block, block + 1})
-    return sorted(x for x in edges if 1 <= x <= bound)
-
-
-@functools.lru_cache(maxsize=256)
-def _length_codes(config: Config, bound: int):
-    # One draw per length (draws dominate generation cost): codes [0, bound) pick an edge length,
-    # codes [bound, 2*bound) a uniform one, so edges get half the mass. Code 0 is edge 1, the
-    # shrink target; edges are sorted, so a failing edge shrinks to the smallest failing edge.
-    return _fast_integers(st.integers(0, 2 * bound - 1), 0, 2 * bound - 1), _edge_tuple(config, bound)
-
-
-def _small_domain_length(draw, codes, edges: tuple, bound: int) -> int:
-    code = draw(codes)
-    return edges[code % len(edges)] if code < bound else code - bound + 1
-
-
-def _large_domain_length(draw, edges: tuple, bound: int) -> int:
-    return sized(draw, 1, bound, edges, small=16)
-
-
-@functools.lru_cache(maxsize=256)
-def _edge_tuple(config: Config, bound: int) -> tuple:
-    return tuple(edge_lengths(config, bound))
-
-
-#: Bounds up to this draw lengths with one code (uniform is cheap and covers everything); above it,
-#: ``sized`` (small / edge / log-uniform), so a 131072-token context is not mostly giant requests.
-SMALL_BOUND = 256
-
-
-def _draw_lengths(draw, config: Config, bound: int, count: int):
-    """``count`` lengths: one shared length, one per request (up to 16 requests), a palette of 2-4
-    lengths cycled over the batch (many distinct lengths in a large batch for a handful of draws), or
-    every request at the context wall: one shared length in the last ``num_steps`` tokens below
-    ``bound``, where a row sized without draft headroom overflows once the batch is full. The wall gets
-    two codes of five because a bug there needs three draws to line up (no window, a full batch, the
-    wall): the CPU self-test's 60 examples reach sizing_no_draft_headroom's trigger in 298 of 300 seeds
-    (``python benchmarks/prior_reach.py --seeds 300``), in 35 of 40 without this mode."""
-    # What a length draw needs is looked up once per batch, not once per length (the bulk's cost).
-    if bound <= SMALL_BOUND:
-        codes, edges = _length_codes(config, bound)
-        one = functools.partial(_small_domain_length, draw, codes, edges, bound)
-    else:
-        one = functools.partial(_large_domain_length, draw, _edge_tuple(config, bound), bound)
-    mode = draw(LENGTH_MODES)
-    if mode >= AT_THE_WALL:
-        return [bound - draw(_integers(0, min(config.num_steps, bound) - 1))] * count
-    if mode == 0 or count == 1:
-        return [one()] * count
-    if mode == 1 and count <= 16:
-        return [one() for _ in range(count)]
-    palette = [one() for _ in range(draw(_integers(2, min(4, count))))]
-    return [palette[i % len(palette)] for i in range(count)]
-
-
-@st.composite
-def seq_lens(draw, config: Config, count: int, seq_len_limit: str = "ctx"):
-    """``count`` request lengths in ``[1, bound]`` (see ``_draw_lengths``). Shrinks toward all-ones."""
-    return _draw_lengths(draw, config, seq_len_bound(config, seq_len_limit), count)
-
-
-@functools.lru_cache(maxsize=64)
-def _multipliers(pool_rows: int):
-    # Affine permutations i -> (a*i + c) mod pool_rows need gcd(a, pool_rows) == 1; a = 1 comes first,
-    # so rows shrink toward 0, 1, 2, ...
-    units = tuple(a for a in range(1, pool_rows + 1) if math.gcd(a, pool_rows) == 1)
-    return _fast_sampled(st.sampled_from(units), units)
-
-
-def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
-    """Requests in a batch. Small configs: a full batch a quarter of the time (bugs in sums over
-    requests need several of them), else uniform. Large ones: half small; else a full capture bucket
-    or a uniform count; else a count the runner must pad (one past a bucket, or just past a lane width:
-    with SGLang's capture list every count up to 8 is a bucket, so padding lives in the gaps above).
-    Shrinks toward ``min_requests``."""
-    lo, hi = min_requests, config.max_bs
-    if hi - lo < 8:
-        # The tier first, then a count drawn whatever the tier (a tier deciding whether a draw happens at
-        # all shrinks badly): shrinking the tier to 0 leaves a count that shrinks on its own, and a
-        # failure that needs two requests shrinks from a full batch to two, the shrinker lowering the tier
-        # and raising the count together (the count drawn first would have shrunk to 1 under a full tier).
-        full = draw(TIERS) >= 2
-        count = draw(_integers(lo, hi))
-        return hi if full else count
-    tier = draw(TIERS)
-    if tier <= 1:
-        return draw(_integers(lo, lo + 3))
-    buckets = set(config.buckets)
-    if tier == 2:
-        full = tuple(sorted(b for b in buckets if lo <= b <= hi))
-        return draw(_sampled(full)) if full and draw(BOOLEANS) else draw(_integers(lo, hi))
-    padded = {b + 1 for b in buckets} | {w + 1 for w in LANE_WIDTHS}
-    padded = tuple(sorted(x for x in padded if lo <= x <= hi and x not in buckets))
-    return draw(_sampled(padded)) if padded else draw(_integers(lo, hi))
-
-
-def batches(config: Config, seq_len_limit: str = "ctx", min_requests: int = 1):
-    """A ``Batch`` for ``config``: 1..max_bs requests (graph mode pads to a bucket), lengths as in
-    ``seq_lens``, distinct pool rows in a permuted order, and a token-table seed.
-
-    Pool rows come from an affine permutation ``(a*i + c) mod pool_rows`` (rotated, strided, reversed
-    orders): two draws instead of one per request, which keeps generation cheap enough for the GPU's
-    thousands of cases a second while still catching any mix-up of requests and their rows.
-    """
-    require(isinstance(config, Config), f"batches(config={config!r}) needs a Config")
-    seq_len_bound(config, seq_len_limit)
-    require(isinstance(min_requests, int) and 1 <= min_requests <= config.max_bs,
-            f"batches(min_requests={min_requests}) must be in 1..max_bs")
-    return _batches(config, seq_len_limit, min_requests)
-
-
-@functools.lru_cache(maxsize=256)
-def _batches(config: Config, seq_len_limit: str, min_requests: int):
-    # Cached per (config, limit): Hypothesis validates a strategy object once, on its first draw.
-    return _draw_batch(config, seq_len_bound(config, seq_len_limit), min_requests)
-
-
-def draw_batch(draw, config: Config, bound: int, min_requests: int) -> Batch:
-    """One batch for ``config`` with lengths up to ``bound``, from ``draw``: Hypothesis's (``batches``)
-    or a ``FastDraw`` (the bulk of ``case_runs``), one code path for both."""
-    raw_bs = _raw_batch_size(draw, config, min_requests)
-    lens = _draw_lengths(draw, config, bound, raw_bs)
-    rows_total = config.pool_rows
-    a, c = draw(_multipliers(rows_total)), draw(_integers(0, rows_total - 1))
-    rows = [(a * i + c) % rows_total for i in range(raw_bs)]
-    token_seed = draw(TOKEN_SEEDS)
-    # TRANSLATE: the page table's seed: a drawn table (negative, sink and far pages) 3 times in 4, the
-    # identity (0) otherwise and as the shrink target.
-    v2p_seed = draw(V2P_SEEDS) if config.translate and draw(TIERS) > 0 else 0
-    return Batch(tuple(lens), tuple(rows), token_seed, v2p_seed)
-
-
-_draw_batch = st.composite(draw_batch)
-
-
 # -- cases ----------------------------------------------------------------------------------------------
 def _check_case_args(kernel: str, seq_len_limit: str, canary_seed: int, where: str) -> None:
-    require(seq_len_limit in SEQ_LEN_LIMITS, f"{where}(seq_len_limit={seq_len_limit!r}): choose {', '.join(SEQ_LEN_LIMITS)}")
+    require(seq_len_limit in SEQ_LEN_LIMITS,
+            f"{where}(seq_len_limit={seq_len_limit!r}): choose {', '.join(SEQ_LEN_LIMITS)}")
     require(isinstance(kernel, str) and kernel, f"{where}(kernel={kernel!r}) must name a kernel")
-    require(isinstance(canary_seed, int) and 0 <= canary_seed < 2**31, f"{where}(canary_seed={canary_seed!r}) out of range")
+    require(isinstance(canary_seed, int) and 0 <= canary_seed < 2**31,
+            f"{where}(canary_seed={canary_seed!r}) out of range")
 
 
 def cases(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str = "ctx", canary_seed: int = 0):
@@ -640,7 +393,7 @@ def cases(config_strategy=None, *, kernel: str = "reference", seq_len_limit: str
 @st.composite
 def _cases(draw, config_strategy, kernel: str, seq_len_limit: str, canary_seed: int):
     config = draw(config_strategy)
-    batch = draw(_batches(config, seq_len_limit, 1))
+    batch = draw(cached_batches(config, seq_len_limit, 1))
     return Case(config, batch, kernel, canary_seed)
 
 
@@ -746,8 +499,8 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
         bulk = 0  # before the gate opens: exactly bulk=0's draws
     config = draw(config_strategy)
     prefix = _choices_so_far() if bulk else None
-    count = draw(_integers(1, family_batches(config, max_batches)))
-    batch = _batches(config, seq_len_limit, 1)
+    count = draw(integers(1, family_batches(config, max_batches)))
+    batch = cached_batches(config, seq_len_limit, 1)
     drawn = [draw(batch) for _ in range(count)]
     key = None
     if count == 1:
@@ -759,8 +512,8 @@ def _case_runs(draw, config_strategy, kernel: str, seq_len_limit: str, canary_se
         # batches of one example differ from each other, and replaying an example (shrinking) gives the same
         # cases. Lengths and pool rows stay exactly as drawn, so structure still shrinks as usual.
         key = _example_key(config, drawn)
-        cases = [Case(config, Batch(b.seq_lens, b.req_pool_indices, (b.token_seed + key + i * 0x9E3779B1) % 2**SLOT_BITS,
-                                    b.v2p_seed),
+        cases = [Case(config, Batch(b.seq_lens, b.req_pool_indices,
+                                    (b.token_seed + key + i * 0x9E3779B1) % 2**SLOT_BITS, b.v2p_seed),
                       kernel, canary_seed) for i, b in enumerate(drawn)]
     if not bulk:
         return cases

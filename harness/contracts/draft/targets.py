@@ -10,9 +10,6 @@ A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything els
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import operator
@@ -26,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
 from kvfence.device import ensure
+from kvfence.engine.worker import IN_WORKER_ENV
 from kvfence.errors import BadInput, require
 
 #: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
@@ -110,7 +108,8 @@ def family_constexprs(kw: dict) -> Tuple[str, dict]:
 
 def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
     """A ``LAUNCH_KWARGS`` (+ ``FAMILY_KWARGS``) launcher over a draft kernel and/or a rail kernel, both of
-    the classic 13-argument head (``kvfence.kernels.draft.draft_kv_indices.launch`` / ``kvfence.kernels.draft.window_kv_indices.launch``)."""
+    the classic 13-argument head (``kvfence.kernels.draft.draft_kv_indices.launch`` /
+    ``kvfence.kernels.draft.window_kv_indices.launch``)."""
     from kvfence.kernels.draft import draft_kv_indices, window_kv_indices
 
     def launch_kernel(**kw):
@@ -126,99 +125,49 @@ def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
     return launch_kernel
 
 
-_SCRATCH: list = []
+def mutant_spec(spec: str) -> str:
+    """``mutant:NAME``: the ``file.py:attr`` spec of the planted bug's kernel (``kvfence.contracts.draft.record``:
+    the draft kernel's or the rail's reference file with the mutant's patch applied, written to a scratch folder);
+    ``BadInput`` for an unknown name or a sizing mutant."""
+    from kvfence.contracts.draft.record import DRAFT, WINDOW_RAIL
+    from kvfence.engine.kernels import module_file, patched_kernel, reference_spec
 
-
-def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:
-    """A planted bug's kernel file: ``patch`` (``(reference text, mutated text)`` pairs, each matching exactly
-    once) applied to ``reference``'s source, written as ``file_name`` in a per-process scratch folder (several
-    pytest-xdist workers never share a file); loaded like any plug-in kernel file."""
-    require(isinstance(patch, (list, tuple)) and patch and all(
-        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in patch),
-        f"mutant {name}: PATCH must be a non-empty list of (reference text, mutated text) pairs")
-    source = reference.read_text()
-    for old, new in patch:
-        found = source.count(old)
-        require(found == 1, f"mutant {name}: {old.strip()!r} matches {found} places in kernels/{reference.name} "
-                            "(a patch must match exactly once)")
-        require(old != new, f"mutant {name}: a patch pair leaves {old.strip()!r} unchanged")
-        source = source.replace(old, new)
-    if not _SCRATCH:
-        import tempfile
-
-        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="kvfence-mutants-")))
-    path = _SCRATCH[0] / file_name
-    path.write_text(f"# kvfence mutant {name!r}: kernels/{reference.name} with its planted PATCH.\n" + source)
-    return path
-
-
-def _load_file(path: Path):
-    """Import a plug-in file once per process (kernel and sizing specs may name the same file)."""
-    resolved = path.resolve()
-    name = "kvfence_plugin_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:16]
-    module = sys.modules.get(name)
-    if module is not None and getattr(module, "__file__", None) == str(resolved):
-        return module
-    module_spec = importlib.util.spec_from_file_location(name, resolved)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # triton.jit needs the module to be importable by name
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _import_module(name: str):
-    """Import ``name`` as ``python -m`` would from the current folder: the folder is on the import path
-    (appended, so an installed package of the same name still wins), in every process that resolves
-    a spec (the parent and its checking worker)."""
-    here = os.getcwd()
-    if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
-        sys.path.append(here)
-        importlib.invalidate_caches()
-    return importlib.import_module(name)
+    name = spec.split(":", 1)[1]
+    for record in (DRAFT, WINDOW_RAIL):
+        mutant = next((m for m in record.mutants if m.name == name), None)
+        if mutant is None:
+            continue
+        require(bool(mutant.patch), f"mutant {name} is a sizing mutant: run the reference kernel with --sizing "
+                                    f"{mutant.sizing}")
+        path = patched_kernel(name, [list(p) for p in mutant.patch], module_file(reference_spec(record)),
+                              f"{name}.py")
+        return f"{path}:{reference_spec(record).rpartition(':')[2]}"
+    known = [m.name for m in DRAFT.mutants + WINDOW_RAIL.mutants if m.patch]
+    raise BadInput(f"unknown mutant {name!r} of the draft kernel: choose from {', '.join(known)}")
 
 
 def _load_attr(spec: str, what: str):
-    require(":" in spec, f"unknown {what} {spec!r}: expected a builtin name, module:attr or file.py:attr")
-    where, _, attr = spec.rpartition(":")
-    require(where and attr, f"malformed {what} spec {spec!r}: expected module:attr or file.py:attr")
-    try:
-        if where.endswith(".py") or os.sep in where:
-            path = Path(where)
-            require(path.is_file(), f"{what} file {where} does not exist")
-            module = _load_file(path)
-        else:
-            module = _import_module(where)
-    except BadInput:
-        raise
-    except ModuleNotFoundError as exc:
-        raise BadInput(f"cannot import {what} {spec!r}: ModuleNotFoundError: {exc} (looked in the current folder {os.getcwd()} and "
-                       "on sys.path: run from the folder that holds it, set PYTHONPATH, or name a file "
-                       "such as path/to/file.py:attr)") from None
-    except (Exception, SystemExit) as exc:  # any import-time failure of user code is bad input, in one line
-        raise BadInput(f"cannot import {what} {spec!r}: {type(exc).__name__}: {exc}") from None
-    require(hasattr(module, attr), f"{what} {spec!r}: {where} has no attribute {attr!r}")
-    return getattr(module, attr)
+    from kvfence.engine.kernels import load_attr
+
+    return load_attr(spec, what)
+
+
+def _load_file(path: Path):
+    from kvfence.engine.kernels import load_file
+
+    return load_file(path)
 
 
 def _is_triton_kernel(obj) -> bool:
-    # JITFunction (compiled) and InterpretedFunction (TRITON_INTERPRET=1) both carry the raw fn; so do
-    # the autotune / heuristics wrappers around them (their fn is the JIT function).
-    return hasattr(obj, "fn") and hasattr(obj, "run") and callable(getattr(obj, "fn"))
+    from kvfence.engine.kernels import is_triton_kernel
+
+    return is_triton_kernel(obj)
 
 
 def _unwrap(kernel):
-    """``(jit_function, python_function, names the wrappers supply)`` of a possibly autotuned kernel."""
-    supplied, jit = set(), kernel
-    while _is_triton_kernel(jit) and _is_triton_kernel(jit.fn):
-        for config in getattr(jit, "configs", None) or []:  # triton.autotune
-            supplied.update(getattr(config, "kwargs", {}))
-        supplied.update(getattr(jit, "values", None) or {})  # triton.heuristics
-        jit = jit.fn
-    return jit, jit.fn, supplied
+    from kvfence.engine.kernels import unwrap
+
+    return unwrap(kernel)
 
 
 #: The window rail's required parameter after the classic 13 (docs/contract.md §6).
@@ -263,6 +212,8 @@ REFERENCE_CAPABILITIES = Capabilities(("draft", "window-rail"), ALL_FAMILY)
 def kernel_capabilities(spec: str) -> Capabilities:
     """What the kernel ``spec`` names can be given (device-independent: imports a plug-in, never launches).
     A launcher plug-in gets only ``LAUNCH_KWARGS``: the classic draft contract."""
+    if spec.startswith("mutant:"):
+        spec = mutant_spec(spec)
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
         return REFERENCE_CAPABILITIES
@@ -282,6 +233,8 @@ def check_kernel_spec(spec: str):
     require(isinstance(spec, str) and spec, "kernel spec must be a non-empty string")
     if spec in BUILTIN_KERNELS:
         return None
+    if spec.startswith("mutant:"):
+        spec = mutant_spec(spec)
     from kvfence.release import upstream
 
     if upstream.is_spec(spec):
@@ -302,6 +255,9 @@ def check_kernel_spec(spec: str):
 
 def resolve_kernel(spec: str, device: str) -> KernelTarget:
     """Resolve a kernel spec for ``device`` (``cpu`` or ``cuda``); ``BadInput`` on anything unusable."""
+    if spec.startswith("mutant:"):
+        target = resolve_kernel(mutant_spec(spec), device)
+        return KernelTarget(spec, target.launch, target.request_axis, target.capabilities)
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
         from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices
@@ -326,8 +282,8 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
 def is_plugin(spec: str) -> bool:
     """A ``module:attr`` / ``file.py:attr`` spec (user code), as opposed to a builtin name or an SGLang
     release (``sglang==VERSION``: extracted and vetted by ``kvfence.release.upstream``, never imported as is)."""
-    from kvfence.release.upstream import is_spec as is_upstream_spec
     from kvfence.contracts.draft.sizing import POLICIES
+    from kvfence.release.upstream import is_spec as is_upstream_spec
 
     return spec not in BUILTIN_KERNELS and spec not in POLICIES and not is_upstream_spec(spec)
 
@@ -338,7 +294,6 @@ def check_spec(spec: str, what: str) -> None:
     Imports nothing: for specs read from a case file, which are data until the user vouches for them.
     """
     from kvfence.contracts.draft.sizing import POLICIES
-
     from kvfence.release.upstream import is_spec as is_upstream_spec
 
     builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
@@ -351,7 +306,8 @@ def check_spec(spec: str, what: str) -> None:
 
 
 def _upstream_kernel(spec: str, device: str) -> KernelTarget:
-    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (kvfence.release.upstream), fetched if allowed."""
+    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (kvfence.release.upstream), fetched if
+    allowed."""
     from kvfence.release import upstream
 
     entry, attr, abi = upstream.resolve(spec)
@@ -364,7 +320,7 @@ def _upstream_capabilities(abi) -> "Capabilities":
     """What an extracted kernel can be given (``Capabilities``): its contract, and the §6
     parameters its signature declares (only the classic and row-stride ABIs launch with them)."""
     params = frozenset(abi.optional) & ALL_FAMILY if abi.name in ("classic", "row-stride") else frozenset()
-    return Capabilities((abi.contract,), params)
+    return Capabilities(("window-rail",) if abi.rail else ("draft",), params)
 
 
 def _upstream_launcher(kernel, abi):
@@ -375,7 +331,7 @@ def _upstream_launcher(kernel, abi):
     if abi.name in ("classic", "row-stride"):
         # Same 13 positional values (plus the rail's window); row_stride gets pool_len's (kvfence's
         # req_to_token is contiguous); the §6 constexprs by name.
-        rail = abi.contract == "window-rail"
+        rail = abi.rail
         return abi_launcher(None if rail else kernel, kernel if rail else None)
 
     def launch_by_name(*, req_pool_indices, req_to_token, seq_lens, kv_indices, kv_indptr, positions, topk,
@@ -419,7 +375,6 @@ def _window_kwargs_of(fn) -> Tuple[str, ...]:
 #: Seconds one call of a sizing plug-in may take (a width is arithmetic: this is a hang, not slowness).
 CALL_TIMEOUT_S = 30.0
 #: Set (to "1") in the processes that call a sizing plug-in themselves: the checking worker and the child.
-IN_PROCESS_ENV = "KVFENCE_SIZING_IN_PROCESS"
 
 
 def _ended(code: int) -> str:
@@ -445,7 +400,7 @@ class IsolatedSizing:
         self._answers: Dict[Tuple, int] = {}
 
     def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, **{IN_PROCESS_ENV: "1"})
+        env = dict(os.environ, **{IN_WORKER_ENV: "1"})
         return subprocess.Popen([sys.executable, "-m", "kvfence.contracts.draft.sizing_child", self._child_spec,
                                  str(os.getpid()), self.spec],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -536,7 +491,7 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
         raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
 
     accepted = _window_kwargs_of(obj)
-    if os.environ.get(IN_PROCESS_ENV) != "1":  # user code runs in a child: its exit or hang cannot end this one
+    if os.environ.get(IN_WORKER_ENV) != "1":  # user code runs in a child: its exit or hang cannot end this one
         return functools.update_wrapper(IsolatedSizing(spec), obj)
 
     @functools.wraps(obj)

@@ -16,10 +16,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-
-from kvfence.release import shipped_sizing
-from kvfence.engine.findings import Finding, Kind
 from kvfence.contracts.draft.guarded import GuardedBuffer
+from kvfence.engine.findings import Finding, Kind
+from kvfence.release import shipped_sizing
 
 #: Findings kept per buffer; the last one says how many runs were left out.
 MAX_RUNS = 32
@@ -259,5 +258,6 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
                          expected.indptr_val, used=[expected.bs + 1] * kvp.rows, in_set_kind=Kind.INDPTR_MISMATCH,
                          attribute=lambda lo, hi: _programs_for_indptr(kvp, config.topk, expected.bs, lo, hi))
     for name in obs.changed_inputs:
-        findings.append(Finding(Kind.STRAY_WRITE, name, "input", detail=f"input {name} changed; the kernel must only read it"))
+        findings.append(Finding(Kind.STRAY_WRITE, name, "input",
+                                detail=f"input {name} changed; the kernel must only read it"))
     return findings

@@ -10,16 +10,17 @@ rows clamped to ``max_seq_pages`` columns. A later kernel reads ``ceil(cache_seq
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
-from kvfence.contract import ContractKind, ContractMutant, ShippedSite, Table, Upstream
-from kvfence.contracts.tables import TableContract
-from kvfence.engine.findings import Finding
-from kvfence.contracts.page_table.record import BLOCK_TOKENS, KERNELS, PAGE_SIZES, PageTableCase, cdiv, slot_table
+from kvfence.contract import Contract, FindingKind, Keys, Mutant, Table
+from kvfence.contracts.page_table.record import BLOCK_TOKENS, PAGE_SIZES, PageTableCase, cdiv, slot_table
+from kvfence.engine.findings import ContractKind, Finding
 from kvfence.errors import require
 
-PUBLISHED_PAST_TABLE = ContractKind("PUBLISHED_PAST_TABLE")
+PUBLISHED_PAST_TABLE = "PUBLISHED_PAST_TABLE"
+KERNEL_MODULE = "kvfence.kernels.fa3_metadata.fa3_decode_metadata"
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class MetadataCase:
                              self.req_pool_indices, self.pool_rows, None, False, self.seed)
 
     def validate(self) -> "MetadataCase":
-        require(all(1 <= n <= self.ctx for n in self.seq_lens), f"every length must be in [1, ctx] = [1, {self.ctx}]")
+        require(all(0 <= n <= self.ctx for n in self.seq_lens), f"every length must be in [0, ctx] = [0, {self.ctx}]")
         require(0 <= self.delta <= 64, "delta must be in [0, 64]")
         self.slots.validate()
         return self
@@ -51,53 +52,82 @@ def _pages(case: MetadataCase, b: int) -> int:
     return cdiv(case.seq_lens[b] + case.delta, case.page_size)
 
 
-class FA3Metadata(TableContract):
+#: The kinds a dropped, misplaced or mis-read column shows as.
+_WRONG = ("MISSING_WRITE", "VALUE_MISMATCH", "STRAY_WRITE", "GUARD_OVERWRITE", "POISON_READ")
+
+
+def _release_mutants():
+    """Planted bugs in the text of ``_fused_decode_metadata_kernel`` as 0.5.23 ships it, made from the wheel at run
+    time (``kvfence.contracts.page_table.release_mutants``)."""
+    from kvfence.contracts.page_table.release_mutants import release_mutant
+
     name = "fa3-decode-metadata"
-    section = "docs/contract.md §9"
-    kinds = (PUBLISHED_PAST_TABLE,)
-    reference_kernel = KERNELS.parent / "fa3_metadata" / "fa3_decode_metadata.py"
-    reference_attr = "_fused_decode_metadata_kernel"
-    upstream = Upstream("_fused_decode_metadata_kernel", ("sglang/kernels/ops/attention/metadata.py",))
-    sizings = {"safe": lambda c: cdiv(c.ctx + c.delta, c.page_size), "context": lambda c: cdiv(c.ctx, c.page_size)}
-    shipped_sites = (
-        ShippedSite("fa3", "FlashAttentionBackend", "graph", "target_verify", "self.max_num_pages",
-                    "self.speculative_num_draft_tokens", (1, 16, 32, 64, 128), within="_set_decode_page_metadata",
-                    evidence="verify_delta = self.speculative_num_draft_tokens",
-                    note="topk 1, not a ragged verify"),
+    return (
+        release_mutant(name, "release_block_offset_128", "Block pid_c starts at column pid_c * 128, right except at "
+                       "page 1 (256 columns a block): there block 1 rewrites block 0's columns and leaves its own.",
+                       _WRONG, (("col_start = pid_c * BLOCK_COLS", "col_start = pid_c * 128"),)),
+        release_mutant(name, "release_block_guard_no_delta", "The block guard bounds the committed length's pages, "
+                       "without SEQ_LEN_DELTA: a block whose first column only the delta reaches is skipped (a "
+                       "published length just past a block boundary).", ("MISSING_WRITE",),
+                       (("if not ZERO_TAIL and col_start >= num_live_pages:",
+                         "if not ZERO_TAIL and col_start >= tl.cdiv(seq_len, PAGE_SIZE):"),)),
+        release_mutant(name, "release_load_mask_table", "The page-table load is masked by the table's width, not the "
+                       "length: with ZERO_TAIL the tail holds ids of pages past the length instead of 0.",
+                       _WRONG + ("OOB_READ",),
+                       (("        mask=live_mask,\n        other=0,\n",
+                         "        mask=cols < max_seq_pages,\n        other=0,\n"),)),
+        release_mutant(name, "release_row_stride_contiguous", "Row pid_b of the page table is found at pid_b * "
+                       "max_seq_pages, not by its row stride: right only for a contiguous table.",
+                       _WRONG + ("OOB_WRITE",),
+                       (("page_table + pid_b * page_table_stride_0 + cols * page_table_stride_1",
+                         "page_table + pid_b * max_seq_pages + cols * page_table_stride_1"),)),
+        release_mutant(name, "release_pool_stride_from_table", "The req_to_token row is found with the page table's "
+                       "row stride: a request in pool row r > 0 reads another row (or past the pool).",
+                       _WRONG + ("OOB_READ",),
+                       (("+ row_idx * req_to_token_stride_0", "+ row_idx * page_table_stride_0"),)),
+        release_mutant(name, "release_lengths_capped_16", "The lengths and their prefix sum are published for the "
+                       "first 16 requests only (a scale bug: the CPU domain launches at most 4).", ("MISSING_WRITE",),
+                       (("for idx in range(B):", "for idx in range(tl.minimum(B, 16)):"),), domain="gpu"),
     )
+
+
+class FA3Metadata(Contract[MetadataCase]):
+    name = "fa3-decode-metadata"
+    doc = "docs/contract.md §9"
+    kinds = (FindingKind(PUBLISHED_PAST_TABLE, observed=False,
+                         doc="a published length needs more pages than its page-table row holds: a consumer bounding "
+                             "its reads by cache_seqlens reads past the row"),)
+    reference = f"{KERNEL_MODULE}:_fused_decode_metadata_kernel"
+    sizings = {"safe": lambda c, mode: cdiv(c.ctx + c.delta, c.page_size),
+               "context": lambda c, mode: cdiv(c.ctx, c.page_size)}
     mutants = (
-        ContractMutant("delta_not_published", "cache_seqlens leaves out SEQ_LEN_DELTA.", ("VALUE_MISMATCH",),
-                       (("length = (tl.load(seq_lens + i * seq_lens_stride_0) + SEQ_LEN_DELTA).to(tl.int32)",
-                         "length = (tl.load(seq_lens + i * seq_lens_stride_0) + 0 * SEQ_LEN_DELTA).to(tl.int32)"),)),
-        ContractMutant("prefix_sum_inclusive", "cu_seqlens_k[i] includes request i.", ("VALUE_MISMATCH",),
-                       (("            tl.store(cu_seqlens_k + i * cu_seqlens_k_stride_0, total)\n"
-                         "            total += length\n",
-                         "            total += length\n"
-                         "            tl.store(cu_seqlens_k + i * cu_seqlens_k_stride_0, total)\n"),)),
-        ContractMutant("rows_not_clamped", "Rows are not clamped to max_seq_pages (the row width): under a table "
-                       "narrower than a length, pages land past the row.", ("GUARD_OVERWRITE",),
-                       (("live = tl.minimum(tl.cdiv(length, PAGE_SIZE), max_seq_pages)",
-                         "live = tl.cdiv(length, PAGE_SIZE) + 0 * max_seq_pages"),), "context"),
-        ContractMutant("zero_tail_ignored", "ZERO_TAIL leaves the tail columns unwritten.", ("MISSING_WRITE",),
-                       (("store_mask = cols < max_seq_pages if ZERO_TAIL else live_mask",
-                         "store_mask = live_mask"),)),
-        ContractMutant("sizing_context", "The table is ceil(context_len / P) wide while the published length "
-                       "carries the delta.", ("PUBLISHED_PAST_TABLE", "SIZING_VIOLATION"), (), "context"),
-    )
+        Mutant("delta_not_published", "cache_seqlens leaves out SEQ_LEN_DELTA.", ("VALUE_MISMATCH",),
+               (("length = (tl.load(seq_lens + i * seq_lens_stride_0) + SEQ_LEN_DELTA).to(tl.int32)",
+                 "length = (tl.load(seq_lens + i * seq_lens_stride_0) + 0 * SEQ_LEN_DELTA).to(tl.int32)"),)),
+        Mutant("prefix_sum_inclusive", "cu_seqlens_k[i] includes request i.", ("VALUE_MISMATCH",),
+               (("            tl.store(cu_seqlens_k + i * cu_seqlens_k_stride_0, total)\n"
+                 "            total += length\n",
+                 "            total += length\n"
+                 "            tl.store(cu_seqlens_k + i * cu_seqlens_k_stride_0, total)\n"),)),
+        Mutant("rows_not_clamped", "Rows are not clamped to max_seq_pages (the row width): under a table narrower "
+               "than a length, pages land past the row.", ("GUARD_OVERWRITE",),
+               (("live = tl.minimum(tl.cdiv(length, PAGE_SIZE), max_seq_pages)",
+                 "live = tl.cdiv(length, PAGE_SIZE) + 0 * max_seq_pages"),), sizing="context"),
+        Mutant("zero_tail_ignored", "ZERO_TAIL leaves the tail columns unwritten.", ("MISSING_WRITE",),
+               (("store_mask = cols < max_seq_pages if ZERO_TAIL else live_mask", "store_mask = live_mask"),)),
+        Mutant("sizing_context", "The table is ceil(context_len / P) wide while the published length carries the "
+               "delta.", (PUBLISHED_PAST_TABLE, "SIZING_VIOLATION"), sizing="context"),
+    ) + _release_mutants()
 
-    def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int) -> MetadataCase:
-        """One request of committed length ``length``; the kernel adds ``draft_tokens`` (SEQ_LEN_DELTA)."""
-        return MetadataCase(page_size, ctx, draft_tokens, (length,), (0,), 1).validate()
-
-    def cases(self, domain: str):
+    def cases(self, domain):
         from kvfence.contracts.fa3_metadata.strategies import fa3_metadata_cases
 
-        return fa3_metadata_cases(domain, PAGE_SIZES, BLOCK_TOKENS).map(lambda f: MetadataCase(**f).validate())
+        return fa3_metadata_cases(domain.name, PAGE_SIZES, BLOCK_TOKENS).map(lambda f: MetadataCase(**f).validate())
 
-    def case_to_dict(self, case):
-        return asdict(case)
+    def to_json(self, case):
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(case).items()}
 
-    def case_from_dict(self, data):
+    def from_json(self, data):
         require(isinstance(data, dict), "case: expected an object")
         fields = {"page_size", "ctx", "delta", "seq_lens", "req_pool_indices", "pool_rows", "zero_tail",
                   "skip_page_table", "seed"}
@@ -112,18 +142,20 @@ class FA3Metadata(TableContract):
         return MetadataCase(**dict(data, seq_lens=tuple(data["seq_lens"]),
                                    req_pool_indices=tuple(data["req_pool_indices"]))).validate()
 
-    def tables(self, case, width):
+    def tables(self, launch):
+        case, width = launch.case, launch.width
         slots = case.slots
         b = len(case.seq_lens)
-        return [Table("req_to_token", slots.pool_len, case.pool_rows, "input", slot_table(slots)),
+        return [Table("req_to_token", slots.pool_len, case.pool_rows, "input", lambda: slot_table(slots)),
                 Table("req_pool_indices", b, None, "input", list(case.req_pool_indices)),
                 Table("seq_lens", b, None, "input", list(case.seq_lens)),
                 Table("cache_seqlens", b, None, "output"), Table("cu_seqlens_k", b + 1, None, "output"),
                 Table("page_table", width, b, "output")]
 
-    def expected(self, case, width) -> Dict[str, Dict[Tuple[int, int], int]]:
+    def expected(self, launch) -> Dict[str, Dict[Tuple[int, int], int]]:
         """Plain Python, docs/contract.md §9: the published lengths and prefix sum, and each row's live pages
         (clamped to the width), then zeros to the width with ``ZERO_TAIL``."""
+        case, width = launch.case, launch.width
         lengths = [n + case.delta for n in case.seq_lens]
         out = {"cache_seqlens": {(0, b): n for b, n in enumerate(lengths)},
                "cu_seqlens_k": {(0, b): sum(lengths[:b]) for b in range(len(lengths) + 1)}}
@@ -139,39 +171,52 @@ class FA3Metadata(TableContract):
         out["page_table"] = table
         return out
 
-    def need(self, case):
+    def need(self, launch):
+        case = launch.case
         return 0 if case.skip_page_table else max(_pages(case, b) for b in range(len(case.seq_lens)))
 
-    def findings_before_launch(self, case, width) -> list:
+    def owner(self, launch, table, row, column):
+        """Program ``(0, 0)`` publishes every length and prefix sum; program ``(b, c)`` writes row ``b``'s columns of
+        block ``c`` (``BLOCK_COLS`` each), up to its live pages, or the width with ``ZERO_TAIL``."""
+        case = launch.case
+        if table != "page_table":
+            return (0, 0)
+        from kvfence.kernels.fa3_metadata.fa3_decode_metadata import block_cols
+
+        limit = launch.width if case.zero_tail else _pages(case, row)
+        return (row, column // block_cols(case.page_size, case.skip_page_table)) if column < limit else None
+
+    def findings_before_launch(self, launch) -> list:
+        case, width = launch.case, launch.width
         if case.skip_page_table:
             return []
         from kvfence.kernels.fa3_metadata.fa3_decode_metadata import block_cols
 
         cols = block_cols(case.page_size, case.skip_page_table)
-        return [Finding(PUBLISHED_PAST_TABLE, "cache_seqlens", f"row {b}", width, _pages(case, b), [],
+        return [Finding(ContractKind(PUBLISHED_PAST_TABLE), "cache_seqlens", f"row {b}", width, _pages(case, b), [],
                         [(b, c) for c in range(cdiv(width, cols))],
                         f"published length {case.seq_lens[b] + case.delta} needs {_pages(case, b)} pages, the "
-                        f"page-table row holds {width}")
+                        f"width formula gives the page-table row {width}")
                 for b in range(len(case.seq_lens)) if _pages(case, b) > width]
 
-    def launch(self, kernel, buffers, case, width):
-        import importlib
-
-        module = importlib.import_module("kvfence.kernels.fa3_metadata.fa3_decode_metadata")
+    def launch(self, kernel, buffers, launch):
+        case, width = launch.case, launch.width
+        module = importlib.import_module(KERNEL_MODULE)
         module.launch(kernel, seq_lens=buffers["seq_lens"], req_to_token=buffers["req_to_token"],
                       req_pool_indices=buffers["req_pool_indices"], cache_seqlens=buffers["cache_seqlens"],
                       cu_seqlens_k=buffers["cu_seqlens_k"], page_table=buffers["page_table"], width=width,
                       page_size=case.page_size, delta=case.delta, skip_page_table=case.skip_page_table,
                       zero_tail=case.zero_tail)
 
-    def config_key(self, case) -> tuple:
-        """What the backend fixes before the batch: page size, context, the published delta, the flags."""
-        return (("page_size", case.page_size), ("ctx", case.ctx), ("delta", case.delta),
-                ("zero_tail", case.zero_tail), ("skip_page_table", case.skip_page_table))
-
-    def structural_key(self, case, width):
-        return (case.page_size, width, tuple(_pages(case, b) for b in range(len(case.seq_lens))), case.zero_tail,
-                case.skip_page_table)
+    def keys(self, launch) -> Keys:
+        """Config: what the backend fixes before the batch (page size first); structure: each row's page count and
+        the flags."""
+        case = launch.case
+        pages = tuple(_pages(case, b) for b in range(len(case.seq_lens)))
+        return Keys(config=(("page_size", case.page_size), ("ctx", case.ctx), ("delta", case.delta),
+                            ("zero_tail", case.zero_tail), ("skip_page_table", case.skip_page_table)),
+                    structure=(case.page_size, pages, case.zero_tail, case.skip_page_table),
+                    requests=len(case.seq_lens))
 
 
 FA3_METADATA = FA3Metadata()

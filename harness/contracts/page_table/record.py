@@ -8,28 +8,23 @@ table) as far as the launched blocks reach, and drops the rest; the consumer, to
 row either way. The lengths include draft tokens (target verify passes ``seq_len + draft tokens``), while
 graph-mode tables are commonly ``ceil(context_len / P)`` wide: that is the ``context`` sizing.
 
-This module is the contract's record (``kvfence.contracts.tables.TableContract``): the case, the plain-Python
-oracle, the sizing policies, the mutants. Its draws are ``kvfence.contracts.page_table.strategies``; its kernels
-``kernels/page_table/flashmla_page_table.py`` and ``kernels/page_table/trtllm_mha_page_table.py``.
+This module is the contracts' record (``kvfence.contract.Contract``): the case, the plain-Python oracle, the
+sizing policies, the mutants. Draws: ``strategies``; kernels: ``kvfence.kernels.page_table``; what releases
+ship: ``shipped``.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from kvfence.contract import ContractKind, ContractMutant, ShippedSite, Table, Upstream
-from kvfence.contracts.tables import TableContract
-from kvfence.engine.findings import Finding, Kind
+from kvfence.contract import Contract, FindingKind, Keys, Mutant, Table
+from kvfence.engine.findings import ContractKind, Finding
 from kvfence.errors import require
 
-from kvfence.kernels import KERNELS_DIR
-
-KERNELS = KERNELS_DIR / "page_table"
-
-TABLE_TRUNCATED = ContractKind("TABLE_TRUNCATED")
+TABLE_TRUNCATED = "TABLE_TRUNCATED"
 #: Tokens one program covers along grid axis 1, in both kernels (docs/contract.md §9).
 BLOCK_TOKENS = 4096
 PAGE_SIZES = (1, 16, 32, 64, 128)
@@ -71,8 +66,8 @@ class PageTableCase:
         require(self.page_size in PAGE_SIZES, f"page_size {self.page_size} is not one of {PAGE_SIZES}")
         require(self.ctx >= 1 and self.draft_tokens >= 0, "ctx must be >= 1 and draft_tokens >= 0")
         require(self.num_seqs >= 1, "a case needs at least one request")
-        require(all(1 <= n <= self.ctx + self.draft_tokens for n in self.seq_lens),
-                f"every length must be in [1, ctx + draft_tokens] = [1, {self.ctx + self.draft_tokens}]")
+        require(all(0 <= n <= self.ctx + self.draft_tokens for n in self.seq_lens),
+                f"every length must be in [0, ctx + draft_tokens] = [0, {self.ctx + self.draft_tokens}]")
         require(len(self.req_pool_indices) == self.num_seqs
                 and len(set(self.req_pool_indices)) == self.num_seqs
                 and all(0 <= r < self.pool_rows for r in self.req_pool_indices),
@@ -120,56 +115,57 @@ def page_ids(case: PageTableCase) -> List[List[int]]:
             for b in range(case.num_seqs)]
 
 
-# -- the record ----------------------------------------------------------------------------------------------
-def _safe(case: PageTableCase) -> int:
-    """Room for the longest length the scheduler may pass: context plus draft tokens."""
+# -- sizings: (case, mode) -> row width in pages ---------------------------------------------------------------
+def _safe(case: PageTableCase, mode: str) -> int:
+    """``ceil((ctx + d) / P)``: room for the longest length the scheduler may pass, context plus draft tokens."""
     return cdiv(case.ctx + case.draft_tokens, case.page_size)
 
 
-def _context(case: PageTableCase) -> int:
-    """``ceil(context_len / P)``: no room for draft tokens; the TRTLLM-MHA backend's static width in SGLang
-    0.5.23 (``layers/attention/trtllm_mha_backend.py:351-353``, ``max_context_len`` = the model's context)."""
+def _context(case: PageTableCase, mode: str) -> int:
+    """``ceil(ctx / P)``: no room for draft tokens; the TRTLLM-MHA backend's static width in SGLang 0.5.23
+    (``layers/attention/trtllm_mha_backend.py:351-353``, ``max_context_len`` = the model's context)."""
     return cdiv(case.ctx, case.page_size)
 
 
-def _flashmla_graph(case: PageTableCase) -> int:
-    """``(context_len + P) // P``: the FlashMLA backend's CUDA-graph table in SGLang 0.5.23
+def _flashmla_graph(case: PageTableCase, mode: str) -> int:
+    """``(ctx + P) // P``: the FlashMLA backend's CUDA-graph table in SGLang 0.5.23
     (``layers/attention/flashmla_backend.py:281-282``); one page over ``context_len``, which holds the draft
     tokens only while ``ctx mod P + draft_tokens <= P``."""
     return (case.ctx + case.page_size) // case.page_size
 
 
-def _context_floor(case: PageTableCase) -> int:
-    """``context_len // P``: a page short when the context is not a multiple of the page size."""
+def _context_floor(case: PageTableCase, mode: str) -> int:
+    """``max(1, ctx // P)``: a page short when the context is not a multiple of the page size."""
     return max(1, case.ctx // case.page_size)
 
 
-class PageTableContract(TableContract):
-    section = "docs/contract.md §9"
-    kinds = (TABLE_TRUNCATED,)
-    sizings = {"safe": _safe, "context": _context, "flashmla-graph": _flashmla_graph, "context-floor": _context_floor}
+SIZINGS = {"safe": _safe, "context": _context, "flashmla-graph": _flashmla_graph, "context-floor": _context_floor}
 
-    def __init__(self, name: str, abi: str, kernel_file: str, attr: str, upstream: Upstream, mutants, sites=()):
+
+# -- the records ------------------------------------------------------------------------------------------------
+class PageTableContract(Contract[PageTableCase]):
+    doc = "docs/contract.md §9"
+    kinds = (FindingKind(TABLE_TRUNCATED, observed=False,
+                         doc="a row's length needs more pages than the row holds: the consumer, given that length, "
+                             "reads past its table"),)
+    sizings = SIZINGS
+
+    def __init__(self, name: str, abi: str, kernel_module: str, attr: str, mutants):
         self.name, self.abi = name, abi
-        self.reference_kernel, self.reference_attr = KERNELS / kernel_file, attr
-        self.upstream, self.mutants = upstream, tuple(mutants)
-        self.shipped_sites = tuple(sites)
+        self.kernel_module = f"kvfence.kernels.page_table.{kernel_module}"
+        self.reference = f"{self.kernel_module}:{attr}"
+        self.mutants = tuple(mutants)
 
-    def wall_case(self, ctx: int, page_size: int, draft_tokens: int, length: int) -> PageTableCase:
-        """The kernel receives ``length + draft_tokens`` (target verify's lengths), one request."""
-        return PageTableCase(page_size, ctx, draft_tokens, (length + draft_tokens,), (0,), 1).validate()
-
-    # draws and case files
-    def cases(self, domain: str):
+    def cases(self, domain):
         from kvfence.contracts.page_table.strategies import page_table_cases
 
-        return page_table_cases(self.abi, domain, PAGE_SIZES, BLOCK_TOKENS).map(
+        return page_table_cases(self.abi, domain.name, PAGE_SIZES, BLOCK_TOKENS).map(
             lambda fields: PageTableCase(**fields).validate())
 
-    def case_to_dict(self, case: PageTableCase) -> dict:
-        return asdict(case)
+    def to_json(self, case: PageTableCase) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(case).items()}
 
-    def case_from_dict(self, data: dict) -> PageTableCase:
+    def from_json(self, data) -> PageTableCase:
         require(isinstance(data, dict), "case: expected an object")
         fields = {"page_size", "ctx", "draft_tokens", "seq_lens", "req_pool_indices", "pool_rows", "kv_start",
                   "swa", "seed"}
@@ -180,8 +176,8 @@ class PageTableContract(TableContract):
             value = data.get(key)
             if optional and value is None:
                 return None
-            require(isinstance(value, list) and all(type(v) is int for v in value), f"case: {key} must be a "
-                                                                                     "list of integers")
+            require(isinstance(value, list) and all(type(v) is int for v in value),
+                    f"case: {key} must be a list of integers")
             return tuple(value)
 
         for key in ("page_size", "ctx", "draft_tokens", "pool_rows", "seed"):
@@ -194,23 +190,24 @@ class PageTableContract(TableContract):
         require(self.abi == "trtllm_mha" or not case.swa, f"{self.name}: the ABI has no SWA table")
         return case.validate()
 
-    # buffers, oracle, launch
     def _outputs(self) -> Tuple[str, ...]:
         return ("kv_indices",) if self.abi == "flashmla" else ("page_table", "swa_page_table")
 
-    def tables(self, case: PageTableCase, width: int) -> List[Table]:
-        out = [Table("req_to_token", case.pool_len, case.pool_rows, "input", slot_table(case)),
+    def tables(self, launch) -> List[Table]:
+        case, width = launch.case, launch.width
+        out = [Table("req_to_token", case.pool_len, case.pool_rows, "input", lambda: slot_table(case)),
                Table("req_pool_indices", case.num_seqs, None, "input", list(case.req_pool_indices)),
                Table("seq_lens", case.num_seqs, None, "input", list(case.seq_lens))]
         if case.kv_start:
             out.append(Table("kv_start", case.num_seqs, None, "input", list(case.kv_start)))
         if case.swa:
-            swa = swa_table(case)
-            out.append(Table("full_to_swa", len(swa), None, "input", swa))
+            slots = case.pool_rows * cdiv(case.pool_len, case.page_size) * case.page_size
+            out.append(Table("full_to_swa", slots, None, "input", lambda: swa_table(case)))
         outputs = self._outputs() if case.swa or self.abi == "flashmla" else self._outputs()[:1]
         return out + [Table(name, width, case.num_seqs, "output") for name in outputs]
 
-    def expected(self, case: PageTableCase, width: int) -> Dict[str, Dict[Tuple[int, int], int]]:
+    def expected(self, launch) -> Dict[str, Dict[Tuple[int, int], int]]:
+        case = launch.case
         ids = page_ids(case)
         first = {(b, j): v for b, row in enumerate(ids) for j, v in enumerate(row)}
         out = {self._outputs()[0]: first}
@@ -221,148 +218,168 @@ class PageTableContract(TableContract):
                 for (b, j) in first}
         return out
 
-    def need(self, case: PageTableCase) -> int:
+    def need(self, launch) -> int:
+        case = launch.case
         return max(pages_needed(case, b) for b in range(case.num_seqs))
 
-    def owner(self, case, table, row, column):
-        return (row, column * case.page_size // BLOCK_TOKENS) if column < pages_needed(case, row) else None
-
-    def findings_before_launch(self, case: PageTableCase, width: int) -> list:
-        """``TABLE_TRUNCATED`` per row whose length needs more pages than the row holds: the consumer, given
-        that length, reads past its table (whatever the kernel did with the pages that do not fit)."""
-        out = []
-        for b in range(case.num_seqs):
-            need = pages_needed(case, b)
-            if need > width:
-                out.append(Finding(TABLE_TRUNCATED, self._outputs()[0], f"row {b}", width, need, [],
-                                   [(b, blk) for blk in range(cdiv(need * case.page_size, BLOCK_TOKENS))],
-                                   f"length {case.seq_lens[b]} needs {need} pages, the row holds {width}"))
-        return out
-
-    def launch(self, kernel, buffers, case: PageTableCase, width: int) -> None:
-        module = _kernel_module(self.reference_kernel)
+    def launch(self, kernel, buffers, launch) -> None:
+        module = importlib.import_module(self.kernel_module)
         common = dict(req_to_token=buffers["req_to_token"], req_pool_indices=buffers["req_pool_indices"],
-                      seq_lens=buffers["seq_lens"], width=width, page_size=case.page_size)
+                      seq_lens=buffers["seq_lens"], width=launch.width, page_size=launch.case.page_size)
         if self.abi == "flashmla":
             module.launch(kernel, kv_start=buffers.get("kv_start"), kv_indices=buffers["kv_indices"], **common)
         else:
             module.launch(kernel, full_to_swa=buffers.get("full_to_swa"), page_table=buffers["page_table"],
                           swa_page_table=buffers.get("swa_page_table"), **common)
 
-    def config_key(self, case: PageTableCase) -> tuple:
-        """What a backend fixes before the batch: page size, context, draft tokens, the optional inputs."""
-        return (("page_size", case.page_size), ("ctx", case.ctx), ("draft_tokens", case.draft_tokens),
-                ("kv_start", case.kv_start is not None), ("swa", case.swa))
+    def keys(self, launch) -> Keys:
+        """Config: what a backend fixes before the batch (page size first: the coverage plot's panels); structure:
+        each row's page count and start, SWA (not the slot layout's seed nor which pool row is read); compile: the
+        constexprs and both row strides (width and pool row length), which optional inputs are passed."""
+        case, width = launch.case, launch.width
+        pages = tuple(pages_needed(case, b) for b in range(case.num_seqs))
+        # Ints, bools and tuples only: the structure's hash must be the same in every process (``--jobs`` merges
+        # count structures across jobs), and hash(None) is not before Python 3.12 (no kv_start: an empty tuple).
+        return Keys(config=(("page_size", case.page_size), ("ctx", case.ctx), ("draft_tokens", case.draft_tokens),
+                            ("kv_start", case.kv_start is not None), ("swa", case.swa)),
+                    structure=(case.page_size, pages, case.kv_start or (), case.swa),
+                    compile=(case.page_size, width, case.pool_len, case.kv_start is not None, case.swa),
+                    requests=case.num_seqs)
 
-    def compile_key(self, case: PageTableCase, width: int) -> tuple:
-        """The kernels' constexprs: the page size and both row strides (the width and the pool row's length,
-        each plus the guard), and which optional inputs are passed."""
-        return case.page_size, width, case.pool_len, case.kv_start is not None, case.swa
+    def owner(self, launch, table, row, column):
+        case = launch.case
+        return (row, column * case.page_size // BLOCK_TOKENS) if column < pages_needed(case, row) else None
 
-    def structural_key(self, case: PageTableCase, width: int) -> tuple:
-        """What changes where the kernel writes: page size, width, each row's page count and start, SWA;
-        not the slot layout's seed nor which pool row is read."""
-        return (case.page_size, width, tuple(pages_needed(case, b) for b in range(case.num_seqs)),
-                case.kv_start, case.swa)
-
-
-_MODULES: dict = {}
-
-
-def _kernel_module(path: Path):
-    """kvfence's own kernel file (for its launcher), imported once."""
-    if path not in _MODULES:
-        import importlib
-
-        _MODULES[path] = importlib.import_module(f"kvfence.kernels.page_table.{path.stem}")
-    return _MODULES[path]
+    def findings_before_launch(self, launch) -> list:
+        """``TABLE_TRUNCATED`` per row whose length needs more pages than the row holds: arithmetic of the case
+        and the width, whatever the kernel does with the pages that do not fit."""
+        case, width, out = launch.case, launch.width, []
+        for b in range(case.num_seqs):
+            need = pages_needed(case, b)
+            if need > width:
+                out.append(Finding(ContractKind(TABLE_TRUNCATED), self._outputs()[0], f"row {b}", width, need, [],
+                                   [(b, blk) for blk in range(cdiv(need * case.page_size, BLOCK_TOKENS))],
+                                   f"length {case.seq_lens[b]} needs {need} pages, the width formula gives the row "
+                                   f"{width}"))
+        return out
 
 
-def _mutants(kernel_file: str, *, swa: bool):
+def _mutants(kernel: str, *, swa: bool):
     """The planted bugs of one page-table kernel (docs/contract.md §9, "Bug classes")."""
-    pages = "num_pages = tl.cdiv(length, PAGED_SIZE)" if kernel_file.startswith("flashmla") else \
-        "num_pages = tl.cdiv(length, PAGE_SIZE)"
-    size = "PAGED_SIZE" if kernel_file.startswith("flashmla") else "PAGE_SIZE"
+    size = "PAGED_SIZE" if kernel == "flashmla" else "PAGE_SIZE"
+    pages = f"num_pages = tl.cdiv(length, {size})"
+    truncated = ("SIZING_VIOLATION", TABLE_TRUNCATED, "GUARD_OVERWRITE")
     out = [
-        ContractMutant("page_count_floor", "The page count rounds down: a partial last page gets no id.",
-                       ("MISSING_WRITE",), ((pages, f"num_pages = length // {size}  # BUG: must round up"),)),
-        ContractMutant("one_page_more", "One page more than the length needs is written (mask <= num_pages).",
-                       ("STRAY_WRITE", "GUARD_OVERWRITE", "VALUE_MISMATCH"),
-                       (("mask = page < num_pages", "mask = page <= num_pages  # BUG: one page too many"),)),
-        ContractMutant("pool_row_from_request", "Reads pool row b instead of req_pool_indices[b].",
-                       ("VALUE_MISMATCH",),
-                       (("pool_row = tl.load(req_pool_indices + b).to(tl.int64)",
-                         "pool_row = (b + 0 * tl.load(req_pool_indices + b)).to(tl.int64)  # BUG"),)),
-        ContractMutant("sizing_context", "Graph-mode table sized ceil(context_len / P): no room for the draft "
-                       "tokens target verify adds to a length at the context wall.",
-                       ("SIZING_VIOLATION", "TABLE_TRUNCATED", "GUARD_OVERWRITE"), (), "context"),
-        ContractMutant("sizing_context_floor", "Table sized context_len // P: a page short when the context is not "
-                       "a multiple of the page size.",
-                       ("SIZING_VIOLATION", "TABLE_TRUNCATED", "GUARD_OVERWRITE"), (), "context-floor"),
+        Mutant("page_count_floor", "The page count rounds down: a partial last page gets no id.",
+               ("MISSING_WRITE",), ((pages, f"num_pages = length // {size}  # BUG: must round up"),)),
+        Mutant("one_page_more", "One page more than the length needs is written (mask <= num_pages).",
+               ("STRAY_WRITE", "GUARD_OVERWRITE", "VALUE_MISMATCH"),
+               (("mask = page < num_pages", "mask = page <= num_pages  # BUG: one page too many"),)),
+        Mutant("pool_row_from_request", "Reads pool row b instead of req_pool_indices[b].", ("VALUE_MISMATCH",),
+               (("pool_row = tl.load(req_pool_indices + b).to(tl.int64)",
+                 "pool_row = (b + 0 * tl.load(req_pool_indices + b)).to(tl.int64)  # BUG"),)),
+        Mutant("sizing_context", "Graph-mode table sized ceil(context_len / P): no room for the draft tokens target "
+               "verify adds to a length at the context wall.", truncated, sizing="context"),
+        Mutant("sizing_context_floor", "Table sized context_len // P: a page short when the context is not a "
+               "multiple of the page size.", truncated, sizing="context-floor"),
     ]
-    if kernel_file.startswith("flashmla"):
-        out.append(ContractMutant("start_ignored", "kv_start_idx is read but not added to the token position.",
-                                  ("VALUE_MISMATCH",),
-                                  (("first_token = start + page.to(tl.int64) * PAGED_SIZE",
-                                    "first_token = 0 * start + page.to(tl.int64) * PAGED_SIZE  # BUG"),)))
+    if kernel == "flashmla":
+        out.append(Mutant("start_ignored", "kv_start_idx is read but not added to the token position.",
+                          ("VALUE_MISMATCH",), (("first_token = start + page.to(tl.int64) * PAGED_SIZE",
+                                                 "first_token = 0 * start + page.to(tl.int64) * PAGED_SIZE  # BUG"),)))
     if swa:
-        out.append(ContractMutant("swa_table_unmapped", "The SWA table gets the full table's page ids (the "
-                                  "full_to_swa lookup is skipped).", ("VALUE_MISMATCH",),
-                                  (("tl.store(swa_page_table + out, (swa_slot // PAGE_SIZE).to(tl.int32), mask=mask)",
-                                    "tl.store(swa_page_table + out, ((slot + 0 * swa_slot) // PAGE_SIZE).to(tl.int32), "
-                                    "mask=mask)  # BUG"),)))
+        out.append(Mutant("swa_table_unmapped", "The SWA table gets the full table's page ids (the full_to_swa lookup "
+                          "is skipped).", ("VALUE_MISMATCH",),
+                          (("tl.store(swa_page_table + out, (swa_slot // PAGE_SIZE).to(tl.int32), mask=mask)",
+                            "tl.store(swa_page_table + out, ((slot + 0 * swa_slot) // PAGE_SIZE).to(tl.int32), "
+                            "mask=mask)  # BUG"),)))
     return out
 
 
-#: Where releases define the kernels (the newest first), read from the wheels 0.4.4.post2 .. 0.5.23.
-_KV_INDICES = ("sglang/kernels/ops/attention/kv_indices.py", "sglang/kernels/ops/kvcache/kv_indices.py",
-               "sglang/srt/layers/attention/triton_ops/kv_indices.py", "sglang/srt/layers/attention/utils.py")
-_TRTLLM_MHA = tuple(p.replace("kv_indices.py", "trtllm_mha_page_table.py") for p in _KV_INDICES[:3])
+#: The kinds a dropped, misplaced or mis-read page shows as (an output element's value, a write off the row).
+_WRONG = ("MISSING_WRITE", "VALUE_MISMATCH", "STRAY_WRITE", "GUARD_OVERWRITE", "POISON_READ")
 
-#: Where SGLang's backends size the tables these kernels write (docs/contract.md §9, "Shipped sizing of the
-#: plug-in contracts"), as the backends spell it in 0.5.23; other releases are read the same way, and a text a
-#: release lacks is reported as not found there.
-_FLASHMLA_SITES = (
-    ShippedSite("flashmla", "FlashMLABackend", "graph", "target_verify",
-                "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE", "self.num_draft_tokens", (64,),
-                within="init_cuda_graph_state", evidence="seq_lens + self.num_draft_tokens"),
-    ShippedSite("flashmla", "FlashMLABackend", "graph", "decode",
-                "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE", "0", (64,), within="init_cuda_graph_state"),
-    ShippedSite("flashmla", "FlashMLABackend", "eager", "target_verify",
-                "triton.cdiv(eager_max_k + self.num_draft_tokens, PAGE_SIZE)", "self.num_draft_tokens", (64,),
-                within="init_forward_metadata", evidence="forward_batch.seq_lens + self.num_draft_tokens"),
-    ShippedSite("aiter", "AiterAttnBackend", "eager", "decode", "max_kv_len", "0", (1,),
-                within="init_forward_metadata", symbols=(("max_kv_len", "max_len"),),
-                note="the page-table decode path (decode_uses_page_table): a table of page 1 (PAGED_SIZE 1 at the "
-                     "launch) as wide as the batch's longest length, max_kv_len = "
-                     "forward_batch.seq_lens_cpu.max().item() (aiter_backend.py:2057 in 0.5.23), built per batch"),
-    ShippedSite("cutlass_mla", "CutlassMLABackend", "graph", "decode", "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE",
-                "0", (128,), within="init_cuda_graph_state",
-                note="decode without speculation only: a speculative batch goes to its FlashInfer-MLA base class"),
-    ShippedSite("cutlass_mla", "CutlassMLABackend", "eager", "decode",
-                "triton.cdiv(forward_batch.seq_lens_cpu.max().item(), PAGE_SIZE)", "0", (128,),
-                within="init_forward_metadata",
-                note="decode without speculation only: a speculative batch goes to its FlashInfer-MLA base class"),
-    ShippedSite("trtllm_mla", "TRTLLMMLABackend", "graph", "target_verify",
-                "self._calc_padded_blocks(self.max_context_len)", "self.num_draft_tokens", (32, 64),
-                within="init_cuda_graph_state", evidence="torch.add(seq_lens[:bs], self.num_draft_tokens, "
-                                                         "out=metadata.global_seq_lens_k)"),
-)
-_TRTLLM_MHA_SITES = (
-    ShippedSite("trtllm_mha", "TRTLLMHAAttnBackend", "eager", "target_verify", "self.max_num_pages",
-                "tokens_per_req", (16, 32, 64), within="init_forward_metadata",
-                evidence="forward_batch.seq_lens + tokens_per_req",
-                symbols=(("forward_batch.input_ids.shape[0] // batch_size", "d"),),
-                note="tokens per request in target verify are the draft tokens (topk 1); the CUDA-graph verify "
-                     "builds its table with another kernel"),
-)
 
-FLASHMLA = PageTableContract(
-    "flashmla-page-table", "flashmla", "flashmla_page_table.py", "create_flashmla_kv_indices_triton",
-    Upstream("create_flashmla_kv_indices_triton", _KV_INDICES),
-    _mutants("flashmla_page_table.py", swa=False), _FLASHMLA_SITES)
+def _flashmla_release_mutants():
+    """Planted bugs in the text of ``create_flashmla_kv_indices_triton`` as 0.5.23 ships it (and the kernel of PR
+    #11985's era), made from the wheel at run time (``kvfence.contracts.page_table.release_mutants``)."""
+    from kvfence.contracts.page_table.release_mutants import release_mutant
 
-TRTLLM_MHA = PageTableContract(
-    "trtllm-mha-page-table", "trtllm_mha", "trtllm_mha_page_table.py", "create_trtllm_mha_kv_indices_triton",
-    Upstream("create_trtllm_mha_kv_indices_triton", _TRTLLM_MHA),
-    _mutants("trtllm_mha_page_table.py", swa=True), _TRTLLM_MHA_SITES)
+    name = "flashmla-page-table"
+    guard = "    if i < num_pages_loop:\n"
+    return [
+        release_mutant(name, "release_block_guard_pages", "The page-block guard counts pages, not tokens, against "
+                       "4096: at a page size over 1 a length past 4096 tokens gets one block, its later pages no id.",
+                       ("MISSING_WRITE",),
+                       (("num_pages_loop = tl.cdiv(kv_end - kv_start, FLASHMLA_CREATE_KV_BLOCK_SIZE_TRITON)",
+                         "num_pages_loop = tl.cdiv(num_paged, FLASHMLA_CREATE_KV_BLOCK_SIZE_TRITON)"),)),
+        release_mutant(name, "release_block_offset_64", "Block i's output offset is i * 64 pages, right only at "
+                       "page 64: block 1 writes over block 0's pages (or short of its own).", _WRONG,
+                       (("paged_offset_out = tl.arange(0, NUM_PAGE_PER_BLOCK) + i * NUM_PAGE_PER_BLOCK",
+                         "paged_offset_out = tl.arange(0, NUM_PAGE_PER_BLOCK) + i * 64"),)),
+        release_mutant(name, "release_blocks_capped_2", "The grid's page blocks are capped at two: pages past 8192 "
+                       "tokens (the third block) get no id.", ("MISSING_WRITE",),
+                       ((guard, "    if i < tl.minimum(num_pages_loop, 2):\n"),)),
+        release_mutant(name, "release_blocks_capped_3", "Page blocks capped at three: pages past 12288 tokens get no "
+                       "id (a scale bug: the CPU domain's lengths stop at 12288).", ("MISSING_WRITE",),
+                       ((guard, "    if i < tl.minimum(num_pages_loop, 3):\n"),), domain="gpu"),
+        release_mutant(name, "release_load_mask_floor", "The load mask counts whole pages: a partial last page is "
+                       "not read, and the masked-off load's value is stored as its id.", _WRONG,
+                       (("mask = paged_offset < num_paged * PAGED_SIZE",
+                         "mask = paged_offset < (kv_end - kv_start) // PAGED_SIZE * PAGED_SIZE"),)),
+        release_mutant(name, "release_pool_stride_from_output", "The req_to_token row is found with the output's row "
+                       "stride: a request in pool row r > 0 reads another row (or past the pool).",
+                       _WRONG + ("OOB_READ",),
+                       (("+ req_pool_index * req_to_token_ptr_stride", "+ req_pool_index * kv_indices_ptr_stride"),)),
+        release_mutant(name, "release_pr11985_kernel", "The kernel of PR #11985's era (0.4.10.post1 .. 0.5.3.post3): "
+                       "64 pages per 4096-token block at every page size, so below page 64 a length past 64 pages "
+                       "gets ids for its first 64 pages of each 4096 tokens only (launched as it shipped, with "
+                       "NUM_PAGE_PER_BLOCK at its default, TRITON_PAD_NUM_PAGE_PER_BLOCK = 64).",
+                       ("MISSING_WRITE",),
+                       (("    NUM_PAGE_PER_BLOCK: tl.constexpr = TRITON_PAD_NUM_PAGE_PER_BLOCK,\n", ""),
+                        ("    BLOCK_SIZE: tl.constexpr = 4096\n", "    BLOCK_SIZE: tl.constexpr = 4096\n"
+                         "    NUM_PAGE_PER_BLOCK: tl.constexpr = 64  # the launch's default\n")),
+                       version="0.5.3.post3"),
+    ]
+
+
+def _trtllm_mha_release_mutants():
+    """Planted bugs in the text of ``create_trtllm_mha_kv_indices_triton`` as 0.5.23 ships it."""
+    from kvfence.contracts.page_table.release_mutants import release_mutant
+
+    name = "trtllm-mha-page-table"
+    guard = "    if pid_blk >= num_page_blocks:\n"
+    return [
+        release_mutant(name, "release_block_guard_pages", "The page-block guard counts pages, not tokens, against "
+                       "4096: at a page size over 1 a length past 4096 tokens gets one block, its later pages no id.",
+                       ("MISSING_WRITE",),
+                       (("num_page_blocks = tl.cdiv(seq_len, _MHA_KV_INDEX_BLOCK_TOKENS_TL)",
+                         "num_page_blocks = tl.cdiv(num_pages, _MHA_KV_INDEX_BLOCK_TOKENS_TL)"),)),
+        release_mutant(name, "release_block_offset_64", "Block pid_blk's pages start at pid_blk * 64, right only at "
+                       "page 64: block 1 writes over block 0's pages (or short of its own).", _WRONG,
+                       (("page_idx = tl.arange(0, PAGES_PER_BLOCK) + pid_blk * PAGES_PER_BLOCK",
+                         "page_idx = tl.arange(0, PAGES_PER_BLOCK) + pid_blk * 64"),)),
+        release_mutant(name, "release_blocks_capped_2", "The grid's page blocks are capped at two: pages past 8192 "
+                       "tokens (the third block) get no id.", ("MISSING_WRITE",),
+                       ((guard, "    if pid_blk >= tl.minimum(num_page_blocks, 2):\n"),)),
+        release_mutant(name, "release_blocks_capped_3", "Page blocks capped at three: pages past 12288 tokens get no "
+                       "id (a scale bug: the CPU domain's lengths stop at 12288).", ("MISSING_WRITE",),
+                       ((guard, "    if pid_blk >= tl.minimum(num_page_blocks, 3):\n"),), domain="gpu"),
+        release_mutant(name, "release_load_mask_floor", "The slot load's mask counts whole pages: a partial last page "
+                       "is not read, and the masked-off load's value is stored as its id (and looked up for SWA).",
+                       _WRONG, (("        mask=mask,\n    )\n",
+                                 "        mask=page_idx < seq_len // PAGE_SIZE,\n    )\n"),)),
+        release_mutant(name, "release_pool_stride_from_output", "The req_to_token row is found with the page "
+                       "table's row stride: a request in pool row r > 0 reads another row (inside the pool: the "
+                       "table's stride is the shorter).", _WRONG + ("OOB_READ",),
+                       (("+ req_pool_index.to(tl.int64) * req_to_token_stride",
+                         "+ req_pool_index.to(tl.int64) * page_table_stride"),)),
+    ]
+
+
+FLASHMLA = PageTableContract("flashmla-page-table", "flashmla", "flashmla_page_table",
+                             "create_flashmla_kv_indices_triton",
+                             _mutants("flashmla", swa=False) + _flashmla_release_mutants())
+TRTLLM_MHA = PageTableContract("trtllm-mha-page-table", "trtllm_mha", "trtllm_mha_page_table",
+                               "create_trtllm_mha_kv_indices_triton",
+                               _mutants("trtllm_mha", swa=True) + _trtllm_mha_release_mutants())

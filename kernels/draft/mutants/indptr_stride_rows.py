@@ -11,5 +11,6 @@ DETECTS = ("VALUE_MISMATCH", "MISSING_WRITE", "STRAY_WRITE", "GUARD_OVERWRITE")
 #: (reference text, mutated text): applied to kernels/draft/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    out = kv_indices + s * kv_indices_stride + topk * prefix_sum + b * n * topk + k * (L + n)',
-     '    out = kv_indices + s * kv_indptr_stride + topk * prefix_sum + b * n * topk + k * (L + n)  # BUG: rows are kv_indices_stride apart'),
+     '    out = kv_indices + s * kv_indptr_stride + topk * prefix_sum + b * n * topk + k * (L + n)'
+     '  # BUG: rows are kv_indices_stride apart'),
 ]

@@ -13,5 +13,6 @@ DETECTS = ("MISSING_WRITE", "GUARD_OVERWRITE", "OOB_WRITE")
 #: (reference text, mutated text): applied to kernels/draft/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('    out = kv_indices + s * kv_indices_stride + topk * prefix_sum + b * n * topk + k * (L + n)',
-     '    out = kv_indices + tl.where(s == num_steps - 1, s + 1, s) * kv_indices_stride + topk * prefix_sum + b * n * topk + k * (L + n)  # BUG: the last step writes one row past the buffer'),
+     '    out = kv_indices + tl.where(s == num_steps - 1, s + 1, s) * kv_indices_stride + topk * prefix_sum'
+     ' + b * n * topk + k * (L + n)  # BUG: the last step writes one row past the buffer'),
 ]

@@ -14,5 +14,6 @@ DETECTS = ("VALUE_MISMATCH",)
 PATCH = [
     ('        if page_size == 1:\n            draft_start = seq_len + k * num_steps\n',
      '        if page_size == 1:\n'
-     '            draft_start = seq_len + k + tl.arange(0, iter_upper) * (topk - 1)  # BUG: step-major slots at page 1\n'),
+     '            draft_start = seq_len + k + tl.arange(0, iter_upper) * (topk - 1)'
+     '  # BUG: step-major slots at page 1\n'),
 ]

@@ -12,7 +12,8 @@ DETECTS = ("VALUE_MISMATCH", "MISSING_WRITE")
 #: The domain whose default draws must reach the bug (``kvfence.contracts.draft.domain``): production-sized.
 DOMAIN = "gpu"
 #: Config pins that reach the bug, for ``mutants --verifiers both``'s extra rounds when default draws
-#: did not (kvfence.contracts.draft.compare): 32 requests at most: a full batch, or a count past 17, has the 18 the bug needs.
+#: did not (kvfence.contracts.draft.compare): 32 requests at most: a full batch, or a count past 17, has the 18 the bug
+#: needs.
 AIM = {"max_bs": 32}
 #: (reference text, mutated text): applied to kernels/draft/draft_kv_indices.py, each matching exactly once.
 PATCH = [

@@ -11,5 +11,6 @@ DETECTS = ("VALUE_MISMATCH",)
 #: (reference text, mutated text): applied to kernels/draft/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        draft = read_tokens(src, draft_start + offs_j, mask_j, v2p, page_size, ENTRY_PAGE_SIZE, TRANSLATE)\n',
-     '        draft = read_tokens(src, seq_len + offs_j * topk + k, mask_j, v2p, page_size, ENTRY_PAGE_SIZE, TRANSLATE)  # BUG: step-major slots L + j*topk + k\n'),
+     '        draft = read_tokens(src, seq_len + offs_j * topk + k, mask_j, v2p, page_size, ENTRY_PAGE_SIZE, TRANSLATE)'
+     '  # BUG: step-major slots L + j*topk + k\n'),
 ]

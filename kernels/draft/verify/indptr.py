@@ -48,7 +48,8 @@ def verify_indptr_kernel(
 
     in_range = cols < count
     i = (base + cols).to(tl.int64)
-    # kvfence.contracts.draft.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
+    # kvfence.contracts.draft.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the
+    # host.
     canary = -(((i * 0x2545F491 + seed_term) & ((1 << 30) - 1)) + 2)
     # (cols < width*is_row) rather than is_row & (...): the interpreter keeps a scalar&block mask as int32.
     live = cols < width * is_row.to(tl.int32)
@@ -71,8 +72,8 @@ def verify_indptr_kernel(
 
 
 def verify_indptr(buf, *, positions, counts, num_seqs: int, topk: int, poison: int, poison_back: bool = False):
-    """Launch over ``buf`` (the kv_indptr ``kvfence.contracts.draft.guarded.GuardedBuffer``) for a launch of ``num_seqs``
-    requests whose ``positions`` (``num_seqs * topk`` of them) are on the device."""
+    """Launch over ``buf`` (the kv_indptr ``kvfence.contracts.draft.guarded.GuardedBuffer``) for a launch of
+    ``num_seqs`` requests whose ``positions`` (``num_seqs * topk`` of them) are on the device."""
     span = max(buf.stride, buf.front, buf.tail)
     verify_indptr_kernel[(triton.cdiv(span, BLOCK_COLUMNS), buf.rows + 2)](
         buf.storage, positions, counts, buf.front, buf.rows, buf.width, buf.stride, buf.tail, num_seqs, topk,

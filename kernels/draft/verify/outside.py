@@ -60,7 +60,8 @@ def verify_outside_kernel(
         live = cols < width * is_row.to(tl.int32)
         check = (cols >= used) & (cols < count)
         i = (base + cols).to(tl.int64)
-        # kvfence.contracts.draft.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the host.
+        # kvfence.contracts.draft.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on
+        # the host.
         h = (i * 0x2545F491 + seed_term) & ((1 << 30) - 1)
         expected = tl.where(live, poison, -(h + 2))
         found = tl.load(storage + i, mask=check, other=0).to(tl.int64)

@@ -146,7 +146,8 @@ def html_report(doc: dict, out_dir: Path) -> str:
             if cell and cell["case_files"]:
                 text = file_link(cell["case_files"][0], out_dir, text)
             title = cell["message"] if cell and cell.get("message") else ""
-            parts.append(html("<td style='background:{}' title='{}'>{}</td>", _COLOURS.get(status, "#fff"), title, text))
+            parts.append(html("<td style='background:{}' title='{}'>{}</td>", _COLOURS.get(status, "#fff"), title,
+                              text))
         parts.append(html("<td class='note'>{}</td></tr>", _release_note(release, [c for c in cells if c])))
     parts.append(html("</table><p>Cells: {}</p><h2>Legend</h2><ul>",
                       ", ".join(f"{n} {SHORT.get(s, s)}" for s, n in sorted(_counts(doc).items()))))

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+
 def short(backend: str) -> str:
     """A backend class as a deployer names it: SGLang's ``--attention-backend`` (the legend gives the class)."""
     from kvfence.release.affected import attention_backend_name
@@ -85,8 +86,8 @@ def _span(versions: List[str]) -> str:
 def markdown(doc: dict, out: Optional[Path] = None) -> str:
     """The report: a table of releases x backends (split to fit ``text_table.WIDTH``), each distinct failure's
     minimal case and case file (relative to ``out``, the report's folder), and the legend."""
+    from kvfence.contracts.draft.shipped_matrix import case_text
     from kvfence.reports.text_table import markdown_tables, shown_path
-    from kvfence.release.shipped_matrix import case_text
 
     names = backends(doc)
     groups = grouped(doc)
@@ -121,9 +122,8 @@ def write(doc: dict, out: Path) -> Path:
 
 def sizing_lines(version: str, record: dict) -> List[str]:
     """``upstream sizing VERSION``: per backend, both widths, the host check and where each came from."""
-    from kvfence.release.shipped_sizing import site_state
-
     from kvfence.release.shipped import unread_note
+    from kvfence.release.shipped_sizing import site_state
 
     # What was not read (too many backend classes, members left out) is said on the first line: a count of
     # backends alone would hide that the rest of the wheel was never looked at.
@@ -145,7 +145,10 @@ def sizing_lines(version: str, record: dict) -> List[str]:
             out.append(line)
         check = b.get("host_check")
         state, text = site_state(check)
-        out.append(f"  check  {'none' if state == 'absent' else (text + ' <= W   (' + check['source'] + ')') if state == 'ok' else state + ': ' + text}")
+        shown = ("none" if state == "absent" else (text + " <= W   (" + check["source"] + ")") if state == "ok"
+                 else state + ": " + text)
+        out.append(f"  check  {shown}")
         if b.get("refuses"):
-            out.append(f"  refuses {b['refuses']['refuses']}   ({b['refuses']['source']}: if {b['refuses']['text']}: raise)")
+            out.append(f"  refuses {b['refuses']['refuses']}   "
+                       f"({b['refuses']['source']}: if {b['refuses']['text']}: raise)")
     return out

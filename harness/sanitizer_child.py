@@ -1,4 +1,4 @@
-"""The process compute-sanitizer runs: ``python -m kvfence.sanitizer.child STATUS ARGS...``.
+"""The process compute-sanitizer runs: ``python -m kvfence.sanitizer_child STATUS ARGS...``.
 
 It runs ``python -m kvfence ARGS...`` (a ``repro`` of one case) in this process and writes the command's
 own exit code to the file ``STATUS`` as JSON: ``{"exit": N}``, plus ``"error"`` when the command raised.
@@ -27,7 +27,7 @@ def _write_status(path: str, doc: dict) -> None:
 
 def main(argv) -> int:
     if len(argv) < 2:
-        print("usage: python -m kvfence.sanitizer.child STATUS COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m kvfence.sanitizer_child STATUS COMMAND [ARGS...]", file=sys.stderr)
         return 2
     status, args = argv[0], argv[1:]
     from kvfence.cli import main as cli_main

@@ -32,11 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, TextIO, Tuple
 
-from kvfence.release import shipped, upstream
-
-from kvfence.release import shipped_sizing
 from kvfence.contracts.draft.case import Batch, Case, Config, launch_batch, launch_need
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
+from kvfence.release import shipped, shipped_sizing, upstream
 
 SILENT = "silent overflow"
 FIRES = "host check fires"
@@ -147,7 +145,7 @@ def search(spec: str, mode: str, d: Domain, topks: Optional[range] = None
         config = _config(spec, mode, topk, d)
         for raw_bs in range(1, d.max_bs + 1):
             @functools.lru_cache(maxsize=None)
-            def launch(total):
+            def launch(total, raw_bs=raw_bs, config=config, topk=topk):
                 batch = Batch(_even(total, raw_bs), tuple(range(raw_bs)))
                 lb = launch_batch(config, batch)
                 need = launch_need(config, lb.seq_lens, lb.positions)
@@ -155,7 +153,7 @@ def search(spec: str, mode: str, d: Domain, topks: Optional[range] = None
                 host = shipped_sizing.check_verdict(spec, topk, d.num_steps, lb.num_seqs, sum(lb.seq_lens), width, need)
                 return batch, need, width, host[0] if host else None
 
-            def record(key: str, total: int) -> None:
+            def record(key: str, total: int, launch=launch, config=config, topk=topk, raw_bs=raw_bs) -> None:
                 batch = launch(total)[0]
                 found[key].append((max(batch.seq_lens) > d.ctx - d.num_steps, topk, raw_bs, total,
                                    Case(config, batch, kernel)))
@@ -218,6 +216,7 @@ class Runs:
 
 
 def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, runs: Runs, out: Path) -> Cell:
+    from kvfence.contracts.draft.record import launch_of
     from kvfence.engine.casefile import write_case
 
     cell = Cell(version, backend, mode)
@@ -248,9 +247,10 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
     cell.case = _describe(witness, d)
     findings = runs.findings(witness)
     cell.kinds = sorted({f.kind.value for f in findings})
-    expected = {SILENT: "SIZING_VIOLATION", CHECK_WRONG: "HOST_CHECK_REJECTS_FIT", FIRES: "HOST_CHECK_FIRED"}[cell.status]
-    cell.case_file = str(write_case(witness, findings, out_dir=out / version / f"{backend}-{mode}", device=runs.device,
-                                    source="upstream matrix --shipped"))
+    expected = {SILENT: "SIZING_VIOLATION", CHECK_WRONG: "HOST_CHECK_REJECTS_FIT",
+                FIRES: "HOST_CHECK_FIRED"}[cell.status]
+    cell.case_file = str(write_case(launch_of(witness), findings, out_dir=out / version / f"{backend}-{mode}",
+                                    device=runs.device, source="upstream matrix --shipped"))
     if expected not in cell.kinds:
         cell.detail = f"the arithmetic predicts {expected}, the run found {', '.join(cell.kinds) or 'nothing'}"
         cell.status = ERROR

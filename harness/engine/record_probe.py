@@ -1,0 +1,175 @@
+"""``kvfence check-contract``'s child: a contract's methods asked about a few drawn cases, in a throwaway process.
+
+A record's methods are its author's code: one that exits, aborts or hangs must end this child, never the command
+(``check_contract`` in the parent says so in one line). The child loads the record by its registry entry
+(``kvfence.engine.registry.loading``), draws ``examples`` cases of its CPU domain, asks every method about each
+(``kvfence.engine.record_check.case_problems``), resolves the reference kernel and each planted bug's kernel, then
+checks the reference kernel under the ``safe`` sizing on every drawn case with the engine's checker. What it found
+goes to the report file as JSON: ``{"problems": [...], "cases": n, "launches": n}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+from kvfence.errors import BadInput
+
+#: Seconds the child may take (its cases run under the interpreter).
+PROBE_TIMEOUT_S = 600.0
+
+
+def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = None,
+                   timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+    """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``)
+    (``BadInput`` when the child ended without one)."""
+    from kvfence.engine import registry
+    from kvfence.engine.workers import signal_name
+
+    with tempfile.TemporaryDirectory(prefix="kvfence-check-contract-") as tmp:
+        report, options = Path(tmp) / "report.json", Path(tmp) / "options.json"
+        options.write_text(json.dumps({"loading": registry.loading(record), "examples": examples, "seed": seed,
+                                       "pins": pins or {}}))
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        try:
+            proc = subprocess.run([sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise BadInput(f"contract {record.name!r}: its methods did not answer on {examples} cases within "
+                           f"{timeout_s:g}s") from None
+        try:
+            answer = json.loads(report.read_text())
+        except (OSError, ValueError):
+            answer = None
+    if not isinstance(answer, dict):
+        how = f"died of {signal_name(proc.returncode)}" if proc.returncode < 0 else \
+            f"ended it ({signal_name(proc.returncode)})"
+        raise BadInput(f"contract {record.name!r}: its code {how} while kvfence asked it about drawn cases (a "
+                       "contract's methods must return or raise, never exit or kill their process)")
+    return answer
+
+
+def drawn(record, examples: int, seed: int, pins: dict) -> list:
+    """``examples`` cases of the record's CPU domain with ``pins`` (Hypothesis's generate phase, seeded)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from kvfence.contract import Domain
+
+    out: list = []
+    strategy = record.cases(Domain("cpu", pins=pins))
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=examples, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(case):
+        out.append(case)
+
+    collect()
+    return [c for drawn_ in out for c in (drawn_ if isinstance(drawn_, list) else [drawn_])]
+
+
+def problems_of(record, examples: int, seed: int, pins: dict) -> dict:
+    """What the child reports (see the module docstring)."""
+    from kvfence.engine import kernels
+    from kvfence.engine.checking import TableChecker
+    from kvfence.engine.launch import describe
+    from kvfence.engine.plan import RunPlan
+    from kvfence.engine.record_check import case_problems
+
+    problems: List[str] = []
+    try:
+        cases = drawn(record, examples, seed, pins)
+    except BadInput as exc:
+        return {"problems": [f"cases(domain) refuses the domain{' pinned to ' + str(pins) if pins else ''}: {exc} "
+                             "(pin its flags with --pin NAME=VALUE)"], "cases": 0, "launches": 0}
+    if not cases:
+        return {"problems": ["cases(domain) draws nothing"], "cases": 0, "launches": 0}
+    refusals: List[dict] = []
+    for case in cases:
+        refused: dict = {}
+        found = asked(lambda case=case, refused=refused: case_problems(record, case, refused=refused),
+                      "asking its methods about a drawn case")
+        refusals.append(refused)
+        problems += [p for p in found if p not in problems]
+        if problems:
+            return {"problems": problems, "cases": len(cases), "launches": 0}
+    for sizing in record.sizings:
+        if all(sizing in r for r in refusals):
+            problems.append(f"sizing {sizing!r} refuses every drawn case ({refusals[0][sizing]})")
+    for spec in [*kernels.references(record)] + [f"mutant:{m.name}" for m in record.mutants if m.patch or m.kernel]:
+        try:
+            kernels.resolve(record, spec)
+        except BadInput as exc:
+            problems.append(f"kernel {spec}: {exc}")
+    if problems:
+        return {"problems": problems, "cases": len(cases), "launches": 0}
+    # The engine's plain path (tables, oracle, launch), and the record's own checker where it has one.
+    plan = RunPlan(contract=record.name, device="cpu", sizing="safe")
+    checkers = [("the engine's check of its tables", TableChecker(record, "cpu"))]
+    own = asked(lambda: record.checker(plan), "checker(plan)")
+    if isinstance(own, list):
+        return {"problems": own, "cases": len(cases), "launches": 0}
+    if own is not None:
+        checkers.append(("its own checker", own))
+    launches = 0
+    for case in cases:
+        launch = asked(lambda case=case: _bind(record, case), "binding a drawn case")
+        if isinstance(launch, list):
+            return {"problems": launch, "cases": len(cases), "launches": launches}
+        for path, checker in checkers:
+            findings = asked(lambda checker=checker, launch=launch: checker.check(launch),
+                             f"checking the reference kernel ({path})")
+            if findings and isinstance(findings[0], str):
+                return {"problems": findings, "cases": len(cases), "launches": launches}
+            launches += 1
+            if findings:
+                kinds = ", ".join(sorted({f.kind.value for f in findings}))
+                return {"problems": [f"its reference kernel is not clean under the 'safe' sizing on its own drawn "
+                                     f"case ({path}: {kinds}; {findings[0].headline()}; case "
+                                     f"{describe(record, launch)}): the oracle, the tables, the launch or the kernel "
+                                     "disagree"], "cases": len(cases), "launches": launches}
+    return {"problems": [], "cases": len(cases), "launches": launches}
+
+
+def _bind(record, case):
+    from kvfence.engine.launch import bind
+
+    return bind(record, case, "safe")
+
+
+def asked(call, what: str):
+    """``call()``, or its failure as a one-item list of problem text (the record's code raised)."""
+    try:
+        return call()
+    except BadInput as exc:
+        return [str(exc)]
+    except Exception as exc:  # noqa: BLE001 - the record's own code: its failure is a problem of the record
+        return [f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"]
+
+
+def _main(report: Path, options: dict) -> None:
+    from kvfence.engine.registry import load_in_worker
+
+    try:
+        record = load_in_worker(options["loading"])
+        answer = problems_of(record, options["examples"], options["seed"], options["pins"])
+    except BadInput as exc:
+        answer = {"problems": [str(exc)], "cases": 0, "launches": 0}
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from the record's code
+        answer = {"problems": [f"its code raised {type(exc).__name__}: {exc}"], "cases": 0, "launches": 0}
+    report.write_text(json.dumps(answer))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the parent, which decides
+    _main(Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()))

@@ -1,0 +1,128 @@
+"""Any contract's kernel of an SGLang release: ``--kernel sglang==VERSION[:attr]`` for a contract whose release
+knowledge says where the wheel defines it (``kvfence.release.knowledge.Upstream``). Registered as the kernel
+source ``sglang`` (entry-point group ``kvfence.kernel_sources``, read by ``kvfence.engine.kernels``).
+
+The function is extracted from the wheel as data (``kvfence.release.extract``) into a cache entry of the
+contract's own, checked against the contract's ABI by its parameters, and loaded like a plug-in kernel file.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Optional, Tuple
+
+from kvfence.errors import BadInput, require
+from kvfence.release.extract import check_extracted, extract
+from kvfence.release.upstream import ABI_UNSUPPORTED, NO_KERNEL, SPEC_PREFIX, Refused, find_wheel
+from kvfence.release.wheels import (
+    cache_root,
+    check_trusted,
+    check_version,
+    member_bytes,
+    offline_by_env,
+    parameters,
+    sha256_hex,
+)
+
+#: Bumped when a contract kernel's cache entry changes shape; an entry of another format is extracted again.
+CONTRACT_CACHE_FORMAT = 1
+
+
+def contract_entry(version: str, contract: str, project: str = "sglang") -> Tuple[Path, Path]:
+    """``(module, manifest)`` of one contract's kernel of one ``project`` release in the cache: an entry of its own
+    (``contracts/PROJECT-VERSION/CONTRACT.py`` and ``.json``), apart from every other contract's and from the
+    draft kernel's release entry, so no command's writes can spoil another's."""
+    folder = cache_root() / "contracts" / f"{project}-{version}"
+    return folder / f"{contract}.py", folder / f"{contract}.json"
+
+
+def load_contract_entry(module: Path, manifest: Path, function: str,
+                        fmt: int = CONTRACT_CACHE_FORMAT) -> Optional[Path]:
+    """The cached module if its manifest (of format ``fmt``) vouches for it; None if there is no entry or one of
+    another format (extracted again); ``BadInput`` if corrupt."""
+    if not module.exists() and not manifest.exists():
+        return None
+    try:
+        check_trusted(module.parent)
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        require(isinstance(data, dict) and data.get("format") == fmt, "another format")
+        text = module.read_text(encoding="utf-8")
+        require(sha256_hex(text.encode()) == data.get("sha256"), f"{module.name} does not match its sha256")
+        check_extracted(ast.parse(text), set(data.get("functions", [])))
+        require(function in data.get("functions", []), f"it holds no {function}")
+    except (BadInput, OSError, ValueError, SyntaxError) as exc:
+        if isinstance(exc, BadInput) and "another format" in str(exc):
+            return None  # an entry of an older layout: extracted again
+        raise BadInput(f"cache entry {module} is corrupt ({exc}); delete it and run the command again") from None
+    return module
+
+
+def contract_kernel(record, spec: str) -> Tuple[Path, str]:
+    """``(file, function)`` of ``record``'s kernel in release ``sglang==VERSION[:attr]``: read from the wheel as
+    data (never imported), the function and the jit helpers and constants it needs extracted into the cache, on
+    first use. ``Refused`` (one line) when the release has no such kernel or one of another signature."""
+    from kvfence.engine.kernels import module_file, reference_spec
+    from kvfence.release.knowledge import upstream_of
+
+    where = upstream_of(record.name)
+    version, _, attr = spec[len(SPEC_PREFIX):].partition(":")
+    check_version(version)
+    function = where.function
+    require(attr in ("", function), f"kernel {spec!r}: contract {record.name} launches {function}, not {attr}")
+    module, manifest = contract_entry(version, record.name)
+    if load_contract_entry(module, manifest, function) is not None:
+        return module, function
+    found, source = wheel_source(version, where.paths, function, record.name)
+    ours = parameters(module_file(reference_spec(record)).read_text(), reference_spec(record).rpartition(":")[2],
+                       "kvfence")
+    theirs = parameters(source, function, f"sglang=={version}")
+    if len(ours) != len(theirs):
+        raise Refused(f"sglang=={version}: {function} takes {len(theirs)} parameters ({', '.join(theirs)}), the "
+                      f"{record.name} ABI {len(ours)} ({', '.join(ours)}); kvfence does not know this signature",
+                      ABI_UNSUPPORTED)
+    store_extracted(module, manifest, source, found, function, version, record.name, "Generated")
+    return module, function
+
+
+def wheel_source(version: str, paths, function: str, contract: str) -> Tuple[str, str]:
+    """``(member path, its text)``: the first of ``paths`` that sglang ``version``'s wheel holds (the wheel from
+    ``KVFENCE_WHEEL_DIR`` or pip, never installed); ``Refused`` (``NO_KERNEL``) when it holds none of them or the
+    member defines no ``function``."""
+    with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
+        wheel = find_wheel(version, None, offline_by_env(), Path(tmp),
+                           lambda m: print(m, file=sys.stderr, flush=True))
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                names = set(zf.namelist())
+                found = [p for p in paths if p in names]
+                if not found:
+                    raise Refused(f"sglang=={version} has no {function} for contract {contract} "
+                                  f"(looked in {', '.join(paths)})", NO_KERNEL)
+                source = member_bytes(zf, found[0]).decode("utf-8")
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, UnicodeDecodeError) as exc:
+            raise BadInput(f"sglang=={version}: the wheel is unreadable: {exc}") from None
+    if f"def {function}(" not in source:
+        raise Refused(f"sglang=={version}: {found[0]} has no {function}", NO_KERNEL)
+    return found[0], source
+
+
+def store_extracted(module: Path, manifest: Path, source: str, found: str, function: str, version: str,
+                    contract: str, purpose: str, fmt: int = CONTRACT_CACHE_FORMAT, project: str = "sglang") -> None:
+    """``function`` and the jit helpers and constants it reads, extracted from ``source`` (``found`` in the wheel)
+    into ``module``, with its manifest (format ``fmt``, the text's sha256) beside it; each file written whole."""
+    text, functions = extract(source, found, roots=(function,))
+    require(function in functions, f"{project}=={version}: {function} in {found} is not a @triton.jit function")
+    text = f'"""{function} of {project}=={version} ({found}), extracted by kvfence. {purpose}."""\n' + text
+    module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for path, body in ((module, text), (manifest, json.dumps({"format": fmt, "version": version, "contract": contract,
+                                                              "source": found, "functions": functions,
+                                                              "sha256": sha256_hex(text.encode())}))):
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        staging.write_text(body, encoding="utf-8")
+        os.replace(staging, path)

@@ -1,0 +1,1 @@
+"""kvfence's own Triton kernels of the req_to_token contract(s)."""

@@ -1,0 +1,74 @@
+"""``kvfence check-contract``: the CSR fixture contract (written from docs/contract-api.md alone) is well formed,
+and each record mistake planted in a copy of it is named in one line, exit 2, never a finding against the correct
+kernel and never a traceback."""
+
+import io
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from kvfence import cli
+from kvfence.engine import registry
+
+pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "csr_contract"
+
+
+def check(name: str, spec: str, *argv):
+    """``kvfence check-contract NAME`` with ``spec`` registered as NAME: ``(exit code, stdout, stderr lines)``."""
+    out, err = io.StringIO(), io.StringIO()
+    with registry.registered(name, spec), redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(["check-contract", name, "--examples", "6", *argv])
+    return code, out.getvalue(), err.getvalue().strip().splitlines()
+
+
+@pytest.fixture(autouse=True)
+def on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURE))
+
+
+def test_the_csr_fixture_is_well_formed_and_small():
+    code, out, err = check("csr-kv-indices", "csr_contract:CSR")
+    assert code == 0 and err == [], err
+    assert "well formed: 6 drawn cases" in out and "1 planted bug(s) resolve" in out
+    lines = sum(len(p.read_text().splitlines()) for p in (FIXTURE / "csr_contract.py", FIXTURE / "csr_kernel.py"))
+    assert lines <= 120, lines
+
+
+@pytest.mark.parametrize("mistake, named", [
+    ("ROUNDTRIP", "from_json rejects what to_json wrote"),
+    ("EXTRATABLE", "expected(launch) names table 'kv_last_page_len', which tables(launch) lacks"),
+    ("FLATKEYS", "is no (row, column) pair of integers"),
+    ("UNDECLAREDKIND", "mutant one_more detects ROW_OVERFLOW, which no kind declares"),
+    ("NOSAFE", "sizings has no 'safe' policy"),
+    ("NEGATIVENEED", "need(launch) must be an integer >= 0, got -1"),
+    ("TEXTWIDTH", "sizing 'safe' gives width '"),  # the text's repr: quoted
+    ("OBSERVEDBEFORELAUNCH", "findings_before_launch gives GUARD_OVERWRITE"),
+    ("WRONGORACLE", "its reference kernel is not clean under the 'safe' sizing"),
+    ("EXITS", "its code ended it"),
+])
+def test_each_planted_record_mistake_is_one_line_and_exit_2(mistake, named):
+    name = f"csr-{mistake.lower()}"
+    code, out, err = check(name, f"mistakes:{mistake}")
+    assert code == 2 and len(err) == 1 and named in err[0], err
+    assert err[0].startswith(f"kvfence: error: contract {name!r}") and "Traceback" not in "\n".join(err)
+
+
+def test_unknown_contract_and_bad_pins_are_one_line():
+    code, _, err = check("csr-kv-indices", "csr_contract:CSR", "--pin", "window=4")
+    assert code == 2 and len(err) == 1 and "--pin 'window=4'" in err[0], err
+    out, errs = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(errs):
+        assert cli.main(["check-contract", "no-such-contract"]) == 2
+    assert len(errs.getvalue().strip().splitlines()) == 1 and "no-such-contract" in errs.getvalue()
+
+
+def test_list_names_every_registered_contract():
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(["check-contract", "--list"]) == 0
+    assert {line.split()[0] for line in out.getvalue().splitlines()} == set(registry.names())
+    assert sys.modules.get("csr_contract") is None or "csr-kv-indices" not in registry.names()
