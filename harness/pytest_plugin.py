@@ -319,6 +319,11 @@ class _Recording:
         self._session, self._device = session, device
 
     def check(self, case):
+        from kvfence.contract import Launch  # lazily, as every import here: the device comes first
+
+        if not isinstance(case, Launch):
+            raise TypeError("kvfence_session(...).check takes a launch (kvfence.contract.Launch: what "
+                            f"kvfence.strategies.cases draws), got {type(case).__name__}")
         findings = self._session.check(case)
         _LAST_CHECK.update(case=case, findings=findings, device=self._device)
         return findings

@@ -21,10 +21,11 @@ def test_on_cuda_check_kernel_turns_a_misbehaving_launch_into_a_failing_case(lau
 @pytest.mark.parametrize("launcher, kind", [("hard_exit", "CRASH"), ("spin", "HANG")])
 def test_on_cuda_the_plugin_session_fails_a_test_whose_launch_ends_or_stalls_the_worker(launcher, kind, tmp_path):
     (tmp_path / "test_mine.py").write_text(
-        "from kvfence.contracts.draft.case import Batch, Case, Config\n\n"
+        "from kvfence.contracts.draft.case import Batch, Case, Config\n"
+        "from kvfence.contracts.draft.record import launch_of\n\n"
         "def test_mine(kvfence_session, kvfence_kernel):\n"
-        "    case = Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, sizing='safe'), Batch((2,), (0,), 0),"
-        " kvfence_kernel)\n"
+        "    case = launch_of(Case(Config(topk=1, num_steps=1, ctx=4, max_bs=1, sizing='safe'), Batch((2,), (0,), 0),"
+        " kvfence_kernel))\n"
         "    assert [f.kind.value for f in kvfence_session(kvfence_kernel, case_timeout=1).check(case)] == []\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER", "HYPOTHESIS_PROFILE",
                                                             "KVFENCE_KERNEL", "KVFENCE_SIZING", "TRITON_INTERPRET")}

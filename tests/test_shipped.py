@@ -182,6 +182,7 @@ def test_upstream_sizing_prints_formulas_and_sources(tmp_path):
     assert json.loads((cache / f"sglang-{VERSION}" / shipped.RECORD_FILE).read_text())["format"] == shipped.FORMAT
 
 
+@pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_bad_input_unknown_backend_and_release_without_backends(tmp_path):
     cache = tmp_path / "cache"
     wheels = tmp_path / "wheels"

@@ -157,8 +157,9 @@ class _Edge:
 @pytest.mark.parametrize("contract", ["flashmla-page-table", "trtllm-mha-page-table"])
 def test_the_gpu_domain_reaches_contexts_to_256k_at_every_page_size(contract):
     """On the GPU domain (the self-test's 150 examples, no target phase), for each page size: a length past 200000
-    tokens (the 49th page block and on) is reached in at least 4 of seeds 0-9 (measured: 5 to 10 of 10; a run of
-    Hypothesis's keeps its page size for many examples), and every seed reaches one at some page size."""
+    tokens (the 49th page block and on) is reached in at least 3 of seeds 0-9 (measured: 4 to 10 of 10, moving with
+    the modules the process has loaded, whose constants Hypothesis mixes into its draws; a run of Hypothesis's
+    keeps its page size for many examples), and every seed reaches one at some page size."""
     record = registry.get(contract)
     plan = RunPlan(contract=contract, device="cuda", domain="gpu", max_examples=150, shrink_seconds=0.0)
     reached = collections.defaultdict(set)
@@ -175,7 +176,7 @@ def test_the_gpu_domain_reaches_contexts_to_256k_at_every_page_size(contract):
         assert pages, seed
         for page in pages:
             reached[page].add(seed)
-    assert {page: len(seeds) >= 4 for page, seeds in reached.items()} == {p: True for p in (1, 16, 32, 64, 128)}, \
+    assert {page: len(seeds) >= 3 for page, seeds in reached.items()} == {p: True for p in (1, 16, 32, 64, 128)}, \
         {page: sorted(seeds) for page, seeds in reached.items()}
 
 

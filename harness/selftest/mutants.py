@@ -13,7 +13,9 @@ fuzz loop; the first failure as found: no shrinking, no target phase), and the r
 * a ``gpu``-domain mutant (a scale bug: past a copy block, a lane width, a page of 64) fuzzed on the CPU domain
   must *not* be found at all, which proves it really is scale-only;
 * a kernel bug that shows only under a buggy sizing is searched for its own kinds, beside the reference under the
-  same sizing and filter (which must stay clean of them).
+  same sizing and filter (which must stay clean of them);
+* a mutant that only the interpreter's address audit can see (every kind it declares is ``AUDIT_KINDS``) is not
+  reachable on CUDA, where nothing audits addresses: there it must not be found, as a scale bug on the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from kvfence.engine.findings import Kind
 from kvfence.errors import BadInput, require
+
+#: The kinds only the CPU interpreter's address audit reports (``kvfence.engine.audit``).
+AUDIT_KINDS = frozenset({Kind.OOB_READ.value, Kind.OOB_WRITE.value})
 
 #: Fraction of seeds under which a mutant must be detected (on its own domain) for the self-test to pass.
 REQUIRED_RATE = 0.95
@@ -83,8 +89,8 @@ class Row:
 
 
 def rows_of(record, device: str, names: Optional[List[str]] = None) -> List[Row]:
-    """The targets: each mutant on its domain (a GPU-domain one on the CPU domain when there is no GPU, where it
-    must not be found), then the reference on every domain that ran."""
+    """The targets: each mutant on its domain (a GPU-domain one on the CPU domain when there is no GPU, and an
+    audit-only one on CUDA, where it must not be found), then the reference on every domain that ran."""
     known = {m.name: m for m in record.mutants}
     unknown = [n for n in names or () if n not in known]
     require(not unknown, f"contract {record.name}: unknown mutant(s) {', '.join(unknown)}: choose from "
@@ -101,8 +107,9 @@ def rows_of(record, device: str, names: Optional[List[str]] = None) -> List[Row]
             rows.append(Row(f"reference under {m.sizing}, {'/'.join(m.detects)} only", "reference", m.sizing, ran_on,
                             ran_on, False, only=m.detects, doc="the reference under the same sizing and filter",
                             reference=True))
-        rows.append(Row(m.name, kernel, m.sizing or "safe", m.domain, ran_on, ran_on == m.domain, m.detects,
-                        m.detects if both else None, m.doc))
+        audited_only = device == "cuda" and set(m.detects) <= AUDIT_KINDS
+        rows.append(Row(m.name, kernel, m.sizing or "safe", m.domain, ran_on, ran_on == m.domain and not audited_only,
+                        m.detects, m.detects if both else None, m.doc))
     for domain in sorted(domains or {"cpu" if device != "cuda" else "gpu"}):
         rows.append(Row(f"reference ({record.name})", "reference", "safe", domain, domain, False,
                         doc="the reference kernel under the safe sizing (must stay clean)", reference=True))
