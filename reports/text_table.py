@@ -7,12 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from kvfence.errors import printable
+
 #: The widest line a printed report may have (a terminal or a CI log viewer without wrapping).
 WIDTH = 120
 
 
 def _line(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    """One table line; a cell quoting a wheel's text keeps to its cell (a newline or a ``|`` in it escaped)."""
+    return "| " + " | ".join(printable(c, None).replace("|", "\\|") for c in cells) + " |"
 
 
 def markdown_tables(header: Sequence[str], rows: Sequence[Sequence[str]], *, keep: int = 1,

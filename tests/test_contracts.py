@@ -472,6 +472,13 @@ def test_upstream_sizing_prints_a_wheels_texts_without_terminal_escapes(tmp_path
     cached.write_text(json.dumps(record))
     shown = _kvfence("upstream", "sizing", "9.9.7", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
     assert shown.returncode == 0 and "\x1b" not in shown.stdout and "evil\\x1b[31m" in shown.stdout
+    # A newline in the cached text stays inside its line: it cannot forge a line of kvfence's own.
+    record["sites"][0]["width"]["text"] = "w\nkvfence upstream sizing: every site fits"
+    cached.write_text(json.dumps(record))
+    forged = _kvfence("upstream", "sizing", "9.9.7", "--contract", "trtllm-mha-page-table", cwd=tmp_path, env=env)
+    assert forged.returncode == 0, forged.stderr
+    assert not any(line.startswith("kvfence upstream sizing") for line in forged.stdout.splitlines())
+    assert "w\\nkvfence upstream sizing: every site fits" in forged.stdout
 
 
 _MLA_BACKEND = '''

@@ -157,3 +157,18 @@ def test_a_sizing_plugin_that_fails_after_good_calls_ends_the_run_in_one_line(tm
                    str(tmp_path / "o"))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and said in lines[0] and "Flaky" not in proc.stderr, proc.stderr
+
+
+def test_kvfences_own_option_inside_a_launch_command_is_refused_not_ignored(tmp_path):
+    """``--offline`` after the release would be read as a server flag and dropped (and the wheel downloaded): it is
+    one line naming where it goes, exit 2; before the release it holds (an empty cache offline: UNKNOWN, exit 3,
+    nothing fetched)."""
+    env = {"KVFENCE_CACHE": str(tmp_path / "cache"), "KVFENCE_WHEEL_DIR": ""}
+    for command in (["0.5.23", "python", "-m", "sglang.launch_server", "--attention-backend", "fa3", "--offline"],
+                    ["0.34.0", "vllm", "serve", "M", "--kv-cache-group=4:1"]):
+        proc = kvfence("affected", *command, env=env, timeout=60)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and "is kvfence's option, not the server's" in proc.stderr
+    proc = kvfence("affected", "--offline", "0.5.23", "--attention-backend", "fa3", env=env, timeout=120)
+    assert proc.returncode == 3 and "sglang: UNKNOWN" in proc.stdout, proc.stdout + proc.stderr
+    assert not any((tmp_path / "cache").rglob("*.whl"))

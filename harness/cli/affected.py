@@ -13,12 +13,21 @@ import os
 from kvfence.cli.common import _out_dir, _stderr
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, printable
 
+#: ``affected``'s options that no SGLang or vLLM server flag shares (``--device`` and ``--json``-like names may be).
+OWN_OPTIONS = ("--offline", "--kv-cache-group", "--project")
+
 
 def cmd_affected(args) -> int:
     from kvfence.device import select
     from kvfence.errors import BadInput
     from kvfence.release import affected, affected_vllm
 
+    # kvfence's own options that neither SGLang nor vLLM has: inside the launch command they would be read as one
+    # of its flags and ignored (an --offline there would not stop a download).
+    misplaced = [t for t in args.sglang_flags if t.split("=", 1)[0] in OWN_OPTIONS]
+    if misplaced:
+        raise BadInput(f"{misplaced[0].split('=', 1)[0]} is kvfence's option, not the server's: put it before the "
+                       f"release (kvfence affected {misplaced[0]} {args.version} ...)")
     vllm = args.project == "vllm" or (args.project == "auto" and affected_vllm.is_vllm_command(args.sglang_flags))
     if vllm:
         dep = affected_vllm.parse_vllm(args.version, args.sglang_flags, args.kv_cache_group or ())

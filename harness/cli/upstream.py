@@ -39,8 +39,9 @@ def cmd_upstream(args) -> int:
 
 
 def _terminal(lines) -> str:
-    """Lines that quote a wheel's texts (file names, source), each control character shown escaped."""
-    return "\n".join(printable(line, None) for line in "\n".join(lines).split("\n"))
+    """Lines that quote a wheel's texts (file names, source), each control character shown escaped: a newline
+    inside one line's text (a wheel's) is shown as ``\\n``, never as a line of its own."""
+    return "\n".join(printable(line, None) for line in lines)
 
 
 def _set_aside(out_dir) -> None:

@@ -136,13 +136,12 @@ def sizing_lines(version: str, record: dict) -> List[str]:
         for mode in ("graph", "eager"):
             site = b[mode]
             state, text = site_state(site)
-            if state == "ok":
-                line = f"  {mode:<6} W = {text}   ({site['source']}: {site['formula_text']})"
-                for p, v in site.get("params", {}).items():
-                    line += f"\n         {p} = {v['formula']} [{v['unit']}]   ({v['source']}: {v['text']})"
+            if state == "ok":  # one item per output line: a caller escapes a newline inside one (a wheel's text)
+                out.append(f"  {mode:<6} W = {text}   ({site['source']}: {site['formula_text']})")
+                out.extend(f"         {p} = {v['formula']} [{v['unit']}]   ({v['source']}: {v['text']})"
+                           for p, v in site.get("params", {}).items())
             else:
-                line = f"  {mode:<6} {state}: {text}"
-            out.append(line)
+                out.append(f"  {mode:<6} {state}: {text}")
         check = b.get("host_check")
         state, text = site_state(check)
         shown = ("none" if state == "absent" else (text + " <= W   (" + check["source"] + ")") if state == "ok"
