@@ -6,7 +6,7 @@ Everything is validated on construction with ``BadInput``: an impossible case ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import List, Optional, Tuple
 
@@ -43,6 +43,14 @@ def _cached_hash(obj, names: tuple) -> int:
 def _state_without_hash(obj) -> dict:
     """The fields, without the caches kept in ``__dict__`` (a str's hash differs between processes)."""
     return {k: v for k, v in obj.__dict__.items() if not k.startswith("_")}
+
+
+def _check_settings(sizing, mode, layout) -> None:
+    """A config's launch settings (each None in a case's unbound config)."""
+    require(layout is None or layout in LAYOUTS, f"config.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    require(mode is None or mode in MODES, f"config.mode must be one of {', '.join(MODES)}, got {mode!r}")
+    require(sizing is None or (isinstance(sizing, str) and sizing),
+            f"config.sizing must be a policy name, got {sizing!r}")
 
 
 def _plain_ints(values: tuple) -> bool:
@@ -105,12 +113,7 @@ class Config:
         require(self.num_steps <= 64, f"config.num_steps must be at most 64, got {self.num_steps}")
         require(self.page_size & (self.page_size - 1) == 0,
                 f"config.page_size must be a power of two, got {self.page_size}")
-        require(self.layout is None or self.layout in LAYOUTS,
-                f"config.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
-        require(self.mode is None or self.mode in MODES,
-                f"config.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        require(self.sizing is None or (isinstance(self.sizing, str) and self.sizing),
-                f"config.sizing must be a policy name, got {self.sizing!r}")
+        _check_settings(self.sizing, self.mode, self.layout)
         self._check_family()
         if self.buckets is None:
             object.__setattr__(self, "buckets", default_buckets(self.max_bs))
@@ -176,7 +179,7 @@ class Config:
         if key not in cache:
             if len(cache) > 64:
                 cache.clear()
-            cache[key] = replace(self, sizing=sizing, mode=mode, layout=layout)
+            cache[key] = self._with_settings(sizing, mode, layout)
         return cache[key]
 
     def unbound(self) -> "Config":
@@ -185,8 +188,17 @@ class Config:
             return self
         found = self.__dict__.get("_unbound")
         if found is None:
-            found = self.__dict__["_unbound"] = replace(self, sizing=None, mode=None, layout=None)
+            found = self.__dict__["_unbound"] = self._with_settings(None, None, None)
         return found
+
+    def _with_settings(self, sizing, mode, layout) -> "Config":
+        """This config under other launch settings. Only the settings are checked again: the rest was checked
+        when this config was made, and a fuzzing run binds and unbinds every drawn config."""
+        _check_settings(sizing, mode, layout)
+        other = object.__new__(Config)  # the fields only: no cache of this config's travels with it
+        other.__dict__.update({name: getattr(self, name) for name in _CONFIG_FIELDS}, sizing=sizing, mode=mode,
+                              layout=layout)
+        return other
 
     @property
     def is_family(self) -> bool:
