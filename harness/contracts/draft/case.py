@@ -570,10 +570,23 @@ class DraftCase:
         return _state_without_hash(self)
 
     def runtime(self, sizing: str, mode: str, layout: str, kernel: str) -> Case:
-        """The runner's case: the config bound to the launch's settings, with the kernel it runs."""
-        return Case(self.config.bind(sizing, mode, layout), self.batch, kernel, self.canary_seed)
+        """The runner's case: the config bound to the launch's settings, with the kernel it runs (the same object
+        for the same settings: the engine asks the record of one launch several times, and the runner's case
+        keeps what it computed, its padded batch and its need)."""
+        cache = self.__dict__.setdefault("_runtime", {})
+        key = (sizing, mode, layout, kernel)
+        found = cache.get(key)
+        if found is None:
+            if len(cache) > 8:
+                cache.clear()
+            found = cache[key] = Case(self.config.bind(sizing, mode, layout), self.batch, kernel, self.canary_seed)
+        return found
 
     @classmethod
     def of(cls, case: Case) -> "DraftCase":
-        """A runner's case as the contract's (its settings dropped)."""
-        return cls(case.config, case.batch, case.canary_seed)
+        """A runner's case as the contract's (its settings dropped). ``case`` was checked when it was made, so
+        nothing is checked again, and it is the runner's case of its own settings (``runtime``)."""
+        found = object.__new__(cls)
+        found.__dict__.update(config=case.config.unbound(), batch=case.batch, canary_seed=case.canary_seed,
+                              _runtime={(case.config.sizing, case.config.mode, case.config.layout, case.kernel): case})
+        return found
