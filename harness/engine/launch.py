@@ -134,7 +134,7 @@ def describe(record: Contract, launch: Launch, full: bool = False) -> str:
     return f"{record.name} {fields}; width {launch.width} ({launch.sizing}), {settings}{kernel}"
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=256)  # the recent launches only: thousands kept alive made every GC pass slower
 def keys(record: Contract, launch: Launch) -> Keys:
     """The contract's keys of the launch (``Contract.keys``), with the launch's settings in its config and its
     width in its structure (computed once per launch: the fuzz loop and the worker's wire both ask)."""

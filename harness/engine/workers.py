@@ -107,7 +107,8 @@ class Wire:
     def __init__(self, record):
         self.record = record
         self.kinds = tuple(k.name for k in record.kinds)
-        self._keys = lru_cache(maxsize=4096)(lambda x: launches.keys(record, x))
+        # A batch's launches (a few hundred at most): a larger cache only keeps old cases alive for the collector.
+        self._keys = lru_cache(maxsize=512)(lambda x: launches.keys(record, x))
 
     def encode(self, cases) -> dict:
         ids: Dict[object, int] = {}
