@@ -172,3 +172,40 @@ def test_kvfences_own_option_inside_a_launch_command_is_refused_not_ignored(tmp_
     proc = kvfence("affected", "--offline", "0.5.23", "--attention-backend", "fa3", env=env, timeout=120)
     assert proc.returncode == 3 and "sglang: UNKNOWN" in proc.stdout, proc.stdout + proc.stderr
     assert not any((tmp_path / "cache").rglob("*.whl"))
+
+
+def test_two_contracts_cases_with_the_same_fields_keep_their_own_case_files(tmp_path):
+    """A FlashMLA case and a TRTLLM-MHA case with the same fields are two case files (the name hashes the
+    contract with the record), so ``report --merge`` keeps both findings."""
+    from kvfence.contracts.page_table.record import FLASHMLA, TRTLLM_MHA, PageTableCase
+
+    case = PageTableCase(16, 40, 2, (17,), (0,), 1)
+    flashmla, trtllm = bind(FLASHMLA, case, "safe"), bind(TRTLLM_MHA, case, "safe")
+    assert FLASHMLA.to_json(case) == TRTLLM_MHA.to_json(case)  # the same fields
+    assert casefile.case_hash(flashmla) != casefile.case_hash(trtllm)
+
+
+@pytest.mark.interpreter
+def test_ctrl_c_inside_check_kernel_interrupts_the_caller(tmp_path):
+    """SIGINT while ``check_kernel`` checks (a launcher that spins) ends the caller with a KeyboardInterrupt, never a
+    normal return (a test calling it would have passed)."""
+    script = tmp_path / "mine.py"
+    script.write_text(
+        "import kvfence\n"
+        f"kvfence.check_kernel({str(ROOT / 'tests' / 'targets' / 'crashers.py') + ':spin'!r}, device='cpu',\n"
+        f"                     max_examples=5, case_timeout=120, out_dir={str(tmp_path / 'out')!r})\n"
+        "print('returned')\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        import time
+
+        time.sleep(12)  # imports, the worker's start, the first launch spinning
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "returned" not in out, out + err
+    # kvfence.engine.interrupt.Interrupted is a KeyboardInterrupt: uncaught, the script fails with it.
+    assert proc.returncode != 0 and "Interrupted: SIGINT" in err, (proc.returncode, out, err[-2000:])
