@@ -377,6 +377,7 @@ def _said(proc, out: Path) -> tuple:
     return proc.returncode, text
 
 
+@pytest.mark.long  # about 50 s on two cores: every command twice on one cache
 def test_every_command_on_one_cache_in_both_orders_answers_as_on_a_fresh_cache(tmp_path):
     """The draft kernel's entry and each table contract's are apart: every command answers the same on a fresh
     cache, and after every other command in either order; nothing is called corrupt, nothing traces back."""

@@ -40,9 +40,9 @@ NOT_HERE = (
     (r"CASE\.json", "replays a case file of the reader's own run (tests/test_repro.py replays real ones)"),
     (r"import sglang", "asks an installed SGLang for its version"),
 )
-#: Lines that download SGLang's wheels: run with --kvfence-network. (A table contract's self-test plants bugs in
-#: the release kernels' own text, read from the wheels: kvfence.contracts.page_table.release_mutants.)
-NETWORK = (r"^kvfence (affected|upstream (fetch|sizing|matrix))|--kernel sglang==|"
+#: Lines that download SGLang's or vLLM's wheels: run with --kvfence-network. (A table contract's self-test plants
+#: bugs in the release kernels' own text, read from the wheels: kvfence.contracts.page_table.release_mutants.)
+NETWORK = (r"^kvfence (affected|upstream (fetch|sizing|matrix))|--kernel (sglang|vllm)==|"
            r"^kvfence mutants --contract (flashmla-page-table|trtllm-mha-page-table|fa3-decode-metadata)")
 #: Lines that take minutes on 2 cores: run with --kvfence-long.
 #: (A plug-in's fuzz runs the default budget: a minute on 2 cores.)

@@ -125,6 +125,7 @@ def _available(contract: str) -> bool:
     return True
 
 
+@pytest.mark.long  # the release mutants of each contract fuzzed from the real wheels
 @pytest.mark.parametrize("contract", TABLES)
 def test_every_shipped_release_mutant_resolves_against_the_real_wheel_and_is_caught(contract):
     """With SGLang's wheels at hand: each release mutant's patch matches the release's text exactly once, the

@@ -276,6 +276,7 @@ def test_a_release_mutant_is_a_patch_of_the_releases_own_text_made_at_run_time(t
 
 
 # -- SGLang 0.5.23 itself, where its wheel is on disk -------------------------------------------------------------
+@pytest.mark.long  # three commands on the real wheel
 @pytest.mark.skipif(not REAL, reason=f"no sglang-0.5.23 wheel in {WHEELS} (pip download sglang==0.5.23 --no-deps)")
 def test_sglang_0_5_23_rows_and_its_kernel_spills_under_dflash(tmp_path):
     env = {"KVFENCE_WHEEL_DIR": str(WHEELS), "KVFENCE_CACHE": str(tmp_path / "cache"), "KVFENCE_OFFLINE": "1"}

@@ -154,6 +154,7 @@ class _Edge:
         return [Finding(Kind.MISSING_WRITE, "page_table", "the edge")] if self.edge(launch) else []
 
 
+@pytest.mark.long  # 30-40 s each on two cores: 10 seeds of 150 GPU-domain draws
 @pytest.mark.parametrize("contract", ["flashmla-page-table", "trtllm-mha-page-table"])
 def test_the_gpu_domain_reaches_contexts_to_256k_at_every_page_size(contract):
     """On the GPU domain (the self-test's 150 examples, no target phase), for each page size: a length past 200000
