@@ -3,7 +3,7 @@ request-row writer contract, docs/contract.md §10) and for vLLM launch commands
 contract, §11).
 
 The flag readings run everywhere. The answers run the releases' own kernels, so they need the real wheels on disk
-(``KVFENCE_TEST_WHEELS``, default /tmp/wheels: sglang 0.5.23, vllm 0.34.0) and are skipped without them, as
+(a folder named by ``KVFENCE_TEST_WHEELS``: sglang 0.5.23, vllm 0.34.0) and are skipped without them, as
 tests/test_req_to_token.py's are. Each answer is paired: a DFLASH deployment whose page-1 row lacks the step's
 reservation is AFFECTED with the kind the kernel showed, the same at page 16 is not; a vLLM command whose model
 kvfence cannot see is UNKNOWN (exit 3), the same command with the model's config.json on this host is NOT
@@ -27,12 +27,14 @@ from kvfence.release.affected_vllm import human_int, is_vllm_command, parse_vllm
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
 
 ROOT = Path(__file__).resolve().parents[1]
-WHEELS = Path(os.environ.get("KVFENCE_TEST_WHEELS", "/tmp/wheels"))
-SGLANG = sorted(WHEELS.glob("sglang-0.5.23-*.whl")) if WHEELS.is_dir() else []
-VLLM = sorted(WHEELS.glob("vllm-0.34.0-*.whl")) if WHEELS.is_dir() else []
-needs_sglang = pytest.mark.skipif(not SGLANG, reason=f"no sglang-0.5.23 wheel in {WHEELS} "
+#: A folder of release wheels for the tests that read real releases (none: they skip).
+WHEELS = Path(os.environ["KVFENCE_TEST_WHEELS"]) if os.environ.get("KVFENCE_TEST_WHEELS") else None
+_AT_HAND = WHEELS is not None and WHEELS.is_dir()
+SGLANG = sorted(WHEELS.glob("sglang-0.5.23-*.whl")) if _AT_HAND else []
+VLLM = sorted(WHEELS.glob("vllm-0.34.0-*.whl")) if _AT_HAND else []
+needs_sglang = pytest.mark.skipif(not SGLANG, reason="no sglang-0.5.23 wheel in $KVFENCE_TEST_WHEELS "
                                                      "(pip download sglang==0.5.23 --no-deps)")
-needs_vllm = pytest.mark.skipif(not VLLM, reason=f"no vllm-0.34.0 wheel in {WHEELS} "
+needs_vllm = pytest.mark.skipif(not VLLM, reason="no vllm-0.34.0 wheel in $KVFENCE_TEST_WHEELS "
                                                  "(pip download vllm==0.34.0 --no-deps)")
 
 #: SGLang's DFLASH launch as its docs give it (the draft's block, 16, said by its flag).

@@ -3,7 +3,7 @@ every planted bug caught by a kind it declares while the reference stays clean, 
 from a wheel built here (kvfence's own kernel text, and release code written for this test in SGLang's shape,
 never SGLang's): a release whose page-1 row lacks the DFlash reservation is found writing past its row, shrunk
 to a minimal case that ``repro`` replays; the fixed headroom is clean. Real-wheel checks run only where
-SGLang 0.5.23's wheel is already on disk (``KVFENCE_TEST_WHEELS``, default /tmp/wheels).
+SGLang 0.5.23's wheel is already on disk (a folder named by ``KVFENCE_TEST_WHEELS``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from kvfence.errors import BadInput
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
 
 ROOT = Path(__file__).resolve().parents[1]
-WHEELS = Path(os.environ.get("KVFENCE_TEST_WHEELS", "/tmp/wheels"))
-REAL = sorted(WHEELS.glob("sglang-0.5.23-*.whl")) if WHEELS.is_dir() else []
+#: A folder of release wheels for the tests that read real releases (none: they skip).
+WHEELS = Path(os.environ["KVFENCE_TEST_WHEELS"]) if os.environ.get("KVFENCE_TEST_WHEELS") else None
+REAL = sorted(WHEELS.glob("sglang-0.5.23-*.whl")) if WHEELS is not None and WHEELS.is_dir() else []
 
 
 def _kvfence(*argv, cwd, env=None):
@@ -277,7 +278,8 @@ def test_a_release_mutant_is_a_patch_of_the_releases_own_text_made_at_run_time(t
 
 # -- SGLang 0.5.23 itself, where its wheel is on disk -------------------------------------------------------------
 @pytest.mark.long  # three commands on the real wheel
-@pytest.mark.skipif(not REAL, reason=f"no sglang-0.5.23 wheel in {WHEELS} (pip download sglang==0.5.23 --no-deps)")
+@pytest.mark.skipif(not REAL, reason="no sglang-0.5.23 wheel in $KVFENCE_TEST_WHEELS "
+                                     "(pip download sglang==0.5.23 --no-deps)")
 def test_sglang_0_5_23_rows_and_its_kernel_spills_under_dflash(tmp_path):
     env = {"KVFENCE_WHEEL_DIR": str(WHEELS), "KVFENCE_CACHE": str(tmp_path / "cache"), "KVFENCE_OFFLINE": "1"}
     sizing = _kvfence("upstream", "sizing", "0.5.23", "--contract", "req-to-token", cwd=tmp_path, env=env)
