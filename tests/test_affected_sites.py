@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_contracts import TRTLLM_BACKEND
 from test_upstream import kvfence, make_wheel, one_line_exit_2
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
@@ -32,19 +33,6 @@ NOOP_KERNEL = (TRTLLM_KERNEL
                         "        pass\n"))
 CEIL = "(self.max_context_len + self.page_size - 1) // self.page_size"
 
-_TRTLLM = '''
-class TRTLLMHAAttnBackend(Base):
-    def __init__(self, model_runner):
-        self.max_context_len = model_runner.model_config.context_len
-        self.page_size = model_runner.page_size
-        self.max_num_pages = {width}
-
-    def init_forward_metadata(self, forward_batch):
-        batch_size = forward_batch.batch_size
-        tokens_per_req = forward_batch.input_ids.shape[0] // batch_size
-        cache_seqlens = forward_batch.seq_lens + tokens_per_req
-        page_table = torch.empty((batch_size, self.max_num_pages))
-'''
 _FA3 = '''
 class FlashAttentionBackend(Base):
     def __init__(self, model_runner):
@@ -116,7 +104,7 @@ def release(folder: Path, version: str, *, width: str = CEIL, kernel: str = TRTL
     files = dict(_ADMISSION)
     files.update({"sglang/kernels/ops/attention/trtllm_mha_page_table.py": kernel,
                   "sglang/kernels/ops/attention/metadata.py": fa3,
-                  "sglang/srt/layers/attention/trtllm_mha_backend.py": _TRTLLM.format(width=width),
+                  "sglang/srt/layers/attention/trtllm_mha_backend.py": TRTLLM_BACKEND.format(WIDTH=width),
                   "sglang/srt/layers/attention/flashattention_backend.py": _FA3,
                   "sglang/srt/layers/attention/attention_registry.py": _REGISTRY,
                   "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py": _RUNNER})

@@ -361,7 +361,8 @@ def test_fa3_self_test_search_reaches_both_edges_in_every_seed_of_the_gpu_domain
 
 
 # -- shipped sizing of the plug-in contracts (kvfence.release.contract_shipped) ---------------------------------------
-_BACKEND = '''
+#: SGLang's TRTLLM-MHA backend as a toy release holds it (its width formula at ``{WIDTH}``).
+TRTLLM_BACKEND = '''
 class TRTLLMHAAttnBackend(Base):
     def __init__(self, model_runner):
         self.max_context_len = model_runner.model_config.context_len
@@ -381,8 +382,9 @@ _ADMISSION = {"sglang/srt/managers/tp_worker.py": "def get_worker_info(self):\n 
 
 def _release(folder: Path, version: str, width: str) -> None:
     ours = (ROOT / "kernels" / "page_table" / "trtllm_mha_page_table.py").read_text()
+    backend = TRTLLM_BACKEND.format(WIDTH=width)
     files = dict(_ADMISSION, **{"sglang/kernels/ops/attention/trtllm_mha_page_table.py": ours,
-                                "sglang/srt/layers/attention/trtllm_mha_backend.py": _BACKEND.format(WIDTH=width)})
+                                "sglang/srt/layers/attention/trtllm_mha_backend.py": backend})
     with zipfile.ZipFile(folder / f"sglang-{version}-py3-none-any.whl", "w") as zf:
         for path, text in files.items():
             zf.writestr(path, text)
