@@ -537,13 +537,13 @@ def test_one_shipped_matrix_command_runs_the_draft_family_and_a_table_contract(t
     """``--contracts draft,trtllm-mha-page-table``: the draft family's tables (read per backend class) and the
     table contract's (read from its shipped sites) from one command, each in its own folder; --json holds the
     table contracts' document; exit 1 (both find overflows in this wheel)."""
-    from test_contracts import _ADMISSION, _BACKEND
+    from test_contracts import _ADMISSION, TRTLLM_BACKEND
 
     ours = (Path(__file__).resolve().parents[1] / "kernels" / "page_table" / "trtllm_mha_page_table.py").read_text()
     modules = {MODULE: FAKE_MODULE, UTILS: TOY_UTILS, RUNNER: TOY_RUNNER, BACKENDS: TOY_BACKENDS, **_ADMISSION,
                "sglang/kernels/ops/attention/trtllm_mha_page_table.py": ours,
                "sglang/srt/layers/attention/trtllm_mha_backend.py":
-                   _BACKEND.format(WIDTH="(self.max_context_len + self.page_size - 1) // self.page_size")}
+                   TRTLLM_BACKEND.format(WIDTH="(self.max_context_len + self.page_size - 1) // self.page_size")}
     wheel = make_wheel(tmp_path / "wheels", VERSION, modules)
     out = tmp_path / "m"
     proc = kvfence("upstream", "matrix", "--shipped", "--contracts", "draft,trtllm-mha-page-table", "--versions",
