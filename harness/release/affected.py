@@ -276,6 +276,8 @@ EXIT_UNKNOWN = 3
 
 #: What a deployment suffers, by the class of a line (``kvfence.release.contract_space``'s, and the draft's).
 SILENT, READ_PAST, SERVER_DOWN = "silent overwrite", "read past the table", "server down"
+#: A verdict's basis (``Verdict.basis``): seen on the release's kernel, or decided by the width arithmetic alone.
+BASIS_OBSERVED, BASIS_ARITHMETIC = "the release's kernel showed it", "the width arithmetic"
 SEVERITY_OF = {"writes past its row": SILENT, "width formula short": READ_PAST, "host check fires": SERVER_DOWN}
 
 
@@ -302,6 +304,10 @@ class Verdict:
     site: str = ""
     evidence: List[str] = field(default_factory=list)
     reach: str = ""
+    #: What the status rests on, in words: ``BASIS_OBSERVED`` (the release's kernel showed it) or ``BASIS_ARITHMETIC``
+    #: (the width arithmetic), with ``reader`` naming the code kvfence does not run that would act on it.
+    basis: str = ""
+    reader: str = ""
 
     def line(self, dep: Deployment) -> str:
         parts = [f"{dep.describe()}: {self.contract}{f' ({self.site})' if self.site else ''}: {self.status.upper()}"]
@@ -327,7 +333,8 @@ class Verdict:
         return {"contract": self.contract, "site": self.site, "status": self.status, "severity": self.severity,
                 "impact": self.impact, "reach": self.reach, "condition": self.condition, "observed": self.seen,
                 "arithmetic": self.arithmetic, "fixed_in": self.fixed_in, "fixed": self.fixed_text,
-                "avoid": self.avoid, "case_file": self.case_file, "evidence": self.evidence}
+                "avoid": self.avoid, "case_file": self.case_file, "evidence": self.evidence,
+                "basis": self.basis, "reader": self.reader}
 
 
 def exit_code(verdicts: List[Verdict]) -> int:
