@@ -93,3 +93,26 @@ def test_a_crash_is_shrunk_one_case_per_message_so_each_crashing_candidate_costs
     assert shrink and all(alone for _, alone, _ in shrink), session.calls
     assert session.calls[first][2] == 2  # the first failure: the list's death, then the case alone
     assert {restarts for _, _, restarts in shrink} <= {0, 1}, shrink  # a crashing candidate: one restart
+
+
+def test_max_seconds_counts_from_the_commands_start_and_still_checks_one_example(tmp_path):
+    """``fuzz --max-seconds S`` bounds the command's wall time, start-up included (the clock starts when the
+    command did, ``KVFENCE_COMMAND_START``): a command that started longer than S ago explores one example (a
+    budget spent in start-up never ends a run with no verdict) and stops, where before it explored for S more
+    seconds from its fuzz loop's own start."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1", KVFENCE_COMMAND_START=repr(time.time() - 60))
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--max-seconds", "20",
+                           "--quiet", "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    wall = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["examples"] == 1 and summary["ended_by"] == "time", \
+        {k: summary.get(k) for k in ("examples", "ended_by")}
+    assert wall < 20, wall  # the 20 s were spent before the command's loop began: not given again

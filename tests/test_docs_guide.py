@@ -208,9 +208,12 @@ _MUTANTS_FIELDS = []
 
 def _mutants_fields() -> set:
     """The top-level fields ``kvfence mutants --json`` writes today: one tiny run of the command itself (one
-    mutant of a table contract, one seed, one example: about two seconds on the CPU), read back."""
+    mutant of a table contract, one seed, one example: about two seconds on the CPU), read back. It runs on the
+    session's device: on a CUDA machine the interpreter may be refused (Triton 3.6 with numpy 2.4), and a command
+    that writes no file must say why here, not as a missing file."""
     if not _MUTANTS_FIELDS:
         import json
+        import os
         import subprocess
         import sys
         import tempfile
@@ -218,12 +221,15 @@ def _mutants_fields() -> set:
         from kvfence.engine import registry
 
         contract = "fa3-decode-metadata"
+        device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "mutants.json"
-            subprocess.run([sys.executable, "-m", "kvfence", "mutants", "--contract", contract, "--only",
-                            registry.get(contract).mutants[0].name, "--seeds", "1", "--max-examples", "1",
-                            "--device", "cpu", "--quiet", "--json", str(out)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+            done = subprocess.run([sys.executable, "-m", "kvfence", "mutants", "--contract", contract, "--only",
+                                   registry.get(contract).mutants[0].name, "--seeds", "1", "--max-examples", "1",
+                                   "--device", device, "--quiet", "--json", str(out)],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert out.exists(), f"kvfence mutants --device {device} wrote no {out.name} (exit {done.returncode}): " \
+                                 f"{done.stderr.strip()[-800:]}"
             _MUTANTS_FIELDS.append(set(json.loads(out.read_text())))
     return _MUTANTS_FIELDS[0]
 

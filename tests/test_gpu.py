@@ -13,9 +13,10 @@ import torch
 from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.runner import GraphRunner
 from kvfence.contracts.draft.session import Session
-from kvfence.contracts.draft.strategies import cases, configs
+from kvfence.contracts.draft.strategies import configs
 from kvfence.engine.findings import Kind
 from kvfence.engine.loop import fuzz
+from kvfence.strategies import cases
 
 pytestmark = pytest.mark.gpu
 

@@ -205,6 +205,8 @@ def _fuzz_command(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from kvfence.engine.jobs import FOLLOWER_MIN_LEFT_S
+
     fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers",
                         description="Fuzz the kernel against the oracle inside guarded buffers; a failure is "
                                     "shrunk and saved as a case file under --out/cases/.",
@@ -245,9 +247,13 @@ def add_parser(sub) -> None:
                          "1 on the CPU); at most 2 per CPU core and one per GiB of available memory; on CUDA job 0 "
                          "starts first and the others once it has checked an example")
     fz.add_argument("--max-seconds", type=_seconds(True), default=None,
-                    help=f"stop exploring after this many seconds (shrinking a failure has --shrink-seconds; "
-                         f"default {DEFAULT_GPU_SECONDS:g} on CUDA when --max-examples is not given, none on the CPU); "
-                         f"the summary's ended_by says which budget ended the run")
+                    help=f"the run's time budget, counted from the command's start (start-up, compiles and graph "
+                         f"captures count in it): exploring stops once it is spent, after at least one example; a "
+                         f"clean run then ends within one example's time plus its outputs (about 5 s on a 2-core "
+                         f"CPU; --jobs followers start only while {FOLLOWER_MIN_LEFT_S:g} s are left); shrinking a "
+                         f"failure has --shrink-seconds on top; default {DEFAULT_GPU_SECONDS:g} on CUDA when "
+                         f"--max-examples is not given, none on the CPU; the summary's ended_by says which budget "
+                         f"ended the run")
     fz.add_argument("--plan", default=None, help=argparse.SUPPRESS)  # a --jobs child's plan, written by its parent
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")

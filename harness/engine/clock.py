@@ -67,6 +67,12 @@ def command_clock():
             os.environ[START_ENV] = previous
 
 
+def budget_left(seconds: Optional[float]) -> Optional[float]:
+    """What is left of a budget of ``seconds`` counted from the command's start (never below 0; None stays None):
+    a command's ``--max-seconds`` bounds its wall time, its start-up, compiles and captures included."""
+    return None if seconds is None else max(0.0, seconds - (time.time() - command_start()))
+
+
 def since_start(at: Optional[float]) -> Optional[float]:
     """Seconds from the command's start to epoch time ``at`` (None stays None), rounded to milliseconds."""
     return None if at is None else round(at - command_start(), 3)

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 from kvfence.engine import casefile
 from kvfence.engine import run as pipeline
 from kvfence.engine import summary as summaries
+from kvfence.engine.clock import budget_left, command_start, since_start
 from kvfence.engine.plan import RunPlan
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
 from kvfence.provenance import stamped
@@ -200,7 +201,7 @@ class Run:
                 return run_fuzz(session, strategy, max_examples=plan.max_examples, on_first_failure=self._announcer(),
                                 seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
                                 shrink_seconds=plan.shrink_seconds, journal=journal, targeting=plan.targeting,
-                                progress=callback, max_seconds=plan.max_seconds,
+                                progress=callback, max_seconds=budget_left(plan.max_seconds),
                                 progress_every_s=POLL_S if outputs.progress_file else (
                                     progress.every_s if progress else 2.0),
                                 **wiring)
@@ -211,7 +212,6 @@ class Run:
     @staticmethod
     def _phases(session, result) -> dict:
         """Seconds from the command's start (kvfence.engine.clock) to the worker's ready and the first launch."""
-        from kvfence.engine.clock import since_start
 
         return {"startup_s": since_start(getattr(session, "ready_at", None)),
                 "first_launch_s": since_start(result.first_launch_at)}
@@ -221,7 +221,6 @@ class Run:
         """The first verdict, as soon as it is known (shrinking it may take ``--shrink-seconds`` more)."""
         import sys
 
-        from kvfence.engine.clock import since_start
 
         if sys.stderr.isatty():
             sys.stderr.write("\r\x1b[2K")  # the progress line goes first
@@ -267,7 +266,6 @@ class Run:
 
     def _outputs(self, result, crashes, run: dict, previous: Optional[dict]) -> int:
         """The run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
-        from kvfence.engine.clock import command_start
 
         plan, out_dir = self.plan, self.out_dir
         case_path = None
@@ -360,7 +358,6 @@ class Run:
         """``--jobs N``: N child fuzz processes (kvfence.engine.jobs), merged into one summary, report and case
         folder."""
         from kvfence.engine import campaign
-        from kvfence.engine.clock import command_start
         from kvfence.engine.interrupt import exit_code_for
         from kvfence.engine.jobs import adopt_case_files, run_jobs
         from kvfence.engine.outdir import set_aside_earlier_cases

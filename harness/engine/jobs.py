@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from kvfence.engine import casefile
+from kvfence.engine.clock import budget_left
 from kvfence.errors import require
 
 JOBS_DIR = "jobs"
@@ -184,6 +185,10 @@ LEAD_WAIT_S = 20.0
 LEAD_HEAD_START_S = 2.0
 #: ``nice`` increment of the jobs that start after the lead (the module's docstring says why).
 FOLLOWER_NICENESS = 10
+#: The followers start only while this much of ``--max-seconds`` (counted from the command's start) is left: each
+#: checks at least one example, and a follower's start-up (imports, compiles, captures) takes seconds, so one
+#: started later would only push the run's end past its budget.
+FOLLOWER_MIN_LEFT_S = 5.0
 
 
 def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_first_failure=None,
@@ -291,7 +296,8 @@ def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_fi
                 for i, d in enumerate(docs):
                     if d and i not in began:
                         began[i] = now  # its first progress: its start-up is over, its budget runs from here
-                if waiting and (stop_on_failure and failed):
+                left = budget_left(children[0].max_seconds)
+                if waiting and ((stop_on_failure and failed) or (left is not None and left < FOLLOWER_MIN_LEFT_S)):
                     not_started, waiting = len(waiting), []  # they would only start up and stop
                 elif waiting and (now - began.get(0, now) >= LEAD_HEAD_START_S or procs[0][0].poll() is not None
                                   or now - start >= LEAD_WAIT_S):

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
 from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
+from kvfence.contract import Launch
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
 from kvfence.engine.findings import Finding
@@ -101,7 +102,8 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
          carry: Optional[dict] = None, on_first_failure: Optional[Callable[[FuzzResult], None]] = None,
          stop_requested: Optional[Callable[[], bool]] = None, contract=None) -> FuzzResult:
     """Run Hypothesis over ``strategy`` (of one contract's cases, or of lists of them) for ``max_examples``
-    examples, or until ``max_seconds`` have passed (whichever comes first; shrinking has its own budget).
+    examples, or until ``max_seconds`` have passed (whichever comes first; the first example is checked whatever
+    the clock says; shrinking has its own budget).
     What a case is, the loop asks the contract's record (``contract``, or the record its first case names:
     ``kvfence.contract.Contract``): its config, structure, need/width, coverage row and edge classes.
 
@@ -153,7 +155,9 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
         expect = state.pop("splice", None)
         if expect is not None and cases != [expect]:
             raise SpliceMismatch()  # the spliced replay is not the bulk case: fuzz() reports it as found
-        if not shrinking and max_seconds is not None and now - start > max_seconds:
+        # The first example is always checked: a budget spent before it (start-up on a loaded machine) must not end
+        # the run with no verdict at all, which would read as a pass.
+        if not shrinking and max_seconds is not None and result.examples and now - start > max_seconds:
             result.time_cut = True
             raise TimeBudgetSpent()
         if not shrinking and stop_requested is not None and now - state["stop_asked"] >= STOP_POLL_S:
@@ -357,11 +361,14 @@ def fuzz(session, strategy, *, max_examples: int, seed: Optional[int] = None,
 
     @st.composite
     def aborting(draw):
-        """The strategy's draw, a ``BadInput`` in it ending the run (``RunAborted``) instead of failing the example."""
+        """The strategy's draw, a ``BadInput`` in it ending the run (``RunAborted``) instead of failing the example;
+        a draw that is no launch ends it too (``require_launches``)."""
         try:
-            return draw(strategy)
+            drawn = draw(strategy)
         except BadInput as exc:
             raise RunAborted(exc) from None
+        require_launches(drawn)
+        return drawn
 
     def checked(drawn):
         try:
@@ -481,6 +488,19 @@ def _shrink_bulk_failure(bulk: BulkFailure, hypothesis_test, run, shrink: list, 
     result.case, result.findings = bulk.case, bulk.findings
     result.failure_stat = launches.coverage_row(registry.get(bulk.case.contract), bulk.case, True)
     result.shrink_cut = True
+
+
+def require_launches(example) -> None:
+    """Every value the loop hands a contract's record is an engine ``Launch`` (``kvfence.contract``): a contract's
+    own case type (the draft runner's ``Case``, which ``kvfence.contracts.draft.strategies`` draws) reaching the
+    record's ``keys`` or ``need`` would fail deep inside them, on one device's path only. Such a draw ends the run
+    at once (``RunAborted``) with a ``TypeError`` naming the strategies that draw launches."""
+    first = example[0] if isinstance(example, list) and example else example
+    if not isinstance(first, Launch):
+        raise RunAborted(TypeError(
+            f"fuzz() checks launches (kvfence.contract.Launch), but the strategy drew a {type(first).__module__}."
+            f"{type(first).__qualname__}: draw launches (kvfence.strategies.cases() / case_runs() for the draft "
+            "kernel, or the contract's cases(domain) through kvfence.engine.run.draws)"))
 
 
 def first_failure_line(case, findings: List[Finding]) -> str:
