@@ -75,3 +75,69 @@ def test_the_worked_examples_buggy_sizing_is_found_in_its_first_examples(monkeyp
             assert bool(result.findings) is found, result.findings
             if found:
                 assert "SIZING_VIOLATION" in damage_kinds(result.findings) and result.examples_to_failure <= 10
+
+
+def _section(title: str) -> str:
+    return DOC.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_kinds_table_lists_every_kind_with_whether_it_is_arithmetic():
+    """A plug-in author picks ``Mutant.detects`` from this table: it holds every kind kvfence reports, each marked
+    seen or arithmetic as ``kvfence.engine.findings`` decides."""
+    from kvfence.engine.findings import ARITHMETIC_KINDS, Kind
+
+    rows = {}
+    for line in _section("Finding kinds a mutant may name").splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            for name in re.findall(r"`(\w+)`", cells[0]):
+                rows[name] = cells[1]
+    assert set(rows) == set(Kind.__members__)
+    assert {k for k, v in rows.items() if v == "arithmetic"} == set(ARITHMETIC_KINDS)
+
+
+def test_the_entry_point_groups_table_is_every_group_kvfence_registers():
+    import tomllib
+
+    groups = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"])
+    listed = set(re.findall(r"^\| `([\w.]+)` \|", _section("Entry-point groups"), re.M))
+    assert listed == groups
+
+
+def test_a_guessed_kind_name_gets_the_kind_it_means():
+    """A newcomer guessed ``WRONG_VALUE`` for ``VALUE_MISMATCH``: the record check names the kind it means."""
+    import sys
+
+    from kvfence.contract import Mutant
+
+    sys.path.insert(0, str(FIXTURES / "csr_contract"))
+    try:
+        from csr_contract import CSR, CsrKvIndices
+
+        class Guessed(CsrKvIndices):
+            mutants = (Mutant("one_more", "one token more", ("WRONG_VALUE",), CSR.mutants[0].patch),)
+
+        problems = static_problems("csr-kv-indices", "csr_contract:Guessed", Guessed())
+    finally:
+        sys.path.remove(str(FIXTURES / "csr_contract"))
+    assert problems == ["mutant one_more detects WRONG_VALUE, which no kind declares: did you mean VALUE_MISMATCH?"]
+
+
+def test_every_interface_member_a_docstring_names_exists():
+    """A docstring that names ``Contract.X``, ``Shipped.X``, ``ShippedSite.X``, ``ReleaseTool.X``, ``Launch.X`` or
+    ``RunPlan.X`` names a member that exists (docstrings outlived members before)."""
+    from kvfence.contract import Launch
+    from kvfence.engine.plan import RunPlan
+    from kvfence.release.knowledge import ReleaseTool, Shipped, ShippedSite
+
+    classes = {"Contract": Contract, "Shipped": Shipped, "ShippedSite": ShippedSite, "ReleaseTool": ReleaseTool,
+               "Launch": Launch, "RunPlan": RunPlan}
+    missing = []
+    for path in sorted((ROOT / "harness").rglob("*.py")):
+        for name, member in re.findall(r"\b(Contract|Shipped|ShippedSite|ReleaseTool|Launch|RunPlan)\.(\w+)",
+                                       path.read_text()):
+            cls = classes[name]
+            fields = getattr(cls, "__dataclass_fields__", {})
+            if not (hasattr(cls, member) or member in fields):
+                missing.append(f"{path.relative_to(ROOT)}: {name}.{member}")
+    assert missing == []

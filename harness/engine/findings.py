@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
@@ -74,6 +75,19 @@ def observed(record, kind: str) -> bool:
     kinds but ``ARITHMETIC_KINDS``, and a contract's own kinds it declares observed."""
     declared = next((k for k in getattr(record, "kinds", ()) if k.name == kind), None)
     return declared.observed if declared is not None else kind not in ARITHMETIC_KINDS
+
+
+def closest_kind(name: str, kinds) -> Optional[str]:
+    """The kind a misspelt or guessed kind name most likely means (``WRONG_VALUE``: ``VALUE_MISMATCH``): a close
+    spelling first, else the kind sharing most of its words; None when nothing is near."""
+    kinds = sorted(kinds)
+    close = difflib.get_close_matches(name, kinds, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    words = set(name.upper().split("_"))
+    shared = [(len(words & set(k.split("_"))), k) for k in kinds]
+    best = max(shared, key=lambda pair: pair[0], default=(0, None))
+    return best[1] if best[0] else None
 
 
 def kind_of(value: str, declared=()) -> "Kind | ContractKind":

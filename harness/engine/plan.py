@@ -2,12 +2,12 @@
 
 Three front ends build one: the command line (``kvfence fuzz``, ``kvfence.cli.fuzz``), the API
 (``kvfence.check_kernel``) and the pytest plugin. From there the engine (``kvfence.engine.run``), the
-contract's record (``kvfence.contract.Contract.draws`` / ``session`` / ``codec``), the checking worker and
-the ``--jobs`` children read the plan, never the front end's own arguments. Every field is validated here,
-with a one-line ``BadInput``.
+contract's record (``kvfence.contract.Contract.cases`` through ``kvfence.engine.run.draws``,
+``Contract.checker``), the checking worker and the ``--jobs`` children read the plan, never the front end's own
+arguments. Every field is validated here, with a one-line ``BadInput``.
 
 ``pins`` holds the contract-specific config choices (the draft kernel's ``topk``, ``num_steps``, window
-fields, layout, ...), ``None`` meaning "drawn"; a contract takes the pins it lists (``Contract.pins``) and
+fields, layout, ...), ``None`` meaning "drawn"; a contract takes the pins it lists (``Contract.options``) and
 refuses the others.
 """
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import List, Optional
 
 from kvfence.contract import DOMAINS, GUARDS, MODES, REQUIRED, ROLES, Contract, FindingKind, Keys, Launch, Mutant, Table
-from kvfence.engine.findings import Finding, Kind
+from kvfence.engine.findings import Finding, Kind, closest_kind
 from kvfence.errors import BadInput, printable
 
 #: Widest row a sizing may give (``kvfence.engine.launch.MAX_WIDTH``).
@@ -111,8 +111,10 @@ def _mutant_problems(record) -> List[str]:
             out.append(f"mutant {m.name}: detects must name the finding kinds that catch it")
         else:
             unknown = [d for d in m.detects if d not in kinds]
-            if unknown:
-                out.append(f"mutant {m.name} detects {', '.join(map(str, unknown))}, which no kind declares")
+            for name in unknown:
+                close = closest_kind(str(name), kinds)
+                out.append(f"mutant {m.name} detects {printable(name, 60)}, which no kind declares"
+                           + (f": did you mean {close}?" if close else f" (kinds: {', '.join(sorted(kinds))})"))
         if m.domain not in DOMAINS:
             out.append(f"mutant {m.name}: domain must be cpu or gpu")
         if not (m.patch or m.kernel or m.sizing):

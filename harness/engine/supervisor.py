@@ -3,9 +3,10 @@
 The fuzzing process (the supervisor: Hypothesis, journal, reports) never launches the kernel itself.
 ``RemoteSession`` starts one worker process (``python -m kvfence.engine.worker``: a fresh interpreter that
 picks CUDA or the Triton interpreter for itself) and talks to it over a socket pair: cases go as plain
-JSON data (the contract's codec: ``kvfence.contract.Contract.codec``), findings come back as
+JSON data (the launch's record: ``kvfence.engine.launch.to_record``), findings come back as
 ``Finding.to_dict`` JSON. The worker loads the contract's record by its registry entry and checks with the
-session the record gives it (``Contract.worker_side``): it knows no contract by name.
+checker the record gives it (``Contract.checker``, else the engine's ``TableChecker``): it knows no contract by
+name.
 Nothing is pickled either way, so a kernel plug-in running in the worker cannot make the supervisor
 run code. The worker is started once and reused for many cases; ``check_many`` sends a whole list in
 one message, and a shared 8-byte counter tells the supervisor which case is running.
