@@ -62,3 +62,23 @@ def test_every_mutant_changes_an_output_with_the_audit_off_and_the_last_program_
     missed = [m.name for m in RECORD.mutants if rows[m.name]["detections"] != 1]
     assert not missed, {n: rows[n]["runs"] for n in missed}
     assert report["passed"]
+
+
+def test_the_self_test_budget_is_the_contracts_per_domain(monkeypatch):
+    """Without ``--max-examples`` each row runs the examples its contract declares for the domain it draws from
+    (on CUDA a CPU-domain bug draws from the CPU domain, so it gets the CPU domain's budget, not the GPU's): a
+    contract declaring 3 on the CPU domain runs its clean reference 3 examples a seed; the draft kernel's GPU
+    examples (runs of 32 batches) keep 150; a bad declaration is one line."""
+    from kvfence.contracts.draft.record import DRAFT
+    from kvfence.errors import BadInput
+    from kvfence.selftest.mutants import budget, self_test
+
+    assert (budget(RECORD, "cpu"), budget(RECORD, "gpu"), budget(DRAFT, "gpu")) == (60, 16, 150)
+    monkeypatch.setattr(RECORD, "selftest_examples", {"cpu": 3}, raising=False)
+    assert budget(RECORD, "gpu") == 16
+    report = self_test(RECORD, "cpu", seeds=[0, 1], names=["sizing_block_floor"], isolate=False)
+    reference = next(r for r in report["rows"] if r["reference"])
+    assert [r["examples"] for r in reference["runs"]] == [3, 3]
+    monkeypatch.setattr(RECORD, "selftest_examples", {"cpu": 0}, raising=False)
+    with pytest.raises(BadInput, match=r"selftest_examples\['cpu'\] must be a positive integer"):
+        budget(RECORD, "cpu")
