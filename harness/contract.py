@@ -280,7 +280,7 @@ class Contract(Generic[C]):
 
 
 #: The interface's members, as the contract author's reference lists them (tests hold both to this).
-MEMBERS = ("name", "doc", "reference", "sizings", "mutants", "kinds", "options",
+MEMBERS = ("name", "doc", "reference", "sizings", "mutants", "kinds", "options", "selftest_examples",
            "cases", "to_json", "from_json", "tables", "expected", "need", "launch",
            "keys", "owner", "findings_before_launch", "report", "checker")
 REQUIRED = ("cases", "to_json", "from_json", "tables", "expected", "need", "launch")

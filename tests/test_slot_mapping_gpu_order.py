@@ -82,3 +82,11 @@ def test_the_self_test_budget_is_the_contracts_per_domain(monkeypatch):
     monkeypatch.setattr(RECORD, "selftest_examples", {"cpu": 0}, raising=False)
     with pytest.raises(BadInput, match=r"selftest_examples\['cpu'\] must be a positive integer"):
         budget(RECORD, "cpu")
+
+
+def test_a_record_with_a_bad_budget_is_named_by_the_static_check(monkeypatch):
+    from kvfence.engine.record_check import static_problems
+
+    assert not [p for p in static_problems(NAME, NAME, RECORD) if "selftest_examples" in p]
+    monkeypatch.setattr(RECORD, "selftest_examples", {"gpu": 0, "tpu": 3}, raising=False)
+    assert [p for p in static_problems(NAME, NAME, RECORD) if p.startswith("selftest_examples must map domains")]
