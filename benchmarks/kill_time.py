@@ -24,7 +24,8 @@ skips a part already complete; the file must be of this code (a file of other co
 continued: its figures would mix two). The totals: ``kill_search_s`` (every plain part's rows: median and worst
 search seconds against the targets, ``KILL_MEDIAN_S`` and ``KILL_WORST_S``), ``kill_targets`` (met, missed, and
 which), ``first_verdict_over_floor`` (target ``FIRST_VERDICT_TARGET``), ``verifiers`` (each seed passed or not),
-``complete`` (every part run to its end).
+``complete`` (every part run to its end), and ``kill_where`` (per plain row, the medians of its search seconds,
+of the first failing job's examples to the failure and of that job's compile, build and capture seconds).
 
 The release-text mutants are built from SGLang's wheels (0.5.23 and 0.5.3.post3): the command's environment must
 reach them (``KVFENCE_WHEEL_DIR``, or a ``KVFENCE_CACHE`` filled where the network is by
@@ -42,6 +43,7 @@ import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -194,15 +196,32 @@ def _opened(path: Path, device: str, resume: bool) -> dict:
     return doc
 
 
+def _median(values) -> Optional[float]:
+    known = sorted(v for v in values if v is not None)
+    return round(statistics.median(known), 3) if known else None
+
+
+def where(row: dict) -> dict:
+    """Where a plain row's kills spent their time, medians over its detecting seeds: the search seconds, the first
+    failing job's examples to the failure (many: draws that do not reach the bug) and its compile, build and
+    capture seconds (most of the search: slow examples)."""
+    work = [w for w in row.get("failing_job_work", []) if w]
+    return {"search_s": _median(row.get("search_s", [])),
+            "examples_to_failure": _median(row.get("examples_to_failure", [])),
+            **{k: _median(w.get(k) for w in work) for k in plain.FAILING_JOB_WORK}}
+
+
 def totals(doc: dict) -> None:
     """The file's totals over the parts it holds (the module docstring)."""
-    kill, complete = {}, True
+    kill, spent, complete = {}, {}, True
     for name, (kind, _) in PARTS.items():
         part = doc["parts"].get(name)
         complete = complete and part is not None and bool(part.get("complete"))
         if part is not None and kind == "plain":
             kill.update(part.get("kill_search_s", {}))
+            spent.update({row: where(r) for row, r in part.get("mutants", {}).items()})
     doc["kill_search_s"] = kill
+    doc["kill_where"] = spent
     missed = sorted(n for n, e in kill.items() if not e["meets_targets"])
     doc["kill_targets"] = {"median_s": plain.KILL_MEDIAN_S, "worst_s": plain.KILL_WORST_S, "mutants": len(kill),
                            "met": len(kill) - len(missed), "missed": missed}

@@ -44,6 +44,7 @@ def test_a_part_is_cut_resumed_and_skipped_and_every_part_lands_in_one_file(tmp_
     assert len(doc["parts"]["r2t-slot"]["sessions"]) == 2
     assert doc["kill_search_s"][ROW]["median"] == row["median_search_s"]
     assert doc["kill_targets"]["mutants"] == 1 and doc["code"]["digest"]
+    assert doc["kill_where"][ROW]["examples_to_failure"] == row["examples_to_failure"][0] >= 1
     again = _kill_time(tmp_path, *part, "--resume", *tiny)
     assert again.returncode == 0 and "is complete" in again.stdout
     assert json.loads(out.read_text())["parts"]["r2t-slot"]["sessions"] == doc["parts"]["r2t-slot"]["sessions"]
