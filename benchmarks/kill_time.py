@@ -125,6 +125,8 @@ def run_plain(args, contracts, extra: List[str], before: Optional[dict], work: P
         argv += ["--resume", str(part_file)]
     sys.argv = ["benchmarks/kill_time.py", *argv, "--", *extra]
     code = plain.main()
+    if code == 2:  # bad input (a --resume of another plan): plain_fuzz_mutants said so in one line
+        return None
     require(part_file.exists(), f"part {args.part}: plain_fuzz_mutants wrote no results (exit {code})")
     doc = json.loads(part_file.read_text())
     doc["exit"] = code
@@ -135,9 +137,12 @@ def run_first_verdict(args, extra: List[str], before: Optional[dict], work: Path
     part_file = work / "first_verdict.json"
     sys.argv = ["benchmarks/kill_time.py", "--device", args.device, "--repeats", str(args.repeats),
                 "--json", str(part_file), "--", *extra]
-    code = first_verdict.main()
-    doc = json.loads(part_file.read_text())
-    doc.update(exit=code, complete=len(doc["runs"]) == args.repeats,
+    try:
+        code = first_verdict.main()
+    except KeyboardInterrupt:  # cut: the runs measured so far (first_verdict.py saves after each)
+        code = None
+    doc = json.loads(part_file.read_text()) if part_file.exists() else {"runs": []}
+    doc.update(exit=code, complete=code == 0 and len(doc["runs"]) == args.repeats,
                meets_target=doc.get("first_verdict_over_floor") is not None
                and doc["first_verdict_over_floor"] <= FIRST_VERDICT_TARGET)
     return doc
@@ -290,6 +295,8 @@ def main(argv=None) -> int:
             part = run_first_verdict(args, extra, None, work)
         else:
             part = run_verifiers(args, covers, extra, before, work)
+    if part is None:
+        return 2
     part["part_command"] = shlex.join(["python", "benchmarks/kill_time.py", *argv])
     doc["parts"][args.part] = part
     totals(doc)

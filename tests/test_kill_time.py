@@ -34,6 +34,10 @@ def test_a_part_is_cut_resumed_and_skipped_and_every_part_lands_in_one_file(tmp_
     doc = json.loads(out.read_text())
     assert doc["parts"]["r2t-slot"]["complete"] is False and doc["complete"] is False
     assert doc["parts"]["r2t-slot"]["mutants"][ROW]["seeds_run"] == []
+    other = [a if a != "1" else "2" for a in part]  # another plan: two seeds, two reference seeds
+    refused = _kill_time(tmp_path, *other, "--resume", *tiny)
+    assert refused.returncode == 2 and "its seeds is 1, this command's 2" in refused.stderr, refused.stderr[-2000:]
+    assert len(refused.stderr.strip().splitlines()) == 1 and json.loads(out.read_text()) == doc
     resumed = _kill_time(tmp_path, *part, "--resume", *tiny)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     doc = json.loads(out.read_text())
