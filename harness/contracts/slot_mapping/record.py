@@ -9,9 +9,10 @@ group's row reads the next row of the table, another request's blocks (vllm#5398
 so such a slot names a block of another request.
 
 The block tables are inputs laid out as vLLM lays them out, rows contiguous (the kernel's only bound is the
-stride, which is the row width; a guard between rows would be inside that bound), with guard poison before the
-first row and after the last, and every row no request of the launch owns filled with poison: a slot derived from
-a guard or a spare row is ``POISON_READ`` (and on the CPU a load outside the table's rows an ``OOB_READ`` of the
+stride, which is the row width; a guard between rows would be inside that bound), with a guard row of poison
+before the first row (row -1 of the kernel's table, a dummy request's row: ``_guarded_rows``), the engine's guard
+poison after the last, and every row no request of the launch owns filled with poison: a slot derived from a guard
+or a spare row is ``POISON_READ`` on any device (and on the CPU a load past the last row an ``OOB_READ`` of the
 address audit); a slot derived from another request's row is ``VALUE_MISMATCH``: the oracle says PAD there.
 
 This module is the record; the case and oracle are ``case``, the draws ``strategies``, the kernel
