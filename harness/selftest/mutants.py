@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from kvfence.contract import Contract
 from kvfence.engine.findings import Kind
 from kvfence.errors import BadInput, require
 
@@ -40,8 +41,6 @@ def budget(record, domain: str) -> int:
     """Examples per mutant and seed on ``domain`` when the caller sets none: what the contract declares
     (``Contract.selftest_examples``, whose default suits one launch an example), on whichever device runs it: a
     CPU-domain bug on CUDA gets the CPU domain's budget, its draws are the same."""
-    from kvfence.contract import Contract
-
     declared = getattr(record, "selftest_examples", None) or {}
     examples = declared.get(domain, Contract.selftest_examples[domain])
     require(isinstance(examples, int) and examples >= 1,
