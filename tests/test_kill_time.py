@@ -1,7 +1,7 @@
 """``benchmarks/kill_time.py``: one command and one results file for the kill time of every contract's planted
 bugs, the first verdict and the two verifiers (issue 65). The GPU sitting runs each part at full size; here a
 plain part runs on the CPU with one mutant and one seed, cut before its first run and resumed, then skipped once
-complete, and a verifiers part adds its seeds to the same file."""
+complete; a verifiers part adds its seeds to the same file (a long test)."""
 
 from __future__ import annotations
 
@@ -52,12 +52,24 @@ def test_a_part_is_cut_resumed_and_skipped_and_every_part_lands_in_one_file(tmp_
     again = _kill_time(tmp_path, *part, "--resume", *tiny)
     assert again.returncode == 0 and "is complete" in again.stdout
     assert json.loads(out.read_text())["parts"]["r2t-slot"]["sessions"] == doc["parts"]["r2t-slot"]["sessions"]
+    assert doc["complete"] is False  # the other parts are not run
+
+
+@pytest.mark.long
+def test_a_verifiers_part_adds_its_seeds_beside_a_plain_part(tmp_path):
+    """Five ``mutants --verifiers both`` side by side (the reference only, one config each), into a file that
+    holds a plain part: both parts and their totals in the one file."""
+    out = tmp_path / "kill.json"
+    plain = _kill_time(tmp_path, "--part", "r2t-slot", "--seeds", "1", "--reference-seeds", "0", "--only", ROW,
+                       "--json", str(out), "--", "--max-examples", "20")
+    assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
     verifiers = _kill_time(tmp_path, "--part", "verifiers-0-4", "--json", str(out), "--", "--only", "reference",
                            "--max-examples", "1")
     assert verifiers.returncode == 0, verifiers.stdout[-2000:] + verifiers.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["verifiers"] == {str(s): True for s in range(5)}
-    assert ROW in doc["kill_search_s"] and doc["complete"] is False  # the other parts are not run
+    assert set(doc["parts"]) == {"r2t-slot", "verifiers-0-4"} and ROW in doc["kill_search_s"]
+    assert doc["complete"] is False  # the other parts are not run
 
 
 def test_an_unknown_mutant_of_a_part_is_one_line_exit_2(tmp_path):
