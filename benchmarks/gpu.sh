@@ -48,7 +48,8 @@
 #                                                                 fa3-rail, first-verdict, verifiers-0-4, verifiers-5-9
 #                                                                 (not in the default list; a cut part resumes when run
 #                                                                 again, a complete one is skipped)
-#   kill-time-bulk   560      h200_kill_time_bulk.json           the same, 4 seeds, beside each mutant with the bulk on
+#   kill-time-bulk   560      h200_kill_time_bulk.json           the draft's and the rail's kill time, 4 seeds, beside
+#                                                                each mutant with the bulk on
 #                                                                (--compare-bulk 256): whether the bulk kills sooner
 #   plain-mutants    560      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
 #                                                                run per GPU, or 8 sharing one GPU (not in the
@@ -59,6 +60,9 @@
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
 # contract-jobs and contract-shipped: likewise contract-cache/, filled by one CPU run per contract of
 # KVFENCE_CACHE=contract-cache kvfence fuzz --contract C --kernel sglang==0.5.23 --device cpu --max-examples 1
+# kill-PART and contracts: the release-text mutants of the table contracts (sglang 0.5.23 and 0.5.3.post3) in
+# contract-cache/ too, filled by one CPU run per contract of
+# KVFENCE_CACHE=contract-cache kvfence mutants --contract C --device cpu --max-examples 1 (its verdict aside)
 set -u
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
@@ -239,7 +243,8 @@ run_contracts() {
   # CPU-domain bug gets the CPU domain's 60 examples on CUDA too, a GPU-domain one 16).
   local c rc=0
   for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do
-    timeout "${CONTRACT_SECONDS:-560}" kvfence mutants --contract "$c" --device cuda --seeds 20 --quiet \
+    KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/contract-cache} KVFENCE_OFFLINE=1 \
+      timeout "${CONTRACT_SECONDS:-560}" kvfence mutants --contract "$c" --device cuda --seeds 20 --quiet \
       --json "$RESULTS/${CONTRACT_PREFIX:-h200}_contract_mutants_$c.json" > "$LOGS/contracts_$c.txt" 2>&1 &
   done
   for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do wait -n || rc=1; done
@@ -324,10 +329,12 @@ kill_time() {
   return $rc
 }
 
-# benchmarks/kill_time.py, one part a call, every part into one file ($KILL_TIME_FILE); a cut part resumes.
+# benchmarks/kill_time.py, one part a call, every part into one file ($KILL_TIME_FILE); a cut part resumes. The
+# table contracts' release-text mutants are built from SGLang's wheels, read offline from contract-cache/ (below).
 kill_part() {
-  timeout 560 python benchmarks/kill_time.py --device cuda --part "$1" --resume \
-    --json "$RESULTS/${KILL_TIME_FILE:-h100_kill_time.json}" > "$LOGS/kill_$1.txt" 2>&1
+  KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/contract-cache} KVFENCE_OFFLINE=1 timeout 560 python benchmarks/kill_time.py \
+    --device cuda --part "$1" --resume --json "$RESULTS/${KILL_TIME_FILE:-h100_kill_time.json}" \
+    > "$LOGS/kill_$1.txt" 2>&1
   local rc=$?
   [ "$rc" -eq 3 ] && return 0  # cut (INCOMPLETE): the file holds what ran; run the part again
   return $rc
