@@ -23,8 +23,11 @@
 #                                                                 the crash shrinks (20 s; the default 60 s, 2 seeds)
 #   upstream         530      h200_upstream_matrix.json          the release matrix (needs upstream-cache/, below)
 #   tests            300      (log only)                         pytest -n auto, no flags: the whole suite
-#   contracts        300      h200_contract_mutants_*.json       the table contracts' self-tests (docs/contract.md §9),
-#                                                                 side by side
+#   contracts        560      h200_contract_mutants_*.json       the table contracts' self-tests (docs/contract.md §9),
+#                                                                 20 seeds, each contract's own budget
+#                                                                 (Contract.selftest_examples), side by side;
+#                                                                 CONTRACTS="..." picks them (two calls: the three
+#                                                                 page/metadata ones, then req-to-token slot-mapping)
 #   default-run      120      h200_default_run.json              the plain `kvfence fuzz --device cuda` (60 s, every core):
 #                                                                 examples, distinct configs, structural rate
 #   contract-jobs    330      h200_contract_jobs.json            each table contract's SGLang 0.5.23 kernel with the
@@ -39,10 +42,14 @@
 #                                                                 sitting's)
 #   scale-mutants    400      h200_mutants_gpu_domain.json       the scale and page-1 mutants through their declared
 #                                                                 kinds, 2 seeds, reference clean on both domains
-#   kill-time        560      h200_kill_time.json                time to a kill: the plain default command per shipped
-#                                                                mutant x 10 seeds, search seconds (not in the default
-#                                                                list; run it again to resume a cut file of this code)
-#   kill-time-bulk   560      h200_kill_time_bulk.json           the same, 4 seeds, beside each mutant with the bulk on
+#   kill-PART        560      $KILL_TIME_FILE                    benchmarks/kill_time.py --part PART --resume: one file
+#                                (default h100_kill_time.json)      for every contract's kill time, the first verdict and
+#                                                                 the two verifiers; PART is draft, pages, r2t-slot,
+#                                                                 fa3-rail, first-verdict, verifiers-0-4, verifiers-5-9
+#                                                                 (not in the default list; a cut part resumes when run
+#                                                                 again, a complete one is skipped)
+#   kill-time-bulk   560      h200_kill_time_bulk.json           the draft's and the rail's kill time, 4 seeds, beside
+#                                                                each mutant with the bulk on
 #                                                                (--compare-bulk 256): whether the bulk kills sooner
 #   plain-mutants    560      h200_plain_fuzz_mutants.json       the plain fuzz command per mutant and seed, one
 #                                                                run per GPU, or 8 sharing one GPU (not in the
@@ -53,13 +60,17 @@
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
 # contract-jobs and contract-shipped: likewise contract-cache/, filled by one CPU run per contract of
 # KVFENCE_CACHE=contract-cache kvfence fuzz --contract C --kernel sglang==0.5.23 --device cpu --max-examples 1
+# kill-PART and contracts: the release-text mutants of the table contracts (sglang 0.5.23 and 0.5.3.post3) in
+# contract-cache/ too, filled by one CPU run per contract of
+# KVFENCE_CACHE=contract-cache kvfence mutants --contract C --device cpu --max-examples 1 (its verdict aside)
 set -u
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests default-run contracts contract-jobs contract-shipped first-verdict scale-mutants"
-EXTRA="plain-mutants kill-time kill-time-bulk"
+KILL_PARTS="draft pages r2t-slot fa3-rail first-verdict verifiers-0-4 verifiers-5-9"
+EXTRA="plain-mutants kill-time-bulk $(for p in $KILL_PARTS; do printf 'kill-%s ' "$p"; done)"
 mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {
@@ -227,12 +238,14 @@ run_plain_mutants() {
 }
 
 run_contracts() {
-  # Each table contract's self-test (reference + planted mutants, 20 seeds, GPU domain, CUDA graphs), the three
-  # side by side (each one checking worker).
+  # Each table contract's self-test (reference + planted mutants, 20 seeds, each on its domain, CUDA graphs), side
+  # by side (each one checking worker), at the contract's own budget per domain (Contract.selftest_examples: a
+  # CPU-domain bug gets the CPU domain's 60 examples on CUDA too, a GPU-domain one 16).
   local c rc=0
   for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do
-    timeout 300 kvfence mutants --contract "$c" --device cuda --seeds 20 --max-examples 8 --quiet \
-      --json "$RESULTS/h200_contract_mutants_$c.json" > "$LOGS/contracts_$c.txt" 2>&1 &
+    KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/contract-cache} KVFENCE_OFFLINE=1 \
+      timeout "${CONTRACT_SECONDS:-560}" kvfence mutants --contract "$c" --device cuda --seeds 20 --quiet \
+      --json "$RESULTS/${CONTRACT_PREFIX:-h200}_contract_mutants_$c.json" > "$LOGS/contracts_$c.txt" 2>&1 &
   done
   for c in ${CONTRACTS:-flashmla-page-table trtllm-mha-page-table fa3-decode-metadata}; do wait -n || rc=1; done
   return $rc
@@ -316,9 +329,17 @@ kill_time() {
   return $rc
 }
 
-run_kill_time() {
-  kill_time h200_kill_time.json 10
+# benchmarks/kill_time.py, one part a call, every part into one file ($KILL_TIME_FILE); a cut part resumes. The
+# table contracts' release-text mutants are built from SGLang's wheels, read offline from contract-cache/ (below).
+kill_part() {
+  KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/contract-cache} KVFENCE_OFFLINE=1 timeout 560 python benchmarks/kill_time.py \
+    --device cuda --part "$1" --resume --json "$RESULTS/${KILL_TIME_FILE:-h100_kill_time.json}" \
+    > "$LOGS/kill_$1.txt" 2>&1
+  local rc=$?
+  [ "$rc" -eq 3 ] && return 0  # cut (INCOMPLETE): the file holds what ran; run the part again
+  return $rc
 }
+for p in $KILL_PARTS; do eval "run_kill_${p//-/_}() { kill_part $p; }"; done
 
 run_kill_time_bulk() {
   # The default (no bulk) beside the bulk on (256 batches per example, opened after the default 5 s), 4 seeds.

@@ -190,8 +190,8 @@ def _print_examples_to_trigger(row: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--cpu-examples", type=int, default=60, help="kvfence.selftest.mutants.BUDGETS['cpu']")
-    parser.add_argument("--gpu-examples", type=int, default=100, help="kvfence.selftest.mutants.BUDGETS['gpu']")
+    parser.add_argument("--cpu-examples", type=int, default=60, help="the draft record's selftest_examples['cpu']")
+    parser.add_argument("--gpu-examples", type=int, default=100, help="beside the draft's selftest_examples['gpu']")
     parser.add_argument("--gpu-family-shares", default="",
                         help="comma-separated shares of §6 examples to simulate beside GPU_FAMILY_SHARE")
     parser.add_argument("--examples-to-trigger", action="store_true",

@@ -207,6 +207,13 @@ class Contract(Generic[C]):
     #: The command line's config flags (``--topk`` is ``topk``) this contract takes, each with the values a
     #: ``--shard`` deals out on a domain (a callable of the domain's name), or None where it deals none.
     options: Mapping[str, Optional[Callable[[str], Sequence]]] = {}
+    #: The mutation self-test's examples per planted bug and seed on each domain (``kvfence mutants`` without
+    #: ``--max-examples``): enough for the contract's default draws to reach its bugs at what one of its examples
+    #: costs. The default suits an example of one launch: 60 on the CPU domain (the CPU self-tests' worst
+    #: detection took 50), 16 on the GPU domain, whose production-sized examples cost 0.6-1.9 s each on an H100
+    #: (compile and capture per config; ``h100_contract_mutants_req-to-token.json``), where 8 caught the GPU-domain
+    #: bug within 3. A contract whose example is a run of many launches declares its own.
+    selftest_examples: Mapping[str, int] = {"cpu": 60, "gpu": 16}
 
     # -- required -----------------------------------------------------------------------------------------
     def cases(self, domain: Domain):
@@ -273,7 +280,7 @@ class Contract(Generic[C]):
 
 
 #: The interface's members, as the contract author's reference lists them (tests hold both to this).
-MEMBERS = ("name", "doc", "reference", "sizings", "mutants", "kinds", "options",
+MEMBERS = ("name", "doc", "reference", "sizings", "mutants", "kinds", "options", "selftest_examples",
            "cases", "to_json", "from_json", "tables", "expected", "need", "launch",
            "keys", "owner", "findings_before_launch", "report", "checker")
 REQUIRED = ("cases", "to_json", "from_json", "tables", "expected", "need", "launch")

@@ -126,8 +126,9 @@ def add_parser(sub) -> None:
     mu.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="cpu: Triton interpreter; cuda: compiled kernels; auto: cuda when present")
     mu.add_argument("--max-examples", type=_positive_int, default=None,
-                    help="example budget per mutant and seed (default: 60 on the CPU domain, 150 on the GPU "
-                         "domain; with --verifiers both, configs per target, each a run of batches, default 8)")
+                    help="example budget per mutant and seed (default: the contract's, per domain: 60 on the CPU "
+                         "domain, 16 on the GPU domain, the draft kernel's 150; with --verifiers both, configs per "
+                         "target, each a run of batches, default 8)")
     mu.add_argument("--seed", type=_non_negative_int, default=0, help="first Hypothesis seed (default 0)")
     mu.add_argument("--seeds", type=_positive_int, default=1,
                     help="run each mutant under this many seeds (seed, seed+1, ...) and report its detection rate; "

@@ -62,6 +62,7 @@ def static_problems(name: str, spec: str, record) -> List[str]:
     if not isinstance(record.doc, str):
         out.append("doc must be a string (where the contract is stated)")
     out += _sizing_problems(record) + _kind_problems(record) + _mutant_problems(record) + _option_problems(record)
+    out += _budget_problems(record)
     return out
 
 
@@ -131,6 +132,15 @@ def _option_problems(record) -> List[str]:
         return ["options must map command-line flags to None or a callable of the domain"]
     return [f"option {name!r} is no flag of kvfence fuzz (choose from {', '.join(OPTION_FLAGS)})"
             for name in options if name not in OPTION_FLAGS]
+
+
+def _budget_problems(record) -> List[str]:
+    budgets = record.selftest_examples
+    if not isinstance(budgets, Mapping) or not all(
+            d in DOMAINS and type(n) is int and n >= 1 for d, n in budgets.items()):
+        return [f"selftest_examples must map domains ({', '.join(DOMAINS)}) to positive example counts, got "
+                f"{printable(budgets, 80)!r}"]
+    return []
 
 
 # -- on drawn cases ------------------------------------------------------------------------------------------

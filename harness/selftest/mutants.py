@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from kvfence.contract import Contract
 from kvfence.engine.findings import Kind
 from kvfence.errors import BadInput, require
 
@@ -32,13 +33,19 @@ AUDIT_KINDS = frozenset({Kind.OOB_READ.value, Kind.OOB_WRITE.value})
 
 #: Fraction of seeds under which a mutant must be detected (on its own domain) for the self-test to pass.
 REQUIRED_RATE = 0.95
-#: Examples per mutant and seed when the caller sets none, by the domain it runs on. A GPU-domain example of the
-#: draft kernel is up to ``GPU_BATCHES`` batches of one config, and Hypothesis mutates the config rarely from one
-#: example to the next, so 60 examples see only a dozen or so configs: a bug that needs pages of 128 tokens was
-#: reached in 17-18 of 20 seeds with 60, in 20 of 20 with 150 (``benchmarks/prior_reach.py``).
-BUDGETS = {"cpu": 60, "gpu": 150}
-#: Cases of one config per example on the GPU domain, as ``fuzz --device cuda`` draws them (config-major).
+#: Cases of one config per example on the GPU domain, for a contract whose examples are runs of one config.
 GPU_BATCHES = 32
+
+
+def budget(record, domain: str) -> int:
+    """Examples per mutant and seed on ``domain`` when the caller sets none: what the contract declares
+    (``Contract.selftest_examples``, whose default suits one launch an example), on whichever device runs it: a
+    CPU-domain bug on CUDA gets the CPU domain's budget, its draws are the same."""
+    declared = getattr(record, "selftest_examples", None) or {}
+    examples = declared.get(domain, Contract.selftest_examples[domain])
+    require(isinstance(examples, int) and examples >= 1,
+            f"contract {record.name}: selftest_examples[{domain!r}] must be a positive integer, got {examples!r}")
+    return examples
 
 
 @dataclass
@@ -183,7 +190,7 @@ def self_test(record, device: str, *, seeds, max_examples: Optional[int] = None,
     try:
         for row in rows:
             plan = base.with_(kernel=row.kernel, sizing=row.sizing, domain=row.ran_on,
-                              max_examples=max_examples or BUDGETS[row.ran_on],
+                              max_examples=max_examples or budget(record, row.ran_on),
                               batches_per_example=GPU_BATCHES if row.ran_on == "gpu" else 1)
             checker = _OnlyKinds(session, row.only) if row.only else session
             start = time.monotonic()

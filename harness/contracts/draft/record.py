@@ -100,6 +100,11 @@ class DraftContract(Contract[DraftCase]):
 
     options = OPTIONS
     sizings = DraftSizings()
+    #: A GPU-domain example of the draft kernel is up to ``kvfence.selftest.mutants.GPU_BATCHES`` batches of one
+    #: config, and Hypothesis mutates the config rarely from one example to the next, so 60 examples see only a
+    #: dozen or so configs: a bug that needs pages of 128 tokens was reached in 17-18 of 20 seeds with 60, in 20 of
+    #: 20 with 150 (``benchmarks/prior_reach.py``).
+    selftest_examples = {"cpu": 60, "gpu": 150}
 
     def __init__(self, name: str, doc: str, kernel_module: str, attr: str):
         self.name, self.doc = name, doc

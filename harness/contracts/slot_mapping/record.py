@@ -9,9 +9,10 @@ group's row reads the next row of the table, another request's blocks (vllm#5398
 so such a slot names a block of another request.
 
 The block tables are inputs laid out as vLLM lays them out, rows contiguous (the kernel's only bound is the
-stride, which is the row width; a guard between rows would be inside that bound), with guard poison before the
-first row and after the last, and every row no request of the launch owns filled with poison: a slot derived from
-a guard or a spare row is ``POISON_READ`` (and on the CPU a load outside the table's rows an ``OOB_READ`` of the
+stride, which is the row width; a guard between rows would be inside that bound), with a guard row of poison
+before the first row (row -1 of the kernel's table, a dummy request's row: ``_guarded_rows``), the engine's guard
+poison after the last, and every row no request of the launch owns filled with poison: a slot derived from a guard
+or a spare row is ``POISON_READ`` on any device (and on the CPU a load past the last row an ``OOB_READ`` of the
 address audit); a slot derived from another request's row is ``VALUE_MISMATCH``: the oracle says PAD there.
 
 This module is the record; the case and oracle are ``case``, the draws ``strategies``, the kernel
@@ -27,13 +28,16 @@ from typing import Dict, List, Tuple
 
 from kvfence.contract import Contract, Keys, Mutant, Table
 from kvfence.contracts.slot_mapping import case as model
-from kvfence.contracts.slot_mapping.case import PAD, Group, SlotCase
+from kvfence.contracts.slot_mapping.case import PAD, SPARE_POISON, Group, SlotCase
 from kvfence.errors import require
 
 KERNEL_MODULE = "kvfence.kernels.slot_mapping.compute_slot_mappings"
 #: What catches a slot read past a row: the poison of a guard or a spare row, another request's block id, a load
 #: outside the table's rows (the CPU's address audit).
 READ_PAST = ("POISON_READ", "VALUE_MISMATCH", "OOB_READ")
+#: The guard row before each block table's first row holds ``GUARD_ROW_POISON - column``: below every spare row's
+#: poison (``SPARE_POISON - position``, positions < 2**20), so a value says which it came from.
+GUARD_ROW_POISON = 2 * SPARE_POISON
 
 
 def _widest_span(case: SlotCase) -> int:
@@ -80,9 +84,9 @@ MUTANTS = (
            (("slot = tl.where(read, slot, PAD_ID)",
              "slot = tl.where(real & enabled, tl.where(mine & in_req, slot, PAD_ID), PAD_ID)  # BUG: no PAD past "
              "the row"),)),
-    Mutant("dummy_row_read", "A dummy request's row (-1) is loaded, though its slots stay PAD: a read before the "
-           "table that only the CPU's address audit sees.", ("OOB_READ",),
-           (("mask=read, other=0", "mask=read | tl.where(enabled, mine & inside & in_req, False), other=0"),)),
+    Mutant("dummy_row_read", "A dummy request's row (-1) is read and its slots derived from it: the row before the "
+           "table's first, the guard row's poison in the slot on any device.", ("POISON_READ",),
+           ((_READ, "read = tl.where(enabled, mine & inside & in_req, False)  # BUG: a dummy's row -1 is read"),)),
     Mutant("row_from_batch_index", "Reads row b (the batch index) instead of idx_mapping[b].",
            ("VALUE_MISMATCH", "POISON_READ"), ((_ROW, "row = b + 0 * tl.load(idx_mapping + b)  # BUG"),)),
     Mutant("group0_block_size", "Every group takes group 0's block size.", ("VALUE_MISMATCH", "POISON_READ",
@@ -93,9 +97,9 @@ MUTANTS = (
     Mutant("cp_owner_ignored", "Under context parallelism every rank maps every token.", ("VALUE_MISMATCH",),
            (("mine = tl.where(sharded, owner == cp_rank, True)",
              "mine = tl.where(sharded, owner >= 0, True)  # BUG"),)),
-    Mutant("tail_overlaps_last_request", "The last program pads from the last request's first token.",
-           ("VALUE_MISMATCH",), (("first = tl.load(query_start_loc + b)",
-                                  "first = tl.load(query_start_loc + b - 1)  # BUG"),)),
+    Mutant("tail_starts_one_late", "The last program pads from one past the batch's last token: the first "
+           "padded column keeps what it held before the launch.", ("MISSING_WRITE",),
+           (("first = tl.load(query_start_loc + b)", "first = tl.load(query_start_loc + b) + 1  # BUG"),)),
     Mutant("sizing_block_floor", "Tables sized for ctx rounded down to a block: the context's last partial block "
            "has no column.", ("SIZING_VIOLATION",), sizing="block-floor"),
     Mutant("sizing_per_rank", "Tables sized for the tokens one context-parallel rank holds (ctx / cp_size).",
@@ -160,8 +164,8 @@ class SlotMapping(Contract[SlotCase]):
         case = launch.case
         blocks = model.row_blocks(case, launch.width)
         n, groups = case.num_reqs, len(case.groups)
-        out = [Table(f"block_table_{g}", blocks[g], case.table_rows, "input",
-                     (lambda g=g: model.block_table(case, g, blocks[g])), guards="ends") for g in range(groups)]
+        out = [Table(f"block_table_{g}", blocks[g], case.table_rows + 1, "input",
+                     (lambda g=g: _guarded_rows(case, g, blocks[g])), guards="ends") for g in range(groups)]
         return out + [
             Table("idx_mapping", n, None, "input", list(case.req_rows)),
             Table("query_start_loc", n + 1, None, "input", case.query_start_loc()),
@@ -183,7 +187,8 @@ class SlotMapping(Contract[SlotCase]):
 
         case = launch.case
         module = importlib.import_module(KERNEL_MODULE)
-        ptrs, strides = _layout([buffers[f"block_table_{g}"] for g in range(len(case.groups))])
+        # The kernel's table starts at row 1 of each buffer: row 0 is the guard row (``_guarded_rows``).
+        ptrs, strides = _layout([buffers[f"block_table_{g}"][1:] for g in range(len(case.groups))])
         module.launch(kernel, slot_mappings=buffers["slot_mappings"], idx_mapping=buffers["idx_mapping"],
                       query_start_loc=buffers["query_start_loc"], positions=buffers["positions"],
                       block_table_ptrs=ptrs, block_table_strides=strides, block_sizes=buffers["block_sizes"],
@@ -218,6 +223,17 @@ class SlotMapping(Contract[SlotCase]):
         if column >= case.num_tokens:
             return (row, case.num_reqs)
         return (row, model.token_owner(case)[column])
+
+
+def _guarded_rows(case: SlotCase, g: int, blocks: int):
+    """Group ``g``'s buffer: a guard row of poison (``GUARD_ROW_POISON - column``), then the block table's rows
+    (``model.block_table``). The kernel gets the address of the table's first row, so row ``-1`` (a dummy
+    request's ``idx_mapping``) is the guard row, a whole row wide: a slot derived from it is ``POISON_READ`` on any
+    device, where the engine's front guard (64 elements) would leave a wider row's load before the allocation."""
+    import numpy as np
+
+    guard = GUARD_ROW_POISON - np.arange(blocks, dtype=np.int64)
+    return np.vstack([guard[None, :], model.block_table(case, g, blocks)]).astype(np.int32)
 
 
 def edges(case: SlotCase, width: int) -> Tuple[str, ...]:

@@ -1,0 +1,315 @@
+"""Kill time of every contract's planted bugs, the first verdict and the two verifiers: one command, one file.
+
+    python benchmarks/kill_time.py --device cuda --part NAME [--json FILE] [--resume] [--seeds 10]
+        [--reference-seeds 1] [--only CONTRACT.NAME ...] [--parallel N] [--gpus 0,0,...] [--max-seconds S]
+        [--run-timeout S] [--repeats 3] [-- FUZZ FLAGS]
+
+One part per command, each sized for one 10-minute call of a GPU machine (``PARTS``); every part writes its
+section of the one results file (``--json``, default ``benchmarks/results/DEVICE_kill_time.json``, rewritten with
+the totals after the part):
+
+* a plain part (``draft``, ``pages``, ``r2t-slot``, ``fa3-rail``): ``benchmarks/plain_fuzz_mutants.py`` over its
+  contracts' shipped mutants, the release-text ones included (rows ``CONTRACT.NAME``: names repeat across
+  contracts), ``--seeds`` seeds each, the reference of each contract ``--reference-seeds`` times: the plain
+  ``kvfence fuzz`` a user runs per mutant and seed, the search time (first failure less the first worker
+  ready); on CUDA 8 runs share the GPU, 2 cores and ``--jobs 2 --max-seconds 15 --max-gpu-mem 10G`` each (the
+  protocol of the recorded ``h200_kill_time.json``), and no run starts after ``--max-seconds`` (480);
+* ``first-verdict``: ``benchmarks/first_verdict.py`` (``--repeats`` runs of ``fuzz --sizing prefix`` against the
+  device floor, after a warm-up);
+* ``verifiers-0-4``, ``verifiers-5-9``: ``kvfence mutants --verifiers both --max-examples 2 --seed S``, the five
+  seeds side by side (one thread each), each seed's report kept.
+
+``--resume`` continues the file's part where a cut left it (the plain runs it lacks, the seeds not yet run) and
+skips a part already complete; the file must be of this code (a file of other code is measured again, not
+continued: its figures would mix two). The totals: ``kill_search_s`` (every plain part's rows: median and worst
+search seconds against the targets, ``KILL_MEDIAN_S`` and ``KILL_WORST_S``), ``kill_targets`` (met, missed, and
+which), ``first_verdict_over_floor`` (target ``FIRST_VERDICT_TARGET``), ``verifiers`` (each seed passed or not),
+``complete`` (every part run to its end), and ``kill_where`` (per plain row, the medians of its search seconds,
+of the first failing job's examples to the failure and of that job's compile, build and capture seconds).
+
+The release-text mutants are built from SGLang's wheels (0.5.23 and 0.5.3.post3): the command's environment must
+reach them (``KVFENCE_WHEEL_DIR``, or a ``KVFENCE_CACHE`` filled where the network is by
+``kvfence mutants --contract C --device cpu --max-examples 1`` per contract). On the CPU with tiny settings (what
+``tests/test_kill_time.py`` runs):
+
+    python benchmarks/kill_time.py --device cpu --part r2t-slot --seeds 1 --reference-seeds 1 \\
+        --only slot-mapping.tail_starts_one_late --json OUT.json -- --max-examples 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import first_verdict  # noqa: E402
+import plain_fuzz_mutants as plain  # noqa: E402
+from result_file import saver  # noqa: E402
+
+from kvfence.engine import registry  # noqa: E402
+from kvfence.errors import BadInput, require  # noqa: E402
+from kvfence.provenance import code_stamp  # noqa: E402
+
+#: Each part: its kind and what it covers (a plain part: its contracts; a verifiers part: its seeds). Sized from
+#: the H200 file of the draft's 31 mutants (8 runs sharing the GPU, about 12.6 s a run: 310 runs in 490 s): a
+#: plain part of up to 27 mutants x 10 seeds and a reference run per contract fits a 560 s cap, cut or not.
+PARTS = {
+    "draft": ("plain", ("draft",)),
+    "pages": ("plain", ("flashmla-page-table", "trtllm-mha-page-table")),
+    "r2t-slot": ("plain", ("req-to-token", "slot-mapping")),
+    "fa3-rail": ("plain", ("fa3-decode-metadata", "window-rail")),
+    "first-verdict": ("first-verdict", ()),
+    "verifiers-0-4": ("verifiers", (0, 1, 2, 3, 4)),
+    "verifiers-5-9": ("verifiers", (5, 6, 7, 8, 9)),
+}
+#: The fuzz flags of every plain run on CUDA, 8 runs sharing one GPU (``h200_kill_time.json``'s protocol).
+CUDA_FUZZ_FLAGS = ["--jobs", "2", "--max-seconds", "15", "--max-gpu-mem", "10G"]
+CUDA_PARALLEL = 8
+#: The first verdict's target over the floor (the issue's).
+FIRST_VERDICT_TARGET = 1.3
+#: Exit code of a part cut before its end (run it again with ``--resume``).
+INCOMPLETE = plain.INCOMPLETE
+
+
+def contract_flags(contract: str) -> List[str]:
+    """The fuzz flags that choose ``contract`` (the draft is the default contract; the rail needs its window)."""
+    if contract == "draft":
+        return []
+    return plain.RAIL_FLAGS if contract == "window-rail" else ["--contract", contract]
+
+
+def planted(contracts, names: Optional[List[str]] = None) -> List[plain.Planted]:
+    """The shipped mutants of ``contracts`` as rows ``CONTRACT.NAME`` (sorted), or only ``names``."""
+    found = {}
+    for contract in contracts:
+        for m in registry.get(contract).mutants:
+            row = f"{contract}.{m.name}"
+            found[row] = plain.Planted(row, contract, m.domain, tuple(m.detects),
+                                       f"mutant:{m.name}" if (m.patch or m.kernel) else plain.REFERENCE, m.sizing)
+    unknown = [n for n in names or () if n not in found]
+    require(not unknown, f"unknown mutant(s) {', '.join(unknown)} of {', '.join(contracts)}: choose from "
+                         f"{', '.join(sorted(found))}")
+    return [found[n] for n in names] if names else [found[n] for n in sorted(found)]
+
+
+# -- the parts ------------------------------------------------------------------------------------------
+def run_plain(args, contracts, extra: List[str], before: Optional[dict], work: Path) -> dict:
+    """``plain_fuzz_mutants.py``'s plan over ``contracts`` (its resume of ``before``, the part's section so far)."""
+    plain.CONTRACTS = tuple(contracts)
+    plain.CONTRACT_FLAGS = {c: contract_flags(c) for c in contracts}
+    plain.discover = lambda names=None: planted(contracts, names)
+    part_file = work / "plain.json"
+    cuda = args.device == "cuda"
+    parallel = args.parallel or (CUDA_PARALLEL if cuda else 1)
+    argv = ["--device", args.device, "--seeds", str(args.seeds), "--reference-seeds", str(args.reference_seeds),
+            "--parallel", str(parallel), "--run-timeout", str(args.run_timeout), "--json", str(part_file)]
+    if cuda:
+        argv += ["--gpus", args.gpus or ",".join(["0"] * parallel)]
+    if args.max_seconds is not None:
+        argv += ["--max-seconds", str(args.max_seconds)]
+    if args.only:
+        argv += ["--only", *args.only]
+    if before is not None:
+        part_file.write_text(json.dumps(before))
+        argv += ["--resume", str(part_file)]
+    sys.argv = ["benchmarks/kill_time.py", *argv, "--", *extra]
+    code = plain.main()
+    if code == 2:  # bad input (a --resume of another plan): plain_fuzz_mutants said so in one line
+        return None
+    require(part_file.exists(), f"part {args.part}: plain_fuzz_mutants wrote no results (exit {code})")
+    doc = json.loads(part_file.read_text())
+    doc["exit"] = code
+    return doc
+
+
+def run_first_verdict(args, extra: List[str], before: Optional[dict], work: Path) -> dict:
+    part_file = work / "first_verdict.json"
+    sys.argv = ["benchmarks/kill_time.py", "--device", args.device, "--repeats", str(args.repeats),
+                "--json", str(part_file), "--", *extra]
+    try:
+        code = first_verdict.main()
+    except KeyboardInterrupt:  # cut: the runs measured so far (first_verdict.py saves after each)
+        code = None
+    doc = json.loads(part_file.read_text()) if part_file.exists() else {"runs": []}
+    doc.update(exit=code, complete=code == 0 and len(doc["runs"]) == args.repeats,
+               meets_target=doc.get("first_verdict_over_floor") is not None
+               and doc["first_verdict_over_floor"] <= FIRST_VERDICT_TARGET)
+    return doc
+
+
+def run_verifiers(args, seeds, extra: List[str], before: Optional[dict], work: Path) -> dict:
+    """Each seed's ``mutants --verifiers both`` side by side; a seed already in ``before`` is not run again."""
+    doc = before or {"seeds": {}}
+    todo = [s for s in seeds if str(s) not in doc["seeds"]]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = {}
+    for s in todo:
+        out = work / f"verifiers{s}.json"
+        cmd = [sys.executable, "-m", "kvfence", "mutants", "--device", args.device, "--verifiers", "both",
+               "--max-examples", "2", "--seed", str(s), "--quiet", "--json", str(out), *extra]
+        procs[s] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env),
+                    out, time.monotonic())
+    try:
+        for s, (proc, out, started) in procs.items():
+            _, err = proc.communicate()
+            if out.exists():
+                report = json.loads(out.read_text())
+                doc["seeds"][str(s)] = dict(report, exit=proc.returncode, wall_s=round(time.monotonic() - started, 1))
+            else:
+                print(f"kill_time: verifiers seed {s}: no report (exit {proc.returncode}): "
+                      f"{(err.strip().splitlines() or [''])[-1]}", file=sys.stderr)
+    except KeyboardInterrupt:  # timeout's SIGTERM: stop every seed still running, keep the finished ones
+        for proc, _, _ in procs.values():
+            proc.kill()
+    doc["complete"] = all(str(s) in doc["seeds"] for s in seeds)
+    doc["command"] = shlex.join(["python", "-m", "kvfence", "mutants", "--device", args.device, "--verifiers",
+                                 "both", "--max-examples", "2", "--seed", "S", *extra])
+    return doc
+
+
+# -- the file ---------------------------------------------------------------------------------------------
+def _opened(path: Path, device: str, resume: bool) -> dict:
+    """The results file to add a part to: this code's file at ``path`` (with ``--resume``, or to add another
+    part), else a fresh one."""
+    fresh = {"benchmark": "kill_time", "device": device, "parts": {}}
+    if not path.exists():
+        return fresh
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"--json {path}: not a readable results file ({exc.__class__.__name__})") from None
+    require(isinstance(doc, dict) and doc.get("benchmark") == "kill_time" and isinstance(doc.get("parts"), dict),
+            f"--json {path}: not a kill_time results file")
+    require(doc.get("device") == device, f"--json {path}: its device is {doc.get('device')}, this command's {device}")
+    code = doc.get("code") or {}
+    if code.get("digest") != code_stamp()["digest"]:
+        if resume:
+            print(f"kill_time: {path} was written by other code (commit {str(code.get('commit'))[:9]}): measured "
+                  "again from the start", file=sys.stderr)
+        return fresh
+    return doc
+
+
+def _median(values) -> Optional[float]:
+    known = sorted(v for v in values if v is not None)
+    return round(statistics.median(known), 3) if known else None
+
+
+def where(row: dict) -> dict:
+    """Where a plain row's kills spent their time, medians over its detecting seeds: the search seconds, the first
+    failing job's examples to the failure (many: draws that do not reach the bug) and its compile, build and
+    capture seconds (most of the search: slow examples)."""
+    work = [w for w in row.get("failing_job_work", []) if w]
+    return {"search_s": _median(row.get("search_s", [])),
+            "examples_to_failure": _median(row.get("examples_to_failure", [])),
+            **{k: _median(w.get(k) for w in work) for k in plain.FAILING_JOB_WORK}}
+
+
+def totals(doc: dict) -> None:
+    """The file's totals over the parts it holds (the module docstring)."""
+    kill, spent, complete = {}, {}, True
+    for name, (kind, _) in PARTS.items():
+        part = doc["parts"].get(name)
+        complete = complete and part is not None and bool(part.get("complete"))
+        if part is not None and kind == "plain":
+            kill.update(part.get("kill_search_s", {}))
+            spent.update({row: where(r) for row, r in part.get("mutants", {}).items()})
+    doc["kill_search_s"] = kill
+    doc["kill_where"] = spent
+    missed = sorted(n for n, e in kill.items() if not e["meets_targets"])
+    doc["kill_targets"] = {"median_s": plain.KILL_MEDIAN_S, "worst_s": plain.KILL_WORST_S, "mutants": len(kill),
+                           "met": len(kill) - len(missed), "missed": missed}
+    verdict = doc["parts"].get("first-verdict") or {}
+    doc["first_verdict_over_floor"] = verdict.get("first_verdict_over_floor")
+    doc["first_verdict_target"] = FIRST_VERDICT_TARGET
+    seeds = {}
+    for name, (kind, _) in PARTS.items():
+        if kind == "verifiers" and name in doc["parts"]:
+            seeds.update({s: r.get("passed") for s, r in doc["parts"][name]["seeds"].items()})
+    doc["verifiers"] = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
+    doc["complete"] = complete
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    own, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--part", required=True, choices=list(PARTS))
+    parser.add_argument("--json", default=None, help="the results file (default benchmarks/results/"
+                                                     "DEVICE_kill_time.json)")
+    parser.add_argument("--resume", action="store_true", help="continue the file's part, skip it when complete")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--reference-seeds", type=int, default=1)
+    parser.add_argument("--only", nargs="*", default=None, metavar="CONTRACT.NAME")
+    parser.add_argument("--parallel", type=int, default=None, help="runs at once (default 8 on CUDA, 1 on the CPU)")
+    parser.add_argument("--gpus", default=None, help="comma-separated GPU per run (default: all on GPU 0)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="start no plain run after this many seconds (default 480 on CUDA)")
+    parser.add_argument("--run-timeout", type=float, default=40.0)
+    parser.add_argument("--repeats", type=int, default=3, help="first-verdict: measured runs")
+    args = parser.parse_args(own)
+    kind, covers = PARTS[args.part]
+    path = Path(args.json or Path(__file__).resolve().parent / "results" / f"{args.device}_kill_time.json")
+    if args.max_seconds is None and args.device == "cuda":
+        args.max_seconds = 480.0
+    if kind == "plain" and not extra and args.device == "cuda":
+        extra = list(CUDA_FUZZ_FLAGS)
+    try:
+        require(args.seeds >= 1 and args.reference_seeds >= 0 and args.repeats >= 1,
+                "--seeds and --repeats must be >= 1, --reference-seeds >= 0")
+        require(not args.only or kind == "plain", f"--only names mutants of a plain part, not of {args.part}")
+        if kind == "plain":
+            planted(covers, args.only)
+        doc = _opened(path, args.device, args.resume)
+    except BadInput as exc:
+        print(f"kill_time: {exc}", file=sys.stderr)
+        return 2
+    before = doc["parts"].get(args.part) if args.resume else None
+    if before is not None and before.get("complete"):
+        print(f"kill_time: part {args.part} is complete in {path}: nothing to run")
+        return 0
+    save = saver(str(path), doc)
+
+    def terminated(signum, frame):  # ``timeout``'s SIGTERM: the part stops as on ^C and keeps what finished
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
+    with tempfile.TemporaryDirectory(prefix="kvfence-kill-time-") as tmp:
+        work = Path(tmp)
+        if kind == "plain":
+            part = run_plain(args, covers, extra, before, work)
+        elif kind == "first-verdict":
+            part = run_first_verdict(args, extra, None, work)
+        else:
+            part = run_verifiers(args, covers, extra, before, work)
+    if part is None:
+        return 2
+    part["part_command"] = shlex.join(["python", "benchmarks/kill_time.py", *argv])
+    doc["parts"][args.part] = part
+    totals(doc)
+    save()
+    print(f"kill_time: part {args.part} {'complete' if part.get('complete') else 'CUT: run it again with --resume'}"
+          f" in {path}; kill targets met by {doc['kill_targets']['met']}/{doc['kill_targets']['mutants']} mutants so "
+          f"far; first verdict over the floor {doc['first_verdict_over_floor']}; verifiers {doc['verifiers'] or '-'}")
+    if not part.get("complete"):
+        return INCOMPLETE
+    failed = part.get("passed") is False or (kind == "verifiers" and not all(
+        r.get("passed") for r in part["seeds"].values()))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
