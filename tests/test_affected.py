@@ -39,10 +39,10 @@ def wheels(tmp_path_factory) -> Path:
 
 def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_path, device):
     cache, out = tmp_path / "cache", tmp_path / "out"
-    proc = kvfence("affected", "--device", device, "--out", str(out), "0.0.7", "--attention-backend", "triton",
-                   "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
-                   "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2",
-                   cache=cache, wheel_dir=wheels)
+    flags = ["0.0.7", "--attention-backend", "triton", "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
+             "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2"]
+    proc = kvfence("affected", "--device", device, "--out", str(out), "--verbose", *flags, cache=cache,
+                   wheel_dir=wheels)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     # One contract the backend launches: its graph mode, and its eager mode, which a graph deployment reaches
@@ -62,6 +62,19 @@ def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_p
     assert Path(case).is_file()
     replay = kvfence("repro", case, "--device", device, cache=cache, wheel_dir=wheels)
     assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "basis: the release's kernel showed it" in line
+    # The graph line's own eager mode is clean: --disable-cuda-graph avoids it, before the fixing release.
+    assert "avoided with --disable-cuda-graph (its eager path fits)" in line
+    # The default output: a header, then one short line per verdict (status, site, severity, basis, the shortest
+    # avoidance, the case file), the rest under --verbose.
+    short = kvfence("affected", "--device", device, "--out", str(out), *flags, cache=cache, wheel_dir=wheels)
+    assert short.returncode == 1, short.stdout + short.stderr
+    head, graph, eager = short.stdout.strip().splitlines()
+    assert head.startswith("sglang 0.0.7, triton, CUDA graphs, topk 2") and "assumed: --verbose lists them" in head
+    assert graph.startswith("AFFECTED draft decode kv_indices (TritonMultiStepDraftBackend, graph): silent overwrite;")
+    assert "; basis: the release's kernel showed it; avoid: --disable-cuda-graph or sglang 0.0.8+; case: " in graph
+    assert len(graph.split("; case: ")[0]) <= 200 and "condition" not in graph and "GUARD_OVERWRITE" not in graph
+    assert eager == "NOT AFFECTED draft decode kv_indices (TritonMultiStepDraftBackend, eager); basis: the width arithmetic"
 
 
 def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path, device):
@@ -85,8 +98,8 @@ def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path, 
     assert proc.returncode == 1 and "AFFECTED" in proc.stdout, proc.stdout + proc.stderr
     one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--speculative-eagle-top", "2",
                             cache=cache, wheel_dir=wheels), "--speculative-eagle-top", "did you mean")
-    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--model-path", "m",
-                            cache=cache, wheel_dir=wheels), "--model-path", "not one kvfence reads")
+    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--mem-fraction-static", "0.8",
+                            cache=cache, wheel_dir=wheels), "--mem-fraction-static", "not one kvfence reads")
     one_line_exit_2(kvfence("affected", "0.0.7", "--speculative-eagle-topk", "2", cache=cache, wheel_dir=wheels),
                     "--attention-backend")
     one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "nope", cache=cache, wheel_dir=wheels),
