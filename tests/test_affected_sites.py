@@ -123,7 +123,8 @@ def wheels(tmp_path_factory) -> Path:
 
 
 def affected(wheels, tmp_path, version, *flags, json_out=False):
-    extra = ["--json"] if json_out else []
+    """The full lines (``--verbose``), or the JSON document."""
+    extra = ["--json"] if json_out else ["--verbose"]
     return kvfence("affected", "--device", "cpu", "--out", str(tmp_path / "out"), *extra, version, *flags,
                    cache=tmp_path / "cache", wheel_dir=wheels)
 
