@@ -74,7 +74,8 @@ def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_p
     assert graph.startswith("AFFECTED draft decode kv_indices (TritonMultiStepDraftBackend, graph): silent overwrite;")
     assert "; basis: the release's kernel showed it; avoid: --disable-cuda-graph or sglang 0.0.8+; case: " in graph
     assert len(graph.split("; case: ")[0]) <= 200 and "condition" not in graph and "GUARD_OVERWRITE" not in graph
-    assert eager == "NOT AFFECTED draft decode kv_indices (TritonMultiStepDraftBackend, eager); basis: the width arithmetic"
+    assert eager == ("NOT AFFECTED draft decode kv_indices (TritonMultiStepDraftBackend, eager); basis: the width "
+                     "arithmetic")
 
 
 def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path, device):

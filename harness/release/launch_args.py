@@ -82,9 +82,10 @@ def read(wheel: Wheel, version: str) -> dict:
 
 
 # -- walking the wheel ------------------------------------------------------------------------------------------
-def _trees(wheel: Wheel, prefixes: Tuple[str, ...]) -> Iterator[Tuple[str, ast.Module]]:
+def _trees(wheel: Wheel, prefixes: Tuple[str, ...], needle: str) -> Iterator[Tuple[str, ast.Module]]:
+    """The parsed files under ``prefixes`` whose text holds ``needle`` (the others are not parsed)."""
     for name in sorted(wheel.files):
-        if name.startswith(prefixes):
+        if name.startswith(prefixes) and needle in wheel.files[name]:
             tree = wheel.tree(name)
             if tree is not None:
                 yield name, tree
@@ -117,7 +118,8 @@ def _chain(node: ast.If) -> Iterator[Tuple[Optional[ast.expr], List[ast.stmt], a
     """``(test, body, node)`` of an ``if / elif / else`` chain (test None for the ``else``)."""
     while True:
         yield node.test, node.body, node
-        if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+        if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If) \
+                and node.orelse[0].col_offset == node.col_offset:  # an elif (an `else: if` is indented)
             node = node.orelse[0]
             continue
         if node.orelse:
@@ -175,7 +177,7 @@ def _statement(file: str, node: ast.If) -> dict:
 
 
 def _auto_function(wheel: Wheel) -> Optional[dict]:
-    for file, tree in _trees(wheel, ARG_FILES):
+    for file, tree in _trees(wheel, ARG_FILES, AUTO_CHOOSE):
         for fn in _functions(tree):
             if fn.name.endswith(AUTO_CHOOSE):
                 return _auto_choices(file, fn)
@@ -217,7 +219,7 @@ def _eagle(wheel: Wheel):
     auto = _auto_function(wheel)
     if auto is None or auto["default"] is None:
         return f"no {AUTO_CHOOSE} with a default choice in {', '.join(ARG_FILES)}"
-    for file, tree in _trees(wheel, ARG_FILES):
+    for file, tree in _trees(wheel, ARG_FILES, AUTO_CHOOSE):
         for fn in _functions(tree):
             for block in _bodies(fn):
                 at = [i for i, s in enumerate(block) if isinstance(s, ast.If) and _calls(s, AUTO_CHOOSE)
@@ -253,7 +255,7 @@ def _eagle_record(file: str, fn: ast.FunctionDef, block: List[ast.stmt], at: int
 # -- the CUDA graph's largest batch -------------------------------------------------------------------------------
 def _graph(wheel: Wheel):
     flag = None
-    for file, tree in _trees(wheel, ARG_FILES):
+    for file, tree in _trees(wheel, ARG_FILES, "cuda_graph_max_bs"):
         for n in ast.walk(tree):
             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id in GRAPH_FIELDS:
                 if flag is None or GRAPH_FIELDS.index(n.target.id) < GRAPH_FIELDS.index(flag["field"]):
@@ -268,7 +270,7 @@ def _graph(wheel: Wheel):
 
 
 def _memory_table(wheel: Wheel):
-    for file, tree in _trees(wheel, ARG_FILES):
+    for file, tree in _trees(wheel, ARG_FILES, "gpu_mem is not None"):
         for fn in _functions(tree):
             for n in ast.walk(fn):
                 if isinstance(n, ast.If) and ast.unparse(n.test) == "gpu_mem is not None" and n.body \
@@ -311,7 +313,8 @@ def _max_bs_rule(file: str, guard: ast.If, below: Optional[int]) -> Optional[dic
 
 def _clamp(wheel: Wheel) -> Optional[dict]:
     """Where the capture sizes are clamped to the request pool (``get_batch_sizes_to_capture``)."""
-    trees = sorted(_trees(wheel, RUNNER_FILES), key=lambda ft: "cuda" not in ft[0])  # the CUDA runner's first
+    # the CUDA runner's first (a CPU graph runner has its own)
+    trees = sorted(_trees(wheel, RUNNER_FILES, "def get_batch_sizes_to_capture"), key=lambda ft: "cuda" not in ft[0])
     for file, tree in trees:
         for fn in _functions(tree):
             if fn.name == "get_batch_sizes_to_capture":
@@ -323,7 +326,7 @@ def _clamp(wheel: Wheel) -> Optional[dict]:
 
 # -- FA4's page on SM100, MLA architectures ----------------------------------------------------------------------
 def _fa4_page(wheel: Wheel):
-    for file, tree in _trees(wheel, ARG_FILES):
+    for file, tree in _trees(wheel, ARG_FILES, "fa4"):
         for n in ast.walk(tree):
             if isinstance(n, ast.If) and "'fa4'" in ast.unparse(n.test) and "sm100" in ast.unparse(n.test):
                 page = _page_set(n.body)
