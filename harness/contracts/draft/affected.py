@@ -258,10 +258,10 @@ def _caught(dep, record, cls, mode, caught, v: Verdict, runs, out, device) -> No
     v.status, v.severity, v.impact, v.basis = "affected", SERVER_DOWN, IMPACT[SERVER_DOWN], BASIS_ARITHMETIC
     v.reader = READER_HOST_CHECK
     check = (record["backends"][cls].get("host_check") or {})
-    v.condition = (_draft_condition(dep.version, cls, dep, caught, mode, key=1).replace(
-                       "writes past its row", "would overflow its row and is rejected by the release's host check")
-                   + (f" ({check.get('source')})" if check.get("source") else "")
-                   + ": the assertion fires before the launch (arithmetic: the check's formula, read from the wheel; "
+    where = f" ({check['source']})" if check.get("source") else ""
+    rejected = f"would overflow its row and is rejected by the release's host check{where}"
+    v.condition = (_draft_condition(dep.version, cls, dep, caught, mode, key=1).replace("writes past its row", rejected)
+                   + ": the assertion fires before the launch (arithmetic: the check's formula, read from the wheel, "
                      "no kernel runs)")
     v.arithmetic = ["HOST_CHECK_FIRED"]
     findings = runs.findings(caught)
