@@ -29,7 +29,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from kvfence.release.wheel_ast import Wheel
 
-FORMAT = 1
+FORMAT = 2
 ARG_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/")
 RUNNER_FILES = ("sglang/srt/model_executor/",)
 MODEL_CONFIG = "sglang/srt/configs/model_config.py"
@@ -243,7 +243,7 @@ def _eagle_record(file: str, fn: ast.FunctionDef, block: List[ast.stmt], at: int
         if isinstance(n, ast.If) and ast.unparse(n.test).endswith("max_running_requests is None"):
             value = _sets(n.body, "max_running_requests")
             if value is not None and _int(value) is not None:
-                running = {"value": _int(value), "source": _src(file, n)}
+                running = {"value": _int(value), "source": _src(file, value)}
                 break
     return {"handler": _src(file, fn), "auto": dict(auto, guard=ast.unparse(guard.test), guard_source=_src(file, guard),
                                                      assert_test=ast.unparse(check.test) if check else "",
@@ -300,14 +300,15 @@ def _max_bs_rule(file: str, guard: ast.If, below: Optional[int]) -> Optional[dic
     row = {"below_mib": below, "source": _src(file, guard)}
     value = _sets(guard.body, "max_bs") or _sets(guard.body, "cuda_graph_max_bs")
     if value is not None and _int(value) is not None:
-        return dict(row, max_bs=_int(value))
+        return dict(row, max_bs=_int(value), source=_src(file, value))
     split = next((s for s in guard.body if isinstance(s, ast.If)), None)
     if split is not None and isinstance(split.test, ast.Compare) and ast.unparse(split.test.left).endswith("tp_size") \
             and isinstance(split.test.ops[0], ast.Lt) and _int(split.test.comparators[0]) is not None:
         small = _sets(split.body, "max_bs") or _sets(split.body, "cuda_graph_max_bs")
         large = _sets(split.orelse, "max_bs") or _sets(split.orelse, "cuda_graph_max_bs")
         if small is not None and large is not None and _int(small) is not None and _int(large) is not None:
-            return dict(row, tp_below=_int(split.test.comparators[0]), max_bs=_int(small), max_bs_tp=_int(large))
+            return dict(row, tp_below=_int(split.test.comparators[0]), max_bs=_int(small), max_bs_tp=_int(large),
+                        source=_src(file, split))
     return None
 
 
