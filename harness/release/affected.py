@@ -545,7 +545,7 @@ def assess_deployment(dep: Deployment, *, out: Path, device: str, offline: bool,
         releases = known_releases(offline, announce=announce)
         if dep.version not in releases:
             newest = releases[-1] if releases else "none"
-            return [Verdict("sglang", "unknown", condition=(
+            return [Verdict("sglang", "unknown", basis=BASIS_UNREAD, condition=(
                 f"sglang {dep.version} is not a release kvfence finds (the package index, the cache"
                 + (", KVFENCE_WHEEL_DIR" if os.environ.get("KVFENCE_WHEEL_DIR") else "")
                 + f"; the newest it knows is {newest}): nothing of it can be read"))]

@@ -126,7 +126,7 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
 
     name = "draft decode kv_indices"
     if dep.algorithm in DFLASH_FAMILY:  # its worker builds no multi-step draft backend (the kernel's launchers)
-        return [Verdict(name, "not launched", condition=(
+        return [Verdict(name, "not launched", basis=BASIS_NOT_RUN, condition=(
             f"--speculative-algorithm {dep.algorithm} runs the DFlash family's worker, which builds no multi-step "
             "draft backend (SGLang 0.5.23: speculative/spec_info.py:323-338; the kernel's launchers are built by "
             "speculative/draft_utils.py's DraftBackendFactory for the EAGLE workers, eagle_worker_v2.py:396)"))]
@@ -134,12 +134,15 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
     try:
         upstream.fetch(dep.version, announce=lambda m: None)
     except upstream.Refused as exc:  # a release without the kernel (or of an ABI kvfence does not know)
-        return [Verdict(name, "not launched" if exc.status == upstream.NO_KERNEL else "unknown", condition=str(exc))]
+        status = "not launched" if exc.status == upstream.NO_KERNEL else "unknown"
+        return [Verdict(name, status, condition=str(exc), basis=BASIS_NOT_RUN if status == "not launched" else
+                        BASIS_UNREAD)]
     record = shipped_sizing.load_record(dep.version)  # a corrupt entry: BadInput, one line, exit 2
     classes = _draft_classes(dep, record)
     if not classes:
-        return [Verdict(name, "not launched", condition=f"the {dep.backend} backend of {dep.version} does not "
-                                                        "launch generate_draft_decode_kv_indices")]
+        return [Verdict(name, "not launched", basis=BASIS_NOT_RUN,
+                        condition=f"the {dep.backend} backend of {dep.version} does not launch "
+                                  "generate_draft_decode_kv_indices")]
     runs = sm.Runs(device)
     verdicts = []
     modes = ["graph", "eager"] if dep.graphs else ["eager"]
