@@ -267,3 +267,16 @@ def test_real_releases_choose_and_compute_as_their_code_does(version, flag, guar
     assert (auto.num_steps, auto.topk, auto.draft_tokens) == (3, 1, 4)
     assert (auto.graph_cap, auto.max_running, auto.max_bs) == (cap, 48, 48) and auto.eager_note
     assert resolved(facts, "triton", gpu="B200", version=version).graph_cap == 512
+
+
+def test_a_model_config_is_read_as_bounded_json(tmp_path):
+    """``--model-path``'s config.json is JSON data: one line, exit 2, for one nested past the parser or too large."""
+    (tmp_path / "config.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(BadInput, match="not a readable config.json"):
+        parse_deployment("9.7.1", ["--attention-backend", "fa3", "--model-path", str(tmp_path)])
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"], "pad": "x" * (5 << 20)}))
+    with pytest.raises(BadInput, match="larger than"):
+        parse_deployment("9.7.1", ["--attention-backend", "fa3", "--model-path", str(tmp_path)])
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": "LlamaForCausalLM"}))
+    with pytest.raises(BadInput, match="no architectures list"):
+        parse_deployment("9.7.1", ["--attention-backend", "fa3", "--model-path", str(tmp_path)])
