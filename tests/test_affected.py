@@ -9,10 +9,11 @@ read. The page-table contracts' answers are tests/test_affected_sites.py's.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from test_shipped import BACKENDS, RUNNER, TOY_RUNNER, backend
+from test_shipped import BACKENDS, GOOD_CHECK, RUNNER, TOY_RUNNER, TOY_UTILS, UTILS, backend
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
 from kvfence.errors import BadInput
@@ -87,6 +88,31 @@ def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path
                        cache=cache, wheel_dir=wheels)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "NOT AFFECTED" in proc.stdout and "AFFECTED;" not in proc.stdout.replace("NOT AFFECTED", "")
+
+
+def test_a_host_check_that_fires_gives_its_condition_case_and_avoidance(tmp_path, device):
+    """The fix's host check (test_shipped.GOOD_CHECK) rejects a launch with a request within the steps of the context
+    length: the line is AFFECTED (server down) on the check's arithmetic, says the least launch that fires it, writes
+    the case file (``repro`` replays the check) and names fewer steps, which no admitted request then reaches."""
+    checked = backend("FlashInferMultiStepDraftBackend", "row_width(max_bs, self.topk, self.max_context_len)",
+                      check=GOOD_CHECK)
+    text = ("import torch\nfrom sglang.srt.speculative.toy_utils import row_width, used_len, used_len_wrong, fits, "
+            "sneaky\n\n" + checked)
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "0.0.9", {MODULE: FAKE_MODULE, RUNNER: TOY_RUNNER, UTILS: TOY_UTILS, BACKENDS: text})
+    cache = tmp_path / "cache"
+    proc = kvfence("affected", "--device", device, "--out", str(tmp_path / "out"), "--json", "0.0.9",
+                   "--attention-backend", "flashinfer", "--speculative-eagle-topk", "2", "--speculative-num-steps", "4",
+                   "--speculative-num-draft-tokens", "4", "--context-length", "32", "--disable-cuda-graph",
+                   cache=cache, wheel_dir=wheels)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [v] = [v for v in json.loads(proc.stdout)["verdicts"] if v["contract"] == "draft decode kv_indices"]
+    assert v["status"] == "affected" and v["severity"] == "server down" and v["basis"] == "the width arithmetic"
+    assert "rejected by the release's host check" in v["condition"] and "at least ctx" in v["condition"]
+    assert v["avoid"] and v["avoid"][0].startswith("--speculative-num-steps 3") and "host check" in v["reader"]
+    assert Path(v["case_file"]).is_file()
+    replay = kvfence("repro", v["case_file"], "--device", device, cache=cache, wheel_dir=wheels)
+    assert "HOST_CHECK_FIRED" in replay.stdout, replay.stdout + replay.stderr
 
 
 def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path, device):
