@@ -463,15 +463,20 @@ def test_real_0_5_23_answers_as_its_wheel_says(tmp_path):
     if not folder or not list(Path(folder).glob("sglang-0.5.23-*.whl")):
         pytest.skip("no cached sglang 0.5.23 wheel (set KVFENCE_REAL_WHEEL_DIR to a folder holding it)")
     wheels = Path(folder)
-    cases = [(["--attention-backend", "flashmla", "--speculative-num-steps", "5", "--context-length", "1087"], 1,
+    steps = ("--speculative-num-steps", "5", "--speculative-eagle-topk", "1")  # SGLang refuses steps without topk
+    cases = [(["--attention-backend", "flashmla", *steps, "--context-length", "1087"], 1,
               "flashmla-page-table", "severity: silent overwrite"),
-             (["--attention-backend", "flashmla", "--speculative-num-steps", "5", "--context-length", "4095"], 1,
+             (["--attention-backend", "flashmla", *steps, "--context-length", "4095"], 1,
               "flashmla-page-table", "severity: read past the table"),
              (["--attention-backend", "fa3", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
                "--speculative-num-draft-tokens", "8"], 0, "fa3-decode-metadata", "flashattention_backend.py:3171"),
-             (["--attention-backend", "trtllm_mha", "--speculative-num-steps", "5"], 1, "trtllm-mha-page-table",
-              "decode_cuda_graph_runner.py:890")]
+             # A default graph deployment on an H100 captures every batch size up to its 48 requests: its eager
+             # site is not reached by size (the release's memory default, request limit and pool clamp).
+             (["--attention-backend", "trtllm_mha", *steps], 0, "trtllm-mha-page-table",
+              "base_cuda_graph_runner.py:78")]
     for flags, code, contract, needle in cases:
         proc = affected(wheels, tmp_path, "0.5.23", *flags)
         assert proc.returncode == code, proc.stdout + proc.stderr
         assert any(needle in line for line in lines_of(proc, contract)), proc.stdout
+    refused = affected(wheels, tmp_path, "0.5.23", "--attention-backend", "fa3", "--speculative-num-steps", "5")
+    one_line_exit_2(refused, "sglang/srt/arg_groups/speculative_hook.py:1274", "TypeError")
