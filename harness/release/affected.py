@@ -16,12 +16,15 @@ lengths, what the kernel was seen to do (a line names damage only from a kind th
 values that avoid it, and the case file. ``exit_code``: 1 affected, ``EXIT_UNKNOWN`` (3) when no line is and one
 is unknown (an unknown release, a kernel kvfence cannot run), 0 otherwise. ``Progress`` reports a long run.
 
-Defaults are SGLang's where SGLang has one kvfence can state: without topk and steps, SGLang 0.5.23 picks
-(steps, topk, draft tokens) = (3, 1, 4) for most models (``sglang/srt/arg_groups/speculative_hook.py``,
-``_auto_choose_speculative_params``; Llama and Grok get (5, 4, 8)), and with topk 1 the draft tokens are
-steps + 1. The context length and the largest capture bucket default to the model and the GPU in SGLang;
-kvfence assumes ``ASSUMED_CTX`` and ``ASSUMED_MAX_BS`` and says so in the line. With topk 1 SGLang sets the
-draft tokens to steps + 1 whatever the flag says (``_handle_eagle_family``), and so does kvfence.
+The launch is then resolved as the release's own argument code resolves it (``resolve_deployment``,
+``kvfence.release.launch_resolve`` on the facts ``kvfence.release.launch_args`` reads from the wheel): a launch
+SGLang refuses at startup is ``BadInput`` naming the check's ``file:line``; SGLang's automatic choice of the
+speculative flags, the draft tokens it sets for topk 1, the CUDA-graph batch default it computes from the GPU
+(``--gpu``, kvfence's option) and TP size, the request limit it sets for speculative decoding and FA4's page on
+SM100 are taken from the wheel. ``parse_deployment`` alone is kvfence's reading of the flags (SGLang 0.5.23's
+defaults, ``AUTO_SPECULATIVE``, ``ASSUMED_CTX``, ``ASSUMED_MAX_BS``), kept where a release's argument code cannot
+be read, and said in ``assumed``. Each verdict says its basis (``Verdict.basis``, ``BASIS_*``); the default output
+is ``header`` and ``Verdict.short`` lines, ``Verdict.line`` the full one (``--verbose``).
 """
 
 from __future__ import annotations
