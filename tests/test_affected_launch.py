@@ -10,6 +10,7 @@ fails) is read in process; the real releases' lines are checked against ``$KVFEN
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
@@ -280,3 +281,15 @@ def test_a_model_config_is_read_as_bounded_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": "LlamaForCausalLM"}))
     with pytest.raises(BadInput, match="no architectures list"):
         parse_deployment("9.7.1", ["--attention-backend", "fa3", "--model-path", str(tmp_path)])
+
+
+def test_a_hostile_test_is_unknown_and_a_raise_message_one_line(facts):
+    """A recorded test nested past the evaluator's depth is UNKNOWN (skipped), never a traceback; a message the
+    release raises is printed on one line."""
+    ev = launch_resolve.LaunchEval({"speculative_eagle_topk": 1}, {})
+    assert ev("not " * 5000 + "x.speculative_eagle_topk") is launch_resolve.UNKNOWN
+    assert ev("x.speculative_eagle_topk == 1 and x.page_size > 1") is launch_resolve.UNKNOWN  # page not said
+    assert ev("x.speculative_eagle_topk == 1 or y.anything") is True  # Python's short circuit
+    wheel_text = HOOK_TEXT.replace('"trtllm_mha backend only supports topk = 1 for speculative decoding."',
+                                   '"line one\\nline two"')
+    assert "line one line two" in launch_args.raise_text(ast.parse(wheel_text).body[0].body[3].body[0].body)

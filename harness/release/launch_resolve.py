@@ -10,7 +10,7 @@ memory and the TP size (``GPUS``) or the flag, the request limit SGLang sets for
 page on SM100. A test kvfence cannot evaluate (it reads something the launch does not say) is skipped, and a value
 not read from the command is listed in ``assumed`` with the flag that sets it in that release.
 
-The tests are evaluated by ``_Eval``, a reader of a few expression forms (comparisons, ``and``/``or``/``not``,
+The tests are evaluated by ``LaunchEval``, a reader of a few expression forms (comparisons, ``and``/``or``/``not``,
 literals, the launch's fields by attribute name): nothing of the wheel is run.
 """
 
@@ -31,7 +31,7 @@ GPUS: Dict[str, Tuple[int, int]] = {
 }
 #: The GPU kvfence assumes without ``--gpu``.
 DEFAULT_GPU = "H100"
-#: What ``_Eval`` cannot tell (a field the launch does not say, a call it does not model).
+#: What ``LaunchEval`` cannot tell (a field the launch does not say, a call it does not model).
 UNKNOWN = object()
 
 
@@ -43,7 +43,7 @@ class _NoneOrdered(Exception):
         self.text = text
 
 
-class _Eval:
+class LaunchEval:
     """Evaluates a recorded test on the launch's ``fields``; ``UNKNOWN`` for anything else."""
 
     def __init__(self, fields: dict, consts: dict):
@@ -51,10 +51,9 @@ class _Eval:
 
     def __call__(self, text: str):
         try:
-            tree = ast.parse(text, mode="eval").body
-        except (SyntaxError, ValueError, RecursionError):
+            return self.value(ast.parse(text, mode="eval").body)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested past what kvfence walks
             return UNKNOWN
-        return self.value(tree)
 
     def value(self, node):  # noqa: C901 - one branch per expression form
         if isinstance(node, ast.Constant):
@@ -152,7 +151,7 @@ def _auto(dep, eagle: dict, notes: List[str]) -> Tuple[int, int, int]:
     return steps, topk, tokens
 
 
-def _walk(version: str, statements: List[dict], ev: _Eval, state: dict, notes: List[str]) -> None:
+def _walk(version: str, statements: List[dict], ev: LaunchEval, state: dict, notes: List[str]) -> None:
     """The handler's ``if`` statements in order: refusals raise ``BadInput``; ``steps + 1`` is applied."""
     for st in statements:
         try:
@@ -181,7 +180,7 @@ def resolve_eagle(dep, eagle: dict, sm: Optional[int], notes: List[str]) -> Tupl
     steps, topk, tokens = (given.get("--speculative-num-steps"), given.get("--speculative-eagle-topk"),
                            given.get("--speculative-num-draft-tokens"))
     auto = eagle["auto"]
-    ev = _Eval(_fields(dep, steps, topk, tokens, sm), eagle.get("consts", {}))
+    ev = LaunchEval(_fields(dep, steps, topk, tokens, sm), eagle.get("consts", {}))
     try:
         guard = ev(auto["guard"])
     except _NoneOrdered:
@@ -271,7 +270,7 @@ def _fa4_page(dep, facts: Optional[dict], sm: Optional[int], topk: int, notes: L
         return dep.page_size
     fields = _fields(dataclasses.replace(dep, page_size=None), None, topk, None, sm)
     try:
-        holds = _Eval(fields, {})(rule["test"])
+        holds = LaunchEval(fields, {})(rule["test"])
     except _NoneOrdered:
         holds = UNKNOWN
     if holds is True:
