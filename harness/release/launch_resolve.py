@@ -23,8 +23,9 @@ from typing import Dict, List, Optional, Tuple
 from kvfence.errors import BadInput
 from kvfence.release.launch_args import unread_reason
 
-#: GPUs kvfence models: name -> (memory in MiB as the driver reports it, SM version). SGLang's defaults read the
-#: memory (``get_device_memory_capacity``) and the SM version (FA4's page).
+#: GPUs kvfence models: name -> (total memory in MiB as the driver reports it, SM version). SGLang's defaults read
+#: the memory (``get_device_memory_capacity``, compared with thresholds such as ``90 * 1024``: only the bucket a
+#: GPU falls in matters, and every one here is well inside its bucket) and the SM version (FA4's page).
 GPUS: Dict[str, Tuple[int, int]] = {
     "H100": (81559, 90), "H200": (143771, 90), "H20": (97871, 90), "B200": (183359, 100),
     "GB200": (189471, 100), "A100-80GB": (81920, 80), "A100-40GB": (40960, 80), "L40S": (46068, 89),
