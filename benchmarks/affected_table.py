@@ -29,7 +29,19 @@ from kvfence.provenance import stamped
 LAUNCH = "python -m sglang.launch_server --model-path M --speculative-algorithm EAGLE"
 ATT = "sglang/srt/layers/attention"
 RUNNER = "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py"
+HOOK = "sglang/srt/arg_groups/speculative_hook.py"
+CAPTURE = "sglang/srt/model_executor/runner/base_cuda_graph_runner.py"
+MEMORY = "sglang/srt/arg_groups/memory_hook.py"
+#: Why a default graph deployment on an H100 runs no batch eagerly for its size (its eager sites NOT LAUNCHED): the
+#: graph's largest batch (256 at TP < 4), the request limit SGLang sets for speculative decoding (48), the capture
+#: sizes clamped to the request pool (kvfence.release.launch_resolve).
+def no_eager(limit_line: int, pool_line: int) -> list:
+    return [(MEMORY, 0, "decode_cuda_graph_config.max_bs = 256"), (HOOK, limit_line, "max_running_requests=48"),
+            (CAPTURE, pool_line, "num_max_requests = model_runner.req_to_token_pool.size")]
 
+#: SGLang refuses --speculative-num-steps without --speculative-eagle-topk (a TypeError at startup in every release
+#: read: kvfence.release.launch_resolve): the rows that give the steps give topk 1.
+STEPS5 = "--speculative-num-steps 5 --speculative-eagle-topk 1"
 #: (release, the flags after the launch command's model, the lines that make the answer right: (file, line, text)).
 COMMANDS = [
     ("0.5.10", "--attention-backend flashinfer --speculative-eagle-topk 4 --speculative-num-steps 3 "
@@ -39,41 +51,41 @@ COMMANDS = [
     ("0.5.10", "--attention-backend flashinfer --speculative-eagle-topk 4 --speculative-num-steps 3 "
                "--speculative-num-draft-tokens 8 --disable-cuda-graph",
      [(f"{ATT}/flashinfer_backend.py", 0, "forward_batch.batch_size * self.topk * self.max_context_len")]),
-    ("0.5.10", "--attention-backend flashmla --speculative-num-steps 5 --context-length 4095",
+    ("0.5.10", f"--attention-backend flashmla {STEPS5} --context-length 4095",
      [(f"{ATT}/flashmla_backend.py", 0, "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE"),
       (f"{ATT}/utils.py", 0, "num_pages_loop = tl.cdiv(kv_end - kv_start, FLASHMLA_CREATE_KV_BLOCK_SIZE_TRITON)")]),
-    ("0.5.10", "--attention-backend fa3 --speculative-num-steps 5",
+    ("0.5.10", f"--attention-backend fa3 {STEPS5}",
      [(f"{ATT}/flashattention_backend.py", 0, "metadata.page_table[:, :max_seq_pages].copy_(page_indices)")]),
-    ("0.5.20", "--attention-backend trtllm_mha --speculative-num-steps 5 --context-length 8192 --page-size 16 "
+    ("0.5.20", f"--attention-backend trtllm_mha {STEPS5} --context-length 8192 --page-size 16 "
                "--disable-cuda-graph",
      [(f"{ATT}/trtllm_mha_backend.py", 0, "self.max_num_pages")]),
-    ("0.5.20", "--attention-backend flashmla --speculative-num-steps 5 --context-length 4095",
+    ("0.5.20", f"--attention-backend flashmla {STEPS5} --context-length 4095",
      [(f"{ATT}/flashmla_backend.py", 0, "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE")]),
-    ("0.5.21", "--attention-backend trtllm_mla --speculative-num-steps 5 --context-length 8192",
+    ("0.5.21", f"--attention-backend trtllm_mla {STEPS5} --context-length 8192",
      [(f"{ATT}/trtllm_mla_backend.py", 0, "self._calc_padded_blocks(self.max_context_len)")]),
-    ("0.5.21", "--attention-backend triton --speculative-num-steps 5",
+    ("0.5.21", f"--attention-backend triton {STEPS5}",
      [(f"{ATT}/triton_backend.py", 0, "kv_indices_width")]),
-    ("0.5.22", "--attention-backend fa3 --speculative-num-steps 5",
+    ("0.5.22", f"--attention-backend fa3 {STEPS5}",
      [("sglang/kernels/ops/attention/metadata.py", 166, "def _fused_metadata_kernel_general(")]),
     ("0.5.22", "--attention-backend triton --speculative-eagle-topk 4 --speculative-num-steps 3 "
                "--speculative-num-draft-tokens 8 --disable-cuda-graph",
      [(f"{ATT}/triton_backend.py", 0, "kv_indices_width")]),
-    ("0.5.22", "--attention-backend trtllm_mha --speculative-num-steps 5 --context-length 1024 --page-size 16",
-     [(RUNNER, 760, "cuda_graph_bs <= self.max_bs")]),
+    ("0.5.22", f"--attention-backend trtllm_mha {STEPS5} --context-length 1024 --page-size 16",
+     [(RUNNER, 760, "cuda_graph_bs <= self.max_bs"), *no_eager(999, 77)]),
     ("0.5.23", "--attention-backend fa3 --speculative-eagle-topk 4 --speculative-num-steps 3 "
                "--speculative-num-draft-tokens 8",
      [(f"{ATT}/flashattention_backend.py", 3171, "if self.topk <= 1:")]),
-    ("0.5.23", "--attention-backend fa3 --speculative-num-steps 5 --context-length 8192 --page-size 16",
+    ("0.5.23", f"--attention-backend fa3 {STEPS5} --context-length 8192 --page-size 16",
      [(f"{ATT}/flashattention_backend.py", 196, "self.max_num_pages = ("),
       (f"{ATT}/flashattention_backend.py", 3186, "verify_delta = self.speculative_num_draft_tokens")]),
-    ("0.5.23", "--attention-backend fa4 --speculative-num-steps 5",
+    ("0.5.23", f"--attention-backend fa4 {STEPS5}",
      [(f"{ATT}/attention_registry.py", 274, "return FlashAttentionBackend(runner, fa_impl_ver=4)")]),
-    ("0.5.23", "--attention-backend trtllm_mha --speculative-num-steps 5",
+    ("0.5.23", f"--attention-backend trtllm_mha {STEPS5}",
      [(RUNNER, 890, "cuda_graph_bs <= self.max_bs"),
-      ("sglang/srt/arg_groups/overrides.py", 1187, "page_size = 64")]),
-    ("0.5.23", "--attention-backend flashmla --speculative-num-steps 5 --context-length 1087",
+      ("sglang/srt/arg_groups/overrides.py", 1187, "page_size = 64"), *no_eager(1090, 78)]),
+    ("0.5.23", f"--attention-backend flashmla {STEPS5} --context-length 1087",
      [(f"{ATT}/flashmla_backend.py", 282, "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE")]),
-    ("0.5.23", "--attention-backend flashmla --speculative-num-steps 5 --context-length 4095",
+    ("0.5.23", f"--attention-backend flashmla {STEPS5} --context-length 4095",
      [(f"{ATT}/flashmla_backend.py", 282, "(self.max_context_len + PAGE_SIZE) // PAGE_SIZE")]),
     ("0.5.23", "--attention-backend triton",
      [("sglang/srt/managers/tp_worker.py", 569, "self.model_config.context_len - 1")]),
@@ -81,6 +93,13 @@ COMMANDS = [
                "--speculative-num-draft-tokens 8",
      [(f"{ATT}/flashinfer_backend.py", 0, "draft_kv_indices_buffer_width")]),
     ("0.5.99", "--attention-backend fa3", []),
+    # Launches SGLang refuses at startup: exit 2, one line naming the check.
+    ("0.5.10", "--attention-backend fa3 --speculative-num-steps 5",
+     [("sglang/srt/server_args.py", 3084, "self.speculative_eagle_topk > 1")]),
+    ("0.5.23", "--attention-backend fa3 --speculative-num-steps 5",
+     [(HOOK, 1274, "cfg.speculative_eagle_topk > 1")]),
+    ("0.5.23", "--attention-backend trtllm_mha --speculative-num-steps 5",
+     [(HOOK, 1177, "if cfg.speculative_eagle_topk > 1:")]),
 ]
 
 

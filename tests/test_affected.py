@@ -9,10 +9,11 @@ read. The page-table contracts' answers are tests/test_affected_sites.py's.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from test_shipped import BACKENDS, RUNNER, TOY_RUNNER, backend
+from test_shipped import BACKENDS, GOOD_CHECK, RUNNER, TOY_RUNNER, TOY_UTILS, UTILS, backend
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
 from kvfence.errors import BadInput
@@ -39,10 +40,10 @@ def wheels(tmp_path_factory) -> Path:
 
 def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_path, device):
     cache, out = tmp_path / "cache", tmp_path / "out"
-    proc = kvfence("affected", "--device", device, "--out", str(out), "0.0.7", "--attention-backend", "triton",
-                   "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
-                   "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2",
-                   cache=cache, wheel_dir=wheels)
+    flags = ["0.0.7", "--attention-backend", "triton", "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
+             "--speculative-num-draft-tokens", "4", "--context-length", "32", "--cuda-graph-max-bs", "2"]
+    proc = kvfence("affected", "--device", device, "--out", str(out), "--verbose", *flags, cache=cache,
+                   wheel_dir=wheels)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     # One contract the backend launches: its graph mode, and its eager mode, which a graph deployment reaches
@@ -62,6 +63,20 @@ def test_the_seeds_bug_is_one_line_with_its_condition_fix_and_case(wheels, tmp_p
     assert Path(case).is_file()
     replay = kvfence("repro", case, "--device", device, cache=cache, wheel_dir=wheels)
     assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "basis: the release's kernel showed it" in line
+    # The graph line's own eager mode is clean: --disable-cuda-graph avoids it, before the fixing release.
+    assert "avoided with --disable-cuda-graph (its eager path fits)" in line
+    # The default output: a header, then one short line per verdict (status, site, severity, basis, the shortest
+    # avoidance, the case file), the rest under --verbose.
+    short = kvfence("affected", "--device", device, "--out", str(out), *flags, cache=cache, wheel_dir=wheels)
+    assert short.returncode == 1, short.stdout + short.stderr
+    head, graph, eager = short.stdout.strip().splitlines()
+    assert head.startswith("sglang 0.0.7, triton, CUDA graphs, topk 2") and "assumed: --verbose lists them" in head
+    assert graph.startswith("AFFECTED draft decode kv_indices (TritonMultiStepDraftBackend, graph): silent overwrite;")
+    assert "; basis: the release's kernel showed it; avoid: --disable-cuda-graph or sglang 0.0.8+; case: " in graph
+    assert len(graph.split("; case: ")[0]) <= 200 and "condition" not in graph and "GUARD_OVERWRITE" not in graph
+    assert eager == ("NOT AFFECTED draft decode kv_indices (TritonMultiStepDraftBackend, eager); basis: the width "
+                     "arithmetic")
 
 
 def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path, device):
@@ -75,6 +90,31 @@ def test_a_sound_backend_and_the_fixed_release_are_not_affected(wheels, tmp_path
         assert "NOT AFFECTED" in proc.stdout and "AFFECTED;" not in proc.stdout.replace("NOT AFFECTED", "")
 
 
+def test_a_host_check_that_fires_gives_its_condition_case_and_avoidance(tmp_path, device):
+    """The fix's host check (test_shipped.GOOD_CHECK) rejects a launch with a request within the steps of the context
+    length: the line is AFFECTED (server down) on the check's arithmetic, says the least launch that fires it, writes
+    the case file (``repro`` replays the check) and names fewer steps, which no admitted request then reaches."""
+    checked = backend("FlashInferMultiStepDraftBackend", "row_width(max_bs, self.topk, self.max_context_len)",
+                      check=GOOD_CHECK)
+    text = ("import torch\nfrom sglang.srt.speculative.toy_utils import row_width, used_len, used_len_wrong, fits, "
+            "sneaky\n\n" + checked)
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "0.0.9", {MODULE: FAKE_MODULE, RUNNER: TOY_RUNNER, UTILS: TOY_UTILS, BACKENDS: text})
+    cache = tmp_path / "cache"
+    proc = kvfence("affected", "--device", device, "--out", str(tmp_path / "out"), "--json", "0.0.9",
+                   "--attention-backend", "flashinfer", "--speculative-eagle-topk", "2", "--speculative-num-steps", "4",
+                   "--speculative-num-draft-tokens", "4", "--context-length", "32", "--disable-cuda-graph",
+                   cache=cache, wheel_dir=wheels)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [v] = [v for v in json.loads(proc.stdout)["verdicts"] if v["contract"] == "draft decode kv_indices"]
+    assert v["status"] == "affected" and v["severity"] == "server down" and v["basis"] == "the width arithmetic"
+    assert "rejected by the release's host check" in v["condition"] and "at least ctx" in v["condition"]
+    assert v["avoid"] and v["avoid"][0].startswith("--speculative-num-steps 3") and "host check" in v["reader"]
+    assert Path(v["case_file"]).is_file()
+    replay = kvfence("repro", v["case_file"], "--device", device, cache=cache, wheel_dir=wheels)
+    assert "HOST_CHECK_FIRED" in replay.stdout, replay.stdout + replay.stderr
+
+
 def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path, device):
     cache = tmp_path / "cache"
     launch = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--speculative-algorithm", "EAGLE",
@@ -85,8 +125,8 @@ def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path, 
     assert proc.returncode == 1 and "AFFECTED" in proc.stdout, proc.stdout + proc.stderr
     one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--speculative-eagle-top", "2",
                             cache=cache, wheel_dir=wheels), "--speculative-eagle-top", "did you mean")
-    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--model-path", "m",
-                            cache=cache, wheel_dir=wheels), "--model-path", "not one kvfence reads")
+    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "triton", "--mem-fraction-static", "0.8",
+                            cache=cache, wheel_dir=wheels), "--mem-fraction-static", "not one kvfence reads")
     one_line_exit_2(kvfence("affected", "0.0.7", "--speculative-eagle-topk", "2", cache=cache, wheel_dir=wheels),
                     "--attention-backend")
     one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "nope", cache=cache, wheel_dir=wheels),

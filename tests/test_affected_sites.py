@@ -123,7 +123,8 @@ def wheels(tmp_path_factory) -> Path:
 
 
 def affected(wheels, tmp_path, version, *flags, json_out=False):
-    extra = ["--json"] if json_out else []
+    """The full lines (``--verbose``), or the JSON document."""
+    extra = ["--json"] if json_out else ["--verbose"]
     return kvfence("affected", "--device", "cpu", "--out", str(tmp_path / "out"), *extra, version, *flags,
                    cache=tmp_path / "cache", wheel_dir=wheels)
 
@@ -146,6 +147,7 @@ def test_writing_past_the_row_is_seen_and_a_short_width_is_stated_as_arithmetic(
     [line] = lines_of(past, "trtllm-mha-page-table")
     assert "AFFECTED" in line and "severity: silent overwrite" in line and "writes past its row" in line
     assert "the release's kernel showed GUARD_OVERWRITE;" in line
+    assert "basis: the release's kernel showed it" in line
     assert "a request whose committed length reaches 1020" in line  # the condition, not a witness: 64*16 - 5 + 1
     short = affected(wheels, tmp_path, "9.8.1", *MHA, "--speculative-num-steps", "4", "--context-length", "4096",
                      "--disable-cuda-graph", json_out=True)
@@ -155,6 +157,8 @@ def test_writing_past_the_row_is_seen_and_a_short_width_is_stated_as_arithmetic(
     assert v["status"] == "affected" and v["severity"] == "read past the table" and v["observed"] == []
     assert {"SIZING_VIOLATION", "TABLE_TRUNCATED"} <= set(v["arithmetic"])
     assert "width formula short" in v["condition"] and "(arithmetic)" in v["condition"]
+    # AFFECTED with nothing observed: the basis says so, and names the reader kvfence does not run.
+    assert v["basis"] == "the width arithmetic" and v["reader"].startswith("the attention kernel given the length")
     assert v["fixed_in"] == "9.8.3" and any(a.startswith("--speculative-num-steps 3") for a in v["avoid"])
     assert any("trtllm_mha_backend.py:" in e for e in v["evidence"])
     text = affected(wheels, tmp_path, "9.8.1", *MHA, "--speculative-num-steps", "4", "--context-length", "4096",
@@ -262,6 +266,32 @@ def test_a_graph_deployment_reaches_its_eager_sites(wheels, tmp_path):
     [line] = lines_of(graphs, "trtllm-mha-page-table")
     assert "AFFECTED" in line and "reached by batches above the largest capture bucket (--cuda-graph-max-bs 4)" in line
     assert "decode_cuda_graph_runner.py:" in line
+
+
+def test_an_eager_site_no_batch_reaches_is_not_launched(tmp_path):
+    """With the release's argument code in the wheel (test_affected_launch.ARGS: 96 graph batches on an H100, a
+    request limit of 40 for speculative decoding, capture sizes clamped to the request pool) no batch of a default
+    graph deployment runs eagerly for its size: the eager site that overflows at ctx 1024 (AFFECTED under a graph
+    of 4 batches, above) is NOT LAUNCHED, with the reason and exit 0; with 16 graph batches it is reached again."""
+    from test_affected_launch import ARGS
+
+    folder = tmp_path / "wheels"
+    release(folder, "9.9.1", extra=ARGS)
+    flags = (*MHA, "--speculative-num-steps", "4", "--context-length", "1024")
+    default = affected(folder, tmp_path, "9.9.1", *flags, json_out=True)
+    assert default.returncode == 0, default.stdout + default.stderr
+    doc = json.loads(default.stdout)
+    [v] = [v for v in doc["verdicts"] if v["contract"] == "trtllm-mha-page-table"]
+    assert v["status"] == "not launched" and "no batch exceeds the largest capture bucket" in v["condition"]
+    assert "base_cuda_graph_runner.py:3" in v["condition"]
+    assert v["basis"] == "the release's code does not run this path here"
+    assert (doc["deployment"]["graph_max_bs"], doc["deployment"]["max_running"]) == (96, 40)
+    assert any(a.startswith("--cuda-graph-max-bs-decode 96 (SGLang's default on H100, assumed: give --gpu")
+               for a in doc["deployment"]["assumed"])
+    reached = affected(folder, tmp_path, "9.9.1", *flags, "--cuda-graph-max-bs-decode", "16")
+    assert reached.returncode == 1, reached.stdout + reached.stderr
+    [line] = lines_of(reached, "trtllm-mha-page-table")
+    assert "AFFECTED" in line and "(--cuda-graph-max-bs-decode 16), which SGLang runs eagerly" in line
 
 
 def test_an_unknown_release_and_a_kernel_under_another_name_are_unknown_with_their_own_exit_code(wheels, tmp_path):
@@ -433,15 +463,20 @@ def test_real_0_5_23_answers_as_its_wheel_says(tmp_path):
     if not folder or not list(Path(folder).glob("sglang-0.5.23-*.whl")):
         pytest.skip("no cached sglang 0.5.23 wheel (set KVFENCE_REAL_WHEEL_DIR to a folder holding it)")
     wheels = Path(folder)
-    cases = [(["--attention-backend", "flashmla", "--speculative-num-steps", "5", "--context-length", "1087"], 1,
+    steps = ("--speculative-num-steps", "5", "--speculative-eagle-topk", "1")  # SGLang refuses steps without topk
+    cases = [(["--attention-backend", "flashmla", *steps, "--context-length", "1087"], 1,
               "flashmla-page-table", "severity: silent overwrite"),
-             (["--attention-backend", "flashmla", "--speculative-num-steps", "5", "--context-length", "4095"], 1,
+             (["--attention-backend", "flashmla", *steps, "--context-length", "4095"], 1,
               "flashmla-page-table", "severity: read past the table"),
              (["--attention-backend", "fa3", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
                "--speculative-num-draft-tokens", "8"], 0, "fa3-decode-metadata", "flashattention_backend.py:3171"),
-             (["--attention-backend", "trtllm_mha", "--speculative-num-steps", "5"], 1, "trtllm-mha-page-table",
-              "decode_cuda_graph_runner.py:890")]
+             # A default graph deployment on an H100 captures every batch size up to its 48 requests: its eager
+             # site is not reached by size (the release's memory default, request limit and pool clamp).
+             (["--attention-backend", "trtllm_mha", *steps], 0, "trtllm-mha-page-table",
+              "base_cuda_graph_runner.py:78")]
     for flags, code, contract, needle in cases:
         proc = affected(wheels, tmp_path, "0.5.23", *flags)
         assert proc.returncode == code, proc.stdout + proc.stderr
         assert any(needle in line for line in lines_of(proc, contract)), proc.stdout
+    refused = affected(wheels, tmp_path, "0.5.23", "--attention-backend", "fa3", "--speculative-num-steps", "5")
+    one_line_exit_2(refused, "sglang/srt/arg_groups/speculative_hook.py:1274", "TypeError")

@@ -137,7 +137,7 @@ def test_vllm_commands_are_recognised_and_their_flags_read(tmp_path):
 # -- SGLang 0.5.23's own wheel and kernel -------------------------------------------------------------------------
 @needs_sglang
 def test_dflash_at_page_1_is_affected_with_what_the_kernel_showed_and_page_16_is_not(env, tmp_path):
-    proc = _kvfence("0.5.23", *DFLASH, env=env, cwd=tmp_path)
+    proc = _kvfence("--verbose", "0.5.23", *DFLASH, env=env, cwd=tmp_path)  # the full lines
     assert proc.returncode == 1, proc.stdout + proc.stderr
     line = _line(proc, "req-to-token")
     assert "req-to-token (DFLASH decode step, page 1): AFFECTED" in line and "severity: silent overwrite" in line

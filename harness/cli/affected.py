@@ -14,7 +14,7 @@ from kvfence.cli.common import _out_dir, _stderr
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, printable
 
 #: ``affected``'s options that no SGLang or vLLM server flag shares (``--device`` and ``--json``-like names may be).
-OWN_OPTIONS = ("--offline", "--kv-cache-group", "--project")
+OWN_OPTIONS = ("--offline", "--kv-cache-group", "--project", "--gpu", "--verbose")
 
 
 def cmd_affected(args) -> int:
@@ -36,9 +36,13 @@ def cmd_affected(args) -> int:
                        "vllm)")
     else:
         dep = affected.parse_deployment(args.version, args.sglang_flags)
+    if vllm and args.gpu:
+        raise BadInput("--gpu is read for SGLang deployments (SGLang's graph defaults and FA4's page depend on it)")
     out_dir = _out_dir(args.out)
     if args.offline:
         os.environ["KVFENCE_OFFLINE"] = "1"
+    if not vllm:  # the launch as the release's own argument code resolves it (a refusal: one line, exit 2)
+        dep = affected.resolve_deployment(dep, args.gpu, announce=_stderr)
     device = select(args.device, announce=_stderr)
     if vllm:
         verdicts = affected_vllm.assess(dep, out=out_dir, device=device, announce=_stderr)
@@ -48,9 +52,13 @@ def cmd_affected(args) -> int:
     if args.json:
         doc = affected_vllm.deployment_json(dep, verdicts) if vllm else affected.deployment_json(dep, verdicts)
         print(json.dumps(doc, indent=1))
-    else:
+    elif args.verbose or vllm:
         for v in verdicts:
             print(printable(v.line(dep), None))
+    else:
+        print(printable(affected.header(dep), None))
+        for v in verdicts:
+            print(printable(v.short(), None))
     return affected.exit_code(verdicts)
 
 
@@ -97,6 +105,13 @@ def add_parser(sub) -> None:
                    help="where the release's kernel runs on the witness (default: CUDA when present)")
     p.add_argument("--out", default="reports/out/affected", help="folder for the case files")
     p.add_argument("--offline", action="store_true", help="never download (also KVFENCE_OFFLINE=1): cache only")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="the GPU SGLang runs on (H100, H200, H20, B200, GB200, A100-80GB, A100-40GB, L40S): SGLang "
+                        "computes the CUDA-graph batch default from its memory and FA4's page from its SM version "
+                        "(default: H100, said in the assumed values)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print each line in full (the condition, what the kernel showed, every avoidance, the "
+                        "values assumed) instead of the short lines")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document (the deployment, each line's fields with the wheel's file:line "
                         "evidence, the exit code) instead of the lines")

@@ -16,12 +16,15 @@ lengths, what the kernel was seen to do (a line names damage only from a kind th
 values that avoid it, and the case file. ``exit_code``: 1 affected, ``EXIT_UNKNOWN`` (3) when no line is and one
 is unknown (an unknown release, a kernel kvfence cannot run), 0 otherwise. ``Progress`` reports a long run.
 
-Defaults are SGLang's where SGLang has one kvfence can state: without topk and steps, SGLang 0.5.23 picks
-(steps, topk, draft tokens) = (3, 1, 4) for most models (``sglang/srt/arg_groups/speculative_hook.py``,
-``_auto_choose_speculative_params``; Llama and Grok get (5, 4, 8)), and with topk 1 the draft tokens are
-steps + 1. The context length and the largest capture bucket default to the model and the GPU in SGLang;
-kvfence assumes ``ASSUMED_CTX`` and ``ASSUMED_MAX_BS`` and says so in the line. With topk 1 SGLang sets the
-draft tokens to steps + 1 whatever the flag says (``_handle_eagle_family``), and so does kvfence.
+The launch is then resolved as the release's own argument code resolves it (``resolve_deployment``,
+``kvfence.release.launch_resolve`` on the facts ``kvfence.release.launch_args`` reads from the wheel): a launch
+SGLang refuses at startup is ``BadInput`` naming the check's ``file:line``; SGLang's automatic choice of the
+speculative flags, the draft tokens it sets for topk 1, the CUDA-graph batch default it computes from the GPU
+(``--gpu``, kvfence's option) and TP size, the request limit it sets for speculative decoding and FA4's page on
+SM100 are taken from the wheel. ``parse_deployment`` alone is kvfence's reading of the flags (SGLang 0.5.23's
+defaults, ``AUTO_SPECULATIVE``, ``ASSUMED_CTX``, ``ASSUMED_MAX_BS``), kept where a release's argument code cannot
+be read, and said in ``assumed``. Each verdict says its basis (``Verdict.basis``, ``BASIS_*``); the default output
+is ``header`` and ``Verdict.short`` lines, ``Verdict.line`` the full one (``--verbose``).
 """
 
 from __future__ import annotations
@@ -76,8 +79,9 @@ ASSUMED_MAX_BS = 8
 #: SGLang flags that give decode or the draft its own backend (0.5.23 ``server_args``): refused, not modelled.
 SPLIT_BACKENDS = ("--decode-attention-backend", "--speculative-draft-attention-backend")
 #: SGLang flags close in spelling to one kvfence reads, so not taken for its misspelling.
-NEAR_FLAGS = ("--cuda-graph-bs", "--disable-cuda-graph-padding", "--prefill-attention-backend",
-              "--mm-attention-backend")
+NEAR_FLAGS = ("--cuda-graph-bs", "--cuda-graph-bs-decode", "--disable-cuda-graph-padding",
+              "--disable-decode-cuda-graph", "--prefill-attention-backend", "--mm-attention-backend", "--dp-size",
+              "--ep-size", "--pp-size")
 #: Words that mark a launch command among the arguments (its other flags, --model-path and so on, are not
 #: kvfence's business); without one, an unknown flag is refused (a typo must not pass as a default).
 LAUNCH_MARKERS = ("sglang.launch_server", "launch_server", "sglang")
@@ -111,6 +115,16 @@ class Deployment:
     page_size: Optional[int]
     assumed: Tuple[str, ...] = ()
     algorithm: str = "EAGLE"   # --speculative-algorithm, NEXTN read as EAGLE (SGLang's alias)
+    #: The flags as the command gives them (None: not given), for the release's own resolution.
+    given: dict = field(default_factory=dict, compare=False)
+    tp_size: int = 1
+    model_arch: str = ""       # the local --model-path's config.json architectures[0]
+    model_kind: str = ""       # MLA or MHA (the release's ModelConfig list), "" when not read
+    gpu: str = ""              # --gpu (kvfence's option), "" when assumed
+    graph_cap: Optional[int] = None     # the graph's max batch size (flag or the release's default)
+    max_running: Optional[int] = None   # --max-running-requests (or SGLang's for speculative decoding)
+    eager_note: str = ""       # why no batch of a graph deployment runs eagerly for its size ("": one can)
+    graph_flag: str = "--cuda-graph-max-bs"  # the release's name of the graph's max batch flag
 
     @property
     def mode(self) -> str:
@@ -132,6 +146,11 @@ def _flag_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    p.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=None)
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--speculative-adaptive", action="store_true")
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--page-size", type=int, default=None)
     p.add_argument("--speculative-algorithm", default=None)
@@ -142,8 +161,9 @@ def _flag_parser() -> argparse.ArgumentParser:
 
 #: The flags ``parse_deployment`` reads (for help texts and errors).
 FLAGS = ("--attention-backend", "--speculative-eagle-topk", "--speculative-num-steps",
-         "--speculative-num-draft-tokens", "--context-length", "--cuda-graph-max-bs", "--disable-cuda-graph",
-         "--page-size", "--speculative-algorithm", "--speculative-dflash-block-size", "--speculative-dspark-block-size")
+         "--speculative-num-draft-tokens", "--context-length", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode",
+         "--disable-cuda-graph", "--page-size", "--max-running-requests", "--tp-size", "--model-path",
+         "--speculative-algorithm", "--speculative-dflash-block-size", "--speculative-dspark-block-size")
 
 
 class _Refuse(argparse.ArgumentParser):
@@ -188,6 +208,8 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
     require(algorithm in ALGORITHMS, f"--speculative-algorithm {args.speculative_algorithm!r} is not one of SGLang's "
                                      f"({', '.join(ALGORITHMS + OTHER_ALGORITHMS)})")
     algorithm = "EAGLE" if algorithm == "NEXTN" else algorithm
+    require(not args.speculative_adaptive, "SGLang flags: --speculative-adaptive changes the steps while serving; "
+                                           "kvfence does not model it: ask with the steps you want answered")
     assumed = []
     steps, topk, tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
     if algorithm in DFLASH_FAMILY:
@@ -202,14 +224,56 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
         ctx = ASSUMED_CTX
         assumed.append(f"--context-length {ASSUMED_CTX}")
     require(steps < ctx <= 1 << 24, f"--context-length {ctx}: must exceed the steps ({steps}) and be <= 2^24")
-    max_bs = args.cuda_graph_max_bs
+    max_bs = args.cuda_graph_max_bs_decode or args.cuda_graph_max_bs
     if max_bs is None:
         max_bs = ASSUMED_MAX_BS
-        assumed.append(f"--cuda-graph-max-bs {ASSUMED_MAX_BS}")
-    require(1 <= max_bs <= 4096, f"--cuda-graph-max-bs {max_bs}: must be 1..4096")
+        if not args.disable_cuda_graph:
+            assumed.append(f"--cuda-graph-max-bs {ASSUMED_MAX_BS}")
+    for name, value in (("--cuda-graph-max-bs", max_bs), ("--max-running-requests", args.max_running_requests)):
+        require(value is None or 1 <= value <= 4096, f"{name} {value}: must be 1..4096")
     require(args.page_size is None or 1 <= args.page_size <= 4096, f"--page-size {args.page_size}: must be 1..4096")
+    require(args.tp_size is None or 1 <= args.tp_size <= 1024, f"--tp-size {args.tp_size}: must be 1..1024")
+    arch, where = _model_arch(args.model_path)
+    given = {"--speculative-num-steps": args.speculative_num_steps, "--speculative-eagle-topk":
+             args.speculative_eagle_topk, "--speculative-num-draft-tokens": args.speculative_num_draft_tokens,
+             "--cuda-graph-max-bs": args.cuda_graph_max_bs, "--cuda-graph-max-bs-decode": args.cuda_graph_max_bs_decode,
+             "--max-running-requests": args.max_running_requests, "--model-path": args.model_path,
+             "config.json": where}
     return Deployment(version, backend, topk, steps, tokens, ctx, max_bs, not args.disable_cuda_graph,
-                      args.page_size, tuple(assumed), algorithm)
+                      args.page_size, tuple(assumed), algorithm, given=given, tp_size=args.tp_size or 1,
+                      model_arch=arch)
+
+
+def _model_arch(model_path: Optional[str]) -> Tuple[str, str]:
+    """``(architectures[0], the config.json read)`` of a local ``--model-path`` folder, ``("", why not)`` else
+    (``kvfence.release.affected_vllm.read_config``: read as JSON data, nothing downloaded)."""
+    from kvfence.release.affected_vllm import read_config
+
+    if not model_path or not Path(model_path).is_dir():
+        return "", ("no --model-path" if not model_path else f"{model_path} is not a local folder")
+    doc, where = read_config(model_path)
+    if doc is None:
+        return "", where
+    archs = doc.get("architectures")
+    require(isinstance(archs, list) and archs and isinstance(archs[0], str) and len(archs[0]) <= 200,
+            f"{where}: no architectures list")
+    return archs[0], where
+
+
+def resolve_deployment(dep: Deployment, gpu: Optional[str], announce=None) -> Deployment:
+    """``dep`` as release ``dep.version`` resolves it, read from its wheel (``kvfence.release.launch_resolve``);
+    ``BadInput`` where SGLang refuses it. A release whose wheel is not found keeps kvfence's reading, said in
+    ``assumed`` (its lines are UNKNOWN: ``assess_deployment``)."""
+    from kvfence.release import launch_args, launch_resolve
+
+    require(gpu is None or gpu in launch_resolve.GPUS,
+            f"--gpu {gpu!r}: kvfence models {', '.join(launch_resolve.GPUS)} (memory, SM version)")
+    try:
+        facts = launch_args.load(dep.version, announce=announce)
+    except BadInput as exc:
+        facts = {"unread": [f"{key}: the wheel is not read ({exc})" for key in ("eagle", "graph", "fa4_page",
+                                                                              "mla_archs")]}
+    return launch_resolve.resolve(dep, facts, gpu)
 
 
 def _eagle_settings(steps, topk, tokens, assumed: List[str]) -> Tuple[int, int, int]:
@@ -218,6 +282,8 @@ def _eagle_settings(steps, topk, tokens, assumed: List[str]) -> Tuple[int, int, 
         steps, topk, auto_tokens = AUTO_SPECULATIVE
         tokens = tokens if tokens is not None else auto_tokens
         assumed.append(f"{steps} steps, topk {topk} (SGLang's automatic choice for most models)")
+    if steps is not None and topk is None:
+        assumed.append("--speculative-eagle-topk 1 (not given; the release's own handling of it is not read)")
     steps = steps if steps is not None else AUTO_SPECULATIVE[0]
     topk = topk if topk is not None else 1
     if topk == 1 and tokens is not None and tokens != steps + 1:
@@ -276,8 +342,14 @@ EXIT_UNKNOWN = 3
 
 #: What a deployment suffers, by the class of a line (``kvfence.release.contract_space``'s, and the draft's).
 SILENT, READ_PAST, SERVER_DOWN = "silent overwrite", "read past the table", "server down"
-#: A verdict's basis (``Verdict.basis``): seen on the release's kernel, or decided by the width arithmetic alone.
+#: A verdict's basis (``Verdict.basis``): seen on the release's kernel, or decided by the width arithmetic alone;
+#: for a path the deployment does not run, the release's code that decides it; for UNKNOWN, what kvfence lacks.
 BASIS_OBSERVED, BASIS_ARITHMETIC = "the release's kernel showed it", "the width arithmetic"
+BASIS_NOT_RUN, BASIS_UNREAD = "the release's code does not run this path here", "kvfence cannot tell"
+#: ``Verdict.reader`` of a line whose damage happens in code kvfence does not run.
+READER_ATTENTION = "the attention kernel given the length (not run by kvfence)"
+#: The default line's length kvfence keeps to (a longer case path may pass it; ``--verbose`` has the rest).
+SHORT_LINE = 200
 SEVERITY_OF = {"writes past its row": SILENT, "width formula short": READ_PAST, "host check fires": SERVER_DOWN}
 
 
@@ -325,8 +397,23 @@ class Verdict:
             parts.append("avoided with " + " or ".join(self.avoid))
         if self.case_file:
             parts.append(f"case: {self.case_file}")
+        if self.basis:
+            parts.append(f"basis: {self.basis}" + (f" (what reads it: {self.reader})" if self.reader else ""))
         if dep.assumed:
             parts.append("assumed: " + "; ".join(dep.assumed))
+        return "; ".join(parts)
+
+    def short(self) -> str:
+        """The default line: status, contract, site, severity, basis, the shortest avoidance, the case file."""
+        parts = [f"{self.status.upper()} {self.contract}{f' ({self.site})' if self.site else ''}"
+                 + (f": {self.severity}" if self.severity else "")]
+        if self.basis:
+            parts.append(f"basis: {self.basis}")
+        way = shortest_avoidance(self)
+        if way:
+            parts.append(f"avoid: {way}")
+        if self.case_file:
+            parts.append(f"case: {self.case_file}")
         return "; ".join(parts)
 
     def to_json(self) -> dict:
@@ -335,6 +422,22 @@ class Verdict:
                 "arithmetic": self.arithmetic, "fixed_in": self.fixed_in, "fixed": self.fixed_text,
                 "avoid": self.avoid, "case_file": self.case_file, "evidence": self.evidence,
                 "basis": self.basis, "reader": self.reader}
+
+
+def shortest_avoidance(v: Verdict) -> str:
+    """What avoids an AFFECTED line in a few words: its first flag (the cheapest change, as ``avoid`` orders
+    them), and the fixing release; "" for other lines."""
+    if v.status != "affected":
+        return ""
+    flag = v.avoid[0].split(" (", 1)[0] if v.avoid else ""
+    release = f"sglang {v.fixed_in}+" if v.fixed_in else ""
+    return " or ".join(x for x in (flag, release) if x) or "none known (no later release fixes it)"
+
+
+def header(dep: Deployment) -> str:
+    """The default output's first line: the deployment as resolved, and how many values were assumed."""
+    n = len(dep.assumed)
+    return dep.describe() + (f" ({n} value{'s' if n > 1 else ''} assumed: --verbose lists them)" if n else "")
 
 
 def exit_code(verdicts: List[Verdict]) -> int:
@@ -348,7 +451,10 @@ def deployment_json(dep: Deployment, verdicts: List[Verdict]) -> dict:
     return {"deployment": {"version": dep.version, "backend": dep.backend, "topk": dep.topk,
                            "num_steps": dep.num_steps, "draft_tokens": dep.draft_tokens, "ctx": dep.ctx,
                            "max_bs": dep.max_bs, "graphs": dep.graphs, "page_size": dep.page_size,
-                           "algorithm": dep.algorithm, "assumed": list(dep.assumed)},
+                           "algorithm": dep.algorithm, "assumed": list(dep.assumed), "gpu": dep.gpu,
+                           "tp_size": dep.tp_size, "graph_max_bs": dep.graph_cap, "max_running": dep.max_running,
+                           "eager_not_reached": dep.eager_note, "model_arch": dep.model_arch,
+                           "model_kind": dep.model_kind},
             "verdicts": [v.to_json() for v in verdicts], "exit_code": exit_code(verdicts)}
 
 
@@ -442,7 +548,7 @@ def assess_deployment(dep: Deployment, *, out: Path, device: str, offline: bool,
         releases = known_releases(offline, announce=announce)
         if dep.version not in releases:
             newest = releases[-1] if releases else "none"
-            return [Verdict("sglang", "unknown", condition=(
+            return [Verdict("sglang", "unknown", basis=BASIS_UNREAD, condition=(
                 f"sglang {dep.version} is not a release kvfence finds (the package index, the cache"
                 + (", KVFENCE_WHEEL_DIR" if os.environ.get("KVFENCE_WHEEL_DIR") else "")
                 + f"; the newest it knows is {newest}): nothing of it can be read"))]

@@ -26,7 +26,19 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from kvfence.errors import BadInput
-from kvfence.release.affected import DFLASH_FAMILY, SEVERITY_OF, Deployment, Verdict, fixed_in, step
+from kvfence.release.affected import (
+    BASIS_ARITHMETIC,
+    BASIS_NOT_RUN,
+    BASIS_OBSERVED,
+    BASIS_UNREAD,
+    DFLASH_FAMILY,
+    READER_ATTENTION,
+    SEVERITY_OF,
+    Deployment,
+    Verdict,
+    fixed_in,
+    step,
+)
 
 
 def _classes(record: dict, backend: str) -> Optional[List[str]]:
@@ -49,7 +61,7 @@ def applies(dep: Deployment, record: dict, s: dict) -> Optional[str]:
     if not dep.graphs:
         return ""
     where = record.get("eager_fallback", {}).get("source")
-    return (f"reached by batches above the largest capture bucket (--cuda-graph-max-bs {dep.max_bs}), which SGLang "
+    return (f"reached by batches above the largest capture bucket ({dep.graph_flag} {dep.max_bs}), which SGLang "
             f"runs eagerly" + (f" ({where}: {record['eager_fallback']['text']})" if where else ""))
 
 
@@ -122,15 +134,28 @@ def _avoid(s: dict, adm: dict, block_pages, dep: Deployment, page: int) -> List[
 def site_verdict(contract, dep: Deployment, record: dict, s: dict, reach: str, kernel: str,
                  refused: Optional[BadInput], releases: List[str], out: Path, device: str, announce) -> Verdict:
     from kvfence.release import contract_shipped_matrix as csm
+
+    site = s["site"]
+    label = csm.site_name(site)
+    if site["backend"] != dep.backend:  # another name that builds the same class (fa4: FlashAttentionBackend)
+        label = f"{site['cls']} {label.split(' ', 1)[1]}, which --attention-backend {dep.backend} builds"
+    v = Verdict(contract.name, "not affected", site=label, reach=reach, evidence=_evidence(record, s, dep))
+    v = _site_status(contract, dep, record, s, v, kernel, refused, releases, out, device, announce)
+    v.basis = v.basis or {"not launched": BASIS_NOT_RUN, "unknown": BASIS_UNREAD}.get(v.status, BASIS_ARITHMETIC)
+    return v
+
+
+def _site_status(contract, dep: Deployment, record: dict, s: dict, v: Verdict, kernel: str,
+                 refused: Optional[BadInput], releases: List[str], out: Path, device: str, announce) -> Verdict:
+    from kvfence.release import contract_shipped_matrix as csm
     from kvfence.release import contract_space as sp
     from kvfence.release.knowledge import shipped
 
     site = s["site"]
     knowledge = shipped(contract.name)
-    label = csm.site_name(site)
-    if site["backend"] != dep.backend:  # another name that builds the same class (fa4: FlashAttentionBackend)
-        label = f"{site['cls']} {label.split(' ', 1)[1]}, which --attention-backend {dep.backend} builds"
-    v = Verdict(contract.name, "not affected", site=label, reach=reach, evidence=_evidence(record, s, dep))
+    if site["mode"] == "eager" and dep.graphs and dep.eager_note:
+        v.status, v.condition, v.reach = "not launched", dep.eager_note, ""
+        return v
     if site.get("topk") == "1" and dep.topk > 1:
         guard = s.get("guard", {})
         v.status = "not launched"
@@ -207,8 +232,23 @@ def site_verdict(contract, dep: Deployment, record: dict, s: dict, reach: str, k
     v.severity = SEVERITY_OF.get(cls, "")
     v.impact = dict(knowledge.severity).get(cls, "")
     v.status = "affected"
+    v.basis = BASIS_OBSERVED if v.seen and cls == sp.PAST else BASIS_ARITHMETIC
     if cls == sp.SHORT:
         v.condition += "; the release's kernel kept to its row on the longest admitted launch (no write past it)"
+        v.reader = READER_ATTENTION
+
+    _fixes(contract, dep, record, s, v, page, tokens, releases, announce)
+    return v
+
+
+def _fixes(contract, dep: Deployment, record: dict, s: dict, v: Verdict, page: int, tokens: int,
+           releases: List[str], announce) -> None:
+    """``v``'s fixing release (read from every later release's record) and the flags that avoid it."""
+    from kvfence.release import contract_shipped_matrix as csm
+    from kvfence.release import contract_space as sp
+    from kvfence.release.knowledge import shipped
+
+    site, knowledge = s["site"], shipped(contract.name)
 
     def overflows(version: str) -> Optional[bool]:
         try:
@@ -225,8 +265,33 @@ def site_verdict(contract, dep: Deployment, record: dict, s: dict, reach: str, k
 
     step(f"{contract.name} {csm.site_name(site)}: the releases after {dep.version}")
     v.fixed_in, v.fixed_text = fixed_in(dep.version, releases, overflows)
-    v.avoid = _avoid(s, record["admission"], knowledge.block_pages, dep, page)
-    return v
+    v.avoid = _eager_clean(dep, record, s, knowledge.block_pages, page) + _avoid(s, record["admission"],
+                                                                                 knowledge.block_pages, dep, page)
+
+
+def _eager_clean(dep: Deployment, record: dict, s: dict, block_pages, page: int) -> List[str]:
+    """``--disable-cuda-graph`` for a graph site whose eager counterpart (the same class and forward mode) is
+    clean at the deployment's point, or not in the release."""
+    from kvfence.release import contract_space as sp
+    from kvfence.release.contract_shipped_matrix import site_name
+
+    site = s["site"]
+    if site["mode"] != "graph":
+        return []
+    same = [x for x in record["sites"] if x["site"]["mode"] == "eager" and x["site"]["cls"] == site["cls"]
+            and x["site"]["forward_mode"] == site["forward_mode"]]
+    if not same:
+        return []
+    eager = same[0]
+    if "absent" not in eager:
+        if any("unreadable" in eager[k] for k in ("width", "delta")):
+            return []
+        eager_page = page_of(dep, eager["site"])[0]
+        if sp.point(eager, record["admission"], block_pages, eager_page, dep.ctx,
+                    _tokens(dep, eager["site"]))["first_length"] is not None:
+            return []
+    return ["--disable-cuda-graph (its eager path fits: "
+            + ("not in this release" if "absent" in eager else site_name(eager["site"])) + ")"]
 
 
 def contract_verdicts(dep: Deployment, releases: List[str], out: Path, device: str,

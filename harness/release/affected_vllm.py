@@ -163,6 +163,10 @@ def hf_cache_dirs() -> List[Path]:
     return out
 
 
+#: The largest config.json read (a model's is a few KiB; the bound keeps a hostile file from holding the run).
+MAX_CONFIG_BYTES = 4 << 20
+
+
 def read_config(model: Optional[str], config_path: Optional[str] = None) -> Tuple[Optional[dict], str]:
     """``(config.json, where)`` of a model on this host: ``config_path`` (a file or a folder), the model's own
     folder, or its snapshot in the Hugging Face cache; ``(None, why not)`` otherwise. Nothing is downloaded."""
@@ -179,9 +183,11 @@ def read_config(model: Optional[str], config_path: Optional[str] = None) -> Tupl
                     candidates += sorted(snaps.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         if path.is_file():
+            require(path.stat().st_size <= MAX_CONFIG_BYTES,
+                    f"{path}: a config.json larger than {MAX_CONFIG_BYTES} bytes is not read")
             try:
                 doc = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested past the parser
                 raise BadInput(f"{path}: not a readable config.json ({type(exc).__name__})") from None
             require(isinstance(doc, dict), f"{path}: not a config.json (expected an object)")
             return doc, str(path)

@@ -15,6 +15,10 @@ from typing import List, Optional, Tuple
 
 from kvfence.errors import BadInput
 from kvfence.release.affected import (
+    BASIS_ARITHMETIC,
+    BASIS_NOT_RUN,
+    BASIS_OBSERVED,
+    BASIS_UNREAD,
     DFLASH_FAMILY,
     DRAFT_CLASSES,
     SERVER_DOWN,
@@ -31,9 +35,18 @@ IMPACT = {SILENT: "another request's kv_indices are overwritten in the same laun
           SERVER_DOWN: "the release's host check asserts before the launch: the server process raises"}
 
 
+#: What reads past the row when the host check rejects the launch: nothing runs, the process raises.
+READER_HOST_CHECK = "the release's host check, before the launch (not run by kvfence: its formula is read)"
+
+
 def _draft_classes(dep: Deployment, record: dict) -> List[str]:
+    """The release's draft classes the backend builds; of FlashInfer's MHA and MLA classes only the model's
+    kind where the model's config.json was read (``Deployment.model_kind``)."""
     prefixes = DRAFT_CLASSES.get(dep.backend, ())
-    return sorted(b for b in record["backends"] if b.startswith(prefixes))
+    found = sorted(b for b in record["backends"] if b.startswith(prefixes))
+    if dep.model_kind and len(prefixes) > 1:
+        found = [b for b in found if ("MLA" in b) == (dep.model_kind == "MLA")]
+    return found
 
 
 #: A running request has at most ``ctx - ADMITTED_MARGIN`` committed tokens: SGLang 0.5.23 bounds a request by
@@ -48,7 +61,8 @@ def _draft_witness(version: str, cls: str, dep: Deployment, ctx: int, admitted: 
     from kvfence.release import upstream
 
     spec = f"{upstream.SPEC_PREFIX}{version}:{cls}"
-    domain = sm.Domain(ctx=ctx, num_steps=dep.num_steps, max_bs=dep.max_bs, max_topk=max(dep.topk, 1),
+    domain = sm.Domain(ctx=ctx, num_steps=dep.num_steps, max_bs=_batches(dep, mode or dep.mode),
+                       max_topk=max(dep.topk, 1),
                        max_len=ctx - ADMITTED_MARGIN if admitted else None)
     return sm.search(spec, mode or dep.mode, domain, topks=range(dep.topk, dep.topk + 1)), domain
 
@@ -66,14 +80,14 @@ def _ctx_text(a: Fraction, b: Fraction) -> str:
     return term + (f" + {b}" if b > 0 else f" - {-b}" if b < 0 else "")
 
 
-def _draft_condition(version: str, cls: str, dep: Deployment, case, mode: str) -> str:
+def _draft_condition(version: str, cls: str, dep: Deployment, case, mode: str, key: int = 0) -> str:
     """The least total length that overflows (the witness's), as a formula in the context length when the
     threshold is linear in it, and what it needs of the lengths."""
     requests, total = case.batch.raw_bs, sum(case.batch.seq_lens)
     at_wall = max(case.batch.seq_lens) > dep.ctx - dep.num_steps
     points = []
     for ctx in (dep.ctx, 2 * dep.ctx, 4 * dep.ctx):
-        (silent, _, _), _ = _draft_witness(version, cls, dep, ctx, mode=mode)
+        silent = _draft_witness(version, cls, dep, ctx, mode=mode)[0][key]
         if silent is None or silent.batch.raw_bs != requests:
             points = []
             break
@@ -112,7 +126,7 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
 
     name = "draft decode kv_indices"
     if dep.algorithm in DFLASH_FAMILY:  # its worker builds no multi-step draft backend (the kernel's launchers)
-        return [Verdict(name, "not launched", condition=(
+        return [Verdict(name, "not launched", basis=BASIS_NOT_RUN, condition=(
             f"--speculative-algorithm {dep.algorithm} runs the DFlash family's worker, which builds no multi-step "
             "draft backend (SGLang 0.5.23: speculative/spec_info.py:323-338; the kernel's launchers are built by "
             "speculative/draft_utils.py's DraftBackendFactory for the EAGLE workers, eagle_worker_v2.py:396)"))]
@@ -120,83 +134,150 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
     try:
         upstream.fetch(dep.version, announce=lambda m: None)
     except upstream.Refused as exc:  # a release without the kernel (or of an ABI kvfence does not know)
-        return [Verdict(name, "not launched" if exc.status == upstream.NO_KERNEL else "unknown", condition=str(exc))]
+        status = "not launched" if exc.status == upstream.NO_KERNEL else "unknown"
+        return [Verdict(name, status, condition=str(exc), basis=BASIS_NOT_RUN if status == "not launched" else
+                        BASIS_UNREAD)]
     record = shipped_sizing.load_record(dep.version)  # a corrupt entry: BadInput, one line, exit 2
     classes = _draft_classes(dep, record)
     if not classes:
-        return [Verdict(name, "not launched", condition=f"the {dep.backend} backend of {dep.version} does not "
-                                                        "launch generate_draft_decode_kv_indices")]
+        return [Verdict(name, "not launched", basis=BASIS_NOT_RUN,
+                        condition=f"the {dep.backend} backend of {dep.version} does not launch "
+                                  "generate_draft_decode_kv_indices")]
     runs = sm.Runs(device)
     verdicts = []
     modes = ["graph", "eager"] if dep.graphs else ["eager"]
     for cls in classes:
-        for mode in modes:
-            verdicts.append(_class_verdict(dep, record, cls, mode, releases, out, device, runs, name))
+        by_mode = {mode: _class_verdict(dep, record, cls, mode, releases, out, device, runs, name) for mode in modes}
+        if dep.graphs and by_mode["graph"].status == "affected" and _eager_clean(dep, record, cls, runs):
+            by_mode["graph"].avoid.insert(0, "--disable-cuda-graph (its eager path fits)")
+        verdicts += by_mode.values()
+    for v in verdicts:
+        v.basis = v.basis or {"not launched": BASIS_NOT_RUN, "unknown": BASIS_UNREAD}.get(v.status, BASIS_ARITHMETIC)
     return verdicts
 
 
-def _class_verdict(dep, record, cls, mode, releases, out, device, runs, name) -> Verdict:
-    from kvfence.contracts.draft.record import DRAFT, launch_of
-    from kvfence.engine.casefile import write_case
-    from kvfence.engine.findings import observed
+def _eager_clean(dep: Deployment, record: dict, cls: str, runs) -> bool:
+    """Whether the class's eager mode overflows no launch of up to ``max_running`` requests (or is not in the
+    release): what ``--disable-cuda-graph`` runs. Its own verdict may say "not launched" only because no batch
+    reaches it by size."""
+    import dataclasses
+
     from kvfence.release import shipped_sizing
 
+    state, _ = shipped_sizing.site_state(record["backends"][cls]["eager"])
+    if state == "absent":
+        return True
+    if state != "ok":
+        return False
+    eager = dataclasses.replace(dep, graphs=False, max_bs=dep.max_running or dep.max_bs)
+    (silent, caught, _), _ = _draft_witness(dep.version, cls, eager, dep.ctx, mode="eager")
+    return silent is None and caught is None
+
+
+def _not_run(dep: Deployment, record: dict, cls: str, mode: str) -> Optional[Tuple[str, str]]:
+    """``(status, condition)`` of a mode the deployment does not run (or kvfence cannot read), else None."""
+    from kvfence.release import shipped_sizing
+
+    if dep.graphs and mode == "eager" and dep.eager_note:
+        return "not launched", dep.eager_note
+    state, text = shipped_sizing.site_state(record["backends"][cls][mode])
+    if state != "ok":
+        return ("not launched" if state == "absent" else "unknown"), text or f"no {mode}-mode buffer"
+    replay = record["backends"][cls][mode].get("replay")
+    if replay:  # graph mode whose replays never run the kernel (kvfence.release.shipped)
+        return "not launched", replay
+    refuses = (record["backends"][cls].get("refuses") or {}).get("refuses") == "topk > 1"
+    if refuses and dep.topk > 1:
+        return "not launched", "its constructor refuses topk > 1 (the server does not start)"
+    return None
+
+
+def _class_verdict(dep, record, cls, mode, releases, out, device, runs, name) -> Verdict:
     label = cls + ((", MLA models" if "MLA" in cls else ", MHA models") if dep.backend == "flashinfer" else "")
     v = Verdict(name, "not affected", site=f"{label}, {mode}" if dep.graphs else label,
                 evidence=_evidence(record, cls, mode))
     if dep.graphs and mode == "eager":
-        v.reach = (f"reached by batches above the largest capture bucket (--cuda-graph-max-bs {dep.max_bs}), which "
+        v.reach = (f"reached by batches above the largest capture bucket ({dep.graph_flag} {dep.max_bs}), which "
                    "SGLang runs eagerly")
-    state, text = shipped_sizing.site_state(record["backends"][cls][mode])
-    if state != "ok":
-        v.status = "not launched" if state == "absent" else "unknown"
-        v.condition = text or f"no {mode}-mode buffer"
+    skipped = _not_run(dep, record, cls, mode)
+    if skipped:
+        v.status, v.condition = skipped
+        v.reach = "" if dep.eager_note and mode == "eager" else v.reach
         return v
-    replay = record["backends"][cls][mode].get("replay")
-    if replay:  # graph mode whose replays never run the kernel (kvfence.release.shipped)
-        v.status, v.condition = "not launched", replay
-        return v
-    refuses = (record["backends"][cls].get("refuses") or {}).get("refuses") == "topk > 1"
-    if refuses and dep.topk > 1:
-        v.status, v.condition = "not launched", "its constructor refuses topk > 1 (the server does not start)"
-        return v
-    step(f"{name} {cls} {mode}: searching the launches of up to {dep.max_bs} requests")
+    step(f"{name} {cls} {mode}: searching the launches of up to {_batches(dep, mode)} requests")
     (silent, caught, wrong), _ = _draft_witness(dep.version, cls, dep, dep.ctx, mode=mode)
     if silent is not None:
-        step(f"{name} {cls} {mode}: running sglang=={dep.version}'s kernel on the least overflowing launch")
-        findings = runs.findings(silent)
-        kinds = sorted({f.kind.value for f in findings})
-        v.seen = [k for k in kinds if observed(DRAFT, k)]
-        v.arithmetic = [k for k in kinds if not observed(DRAFT, k)]
-        damage = [k for k in v.seen if k in ("GUARD_OVERWRITE", "STRAY_WRITE")]
-        v.case_file = str(write_case(launch_of(silent), findings, out_dir=out / dep.version / f"{cls}-{mode}",
-                                     device=device, source="affected"))
-        if damage:
-            v.status, v.severity, v.impact = "affected", SILENT, IMPACT[SILENT]
-            v.condition = _draft_condition(dep.version, cls, dep, silent, mode)
-            if max(silent.batch.seq_lens) > dep.ctx - dep.num_steps and dep.num_steps > ADMITTED_MARGIN:
-                v.avoid = _fewer_steps(dep, cls, mode)
-        else:
-            v.status = "unknown"
-            v.condition = (f"the arithmetic says a launch overflows its row, the release's kernel showed "
-                           f"{', '.join(v.seen) or 'nothing'} past it")
+        _silent(dep, record, cls, mode, silent, v, runs, out, device, name)
     elif caught is not None:
-        v.status, v.severity, v.impact = "affected", SERVER_DOWN, IMPACT[SERVER_DOWN]
-        check = (record["backends"][cls].get("host_check") or {})
-        v.condition = ("a launch that would overflow its row is rejected by the release's host check"
-                       + (f" ({check.get('source')})" if check.get("source") else "")
-                       + ": the assertion fires before the launch (arithmetic: the check's formula, read from the "
-                         "wheel; no kernel runs)")
-        v.arithmetic = ["HOST_CHECK_FIRED"]
+        _caught(dep, record, cls, mode, caught, v, runs, out, device)
     elif _draft_witness(dep.version, cls, dep, dep.ctx, admitted=False, mode=mode)[0][0] is not None:
         v.condition = (f"its row overflows only for requests longer than ctx - {ADMITTED_MARGIN} tokens, which "
                        "SGLang's scheduler does not admit (docs/contract.md §9, Reachability: 0.5.23's bound)")
     elif wrong is not None:
         v.condition = "but its host check refuses some launches that fit"
     else:
-        v.condition = f"no launch of up to {dep.max_bs} requests of admitted lengths overflows its row"
+        v.condition = f"no launch of up to {_batches(dep, mode)} requests of admitted lengths overflows its row"
+    if v.status == "affected":
+        step(f"{name} {cls} {mode}: the releases after {dep.version}")
+        v.fixed_in, v.fixed_text = fixed_in(dep.version, releases, _later_overflows(dep, mode))
+    return v
 
-    def overflows(version: str, cls: str = cls) -> Optional[bool]:
+
+def _batches(dep: Deployment, mode: str) -> int:
+    """The most requests a launch of ``mode`` holds: the graph's largest batch, else the request limit."""
+    return dep.max_bs if mode == "graph" else (dep.max_running or dep.max_bs)
+
+
+def _silent(dep, record, cls, mode, silent, v: Verdict, runs, out, device, name) -> None:
+    from kvfence.contracts.draft.record import DRAFT, launch_of
+    from kvfence.engine.casefile import write_case
+    from kvfence.engine.findings import observed
+
+    step(f"{name} {cls} {mode}: running sglang=={dep.version}'s kernel on the least overflowing launch")
+    findings = runs.findings(silent)
+    kinds = sorted({f.kind.value for f in findings})
+    v.seen = [k for k in kinds if observed(DRAFT, k)]
+    v.arithmetic = [k for k in kinds if not observed(DRAFT, k)]
+    damage = [k for k in v.seen if k in ("GUARD_OVERWRITE", "STRAY_WRITE")]
+    v.case_file = str(write_case(launch_of(silent), findings, out_dir=out / dep.version / f"{cls}-{mode}",
+                                 device=device, source="affected"))
+    if damage:
+        v.status, v.severity, v.impact, v.basis = "affected", SILENT, IMPACT[SILENT], BASIS_OBSERVED
+        v.condition = _draft_condition(dep.version, cls, dep, silent, mode)
+        if max(silent.batch.seq_lens) > dep.ctx - dep.num_steps and dep.num_steps > ADMITTED_MARGIN:
+            v.avoid = _fewer_steps(dep, cls, mode)
+    else:
+        v.status = "unknown"
+        v.condition = (f"the arithmetic says a launch overflows its row, the release's kernel showed "
+                       f"{', '.join(v.seen) or 'nothing'} past it")
+
+
+def _caught(dep, record, cls, mode, caught, v: Verdict, runs, out, device) -> None:
+    """A launch that would overflow is rejected by the release's host check: the server process raises. The
+    condition is the least launch that does it, its case file replays the check (no kernel runs)."""
+    from kvfence.contracts.draft.record import launch_of
+    from kvfence.engine.casefile import write_case
+
+    v.status, v.severity, v.impact, v.basis = "affected", SERVER_DOWN, IMPACT[SERVER_DOWN], BASIS_ARITHMETIC
+    v.reader = READER_HOST_CHECK
+    check = (record["backends"][cls].get("host_check") or {})
+    where = f" ({check['source']})" if check.get("source") else ""
+    rejected = f"would overflow its row and is rejected by the release's host check{where}"
+    v.condition = (_draft_condition(dep.version, cls, dep, caught, mode, key=1).replace("writes past its row", rejected)
+                   + ": the assertion fires before the launch (arithmetic: the check's formula, read from the wheel, "
+                     "no kernel runs)")
+    v.arithmetic = ["HOST_CHECK_FIRED"]
+    findings = runs.findings(caught)
+    v.case_file = str(write_case(launch_of(caught), findings, out_dir=out / dep.version / f"{cls}-{mode}",
+                                 device=device, source="affected"))
+    if max(caught.batch.seq_lens) > dep.ctx - dep.num_steps and dep.num_steps > ADMITTED_MARGIN:
+        v.avoid = _fewer_steps(dep, cls, mode)
+
+
+def _later_overflows(dep: Deployment, mode: str):
+    from kvfence.release import shipped_sizing
+
+    def overflows(version: str) -> Optional[bool]:
         try:
             later = shipped_sizing.load_record(version)
         except BadInput:
@@ -210,10 +291,7 @@ def _class_verdict(dep, record, cls, mode, releases, out, device, runs, name) ->
         return any(sum(x is not None for x in _draft_witness(version, n, dep, dep.ctx, mode=mode)[0][:2]) > 0
                    for n, s in zip(names, states) if s == "ok" and not later["backends"][n][mode].get("replay"))
 
-    if v.status == "affected":
-        step(f"{name} {cls} {mode}: the releases after {dep.version}")
-        v.fixed_in, v.fixed_text = fixed_in(dep.version, releases, overflows)
-    return v
+    return overflows
 
 
 def _fewer_steps(dep: Deployment, cls: str, mode: str) -> List[str]:
