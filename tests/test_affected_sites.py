@@ -255,6 +255,57 @@ def test_topk_above_one_skips_the_verify_delta_path_and_fa4_builds_the_fa3_class
         assert (backend == "fa3") == ("which --attention-backend fa4 builds" not in line)
 
 
+#: An FA3 backend as SGLang spelled it up to 0.5.15: torch fills the CUDA-graph target-verify table (no kernel of the
+#: contract), ceil(ctx / P) pages wide, the published length seq_lens + D, the copy sliced to the row.
+_FA3_TORCH = '''
+class FlashAttentionBackend(Base):
+    def __init__(self, model_runner):
+        self.max_context_len = model_runner.model_config.context_len
+        self.page_size = model_runner.page_size
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        max_num_pages = (self.max_context_len + self.page_size - 1) // self.page_size
+        self.target_verify_metadata = {"page_table": torch.zeros(max_bs, max_num_pages)}
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, forward_mode):
+        if forward_mode.is_target_verify():
+            if self.topk <= 1:
+                metadata = self.target_verify_metadata[bs]
+                metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_num_draft_tokens)
+                max_seq_pages = (metadata.max_seq_len_k + self.page_size - 1) // self.page_size
+                page_indices = self.req_to_token[req_pool_indices[:, None], self.strided_indices[:max_seq_pages]]
+                page_indices //= self.page_size
+                metadata.page_table[:, :max_seq_pages].copy_(page_indices)
+'''
+
+
+def test_a_table_torch_fills_is_answered_by_its_width_arithmetic(tmp_path):
+    """A release whose FA3 backend fills its target-verify table with torch has no kernel of the contract, yet the
+    table is there: 5 draft tokens at ctx 4096 pass its 4096 pages (AFFECTED on the arithmetic, no kernel run, no
+    NOT LAUNCHED line for the kernel's site); 4 fit (NOT AFFECTED)."""
+    from kvfence.release.affected import BASIS_ARITHMETIC
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    release(folder, "9.7.1", fa3="# no metadata kernel in this release\n",
+            extra={"sglang/srt/layers/attention/flashattention_backend.py": _FA3_TORCH})
+    flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "1", "--context-length", "4096"]
+    over = affected(folder, tmp_path, "9.7.1", *flags, "--speculative-num-steps", "4", json_out=True)
+    assert over.returncode == 1, over.stdout + over.stderr
+    [v] = [x for x in json.loads(over.stdout)["verdicts"] if x["contract"] == "fa3-decode-metadata"]
+    assert (v["status"], v["severity"], v["basis"]) == ("affected", "read past the table", BASIS_ARITHMETIC), v
+    assert v["observed"] == [] and v["case_file"] == "" and "attention kernel" in v["reader"]
+    assert "needs 4097 pages of 1 tokens" in v["condition"] and "its row holds 4096" in v["condition"]
+    assert "torch fills the table, its copy sliced to the row (sglang/srt/layers/attention/flashattention_backend" \
+        ".py:19)" in v["condition"]
+    assert any("copy_(page_indices)" in e for e in v["evidence"])
+    assert "--speculative-num-steps 3" in " ".join(v["avoid"])
+    fits = affected(folder, tmp_path, "9.7.1", *flags, "--speculative-num-steps", "3")
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    [line] = lines_of(fits, "fa3-decode-metadata")
+    assert ": NOT AFFECTED;" in line and "every admitted length fits" in line
+
+
 def test_a_graph_deployment_reaches_its_eager_sites(wheels, tmp_path):
     graphs = affected(wheels, tmp_path, "9.8.1", *MHA, "--speculative-num-steps", "4", "--context-length", "1024",
                       "--cuda-graph-max-bs", "4")

@@ -40,7 +40,10 @@ class ShippedSite:
     ``guard``: the expression text of the branch that makes the site run only so (``"self.topk <= 1"``), whose
     line the reader records (the nearest before ``evidence`` in the same method). ``page_default``: the page
     size SGLang runs the backend with when ``--page-size`` is not given or is not one of ``page_sizes`` (SGLang
-    changes it and logs so); 0 where SGLang's own default page size (1) stands."""
+    changes it and logs so); 0 where SGLang's own default page size (1) stands. ``fill``: where the backend's own
+    torch code fills the table instead of the contract's kernel, the statement that does (its slice clips the
+    copy to the row): the site is read only in a release that has it, and its verdict rests on the width
+    arithmetic (the reader past the row is the attention kernel given the published length)."""
 
     backend: str          # SGLang's --attention-backend name
     cls: str              # the backend class
@@ -56,6 +59,7 @@ class ShippedSite:
     topk: str = "any"
     guard: str = ""
     page_default: int = 0
+    fill: str = ""
 
 
 class ReleaseTool(Protocol):

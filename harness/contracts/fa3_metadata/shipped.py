@@ -11,6 +11,13 @@ SITES = (
                 evidence="verify_delta = self.speculative_num_draft_tokens",
                 note="topk 1, not a ragged verify (a ragged verify layout passes delta 0)", topk="1",
                 guard="self.topk <= 1"),
+    # Up to 0.5.15 the backend fills the same table with torch: ceil(ctx / P) pages (init_cuda_graph_state), the
+    # published length seq_lens + D, the copy sliced to the row; no kernel of this contract runs there.
+    ShippedSite("fa3", "FlashAttentionBackend", "graph", "target_verify",
+                "(self.max_context_len + self.page_size - 1) // self.page_size", "self.speculative_num_draft_tokens",
+                (1, 16, 32, 64, 128), within="init_cuda_graph_state",
+                evidence="seq_lens + self.speculative_num_draft_tokens", note="topk 1, the table filled by torch",
+                topk="1", guard="self.topk <= 1", fill="metadata.page_table[:, :max_seq_pages].copy_(page_indices)"),
 )
 #: What a deployment suffers (kvfence.release.affected states it on each line): the kernel clamps its rows, so
 #: the only class is the arithmetic's.
