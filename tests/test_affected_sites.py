@@ -306,6 +306,48 @@ def test_a_table_torch_fills_is_answered_by_its_width_arithmetic(tmp_path):
     assert ": NOT AFFECTED;" in line and "every admitted length fits" in line
 
 
+#: kvfence's FA3 kernel spelled as 0.5.20 .. 0.5.22 spell theirs: ``_fused_metadata_kernel_general``, the page size's
+#: log2 and ``use_swa`` as parameters, no page translations, no ZERO_TAIL.
+_SWA, _CONST = "    full_to_swa_index_mapping, full_to_swa_mapping_stride_0,\n", "tl.constexpr,\n"
+GENERAL_KERNEL = (FA3_KERNEL.replace("def _fused_decode_metadata_kernel(", "def _fused_metadata_kernel_general(")
+                  .replace(_SWA + "    full_v2p, full_v2p_stride_0,\n    swa_v2p, swa_v2p_stride_0,\n",
+                           _SWA.replace("index_mapping", "mapping"))
+                  .replace(f"    PAGE_SIZE: {_CONST}    SEQ_LEN_DELTA: {_CONST}",
+                           "".join(f"    {n}: {_CONST}" for n in ("page_size", "seq_len_delta", "use_swa", "SHIFT")))
+                  .replace(f"    ZERO_TAIL: {_CONST}", "")
+                  .replace("SEQ_LEN_DELTA", "seq_len_delta").replace("PAGE_SIZE", "page_size")
+                  .replace("if not ZERO_TAIL and first >= live", "if first >= live")
+                  .replace("store_mask = cols < max_seq_pages if ZERO_TAIL else live_mask", "store_mask = live_mask"))
+
+
+def test_the_kernel_under_its_older_name_runs_through_kvfences_adapter(tmp_path):
+    """A release defining the FA3 kernel as ``_fused_metadata_kernel_general`` with the signature 0.5.20 .. 0.5.22
+    give it is run (the contract's ABI through kvfence's adapter): AFFECTED on the longest admitted launch, which
+    its kernel kept to its row; the same name with a parameter more is not adapted: UNKNOWN, exit 3."""
+    from kvfence.contracts.fa3_metadata.shipped import GENERAL_PARAMETERS
+    from kvfence.release.wheels import parameters
+
+    assert parameters(GENERAL_KERNEL, "_fused_metadata_kernel_general", "test") == list(GENERAL_PARAMETERS)
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    release(folder, "9.7.2", fa3=GENERAL_KERNEL)
+    release(folder, "9.7.3", fa3=GENERAL_KERNEL.replace(f"    SKIP_PAGE_TABLE: {_CONST}",
+                                                        f"    SKIP_PAGE_TABLE: {_CONST}    EXTRA: {_CONST}"))
+    flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "1", "--speculative-num-steps", "4",
+             "--context-length", "4096"]
+    ran = affected(folder, tmp_path, "9.7.2", *flags)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    [line] = lines_of(ran, "fa3-decode-metadata")
+    assert ": AFFECTED;" in line and "the release's kernel kept to its row on the longest admitted launch" in line
+    assert Path(line.rsplit("case: ", 1)[1].split(";")[0]).is_file()
+    module = (tmp_path / "cache" / "contracts" / "sglang-9.7.2" / "fa3-decode-metadata.py").read_text()
+    assert "def _fused_metadata_kernel_general(" in module and "# kvfence's adapter (not the release's code)" in module
+    other = affected(folder, tmp_path, "9.7.3", *flags)
+    assert other.returncode == 3, other.stdout + other.stderr
+    [line] = lines_of(other, "fa3-decode-metadata")
+    assert ": UNKNOWN;" in line and "launches _fused_metadata_kernel_general only with the 27 it adapts" in line
+
+
 def test_a_graph_deployment_reaches_its_eager_sites(wheels, tmp_path):
     graphs = affected(wheels, tmp_path, "9.8.1", *MHA, "--speculative-num-steps", "4", "--context-length", "1024",
                       "--cuda-graph-max-bs", "4")

@@ -20,10 +20,14 @@ GROUP = "kvfence.shipped"
 @dataclass(frozen=True)
 class Upstream:
     """Where SGLang's wheels define the contract's kernel: the function name and candidate module paths
-    (the newest first)."""
+    (the newest first). ``renamed``: the kernel under an older name, ``(name, its parameters, adapter)``: a
+    release defining ``name`` with exactly those parameters (and not ``function``) is launched through
+    ``adapter``, the text of a ``@triton.jit`` function of kvfence's named ``function`` with the contract's ABI
+    that calls it."""
 
     function: str
     paths: Tuple[str, ...]
+    renamed: Tuple[Tuple[str, Tuple[str, ...], str], ...] = ()
 
 
 @dataclass(frozen=True)
