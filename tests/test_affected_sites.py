@@ -538,3 +538,27 @@ def test_real_0_5_23_answers_as_its_wheel_says(tmp_path):
         proc = affected(wheels, tmp_path, "0.5.23", *flags)
         assert proc.returncode == code, proc.stdout + proc.stderr
         assert any(needle in line for line in lines_of(proc, contract)), proc.stdout
+
+
+def test_real_0_5_10_torch_table_and_0_5_22_renamed_kernel_are_answered(tmp_path):
+    """0.5.10's FA3 target-verify table is filled by torch, ceil(ctx / P) pages, the published length seq_lens + D
+    (flashattention_backend.py:1189, 1325-1327, 1848-1850, 1878): AFFECTED on the arithmetic at 6 draft tokens;
+    0.5.22's kernel, _fused_metadata_kernel_general, runs through the adapter: AFFECTED, kept to its row."""
+    import os
+
+    folder = os.environ.get("KVFENCE_TEST_WHEELS")
+    have = {v: bool(folder and list(Path(folder).glob(f"sglang-{v}-*.whl"))) for v in ("0.5.10", "0.5.22")}
+    if not all(have.values()):
+        pytest.skip("no sglang 0.5.10 and 0.5.22 wheels in $KVFENCE_TEST_WHEELS (pip download sglang==V --no-deps)")
+    flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "1", "--speculative-num-steps", "5",
+             "--speculative-num-draft-tokens", "6"]
+    torch_filled = affected(Path(folder), tmp_path, "0.5.10", *flags, json_out=True)
+    assert torch_filled.returncode == 1, torch_filled.stdout + torch_filled.stderr
+    [v] = [x for x in json.loads(torch_filled.stdout)["verdicts"] if x["contract"] == "fa3-decode-metadata"]
+    assert (v["status"], v["basis"], v["observed"], v["case_file"]) == ("affected", "the width arithmetic", [], "")
+    assert "flashattention_backend.py:1878" in v["condition"] and "needs 4097 pages" in v["condition"]
+    assert any(e.startswith("sglang/srt/layers/attention/flashattention_backend.py:1189: width") for e in v["evidence"])
+    renamed = affected(Path(folder), tmp_path, "0.5.22", *flags)
+    assert renamed.returncode == 1, renamed.stdout + renamed.stderr
+    [line] = lines_of(renamed, "fa3-decode-metadata")
+    assert ": AFFECTED;" in line and "the release's kernel kept to its row on the longest admitted launch" in line
