@@ -193,6 +193,7 @@ def test_eagle_at_page_1_with_topk_4_is_affected_by_its_own_reading_and_topk_1_i
 
 
 # -- vLLM 0.34.0's own wheel and kernel ---------------------------------------------------------------------------
+@pytest.mark.long  # vLLM's wheel (228 MB) is not fetched by .ci/run: tox -e long with KVFENCE_TEST_WHEELS holding it
 @needs_vllm
 def test_a_vllm_command_is_unknown_until_the_model_is_seen_then_clean(env, tmp_path):
     unknown = _kvfence("0.34.0", *VLLM_CMD, env=env, cwd=tmp_path)
