@@ -17,7 +17,9 @@ every committed length the scheduler admits; an overflowing one is run on the re
 admitted length and must show its class (``kvfence.release.contract_shipped_matrix.judge``): ``writes past its
 row`` rests on an observed kind, ``width formula short`` is stated as arithmetic. A kernel kvfence cannot run
 (absent, another ABI) with a site that overflows is UNKNOWN, with the arithmetic; with no site either, the path is
-not in the release (NOT LAUNCHED).
+not in the release (NOT LAUNCHED), unless another site's code fills the same table there. A table the backend's
+torch code fills (``ShippedSite.fill``) runs no kernel of the contract: its line rests on the width arithmetic, the
+reader past the row being the attention kernel given the published length.
 """
 
 from __future__ import annotations
