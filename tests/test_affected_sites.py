@@ -304,6 +304,11 @@ def test_a_table_torch_fills_is_answered_by_its_width_arithmetic(tmp_path):
     assert fits.returncode == 0, fits.stdout + fits.stderr
     [line] = lines_of(fits, "fa3-decode-metadata")
     assert ": NOT AFFECTED;" in line and "every admitted length fits" in line
+    sizing = kvfence("upstream", "sizing", "9.7.1", "--contract", "fa3-decode-metadata", cache=tmp_path / "cache",
+                     wheel_dir=folder)
+    assert sizing.returncode == 0 and "fa3 graph target verify, torch-filled (FlashAttentionBackend):" in sizing.stdout
+    assert "filled by torch, the copy sliced to the row: metadata.page_table[:, :max_seq_pages].copy_(page_indices) " \
+           "(sglang/srt/layers/attention/flashattention_backend.py:19)" in sizing.stdout, sizing.stdout
 
 
 #: kvfence's FA3 kernel spelled as 0.5.20 .. 0.5.22 spell theirs: ``_fused_metadata_kernel_general``, the page size's

@@ -105,6 +105,8 @@ def sizing_lines(version: str, contract, record: dict) -> List[str]:
             else:
                 out.append(f"    {label}: {v['formula']}"
                            + (f"   <- {v['text']} ({v['source']})" if v["source"] else ""))
+        if s.get("fill"):
+            out.append(f"    filled by torch, the copy sliced to the row: {s['fill']['text']} ({s['fill']['source']})")
         if s["site"].get("note"):
             out.append(f"    note: {s['site']['note']}")
     return out
