@@ -74,7 +74,11 @@ COMMANDS = [
      [(RUNNER, 760, "cuda_graph_bs <= self.max_bs"), *no_eager(999, 77)]),
     ("0.5.23", "--attention-backend fa3 --speculative-eagle-topk 4 --speculative-num-steps 3 "
                "--speculative-num-draft-tokens 8",
-     [(f"{ATT}/flashattention_backend.py", 3171, "if self.topk <= 1:")]),
+     [(f"{ATT}/flashattention_backend.py", 3171, "if self.topk <= 1:"),
+      ("sglang/srt/mem_cache/allocation_sizing.py", 53, "return max(spec_steps * spec_topk, spec_tokens)"),
+      ("sglang/srt/mem_cache/allocation_sizing.py", 105, "extra = 4 + (max_speculative_num_draft_tokens() or 0)"),
+      ("sglang/srt/speculative/eagle_utils.py", 891,
+       "if page_size > 1 and (get_spec().speculative_eagle_topk or 1) > 1:")]),
     ("0.5.23", f"--attention-backend fa3 {STEPS5} --context-length 8192 --page-size 16",
      [(f"{ATT}/flashattention_backend.py", 196, "self.max_num_pages = ("),
       (f"{ATT}/flashattention_backend.py", 3186, "verify_delta = self.speculative_num_draft_tokens")]),

@@ -259,6 +259,104 @@ def test_topk_above_one_skips_the_verify_delta_path_and_fa4_builds_the_fa3_class
         assert (backend == "fa3") == ("which --attention-backend fa4 builds" not in line)
 
 
+#: An FA3 backend as SGLang spelled it up to 0.5.15: torch fills the CUDA-graph target-verify table (no kernel of the
+#: contract), ceil(ctx / P) pages wide, the published length seq_lens + D, the copy sliced to the row.
+_FA3_TORCH = '''
+class FlashAttentionBackend(Base):
+    def __init__(self, model_runner):
+        self.max_context_len = model_runner.model_config.context_len
+        self.page_size = model_runner.page_size
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        max_num_pages = (self.max_context_len + self.page_size - 1) // self.page_size
+        self.target_verify_metadata = {"page_table": torch.zeros(max_bs, max_num_pages)}
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, forward_mode):
+        if forward_mode.is_target_verify():
+            if self.topk <= 1:
+                metadata = self.target_verify_metadata[bs]
+                metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_num_draft_tokens)
+                max_seq_pages = (metadata.max_seq_len_k + self.page_size - 1) // self.page_size
+                page_indices = self.req_to_token[req_pool_indices[:, None], self.strided_indices[:max_seq_pages]]
+                page_indices //= self.page_size
+                metadata.page_table[:, :max_seq_pages].copy_(page_indices)
+'''
+
+
+def test_a_table_torch_fills_is_answered_by_its_width_arithmetic(tmp_path):
+    """A release whose FA3 backend fills its target-verify table with torch has no kernel of the contract, yet the
+    table is there: 5 draft tokens at ctx 4096 pass its 4096 pages (AFFECTED on the arithmetic, no kernel run, no
+    NOT LAUNCHED line for the kernel's site); 4 fit (NOT AFFECTED)."""
+    from kvfence.release.affected import BASIS_ARITHMETIC
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    release(folder, "9.7.1", fa3="# no metadata kernel in this release\n",
+            extra={"sglang/srt/layers/attention/flashattention_backend.py": _FA3_TORCH})
+    flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "1", "--context-length", "4096"]
+    over = affected(folder, tmp_path, "9.7.1", *flags, "--speculative-num-steps", "4", json_out=True)
+    assert over.returncode == 1, over.stdout + over.stderr
+    [v] = [x for x in json.loads(over.stdout)["verdicts"] if x["contract"] == "fa3-decode-metadata"]
+    assert (v["status"], v["severity"], v["basis"]) == ("affected", "read past the table", BASIS_ARITHMETIC), v
+    assert v["observed"] == [] and v["case_file"] == "" and "attention kernel" in v["reader"]
+    assert "needs 4097 pages of 1 tokens" in v["condition"] and "its row holds 4096" in v["condition"]
+    assert "torch fills the table, its copy sliced to the row (sglang/srt/layers/attention/flashattention_backend" \
+        ".py:19)" in v["condition"]
+    assert any("copy_(page_indices)" in e for e in v["evidence"])
+    assert "--speculative-num-steps 3" in " ".join(v["avoid"])
+    fits = affected(folder, tmp_path, "9.7.1", *flags, "--speculative-num-steps", "3")
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    [line] = lines_of(fits, "fa3-decode-metadata")
+    assert ": NOT AFFECTED;" in line and "every admitted length fits" in line
+    sizing = kvfence("upstream", "sizing", "9.7.1", "--contract", "fa3-decode-metadata", cache=tmp_path / "cache",
+                     wheel_dir=folder)
+    assert sizing.returncode == 0 and "fa3 graph target verify, torch-filled (FlashAttentionBackend):" in sizing.stdout
+    assert "filled by torch, the copy sliced to the row: metadata.page_table[:, :max_seq_pages].copy_(page_indices) " \
+           "(sglang/srt/layers/attention/flashattention_backend.py:19)" in sizing.stdout, sizing.stdout
+
+
+#: kvfence's FA3 kernel spelled as 0.5.20 .. 0.5.22 spell theirs: ``_fused_metadata_kernel_general``, the page size's
+#: log2 and ``use_swa`` as parameters, no page translations, no ZERO_TAIL.
+_SWA, _CONST = "    full_to_swa_index_mapping, full_to_swa_mapping_stride_0,\n", "tl.constexpr,\n"
+GENERAL_KERNEL = (FA3_KERNEL.replace("def _fused_decode_metadata_kernel(", "def _fused_metadata_kernel_general(")
+                  .replace(_SWA + "    full_v2p, full_v2p_stride_0,\n    swa_v2p, swa_v2p_stride_0,\n",
+                           _SWA.replace("index_mapping", "mapping"))
+                  .replace(f"    PAGE_SIZE: {_CONST}    SEQ_LEN_DELTA: {_CONST}",
+                           "".join(f"    {n}: {_CONST}" for n in ("page_size", "seq_len_delta", "use_swa", "SHIFT")))
+                  .replace(f"    ZERO_TAIL: {_CONST}", "")
+                  .replace("SEQ_LEN_DELTA", "seq_len_delta").replace("PAGE_SIZE", "page_size")
+                  .replace("if not ZERO_TAIL and first >= live", "if first >= live")
+                  .replace("store_mask = cols < max_seq_pages if ZERO_TAIL else live_mask", "store_mask = live_mask"))
+
+
+def test_the_kernel_under_its_older_name_runs_through_kvfences_adapter(tmp_path):
+    """A release defining the FA3 kernel as ``_fused_metadata_kernel_general`` with the signature 0.5.20 .. 0.5.22
+    give it is run (the contract's ABI through kvfence's adapter): AFFECTED on the longest admitted launch, which
+    its kernel kept to its row; the same name with a parameter more is not adapted: UNKNOWN, exit 3."""
+    from kvfence.contracts.fa3_metadata.shipped import GENERAL_PARAMETERS
+    from kvfence.release.wheels import parameters
+
+    assert parameters(GENERAL_KERNEL, "_fused_metadata_kernel_general", "test") == list(GENERAL_PARAMETERS)
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    release(folder, "9.7.2", fa3=GENERAL_KERNEL)
+    release(folder, "9.7.3", fa3=GENERAL_KERNEL.replace(f"    SKIP_PAGE_TABLE: {_CONST}",
+                                                        f"    SKIP_PAGE_TABLE: {_CONST}    EXTRA: {_CONST}"))
+    flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "1", "--speculative-num-steps", "4",
+             "--context-length", "4096"]
+    ran = affected(folder, tmp_path, "9.7.2", *flags)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    [line] = lines_of(ran, "fa3-decode-metadata")
+    assert ": AFFECTED;" in line and "the release's kernel kept to its row on the longest admitted launch" in line
+    assert Path(line.rsplit("case: ", 1)[1].split(";")[0]).is_file()
+    module = (tmp_path / "cache" / "contracts" / "sglang-9.7.2" / "fa3-decode-metadata.py").read_text()
+    assert "def _fused_metadata_kernel_general(" in module and "# kvfence's adapter (not the release's code)" in module
+    other = affected(folder, tmp_path, "9.7.3", *flags)
+    assert other.returncode == 3, other.stdout + other.stderr
+    [line] = lines_of(other, "fa3-decode-metadata")
+    assert ": UNKNOWN;" in line and "launches _fused_metadata_kernel_general only with the 27 it adapts" in line
+
+
 def test_a_graph_deployment_reaches_its_eager_sites(wheels, tmp_path):
     graphs = affected(wheels, tmp_path, "9.8.1", *MHA, "--speculative-num-steps", "4", "--context-length", "1024",
                       "--cuda-graph-max-bs", "4")
@@ -455,13 +553,13 @@ def test_the_docs_quote_the_shipped_matrix_as_generated():
                 assert not set(inside) & set(refused), (s, a, b)
 
 
-# -- the real wheels (optional: KVFENCE_REAL_WHEEL_DIR holding sglang-0.5.23's wheel; skipped without it) ----------
+# -- the real wheels (optional: KVFENCE_TEST_WHEELS holding sglang-0.5.23's wheel; skipped without it) ------------
 def test_real_0_5_23_answers_as_its_wheel_says(tmp_path):
     import os
 
-    folder = os.environ.get("KVFENCE_REAL_WHEEL_DIR")
+    folder = os.environ.get("KVFENCE_TEST_WHEELS")
     if not folder or not list(Path(folder).glob("sglang-0.5.23-*.whl")):
-        pytest.skip("no cached sglang 0.5.23 wheel (set KVFENCE_REAL_WHEEL_DIR to a folder holding it)")
+        pytest.skip("no sglang 0.5.23 wheel in $KVFENCE_TEST_WHEELS (pip download sglang==0.5.23 --no-deps)")
     wheels = Path(folder)
     steps = ("--speculative-num-steps", "5", "--speculative-eagle-topk", "1")  # SGLang refuses steps without topk
     cases = [(["--attention-backend", "flashmla", *steps, "--context-length", "1087"], 1,
@@ -469,7 +567,7 @@ def test_real_0_5_23_answers_as_its_wheel_says(tmp_path):
              (["--attention-backend", "flashmla", *steps, "--context-length", "4095"], 1,
               "flashmla-page-table", "severity: read past the table"),
              (["--attention-backend", "fa3", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
-               "--speculative-num-draft-tokens", "8"], 0, "fa3-decode-metadata", "flashattention_backend.py:3171"),
+               "--speculative-num-draft-tokens", "8"], 1, "fa3-decode-metadata", "flashattention_backend.py:3171"),
              # A default graph deployment on an H100 captures every batch size up to its 48 requests: its eager
              # site is not reached by size (the release's memory default, request limit and pool clamp).
              (["--attention-backend", "trtllm_mha", *steps], 0, "trtllm-mha-page-table",
@@ -480,3 +578,27 @@ def test_real_0_5_23_answers_as_its_wheel_says(tmp_path):
         assert any(needle in line for line in lines_of(proc, contract)), proc.stdout
     refused = affected(wheels, tmp_path, "0.5.23", "--attention-backend", "fa3", "--speculative-num-steps", "5")
     one_line_exit_2(refused, "sglang/srt/arg_groups/speculative_hook.py:1274", "TypeError")
+
+
+def test_real_0_5_10_torch_table_and_0_5_22_renamed_kernel_are_answered(tmp_path):
+    """0.5.10's FA3 target-verify table is filled by torch, ceil(ctx / P) pages, the published length seq_lens + D
+    (flashattention_backend.py:1189, 1325-1327, 1848-1850, 1878): AFFECTED on the arithmetic at 6 draft tokens;
+    0.5.22's kernel, _fused_metadata_kernel_general, runs through the adapter: AFFECTED, kept to its row."""
+    import os
+
+    folder = os.environ.get("KVFENCE_TEST_WHEELS")
+    have = {v: bool(folder and list(Path(folder).glob(f"sglang-{v}-*.whl"))) for v in ("0.5.10", "0.5.22")}
+    if not all(have.values()):
+        pytest.skip("no sglang 0.5.10 and 0.5.22 wheels in $KVFENCE_TEST_WHEELS (pip download sglang==V --no-deps)")
+    flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "1", "--speculative-num-steps", "5",
+             "--speculative-num-draft-tokens", "6"]
+    torch_filled = affected(Path(folder), tmp_path, "0.5.10", *flags, json_out=True)
+    assert torch_filled.returncode == 1, torch_filled.stdout + torch_filled.stderr
+    [v] = [x for x in json.loads(torch_filled.stdout)["verdicts"] if x["contract"] == "fa3-decode-metadata"]
+    assert (v["status"], v["basis"], v["observed"], v["case_file"]) == ("affected", "the width arithmetic", [], "")
+    assert "flashattention_backend.py:1878" in v["condition"] and "needs 4097 pages" in v["condition"]
+    assert any(e.startswith("sglang/srt/layers/attention/flashattention_backend.py:1189: width") for e in v["evidence"])
+    renamed = affected(Path(folder), tmp_path, "0.5.22", *flags)
+    assert renamed.returncode == 1, renamed.stdout + renamed.stderr
+    [line] = lines_of(renamed, "fa3-decode-metadata")
+    assert ": AFFECTED;" in line and "the release's kernel kept to its row on the longest admitted launch" in line

@@ -5,7 +5,8 @@ contract, §11).
 The flag readings run everywhere. The answers run the releases' own kernels, so they need the real wheels on disk
 (a folder named by ``KVFENCE_TEST_WHEELS``: sglang 0.5.23, vllm 0.34.0) and are skipped without them, as
 tests/test_req_to_token.py's are. Each answer is paired: a DFLASH deployment whose page-1 row lacks the step's
-reservation is AFFECTED with the kind the kernel showed, the same at page 16 is not; a vLLM command whose model
+reservation is AFFECTED with the kind the kernel showed, the same at page 16 is not; so is EAGLE at page 1 with topk 4,
+and not with topk 1; a vLLM command whose model
 kvfence cannot see is UNKNOWN (exit 3), the same command with the model's config.json on this host is NOT
 AFFECTED, and a declared narrow cache group is AFFECTED with the kernel's kind.
 """
@@ -101,11 +102,9 @@ def test_dflash_family_flags_are_read_as_sglang_resolves_them():
             parse_deployment("0.5.23", ["--attention-backend", "fa3", *flags])
 
 
-def test_req_to_token_answers_only_the_dflash_family_and_takes_sglangs_page_size():
-    from kvfence.contracts.req_to_token.affected import page_of, rows_verdicts
+def test_req_to_token_takes_sglangs_page_size():
+    from kvfence.contracts.req_to_token.affected import page_of
 
-    eagle = parse_deployment("0.5.23", ["--attention-backend", "fa3", "--speculative-num-steps", "5"])
-    assert rows_verdicts(eagle, [], Path("unused"), "cpu") == []  # no line, no wheel read
     for backend, page, expected in (("fa3", None, 1), ("fa3", 16, 16), ("trtllm_mha", None, 64),
                                     ("trtllm_mha", 32, 32), ("flashmla", 1, 64), ("trtllm_mla", 16, 64)):
         flags = ["--attention-backend", backend, "--speculative-algorithm", "DFLASH"]
@@ -164,7 +163,37 @@ def test_dflash_at_page_1_is_affected_with_what_the_kernel_showed_and_page_16_is
     assert any("dflash_info_v2.py:" in e for e in rows[0]["evidence"])
 
 
+@needs_sglang
+def test_eagle_at_page_1_with_topk_4_is_affected_by_its_own_reading_and_topk_1_is_not(env, tmp_path):
+    """A policy is not evidence: 0.5.23 gives EAGLE at page 1 with topk > 1 a reservation of 2 * max(steps * topk,
+    D) against a row of ctx + 4 + D (eagle_utils.py:891-898 checks it only at page > 1), and its kernel spills."""
+    flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
+             "--speculative-num-draft-tokens", "8"]
+    proc = _kvfence("0.5.23", *flags, env=env, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = _line(proc, "req-to-token")
+    assert "req-to-token (EAGLE decode step, page 1): AFFECTED" in line and "severity: silent overwrite" in line
+    assert "reserves 24 positions (2 * max(steps * topk, D))" in line and "its row holds ctx + 12 = 4108" in line
+    assert "8 position(s) past the row" in line and "the release's kernel showed STRAY_WRITE;" in line
+    assert "--speculative-num-steps 2" in line and "--page-size 16" in line
+    case = line.rsplit("case: ", 1)[1].split(";")[0]
+    again = subprocess.run([sys.executable, "-m", "kvfence", "repro", case, "--device", "cpu"], cwd=tmp_path,
+                           env=dict(os.environ, TRITON_INTERPRET="1", **env), capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 1 and "STRAY_WRITE" in again.stdout, again.stdout + again.stderr
+    doc = json.loads(_kvfence("--json", "0.5.23", *flags, env=env, cwd=tmp_path).stdout)
+    [rows] = [v for v in doc["verdicts"] if v["contract"] == "req-to-token"]
+    assert rows["basis"] == "the release's kernel showed it" and rows["observed"] == ["STRAY_WRITE"]
+    assert any("eagle_utils.py:" in e for e in rows["evidence"])
+    # topk 1 (SGLang's automatic choice): the reservation, 2 * 4, fits a row of ctx + 8.
+    clean = _kvfence("--json", "0.5.23", "--attention-backend", "fa3", env=env, cwd=tmp_path)
+    [rows] = [v for v in json.loads(clean.stdout)["verdicts"] if v["contract"] == "req-to-token"]
+    assert rows["status"] == "not affected" and rows["basis"] == "the width arithmetic", rows
+    assert "reserves 8 positions" in rows["condition"] and "its row holds ctx + 8" in rows["condition"]
+
+
 # -- vLLM 0.34.0's own wheel and kernel ---------------------------------------------------------------------------
+@pytest.mark.long  # vLLM's wheel (228 MB) is not fetched by .ci/run: tox -e long with KVFENCE_TEST_WHEELS holding it
 @needs_vllm
 def test_a_vllm_command_is_unknown_until_the_model_is_seen_then_clean(env, tmp_path):
     unknown = _kvfence("0.34.0", *VLLM_CMD, env=env, cwd=tmp_path)

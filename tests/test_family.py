@@ -29,7 +29,9 @@ from tests.test_scale import _draw_all
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC = f"{ROOT / 'tests' / 'targets' / 'classic_kernel.py'}:classic"
 LAUNCHER = f"{ROOT / 'tests' / 'targets' / 'bad_writes.py'}:_reference"
-UPSTREAM_CACHE = Path(os.environ.get("KVFENCE_TEST_UPSTREAM_CACHE", "/work/main/upstream-cache"))
+#: A folder of release wheels for the tests that read real releases (none: they skip; docs/tests.md).
+WHEELS = Path(os.environ["KVFENCE_TEST_WHEELS"]) if os.environ.get("KVFENCE_TEST_WHEELS") else None
+SGLANG_0_5_23 = sorted(WHEELS.glob("sglang-0.5.23-*.whl")) if WHEELS is not None and WHEELS.is_dir() else []
 
 
 # -- the case model ------------------------------------------------------------------------------------
@@ -458,13 +460,14 @@ def test_fuzz_the_rail_with_a_sizing_bug_finds_it_and_the_fix_is_clean(tmp_path)
 
 
 # -- SGLang 0.5.23's own kernels on every new path (needs its extracted cache) ---------------------------
-@pytest.mark.skipif(not (UPSTREAM_CACHE / "sglang-0.5.23" / "manifest.json").is_file(),
-                    reason="no extracted sglang 0.5.23 (python -m kvfence upstream fetch 0.5.23)")
+@pytest.mark.skipif(not SGLANG_0_5_23, reason="no sglang-0.5.23 wheel in $KVFENCE_TEST_WHEELS "
+                                                "(pip download sglang==0.5.23 --no-deps)")
 @pytest.mark.parametrize("attr, contract", [("", "draft"), (":generate_draft_decode_window_kv_indices", "window-rail")])
-def test_sglang_0_5_23_is_clean_on_the_family(device, monkeypatch, attr, contract):
+def test_sglang_0_5_23_is_clean_on_the_family(device, monkeypatch, tmp_path, attr, contract):
     from kvfence.contracts.draft.session import Session
 
-    monkeypatch.setenv("KVFENCE_CACHE", str(UPSTREAM_CACHE))
+    monkeypatch.setenv("KVFENCE_WHEEL_DIR", str(WHEELS))  # the kernel extracted from the wheel into a fresh cache
+    monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVFENCE_OFFLINE", "1")
     session = Session(device, f"sglang==0.5.23{attr}")
     assert session.kernel.capabilities.family

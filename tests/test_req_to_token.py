@@ -250,6 +250,31 @@ def test_the_release_reading_names_its_lines_and_an_unread_release_is_one_line(t
         assert bad.returncode == 2 and said in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
+def test_an_eagle_deployment_whose_step_passes_its_row_gets_the_line_the_kernel_shows(tmp_path, monkeypatch,
+                                                                                     release_env):
+    """``affected``'s request-row line is not the DFlash family's alone: EAGLE at page 1 with topk 4 reserves
+    2 * max(3 * 4, 8) = 24 positions against a row of ctx + 12, and the release's kernel shows the spill; topk 1
+    (8 against ctx + 8) fits; the release whose rows hold the reservation at every page size fixes it."""
+    from kvfence.contracts.req_to_token.affected import rows_verdicts
+    from kvfence.release.affected import BASIS_ARITHMETIC, BASIS_OBSERVED, parse_deployment
+
+    for key, value in release_env.items():
+        monkeypatch.setenv(key, value)
+    eagle = ["--attention-backend", "fa3", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
+             "--speculative-num-draft-tokens", "8", "--context-length", "64"]
+    [v] = rows_verdicts(parse_deployment("9.9.1", eagle), ["9.9.1", "9.9.2"], tmp_path / "out", "cpu")
+    assert (v.status, v.site, v.seen, v.basis) == ("affected", "EAGLE decode step, page 1", ["STRAY_WRITE"],
+                                                   BASIS_OBSERVED), v
+    assert "reserves 24 positions (2 * max(steps * topk, D))" in v.condition and "ctx + 12 = 76" in v.condition
+    assert "8 position(s) past the row" in v.condition and "steps 3, topk 4" in v.condition
+    assert v.fixed_in == "9.9.2" and "--speculative-num-steps 2" in v.avoid and Path(v.case_file).is_file()
+    [fits] = rows_verdicts(parse_deployment("9.9.1", eagle[:3] + ["1"] + eagle[4:]), [], tmp_path / "o", "cpu")
+    assert (fits.status, fits.basis, fits.seen, fits.case_file) == ("not affected", BASIS_ARITHMETIC, [], "")
+    assert "reserves 8 positions" in fits.condition and "ctx + 8 = 72" in fits.condition
+    [fixed] = rows_verdicts(parse_deployment("9.9.2", eagle), [], tmp_path / "o", "cpu")
+    assert fixed.status == "not affected" and "its row holds ctx + 24 = 88" in fixed.condition, fixed
+
+
 def test_a_release_mutant_is_a_patch_of_the_releases_own_text_made_at_run_time(tmp_path, monkeypatch, release_env):
     """The release mutants patch the release's kernel as kvfence extracted it: here the release built above
     (kvfence's text), with the patch anchored on that text; the patched kernel is caught, the release clean."""

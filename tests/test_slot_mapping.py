@@ -220,18 +220,20 @@ def test_a_helper_that_reads_outside_triton_is_one_line(tmp_path, monkeypatch):
 
 
 def _real_release(version: str):
-    """Where vLLM ``version``'s kernel is already on disk: ``{"KVFENCE_WHEEL_DIR": folder}`` holding its wheel, or
-    ``{"entry": file}``, a cache entry of this contract (``$KVFENCE_CACHE``); None: the test skips."""
+    """Where vLLM ``version``'s kernel is already on disk: ``{"KVFENCE_WHEEL_DIR": folder}``, the test wheels'
+    folder (``$KVFENCE_TEST_WHEELS``) holding its wheel, or ``{"entry": file}``, a cache entry of this contract
+    (``$KVFENCE_CACHE``); None: the test skips."""
     from kvfence.release.vllm_kernels import contract_entry
 
-    folder = os.environ.get("KVFENCE_WHEEL_DIR")
+    folder = os.environ.get("KVFENCE_TEST_WHEELS")
     if folder and sorted(Path(folder).glob(f"vllm-{version}-*.whl")):
         return {"KVFENCE_WHEEL_DIR": folder}
     entry = contract_entry(version, NAME)[0]
     return {"entry": entry} if entry.is_file() else None
 
 
-@pytest.mark.skipif(_real_release("0.34.0") is None, reason="no vllm 0.34.0 wheel (KVFENCE_WHEEL_DIR) or cache entry")
+@pytest.mark.long  # vLLM's wheel (228 MB) is not fetched by .ci/run: tox -e long with KVFENCE_TEST_WHEELS holding it
+@pytest.mark.skipif(_real_release("0.34.0") is None, reason="no vllm 0.34.0 wheel (KVFENCE_TEST_WHEELS) or cache entry")
 def test_the_real_0_34_0_kernel_reads_past_the_row(tmp_path):
     """vLLM 0.34.0's own kernel (read from its wheel, never imported) on the CPU: the read past a row is found."""
     import shutil

@@ -17,7 +17,9 @@ every committed length the scheduler admits; an overflowing one is run on the re
 admitted length and must show its class (``kvfence.release.contract_shipped_matrix.judge``): ``writes past its
 row`` rests on an observed kind, ``width formula short`` is stated as arithmetic. A kernel kvfence cannot run
 (absent, another ABI) with a site that overflows is UNKNOWN, with the arithmetic; with no site either, the path is
-not in the release (NOT LAUNCHED).
+not in the release (NOT LAUNCHED), unless another site's code fills the same table there. A table the backend's
+torch code fills (``ShippedSite.fill``) runs no kernel of the contract: its line rests on the width arithmetic, the
+reader past the row being the attention kernel given the published length.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ def _evidence(record: dict, s: dict, dep: Deployment) -> List[str]:
             out.append(f"{v['unreadable']['source']}: {key} not read ({v['unreadable']['why']})")
     if s.get("guard", {}).get("source"):
         out.append(f"{s['guard']['source']}: {s['guard']['text']}")
+    if s.get("fill"):
+        out.append(f"{s['fill']['source']}: {s['fill']['text']} (torch fills the table, the copy sliced to the row)")
     adm = record["admission"]
     for key in ("max_req_len", "new_tokens_cap"):
         if key in adm:
@@ -191,6 +195,8 @@ def _site_status(contract, dep: Deployment, record: dict, s: dict, v: Verdict, k
     first = pt["at_first"]
     base = (f"a request whose committed length reaches {pt['first_length']} ({adm_text}) needs {first['need']} pages "
             f"of {page} tokens with the {first['delta']} the launch adds, its row holds {first['width']} ({where})")
+    if site.get("fill"):  # no kernel of the contract fills this table: the width arithmetic decides (h62b)
+        return _filled(contract, dep, record, s, v, base, page, tokens, releases, announce)
     if refused is not None:  # the class rests on the kernel's block arithmetic: not stated for a kernel not run
         v.status = "unknown"
         v.condition = (f"{base}: the width formula is short (arithmetic); over every context at page {page} it "
@@ -319,7 +325,66 @@ def contract_verdicts(dep: Deployment, releases: List[str], out: Path, device: s
             kernels.resolve(contract, kernel)
         except Refused as exc:
             refused = exc
-        for s, reach in running:
-            verdicts.append(site_verdict(contract, dep, record, s, reach, kernel, refused, releases, out, device,
-                                         announce))
+        for s, reach in _filling(running, refused):
+            verdicts.append(site_verdict(contract, dep, record, s, reach, kernel,
+                                         None if s["site"].get("fill") else refused, releases, out, device, announce))
     return verdicts
+
+
+def _table(site: dict) -> tuple:
+    return site["cls"], site["mode"], site["forward_mode"]
+
+
+def _not_in(s: dict, refused) -> bool:
+    """Whether no code of this site fills its table in the release: the site's class or torch fill is absent, or
+    neither the contract's kernel nor the site's width and delta are in it."""
+    return "absent" in s or (not s["site"].get("fill") and refused is not None
+                             and any("unreadable" in s[k] for k in ("width", "delta")))
+
+
+def _filling(running: list, refused) -> list:
+    """The running sites to answer: a torch-filled site the release lacks gives no line (it fills that table
+    otherwise), nor does a site not in the release whose table another site's code fills; NOT LAUNCHED is kept
+    only where no code fills the table."""
+    filled = {_table(s["site"]) for s, _ in running if not _not_in(s, refused)}
+    return [(s, reach) for s, reach in running
+            if not (_not_in(s, refused) and (s["site"].get("fill") or _table(s["site"]) in filled))]
+
+
+def _filled(contract, dep: Deployment, record: dict, s: dict, v: Verdict, base: str, page: int, tokens: int,
+            releases: List[str], announce) -> Verdict:
+    """The verdict of a table the backend's torch code fills (``ShippedSite.fill``): its copy is sliced to the row,
+    so the overflow is the width formula's, stated as arithmetic: the attention kernel given the published length
+    reads past the row. No kernel is run."""
+    from kvfence.release import contract_shipped_matrix as csm
+    from kvfence.release import contract_space as sp
+    from kvfence.release.affected import BASIS_ARITHMETIC
+    from kvfence.release.knowledge import shipped
+
+    site = s["site"]
+    knowledge = shipped(contract.name)
+    v.status, v.severity = "affected", SEVERITY_OF[sp.SHORT]
+    v.impact = dict(knowledge.severity).get(sp.SHORT, "")
+    v.basis, v.reader = BASIS_ARITHMETIC, "the attention kernel reading the published length through the row"
+    v.condition = (f"{base}: {sp.SHORT}: torch fills the table, its copy sliced to the row ({s['fill']['source']}), "
+                   "and the attention kernel given the length reads past it (arithmetic; no kernel of the contract "
+                   "runs here)")
+
+    def overflows(version: str) -> Optional[bool]:
+        """Whether the same table overflows in ``version``, whatever fills it there."""
+        try:
+            later = csm.load_record(version, contract, announce=announce)
+        except BadInput:
+            return None
+        same = [x for x in later["sites"] if _table(x["site"]) == _table(site) and "absent" not in x
+                and applies(dep, later, x) is not None]
+        read = [x for x in same if not any("unreadable" in x[k] for k in ("width", "delta"))]
+        if not read:
+            return None if same else False
+        return any(sp.point(x, later["admission"], ("row", None), page, dep.ctx, tokens)["first_length"] is not None
+                   for x in read)
+
+    step(f"{contract.name} {csm.site_name(site)}: the releases after {dep.version}")
+    v.fixed_in, v.fixed_text = fixed_in(dep.version, releases, overflows)
+    v.avoid = _avoid(s, record["admission"], knowledge.block_pages, dep, page)
+    return v

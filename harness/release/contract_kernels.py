@@ -78,7 +78,9 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
     module, manifest = contract_entry(version, record.name)
     if load_contract_entry(module, manifest, function) is not None:
         return module, function
-    found, source = wheel_source(version, where.paths, function, record.name)
+    found, source = wheel_source(version, where.paths, function, record.name, tuple(r[0] for r in where.renamed))
+    if f"def {function}(" not in source:  # the kernel under an older name: launched through kvfence's adapter
+        return _renamed_kernel(where, source, found, module, manifest, version, record.name)
     ours = parameters(module_file(reference_spec(record)).read_text(), reference_spec(record).rpartition(":")[2],
                        "kvfence")
     theirs = parameters(source, function, f"sglang=={version}")
@@ -90,10 +92,25 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
     return module, function
 
 
-def wheel_source(version: str, paths, function: str, contract: str) -> Tuple[str, str]:
+def _renamed_kernel(where, source: str, found: str, module: Path, manifest: Path, version: str,
+                    contract: str) -> Tuple[Path, str]:
+    """The release's kernel under an older name (``Upstream.renamed``) extracted with kvfence's adapter after it;
+    ``Refused`` (``ABI_UNSUPPORTED``) when its parameters are not the ones the adapter passes."""
+    name, params, adapter = next(r for r in where.renamed if f"def {r[0]}(" in source)
+    theirs = parameters(source, name, f"sglang=={version}")
+    if tuple(theirs) != tuple(params):
+        raise Refused(f"sglang=={version}: {name} takes {len(theirs)} parameters ({', '.join(theirs)}); kvfence "
+                      f"launches {name} only with the {len(params)} it adapts ({', '.join(params)})", ABI_UNSUPPORTED)
+    store_extracted(module, manifest, source, found, name, version, contract,
+                    f"Launched through kvfence's adapter {where.function} (the contract's ABI)",
+                    adapter=(where.function, adapter))
+    return module, where.function
+
+
+def wheel_source(version: str, paths, function: str, contract: str, others: Tuple[str, ...] = ()) -> Tuple[str, str]:
     """``(member path, its text)``: the first of ``paths`` that sglang ``version``'s wheel holds (the wheel from
     ``KVFENCE_WHEEL_DIR`` or pip, never installed); ``Refused`` (``NO_KERNEL``) when it holds none of them or the
-    member defines no ``function``."""
+    member defines neither ``function`` nor one of ``others`` (its older names)."""
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = find_wheel(version, None, offline_by_env(), Path(tmp),
                            lambda m: print(m, file=sys.stderr, flush=True))
@@ -107,17 +124,23 @@ def wheel_source(version: str, paths, function: str, contract: str) -> Tuple[str
                 source = member_bytes(zf, found[0]).decode("utf-8")
         except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, UnicodeDecodeError) as exc:
             raise BadInput(f"sglang=={version}: the wheel is unreadable: {exc}") from None
-    if f"def {function}(" not in source:
-        raise Refused(f"sglang=={version}: {found[0]} has no {function}", NO_KERNEL)
+    if not any(f"def {name}(" in source for name in (function, *others)):
+        raise Refused(f"sglang=={version}: {found[0]} has no {' or '.join((function, *others))}", NO_KERNEL)
     return found[0], source
 
 
 def store_extracted(module: Path, manifest: Path, source: str, found: str, function: str, version: str,
-                    contract: str, purpose: str, fmt: int = CONTRACT_CACHE_FORMAT, project: str = "sglang") -> None:
+                    contract: str, purpose: str, fmt: int = CONTRACT_CACHE_FORMAT, project: str = "sglang",
+                    adapter: Optional[Tuple[str, str]] = None) -> None:
     """``function`` and the jit helpers and constants it reads, extracted from ``source`` (``found`` in the wheel)
-    into ``module``, with its manifest (format ``fmt``, the text's sha256) beside it; each file written whole."""
+    into ``module``, with its manifest (format ``fmt``, the text's sha256) beside it; each file written whole.
+    ``adapter``: ``(name, text)`` of kvfence's own jit function appended after them (``Upstream.renamed``)."""
     text, functions = extract(source, found, roots=(function,))
     require(function in functions, f"{project}=={version}: {function} in {found} is not a @triton.jit function")
+    if adapter is not None:
+        require(adapter[0] not in functions, f"{project}=={version}: {found} defines {adapter[0]} already")
+        text, functions = text.rstrip("\n") + "\n\n\n# kvfence's adapter (not the release's code):\n" + adapter[1], \
+            [*functions, adapter[0]]
     text = f'"""{function} of {project}=={version} ({found}), extracted by kvfence. {purpose}."""\n' + text
     module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     for path, body in ((module, text), (manifest, json.dumps({"format": fmt, "version": version, "contract": contract,

@@ -240,6 +240,12 @@ def read_site(wheel: wheel_ast.Wheel, site: ShippedSite) -> dict:
     if not mro:
         record["absent"] = f"no class {site.cls} in this release"
         return record
+    if site.fill:  # a table the backend's torch code fills: the site is in a release that has the fill
+        found = _occurrence(mro, site.fill)
+        if found is None:
+            record["absent"] = f"no {site.fill!r} in {site.cls} (or its bases): this release fills the table otherwise"
+            return record
+        record["fill"] = {"text": site.fill, "source": f"{found[0]}:{found[2].lineno}", "method": found[1].name}
     symbols = dict(SYMBOLS, **dict(site.symbols))
     ev = _SiteEvaluator(wheel, symbols, _inits(mro), mro)
     for key, text in (("width", site.width), ("delta", site.delta)):

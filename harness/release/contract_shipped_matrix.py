@@ -78,7 +78,8 @@ def load_record(version: str, contract, *, announce=None) -> dict:
 
 
 def site_name(site: dict) -> str:
-    return f"{site['backend']} {site['mode']} {site['forward_mode'].replace('_', ' ')}"
+    return (f"{site['backend']} {site['mode']} {site['forward_mode'].replace('_', ' ')}"
+            + (", torch-filled" if site.get("fill") else ""))
 
 
 def sizing_lines(version: str, contract, record: dict) -> List[str]:
@@ -104,6 +105,8 @@ def sizing_lines(version: str, contract, record: dict) -> List[str]:
             else:
                 out.append(f"    {label}: {v['formula']}"
                            + (f"   <- {v['text']} ({v['source']})" if v["source"] else ""))
+        if s.get("fill"):
+            out.append(f"    filled by torch, the copy sliced to the row: {s['fill']['text']} ({s['fill']['source']})")
         if s["site"].get("note"):
             out.append(f"    note: {s['site']['note']}")
     return out
@@ -276,7 +279,7 @@ def run(contracts, versions: List[str], *, device: str, out: Path, progress: Opt
             record = load_record(version, contract, announce=announce)
             row["admission"] = record["admission"]
             row["cells"] = [settle_cell(contract, version, f"sglang=={version}", s, record["admission"], device, out)
-                            for s in record["sites"]]
+                            for s in record["sites"] if not s["site"].get("fill")]  # no kernel fills those
             rows.append(row)
         if bar is not None:
             bar.advance(f"sglang=={version}")

@@ -20,10 +20,14 @@ GROUP = "kvfence.shipped"
 @dataclass(frozen=True)
 class Upstream:
     """Where SGLang's wheels define the contract's kernel: the function name and candidate module paths
-    (the newest first)."""
+    (the newest first). ``renamed``: the kernel under an older name, ``(name, its parameters, adapter)``: a
+    release defining ``name`` with exactly those parameters (and not ``function``) is launched through
+    ``adapter``, the text of a ``@triton.jit`` function of kvfence's named ``function`` with the contract's ABI
+    that calls it."""
 
     function: str
     paths: Tuple[str, ...]
+    renamed: Tuple[Tuple[str, Tuple[str, ...], str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,10 @@ class ShippedSite:
     ``guard``: the expression text of the branch that makes the site run only so (``"self.topk <= 1"``), whose
     line the reader records (the nearest before ``evidence`` in the same method). ``page_default``: the page
     size SGLang runs the backend with when ``--page-size`` is not given or is not one of ``page_sizes`` (SGLang
-    changes it and logs so); 0 where SGLang's own default page size (1) stands."""
+    changes it and logs so); 0 where SGLang's own default page size (1) stands. ``fill``: where the backend's own
+    torch code fills the table instead of the contract's kernel, the statement that does (its slice clips the
+    copy to the row): the site is read only in a release that has it, and its verdict rests on the width
+    arithmetic (the reader past the row is the attention kernel given the published length)."""
 
     backend: str          # SGLang's --attention-backend name
     cls: str              # the backend class
@@ -56,6 +63,7 @@ class ShippedSite:
     topk: str = "any"
     guard: str = ""
     page_default: int = 0
+    fill: str = ""
 
 
 class ReleaseTool(Protocol):
