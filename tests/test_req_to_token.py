@@ -48,8 +48,10 @@ def test_oracle_hand_worked_example():
     assert got[(2, 24)] == loc[0] and got[(2, 31)] == loc[7] and got[(0, 3)] == loc[8] and got[(0, 15)] == loc[20]
     assert len(got) == 21 and need(case) == 32
     sizes = {name: REQ_TO_TOKEN.sizings[name](case, "graph") for name in REQ_TO_TOKEN.sizings}
-    # safe ctx + reserve + P - 1; the PR's ctx + max(4 + D, 2 * max(steps * topk, D) + P - 1); page-1 rows
-    assert sizes == {"safe": 63, "pr33581": 63, "release-page1": 48, "context": 40}
+    # safe ctx + reserve + P - 1; the PR's ctx + max(4 + D, 2 * max(steps * topk, D) + P - 1); page-1 rows; the
+    # DCP axis's planted sizings equal safe and the PR's without DCP
+    assert sizes == {"safe": 63, "pr33581": 63, "release-page1": 48, "context": 40, "scheduled-page": 63,
+                     "safe-scheduled-page": 63}
     narrow = bind(REQ_TO_TOKEN, ReqToTokenCase(8, 1, 9, 1, 1, 18, (4,), (4,), (0,), 1).validate(), "release-page1")
     found = REQ_TO_TOKEN.findings_before_launch(narrow)
     assert narrow.width == 21 and [(f.start, f.stop) for f in found] == [(21, 22)]  # end 22, row 21

@@ -111,6 +111,7 @@ class Deployment:
     page_size: Optional[int]
     assumed: Tuple[str, ...] = ()
     algorithm: str = "EAGLE"   # --speculative-algorithm, NEXTN read as EAGLE (SGLang's alias)
+    dcp_size: int = 1   # --dcp-size / --decode-context-parallel-size (SGLang 0.5.18 server_args.py:1018-1025)
 
     @property
     def mode(self) -> str:
@@ -121,7 +122,8 @@ class Deployment:
             "" if self.algorithm in DFLASH_FAMILY else f"topk {self.topk}, {self.num_steps} steps, ")
         return (f"sglang {self.version}, {self.backend}, {'CUDA graphs' if self.graphs else 'no CUDA graphs'}, "
                 f"{spec}{self.draft_tokens} draft tokens, ctx {self.ctx}"
-                + (f", page {self.page_size}" if self.page_size else ""))
+                + (f", page {self.page_size}" if self.page_size else "")
+                + (f", DCP {self.dcp_size}" if self.dcp_size > 1 else ""))
 
 
 def _flag_parser() -> argparse.ArgumentParser:
@@ -137,13 +139,17 @@ def _flag_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--speculative-dflash-block-size", type=int, default=None)
     p.add_argument("--speculative-dspark-block-size", type=int, default=None)
+    # SGLang's decode-context-parallel size: the field dcp_size, flag --dcp-size (arg_utils.py:208-210), alias
+    # --decode-context-parallel-size (server_args.py:1018-1025 in 0.5.18).
+    p.add_argument("--dcp-size", "--decode-context-parallel-size", dest="dcp_size", type=int, default=None)
     return p
 
 
 #: The flags ``parse_deployment`` reads (for help texts and errors).
 FLAGS = ("--attention-backend", "--speculative-eagle-topk", "--speculative-num-steps",
          "--speculative-num-draft-tokens", "--context-length", "--cuda-graph-max-bs", "--disable-cuda-graph",
-         "--page-size", "--speculative-algorithm", "--speculative-dflash-block-size", "--speculative-dspark-block-size")
+         "--page-size", "--speculative-algorithm", "--speculative-dflash-block-size", "--speculative-dspark-block-size",
+         "--dcp-size")
 
 
 class _Refuse(argparse.ArgumentParser):
@@ -208,8 +214,9 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
         assumed.append(f"--cuda-graph-max-bs {ASSUMED_MAX_BS}")
     require(1 <= max_bs <= 4096, f"--cuda-graph-max-bs {max_bs}: must be 1..4096")
     require(args.page_size is None or 1 <= args.page_size <= 4096, f"--page-size {args.page_size}: must be 1..4096")
+    require(args.dcp_size is None or 1 <= args.dcp_size <= 64, f"--dcp-size {args.dcp_size}: must be 1..64")
     return Deployment(version, backend, topk, steps, tokens, ctx, max_bs, not args.disable_cuda_graph,
-                      args.page_size, tuple(assumed), algorithm)
+                      args.page_size, tuple(assumed), algorithm, args.dcp_size or 1)
 
 
 def _eagle_settings(steps, topk, tokens, assumed: List[str]) -> Tuple[int, int, int]:
@@ -348,7 +355,7 @@ def deployment_json(dep: Deployment, verdicts: List[Verdict]) -> dict:
     return {"deployment": {"version": dep.version, "backend": dep.backend, "topk": dep.topk,
                            "num_steps": dep.num_steps, "draft_tokens": dep.draft_tokens, "ctx": dep.ctx,
                            "max_bs": dep.max_bs, "graphs": dep.graphs, "page_size": dep.page_size,
-                           "algorithm": dep.algorithm, "assumed": list(dep.assumed)},
+                           "algorithm": dep.algorithm, "dcp_size": dep.dcp_size, "assumed": list(dep.assumed)},
             "verdicts": [v.to_json() for v in verdicts], "exit_code": exit_code(verdicts)}
 
 

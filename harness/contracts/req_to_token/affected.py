@@ -9,7 +9,10 @@ The line states the arithmetic (the row, the reservation, the positions past the
 is decided before the launch), names damage only from kinds the kernel was seen to do
 (``kvfence.engine.findings.observed``), and says the condition: the page size (SGLang's for the backend when
 ``--page-size`` is not given), the context length and ``D``. EAGLE and EAGLE3 deployments get no line: the
-reservation issue SGLang tracks (#33579) is the DFlash family's.
+reservation issue SGLang tracks (#33579) is the DFlash family's; except under decode context parallelism
+(``--dcp-size`` above 1, any algorithm kvfence reads): the step's end is then aligned to the allocator's page
+``page_size * dcp_size`` (read from the wheel, ``release_read.alloc_page``), which SGLang 0.5.18's row headroom
+does not hold (sglang#35424, fixed in 0.5.19).
 """
 
 from __future__ import annotations
@@ -56,14 +59,22 @@ def page_of(dep: Deployment) -> Tuple[int, str]:
     return given, note.lstrip("; ")
 
 
-def _reading(version: str, algorithm: str, D: int, page: int):
+def _reading(version: str, algorithm: str, D: int, page: int, dcp: int = 1, steps: int = 1, topk: int = 1):
     """``(doc, row headroom, reservation, host checks)`` of the release at one config (``Unreadable`` /
-    ``BadInput`` when not read)."""
+    ``BadInput`` when not read, also when its allocator under DCP does not page at ``page * dcp``)."""
     from kvfence.contracts.req_to_token import release_read as rr
 
     doc = rr.load(version)
-    config = rr.Config(algorithm, D, 1, 1, page)
+    config = rr.Config(algorithm, D, steps, topk, page, dcp)
+    unit = rr.alloc_page(doc, config)
+    if unit.value != page * dcp:
+        raise rr.Unreadable(f"the allocator pages at {unit.value}, not page x DCP = {page * dcp}")
     return doc, rr.row_width_extra(doc, config), rr.reservation(doc, config), rr.host_checks(doc, config)
+
+
+def _dcp_reading(dep: Deployment, version: str, D: int, page: int, dcp: int):
+    """``_reading`` at the deployment's steps and topk."""
+    return _reading(version, dep.algorithm, D, page, dcp, dep.num_steps, dep.topk)
 
 
 def _past(ctx: int, K: int, extra: int, reserve: int, page: int) -> int:
@@ -83,12 +94,12 @@ def _witness(dep: Deployment, page: int, K: int, reserve: int, device: str):
     from kvfence.engine.checking import TableChecker
     from kvfence.engine.launch import bind
 
-    ctx = _witness_ctx(dep.ctx, page)
+    ctx = _witness_ctx(dep.ctx, page * dep.dcp_size)
     wall = ctx - K
     case = REQ_TO_TOKEN.from_json({
-        "ctx": ctx, "page_size": page, "draft_tokens": dep.draft_tokens, "steps": 1, "topk": 1, "reserve": reserve,
-        "committed": [wall, ctx // 2], "allocated": [wall, ctx // 2], "req_pool_indices": [0, 1], "pool_rows": 2,
-        "seed": 0})
+        "ctx": ctx, "page_size": page, "draft_tokens": dep.draft_tokens, "steps": dep.num_steps, "topk": dep.topk,
+        "reserve": reserve, "committed": [wall, ctx // 2], "allocated": [wall, ctx // 2], "req_pool_indices": [0, 1],
+        "pool_rows": 2, "seed": 0, "dcp_size": dep.dcp_size})
     launch = bind(REQ_TO_TOKEN, case, f"sglang=={dep.version}:{dep.algorithm}", f"sglang=={dep.version}", "eager",
                   "production")
     return launch, TableChecker(REQ_TO_TOKEN, device).check(launch)
@@ -101,18 +112,27 @@ def _avoid(dep: Deployment, page: int, K: int) -> List[str]:
         if p == page or (dep.backend in FORCED_PAGES and p not in FORCED_PAGES[dep.backend][0]):
             continue
         try:
-            _, extra, reserve, _ = _reading(dep.version, dep.algorithm, dep.draft_tokens, p)
+            _, extra, reserve, _ = _dcp_reading(dep, dep.version, dep.draft_tokens, p, dep.dcp_size)
         except BadInput:
             continue
-        if _past(dep.ctx, K, extra.value, reserve.value, p) <= 0:
+        if _past(dep.ctx, K, extra.value, reserve.value, p * dep.dcp_size) <= 0:
             out.append(f"--page-size {p} (the row then widens to hold the reservation)")
             break
-    for d in range(dep.draft_tokens - 1, 1 if dep.algorithm == "DSPARK" else 0, -1):
+    if dep.dcp_size > 1:
         try:
-            _, extra, reserve, _ = _reading(dep.version, dep.algorithm, d, page)
+            _, extra, reserve, _ = _dcp_reading(dep, dep.version, dep.draft_tokens, page, 1)
+            if _past(dep.ctx, K, extra.value, reserve.value, page) <= 0:
+                out.append("--dcp-size 1 (no decode context parallelism: the allocator pages at the page size)")
+        except BadInput:
+            pass
+    for d in range(dep.draft_tokens - 1, 1 if dep.algorithm == "DSPARK" else 0, -1):
+        if dep.algorithm not in DFLASH_FAMILY:
+            break
+        try:
+            _, extra, reserve, _ = _dcp_reading(dep, dep.version, d, page, dep.dcp_size)
         except BadInput:
             break
-        if _past(dep.ctx, K, extra.value, reserve.value, page) <= 0:
+        if _past(dep.ctx, K, extra.value, reserve.value, page * dep.dcp_size) <= 0:
             flag = (f"--speculative-dspark-block-size {d - 1}" if dep.algorithm == "DSPARK" else
                     f"--speculative-dflash-block-size {d}")
             out.append(f"{flag} ({d} draft tokens, where the draft model runs with that block)")
@@ -121,19 +141,21 @@ def _avoid(dep: Deployment, page: int, K: int) -> List[str]:
 
 
 def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) -> List[Verdict]:
-    """The contract's line for a DFLASH or DSPARK deployment; none for another algorithm."""
-    if dep.algorithm not in DFLASH_FAMILY:
+    """The contract's line for a DFLASH or DSPARK deployment, or any under decode context parallelism; none for
+    another."""
+    if dep.algorithm not in DFLASH_FAMILY and dep.dcp_size == 1:
         return []
     from kvfence.contracts.req_to_token import release_read as rr
 
     page, page_note = page_of(dep)
-    D = dep.draft_tokens
-    v = Verdict(NAME, "not affected", site=f"{dep.algorithm} decode step, page {page}")
+    D, unit = dep.draft_tokens, page * dep.dcp_size
+    v = Verdict(NAME, "not affected", site=f"{dep.algorithm} decode step, page {page}"
+                + (f", DCP {dep.dcp_size}" if dep.dcp_size > 1 else ""))
     step(f"{NAME}: reading sglang=={dep.version}'s rows and {dep.algorithm}'s reservation")
     try:
-        doc, extra, reserve, checks = _reading(dep.version, dep.algorithm, D, page)
+        doc, extra, reserve, checks = _dcp_reading(dep, dep.version, D, page, dep.dcp_size)
     except rr.Unreadable as exc:
-        absent = rr.load(dep.version)["functions"]["dflash"].get("absent")
+        absent = rr.load(dep.version)["functions"]["dflash"].get("absent") if dep.algorithm in DFLASH_FAMILY else None
         v.status = "not launched" if absent else "unknown"
         v.condition = (f"sglang {dep.version} has no DFlash-family decode preparation ({absent}): "
                        f"--speculative-algorithm {dep.algorithm} is not in this release" if absent else
@@ -150,16 +172,19 @@ def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) 
     v.evidence = rr.merge(extra.lines, reserve.lines) + (
         [f"{adm[k]['source']}: {adm[k]['text']}" for k in ("max_req_len", "new_tokens_cap") if k in adm])
     width = dep.ctx + extra.value
-    wall_end = align(dep.ctx - K + reserve.value, page)
+    wall_end = align(dep.ctx - K + reserve.value, unit)
     past = wall_end - width
-    setting = f"page {page}" + (f" ({page_note})" if page_note else "") + f", ctx {dep.ctx}, D {D}"
+    setting = f"page {page}" + (f" ({page_note})" if page_note else "") + f", ctx {dep.ctx}, D {D}" + (
+        f", DCP {dep.dcp_size}" if dep.dcp_size > 1 else "")
+    aligned = (f" aligned to the allocator's page {page} x DCP {dep.dcp_size} = {unit}" if dep.dcp_size > 1
+               else " page-aligned" if page > 1 else "")
     arith = (f"a request at the admitted wall ({adm_text}) reserves {reserve.value} positions "
              f"({'2 * D' if reserve.value == 2 * D else 'the step reservation'}) past its committed length, to "
-             f"{wall_end}" + (" page-aligned" if page > 1 else "") + f"; its row holds ctx + {extra.value} = {width}")
+             f"{wall_end}" + aligned + f"; its row holds ctx + {extra.value} = {width}")
     if past <= 0:
         v.condition = f"{arith}: every admitted request's reservation fits its row (arithmetic), at {setting}"
         return [v]
-    first = (width // page) * page - reserve.value + 1  # the least committed length whose aligned end passes W
+    first = (width // unit) * unit - reserve.value + 1  # the least committed length whose aligned end passes W
     v.arithmetic = ["ROW_RESERVED_PAST_WIDTH"]
     base = (f"{arith}: {past} position(s) past the row (arithmetic: ROW_RESERVED_PAST_WIDTH), for every request "
             f"committed at {first} or more; at {setting}")
@@ -205,12 +230,12 @@ def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) 
 
     def overflows(version: str) -> Optional[bool]:
         try:
-            later, e, r, c = _reading(version, dep.algorithm, D, page)
+            later, e, r, c = _dcp_reading(dep, version, D, page, dep.dcp_size)
         except BadInput:
             return None
         if any(x["runs"] for x in c):
             return True
-        return _past(dep.ctx, later["admission"].get("minus") or 0, e.value, r.value, page) > 0
+        return _past(dep.ctx, later["admission"].get("minus") or 0, e.value, r.value, unit) > 0
 
     step(f"{NAME}: the releases after {dep.version}")
     v.fixed_in, v.fixed_text = fixed_in(dep.version, releases, overflows)

@@ -441,6 +441,10 @@ def path_of(doc: dict, config: Config) -> Tuple[str, List[str]]:
     """Which decode preparation ``spec_prepare_for_decode`` routes the algorithm to: ``dflash``, ``uno`` or
     ``eagle``, and the lines that say so."""
     it = Interpreter(doc, config)
+    cls_file, cls = it.body("algorithm")
+    if not any(isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == config.algorithm
+                                                 for t in s.targets) for s in cls.body):
+        raise Unreadable(f"no {config.algorithm} in this release's SpeculativeAlgorithm ({cls_file}:{cls.lineno})")
     file, fn = it.body("dispatch")
     algo = Algo(config.algorithm)
     for node in ast.walk(fn):
@@ -483,10 +487,8 @@ def alloc_page(doc: dict, config: Config) -> Answer:
     """The page the KV allocator hands out, which the decode step aligns its end to: the ``page_size=`` of the
     allocators ``_build_token_to_kv_pool_allocator`` builds by ``attn_dcp_size`` (the paged allocator of decode
     context parallelism), evaluated for the config; without DCP (``dcp`` 1) every allocator pages at ``P``."""
-    it = Interpreter(doc, config)
-    entry = doc["functions"].get("allocator", {})
-    sites = []
-    if "absent" not in entry and "source" in entry:
+    it, entry, sites = Interpreter(doc, config), doc["functions"]["allocator"], []
+    if "absent" not in entry:
         file, fn = it.body("allocator")
         sites = [(file, k.value) for n in ast.walk(fn) if isinstance(n, ast.Call) for k in n.keywords
                  if k.arg == "page_size" and "attn_dcp_size" in ast.unparse(k.value)]
@@ -496,10 +498,9 @@ def alloc_page(doc: dict, config: Config) -> Answer:
         raise Unreadable(f"no KV allocator of this release pages by attn_dcp_size "
                          f"({entry.get('absent') or 'KVCacheConfigurator._build_token_to_kv_pool_allocator'}): "
                          f"its page under --dcp-size {config.dcp} is not read")
-    values = set()
     for file, node in sites:
         it.cite(file, node)
-        values.add(it.expr(node, {}, file))
+    values = {it.expr(node, {}, file) for file, node in sites}
     if len(values) != 1 or type(next(iter(values))) is not int:
         it.fail(sites[0][0], sites[0][1], "the allocators page differently")
     return Answer(values.pop(), it.cited())
@@ -527,7 +528,7 @@ def reservation(doc: dict, config: Config) -> Answer:
     return Answer(value, merge(lines, it.cited()))
 
 
-def _nxt_assign(fn) -> Optional[ast.Assign]:
+def _nxt_assign(fn) -> Optional[ast.Assign]:  # the page alignment's ``nxt = ...``
     return next((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
                  and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "nxt"), None)
 
