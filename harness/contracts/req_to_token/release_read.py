@@ -10,15 +10,16 @@ dispatcher ``spec_prepare_for_decode`` and the three decode preparations it rout
 predicates of ``SpeculativeAlgorithm``; the writer's call in ``alloc_for_spec_decode``; the allocator page
 ``get_alloc_page_size`` (0.5.19 on) and the KV allocator's builder ``_build_token_to_kv_pool_allocator`` (whose
 paged allocator under decode context parallelism pages at ``page_size * attn_dcp_size``: what the decode step's
-end is aligned to); and the scheduler's admission bound (``kvfence.release.contract_shipped.admission``). The record is cached per release
-(``CACHE/contracts/sglang-V/req-to-token.rows.json``), so an offline host reads the same.
+end is aligned to); and the scheduler's admission bound (``kvfence.release.contract_shipped.admission``). The
+record is cached per release (``CACHE/contracts/sglang-V/req-to-token.rows.json``), so an offline host reads the
+same.
 
-``Interpreter`` evaluates those bodies for one algorithm and config (draft tokens ``D``, steps, topk, page
-size ``P``, DCP size ``dcp``) with a small evaluator of ``ast`` nodes (integers, ``+ - * //``,
-``min``/``max``/``int``, comparisons, ``and``/``or``/``not``, ``if``/``return``, locals, the algorithm predicates,
-the server settings ``get_spec().X``, ``get_schedule().page_size`` (``P``), ``get_parallel().attn_dcp_size``
-(``dcp``) and ``.dcp_enabled``, and ``batch.token_to_kv_pool_allocator.page_size``, the allocator's page read
-from its builder); nothing of the wheel is imported or run. Whatever it does not know is ``Unreadable`` with the
+``Interpreter`` evaluates those bodies for one algorithm and config (draft tokens ``D``, steps, topk, page size
+``P``, DCP size ``dcp``) with a small evaluator of ``ast`` nodes (integers, ``+ - * //``, ``min``/``max``/``int``,
+comparisons, ``and``/``or``/``not``, ``if``/``return``, locals, the algorithm predicates, the settings
+``get_spec().X``, ``get_schedule().page_size`` (``P``), ``get_parallel().attn_dcp_size`` (``dcp``) and
+``.dcp_enabled``, and ``batch.token_to_kv_pool_allocator.page_size``, the allocator's page read from its
+builder); nothing of the wheel is imported or run. Whatever it does not know is ``Unreadable`` with the
 text and ``file:line``, never a guess. Each answer names the lines it went through.
 """
 
@@ -545,8 +546,7 @@ def _nxt_value(it: Interpreter, file: str, fn, assign: ast.Assign, committed: in
 
 
 def _inline_reserve(it: Interpreter, file: str, fn, assign: ast.Assign) -> int:
-    """``R`` of an inline page alignment: ``nxt`` at page 1 from nothing, checked to be ``committed + R`` aligned
-    up to the page at other pages and lengths (else the form is not one kvfence reads)."""
+    """``R`` of an inline page alignment: ``nxt`` at page 1 from nothing, checked at other pages and lengths."""
     it.cite(file, assign)
     reserve = _nxt_value(it, file, fn, assign, 0, 0, 1)
     if type(reserve) is not int:
