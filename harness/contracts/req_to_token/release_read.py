@@ -26,6 +26,7 @@ text and ``file:line``, never a guess. Each answer names the lines it went throu
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import tempfile
@@ -203,6 +204,14 @@ class Answer:
     lines: List[str] = field(default_factory=list)
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(source: str, line: int) -> ast.AST:
+    """One body's tree at its lines in the wheel (parsed once: the interpreter only reads the trees)."""
+    tree = ast.parse(textwrap.dedent(source))
+    ast.increment_lineno(tree, line - 1)
+    return tree.body[0]
+
+
 class _Return(Exception):
     def __init__(self, value):
         self.value = value
@@ -221,9 +230,7 @@ class Interpreter:
         entry = self.doc["functions"][key]
         if "absent" in entry:
             raise Unreadable(entry["absent"])
-        tree = ast.parse(textwrap.dedent(entry["source"]))
-        ast.increment_lineno(tree, entry["line"] - 1)
-        return entry["file"], tree.body[0]
+        return entry["file"], _parsed(entry["source"], entry["line"])
 
     def cite(self, file: str, node) -> None:
         self.lines.setdefault(file, set()).add(node.lineno)
@@ -534,15 +541,14 @@ def _nxt_assign(fn) -> Optional[ast.Assign]:  # the page alignment's ``nxt = ...
                  and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "nxt"), None)
 
 
-def _nxt_value(it: Interpreter, file: str, fn, assign: ast.Assign, committed: int, allocated: int, page: int,
-               **env):
+def _nxt_value(it: Interpreter, file: str, fn, assign: ast.Assign, committed: int, allocated: int, page: int):
     """``nxt`` of ``assign`` for one request (its committed and allocated lengths) at an alignment ``page``."""
     text = ast.unparse(assign.value)
     for old, new in (("r.kv.kv_committed_len", str(committed)), ("r.kv_committed_len", str(committed)),
                      ("r.kv.kv_allocated_len", str(allocated))):
         text = text.replace(old, new)
     tree = ast.copy_location(ast.parse(text, mode="eval").body, assign.value)
-    return _local_expr(it, file, fn, tree, {"page_size": page, "cur": allocated, **env})
+    return _local_expr(it, file, fn, tree, {"page_size": page, "cur": allocated})
 
 
 def _inline_reserve(it: Interpreter, file: str, fn, assign: ast.Assign) -> int:
@@ -555,19 +561,6 @@ def _inline_reserve(it: Interpreter, file: str, fn, assign: ast.Assign) -> int:
         if _nxt_value(it, file, fn, assign, committed, 0, page) != -(-(committed + reserve) // page) * page:
             it.fail(file, assign, "nxt is not the committed length plus a reservation aligned up to the page")
     return reserve
-
-
-def aligned_end(doc: dict, config: Config, committed: int, allocated: int, reserve: int) -> Answer:
-    """The end a request's write gets: ``page_aligned_decode_alloc_lens``'s ``nxt`` for one request."""
-    it = Interpreter(doc, config)
-    file, fn = it.body("align")
-    assign = _nxt_assign(fn)
-    if assign is None:
-        it.fail(file, fn, "no nxt = ... in the page alignment")
-    it.cite(file, assign)
-    page = alloc_page(doc, config)
-    value = _nxt_value(it, file, fn, assign, committed, allocated, page.value, reserve=reserve)
-    return Answer(value, merge(it.cited(), page.lines))
 
 
 def host_checks(doc: dict, config: Config) -> List[dict]:

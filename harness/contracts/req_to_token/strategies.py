@@ -5,7 +5,7 @@
 SGLang 0.5.23 does not widen), a context length, and an algorithm family's settings and reservation: the DFlash
 family (steps and topk 1, ``2 * D`` reserved per step) or EAGLE's (steps, topk, ``D``; ``2 * alloc_len``), or
 under a release's sizing ``sglang==V:ALGORITHM`` that algorithm's, read from the release; and a
-decode-context-parallel size (1 half the time, else 1, 2, 4 or 8; ``--dcp-size`` pins it; under a release's
+decode-context-parallel size (1, 2, 4 or 8, shrinking to 1; ``--dcp-size`` pins it; under a release's
 sizing only 1 unless kvfence reads the release's rows, reservation and allocator page at DCP), whose allocator
 page ``P * dcp_size`` the step's end is aligned to. The batch: per request
 a committed length, often at the wall (the longest the scheduler admits: ``ctx - K`` under a release's sizing,
@@ -64,7 +64,7 @@ def _dcp(draw, page: int, pins: dict, release) -> int:
     if pinned is not None:
         require(1 <= pinned <= MAX_DCP, f"--dcp-size {pinned}: must be in [1, {MAX_DCP}]")
         return pinned
-    return draw(st.one_of(st.just(1), st.sampled_from([d for d in DCP_SIZES if page * d <= MAX_DRAWN_UNIT])))
+    return draw(st.sampled_from([d for d in DCP_SIZES if page * d <= MAX_DRAWN_UNIT]))
 
 
 @st.composite
