@@ -299,7 +299,7 @@ def test_sglang_0_5_23_rows_and_its_kernel_spills_under_dflash(tmp_path):
     assert sizing.returncode == 0, sizing.stderr
     assert "DFLASH page 1   D 16 (default): row ctx + 20, reserve 32 past committed -> 8 position(s)" in sizing.stdout
     assert "DSPARK page 1   gamma 16, D 17: row ctx + 21, reserve 34 past committed -> 9 position(s)" in sizing.stdout
-    assert "dflash_info_v2.py:142,147,150" in sizing.stdout and "allocation_sizing.py:105" in sizing.stdout
+    assert "dflash_info_v2.py:142,147,150" in sizing.stdout and "allocation_sizing.py:25,105," in sizing.stdout
     run = _kvfence("fuzz", "--contract", "req-to-token", "--kernel", "sglang==0.5.23", "--sizing",
                    "sglang==0.5.23:DFLASH", "--device", "cpu", "--seed", "0", "--out", str(tmp_path / "out"),
                    cwd=tmp_path, env=env)

@@ -6,7 +6,8 @@ SGLang 0.5.23 does not widen), a context length, and an algorithm family's setti
 family (steps and topk 1, ``2 * D`` reserved per step) or EAGLE's (steps, topk, ``D``; ``2 * alloc_len``), or
 under a release's sizing ``sglang==V:ALGORITHM`` that algorithm's, read from the release; and a
 decode-context-parallel size (1, 2, 4 or 8, shrinking to 1; ``--dcp-size`` pins it; under a release's
-sizing only 1 unless kvfence reads the release's rows, reservation and allocator page at DCP), whose allocator
+sizing 1 unless pinned, and pinned above 1 only where kvfence reads the release's rows, reservation and allocator
+page at DCP), whose allocator
 page ``P * dcp_size`` the step's end is aligned to. The batch: per request
 a committed length, often at the wall (the longest the scheduler admits: ``ctx - K`` under a release's sizing,
 whose ``K`` is read from it; ``ctx`` otherwise), what its row already holds (``committed`` up to the last step's
@@ -52,15 +53,16 @@ def _release(sizing: str):
 
 
 def _dcp(draw, page: int, pins: dict, release) -> int:
-    """The DCP size: pinned, else drawn (1 under a release whose rows kvfence does not read at DCP)."""
+    """The DCP size: pinned, else drawn under kvfence's own sizings; under a release's sizing 1 unless pinned (a
+    deployment runs one DCP size, ``--dcp-size`` names it: the release's rows without DCP keep the whole budget)."""
     pinned = pins.get("dcp_size")
     if release:
         from kvfence.contracts.req_to_token.sizing import release_reads_dcp
 
-        if not release_reads_dcp(release[0], release[1]):
-            require(pinned in (None, 1), f"--dcp-size {pinned}: kvfence does not read sglang=={release[0]}'s "
-                                         "rows under decode context parallelism")
+        if pinned in (None, 1):
             return 1
+        require(release_reads_dcp(release[0], release[1]), f"--dcp-size {pinned}: kvfence does not read "
+                f"sglang=={release[0]}'s rows, reservation and allocator page under decode context parallelism")
     if pinned is not None:
         require(1 <= pinned <= MAX_DCP, f"--dcp-size {pinned}: must be in [1, {MAX_DCP}]")
         return pinned
