@@ -154,3 +154,17 @@ def _affected_answers_the_dcp_spill(tmp_path, monkeypatch, env):
     assert any(a.startswith("--dcp-size 1") for a in v.avoid), v.avoid
     without = parse_deployment("0.5.18", [t for t in launch if t not in ("--dcp-size", "2")])
     assert without.dcp_size == 1 and rows_verdicts(without, ["0.5.18", "0.5.19"], tmp_path / "aff1", "cpu") == []
+
+
+def test_affected_reads_sglangs_dcp_flag_under_both_its_names():
+    """SGLang's ``dcp_size`` field is the flag ``--dcp-size`` with the alias ``--decode-context-parallel-size``
+    (0.5.18: ``server_args.py:1018-1025``, the name from ``arg_utils.py:208-210``); a bad size is one line."""
+    from kvfence.release.affected import parse_deployment
+
+    base = ["--attention-backend", "flashinfer", "--page-size", "16"]
+    assert parse_deployment("0.5.18", base).dcp_size == 1
+    assert parse_deployment("0.5.18", base + ["--dcp-size", "4"]).dcp_size == 4
+    assert parse_deployment("0.5.18", base + ["--decode-context-parallel-size=2"]).dcp_size == 2
+    assert "DCP 4" in parse_deployment("0.5.18", base + ["--dcp-size", "4"]).describe()
+    with pytest.raises(BadInput, match=r"--dcp-size 0: must be 1\.\.64"):
+        parse_deployment("0.5.18", base + ["--dcp-size", "0"])
