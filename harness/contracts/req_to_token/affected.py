@@ -140,6 +140,17 @@ def _avoid(dep: Deployment, page: int, K: int) -> List[str]:
     return out
 
 
+def _overflows(dep: Deployment, version: str, page: int) -> Optional[bool]:
+    """Whether release ``version`` spills (or checks) the deployment's wall; None where it is not read."""
+    try:
+        later, e, r, c = _dcp_reading(dep, version, dep.draft_tokens, page, dep.dcp_size)
+    except BadInput:
+        return None
+    if any(x["runs"] for x in c):
+        return True
+    return _past(dep.ctx, later["admission"].get("minus") or 0, e.value, r.value, page * dep.dcp_size) > 0
+
+
 def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) -> List[Verdict]:
     """The contract's line for a DFLASH or DSPARK deployment, or any under decode context parallelism; none for
     another."""
@@ -178,8 +189,9 @@ def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) 
         f", DCP {dep.dcp_size}" if dep.dcp_size > 1 else "")
     aligned = (f" aligned to the allocator's page {page} x DCP {dep.dcp_size} = {unit}" if dep.dcp_size > 1
                else " page-aligned" if page > 1 else "")
+    what = "2 * D" if reserve.value == 2 * D and dep.algorithm in DFLASH_FAMILY else "the step reservation"
     arith = (f"a request at the admitted wall ({adm_text}) reserves {reserve.value} positions "
-             f"({'2 * D' if reserve.value == 2 * D else 'the step reservation'}) past its committed length, to "
+             f"({what}) past its committed length, to "
              f"{wall_end}" + aligned + f"; its row holds ctx + {extra.value} = {width}")
     if past <= 0:
         v.condition = f"{arith}: every admitted request's reservation fits its row (arithmetic), at {setting}"
@@ -227,17 +239,7 @@ def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) 
     v.status, v.severity, v.impact = "affected", SILENT, IMPACT[SILENT]
     v.condition = base + (f"; the witness ran at ctx {witness_ctx} (the same ctx mod {page})"
                           if witness_ctx != dep.ctx else "")
-
-    def overflows(version: str) -> Optional[bool]:
-        try:
-            later, e, r, c = _dcp_reading(dep, version, D, page, dep.dcp_size)
-        except BadInput:
-            return None
-        if any(x["runs"] for x in c):
-            return True
-        return _past(dep.ctx, later["admission"].get("minus") or 0, e.value, r.value, unit) > 0
-
     step(f"{NAME}: the releases after {dep.version}")
-    v.fixed_in, v.fixed_text = fixed_in(dep.version, releases, overflows)
+    v.fixed_in, v.fixed_text = fixed_in(dep.version, releases, lambda later: _overflows(dep, later, page))
     v.avoid = _avoid(dep, page, K)
     return [v]
