@@ -48,8 +48,10 @@ def test_oracle_hand_worked_example():
     assert got[(2, 24)] == loc[0] and got[(2, 31)] == loc[7] and got[(0, 3)] == loc[8] and got[(0, 15)] == loc[20]
     assert len(got) == 21 and need(case) == 32
     sizes = {name: REQ_TO_TOKEN.sizings[name](case, "graph") for name in REQ_TO_TOKEN.sizings}
-    # safe ctx + reserve + P - 1; the PR's ctx + max(4 + D, 2 * max(steps * topk, D) + P - 1); page-1 rows
-    assert sizes == {"safe": 63, "pr33581": 63, "release-page1": 48, "context": 40}
+    # safe ctx + reserve + P - 1; the PR's ctx + max(4 + D, 2 * max(steps * topk, D) + P - 1); page-1 rows; the
+    # DCP axis's planted sizings equal safe and the PR's without DCP
+    assert sizes == {"safe": 63, "pr33581": 63, "release-page1": 48, "context": 40, "scheduled-page": 63,
+                     "safe-scheduled-page": 63}
     narrow = bind(REQ_TO_TOKEN, ReqToTokenCase(8, 1, 9, 1, 1, 18, (4,), (4,), (0,), 1).validate(), "release-page1")
     found = REQ_TO_TOKEN.findings_before_launch(narrow)
     assert narrow.width == 21 and [(f.start, f.stop) for f in found] == [(21, 22)]  # end 22, row 21
@@ -94,7 +96,7 @@ def test_reference_clean_and_every_mutant_caught_by_a_declared_kind():
 # family reserves 2 * D per step, EAGLE 2 * max(steps * topk, D).
 _SIZING = '''
 def get_alloc_page_size():
-    return get_schedule().page_size
+    return ALLOC_PAGE
 
 
 def get_alloc_len_per_decode():
@@ -176,19 +178,30 @@ class KVCacheConfigurator:
     def _build_default_req_pool(self, *, max_num_reqs, extra_max_context_len):
         return ReqToTokenPool(size=max_num_reqs, max_context_len=self.model_config.context_len + extra_max_context_len)
 '''
+#: The KV allocator's builder, in the shape of SGLang's: under decode context parallelism it pages at
+#: page_size * attn_dcp_size.
+_ALLOCATOR = '''
+    def _build_token_to_kv_pool_allocator(self, *, sizes):
+        if get_schedule().page_size == 1 and not get_parallel().dcp_enabled:
+            return TokenToKVPoolAllocator(sizes.max_total_num_tokens)
+        return PagedTokenToKVPoolAllocator(sizes.max_total_num_tokens * get_parallel().attn_dcp_size,
+                                           page_size=get_schedule().page_size * get_parallel().attn_dcp_size)
+'''
 _ADMISSION = {"sglang/srt/managers/tp_worker.py": "def get_worker_info(self):\n    max_req_len = min(\n"
               "        self.model_config.context_len - 1, kv_capacity - 1)\n",
               "sglang/srt/managers/scheduler.py": "def f(self):\n    return min(n, self.max_req_len - input_len - 1)\n"}
 
 
-def _release(folder: Path, version: str, gate: str) -> None:
-    """A wheel holding kvfence's kernel (as ``assign_req_to_token_pool``) and the row sizing, gated by ``gate``."""
+def _release(folder: Path, version: str, gate: str, alloc_page: str = "get_schedule().page_size",
+             allocator: bool = False) -> None:
+    """A wheel holding kvfence's kernel (as ``assign_req_to_token_pool``) and the row sizing, gated by ``gate``,
+    its headroom's page ``alloc_page``, and (``allocator``) a KV allocator that pages by the DCP size."""
     kernel = (ROOT / "kernels" / "req_to_token" / "req_to_token_writer.py").read_text()
     files = dict(_ADMISSION, **{
         "sglang/srt/mem_cache/allocation.py": kernel.replace("def write_req_to_token(", "def assign_req_to_token_pool(")
         + "\n\ndef alloc_for_spec_decode(tree_cache, pool):\n    return None\n",
-        "sglang/srt/mem_cache/allocation_sizing.py": _SIZING.replace("GATE", gate),
-        "sglang/srt/mem_cache/kv_cache_configurator.py": _POOL,
+        "sglang/srt/mem_cache/allocation_sizing.py": _SIZING.replace("GATE", gate).replace("ALLOC_PAGE", alloc_page),
+        "sglang/srt/mem_cache/kv_cache_configurator.py": _POOL + (_ALLOCATOR if allocator else ""),
         "sglang/srt/speculative/spec_info.py": _ALGORITHM,
         "sglang/srt/speculative/spec_utils.py": _DECODE,
         "sglang/srt/speculative/dflash_info_v2.py": _DFLASH})
@@ -311,7 +324,7 @@ def test_sglang_0_5_23_rows_and_its_kernel_spills_under_dflash(tmp_path):
     assert sizing.returncode == 0, sizing.stderr
     assert "DFLASH page 1   D 16 (default): row ctx + 20, reserve 32 past committed -> 8 position(s)" in sizing.stdout
     assert "DSPARK page 1   gamma 16, D 17: row ctx + 21, reserve 34 past committed -> 9 position(s)" in sizing.stdout
-    assert "dflash_info_v2.py:142,147,150" in sizing.stdout and "allocation_sizing.py:105" in sizing.stdout
+    assert "dflash_info_v2.py:142,147,150" in sizing.stdout and "allocation_sizing.py:25,105," in sizing.stdout
     run = _kvfence("fuzz", "--contract", "req-to-token", "--kernel", "sglang==0.5.23", "--sizing",
                    "sglang==0.5.23:DFLASH", "--device", "cpu", "--seed", "0", "--out", str(tmp_path / "out"),
                    cwd=tmp_path, env=env)

@@ -178,6 +178,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     for flag in ("--topk", "--num-steps", "--page-size", "--ctx", "--max-bs"):
         p.add_argument(flag, type=_positive_int, default=None,
                        help="pin this config field (default: drawn by Hypothesis)")
+    p.add_argument("--dcp-size", type=_positive_int, default=None,
+                   help="pin the decode-context-parallel size (SGLang's --dcp-size; req-to-token: the allocator "
+                        "pages at page size x DCP size) (default: drawn by Hypothesis)")
 
 
 def _add_family_args(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ from kvfence.errors import BadInput, require
 #: The config flags a contract may take (``RunPlan.pins``; ``Contract.options`` says which): a flag set away from
 #: its default goes into the plan, and a contract that does not take it refuses it in one line.
 PIN_FLAGS = ("topk", "num_steps", "page_size", "ctx", "max_bs", "window", "sink", "entry_page_size", "translate",
-             "family", "seq_len_limit")
+             "family", "seq_len_limit", "dcp_size")
 #: What ``fuzz --resume`` uses; any other flag set away from its default is refused (it would be ignored).
 RESUME_FLAGS = {"out", "device", "json", "quiet", "resume", "in_process", "case_timeout"}
 #: The default budgets: the CPU's interpreter checks an example budget; on CUDA the plain command checks what

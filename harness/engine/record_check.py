@@ -24,7 +24,7 @@ MAX_WIDTH = 1 << 30
 
 #: The command line's config flags a contract may take (``Contract.options``).
 OPTION_FLAGS = ("topk", "num_steps", "page_size", "ctx", "max_bs", "window", "sink", "entry_page_size", "translate",
-                "family", "seq_len_limit")
+                "family", "seq_len_limit", "dcp_size")
 DTYPES = ("int8", "int16", "int32", "int64")
 _KIND_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 

@@ -125,6 +125,7 @@ class Deployment:
     max_running: Optional[int] = None   # --max-running-requests (or SGLang's for speculative decoding)
     eager_note: str = ""       # why no batch of a graph deployment runs eagerly for its size ("": one can)
     graph_flag: str = "--cuda-graph-max-bs"  # the release's name of the graph's max batch flag
+    dcp_size: int = 1   # --dcp-size / --decode-context-parallel-size (SGLang 0.5.18 server_args.py:1018-1025)
 
     @property
     def mode(self) -> str:
@@ -135,7 +136,8 @@ class Deployment:
             "" if self.algorithm in DFLASH_FAMILY else f"topk {self.topk}, {self.num_steps} steps, ")
         return (f"sglang {self.version}, {self.backend}, {'CUDA graphs' if self.graphs else 'no CUDA graphs'}, "
                 f"{spec}{self.draft_tokens} draft tokens, ctx {self.ctx}"
-                + (f", page {self.page_size}" if self.page_size else ""))
+                + (f", page {self.page_size}" if self.page_size else "")
+                + (f", DCP {self.dcp_size}" if self.dcp_size > 1 else ""))
 
 
 def _flag_parser() -> argparse.ArgumentParser:
@@ -156,6 +158,9 @@ def _flag_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--speculative-dflash-block-size", type=int, default=None)
     p.add_argument("--speculative-dspark-block-size", type=int, default=None)
+    # SGLang's decode-context-parallel size: the field dcp_size, flag --dcp-size (arg_utils.py:208-210), alias
+    # --decode-context-parallel-size (server_args.py:1018-1025 in 0.5.18).
+    p.add_argument("--dcp-size", "--decode-context-parallel-size", dest="dcp_size", type=int, default=None)
     return p
 
 
@@ -163,7 +168,8 @@ def _flag_parser() -> argparse.ArgumentParser:
 FLAGS = ("--attention-backend", "--speculative-eagle-topk", "--speculative-num-steps",
          "--speculative-num-draft-tokens", "--context-length", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode",
          "--disable-cuda-graph", "--page-size", "--max-running-requests", "--tp-size", "--model-path",
-         "--speculative-algorithm", "--speculative-dflash-block-size", "--speculative-dspark-block-size")
+         "--speculative-algorithm", "--speculative-dflash-block-size", "--speculative-dspark-block-size",
+         "--dcp-size")
 
 
 class _Refuse(argparse.ArgumentParser):
@@ -233,6 +239,7 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
         require(value is None or 1 <= value <= 4096, f"{name} {value}: must be 1..4096")
     require(args.page_size is None or 1 <= args.page_size <= 4096, f"--page-size {args.page_size}: must be 1..4096")
     require(args.tp_size is None or 1 <= args.tp_size <= 1024, f"--tp-size {args.tp_size}: must be 1..1024")
+    require(args.dcp_size is None or 1 <= args.dcp_size <= 64, f"--dcp-size {args.dcp_size}: must be 1..64")
     arch, where = _model_arch(args.model_path)
     given = {"--speculative-num-steps": args.speculative_num_steps, "--speculative-eagle-topk":
              args.speculative_eagle_topk, "--speculative-num-draft-tokens": args.speculative_num_draft_tokens,
@@ -241,7 +248,7 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
              "config.json": where}
     return Deployment(version, backend, topk, steps, tokens, ctx, max_bs, not args.disable_cuda_graph,
                       args.page_size, tuple(assumed), algorithm, given=given, tp_size=args.tp_size or 1,
-                      model_arch=arch)
+                      model_arch=arch, dcp_size=args.dcp_size or 1)
 
 
 def _model_arch(model_path: Optional[str]) -> Tuple[str, str]:
@@ -451,7 +458,8 @@ def deployment_json(dep: Deployment, verdicts: List[Verdict]) -> dict:
     return {"deployment": {"version": dep.version, "backend": dep.backend, "topk": dep.topk,
                            "num_steps": dep.num_steps, "draft_tokens": dep.draft_tokens, "ctx": dep.ctx,
                            "max_bs": dep.max_bs, "graphs": dep.graphs, "page_size": dep.page_size,
-                           "algorithm": dep.algorithm, "assumed": list(dep.assumed), "gpu": dep.gpu,
+                           "algorithm": dep.algorithm, "dcp_size": dep.dcp_size, "assumed": list(dep.assumed),
+                           "gpu": dep.gpu,
                            "tp_size": dep.tp_size, "graph_max_bs": dep.graph_cap, "max_running": dep.max_running,
                            "eager_not_reached": dep.eager_note, "model_arch": dep.model_arch,
                            "model_kind": dep.model_kind},

@@ -11,9 +11,11 @@ is decided before the launch), names damage only from kinds the kernel was seen 
 ``--page-size`` is not given), the context length and ``D`` (and for EAGLE the steps and topk). Every
 deployment whose release has the algorithm's decode preparation gets a line: AFFECTED where the release's kernel
 showed the spill or the release's own host check fires, UNKNOWN where kvfence cannot read the sizing or run or
-confirm the kernel. An EAGLE deployment on a release without ``eagle_prepare_for_decode`` (before 0.5.15: the
-decode step reserves its rows elsewhere, code kvfence does not read) gets no line; a DFlash-family one gets NOT
-LAUNCHED there when the release has no DFlash decode preparation.
+confirm the kernel. Under decode context parallelism (``--dcp-size`` above 1) the step's end is aligned to the
+allocator's page ``page_size * dcp_size`` (read from the wheel, ``release_read.alloc_page``), which SGLang 0.5.18's
+row headroom does not hold (sglang#35424, fixed in 0.5.19). An EAGLE deployment on a release without
+``eagle_prepare_for_decode`` (before 0.5.15: the decode step reserves its rows elsewhere, code kvfence does not
+read) gets no line; a DFlash-family one gets NOT LAUNCHED there when the release has no DFlash decode preparation.
 """
 
 from __future__ import annotations
@@ -76,14 +78,19 @@ def page_of(dep: Deployment) -> Tuple[int, str]:
 
 
 def _reading(version: str, dep: Deployment, page: int, D: Optional[int] = None, steps: Optional[int] = None,
-             topk: Optional[int] = None):
+             topk: Optional[int] = None, dcp: Optional[int] = None):
     """``(doc, row headroom, reservation, host checks)`` of the release at the deployment's config, any of ``D``,
-    steps, topk given instead (``Unreadable`` / ``BadInput`` when not read)."""
+    steps, topk, DCP given instead (``Unreadable`` / ``BadInput`` when not read, also when its allocator under DCP
+    does not page at ``page * dcp``)."""
     from kvfence.contracts.req_to_token import release_read as rr
 
     doc = rr.load(version)
+    dcp = dep.dcp_size if dcp is None else dcp
     config = rr.Config(dep.algorithm, dep.draft_tokens if D is None else D, dep.num_steps if steps is None else steps,
-                       dep.topk if topk is None else topk, page)
+                       dep.topk if topk is None else topk, page, dcp)
+    unit = rr.alloc_page(doc, config)
+    if unit.value != page * dcp:
+        raise rr.Unreadable(f"the allocator pages at {unit.value}, not page x DCP = {page * dcp}")
     return doc, rr.row_width_extra(doc, config), rr.reservation(doc, config), rr.host_checks(doc, config)
 
 
@@ -104,13 +111,12 @@ def _witness(dep: Deployment, page: int, K: int, reserve: int, device: str):
     from kvfence.engine.checking import TableChecker
     from kvfence.engine.launch import bind
 
-    ctx = _witness_ctx(dep.ctx, page)
+    ctx = _witness_ctx(dep.ctx, page * dep.dcp_size)
     wall = ctx - K
     case = REQ_TO_TOKEN.from_json({
         "ctx": ctx, "page_size": page, "draft_tokens": dep.draft_tokens, "steps": dep.num_steps, "topk": dep.topk,
-        "reserve": reserve,
-        "committed": [wall, ctx // 2], "allocated": [wall, ctx // 2], "req_pool_indices": [0, 1], "pool_rows": 2,
-        "seed": 0})
+        "reserve": reserve, "committed": [wall, ctx // 2], "allocated": [wall, ctx // 2], "req_pool_indices": [0, 1],
+        "pool_rows": 2, "seed": 0, "dcp_size": dep.dcp_size})
     launch = bind(REQ_TO_TOKEN, case, f"sglang=={dep.version}:{dep.algorithm}", f"sglang=={dep.version}", "eager",
                   "production")
     return launch, TableChecker(REQ_TO_TOKEN, device).check(launch)
@@ -123,7 +129,8 @@ def _overflows(version: str, dep: Deployment, page: int, **setting) -> Optional[
         doc, extra, reserve, checks = _reading(version, dep, page, **setting)
     except BadInput:
         return None
-    past = _past(dep.ctx, doc["admission"].get("minus") or 0, extra.value, reserve.value, page) > 0
+    unit = page * setting.get("dcp", dep.dcp_size)
+    past = _past(dep.ctx, doc["admission"].get("minus") or 0, extra.value, reserve.value, unit) > 0
     return past  # a check that runs fires only where the step passes the row
 
 
@@ -137,6 +144,8 @@ def _avoid(dep: Deployment, page: int) -> List[str]:
         if _overflows(dep.version, dep, p) is False:
             out.append(f"--page-size {p} (the row then widens to hold the reservation)")
             break
+    if dep.dcp_size > 1 and _overflows(dep.version, dep, page, dcp=1) is False:
+        out.append("--dcp-size 1 (no decode context parallelism: the allocator pages at the page size)")
     if dep.algorithm in DFLASH_FAMILY:
         for d in range(dep.draft_tokens - 1, 1 if dep.algorithm == "DSPARK" else 0, -1):
             state = _overflows(dep.version, dep, page, D=d)
@@ -185,17 +194,20 @@ def _arithmetic(dep: Deployment, doc, extra, reserve, page: int, page_note: str)
     adm_text = (f"ctx - {K} = {dep.ctx - K}, {adm['max_req_len']['source']}"
                 if K is not None else f"the admission bound is not read in this release: ctx = {dep.ctx} assumed")
     K = K or 0
-    width = dep.ctx + extra.value
-    wall_end = align(dep.ctx - K + reserve.value, page)
+    width, unit = dep.ctx + extra.value, page * dep.dcp_size
+    wall_end = align(dep.ctx - K + reserve.value, unit)
     eagle = "" if dep.algorithm in DFLASH_FAMILY else f", steps {dep.num_steps}, topk {dep.topk}"
-    setting = f"page {page}" + (f" ({page_note})" if page_note else "") + f", ctx {dep.ctx}, D {D}{eagle}"
+    setting = (f"page {page}" + (f" ({page_note})" if page_note else "") + f", ctx {dep.ctx}, D {D}{eagle}"
+               + (f", DCP {dep.dcp_size}" if dep.dcp_size > 1 else ""))
+    aligned = (f" aligned to the allocator's page {page} x DCP {dep.dcp_size} = {unit}" if dep.dcp_size > 1
+               else " page-aligned" if page > 1 else "")
     what = ("2 * D" if reserve.value == 2 * D else
             "2 * max(steps * topk, D)" if reserve.value == 2 * max(dep.num_steps * dep.topk, D) and page == 1 else
             "the step reservation")
     text = (f"a request at the admitted wall ({adm_text}) reserves {reserve.value} positions ({what}) past its "
-            f"committed length, to {wall_end}" + (" page-aligned" if page > 1 else "")
+            f"committed length, to {wall_end}" + aligned
             + f"; its row holds ctx + {extra.value} = {width}")
-    return {"K": K, "width": width, "past": wall_end - width, "setting": setting, "text": text}
+    return {"K": K, "width": width, "past": wall_end - width, "setting": setting, "text": text, "unit": unit}
 
 
 def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) -> List[Verdict]:
@@ -205,7 +217,8 @@ def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) 
     from kvfence.contracts.req_to_token import release_read as rr
 
     page, page_note = page_of(dep)
-    v = Verdict(NAME, "not affected", site=f"{dep.algorithm} decode step, page {page}")
+    v = Verdict(NAME, "not affected", site=f"{dep.algorithm} decode step, page {page}"
+                + (f", DCP {dep.dcp_size}" if dep.dcp_size > 1 else ""))
     step(f"{NAME}: reading sglang=={dep.version}'s rows and {dep.algorithm}'s reservation")
     try:
         doc, extra, reserve, checks = _reading(dep.version, dep, page)
@@ -219,7 +232,8 @@ def rows_verdicts(dep: Deployment, releases: List[str], out: Path, device: str) 
     if a["past"] <= 0:
         v.condition = f"{a['text']}: every admitted request's reservation fits its row (arithmetic), at {a['setting']}"
         return [v]
-    first = (a["width"] // page) * page - reserve.value + 1  # the least committed length whose aligned end passes W
+    unit = a["unit"]
+    first = (a["width"] // unit) * unit - reserve.value + 1  # the least committed length whose aligned end passes W
     v.arithmetic = ["ROW_RESERVED_PAST_WIDTH"]
     base = (f"{a['text']}: {a['past']} position(s) past the row (arithmetic: ROW_RESERVED_PAST_WIDTH), for every "
             f"request committed at {first} or more; at {a['setting']}")
@@ -277,5 +291,5 @@ def _witnessed(dep: Deployment, v: Verdict, base: str, page: int, a: dict, reser
     witness_ctx = launch.case.ctx
     v.status, v.severity, v.impact = "affected", SILENT, IMPACT[SILENT]
     v.basis, v.reader = BASIS_OBSERVED, ""
-    v.condition = base + (f"; the witness ran at ctx {witness_ctx} (the same ctx mod {page})"
+    v.condition = base + (f"; the witness ran at ctx {witness_ctx} (the same ctx mod {a['unit']})"
                           if witness_ctx != dep.ctx else "")

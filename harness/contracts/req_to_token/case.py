@@ -5,8 +5,10 @@ the speculative settings and the tokens the step reserves past each request's co
 request, its committed length (``kv_committed_len``), what its row already holds (``kv_allocated_len``), its pool
 row. The writer's inputs follow as SGLang's ``page_aligned_decode_alloc_lens`` computes them: request ``b``
 writes positions ``[start_b, end_b)`` with ``start_b = allocated_b`` and
-``end_b = max(allocated_b, ceil((committed_b + reserve) / P) * P)``, taking its slots from ``out_cache_loc`` after
-those of the requests before it.
+``end_b = max(allocated_b, ceil((committed_b + reserve) / A) * A)``, taking its slots from ``out_cache_loc`` after
+those of the requests before it. ``A`` is the KV allocator's page, the step's alignment: the scheduled page size
+``P`` times the decode-context-parallel size ``dcp_size`` (SGLang's ``attn_dcp_size``: under DCP its paged
+allocator pages at ``page_size * attn_dcp_size``); 1 without DCP, the default a case file without the field gets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Dict, List, Tuple
 from kvfence.errors import require
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
+#: Decode-context-parallel sizes a case may have (SGLang's ``--dcp-size``; the draws take 1, 2, 4, 8).
+MAX_DCP = 64
 #: Bounds a case file may ask for (the GPU domain stays well inside them).
 MAX_CTX = 1 << 20
 MAX_REQUESTS = 1024
@@ -45,6 +49,12 @@ class ReqToTokenCase:
     req_pool_indices: Tuple[int, ...]
     pool_rows: int
     seed: int = 0
+    dcp_size: int = 1
+
+    @property
+    def alloc_page(self) -> int:
+        """The allocator's page, which the step's end is aligned to: ``page_size * dcp_size``."""
+        return self.page_size * self.dcp_size
 
     @property
     def bs(self) -> int:
@@ -54,7 +64,7 @@ class ReqToTokenCase:
         return self.allocated[b]
 
     def end(self, b: int) -> int:
-        return max(self.allocated[b], align(self.committed[b] + self.reserve, self.page_size))
+        return max(self.allocated[b], align(self.committed[b] + self.reserve, self.alloc_page))
 
     def length(self, b: int) -> int:
         return self.end(b) - self.start(b)
@@ -77,9 +87,10 @@ class ReqToTokenCase:
         require(len(self.allocated) == self.bs and len(self.req_pool_indices) == self.bs,
                 "committed, allocated and req_pool_indices: one entry per request")
         require(all(0 <= c <= self.ctx for c in self.committed), "every committed length must be in [0, ctx]")
-        top = self.ctx + self.reserve + self.page_size - 1
+        require(1 <= self.dcp_size <= MAX_DCP, f"dcp_size must be in [1, {MAX_DCP}]")
+        top = self.ctx + self.reserve + self.alloc_page - 1
         require(all(0 <= a <= top for a in self.allocated),
-                f"every allocated length must be in [0, ctx + reserve + page_size - 1] = [0, {top}]")
+                f"every allocated length must be in [0, ctx + reserve + page_size * dcp_size - 1] = [0, {top}]")
         require(1 <= self.pool_rows <= MAX_POOL_ROWS, f"pool_rows must be in [1, {MAX_POOL_ROWS}]")
         require(len(set(self.req_pool_indices)) == self.bs
                 and all(0 <= r < self.pool_rows for r in self.req_pool_indices),
@@ -89,6 +100,8 @@ class ReqToTokenCase:
 
 
 FIELDS = tuple(ReqToTokenCase.__dataclass_fields__)
+#: Fields a case file may leave out, with their defaults (``dcp_size``: files written before the DCP axis).
+OPTIONAL = {"seed": 0, "dcp_size": 1}
 
 
 def to_json(case: ReqToTokenCase) -> dict:
@@ -99,9 +112,9 @@ def from_json(data) -> ReqToTokenCase:
     require(isinstance(data, dict), "case: expected an object")
     unknown = sorted(set(data) - set(FIELDS))
     require(not unknown, f"case: unknown field(s) {', '.join(map(str, unknown))[:200]}")
-    missing = [k for k in FIELDS if k not in data and k != "seed"]
+    missing = [k for k in FIELDS if k not in data and k not in OPTIONAL]
     require(not missing, f"case: missing field(s) {', '.join(missing)}")
-    for key in ("ctx", "page_size", "draft_tokens", "steps", "topk", "reserve", "pool_rows", "seed"):
+    for key in ("ctx", "page_size", "draft_tokens", "steps", "topk", "reserve", "pool_rows", "seed", "dcp_size"):
         require(type(data.get(key, 0)) is int, f"case: {key} must be an integer")
     lists = {}
     for key in ("committed", "allocated", "req_pool_indices"):
@@ -111,7 +124,8 @@ def from_json(data) -> ReqToTokenCase:
         lists[key] = tuple(value)
     return ReqToTokenCase(data["ctx"], data["page_size"], data["draft_tokens"], data["steps"], data["topk"],
                           data["reserve"], lists["committed"], lists["allocated"], lists["req_pool_indices"],
-                          data["pool_rows"], data.get("seed", 0)).validate()
+                          data["pool_rows"], data.get("seed", OPTIONAL["seed"]),
+                          data.get("dcp_size", OPTIONAL["dcp_size"])).validate()
 
 
 # -- the oracle ---------------------------------------------------------------------------------------------------

@@ -62,6 +62,12 @@ def _mutants() -> tuple:
                "request committed at the wall reserves past them.", _SPILL, sizing="release-page1"),
         Mutant("sizing_context", "Rows as wide as the context: no room for the step's reservation.", _SPILL,
                sizing="context"),
+        Mutant("sizing_scheduled_page", "The headroom max(4 + D, 2 * alloc_len + P - 1) taken at the scheduled page "
+               "P where the allocator pages at P * dcp_size (SGLang 0.5.18 under decode context parallelism, "
+               "sglang#35424): a request at the wall aligned to the allocator's page passes the row.", _SPILL,
+               sizing="scheduled-page"),
+        Mutant("sizing_safe_scheduled_page", "ctx + reserve + P - 1: the safe row rounded to the scheduled page, not "
+               "the allocator's P * dcp_size.", _SPILL, sizing="safe-scheduled-page"),
     )
 
 
@@ -73,7 +79,8 @@ class ReqToTokenContract(Contract[model.ReqToTokenCase]):
     kinds = (FindingKind(ROW_RESERVED_PAST_WIDTH, observed=False,
                          doc="a request's write reaches past its row's width: the row cannot hold what the step "
                              "reserved (a reader of the row up to end_b reads past it)"),)
-    options = {"page_size": lambda domain: model.PAGE_SIZES, "ctx": None, "topk": None, "num_steps": None}
+    options = {"page_size": lambda domain: model.PAGE_SIZES, "ctx": None, "topk": None, "num_steps": None,
+               "dcp_size": None}
 
     @property
     def mutants(self) -> tuple:
@@ -132,8 +139,9 @@ class ReqToTokenContract(Contract[model.ReqToTokenCase]):
         if any(e == s for s, e in spans):
             edges.append("nothing to write")
         return Keys(config=(("page_size", case.page_size), ("ctx", case.ctx), ("draft_tokens", case.draft_tokens),
-                            ("steps", case.steps), ("topk", case.topk), ("reserve", case.reserve)),
-                    structure=(case.page_size, spans), compile=(width, launch.layout,
+                            ("steps", case.steps), ("topk", case.topk), ("reserve", case.reserve),
+                            ("dcp_size", case.dcp_size)),
+                    structure=(case.page_size, case.dcp_size, spans), compile=(width, launch.layout,
                                                                 kernel_module.next_power_of_2(case.bs)),
                     edges=tuple(edges), requests=case.bs)
 
@@ -146,9 +154,14 @@ class ReqToTokenContract(Contract[model.ReqToTokenCase]):
         return [Finding(ContractKind(ROW_RESERVED_PAST_WIDTH), "req_to_token", f"row {case.req_pool_indices[b]}",
                         first, end, [], [(b,)],
                         f"request {b} (committed {case.committed[b]}, reserve {case.reserve}, page "
-                        f"{case.page_size}) writes positions [{case.start(b)}, {end}); the row holds {width}: "
+                        f"{case.page_size}{_dcp_text(case)}) writes positions [{case.start(b)}, {end}); the row holds "
+                        f"{width}: "
                         f"{end - first} of them lie past it")
                 for b, first, end in model.past_row(case, width)]
+
+
+def _dcp_text(case) -> str:
+    return f" x DCP {case.dcp_size}: allocator page {case.alloc_page}" if case.dcp_size > 1 else ""
 
 
 REQ_TO_TOKEN = ReqToTokenContract()

@@ -7,20 +7,26 @@ the context length; the per-step reservation helpers ``get_alloc_len_per_decode`
 ``get_alloc_reserve_per_decode`` and the page alignment ``page_aligned_decode_alloc_lens``; the decode
 dispatcher ``spec_prepare_for_decode`` and the three decode preparations it routes to (the DFlash family's
 ``DFlashDraftInputV2.prepare_for_decode``, UNO's, EAGLE's ``eagle_prepare_for_decode``); the algorithm
-predicates of ``SpeculativeAlgorithm``; the writer's call in ``alloc_for_spec_decode``; and the scheduler's
-admission bound (``kvfence.release.contract_shipped.admission``). The record is cached per release
-(``CACHE/contracts/sglang-V/req-to-token.rows.json``), so an offline host reads the same.
+predicates of ``SpeculativeAlgorithm``; the writer's call in ``alloc_for_spec_decode``; the allocator page
+``get_alloc_page_size`` (0.5.19 on) and the KV allocator's builder ``_build_token_to_kv_pool_allocator`` (whose
+paged allocator under decode context parallelism pages at ``page_size * attn_dcp_size``: what the decode step's
+end is aligned to); and the scheduler's admission bound (``kvfence.release.contract_shipped.admission``). The
+record is cached per release (``CACHE/contracts/sglang-V/req-to-token.rows.json``), so an offline host reads the
+same.
 
-``Interpreter`` evaluates those bodies for one algorithm and config (draft tokens ``D``, steps, topk, page
-size ``P``) with a small evaluator of ``ast`` nodes (integers, ``+ - * //``, ``min``/``max``/``int``,
-comparisons, ``and``/``or``/``not``, ``if``/``return``, locals, the algorithm predicates, the server settings
-``get_spec().X``); nothing of the wheel is imported or run. Whatever it does not know is ``Unreadable`` with the
+``Interpreter`` evaluates those bodies for one algorithm and config (draft tokens ``D``, steps, topk, page size
+``P``, DCP size ``dcp``) with a small evaluator of ``ast`` nodes (integers, ``+ - * //``, ``min``/``max``/``int``,
+comparisons, ``and``/``or``/``not``, ``if``/``return``, locals, the algorithm predicates, the settings
+``get_spec().X``, ``get_schedule().page_size`` (``P``), ``get_parallel().attn_dcp_size`` (``dcp``) and
+``.dcp_enabled``, and ``batch.token_to_kv_pool_allocator.page_size``, the allocator's page read from its
+builder); nothing of the wheel is imported or run. Whatever it does not know is ``Unreadable`` with the
 text and ``file:line``, never a guess. Each answer names the lines it went through.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import tempfile
@@ -31,7 +37,7 @@ from typing import Dict, List, Optional, Tuple
 
 from kvfence.errors import BadInput, require
 
-FORMAT = 1
+FORMAT = 2
 #: What the record holds: key -> (function, class or "", text that picks the file when several define it).
 FUNCTIONS = {
     "extra": ("get_req_to_token_extra_context_len", "", ""),
@@ -45,6 +51,8 @@ FUNCTIONS = {
     "eagle": ("eagle_prepare_for_decode", "", ""),
     "writer": ("alloc_for_spec_decode", "", ""),
     "algorithm": ("", "SpeculativeAlgorithm", ""),
+    "alloc_page": ("get_alloc_page_size", "", ""),
+    "allocator": ("_build_token_to_kv_pool_allocator", "KVCacheConfigurator", ""),
 }
 #: The algorithms kvfence reads (SGLang's --speculative-algorithm names).
 ALGORITHMS = ("EAGLE", "EAGLE3", "DFLASH", "DSPARK", "UNO")
@@ -167,7 +175,17 @@ class _Spec:
     """What ``get_spec()`` stands for: the server's speculative settings."""
 
 
-_SPEC = _Spec()
+class _Schedule:
+    """What ``get_schedule()`` stands for: the scheduler's settings (its ``page_size`` is ``P``)."""
+
+
+class _Parallel:
+    """What ``get_parallel()`` stands for: the parallel widths (``attn_dcp_size``, ``dcp_enabled``)."""
+
+
+_SPEC, _SCHEDULE, _PARALLEL = _Spec(), _Schedule(), _Parallel()
+#: The allocator's page as the decode preparations read it.
+ALLOCATOR_PAGE = "batch.token_to_kv_pool_allocator.page_size"
 
 
 @dataclass
@@ -177,12 +195,21 @@ class Config:
     steps: int
     topk: int
     P: int
+    dcp: int = 1
 
 
 @dataclass
 class Answer:
     value: int
     lines: List[str] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(source: str, line: int) -> ast.AST:
+    """One body's tree at its lines in the wheel (parsed once: the interpreter only reads the trees)."""
+    tree = ast.parse(textwrap.dedent(source))
+    ast.increment_lineno(tree, line - 1)
+    return tree.body[0]
 
 
 class _Return(Exception):
@@ -203,9 +230,7 @@ class Interpreter:
         entry = self.doc["functions"][key]
         if "absent" in entry:
             raise Unreadable(entry["absent"])
-        tree = ast.parse(textwrap.dedent(entry["source"]))
-        ast.increment_lineno(tree, entry["line"] - 1)
-        return entry["file"], tree.body[0]
+        return entry["file"], _parsed(entry["source"], entry["line"])
 
     def cite(self, file: str, node) -> None:
         self.lines.setdefault(file, set()).add(node.lineno)
@@ -296,7 +321,19 @@ class Interpreter:
     def attribute(self, node: ast.Attribute, env: dict, file: str):
         if isinstance(node.value, ast.Name) and node.value.id == "SpeculativeAlgorithm":
             return Algo(node.attr)
+        if ast.unparse(node) == ALLOCATOR_PAGE:
+            answer = alloc_page(self.doc, self.config)
+            for text in answer.lines:
+                where, _, numbers = text.rpartition(":")
+                self.lines.setdefault(where, set()).update(int(n) for n in numbers.split(","))
+            return answer.value
         base = self.expr(node.value, env, file)
+        if base is _SCHEDULE and node.attr == "page_size":
+            return self.config.P
+        if base is _PARALLEL and node.attr == "attn_dcp_size":
+            return self.config.dcp
+        if base is _PARALLEL and node.attr == "dcp_enabled":
+            return self.config.dcp > 1
         if base is _SPEC:
             if node.attr == "speculative_algorithm":
                 return self.config.algorithm
@@ -316,10 +353,12 @@ class Interpreter:
                 return {"max": max, "min": min, "int": lambda x: x}[name](*args)
             if name == "get_spec" and not node.args:
                 return _SPEC
+            if name == "get_schedule" and not node.args:
+                return _SCHEDULE
+            if name == "get_parallel" and not node.args:
+                return _PARALLEL
             if name == "max_speculative_num_draft_tokens" and not node.args:
                 return c.D
-            if name == "get_alloc_page_size" and not node.args:
-                return c.P
             keys = {spec[0]: key for key, spec in FUNCTIONS.items() if not spec[1]}
             if name in keys and not node.args and not node.keywords:
                 return self.call_function(keys[name])
@@ -410,6 +449,10 @@ def path_of(doc: dict, config: Config) -> Tuple[str, List[str]]:
     """Which decode preparation ``spec_prepare_for_decode`` routes the algorithm to: ``dflash``, ``uno`` or
     ``eagle``, and the lines that say so."""
     it = Interpreter(doc, config)
+    cls_file, cls = it.body("algorithm")
+    if not any(isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == config.algorithm
+                                                 for t in s.targets) for s in cls.body):
+        raise Unreadable(f"no {config.algorithm} in this release's SpeculativeAlgorithm ({cls_file}:{cls.lineno})")
     file, fn = it.body("dispatch")
     algo = Algo(config.algorithm)
     for node in ast.walk(fn):
@@ -448,9 +491,33 @@ def _branch(it: Interpreter, file: str, body, config: Config) -> str:
                      f"({text[:120]})")
 
 
+def alloc_page(doc: dict, config: Config) -> Answer:
+    """The page the KV allocator hands out, which the decode step aligns its end to: the ``page_size=`` of the
+    allocators ``_build_token_to_kv_pool_allocator`` builds by ``attn_dcp_size`` (the paged allocator of decode
+    context parallelism), evaluated for the config; without DCP (``dcp`` 1) every allocator pages at ``P``."""
+    it, entry, sites = Interpreter(doc, config), doc["functions"]["allocator"], []
+    if "absent" not in entry:
+        file, fn = it.body("allocator")
+        sites = [(file, k.value) for n in ast.walk(fn) if isinstance(n, ast.Call) for k in n.keywords
+                 if k.arg == "page_size" and "attn_dcp_size" in ast.unparse(k.value)]
+    if not sites:
+        if config.dcp == 1:
+            return Answer(config.P, [])
+        raise Unreadable(f"no KV allocator of this release pages by attn_dcp_size "
+                         f"({entry.get('absent') or 'KVCacheConfigurator._build_token_to_kv_pool_allocator'}): "
+                         f"its page under --dcp-size {config.dcp} is not read")
+    for file, node in sites:
+        it.cite(file, node)
+    values = {it.expr(node, {}, file) for file, node in sites}
+    if len(values) != 1 or type(next(iter(values))) is not int:
+        it.fail(sites[0][0], sites[0][1], "the allocators page differently")
+    return Answer(values.pop(), it.cited())
+
+
 def reservation(doc: dict, config: Config) -> Answer:
     """The tokens one decode step reserves past the committed length: the ``reserve`` the algorithm's decode
-    preparation passes to ``page_aligned_decode_alloc_lens``, evaluated for the config."""
+    preparation passes to ``page_aligned_decode_alloc_lens``, or (0.5.18's EAGLE) the reservation of its inline
+    ``nxt = max(cur, ceil((committed + R) / page_size) * page_size)``, evaluated for the config."""
     path, lines = path_of(doc, config)
     it = Interpreter(doc, config)
     file, fn = it.body(path)
@@ -458,7 +525,10 @@ def reservation(doc: dict, config: Config) -> Answer:
                  and ast.unparse(n.func) == "page_aligned_decode_alloc_lens"), None)
     kw = next((k for k in call.keywords if k.arg == "reserve"), None) if call is not None else None
     if kw is None:
-        it.fail(file, fn, "no page_aligned_decode_alloc_lens(..., reserve=...) in the decode preparation")
+        inline = _nxt_assign(fn)
+        if inline is None:
+            it.fail(file, fn, "no page_aligned_decode_alloc_lens(..., reserve=...) in the decode preparation")
+        return Answer(_inline_reserve(it, file, fn, inline), merge(lines, it.cited()))
     it.cite(file, call)
     value = _local_expr(it, file, fn, kw.value, {})
     if type(value) is not int:
@@ -466,21 +536,31 @@ def reservation(doc: dict, config: Config) -> Answer:
     return Answer(value, merge(lines, it.cited()))
 
 
-def aligned_end(doc: dict, config: Config, committed: int, allocated: int, reserve: int) -> Answer:
-    """The end a request's write gets: ``page_aligned_decode_alloc_lens``'s ``nxt`` for one request."""
-    it = Interpreter(doc, config)
-    file, fn = it.body("align")
-    assign = next((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
-                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "nxt"), None)
-    if assign is None:
-        it.fail(file, fn, "no nxt = ... in the page alignment")
-    it.cite(file, assign)
+def _nxt_assign(fn) -> Optional[ast.Assign]:  # the page alignment's ``nxt = ...``
+    return next((n for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                 and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "nxt"), None)
+
+
+def _nxt_value(it: Interpreter, file: str, fn, assign: ast.Assign, committed: int, allocated: int, page: int):
+    """``nxt`` of ``assign`` for one request (its committed and allocated lengths) at an alignment ``page``."""
     text = ast.unparse(assign.value)
-    for old, new in (("r.kv.kv_committed_len", str(committed)), ("r.kv.kv_allocated_len", str(allocated))):
+    for old, new in (("r.kv.kv_committed_len", str(committed)), ("r.kv_committed_len", str(committed)),
+                     ("r.kv.kv_allocated_len", str(allocated))):
         text = text.replace(old, new)
     tree = ast.copy_location(ast.parse(text, mode="eval").body, assign.value)
-    value = _local_expr(it, file, fn, tree, {"reserve": reserve, "page_size": config.P, "cur": allocated})
-    return Answer(value, it.cited())
+    return _local_expr(it, file, fn, tree, {"page_size": page, "cur": allocated})
+
+
+def _inline_reserve(it: Interpreter, file: str, fn, assign: ast.Assign) -> int:
+    """``R`` of an inline page alignment: ``nxt`` at page 1 from nothing, checked at other pages and lengths."""
+    it.cite(file, assign)
+    reserve = _nxt_value(it, file, fn, assign, 0, 0, 1)
+    if type(reserve) is not int:
+        it.fail(file, assign, "the reservation is not an integer")
+    for committed, page in ((5, 16), (17, 8), (100, 64)):
+        if _nxt_value(it, file, fn, assign, committed, 0, page) != -(-(committed + reserve) // page) * page:
+            it.fail(file, assign, "nxt is not the committed length plus a reservation aligned up to the page")
+    return reserve
 
 
 def host_checks(doc: dict, config: Config) -> List[dict]:
@@ -503,7 +583,8 @@ def host_checks(doc: dict, config: Config) -> List[dict]:
         while guard is not None and guard is not fn:
             if isinstance(guard, ast.If):
                 try:
-                    runs = runs and bool(_local_expr(it, file, fn, guard.test, {"page_size": config.P}))
+                    page = alloc_page(doc, config).value
+                    runs = runs and bool(_local_expr(it, file, fn, guard.test, {"page_size": page}))
                 except Unreadable:
                     runs = None
                     break

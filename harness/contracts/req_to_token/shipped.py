@@ -3,8 +3,10 @@
 sizing is no list of backend sites: it is the row width the pool is built with against the reservation each
 algorithm's decode step writes, both read from the wheel by ``release_read``).
 
-``upstream sizing V --contract req-to-token`` prints, per algorithm, page size and representative setting, the
-row's headroom past the context, the step's reservation, the longest committed length the scheduler admits, the
+``upstream sizing V --contract req-to-token`` prints, per algorithm, page size and representative setting (the
+first setting also under decode context parallelism, ``--dcp-size`` 2 and 8: the allocator then pages at
+``page_size * attn_dcp_size``, which the step's end is aligned to), the row's headroom past the context, the
+step's reservation, the longest committed length the scheduler admits, the
 positions a request at that length writes past its row, and the lines each came from.
 ``upstream matrix --shipped --contracts req-to-token`` does so for several releases and launches each
 release's own kernel on a witness of every row that spills, in production's contiguous table, writing a case
@@ -27,6 +29,8 @@ from kvfence.release.knowledge import Shipped, Upstream
 PATHS = ("sglang/srt/mem_cache/allocation.py", "sglang/srt/mem_cache/common.py", "sglang/srt/speculative/spec_utils.py",
          "sglang/srt/speculative/eagle_utils.py", "sglang/srt/managers/schedule_batch.py")
 PAGES = (1, 16, 64)
+#: DCP sizes the first setting of each algorithm is also read at (SGLang's ``--dcp-size``).
+DCPS = (2, 8)
 #: Settings per algorithm: (label, D, steps, topk). DFlash's block is 16 without a draft config
 #: (``_handle_dflash``); DSPARK's gamma is 7 by default (``dspark_config.py:21``), D = gamma + 1; EAGLE's
 #: defaults are (steps, topk, D) = (3, 1, 4), Llama's and Grok's (5, 4, 8) (``_auto_choose_speculative_params``).
@@ -42,27 +46,31 @@ CONTEXTS = (4096, 4095, 32768, 32000, 131072, 131071)
 WITNESS_CTX = 256
 
 
-def row(doc: dict, version: str, algorithm: str, page: int, setting) -> dict:
+def row(doc: dict, version: str, algorithm: str, page: int, setting, dcp: int = 1) -> dict:
     """One row of the shipped table (``status``: ``spills``, ``fits``, ``not read``)."""
     from kvfence.contracts.req_to_token import release_read as rr
 
     label, D, steps, topk = setting
     out = {"version": version, "algorithm": algorithm, "page_size": page, "setting": label, "D": D,
-           "steps": steps, "topk": topk}
-    config = rr.Config(algorithm, D, steps, topk, page)
+           "steps": steps, "topk": topk, "dcp_size": dcp}
+    config = rr.Config(algorithm, D, steps, topk, page, dcp)
     try:
         extra, reserve = rr.row_width_extra(doc, config), rr.reservation(doc, config)
+        unit = rr.alloc_page(doc, config)
         checks = rr.host_checks(doc, config)
     except BadInput as exc:
         return {**out, "status": "not read", "why": str(exc)}
+    if unit.value != page * dcp:
+        return {**out, "status": "not read", "why": f"the allocator pages at {unit.value}, not page_size x "
+                                                    f"dcp_size = {page * dcp} ({', '.join(unit.lines)})"}
     K = doc["admission"].get("minus")
-    spill = max(align(ctx - (K or 0) + reserve.value, page) - (ctx + extra.value) for ctx in CONTEXTS)
+    spill = max(align(ctx - (K or 0) + reserve.value, unit.value) - (ctx + extra.value) for ctx in CONTEXTS)
     running = [c for c in checks if c["runs"]]
     if algorithm in ("DFLASH", "DSPARK"):  # the smallest block that spills at this page size
-        out["spills_from_D"] = next((d for d in range(1, 65) if _spill(doc, rr.Config(algorithm, d, 1, 1, page))
-                                     > 0), None)
+        out["spills_from_D"] = next((d for d in range(1, 65)
+                                     if _spill(doc, rr.Config(algorithm, d, 1, 1, page, dcp)) > 0), None)
     out.update(headroom=extra.value, reserve=reserve.value, K=K, spill=max(0, spill), checks=checks,
-               lines={"row": extra.lines, "reserve": reserve.lines})
+               alloc_page=unit.value, lines={"row": extra.lines, "reserve": reserve.lines, "page": unit.lines})
     if spill <= 0:
         out["status"] = "fits"
     else:
@@ -77,8 +85,9 @@ def _spill(doc: dict, config) -> int:
     from kvfence.contracts.req_to_token import release_read as rr
 
     extra, reserve = rr.row_width_extra(doc, config).value, rr.reservation(doc, config).value
+    unit = rr.alloc_page(doc, config).value
     K = doc["admission"].get("minus") or 0
-    return max(align(ctx - K + reserve, config.P) - (ctx + extra) for ctx in CONTEXTS)
+    return max(align(ctx - K + reserve, unit) - (ctx + extra) for ctx in CONTEXTS)
 
 
 def table(version: str, announce=None) -> Tuple[dict, List[dict]]:
@@ -86,7 +95,9 @@ def table(version: str, announce=None) -> Tuple[dict, List[dict]]:
 
     doc = rr.load(version, announce)
     return doc, [row(doc, version, algorithm, page, s) for algorithm, settings in SETTINGS.items()
-                 for page in PAGES for s in settings]
+                 for page in PAGES for s in settings] + [
+        row(doc, version, algorithm, page, settings[0], dcp) for algorithm, settings in SETTINGS.items()
+        for page in PAGES for dcp in DCPS]
 
 
 def lines_of(version: str, doc: dict, rows: List[dict]) -> List[str]:
@@ -102,7 +113,9 @@ def lines_of(version: str, doc: dict, rows: List[dict]) -> List[str]:
                f"{adm['new_tokens_cap']['source']})" if "minus" in adm else
                "  scheduler: the admission bound is not read (committed lengths up to ctx assumed)")
     for r in rows:
-        head = f"  {r['algorithm']:<6} page {r['page_size']:<3} {r['setting']}: "
+        dcp = r.get("dcp_size", 1)
+        head = f"  {r['algorithm']:<6} page {r['page_size']:<3} " + (f"DCP {dcp} " if dcp > 1 else "") + \
+            f"{r['setting']}: "
         if r["status"] == "not read":
             out.append(head + f"not read: {r['why']}")
             continue
@@ -113,7 +126,8 @@ def lines_of(version: str, doc: dict, rows: List[dict]) -> List[str]:
         if r["status"] == "host check":
             text += "; a host check fires first: " + "; ".join(c["where"] for c in r["checks"] if c["runs"])
         out.append(head + text)
-        out.append(f"      row: {', '.join(r['lines']['row'])}; reserve: {', '.join(r['lines']['reserve'])}")
+        out.append(f"      row: {', '.join(r['lines']['row'])}; reserve: {', '.join(r['lines']['reserve'])}"
+                   + (f"; allocator page {r['alloc_page']}: {', '.join(r['lines']['page'])}" if dcp > 1 else ""))
     return out
 
 
@@ -142,7 +156,8 @@ class RowsTool:
                     r.update(witness(version, r, device, out))
             rows += found
             text += lines_of(version, doc, found)
-            text += [f"  witness {r['algorithm']} page {r['page_size']} {r['setting']}: {r['seen']}"
+            text += [f"  witness {r['algorithm']} page {r['page_size']}"
+                     + (f" DCP {r['dcp_size']}" if r.get("dcp_size", 1) > 1 else "") + f" {r['setting']}: {r['seen']}"
                      + (f"; case {r['case_file']}" if r.get("case_file") else "") for r in found if "seen" in r]
         damaged = any(r.get("damage") for r in rows)
         doc = {"contract": "req-to-token", "rows": rows, "exit_code": 1 if damaged else 0,
@@ -167,13 +182,16 @@ def witness(version: str, r: dict, device: str, out: Path) -> dict:
     from kvfence.engine.checking import TableChecker
     from kvfence.engine.launch import bind
 
+    dcp = r.get("dcp_size", 1)
     ctx = WITNESS_CTX
+    if dcp > 1:  # the context whose wall lands one past an allocator page: the step's end overshoots the most
+        ctx += (1 - (ctx - (r["K"] or 0) + r["reserve"])) % r["alloc_page"]
     wall = ctx - (r["K"] or 0)
     case = REQ_TO_TOKEN.from_json({
         "ctx": ctx, "page_size": r["page_size"], "draft_tokens": r["D"], "steps": r["steps"], "topk": r["topk"],
         "reserve": r["reserve"], "committed": [wall, ctx // 2], "allocated": [wall, ctx // 2],
         "req_pool_indices": [0, 1],
-        "pool_rows": 2, "seed": 0})
+        "pool_rows": 2, "seed": 0, "dcp_size": dcp})
     sizing = f"sglang=={version}:{r['algorithm']}"
     launch = bind(REQ_TO_TOKEN, case, sizing, f"sglang=={version}", "eager", "production")
     try:

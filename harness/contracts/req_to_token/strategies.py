@@ -4,7 +4,11 @@
 ``kvfence.contracts.req_to_token.case.ReqToTokenCase``. The config: a page size (1 first: the page size whose row
 SGLang 0.5.23 does not widen), a context length, and an algorithm family's settings and reservation: the DFlash
 family (steps and topk 1, ``2 * D`` reserved per step) or EAGLE's (steps, topk, ``D``; ``2 * alloc_len``), or
-under a release's sizing ``sglang==V:ALGORITHM`` that algorithm's, read from the release. The batch: per request
+under a release's sizing ``sglang==V:ALGORITHM`` that algorithm's, read from the release; and a
+decode-context-parallel size (1, 2, 4 or 8, shrinking to 1; ``--dcp-size`` pins it; under a release's
+sizing 1 unless pinned, and pinned above 1 only where kvfence reads the release's rows, reservation and allocator
+page at DCP), whose allocator
+page ``P * dcp_size`` the step's end is aligned to. The batch: per request
 a committed length, often at the wall (the longest the scheduler admits: ``ctx - K`` under a release's sizing,
 whose ``K`` is read from it; ``ctx`` otherwise), what its row already holds (``committed`` up to the last step's
 reservation, or less: a row rebuilt from a shorter prefix), and a distinct pool row among spare ones.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from kvfence.contracts.req_to_token.case import PAGE_SIZES, align
+from kvfence.contracts.req_to_token.case import MAX_DCP, PAGE_SIZES, align
 from kvfence.contracts.req_to_token.sizing import alloc_len_0523, parse_release
 from kvfence.draws import edge_or
 from kvfence.errors import require
@@ -30,6 +34,10 @@ D_EDGES = (1, 2, 4, 8, 9, 16, 17, 32)
 #: The algorithms whose settings are the DFlash family's (steps and topk forced to 1 by SGLang's
 #: ``_handle_dflash`` / ``_handle_dspark``, ``arg_groups/speculative_hook.py``).
 DFLASH_FAMILY = ("DFLASH", "DSPARK")
+#: Decode-context-parallel sizes drawn (SGLang's ``--dcp-size``), and the widest allocator page drawn (an EAGLE
+#: reservation with topk > 1 grows with the page: past 256 it outgrows the case's bounds).
+DCP_SIZES = (1, 2, 4, 8)
+MAX_DRAWN_UNIT = 256
 
 
 
@@ -44,8 +52,25 @@ def _release(sizing: str):
     return version, algorithm, release_admission(version)
 
 
+def _dcp(draw, page: int, pins: dict, release) -> int:
+    """The DCP size: pinned, else drawn under kvfence's own sizings; under a release's sizing 1 unless pinned (a
+    deployment runs one DCP size, ``--dcp-size`` names it: the release's rows without DCP keep the whole budget)."""
+    pinned = pins.get("dcp_size")
+    if release:
+        from kvfence.contracts.req_to_token.sizing import release_reads_dcp
+
+        if pinned in (None, 1):
+            return 1
+        require(release_reads_dcp(release[0], release[1]), f"--dcp-size {pinned}: kvfence does not read "
+                f"sglang=={release[0]}'s rows, reservation and allocator page under decode context parallelism")
+    if pinned is not None:
+        require(1 <= pinned <= MAX_DCP, f"--dcp-size {pinned}: must be in [1, {MAX_DCP}]")
+        return pinned
+    return draw(st.sampled_from([d for d in DCP_SIZES if page * d <= MAX_DRAWN_UNIT]))
+
+
 @st.composite
-def _settings(draw, family: str, page: int, pins: dict, release):
+def _settings(draw, family: str, page: int, dcp: int, pins: dict, release):
     """``(D, steps, topk, reserve)`` of one algorithm family at page ``page``."""
     steps_pin, topk_pin = pins.get("num_steps"), pins.get("topk")
     if family == "dflash":
@@ -60,9 +85,9 @@ def _settings(draw, family: str, page: int, pins: dict, release):
     if release:
         from kvfence.contracts.req_to_token.sizing import release_reserve
 
-        reserve = release_reserve(release[0], release[1], D, steps, topk, page)
+        reserve = release_reserve(release[0], release[1], D, steps, topk, page, dcp)
     else:
-        reserve = 2 * (D if family == "dflash" else alloc_len_0523(D, steps, topk, page))
+        reserve = 2 * (D if family == "dflash" else alloc_len_0523(D, steps, topk, page * dcp))
     return D, steps, topk, reserve
 
 
@@ -80,15 +105,17 @@ def req_to_token_cases(draw, domain: str, sizing: str, pins: dict):
         family = "eagle"
     else:
         family = draw(st.sampled_from(("dflash", "eagle")))
-    D, steps, topk, reserve = draw(_settings(family, page, pins, release))
+    dcp = _dcp(draw, page, pins, release)
+    D, steps, topk, reserve = draw(_settings(family, page, dcp, pins, release))
+    unit = page * dcp  # the allocator's page
     low = wall_gap + 1
     ctx = pins.get("ctx")
     if ctx is None:
-        ctx = edge_or(draw, low, max(low, max_ctx), (page, page + 1, 2 * page - 1, 32, 33, 64, 65, 100, 128, 255,
+        ctx = edge_or(draw, low, max(low, max_ctx), (unit, unit + 1, 2 * unit - 1, 32, 33, 64, 65, 100, 128, 255,
                                                        256, 4096, 32768, 131072, max_ctx))
     require(low <= ctx <= 1 << 20, f"--ctx {ctx}: must be in [{low}, 2**20] here")
     wall = ctx - wall_gap
-    width = ctx + reserve + page - 1 + 64
+    width = ctx + reserve + unit - 1 + 64
     most = max(1, min(most, max_elements // width))
     scenario = draw(st.sampled_from(("wall", "any")))
     n = draw(st.integers(1, most))
@@ -99,7 +126,7 @@ def req_to_token_cases(draw, domain: str, sizing: str, pins: dict):
         else:
             c = edge_or(draw, min(1, wall), wall, (wall, wall - 1, wall - D, 1))
         c = max(0, c)
-        target = align(c + reserve, page)
+        target = align(c + reserve, unit)
         if draw(st.integers(0, 3)) < 3:  # what the last step reserved: committed .. this step's end
             a = c + draw(st.integers(0, max(0, target - c)))
         else:  # a row rebuilt from a shorter prefix
@@ -111,4 +138,4 @@ def req_to_token_cases(draw, domain: str, sizing: str, pins: dict):
     seed = draw(st.integers(0, 2 ** 16))
     return dict(ctx=ctx, page_size=page, draft_tokens=D, steps=steps, topk=topk, reserve=reserve,
                 committed=tuple(committed), allocated=tuple(allocated), req_pool_indices=tuple(rows),
-                pool_rows=n + spare, seed=seed)
+                pool_rows=n + spare, seed=seed, dcp_size=dcp)
