@@ -169,7 +169,7 @@ def test_eagle_at_page_1_with_topk_4_is_affected_by_its_own_reading_and_topk_1_i
     D) against a row of ctx + 4 + D (eagle_utils.py:891-898 checks it only at page > 1), and its kernel spills."""
     flags = ["--attention-backend", "fa3", "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
              "--speculative-num-draft-tokens", "8"]
-    proc = _kvfence("0.5.23", *flags, env=env, cwd=tmp_path)
+    proc = _kvfence("--verbose", "0.5.23", *flags, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     line = _line(proc, "req-to-token")
     assert "req-to-token (EAGLE decode step, page 1): AFFECTED" in line and "severity: silent overwrite" in line
