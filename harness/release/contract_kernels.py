@@ -8,7 +8,6 @@ contract's own, checked against the contract's ABI by its parameters, and loaded
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from kvfence.errors import BadInput, require
-from kvfence.release.extract import check_extracted, extract
+from kvfence.release.extract import check_entry, entry_header, extract
 from kvfence.release.upstream import ABI_UNSUPPORTED, NO_KERNEL, SPEC_PREFIX, Refused, find_wheel
 from kvfence.release.wheels import (
     cache_root,
@@ -54,7 +53,7 @@ def load_contract_entry(module: Path, manifest: Path, function: str,
         require(isinstance(data, dict) and data.get("format") == fmt, "another format")
         text = module.read_text(encoding="utf-8")
         require(sha256_hex(text.encode()) == data.get("sha256"), f"{module.name} does not match its sha256")
-        check_extracted(ast.parse(text), set(data.get("functions", [])))
+        check_entry(text, str(module), set(data.get("functions", [])))
         require(function in data.get("functions", []), f"it holds no {function}")
     except (BadInput, OSError, ValueError, SyntaxError) as exc:
         if isinstance(exc, BadInput) and "another format" in str(exc):
@@ -118,11 +117,17 @@ def store_extracted(module: Path, manifest: Path, source: str, found: str, funct
     into ``module``, with its manifest (format ``fmt``, the text's sha256) beside it; each file written whole."""
     text, functions = extract(source, found, roots=(function,))
     require(function in functions, f"{project}=={version}: {function} in {found} is not a @triton.jit function")
-    text = f'"""{function} of {project}=={version} ({found}), extracted by kvfence. {purpose}."""\n' + text
+    text = entry_header(f"{function} of {project}=={version} ({found}), extracted by kvfence. {purpose}.") + text
+    write_entry(module, manifest, text, {"format": fmt, "version": version, "contract": contract, "source": found,
+                                         "functions": functions})
+
+
+def write_entry(module: Path, manifest: Path, text: str, record: dict) -> None:
+    """An extracted module and its manifest (``record`` with the text's sha256 added) written into the cache,
+    each file whole, once the text passes the kernel text rule as the reader will check it."""
+    check_entry(text, str(module), set(record["functions"]))
     module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    for path, body in ((module, text), (manifest, json.dumps({"format": fmt, "version": version, "contract": contract,
-                                                              "source": found, "functions": functions,
-                                                              "sha256": sha256_hex(text.encode())}))):
+    for path, body in ((module, text), (manifest, json.dumps(dict(record, sha256=sha256_hex(text.encode()))))):
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         staging.write_text(body, encoding="utf-8")
         os.replace(staging, path)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from kvfence.errors import BadInput, require
-from kvfence.release.extract import check_extracted, extract
+from kvfence.release.extract import check_entry, entry_header, extract
 from kvfence.release.wheels import (
     cache_root,
     check_trusted,
@@ -228,7 +228,7 @@ def _validate_entry(version: str, folder: Path) -> Entry:
     require(sha256_hex(text.encode()) == manifest["module_sha256"], f"{module.name} does not match its sha256")
     # The file will be imported: it must hold only what extraction writes (imports of triton, constants,
     # jit functions), whatever happened to it on disk.
-    check_extracted(ast.parse(text), set(manifest["functions"]))
+    check_entry(text, str(module), set(manifest["functions"]))
     # Extracting the cached module again must give itself: every check of extraction holds for it too.
     require(extract(text, module.name, KERNELS)[1] == manifest["functions"], "module does not extract to its manifest")
     abi = manifest.get("abi")
@@ -350,10 +350,13 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     except BadInput as exc:
         raise BadInput(f"sglang=={version}: {exc}") from None
     module_file = Path(source_path).name
-    header = (f'"""{", ".join(k for k in KERNELS if k in defs)} of sglang=={version}, extracted by kvfence.\n\n'
-              f"Source: {source_path} in {wheel.name} (sha256 {sha256_hex(wheel_bytes)}).\n"
-              'Generated; do not edit (the manifest holds its sha256).\n"""\n\n')
-    text = header + text
+    require(module_file.endswith(".py") and module_file[:-3].isidentifier(),
+            f"sglang=={version}: {source_path!r} is not a module name kvfence writes")
+    header = entry_header(f"{', '.join(k for k in KERNELS if k in defs)} of sglang=={version}, extracted by kvfence. "
+                          f"Source: {source_path} in {wheel.name} (sha256 {sha256_hex(wheel_bytes)}). "
+                          "Generated; do not edit (the manifest holds its sha256).")
+    text = header + "\n" + text
+    check_entry(text, f"{source_path} (as extracted)", set(functions))  # as load_entry will, before it is written
     from kvfence.release import shipped  # the wheel's sizing sites, read as data (never imported)
 
     shipped_text = json.dumps(shipped.read_wheel_or_note(wheel), indent=1) + "\n"

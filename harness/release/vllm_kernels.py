@@ -19,8 +19,6 @@ from __future__ import annotations
 import ast
 import base64
 import hashlib
-import json
-import os
 import re
 import sys
 import tempfile
@@ -29,8 +27,8 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 from kvfence.errors import BadInput, require
-from kvfence.release.contract_kernels import contract_entry, load_contract_entry
-from kvfence.release.extract import extract, is_jit
+from kvfence.release.contract_kernels import contract_entry, load_contract_entry, write_entry
+from kvfence.release.extract import entry_header, extract, is_jit
 from kvfence.release.upstream import ABI_UNSUPPORTED, NO_KERNEL, Refused
 from kvfence.release.wheels import (
     check_version,
@@ -38,7 +36,6 @@ from kvfence.release.wheels import (
     member_bytes,
     offline_by_env,
     parameters,
-    sha256_hex,
     wheel_record,
 )
 
@@ -81,14 +78,9 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
                       f"({', '.join(ours)}); kvfence does not know this signature", ABI_UNSUPPORTED)
     text, functions = extract(_with_helpers(source, found, helpers, version), found, roots=(function,))
     require(function in functions, f"vllm=={version}: {function} in {found} is not a @triton.jit function")
-    text = f'"""{function} of vllm=={version} ({found}), extracted by kvfence. Generated."""\n' + text
-    module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    for path, body in ((module, text), (manifest, json.dumps({
-            "format": CACHE_FORMAT, "version": version, "contract": record.name, "source": found,
-            "helpers": sorted(helpers), "functions": functions, "sha256": sha256_hex(text.encode())}))):
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staging.write_text(body, encoding="utf-8")
-        os.replace(staging, path)
+    text = entry_header(f"{function} of vllm=={version} ({found}), extracted by kvfence. Generated.") + text
+    write_entry(module, manifest, text, {"format": CACHE_FORMAT, "version": version, "contract": record.name,
+                                         "source": found, "helpers": sorted(helpers), "functions": functions})
     return module, function
 
 
