@@ -11,7 +11,9 @@ the release has it, the ``@triton.jit`` helpers they call, and the module-level 
 
 The wheel is data. kvfence never imports SGLang and never runs anything from the wheel except those jit
 functions, and only when asked to fuzz them. Extraction refuses any name it cannot resolve to a jit
-function, a literal constant or Triton itself.
+function, a literal constant or Triton itself, and admits the text by the kernel text rule
+(``kvfence.release.kernel_text``: an allow-list of what Triton kernels are written with), again on every read
+of the cache (docs/security.md).
 
 Each kernel's ABI is read from its signature (``detect_abi``); a release whose kernel fits none of
 ``ABIS`` is ``BadInput`` with one line naming what differs. Such a release, and one without the kernel, is

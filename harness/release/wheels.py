@@ -57,7 +57,8 @@ def check_version(version, project: str = "sglang") -> str:
 def check_trusted(folder: Path) -> None:
     """The cache holds code kvfence imports, and its sha256 catches accidents, not tampering (anyone who
     can write the file can rewrite the hash): the cache root, the entry and its files must belong to
-    this user and be writable by no one else (docs/security.md, "The upstream cache is trusted code")."""
+    this user and be writable by no one else (docs/security.md, "The upstream cache holds kernel text,
+    admitted again on every read")."""
     for path in (folder.parent, folder, *sorted(folder.iterdir())):
         try:
             st = path.lstat()
