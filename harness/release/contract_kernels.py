@@ -77,7 +77,7 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
     module, manifest = contract_entry(version, record.name)
     if load_contract_entry(module, manifest, function) is not None:
         return module, function
-    found, source = wheel_source(version, where.paths, function, record.name)
+    found, source = wheel_source(version, where.paths, function, record.name, (module, entry_state(module)))
     ours = parameters(module_file(reference_spec(record)).read_text(), reference_spec(record).rpartition(":")[2],
                        "kvfence")
     theirs = parameters(source, function, f"sglang=={version}")
@@ -89,13 +89,19 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
     return module, function
 
 
-def wheel_source(version: str, paths, function: str, contract: str) -> Tuple[str, str]:
+def entry_state(module: Path) -> str:
+    """What is wrong with a contract's entry that ``load_contract_entry`` did not return (for the offline line)."""
+    return "missing from the cache" if not module.exists() else "in the cache in another format (an older kvfence's)"
+
+
+def wheel_source(version: str, paths, function: str, contract: str,
+                 record: Optional[Tuple[Path, str]] = None) -> Tuple[str, str]:
     """``(member path, its text)``: the first of ``paths`` that sglang ``version``'s wheel holds (the wheel from
     ``KVFENCE_WHEEL_DIR`` or pip, never installed); ``Refused`` (``NO_KERNEL``) when it holds none of them or the
-    member defines no ``function``."""
+    member defines no ``function``. ``record``: the cache entry read it for and what is wrong with it."""
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = find_wheel(version, None, offline_by_env(), Path(tmp),
-                           lambda m: print(m, file=sys.stderr, flush=True))
+                           lambda m: print(m, file=sys.stderr, flush=True), record)
         try:
             with zipfile.ZipFile(wheel) as zf:
                 names = set(zf.namelist())

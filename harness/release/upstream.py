@@ -313,9 +313,13 @@ def _remember_refusal(version: str, wheel: Path, exc: Refused) -> None:
     os.replace(tmp, path)  # a reader sees the old record or the new one, never half of one
 
 
-def find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce) -> Path:
-    """The ``sglang`` wheel of ``version`` (``kvfence.release.wheels.find_wheel``)."""
-    return find_project_wheel("sglang", version, wheel, offline, tmp, announce, cached_in=entry_folder(version))
+def find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce,
+               record: Optional[Tuple[Path, str]] = None) -> Path:
+    """The ``sglang`` wheel of ``version`` (``kvfence.release.wheels.find_wheel``). ``record``: the cache record
+    a command reads it for, and what is wrong with it (``missing``, ``damaged (...)``), which an offline refusal
+    names rather than the release's entry."""
+    where, why = record if record is not None else (entry_folder(version), "")
+    return find_project_wheel("sglang", version, wheel, offline, tmp, announce, cached_in=where, why=why)
 
 
 def cached_versions() -> Dict[str, str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 from kvfence.errors import BadInput, require
-from kvfence.release.contract_kernels import contract_entry, load_contract_entry, write_entry
+from kvfence.release.contract_kernels import contract_entry, entry_state, load_contract_entry, write_entry
 from kvfence.release.extract import entry_header, extract, is_jit
 from kvfence.release.upstream import ABI_UNSUPPORTED, NO_KERNEL, Refused
 from kvfence.release.wheels import (
@@ -67,8 +67,8 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
         return module, function
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = find_wheel(PACKAGE, version, None, offline_by_env(), Path(tmp),
-                           lambda m: print(m, file=sys.stderr, flush=True), cached_in=module.parent,
-                           platforms=(_PLATFORM,))
+                           lambda m: print(m, file=sys.stderr, flush=True), cached_in=module,
+                           platforms=(_PLATFORM,), why=entry_state(module))
         found, source, helpers = _read_wheel(version, wheel, paths, function)
     ours = parameters(module_file(reference_spec(record)).read_text(), reference_spec(record).rpartition(":")[2],
                        "kvfence")

@@ -81,10 +81,11 @@ def sha256_hex(data: bytes) -> str:
 
 
 def find_wheel(project: str, version: str, wheel: Optional[str], offline: bool, tmp: Path, announce, *,
-               cached_in: Path, platforms: Sequence[str] = ()) -> Path:
+               cached_in: Path, platforms: Sequence[str] = (), why: str = "") -> Path:
     """The ``project`` wheel of ``version``: ``wheel`` (a ``--wheel`` path), else ``KVFENCE_WHEEL_DIR``'s, else
     downloaded with pip into ``tmp`` (never installed) unless ``offline`` (``cached_in`` names the cache entry
-    the refusal points at). ``platforms``: a platform tag to retry with when none matches this host."""
+    the refusal points at; ``why``, what is wrong with it when the release is in the cache but that record is
+    missing or damaged). ``platforms``: a platform tag to retry with when none matches this host."""
     if wheel:
         path = Path(wheel)
         require(path.is_file(), f"--wheel {wheel}: no such file")
@@ -94,7 +95,9 @@ def find_wheel(project: str, version: str, wheel: Optional[str], offline: bool, 
         found = sorted(Path(wheel_dir).glob(f"{project}-{version}-*.whl"))
         require(found, f"{project}=={version}: no {project}-{version}-*.whl in KVFENCE_WHEEL_DIR={wheel_dir}")
         return found[0]
-    require(not offline, f"{project}=={version} is not in the cache ({cached_in}) and the network is off "
+    absent = f"{project}=={version}: {cached_in} is {why}" if why else \
+        f"{project}=={version} is not in the cache ({cached_in})"
+    require(not offline, f"{absent} and the network is off "
                          "(--offline / KVFENCE_OFFLINE=1); fetch it where PyPI is reachable, or point KVFENCE_CACHE "
                          f"at a cache that has it, or set KVFENCE_WHEEL_DIR to a folder holding {project}-{version}-"
                          "*.whl")
