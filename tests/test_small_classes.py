@@ -7,16 +7,12 @@ Each is paired with the good input beside it.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from kvfence.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 

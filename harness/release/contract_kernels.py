@@ -21,6 +21,7 @@ from kvfence.release.extract import check_entry, entry_header, extract
 from kvfence.release.upstream import ABI_UNSUPPORTED, NO_KERNEL, SPEC_PREFIX, Refused, find_wheel
 from kvfence.release.wheels import (
     cache_root,
+    cache_writes,
     check_trusted,
     check_version,
     member_bytes,
@@ -132,8 +133,9 @@ def write_entry(module: Path, manifest: Path, text: str, record: dict) -> None:
     """An extracted module and its manifest (``record`` with the text's sha256 added) written into the cache,
     each file whole, once the text passes the kernel text rule as the reader will check it."""
     check_entry(text, str(module), set(record["functions"]))
-    module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    for path, body in ((module, text), (manifest, json.dumps(dict(record, sha256=sha256_hex(text.encode()))))):
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staging.write_text(body, encoding="utf-8")
-        os.replace(staging, path)
+    with cache_writes(module):
+        module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        for path, body in ((module, text), (manifest, json.dumps(dict(record, sha256=sha256_hex(text.encode()))))):
+            staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            staging.write_text(body, encoding="utf-8")
+            os.replace(staging, path)

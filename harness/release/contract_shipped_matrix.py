@@ -31,6 +31,7 @@ from typing import List, Optional, TextIO
 
 from kvfence.errors import BadInput
 from kvfence.release.knowledge import shipped, wall_case
+from kvfence.release.wheels import cache_writes
 
 #: What a witness's kernel was seen to do (observed kinds) that makes it write past its row.
 DAMAGE = {"GUARD_OVERWRITE": "writes past its row", "STRAY_WRITE": "writes past its row"}
@@ -72,10 +73,11 @@ def load_record(version: str, contract, *, announce=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce, (path, why))
         doc = cs.read(contract, wheel)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".{os.getpid()}.tmp")
-    staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(staging, path)
+    with cache_writes(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".{os.getpid()}.tmp")
+        staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        os.replace(staging, path)
     return json.loads(path.read_text(encoding="utf-8"))  # what a later run reads (tuples as lists)
 
 

@@ -43,6 +43,7 @@ from kvfence.errors import BadInput, require
 from kvfence.release.extract import check_entry, entry_header, extract
 from kvfence.release.wheels import (
     cache_root,
+    cache_writes,
     check_trusted,
     check_version,
     is_version,
@@ -305,12 +306,13 @@ def _remember_refusal(version: str, wheel: Path, exc: Refused) -> None:
     record = {"format": CACHE_FORMAT, "version": version, "status": exc.status, "reason": str(exc),
               "wheel": wheel.name, "wheel_sha256": sha256_hex(wheel.read_bytes())}
     path = refusal_path(version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(record, indent=1) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)  # a reader sees the old record or the new one, never half of one
+    with cache_writes(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(record, indent=1) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)  # a reader sees the old record or the new one, never half of one
 
 
 def find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce,
@@ -372,13 +374,21 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
                 "shipped_sha256": sha256_hex(shipped_text.encode())}
     # Write a sibling folder, then swap it in: a reader never sees half an entry.
     folder = entry_folder(version)
+    with cache_writes(folder):
+        _swap_in(folder, module_file, text, shipped.RECORD_FILE, shipped_text, manifest)
+        refusal_path(version).unlink(missing_ok=True)  # the release is testable now (a --refresh, another wheel)
+    return _validate_entry(version, folder)
+
+
+def _swap_in(folder: Path, module_file: str, text: str, record_file: str, record_text: str, manifest: dict) -> None:
+    """The entry's files written into a sibling folder, then swapped in: a reader never sees half an entry."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     old: Optional[Path] = None
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from the other users of a shared cache
         (staging / module_file).write_text(text, encoding="utf-8")
-        (staging / shipped.RECORD_FILE).write_text(shipped_text, encoding="utf-8")
+        (staging / record_file).write_text(record_text, encoding="utf-8")
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         # The old entry moves aside in one rename and the new one in in another: a reader sees the old entry,
         # none, or the new one, never a folder half removed (load_entry reads again if it was mid-swap).
@@ -398,8 +408,6 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
         for leftover in (staging, old):
             if leftover is not None and leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)
-    refusal_path(version).unlink(missing_ok=True)  # the release is testable now (a --refresh, another wheel)
-    return _validate_entry(version, folder)
 
 
 def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:

@@ -10,6 +10,7 @@ cache holds code kvfence runs, so it must be its user's alone (``check_trusted``
 from __future__ import annotations
 
 import ast
+import errno
 import hashlib
 import os
 import re
@@ -17,6 +18,7 @@ import stat
 import subprocess
 import sys
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -28,6 +30,18 @@ VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0
 MAX_VERSION_CHARS = 64
 #: Python versions to ask pip for when none matches this interpreter (a wheel's Python source is the same).
 OTHER_PYTHONS = ("3.12", "3.11", "3.10", "3.13")
+
+
+@contextmanager
+def cache_writes(path: Path):
+    """``with cache_writes(path):`` an ``OSError`` writing the cache (a full disk, a read-only folder) is one line
+    naming the file it failed on (else ``path``) and its errno: ``BadInput``, exit 2, never a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
+        raise BadInput(f"cannot write the cache: {exc.filename or path}: {exc.strerror or exc} ({name}); point "
+                       "KVFENCE_CACHE at a folder you can write") from None
 
 
 def cache_root() -> Path:

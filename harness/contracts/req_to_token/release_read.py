@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from kvfence.errors import BadInput, require
+from kvfence.release.wheels import cache_writes
 
 FORMAT = 1
 #: What the record holds: key -> (function, class or "", text that picks the file when several define it).
@@ -149,10 +150,11 @@ def load(version: str, announce=None) -> dict:
         with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
             wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce, (path, why))
             doc = validate(extract(Wheel(wheel)))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        os.replace(staging, path)
+        with cache_writes(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            os.replace(staging, path)
     _LOADED[version] = doc
     return doc
 
