@@ -107,6 +107,9 @@ BODY_ESCAPES = [
     ("tl = src", "'tl' is rebound"),
     ("x = b'payload'", "a bytes literal"),
     ("x = unknown_name + 1", "'unknown_name' is not a parameter"),
+    ("x = max(['import os'], key=FLAG)", "calling max with keyword arguments"),
+    ("x = min([1], key=print)", "calling min with keyword arguments"),
+    ("f = max\n    x = f(1, 2)", "calling 'f'"),
 ]
 
 #: Module-level edits (old text, new text), with the line the refusal names and what it says.
@@ -126,6 +129,8 @@ MODULE_ESCAPES = [
     (("@triton.jit\ndef _clamp", "def _clamp"), 8, "decorated other than by @triton.jit (no decorator)"),
     (("FLAG: tl.constexpr = False", "FLAG=print('pwned')"), 14, "the default \"print('pwned')\""),
     (("FLAG: tl.constexpr = False", "FLAG=(lambda: 0)"), 14, "the default"),
+    (("FLAG: tl.constexpr = False", "FLAG=exec"), 14, "the default 'exec' is not a literal or a constant"),
+    (("FLAG: tl.constexpr = False", "FLAG=range"), 14, "the default 'range' is not a literal or a constant"),
     (("FLAG: tl.constexpr = False", "FLAG: \"__import__('os')\" = False"), 14, "the annotation"),
     (("FLAG: tl.constexpr = False", "*rest"), 14, "*args"),
 ]

@@ -19,9 +19,11 @@ entry is read back:
   ``triton`` and the builtins are never rebound;
 * an attribute is ``tl.NAME`` with NAME in ``TL_ATTRS``, ``triton.NAME`` with NAME in ``TRITON_ATTRS``, or, on
   any other value (a tensor, a dtype), one of ``VALUE_ATTRS``;
-* a call calls a jit function of the module, one of ``BUILTINS``, an allowed ``tl``/``triton`` attribute, or a
-  value's ``.to(...)``; never a local, never a call's result, no ``*args``/``**kwargs``;
-* defaults are literals or constants; annotations are ``tl``/``triton`` attributes or ``int``/``float``/``bool``.
+* a call calls a jit function of the module, one of ``BUILTINS`` (positional arguments only: ``max(key=f)`` calls
+  ``f``), an allowed ``tl``/``triton`` attribute, or a value's ``.to(...)``; never a local, never a call's
+  result, no ``*args``/``**kwargs``;
+* defaults are literals or the module's constants; annotations are ``tl``/``triton`` attributes or
+  ``int``/``float``/``bool``.
 
 Anything else (``lambda``, comprehensions, ``getattr``, ``exec``, ``open``, ``import`` in a body, ``global``,
 ``:=``, f-strings, nested ``def``, ``with``/``try``, another decorator) is ``BadInput`` naming ``file:line``.
@@ -122,7 +124,8 @@ def check_function(fn, where: str, functions: Iterable[str], constants: Iterable
     refuse.require(isinstance(fn, ast.FunctionDef), fn, f"{type(fn).__name__} is not a @triton.jit function")
     _no_dunder(refuse, fn)
     _bindable(refuse, fn, fn.name)
-    refuse.require(len(fn.decorator_list) == 1 and _jit_decorator(fn.decorator_list[0]), fn,
+    odd = [d for d in fn.decorator_list if not _jit_decorator(d)] or fn.decorator_list[1:]
+    refuse.require(len(fn.decorator_list) == 1 and not odd, odd[0] if odd else fn,
                    f"{fn.name} is decorated other than by @triton.jit "
                    f"({', '.join(_unparse(d) for d in fn.decorator_list) or 'no decorator'})")
     a = fn.args
@@ -135,7 +138,7 @@ def check_function(fn, where: str, functions: Iterable[str], constants: Iterable
     if fn.returns is not None:
         _annotation(refuse, fn.returns)
     for default in a.defaults:
-        _default(refuse, default)
+        _default(refuse, default, set(constants))
     local = {arg.arg for arg in a.args}
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -174,11 +177,13 @@ def _annotation(refuse: _Refusal, node) -> None:
     refuse.require(ok, node, f"the annotation {_unparse(node)!r} is not a tl/triton attribute or int/float/bool")
 
 
-def _default(refuse: _Refusal, node) -> None:
+def _default(refuse: _Refusal, node, constants: set) -> None:
+    """A default is evaluated at import, and a parameter holding a builtin (``f=exec``) could be handed to one
+    that calls it: literals and the module's constants only."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         node = node.operand
     ok = (isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool, str, type(None)))) or (
-        isinstance(node, ast.Name) and not _dunder(node.id) and node.id not in ALIASES and node.id not in BUILTINS)
+        isinstance(node, ast.Name) and node.id in constants)
     refuse.require(ok, node, f"the default {_unparse(node)!r} is not a literal or a constant")
 
 
@@ -274,12 +279,16 @@ class _Body:
             refuse.require(callable_, node, f"calling {func.id!r}, which is not a jit function of the module or "
                                             f"one of {', '.join(sorted(BUILTINS))}")
             self.name(func)
+            # min/max(key=...) would call what it is given: a builtin takes positional arguments only.
+            refuse.require(func.id not in BUILTINS or not node.keywords, node,
+                           f"calling {func.id} with keyword arguments ({_unparse(node)!r})")
         elif isinstance(func, ast.Attribute):
             self.attribute(func)
             aliased = isinstance(func.value, ast.Name) and func.value.id in ALIASES
             refuse.require(aliased or func.attr in VALUE_METHODS, node,
                            f"calling .{func.attr} of {_unparse(func.value)!r}, which is not a kernel method")
         else:
+            self.expr(func)  # what it calls first: an escape inside says more than the call of its result
             refuse(node, f"calling {_unparse(func)!r}, the result of an expression")
         for arg in node.args:
             refuse.require(not isinstance(arg, ast.Starred), arg, "a *argument")
