@@ -3,7 +3,9 @@ knowledge says where the wheel defines it (``kvfence.release.knowledge.Upstream`
 source ``sglang`` (entry-point group ``kvfence.kernel_sources``, read by ``kvfence.engine.kernels``).
 
 The function is extracted from the wheel as data (``kvfence.release.extract``) into a cache entry of the
-contract's own, checked against the contract's ABI by its parameters, and loaded like a plug-in kernel file.
+contract's own, checked against the contract's ABI by its parameters, and loaded like a plug-in kernel file. Its
+text is admitted by the kernel text rule (``kvfence.release.kernel_text``) before it is written
+(``write_entry``) and every time the entry is read (``load_contract_entry``).
 """
 
 from __future__ import annotations

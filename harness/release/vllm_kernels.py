@@ -7,7 +7,8 @@ vLLM's wheel is data, as SGLang's is: fetched with ``pip download vllm==VERSION 
 ``KVFENCE_WHEEL_DIR``), its METADATA and RECORD checked, the module read from the zip and never imported. The
 kernel and the ``@triton.jit`` helpers and constants it needs are extracted with ``kvfence.release.extract``; a jit
 helper the module imports from another module of the wheel (``from vllm.x.y import helper``: model runner V2's
-``_load_ptr``) is read from that module the same way and extracted beside it; anything else the kernel reads is
+``_load_ptr``) is read from that module the same way and extracted beside it (each admitted by the kernel text
+rule, ``kvfence.release.kernel_text``, naming its own module's file and line); anything else the kernel reads is
 one line, never run. The result is a cache entry of the contract's own (``$KVFENCE_CACHE/contracts/
 vllm-VERSION/CONTRACT.py`` and its manifest, with the sha256 and the trust checks of SGLang's entries), checked
 against the contract's reference kernel by its parameter names. Refusals are one line: a release without the
