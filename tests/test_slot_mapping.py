@@ -134,7 +134,7 @@ def _digest(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _vllm_wheel(folder: Path, version: str, files: dict) -> Path:
+def vllm_wheel(folder: Path, version: str, files: dict) -> Path:
     """A wheel named and described as vllm ``version`` holding ``files`` (path -> text), with its RECORD."""
     files = dict(files, **{f"vllm-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm\n"
                                                                   f"Version: {version}\n"})
@@ -147,7 +147,7 @@ def _vllm_wheel(folder: Path, version: str, files: dict) -> Path:
     return path
 
 
-def _as_release(text: str) -> dict:
+def as_release(text: str) -> dict:
     """kvfence's kernel laid out as model runner V2's module is: the kernel under the release's name, its
     table-of-addresses load in a helper the module imports from ``buffer_utils`` (as ``_load_ptr`` is)."""
     ours = text.replace("def compute_slot_mappings_kernel(", "def _compute_slot_mappings_kernel(").replace(
@@ -167,10 +167,10 @@ def test_a_vllm_kernel_is_extracted_with_its_imported_helper_a_bug_caught_a_guar
     wheels, cache = tmp_path / "wheels", tmp_path / "cache"
     wheels.mkdir()
     text = KERNEL.read_text()
-    _vllm_wheel(wheels, "9.9.1", _as_release(text))  # the row guard
-    _vllm_wheel(wheels, "9.9.2", _as_release(text.replace("inside = j < row_width", "inside = j >= 0")))
-    _vllm_wheel(wheels, "9.9.3", {"vllm/v1/worker/block_table.py": "x = 1\n"})  # no V2 runner
-    _vllm_wheel(wheels, "9.9.4", _as_release(text.replace("    cp_rank,\n", "    cp_rank,\n    extra,\n", 1)))
+    vllm_wheel(wheels, "9.9.1", as_release(text))  # the row guard
+    vllm_wheel(wheels, "9.9.2", as_release(text.replace("inside = j < row_width", "inside = j >= 0")))
+    vllm_wheel(wheels, "9.9.3", {"vllm/v1/worker/block_table.py": "x = 1\n"})  # no V2 runner
+    vllm_wheel(wheels, "9.9.4", as_release(text.replace("    cp_rank,\n", "    cp_rank,\n    extra,\n", 1)))
     env = {"KVFENCE_WHEEL_DIR": str(wheels), "KVFENCE_CACHE": str(cache), "KVFENCE_OFFLINE": "1"}
 
     def fuzz(version, out, *more):
@@ -208,13 +208,13 @@ def test_a_helper_that_reads_outside_triton_is_one_line(tmp_path, monkeypatch):
     from kvfence.errors import BadInput
     from kvfence.release import vllm_kernels
 
-    files = _as_release(KERNEL.read_text())
+    files = as_release(KERNEL.read_text())
     files["vllm/v1/worker/gpu/buffer_utils.py"] = files["vllm/v1/worker/gpu/buffer_utils.py"].replace(
         "    ptr = tl.load(ptr_to_ptr)\n", "    ptr = tl.load(ptr_to_ptr) + torch.zeros(1)\n")
-    _vllm_wheel(tmp_path, "9.9.7", files)
+    vllm_wheel(tmp_path, "9.9.7", files)
     monkeypatch.setenv("KVFENCE_WHEEL_DIR", str(tmp_path))
     monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(BadInput, match="_load_ptr reads 'torch', which kvfence cannot resolve"):
+    with pytest.raises(BadInput, match="buffer_utils.py:10: 'torch' is not a parameter, a local, a jit function"):
         vllm_kernels.contract_kernel(RECORD, "vllm==9.9.7")
     assert not (tmp_path / "cache" / "contracts" / "vllm-9.9.7" / f"{NAME}.py").exists()
 

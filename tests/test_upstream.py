@@ -229,10 +229,10 @@ def test_a_kernel_no_abi_fits_is_one_line_exit_2(tmp_path, cache, edits, needles
 
 
 @pytest.mark.parametrize("edits,needles", [(CALLS_HOST_CODE, ("host_helper", "not a @triton.jit function")),
-                                           (READS_SGLANG, ("is_cuda", "imported from outside Triton")),
-                                           (CALLS_DANGEROUS_BUILTIN, ("'__import__'", "cannot resolve")),
-                                           (CONSTANT_RUNS_CODE, ("constant COPY_BLOCK", "other than Triton")),
-                                           (DEFAULT_RUNS_CODE, ("print('x')", "other than Triton"))])
+                                           (READS_SGLANG, ("is_cuda", "imported by 'from sglang.srt.utils")),
+                                           (CALLS_DANGEROUS_BUILTIN, (f"{MODULE}:43: '__import__' is a dunder",)),
+                                           (CONSTANT_RUNS_CODE, (f"{MODULE}:9: a constant's value", "len(open(")),
+                                           (DEFAULT_RUNS_CODE, (f"{MODULE}:35: the default \"print('x')\"",))])
 def test_kernels_reaching_outside_jit_code_are_refused(tmp_path, cache, edits, needles):
     wheel = make_wheel(tmp_path / "wheels", modules={MODULE: edited(edits)})
     one_line_exit_2(kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache), *needles)
@@ -320,13 +320,13 @@ def test_corrupt_cache_entry_is_one_line_exit_2_and_refresh_repairs_it(tmp_path,
 
 
 @pytest.mark.parametrize("added,needle", [
-    ("print('side effect')", "unexpected statement"),
+    ("print('side effect')", "at module level is not kernel code"),
     # A constant no kernel reads is not checked by extracting again: its value must be checked on its own.
-    ("Z = __import__('os').system('echo pwned')", "is not allowed|calls something other than Triton"),
-    ("Z = tl.constexpr(open('/tmp/kvfence-pwned', 'w').write('x'))", "calls something other than Triton"),
-    ("Z: int = __import__('os').getpid()", "is not allowed|calls something other than Triton"),
-    ("Z: __import__('os').getpid() = 1", "is not allowed|calls something other than Triton"),
-    ("Z.attr = 1", "unexpected assignment"),
+    ("Z = __import__('os').system('echo pwned')", "'__import__' is a dunder name"),
+    ("Z = tl.constexpr(open('/tmp/kvfence-pwned', 'w').write('x'))", "is not numbers, constants"),
+    ("Z: int = __import__('os').getpid()", "'__import__' is a dunder name"),
+    ("Z: __import__('os').getpid() = 1", "'__import__' is a dunder name"),
+    ("Z.attr = 1", "assigning to 'Z.attr'"),
 ])
 def test_hand_edited_module_with_matching_hash_is_still_refused(tmp_path, cache, monkeypatch, added, needle):
     # Someone re-hashed a module that now runs code at import: the structural check refuses it.

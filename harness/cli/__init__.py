@@ -55,6 +55,15 @@ def _plugin_contracts(args) -> List[str]:
     return [n for n in dict.fromkeys(names) if n in registry.names() and not registry.builtin(n)]
 
 
+def _os_error(exc: OSError) -> str:
+    """One line for an ``OSError``: the path(s) it names, what the system said and its errno."""
+    import errno
+
+    name = errno.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
+    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    return f"{paths or type(exc).__name__}: {exc.strerror or exc} ({name})"
+
+
 def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
     args = None
     try:
@@ -73,6 +82,9 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
         return args.func(args)
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # a write no command turned into its own line (a full disk, a read-only folder)
+        _stderr(f"kvfence: error: {_os_error(exc)}")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:  # kvfence.engine.interrupt.Interrupted carries SIGTERM's 143
         if args is None:  # the command modules still importing or the parser: as kvfence.__main__ says it

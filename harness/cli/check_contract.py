@@ -10,6 +10,7 @@ contracts.
 
 from __future__ import annotations
 
+import re
 import sys
 
 from kvfence.cli.common import _exit_codes, _non_negative_int, _positive_int, _stderr
@@ -34,7 +35,13 @@ def cmd_check_contract(args) -> int:
         key, sep, value = text.partition("=")
         require(sep and key in record.options, f"--pin {text!r}: expected NAME=VALUE with NAME one of contract "
                                                f"{record.name}'s flags ({', '.join(record.options) or 'none'})")
-        pins[key] = int(value) if value.lstrip("-").isdigit() else value
+        # An integer is ASCII digits with one optional sign ("²" and "--5" are no integers: str.isdigit says yes
+        # to the first, int() no to both); anything else is the flag's text, for the contract to judge.
+        if re.fullmatch(r"[+-]?[0-9]+", value):
+            require(len(value) <= 20, f"--pin {text[:60]!r}: an integer of more than 20 digits")
+            pins[key] = int(value)
+        else:
+            pins[key] = value
     answer = check_contract(record, examples=args.examples, seed=args.seed, pins=pins)
     for problem in answer["problems"]:
         _stderr(f"kvfence: error: contract {record.name!r}: {problem}")

@@ -119,6 +119,7 @@ def human_int(text: str, flag: str) -> Optional[int]:
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text)
     require(match is not None, f"{flag} {text!r}: expected an integer such as 4096, 32k or 32K")
     number, suffix = match.groups()
+    require(len(number) <= 20, f"{flag} {text[:40]!r}: a number of more than 20 digits")  # float() would be inf
     mult = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30,
             "T": 2**40}[suffix]
     require(suffix or "." not in number, f"{flag} {text!r}: a decimal needs a suffix (k, m, K, M)")
@@ -131,13 +132,13 @@ def _spec_config(text: Optional[str], dotted: dict) -> dict:
     if text is not None:
         try:
             spec = json.loads(text)
-        except ValueError:
-            raise BadInput(f"--speculative-config {text[:80]!r}: not JSON") from None
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            raise BadInput(f"--speculative-config {text[:80]!r}: not JSON (or nested too deep)") from None
         require(isinstance(spec, dict), "--speculative-config: expected a JSON object")
     for key, value in dotted.items():
         try:
             spec[key] = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             spec[key] = value
     return spec
 

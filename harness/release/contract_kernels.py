@@ -3,12 +3,13 @@ knowledge says where the wheel defines it (``kvfence.release.knowledge.Upstream`
 source ``sglang`` (entry-point group ``kvfence.kernel_sources``, read by ``kvfence.engine.kernels``).
 
 The function is extracted from the wheel as data (``kvfence.release.extract``) into a cache entry of the
-contract's own, checked against the contract's ABI by its parameters, and loaded like a plug-in kernel file.
+contract's own, checked against the contract's ABI by its parameters, and loaded like a plug-in kernel file. Its
+text is admitted by the kernel text rule (``kvfence.release.kernel_text``) before it is written
+(``write_entry``) and every time the entry is read (``load_contract_entry``).
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import sys
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from kvfence.errors import BadInput, require
-from kvfence.release.extract import check_extracted, extract
+from kvfence.release.extract import check_entry, entry_header, extract
 from kvfence.release.upstream import ABI_UNSUPPORTED, NO_KERNEL, SPEC_PREFIX, Refused, find_wheel
 from kvfence.release.wheels import (
     cache_root,
+    cache_writes,
     check_trusted,
     check_version,
     member_bytes,
@@ -54,7 +56,7 @@ def load_contract_entry(module: Path, manifest: Path, function: str,
         require(isinstance(data, dict) and data.get("format") == fmt, "another format")
         text = module.read_text(encoding="utf-8")
         require(sha256_hex(text.encode()) == data.get("sha256"), f"{module.name} does not match its sha256")
-        check_extracted(ast.parse(text), set(data.get("functions", [])))
+        check_entry(text, str(module), set(data.get("functions", [])))
         require(function in data.get("functions", []), f"it holds no {function}")
     except (BadInput, OSError, ValueError, SyntaxError) as exc:
         if isinstance(exc, BadInput) and "another format" in str(exc):
@@ -78,7 +80,8 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
     module, manifest = contract_entry(version, record.name)
     if load_contract_entry(module, manifest, function) is not None:
         return module, function
-    found, source = wheel_source(version, where.paths, function, record.name, tuple(r[0] for r in where.renamed))
+    found, source = wheel_source(version, where.paths, function, record.name, tuple(r[0] for r in where.renamed),
+                                 (module, entry_state(module)))
     if f"def {function}(" not in source:  # the kernel under an older name: launched through kvfence's adapter
         return _renamed_kernel(where, source, found, module, manifest, version, record.name)
     ours = parameters(module_file(reference_spec(record)).read_text(), reference_spec(record).rpartition(":")[2],
@@ -107,13 +110,20 @@ def _renamed_kernel(where, source: str, found: str, module: Path, manifest: Path
     return module, where.function
 
 
-def wheel_source(version: str, paths, function: str, contract: str, others: Tuple[str, ...] = ()) -> Tuple[str, str]:
+def entry_state(module: Path) -> str:
+    """What is wrong with a contract's entry that ``load_contract_entry`` did not return (for the offline line)."""
+    return "missing from the cache" if not module.exists() else "in the cache in another format (an older kvfence's)"
+
+
+def wheel_source(version: str, paths, function: str, contract: str, others: Tuple[str, ...] = (),
+                 record: Optional[Tuple[Path, str]] = None) -> Tuple[str, str]:
     """``(member path, its text)``: the first of ``paths`` that sglang ``version``'s wheel holds (the wheel from
     ``KVFENCE_WHEEL_DIR`` or pip, never installed); ``Refused`` (``NO_KERNEL``) when it holds none of them or the
-    member defines neither ``function`` nor one of ``others`` (its older names)."""
+    member defines neither ``function`` nor one of ``others`` (its older names). ``record``: the cache entry read it
+    for and what is wrong with it."""
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = find_wheel(version, None, offline_by_env(), Path(tmp),
-                           lambda m: print(m, file=sys.stderr, flush=True))
+                           lambda m: print(m, file=sys.stderr, flush=True), record)
         try:
             with zipfile.ZipFile(wheel) as zf:
                 names = set(zf.namelist())
@@ -141,11 +151,18 @@ def store_extracted(module: Path, manifest: Path, source: str, found: str, funct
         require(adapter[0] not in functions, f"{project}=={version}: {found} defines {adapter[0]} already")
         text, functions = text.rstrip("\n") + "\n\n\n# kvfence's adapter (not the release's code):\n" + adapter[1], \
             [*functions, adapter[0]]
-    text = f'"""{function} of {project}=={version} ({found}), extracted by kvfence. {purpose}."""\n' + text
-    module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    for path, body in ((module, text), (manifest, json.dumps({"format": fmt, "version": version, "contract": contract,
-                                                              "source": found, "functions": functions,
-                                                              "sha256": sha256_hex(text.encode())}))):
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staging.write_text(body, encoding="utf-8")
-        os.replace(staging, path)
+    text = entry_header(f"{function} of {project}=={version} ({found}), extracted by kvfence. {purpose}.") + text
+    write_entry(module, manifest, text, {"format": fmt, "version": version, "contract": contract, "source": found,
+                                         "functions": functions})
+
+
+def write_entry(module: Path, manifest: Path, text: str, record: dict) -> None:
+    """An extracted module and its manifest (``record`` with the text's sha256 added) written into the cache,
+    each file whole, once the text passes the kernel text rule as the reader will check it."""
+    check_entry(text, str(module), set(record["functions"]))
+    with cache_writes(module):
+        module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        for path, body in ((module, text), (manifest, json.dumps(dict(record, sha256=sha256_hex(text.encode()))))):
+            staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            staging.write_text(body, encoding="utf-8")
+            os.replace(staging, path)

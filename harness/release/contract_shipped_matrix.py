@@ -31,6 +31,7 @@ from typing import List, Optional, TextIO
 
 from kvfence.errors import BadInput
 from kvfence.release.knowledge import shipped, wall_case
+from kvfence.release.wheels import cache_writes
 
 #: What a witness's kernel was seen to do (observed kinds) that makes it write past its row.
 DAMAGE = {"GUARD_OVERWRITE": "writes past its row", "STRAY_WRITE": "writes past its row"}
@@ -54,11 +55,13 @@ def load_record(version: str, contract, *, announce=None) -> dict:
 
     upstream.check_version(version)
     path = _record_path(version, contract)
+    why = "missing from the cache"
     if path.is_file():
+        why = "damaged in the cache (not a shipped record of this contract and kvfence)"
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            doc = None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            doc, why = None, f"damaged in the cache ({type(exc).__name__})"
         if isinstance(doc, dict) and doc.get("format") == cs.FORMAT and doc.get("contract") == contract.name \
                 and isinstance(doc.get("sites"), list) and all(isinstance(s, dict) for s in doc["sites"]) \
                 and [s.get("site") for s in doc["sites"]] == json.loads(json.dumps(
@@ -68,12 +71,13 @@ def load_record(version: str, contract, *, announce=None) -> dict:
             except (BadInput, RecursionError):
                 pass  # a damaged cache record is read again from the wheel (offline: one line, exit 2)
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
-        wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce)
+        wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce, (path, why))
         doc = cs.read(contract, wheel)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".{os.getpid()}.tmp")
-    staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(staging, path)
+    with cache_writes(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".{os.getpid()}.tmp")
+        staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        os.replace(staging, path)
     return json.loads(path.read_text(encoding="utf-8"))  # what a later run reads (tuples as lists)
 
 

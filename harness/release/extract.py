@@ -4,16 +4,19 @@
 writes a standalone module: the ``@triton.jit`` functions ``roots`` name, the jit helpers and module-level
 constants they read (a constant only when its value reads literals, Triton and other such constants), and
 ``import triton`` / ``import triton.language as tl``. Anything else they read is ``BadInput``: kvfence runs
-only jit code a release defines, under Triton.
+only jit code a release defines, under Triton. Every piece taken is admitted by the kernel text rule
+(``kvfence.release.kernel_text``: an allow-list of what Triton kernels are written with), and ``check_entry``
+admits a cache entry's module by the same rule each time it is read back, before it is imported.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
+import json
 from typing import Dict, List, Tuple
 
 from kvfence.errors import BadInput, require
+from kvfence.release.kernel_text import BUILTINS, check_constant, check_function, check_kernel_text, check_nodes
 
 
 def is_jit(fn: ast.FunctionDef) -> bool:
@@ -22,27 +25,6 @@ def is_jit(fn: ast.FunctionDef) -> bool:
         if ast.unparse(target) in ("triton.jit", "jit"):
             return True
     return False
-
-
-# Builtins a jit function may name (Triton's own and harmless ones); any other (``__import__``, ``open``,
-# ``eval``) is refused like any unresolvable name. The interpreter runs a jit body as Python.
-_ALLOWED_BUILTINS = {"range", "min", "max", "abs", "int", "float", "bool", "len", "isinstance", "print", "tuple",
-                     "list", "zip", "enumerate", "getattr", "hasattr", "Ellipsis"} & set(dir(builtins))
-# What a module-level constant, a decorator or a default may be: literals, names, Triton attribute chains and
-# calls of them (``tl.constexpr(64)``, ``triton.jit(do_not_specialize=[...])``), arithmetic.
-_SAFE_NODES = (ast.Constant, ast.Name, ast.Load, ast.Attribute, ast.Call, ast.keyword, ast.BinOp, ast.UnaryOp,
-               ast.operator, ast.unaryop, ast.Tuple, ast.List)
-
-
-def check_safe_expr(node: ast.AST, what: str) -> None:
-    for sub in ast.walk(node):
-        require(isinstance(sub, _SAFE_NODES), f"{what}: {type(sub).__name__} in {ast.unparse(node)!r} is not allowed")
-        if isinstance(sub, ast.Call):
-            root = sub.func
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            require(isinstance(root, ast.Name) and root.id in ("triton", "tl"),
-                    f"{what}: {ast.unparse(sub)!r} calls something other than Triton")
 
 
 def _free_names(node: ast.AST, bound: set) -> List[str]:
@@ -58,7 +40,7 @@ def _free_names(node: ast.AST, bound: set) -> List[str]:
                 loaded.append(sub.id)
     seen = []
     for name in loaded:
-        if name not in stored and name not in _ALLOWED_BUILTINS and name not in seen:
+        if name not in stored and name not in BUILTINS and name not in seen:
             seen.append(name)
     return seen
 
@@ -68,12 +50,15 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
 
     Starts from ``roots`` (the kernels wanted) and follows every name they read: a top-level ``@triton.jit`` function is
     taken (and followed), a top-level constant is taken when its value only reads literals, Triton and
-    other such constants, ``triton`` / ``tl`` come from the standard imports. Anything else is ``BadInput``.
+    other such constants, ``triton`` / ``tl`` come from the standard imports. Each piece is admitted by the kernel
+    text rule (``kvfence.release.kernel_text``) as it is taken, naming ``source_path:line`` when it is not; anything
+    else it reads is ``BadInput`` too.
     """
     try:
         tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise BadInput(f"{source_path} does not parse: {exc.msg} (line {exc.lineno})") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise BadInput(f"{source_path} does not parse: {getattr(exc, 'msg', type(exc).__name__)} "
+                       f"(line {getattr(exc, 'lineno', '?')})") from None
     lines = source.splitlines(keepends=True)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     constants = {}
@@ -91,12 +76,14 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 imports[alias.asname or alias.name.split(".")[0]] = node
+    # What a function may call or read at module level before each name is resolved below (which refuses a
+    # function that is no jit function and an import, naming it).
+    callable_names, readable = set(functions) | set(imports), set(constants)
     taken: Dict[str, ast.AST] = {}
-    triton_imports: Dict[str, ast.AST] = {}
     todo = [name for name in roots if name in functions]
 
     def resolve(name: str, user: str) -> None:
-        if name in ("triton", "tl") or name in taken or name in triton_imports:
+        if name in ("triton", "tl") or name in taken:
             return
         if name in functions:
             fn = functions[name]
@@ -104,15 +91,13 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
             todo.append(name)
         elif name in constants:
             node = constants[name]
-            check_safe_expr(node.value, f"{source_path}: constant {name}")
+            check_constant(node, source_path)
             taken[name] = node
             for inner in _free_names(node.value, set()):
                 resolve(inner, name)
-        elif name in imports and _imports_only_triton(imports[name]):
-            triton_imports[name] = imports[name]
         elif name in imports:
-            raise BadInput(f"{source_path}: {user} uses {name!r}, imported from outside Triton "
-                           f"({ast.unparse(imports[name])}); kvfence extracts only jit code and constants")
+            raise BadInput(f"{source_path}: {user} uses {name!r}, imported by {ast.unparse(imports[name])!r}; "
+                           "kvfence extracts only jit code and constants, with triton and triton.language as tl")
         else:
             raise BadInput(f"{source_path}: {user} reads {name!r}, which kvfence cannot resolve")
 
@@ -121,13 +106,12 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
         if name in taken:
             continue
         fn = functions[name]
-        # Evaluated when the module is imported, not only when the kernel runs: Triton and literals only.
-        for expr in fn.decorator_list + fn.args.defaults + [a.annotation for a in fn.args.args if a.annotation]:
-            check_safe_expr(expr, f"{source_path}: {name}")
+        check_function(fn, source_path, callable_names, readable)
         taken[name] = fn
         for free in _free_names(fn, {name}):
             resolve(free, name)
-    nodes = sorted(set(taken.values()) | set(triton_imports.values()), key=lambda n: n.lineno)
+    nodes = sorted(set(taken.values()), key=lambda n: n.lineno)
+    check_nodes(nodes, source_path)  # the module as it will be written, with the wheel's line numbers
     parts = ["from __future__ import annotations\n\n"] if future else []
     parts.append("import triton\nimport triton.language as tl\n")
     for node in nodes:
@@ -138,32 +122,15 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
     return "".join(parts).rstrip() + "\n", names
 
 
-def _imports_only_triton(node: ast.AST) -> bool:
-    if isinstance(node, ast.Import):
-        return all(a.name.split(".")[0] == "triton" for a in node.names)
-    return (node.module or "").split(".")[0] == "triton" and node.level == 0
+def entry_header(text: str) -> str:
+    """The docstring an extracted module starts with: ``text`` as one string literal whatever it holds (a wheel's
+    member and file names are data: no quote or newline in them ends the docstring)."""
+    return json.dumps(text) + "\n"
 
 
-def check_extracted(tree: ast.Module, functions: set) -> None:
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            require(all(a.name in ("triton", "triton.language") for a in node.names), "unexpected import")
-        elif isinstance(node, ast.ImportFrom):
-            require(node.module == "__future__" or (node.module or "").split(".")[0] == "triton",
-                    f"unexpected import from {node.module}")
-        elif isinstance(node, ast.FunctionDef):
-            require(node.name in functions and is_jit(node), f"unexpected function {node.name}")
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            # A top-level constant runs when the module is imported: its value (and annotation) may read
-            # only literals, Triton and other constants, as extraction requires of every constant it takes
-            # (a constant no kernel reads is not checked by extracting again, so it is checked here).
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            require(all(isinstance(t, ast.Name) for t in targets), f"unexpected assignment at line {node.lineno}")
-            require(node.value is not None, f"unexpected annotation without a value at line {node.lineno}")
-            check_safe_expr(node.value, f"constant at line {node.lineno}")
-            if isinstance(node, ast.AnnAssign):
-                check_safe_expr(node.annotation, f"annotation at line {node.lineno}")
-        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
-            raise BadInput(f"unexpected statement at line {node.lineno}")
+def check_entry(text: str, where: str, functions: set) -> None:
+    """A cache entry's module, before it is imported: admitted by the kernel text rule (``BadInput`` naming
+    ``where:line``) and defining exactly the jit functions its manifest lists."""
+    tree = check_kernel_text(text, where)
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    require(functions == defined, f"functions {sorted(defined)} != manifest {sorted(functions)}")
+    require(functions == defined, f"{where}: functions {sorted(defined)} != manifest {sorted(functions)}")

@@ -11,7 +11,9 @@ the release has it, the ``@triton.jit`` helpers they call, and the module-level 
 
 The wheel is data. kvfence never imports SGLang and never runs anything from the wheel except those jit
 functions, and only when asked to fuzz them. Extraction refuses any name it cannot resolve to a jit
-function, a literal constant or Triton itself.
+function, a literal constant or Triton itself, and admits the text by the kernel text rule
+(``kvfence.release.kernel_text``: an allow-list of what Triton kernels are written with), again on every read
+of the cache (docs/security.md).
 
 Each kernel's ABI is read from its signature (``detect_abi``); a release whose kernel fits none of
 ``ABIS`` is ``BadInput`` with one line naming what differs. Such a release, and one without the kernel, is
@@ -38,9 +40,10 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from kvfence.errors import BadInput, require
-from kvfence.release.extract import check_extracted, extract
+from kvfence.release.extract import check_entry, entry_header, extract
 from kvfence.release.wheels import (
     cache_root,
+    cache_writes,
     check_trusted,
     check_version,
     is_version,
@@ -228,7 +231,7 @@ def _validate_entry(version: str, folder: Path) -> Entry:
     require(sha256_hex(text.encode()) == manifest["module_sha256"], f"{module.name} does not match its sha256")
     # The file will be imported: it must hold only what extraction writes (imports of triton, constants,
     # jit functions), whatever happened to it on disk.
-    check_extracted(ast.parse(text), set(manifest["functions"]))
+    check_entry(text, str(module), set(manifest["functions"]))
     # Extracting the cached module again must give itself: every check of extraction holds for it too.
     require(extract(text, module.name, KERNELS)[1] == manifest["functions"], "module does not extract to its manifest")
     abi = manifest.get("abi")
@@ -303,17 +306,22 @@ def _remember_refusal(version: str, wheel: Path, exc: Refused) -> None:
     record = {"format": CACHE_FORMAT, "version": version, "status": exc.status, "reason": str(exc),
               "wheel": wheel.name, "wheel_sha256": sha256_hex(wheel.read_bytes())}
     path = refusal_path(version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(record, indent=1) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)  # a reader sees the old record or the new one, never half of one
+    with cache_writes(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(record, indent=1) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)  # a reader sees the old record or the new one, never half of one
 
 
-def find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce) -> Path:
-    """The ``sglang`` wheel of ``version`` (``kvfence.release.wheels.find_wheel``)."""
-    return find_project_wheel("sglang", version, wheel, offline, tmp, announce, cached_in=entry_folder(version))
+def find_wheel(version: str, wheel: Optional[str], offline: bool, tmp: Path, announce,
+               record: Optional[Tuple[Path, str]] = None) -> Path:
+    """The ``sglang`` wheel of ``version`` (``kvfence.release.wheels.find_wheel``). ``record``: the cache record
+    a command reads it for, and what is wrong with it (``missing``, ``damaged (...)``), which an offline refusal
+    names rather than the release's entry."""
+    where, why = record if record is not None else (entry_folder(version), "")
+    return find_project_wheel("sglang", version, wheel, offline, tmp, announce, cached_in=where, why=why)
 
 
 def cached_versions() -> Dict[str, str]:
@@ -350,10 +358,13 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     except BadInput as exc:
         raise BadInput(f"sglang=={version}: {exc}") from None
     module_file = Path(source_path).name
-    header = (f'"""{", ".join(k for k in KERNELS if k in defs)} of sglang=={version}, extracted by kvfence.\n\n'
-              f"Source: {source_path} in {wheel.name} (sha256 {sha256_hex(wheel_bytes)}).\n"
-              'Generated; do not edit (the manifest holds its sha256).\n"""\n\n')
-    text = header + text
+    require(module_file.endswith(".py") and module_file[:-3].isidentifier(),
+            f"sglang=={version}: {source_path!r} is not a module name kvfence writes")
+    header = entry_header(f"{', '.join(k for k in KERNELS if k in defs)} of sglang=={version}, extracted by kvfence. "
+                          f"Source: {source_path} in {wheel.name} (sha256 {sha256_hex(wheel_bytes)}). "
+                          "Generated; do not edit (the manifest holds its sha256).")
+    text = header + "\n" + text
+    check_entry(text, f"{source_path} (as extracted)", set(functions))  # as load_entry will, before it is written
     from kvfence.release import shipped  # the wheel's sizing sites, read as data (never imported)
 
     shipped_text = json.dumps(shipped.read_wheel_or_note(wheel), indent=1) + "\n"
@@ -363,13 +374,21 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
                 "shipped_sha256": sha256_hex(shipped_text.encode())}
     # Write a sibling folder, then swap it in: a reader never sees half an entry.
     folder = entry_folder(version)
+    with cache_writes(folder):
+        _swap_in(folder, module_file, text, shipped.RECORD_FILE, shipped_text, manifest)
+        refusal_path(version).unlink(missing_ok=True)  # the release is testable now (a --refresh, another wheel)
+    return _validate_entry(version, folder)
+
+
+def _swap_in(folder: Path, module_file: str, text: str, record_file: str, record_text: str, manifest: dict) -> None:
+    """The entry's files written into a sibling folder, then swapped in: a reader never sees half an entry."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     old: Optional[Path] = None
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from the other users of a shared cache
         (staging / module_file).write_text(text, encoding="utf-8")
-        (staging / shipped.RECORD_FILE).write_text(shipped_text, encoding="utf-8")
+        (staging / record_file).write_text(record_text, encoding="utf-8")
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         # The old entry moves aside in one rename and the new one in in another: a reader sees the old entry,
         # none, or the new one, never a folder half removed (load_entry reads again if it was mid-swap).
@@ -389,8 +408,6 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
         for leftover in (staging, old):
             if leftover is not None and leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)
-    refusal_path(version).unlink(missing_ok=True)  # the release is testable now (a --refresh, another wheel)
-    return _validate_entry(version, folder)
 
 
 def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:

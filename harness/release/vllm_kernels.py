@@ -7,7 +7,8 @@ vLLM's wheel is data, as SGLang's is: fetched with ``pip download vllm==VERSION 
 ``KVFENCE_WHEEL_DIR``), its METADATA and RECORD checked, the module read from the zip and never imported. The
 kernel and the ``@triton.jit`` helpers and constants it needs are extracted with ``kvfence.release.extract``; a jit
 helper the module imports from another module of the wheel (``from vllm.x.y import helper``: model runner V2's
-``_load_ptr``) is read from that module the same way and extracted beside it; anything else the kernel reads is
+``_load_ptr``) is read from that module the same way and extracted beside it (each admitted by the kernel text
+rule, ``kvfence.release.kernel_text``, naming its own module's file and line); anything else the kernel reads is
 one line, never run. The result is a cache entry of the contract's own (``$KVFENCE_CACHE/contracts/
 vllm-VERSION/CONTRACT.py`` and its manifest, with the sha256 and the trust checks of SGLang's entries), checked
 against the contract's reference kernel by its parameter names. Refusals are one line: a release without the
@@ -19,8 +20,6 @@ from __future__ import annotations
 import ast
 import base64
 import hashlib
-import json
-import os
 import re
 import sys
 import tempfile
@@ -29,8 +28,8 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 from kvfence.errors import BadInput, require
-from kvfence.release.contract_kernels import contract_entry, load_contract_entry
-from kvfence.release.extract import extract, is_jit
+from kvfence.release.contract_kernels import contract_entry, entry_state, load_contract_entry, write_entry
+from kvfence.release.extract import entry_header, extract, is_jit
 from kvfence.release.upstream import ABI_UNSUPPORTED, NO_KERNEL, Refused
 from kvfence.release.wheels import (
     check_version,
@@ -38,7 +37,6 @@ from kvfence.release.wheels import (
     member_bytes,
     offline_by_env,
     parameters,
-    sha256_hex,
     wheel_record,
 )
 
@@ -70,8 +68,8 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
         return module, function
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = find_wheel(PACKAGE, version, None, offline_by_env(), Path(tmp),
-                           lambda m: print(m, file=sys.stderr, flush=True), cached_in=module.parent,
-                           platforms=(_PLATFORM,))
+                           lambda m: print(m, file=sys.stderr, flush=True), cached_in=module,
+                           platforms=(_PLATFORM,), why=entry_state(module))
         found, source, helpers = _read_wheel(version, wheel, paths, function)
     ours = parameters(module_file(reference_spec(record)).read_text(), reference_spec(record).rpartition(":")[2],
                        "kvfence")
@@ -81,14 +79,9 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
                       f"({', '.join(ours)}); kvfence does not know this signature", ABI_UNSUPPORTED)
     text, functions = extract(_with_helpers(source, found, helpers, version), found, roots=(function,))
     require(function in functions, f"vllm=={version}: {function} in {found} is not a @triton.jit function")
-    text = f'"""{function} of vllm=={version} ({found}), extracted by kvfence. Generated."""\n' + text
-    module.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    for path, body in ((module, text), (manifest, json.dumps({
-            "format": CACHE_FORMAT, "version": version, "contract": record.name, "source": found,
-            "helpers": sorted(helpers), "functions": functions, "sha256": sha256_hex(text.encode())}))):
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staging.write_text(body, encoding="utf-8")
-        os.replace(staging, path)
+    text = entry_header(f"{function} of vllm=={version} ({found}), extracted by kvfence. Generated.") + text
+    write_entry(module, manifest, text, {"format": CACHE_FORMAT, "version": version, "contract": record.name,
+                                         "source": found, "helpers": sorted(helpers), "functions": functions})
     return module, function
 
 

@@ -10,6 +10,7 @@ cache holds code kvfence runs, so it must be its user's alone (``check_trusted``
 from __future__ import annotations
 
 import ast
+import errno
 import hashlib
 import os
 import re
@@ -17,6 +18,7 @@ import stat
 import subprocess
 import sys
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -28,6 +30,18 @@ VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0
 MAX_VERSION_CHARS = 64
 #: Python versions to ask pip for when none matches this interpreter (a wheel's Python source is the same).
 OTHER_PYTHONS = ("3.12", "3.11", "3.10", "3.13")
+
+
+@contextmanager
+def cache_writes(path: Path):
+    """``with cache_writes(path):`` an ``OSError`` writing the cache (a full disk, a read-only folder) is one line
+    naming the file it failed on (else ``path``) and its errno: ``BadInput``, exit 2, never a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
+        raise BadInput(f"cannot write the cache: {exc.filename or path}: {exc.strerror or exc} ({name}); point "
+                       "KVFENCE_CACHE at a folder you can write") from None
 
 
 def cache_root() -> Path:
@@ -57,7 +71,8 @@ def check_version(version, project: str = "sglang") -> str:
 def check_trusted(folder: Path) -> None:
     """The cache holds code kvfence imports, and its sha256 catches accidents, not tampering (anyone who
     can write the file can rewrite the hash): the cache root, the entry and its files must belong to
-    this user and be writable by no one else (docs/security.md, "The upstream cache is trusted code")."""
+    this user and be writable by no one else (docs/security.md, "The upstream cache holds kernel text,
+    admitted again on every read")."""
     for path in (folder.parent, folder, *sorted(folder.iterdir())):
         try:
             st = path.lstat()
@@ -80,10 +95,11 @@ def sha256_hex(data: bytes) -> str:
 
 
 def find_wheel(project: str, version: str, wheel: Optional[str], offline: bool, tmp: Path, announce, *,
-               cached_in: Path, platforms: Sequence[str] = ()) -> Path:
+               cached_in: Path, platforms: Sequence[str] = (), why: str = "") -> Path:
     """The ``project`` wheel of ``version``: ``wheel`` (a ``--wheel`` path), else ``KVFENCE_WHEEL_DIR``'s, else
     downloaded with pip into ``tmp`` (never installed) unless ``offline`` (``cached_in`` names the cache entry
-    the refusal points at). ``platforms``: a platform tag to retry with when none matches this host."""
+    the refusal points at; ``why``, what is wrong with it when the release is in the cache but that record is
+    missing or damaged). ``platforms``: a platform tag to retry with when none matches this host."""
     if wheel:
         path = Path(wheel)
         require(path.is_file(), f"--wheel {wheel}: no such file")
@@ -93,7 +109,9 @@ def find_wheel(project: str, version: str, wheel: Optional[str], offline: bool, 
         found = sorted(Path(wheel_dir).glob(f"{project}-{version}-*.whl"))
         require(found, f"{project}=={version}: no {project}-{version}-*.whl in KVFENCE_WHEEL_DIR={wheel_dir}")
         return found[0]
-    require(not offline, f"{project}=={version} is not in the cache ({cached_in}) and the network is off "
+    absent = f"{project}=={version}: {cached_in} is {why}" if why else \
+        f"{project}=={version} is not in the cache ({cached_in})"
+    require(not offline, f"{absent} and the network is off "
                          "(--offline / KVFENCE_OFFLINE=1); fetch it where PyPI is reachable, or point KVFENCE_CACHE "
                          f"at a cache that has it, or set KVFENCE_WHEEL_DIR to a folder holding {project}-{version}-"
                          "*.whl")

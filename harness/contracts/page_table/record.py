@@ -76,6 +76,7 @@ class PageTableCase:
                 "kv_start: one non-negative start per request, or null")
         require(self.pool_rows * cdiv(self.pool_len, self.page_size) * self.page_size < 2 ** 31,
                 "slot ids must fit int32: fewer pool rows or a shorter context")
+        require(0 <= self.seed < 1 << 32, "seed must be in [0, 2**32)")  # numpy's generator takes no negative seed
         return self
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from kvfence.errors import BadInput, require
+from kvfence.release.wheels import cache_writes
 
 FORMAT = 2
 #: What the record holds: key -> (function, class or "", text that picks the file when several define it).
@@ -147,20 +148,21 @@ def load(version: str, announce=None) -> dict:
         return _LOADED[version]
     upstream.check_version(version)
     path = record_path(version)
-    doc = None
+    doc, why = None, "missing from the cache"
     if path.is_file():
         try:
             doc = validate(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, BadInput):
-            doc = None  # a damaged record is read again from the wheel
+        except (OSError, ValueError, BadInput) as exc:
+            doc, why = None, f"damaged in the cache ({type(exc).__name__})"  # read again from the wheel
     if doc is None:
         with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
-            wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce)
+            wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce, (path, why))
             doc = validate(extract(Wheel(wheel)))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        os.replace(staging, path)
+        with cache_writes(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            staging.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            os.replace(staging, path)
     _LOADED[version] = doc
     return doc
 

@@ -119,6 +119,7 @@ class SlotCase:
         require(1 <= self.table_rows <= MAX_REQUESTS, f"table_rows must be in [1, {MAX_REQUESTS}]")
         require(0 <= self.pad <= MAX_PAD, f"pad must be in [0, {MAX_PAD}]")
         require(self.tile in TILES, f"tile must be one of {TILES}")
+        require(0 <= self.seed < 1 << 32, "seed must be in [0, 2**32)")  # numpy's generator takes no negative seed
         require(self.num_tokens <= 1 << 24, "at most 2**24 tokens")
         longest = max(grp.blocks or cdiv(self.ctx, grp.block_size) for grp in self.groups)
         require(self.table_rows * longest * max(grp.block_size for grp in self.groups) < 2 ** 31,
