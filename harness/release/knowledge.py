@@ -20,10 +20,13 @@ GROUP = "kvfence.shipped"
 @dataclass(frozen=True)
 class Upstream:
     """Where SGLang's wheels define the contract's kernel: the function name and candidate module paths
-    (the newest first)."""
+    (the newest first). ``function`` may name a ``@staticmethod`` ``@triton.jit`` method as ``Class.method`` (a
+    vLLM ``VllmTritonJitKernel``'s body; the kernel source lifts it to the top level). ``variants``: other kernels
+    of the same ABI a release ships, ``(name, Upstream)`` pairs a spec selects as ``SOURCE==VERSION:name``."""
 
     function: str
     paths: Tuple[str, ...]
+    variants: Tuple[Tuple[str, "Upstream"], ...] = ()
 
 
 @dataclass(frozen=True)
