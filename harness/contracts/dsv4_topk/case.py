@@ -24,8 +24,10 @@ from typing import Dict, Tuple
 from kvfence.errors import require
 
 #: Rows of the block table that no token names hold ``SPARE_POISON - position``: no block id is negative, so a slot
-#: derived from one is a read past a row (the engine's ``POISON_READ``; ``* B`` keeps it poison-derived for B <= 64).
-SPARE_POISON = -(1 << 20)
+#: derived from one is a read past a row (the engine's ``POISON_READ``; ``* B`` keeps it poison-derived and an int32
+#: for B <= 64). Not a power of two: times a block size it never equals an input guard's poison, which the
+#: engine would name as the guard read.
+SPARE_POISON = -(1 << 22) - 7
 #: Bounds ``from_json`` accepts (a case file is data from anywhere).
 MAX_BLOCK_SIZE = 64  # INPUT_POISON * B must stay an int32 (c4 at a 256-token cache block: 64)
 MAX_TOKENS = 4096

@@ -35,13 +35,12 @@ PATCHES = {
     "release_fix_load_only": (
         "The fix's bound in the release's load but not in its slot: an index past the row maps to a slot made of "
         "what the masked load left (not -1).", ("VALUE_MISMATCH",),
-        ((_LOAD_MASK, "mask=mask & is_valid & (block_indices < block_table_stride) & (is_valid_token != 0),"
-                      "  # BUG: the slot below is not bounded"),)),
+        ((_LOAD_MASK, "mask=mask & is_valid & (block_indices < block_table_stride),  # BUG: the slot is not"),)),
 }
 #: The patch that makes the release's text the fix (vllm#57388's bound and gate): a positive control, not a mutant.
-FIX = ((_LOAD_MASK, "mask=mask & is_valid & (block_indices < block_table_stride) & (is_valid_token != 0),"),
-       (_SLOT, "slot_ids = tl.where(is_valid & (block_indices < block_table_stride) & (is_valid_token != 0), "
-               "slot_ids, -1)"))
+#: The token's flag joins the block through tl.where: the interpreter refuses a mask of ``block & scalar bool``.
+_FIXED = "tl.where(is_valid_token != 0, is_valid & (block_indices < block_table_stride), False)"
+FIX = ((_LOAD_MASK, f"mask=mask & {_FIXED},"), (_SLOT, f"slot_ids = tl.where({_FIXED}, slot_ids, -1)"))
 
 
 def release_mutants() -> Tuple[Mutant, ...]:
