@@ -160,8 +160,9 @@ def _lifted(source: str, path: str, owner: str, method: str, version: str) -> st
     require(method not in taken, f"vllm=={version}: {path} defines {method} at the top level too; kvfence cannot "
                                  f"lift {owner}.{method} beside it")
     lines = source.splitlines(keepends=True)
-    body = textwrap.dedent("".join(lines[fn.decorator_list[1].lineno - 1:fn.end_lineno]))
-    return source.rstrip("\n") + f"\n\n\n# {owner}.{method}, lines {fn.decorator_list[1].lineno}-{fn.end_lineno}\n" + body
+    first = fn.decorator_list[1].lineno
+    body = textwrap.dedent("".join(lines[first - 1:fn.end_lineno]))
+    return source.rstrip("\n") + f"\n\n\n# {owner}.{method}, lines {first}-{fn.end_lineno}\n" + body
 
 
 def _member_text(zf: zipfile.ZipFile, name: str, record: Dict[str, str], wheel: Path) -> str:
