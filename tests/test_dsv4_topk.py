@@ -305,3 +305,24 @@ def test_affected_runs_the_release_kernel_on_a_deepseek_v4_launch(tmp_path, real
     assert "W * B = 256 * 64 = 16384" in rows[0]["condition"] and "vllm#57388" in rows[0]["fixed"]
     again = _kvfence("repro", rows[0]["case_file"], "--device", "cpu", cwd=tmp_path, env=real_env)
     assert again.returncode == 1 and "VALUE_MISMATCH" in again.stdout, again.stderr + again.stdout
+
+
+def test_gpu_domain_draws_are_valid_cases_with_rows_wider_than_hypothesis_draws_one_by_one():
+    """The GPU domain's rows reach V4's index_topk (512): the first indices of a row are drawn, the rest filled by
+    a seeded generator of the same kinds; every draw is a valid case and its oracle answers (no kernel runs)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from kvfence.contracts.dsv4_topk.strategies import EXPLICIT, topk_cases
+
+    seen = []
+
+    @settings(max_examples=30, database=None, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(topk_cases("gpu"))
+    def draw(fields):
+        case = TopkCase(**fields).validate()
+        assert len(model.oracle(case, case.ctx)["topk_lens"]) == case.num_tokens
+        seen.append(case.topk)
+
+    draw()
+    assert len(seen) == 30 and max(seen) > EXPLICIT["gpu"]

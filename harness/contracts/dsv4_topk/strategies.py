@@ -18,7 +18,10 @@ from kvfence.draws import edge_or
 from kvfence.errors import require
 
 #: Per domain: (largest compressed context, most tokens, largest topk, most rows).
-DOMAINS = {"cpu": (512, 6, 40, 4), "gpu": (32768, 512, 512, 64)}
+DOMAINS = {"cpu": (512, 6, 40, 4), "gpu": (32768, 64, 512, 64)}
+#: Indices a token's row draws one by one (shrinkable); the rest of a wider row come from a seeded generator of
+#: the same kinds (Hypothesis cannot draw a GPU-sized row element by element).
+EXPLICIT = {"cpu": 40, "gpu": 8}
 #: Compressed block sizes, simplest first: c4 and c128 layers at vLLM's cache block sizes (64 / 4, 256 / 4, 256 /
 #: 128) and others.
 BLOCK_SIZES = (16, 64, 2, 1, 4, 8)
@@ -45,13 +48,32 @@ def _stale_index(draw, ctx: int, bs: int, blocks: int) -> int:
     return edge_or(draw, INT32_MIN, INT32_MAX, (INT32_MIN, INT32_MAX, -2, 1 << 20, 1 << 30))
 
 
+def _filled(valid: bool, ctx: int, bs: int, count: int, seed: int) -> tuple:
+    """``count`` more indices of a row past its explicit ones, of the kinds the explicit ones are drawn from."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if valid:
+        return tuple(int(i) for i in rng.integers(-1, ctx, count))
+    wall = -(-ctx // bs) * bs
+    kinds = rng.integers(0, 4, count)
+    stale = rng.integers(0, 4 * wall + 1, count)
+    garbage = rng.integers(INT32_MIN, INT32_MAX, count, endpoint=True)
+    return tuple(int(v) for v in np.choose(kinds, [np.full(count, -1), np.full(count, wall), stale, garbage]))
+
+
 @st.composite
-def _token(draw, ctx: int, bs: int, topk: int, rows: int):
+def _token(draw, ctx: int, bs: int, topk: int, rows: int, explicit: int):
     """One token: ``(row, valid, indices)``; a padding token in row 0 two times in three, as vLLM maps it."""
+    shown = min(topk, explicit)
     if draw(st.sampled_from((True, True, False))):
-        return draw(st.integers(0, rows - 1)), True, tuple(_valid_index(draw, ctx, bs) for _ in range(topk))
-    row = 0 if draw(st.sampled_from((True, True, False))) else draw(st.integers(0, rows - 1))
-    return row, False, tuple(_stale_index(draw, ctx, bs, -(-ctx // bs)) for _ in range(topk))
+        row, valid = draw(st.integers(0, rows - 1)), True
+        head = tuple(_valid_index(draw, ctx, bs) for _ in range(shown))
+    else:
+        row = 0 if draw(st.sampled_from((True, True, False))) else draw(st.integers(0, rows - 1))
+        valid, head = False, tuple(_stale_index(draw, ctx, bs, -(-ctx // bs)) for _ in range(shown))
+    tail = _filled(valid, ctx, bs, topk - shown, draw(st.integers(0, 2 ** 16))) if topk > shown else ()
+    return row, valid, head + tail
 
 
 @st.composite
@@ -63,7 +85,7 @@ def topk_cases(draw, domain: str):
     topk = edge_or(draw, 1, max_topk, (1, 2, 16, 17, max_topk))
     rows = draw(st.integers(1, most_rows))
     # A list, so that shrinking can drop any token (the one that reads past its row need not come first).
-    tokens = draw(st.lists(_token(ctx, bs, topk, rows), min_size=1, max_size=most_tokens))
+    tokens = draw(st.lists(_token(ctx, bs, topk, rows, EXPLICIT[domain]), min_size=1, max_size=most_tokens))
     return dict(block_size=bs, ctx=ctx, topk=topk, table_rows=rows, reqs=tuple(t[0] for t in tokens),
                 valid=tuple(t[1] for t in tokens), indices=tuple(t[2] for t in tokens),
                 tile=draw(st.sampled_from(TILES[domain])), seed=draw(st.integers(0, 2 ** 16)))
