@@ -1,7 +1,11 @@
 """Any contract's kernel of a vLLM release: ``--kernel vllm==VERSION[:attr]`` for a contract whose release knowledge
-says where vLLM's wheel defines it (``kvfence.release.knowledge.Upstream``: the function, and module paths under
-the wheel's own package, ``vllm/...``). Registered as the kernel source ``vllm`` (entry-point group
-``kvfence.kernel_sources``, read by ``kvfence.engine.kernels``), beside SGLang's (``kvfence.release.contract_kernels``).
+says where vLLM's wheel defines it (``kvfence.release.knowledge.Upstream``: the function, and module paths under the
+wheel's own package, ``vllm/...``; ``:attr`` the function's name or one of the ``variants`` it names, each extracted
+into a cache entry of its own). A function named ``Class.method`` is a ``@staticmethod`` whose next decorator is
+``@triton.jit`` (a ``VllmTritonJitKernel``'s body): ``_lifted`` appends its text, dedented, to the module as a
+top-level function of the method's name, which is then extracted like any other. Registered as the kernel source
+``vllm`` (entry-point group ``kvfence.kernel_sources``, read by ``kvfence.engine.kernels``), beside SGLang's
+(``kvfence.release.contract_kernels``).
 
 vLLM's wheel is data, as SGLang's is: fetched with ``pip download vllm==VERSION --no-deps`` (or taken from
 ``KVFENCE_WHEEL_DIR``), its METADATA and RECORD checked, the module read from the zip and never imported. The
