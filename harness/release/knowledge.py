@@ -23,11 +23,14 @@ class Upstream:
     (the newest first). ``renamed``: the kernel under an older name, ``(name, its parameters, adapter)``: a
     release defining ``name`` with exactly those parameters (and not ``function``) is launched through
     ``adapter``, the text of a ``@triton.jit`` function of kvfence's named ``function`` with the contract's ABI
-    that calls it."""
+    that calls it. ``function`` may name a ``@staticmethod`` ``@triton.jit`` method as ``Class.method`` (a
+    vLLM ``VllmTritonJitKernel``'s body; the kernel source lifts it to the top level). ``variants``: other kernels
+    of the same ABI a release ships, ``(name, Upstream)`` pairs a spec selects as ``SOURCE==VERSION:name``."""
 
     function: str
     paths: Tuple[str, ...]
     renamed: Tuple[Tuple[str, Tuple[str, ...], str], ...] = ()
+    variants: Tuple[Tuple[str, "Upstream"], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
 """Any contract's kernel of a vLLM release: ``--kernel vllm==VERSION[:attr]`` for a contract whose release knowledge
-says where vLLM's wheel defines it (``kvfence.release.knowledge.Upstream``: the function, and module paths under
-the wheel's own package, ``vllm/...``). Registered as the kernel source ``vllm`` (entry-point group
-``kvfence.kernel_sources``, read by ``kvfence.engine.kernels``), beside SGLang's (``kvfence.release.contract_kernels``).
+says where vLLM's wheel defines it (``kvfence.release.knowledge.Upstream``: the function, and module paths under the
+wheel's own package, ``vllm/...``; ``:attr`` the function's name or one of the ``variants`` it names, each extracted
+into a cache entry of its own). A function named ``Class.method`` is a ``@staticmethod`` whose next decorator is
+``@triton.jit`` (a ``VllmTritonJitKernel``'s body): ``_lifted`` appends its text, dedented, to the module as a
+top-level function of the method's name, which is then extracted like any other. Registered as the kernel source
+``vllm`` (entry-point group ``kvfence.kernel_sources``, read by ``kvfence.engine.kernels``), beside SGLang's
+(``kvfence.release.contract_kernels``).
 
 vLLM's wheel is data, as SGLang's is: fetched with ``pip download vllm==VERSION --no-deps`` (or taken from
 ``KVFENCE_WHEEL_DIR``), its METADATA and RECORD checked, the module read from the zip and never imported. The
@@ -23,6 +27,7 @@ import hashlib
 import re
 import sys
 import tempfile
+import textwrap
 import zipfile
 from pathlib import Path
 from typing import Dict, Tuple
@@ -58,19 +63,19 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
 
     version, _, attr = spec[len(SPEC_PREFIX):].partition(":")
     check_version(version, PACKAGE)
-    where = shipped(record.name).upstream
-    paths = tuple(p for p in (where.paths if where else ()) if p.startswith(f"{PACKAGE}/"))
+    where, entry = _chosen(record, shipped(record.name).upstream, attr, spec)
+    paths = tuple(p for p in where.paths if p.startswith(f"{PACKAGE}/"))
     require(bool(paths), f"contract {record.name} names no kernel in vLLM's wheels")
-    function = where.function
-    require(attr in ("", function), f"kernel {spec!r}: contract {record.name} launches {function}, not {attr}")
-    module, manifest = contract_entry(version, record.name, PACKAGE)
+    qualified = where.function
+    function = qualified.rpartition(".")[2]  # a Class.method is lifted to a top-level function of its own name
+    module, manifest = contract_entry(version, entry, PACKAGE)
     if load_contract_entry(module, manifest, function, CACHE_FORMAT) is not None:
         return module, function
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
         wheel = find_wheel(PACKAGE, version, None, offline_by_env(), Path(tmp),
                            lambda m: print(m, file=sys.stderr, flush=True), cached_in=module,
                            platforms=(_PLATFORM,), why=entry_state(module))
-        found, source, helpers = _read_wheel(version, wheel, paths, function)
+        found, source, helpers = _read_wheel(version, wheel, paths, qualified)
     ours = parameters(module_file(reference_spec(record)).read_text(), reference_spec(record).rpartition(":")[2],
                        "kvfence")
     theirs = parameters(source, function, f"vllm=={version}")
@@ -79,17 +84,31 @@ def contract_kernel(record, spec: str) -> Tuple[Path, str]:
                       f"({', '.join(ours)}); kvfence does not know this signature", ABI_UNSUPPORTED)
     text, functions = extract(_with_helpers(source, found, helpers, version), found, roots=(function,))
     require(function in functions, f"vllm=={version}: {function} in {found} is not a @triton.jit function")
-    text = entry_header(f"{function} of vllm=={version} ({found}), extracted by kvfence. Generated.") + text
+    text = entry_header(f"{qualified} of vllm=={version} ({found}), extracted by kvfence. Generated.") + text
     write_entry(module, manifest, text, {"format": CACHE_FORMAT, "version": version, "contract": record.name,
-                                         "source": found, "helpers": sorted(helpers), "functions": functions})
+                                         "kernel": qualified, "source": found, "helpers": sorted(helpers),
+                                         "functions": functions})
     return module, function
+
+
+def _chosen(record, where, attr: str, spec: str):
+    """``(Upstream, cache entry name)`` a spec's ``:attr`` selects: the contract's kernel (``attr`` empty or its
+    function's name) or one of its ``variants`` by name (a cache entry of its own)."""
+    require(where is not None, f"contract {record.name} names no kernel in vLLM's wheels")
+    variants = dict(where.variants)
+    if attr in ("", where.function, where.function.rpartition(".")[2]):
+        return where, record.name
+    require(attr in variants, f"kernel {spec!r}: contract {record.name} launches {where.function}"
+                              + (f" or a variant ({', '.join(variants)})" if variants else "") + f", not {attr}")
+    return variants[attr], f"{record.name}-{attr}"
 
 
 # -- the wheel -------------------------------------------------------------------------------------------------
 def _read_wheel(version: str, wheel: Path, paths, function: str) -> Tuple[str, str, Dict[str, Tuple[str, str]]]:
     """``(module path, its source, {helper: (its module path, that module's source)})``: the module of ``paths``
     the wheel holds that defines ``function``, and every jit helper it imports from another module of the wheel
-    (each member checked against the wheel's RECORD)."""
+    (each member checked against the wheel's RECORD). A ``Class.method`` function is lifted out of its class
+    (``_lifted``): the source returned defines it at the top level."""
     try:
         with zipfile.ZipFile(wheel) as zf:
             names = set(zf.namelist())
@@ -105,8 +124,13 @@ def _read_wheel(version: str, wheel: Path, paths, function: str) -> Tuple[str, s
                 raise Refused(f"vllm=={version} has no {function} (looked in {', '.join(paths)})", NO_KERNEL)
             found = present[0]
             source = _member_text(zf, found, record, wheel)
-            if not re.search(rf"^def {re.escape(function)}\(", source, re.M):
+            owner, _, method = function.rpartition(".")
+            if not re.search(rf"^class {re.escape(owner)}\b" if owner else rf"^def {re.escape(function)}\(",
+                             source, re.M):
                 raise Refused(f"vllm=={version}: {found} has no {function}", NO_KERNEL)
+            if owner:
+                source = _lifted(source, found, owner, method, version)
+                function = method
             helpers = {}
             for name, module_path in _imported_helpers(source, found, function).items():
                 if module_path in names:
@@ -114,6 +138,29 @@ def _read_wheel(version: str, wheel: Path, paths, function: str) -> Tuple[str, s
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as exc:
         raise BadInput(f"vllm=={version}: the wheel is unreadable: {exc}") from None
     return found, source, helpers
+
+
+def _lifted(source: str, path: str, owner: str, method: str, version: str) -> str:
+    """``source`` with ``owner.method`` (a ``@staticmethod`` whose next decorator is ``@triton.jit``) appended as a
+    top-level function of the same name: its text from the jit decorator on, dedented, the ``@staticmethod`` line
+    left behind. A method of another shape, or a name the module defines already, is one line (``Refused``)."""
+    tree = ast.parse(source)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner), None)
+    fn = next((n for n in (cls.body if cls else ()) if isinstance(n, ast.FunctionDef) and n.name == method), None)
+    if fn is None:
+        raise Refused(f"vllm=={version}: {path} has no {owner}.{method}", NO_KERNEL)
+    decorators = [ast.unparse(d) for d in fn.decorator_list]
+    if len(decorators) != 2 or decorators[0] != "staticmethod" or not is_jit(fn):
+        raise Refused(f"vllm=={version}: {path}: {owner}.{method} is decorated {', '.join(decorators) or 'by nothing'}"
+                      ", not @staticmethod then @triton.jit; kvfence does not know this shape", ABI_UNSUPPORTED)
+    taken = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    taken |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    require(method not in taken, f"vllm=={version}: {path} defines {method} at the top level too; kvfence cannot "
+                                 f"lift {owner}.{method} beside it")
+    lines = source.splitlines(keepends=True)
+    first = fn.decorator_list[1].lineno
+    body = textwrap.dedent("".join(lines[first - 1:fn.end_lineno]))
+    return source.rstrip("\n") + f"\n\n\n# {owner}.{method}, lines {first}-{fn.end_lineno}\n" + body
 
 
 def _member_text(zf: zipfile.ZipFile, name: str, record: Dict[str, str], wheel: Path) -> str:
