@@ -7,9 +7,10 @@ the next shard. The task writes into a temporary folder on its node and returns 
 share no disk but the example database (Redis, or a directory on shared storage).
 
 Retries: a task whose worker or node is lost (``WorkerCrashedError``, ``NodeDiedError``, an OOM kill: Ray's
-*system* failures) is run again, up to ``max_retries`` times; the shard's own result (clean, findings, a CRASH or
-HANG case, a timeout, bad input) is a value the task returns, never an exception, so it is never retried away
-(``retry_exceptions=False``: a bug in the task itself is reported, not retried). The shared database lets a
+*system* failures, ``INFRASTRUCTURE_FAILURES``) is submitted again by this driver, up to ``max_retries`` times, and
+the shard's row counts its ``attempts`` and says what was lost (``retried_for``). The shard's own result (clean,
+findings, a CRASH or HANG case, a timeout, bad input) is a value the task returns, never an exception, so it is never
+retried away (``retry_exceptions=False``: a bug in the task itself is reported, not retried). The shared database lets a
 retried shard replay any failure its lost attempt had stored. Ctrl-C cancels the pending and running tasks
 (``ray.cancel(force=True)``: the worker is killed and its shard child dies with it) and keeps what finished.
 """
@@ -20,7 +21,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import ray
 import ray.exceptions
@@ -83,53 +84,85 @@ def _command_task(cmd: List[str], name: str, timeout_s: float, cwd: str) -> dict
     return result
 
 
-def _failed(spec: ShardSpec, exc: Exception, start: float) -> dict:
+#: Ray's failures of the infrastructure, not of the shard: the task is submitted again (``--max-retries``).
+INFRASTRUCTURE_FAILURES = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                           ray.exceptions.OutOfMemoryError, ray.exceptions.ObjectLostError,
+                           ray.exceptions.LocalRayletDiedError, ray.exceptions.RaySystemError)
+
+
+def _failed(spec: ShardSpec, exc: Exception, start: float, attempts: int, retried: List[str]) -> dict:
     if isinstance(exc, ray.exceptions.TaskCancelledError):
         status, note = "cancelled", "cancelled: the campaign was interrupted"
-    elif isinstance(exc, ray.exceptions.RayTaskError):
-        status, note = "error", f"the shard's task raised: {' '.join(str(exc).split())[-300:]}"
-    else:  # a lost worker or node, after its retries
-        status, note = "lost", f"{type(exc).__name__} after its retries: {' '.join(str(exc).split())[:300]}"
-    return row(spec, status=status, exit_code=None, summary=None, gpu=None, wall_s=time.perf_counter() - start,
-               host="?", note=note)
+    elif isinstance(exc, INFRASTRUCTURE_FAILURES):
+        status, note = "lost", f"{type(exc).__name__} on each of its {attempts} attempt(s)"
+    else:  # the task itself raised (a bug in kvfence's task, not the shard's result): reported, not retried
+        status, note = "error", f"the shard's task raised {type(exc).__name__}: {' '.join(str(exc).split())[-300:]}"
+    result = row(spec, status=status, exit_code=None, summary=None, gpu=None, wall_s=time.perf_counter() - start,
+                 host="?", note=note)
+    return dict(result, attempts=attempts, retried_for=retried)
+
+
+class _Shards:
+    """The campaign's tasks in flight: each shard's current task, its attempts and why earlier ones were lost."""
+
+    def __init__(self, specs: List[ShardSpec], cpus: float, retries: int):
+        self.remote = ray.remote(max_calls=1)(_shard_task)
+        self.cpus, self.retries, self.cwd = cpus, retries, os.getcwd()
+        self.start = time.perf_counter()
+        self.spec: Dict[object, ShardSpec] = {}
+        self.attempts: Dict[str, int] = {}
+        self.retried: Dict[str, List[str]] = {}
+        for spec in specs:
+            self.submit(spec)
+
+    def submit(self, spec: ShardSpec) -> None:
+        # max_retries=0: this driver retries (and counts) infrastructure failures itself; retry_exceptions=False
+        # anyway, so nothing the shard returns is ever run again.
+        ref = self.remote.options(num_gpus=spec.gpus, num_cpus=self.cpus, max_retries=0, retry_exceptions=False,
+                                  name=f"kvfence-{spec.name}").remote(spec.to_dict(), self.cwd)
+        self.spec[ref] = spec
+        self.attempts[spec.name] = self.attempts.get(spec.name, 0) + 1
+        self.retried.setdefault(spec.name, [])
+
+    def collect(self, ref, out: Path, *, retry: bool = True) -> Optional[dict]:
+        """The shard's row, or ``None`` when its task was lost to the infrastructure and submitted again."""
+        spec = self.spec.pop(ref)
+        attempts, retried = self.attempts[spec.name], self.retried[spec.name]
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            if retry and isinstance(exc, INFRASTRUCTURE_FAILURES) and attempts <= self.retries:
+                retried.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+                self.submit(spec)
+                return None
+            return _failed(spec, exc, self.start, attempts, retried)
+        unpack(result.pop("files"), out / "shards" / spec.name)
+        return dict(result, attempts=attempts, retried_for=retried)
 
 
 def run_ray(specs: List[ShardSpec], out: Path, *, cpus: float, retries: int,
             on_row: Callable[[dict], None]) -> tuple:
     """Run every shard as a Ray task; unpack each into ``OUT/shards/<name>``; return ``(rows, interrupted)``."""
-    remote = ray.remote(max_calls=1)(_shard_task)
-    start = time.perf_counter()
-    cwd = os.getcwd()
-    refs: Dict[object, ShardSpec] = {
-        remote.options(num_gpus=spec.gpus, num_cpus=cpus, max_retries=retries, retry_exceptions=False,
-                       name=f"kvfence-{spec.name}").remote(spec.to_dict(), cwd): spec for spec in specs}
-    pending = list(refs)
+    shards = _Shards(specs, cpus, retries)
     rows: List[dict] = []
     interrupted = None
     try:
         with signals_interrupt():
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+            while shards.spec:
+                done, _ = ray.wait(list(shards.spec), num_returns=1, timeout=POLL_S)
                 for ref in done:
-                    rows.append(_collect(ref, refs[ref], out, start))
-                    on_row(rows[-1])
+                    result = shards.collect(ref, out)
+                    if result is not None:
+                        rows.append(result)
+                        on_row(result)
     except Interrupted as exc:
         interrupted = exc.signal_name
-        for ref in pending:
+        for ref in list(shards.spec):
             ray.cancel(ref, force=True)
-        for ref in pending:
-            rows.append(_collect(ref, refs[ref], out, start))
+        for ref in list(shards.spec):
+            rows.append(shards.collect(ref, out, retry=False))
             on_row(rows[-1])
     return rows, interrupted
-
-
-def _collect(ref, spec: ShardSpec, out: Path, start: float) -> dict:
-    try:
-        result = ray.get(ref)
-    except ray.exceptions.RayError as exc:
-        return _failed(spec, exc, start)
-    unpack(result.pop("files"), out / "shards" / spec.name)
-    return result
 
 
 def run_follow_ups(commands: List[tuple], out: Path, *, gpus: float, cpus: float, timeout_s: float) -> List[dict]:

@@ -80,7 +80,7 @@ def row(spec: ShardSpec, *, status: str, exit_code: Optional[int], summary: Opti
                                              f"{spec.seed * spec.count + spec.index - 1})",
             "host": host or socket.gethostname(), "gpu": gpu, "status": status, "exit": exit_code,
             "examples": (summary or {}).get("examples", 0), "findings": len((summary or {}).get("findings", [])),
-            "wall_s": round(wall_s, 3), "note": note}
+            "wall_s": round(wall_s, 3), "note": note, "attempts": 1, "retried_for": []}
 
 
 def run_shard(spec: ShardSpec, out: Path, *, gpu: Optional[str] = None, on_start=None) -> dict:
