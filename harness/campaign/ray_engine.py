@@ -50,6 +50,12 @@ def connect(address: str) -> bool:
     return True
 
 
+def disconnect(owned: bool) -> None:
+    """Leave the cluster ``connect`` joined or started (``owned``); one the caller had joined stays."""
+    if owned and ray.is_initialized():
+        ray.shutdown()
+
+
 def check_resources(specs: List[ShardSpec], cpus: float) -> None:
     """A shard asking for more GPUs or CPUs than the whole cluster has would wait forever: one line, exit 2."""
     have = ray.cluster_resources()

@@ -122,13 +122,15 @@ def _label(parsed) -> str:
 
 
 def build_shards(targets: Sequence[Dict[str, object]], *, default_shards: int, seed: int, database: str,
-                 parse: Callable[[List[str]], object], timeout: Optional[float], gpus: float) -> List[ShardSpec]:
-    """Every shard of every target. ``parse(argv)`` is ``fuzz``'s parser (a bad flag: ``BadInput``, one line);
-    a target's own ``seed`` and ``database`` win over the campaign's."""
+                 parse: Callable[[List[str]], object], timeout: Optional[float], gpus: float,
+                 planned: bool = True) -> List[ShardSpec]:
+    """Every shard of every target. ``parse(argv)`` is ``fuzz``'s parser (a bad flag: ``BadInput``, one line,
+    naming the target when they come from a plan: ``planned``); a target's own ``seed`` and ``database`` win over
+    the campaign's."""
     require(math.isfinite(gpus) and gpus >= 0, f"--gpus-per-shard {gpus:g}: expected a number >= 0")
     specs: List[ShardSpec] = []
     for t, values in enumerate(targets, 1):
-        where = f"target {t}" if len(targets) > 1 else "campaign"
+        where = f"target {t}" if planned else "campaign"
         values = dict(values)
         count = _shard_count(values, default_shards, where)
         values.setdefault("seed", seed)

@@ -96,7 +96,7 @@ def cmd_campaign(args) -> int:
     seed = args.seed if args.seed is not None else random.randrange(2**31)  # recorded: the campaign is repeatable
     database = args.database or str((out / ".hypothesis").resolve())
     specs = build_shards(targets, default_shards=args.shards, seed=seed, database=database, parse=_check_target,
-                         timeout=args.shard_timeout, gpus=_gpus_per_shard(args, targets))
+                         timeout=args.shard_timeout, gpus=_gpus_per_shard(args, targets), planned=args.plan is not None)
     engine = _ray_engine() if args.engine == "ray" else None
     _lock_out(out)
     on_row = _progress(args.quiet, len(specs))
@@ -193,8 +193,6 @@ def _ray_engine():
 
 
 def _run_ray(engine, args, specs, out: Path, on_row):
-    import ray
-
     from kvfence.campaign import outcome
 
     owned = engine.connect(args.address or "auto")
@@ -203,8 +201,7 @@ def _run_ray(engine, args, specs, out: Path, on_row):
         rows, interrupted = engine.run_ray(specs, out, cpus=args.cpus_per_shard,
                                            retries=3 if args.max_retries is None else args.max_retries, on_row=on_row)
     except BaseException:
-        if owned:
-            ray.shutdown()
+        engine.disconnect(owned)
         raise
 
     def follow_ups(doc):
@@ -221,8 +218,7 @@ def _run_ray(engine, args, specs, out: Path, on_row):
                     doc["_sanitizer"] = _no_follow_ups(cases, "the campaign was interrupted" if cases else "")
             return doc
         finally:
-            if owned:
-                ray.shutdown()
+            engine.disconnect(owned)
 
     return rows, interrupted, follow_ups
 
