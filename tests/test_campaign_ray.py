@@ -1,5 +1,8 @@
 """``kvfence campaign --engine ray`` on a local Ray cluster of this CPU machine with 4 logical GPUs (docs/campaigns.md).
 
+CI runs the planted bug on 4 shards, the clean campaign and the crashing and hanging shards; the killed worker and
+Ctrl-C take a minute or two each on 2 cores and are ``long`` (``tox -e long``).
+
 One head node for the module (``ray start --head --block --num-cpus 2 --num-gpus 4``, its own temp folder and port,
 token auth as Ray 2.60 sets it up), stopped at the end. Each test runs the command line as a user does. They skip
 only where Ray is not installed (``pip install "kvfence[ray]"``; CI installs it through the ``test`` extra).
@@ -143,6 +146,7 @@ def test_a_crashing_and_a_hanging_shard_are_results_never_retried(cluster, tmp_p
     assert "compute-sanitizer follow-ups skipped for 2 CRASH/HANG case(s)" in res.stderr
 
 
+@pytest.mark.long  # ~2 min on 2 cores: the shard runs twice
 def test_a_worker_killed_mid_run_is_retried_and_nothing_is_lost(cluster, tmp_path):
     out = tmp_path / "out"
     proc = campaign(cluster, "--shards", "2", "--sizing", "safe", "--max-examples", "60", "--seed", "5",
@@ -168,6 +172,7 @@ def test_a_worker_killed_mid_run_is_retried_and_nothing_is_lost(cluster, tmp_pat
     assert victim not in fuzz_children(marker)  # the killed attempt's shard did not live on
 
 
+@pytest.mark.long  # ~1 min on 2 cores
 def test_ctrl_c_cancels_the_running_shards_and_keeps_what_finished(cluster, tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"targets": [{"max-examples": 3}, {"max-seconds": 600, "max-examples": 100000}]}))

@@ -40,9 +40,8 @@ def connect(address: str) -> bool:
     cluster of this machine), ``ray://HOST:10001`` (Ray Client) or ``HOST:PORT`` (a head node's GCS)."""
     if ray.is_initialized():
         return False  # the caller's own (the Python API, the tests): left as it is
-    target = None if address == "local" else address
     try:
-        ray.init(address=target, log_to_driver=False, logging_level="ERROR", include_dashboard=False,
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR", include_dashboard=False,
                  configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise BadInput(f"--address {address}: cannot connect to a Ray cluster ({' '.join(str(exc).split())[:200]})"
