@@ -133,7 +133,7 @@ def test_a_crashing_and_a_hanging_shard_are_results_never_retried(cluster, tmp_p
                                 "targets": [{"kernel": f"{CRASHERS}:segfault"},
                                             {"kernel": f"{CRASHERS}:spin", "case-timeout": 0.5}]}))
     out = tmp_path / "out"
-    res = campaign(cluster, "--plan", plan, "--max-retries", "3", "--seed", "1", "--out", out, *SMALL)
+    res = campaign(cluster, "--plan-file", plan, "--max-retries", "3", "--seed", "1", "--out", out, *SMALL)
     assert res.returncode == 1, res.stderr
     doc = summary(out)
     rows = {r["target"]: r for r in doc["shards"]}
@@ -177,7 +177,7 @@ def test_ctrl_c_cancels_the_running_shards_and_keeps_what_finished(cluster, tmp_
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"targets": [{"max-examples": 3}, {"max-seconds": 600, "max-examples": 100000}]}))
     out = tmp_path / "out"
-    proc = campaign(cluster, "--plan", plan, "--sizing", "safe", "--seed", "2", "--out", out, *SMALL,
+    proc = campaign(cluster, "--plan-file", plan, "--sizing", "safe", "--seed", "2", "--out", out, *SMALL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines = []
     for line in proc.stderr:  # the live progress line of the quick target

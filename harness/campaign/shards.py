@@ -88,17 +88,18 @@ def _target_values(doc: object, where: str) -> Dict[str, object]:
 def read_plan(path: str) -> List[Dict[str, object]]:
     """The targets of a plan file (``defaults`` applied), each a dict of ``fuzz`` flags plus ``shards``."""
     file = Path(path)
-    require(file.is_file(), f"--plan {path}: no such file")
+    require(file.is_file(), f"--plan-file {path}: no such file")
     try:
         doc = json.loads(file.read_text())
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--plan {path}: not a JSON file ({' '.join(str(exc).split())[:160]})") from None
+        raise BadInput(f"--plan-file {path}: not a JSON file ({' '.join(str(exc).split())[:160]})") from None
     require(isinstance(doc, dict) and isinstance(doc.get("targets"), list) and doc["targets"],
-            f"--plan {path}: expected {{\"targets\": [...]}} with at least one target (a JSON object of fuzz flags)")
+            f"--plan-file {path}: expected {{\"targets\": [...]}} with at least one target (an object of fuzz flags)")
     unknown = sorted(set(doc) - {"defaults", "targets", "comment"})
-    require(not unknown, f"--plan {path}: unknown top-level key(s) {', '.join(unknown)} (defaults, targets)")
-    defaults = _target_values(doc.get("defaults", {}), f"--plan {path}: defaults")
-    return [dict(defaults, **_target_values(t, f"--plan {path}: target {i}")) for i, t in enumerate(doc["targets"], 1)]
+    require(not unknown, f"--plan-file {path}: unknown top-level key(s) {', '.join(unknown)} (defaults, targets)")
+    defaults = _target_values(doc.get("defaults", {}), f"--plan-file {path}: defaults")
+    return [dict(defaults, **_target_values(t, f"--plan-file {path}: target {i}"))
+            for i, t in enumerate(doc["targets"], 1)]
 
 
 def _shard_count(values: Dict[str, object], default: int, where: str) -> int:

@@ -1,9 +1,9 @@
 """``kvfence campaign``: the shards of a campaign on an engine (kvfence.campaign; docs/campaigns.md).
 
-The shards come from ``fuzz``'s own flags plus ``--shards N`` (one target), or from ``--plan FILE`` (many targets);
-each target is parsed by ``fuzz``'s parser and checked against its contract before any shard starts. ``--engine
-local`` runs them as processes on this host, ``--engine ray`` as Ray tasks (the extra ``kvfence[ray]``; Ray is
-imported only then). ``add_parser(sub)`` adds the subcommand to ``sub`` (kvfence.cli.build_parser).
+The shards come from ``fuzz``'s own flags plus ``--shards N`` (one target), or from ``--plan-file FILE`` (many
+targets); each target is parsed by ``fuzz``'s parser and checked against its contract before any shard starts.
+``--engine local`` runs them as processes on this host, ``--engine ray`` as Ray tasks (the extra ``kvfence[ray]``;
+Ray is imported only then). ``add_parser(sub)`` adds the subcommand to ``sub`` (kvfence.cli.build_parser).
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ def _targets(args) -> List[dict]:
     from kvfence.campaign.shards import read_plan
 
     base = _command_line_target(args)
-    if args.plan is None:
+    if args.plan_file is None:
         return [base]
-    return [dict(base, **target) for target in read_plan(args.plan)]
+    return [dict(base, **target) for target in read_plan(args.plan_file)]
 
 
 def cmd_campaign(args) -> int:
@@ -96,7 +96,8 @@ def cmd_campaign(args) -> int:
     seed = args.seed if args.seed is not None else random.randrange(2**31)  # recorded: the campaign is repeatable
     database = args.database or str((out / ".hypothesis").resolve())
     specs = build_shards(targets, default_shards=args.shards, seed=seed, database=database, parse=_check_target,
-                         timeout=args.shard_timeout, gpus=_gpus_per_shard(args, targets), planned=args.plan is not None)
+                         timeout=args.shard_timeout, gpus=_gpus_per_shard(args, targets),
+                         planned=args.plan_file is not None)
     engine = _ray_engine() if args.engine == "ray" else None
     _lock_out(out)
     on_row = _progress(args.quiet, len(specs))
@@ -229,7 +230,8 @@ def add_parser(sub) -> None:
     cp = sub.add_parser(
         "campaign", help="run a campaign's shards (fuzz --shard I/N each) on this host or on a Ray cluster, merged",
         description="Run the shards of a campaign -- contract x kernel x sizing x seed block x budget, from fuzz's "
-                    "flags and --shards N, or from --plan FILE -- each as its own 'kvfence fuzz --shard I/N' process "
+                    "flags and --shards N, or from --plan-file FILE -- each as its own 'kvfence fuzz --shard I/N' "
+                    "process "
                     "under a timeout, on this host (--engine local) or as Ray tasks (--engine ray, pip install "
                     "\"kvfence[ray]\"), sharing one example database; merged into one --out folder (summary.json "
                     "with a shards table, cases/, report.md, report.html). docs/campaigns.md.",
@@ -243,7 +245,7 @@ def add_parser(sub) -> None:
     run_flags = {a.dest for a in cp._actions} - before
     cp.add_argument("--shards", type=_positive_int, default=1,
                     help="shards of the target (fuzz --shard I/N for I in 1..N; a plan's target may set its own)")
-    cp.add_argument("--plan", default=None, metavar="FILE",
+    cp.add_argument("--plan-file", default=None, metavar="FILE",
                     help="a JSON plan of many targets: {\"defaults\": {...}, \"targets\": [{\"contract\": ..., "
                          "\"shards\": N, ...}]} of fuzz flags (docs/campaigns.md); the command line's flags apply "
                          "to every target (default: one target, from the command line)")
