@@ -9,7 +9,8 @@ Two measurements per shard count K (``--shards``, each K on ``--engine local`` u
   ``--kernel mutant:NAME``), over ``--seeds`` seeds: the earliest shard's ``first_failure_s`` (seconds into its
   command: shards start together), shrinking off.
 
-On CUDA, ``--baseline-jobs`` also runs ``kvfence fuzz --jobs K`` for the same seconds on the same card (set
+On CUDA the K shards share one card (``--gpus-per-shard pack``) or take a card each (``--gpus-per-shard 1``, the
+multi-GPU scaling); ``--baseline-jobs`` also runs ``kvfence fuzz --jobs K`` for the same seconds on the same card (set
 ``CUDA_VISIBLE_DEVICES`` to one card: K shards share it, ``--gpus-per-shard 1/K``). Every stage is written to
 ``--json`` as it ends (``result_file.saver``).
 
@@ -48,8 +49,10 @@ def shard_summaries(out: Path) -> list:
     return [json.loads(p.read_text()) for p in sorted((out / "shards").glob("*/summary.json"))]
 
 
-def campaign(device: str, shards: int, out: Path, engine: str, *flags: str) -> tuple:
-    gpus = [] if device == "cpu" else ["--gpus-per-shard", f"{1 / shards:g}"]
+def campaign(args, shards: int, out: Path, *flags: str) -> tuple:
+    device, engine = args.device, args.engine
+    per_shard = f"{1 / shards:g}" if args.gpus_per_shard == "pack" else args.gpus_per_shard
+    gpus = [] if device == "cpu" else ["--gpus-per-shard", per_shard]
     engine_flags = ["--engine", "ray", "--address", "local"] if engine == "ray" else ["--parallel", str(shards)]
     proc, wall = kvfence("campaign", "--device", device, "--shards", str(shards), *gpus, *engine_flags, "--quiet",
                          "--out", str(out), *flags)
@@ -64,7 +67,7 @@ def require(ok: bool, proc) -> None:
 
 def throughput(args, shards: int, seed: int, folder: Path) -> dict:
     out = folder / f"throughput-{shards}"
-    doc, wall = campaign(args.device, shards, out, args.engine, "--sizing", "safe", "--max-seconds",
+    doc, wall = campaign(args, shards, out, "--sizing", "safe", "--max-seconds",
                          str(args.seconds), "--no-target", "--seed", str(seed))
     search = max(d["elapsed_s"] for d in shard_summaries(out))
     return {"what": "campaign", "shards": shards, "seed": seed, "wall_s": round(wall, 2), "search_s": search,
@@ -89,7 +92,7 @@ def jobs_baseline(args, jobs: int, seed: int, folder: Path) -> dict:
 def first_failure(args, shards: int, seed: int, folder: Path) -> dict:
     out = folder / f"failure-{shards}-{seed}"
     bug = ["--sizing", "prefix"] if args.bug == "prefix" else ["--kernel", args.bug]
-    doc, wall = campaign(args.device, shards, out, args.engine, *bug, "--max-seconds", str(args.seconds),
+    doc, wall = campaign(args, shards, out, *bug, "--max-seconds", str(args.seconds),
                          "--shrink-seconds", "0", "--seed", str(seed))
     times = [d["first_failure_s"] for d in shard_summaries(out) if d.get("first_failure_s") is not None]
     return {"shards": shards, "seed": seed, "bug": args.bug, "found": bool(times),
@@ -105,6 +108,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="search budget of each shard")
     parser.add_argument("--seeds", type=int, default=3, help="seeds of the time-to-failure runs")
     parser.add_argument("--bug", default="prefix", help="prefix (the sizing) or a kernel spec, e.g. mutant:NAME")
+    parser.add_argument("--gpus-per-shard", default="pack",
+                        help="CUDA: pack (K shards share one card, 1/K each) or a number, e.g. 1 (a card a shard)")
     parser.add_argument("--baseline-jobs", action="store_true", help="also fuzz --jobs K (CUDA)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

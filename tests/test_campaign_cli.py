@@ -144,3 +144,17 @@ def test_a_shard_past_its_timeout_is_stopped_named_and_the_campaign_exits_1(tmp_
     assert row["examples"] > 0 and doc["examples"] == row["examples"] and doc["findings"] == []
     assert doc["shard_problems"] == [f"shard t1-s1-of-1 (draft kernel reference sizing safe) timeout: {row['note']}"]
     assert "timeout" in res.stderr
+
+
+def test_shards_packed_on_a_card_share_the_memory_one_fuzz_would_take(monkeypatch):
+    from kvfence.campaign import task
+    from kvfence.engine import budget
+
+    monkeypatch.setattr(task.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(budget, "free_device_memory", lambda: 10 * 2**30)
+    half = build([{"device": "cuda"}], gpus=0.5)[0]
+    assert task.packed_budget(half) == ["--max-gpu-mem", str(int(10 * 2**30 * budget.DEFAULT_FRACTION * 0.5))]
+    # A whole card, a budget the target gives, or the CPU: fuzz's own default.
+    assert task.packed_budget(build([{"device": "cuda"}], gpus=1.0)[0]) == []
+    assert task.packed_budget(build([{"device": "cuda", "max-gpu-mem": "2G"}], gpus=0.5)[0]) == []
+    assert task.packed_budget(build([{"device": "cpu"}], gpus=0.5)[0]) == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,8 +38,22 @@ LOG_NAME = "shard.log"
 SIGNALLED_EXITS = (130, 143, -signal.SIGINT, -signal.SIGTERM)
 
 
+def packed_budget(spec: ShardSpec) -> list:
+    """``--max-gpu-mem`` for a shard packed on a card with others (``0 < gpus < 1``) that sets none: its share
+    (``gpus``) of ``fuzz``'s default fraction of the card's free memory, so K shards on a card take what one
+    ``fuzz`` would instead of K times it. Asked of ``nvidia-smi`` (never a CUDA context in this process); none
+    where there is none (the shard then takes fuzz's own default) or the shard runs on the CPU."""
+    argv = list(spec.argv)
+    device = argv[argv.index("--device") + 1] if "--device" in argv else "auto"
+    if not 0 < spec.gpus < 1 or "--max-gpu-mem" in argv or device == "cpu" or shutil.which("nvidia-smi") is None:
+        return []
+    from kvfence.engine.budget import DEFAULT_FRACTION, free_device_memory
+
+    return ["--max-gpu-mem", str(int(free_device_memory() * DEFAULT_FRACTION * spec.gpus))]
+
+
 def fuzz_command(spec: ShardSpec, out: Path) -> list:
-    return [sys.executable, "-m", "kvfence", "fuzz", *spec.argv, "--out", str(out)]
+    return [sys.executable, "-m", "kvfence", "fuzz", *spec.argv, *packed_budget(spec), "--out", str(out)]
 
 
 def _read_summary(out: Path) -> Optional[dict]:
