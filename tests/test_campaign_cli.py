@@ -144,6 +144,10 @@ def test_a_shard_past_its_timeout_is_stopped_named_and_the_campaign_exits_1(tmp_
     assert row["examples"] > 0 and doc["examples"] == row["examples"] and doc["findings"] == []
     assert doc["shard_problems"] == [f"shard t1-s1-of-1 (draft kernel reference sizing safe) timeout: {row['note']}"]
     assert "timeout" in res.stderr
+    # The one report names the shard, with what happened to it.
+    report = (out / "report.md").read_text()
+    assert "## Shards" in report and "| t1-s1-of-1 | draft kernel reference sizing safe |" in report
+    assert "| timeout |" in report and "<h2>Shards</h2>" in (out / "report.html").read_text()
 
 
 def test_shards_packed_on_a_card_share_the_memory_one_fuzz_would_take(monkeypatch):
