@@ -162,3 +162,22 @@ def test_shards_packed_on_a_card_share_the_memory_one_fuzz_would_take(monkeypatc
     assert task.packed_budget(build([{"device": "cuda"}], gpus=1.0)[0]) == []
     assert task.packed_budget(build([{"device": "cuda", "max-gpu-mem": "2G"}], gpus=0.5)[0]) == []
     assert task.packed_budget(build([{"device": "cpu"}], gpus=0.5)[0]) == []
+
+
+def test_the_rayjob_manifest_runs_a_campaign_command_kvfence_parses():
+    yaml = pytest.importorskip("yaml")  # Ray's own dependency
+    import shlex
+
+    from kvfence.cli import build_parser
+
+    doc = yaml.safe_load((ROOT / "docs" / "ray" / "rayjob.yaml").read_text())
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayJob" and doc["spec"]["shutdownAfterJobFinishes"]
+    workers = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert all(w["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for w in workers)
+    # The entrypoint's kvfence command, its shell substitutions given values, is one the parser takes.
+    inner = shlex.split(doc["spec"]["entrypoint"])[2]
+    inner = inner.replace("$(date +%Y%m%d)", "20261207").replace("$(date +%F)", "2026-12-07")
+    argv = shlex.split(inner.replace('"$KVFENCE_REDIS_URL"', "redis://redis.internal:6379/0"))
+    assert argv[:2] == ["kvfence", "campaign"]
+    args = build_parser().parse_args(argv[1:])
+    assert (args.engine, args.address, args.device, args.gpus_per_shard) == ("ray", "auto", "cuda", 0.5)

@@ -42,11 +42,13 @@ def _free_port() -> int:
 def cluster():
     """The head node's address; the node (its whole process group) is stopped after the module."""
     temp = tempfile.mkdtemp(prefix="kvr")  # short: Ray's unix sockets live under it
-    port = _free_port()
+    port, agent_port = _free_port(), _free_port()
     log = open(Path(temp) / "head.log", "w")
     head = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
                              "--num-cpus", "2", "--num-gpus", "4", "--port", str(port), "--include-dashboard",
-                             "false", "--temp-dir", temp, "--disable-usage-stats"],
+                             "false", "--temp-dir", temp, "--disable-usage-stats",
+                             # its own agent port (the default is fixed): two clusters may run at once under xdist
+                             "--dashboard-agent-listen-port", str(agent_port)],
                             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **RAY_ENV),
                             start_new_session=True)
     deadline = time.monotonic() + 120
