@@ -181,3 +181,19 @@ def test_the_rayjob_manifest_runs_a_campaign_command_kvfence_parses():
     assert argv[:2] == ["kvfence", "campaign"]
     args = build_parser().parse_args(argv[1:])
     assert (args.engine, args.address, args.device, args.gpus_per_shard) == ("ray", "auto", "cuda", 0.5)
+
+
+def test_an_earlier_campaign_in_the_folder_is_set_aside_before_this_one_merges(tmp_path):
+    from kvfence.campaign.outcome import set_aside_earlier
+
+    (tmp_path / "shards" / "t1-s3-of-4").mkdir(parents=True)
+    (tmp_path / "shards" / "t1-s3-of-4" / "summary.json").write_text("{}")
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "0123abcd.json").write_text("{}")
+    (tmp_path / ".hypothesis").mkdir()  # the example database stays: its failures are replayed first
+    earlier = set_aside_earlier(tmp_path)
+    assert earlier["count"] == 1 and Path(earlier["folder"]).parent == tmp_path / "cases" / "earlier"
+    assert not (tmp_path / "shards").exists() and not list((tmp_path / "cases").glob("*.json"))
+    (moved,) = (tmp_path / "earlier").iterdir()
+    assert (moved / "shards" / "t1-s3-of-4" / "summary.json").is_file() and (tmp_path / ".hypothesis").is_dir()
+    assert set_aside_earlier(tmp_path) is None  # nothing left to move

@@ -10,10 +10,12 @@ every shard ran clean; ``128 + signal`` when a signal stopped it (what finished 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from kvfence.engine.casefile import atomic_write_text
+from kvfence.engine.outdir import EARLIER_DIR, set_aside_earlier_cases
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS
 from kvfence.reports.merge import merge
 from kvfence.reports.render import write_reports
@@ -22,6 +24,22 @@ from kvfence.reports.render import write_reports
 RESULT_STATUSES = ("clean", "findings", "interrupted", "cancelled")
 #: Finding kinds a compute-sanitizer follow-up replays (the process died or stopped answering: canaries saw nothing).
 FOLLOW_UP_KINDS = ("CRASH", "HANG")
+
+
+def set_aside_earlier(out: Path) -> Optional[dict]:
+    """An earlier campaign's results in ``out``: its case files go to ``cases/earlier/<time>/`` (as ``fuzz`` does;
+    the report names them as earlier), its ``shards/`` and ``sanitizer/`` folders to ``earlier/<time>/``, so this
+    campaign's merge sees only its own shards. Returns the case files' ``{"folder", "count"}`` or ``None``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moving = [out / name for name in ("shards", "sanitizer") if (out / name).is_dir()]
+    if moving:
+        dest = out / EARLIER_DIR / stamp
+        while dest.exists():
+            dest = dest.with_name(dest.name + "-1")
+        dest.mkdir(parents=True)
+        for folder in moving:
+            folder.replace(dest / folder.name)  # same filesystem: a rename
+    return set_aside_earlier_cases(out)
 
 
 def merged_shards(out: Path, rows: List[dict]) -> Optional[dict]:
@@ -47,7 +65,7 @@ def shard_problems(rows: List[dict]) -> List[str]:
             for r in rows if r["status"] not in RESULT_STATUSES]
 
 
-def write(out: Path, doc: Optional[dict], rows: List[dict], run: dict) -> dict:
+def write(out: Path, doc: Optional[dict], rows: List[dict], run: dict, earlier: Optional[dict] = None) -> dict:
     """The merged summary with ``shards`` and ``campaign_run`` (and, when no shard wrote a summary, a summary of
     none: the shards' rows still say what happened), then the reports."""
     rows = sorted(rows, key=lambda r: (r["target"], r["index"]))
@@ -56,6 +74,7 @@ def write(out: Path, doc: Optional[dict], rows: List[dict], run: dict) -> dict:
     doc["shards"] = rows
     doc["shard_problems"] = shard_problems(rows)
     doc["campaign_run"] = run
+    doc["earlier_cases"] = earlier
     atomic_write_text(out / "summary.json", json.dumps(doc, indent=1) + "\n")
     if doc["merged"]["runs"]:  # a merged run summary (none: no shard wrote one, the rows say why)
         write_reports(doc, out)

@@ -100,6 +100,7 @@ def cmd_campaign(args) -> int:
                          planned=args.plan_file is not None)
     engine = _ray_engine() if args.engine == "ray" else None
     _lock_out(out)
+    earlier = outcome.set_aside_earlier(out)
     on_row = _progress(args.quiet, len(specs))
     start = time.perf_counter()
     if not args.quiet:
@@ -113,7 +114,7 @@ def cmd_campaign(args) -> int:
     run = {"engine": args.engine, "address": args.address, "seed": seed, "database": database,
            "shards": len(specs), "targets": len(targets), "wall_s": round(time.perf_counter() - start, 3),
            "interrupted": interrupted, "sanitizer": doc.pop("_sanitizer") if doc else _no_follow_ups([])}
-    doc = outcome.write(out, doc, rows, run)
+    doc = outcome.write(out, doc, rows, run, earlier)
     _report(doc, out, run)
     if interrupted:
         return 128 + {"SIGINT": 2, "SIGTERM": 15}.get(interrupted, 2)
