@@ -18,7 +18,7 @@ from typing import Callable, List, Optional
 
 from kvfence.campaign.shards import ShardSpec
 from kvfence.campaign.task import STOP_WAIT_S, row, run_shard
-from kvfence.engine.interrupt import Interrupted, signals_interrupt
+from kvfence.engine.interrupt import signals_interrupt
 from kvfence.errors import require
 
 #: Seconds the running shards get to stop on their own after a Ctrl-C before they are signalled.
@@ -68,8 +68,8 @@ def run_local(specs: List[ShardSpec], out: Path, *, parallel: int, slots: List[O
                     for future in done:
                         rows.append(future.result())
                         on_row(rows[-1])
-        except Interrupted as exc:
-            interrupted = exc.signal_name
+        except KeyboardInterrupt as exc:  # ours (Interrupted), or Ray's own when the signal lands inside its calls
+            interrupted = getattr(exc, "signal_name", "SIGINT")
             stopping.set()
             # A Ctrl-C in a terminal reaches the shards too (one process group): a second signal would cut their
             # own summary short, so only those still running after INTERRUPT_GRACE_S are asked (SIGINT).

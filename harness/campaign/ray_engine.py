@@ -28,7 +28,7 @@ import ray.exceptions
 
 from kvfence.campaign.shards import ShardSpec
 from kvfence.campaign.task import pack, row, run_command, run_shard, unpack
-from kvfence.engine.interrupt import Interrupted, signals_interrupt
+from kvfence.engine.interrupt import signals_interrupt
 from kvfence.errors import BadInput, require
 
 #: Seconds between looks at the tasks (the progress line is printed as each shard ends).
@@ -160,8 +160,8 @@ def run_ray(specs: List[ShardSpec], out: Path, *, cpus: float, retries: int,
                     if result is not None:
                         rows.append(result)
                         on_row(result)
-    except Interrupted as exc:
-        interrupted = exc.signal_name
+    except KeyboardInterrupt as exc:  # ours (Interrupted), or Ray's own when the signal lands inside ray.wait
+        interrupted = getattr(exc, "signal_name", "SIGINT")
         for ref in list(shards.spec):
             ray.cancel(ref, force=True)
         for ref in list(shards.spec):
