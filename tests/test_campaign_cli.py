@@ -4,6 +4,7 @@ that nothing but ``--engine ray`` ever imports Ray (tests/test_campaign_ray.py r
 import ast
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -197,3 +198,50 @@ def test_an_earlier_campaign_in_the_folder_is_set_aside_before_this_one_merges(t
     (moved,) = (tmp_path / "earlier").iterdir()
     assert (moved / "shards" / "t1-s3-of-4" / "summary.json").is_file() and (tmp_path / ".hypothesis").is_dir()
     assert set_aside_earlier(tmp_path) is None  # nothing left to move
+
+
+def test_crash_and_hang_cases_found_on_cuda_get_a_compute_sanitizer_follow_up_and_cpu_ones_say_why_not(tmp_path):
+    from kvfence.campaign.outcome import follow_up_cases
+    from kvfence.cli.campaign import CPU_CASES, _no_follow_ups, _sweep_commands
+
+    doc = {"merged": {"runs": [{"dir": "gpu-shard", "device": "cuda"}, {"dir": "cpu-shard", "device": "cpu"}]},
+           "findings": [{"case": "c/a.json", "kind": "CRASH"}, {"case": "c/b.json", "kind": "HANG"},
+                        {"case": "c/c.json", "kind": "VALUE_MISMATCH"}],
+           "cases": {"c/a.json": {"found_in": ["gpu-shard"]}, "c/b.json": {"found_in": ["cpu-shard"]},
+                     "c/c.json": {"found_in": ["gpu-shard"]}}}
+    on_cuda, on_cpu = follow_up_cases(doc)
+    assert on_cuda == [Path("c/a.json")] and on_cpu == [Path("c/b.json")]
+    assert _no_follow_ups(on_cpu) == {"cases": 1, "status": "skipped", "why": CPU_CASES, "results": []}
+    assert _no_follow_ups([])["status"] == "none"
+    case = tmp_path / "cases" / "a.json"
+    case.parent.mkdir()
+    case.write_text("{}")
+    ((name, cmd),) = _sweep_commands([case], tmp_path / "out")
+    # One sweep per case, over a folder holding that case alone, memcheck on it.
+    folder = Path(cmd[cmd.index("--cases") + 1])
+    assert name == "a" and cmd[1:4] == ["-m", "kvfence", "sweep"] and [p.name for p in folder.iterdir()] == ["a.json"]
+    assert cmd[cmd.index("--tools") + 1] == "memcheck"
+
+
+def test_ctrl_c_on_the_local_engine_stops_the_running_shard_which_writes_its_outputs(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"targets": [{"max-examples": 2}, {"max-seconds": 600, "max-examples": 100000}]}))
+    out = tmp_path / "out"
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.Popen([sys.executable, "-m", "kvfence", "campaign", "--plan-file", str(plan), "--parallel", "2",
+                             "--sizing", "safe", "--seed", "2", "--out", str(out), *SMALL], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "1/2 shards done" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 130 and (out / "summary.json").is_file(), "".join(lines) + stderr
+    doc = json.loads((out / "summary.json").read_text())
+    rows = {r["target"]: r for r in doc["shards"]}
+    # The running shard was stopped as an interrupted fuzz run: what it checked is merged too.
+    assert rows[1]["status"] == "clean" and rows[2]["status"] == "interrupted" and rows[2]["examples"] > 0
+    assert doc["examples"] == 2 + rows[2]["examples"] and doc["campaign_run"]["interrupted"] == "SIGINT"
