@@ -177,6 +177,18 @@ def merged_rows(doc: dict) -> List[List[str]]:
                                      "cases")] for r in (doc.get("merged") or {}).get("runs", [])]
 
 
+#: The columns of a campaign's shards (``kvfence campaign``: ``kvfence.campaign.outcome``), one row per shard.
+SHARD_HEADER = ["shard", "target", "host", "GPU", "seed block", "status", "attempts", "examples", "findings", "wall s",
+                "note"]
+
+
+def shard_rows(doc: dict) -> List[List[str]]:
+    """One row per shard of a campaign, those that wrote no summary included (lost, timed out); empty otherwise."""
+    keys = ("shard", "label", "host", "gpu", "seed_block", "status", "attempts", "examples", "findings", "wall_s",
+            "note")
+    return [["-" if r.get(k) in (None, "") else str(r.get(k)) for k in keys] for r in doc.get("shards") or []]
+
+
 def _sampled_note(doc: dict) -> str:
     cov = doc.get("coverage", {})
     notes = []
@@ -212,6 +224,8 @@ def markdown(doc: dict, plot_note: str) -> str:
     if merged_rows(doc):
         out += [f"## Merged runs ({doc['merged'].get('duplicate_cases', 0)} duplicate case(s) kept once)", "",
                 md_table(merged_rows(doc), MERGED_HEADER), ""]
+    if shard_rows(doc):
+        out += ["## Shards", "", md_table(shard_rows(doc), SHARD_HEADER), ""]
     out += ["## Coverage", ""]
     out += [f"![coverage]({PLOT_NAME})" if not plot_note else f"Plot skipped: {plot_note}.", ""]
     if _sampled_note(doc):
@@ -290,6 +304,8 @@ def html_report(doc: dict, png: Optional[bytes], plot_note: str, out_dir: Option
         parts += [html("<h2>Merged runs ({} duplicate case(s) kept once)</h2>",
                        doc["merged"].get("duplicate_cases", 0)),
                   table(merged_rows(doc), MERGED_HEADER)]
+    if shard_rows(doc):
+        parts += [Markup("<h2>Shards</h2>"), table(shard_rows(doc), SHARD_HEADER)]
     parts.append(Markup("<h2>Coverage</h2>"))
     if png is not None:
         parts.append(html("<img alt='coverage plot' src='data:image/png;base64,{}'>", base64.b64encode(png).decode()))

@@ -36,6 +36,9 @@ NOT_HERE = (
      "nightly; tests/test_sanitizer.py runs the sweep against a fake compute-sanitizer)"),
     (r"redis\.internal|redis://HOST|/shared/|/scratch/|sbatch|^DB=|^NIGHT=|^JOB=",
      "a site's shared database, folders or scheduler (docs/campaigns.md; the campaign tests use local ones)"),
+    (r"^(HEAD=|srun |sleep |kubectl |ray start)",
+     "starts a Ray cluster or submits to one (Slurm, KubeRay): tests/test_campaign_ray.py starts a local Ray head node "
+     "and runs kvfence campaign --engine ray on it"),
     (r"^export ", "sets a variable of the reader's shell"),
     (r"CASE\.json", "replays a case file of the reader's own run (tests/test_repro.py replays real ones)"),
     (r"import sglang", "asks an installed SGLang for its version"),
@@ -45,8 +48,9 @@ NOT_HERE = (
 NETWORK = (r"^kvfence (affected|upstream (fetch|sizing|matrix))|--kernel (sglang|vllm)==|"
            r"^kvfence mutants --contract (flashmla-page-table|trtllm-mha-page-table|fa3-decode-metadata)")
 #: Lines that take minutes on 2 cores: run with --kvfence-long.
-#: (A plug-in's fuzz runs the default budget: a minute on 2 cores.)
-LONG = (r"--seeds 20|^kvfence mutants --device cpu --json|"
+#: (A plug-in's fuzz runs the default budget: a minute on 2 cores. Of docs/campaigns.md's laptop campaigns CI runs
+#: the first, ~40 s; the clean one and the one on a Ray cluster of its own, ~30-45 s each, are long.)
+LONG = (r"--seeds 20|^kvfence mutants --device cpu --json|--out campaign-(clean|ray)$|"
         r"^kvfence fuzz --(kernel path/to/my_kernel\.py|sizing my_sizing\.py)\S* (--topk 4 )?--device cpu$")
 
 #: The user's own files the docs name, written as docs/own-kernel.md describes: the reference kernel under

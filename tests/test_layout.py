@@ -5,7 +5,8 @@
       < reports (rendering) < release (SGLang's wheels, shipped sizing, matrices, affected)
       < each contract's folder (record, case model, oracle, strategies, any checker of its own)
       < strategies (the public façade of the draft kernel's)
-    base < engine < reports < release < selftest, sanitizer < cli < entry (kvfence/__init__, __main__, the plugin)
+    base < engine < reports < release < selftest, sanitizer, campaign < cli < entry
+      (kvfence/__init__, __main__, the plugin)
 
 ``kernels/`` imports nothing of kvfence but itself. No feature imports a contract's folder but the contract's
 own and the public strategies façade: the engine, the reports, the release tooling, the self-test, the
@@ -31,8 +32,9 @@ ALLOWED = {
     "strategies": {"base", "contracts"},
     "selftest": {"base", "engine", "reports"},
     "sanitizer": {"base", "engine", "reports", "release"},
-    "cli": {"base", "engine", "reports", "release", "selftest", "sanitizer"},
-    "entry": {"base", "engine", "reports", "release", "selftest", "sanitizer", "cli"},
+    "campaign": {"base", "engine", "reports"},
+    "cli": {"base", "engine", "reports", "release", "selftest", "sanitizer", "campaign"},
+    "entry": {"base", "engine", "reports", "release", "selftest", "sanitizer", "campaign", "cli"},
 }
 BASE = ("errors", "device", "provenance", "contract", "draws")
 #: Modules that start kvfence (the sanitizer's child runs a command of the CLI under compute-sanitizer).
@@ -97,7 +99,7 @@ def test_every_module_belongs_to_a_feature_folder():
     assert top == sorted(BASE + ENTRY), top
     # A folder holding no module (a checkout's leftover __pycache__ of a moved one) is no feature.
     folders = sorted(p.name for p in HARNESS.iterdir() if p.is_dir() and any(p.rglob("*.py")))
-    assert folders == ["cli", "contracts", "engine", "release", "sanitizer", "selftest"], folders
+    assert folders == ["campaign", "cli", "contracts", "engine", "release", "sanitizer", "selftest"], folders
     assert {feature(m).split(":")[0] for m in modules()} <= set(ALLOWED) | {"contracts"}
 
 

@@ -420,7 +420,7 @@ def test_cuda_runs_lead_by_default_and_the_cpu_does_not(tmp_path, monkeypatch):
     once (the interpreter's first example is slow, and no CUDA contexts compete there)."""
     from kvfence.engine import jobs
 
-    monkeypatch.setattr(jobs, "_visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(jobs, "visible_gpus", lambda: ["0"])
     docs, *_ = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"), tmp_path / "cuda", device="cuda")
     assert docs[1]["started"] >= docs[0]["ended"] - 0.2  # the silent lead ended before job 1 started
     docs, *_ = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"), tmp_path / "cpu", device="cpu")

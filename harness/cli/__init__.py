@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from kvfence.cli import affected, check_contract, fuzz, mutants, report, repro, sweep, upstream
+from kvfence.cli import affected, campaign, check_contract, fuzz, mutants, report, repro, sweep, upstream
 from kvfence.cli.common import EXIT_CODES, _Parser, _stderr
 from kvfence.errors import EXIT_BAD_INPUT, BadInput
 
@@ -20,7 +20,7 @@ from kvfence.errors import EXIT_BAD_INPUT, BadInput
 PROG = "kvfence"
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (fuzz, repro, report, mutants, sweep, upstream, affected, check_contract)
+COMMANDS = (fuzz, campaign, repro, report, mutants, sweep, upstream, affected, check_contract)
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:

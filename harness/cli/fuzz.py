@@ -204,13 +204,11 @@ def _fuzz_command(args) -> int:
         outlock.release_all()
 
 
-def add_parser(sub) -> None:
+def add_run_flags(fz) -> None:
+    """The flags that say what one fuzz run checks and how long (target, config, budgets, database, workers):
+    ``fuzz``'s, and ``campaign``'s, which hands them to each shard's ``fuzz`` (kvfence.cli.campaign)."""
     from kvfence.engine.jobs import FOLLOWER_MIN_LEFT_S
 
-    fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers",
-                        description="Fuzz the kernel against the oracle inside guarded buffers; a failure is "
-                                    "shrunk and saved as a case file under --out/cases/.",
-                        epilog=_exit_codes(one="findings (the shrunk case file and the reports are written)"))
     _add_target_args(fz)
     _add_config_args(fz)
     _add_family_args(fz)
@@ -221,8 +219,6 @@ def add_parser(sub) -> None:
                     help="Hypothesis seed for a repeatable run (default: random)")
     fz.add_argument("--shrink-seconds", type=_seconds(False), default=60.0,
                     help="time budget for shrinking a failure (0: report the first failing case unshrunk)")
-    fz.add_argument("--json", default=None, help="also write the JSON summary here (default: only --out/summary.json)")
-    fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     fz.add_argument("--batches-per-example", type=_positive_int, default=None,
                     help=f"up to N cases of one config per Hypothesis example (config-major: one compile and "
                          f"capture, many replays; default {GPU_BATCHES_PER_EXAMPLE} on CUDA, 1 on the CPU)")
@@ -255,24 +251,34 @@ def add_parser(sub) -> None:
                          f"failure has --shrink-seconds on top; default {DEFAULT_GPU_SECONDS:g} on CUDA when "
                          f"--max-examples is not given, none on the CPU; the summary's ended_by says which budget "
                          f"ended the run")
-    fz.add_argument("--plan", default=None, help=argparse.SUPPRESS)  # a --jobs child's plan, written by its parent
     fz.add_argument("--no-target", action="store_true",
                     help="skip Hypothesis's target phase on need/width (faster generation, less pressure on limits)")
     fz.add_argument("--keep-going", action="store_true",
                     help="after a failure is shrunk and saved, go on looking for other failures until --max-examples "
                          "or --max-seconds is spent; each distinct failure (finding kinds + config) gets a case file")
+    fz.add_argument("--database", default=None,
+                    help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; its failures "
+                         "are replayed first (default: OUT/.hypothesis)")
+    _add_worker_args(fz)
+
+
+def add_parser(sub) -> None:
+    fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers",
+                        description="Fuzz the kernel against the oracle inside guarded buffers; a failure is "
+                                    "shrunk and saved as a case file under --out/cases/.",
+                        epilog=_exit_codes(one="findings (the shrunk case file and the reports are written)"))
+    add_run_flags(fz)
+    fz.add_argument("--json", default=None, help="also write the JSON summary here (default: only --out/summary.json)")
+    fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    fz.add_argument("--plan", default=None, help=argparse.SUPPRESS)  # a --jobs child's plan, written by its parent
     fz.add_argument("--out", default="reports/out",
                     help="folder for cases/, summary.json, report.md and report.html; an earlier run's case "
                          "files there are moved to cases/earlier/<time>/")
     fz.add_argument("--resume", action="store_true",
                     help="only collect cases left in flight by runs that died (reported as CRASH); no new fuzzing")
-    fz.add_argument("--database", default=None,
-                    help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; its failures "
-                         "are replayed first (default: OUT/.hypothesis)")
     fz.add_argument("--shard", type=_shard, default=None, metavar="I/N",
                     help="fuzz only shard I of N (1-based): a disjoint part of the config space and seeds "
                          "(default: all of it); auto: the index of a Slurm job array task, auto/N: of a "
                          "Kubernetes Indexed Job of N completions (docs/campaigns.md)")
-    _add_worker_args(fz)
     fz.set_defaults(func=_fuzz_command, _parser=fz,
                     fuzz_defaults={a.dest: a.default for a in fz._actions if a.dest != "help"})

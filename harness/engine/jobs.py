@@ -165,7 +165,7 @@ class _Summed:
         self.elapsed_s = elapsed_s
 
 
-def _visible_gpus() -> List[str]:
+def visible_gpus() -> List[str]:
     """The GPU ids a child may be given (honouring a CUDA_VISIBLE_DEVICES the user set)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env:
@@ -210,7 +210,7 @@ def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_fi
     from kvfence.engine.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
     from kvfence.engine.journal import recover
 
-    gpus = _visible_gpus() if device == "cuda" else []
+    gpus = visible_gpus() if device == "cuda" else []
     lead = device == "cuda" if lead is None else lead
     stop_file = Path(out_dir) / JOBS_DIR / STOP_FILE
     # The scratch paths must have the type this run gives them, checked before anything moves or starts.
