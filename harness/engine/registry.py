@@ -152,6 +152,12 @@ def _get(name: str, *, probe: bool) -> Contract:
         raise BadInput(f"contract {name!r}: cannot load {spec}: {type(exc).__name__}: {exc}") from None
     from kvfence.engine.record_check import static
 
+    if module_name.split(".")[0] != "kvfence":
+        from kvfence.engine.boundary import guard
+
+        # Its methods run under the boundary's calls (kvfence.engine.boundary); in a throwaway process (a checking
+        # worker) an exit or interrupt stays what it was: the worker's supervisor tells a kernel's from a record's.
+        record = guard(record, name, convert=probe)
     static(name, spec, record)
     _LOADED[name] = record
     return record

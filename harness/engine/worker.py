@@ -26,6 +26,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import List, Optional
 
+from kvfence.engine.boundary import contract_failure
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.triton_warmup import TritonWarmup
 from kvfence.engine.triton_warmup import wanted as triton_warmup_wanted
@@ -180,8 +181,10 @@ def _worker_main(conn, progress, options: dict) -> None:
         except BadInput as exc:
             _send(conn, {"op": "bad_input", "message": str(exc)})
             continue
-        except BaseException:  # noqa: BLE001 - a kvfence bug: the supervisor raises WorkerError
-            _send(conn, {"op": "error", "traceback": traceback.format_exc()})
+        except BaseException as exc:  # noqa: BLE001 - a plug-in contract's failure (one line), else a kvfence bug
+            said = contract_failure(exc)
+            _send(conn, {"op": "bad_input", "message": said} if said else
+                  {"op": "error", "traceback": traceback.format_exc()})
             continue
         stats = {k: v for k, v in session.stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         _send(conn, {"op": "results", "results": results, "fatal": fatal, "stats": stats})
