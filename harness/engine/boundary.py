@@ -61,7 +61,12 @@ _WHERE_BYTES = 1024
 
 
 class ContractFault(BadInput):
-    """A plug-in contract's code ended its process, raised an exit or an interrupt, or overran its call limit."""
+    """A plug-in contract's code ended its process, raised an exit or an interrupt, or overran its call limit;
+    ``problem`` is the line without the contract's name (for a caller that names it already)."""
+
+    def __init__(self, message: str, problem: Optional[str] = None):
+        super().__init__(message)
+        self.problem = problem or message
 
 
 def foreign(names) -> List[str]:
@@ -89,6 +94,13 @@ def call_limit(max_seconds: Optional[float] = None) -> float:
 _STACK: List[tuple] = []  # (contract, method) of the calls in progress, outermost first
 _LAST: List[tuple] = []  # the last call that returned
 _WHERE: List[int] = []  # the breadcrumb file's descriptor, in a child
+_CONVERT = [True]  # whether an exit or interrupt from the contract's code is a ContractFault here
+
+
+def convert_exits(on: bool) -> None:
+    """Whether ``calling`` turns a contract's ``SystemExit`` / ``KeyboardInterrupt`` into ``ContractFault`` in this
+    process (off in a checking worker: its supervisor reports a launch's exit as the kernel's finding)."""
+    _CONVERT[0] = on
 
 
 def _mark() -> None:
@@ -104,15 +116,18 @@ def _mark() -> None:
 
 
 def _fault(contract: str, method: str, what: str) -> ContractFault:
-    return ContractFault(f"contract {contract!r}: its {method} {what}; the run is not a verdict")
+    problem = f"its {method} {what}; the run is not a verdict"
+    return ContractFault(f"contract {contract!r}: {problem}", problem)
 
 
 @contextlib.contextmanager
-def calling(contract: str, method: str, convert: bool = True):
-    """Run the block as a call into ``contract``'s ``method`` (see the module docstring). ``convert=False`` (in a
-    checking worker, whose supervisor tells a kernel's exit from a contract's) only notes where an exception rose."""
+def calling(contract: str, method: str):
+    """Run the block as a call into ``contract``'s ``method`` (see the module docstring). In a checking worker
+    (``convert_exits(False)``: its supervisor tells a kernel's exit from a contract's) it only notes where an
+    exception rose."""
     from kvfence.engine.interrupt import Interrupted, pending
 
+    convert = _CONVERT[0]
     _STACK.append((contract, method))
     _mark()
     try:
@@ -139,15 +154,15 @@ def calling(contract: str, method: str, convert: bool = True):
         _mark()
 
 
-def _guarded_callable(fn, contract: str, method: str, convert: bool):
+def _guarded_callable(fn, contract: str, method: str):
     def call(*args, **kwargs):
-        with calling(contract, method, convert):
+        with calling(contract, method):
             return fn(*args, **kwargs)
 
     return call
 
 
-def _guarded_strategy(strategy, contract: str, convert: bool):
+def _guarded_strategy(strategy, contract: str):
     """``strategy`` drawn under ``calling`` (a composite strategy around it), or itself when it is none."""
     from hypothesis import strategies as st
     from hypothesis.strategies import SearchStrategy
@@ -157,13 +172,13 @@ def _guarded_strategy(strategy, contract: str, convert: bool):
 
     @st.composite
     def drawn(draw):
-        with calling(contract, "cases() strategy (drawing a case)", convert):
+        with calling(contract, "cases() strategy (drawing a case)"):
             return draw(strategy)
 
     return drawn()
 
 
-def guard(record, contract: str, convert: bool = True):
+def guard(record, contract: str):
     """``record`` (a plug-in's) with every member it defines run under ``calling``: its class is swapped for a
     subclass that wraps them (same name, no new slots); members it inherits from ``Contract`` are kvfence's code
     and stay as they are, so ``type(record).m is Contract.m`` still tells what it defines."""
@@ -177,9 +192,9 @@ def guard(record, contract: str, convert: bool = True):
         if raw is None or raw is inspect.getattr_static(Contract, member, None):
             continue
         if inspect.isfunction(raw):
-            namespace[member] = _method(member, contract, convert)
+            namespace[member] = _method(member, contract)
         elif isinstance(raw, property) or member in ("sizings", "options"):
-            namespace[member] = _member(member, contract, convert)
+            namespace[member] = _member(member, contract)
     guarded = type(cls.__name__, (cls,), namespace)
     try:
         record.__class__ = guarded
@@ -196,41 +211,42 @@ def _guarded_class(self):
     return next(k for k in type(self).__mro__ if k.__dict__.get("_kvfence_guarded"))
 
 
-def _method(member: str, contract: str, convert: bool):
+def _method(member: str, contract: str):
     def method(self, *args, **kwargs):
-        with calling(contract, f"{member}()", convert):
+        with calling(contract, f"{member}()"):
             out = _parent_attr(self, member)(*args, **kwargs)
-        return _guarded_strategy(out, contract, convert) if member == "cases" else out
+        return _guarded_strategy(out, contract) if member == "cases" else out
 
     method.__name__ = member
     return method
 
 
-def _member(member: str, contract: str, convert: bool):
+def _member(member: str, contract: str):
     def read(self):
-        with calling(contract, f"{member} (reading it)", convert):
+        with calling(contract, f"{member} (reading it)"):
             value = vars(self)[member] if member in getattr(self, "__dict__", {}) else _parent_attr(self, member)
         if member in ("sizings", "options") and isinstance(value, Mapping):
             what = "sizing" if member == "sizings" else "option"
-            return {k: _guarded_callable(v, contract, f"{what} {k!r}", convert) if callable(v) else v
+            return {k: _guarded_callable(v, contract, f"{what} {k!r}") if callable(v) else v
                     for k, v in value.items()}
         return value
 
     return property(read)
 
 
-def unexpected(exc: BaseException) -> str:
+def unexpected(exc: BaseException, named: bool = True) -> str:
     """The one line of an exception that escaped a command in a child: the contract's method that raised it, or
-    the last one that returned (kvfence could not use its answer)."""
+    the last one that returned (kvfence could not use its answer); without the contract's name unless ``named``."""
     cause = f"{type(exc).__name__}: {printable(' '.join(str(exc).split()), 300)}"
-    raised_in = getattr(exc, "kvfence_raised_in", None)
-    if raised_in:
-        return str(_fault(raised_in[0], raised_in[1], f"raised {cause}"))
-    if _LAST:
-        contract, method = _LAST[0]
-        return str(_fault(contract, method, f"answered something kvfence cannot use ({cause}; "
-                                            "docs/contract-api.md says what each method returns)"))
-    return f"the command failed: {cause}"
+    raised_in = getattr(exc, "kvfence_raised_in", None) or (_LAST[0] if _LAST else None)
+    if raised_in is None:
+        return f"the command failed: {cause}"
+    if getattr(exc, "kvfence_raised_in", None):
+        fault = _fault(raised_in[0], raised_in[1], f"raised {cause}")
+    else:
+        fault = _fault(raised_in[0], raised_in[1], f"answered something kvfence cannot use ({cause}; "
+                                                   "docs/contract-api.md says what each method returns)")
+    return str(fault) if named else fault.problem
 
 
 def contract_failure(exc: BaseException) -> Optional[str]:
@@ -254,6 +270,11 @@ def enter_child() -> bool:
 
 
 _STATUS: List[str] = []
+
+
+def in_child() -> bool:
+    """Whether this process is a boundary child (``enter_child`` found its status file)."""
+    return bool(_STATUS)
 
 
 def report(answer: dict) -> None:
@@ -327,7 +348,8 @@ def _where_text(crumb: dict, contracts: List[str]) -> tuple:
     return contract, printable(method + (f" (in {' in '.join(reversed(context))})" if context else ""), 200)
 
 
-def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict] = None) -> dict:
+def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict] = None,
+              quiet: bool = False) -> dict:
     """Run ``cmd`` (a kvfence child) for plug-in ``contracts``: the answer it reported (``{"exit": code, ...}``),
     ``{"exit": 128 + signal, "signal": name}`` when the user's signal interrupted it, or ``ContractFault``."""
     from kvfence.engine import registry
@@ -338,7 +360,9 @@ def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Option
         where.write_bytes(b"")
         child_env = dict(os.environ, **registry.child_env(), **(env or {}),
                          **{STATUS_ENV: str(status), WHERE_ENV: str(where), CALL_LIMIT_ENV: f"{limit:g}"})
-        proc = subprocess.Popen(cmd, env=child_env, process_group=0)
+        output = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL} if quiet else {}
+        proc = subprocess.Popen(cmd, env=child_env, process_group=0, stdin=subprocess.DEVNULL if quiet else None,
+                                **output)
         watch = _Watch(proc, where, limit)
         code = watch.wait()
         crumb = read_where(where)
@@ -403,7 +427,7 @@ def call(target: str, payload: dict, contracts: List[str], max_seconds: Optional
     return answer.get("result")
 
 
-def _serve(request: Path) -> None:
+def serve(request: Path) -> None:
     """The child of ``call``: run the target, report its outcome."""
     import importlib
 
@@ -434,4 +458,8 @@ def _serve(request: Path) -> None:
 
 
 if __name__ == "__main__":
-    _serve(Path(sys.argv[1]))
+    # The module as the rest of kvfence imports it (``-m`` runs a second copy as ``__main__``: its state,
+    # ``in_child`` among it, would not be the one the target sees).
+    from kvfence.engine import boundary as _boundary
+
+    _boundary.serve(Path(sys.argv[1]))

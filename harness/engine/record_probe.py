@@ -13,46 +13,37 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
 
+from kvfence.engine.boundary import ContractFault, unexpected
 from kvfence.errors import BadInput
 
-#: Seconds the child may take (its cases run under the interpreter).
-PROBE_TIMEOUT_S = 600.0
 
-
-def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = None,
-                   timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``)
-    (``BadInput`` when the child ended without one)."""
-    from kvfence.engine import registry
-    from kvfence.engine.workers import signal_name
+def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = None) -> dict:
+    """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``), the
+    child behind the boundary (``kvfence.engine.boundary``: each call into the record timed and named; a
+    ``ContractFault`` when the record's code ended it); the user's signal is ``Interrupted``."""
+    from kvfence.engine import boundary, registry
+    from kvfence.engine.interrupt import Interrupted
 
     with tempfile.TemporaryDirectory(prefix="kvfence-check-contract-") as tmp:
         report, options = Path(tmp) / "report.json", Path(tmp) / "options.json"
         options.write_text(json.dumps({"loading": registry.loading(record), "examples": examples, "seed": seed,
                                        "pins": pins or {}}))
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        try:
-            proc = subprocess.run([sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise BadInput(f"contract {record.name!r}: its methods did not answer on {examples} cases within "
-                           f"{timeout_s:g}s") from None
+        status = boundary.supervise([sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)],
+                                    [record.name], limit=boundary.call_limit(), env={"TRITON_INTERPRET": "1"},
+                                    quiet=True)
+        if status.get("signal"):
+            raise Interrupted(signal.Signals[status["signal"]].value)
         try:
             answer = json.loads(report.read_text())
         except (OSError, ValueError):
             answer = None
     if not isinstance(answer, dict):
-        how = f"died of {signal_name(proc.returncode)}" if proc.returncode < 0 else \
-            f"ended it ({signal_name(proc.returncode)})"
-        raise BadInput(f"contract {record.name!r}: its code {how} while kvfence asked it about drawn cases (a "
-                       "contract's methods must return or raise, never exit or kill their process)")
+        raise BadInput(f"contract {record.name!r}: its check ended without a report")
     return answer
 
 
@@ -88,6 +79,8 @@ def problems_of(record, examples: int, seed: int, pins: dict) -> dict:
     problems: List[str] = []
     try:
         cases = drawn(record, examples, seed, pins)
+    except ContractFault as exc:
+        return {"problems": [exc.problem], "cases": 0, "launches": 0}
     except BadInput as exc:
         return {"problems": [f"cases(domain) refuses the domain{' pinned to ' + str(pins) if pins else ''}: {exc} "
                              "(pin its flags with --pin NAME=VALUE)"], "cases": 0, "launches": 0}
@@ -150,26 +143,34 @@ def asked(call, what: str):
     """``call()``, or its failure as a one-item list of problem text (the record's code raised)."""
     try:
         return call()
+    except ContractFault as exc:
+        return [exc.problem]
     except BadInput as exc:
         return [str(exc)]
     except Exception as exc:  # noqa: BLE001 - the record's own code: its failure is a problem of the record
+        if getattr(exc, "kvfence_raised_in", None):  # raised in one of its methods (kvfence.engine.boundary)
+            return [unexpected(exc, named=False)]
         return [f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"]
 
 
 def _main(report: Path, options: dict) -> None:
+    from kvfence.engine import boundary
     from kvfence.engine.registry import load_in_worker
 
+    boundary.enter_child()
     try:
         record = load_in_worker(options["loading"])
         answer = problems_of(record, options["examples"], options["seed"], options["pins"])
+    except ContractFault as exc:
+        answer = {"problems": [exc.problem], "cases": 0, "launches": 0}
     except BadInput as exc:
         answer = {"problems": [str(exc)], "cases": 0, "launches": 0}
-    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from the record's code
-        answer = {"problems": [f"its code raised {type(exc).__name__}: {exc}"], "cases": 0, "launches": 0}
+    except Exception as exc:  # noqa: BLE001 - what the record's code raised or returned, named by its method
+        answer = {"problems": [boundary.unexpected(exc, named=False)], "cases": 0, "launches": 0}
     report.write_text(json.dumps(answer))
+    boundary.report({"exit": 0})
     os._exit(0)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the parent, which decides
     _main(Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()))

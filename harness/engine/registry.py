@@ -155,9 +155,7 @@ def _get(name: str, *, probe: bool) -> Contract:
     if module_name.split(".")[0] != "kvfence":
         from kvfence.engine.boundary import guard
 
-        # Its methods run under the boundary's calls (kvfence.engine.boundary); in a throwaway process (a checking
-        # worker) an exit or interrupt stays what it was: the worker's supervisor tells a kernel's from a record's.
-        record = guard(record, name, convert=probe)
+        record = guard(record, name)  # its methods run under the boundary's calls (kvfence.engine.boundary)
     static(name, spec, record)
     _LOADED[name] = record
     return record

@@ -26,7 +26,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import List, Optional
 
-from kvfence.engine.boundary import contract_failure
+from kvfence.engine.boundary import contract_failure, convert_exits
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.triton_warmup import TritonWarmup
 from kvfence.engine.triton_warmup import wanted as triton_warmup_wanted
@@ -218,6 +218,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     """``python -m kvfence.engine.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
     argv = sys.argv[1:] if argv is None else argv
     os.environ[IN_WORKER_ENV] = "1"  # a sizing plug-in that ends this process is this case's CRASH already
+    convert_exits(False)  # a contract's exit or interrupt here is judged by the supervisor (module docstring)
     conn = Connection(int(argv[0]))
     progress = ProgressCounter(os.fdopen(int(argv[1]), "r+b"))
     _worker_main(conn, progress, json.loads(argv[2]))
