@@ -26,16 +26,21 @@ def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = N
     """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``), the
     child behind the boundary (``kvfence.engine.boundary``: each call into the record timed and named; a
     ``ContractFault`` when the record's code ended it); the user's signal is ``Interrupted``."""
+    return check_named(record.name, examples=examples, seed=seed, pins=pins)
+
+
+def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict] = None, launches: bool = True) -> dict:
+    """``check_contract`` of the contract registered as ``name``, never imported in this process; without
+    ``launches`` only its methods are asked (no kernel is resolved or launched)."""
     from kvfence.engine import boundary, registry
     from kvfence.engine.interrupt import Interrupted
 
     with tempfile.TemporaryDirectory(prefix="kvfence-check-contract-") as tmp:
         report, options = Path(tmp) / "report.json", Path(tmp) / "options.json"
-        options.write_text(json.dumps({"loading": registry.loading(record), "examples": examples, "seed": seed,
-                                       "pins": pins or {}}))
+        options.write_text(json.dumps({"loading": registry.loading_named(name), "examples": examples, "seed": seed,
+                                       "pins": pins or {}, "launches": launches}))
         status = boundary.supervise([sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)],
-                                    [record.name], limit=boundary.call_limit(), env={"TRITON_INTERPRET": "1"},
-                                    quiet=True)
+                                    [name], limit=boundary.call_limit(), env={"TRITON_INTERPRET": "1"}, quiet=True)
         if status.get("signal"):
             raise Interrupted(signal.Signals[status["signal"]].value)
         try:
@@ -43,7 +48,7 @@ def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = N
         except (OSError, ValueError):
             answer = None
     if not isinstance(answer, dict):
-        raise BadInput(f"contract {record.name!r}: its check ended without a report")
+        raise BadInput(f"contract {name!r}: its check ended without a report")
     return answer
 
 
@@ -68,7 +73,7 @@ def drawn(record, examples: int, seed: int, pins: dict) -> list:
     return [c for drawn_ in out for c in (drawn_ if isinstance(drawn_, list) else [drawn_])]
 
 
-def problems_of(record, examples: int, seed: int, pins: dict) -> dict:
+def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = True) -> dict:
     """What the child reports (see the module docstring)."""
     from kvfence.engine import kernels
     from kvfence.engine.checking import TableChecker
@@ -98,6 +103,8 @@ def problems_of(record, examples: int, seed: int, pins: dict) -> dict:
     for sizing in record.sizings:
         if all(sizing in r for r in refusals):
             problems.append(f"sizing {sizing!r} refuses every drawn case ({refusals[0][sizing]})")
+    if not launches:
+        return {"problems": problems, "cases": len(cases), "launches": 0}
     for spec in [*kernels.references(record)] + [f"mutant:{m.name}" for m in record.mutants if m.patch or m.kernel]:
         try:
             kernels.resolve(record, spec)
@@ -160,7 +167,8 @@ def _main(report: Path, options: dict) -> None:
     boundary.enter_child()
     try:
         record = load_in_worker(options["loading"])
-        answer = problems_of(record, options["examples"], options["seed"], options["pins"])
+        answer = problems_of(record, options["examples"], options["seed"], options["pins"],
+                             options.get("launches", True))
     except ContractFault as exc:
         answer = {"problems": [exc.problem], "cases": 0, "launches": 0}
     except BadInput as exc:
