@@ -6,7 +6,7 @@ and a non-zero exit (2 for the commands), nothing it started left running; the c
 points, and the user's SIGINT still interrupts (130). Hostile records: tests/fixtures/csr_contract/hostile.py.
 
 Cost on the 2-core CI machine: the default tests about 60 s (each command a subprocess, ``KVFENCE_CALL_LIMIT_S=3``
-for the hangs); the ``long`` ones (SIGINT, forks, journal recovery, the pytest plugin) about 70 s more."""
+for the hangs); the ``long`` ones (SIGINT, forks, journal recovery, the pytest plugin's refusal) about 70 s more."""
 
 from __future__ import annotations
 
@@ -203,32 +203,32 @@ def test_a_run_recovering_a_plug_in_journal_slot_is_one_line_naming_from_json(tm
     assert "ended its process with exit status 0" in _one_line(proc, name, "from_json()")
 
 
-PYTEST_FILE = '''
-from hypothesis import given, settings
-from csr_contract import CSR
-from kvfence.contract import Domain, Launch
+#: docs/contract-api.md's own-contract ``@given`` test, verbatim (tests/test_contract_api.py holds the page to it).
+OWN_GIVEN = FIXTURE / "own_given_example.py"
 
 
-@settings(max_examples=3, deadline=None, database=None)
-@given(case=CSR.cases(Domain("cpu")))
-def test_csr(case, kvfence_session):
-    launch = Launch("csr-kv-indices", case, CSR.sizings["safe"](case, "eager"), "safe")
-    assert kvfence_session().check(launch) == []
-'''
-
-
-@pytest.mark.long
-@pytest.mark.parametrize("contract, expected", [("csr-exitincases", 4), ("csr-kv-indices", 0), (None, 0)])
-def test_the_pytest_plugin_refuses_a_hostile_contract_and_checks_a_launch_by_its_own(tmp_path, contract, expected):
-    """``--kvfence-contract`` of a contract whose cases() exits: a usage error naming it (pytest's 4), never exit
-    0; the correct one passes; with the default contract (the draft) a launch of the CSR contract is checked by its
-    own contract, not the draft's."""
-    (tmp_path / "test_own.py").write_text(PYTEST_FILE)
+def _pytest(tmp_path, contract):
+    (tmp_path / "test_own.py").write_text(OWN_GIVEN.read_text())
     registered = {"csr-kv-indices": "csr_contract:CSR", "csr-exitincases": "hostile:EXITINCASES"}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_own.py"),
             "--kvfence-device", "cpu", *(["--kvfence-contract", contract] if contract else [])]
-    proc = subprocess.run(argv, cwd=tmp_path, env=_env(registered, PYTHONPATH=str(FIXTURE)), capture_output=True,
+    return subprocess.run(argv, cwd=tmp_path, env=_env(registered, PYTHONPATH=str(FIXTURE)), capture_output=True,
                           text=True, timeout=300)
+
+
+def test_the_docs_own_contract_given_test_passes_under_the_pytest_plugin(tmp_path):
+    """docs/contract-api.md's ``@given`` example, run as its reader runs it; with the default contract (the draft)
+    the launch is checked by its own contract (it used to be checked as a draft launch and fail after minutes)."""
+    proc = _pytest(tmp_path, None)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("contract, expected", [("csr-exitincases", 4), ("csr-kv-indices", 0)])
+def test_the_pytest_plugin_refuses_a_hostile_contract_and_passes_the_correct_one(tmp_path, contract, expected):
+    """``--kvfence-contract`` of a contract whose cases() exits: a usage error naming it (pytest's 4), never exit
+    0; the correct one passes."""
+    proc = _pytest(tmp_path, contract)
     assert proc.returncode == expected, proc.stdout[-3000:] + proc.stderr[-2000:]
     if expected:
         assert "contract 'csr-exitincases': its cases() raised SystemExit(0)" in proc.stderr, proc.stderr[-2000:]
