@@ -39,7 +39,8 @@ def on_path(monkeypatch):
 def test_the_csr_fixture_is_well_formed_and_small():
     code, out, err = check("csr-kv-indices", "csr_contract:CSR")
     assert code == 0 and err == [], err
-    assert "well formed: 6 drawn cases" in out and "1 planted bug(s) resolve" in out
+    # Every method is asked about 100 drawn cases (record_probe.METHOD_EXAMPLES), the reference launched on 6.
+    assert "well formed: 100 drawn cases" in out and "on 6 launches" in out and "1 planted bug(s) resolve" in out
     lines = sum(len(p.read_text().splitlines()) for p in (FIXTURE / "csr_contract.py", FIXTURE / "csr_kernel.py"))
     assert lines <= 120, lines
 
@@ -54,6 +55,8 @@ def test_the_csr_fixture_is_well_formed_and_small():
     ("TEXTWIDTH", "sizing 'safe' gives width '"),  # the text's repr: quoted
     ("OBSERVEDBEFORELAUNCH", "findings_before_launch gives GUARD_OVERWRITE"),
     ("WRONGORACLE", "its reference kernel is not clean under the 'safe' sizing"),
+    # None of the first 20 drawn cases (the default --examples) holds over 100 tokens: asked about 100, it shows.
+    ("PICKYFROMJSON", "from_json rejects what to_json wrote: seq_lens: at most 100 tokens a batch"),
     ("EXITS", "its need() ended its process with exit status 0"),
 ])
 def test_each_planted_record_mistake_is_one_line_and_exit_2(mistake, named):
