@@ -76,6 +76,27 @@ def test_fuzz_of_a_hostile_contract_is_one_line_naming_the_method(tmp_path, attr
     assert said in _one_line(proc, name, method)
 
 
+def test_fuzz_of_a_contract_whose_from_json_refuses_its_own_draws_names_the_contract_and_method(tmp_path):
+    """The line used to be the record's own message alone ("seq_lens: at most 100 tokens a batch")."""
+    name, spec = "csr-pickyfromjson", "mistakes:PICKYFROMJSON"
+    proc = kvfence("fuzz", "--contract", name, "--device", "cpu", "--max-examples", "200", "--seed", "0", "--quiet",
+                   "--shrink-seconds", "0", "--out", str(tmp_path / "out"), contracts={name: spec})
+    assert "refused: seq_lens: at most 100 tokens a batch" in _one_line(proc, name, "from_json()")
+
+
+def test_max_seconds_bounds_a_run_whose_contract_method_never_returns(tmp_path):
+    """``--max-seconds 2`` with a cases() that never returns (no KVFENCE_CALL_LIMIT_S): the call limit is
+    max(2, 10) s, so the run ends in about 10 s plus start-up (it used to run on past 300 s)."""
+    name, contracts = hostile("LOOPSINCASES")
+    env = {k: v for k, v in _env(contracts).items() if k != "KVFENCE_CALL_LIMIT_S"}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--contract", name, "--device", "cpu",
+                           "--max-seconds", "2", "--quiet", "--out", str(tmp_path / "out")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert "did not return within 10s" in _one_line(proc, name, "cases()")
+    assert time.monotonic() - started < 90
+
+
 def test_fuzz_and_check_contract_of_the_correct_record_pass(tmp_path):
     contracts = {"csr-kv-indices": "csr_contract:CSR"}
     clean = kvfence("fuzz", "--contract", "csr-kv-indices", "--device", "cpu", "--max-examples", "5", "--quiet",

@@ -89,13 +89,14 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
 
 def _run_as_child(args) -> int:
     """The command in a boundary child (kvfence.engine.boundary): what escapes it is the contract's, one line."""
-    from kvfence.engine.boundary import unexpected
+    from kvfence.engine.boundary import refusal, unexpected
     from kvfence.engine.interrupt import Interrupted, pending
 
     try:
         return args.func(args)
-    except BadInput:
-        raise
+    except BadInput as exc:
+        _stderr(f"kvfence: error: {refusal(exc)}")
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted) or pending() is not None:
             raise

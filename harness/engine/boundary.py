@@ -143,7 +143,7 @@ def calling(contract: str, method: str):
             raise  # the user's signal, or the worker's to judge
         raise _fault(contract, method, "raised KeyboardInterrupt while no signal came") from None
     except BaseException as exc:
-        if not isinstance(exc, BadInput) and getattr(exc, "kvfence_raised_in", None) is None:
+        if getattr(exc, "kvfence_raised_in", None) is None:
             try:
                 exc.kvfence_raised_in = (contract, method)
             except AttributeError:
@@ -247,6 +247,16 @@ def unexpected(exc: BaseException, named: bool = True) -> str:
         fault = _fault(raised_in[0], raised_in[1], f"answered something kvfence cannot use ({cause}; "
                                                    "docs/contract-api.md says what each method returns)")
     return str(fault) if named else fault.problem
+
+
+def refusal(exc: BadInput) -> str:
+    """A ``BadInput`` that ends a command, naming the contract and the method that raised it when one did (a
+    ``from_json`` refusing a case its own ``cases()`` drew, say): the line says whose refusal it is."""
+    raised_in = getattr(exc, "kvfence_raised_in", None)
+    text = str(exc)
+    if isinstance(exc, ContractFault) or not raised_in or text.startswith(f"contract {raised_in[0]!r}"):
+        return text
+    return f"contract {raised_in[0]!r}: its {raised_in[1]} refused: {text}"
 
 
 def contract_failure(exc: BaseException) -> Optional[str]:

@@ -26,7 +26,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import List, Optional
 
-from kvfence.engine.boundary import contract_failure, convert_exits
+from kvfence.engine.boundary import contract_failure, convert_exits, refusal
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.triton_warmup import TritonWarmup
 from kvfence.engine.triton_warmup import wanted as triton_warmup_wanted
@@ -179,7 +179,7 @@ def _worker_main(conn, progress, options: dict) -> None:
                         break
                 i = j
         except BadInput as exc:
-            _send(conn, {"op": "bad_input", "message": str(exc)})
+            _send(conn, {"op": "bad_input", "message": refusal(exc)})
             continue
         except BaseException as exc:  # noqa: BLE001 - a plug-in contract's failure (one line), else a kvfence bug
             said = contract_failure(exc)
