@@ -5,8 +5,8 @@ run recovering a journal slot, ``check_kernel``, the pytest plugin) with one lin
 and a non-zero exit (2 for the commands), nothing it started left running; the correct record passes the same entry
 points, and the user's SIGINT still interrupts (130). Hostile records: tests/fixtures/csr_contract/hostile.py.
 
-Cost on the 2-core CI machine: the default tests about 60 s (each command a subprocess, ``KVFENCE_CALL_LIMIT_S=3``
-for the hangs); the ``long`` ones (SIGINT, forks, journal recovery, the pytest plugin's refusal) about 70 s more."""
+Cost on a shared 2-core machine: the default tests 71 s (each command a subprocess, ``KVFENCE_CALL_LIMIT_S=3`` for
+the hangs); the ``long`` ones (SIGINT, forks, journal recovery, the pytest plugin's refusal) 28 s to 78 s more."""
 
 from __future__ import annotations
 
