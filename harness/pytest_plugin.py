@@ -116,16 +116,29 @@ def pytest_load_initial_conftests(early_config, parser, args):
     early_config._kvfence_device = _choose_device(early_config.known_args_namespace.kvfence_device)
 
 
+#: Cases a plug-in contract's methods are asked about before the session draws from it (``_probe_plugins``).
+PROBE_EXAMPLES = 5
+
+
 def _probe_plugins(config) -> None:
     """``--kvfence-kernel`` / ``--kvfence-sizing`` plug-ins are imported in a throwaway process first
     (``kvfence.engine.probe``): an import that exits, aborts or raises ``KeyboardInterrupt`` is a usage
     error naming it, never a pytest that ends with exit 0 and no output."""
+    from kvfence.engine.boundary import foreign
     from kvfence.engine.probe import check_plugins
+    from kvfence.engine.record_probe import check_named
     from kvfence.engine.registry import get
     from kvfence.errors import BadInput
 
+    name = option(config, "contract")
     try:
-        check_plugins(get(option(config, "contract")), {what: option(config, what) for what in ("kernel", "sizing")})
+        if foreign([name]):
+            # A plug-in contract's methods are asked about a few drawn cases behind the boundary first
+            # (kvfence.engine.boundary): one that exits, hangs or raises is a usage error naming it, before this
+            # process draws from it.
+            for problem in check_named(name, examples=PROBE_EXAMPLES, seed=0, launches=False)["problems"]:
+                raise BadInput(f"contract {name!r}: {problem}")
+        check_plugins(get(name), {what: option(config, what) for what in ("kernel", "sizing")})
     except BadInput as exc:
         raise pytest.UsageError(f"kvfence: {exc}") from None
 
@@ -315,8 +328,10 @@ def kvfence_sizing(pytestconfig) -> str:
 class _Recording:
     """A session whose ``check`` remembers the case and findings (``_LAST_CHECK``) for the failure report."""
 
-    def __init__(self, session, device: str):
-        self._session, self._device = session, device
+    def __init__(self, session, device: str, contract: str, of_contract=None):
+        self._session, self._device, self._contract = session, device, contract
+        #: ``of_contract(name)``: the same session's settings for another contract (a launch names its own).
+        self._of_contract = of_contract
 
     def check(self, case):
         from kvfence.contract import Launch  # lazily, as every import here: the device comes first
@@ -324,6 +339,11 @@ class _Recording:
         if not isinstance(case, Launch):
             raise TypeError("kvfence_session(...).check takes a launch (kvfence.contract.Launch: what "
                             f"kvfence.strategies.cases draws), got {type(case).__name__}")
+        if case.contract != self._contract and self._of_contract is not None:
+            # The launch's contract decides how it is checked, not --kvfence-contract's.
+            findings = self._of_contract(case.contract).check(case)
+            _LAST_CHECK.update(case=case, findings=findings, device=self._device)
+            return findings
         findings = self._session.check(case)
         _LAST_CHECK.update(case=case, findings=findings, device=self._device)
         return findings
@@ -341,21 +361,25 @@ def kvfence_session(kvfence_plan):
     a ``HANG``, so the test fails instead of ending pytest; kvfence's builtin kernels run in this process (the
     contract's checker: ``kvfence.engine.checking.checker_for``). ``isolated`` overrides the choice; ``kw`` are
     fields of the run's plan (e.g. ``audit``, ``case_timeout``, ``mode``)."""
+    from kvfence.engine.boundary import foreign
     from kvfence.engine.checking import checker_for
     from kvfence.engine.kernels import is_plugin
     from kvfence.engine.registry import get
     from kvfence.engine.supervisor import RemoteSession
 
-    contract = get(kvfence_plan.contract)
     cache = {}
 
     def make(kernel: str = "reference", *, isolated=None, record: bool = True, **kw):
-        isolated = is_plugin(kernel) if isolated is None else isolated
+        plan = kvfence_plan.with_(kernel=kernel, **kw)
+        # A plug-in kernel, or any kernel of a plug-in contract (its tables, oracle and launch are its author's code).
+        isolated = (is_plugin(kernel) or bool(foreign([plan.contract]))) if isolated is None else isolated
         key = (kernel, isolated, tuple(sorted(kw.items())))
         if key not in cache:
-            plan = kvfence_plan.with_(kernel=kernel, **kw)
-            cache[key] = RemoteSession(plan) if isolated else checker_for(contract, plan)
-        return _Recording(cache[key], kvfence_plan.device) if record else cache[key]
+            cache[key] = RemoteSession(plan) if isolated else checker_for(get(plan.contract), plan)
+        if not record:
+            return cache[key]
+        return _Recording(cache[key], kvfence_plan.device, plan.contract,
+                          lambda name: make(kernel, isolated=isolated, record=False, **{**kw, "contract": name}))
 
     yield make
     for session in cache.values():

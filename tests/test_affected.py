@@ -131,6 +131,8 @@ def test_a_launch_command_is_read_and_an_unknown_flag_refused(wheels, tmp_path, 
                     "--attention-backend")
     one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "nope", cache=cache, wheel_dir=wheels),
                     "'nope' is not one of SGLang's")
+    one_line_exit_2(kvfence("affected", "0.0.7", "--attention-backend", "flashinfr", cache=cache, wheel_dir=wheels),
+                    "'flashinfr' is not one of SGLang's (did you mean flashinfer?")
 
 
 def test_sglangs_defaults_are_applied_and_said():

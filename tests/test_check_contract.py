@@ -3,6 +3,9 @@ and each record mistake planted in a copy of it is named in one line, exit 2, ne
 kernel and never a traceback."""
 
 import io
+import json
+import os
+import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -18,11 +21,14 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "csr_contract"
 
 
 def check(name: str, spec: str, *argv):
-    """``kvfence check-contract NAME`` with ``spec`` registered as NAME: ``(exit code, stdout, stderr lines)``."""
-    out, err = io.StringIO(), io.StringIO()
-    with registry.registered(name, spec), redirect_stdout(out), redirect_stderr(err):
-        code = cli.main(["check-contract", name, "--examples", "6", *argv])
-    return code, out.getvalue(), err.getvalue().strip().splitlines()
+    """``kvfence check-contract NAME`` with ``spec`` registered as NAME, as an installed package registers it:
+    ``(exit code, stdout, stderr lines)``. A plug-in's check runs behind the boundary (kvfence.engine.boundary), in
+    a child whose output is the command's own: a subprocess here, so the test reads it."""
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               KVFENCE_REGISTERED=json.dumps({"entries": {name: [spec]}, "sys_path": [str(FIXTURE)]}))
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "check-contract", name, "--examples", "6", *argv],
+                          env=env, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +39,8 @@ def on_path(monkeypatch):
 def test_the_csr_fixture_is_well_formed_and_small():
     code, out, err = check("csr-kv-indices", "csr_contract:CSR")
     assert code == 0 and err == [], err
-    assert "well formed: 6 drawn cases" in out and "1 planted bug(s) resolve" in out
+    # Every method is asked about 100 drawn cases (record_probe.METHOD_EXAMPLES), the reference launched on 6.
+    assert "well formed: 100 drawn cases" in out and "on 6 launches" in out and "1 planted bug(s) resolve" in out
     lines = sum(len(p.read_text().splitlines()) for p in (FIXTURE / "csr_contract.py", FIXTURE / "csr_kernel.py"))
     assert lines <= 120, lines
 
@@ -48,7 +55,9 @@ def test_the_csr_fixture_is_well_formed_and_small():
     ("TEXTWIDTH", "sizing 'safe' gives width '"),  # the text's repr: quoted
     ("OBSERVEDBEFORELAUNCH", "findings_before_launch gives GUARD_OVERWRITE"),
     ("WRONGORACLE", "its reference kernel is not clean under the 'safe' sizing"),
-    ("EXITS", "its code ended it"),
+    # None of the first 20 drawn cases (the default --examples) holds over 100 tokens: asked about 100, it shows.
+    ("PICKYFROMJSON", "from_json rejects what to_json wrote: seq_lens: at most 100 tokens a batch"),
+    ("EXITS", "its need() ended its process with exit status 0"),
 ])
 def test_each_planted_record_mistake_is_one_line_and_exit_2(mistake, named):
     name = f"csr-{mistake.lower()}"

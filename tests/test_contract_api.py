@@ -41,7 +41,8 @@ def test_each_methods_signature_is_the_one_on_the_page(name):
 
 def test_the_worked_example_is_the_fixture_verbatim():
     blocks = re.findall(r"```python\n(.*?)```", DOC, re.S)
-    for path in (FIXTURES / "csr_contract" / "csr_kernel.py", FIXTURES / "csr_contract" / "csr_contract.py"):
+    for path in (FIXTURES / "csr_contract" / "csr_kernel.py", FIXTURES / "csr_contract" / "csr_contract.py",
+                 FIXTURES / "csr_contract" / "own_given_example.py"):
         assert path.read_text() in blocks, path
 
 

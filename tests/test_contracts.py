@@ -132,6 +132,7 @@ def test_a_case_file_never_imports_the_plug_in_kernel_it_names_and_bad_files_are
     path.write_text(json.dumps(doc))
     run = _kvfence("repro", str(path), "--device", "cpu", cwd=tmp_path)
     assert run.returncode == 2 and "which kvfence does not import from a case file" in run.stderr
+    assert "or --kernel reference, the contract's own" in run.stderr  # the way to replay it without that code
     assert "Traceback" not in run.stderr and "imported" not in run.stderr
     doc.update(kernel="reference")
     doc["case"]["seq_lens"] = [5]  # longer than ctx + draft_tokens

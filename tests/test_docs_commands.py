@@ -12,6 +12,7 @@ explained: ``test_every_documented_command_is_run_or_says_why_not``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -198,6 +199,11 @@ def test_a_documented_test_passes_on_a_correct_kernel_in_a_project_of_its_own(so
     (project / "tests").mkdir()
     (project / "tests" / "test_doc.py").write_text(source)
     env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
+    # docs/contract-api.md's own-contract test: the reader's package provides and registers the CSR contract.
+    csr = ROOT / "tests" / "fixtures" / "csr_contract"
+    env.update(PYTHONPATH=os.pathsep.join([str(csr), *filter(None, [env.get("PYTHONPATH")])]),
+               KVFENCE_REGISTERED=json.dumps({"entries": {"csr-kv-indices": ["csr_contract:CSR"]},
+                                              "sys_path": [str(csr)]}))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_doc.py"],
                           cwd=project, env=dict(env, TRITON_INTERPRET="1"), capture_output=True, text=True,
                           timeout=1800, stdin=subprocess.DEVNULL)

@@ -1,6 +1,6 @@
 """A plug-in contract's own code can never make a run pass (docs/security.md): a method that exits, raises
 ``SystemExit`` or a ``KeyboardInterrupt`` no signal sent ends ``kvfence fuzz``, ``repro`` and ``check_kernel`` in
-one line and exit 2 (the command runs in a child: ``kvfence.engine.isolation``), while the same commands on the
+one line and exit 2 (the command runs in a child: ``kvfence.engine.boundary``), while the same commands on the
 correct record pass and a real Ctrl-C still interrupts."""
 
 import json

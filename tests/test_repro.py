@@ -70,6 +70,25 @@ def test_repro_exits_1_with_a_readable_diff_and_0_under_the_fixed_sizing(fuzzed)
     assert "width  = safe(case, graph) = " in fixed.stdout and "=> fits" in fixed.stdout
 
 
+@pytest.mark.cpu_only
+def test_a_printed_repro_line_keeps_working_after_a_later_run_moved_its_case_file(fuzzed, tmp_path):
+    """A second ``fuzz`` into the folder moves the first run's case files to ``cases/earlier/<time>/``
+    (``set_aside_earlier_cases``, what the run does first): the repro line the first run printed still replays
+    the case, with a note saying where it now is (it used to be "no such file")."""
+    import shutil
+
+    from kvfence.engine.outdir import set_aside_earlier_cases
+
+    tmp, res = fuzzed
+    shutil.copytree(tmp / "out", tmp_path / "out")
+    printed = tmp_path / "out" / "cases" / Path(json.loads((tmp / "s.json").read_text())["findings"][0]["case"]).name
+    moved = set_aside_earlier_cases(tmp_path / "out")
+    assert moved and not printed.exists()
+    replay = harness("repro", printed, "--device", "cpu")
+    assert replay.returncode == 1 and "SIZING_VIOLATION" in replay.stdout, replay.stderr
+    assert f"{printed} was moved to {Path(moved['folder']) / printed.name}" in replay.stderr
+
+
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
 def test_repro_verbose_shows_every_element_and_the_program_segments(tmp_path, device):
     # A wider overflow than the fuzzer's minimal case: 3 requests of 4, topk 2, pre-fix width 3*4.

@@ -8,6 +8,7 @@ as one line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import List, Optional
 
@@ -35,24 +36,25 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     """Run one command; ``prog`` is the name usage lines show (``kvfence`` or ``python -m kvfence``)."""
+    from kvfence.engine import boundary
     from kvfence.engine.clock import command_clock
-    from kvfence.engine.isolation import report_status, take_status_path
+    from kvfence.engine.interrupt import signals_interrupt
 
-    child = take_status_path()
-    with command_clock():  # children (--jobs, checking workers) time their phases from this command's start
+    child = boundary.enter_child()
+    # In a boundary child the user's signal (passed on by the parent) is told from a contract's KeyboardInterrupt.
+    with command_clock(), (signals_interrupt() if child else contextlib.nullcontext()):
         code = _run(argv, prog, child)
-    report_status(code)  # a child's status, once the command returned (kvfence.engine.isolation)
+    boundary.report({"exit": code})  # a child's status, once the command returned (kvfence.engine.boundary)
     return code
 
 
 def _plugin_contracts(args) -> List[str]:
     """The contracts the command is about that are not kvfence's own (their code runs in a child)."""
-    from kvfence.engine import registry
+    from kvfence.engine.boundary import foreign
 
     module = next((m for m in COMMANDS if getattr(m, "contracts_of", None) and args.func.__module__ == m.__name__),
                   None)
-    names = module.contracts_of(args) if module is not None else []
-    return [n for n in dict.fromkeys(names) if n in registry.names() and not registry.builtin(n)]
+    return foreign(module.contracts_of(args) if module is not None else [])
 
 
 def _os_error(exc: OSError) -> str:
@@ -75,11 +77,14 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
             parser.print_help(sys.stderr)
             return EXIT_BAD_INPUT
         plugins = [] if child else _plugin_contracts(args)
-        if plugins:  # a plug-in contract's code cannot end, pass or hide this command (kvfence.engine.isolation)
-            from kvfence.engine.isolation import run_in_child
+        if plugins:  # a plug-in contract's code cannot end, pass or hide this command (kvfence.engine.boundary)
+            from kvfence.engine.boundary import run_command
 
-            return run_in_child(list(sys.argv[1:] if argv is None else argv), plugins, _stderr)
-        return args.func(args)
+            return run_command(list(sys.argv[1:] if argv is None else argv), plugins, _stderr,
+                               getattr(args, "max_seconds", None))
+        if not child:
+            return args.func(args)
+        return _run_as_child(args)
     except BadInput as exc:
         _stderr(f"kvfence: error: {exc}")
         return EXIT_BAD_INPUT
@@ -92,3 +97,23 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
             return 130
         _stderr("kvfence: interrupted")
         return getattr(exc, "exit_code", 130)
+
+
+def _run_as_child(args) -> int:
+    """The command in a boundary child (kvfence.engine.boundary): what escapes it is the contract's, one line."""
+    from kvfence.engine.boundary import refusal, unexpected
+    from kvfence.engine.interrupt import Interrupted, pending
+
+    try:
+        return args.func(args)
+    except BadInput as exc:
+        _stderr(f"kvfence: error: {refusal(exc)}")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted) or pending() is not None:
+            raise
+        _stderr(f"kvfence: error: {unexpected(KeyboardInterrupt('no signal came'))}")
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - a plug-in contract's failure, or what it returned
+        _stderr(f"kvfence: error: {unexpected(exc)}")
+        return EXIT_BAD_INPUT

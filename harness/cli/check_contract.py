@@ -17,6 +17,12 @@ from kvfence.cli.common import _exit_codes, _non_negative_int, _positive_int, _s
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, require
 
 
+def contracts_of(args) -> list:
+    """The contract checked: a plug-in's static and drawn checks both run behind the boundary
+    (kvfence.engine.boundary)."""
+    return [args.name] if args.name is not None and not args.list else []
+
+
 def cmd_check_contract(args) -> int:
     from kvfence.contract import MEMBERS, Contract
     from kvfence.engine import registry

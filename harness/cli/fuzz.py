@@ -150,8 +150,13 @@ def _outputs(args, json_path, **job):
 
 
 def contracts_of(args) -> list:
-    """The contract a fuzz run is about (a ``--jobs`` child's plan was checked by its parent)."""
-    return [] if args.plan is not None else [args.contract or default_name()]
+    """The contract a fuzz run is about (a ``--jobs`` child's plan was checked by its parent), and those of the
+    journal slots a dead run left in ``--out`` (this run recovers them with their contracts' code), read as data."""
+    from kvfence.engine.journal import contracts_in
+
+    if args.plan is not None:
+        return []
+    return [args.contract or default_name(), *(contracts_in(args.out) if isinstance(args.out, str) else [])]
 
 
 def cmd_fuzz(args) -> int:

@@ -14,7 +14,20 @@ def contracts_of(args) -> list:
     """The case file's contract, read as data (a file that cannot be read is the command's own one-line error)."""
     from kvfence.engine.casefile import contract_named
 
-    return contract_named(args.file)
+    return contract_named(_case_path(args.file))
+
+
+def _case_path(path: str, announce=None) -> str:
+    """``path``, or where a later run into its folder moved it (``kvfence.engine.outdir.moved_case``): a repro
+    line a run printed keeps working after later runs."""
+    from kvfence.engine.outdir import moved_case
+
+    moved = moved_case(path)
+    if moved is None:
+        return path
+    if announce is not None:
+        announce(f"kvfence: {path} was moved to {moved} by a later run into that folder; replaying it")
+    return str(moved)
 
 
 def cmd_repro(args) -> int:
@@ -22,6 +35,8 @@ def cmd_repro(args) -> int:
     from kvfence.engine.casefile import load_case
     from kvfence.engine.probe import check_plugins
     from kvfence.engine.repro import run_repro
+
+    args.file = _case_path(args.file, _stderr)
 
     record = registry.get(load_case(args.file).case.contract)  # a file that cannot be read: one line, first
     # The plug-ins named here are imported in a throwaway process first: their import cannot end this one.

@@ -27,6 +27,13 @@ from kvfence.provenance import stamped
 from kvfence.release.knowledge import shipped
 
 
+def contracts_of(args) -> list:
+    """The contracts an ``upstream`` command asks about (``sizing --contract``, ``matrix --contracts``): a plug-in's
+    code runs behind the boundary (kvfence.engine.boundary)."""
+    names = [getattr(args, "contract", None)] + (getattr(args, "contracts", None) or "").split(",")
+    return [n.strip() for n in names if isinstance(n, str) and n.strip()]
+
+
 def cmd_upstream(args) -> int:
     """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (kvfence.release.upstream)."""
     from kvfence.release import upstream

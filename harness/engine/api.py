@@ -55,6 +55,7 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     from kvfence.device import interpreting, select
     from kvfence.engine import registry
     from kvfence.engine import run as pipeline
+    from kvfence.engine.boundary import call, foreign, in_child
     from kvfence.engine.budget import default_budget
     from kvfence.engine.casefile import CASES_DIR, case_repro_command, format_failure, write_case
     from kvfence.engine.loop import fuzz
@@ -76,13 +77,19 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     require(case_timeout is None or _seconds(case_timeout, positive=True),
             f"case_timeout must be a positive number of seconds, got {case_timeout!r}")
     contract = contract or registry.default_name()
+    if device is None:
+        device = "cpu" if interpreting() else "auto"
+    if foreign([contract]) and not in_child():  # a plug-in contract's code runs behind the boundary
+        call("kvfence.engine.api:check_kernel", dict(
+            kernel=kernel, sizing=sizing, max_examples=max_examples, device=device, seed=seed,
+            shrink_seconds=shrink_seconds, out_dir=os.fspath(out_dir), mode=mode, case_timeout=case_timeout,
+            contract=contract, max_seconds=max_seconds), [contract], max_seconds)
+        return
     record = registry.get(contract)
     # The case file goes to out_dir/cases/ after the run: a folder that cannot take it is refused now.
     for folder in (Path(out_dir), Path(out_dir) / CASES_DIR):
         require(not folder.exists() or folder.is_dir(), f"out_dir {out_dir}: {folder} exists and is not a directory")
     probe_folder(Path(out_dir), "out_dir", out_dir)
-    if device is None:
-        device = "cpu" if interpreting() else "auto"
     device = select(device)
     plan = RunPlan(contract=contract, kernel=kernel, sizing=sizing or "safe", device=device, mode=mode,
                    domain="cpu" if device == "cpu" else "gpu", seed=seed, max_examples=max_examples,

@@ -166,6 +166,24 @@ def _crash(record: dict, path: Path, out_dir) -> Crash:
     return Crash(case_path, case, finding)
 
 
+def contracts_in(out_dir) -> List[str]:
+    """The contracts named by the in-flight records of ``out_dir``'s journal slots, read as data (an unreadable slot
+    names none: ``recover`` sets it aside)."""
+    names: List[str] = []
+    folder = Path(out_dir) / JOURNAL_DIR
+    try:
+        paths = sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []
+        for path in paths:
+            if path.is_file() and not path.is_symlink():
+                record, _ = _read_slot(path)
+                name = record.get("contract") if record is not None else None
+                if isinstance(name, str) and name not in names:
+                    names.append(name)
+    except OSError:
+        pass
+    return names
+
+
 def recover(out_dir, report: Callable[[str], None] = lambda line: None) -> List[Crash]:
     """Turn every in-flight case of a dead process under ``out_dir`` into a ``CRASH`` case file.
 

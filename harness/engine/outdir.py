@@ -58,6 +58,19 @@ def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[di
     return {"folder": str(dest), "count": len(files)}
 
 
+def moved_case(path) -> Optional[Path]:
+    """Where a later run into the same folder moved the case file ``path`` (``cases/earlier/<time>/<name>``, the
+    first move: a case file's name is its content's hash), or None when ``path`` exists or was not moved."""
+    path = Path(path)
+    try:
+        if path.exists() or not (path.parent / EARLIER_DIR).is_dir():
+            return None
+        found = sorted(p for p in (path.parent / EARLIER_DIR).glob(f"*/{path.name}") if p.is_file())
+    except OSError:
+        return None
+    return found[0] if found else None
+
+
 def set_aside_earlier_report(out_dir, now: Optional[float] = None) -> Optional[dict]:
     """Move an earlier ``upstream matrix`` run's reports and release folders (``MATRIX_FILES``,
     ``RELEASE_DIR``) from ``out_dir`` to ``out_dir/earlier/<YYYYmmdd-HHMMSS>/``; anything else stays.

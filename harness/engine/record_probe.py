@@ -13,46 +13,46 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
 
+from kvfence.engine.boundary import ContractFault, unexpected
 from kvfence.errors import BadInput
 
-#: Seconds the child may take (its cases run under the interpreter).
-PROBE_TIMEOUT_S = 600.0
+#: Drawn cases every method is asked about (the JSON round trip, the need, the tables, the keys: cheap), however few
+#: ``--examples`` the reference kernel is launched on: a ``from_json`` that rejects some drawn cases shows.
+METHOD_EXAMPLES = 100
 
 
-def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = None,
-                   timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``)
-    (``BadInput`` when the child ended without one)."""
-    from kvfence.engine import registry
-    from kvfence.engine.workers import signal_name
+def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = None) -> dict:
+    """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``), the
+    child behind the boundary (``kvfence.engine.boundary``: each call into the record timed and named; a
+    ``ContractFault`` when the record's code ended it); the user's signal is ``Interrupted``."""
+    return check_named(record.name, examples=examples, seed=seed, pins=pins)
+
+
+def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict] = None, launches: bool = True) -> dict:
+    """``check_contract`` of the contract registered as ``name``, never imported in this process; without
+    ``launches`` only its methods are asked (no kernel is resolved or launched)."""
+    from kvfence.engine import boundary, registry
+    from kvfence.engine.interrupt import Interrupted
 
     with tempfile.TemporaryDirectory(prefix="kvfence-check-contract-") as tmp:
         report, options = Path(tmp) / "report.json", Path(tmp) / "options.json"
-        options.write_text(json.dumps({"loading": registry.loading(record), "examples": examples, "seed": seed,
-                                       "pins": pins or {}}))
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        try:
-            proc = subprocess.run([sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise BadInput(f"contract {record.name!r}: its methods did not answer on {examples} cases within "
-                           f"{timeout_s:g}s") from None
+        options.write_text(json.dumps({"loading": registry.loading_named(name), "examples": examples, "seed": seed,
+                                       "pins": pins or {}, "launches": launches}))
+        status = boundary.supervise([sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)],
+                                    [name], limit=boundary.call_limit(), env={"TRITON_INTERPRET": "1"}, quiet=True)
+        if status.get("signal"):
+            raise Interrupted(signal.Signals[status["signal"]].value)
         try:
             answer = json.loads(report.read_text())
         except (OSError, ValueError):
             answer = None
     if not isinstance(answer, dict):
-        how = f"died of {signal_name(proc.returncode)}" if proc.returncode < 0 else \
-            f"ended it ({signal_name(proc.returncode)})"
-        raise BadInput(f"contract {record.name!r}: its code {how} while kvfence asked it about drawn cases (a "
-                       "contract's methods must return or raise, never exit or kill their process)")
+        raise BadInput(f"contract {name!r}: its check ended without a report")
     return answer
 
 
@@ -77,7 +77,7 @@ def drawn(record, examples: int, seed: int, pins: dict) -> list:
     return [c for drawn_ in out for c in (drawn_ if isinstance(drawn_, list) else [drawn_])]
 
 
-def problems_of(record, examples: int, seed: int, pins: dict) -> dict:
+def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = True) -> dict:
     """What the child reports (see the module docstring)."""
     from kvfence.engine import kernels
     from kvfence.engine.checking import TableChecker
@@ -87,57 +87,62 @@ def problems_of(record, examples: int, seed: int, pins: dict) -> dict:
 
     problems: List[str] = []
     try:
-        cases = drawn(record, examples, seed, pins)
+        asked_cases = drawn(record, max(examples, METHOD_EXAMPLES) if launches else examples, seed, pins)
+    except ContractFault as exc:
+        return {"problems": [exc.problem], "cases": 0, "launches": 0}
     except BadInput as exc:
         return {"problems": [f"cases(domain) refuses the domain{' pinned to ' + str(pins) if pins else ''}: {exc} "
                              "(pin its flags with --pin NAME=VALUE)"], "cases": 0, "launches": 0}
-    if not cases:
+    if not asked_cases:
         return {"problems": ["cases(domain) draws nothing"], "cases": 0, "launches": 0}
+    cases = asked_cases[:examples]  # the cases the reference kernel is launched on (the costly part)
     refusals: List[dict] = []
-    for case in cases:
+    for case in asked_cases:
         refused: dict = {}
         found = asked(lambda case=case, refused=refused: case_problems(record, case, refused=refused),
                       "asking its methods about a drawn case")
         refusals.append(refused)
         problems += [p for p in found if p not in problems]
         if problems:
-            return {"problems": problems, "cases": len(cases), "launches": 0}
+            return {"problems": problems, "cases": len(asked_cases), "launches": 0}
     for sizing in record.sizings:
         if all(sizing in r for r in refusals):
             problems.append(f"sizing {sizing!r} refuses every drawn case ({refusals[0][sizing]})")
+    if not launches:
+        return {"problems": problems, "cases": len(asked_cases), "launches": 0}
     for spec in [*kernels.references(record)] + [f"mutant:{m.name}" for m in record.mutants if m.patch or m.kernel]:
         try:
             kernels.resolve(record, spec)
         except BadInput as exc:
             problems.append(f"kernel {spec}: {exc}")
     if problems:
-        return {"problems": problems, "cases": len(cases), "launches": 0}
+        return {"problems": problems, "cases": len(asked_cases), "launches": 0}
     # The engine's plain path (tables, oracle, launch), and the record's own checker where it has one.
     plan = RunPlan(contract=record.name, device="cpu", sizing="safe")
     checkers = [("the engine's check of its tables", TableChecker(record, "cpu"))]
     own = asked(lambda: record.checker(plan), "checker(plan)")
     if isinstance(own, list):
-        return {"problems": own, "cases": len(cases), "launches": 0}
+        return {"problems": own, "cases": len(asked_cases), "launches": 0}
     if own is not None:
         checkers.append(("its own checker", own))
     launches = 0
     for case in cases:
         launch = asked(lambda case=case: _bind(record, case), "binding a drawn case")
         if isinstance(launch, list):
-            return {"problems": launch, "cases": len(cases), "launches": launches}
+            return {"problems": launch, "cases": len(asked_cases), "launches": launches}
         for path, checker in checkers:
             findings = asked(lambda checker=checker, launch=launch: checker.check(launch),
                              f"checking the reference kernel ({path})")
             if findings and isinstance(findings[0], str):
-                return {"problems": findings, "cases": len(cases), "launches": launches}
+                return {"problems": findings, "cases": len(asked_cases), "launches": launches}
             launches += 1
             if findings:
                 kinds = ", ".join(sorted({f.kind.value for f in findings}))
                 return {"problems": [f"its reference kernel is not clean under the 'safe' sizing on its own drawn "
                                      f"case ({path}: {kinds}; {findings[0].headline()}; case "
                                      f"{describe(record, launch)}): the oracle, the tables, the launch or the kernel "
-                                     "disagree"], "cases": len(cases), "launches": launches}
-    return {"problems": [], "cases": len(cases), "launches": launches}
+                                     "disagree"], "cases": len(asked_cases), "launches": launches}
+    return {"problems": [], "cases": len(asked_cases), "launches": launches}
 
 
 def _bind(record, case):
@@ -150,26 +155,35 @@ def asked(call, what: str):
     """``call()``, or its failure as a one-item list of problem text (the record's code raised)."""
     try:
         return call()
+    except ContractFault as exc:
+        return [exc.problem]
     except BadInput as exc:
         return [str(exc)]
     except Exception as exc:  # noqa: BLE001 - the record's own code: its failure is a problem of the record
+        if getattr(exc, "kvfence_raised_in", None):  # raised in one of its methods (kvfence.engine.boundary)
+            return [unexpected(exc, named=False)]
         return [f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"]
 
 
 def _main(report: Path, options: dict) -> None:
+    from kvfence.engine import boundary
     from kvfence.engine.registry import load_in_worker
 
+    boundary.enter_child()
     try:
         record = load_in_worker(options["loading"])
-        answer = problems_of(record, options["examples"], options["seed"], options["pins"])
+        answer = problems_of(record, options["examples"], options["seed"], options["pins"],
+                             options.get("launches", True))
+    except ContractFault as exc:
+        answer = {"problems": [exc.problem], "cases": 0, "launches": 0}
     except BadInput as exc:
         answer = {"problems": [str(exc)], "cases": 0, "launches": 0}
-    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from the record's code
-        answer = {"problems": [f"its code raised {type(exc).__name__}: {exc}"], "cases": 0, "launches": 0}
+    except Exception as exc:  # noqa: BLE001 - what the record's code raised or returned, named by its method
+        answer = {"problems": [boundary.unexpected(exc, named=False)], "cases": 0, "launches": 0}
     report.write_text(json.dumps(answer))
+    boundary.report({"exit": 0})
     os._exit(0)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the parent, which decides
     _main(Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()))

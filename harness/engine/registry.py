@@ -152,6 +152,10 @@ def _get(name: str, *, probe: bool) -> Contract:
         raise BadInput(f"contract {name!r}: cannot load {spec}: {type(exc).__name__}: {exc}") from None
     from kvfence.engine.record_check import static
 
+    if module_name.split(".")[0] != "kvfence":
+        from kvfence.engine.boundary import guard
+
+        record = guard(record, name)  # its methods run under the boundary's calls (kvfence.engine.boundary)
     static(name, spec, record)
     _LOADED[name] = record
     return record
@@ -160,7 +164,12 @@ def _get(name: str, *, probe: bool) -> Contract:
 def loading(record: Contract) -> dict:
     """What another process (a checking worker, a ``--jobs`` child) needs to load ``record`` as this one did: its
     registry entry and the import path it was found on; ``load_in_worker`` is the other end."""
-    return {"contract": record.name, "entry": entry(record.name), "sys_path": [p for p in sys.path if p]}
+    return loading_named(record.name)
+
+
+def loading_named(name: str) -> dict:
+    """``loading`` of the contract registered as ``name``, without importing it here."""
+    return {"contract": name, "entry": entry(name), "sys_path": [p for p in sys.path if p]}
 
 
 def load_in_worker(options: dict) -> Contract:

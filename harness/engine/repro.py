@@ -40,9 +40,10 @@ def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional
     for what, named, override, flag, plugin in (
             ("kernel", loaded.case.kernel, kernel, "--kernel", is_plugin(loaded.case.kernel)),
             ("sizing", loaded.case.sizing, sizing, "--sizing", sizing_is_plugin(record, loaded.case.sizing))):
+        other = " (or --kernel reference, the contract's own, to see the case pass)" if what == "kernel" else ""
         require(override is not None or not plugin,
                 f"case file {loaded.path} names {what} plug-in {named!r}, which kvfence does not import from a "
-                f"case file: re-run with {flag} {named} (or --trust-case) if you trust that code")
+                f"case file: re-run with {flag} {named} (or --trust-case) if you trust that code{other}")
 
 
 def _program_text(programs, limit: int) -> str:

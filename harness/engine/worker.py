@@ -26,6 +26,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import List, Optional
 
+from kvfence.engine.boundary import contract_failure, convert_exits, refusal
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.triton_warmup import TritonWarmup
 from kvfence.engine.triton_warmup import wanted as triton_warmup_wanted
@@ -178,10 +179,12 @@ def _worker_main(conn, progress, options: dict) -> None:
                         break
                 i = j
         except BadInput as exc:
-            _send(conn, {"op": "bad_input", "message": str(exc)})
+            _send(conn, {"op": "bad_input", "message": refusal(exc)})
             continue
-        except BaseException:  # noqa: BLE001 - a kvfence bug: the supervisor raises WorkerError
-            _send(conn, {"op": "error", "traceback": traceback.format_exc()})
+        except BaseException as exc:  # noqa: BLE001 - a plug-in contract's failure (one line), else a kvfence bug
+            said = contract_failure(exc)
+            _send(conn, {"op": "bad_input", "message": said} if said else
+                  {"op": "error", "traceback": traceback.format_exc()})
             continue
         stats = {k: v for k, v in session.stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         _send(conn, {"op": "results", "results": results, "fatal": fatal, "stats": stats})
@@ -215,6 +218,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     """``python -m kvfence.engine.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
     argv = sys.argv[1:] if argv is None else argv
     os.environ[IN_WORKER_ENV] = "1"  # a sizing plug-in that ends this process is this case's CRASH already
+    convert_exits(False)  # a contract's exit or interrupt here is judged by the supervisor (module docstring)
     conn = Connection(int(argv[0]))
     progress = ProgressCounter(os.fdopen(int(argv[1]), "r+b"))
     _worker_main(conn, progress, json.loads(argv[2]))

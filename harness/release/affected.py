@@ -204,9 +204,10 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
     backend = args.attention_backend
     require(backend is not None, "SGLang flags: name --attention-backend (SGLang picks one per GPU and model; "
                                  "kvfence needs the one you run)")
-    require(backend in DRAFT_CLASSES or backend in OTHER_BACKENDS,
-            f"--attention-backend {backend!r} is not one of SGLang's "
-            f"({', '.join(sorted(DRAFT_CLASSES) + list(OTHER_BACKENDS))})")
+    known = sorted(DRAFT_CLASSES) + list(OTHER_BACKENDS)
+    near = difflib.get_close_matches(backend, known, n=1)
+    require(backend in known, f"--attention-backend {backend!r} is not one of SGLang's "
+                              f"({'did you mean ' + near[0] + '? ' if near else ''}{', '.join(known)})")
     algorithm = (args.speculative_algorithm or "EAGLE").upper()
     if algorithm in OTHER_ALGORITHMS:
         raise BadInput(f"SGLang flags: --speculative-algorithm {algorithm}: kvfence models "
