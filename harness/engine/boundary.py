@@ -181,7 +181,7 @@ def _guarded_strategy(strategy, contract: str):
 def guard(record, contract: str):
     """``record`` (a plug-in's) with every member it defines run under ``calling``: its class is swapped for a
     subclass that wraps them (same name, no new slots); members it inherits from ``Contract`` are kvfence's code
-    and stay as they are, so ``type(record).m is Contract.m`` still tells what it defines."""
+    and stay as they are, so ``type(record).<method> is Contract.<method>`` still tells what it defines."""
     cls = type(record)
     if not isinstance(record, Contract) or getattr(cls, "_kvfence_guarded", False):
         return record
