@@ -200,6 +200,20 @@ def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:
     return path
 
 
+def patched_release(record, spec: str, project: str) -> Tuple[Path, str]:
+    """A planted bug made from a release's text at run time, ``SOURCE==VERSION:MUTANT``: ``(file, function)`` of
+    ``project==VERSION``'s kernel of ``record`` (through its kernel source: read from the wheel, admitted by the
+    kernel text rule) with the record's mutant ``MUTANT``'s patch applied."""
+    source, _, rest = spec.partition("==")
+    version, _, name = rest.partition(":")
+    require(bool(name), f"kernel {spec!r}: expected {source}==VERSION:MUTANT")
+    mutant = mutant_of(record, name)
+    require(bool(mutant.patch), f"kernel {spec!r}: mutant {name} of {record.name} has no patch")
+    path, function = release_kernel_file(record, f"{project}=={version}")
+    return patched_kernel(name, [list(p) for p in mutant.patch], path,
+                          f"{project}-{version}-{record.name}-{name}.py"), function
+
+
 def mutant_of(record, name: str):
     """The record's planted bug ``name`` (``BadInput`` naming the known ones otherwise)."""
     known = {m.name: m for m in record.mutants}

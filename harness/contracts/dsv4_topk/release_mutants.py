@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Tuple
 
 from kvfence.contract import Mutant
-from kvfence.errors import require
 
 SOURCE = "vllm-patched"
 #: The release whose kernels the mutants are and patch.
@@ -57,14 +56,8 @@ def release_mutants() -> Tuple[Mutant, ...]:
 
 def patched_release(record, spec: str) -> Tuple[Path, str]:
     """The kernel source ``vllm-patched``: ``(file, function)`` of release ``V``'s DeepSeek-V4 kernel of ``record``
-    with the record's mutant ``NAME``'s patch applied (``vllm-patched==V:NAME``)."""
-    from kvfence.engine.kernels import mutant_of, patched_kernel
-    from kvfence.release.vllm_kernels import contract_kernel
+    with the record's mutant ``NAME``'s patch applied (``vllm-patched==V:NAME``;
+    ``kvfence.engine.kernels.patched_release``)."""
+    from kvfence.engine.kernels import patched_release as patched
 
-    version, _, name = spec.split("==", 1)[1].partition(":")
-    require(bool(name), f"kernel {spec!r}: expected {SOURCE}==VERSION:MUTANT")
-    mutant = mutant_of(record, name)
-    require(bool(mutant.patch), f"kernel {spec!r}: mutant {name} of {record.name} has no patch")
-    path, function = contract_kernel(record, f"vllm=={version}")
-    return patched_kernel(name, [list(p) for p in mutant.patch], path,
-                          f"vllm-{version}-{record.name}-{name}.py"), function
+    return patched(record, spec, "vllm")

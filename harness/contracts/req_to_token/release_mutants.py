@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Tuple
 
 from kvfence.contract import Mutant
-from kvfence.errors import require
 
 SOURCE = "sglang-patched"
 _STRAY = ("STRAY_WRITE", "GUARD_OVERWRITE", "VALUE_MISMATCH", "MISSING_WRITE", "POISON_READ")
@@ -43,14 +42,8 @@ def release_mutants(contract: str, version: str) -> Tuple[Mutant, ...]:
 
 def patched_release(record, spec: str) -> Tuple[Path, str]:
     """The kernel source ``sglang-patched``: ``(file, function)`` of release ``V``'s kernel of ``record`` with the
-    record's mutant ``NAME``'s patch applied (``sglang-patched==V:NAME``)."""
-    from kvfence.engine.kernels import mutant_of, patched_kernel
-    from kvfence.release.contract_kernels import contract_kernel
+    record's mutant ``NAME``'s patch applied (``sglang-patched==V:NAME``;
+    ``kvfence.engine.kernels.patched_release``)."""
+    from kvfence.engine.kernels import patched_release as patched
 
-    version, _, name = spec.split("==", 1)[1].partition(":")
-    require(bool(name), f"kernel {spec!r}: expected {SOURCE}==VERSION:MUTANT")
-    mutant = mutant_of(record, name)
-    require(bool(mutant.patch), f"kernel {spec!r}: mutant {name} of {record.name} has no patch")
-    path, function = contract_kernel(record, f"sglang=={version}")
-    return patched_kernel(name, [list(p) for p in mutant.patch], path,
-                          f"sglang-{version}-{record.name}-{name}.py"), function
+    return patched(record, spec, "sglang")
