@@ -13,16 +13,14 @@ one caught, a correct one clean, a method of another shape and an unknown varian
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+from test_slot_mapping import vllm_wheel  # one fake vLLM wheel for every test that needs one
 
 from kvfence.contracts.dsv4_topk import case as model
 from kvfence.contracts.dsv4_topk.case import SPARE_POISON, TopkCase
@@ -150,23 +148,6 @@ V4_PATH = "vllm/models/deepseek_v4/common/ops/cache_utils.py"
 V41_PATH = "vllm/models/deepseek_v41/common/ops/cache_utils.py"
 
 
-def _digest(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def _vllm_wheel(folder: Path, version: str, files: dict) -> Path:
-    """A wheel named and described as vllm ``version`` holding ``files`` (path -> text), with its RECORD."""
-    files = dict(files, **{f"vllm-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm\n"
-                                                                  f"Version: {version}\n"})
-    record = "".join(f"{p},{_digest(t.encode())},{len(t.encode())}\n" for p, t in files.items())
-    path = folder / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for p, text in files.items():
-            zf.writestr(p, text)
-        zf.writestr(f"vllm-{version}.dist-info/RECORD", record + f"vllm-{version}.dist-info/RECORD,,\n")
-    return path
-
-
 def _as_release(text: str, decorators=("@staticmethod", "@triton.jit")) -> dict:
     """kvfence's kernel laid out as 0.34.0's modules are: V4's the body of a class's ``kernel`` method (indented,
     ``decorators`` above it), V4.1's a top-level function under the release's name."""
@@ -192,9 +173,9 @@ def test_the_v4_method_and_the_v41_function_are_read_a_bug_caught_a_bound_clean_
         "count += tl.sum(mapped.to(tl.int32), axis=0)",
         "count += tl.sum(tl.where(is_valid_token, mapped, False).to(tl.int32), axis=0)")
     assert unbounded.count("local_idx >= 0") == 1 and unbounded != text
-    _vllm_wheel(tmp_path, "9.9.1", _as_release(text))
-    _vllm_wheel(tmp_path, "9.9.2", _as_release(unbounded))
-    _vllm_wheel(tmp_path, "9.9.3", _as_release(text, ("@triton.jit", "@staticmethod")))
+    vllm_wheel(tmp_path, "9.9.1", _as_release(text))
+    vllm_wheel(tmp_path, "9.9.2", _as_release(unbounded))
+    vllm_wheel(tmp_path, "9.9.3", _as_release(text, ("@triton.jit", "@staticmethod")))
     monkeypatch.setenv("KVFENCE_WHEEL_DIR", str(tmp_path))
     monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVFENCE_OFFLINE", "1")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from kvfence.cli.common import _exit_codes, _lock_out, _out_dir, _positive_int, _seconds, _stderr
+from kvfence.cli.common import _exit_codes, _lock_out, _out_dir, _Parser, _positive_int, _seconds, _stderr
 from kvfence.cli.fuzz import PIN_FLAGS, add_run_flags
 from kvfence.errors import BadInput, require
 
@@ -29,10 +29,13 @@ CPU_CASES = ("found on the CPU (the Triton interpreter): compute-sanitizer check
 
 
 def _fuzz_parser() -> argparse.ArgumentParser:
-    """``fuzz``'s parser (the one ``kvfence fuzz`` uses): every target's flags are parsed by it."""
-    from kvfence.cli import build_parser
+    """``fuzz``'s parser (``kvfence.cli.fuzz.add_parser``, the one ``kvfence fuzz`` uses): every target's flags are
+    parsed by it."""
+    from kvfence.cli import fuzz
 
-    return build_parser()
+    parser = _Parser(prog="kvfence")
+    fuzz.add_parser(parser.add_subparsers(dest="command", parser_class=_Parser))
+    return parser
 
 
 def _check_target(argv: List[str]):
