@@ -27,12 +27,10 @@ from typing import List
 from kvfence.contract import Contract, Keys, Mutant, Table
 from kvfence.contracts.dsv4_topk import case as model
 from kvfence.contracts.dsv4_topk.case import TopkCase
+from kvfence.contracts.dsv4_topk.release_mutants import READ_PAST, READ_UNBOUNDED, release_mutants
 from kvfence.errors import require
 
 KERNEL_MODULE = "kvfence.kernels.dsv4_topk.global_topk_indices"
-#: What catches a load past a row: the poison of a guard or a spare row, another request's block id, a load outside
-#: the table (the CPU's address audit).
-READ_PAST = ("POISON_READ", "VALUE_MISMATCH", "OOB_READ")
 
 
 def _safe(case: TopkCase, mode: str) -> int:
@@ -54,7 +52,7 @@ _MAPPED = "mapped = tl.where(is_valid_token, in_topk & inside, False)"
 _SLOT = "slot_ids = tl.where(mapped, block_numbers * block_size + local_idx % block_size, -1)"
 MUTANTS = (
     Mutant("release_unbounded_load", "The released kernel's load (vLLM 0.34.0, cache_utils.py:624-628): masked by "
-           "idx >= 0 only, no row bound, no is_valid_token gate; the slot derived from what it read.", READ_PAST,
+           "idx >= 0 only, no row bound, no is_valid_token gate; the slot derived from what it read.", READ_UNBOUNDED,
            ((_INSIDE, "inside = local_idx >= 0  # BUG: no row bound"),
             (_MAPPED, "mapped = in_topk & inside  # BUG: no valid-token gate"),
             ("count += tl.sum(mapped.to(tl.int32), axis=0)",
@@ -91,8 +89,6 @@ class Dsv4TopkIndices(Contract[TopkCase]):
 
     @property
     def mutants(self) -> tuple:
-        from kvfence.contracts.dsv4_topk.release_mutants import release_mutants
-
         return MUTANTS + release_mutants()
 
     def cases(self, domain):

@@ -20,7 +20,13 @@ from kvfence.contract import Mutant
 SOURCE = "vllm-patched"
 #: The release whose kernels the mutants are and patch.
 RELEASE = "0.34.0"
+#: What catches a load past a row: the poison of a guard or a spare row, another request's block id, a load outside
+#: the table (the CPU's address audit).
 READ_PAST = ("POISON_READ", "VALUE_MISMATCH", "OOB_READ")
+#: An unbounded load: a padding token's garbage index (up to 2**31 - 1) reads blocks far past the table, outside its
+#: allocation; on CUDA that load faults (``CRASH``, the kernel's illegal address: 11 of 20 seeds on an H100), on the
+#: CPU the address audit sees it first (``OOB_READ``).
+READ_UNBOUNDED = READ_PAST + ("CRASH",)
 _LOAD_MASK = "mask=mask & is_valid,"
 _SLOT = "slot_ids = tl.where(is_valid, slot_ids, -1)"
 
@@ -45,9 +51,9 @@ FIX = ((_LOAD_MASK, f"mask=mask & {_FIXED},"), (_SLOT, f"slot_ids = tl.where({_F
 def release_mutants() -> Tuple[Mutant, ...]:
     shipped = (
         Mutant("release_v4_as_shipped", f"vllm=={RELEASE}'s DeepSeek-V4 kernel as shipped (cache_utils.py:592-643): "
-               "the block-table load masked by idx >= 0 only.", READ_PAST, kernel=f"vllm=={RELEASE}"),
+               "the block-table load masked by idx >= 0 only.", READ_UNBOUNDED, kernel=f"vllm=={RELEASE}"),
         Mutant("release_v41_as_shipped", f"vllm=={RELEASE}'s DeepSeek-V4.1 kernel as shipped (deepseek_v41 "
-               "cache_utils.py:763-811): the same load.", READ_PAST, kernel=f"vllm=={RELEASE}:v41"),
+               "cache_utils.py:763-811): the same load.", READ_UNBOUNDED, kernel=f"vllm=={RELEASE}:v41"),
     )
     return shipped + tuple(Mutant(name, f"Mutant (release text, vllm=={RELEASE}): {doc}", detects, patch,
                                   kernel=f"{SOURCE}=={RELEASE}:{name}")
