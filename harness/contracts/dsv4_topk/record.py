@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict
-from typing import List
+from typing import List, NamedTuple
 
 from kvfence.contract import Contract, Keys, Mutant, Table
 from kvfence.contracts.dsv4_topk import case as model
@@ -33,6 +33,12 @@ KERNEL_MODULE = "kvfence.kernels.dsv4_topk.global_topk_indices"
 #: What catches a load past a row: the poison of a guard or a spare row, another request's block id, a load outside
 #: the table (the CPU's address audit).
 READ_PAST = ("POISON_READ", "VALUE_MISMATCH", "OOB_READ")
+
+
+class Program(NamedTuple):
+    """A program of the kernel's grid ``(num_tokens,)``, in findings ``token 7``."""
+
+    token: int
 
 
 def _safe(case: TopkCase, mode: str) -> int:
@@ -167,8 +173,8 @@ class Dsv4TopkIndices(Contract[TopkCase]):
 
     def owner(self, launch, table, row, column):
         if table == "global_topk_indices":
-            return (row,)
-        return (column,) if table == "topk_lens" else None
+            return Program(row)
+        return Program(column) if table == "topk_lens" else None
 
 
 def edges(case: TopkCase, width: int):
