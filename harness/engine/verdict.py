@@ -14,7 +14,9 @@ specification; docs/contract.md §9, "Verdict"):
   stored what it read there (decoded: which input, which guard position, where an exact value says).
 
 Consecutive bad elements of one kind and region make one ``Finding``; its ``programs`` are the programs the
-contract says own those elements (``Contract.owner``: the expected owners, not observed writers).
+contract says own those elements (``Contract.owner``: the expected owners, not observed writers), named in the
+contract's own terms where its owner is a named tuple. ``name_guard_writers`` says who wrote into a guard: the
+program the CPU address audit saw store there, or an inference from the oracle, said as one.
 
 ``clean(...)`` is the fast path the engine runs first: the same rules as whole-tensor comparisons (every table
 what it held, with each defined row element the oracle's value), true exactly when the walk finds nothing, so
