@@ -260,7 +260,9 @@ class Contract(Generic[C]):
         return Keys(config=config, structure=repr(sorted(data.items())))
 
     def owner(self, launch: Launch[C], table: str, row: int, column: int) -> Optional[Tuple[int, ...]]:
-        """The grid coordinates of the program the contract says writes ``(table, row, column)``, or None."""
+        """The grid coordinates of the program the contract says writes ``(table, row, column)``, or None. A
+        ``typing.NamedTuple`` names the coordinates in the contract's own terms: findings show ``request 2`` (or
+        ``(request 2, block 5)``) instead of ``(2,5)``, and the address audit's program ids take that shape."""
         return None
 
     def findings_before_launch(self, launch: Launch[C]) -> list:

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from kvfence.engine.findings import program_text
 from kvfence.engine.summary import coverage_fields
 from kvfence.reports.markup import Markup, file_link, html, join, table
 from kvfence.reports.text import earlier_text, finding_rows, run_rows
@@ -251,7 +252,7 @@ def _samples_text(f: dict) -> str:
 
 
 def _programs_text(f: dict, key: str = "programs") -> str:
-    progs = ["(" + ",".join(str(x) for x in p) + ")" for p in f.get(key, [])]
+    progs = [program_text(p, f.get("owner_names", ())) for p in f.get(key, [])]
     return ", ".join(progs[:6]) + (f" +{len(progs) - 6}" if len(progs) > 6 else "") or "-"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Tuple
 
+from kvfence.engine.findings import programs_text
 from kvfence.reports.markup import Markup, html, join
 
 COLOURS = {"ok": "#3c9d4e", "slack": "#d9d9d9", "needed past the row": "#f2d22e", "VALUE_MISMATCH": "#f08a24",
@@ -75,8 +76,9 @@ def table_map_html(record, launch, findings: List[dict]) -> Markup:
         numbered[i] = f
         listing.append(html("<li>[{}] {} {} {} [{}:{}] {}; samples {}; expected owners {}; written by {}</li>", i,
                             f.get("kind"), f.get("buffer"), f.get("region"), f.get("start"), f.get("stop"),
-                            f.get("detail", ""), f.get("samples", [])[:3], f.get("programs", [])[:4],
-                            f.get("writers", [])[:4] or "-"))
+                            f.get("detail", ""), f.get("samples", [])[:3],
+                            programs_text(f.get("programs", [])[:4], f.get("owner_names", ())) or "-",
+                            programs_text(f.get("writers", [])[:4], f.get("owner_names", ())) or "-"))
     parts = []
     for table_name, cells in expected.items():
         for row in touched:

@@ -81,3 +81,39 @@ def test_list_names_every_registered_contract():
         assert cli.main(["check-contract", "--list"]) == 0
     assert {line.split()[0] for line in out.getvalue().splitlines()} == set(registry.names())
     assert sys.modules.get("csr_contract") is None or "csr-kv-indices" not in registry.names()
+
+
+def test_a_need_below_the_oracles_writes_is_caught_with_default_settings_and_a_correct_need_passes():
+    """``need(launch)`` promises no ``SIZING_VIOLATION`` at that width: the oracle's elements must fit the tables at
+    ``width = need``. One short of it (``mistakes.ShortNeed``) is one line naming the contract and ``need``; the CSR
+    fixture's own need (the sum of the lengths) passes; both under ``check-contract``'s defaults (no flags)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", KVFENCE_REGISTERED=json.dumps({
+        "entries": {"csr-shortneed": ["mistakes:SHORTNEED"], "csr-kv-indices": ["csr_contract:CSR"]},
+        "sys_path": [str(FIXTURE)]}))
+    short, correct = (subprocess.run([sys.executable, "-m", "kvfence", "check-contract", name], env=env,
+                                     capture_output=True, text=True, timeout=300)
+                      for name in ("csr-shortneed", "csr-kv-indices"))
+    err = short.stderr.strip().splitlines()
+    assert short.returncode == 2 and len(err) == 1, short.stderr
+    assert err[0].startswith("kvfence: error: contract 'csr-shortneed': need(launch) is ") and \
+        "expected(launch) defines kv_indices[0, " in err[0], err
+    assert correct.returncode == 0 and correct.stderr == "", correct.stderr
+    assert "on 20 launches" in correct.stdout, correct.stdout
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_shipped_contracts_need_holds_what_its_oracle_writes(name):
+    """The need check on kvfence's own contracts, whose ``need`` is no column count for some (fa3-decode-metadata,
+    slot-mapping, window-rail): at ``width = need`` every oracle element fits the tables of that width."""
+    from kvfence.contract import Launch
+    from kvfence.engine.record_check import need_problems
+    from kvfence.engine.record_probe import drawn
+
+    record = registry.get(name)
+    checked = 0
+    for case in drawn(record, 25, 0, {}):
+        for mode in ("graph", "eager"):
+            launch = Launch(name, case, record.sizings["safe"](case, mode), "safe", mode=mode)
+            assert need_problems(record, launch, record.need(launch)) == [], (name, case)
+            checked += 1
+    assert checked >= 25

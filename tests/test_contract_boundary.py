@@ -165,7 +165,7 @@ def test_the_guard_names_the_method_in_process_and_keeps_what_a_record_defines(c
     with pytest.raises(ContractFault, match=r"^contract 'csr-exitinkeys': its keys\(\) raised SystemExit\(0\)"):
         record.keys(None)
     assert isinstance(record, Contract) and type(record).__name__ == "ExitInKeys"
-    assert type(record).keys is not Contract.keys and type(record).owner is Contract.owner
+    assert type(record).keys is not Contract.keys and type(record).report is Contract.report
     assert record.need.__name__ == "need"
 
 

@@ -386,3 +386,33 @@ def test_the_code_stamp_stays_out_of_the_runs_outputs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "scandir", scandir)
     assert provenance.digest_of_tree(tmp_path) == expected
+
+
+#: A time a page states: "5-18 s", "20 s", "2 minutes", "~25 s", "about a minute", "a few minutes".
+DURATION = re.compile(r"(?:~|about )?(?:\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?|a few|a) (?:s|seconds?|minutes?)\b")
+
+
+def readme_timings():
+    """``(command, time)`` for every time README.md states for one of kvfence's own commands: the quickstart table's
+    ``takes`` cell of a `kvfence ...` step, and a time in the parentheses that follow a `kvfence ...` command or
+    end its sentence's first clause (``kvfence fuzz`` with no flags ... (20 s to 2 minutes ...))."""
+    text = " ".join(README.split())
+    out = []
+    for command, takes in re.findall(r"\| `(kvfence [^`]+)` \| ([^|]+) \|", text):
+        out += [(command, t) for t in DURATION.findall(takes)]
+    for command, aside in re.findall(r"`(kvfence [^`]+)`(?:[^`(|]|`[^`]*`){0,160}?\(([^)]*)\)", text):
+        out += [(command, t) for t in DURATION.findall(aside)]
+    return out
+
+
+def test_every_time_the_readme_states_for_a_kvfence_command_is_a_measured_run_in_benchmarks():
+    """README.md's times for kvfence's own commands (seconds to a finding, a run's length) are the ones
+    BENCHMARKS.md's row "README's timings" measured, each beside its command as README names it."""
+    timings = readme_timings()
+    assert {c for c, _ in timings} >= {"kvfence fuzz --sizing prefix", "kvfence fuzz",
+                                      "kvfence upstream matrix --shipped --versions 0.4.3..0.5.23"}, timings
+    (row,) = [line for line in BENCHMARKS.splitlines() if line.startswith("| README's timings")]
+    for command, said in timings:
+        at = row.find(f"`{command}`" + ("" if command != "kvfence fuzz" else " (no flags)"))
+        assert at >= 0, f"README times `{command}`, which BENCHMARKS' README row does not run"
+        assert said in row[at:row.find("; `", at) if row.find("; `", at) > 0 else None], (command, said)

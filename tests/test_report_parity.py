@@ -93,7 +93,7 @@ def test_a_finding_names_the_programs_that_store_what_was_found_there(tmp_path):
     row1 = [f for f in found if f.kind.value == "VALUE_MISMATCH" and f.region == "row 1"]
     assert row1 and row1[0].programs == [(1, 0)] and row1[0].writers == [(0, 0)], found
     assert row1[0].samples[0][2] == page_ids(case)[0][0]
-    assert "written by (0,0)" in row1[0].headline()
+    assert "written by (request 0, block 0)" in row1[0].headline() and row1[0].owner_names == ("request", "block")
 
 
 def test_a_guard_poison_or_a_canary_found_in_an_element_is_decoded_whatever_its_kind(tmp_path):

@@ -3,6 +3,7 @@ case file named in --json, and repro replays it."""
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,37 @@ def test_repro_kernel_override_runs_the_named_kernel(tmp_path, device):
     out = io.StringIO()
     assert run_repro(path, device=device, kernel="reference-blocked", sizing="safe", out=out) == 0
     assert "override kernel reference-blocked (file: reference)" in out.getvalue()
+
+
+def _readme_repro_shape() -> re.Pattern:
+    """The repro line README.md shows under "Read a finding", as a pattern: its words as they are, its case
+    file's 12-hex-digit name any such name."""
+    block = (ROOT / "README.md").read_text().split("## Read a finding", 1)[1].split("```text\n", 1)[1].split("```")[0]
+    lines = [line for line in block.splitlines() if " repro " in line]
+    assert len(lines) == 1, lines
+    shown = lines[0]
+    assert re.fullmatch(r"\S+ repro \S+/[0-9a-f]{12}\.json", shown), shown
+    return re.compile(re.sub(r"[0-9a-f]{12}\\\.json$", r"[0-9a-f]{12}\\.json", re.escape(shown)))
+
+
+@pytest.mark.cpu_only  # the CLI runs --device cpu (the interpreter)
+@pytest.mark.interpreter
+def test_a_plugin_contracts_printed_repro_line_is_the_readmes_shape(tmp_path):
+    """``kvfence fuzz --contract C`` for a plug-in contract (run behind the boundary, in a ``python -m kvfence``
+    child) prints its repro line as README.md shows one: ``kvfence repro reports/out/cases/<id>.json``, the name
+    the user typed, from the folder the user ran it in; and that line replays the case."""
+    import os
+    import shlex
+
+    fixture = ROOT / "tests" / "fixtures" / "csr_contract"
+    env = dict(os.environ, TRITON_INTERPRET="1", KVFENCE_REGISTERED=json.dumps(
+        {"entries": {"csr-kv-indices": ["csr_contract:CSR"]}, "sys_path": [str(fixture)]}))
+    script = Path(sys.executable).parent / "kvfence"  # the console script: what README's reader runs
+    res = subprocess.run([str(script), "fuzz", "--contract", "csr-kv-indices", "--sizing", "short", "--seed", "1",
+                          "--max-examples", "30"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr
+    printed = [line for line in res.stdout.splitlines() if " repro " in line]
+    assert printed and all(_readme_repro_shape().fullmatch(line) for line in printed), printed
+    replay = subprocess.run([str(script), *shlex.split(printed[0])[1:], "--device", "cpu"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 1, replay.stdout + replay.stderr

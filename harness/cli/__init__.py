@@ -41,6 +41,7 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
     from kvfence.engine.interrupt import signals_interrupt
 
     child = boundary.enter_child()
+    prog = boundary.child_prog(prog) if child else prog  # a child's lines spell what the user typed
     # In a boundary child the user's signal (passed on by the parent) is told from a contract's KeyboardInterrupt.
     with command_clock(), (signals_interrupt() if child else contextlib.nullcontext()):
         code = _run(argv, prog, child)
@@ -81,7 +82,7 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
             from kvfence.engine.boundary import run_command
 
             return run_command(list(sys.argv[1:] if argv is None else argv), plugins, _stderr,
-                               getattr(args, "max_seconds", None))
+                               getattr(args, "max_seconds", None), prog)
         if not child:
             return args.func(args)
         return _run_as_child(args)

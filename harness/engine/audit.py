@@ -75,6 +75,9 @@ class Allocation:
     # 2-D contiguous inputs only: which row program ``grid_idx`` may read (None: any row of the view).
     row_of_program: Optional[Callable[[Tuple[int, int, int]], int]] = None
     row_bytes: int = 0
+    #: An output table's (``register_table``): a store into it outside its rows (a guard) is recorded with the
+    #: program that made it (``Audit.guard_stores``), for the guard overwrite the canary check reports there.
+    watch_guards: bool = False
 
     @property
     def end(self) -> int:
@@ -107,6 +110,12 @@ class Audit:
         self._read_tables: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
         self._saved = None
         self._scratch = np.zeros(64, dtype=np.uint64)  # atomic_cas lanes that would have gone wild
+        #: ``(table, region, offset) -> (program, grid)``: the first program seen storing into each guard element
+        #: of an output table (``register_table``), with the launch's grid dimensions. The store is performed
+        #: (the canary check reports it as ``GUARD_OVERWRITE``); this says who made it.
+        #: The grid dimensions of the launches seen making a bad access or a guard store.
+        self.grid_dims: set = set()
+        self.guard_stores: Dict[Tuple[str, str, int], Tuple[Tuple[int, ...], Tuple[int, ...]]] = {}
 
     # -- registration ------------------------------------------------------------------------------
     def _covered(self, base: int) -> bool:
@@ -160,7 +169,8 @@ class Audit:
             name, row, offset = g.locate(flat) if 0 <= flat < len(g.flat) else ("", None, 0)
             return f"= {g.table.name}[{row}, {offset}]" if name == "row" else ""
 
-        self._add(Allocation(g.table.name, base, nbytes, es, readable, region, coords))
+        self._add(Allocation(g.table.name, base, nbytes, es, readable, region, coords,
+                             watch_guards=g.table.role == "output"))
 
     def register_tensor(self, name: str, t: torch.Tensor,
                         row_of_program: Optional[Callable[[Tuple[int, int, int]], int]] = None) -> None:
@@ -220,6 +230,12 @@ class Audit:
         self._store_starts = np.array([a.base for a in allocs], dtype=np.uint64)
         self._store_ends = np.array([a.end for a in allocs], dtype=np.uint64)
         self._constrained = [a for a in self.allocations if a.row_of_program is not None]
+        watched = [a for a in allocs if a.watch_guards]
+        self._watched_starts = np.array([a.base for a in watched], dtype=np.uint64)
+        self._watched_ends = np.array([a.end for a in watched], dtype=np.uint64)
+        rows = sorted(span for a in watched for span in a.readable if span[1] > span[0])
+        self._row_starts = np.array([r[0] for r in rows], dtype=np.uint64)
+        self._row_ends = np.array([r[1] for r in rows], dtype=np.uint64)
         self._read_tables = {}
         self._tables_dirty = False
 
@@ -250,6 +266,7 @@ class Audit:
 
     # -- the wrapped interpreter operations ---------------------------------------------------------
     def _grid(self) -> Tuple[int, int, int]:
+        self.grid_dims.add(tuple(int(x) for x in getattr(self._builder, "grid_dim", ())))
         return tuple(int(x) for x in self._builder.grid_idx)
 
     @staticmethod
@@ -274,6 +291,7 @@ class Audit:
             grid = self._grid()
             starts, ends = self._read_table(grid)
         else:
+            self._note_guard_stores(addr, size)
             starts, ends = self._store_starts, self._store_ends
         bad = self._outside(addr, size, starts, ends)
         if not bad.any():
@@ -299,6 +317,22 @@ class Audit:
         lanes = np.flatnonzero(keep.ravel())[np.flatnonzero(bad)[wild]]
         keep.ravel()[lanes] = False
         return keep
+
+    def _note_guard_stores(self, addr: np.ndarray, size: int) -> None:
+        """Record the program of each store lane into an output table's guard (``guard_stores``)."""
+        if not self._watched_starts.size or len(self.guard_stores) >= MAX_LANES:
+            return
+        lanes = addr[~self._outside(addr, size, self._watched_starts, self._watched_ends)]
+        if lanes.size and self._row_starts.size:
+            lanes = lanes[self._outside(lanes, size, self._row_starts, self._row_ends)]
+        if not lanes.size:
+            return
+        program = self._grid()
+        dims = tuple(int(x) for x in getattr(self._builder, "grid_dim", ()))  # _grid noted them in grid_dims
+        for a in lanes[:MAX_LANES].tolist():
+            alloc = self._containing(a)
+            region, offset = alloc.region((a - alloc.base) // alloc.elsize)
+            self.guard_stores.setdefault((alloc.name, region, offset), (program, dims))
 
     def _derive(self, name: str, orig, *args):
         """A pointer-deriving op: its result carries the allocation its pointer operand came from, so a

@@ -47,6 +47,9 @@ from kvfence.errors import EXIT_BAD_INPUT, BadInput, printable
 STATUS_ENV = "KVFENCE_CHILD_STATUS"
 #: Set in the child: the file its breadcrumb goes to (the call into the contract in progress).
 WHERE_ENV = "KVFENCE_CHILD_WHERE"
+#: Set in the child of a command: the name the user ran kvfence by (``kvfence`` or ``python -m kvfence``), so the
+#: lines the child prints (usage, ``fuzz``'s repro lines) spell the command the user typed, not the child's own.
+PROG_ENV = "KVFENCE_PROG"
 #: Seconds one call into a contract's code may take (overridden by ``KVFENCE_CALL_LIMIT_S``).
 DEFAULT_CALL_LIMIT_S = 60.0
 CALL_LIMIT_ENV = "KVFENCE_CALL_LIMIT_S"
@@ -265,6 +268,11 @@ def contract_failure(exc: BaseException) -> Optional[str]:
     return unexpected(exc) if (getattr(exc, "kvfence_raised_in", None) or _LAST) else None
 
 
+def child_prog(prog: str) -> str:
+    """The name the user ran kvfence by: the parent's (``PROG_ENV``) in a command's child, else ``prog``."""
+    return os.environ.get(PROG_ENV) or prog
+
+
 def enter_child() -> bool:
     """In a child: take the status and breadcrumb files out of the environment (processes it starts, a checking
     worker or a ``--jobs`` child, must not report in its place); whether this process is such a child."""
@@ -404,11 +412,13 @@ def _read(path: Path) -> Optional[dict]:
 
 
 def run_command(argv: List[str], contracts: List[str], warn: Callable[[str], None],
-                max_seconds: Optional[float] = None) -> int:
+                max_seconds: Optional[float] = None, prog: str = "python -m kvfence") -> int:
     """``python -m kvfence ARGV`` behind the boundary: its exit status, 128 + signal when the user interrupted
-    it, or 2 with one line (``warn``) when the contract's code ended, interrupted or overran it."""
+    it, or 2 with one line (``warn``) when the contract's code ended, interrupted or overran it. ``prog``: the
+    name the user ran kvfence by, which the child's lines spell (``PROG_ENV``)."""
     try:
-        answer = supervise([sys.executable, "-m", "kvfence", *argv], contracts, limit=call_limit(max_seconds))
+        answer = supervise([sys.executable, "-m", "kvfence", *argv], contracts, limit=call_limit(max_seconds),
+                           env={PROG_ENV: prog})
     except ContractFault as exc:
         warn(f"kvfence: error: {exc}")
         return EXIT_BAD_INPUT

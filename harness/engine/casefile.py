@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,8 @@ CASES_DIR = "cases"
 HASH_CHARS = 12
 #: Case files are small (a few KiB); anything far larger is not one.
 MAX_BYTES = 4 * 1024 * 1024
+#: A name of a program's coordinate in a finding's ``owner_names`` (``request``, ``column block``): shown as text.
+OWNER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9 _-]{0,31}")
 _TOP_KEYS = {MARKER, "contract", "case", "device", "source", "sizing", "findings", "versions", "extras"}
 #: The format of a plug-in contract's case file before the one format above (still read).
 CONTRACT_CASE_FORMAT = "kvfence-contract-case/1"
@@ -297,6 +300,11 @@ def finding_from_dict(d, where: str, kinds=()) -> Finding:
             require(isinstance(program, list) and 1 <= len(program) <= 4
                     and all(_is_int(x) and x >= 0 for x in program),
                     f"{where}.{key} entries must be lists of 1-4 non-negative integers (a program's grid index)")
+    names = d.get("owner_names", [])
+    require(isinstance(names, list) and len(names) <= 4 and all(isinstance(n, str) and OWNER_NAME.fullmatch(n)
+                                                                 for n in names),
+            f"{where}.owner_names must be a list of up to 4 names of a program's coordinates (letters, digits, "
+            "spaces, '_' or '-', at most 32 characters each)")
     return Finding.from_dict(d, kinds)
 
 

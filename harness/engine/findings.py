@@ -98,17 +98,39 @@ def kind_of(value: str, declared=()) -> "Kind | ContractKind":
     return Kind(value)
 
 
+#: ``Finding.extra["writers"]`` of a finding whose writers the CPU address audit saw store there (observed), not
+#: the programs the oracle gives the values found there (inferred).
+SEEN_BY_AUDIT = "address audit"
+
+
+def program_text(program, names=()) -> str:
+    """One program as a finding shows it: in its contract's own terms where ``names`` name its coordinates
+    (``request 2``, ``(request 2, block 5)``), else its bare grid coordinates (``(0,1,2)``)."""
+    if names and len(names) == len(program):
+        text = ", ".join(f"{n} {x}" for n, x in zip(names, program))
+        return text if len(program) == 1 else f"({text})"
+    return "(" + ",".join(str(x) for x in program) + ")"
+
+
+def programs_text(programs, names=()) -> str:
+    return ", ".join(program_text(p, names) for p in programs)
+
+
 @dataclass
 class Finding:
     """One contiguous run of bad elements (or one launch-level problem).
 
     ``region`` is ``front guard``, ``row S``, ``slack of row S``, ``guard after row S`` or ``tail``;
     ``start``/``stop`` are element offsets inside that region (row-relative for rows and slack).
-    ``samples`` holds a few ``(region offset, expected, found)`` triples; ``programs`` the ``(s, b, k)``
-    whose predicted segments (or kv_indptr columns) cover the run: its expected owners. ``writers`` the
-    ``(s, b, k)`` that wrote what was found there: the programs the oracle expects to store each found
-    value (token tables hold distinct values, so a value names where it was copied from), those of the
-    run's own row first, then of the row before it (a spill); empty when no program stores such a value.
+    ``samples`` holds a few ``(region offset, expected, found)`` triples; ``programs`` the programs (their grid
+    coordinates, as ``Contract.owner`` gives them: ``(s, b, k)`` for the draft kernel) whose predicted segments
+    (or kv_indptr columns) cover the run: its expected owners. ``writers`` the programs that wrote what was found
+    there: the programs the oracle expects to store each found value (token tables hold distinct values, so a
+    value names where it was copied from), those of the run's own row first, then of the row before it (a spill);
+    for a guard overwrite on the CPU, the programs the address audit saw store there; empty when none is known.
+    ``owner_names``: the names of a program's coordinates in its contract's own terms (``Contract.owner`` returning
+    a ``typing.NamedTuple``, or a finding built with such programs: ``("request", "block")``), so a program shows
+    as ``request 2, block 5``; empty: bare coordinates ``(0,1,2)``.
     """
 
     kind: Kind
@@ -122,6 +144,17 @@ class Finding:
     writers: List[Tuple[int, int, int]] = field(default_factory=list)
     #: Structured facts of findings from outside tools (compute-sanitizer: access, address, thread, ...).
     extra: dict = field(default_factory=dict)
+    owner_names: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        # Programs given as a contract's named tuples: their names kept, the programs plain tuples (a finding
+        # crosses processes as data, never as a contract module's type).
+        named = next((p for p in [*self.programs, *self.writers] if hasattr(p, "_fields")), None)
+        if named is not None and not self.owner_names:
+            self.owner_names = tuple(named._fields)
+        self.owner_names = tuple(self.owner_names)
+        self.programs = [tuple(p) if hasattr(p, "_fields") else p for p in self.programs]
+        self.writers = [tuple(p) if hasattr(p, "_fields") else p for p in self.writers]
 
     @property
     def count(self) -> int:
@@ -134,6 +167,10 @@ class Finding:
         d["samples"] = [list(x) for x in self.samples]
         d["programs"] = [list(p) for p in self.programs]
         d["writers"] = [list(p) for p in self.writers]
+        if self.owner_names:
+            d["owner_names"] = list(self.owner_names)
+        else:
+            del d["owner_names"]  # the draft's findings, and any of bare coordinates, as they always were
         return d
 
     @classmethod
@@ -150,6 +187,7 @@ class Finding:
             detail=d.get("detail", ""),
             extra=dict(d.get("extra", {})),
             writers=[tuple(p) for p in d.get("writers", [])],
+            owner_names=tuple(d.get("owner_names", ())),
         )
 
     def headline(self) -> str:
@@ -162,13 +200,11 @@ class Finding:
             off, exp, got = self.samples[0]
             parts.append(f"first @{off}: expected {exp}, found {got}")
         if self.programs:
-            shown = ", ".join("(" + ",".join(str(i) for i in p) + ")" for p in self.programs[:4])
             more = f" +{len(self.programs) - 4}" if len(self.programs) > 4 else ""
-            parts.append(f"expected owners {shown}{more}")
+            parts.append(f"expected owners {programs_text(self.programs[:4], self.owner_names)}{more}")
         if self.writers:
-            shown = ", ".join("(" + ",".join(str(i) for i in p) + ")" for p in self.writers[:4])
             more = f" +{len(self.writers) - 4}" if len(self.writers) > 4 else ""
-            parts.append(f"written by {shown}{more}")
+            parts.append(f"written by {programs_text(self.writers[:4], self.owner_names)}{more}")
         if self.detail:
             parts.append(self.detail)
         return "; ".join(parts)

@@ -10,6 +10,7 @@ whose own reference is not clean on its own cases is wrong somewhere.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -176,17 +177,52 @@ def case_problems(record, case, *, refused: Optional[dict] = None) -> List[str]:
                            "[0, 2**30]")
                 continue
             launches.append(Launch(record.name, case, width, sizing, mode=mode))
+    needs = {}
     for launch in launches:
         need = record.need(launch)
         if type(need) is not int or need < 0:
             out.append(f"need(launch) must be an integer >= 0, got {printable(repr(need), 60)}")
             break
+        needs.setdefault(launch.mode, (launch, need))
+    for launch, need in needs.values():
+        out += need_problems(record, launch, need)
     seen = set()
     for launch in launches:
         if (launch.width, launch.mode) not in seen and len(seen) < 3:
             seen.add((launch.width, launch.mode))
             out += table_problems(record, launch)
     return list(dict.fromkeys(out))
+
+
+def need_problems(record, launch, need: int) -> List[str]:
+    """What ``need`` promises (docs/contract-api.md): a launch whose width is ``need`` has no ``SIZING_VIOLATION``,
+    so every element the oracle defines there fits the tables the launch sizes from that width. An oracle element
+    past its table's row (or rows) at ``width = need`` means ``need`` is below what the contract itself writes: a
+    too-small width the fuzz run would call fine. Checked on the launch's tables at that width, not on ``need``
+    as a column count: a contract's need and its tables' widths need not be the same number."""
+    if need > MAX_WIDTH:
+        return []
+    tight = dataclasses.replace(launch, width=need)
+    try:
+        tables = {t.name: t for t in record.tables(tight)}
+        expected = record.expected(tight)
+    except BadInput:
+        return []  # a width no sizing gives this case: nothing to compare (the sizings' launches are checked)
+    if not isinstance(expected, Mapping):
+        return []  # table_problems names it
+    for name, cells in expected.items():
+        t = tables.get(name)
+        if t is None or not isinstance(cells, Mapping) or shape_problems(t):
+            continue  # table_problems names it
+        rows = 1 if t.rows is None else t.rows
+        past = [key for key in cells if isinstance(key, tuple) and len(key) == 2
+                and all(type(x) is int for x in key) and (key[1] >= t.width or key[0] >= rows)]
+        if past:
+            row, column = max(past, key=lambda key: (key[1], key[0]))
+            return [f"need(launch) is {need}, but at that width expected(launch) defines {name}[{row}, {column}], "
+                    f"past the table's {rows} x {t.width} (need must be at least the width that holds every "
+                    f"element the oracle writes; case {printable(json.dumps(record.to_json(launch.case)), 120)})"]
+    return []
 
 
 def table_problems(record, launch) -> List[str]:

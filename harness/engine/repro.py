@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, TextIO
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
 from kvfence.engine.casefile import CaseFile, load_case, sizing_is_plugin
-from kvfence.engine.findings import Finding, Kind
+from kvfence.engine.findings import SEEN_BY_AUDIT, Finding, Kind, programs_text
 from kvfence.engine.kernels import is_plugin
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
@@ -46,8 +46,8 @@ def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional
                 f"case file: re-run with {flag} {named} (or --trust-case) if you trust that code{other}")
 
 
-def _program_text(programs, limit: int) -> str:
-    shown = ", ".join("(" + ",".join(str(x) for x in p) + ")" for p in programs[:limit])
+def _program_text(programs, limit: int, names=()) -> str:
+    shown = programs_text(programs[:limit], names)
     return shown + (f" and {len(programs) - limit} more" if len(programs) > limit else "")
 
 
@@ -68,9 +68,11 @@ def finding_lines(i: int, f: Finding, *, elements: Optional[List[str]] = None, v
         out += [f"      {off:>8} {str(e):>12} {str(g):>12}" for off, e, g in f.samples]
     limit = VERBOSE_PROGRAMS if verbose else PROGRAMS
     if f.programs:
-        out.append(f"    expected owners (programs): {_program_text(f.programs, limit)}")
+        out.append(f"    expected owners (programs): {_program_text(f.programs, limit, f.owner_names)}")
     if f.writers:
-        out.append(f"    written by: {_program_text(f.writers, limit)} (the programs whose values were found there)")
+        how = ("the programs the CPU address audit saw store there" if f.extra.get("writers") == SEEN_BY_AUDIT
+               else "the programs whose values were found there")
+        out.append(f"    written by: {_program_text(f.writers, limit, f.owner_names)} ({how})")
     return out
 
 

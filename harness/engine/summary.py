@@ -274,7 +274,7 @@ def _scalar(v) -> bool:
 def _column_check(field: str, panel: bool = False):
     return _scalar if panel else _COLUMN_CHECKS.get(field, _count)
 _FINDING_FIELDS = {"kind": _text, "region": _text, "case": _text, "buffer": _optional(_text), "start": _optional(_int),
-                   "stop": _optional(_int), "detail": _optional(_text)}
+                   "stop": _optional(_int), "detail": _optional(_text), "owner_names": _optional(_list_of(_text))}
 _CASE_FIELDS = {"path": _text, "source": _text, "kernel": _text, "repro": _text, "kinds": _list_of(_text),
                 "need": _count, "width": _count, "num_seqs": _count,
                 "found_in": _optional(_list_of(_text)), "contract": _text, "sizing": _text, "describe": _text,

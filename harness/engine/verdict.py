@@ -14,7 +14,9 @@ specification; docs/contract.md §9, "Verdict"):
   stored what it read there (decoded: which input, which guard position, where an exact value says).
 
 Consecutive bad elements of one kind and region make one ``Finding``; its ``programs`` are the programs the
-contract says own those elements (``Contract.owner``: the expected owners, not observed writers).
+contract says own those elements (``Contract.owner``: the expected owners, not observed writers), named in the
+contract's own terms where its owner is a named tuple. ``name_guard_writers`` says who wrote into a guard: the
+program the CPU address audit saw store there, or an inference from the oracle, said as one.
 
 ``clean(...)`` is the fast path the engine runs first: the same rules as whole-tensor comparisons (every table
 what it held, with each defined row element the oracle's value), true exactly when the walk finds nothing, so
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from kvfence.engine.findings import Finding, Kind
+from kvfence.engine.findings import SEEN_BY_AUDIT, Finding, Kind, programs_text
 from kvfence.engine.tables import INPUT_POISON, POISON, Guarded
 
 SAMPLES = 3
@@ -219,8 +221,77 @@ def attribute(record, launch, findings: List[Finding], expected, buffers: Dict[s
                 who = record.owner(launch, f.buffer, place[0], place[1])
                 if who is not None and tuple(who) not in writers:
                     writers.append(tuple(who))
+                    f.owner_names = f.owner_names or tuple(getattr(who, "_fields", ()))
                 break  # the likeliest place only: a value the oracle gives several elements names one writer
         f.writers = writers[:8]
+
+
+def grid_names(record, launch, expected) -> Tuple[str, ...]:
+    """The names the contract gives its programs' coordinates (``Contract.owner`` returning a ``NamedTuple``),
+    read off the owner of an element the oracle defines (a few per table at most); () when it names none."""
+    for table, cells in expected.items():
+        for row, column in list(cells)[:8]:
+            who = record.owner(launch, table, row, column)
+            if who is not None:
+                return tuple(getattr(who, "_fields", ()))
+    return ()
+
+
+def as_program(grid, names: Tuple[str, ...], dims: Tuple[int, ...] = ()) -> Tuple[int, ...]:
+    """An interpreter program id ``(x, y, z)`` in its contract's shape: the axes its owner names when the others
+    are 0; else without the trailing axes the launch's grid does not have (``dims``: extent 1 there)."""
+    grid = tuple(int(x) for x in grid)
+    if names and len(names) <= len(grid) and not any(grid[len(names):]):
+        return grid[:len(names)]
+    keep = len(grid) if len(dims) == len(grid) else 0
+    while keep > 1 and dims[keep - 1] == 1 and grid[keep - 1] == 0:
+        keep -= 1
+    return grid[:keep] if keep else grid
+
+
+def name_guard_writers(record, launch, findings: List[Finding], expected, buffers: Dict[str, Guarded],
+                       stores=None, names: Tuple[str, ...] = ()) -> None:
+    """Who wrote into an output's guard, on each ``GUARD_OVERWRITE``, said as known or as inferred: the programs
+    the CPU address audit saw store there (``stores``: ``Audit.guard_stores``; seen, so they are its ``writers``),
+    else the program the oracle gives the row's own entry past its width or, failing that, the owner of the last
+    element of the row the oracle defines (inferred: a write running past its segment; never stated as seen)."""
+    for f in findings:
+        g = buffers.get(f.buffer)
+        if f.kind is not Kind.GUARD_OVERWRITE or g is None or g.table.role != "output":
+            continue
+        f.owner_names = f.owner_names or names
+        seen: List[Tuple[int, ...]] = []
+        for off in range(f.start, f.stop):
+            hit = (stores or {}).get((f.buffer, f.region, off))
+            if hit is not None and as_program(hit[0], names, hit[1]) not in seen:
+                seen.append(as_program(hit[0], names, hit[1]))
+        if seen:
+            f.writers, f.extra["writers"] = seen[:8], SEEN_BY_AUDIT
+            more = f" and {len(seen) - 4} more" if len(seen) > 4 else ""
+            said = (f"written by {programs_text(seen[:4], f.owner_names)}{more}: seen (the CPU address audit "
+                    "recorded the store)")
+        else:
+            why = "no address audit on this device" if stores is None else "the address audit saw no store there"
+            said = f"who wrote it was not observed ({why}); " + _inferred_writer(record, launch, f, expected, g)
+        f.detail = "; ".join([f.detail] * bool(f.detail) + [said])
+
+
+def _inferred_writer(record, launch, f: Finding, expected, g: Guarded) -> str:
+    if f.programs:
+        return (f"inferred: the oracle puts {programs_text(f.programs[:4], f.owner_names)}'s entry there, past the "
+                "row's width")
+    row = _row_of(f.region)
+    if f.region == "tail":
+        row = g.rows - 1
+    if row is None:
+        return "it lies before the first row, which no write running past a segment reaches"
+    cells = [c for (r, c) in expected.get(f.buffer, {}) if r == row and c < g.table.width]
+    who = record.owner(launch, f.buffer, row, max(cells)) if cells else None
+    if who is None:
+        return "the contract names no owner of the elements before it (Contract.owner)"
+    shown = programs_text([tuple(who)], f.owner_names or tuple(getattr(who, "_fields", ())))
+    return (f"inferred, not seen: {shown} owns [{row}, {max(cells)}], the last element of the row the oracle defines, "
+            f"so a write running past its segment most likely came from {shown}")
 
 
 def _finding(buffer: str, run) -> Finding:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict
-from typing import List
+from typing import List, NamedTuple
 
 from kvfence.contract import Contract, Keys, Mutant, Table
 from kvfence.contracts.dsv4_topk import case as model
@@ -31,6 +31,12 @@ from kvfence.contracts.dsv4_topk.release_mutants import READ_PAST, READ_UNBOUNDE
 from kvfence.errors import require
 
 KERNEL_MODULE = "kvfence.kernels.dsv4_topk.global_topk_indices"
+
+
+class Program(NamedTuple):
+    """A program of the kernel's grid ``(num_tokens,)``, in findings ``token 7``."""
+
+    token: int
 
 
 def _safe(case: TopkCase, mode: str) -> int:
@@ -163,8 +169,8 @@ class Dsv4TopkIndices(Contract[TopkCase]):
 
     def owner(self, launch, table, row, column):
         if table == "global_topk_indices":
-            return (row,)
-        return (column,) if table == "topk_lens" else None
+            return Program(row)
+        return Program(column) if table == "topk_lens" else None
 
 
 def edges(case: TopkCase, width: int):

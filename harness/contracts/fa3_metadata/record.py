@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import asdict, dataclass
-from typing import Dict, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 from kvfence.contract import Contract, FindingKind, Keys, Mutant, Table
 from kvfence.contracts.page_table.record import BLOCK_TOKENS, PAGE_SIZES, PageTableCase, cdiv, slot_table
@@ -46,6 +46,13 @@ class MetadataCase:
         require(0 <= self.delta <= 64, "delta must be in [0, 64]")
         self.slots.validate()
         return self
+
+
+class Program(NamedTuple):
+    """A program of the kernel's grid ``(batch, column blocks)``, in findings ``(request 2, block 0)``."""
+
+    request: int
+    block: int
 
 
 def _pages(case: MetadataCase, b: int) -> int:
@@ -180,11 +187,11 @@ class FA3Metadata(Contract[MetadataCase]):
         block ``c`` (``BLOCK_COLS`` each), up to its live pages, or the width with ``ZERO_TAIL``."""
         case = launch.case
         if table != "page_table":
-            return (0, 0)
+            return Program(0, 0)
         from kvfence.kernels.fa3_metadata.fa3_decode_metadata import block_cols
 
         limit = launch.width if case.zero_tail else _pages(case, row)
-        return (row, column // block_cols(case.page_size, case.skip_page_table)) if column < limit else None
+        return Program(row, column // block_cols(case.page_size, case.skip_page_table)) if column < limit else None
 
     def findings_before_launch(self, launch) -> list:
         case, width = launch.case, launch.width
@@ -194,7 +201,7 @@ class FA3Metadata(Contract[MetadataCase]):
 
         cols = block_cols(case.page_size, case.skip_page_table)
         return [Finding(ContractKind(PUBLISHED_PAST_TABLE), "cache_seqlens", f"row {b}", width, _pages(case, b), [],
-                        [(b, c) for c in range(cdiv(width, cols))],
+                        [Program(b, c) for c in range(cdiv(width, cols))],
                         f"published length {case.seq_lens[b] + case.delta} needs {_pages(case, b)} pages, the "
                         f"width formula gives the page-table row {width}")
                 for b in range(len(case.seq_lens)) if _pages(case, b) > width]

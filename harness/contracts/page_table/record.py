@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from kvfence.contract import Contract, FindingKind, Keys, Mutant, Table
 from kvfence.engine.findings import ContractKind, Finding
@@ -28,6 +28,13 @@ TABLE_TRUNCATED = "TABLE_TRUNCATED"
 #: Tokens one program covers along grid axis 1, in both kernels (docs/contract.md §9).
 BLOCK_TOKENS = 4096
 PAGE_SIZES = (1, 16, 32, 64, 128)
+
+
+class Program(NamedTuple):
+    """A program of the builder's grid ``(num_seqs, blocks)``, in findings ``(request 2, block 0)``."""
+
+    request: int
+    block: int
 
 
 def cdiv(a: int, b: int) -> int:
@@ -249,7 +256,7 @@ class PageTableContract(Contract[PageTableCase]):
 
     def owner(self, launch, table, row, column):
         case = launch.case
-        return (row, column * case.page_size // BLOCK_TOKENS) if column < pages_needed(case, row) else None
+        return Program(row, column * case.page_size // BLOCK_TOKENS) if column < pages_needed(case, row) else None
 
     def findings_before_launch(self, launch) -> list:
         """``TABLE_TRUNCATED`` per row whose length needs more pages than the row holds: arithmetic of the case
@@ -259,7 +266,7 @@ class PageTableContract(Contract[PageTableCase]):
             need = pages_needed(case, b)
             if need > width:
                 out.append(Finding(ContractKind(TABLE_TRUNCATED), self._outputs()[0], f"row {b}", width, need, [],
-                                   [(b, blk) for blk in range(cdiv(need * case.page_size, BLOCK_TOKENS))],
+                                   [Program(b, blk) for blk in range(cdiv(need * case.page_size, BLOCK_TOKENS))],
                                    f"length {case.seq_lens[b]} needs {need} pages, the width formula gives the row "
                                    f"{width}"))
         return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 from kvfence.errors import require
 
@@ -154,10 +154,16 @@ def need(case: ReqToTokenCase) -> int:
     return max(case.end(b) for b in range(case.bs))
 
 
+class Program(NamedTuple):
+    """A program of the writer's grid ``(bs,)``, in findings ``request 2``."""
+
+    request: int
+
+
 def owner_of(case: ReqToTokenCase, row: int, column: int):
     for b in range(case.bs):
         if case.req_pool_indices[b] == row and case.start(b) <= column < case.end(b):
-            return (b,)
+            return Program(b)
     return None
 
 

@@ -152,7 +152,7 @@ class ReqToTokenContract(Contract[model.ReqToTokenCase]):
         """``ROW_RESERVED_PAST_WIDTH`` per request whose write reaches past the row: the case's arithmetic."""
         case, width = launch.case, launch.width
         return [Finding(ContractKind(ROW_RESERVED_PAST_WIDTH), "req_to_token", f"row {case.req_pool_indices[b]}",
-                        first, end, [], [(b,)],
+                        first, end, [], [model.Program(b)],
                         f"request {b} (committed {case.committed[b]}, reserve {case.reserve}, page "
                         f"{case.page_size}{_dcp_text(case)}) writes positions [{case.start(b)}, {end}); the row holds "
                         f"{width}: "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from collections import OrderedDict
 from dataclasses import asdict
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 from kvfence.contract import Contract, Keys, Mutant, Table
 from kvfence.contracts.slot_mapping import case as model
@@ -38,6 +38,14 @@ READ_PAST = ("POISON_READ", "VALUE_MISMATCH", "OOB_READ")
 #: The guard row before each block table's first row holds ``GUARD_ROW_POISON - column``: below every spare row's
 #: poison (``SPARE_POISON - position``, positions < 2**20), so a value says which it came from.
 GUARD_ROW_POISON = 2 * SPARE_POISON
+
+
+class Program(NamedTuple):
+    """A program of the kernel's grid ``(groups, requests + 1)``, in findings ``(group 0, request 2)`` (request
+    ``num_reqs``: the program that pads the tokens past the last request)."""
+
+    group: int
+    request: int
 
 
 def _widest_span(case: SlotCase) -> int:
@@ -221,8 +229,8 @@ class SlotMapping(Contract[SlotCase]):
         if table != "slot_mappings":
             return None
         if column >= case.num_tokens:
-            return (row, case.num_reqs)
-        return (row, model.token_owner(case)[column])
+            return Program(row, case.num_reqs)
+        return Program(row, model.token_owner(case)[column])
 
 
 def _guarded_rows(case: SlotCase, g: int, blocks: int):
