@@ -18,7 +18,7 @@ its own:
   any other exception that escapes the command names the method that raised it, or the last one that returned
   (a wrong type);
 * the user's SIGINT or SIGTERM is the parent's: it is passed to the child's group, the child ends as interrupted
-  (its outputs written) within ``GRACE_S`` or is killed, and the command's status is ``128 + signal``;
+  (its outputs written) within ``boundary_parent.GRACE_S`` or is killed, and the command's status is ``128 + signal``;
 * when the child ends, its whole process group is killed: a process the contract forked does not outlive it.
 
 In the caller's own process (a pytest run that draws a plug-in's cases itself) ``guard`` still converts an exit or

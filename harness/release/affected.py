@@ -10,12 +10,13 @@ release's shipped sizing of every contract the backend launches (a contract's ow
 ``kvfence.release.knowledge.ReleaseTool``; the sites other contracts list, ``kvfence.release.affected_sites``),
 for the sites SGLang runs for that deployment (a CUDA-graph deployment's eager sites too), runs the release's
 kernel on the longest admitted (or the minimal overflowing) launch, and answers one line per contract and site:
-AFFECTED, NOT AFFECTED, NOT LAUNCHED or UNKNOWN, the severity (``SEVERITY_OF``), the condition over the request
+AFFECTED, NOT AFFECTED, NOT LAUNCHED or UNKNOWN, the severity, the condition over the request
 lengths, what the kernel was seen to do (a line names damage only from a kind the contract declares observed,
 ``kvfence.engine.findings.observed``; arithmetic is stated as arithmetic), the release that fixes it or the flag
-values that avoid it, and the case file (a line is a ``kvfence.release.affected_verdict.Verdict``). ``exit_code``
-(there): 1 affected, ``EXIT_UNKNOWN`` (3) when no line is and one is unknown (an unknown release, a kernel kvfence
-cannot run), 0 otherwise. ``Progress`` (there) reports a long run.
+values that avoid it, and the case file: a ``kvfence.release.affected_verdict.Verdict``, where the severity
+words (``SEVERITY_OF``), the exit code (``exit_code``: 1 affected, ``EXIT_UNKNOWN`` (3) when no line is and one is
+unknown, an unknown release or a kernel kvfence cannot run, 0 otherwise) and the progress of a long run
+(``Progress``) are.
 
 The launch is then resolved as the release's own argument code resolves it (``resolve_deployment``,
 ``kvfence.release.launch_resolve`` on the facts ``kvfence.release.launch_args`` reads from the wheel): a launch
