@@ -1,4 +1,5 @@
-"""Choosing where kernels run: compiled on CUDA, or under Triton's interpreter on the CPU.
+"""Choosing where kernels run: compiled on CUDA, or under Triton's interpreter on the CPU; and what of the host a
+process may use (its GPUs, ``cuda_device_count``; its CPU cores, ``usable_cores``).
 
 Triton decides interpreter-or-compiler when ``triton.language`` is first imported (its builtins such
 as ``tl.sum`` are themselves jitted), so the choice is made once per process, before Triton loads.
@@ -34,6 +35,15 @@ def cuda_device_count() -> int:
         return count.value
     except (OSError, AttributeError):
         return 0
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (``taskset``, a container's or a batch
+    scheduler's cpuset), not every core of the host."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
 
 
 def select(device: str = "auto", *, announce=None, prepare: bool = True) -> str:

@@ -124,7 +124,7 @@ def _probe_plugins(config) -> None:
     """``--kvfence-kernel`` / ``--kvfence-sizing`` plug-ins are imported in a throwaway process first
     (``kvfence.engine.probe``): an import that exits, aborts or raises ``KeyboardInterrupt`` is a usage
     error naming it, never a pytest that ends with exit 0 and no output."""
-    from kvfence.engine.boundary import foreign
+    from kvfence.engine.boundary_parent import foreign
     from kvfence.engine.probe import check_plugins
     from kvfence.engine.record_probe import check_named
     from kvfence.engine.registry import get
@@ -361,7 +361,7 @@ def kvfence_session(kvfence_plan):
     a ``HANG``, so the test fails instead of ending pytest; kvfence's builtin kernels run in this process (the
     contract's checker: ``kvfence.engine.checking.checker_for``). ``isolated`` overrides the choice; ``kw`` are
     fields of the run's plan (e.g. ``audit``, ``case_timeout``, ``mode``)."""
-    from kvfence.engine.boundary import foreign
+    from kvfence.engine.boundary_parent import foreign
     from kvfence.engine.checking import checker_for
     from kvfence.engine.kernels import is_plugin
     from kvfence.engine.registry import get

@@ -287,7 +287,7 @@ def test_a_table_torch_fills_is_answered_by_its_width_arithmetic(tmp_path):
     """A release whose FA3 backend fills its target-verify table with torch has no kernel of the contract, yet the
     table is there: 5 draft tokens at ctx 4096 pass its 4096 pages (AFFECTED on the arithmetic, no kernel run, no
     NOT LAUNCHED line for the kernel's site); 4 fit (NOT AFFECTED)."""
-    from kvfence.release.affected import BASIS_ARITHMETIC
+    from kvfence.release.affected_verdict import BASIS_ARITHMETIC
 
     folder = tmp_path / "wheels"
     folder.mkdir()
@@ -405,15 +405,12 @@ def test_an_unknown_release_and_a_kernel_under_another_name_are_unknown_with_the
 
 
 def test_a_long_run_reports_progress(wheels, tmp_path, monkeypatch):
-    from kvfence.release import affected as a
+    from kvfence.release import affected_verdict as a
 
     said = []
     monkeypatch.setattr(a.Progress, "QUIET_S", 0.0)
-    progress = a.Progress(said.append)
-    a._CURRENT.append(progress)
-    a.step("running the kernel")
-    a._CURRENT.remove(progress)
-    progress.close()
+    with a.progress(said.append):
+        a.step("running the kernel")
     assert said[0].startswith("kvfence affected: running the kernel (")
     assert said[-1].startswith("kvfence affected: done")
 

@@ -92,10 +92,11 @@ def _planted(monkeypatch, directory: Path):
     """The draft record with the mutant files of ``directory`` as its planted bugs, read as the shipped ones are
     read from ``kernels/draft/mutants/``. In this process only: its self-test checks in-process (``isolate``
     off), where ``mutant:NAME`` resolves against this record."""
+    import kvfence.contracts.draft.mutants as draft_mutants
     import kvfence.contracts.draft.record as draft_record
 
-    monkeypatch.setattr(draft_record, "MUTANTS_DIR", directory)
-    monkeypatch.setattr(draft_record.DRAFT, "mutants", draft_record._mutants("draft"))
+    monkeypatch.setattr(draft_mutants, "MUTANTS_DIR", directory)
+    monkeypatch.setattr(draft_record.DRAFT, "mutants", draft_mutants.mutants("draft"))
     return draft_record.DRAFT
 
 
@@ -185,6 +186,7 @@ def test_a_mutant_is_detected_only_by_the_kinds_it_declares(device, tmp_path, mo
 def test_a_mutant_file_without_valid_detects_is_bad_input(tmp_path, monkeypatch, line, message):
     """A mutant file's ``DETECTS`` is checked where the record reads it (one line, ``BadInput``) or by the check
     every record load runs (``kvfence.engine.record_check``): never a traceback, never a mutant no kind detects."""
+    import kvfence.contracts.draft.mutants as draft_mutants
     import kvfence.contracts.draft.record as draft_record
     from kvfence.engine.record_check import static
     from kvfence.errors import BadInput
@@ -192,7 +194,7 @@ def test_a_mutant_file_without_valid_detects_is_bad_input(tmp_path, monkeypatch,
     src = (ROOT / "kernels" / "draft" / "mutants" / "sizing_missing_topk.py").read_text()
     lines = [text for text in src.splitlines() if not text.startswith("DETECTS")]
     (tmp_path / "m.py").write_text("\n".join(lines + [line]) + "\n")
-    monkeypatch.setattr(draft_record, "MUTANTS_DIR", tmp_path)
+    monkeypatch.setattr(draft_mutants, "MUTANTS_DIR", tmp_path)
     with pytest.raises(BadInput, match=message.replace("(", r"\(").replace(")", r"\)")):
         record = draft_record.DraftContract("draft", draft_record.DRAFT.doc, "draft_kv_indices",
                                             "generate_draft_decode_kv_indices")

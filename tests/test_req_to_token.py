@@ -269,7 +269,8 @@ def test_an_eagle_deployment_whose_step_passes_its_row_gets_the_line_the_kernel_
     2 * max(3 * 4, 8) = 24 positions against a row of ctx + 12, and the release's kernel shows the spill; topk 1
     (8 against ctx + 8) fits; the release whose rows hold the reservation at every page size fixes it."""
     from kvfence.contracts.req_to_token.affected import rows_verdicts
-    from kvfence.release.affected import BASIS_ARITHMETIC, BASIS_OBSERVED, parse_deployment
+    from kvfence.release.affected import parse_deployment
+    from kvfence.release.affected_verdict import BASIS_ARITHMETIC, BASIS_OBSERVED
 
     for key, value in release_env.items():
         monkeypatch.setenv(key, value)

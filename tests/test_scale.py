@@ -185,7 +185,7 @@ def test_default_jobs_follow_the_cores_this_process_may_run_on(monkeypatch):
     of a 128-core host, as ``benchmarks/plain_fuzz_mutants.py --parallel`` pins each run, gets 15), not
     the host's core count; one job on the CPU."""
     from kvfence.cli import fuzz
-    from kvfence.engine import jobs  # usable_cores: the affinity mask
+    from kvfence.engine import jobs  # its os: usable_cores reads the affinity mask
 
     monkeypatch.setattr(jobs.os, "cpu_count", lambda: 128)
     monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(16, 32)), raising=False)

@@ -254,7 +254,7 @@ def test_a_jobs_parent_announces_the_first_failure_of_any_job(tmp_path):
 def test_a_job_given_a_stop_file_that_exists_stops_exploring(tmp_path):
     """The child's half: the stop file its job plan names (what ``run_jobs`` gives each job) that exists ends
     the exploration before the example budget, as a clean run (exit 0) ended by ``job_failure``."""
-    from kvfence.engine.fuzzrun import write_job_file
+    from kvfence.engine.jobs import write_job_file
 
     stop = tmp_path / "stop"
     stop.write_text("a job found a failure\n")

@@ -259,14 +259,15 @@ def test_a_crashing_session_gets_its_share_of_the_cores_in_spares(monkeypatch, t
     """``crash_spares``: a run's process that keeps crashing keeps up to ``CRASH_SPARES`` starting on CUDA, no
     more than its share of the host's cores (the usable cores over the run's processes on the host), never
     fewer than ``SPARES``; a ``--jobs`` child is told how many processes share the host (``--host-jobs``)."""
-    from kvfence.engine import campaign, jobs
+    from kvfence import device
+    from kvfence.engine import campaign
     from kvfence.engine.fuzzrun import Outputs, Run
     from kvfence.engine.workers import crash_spares
 
-    monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
+    monkeypatch.setattr(device, "usable_cores", lambda: 16)
     assert [crash_spares("cuda", n) for n in (1, 2, 4, 5, 8, 15)] == [4, 4, 4, 3, 2, 2]
     assert [crash_spares("cpu", n) for n in (1, 2)] == [1, 1]
-    monkeypatch.setattr(jobs, "usable_cores", lambda: 2)
+    monkeypatch.setattr(device, "usable_cores", lambda: 2)
     assert crash_spares("cuda", 1) == 2
     run = Run(RunPlan(jobs=15, max_examples=30, out=str(tmp_path)), Outputs(), print, print)
     children = run.child_plans(3, campaign.parse_database("none"))

@@ -51,7 +51,7 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
 
 def _plugin_contracts(args) -> List[str]:
     """The contracts the command is about that are not kvfence's own (their code runs in a child)."""
-    from kvfence.engine.boundary import foreign
+    from kvfence.engine.boundary_parent import foreign
 
     module = next((m for m in COMMANDS if getattr(m, "contracts_of", None) and args.func.__module__ == m.__name__),
                   None)
@@ -79,7 +79,7 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
             return EXIT_BAD_INPUT
         plugins = [] if child else _plugin_contracts(args)
         if plugins:  # a plug-in contract's code cannot end, pass or hide this command (kvfence.engine.boundary)
-            from kvfence.engine.boundary import run_command
+            from kvfence.engine.boundary_parent import run_command
 
             return run_command(list(sys.argv[1:] if argv is None else argv), plugins, _stderr,
                                getattr(args, "max_seconds", None), prog)

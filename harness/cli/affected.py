@@ -20,7 +20,7 @@ OWN_OPTIONS = ("--offline", "--kv-cache-group", "--project", "--gpu", "--verbose
 def cmd_affected(args) -> int:
     from kvfence.device import select
     from kvfence.errors import BadInput
-    from kvfence.release import affected, affected_vllm
+    from kvfence.release import affected, affected_verdict, affected_vllm
 
     # kvfence's own options that neither SGLang nor vLLM has: inside the launch command they would be read as one
     # of its flags and ignored (an --offline there would not stop a download).
@@ -59,11 +59,12 @@ def cmd_affected(args) -> int:
         print(printable(affected.header(dep), None))
         for v in verdicts:
             print(printable(v.short(), None))
-    return affected.exit_code(verdicts)
+    return affected_verdict.exit_code(verdicts)
 
 
 def add_parser(sub) -> None:
-    from kvfence.release.affected import EXIT_UNKNOWN, FLAGS
+    from kvfence.release.affected import FLAGS
+    from kvfence.release.affected_verdict import EXIT_UNKNOWN
     from kvfence.release.affected_vllm import FLAGS as VLLM_FLAGS
 
     p = sub.add_parser(

@@ -149,7 +149,8 @@ def _report(doc: dict, out: Path, run: dict) -> None:
 def _run_local(args, specs, out: Path, on_row):
     from kvfence.campaign import outcome
     from kvfence.campaign.local import gpu_slots, run_local
-    from kvfence.engine.jobs import usable_cores, visible_gpus
+    from kvfence.device import usable_cores
+    from kvfence.engine.jobs import visible_gpus
 
     gpus = visible_gpus() if specs[0].gpus > 0 else []
     slots = gpu_slots(gpus, specs[0].gpus)

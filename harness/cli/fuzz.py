@@ -65,12 +65,12 @@ def _shard(text: str) -> str:
 
 
 def default_jobs(device: str, max_examples: int, max_seconds) -> int:
-    """All usable CPU cores on CUDA (``kvfence.engine.jobs.usable_cores``; one left for the parent and the
+    """All usable CPU cores on CUDA (``kvfence.device.usable_cores``; one left for the parent and the
     driver), fewer when the example budget is too small to keep them busy; one process on the CPU (the
     interpreter is the bottleneck)."""
     if device != "cuda":
         return 1
-    from kvfence.engine.jobs import usable_cores
+    from kvfence.device import usable_cores
 
     cores = max(1, usable_cores() - 1)
     if max_seconds is not None:
@@ -162,7 +162,8 @@ def contracts_of(args) -> list:
 def cmd_fuzz(args) -> int:
     from kvfence.device import select
     from kvfence.engine import run as pipeline
-    from kvfence.engine.fuzzrun import Run, read_job_file
+    from kvfence.engine.fuzzrun import Run
+    from kvfence.engine.jobs import read_job_file
 
     if args.plan is not None:  # a --jobs child: its plan is data its parent wrote (plug-ins checked there)
         plan, progress_file, stop_file = read_job_file(args.plan)

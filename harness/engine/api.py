@@ -55,7 +55,8 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     from kvfence.device import interpreting, select
     from kvfence.engine import registry
     from kvfence.engine import run as pipeline
-    from kvfence.engine.boundary import call, foreign, in_child
+    from kvfence.engine.boundary import in_child
+    from kvfence.engine.boundary_parent import call, foreign
     from kvfence.engine.budget import default_budget
     from kvfence.engine.casefile import CASES_DIR, case_repro_command, format_failure, write_case
     from kvfence.engine.loop import fuzz

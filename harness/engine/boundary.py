@@ -5,7 +5,8 @@ contract and the method (docs/security.md, "A plug-in contract's code").
 A plug-in contract (registered under the entry point ``kvfence.contracts`` by a package other than kvfence:
 ``registry.builtin``) is its author's code. Every entry point that runs it (the commands ``fuzz``, ``repro``,
 ``mutants``, ``report``, ``check-contract``, ``upstream``; ``kvfence.check_kernel``; the recovery of a journal slot
-another run left) does so in a child (``supervise``), started in a process group of its own:
+another run left) does so in a child (``kvfence.engine.boundary_parent.supervise``), started in a process group of
+its own:
 
 * the child reports how the command ended through a file, written only once the command returned; a child that
   ended without it (``os._exit``, ``SystemExit`` past every handler, a signal, an abort) is ``ContractFault``:
@@ -17,11 +18,15 @@ another run left) does so in a child (``supervise``), started in a process group
   any other exception that escapes the command names the method that raised it, or the last one that returned
   (a wrong type);
 * the user's SIGINT or SIGTERM is the parent's: it is passed to the child's group, the child ends as interrupted
-  (its outputs written) within ``GRACE_S`` or is killed, and the command's status is ``128 + signal``;
+  (its outputs written) within ``boundary_parent.GRACE_S`` or is killed, and the command's status is ``128 + signal``;
 * when the child ends, its whole process group is killed: a process the contract forked does not outlive it.
 
 In the caller's own process (a pytest run that draws a plug-in's cases itself) ``guard`` still converts an exit or
 an interrupt from the contract's code into ``ContractFault``; only a child can survive ``os._exit``.
+
+This module is the side that runs the contract's code: ``guard`` (the registry wraps every plug-in record in it),
+``calling``, the breadcrumb and the child's status file. The parent's side, which starts and watches the child, is
+``kvfence.engine.boundary_parent``.
 """
 
 from __future__ import annotations
@@ -30,18 +35,12 @@ import contextlib
 import inspect
 import json
 import os
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 from kvfence.contract import MEMBERS, Contract
-from kvfence.errors import EXIT_BAD_INPUT, BadInput, printable
+from kvfence.errors import BadInput, printable
 
 #: Set in the child: the file it reports how the command ended to (``report``).
 STATUS_ENV = "KVFENCE_CHILD_STATUS"
@@ -56,9 +55,6 @@ CALL_LIMIT_ENV = "KVFENCE_CALL_LIMIT_S"
 #: The call limit of a run with ``--max-seconds T`` is ``max(T, MIN_CALL_LIMIT_S)`` when that is shorter: such a
 #: run ends within ``T`` + one example + ``max(T, MIN_CALL_LIMIT_S)`` even if a contract method never returns.
 MIN_CALL_LIMIT_S = 10.0
-#: Seconds a child gets after a forwarded signal to write its outputs before its group is killed.
-GRACE_S = 20.0
-POLL_S = 0.1
 #: Bytes of a breadcrumb (written in place, padded, so the parent never reads half of two).
 _WHERE_BYTES = 1024
 
@@ -70,14 +66,6 @@ class ContractFault(BadInput):
     def __init__(self, message: str, problem: Optional[str] = None):
         super().__init__(message)
         self.problem = problem or message
-
-
-def foreign(names) -> List[str]:
-    """Those of ``names`` that are registered contracts not of kvfence's own (``registry.builtin``)."""
-    from kvfence.engine import registry
-
-    known = registry.names()
-    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n in known and not registry.builtin(n)]
 
 
 def call_limit(max_seconds: Optional[float] = None) -> float:
@@ -118,7 +106,8 @@ def _mark() -> None:
         pass
 
 
-def _fault(contract: str, method: str, what: str) -> ContractFault:
+def fault(contract: str, method: str, what: str) -> ContractFault:
+    """The ``ContractFault`` of ``contract``'s ``method`` that did ``what`` (one line, the run no verdict)."""
     problem = f"its {method} {what}; the run is not a verdict"
     return ContractFault(f"contract {contract!r}: {problem}", problem)
 
@@ -140,11 +129,11 @@ def calling(contract: str, method: str):
     except SystemExit as exc:
         if not convert:
             raise
-        raise _fault(contract, method, f"raised SystemExit({exc.code!r})") from None
+        raise fault(contract, method, f"raised SystemExit({exc.code!r})") from None
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted) or pending() is not None or not convert:
             raise  # the user's signal, or the worker's to judge
-        raise _fault(contract, method, "raised KeyboardInterrupt while no signal came") from None
+        raise fault(contract, method, "raised KeyboardInterrupt while no signal came") from None
     except BaseException as exc:
         if getattr(exc, "kvfence_raised_in", None) is None:
             try:
@@ -245,11 +234,11 @@ def unexpected(exc: BaseException, named: bool = True) -> str:
     if raised_in is None:
         return f"the command failed: {cause}"
     if getattr(exc, "kvfence_raised_in", None):
-        fault = _fault(raised_in[0], raised_in[1], f"raised {cause}")
+        found = fault(raised_in[0], raised_in[1], f"raised {cause}")
     else:
-        fault = _fault(raised_in[0], raised_in[1], f"answered something kvfence cannot use ({cause}; "
-                                                   "docs/contract-api.md says what each method returns)")
-    return str(fault) if named else fault.problem
+        found = fault(raised_in[0], raised_in[1], f"answered something kvfence cannot use ({cause}; "
+                                                  "docs/contract-api.md says what each method returns)")
+    return str(found) if named else found.problem
 
 
 def refusal(exc: BadInput) -> str:
@@ -303,183 +292,3 @@ def report(answer: dict) -> None:
     with open(tmp, "w") as fh:
         json.dump(answer, fh)
     os.replace(tmp, _STATUS[0])
-
-
-# -- the parent's side ------------------------------------------------------------------------------------------
-class _Watch:
-    """A child's process group, watched: the user's signals passed on, the call in progress timed."""
-
-    def __init__(self, proc: subprocess.Popen, where: Path, limit: float):
-        self.proc, self.where, self.limit = proc, where, limit
-        self.signals: List[int] = []
-        self.overrun: Optional[dict] = None
-
-    def _forward(self, signum, frame) -> None:
-        self.signals.append(signum)
-        _killpg(self.proc.pid, signum)
-
-    def wait(self) -> int:
-        handlers = {}
-        if threading.current_thread() is threading.main_thread():
-            handlers = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        deadline = None
-        try:
-            while True:
-                try:
-                    return self.proc.wait(timeout=POLL_S)
-                except subprocess.TimeoutExpired:
-                    pass
-                if self.signals and deadline is None:
-                    deadline = time.monotonic() + GRACE_S
-                crumb = read_where(self.where)
-                if deadline is not None and time.monotonic() > deadline:
-                    _killpg(self.proc.pid, signal.SIGKILL)
-                elif not self.signals and crumb and time.time() - crumb.get("since", time.time()) > self.limit:
-                    self.overrun = crumb
-                    _killpg(self.proc.pid, signal.SIGKILL)
-        finally:
-            for sig, old in handlers.items():
-                signal.signal(sig, old)
-            _killpg(self.proc.pid, signal.SIGKILL)  # nothing the child started outlives it
-
-
-def _killpg(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def read_where(path: Path) -> dict:
-    """The breadcrumb a child left (``{}`` when it was in no call, or the file cannot be read)."""
-    try:
-        doc = json.loads(path.read_bytes().decode(errors="replace").strip() or "{}")
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) and isinstance(doc.get("method"), str) else {}
-
-
-def _where_text(crumb: dict, contracts: List[str]) -> tuple:
-    contract = crumb.get("contract") if isinstance(crumb.get("contract"), str) else ", ".join(contracts)
-    method = crumb.get("method") or "code"
-    context = [c for c in crumb.get("context") or [] if isinstance(c, str)]
-    return contract, printable(method + (f" (in {' in '.join(reversed(context))})" if context else ""), 200)
-
-
-def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict] = None,
-              quiet: bool = False) -> dict:
-    """Run ``cmd`` (a kvfence child) for plug-in ``contracts``: the answer it reported (``{"exit": code, ...}``),
-    ``{"exit": 128 + signal, "signal": name}`` when the user's signal interrupted it, or ``ContractFault``."""
-    from kvfence.engine import registry
-    from kvfence.engine.workers import signal_name
-
-    with tempfile.TemporaryDirectory(prefix="kvfence-boundary-") as tmp:
-        status, where = Path(tmp) / "status.json", Path(tmp) / "where"
-        where.write_bytes(b"")
-        child_env = dict(os.environ, **registry.child_env(), **(env or {}),
-                         **{STATUS_ENV: str(status), WHERE_ENV: str(where), CALL_LIMIT_ENV: f"{limit:g}"})
-        output = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL} if quiet else {}
-        proc = subprocess.Popen(cmd, env=child_env, process_group=0, stdin=subprocess.DEVNULL if quiet else None,
-                                **output)
-        watch = _Watch(proc, where, limit)
-        code = watch.wait()
-        crumb = read_where(where)
-        answer = _read(status)
-    if watch.signals:
-        name = signal.Signals(watch.signals[0]).name
-        return {"exit": 128 + watch.signals[0], "signal": name, **({"answer": answer} if answer else {})}
-    if watch.overrun is not None:
-        contract, method = _where_text(watch.overrun, contracts)
-        raise _fault(contract, method, f"did not return within {limit:g}s (kvfence's limit on one call into a "
-                                       f"plug-in contract's code, {CALL_LIMIT_ENV}); its processes were killed")
-    if answer is None:
-        contract, method = _where_text(crumb, contracts)
-        how = f"died of {signal_name(code)}" if code < 0 else f"ended its process with exit status {code}"
-        raise _fault(contract, method, f"{how} before the command returned (a contract's methods must return or "
-                                       "raise, never exit or kill their process); nothing it printed counts")
-    if answer.get("exit") in (130, 143):
-        contract, method = _where_text(crumb, contracts)
-        raise _fault(contract, method, "raised an interrupt while no signal came")
-    return answer
-
-
-def _read(path: Path) -> Optional[dict]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and type(doc.get("exit")) is int else None
-
-
-def run_command(argv: List[str], contracts: List[str], warn: Callable[[str], None],
-                max_seconds: Optional[float] = None, prog: str = "python -m kvfence") -> int:
-    """``python -m kvfence ARGV`` behind the boundary: its exit status, 128 + signal when the user interrupted
-    it, or 2 with one line (``warn``) when the contract's code ended, interrupted or overran it. ``prog``: the
-    name the user ran kvfence by, which the child's lines spell (``PROG_ENV``)."""
-    try:
-        answer = supervise([sys.executable, "-m", "kvfence", *argv], contracts, limit=call_limit(max_seconds),
-                           env={PROG_ENV: prog})
-    except ContractFault as exc:
-        warn(f"kvfence: error: {exc}")
-        return EXIT_BAD_INPUT
-    if answer.get("signal"):
-        warn("kvfence: interrupted")
-    return answer["exit"]
-
-
-def call(target: str, payload: dict, contracts: List[str], max_seconds: Optional[float] = None):
-    """``target`` (``kvfence.module:function``, called with ``payload`` as keywords) in a child behind the
-    boundary: its JSON result; its ``BadInput`` or ``AssertionError`` raised again here; the user's signal as
-    ``Interrupted``; the contract's fault as ``ContractFault``."""
-    from kvfence.engine.interrupt import Interrupted
-
-    with tempfile.TemporaryDirectory(prefix="kvfence-boundary-call-") as tmp:
-        request = Path(tmp) / "request.json"
-        request.write_text(json.dumps({"target": target, "payload": payload}))
-        answer = supervise([sys.executable, "-m", "kvfence.engine.boundary", str(request)], contracts,
-                           limit=call_limit(max_seconds))
-    if answer.get("signal"):
-        raise Interrupted(signal.Signals[answer["signal"]].value)
-    if "assertion" in answer:
-        raise AssertionError(answer["assertion"])
-    if "bad_input" in answer:
-        raise (ContractFault if answer.get("fault") else BadInput)(answer["bad_input"])
-    return answer.get("result")
-
-
-def serve(request: Path) -> None:
-    """The child of ``call``: run the target, report its outcome."""
-    import importlib
-
-    from kvfence.engine.interrupt import Interrupted, signals_interrupt
-
-    enter_child()
-    doc = json.loads(request.read_text())
-    module, _, attr = doc["target"].partition(":")
-    if module.split(".")[0] != "kvfence":
-        raise SystemExit("kvfence.engine.boundary serves kvfence's own functions only")
-    try:
-        with signals_interrupt():
-            answer = {"exit": 0, "result": getattr(importlib.import_module(module), attr)(**doc["payload"])}
-    except Interrupted as exc:
-        answer = {"exit": exc.exit_code}
-    except ContractFault as exc:
-        answer = {"exit": EXIT_BAD_INPUT, "bad_input": str(exc), "fault": True}
-    except BadInput as exc:
-        answer = {"exit": EXIT_BAD_INPUT, "bad_input": str(exc)}
-    except AssertionError as exc:
-        answer = {"exit": 1, "assertion": str(exc)}
-    except KeyboardInterrupt:  # no signal came (``Interrupted`` is the user's): the contract's code raised it
-        answer = {"exit": EXIT_BAD_INPUT, "bad_input": unexpected(KeyboardInterrupt("no signal came")),
-                  "fault": True}
-    except Exception as exc:  # noqa: BLE001 - the contract's failure or what it returned: one line
-        answer = {"exit": EXIT_BAD_INPUT, "bad_input": unexpected(exc), "fault": True}
-    report(answer)
-
-
-if __name__ == "__main__":
-    # The module as the rest of kvfence imports it (``-m`` runs a second copy as ``__main__``: its state,
-    # ``in_child`` among it, would not be the one the target sees).
-    from kvfence.engine import boundary as _boundary
-
-    _boundary.serve(Path(sys.argv[1]))

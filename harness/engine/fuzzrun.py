@@ -420,17 +420,3 @@ def target_text(run: dict) -> str:
     """What a run checked, in one phrase: contract, kernel, sizing, mode and layout."""
     return (f"contract {run['contract']}, kernel {run['kernel']}, sizing {run['sizing']}, mode {run['mode']}, "
             f"layout {run.get('layout', 'redzone')}")
-
-
-def write_job_file(path: Path, plan: RunPlan, progress_file: Path, stop_file: Path) -> None:
-    """A ``--jobs`` child's plan as data, with the files it reports progress to and stops at."""
-    path.write_text(json.dumps({"plan": plan.to_dict(), "progress_file": str(progress_file),
-                                "stop_file": str(stop_file)}))
-
-
-def read_job_file(path: str):
-    """``(plan, progress file, stop file)`` of a ``--jobs`` child (``BadInput`` on anything malformed)."""
-    data = casefile.parse_json_file(path, "job plan")
-    if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
-        raise BadInput(f"job plan {path}: expected an object with a plan")
-    return RunPlan.from_dict(data["plan"]), Path(data["progress_file"]), Path(data["stop_file"])

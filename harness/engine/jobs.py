@@ -56,9 +56,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from kvfence.device import usable_cores
 from kvfence.engine import casefile
 from kvfence.engine.clock import budget_left
-from kvfence.errors import require
+from kvfence.engine.plan import RunPlan
+from kvfence.errors import BadInput, require
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
@@ -116,15 +118,6 @@ def _available_memory() -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on: its affinity mask (``taskset``, a container's or a batch
-    scheduler's cpuset), not every core of the host."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity call on this platform
-        return os.cpu_count() or 1
 
 
 def max_jobs() -> int:
@@ -225,8 +218,6 @@ def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_fi
                 f"--out {out_dir}: {folder} exists and is not a directory: job {i} writes there; move it away")
     if stop_file.exists() or stop_file.is_symlink():
         stop_file.unlink()  # an earlier run's
-    from kvfence.engine.fuzzrun import write_job_file
-
     specs = []
     for i, plan in enumerate(children):
         folder = job_dir(out_dir, i)
@@ -390,3 +381,17 @@ def adopt_case_files(docs: List[dict], out_dir: Path) -> Dict[str, str]:
         for f in doc.get("findings", []):
             f["case"] = moved.get(f.get("case"), f.get("case"))
     return moved
+
+
+def write_job_file(path: Path, plan: RunPlan, progress_file: Path, stop_file: Path) -> None:
+    """A ``--jobs`` child's plan as data, with the files it reports progress to and stops at."""
+    path.write_text(json.dumps({"plan": plan.to_dict(), "progress_file": str(progress_file),
+                                "stop_file": str(stop_file)}))
+
+
+def read_job_file(path: str):
+    """``(plan, progress file, stop file)`` of a ``--jobs`` child (``BadInput`` on anything malformed)."""
+    data = casefile.parse_json_file(path, "job plan")
+    if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):
+        raise BadInput(f"job plan {path}: expected an object with a plan")
+    return RunPlan.from_dict(data["plan"]), Path(data["progress_file"]), Path(data["stop_file"])

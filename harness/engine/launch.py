@@ -34,15 +34,19 @@ def is_plugin_spec(spec: str) -> bool:
     return isinstance(spec, str) and ":" in spec and not is_release_sizing(spec)
 
 
+def sizing_policy(found: Contract, spec: str):
+    """The contract's sizing named ``spec`` (``BadInput`` naming the known ones otherwise)."""
+    try:
+        return found.sizings[spec]
+    except (KeyError, TypeError):
+        raise BadInput(f"unknown sizing {spec!r} of contract {found.name}: choose from "
+                       f"{', '.join(found.sizings)}") from None
+
+
 def width_of(record: Contract, case, sizing: str, mode: str) -> int:
     """The row width the named sizing gives ``case`` launched in ``mode``; ``BadInput`` (one line) for an unknown
     sizing or one that answers anything but an integer in ``[0, MAX_WIDTH]``."""
-    try:
-        policy = record.sizings[sizing]
-    except (KeyError, TypeError):
-        raise BadInput(f"unknown sizing {sizing!r} of contract {record.name}: choose from "
-                       f"{', '.join(record.sizings)}") from None
-    width = policy(case, mode)
+    width = sizing_policy(record, sizing)(case, mode)
     require(type(width) is int and 0 <= width <= MAX_WIDTH,
             f"contract {record.name}: sizing {sizing!r} gives width {printable(repr(width), 60)}, not an integer in "
             f"[0, 2**30]")

@@ -82,8 +82,8 @@ def _probe(report: Path, options: dict) -> None:
     from kvfence.contract import Contract
     from kvfence.engine import kernels
     from kvfence.engine.import_probe import settle, threads_now
+    from kvfence.engine.launch import sizing_policy
     from kvfence.engine.registry import load_in_worker
-    from kvfence.engine.run import sizing_policy
 
     answer: dict = {"ok": True}
     try:

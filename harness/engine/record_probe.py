@@ -36,15 +36,16 @@ def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = N
 def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict] = None, launches: bool = True) -> dict:
     """``check_contract`` of the contract registered as ``name``, never imported in this process; without
     ``launches`` only its methods are asked (no kernel is resolved or launched)."""
-    from kvfence.engine import boundary, registry
+    from kvfence.engine import boundary, boundary_parent, registry
     from kvfence.engine.interrupt import Interrupted
 
     with tempfile.TemporaryDirectory(prefix="kvfence-check-contract-") as tmp:
         report, options = Path(tmp) / "report.json", Path(tmp) / "options.json"
         options.write_text(json.dumps({"loading": registry.loading_named(name), "examples": examples, "seed": seed,
                                        "pins": pins or {}, "launches": launches}))
-        status = boundary.supervise([sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)],
-                                    [name], limit=boundary.call_limit(), env={"TRITON_INTERPRET": "1"}, quiet=True)
+        status = boundary_parent.supervise(
+            [sys.executable, "-m", "kvfence.engine.record_probe", str(report), str(options)], [name],
+            limit=boundary.call_limit(), env={"TRITON_INTERPRET": "1"}, quiet=True)
         if status.get("signal"):
             raise Interrupted(signal.Signals[status["signal"]].value)
         try:

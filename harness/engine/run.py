@@ -20,9 +20,9 @@ from typing import Dict, Optional, Tuple
 from kvfence.contract import Launch
 from kvfence.engine import registry
 from kvfence.engine.kernels import check_spec
-from kvfence.engine.launch import bind
+from kvfence.engine.launch import bind, sizing_policy
 from kvfence.engine.plan import RunPlan
-from kvfence.errors import BadInput, require
+from kvfence.errors import require
 
 
 def record(plan: RunPlan):
@@ -42,15 +42,6 @@ def probe_plugins(plan: RunPlan) -> None:
     from kvfence.engine.probe import check_plugins
 
     check_plugins(registry.get(plan.contract), {"kernel": plan.kernel, "sizing": plan.sizing})
-
-
-def sizing_policy(found, spec: str):
-    """The contract's sizing named ``spec`` (``BadInput`` naming the known ones otherwise)."""
-    try:
-        return found.sizings[spec]
-    except (KeyError, TypeError):
-        raise BadInput(f"unknown sizing {spec!r} of contract {found.name}: choose from "
-                       f"{', '.join(found.sizings)}") from None
 
 
 class BoundRun(list):

@@ -11,6 +11,7 @@ import subprocess
 from functools import lru_cache
 from typing import Dict
 
+from kvfence import device as host
 from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding
 from kvfence.engine.worker import EXIT_PLUGIN_INTERRUPT, ProgressCounter
@@ -34,11 +35,9 @@ OUTPUT_LINES = 40
 OUTPUT_RELAYED = 64 * 1024
 def crash_spares(device: str, jobs: int = 1) -> int:
     """Spares for a session that keeps crashing, one of ``jobs`` sessions on this host: its share of the
-    usable cores (``kvfence.engine.jobs.usable_cores``), between ``SPARES`` and ``CRASH_SPARES``."""
-    from kvfence.engine.jobs import usable_cores
-
+    usable cores (``kvfence.device.usable_cores``), between ``SPARES`` and ``CRASH_SPARES``."""
     base = SPARES.get(device, 1)
-    return max(base, min(CRASH_SPARES.get(device, base), usable_cores() // max(1, jobs)))
+    return max(base, min(CRASH_SPARES.get(device, base), host.usable_cores() // max(1, jobs)))
 
 
 class WorkerError(RuntimeError):

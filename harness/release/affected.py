@@ -10,11 +10,13 @@ release's shipped sizing of every contract the backend launches (a contract's ow
 ``kvfence.release.knowledge.ReleaseTool``; the sites other contracts list, ``kvfence.release.affected_sites``),
 for the sites SGLang runs for that deployment (a CUDA-graph deployment's eager sites too), runs the release's
 kernel on the longest admitted (or the minimal overflowing) launch, and answers one line per contract and site:
-AFFECTED, NOT AFFECTED, NOT LAUNCHED or UNKNOWN, the severity (``SEVERITY_OF``), the condition over the request
+AFFECTED, NOT AFFECTED, NOT LAUNCHED or UNKNOWN, the severity, the condition over the request
 lengths, what the kernel was seen to do (a line names damage only from a kind the contract declares observed,
 ``kvfence.engine.findings.observed``; arithmetic is stated as arithmetic), the release that fixes it or the flag
-values that avoid it, and the case file. ``exit_code``: 1 affected, ``EXIT_UNKNOWN`` (3) when no line is and one
-is unknown (an unknown release, a kernel kvfence cannot run), 0 otherwise. ``Progress`` reports a long run.
+values that avoid it, and the case file: a ``kvfence.release.affected_verdict.Verdict``, where the severity
+words (``SEVERITY_OF``), the exit code (``exit_code``: 1 affected, ``EXIT_UNKNOWN`` (3) when no line is and one is
+unknown, an unknown release or a kernel kvfence cannot run, 0 otherwise) and the progress of a long run
+(``Progress``) are.
 
 The launch is then resolved as the release's own argument code resolves it (``resolve_deployment``,
 ``kvfence.release.launch_resolve`` on the facts ``kvfence.release.launch_args`` reads from the wheel): a launch
@@ -22,9 +24,10 @@ SGLang refuses at startup is ``BadInput`` naming the check's ``file:line``; SGLa
 speculative flags, the draft tokens it sets for topk 1, the CUDA-graph batch default it computes from the GPU
 (``--gpu``, kvfence's option) and TP size, the request limit it sets for speculative decoding and FA4's page on
 SM100 are taken from the wheel. ``parse_deployment`` alone is kvfence's reading of the flags (SGLang 0.5.23's
-defaults, ``AUTO_SPECULATIVE``, ``ASSUMED_CTX``, ``ASSUMED_MAX_BS``), kept where a release's argument code cannot
-be read, and said in ``assumed``. Each verdict says its basis (``Verdict.basis``, ``BASIS_*``); the default output
-is ``header`` and ``Verdict.short`` lines, ``Verdict.line`` the full one (``--verbose``).
+defaults; ``AUTO_SPECULATIVE``, ``ASSUMED_CTX``, ``ASSUMED_MAX_BS`` of ``kvfence.release.deployment``), kept where a
+release's argument code cannot be read, and said in ``assumed``. Each verdict says its basis (``Verdict.basis``,
+``BASIS_*``); the default output is ``header`` and ``Verdict.short`` lines, ``Verdict.line`` the full one
+(``--verbose``).
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from kvfence.errors import BadInput, require
+from kvfence.release.affected_verdict import BASIS_UNREAD, Verdict, exit_code, progress
+from kvfence.release.deployment import ASSUMED_CTX, ASSUMED_MAX_BS, AUTO_SPECULATIVE, DFLASH_FAMILY, Deployment
 
 #: SGLang's ``--attention-backend`` name -> the prefixes of its draft backend classes (SGLang 0.5.23
 #: ``sglang/srt/speculative/draft_utils.py``: ``flashinfer`` builds FlashInfer's class for MHA models and
@@ -72,10 +76,6 @@ def attention_backend_name(backend_class: str) -> str:
 OTHER_BACKENDS = ("torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa4",
                   "llada2_cfg_flashinfer", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "wave",
                   "intel_amx", "ascend", "intel_xpu", "cutlass_mla", "flashinfer_mla")
-#: SGLang's automatic (steps, topk, draft tokens) for most models (see the module docstring).
-AUTO_SPECULATIVE = (3, 1, 4)
-ASSUMED_CTX = 4096
-ASSUMED_MAX_BS = 8
 #: SGLang flags that give decode or the draft its own backend (0.5.23 ``server_args``): refused, not modelled.
 SPLIT_BACKENDS = ("--decode-attention-backend", "--speculative-draft-attention-backend")
 #: SGLang flags close in spelling to one kvfence reads, so not taken for its misspelling.
@@ -90,7 +90,6 @@ LAUNCH_MARKERS = ("sglang.launch_server", "launch_server", "sglang")
 #: draft backends; the DFlash family (DFLASH, DSPARK) runs one verify block of D tokens a step, steps and topk
 #: forced to 1 (``arg_groups/speculative_hook.py:287`` ``_handle_dflash``, ``:666`` ``_handle_dspark``).
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK")
-DFLASH_FAMILY = ("DFLASH", "DSPARK")
 #: SGLang's other algorithms: refused in one line (kvfence does not model their workers).
 OTHER_ALGORITHMS = ("STANDALONE", "NGRAM", "UNO", "FROZEN_KV_MTP")
 #: The DFlash family's block when no flag gives it: DFLASH's is the draft checkpoint's ``block_size``, else 16
@@ -98,46 +97,6 @@ OTHER_ALGORITHMS = ("STANDALONE", "NGRAM", "UNO", "FROZEN_KV_MTP")
 #: (``speculative/dspark_components/dspark_config.py:21``), D = gamma + 1.
 DFLASH_DEFAULT_D = 16
 DSPARK_DEFAULT_GAMMA = 7
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """One SGLang deployment as its flags describe it; ``assumed`` lists what kvfence filled in."""
-
-    version: str
-    backend: str
-    topk: int
-    num_steps: int
-    draft_tokens: int
-    ctx: int
-    max_bs: int
-    graphs: bool
-    page_size: Optional[int]
-    assumed: Tuple[str, ...] = ()
-    algorithm: str = "EAGLE"   # --speculative-algorithm, NEXTN read as EAGLE (SGLang's alias)
-    #: The flags as the command gives them (None: not given), for the release's own resolution.
-    given: dict = field(default_factory=dict, compare=False)
-    tp_size: int = 1
-    model_arch: str = ""       # the local --model-path's config.json architectures[0]
-    model_kind: str = ""       # MLA or MHA (the release's ModelConfig list), "" when not read
-    gpu: str = ""              # --gpu (kvfence's option), "" when assumed
-    graph_cap: Optional[int] = None     # the graph's max batch size (flag or the release's default)
-    max_running: Optional[int] = None   # --max-running-requests (or SGLang's for speculative decoding)
-    eager_note: str = ""       # why no batch of a graph deployment runs eagerly for its size ("": one can)
-    graph_flag: str = "--cuda-graph-max-bs"  # the release's name of the graph's max batch flag
-    dcp_size: int = 1   # --dcp-size / --decode-context-parallel-size (SGLang 0.5.18 server_args.py:1018-1025)
-
-    @property
-    def mode(self) -> str:
-        return "graph" if self.graphs else "eager"
-
-    def describe(self) -> str:
-        spec = (f"{self.algorithm}, " if self.algorithm != "EAGLE" else "") + (
-            "" if self.algorithm in DFLASH_FAMILY else f"topk {self.topk}, {self.num_steps} steps, ")
-        return (f"sglang {self.version}, {self.backend}, {'CUDA graphs' if self.graphs else 'no CUDA graphs'}, "
-                f"{spec}{self.draft_tokens} draft tokens, ctx {self.ctx}"
-                + (f", page {self.page_size}" if self.page_size else "")
-                + (f", DCP {self.dcp_size}" if self.dcp_size > 1 else ""))
 
 
 def _flag_parser() -> argparse.ArgumentParser:
@@ -343,116 +302,10 @@ def _dflash_settings(algorithm: str, args, assumed: List[str]) -> Tuple[int, int
     return 1, 1, tokens
 
 
-#: Exit codes of ``affected``: 0 none affected, 1 a line AFFECTED, 2 bad input (``kvfence.errors``), and
-#: ``EXIT_UNKNOWN`` when no line is AFFECTED but one is UNKNOWN (an unknown release, a kernel kvfence cannot run,
-#: a width it cannot read): a CI gate must not read "could not tell" as "not affected".
-EXIT_UNKNOWN = 3
-
-#: What a deployment suffers, by the class of a line (``kvfence.release.contract_space``'s, and the draft's).
-SILENT, READ_PAST, SERVER_DOWN = "silent overwrite", "read past the table", "server down"
-#: A verdict's basis (``Verdict.basis``): seen on the release's kernel, or decided by the width arithmetic alone;
-#: for a path the deployment does not run, the release's code that decides it; for UNKNOWN, what kvfence lacks.
-BASIS_OBSERVED, BASIS_ARITHMETIC = "the release's kernel showed it", "the width arithmetic"
-BASIS_NOT_RUN, BASIS_UNREAD = "the release's code does not run this path here", "kvfence cannot tell"
-#: ``Verdict.reader`` of a line whose damage happens in code kvfence does not run.
-READER_ATTENTION = "the attention kernel given the length (not run by kvfence)"
-#: The default line's length kvfence keeps to (a longer case path may pass it; ``--verbose`` has the rest).
-SHORT_LINE = 200
-SEVERITY_OF = {"writes past its row": SILENT, "width formula short": READ_PAST, "host check fires": SERVER_DOWN}
-
-
-@dataclass
-class Verdict:
-    """One contract's answer for a deployment (one backend site or draft class).
-
-    ``seen``: the kinds the release's kernel was seen to do (observed: ``kvfence.engine.findings.observed`` of the
-    record); ``arithmetic``: the kinds decided before the launch (stated as arithmetic, never as damage);
-    ``severity``: what the deployment suffers, and ``impact`` its words; ``fix``: the release that fixes it or
-    the flag values that avoid it; ``evidence``: the wheel's ``file:line`` each fact comes from."""
-
-    contract: str
-    status: str              # affected | not affected | unknown | not launched
-    condition: str = ""
-    seen: List[str] = field(default_factory=list)
-    arithmetic: List[str] = field(default_factory=list)
-    fixed_in: Optional[str] = None
-    fixed_text: str = ""
-    avoid: List[str] = field(default_factory=list)
-    severity: str = ""
-    impact: str = ""
-    case_file: str = ""
-    site: str = ""
-    evidence: List[str] = field(default_factory=list)
-    reach: str = ""
-    #: What the status rests on, in words: ``BASIS_OBSERVED`` (the release's kernel showed it) or ``BASIS_ARITHMETIC``
-    #: (the width arithmetic), with ``reader`` naming the code kvfence does not run that would act on it.
-    basis: str = ""
-    reader: str = ""
-
-    def line(self, dep: Deployment) -> str:
-        parts = [f"{dep.describe()}: {self.contract}{f' ({self.site})' if self.site else ''}: {self.status.upper()}"]
-        if self.severity:
-            parts.append(f"severity: {self.severity} ({self.impact})" if self.impact else f"severity: {self.severity}")
-        if self.reach:
-            parts.append(self.reach)
-        if self.condition:
-            parts.append(self.condition)
-        if self.seen:
-            parts.append("the release's kernel showed " + ", ".join(self.seen))
-        if self.fixed_text:
-            parts.append(self.fixed_text)
-        if self.avoid:
-            parts.append("avoided with " + " or ".join(self.avoid))
-        if self.case_file:
-            parts.append(f"case: {self.case_file}")
-        if self.basis:
-            parts.append(f"basis: {self.basis}" + (f" (what reads it: {self.reader})" if self.reader else ""))
-        if dep.assumed:
-            parts.append("assumed: " + "; ".join(dep.assumed))
-        return "; ".join(parts)
-
-    def short(self) -> str:
-        """The default line: status, contract, site, severity, basis, the shortest avoidance, the case file."""
-        parts = [f"{self.status.upper()} {self.contract}{f' ({self.site})' if self.site else ''}"
-                 + (f": {self.severity}" if self.severity else "")]
-        if self.basis:
-            parts.append(f"basis: {self.basis}")
-        way = shortest_avoidance(self)
-        if way:
-            parts.append(f"avoid: {way}")
-        if self.case_file:
-            parts.append(f"case: {self.case_file}")
-        return "; ".join(parts)
-
-    def to_json(self) -> dict:
-        return {"contract": self.contract, "site": self.site, "status": self.status, "severity": self.severity,
-                "impact": self.impact, "reach": self.reach, "condition": self.condition, "observed": self.seen,
-                "arithmetic": self.arithmetic, "fixed_in": self.fixed_in, "fixed": self.fixed_text,
-                "avoid": self.avoid, "case_file": self.case_file, "evidence": self.evidence,
-                "basis": self.basis, "reader": self.reader}
-
-
-def shortest_avoidance(v: Verdict) -> str:
-    """What avoids an AFFECTED line in a few words: its first flag (the cheapest change, as ``avoid`` orders
-    them), and the fixing release; "" for other lines."""
-    if v.status != "affected":
-        return ""
-    flag = v.avoid[0].split(" (", 1)[0] if v.avoid else ""
-    release = f"sglang {v.fixed_in}+" if v.fixed_in else ""
-    return " or ".join(x for x in (flag, release) if x) or "none known (no later release fixes it)"
-
-
 def header(dep: Deployment) -> str:
     """The default output's first line: the deployment as resolved, and how many values were assumed."""
     n = len(dep.assumed)
     return dep.describe() + (f" ({n} value{'s' if n > 1 else ''} assumed: --verbose lists them)" if n else "")
-
-
-def exit_code(verdicts: List[Verdict]) -> int:
-    """1 when a line is AFFECTED, else ``EXIT_UNKNOWN`` when one is UNKNOWN, else 0."""
-    if any(v.status == "affected" for v in verdicts):
-        return 1
-    return EXIT_UNKNOWN if any(v.status == "unknown" for v in verdicts) else 0
 
 
 def deployment_json(dep: Deployment, verdicts: List[Verdict]) -> dict:
@@ -467,80 +320,6 @@ def deployment_json(dep: Deployment, verdicts: List[Verdict]) -> dict:
             "verdicts": [v.to_json() for v in verdicts], "exit_code": exit_code(verdicts)}
 
 
-# -- progress ---------------------------------------------------------------------------------------------------
-class Progress:
-    """Progress of one ``affected`` run on stderr: each step once the run is past ``QUIET_S`` seconds, and a
-    line every ``EVERY_S`` seconds while one step runs on (a witness search may take a minute)."""
-
-    QUIET_S, EVERY_S = 2.0, 10.0
-
-    def __init__(self, announce: Callable[[str], None]):
-        import threading
-        import time
-
-        self.announce, self.time = announce, time
-        self.start = time.monotonic()
-        self.step_text, self.step_at = "starting", self.start
-        self.shown = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, daemon=True)
-        self._thread.start()
-
-    def _elapsed(self) -> float:
-        return self.time.monotonic() - self.start
-
-    def step(self, text: str) -> None:
-        self.step_text, self.step_at = text, self.time.monotonic()
-        if self._elapsed() >= self.QUIET_S:
-            self.announce(f"kvfence affected: {text} ({self._elapsed():.0f} s)")
-            self.shown = True
-
-    def _tick(self) -> None:
-        while not self._stop.wait(self.EVERY_S):
-            self.announce(f"kvfence affected: still {self.step_text} ({self._elapsed():.0f} s)")
-            self.shown = True
-
-    def close(self) -> None:
-        self._stop.set()
-        if self.shown:
-            self.announce(f"kvfence affected: done in {self._elapsed():.1f} s")
-
-
-_CURRENT: List[Progress] = []
-
-
-def step(text: str) -> None:
-    """Report a step of the ``affected`` run in progress (a no-op outside one)."""
-    if _CURRENT:
-        _CURRENT[-1].step(text)
-
-
-def later_releases(version: str, releases: List[str]) -> List[str]:
-    from kvfence.release.release_matrix import version_key
-
-    return [v for v in releases if version_key(v) > version_key(version)]
-
-
-def fixed_in(version: str, releases: List[str],
-             overflows: Callable[[str], Optional[bool]]) -> Tuple[Optional[str], str]:
-    """The first release after ``version`` from which no later one overflows (``overflows(v)``: True,
-    False, or None when unknown there)."""
-    later = later_releases(version, releases)
-    if not later:
-        return None, f"not fixed: {version} is the newest release kvfence knows"
-    states = [(v, overflows(v)) for v in later]
-    fixed = None
-    for v, state in states:
-        if state is False and fixed is None:
-            fixed = v
-        elif state is not False:
-            fixed = None
-    if fixed is not None:
-        return fixed, f"fixed in {fixed} (clean in every release after it up to {later[-1]})"
-    last = states[-1]
-    return None, (f"not fixed up to {last[0]}" if last[1] else f"unknown in {last[0]} (its sizing is not readable)")
-
-
 def assess_deployment(dep: Deployment, *, out: Path, device: str, offline: bool,
                       announce: Callable[[str], None]) -> List[Verdict]:
     """Every contract's verdict for ``dep``: those with release tooling of their own first (``ReleaseTool``),
@@ -550,10 +329,8 @@ def assess_deployment(dep: Deployment, *, out: Path, device: str, offline: bool,
     from kvfence.release.knowledge import shipped, with_tool
     from kvfence.release.release_matrix import known_releases
 
-    progress = Progress(announce)
-    _CURRENT.append(progress)
-    try:
-        progress.step("listing the releases")
+    with progress(announce) as shown:
+        shown.step("listing the releases")
         releases = known_releases(offline, announce=announce)
         if dep.version not in releases:
             newest = releases[-1] if releases else "none"
@@ -563,9 +340,6 @@ def assess_deployment(dep: Deployment, *, out: Path, device: str, offline: bool,
                 + f"; the newest it knows is {newest}): nothing of it can be read"))]
         own = []
         for name in with_tool():
-            progress.step(f"{name}: the release's backends")
+            shown.step(f"{name}: the release's backends")
             own += shipped(name).tool.deployment_verdicts(dep, releases, out, device)
         return own + contract_verdicts(dep, releases, out, device, announce)
-    finally:
-        _CURRENT.remove(progress)
-        progress.close()

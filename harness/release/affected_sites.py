@@ -28,19 +28,18 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from kvfence.errors import BadInput
-from kvfence.release.affected import (
+from kvfence.release.affected_verdict import (
     BASIS_ARITHMETIC,
     BASIS_NOT_RUN,
     BASIS_OBSERVED,
     BASIS_UNREAD,
-    DFLASH_FAMILY,
     READER_ATTENTION,
     SEVERITY_OF,
-    Deployment,
     Verdict,
     fixed_in,
     step,
 )
+from kvfence.release.deployment import DFLASH_FAMILY, Deployment
 
 
 def _classes(record: dict, backend: str) -> Optional[List[str]]:
@@ -358,7 +357,6 @@ def _filled(contract, dep: Deployment, record: dict, s: dict, v: Verdict, base: 
     reads past the row. No kernel is run."""
     from kvfence.release import contract_shipped_matrix as csm
     from kvfence.release import contract_space as sp
-    from kvfence.release.affected import BASIS_ARITHMETIC
     from kvfence.release.knowledge import shipped
 
     site = s["site"]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from kvfence.errors import BadInput, require
+from kvfence.release.affected_verdict import exit_code, progress
 
 #: vLLM's default block size on CUDA when ``--block-size`` is not given (an attention backend may choose another).
 ASSUMED_BLOCK = 16
@@ -294,27 +295,19 @@ def parse_group(text: str) -> KvGroup:
 
 def assess(dep: VllmDeployment, *, out: Path, device: str, announce: Callable[[str], None]) -> list:
     """Every contract's verdict for ``dep`` (``Shipped.vllm_affected``)."""
-    from kvfence.release.affected import _CURRENT, Progress
     from kvfence.release.knowledge import names, shipped
 
-    progress = Progress(announce)
-    _CURRENT.append(progress)
-    try:
+    with progress(announce) as shown:
         verdicts = []
         for name in names():
             answer = shipped(name).vllm_affected
             if answer is not None:
-                progress.step(f"{name}: vllm=={dep.version}")
+                shown.step(f"{name}: vllm=={dep.version}")
                 verdicts += answer(dep, Path(out), device)
         return verdicts
-    finally:
-        _CURRENT.remove(progress)
-        progress.close()
 
 
 def deployment_json(dep: VllmDeployment, verdicts: list) -> dict:
-    from kvfence.release.affected import exit_code
-
     return {"deployment": dep.to_json(), "verdicts": [v.to_json() for v in verdicts],
             "exit_code": exit_code(verdicts)}
 

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from kvfence.errors import BadInput
+from kvfence.release.deployment import ASSUMED_MAX_BS, DFLASH_FAMILY
 from kvfence.release.launch_args import unread_reason
 
 #: GPUs kvfence models: name -> (total memory in MiB as the driver reports it, SM version). SGLang's defaults read
@@ -233,8 +234,6 @@ def _graph_cap(dep, facts: Optional[dict], gpu: str, notes: List[str]) -> Option
     if not dep.graphs:
         return None
     if not graph:
-        from kvfence.release.affected import ASSUMED_MAX_BS
-
         notes.append(f"--cuda-graph-max-bs {ASSUMED_MAX_BS} (kvfence's: the release's default is not read: "
                      f"{unread_reason(facts, 'graph')})")
         return ASSUMED_MAX_BS
@@ -296,8 +295,6 @@ def _model_kind(dep, facts: Optional[dict], notes: List[str]) -> str:
 
 def resolve(dep, facts: Optional[dict], gpu: Optional[str]):
     """``dep`` as the release resolves it (see the module docstring); ``BadInput`` where SGLang refuses it."""
-    from kvfence.release.affected import DFLASH_FAMILY
-
     notes: List[str] = []
     gpu_name = gpu or DEFAULT_GPU
     sm = GPUS[gpu_name][1] if gpu else None

@@ -14,20 +14,19 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from kvfence.errors import BadInput
-from kvfence.release.affected import (
+from kvfence.release.affected import DRAFT_CLASSES
+from kvfence.release.affected_verdict import (
     BASIS_ARITHMETIC,
     BASIS_NOT_RUN,
     BASIS_OBSERVED,
     BASIS_UNREAD,
-    DFLASH_FAMILY,
-    DRAFT_CLASSES,
     SERVER_DOWN,
     SILENT,
-    Deployment,
     Verdict,
     fixed_in,
     step,
 )
+from kvfence.release.deployment import DFLASH_FAMILY, Deployment
 
 #: What the deployment suffers, by class.
 IMPACT = {SILENT: "another request's kv_indices are overwritten in the same launch: its draft attention reads "

@@ -138,7 +138,8 @@ def targets(device: str, names: Optional[List[str]] = None) -> List[Target]:
     """
     import runpy
 
-    from kvfence.contracts.draft.record import DRAFT, MUTANTS_DIR, WINDOW_RAIL
+    from kvfence.contracts.draft.mutants import MUTANTS_DIR
+    from kvfence.contracts.draft.record import DRAFT, WINDOW_RAIL
     from kvfence.errors import require
     from kvfence.kernels.draft.planted import PLANTS
 

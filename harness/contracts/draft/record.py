@@ -21,15 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Dict, List
 
-from kvfence.contract import Contract, Keys, Launch, Mutant, Table
+from kvfence.contract import Contract, Keys, Launch, Table
 from kvfence.contracts.draft.case import Case, DraftCase, batch_from_dict, config_from_dict
 from kvfence.contracts.draft.domain import DOMAINS, boundary_classes
+from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, kernel_spec, mutants
 from kvfence.contracts.draft.sizing import POLICIES
 from kvfence.contracts.draft.tokens import req_to_token_rows, v2p_table
 from kvfence.errors import require
-from kvfence.kernels import KERNELS_DIR
 
-MUTANTS_DIR = KERNELS_DIR / "draft" / "mutants"
 #: The command line's config flags the draft kernel and the rail take (``--shard`` deals topk, steps and pages).
 SHARDED = {"topk": lambda d: tuple(range(1, DOMAINS[d].max_topk + 1)),
            "num_steps": lambda d: tuple(range(1, DOMAINS[d].max_steps + 1)),
@@ -69,31 +68,6 @@ class DraftSizings(Mapping):
         return width
 
 
-def _mutants(contract: str):
-    """The planted bugs of ``kernels/draft/mutants/`` that break ``contract`` (each file's ``CONTRACT``)."""
-    import runpy
-
-    out = []
-    for path in sorted(MUTANTS_DIR.glob("*.py")):
-        if path.stem.startswith("_"):
-            continue
-        module = runpy.run_path(str(path))
-        if module.get("CONTRACT", "draft") != contract:
-            continue
-        doc = (module.get("__doc__") or "").strip().splitlines()[0]
-        domain = module.get("DOMAIN", "cpu")
-        detects = module.get("DETECTS")
-        # One line naming the file (a missing DETECTS was a KeyError, a string one its letters as kinds).
-        require(isinstance(detects, (tuple, list)) and detects and all(isinstance(k, str) for k in detects),
-                f"mutant {path.name}: DETECTS must be a non-empty tuple of finding kinds, got {detects!r}")
-        detects = tuple(detects)
-        if module.get("KIND") == "sizing":
-            out.append(Mutant(path.stem, doc, detects, sizing=f"{path}:row_width", domain=domain))
-        else:
-            out.append(Mutant(path.stem, doc, detects, patch=tuple(map(tuple, module["PATCH"])), domain=domain))
-    return tuple(out)
-
-
 class DraftContract(Contract[DraftCase]):
     """The draft kernel (``draft``) or the window rail (``window-rail``): one record class, the config's
     ``contract`` field picks the oracle and the kernel's launch."""
@@ -108,10 +82,10 @@ class DraftContract(Contract[DraftCase]):
 
     def __init__(self, name: str, doc: str, kernel_module: str, attr: str):
         self.name, self.doc = name, doc
-        spec = f"kvfence.kernels.draft.{kernel_module}:{attr}"
+        spec = kernel_spec(kernel_module, attr)
         # reference-blocked: the same kernel launched over token blocks (docs/contract.md §2's variant)
         self.reference = {"reference": spec, "reference-blocked": spec}
-        self.mutants = _mutants(name)
+        self.mutants = mutants(name)
         # The pins the mutation self-test runs under (``kvfence.selftest.mutants.self_test``): the rail refuses a run
         # without its window (``draws.check``); four splits its paths at the draft depth, so windows longer and
         # shorter than the chain both occur (``benchmarks/plain_fuzz_mutants.py``'s RAIL_FLAGS).
@@ -284,6 +258,5 @@ def launch_of(case: Case) -> Launch:
                   c.layout)
 
 
-DRAFT = DraftContract("draft", "docs/contract.md §2-§4", "draft_kv_indices", "generate_draft_decode_kv_indices")
-WINDOW_RAIL = DraftContract("window-rail", "docs/contract.md §6", "window_kv_indices",
-                            "generate_draft_decode_window_kv_indices")
+DRAFT = DraftContract("draft", "docs/contract.md §2-§4", *REFERENCE_KERNELS["draft"])
+WINDOW_RAIL = DraftContract("window-rail", "docs/contract.md §6", *REFERENCE_KERNELS["window-rail"])

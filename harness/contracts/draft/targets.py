@@ -126,23 +126,23 @@ def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
 
 
 def mutant_spec(spec: str) -> str:
-    """``mutant:NAME``: the ``file.py:attr`` spec of the planted bug's kernel (``kvfence.contracts.draft.record``:
+    """``mutant:NAME``: the ``file.py:attr`` spec of the planted bug's kernel (``kvfence.contracts.draft.mutants``:
     the draft kernel's or the rail's reference file with the mutant's patch applied, written to a scratch folder);
     ``BadInput`` for an unknown name or a sizing mutant."""
-    from kvfence.contracts.draft.record import DRAFT, WINDOW_RAIL
-    from kvfence.engine.kernels import module_file, patched_kernel, reference_spec
+    from kvfence.contracts.draft.mutants import mutants, reference_spec
+    from kvfence.engine.kernels import module_file, patched_kernel
 
     name = spec.split(":", 1)[1]
-    for record in (DRAFT, WINDOW_RAIL):
-        mutant = next((m for m in record.mutants if m.name == name), None)
+    for contract in ("draft", "window-rail"):
+        mutant = next((m for m in mutants(contract) if m.name == name), None)
         if mutant is None:
             continue
         require(bool(mutant.patch), f"mutant {name} is a sizing mutant: run the reference kernel with --sizing "
                                     f"{mutant.sizing}")
-        path = patched_kernel(name, [list(p) for p in mutant.patch], module_file(reference_spec(record)),
+        path = patched_kernel(name, [list(p) for p in mutant.patch], module_file(reference_spec(contract)),
                               f"{name}.py")
-        return f"{path}:{reference_spec(record).rpartition(':')[2]}"
-    known = [m.name for m in DRAFT.mutants + WINDOW_RAIL.mutants if m.patch]
+        return f"{path}:{reference_spec(contract).rpartition(':')[2]}"
+    known = [m.name for m in mutants("draft") + mutants("window-rail") if m.patch]
     raise BadInput(f"unknown mutant {name!r} of the draft kernel: choose from {', '.join(known)}")
 
 

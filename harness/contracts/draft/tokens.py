@@ -7,10 +7,7 @@ page table a TRANSLATE case reads. A case file keeps only the seeds (docs/contra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
-
-if TYPE_CHECKING:
-    from kvfence.contracts.draft.case import Config
+from typing import List, Optional, Protocol
 
 #: Offsets are int32 inside the kernel (docs/contract.md §3).
 INT32_LIMIT = 2**31
@@ -37,7 +34,30 @@ def slot_id(token_seed: int, flat_index: int, bits: int = SLOT_BITS) -> int:
     return h + 1
 
 
-def table_entry(config: Config, token_seed: int, flat: int) -> int:
+class TableShape(Protocol):
+    """What the tables here are drawn for: a config's pool and TRANSLATE fields (``kvfence.contracts.draft.case.Config``
+    is one; this module is below it, so it names only what it reads)."""
+
+    @property
+    def translate(self) -> bool: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def pool_rows(self) -> int: ...
+
+    @property
+    def pool_cols(self) -> int: ...
+
+    @property
+    def entry_bits(self) -> int: ...
+
+    @property
+    def v2p_pages(self) -> int: ...
+
+
+def table_entry(config: TableShape, token_seed: int, flat: int) -> int:
     """Entry ``flat`` of the flattened req_to_token table (``kvfence.contracts.draft.runner.slot_table`` is its torch
     twin).
 
@@ -51,7 +71,7 @@ def table_entry(config: Config, token_seed: int, flat: int) -> int:
     return slot_id(token_seed, flat, config.entry_bits)
 
 
-def req_to_token_rows(config: Config, token_seed: int) -> List[List[int]]:
+def req_to_token_rows(config: TableShape, token_seed: int) -> List[List[int]]:
     """The req_to_token table as plain lists (``[pool_rows][pool_cols]``), for the oracle."""
     width = config.pool_cols
     return [[table_entry(config, token_seed, r * width + t) for t in range(width)] for r in range(config.pool_rows)]
@@ -80,7 +100,7 @@ def v2p_entry(seed: int, page: int, pages: int, page_size: int) -> int:
     return perm
 
 
-def v2p_table(config: Config, seed: int) -> Optional[List[int]]:
+def v2p_table(config: TableShape, seed: int) -> Optional[List[int]]:
     """The page table as a plain list (None without TRANSLATE), for the oracle."""
     if not config.translate:
         return None

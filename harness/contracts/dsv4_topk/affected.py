@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from kvfence.errors import BadInput
-from kvfence.release.affected import Verdict, fixed_in, step
+from kvfence.release.affected_verdict import Verdict, fixed_in, step
 
 NAME = "dsv4-topk-indices"
 SITE = "compute_global_topk_indices_and_lens, C4A sparse decode"

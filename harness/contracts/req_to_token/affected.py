@@ -25,17 +25,16 @@ from typing import List, Optional, Tuple
 
 from kvfence.contracts.req_to_token.case import MAX_CTX, MAX_SETTING, align
 from kvfence.errors import BadInput
-from kvfence.release.affected import (
+from kvfence.release.affected_verdict import (
     BASIS_ARITHMETIC,
     BASIS_OBSERVED,
-    DFLASH_FAMILY,
     SERVER_DOWN,
     SILENT,
-    Deployment,
     Verdict,
     fixed_in,
     step,
 )
+from kvfence.release.deployment import DFLASH_FAMILY, Deployment
 
 NAME = "req-to-token"
 #: What the deployment suffers, by class.

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from kvfence.errors import BadInput
-from kvfence.release.affected import SILENT, Verdict, fixed_in, step
+from kvfence.release.affected_verdict import SILENT, Verdict, fixed_in, step
 
 NAME = "slot-mapping"
 SITE = "_compute_slot_mappings_kernel, model runner V2"
