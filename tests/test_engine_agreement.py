@@ -9,7 +9,7 @@ draft's said after that.
 
 The draft's verdicts are recorded in ``tests/fixtures/draft_verdicts.json`` by one command, ``python
 tests/fixtures/record_draft_verdicts.py`` (its docstring says what it draws: every planted bug of both contracts
-and both references, seeds 0-2, the first three drawn launches of each and the first one the draft checker
+and both references, seeds 0-2, the first six drawn launches of each and the first one the draft checker
 catches; the file names the commit it was made on). Per recorded launch, the engine's generic check on the CPU
 (the address audit on) must give the same finding kinds per buffer, and so the same detection of the target, as
 the recorded verdict, after ``normalised`` (a small table of where the two name the same damage differently, each
@@ -20,9 +20,9 @@ Where the engine's check misses damage the draft's sees, the launch is listed in
 ``xfail(strict=True)``: the port must make it pass (and then take it off the list).
 
 Cost, measured on this two-core machine under the other sessions' load (``timeout 900 .venv/bin/python -m pytest
--p no:cacheprovider -q tests/test_engine_agreement.py``): the default part (seed 0: every target's recorded
-launches through the engine; the live comparison on ``LIVE``) SEE_DEFAULT_SECONDS; the long part
-(``--kvfence-long``: seeds 1 and 2, and the live comparison on every recorded launch) SEE_LONG_SECONDS more.
+-p no:cacheprovider -q tests/test_engine_agreement.py``): the default part (seed 0: every target's first three
+recorded launches and its detecting one through the engine; the live comparison on ``LIVE``) SEE_DEFAULT_SECONDS; the long part
+(``--kvfence-long``: the rest of the recorded launches, and the live comparison on every one) SEE_LONG_SECONDS more.
 
 On CUDA (``--kvfence-device cuda``), ``test_the_two_stacks_agree_on_cuda`` runs both stacks live on every recorded
 launch (no address audit there, on either side).
@@ -72,33 +72,28 @@ RENAMED = (
      "SIZING_VIOLATION is arithmetic (need > width, decided before the launch): the draft files it under its "
      "kv_indices buffer, the engine under 'launch' (engine/checking.py arithmetic_findings); neither is a "
      "buffer's damage"),
+    (("POISON_READ",), INDICES_BUFFERS, "VALUE_MISMATCH", None,
+     "a kv_indices element holding a value read past req_to_token's rows: the engine's input tables have guards "
+     "holding decodable poison (engine/tables.py INPUT_POISON), so it names the element POISON_READ; the draft's "
+     "runner allocates req_to_token as a plain tensor without guards (contracts/draft/runner.py), so the value is "
+     "no poison and it names the same wrong element VALUE_MISMATCH (on the CPU both report the read itself as OOB_READ)"),
 )
-#: An ``OOB_WRITE`` on a buffer that both verdicts saw a guard of overwritten is the same store past the rows, in
-#: guards of different lengths: the draft's kv_indices tail guard holds a whole row (contracts/draft/budget.py),
-#: the engine's every guard 64 elements (engine/tables.py GUARD), so a spill longer than 64 elements runs past the
-#: engine's allocation, where its address audit names the rest. Dropped only where both saw GUARD_OVERWRITE there.
-SPILL_PAST_A_SHORTER_GUARD = ("OOB_WRITE", "GUARD_OVERWRITE")
+
+def renamed(pairs: Iterable[Pair]) -> FrozenSet[Pair]:
+    """A verdict's ``(kind, buffer)`` pairs with ``RENAMED`` applied."""
+    out = set()
+    for kind, buffer in pairs:
+        for kinds, buffers, new_kind, new_buffer, _why in RENAMED:
+            if kind in kinds and buffer in buffers:
+                kind, buffer = new_kind, new_buffer or buffer
+                break
+        out.add((kind, buffer))
+    return frozenset(out)
 
 
 def normalised(draft: Iterable[Pair], engine: Iterable[Pair]) -> Tuple[FrozenSet[Pair], FrozenSet[Pair]]:
-    """Both verdicts (``(kind, buffer)`` pairs) in one vocabulary: ``RENAMED``, then ``SPILL_PAST_A_SHORTER_GUARD``."""
-
-    def renamed(pairs):
-        out = set()
-        for kind, buffer in pairs:
-            for kinds, buffers, new_kind, new_buffer, _why in RENAMED:
-                if kind in kinds and buffer in buffers:
-                    kind, buffer = new_kind, new_buffer or buffer
-                    break
-            out.add((kind, buffer))
-        return out
-
-    a, b = renamed(draft), renamed(engine)
-    extra, guard = SPILL_PAST_A_SHORTER_GUARD
-    both_guards = {buf for kind, buf in a if kind == guard} & {buf for kind, buf in b if kind == guard}
-    a = {(k, buf) for k, buf in a if not (k == extra and buf in both_guards)}
-    b = {(k, buf) for k, buf in b if not (k == extra and buf in both_guards)}
-    return frozenset(a), frozenset(b)
+    """Both verdicts in one vocabulary (``RENAMED``, applied to both alike)."""
+    return renamed(draft), renamed(engine)
 
 
 # -- where the engine's check misses what the draft's sees (the port must fix these) --------------------------------
@@ -107,19 +102,30 @@ OWN_ROW_READS = (
     "(engine/audit.py for_launch: the owner of req_to_token by the request axis); the engine's generic audit "
     "registers req_to_token as one table (Audit.register_table), so a read of another request's row is inside it "
     "and no OOB_READ; both see the wrong values stored (VALUE_MISMATCH)")
+SHORT_TAIL_GUARD = (
+    "the launch stores past kv_indices' last row, further than 64 elements (the planted bug writes a whole row "
+    "past it, or the planted sizing leaves the row far short of the need): the draft's tail guard holds a whole "
+    "row (contracts/draft/budget.py), so its verdict is GUARD_OVERWRITE; the engine's guards are 64 elements "
+    "(engine/tables.py GUARD), so the rest of the stores leave its allocation and what the engine reports depends "
+    "on what lies next in host memory: OOB_WRITE (the audit drops stores outside every table) or, where "
+    "kv_indptr's allocation is next, GUARD_OVERWRITE/STRAY_WRITE/VALUE_MISMATCH on kv_indptr, damage the kernel "
+    "never did to kv_indptr (both seen on the CPU); either fails this comparison")
 #: ``(target, seed, example) -> why``: launches whose verdicts differ for a real reason (the CPU's audit only).
 KNOWN_MISSES: Dict[Tuple[str, int, int], str] = {
-    ("draft/row_from_request_index", 0, 2): OWN_ROW_READS,
-    ("draft/row_from_request_index", 1, 2): OWN_ROW_READS,
-    ("draft/row_from_request_index", 2, 2): OWN_ROW_READS,
+    **{("draft/row_from_request_index", seed, example): OWN_ROW_READS for seed in (0, 1, 2) for example in (2, 4)},
     ("draft/window_recent_off_by_one", 0, 2): OWN_ROW_READS,
+    **{("draft/last_row_past_end", seed, 4): SHORT_TAIL_GUARD for seed in (0, 1, 2)},
+    ("draft/sizing_missing_topk", 0, 4): SHORT_TAIL_GUARD,
+    ("draft/sizing_missing_topk", 1, 4): SHORT_TAIL_GUARD,
 }
 #: Targets compared live in the default run (seed 0, first recorded launch): each normalisation entry and each
 #: kind of target (a kernel bug, a sizing bug, both references).
 LIVE = ("draft/reference", "window-rail/reference", "draft/indptr_without_drafts", "draft/no_z0_rule",
         "draft/last_row_past_end", "draft/sizing_missing_topk", "window-rail/rail_indptr_without_chain")
-#: Seeds run by default; the others are ``long``.
+#: Seeds run by default, and of each the first ``DEFAULT_FIRST`` recorded launches and the one the draft checker
+#: caught the bug on; the others are ``long``.
 DEFAULT_SEEDS = (0,)
+DEFAULT_FIRST = 3
 
 
 def _launch_ids() -> List[Tuple[str, int, int]]:
@@ -128,16 +134,20 @@ def _launch_ids() -> List[Tuple[str, int, int]]:
 
 
 def _params(live: bool = False, cuda: bool = False):
-    """One param per recorded launch: seed 0 by default (for ``live``: the first launch of ``LIVE``), the rest
-    long; a ``KNOWN_MISSES`` launch strict-xfail on the CPU."""
+    """One param per recorded launch: by default ``DEFAULT_SEEDS``' first ``DEFAULT_FIRST`` and detecting
+    launches (for ``live``: the first launch of ``LIVE``), the rest long; on CUDA all of them; a ``KNOWN_MISSES``
+    launch strict-xfail on the CPU (a ``SHORT_TAIL_GUARD`` one non-strict on CUDA: not run there yet)."""
     out, firsts = [], set()
     for key in _launch_ids():
         target, seed, example = key
-        default = seed in DEFAULT_SEEDS and (not live or (target in LIVE and (target, seed) not in firsts))
+        default = seed in DEFAULT_SEEDS and (example < DEFAULT_FIRST or example >= RECORDED["first"]) and (
+            not live or (target in LIVE and (target, seed) not in firsts))
         firsts.add((target, seed))
         marks = [] if default or cuda else [pytest.mark.long]
         if key in KNOWN_MISSES and not cuda:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[key]))
+        elif KNOWN_MISSES.get(key) is SHORT_TAIL_GUARD:  # not run on CUDA yet: where the spill lands is unknown
+            marks.append(pytest.mark.xfail(strict=False, reason=SHORT_TAIL_GUARD))
         out.append(pytest.param(key, marks=marks, id=f"{target}-seed{seed}-ex{example}"))
     return out
 
@@ -213,7 +223,7 @@ def test_the_fixture_records_every_target_under_three_seeds_each_detection_among
 def test_the_comparison_fails_on_a_disagreement_and_normalises_only_its_table():
     """The comparison is not vacuous: the engine's verdict of the *reference* kernel on a launch the draft
     checker caught the planted bug on differs from the recorded one and fails; the table renames only what it
-    lists, and an ``OOB_WRITE`` is dropped only beside a ``GUARD_OVERWRITE`` that both verdicts saw."""
+    lists (an ``OOB_WRITE`` beside a ``GUARD_OVERWRITE`` is a difference: ``SHORT_TAIL_GUARD``)."""
     target, launch, example = _bound(("draft/indptr_without_drafts", 0, 0))
     assert example["kinds"] == [["INDPTR_MISMATCH", "kv_indptr"]]
     reference = _engine("draft/reference", "cpu").check(bind(target.record, launch.case, "safe", "reference",
@@ -225,9 +235,10 @@ def test_the_comparison_fails_on_a_disagreement_and_normalises_only_its_table():
     kept = normalised([("VALUE_MISMATCH", "kv_indices")], [("MISSING_WRITE", "kv_indices")])
     assert kept[0] != kept[1]
     guard, oob = ("GUARD_OVERWRITE", "kv_indices"), ("OOB_WRITE", "kv_indices")
-    assert normalised([guard], [guard, oob]) == ({guard}, {guard})
-    assert normalised([], [oob]) == (set(), {oob})
-    assert normalised([("GUARD_OVERWRITE", "kv_indptr")], [guard, oob])[1] == {guard, oob}
+    assert normalised([guard], [guard, oob]) == ({guard}, {guard, oob})
+    assert normalised([("SIZING_VIOLATION", "kv_indices")], [("SIZING_VIOLATION", "launch")]) == (
+        {("SIZING_VIOLATION", "launch")}, {("SIZING_VIOLATION", "launch")})
+    assert renamed([("VALUE_MISMATCH", "req_to_token")]) == {("VALUE_MISMATCH", "req_to_token")}
 
 
 @pytest.mark.interpreter
