@@ -20,12 +20,12 @@ Where the two differ for a real reason (one stack misses damage the other sees, 
 on what lies next in memory), the launch is listed in ``KNOWN_MISSES`` with the reason and its test is
 ``xfail(strict=True)``: the port must make it pass (and then take it off the list).
 
-Cost, measured on this two-core machine under the other sessions' load, at 17:45-18:00 UTC on 2026-12-07: the
-default part (seed 0: every target's first three recorded launches and its detecting one through the engine, the
-live comparison on ``LIVE``; ``timeout 900 .venv/bin/python -m pytest -p no:cacheprovider -q
-tests/test_engine_agreement.py``) 31.5 s and 21.9 s in pytest in two runs, 40.5 s and 28.8 s wall; the long part (the other 501
-recorded launches through the engine, and the live comparison on the other 598; the same command with ``--kvfence-long
--m long``) 396 s in pytest, 406 s wall.
+Cost, measured on this two-core machine under the other sessions' load, 17:45-18:00 UTC on 2026-12-07. The default
+part (seed 0: every target's first three recorded launches and its detecting one through the engine, the live
+comparison on ``LIVE``; ``timeout 900 .venv/bin/python -m pytest -p no:cacheprovider -q
+tests/test_engine_agreement.py``): 31.5 s and 21.9 s in pytest in two runs, 40.5 s and 28.8 s wall. The long part
+(the other 501 recorded launches through the engine, the live comparison on the other 598; the same command with
+``--kvfence-long -m long``): 396 s in pytest, 406 s wall.
 
 On CUDA (``--kvfence-device cuda``), ``test_the_two_stacks_agree_on_cuda`` runs both stacks live on every recorded
 launch (no address audit there, on either side).
