@@ -1,6 +1,7 @@
 """The argparse pieces the commands share: the parser class (a usage error is one line, exit 2), its help
 formatter, exit-code epilogs, value types, output-path checks, the ``--out`` lock, one-line output errors, and
-the flag groups: where cases run (fuzz, repro) and the kernel, config and §6 family flags of fuzz.
+the flag groups: where cases run (fuzz, repro), the kernel, mode and layout flags of fuzz, and the
+flags a contract declares (``add_declared_options``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import argparse
 import sys
 import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Dict, Optional, Sequence
 
+from kvfence.contract import Option
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 _BAD = "bad input or unusable environment (one line on stderr)"
@@ -173,39 +175,55 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                         "eager: buffers sized per batch")
     p.add_argument("--layout", default="redzone", choices=["redzone", "production"],
                    help="redzone: a guard after every step row; production: rows contiguous, as upstream")
-    p.add_argument("--seq-len-limit", default="ctx", choices=["ctx", "ctx-steps"],
-                   help="longest request: ctx, or ctx-steps (requests keep num_steps of draft headroom)")
-    for flag in ("--topk", "--num-steps", "--page-size", "--ctx", "--max-bs"):
-        p.add_argument(flag, type=_positive_int, default=None,
-                       help="pin this config field (default: drawn by Hypothesis)")
-    p.add_argument("--dcp-size", type=_positive_int, default=None,
-                   help="pin the decode-context-parallel size (SGLang's --dcp-size; req-to-token: the allocator "
-                        "pages at page size x DCP size) (default: drawn by Hypothesis)")
 
 
-def _add_family_args(p: argparse.ArgumentParser) -> None:
-    """docs/contract.md §6: the newer kernel family's fields, pinned like --topk (drawn when the kernel
-    under test takes them, off for a classic-ABI kernel)."""
+def _add_contract_arg(p: argparse.ArgumentParser) -> None:
     from kvfence.engine import registry
 
     p.add_argument("--contract", default=registry.default_name(), choices=registry.names(),
                    help="which kernel contract (a record registered under the entry-point group kvfence.contracts; "
-                        "docs/contract.md): the draft kernel, the sliding-window read rail (its window drawn unless "
-                        "--window pins it), the "
-                        "page-table builders (§9), or another package's")
-    p.add_argument("--window", type=_non_negative_int, default=None,
-                   help="pin window_size, the sliding window (0: none; default: drawn when the kernel takes it)")
-    p.add_argument("--sink", type=_non_negative_int, default=None,
-                   help="pin sink_size, the attention sinks kept beside the window (default: drawn when the kernel "
-                        "takes it)")
-    p.add_argument("--entry-page-size", type=_positive_int, default=None,
-                   help="pin ENTRY_PAGE_SIZE, tokens per req_to_token entry, a power of two (default: drawn when "
-                        "the kernel takes it)")
-    p.add_argument("--translate", choices=["on", "off"], default=None,
-                   help="pin TRANSLATE, reads through a drawn v2p page table (default: drawn when the kernel "
-                        "takes it)")
-    p.add_argument("--family", choices=["auto", "on", "off"], default="auto",
-                   help="draw the §6 fields (window, sinks, entry page size, translation) for a kernel that takes "
-                        "them: auto = in every example on the CPU domain and in one example in four on the GPU "
-                        "domain (there §6 cases are verified on the host, so those examples are configs of at most "
-                        "16 MiB and 4 batches); on = in every example, off = never (default: auto)")
+                        "docs/contract.md): the draft kernel, the sliding-window read rail, the page-table "
+                        "builders (§9), or another package's; its own flags are listed by "
+                        "'kvfence fuzz --contract NAME --help'")
+
+
+#: What the commands keep in their parsed arguments besides their flags (``set_defaults``): no option's name.
+SET_BY_COMMANDS = frozenset({"func", "command", "declared_options", "fuzz_defaults", "campaign_defaults", "run_flags"})
+
+
+def _option_type(option: Option) -> Callable[[str], object]:
+    """An argparse type: ``option.parse``, its one-line refusal as argparse's."""
+
+    def parse(text: str) -> object:
+        try:
+            return option.parse(text)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = option.type.__name__  # argparse names the type in its "invalid value" line
+    return parse
+
+
+def add_declared_options(p: argparse.ArgumentParser, contract: str, options: Sequence[Option]) -> None:
+    """The flags contract ``contract`` declares (``Contract.options``), in a group of their own; a flag that is one
+    of the command's own is one line naming both."""
+    group = p.add_argument_group(f"contract {contract}'s options",
+                                 "declared by the contract (Contract.options); another contract's: "
+                                 "--contract NAME --help")
+    taken = {a.dest for a in p._actions} | set(p._defaults) | SET_BY_COMMANDS
+    for option in options:
+        require(option.name not in taken, f"contract {contract!r}: its option {option.flag} would overwrite kvfence's "
+                                          f"own {option.name!r} of {p.prog}: rename it")
+        kwargs = dict(type=_option_type(option), default=option.default, help=option.help or "(the contract's)")
+        if option.choices is not None:
+            kwargs["choices"] = option.choices
+        try:
+            group.add_argument(option.flag, dest=option.name, **kwargs)  # type: ignore[arg-type]
+        except argparse.ArgumentError:
+            raise BadInput(f"contract {contract!r}: its option {option.flag} is one of kvfence's own flags of "
+                           f"{p.prog}: rename it") from None
+
+
+def declared_pins(args: argparse.Namespace) -> Dict[str, object]:
+    """The declared options given away from their defaults, by the draw field each pins (``RunPlan.pins``)."""
+    return {o.key: getattr(args, o.name) for o in args.declared_options if getattr(args, o.name) != o.default}
