@@ -53,6 +53,7 @@ checker is tested against.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Generic, Hashable, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar, Union
 
@@ -127,6 +128,7 @@ class Mutant:
 #: The value types an ``Option`` may declare.
 OPTION_TYPES: Tuple[type, ...] = (int, float, str)
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a text"}
+_INTEGER = re.compile(r"[+-]?[0-9]{1,20}")
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,10 @@ class Option:
 
     def parse(self, text: str) -> object:
         """The option's value from its command-line text; ``BadInput`` (without the flag) when it is none."""
+        # An integer is ASCII digits with one optional sign, at most 20 of them ("²", "1_000" and a number of
+        # thousands of digits are none, though int() takes the first two and spends seconds on the last).
+        if self.type is int and not _INTEGER.fullmatch(text):
+            raise BadInput(f"expected {self.expected()}, got {text[:40]!r}")
         try:
             value = self.type(text)
         except ValueError:

@@ -88,7 +88,10 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
 
             known, _ = parser.parse_known_args([w for w in words if w not in ("-h", "--help")])
             return run_command(words, [deferred], _stderr, getattr(known, "max_seconds", None))
-        args = declared.parse(parser, words)
+        try:
+            args = declared.parse(parser, words)
+        except SystemExit as exc:  # --help printed (argparse's errors are BadInput): a status a boundary child reports
+            return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
         if args.command is None:
             # No command: the command list, on stderr with exit 2 so a script that lost its arguments
             # does not pass silently.
