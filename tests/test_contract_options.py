@@ -139,11 +139,12 @@ def test_the_toy_contracts_stride_is_pinned_into_its_draws_and_dealt_by_a_shard(
 
 
 def test_campaign_and_check_contract_take_the_contracts_own_flag(toy):
-    from kvfence.cli import campaign, declared
+    from kvfence.cli import campaign
     from kvfence.cli.check_contract import _pins
+    from kvfence.cli.common import parse_command_line
 
     words = ["campaign", "--contract", "toy-copy", "--stride", "2", "--device", "cpu"]
-    args = declared.parse(build_parser("kvfence", words, child=True), words)
+    args = parse_command_line(build_parser("kvfence", words, child=True), words)
     assert campaign._command_line_target(args)["stride"] == 2  # handed to every shard's fuzz as --stride 2
     assert campaign._check_target(["--contract", "toy-copy", "--stride", "2"]).stride == 2
     with pytest.raises(BadInput, match="takes no --stride"):

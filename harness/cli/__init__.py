@@ -12,8 +12,8 @@ import contextlib
 import sys
 from typing import List, Optional
 
-from kvfence.cli import affected, campaign, check_contract, declared, fuzz, mutants, report, repro, sweep, upstream
-from kvfence.cli.common import EXIT_CODES, _Parser, _stderr
+from kvfence.cli import affected, campaign, check_contract, fuzz, mutants, report, repro, sweep, upstream
+from kvfence.cli.common import EXIT_CODES, _Parser, _stderr, declared_options_of, deferred_contract, parse_command_line
 from kvfence.errors import EXIT_BAD_INPUT, BadInput
 
 #: The name the command line gives itself: the console script is ``kvfence``; ``python -m kvfence``
@@ -36,7 +36,7 @@ def build_parser(prog: str = PROG, argv: Optional[List[str]] = None, *, child: b
                      "harness for the kernels that build and read paged-KV index tables",
                      epilog=f"Run '{prog} COMMAND --help' for a command's flags and exit codes.\n\n{EXIT_CODES}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    contract, options = declared.of_command_line(argv, [m.__name__.rsplit(".", 1)[-1] for m in DECLARING], child)
+    contract, options = declared_options_of(argv, [m.__name__.rsplit(".", 1)[-1] for m in DECLARING], child)
     for command in COMMANDS:  # the order of the command list in --help
         if command in DECLARING:
             command.add_parser(sub, contract, options)
@@ -82,14 +82,14 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
     try:
         words = list(sys.argv[1:] if argv is None else argv)
         parser = build_parser(prog, words, child=child)
-        deferred = declared.deferred(words, [m.__name__.rsplit(".", 1)[-1] for m in DECLARING], child)
+        deferred = deferred_contract(words, [m.__name__.rsplit(".", 1)[-1] for m in DECLARING], child)
         if deferred:  # a plug-in's flags are known only in the child that loads it: it parses the command line
             from kvfence.engine.boundary import run_command
 
             known, _ = parser.parse_known_args([w for w in words if w not in ("-h", "--help")])
             return run_command(words, [deferred], _stderr, getattr(known, "max_seconds", None))
         try:
-            args = declared.parse(parser, words)
+            args = parse_command_line(parser, words)
         except SystemExit as exc:  # --help printed (argparse's errors are BadInput): a status a boundary child reports
             return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
         if args.command is None:

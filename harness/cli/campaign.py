@@ -23,7 +23,9 @@ from kvfence.cli.common import (
     _positive_int,
     _seconds,
     _stderr,
+    declared_options_of,
     declared_pins,
+    parse_command_line,
 )
 from kvfence.cli.fuzz import add_run_flags
 from kvfence.contract import Option
@@ -41,10 +43,10 @@ CPU_CASES = ("found on the CPU (the Triton interpreter): compute-sanitizer check
 def _fuzz_parser(argv: List[str]) -> argparse.ArgumentParser:
     """``fuzz``'s parser (``kvfence.cli.fuzz.add_parser``, the one ``kvfence fuzz`` uses) with the flags the
     contract ``argv`` names declares: every target's flags are parsed by it."""
-    from kvfence.cli import declared, fuzz
+    from kvfence.cli import fuzz
 
     parser = _Parser(prog="kvfence")
-    contract, options = declared.of_command_line(["fuzz", *argv], ["fuzz"], True)
+    contract, options = declared_options_of(["fuzz", *argv], ["fuzz"], True)
     fuzz.add_parser(parser.add_subparsers(dest="command", parser_class=_Parser), contract, options)
     return parser
 
@@ -52,11 +54,10 @@ def _fuzz_parser(argv: List[str]) -> argparse.ArgumentParser:
 def _check_target(argv: List[str]):
     """A target's flags parsed as ``fuzz`` parses them, and checked against its contract (pins it takes, a sizing
     it knows, a kernel spec of the right shape): a bad target is one line before any shard runs."""
-    from kvfence.cli import declared
     from kvfence.engine import run as pipeline
     from kvfence.engine.plan import RunPlan
 
-    args = declared.parse(_fuzz_parser(argv), ["fuzz", *argv])
+    args = parse_command_line(_fuzz_parser(argv), ["fuzz", *argv])
     pipeline.record(RunPlan(contract=args.contract, kernel=args.kernel, sizing=args.sizing, pins=declared_pins(args)))
     return args
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from kvfence.contract import Option
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
@@ -227,3 +227,88 @@ def add_declared_options(p: argparse.ArgumentParser, contract: str, options: Seq
 def declared_pins(args: argparse.Namespace) -> Dict[str, object]:
     """The declared options given away from their defaults, by the draw field each pins (``RunPlan.pins``)."""
     return {o.key: getattr(args, o.name) for o in args.declared_options if getattr(args, o.name) != o.default}
+
+
+# -- the flags a contract declares -----------------------------------------------------------------------------
+# argparse knows a command's flags before it parses; a contract's are known once the contract is, so the command
+# line is read twice: ``declared_options_of`` finds ``--contract NAME`` (the default contract without it) and loads
+# that record's options, then the parser built with them parses everything (``parse_command_line``). A contract not
+# of kvfence's own is loaded only in the boundary child that runs the command (``kvfence.engine.boundary``): the
+# parent hands the whole command line over unparsed (``deferred_contract``).
+_FLAG = "--contract"
+#: The shortest abbreviation of ``--contract`` argparse takes (``--co`` and ``--c`` are ambiguous on fuzz).
+_SHORTEST = "--con"
+
+
+def _names_contract(word: str) -> bool:
+    flag = word.split("=", 1)[0]
+    return len(flag) >= len(_SHORTEST) and _FLAG.startswith(flag)
+
+
+def contract_in_words(words: Sequence[str]) -> str:
+    """The contract ``--contract`` names in ``words`` (its last one, as argparse takes it), else the default."""
+    from kvfence.engine import registry
+
+    name = registry.default_name()
+    for i, word in enumerate(words):
+        if _names_contract(word):
+            if "=" in word:
+                name = word.split("=", 1)[1]
+            elif i + 1 < len(words):
+                name = words[i + 1]
+    return name
+
+
+def _command(words: Optional[Sequence[str]], commands: Sequence[str]) -> Optional[str]:
+    return words[0] if words and words[0] in commands else None
+
+
+def declared_options_of(words: Optional[Sequence[str]], commands: Sequence[str],
+                    child: bool) -> Tuple[str, Tuple[Option, ...]]:
+    """``(contract, its declared options)`` for the command ``words`` run (without ``words``: the default
+    contract's, for the reference and the tests). No options where the command takes none, the name is no
+    registered contract (the parser refuses it) or the contract is a plug-in and this is no boundary child."""
+    from kvfence.engine import registry
+
+    if words is None:
+        name = registry.default_name()
+        return name, tuple(registry.get(name).options)
+    name = contract_in_words(words[1:])
+    if _command(words, commands) is None or name not in registry.names():
+        return name, ()
+    if not child and not registry.builtin(name):
+        return name, ()
+    return name, tuple(registry.get(name).options)
+
+
+def deferred_contract(words: Sequence[str], commands: Sequence[str], child: bool) -> Optional[str]:
+    """The plug-in contract whose child must parse ``words`` (its flags are known only where it is loaded)."""
+    from kvfence.engine import registry
+
+    if child or _command(words, commands) is None:
+        return None
+    name = contract_in_words(words[1:])
+    return name if name in registry.names() and not registry.builtin(name) else None
+
+
+def parse_command_line(parser: argparse.ArgumentParser, words: List[str]) -> argparse.Namespace:
+    """``words`` parsed; a flag another of kvfence's contracts declares but the command's does not is one line
+    naming the command's contract and its options."""
+    args, extra = parser.parse_known_args(words)
+    if not extra:
+        return args
+    options = getattr(args, "declared_options", None)
+    flags = [w.split("=", 1)[0] for w in extra if w.startswith("--")]
+    if options is not None and flags and set(flags) <= _builtin_flags():
+        raise BadInput(f"{args.command}: --contract {args.contract} takes no {', '.join(flags)} (its options: "
+                       f"{', '.join(o.flag for o in options) or 'none'}; "
+                       f"'kvfence {args.command} --contract {args.contract} --help' lists them)")
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    raise AssertionError("parser.error returns no value")  # pragma: no cover - _Parser.error raises
+
+
+def _builtin_flags() -> set:
+    """The flags kvfence's own contracts declare (read only when a command line has a flag its contract lacks)."""
+    from kvfence.engine import registry
+
+    return {o.flag for name in registry.names() if registry.builtin(name) for o in registry.get(name).options}
