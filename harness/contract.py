@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Hashable, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Generic, Hashable, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar, Union
 
 from kvfence.errors import BadInput, require
 
@@ -407,7 +407,7 @@ def declared(record: Contract, kind: str) -> Optional[FindingKind]:
     return next((k for k in record.kinds if k.name == kind), None)
 
 
-def option_named(record: Contract, key: str) -> Optional[Option]:
+def option_named(record: "Contract[Any]", key: str) -> Optional[Option]:
     """The record's option that pins ``key``, or None."""
     return next((o for o in record.options if o.key == key), None)
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from kvfence.contract import Option
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
@@ -218,7 +218,7 @@ def add_declared_options(p: argparse.ArgumentParser, contract: str, options: Seq
         if option.choices is not None:
             kwargs["choices"] = option.choices
         try:
-            group.add_argument(option.flag, dest=option.name, **kwargs)  # type: ignore[arg-type]
+            group.add_argument(option.flag, dest=option.name, **kwargs)
         except argparse.ArgumentError:
             raise BadInput(f"contract {contract!r}: its option {option.flag} is one of kvfence's own flags of "
                            f"{p.prog}: rename it") from None
@@ -249,7 +249,7 @@ def contract_in_words(words: Sequence[str]) -> str:
     """The contract ``--contract`` names in ``words`` (its last one, as argparse takes it), else the default."""
     from kvfence.engine import registry
 
-    name = registry.default_name()
+    name: str = registry.default_name()
     for i, word in enumerate(words):
         if _names_contract(word):
             if "=" in word:
@@ -307,7 +307,7 @@ def parse_command_line(parser: argparse.ArgumentParser, words: List[str]) -> arg
     raise AssertionError("parser.error returns no value")  # pragma: no cover - _Parser.error raises
 
 
-def _builtin_flags() -> set:
+def _builtin_flags() -> Set[str]:
     """The flags kvfence's own contracts declare (read only when a command line has a flag its contract lacks)."""
     from kvfence.engine import registry
 
