@@ -26,6 +26,7 @@ COMMANDS = (fuzz, campaign, repro, report, mutants, sweep, upstream, affected, c
 
 #: The commands whose flags include those the contract ``--contract`` names declares (``Contract.options``).
 DECLARING = (fuzz, campaign)
+_DECLARING_NAMES = [m.__name__.rsplit(".", 1)[-1] for m in DECLARING]
 
 
 def build_parser(prog: str = PROG, argv: Optional[List[str]] = None, *, child: bool = True) -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def build_parser(prog: str = PROG, argv: Optional[List[str]] = None, *, child: b
                      "harness for the kernels that build and read paged-KV index tables",
                      epilog=f"Run '{prog} COMMAND --help' for a command's flags and exit codes.\n\n{EXIT_CODES}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    contract, options = declared_options_of(argv, [m.__name__.rsplit(".", 1)[-1] for m in DECLARING], child)
+    contract, options = declared_options_of(argv, _DECLARING_NAMES, child)
     for command in COMMANDS:  # the order of the command list in --help
         if command in DECLARING:
             command.add_parser(sub, contract, options)
@@ -82,7 +83,7 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
     try:
         words = list(sys.argv[1:] if argv is None else argv)
         parser = build_parser(prog, words, child=child)
-        deferred = deferred_contract(words, [m.__name__.rsplit(".", 1)[-1] for m in DECLARING], child)
+        deferred = deferred_contract(words, _DECLARING_NAMES, child)
         if deferred:  # a plug-in's flags are known only in the child that loads it: it parses the command line
             from kvfence.engine.boundary import run_command
 
