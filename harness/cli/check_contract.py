@@ -77,6 +77,6 @@ def add_parser(sub) -> None:
     cc.add_argument("--examples", type=_positive_int, default=20, help="cases drawn and asked about")
     cc.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed of the draws")
     cc.add_argument("--pin", action="append", default=[], metavar="NAME=VALUE",
-                    help="pin one of the contract's config flags for the draws (window-rail: --pin window=4); "
-                         "repeatable")
+                    help="pin one of the contract's declared options (Contract.options) for the draws "
+                         "(window-rail: --pin window=4); repeatable")
     cc.set_defaults(func=cmd_check_contract)

@@ -98,7 +98,7 @@ def _defaults(args) -> dict:
 def plan_from_args(args, device: str):
     """The run's ``RunPlan`` from the flags: the budgets (a time budget alone bounds the run by time; with neither,
     CUDA gets ``DEFAULT_GPU_SECONDS``, the CPU ``DEFAULT_MAX_EXAMPLES``), the domain, jobs, batches per example,
-    the bulk, the memory budget and the config flags set away from their defaults (``pins``)."""
+    the bulk, the memory budget and the contract's declared options set away from their defaults (``pins``)."""
     from kvfence.engine.budget import default_budget, parse_size
     from kvfence.engine.plan import RunPlan
     from kvfence.engine.progress import UNBOUNDED_EXAMPLES
