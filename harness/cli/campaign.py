@@ -51,7 +51,7 @@ def _fuzz_parser(argv: List[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _check_target(argv: List[str]):
+def _check_target(argv: List[str]) -> argparse.Namespace:
     """A target's flags parsed as ``fuzz`` parses them, and checked against its contract (pins it takes, a sizing
     it knows, a kernel spec of the right shape): a bad target is one line before any shard runs."""
     from kvfence.engine import run as pipeline

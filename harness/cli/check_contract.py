@@ -11,10 +11,11 @@ contracts.
 from __future__ import annotations
 
 import sys
-from typing import Dict, List
+from typing import Any, Dict, List
 
 from kvfence.cli.common import _exit_codes, _non_negative_int, _positive_int, _stderr
-from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, BadInput, printable, require
+from kvfence.contract import Contract
+from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, BadInput, printable
 
 
 def contracts_of(args) -> list:
@@ -24,7 +25,7 @@ def contracts_of(args) -> list:
 
 
 def cmd_check_contract(args) -> int:
-    from kvfence.contract import MEMBERS, Contract
+    from kvfence.contract import MEMBERS
     from kvfence.engine import registry
     from kvfence.engine.record_probe import check_contract
 
@@ -50,7 +51,7 @@ def cmd_check_contract(args) -> int:
     return EXIT_CLEAN
 
 
-def _pins(record, texts: List[str]) -> Dict[str, object]:
+def _pins(record: Contract[Any], texts: List[str]) -> Dict[str, object]:
     """``--pin NAME=VALUE``s: NAME one of the record's declared options (``Contract.options``), VALUE one it takes
     (``Option.parse``), by the draw field each pins."""
     pins: Dict[str, object] = {}
@@ -58,8 +59,9 @@ def _pins(record, texts: List[str]) -> Dict[str, object]:
     for text in texts:
         key, sep, value = text.partition("=")
         option = next((o for o in record.options if o.name == key), None)
-        require(bool(sep) and option is not None, f"--pin {printable(text, 60)!r}: expected NAME=VALUE with NAME one "
-                                                  f"of contract {record.name}'s options ({names})")
+        if not sep or option is None:
+            raise BadInput(f"--pin {printable(text, 60)!r}: expected NAME=VALUE with NAME one of contract "
+                           f"{record.name}'s options ({names})")
         try:
             pins[option.key] = option.parse(value)
         except BadInput as exc:
