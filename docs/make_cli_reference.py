@@ -60,6 +60,36 @@ def _help(action: argparse.Action, prog: str) -> str:
         return text
 
 
+def _declared(parser: argparse.ArgumentParser) -> set:
+    """The dests of the flags the parser's contract declares (``Contract.options``)."""
+    return {o.name for o in parser.get_default("declared_options") or ()}
+
+
+def _table(actions: list, path: str) -> list:
+    if not actions:
+        return []
+    return ["| argument | default | meaning |", "|---|---|---|",
+            *[f"| {_flag(a)} | {_cell(_default(a))} | {_cell(_help(a, path))} |" for a in actions], ""]
+
+
+def contract_options() -> list:
+    """Each of kvfence's own contracts' declared flags (``kvfence fuzz --contract NAME --help`` lists them)."""
+    from kvfence.cli import build_parser
+    from kvfence.engine import registry
+
+    out = ["## Contract options", "",
+           "`fuzz` and `campaign` take the flags the contract `--contract` names declares (`Contract.options`, "
+           "docs/contract-api.md); `kvfence fuzz --contract NAME --help` lists them. kvfence's own contracts:", ""]
+    for name in registry.names():
+        if not registry.builtin(name):
+            continue
+        fuzz = dict((n, sub) for n, _, sub in _subcommands(build_parser("kvfence", ["fuzz", "--contract", name])))
+        declared = [a for a in fuzz["fuzz"]._actions if a.dest in _declared(fuzz["fuzz"])]
+        out += [f"### `--contract {name}`", ""]
+        out += _table(declared, "kvfence fuzz") or ["none", ""]
+    return out
+
+
 def section(path: str, parser: argparse.ArgumentParser, summary: str, level: int) -> list:
     """One command's section: what it does, its flags table, its exit codes; then its own subcommands."""
     out = [f"{'#' * level} `{path}`", ""]
@@ -70,10 +100,13 @@ def section(path: str, parser: argparse.ArgumentParser, summary: str, level: int
     # A flag whose help is suppressed (what a --jobs parent passes its children) is not the user's to give.
     rows = [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
             and a.help is not argparse.SUPPRESS]
+    declared = _declared(parser)
     if rows:
-        out += ["| argument | default | meaning |", "|---|---|---|"]
-        out += [f"| {_flag(a)} | {_cell(_default(a))} | {_cell(_help(a, path))} |" for a in rows]
-        out.append("")
+        out += _table([a for a in rows if a.dest not in declared], path)
+    if declared:
+        out += [f"The flags of the default contract, `{parser.get_default('contract')}` (`--contract NAME` takes "
+                "NAME's own instead: [Contract options](#contract-options)):", ""]
+        out += _table([a for a in rows if a.dest in declared], path)
     if parser.epilog:
         out += ["```text", parser.epilog.strip(), "```", ""]
     for name, text, sub in _subcommands(parser):
@@ -89,9 +122,11 @@ def render() -> str:
     out = ["# Command-line reference", "",
            "Generated from the argparse parser by `python docs/make_cli_reference.py`; do not edit by hand.",
            "`kvfence COMMAND --help` prints the same on the terminal; `python -m kvfence` is the same command line.",
-           "", "Commands: " + ", ".join(f"[`{name}`](#kvfence-{name})" for name, _, _ in commands) + ".", ""]
+           "", "Commands: " + ", ".join(f"[`{name}`](#kvfence-{name})" for name, _, _ in commands) + "; the flags "
+           "each contract declares: [Contract options](#contract-options).", ""]
     for name, text, sub in commands:
         out += section(f"kvfence {name}", sub, text, 2)
+    out += contract_options()
     return "\n".join(out).rstrip() + "\n"
 
 

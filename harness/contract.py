@@ -21,7 +21,7 @@ data                                what the contract is
 ``sizings``                         named row-width policies ``(case, mode) -> int``, ``safe`` among them
 ``mutants``                         planted bugs, each with the finding kinds that must catch it
 ``kinds``                           the contract's own finding kinds, each observed or arithmetic
-``options``                         the command line's config flags it takes (``--topk``, ...)
+``options``                         the flags it declares (``Option``: ``--stride``, the draft's ``--topk``)
 ==================================  ====================================================================
 
 ==================================  ====================================================================
@@ -52,10 +52,12 @@ checker is tested against.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Hashable, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Generic, Hashable, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar, Union
 
-from kvfence.errors import require
+from kvfence.errors import BadInput, require
 
 C = TypeVar("C")
 
@@ -123,6 +125,120 @@ class Mutant:
     domain: str = "cpu"
 
 
+#: The value types an ``Option`` may declare.
+OPTION_TYPES: Tuple[type, ...] = (int, float, str)
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a text"}
+_INTEGER = re.compile(r"[+-]?[0-9]{1,20}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line flag a contract declares: ``--NAME`` (underscores as dashes) on ``kvfence fuzz`` and
+    ``campaign`` with ``--contract`` naming the contract, and ``NAME=VALUE`` for ``check-contract --pin``.
+
+    A value given away from ``default`` (None: drawn) pins ``Domain.pins[pin]`` for the contract's ``cases``
+    (``pin``: ``name`` unless it names another). ``type`` is ``int``, ``float`` or ``str``; ``choices`` (values of
+    that type) or ``bounds`` (inclusive ``(low, high)``, either None for open; numbers only) are checked before
+    any work, one line naming the flag. ``shard``: the values a ``--shard`` deals out on a domain (a callable of
+    the domain's name), or None where it deals none. ``canary``: the value ``kvfence sweep``'s canary phase pins
+    (None: drawn as fuzz draws it). A declaration that breaks these rules raises ``BadInput`` when it is made."""
+
+    name: str
+    type: type = int
+    default: object = None
+    help: str = ""
+    pin: str = ""
+    choices: Optional[Tuple[object, ...]] = None
+    bounds: Optional[Tuple[Optional[float], Optional[float]]] = None
+    shard: Optional[Callable[[str], Sequence[object]]] = None
+    canary: object = None
+
+    def __post_init__(self) -> None:
+        where = f"option {self.name!r}"
+        require(isinstance(self.name, str) and self.name.isidentifier() and not self.name.startswith("_"),
+                f"{where}: the name must be a Python identifier (--{self.name} on the command line)")
+        require(self.type in OPTION_TYPES, f"{where}: type must be int, float or str, got {self.type!r}")
+        require(isinstance(self.help, str), f"{where}: help must be a text")
+        require(isinstance(self.pin, str) and (not self.pin or self.pin.isidentifier()),
+                f"{where}: pin must name a draw field (an identifier), got {self.pin!r}")
+        require(self.choices is None or (isinstance(self.choices, tuple) and len(self.choices) > 0
+                                         and all(self._typed(c) for c in self.choices)),
+                f"{where}: choices must be a non-empty tuple of {self.type.__name__} values")
+        require(self.bounds is None or self._bounds_ok(),
+                f"{where}: bounds must be (low, high) numbers (either None) with low <= high, for an int or float "
+                f"option without choices")
+        require(self.shard is None or callable(self.shard), f"{where}: shard must be a callable of the domain's name")
+        for what in ("default", "canary"):
+            value = getattr(self, what)
+            problem = None if value is None else self.problem(value)
+            require(problem is None, f"{where}: its {what} {value!r} is refused by its own rules ({problem})")
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag: ``--NAME``, underscores as dashes."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def key(self) -> str:
+        """The draw field the option pins (``Domain.pins``)."""
+        return self.pin or self.name
+
+    def _typed(self, value: object) -> bool:
+        if self.type is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, self.type) and not isinstance(value, bool)
+
+    def _bounds_ok(self) -> bool:
+        b = self.bounds
+        if not (isinstance(b, tuple) and len(b) == 2 and self.type in (int, float) and self.choices is None):
+            return False
+        if not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in b):
+            return False
+        return b[0] is None or b[1] is None or b[0] <= b[1]
+
+    def expected(self) -> str:
+        """What a value must be, in words (``a positive integer``, ``one of on, off``)."""
+        if self.choices is not None:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        low, high = self.bounds or (None, None)
+        word = _TYPE_WORDS[self.type]
+        if self.type is int and high is None and low in (0, 1):
+            return "a positive integer" if low == 1 else "a non-negative integer"
+        if low is not None and high is not None:
+            return f"{word} in [{low:g}, {high:g}]"
+        if low is not None or high is not None:
+            return f"{word} {'>=' if low is not None else '<='} {low if low is not None else high:g}"
+        return word
+
+    def problem(self, value: object) -> Optional[str]:
+        """Why ``value`` is no value of this option, or None."""
+        low, high = self.bounds or (None, None)
+        ok = (self._typed(value) and (self.choices is None or value in self.choices)
+              and (low is None or value >= low) and (high is None or value <= high))  # type: ignore[operator]
+        return None if ok else f"expected {self.expected()}, got {value!r}"
+
+    def parse(self, text: str) -> object:
+        """The option's value from its command-line text; ``BadInput`` (without the flag) when it is none."""
+        # An integer is ASCII digits with one optional sign, at most 20 of them ("²", "1_000" and a number of
+        # thousands of digits are none, though int() takes the first two and spends seconds on the last).
+        if self.type is int and not _INTEGER.fullmatch(text):
+            raise BadInput(f"expected {self.expected()}, got {text[:40]!r}")
+        try:
+            value = self.type(text)
+        except ValueError:
+            raise BadInput(f"expected {self.expected()}, got {text!r}") from None
+        problem = self.problem(value)
+        if problem is not None:
+            raise BadInput(problem)
+        return value
+
+    def check(self, value: object) -> object:
+        """``value`` when it is one of the option's; ``BadInput`` naming the flag otherwise (a plan's pin)."""
+        problem = self.problem(value)
+        require(problem is None, f"{self.flag}: {problem}")
+        return value
+
+
 @dataclass(frozen=True)
 class Keys:
     """What the engine counts a case by (each a hashable value, the same in every process).
@@ -146,7 +262,7 @@ class Keys:
 @dataclass(frozen=True)
 class Domain:
     """What a run lets a contract draw: the space (``cpu``: interpreter-sized, ``gpu``: production-sized), the
-    config flags pinned on the command line (``pins``, only those in the contract's ``options``) and the run's
+    fields pinned on the command line (``pins``: the keys of the contract's declared ``options``) and the run's
     choices a draw may depend on: the kernel spec, sizing, mode and layout, the device memory one config may take
     (``max_bytes``), and cases of one config per example (``batches``: a contract may draw lists of them; ``bulk``
     more of them from a fast generator after ``bulk_after`` seconds). A ``--shard`` pins its config cell's options."""
@@ -204,9 +320,9 @@ class Contract(Generic[C]):
     sizings: Mapping[str, Sizing] = {}
     mutants: Tuple[Mutant, ...] = ()
     kinds: Tuple[FindingKind, ...] = ()
-    #: The command line's config flags (``--topk`` is ``topk``) this contract takes, each with the values a
-    #: ``--shard`` deals out on a domain (a callable of the domain's name), or None where it deals none.
-    options: Mapping[str, Optional[Callable[[str], Sequence]]] = {}
+    #: The command-line flags this contract declares (``Option``): ``kvfence fuzz --contract NAME --help`` lists
+    #: them, and a value given reaches ``cases`` as ``domain.pin(option.key)``.
+    options: Tuple[Option, ...] = ()
     #: The mutation self-test's examples per planted bug and seed on each domain (``kvfence mutants`` without
     #: ``--max-examples``): enough for the contract's default draws to reach its bugs at what one of its examples
     #: costs. The default suits an example of one launch: 60 on the CPU domain (the CPU self-tests' worst
@@ -291,6 +407,11 @@ REQUIRED = ("cases", "to_json", "from_json", "tables", "expected", "need", "laun
 def declared(record: Contract, kind: str) -> Optional[FindingKind]:
     """The record's declaration of finding kind ``kind``, or None."""
     return next((k for k in record.kinds if k.name == kind), None)
+
+
+def option_named(record: "Contract[Any]", key: str) -> Optional[Option]:
+    """The record's option that pins ``key``, or None."""
+    return next((o for o in record.options if o.key == key), None)
 
 
 def require_int(value, what: str) -> int:

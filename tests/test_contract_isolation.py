@@ -116,10 +116,13 @@ def _kvfence_env(*argv, cwd, env):
 def test_an_installed_contract_gets_jobs_keep_going_case_files_repro_and_the_report(tmp_path):
     """The commands a user runs, on a contract kvfence's code never names: ``fuzz --jobs 2`` merges two jobs'
     counts, ``--keep-going`` saves each distinct failure (the short sizing's overflow, the hostile kernel's
-    CRASH) as a case file, ``repro`` replays each as printed, and report.html draws its tables."""
+    CRASH) as a case file, ``repro`` replays each as printed, and report.html draws its tables. Its own flag
+    (``--stride``, declared in ``Contract.options``) is listed by ``--help``, pinned into every case and kept in
+    the case files ``repro`` replays."""
     env = _installed_toy(tmp_path)
-    listed = _kvfence_env("fuzz", "--help", cwd=tmp_path, env=env)
-    assert "toy-copy" in listed.stdout
+    listed = _kvfence_env("fuzz", "--contract", "toy-copy", "--help", cwd=tmp_path, env=env)
+    assert "toy-copy" in listed.stdout and "--stride STRIDE" in listed.stdout  # its own flag (Contract.options)
+    assert "--topk" not in listed.stdout  # and not the draft kernel's
     clean = _kvfence_env("fuzz", "--contract", "toy-copy", "--device", "cpu", "--jobs", "2", "--max-examples", "30",
                          "--seed", "0", "--quiet", "--out", str(tmp_path / "clean"), cwd=tmp_path, env=env)
     assert clean.returncode == 0, clean.stdout + clean.stderr
@@ -129,7 +132,7 @@ def test_an_installed_contract_gets_jobs_keep_going_case_files_repro_and_the_rep
     kernel = f"{TOY / 'hostile_toy_kernels.py'}:exits"
     out = tmp_path / "bad"
     bad = _kvfence_env("fuzz", "--contract", "toy-copy", "--device", "cpu", "--kernel", kernel, "--sizing", "short",
-                       "--keep-going", "--max-examples", "60", "--seed", "0", "--shrink-seconds", "5",
+                       "--stride", "3", "--keep-going", "--max-examples", "60", "--seed", "0", "--shrink-seconds", "5",
                        "--case-timeout", str(TOY_CASE_TIMEOUT), "--quiet", "--out", str(out), cwd=tmp_path, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -137,12 +140,20 @@ def test_an_installed_contract_gets_jobs_keep_going_case_files_repro_and_the_rep
     assert any("CRASH" in k for k in kinds) and any("GUARD_OVERWRITE" in k for k in kinds), kinds
     page = (out / "report.html").read_text()
     assert "buffer-map" in page and "toy-copy" in page
+    assert summary["pins"] == {"stride": 3}
     for _path, record in summary["cases"].items():
         assert record["contract"] == "toy-copy" and record["kernel"] == kernel
+        assert json.loads(Path(record["path"]).read_text())["case"]["case"]["stride"] == 3  # pinned, kept, replayed
         words = record["repro"].split()[3:]  # python -m kvfence repro FILE [--kernel K] [--sizing S]
         replay = _kvfence_env(*words, "--device", "cpu", cwd=tmp_path, env=env)
         assert replay.returncode == 1 and "FAIL:" in replay.stdout, replay.stdout + replay.stderr
         assert all(kind in replay.stdout for kind in record["kinds"]), (record["kinds"], replay.stdout)
+    tampered = Path(next(iter(summary["cases"].values()))["path"])  # repro reads the stride the case file holds
+    doc = json.loads(tampered.read_text())
+    doc["case"]["case"]["stride"] = 9
+    tampered.write_text(json.dumps(doc))
+    refused = _kvfence_env("repro", str(tampered), "--device", "cpu", "--kernel", "reference", cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and "stride must be an integer in [1, 8]" in refused.stderr, refused.stderr
 
 
 #: A contract package's module whose import misbehaves (the probes of the isolation issue).

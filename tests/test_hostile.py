@@ -755,7 +755,7 @@ STARTING = {
     "parsing": ("import argparse\n"
                 "def interrupted(self, *args, **kwargs):\n"
                 "    raise KeyboardInterrupt\n"
-                "argparse.ArgumentParser.parse_args = interrupted\n"),
+                "argparse.ArgumentParser.parse_known_args = interrupted  # parse_args calls it too\n"),
 }
 
 

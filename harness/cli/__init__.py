@@ -13,7 +13,7 @@ import sys
 from typing import List, Optional
 
 from kvfence.cli import affected, campaign, check_contract, fuzz, mutants, report, repro, sweep, upstream
-from kvfence.cli.common import EXIT_CODES, _Parser, _stderr
+from kvfence.cli.common import EXIT_CODES, _Parser, _stderr, declared_options_of, deferred_contract, parse_command_line
 from kvfence.errors import EXIT_BAD_INPUT, BadInput
 
 #: The name the command line gives itself: the console script is ``kvfence``; ``python -m kvfence``
@@ -24,13 +24,25 @@ PROG = "kvfence"
 COMMANDS = (fuzz, campaign, repro, report, mutants, sweep, upstream, affected, check_contract)
 
 
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+#: The commands whose flags include those the contract ``--contract`` names declares (``Contract.options``).
+DECLARING = (fuzz, campaign)
+_DECLARING_NAMES = [m.__name__.rsplit(".", 1)[-1] for m in DECLARING]
+
+
+def build_parser(prog: str = PROG, argv: Optional[List[str]] = None, *, child: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser. ``fuzz`` and ``campaign`` take the flags of the contract ``argv`` names (the
+    default contract's without ``argv``; none when it is not one of kvfence's own and this is no boundary child:
+    its record is loaded in the child, ``_run``)."""
     parser = _Parser(prog=prog, description="kvfence: differential fuzzing and memory-safety "
                      "harness for the kernels that build and read paged-KV index tables",
                      epilog=f"Run '{prog} COMMAND --help' for a command's flags and exit codes.\n\n{EXIT_CODES}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    contract, options = declared_options_of(argv, _DECLARING_NAMES, child)
     for command in COMMANDS:  # the order of the command list in --help
-        command.add_parser(sub)
+        if command in DECLARING:
+            command.add_parser(sub, contract, options)
+        else:
+            command.add_parser(sub)
     return parser
 
 
@@ -70,8 +82,18 @@ def _os_error(exc: OSError) -> str:
 def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
     args = None
     try:
-        parser = build_parser(prog)
-        args = parser.parse_args(argv)
+        words = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(prog, words, child=child)
+        deferred = deferred_contract(words, _DECLARING_NAMES, child)
+        if deferred:  # a plug-in's flags are known only in the child that loads it: it parses the command line
+            from kvfence.engine.boundary import run_command
+
+            known, _ = parser.parse_known_args([w for w in words if w not in ("-h", "--help")])
+            return run_command(words, [deferred], _stderr, getattr(known, "max_seconds", None))
+        try:
+            args = parse_command_line(parser, words)
+        except SystemExit as exc:  # --help printed (argparse's errors are BadInput): a status a boundary child reports
+            return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
         if args.command is None:
             # No command: the command list, on stderr with exit 2 so a script that lost its arguments
             # does not pass silently.

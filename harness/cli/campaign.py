@@ -13,10 +13,22 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
-from kvfence.cli.common import _exit_codes, _lock_out, _out_dir, _Parser, _positive_int, _seconds, _stderr
-from kvfence.cli.fuzz import PIN_FLAGS, add_run_flags
+from kvfence.cli.common import (
+    _exit_codes,
+    _lock_out,
+    _out_dir,
+    _Parser,
+    _positive_int,
+    _seconds,
+    _stderr,
+    declared_options_of,
+    declared_pins,
+    parse_command_line,
+)
+from kvfence.cli.fuzz import add_run_flags
+from kvfence.contract import Option
 from kvfence.errors import BadInput, require
 
 #: What ``--engine ray`` needs, and where it is missing the one line that says so.
@@ -28,26 +40,25 @@ CPU_CASES = ("found on the CPU (the Triton interpreter): compute-sanitizer check
              "kvfence sweep --cases OUT/cases")
 
 
-def _fuzz_parser() -> argparse.ArgumentParser:
-    """``fuzz``'s parser (``kvfence.cli.fuzz.add_parser``, the one ``kvfence fuzz`` uses): every target's flags are
-    parsed by it."""
+def _fuzz_parser(argv: List[str]) -> argparse.ArgumentParser:
+    """``fuzz``'s parser (``kvfence.cli.fuzz.add_parser``, the one ``kvfence fuzz`` uses) with the flags the
+    contract ``argv`` names declares: every target's flags are parsed by it."""
     from kvfence.cli import fuzz
 
     parser = _Parser(prog="kvfence")
-    fuzz.add_parser(parser.add_subparsers(dest="command", parser_class=_Parser))
+    contract, options = declared_options_of(["fuzz", *argv], ["fuzz"], True)
+    fuzz.add_parser(parser.add_subparsers(dest="command", parser_class=_Parser), contract, options)
     return parser
 
 
-def _check_target(argv: List[str]):
+def _check_target(argv: List[str]) -> argparse.Namespace:
     """A target's flags parsed as ``fuzz`` parses them, and checked against its contract (pins it takes, a sizing
     it knows, a kernel spec of the right shape): a bad target is one line before any shard runs."""
     from kvfence.engine import run as pipeline
     from kvfence.engine.plan import RunPlan
 
-    args = _fuzz_parser().parse_args(["fuzz", *argv])
-    defaults = args.fuzz_defaults
-    pins = {name: getattr(args, name) for name in PIN_FLAGS if getattr(args, name) != defaults.get(name)}
-    pipeline.record(RunPlan(contract=args.contract, kernel=args.kernel, sizing=args.sizing, pins=pins))
+    args = parse_command_line(_fuzz_parser(argv), ["fuzz", *argv])
+    pipeline.record(RunPlan(contract=args.contract, kernel=args.kernel, sizing=args.sizing, pins=declared_pins(args)))
     return args
 
 
@@ -229,7 +240,8 @@ def _run_ray(engine, args, specs, out: Path, on_row):
     return rows, interrupted, follow_ups
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, contract: str, options: Sequence[Option]) -> None:
+    """``campaign`` with the flags ``contract`` declares (``options``), handed to each shard's ``fuzz``."""
     from kvfence.campaign.shards import DEFAULT_SHARD_TIMEOUT_S, SHARD_STARTUP_S
 
     cp = sub.add_parser(
@@ -246,7 +258,7 @@ def add_parser(sub) -> None:
                                "--address (one line on stderr)") + "\n  130  interrupted (Ctrl-C): what finished is "
                                                                    "merged and written")
     before = {a.dest for a in cp._actions}
-    add_run_flags(cp)
+    add_run_flags(cp, contract, options)
     run_flags = {a.dest for a in cp._actions} - before
     cp.add_argument("--shards", type=_positive_int, default=1,
                     help="shards of the target (fuzz --shard I/N for I in 1..N; a plan's target may set its own)")

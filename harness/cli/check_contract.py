@@ -10,11 +10,12 @@ contracts.
 
 from __future__ import annotations
 
-import re
 import sys
+from typing import Any, Dict, List
 
 from kvfence.cli.common import _exit_codes, _non_negative_int, _positive_int, _stderr
-from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, require
+from kvfence.contract import Contract
+from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, BadInput, printable
 
 
 def contracts_of(args) -> list:
@@ -24,7 +25,7 @@ def contracts_of(args) -> list:
 
 
 def cmd_check_contract(args) -> int:
-    from kvfence.contract import MEMBERS, Contract
+    from kvfence.contract import MEMBERS
     from kvfence.engine import registry
     from kvfence.engine.record_probe import check_contract
 
@@ -36,18 +37,7 @@ def cmd_check_contract(args) -> int:
         _stderr("kvfence check-contract: name a contract (--list names them)")
         return EXIT_BAD_INPUT
     record = registry.get(args.name)  # static checks: a malformed record is one line, exit 2
-    pins = {}
-    for text in args.pin:
-        key, sep, value = text.partition("=")
-        require(sep and key in record.options, f"--pin {text!r}: expected NAME=VALUE with NAME one of contract "
-                                               f"{record.name}'s flags ({', '.join(record.options) or 'none'})")
-        # An integer is ASCII digits with one optional sign ("²" and "--5" are no integers: str.isdigit says yes
-        # to the first, int() no to both); anything else is the flag's text, for the contract to judge.
-        if re.fullmatch(r"[+-]?[0-9]+", value):
-            require(len(value) <= 20, f"--pin {text[:60]!r}: an integer of more than 20 digits")
-            pins[key] = int(value)
-        else:
-            pins[key] = value
+    pins = _pins(record, args.pin)
     answer = check_contract(record, examples=args.examples, seed=args.seed, pins=pins)
     for problem in answer["problems"]:
         _stderr(f"kvfence: error: contract {record.name!r}: {problem}")
@@ -61,6 +51,24 @@ def cmd_check_contract(args) -> int:
     return EXIT_CLEAN
 
 
+def _pins(record: Contract[Any], texts: List[str]) -> Dict[str, object]:
+    """``--pin NAME=VALUE``s: NAME one of the record's declared options (``Contract.options``), VALUE one it takes
+    (``Option.parse``), by the draw field each pins."""
+    pins: Dict[str, object] = {}
+    names = ", ".join(o.name for o in record.options) or "none"
+    for text in texts:
+        key, sep, value = text.partition("=")
+        option = next((o for o in record.options if o.name == key), None)
+        if not sep or option is None:
+            raise BadInput(f"--pin {printable(text, 60)!r}: expected NAME=VALUE with NAME one of contract "
+                           f"{record.name}'s options ({names})")
+        try:
+            pins[option.key] = option.parse(value)
+        except BadInput as exc:
+            raise BadInput(f"--pin {printable(text, 60)!r}: {exc}") from None
+    return pins
+
+
 def add_parser(sub) -> None:
     cc = sub.add_parser("check-contract", help="is a contract record well formed? (statically and on drawn cases)",
                         description=sys.modules[__name__].__doc__.split("\n\n", 1)[1],
@@ -71,6 +79,6 @@ def add_parser(sub) -> None:
     cc.add_argument("--examples", type=_positive_int, default=20, help="cases drawn and asked about")
     cc.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed of the draws")
     cc.add_argument("--pin", action="append", default=[], metavar="NAME=VALUE",
-                    help="pin one of the contract's config flags for the draws (window-rail: --pin window=4); "
-                         "repeatable")
+                    help="pin one of the contract's declared options (Contract.options) for the draws "
+                         "(window-rail: --pin window=4); repeatable")
     cc.set_defaults(func=cmd_check_contract)

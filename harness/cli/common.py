@@ -1,6 +1,7 @@
 """The argparse pieces the commands share: the parser class (a usage error is one line, exit 2), its help
 formatter, exit-code epilogs, value types, output-path checks, the ``--out`` lock, one-line output errors, and
-the flag groups: where cases run (fuzz, repro) and the kernel, config and §6 family flags of fuzz.
+the flag groups: where cases run (fuzz, repro), the kernel, mode and layout flags of fuzz, and the
+flags a contract declares (``add_declared_options``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import argparse
 import sys
 import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from kvfence.contract import Option
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 _BAD = "bad input or unusable environment (one line on stderr)"
@@ -173,39 +175,140 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                         "eager: buffers sized per batch")
     p.add_argument("--layout", default="redzone", choices=["redzone", "production"],
                    help="redzone: a guard after every step row; production: rows contiguous, as upstream")
-    p.add_argument("--seq-len-limit", default="ctx", choices=["ctx", "ctx-steps"],
-                   help="longest request: ctx, or ctx-steps (requests keep num_steps of draft headroom)")
-    for flag in ("--topk", "--num-steps", "--page-size", "--ctx", "--max-bs"):
-        p.add_argument(flag, type=_positive_int, default=None,
-                       help="pin this config field (default: drawn by Hypothesis)")
-    p.add_argument("--dcp-size", type=_positive_int, default=None,
-                   help="pin the decode-context-parallel size (SGLang's --dcp-size; req-to-token: the allocator "
-                        "pages at page size x DCP size) (default: drawn by Hypothesis)")
 
 
-def _add_family_args(p: argparse.ArgumentParser) -> None:
-    """docs/contract.md §6: the newer kernel family's fields, pinned like --topk (drawn when the kernel
-    under test takes them, off for a classic-ABI kernel)."""
+def _add_contract_arg(p: argparse.ArgumentParser) -> None:
     from kvfence.engine import registry
 
     p.add_argument("--contract", default=registry.default_name(), choices=registry.names(),
                    help="which kernel contract (a record registered under the entry-point group kvfence.contracts; "
-                        "docs/contract.md): the draft kernel, the sliding-window read rail (its window drawn unless "
-                        "--window pins it), the "
-                        "page-table builders (§9), or another package's")
-    p.add_argument("--window", type=_non_negative_int, default=None,
-                   help="pin window_size, the sliding window (0: none; default: drawn when the kernel takes it)")
-    p.add_argument("--sink", type=_non_negative_int, default=None,
-                   help="pin sink_size, the attention sinks kept beside the window (default: drawn when the kernel "
-                        "takes it)")
-    p.add_argument("--entry-page-size", type=_positive_int, default=None,
-                   help="pin ENTRY_PAGE_SIZE, tokens per req_to_token entry, a power of two (default: drawn when "
-                        "the kernel takes it)")
-    p.add_argument("--translate", choices=["on", "off"], default=None,
-                   help="pin TRANSLATE, reads through a drawn v2p page table (default: drawn when the kernel "
-                        "takes it)")
-    p.add_argument("--family", choices=["auto", "on", "off"], default="auto",
-                   help="draw the §6 fields (window, sinks, entry page size, translation) for a kernel that takes "
-                        "them: auto = in every example on the CPU domain and in one example in four on the GPU "
-                        "domain (there §6 cases are verified on the host, so those examples are configs of at most "
-                        "16 MiB and 4 batches); on = in every example, off = never (default: auto)")
+                        "docs/contract.md): the draft kernel, the sliding-window read rail, the page-table "
+                        "builders (§9), or another package's; its own flags are listed by "
+                        "'kvfence fuzz --contract NAME --help'")
+
+
+#: What the commands keep in their parsed arguments besides their flags (``set_defaults``): no option's name.
+SET_BY_COMMANDS = frozenset({"func", "command", "declared_options", "fuzz_defaults", "campaign_defaults", "run_flags"})
+
+
+def _option_type(option: Option) -> Callable[[str], object]:
+    """An argparse type: ``option.parse``, its one-line refusal as argparse's."""
+
+    def parse(text: str) -> object:
+        try:
+            return option.parse(text)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = option.type.__name__  # argparse names the type in its "invalid value" line
+    return parse
+
+
+def add_declared_options(p: argparse.ArgumentParser, contract: str, options: Sequence[Option]) -> None:
+    """The flags contract ``contract`` declares (``Contract.options``), in a group of their own; a flag that is one
+    of the command's own is one line naming both."""
+    group = p.add_argument_group(f"contract {contract}'s options",
+                                 "declared by the contract (Contract.options); another contract's: "
+                                 "--contract NAME --help")
+    taken = {a.dest for a in p._actions} | set(p._defaults) | SET_BY_COMMANDS
+    for option in options:
+        require(option.name not in taken, f"contract {contract!r}: its option {option.flag} would overwrite kvfence's "
+                                          f"own {option.name!r} of {p.prog}: rename it")
+        kwargs = dict(type=_option_type(option), default=option.default, help=option.help or "(the contract's)")
+        if option.choices is not None:
+            kwargs["choices"] = option.choices
+        try:
+            group.add_argument(option.flag, dest=option.name, **kwargs)
+        except argparse.ArgumentError:
+            raise BadInput(f"contract {contract!r}: its option {option.flag} is one of kvfence's own flags of "
+                           f"{p.prog}: rename it") from None
+
+
+def declared_pins(args: argparse.Namespace) -> Dict[str, object]:
+    """The declared options given away from their defaults, by the draw field each pins (``RunPlan.pins``)."""
+    return {o.key: getattr(args, o.name) for o in args.declared_options if getattr(args, o.name) != o.default}
+
+
+# -- the flags a contract declares -----------------------------------------------------------------------------
+# argparse knows a command's flags before it parses; a contract's are known once the contract is, so the command
+# line is read twice: ``declared_options_of`` finds ``--contract NAME`` (the default contract without it) and loads
+# that record's options, then the parser built with them parses everything (``parse_command_line``). A contract not
+# of kvfence's own is loaded only in the boundary child that runs the command (``kvfence.engine.boundary``): the
+# parent hands the whole command line over unparsed (``deferred_contract``).
+_FLAG = "--contract"
+#: The shortest abbreviation of ``--contract`` argparse takes (``--co`` and ``--c`` are ambiguous on fuzz).
+_SHORTEST = "--con"
+
+
+def _names_contract(word: str) -> bool:
+    flag = word.split("=", 1)[0]
+    return len(flag) >= len(_SHORTEST) and _FLAG.startswith(flag)
+
+
+def contract_in_words(words: Sequence[str]) -> str:
+    """The contract ``--contract`` names in ``words`` (its last one, as argparse takes it), else the default."""
+    from kvfence.engine import registry
+
+    name: str = registry.default_name()
+    for i, word in enumerate(words):
+        if _names_contract(word):
+            if "=" in word:
+                name = word.split("=", 1)[1]
+            elif i + 1 < len(words):
+                name = words[i + 1]
+    return name
+
+
+def _command(words: Optional[Sequence[str]], commands: Sequence[str]) -> Optional[str]:
+    return words[0] if words and words[0] in commands else None
+
+
+def declared_options_of(words: Optional[Sequence[str]], commands: Sequence[str],
+                    child: bool) -> Tuple[str, Tuple[Option, ...]]:
+    """``(contract, its declared options)`` for the command ``words`` run (without ``words``: the default
+    contract's, for the reference and the tests). No options where the command takes none, the name is no
+    registered contract (the parser refuses it) or the contract is a plug-in and this is no boundary child."""
+    from kvfence.engine import registry
+
+    if words is None:
+        name = registry.default_name()
+        return name, tuple(registry.get(name).options)
+    name = contract_in_words(words[1:])
+    if _command(words, commands) is None or name not in registry.names():
+        return name, ()
+    if not child and not registry.builtin(name):
+        return name, ()
+    return name, tuple(registry.get(name).options)
+
+
+def deferred_contract(words: Sequence[str], commands: Sequence[str], child: bool) -> Optional[str]:
+    """The plug-in contract whose child must parse ``words`` (its flags are known only where it is loaded)."""
+    from kvfence.engine import registry
+
+    if child or _command(words, commands) is None:
+        return None
+    name = contract_in_words(words[1:])
+    return name if name in registry.names() and not registry.builtin(name) else None
+
+
+def parse_command_line(parser: argparse.ArgumentParser, words: List[str]) -> argparse.Namespace:
+    """``words`` parsed; a flag another of kvfence's contracts declares but the command's does not is one line
+    naming the command's contract and its options."""
+    args, extra = parser.parse_known_args(words)
+    if not extra:
+        return args
+    options = getattr(args, "declared_options", None)
+    flags = [w.split("=", 1)[0] for w in extra if w.startswith("--")]
+    if options is not None and flags and set(flags) <= _builtin_flags():
+        raise BadInput(f"{args.command}: --contract {args.contract} takes no {', '.join(flags)} (its options: "
+                       f"{', '.join(o.flag for o in options) or 'none'}; "
+                       f"'kvfence {args.command} --contract {args.contract} --help' lists them)")
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    raise AssertionError("parser.error returns no value")  # pragma: no cover - _Parser.error raises
+
+
+def _builtin_flags() -> Set[str]:
+    """The flags kvfence's own contracts declare (read only when a command line has a flag its contract lacks)."""
+    from kvfence.engine import registry
+
+    return {o.flag for name in registry.names() if registry.builtin(name) for o in registry.get(name).options}

@@ -10,10 +10,11 @@ once), and the run is ``kvfence.engine.fuzzrun`` on that plan; ``--jobs`` childr
 from __future__ import annotations
 
 import argparse
+from typing import Sequence
 
 from kvfence.cli.common import (
     _add_config_args,
-    _add_family_args,
+    _add_contract_arg,
     _add_target_args,
     _add_worker_args,
     _exit_codes,
@@ -23,14 +24,13 @@ from kvfence.cli.common import (
     _seconds,
     _stderr,
     _writable,
+    add_declared_options,
+    declared_pins,
 )
+from kvfence.contract import Option
 from kvfence.engine.registry import default_name
 from kvfence.errors import BadInput, require
 
-#: The config flags a contract may take (``RunPlan.pins``; ``Contract.options`` says which): a flag set away from
-#: its default goes into the plan, and a contract that does not take it refuses it in one line.
-PIN_FLAGS = ("topk", "num_steps", "page_size", "ctx", "max_bs", "window", "sink", "entry_page_size", "translate",
-             "family", "seq_len_limit", "dcp_size")
 #: What ``fuzz --resume`` uses; any other flag set away from its default is refused (it would be ignored).
 RESUME_FLAGS = {"out", "device", "json", "quiet", "resume", "in_process", "case_timeout"}
 #: The default budgets: the CPU's interpreter checks an example budget; on CUDA the plain command checks what
@@ -98,7 +98,7 @@ def _defaults(args) -> dict:
 def plan_from_args(args, device: str):
     """The run's ``RunPlan`` from the flags: the budgets (a time budget alone bounds the run by time; with neither,
     CUDA gets ``DEFAULT_GPU_SECONDS``, the CPU ``DEFAULT_MAX_EXAMPLES``), the domain, jobs, batches per example,
-    the bulk, the memory budget and the config flags set away from their defaults (``pins``)."""
+    the bulk, the memory budget and the contract's declared options set away from their defaults (``pins``)."""
     from kvfence.engine.budget import default_budget, parse_size
     from kvfence.engine.plan import RunPlan
     from kvfence.engine.progress import UNBOUNDED_EXAMPLES
@@ -120,7 +120,7 @@ def plan_from_args(args, device: str):
     jobs = _jobs(args, device, max_examples, max_seconds)
     cuda = device == "cuda"
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else default_budget(device, jobs)
-    pins = {name: getattr(args, name) for name in PIN_FLAGS if getattr(args, name) != defaults.get(name)}
+    pins = declared_pins(args)  # the contract's own flags, given away from their defaults
     return RunPlan(
         contract=args.contract, kernel=args.kernel, sizing=args.sizing, device=device, mode=args.mode,
         layout=args.layout, domain=scale, pins=pins, seed=args.seed, max_examples=max_examples,
@@ -210,14 +210,15 @@ def _fuzz_command(args) -> int:
         outlock.release_all()
 
 
-def add_run_flags(fz) -> None:
+def add_run_flags(fz, contract: str, options: Sequence[Option]) -> None:
     """The flags that say what one fuzz run checks and how long (target, config, budgets, database, workers):
-    ``fuzz``'s, and ``campaign``'s, which hands them to each shard's ``fuzz`` (kvfence.cli.campaign)."""
+    ``fuzz``'s, and ``campaign``'s, which hands them to each shard's ``fuzz`` (kvfence.cli.campaign); then the
+    flags ``contract`` declares (``options``, its ``Contract.options``)."""
     from kvfence.engine.jobs import FOLLOWER_MIN_LEFT_S
 
     _add_target_args(fz)
     _add_config_args(fz)
-    _add_family_args(fz)
+    _add_contract_arg(fz)
     fz.add_argument("--max-examples", type=_positive_int, default=None,
                     help=f"Hypothesis examples to generate (default: {DEFAULT_MAX_EXAMPLES} on the CPU; on CUDA no "
                          f"example budget, the run is bounded by --max-seconds)")
@@ -266,14 +267,17 @@ def add_run_flags(fz) -> None:
                     help="Hypothesis example database: none, a directory, or redis://HOST:PORT/DB; its failures "
                          "are replayed first (default: OUT/.hypothesis)")
     _add_worker_args(fz)
+    add_declared_options(fz, contract, options)
+    fz.set_defaults(declared_options=tuple(options))
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, contract: str, options: Sequence[Option]) -> None:
+    """``fuzz`` with the flags ``contract`` declares (``options``; kvfence.cli.declared)."""
     fz = sub.add_parser("fuzz", help="fuzz the kernel against the oracle inside guarded buffers",
                         description="Fuzz the kernel against the oracle inside guarded buffers; a failure is "
                                     "shrunk and saved as a case file under --out/cases/.",
                         epilog=_exit_codes(one="findings (the shrunk case file and the reports are written)"))
-    add_run_flags(fz)
+    add_run_flags(fz, contract, options)
     fz.add_argument("--json", default=None, help="also write the JSON summary here (default: only --out/summary.json)")
     fz.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     fz.add_argument("--plan", default=None, help=argparse.SUPPRESS)  # a --jobs child's plan, written by its parent

@@ -26,9 +26,10 @@ def cmd_sweep(args) -> int:
     require(args.cases is None or args.max_examples is None, "--cases and --max-examples exclude each other")
     require(args.timeout > 0, f"--timeout {args.timeout:g}: expected a positive number of seconds")
     record = registry.get(args.contract)
-    # The canary phase draws what the plain CPU-sized fuzz draws, less the §6 fields of a contract that takes
-    # them; the layout and the sizing as given. Anything the contract cannot run is one line before anything runs.
-    pins = {"family": "off"} if "family" in record.options else {}
+    # The canary phase draws what the plain CPU-sized fuzz draws, with the pins the contract's options declare for
+    # it (``Option.canary``: the draft's §6 fields off); the layout and the sizing as given. Anything the contract
+    # cannot run is one line before anything runs.
+    pins = {o.key: o.canary for o in record.options if o.canary is not None}
     sizing = args.sizing or "safe"
 
     def plan_for(device: str) -> RunPlan:

@@ -119,8 +119,9 @@ def cmd_upstream_shipped(args, name: str, out_dir, offline: bool, json_path=None
 
     versions = rm.parse_versions(args.versions, rm.known_releases(offline, announce=_stderr), announce=_stderr)
     device = select(args.device, announce=_stderr)
-    options = dict(ctx=args.shipped_ctx, num_steps=args.shipped_steps, max_bs=args.shipped_max_bs,
-                   max_topk=args.shipped_max_topk, ordinary_only=args.shipped_lengths == "ordinary")
+    # The --shipped-* flags by name, for the contract's tooling to read (kvfence names none of them here).
+    options = {dest.removeprefix("shipped_"): value for dest, value in vars(args).items()
+               if dest.startswith("shipped_")}
     _set_aside(out_dir)
     doc, text = shipped(name).tool.shipped_matrix(versions, options, device=device, offline=offline, out=out_dir,
                                                   progress=sys.stderr)

@@ -37,9 +37,10 @@ import json
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import List, Optional
 
-from kvfence.contract import MEMBERS, Contract
+from kvfence.contract import MEMBERS, Contract, Option
 from kvfence.errors import BadInput, printable
 
 #: Set in the child: the file it reports how the command ended to (``report``).
@@ -217,10 +218,12 @@ def _member(member: str, contract: str):
     def read(self):
         with calling(contract, f"{member} (reading it)"):
             value = vars(self)[member] if member in getattr(self, "__dict__", {}) else _parent_attr(self, member)
-        if member in ("sizings", "options") and isinstance(value, Mapping):
-            what = "sizing" if member == "sizings" else "option"
-            return {k: _guarded_callable(v, contract, f"{what} {k!r}") if callable(v) else v
+        if member == "sizings" and isinstance(value, Mapping):
+            return {k: _guarded_callable(v, contract, f"sizing {k!r}") if callable(v) else v
                     for k, v in value.items()}
+        if member == "options" and isinstance(value, tuple):
+            return tuple(replace(o, shard=_guarded_callable(o.shard, contract, f"option {o.name!r}'s shard"))
+                         if isinstance(o, Option) and o.shard is not None else o for o in value)
         return value
 
     return property(read)

@@ -16,16 +16,26 @@ import re
 from collections.abc import Mapping
 from typing import List, Optional
 
-from kvfence.contract import DOMAINS, GUARDS, MODES, REQUIRED, ROLES, Contract, FindingKind, Keys, Launch, Mutant, Table
+from kvfence.contract import (
+    DOMAINS,
+    GUARDS,
+    MODES,
+    REQUIRED,
+    ROLES,
+    Contract,
+    FindingKind,
+    Keys,
+    Launch,
+    Mutant,
+    Option,
+    Table,
+)
 from kvfence.engine.findings import Finding, Kind, closest_kind
 from kvfence.errors import BadInput, printable
 
 #: Widest row a sizing may give (``kvfence.engine.launch.MAX_WIDTH``).
 MAX_WIDTH = 1 << 30
 
-#: The command line's config flags a contract may take (``Contract.options``).
-OPTION_FLAGS = ("topk", "num_steps", "page_size", "ctx", "max_bs", "window", "sink", "entry_page_size", "translate",
-                "family", "seq_len_limit", "dcp_size")
 DTYPES = ("int8", "int16", "int32", "int64")
 _KIND_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
@@ -128,11 +138,15 @@ def _mutant_problems(record) -> List[str]:
 
 
 def _option_problems(record) -> List[str]:
+    """The declared options (``kvfence.contract.Option``, each checked when made): a tuple of them, no two with
+    one flag or one draw field."""
     options = record.options
-    if not isinstance(options, Mapping):
-        return ["options must map command-line flags to None or a callable of the domain"]
-    return [f"option {name!r} is no flag of kvfence fuzz (choose from {', '.join(OPTION_FLAGS)})"
-            for name in options if name not in OPTION_FLAGS]
+    if not isinstance(options, tuple) or not all(isinstance(o, Option) for o in options):
+        return [f"options must be a tuple of kvfence.contract.Option, got {printable(options, 80)!r}"]
+    out: List[str] = []
+    for what, names in (("flag", [o.flag for o in options]), ("draw field", [o.key for o in options])):
+        out += [f"options declare the {what} {n} twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    return out
 
 
 def _budget_problems(record) -> List[str]:

@@ -15,9 +15,9 @@ its summary says of it are assembled once:
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
-from kvfence.contract import Launch
+from kvfence.contract import Contract, Launch, option_named
 from kvfence.engine import registry
 from kvfence.engine.kernels import check_spec
 from kvfence.engine.launch import bind, sizing_policy
@@ -29,11 +29,22 @@ def record(plan: RunPlan):
     """The contract's record, with ``plan`` checked against it (``BadInput``, one line, before any work): every
     pinned flag one the contract takes, a sizing it knows, a kernel spec of the right shape."""
     found = registry.get(plan.contract)
-    unknown = sorted(k for k, v in plan.pins.items() if v is not None and k not in found.options)
-    require(not unknown, f"--contract {found.name} takes no {', '.join('--' + k.replace('_', '-') for k in unknown)}")
+    check_pins(found, plan.pins)
     sizing_policy(found, plan.sizing)
     check_spec(plan.kernel, record=found)
     return found
+
+
+def check_pins(found: Contract, pins: Mapping[str, object]) -> None:
+    """Every pinned field one the contract declares an option for (``Contract.options``), its value one the option
+    takes: ``BadInput``, one line naming the flag, otherwise."""
+    unknown = sorted(k for k, v in pins.items() if v is not None and option_named(found, k) is None)
+    require(not unknown, f"--contract {found.name} takes no {', '.join('--' + k.replace('_', '-') for k in unknown)}"
+                         f" (its options: {', '.join(o.flag for o in found.options) or 'none'})")
+    for key, value in pins.items():
+        option = option_named(found, key)
+        if value is not None and option is not None:
+            option.check(value)
 
 
 def probe_plugins(plan: RunPlan) -> None:
@@ -92,8 +103,8 @@ def draws(plan: RunPlan, shard=None) -> Tuple[object, Optional[dict]]:
 
 def shard_fields(found, plan: RunPlan) -> Dict[str, tuple]:
     """The options a ``--shard`` deals out, each with its values on the plan's domain (a pinned one: its value)."""
-    return {name: (plan.pins[name],) if plan.pins.get(name) is not None else tuple(values(plan.domain))
-            for name, values in found.options.items() if values is not None}
+    return {o.key: (plan.pins[o.key],) if plan.pins.get(o.key) is not None else tuple(o.shard(plan.domain))
+            for o in found.options if o.shard is not None}
 
 
 def checker(plan: RunPlan, *, background: bool = False):

@@ -80,7 +80,8 @@ class ReleaseTool(Protocol):
 
     def shipped_matrix(self, versions: List[str], options: dict, *, device: str, offline: bool, out,
                        progress) -> Tuple[dict, str]:
-        """``upstream matrix --shipped``: ``(doc, markdown)``, its reports written under ``out``."""
+        """``upstream matrix --shipped``: ``(doc, markdown)``, its reports written under ``out``; ``options``: the
+        ``--shipped-*`` flags by name without the prefix (``ctx``, ``steps``, ``max_bs``, ``max_topk``, ``lengths``)."""
 
     def deployment_verdicts(self, deployment, releases: List[str], out, device: str) -> list:
         """``affected``: ``kvfence.release.affected.Verdict``s of one deployment."""

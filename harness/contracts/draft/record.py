@@ -23,18 +23,12 @@ from typing import Dict, List
 
 from kvfence.contract import Contract, Keys, Launch, Table
 from kvfence.contracts.draft.case import Case, DraftCase, batch_from_dict, config_from_dict
-from kvfence.contracts.draft.domain import DOMAINS, boundary_classes
+from kvfence.contracts.draft.domain import boundary_classes
 from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, kernel_spec, mutants
+from kvfence.contracts.draft.options import OPTIONS
 from kvfence.contracts.draft.sizing import POLICIES
 from kvfence.contracts.draft.tokens import req_to_token_rows, v2p_table
 from kvfence.errors import require
-
-#: The command line's config flags the draft kernel and the rail take (``--shard`` deals topk, steps and pages).
-SHARDED = {"topk": lambda d: tuple(range(1, DOMAINS[d].max_topk + 1)),
-           "num_steps": lambda d: tuple(range(1, DOMAINS[d].max_steps + 1)),
-           "page_size": lambda d: tuple(DOMAINS[d].page_sizes)}
-OPTIONS = {**SHARDED, **{name: None for name in ("ctx", "max_bs", "window", "sink", "entry_page_size", "translate",
-                                                 "family", "seq_len_limit")}}
 
 
 class DraftSizings(Mapping):

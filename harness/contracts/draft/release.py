@@ -35,12 +35,15 @@ class DraftReleaseTool:
 
     def shipped_matrix(self, versions: List[str], options: dict, *, device: str, offline: bool, out,
                        progress) -> Tuple[dict, str]:
-        """``options``: the ``--shipped-*`` flags (ctx, num_steps, max_bs, max_topk, ordinary_only)."""
+        """``options``: the ``--shipped-*`` flags by name (``ctx``, ``steps``, ``max_bs``, ``max_topk``,
+        ``lengths``)."""
         from kvfence.contracts.draft import shipped_matrix as sm
         from kvfence.contracts.draft.shipped_report import markdown, write
         from kvfence.provenance import stamped
 
-        doc = sm.run(versions, domain=sm.Domain(**options), device=device, offline=offline, out=out,
+        domain = sm.Domain(ctx=options["ctx"], num_steps=options["steps"], max_bs=options["max_bs"],
+                           max_topk=options["max_topk"], ordinary_only=options["lengths"] == "ordinary")
+        doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out,
                      progress=progress)
         report = write(doc, out)
         doc = stamped(doc)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import List
 
-from kvfence.contract import Contract, FindingKind, Keys, Mutant, Table
+from kvfence.contract import Contract, FindingKind, Keys, Mutant, Option, Table
 from kvfence.contracts.req_to_token import case as model
 from kvfence.contracts.req_to_token.sizing import Sizings
 from kvfence.engine.findings import ContractKind, Finding
@@ -79,8 +79,16 @@ class ReqToTokenContract(Contract[model.ReqToTokenCase]):
     kinds = (FindingKind(ROW_RESERVED_PAST_WIDTH, observed=False,
                          doc="a request's write reaches past its row's width: the row cannot hold what the step "
                              "reserved (a reader of the row up to end_b reads past it)"),)
-    options = {"page_size": lambda domain: model.PAGE_SIZES, "ctx": None, "topk": None, "num_steps": None,
-               "dcp_size": None}
+    options = (
+        Option("page_size", int, None, "pin the page size (default: drawn by Hypothesis)", bounds=(1, None),
+               shard=lambda domain: model.PAGE_SIZES),
+        Option("ctx", int, None, "pin the context length (default: drawn by Hypothesis)", bounds=(1, None)),
+        Option("topk", int, None, "pin the speculative topk (default: drawn by Hypothesis)", bounds=(1, None)),
+        Option("num_steps", int, None, "pin the speculative steps (default: drawn by Hypothesis)", bounds=(1, None)),
+        Option("dcp_size", int, None, "pin the decode-context-parallel size (SGLang's --dcp-size: the allocator "
+                                      "pages at page size x DCP size) (default: drawn by Hypothesis)",
+               bounds=(1, None)),
+    )
 
     @property
     def mutants(self) -> tuple:
