@@ -86,10 +86,10 @@ def _run(argv: Optional[List[str]], prog: str, child: bool = False) -> int:
         parser = build_parser(prog, words, child=child)
         deferred = deferred_contract(words, _DECLARING_NAMES, child)
         if deferred:  # a plug-in's flags are known only in the child that loads it: it parses the command line
-            from kvfence.engine.boundary import run_command
+            from kvfence.engine.boundary_parent import run_command
 
             known, _ = parser.parse_known_args([w for w in words if w not in ("-h", "--help")])
-            return run_command(words, [deferred], _stderr, getattr(known, "max_seconds", None))
+            return run_command(words, [deferred], _stderr, getattr(known, "max_seconds", None), prog)
         try:
             args = parse_command_line(parser, words)
         except SystemExit as exc:  # --help printed (argparse's errors are BadInput): a status a boundary child reports
