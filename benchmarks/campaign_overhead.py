@@ -63,8 +63,8 @@ def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, fold
     # CPU seconds of this process (the Redis server's are not counted, its round trips are): on a
     # machine shared with other jobs, wall time mostly measures the neighbours.
     start = time.process_time()
-    result = fuzz(NullSession(), draft_launches(cases(config_strategy)), max_examples=examples, seed=seed,
-                  database=database, database_key=key, targeting=targeting)
+    result = fuzz(NullSession(), draft_launches(cases(config_strategy)),
+                  RunPlan(max_examples=examples, seed=seed, targeting=targeting), database=database, database_key=key)
     return result.examples / (time.process_time() - start)
 
 
