@@ -19,7 +19,7 @@ import math
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple
 
 from kvfence.errors import BadInput, require
 
@@ -277,7 +277,7 @@ class Evaluator:
         self.steps = 0  # MAX_EVAL_STEPS: reset for each site (``Reader.read``, one evaluator per site elsewhere)
         self.nesting = 0  # expressions being expanded inside each other (TREE_MAX_DEPTH)
 
-    def fail(self, node, site: Site, why: str):
+    def fail(self, node: ast.AST, site: Site, why: str) -> NoReturn:
         try:
             text = ast.unparse(node)
         except (RecursionError, ValueError):
@@ -317,32 +317,41 @@ class Evaluator:
             op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}[type(node.op)]
             return [op, self.expr(node.left, site), self.expr(node.right, site)]
         if isinstance(node, ast.Name):
-            if node.id in site.bound:
-                value, where = site.bound[node.id]
-                return self.expr(value, where)
-            local = self._local(node, site)
-            if local is not None:
-                return self.expr(local, site)
-            sym = self.symbol(node.id, site)
-            if sym is not None:
-                return ["sym", sym]
-            self.fail(node, site, "unknown name")
+            return self._name(node, site)
         if isinstance(node, ast.Attribute):
-            name = dotted(node)
-            if name is not None:
-                sym = self.symbol(name, site)
-                if sym is not None:
-                    return ["sym", sym]
-                if name in site.bound:
-                    value, where = site.bound[name]
-                    return self.expr(value, where)
-                assign = self._last(site.self_attrs.get(name, []), node) if name.startswith("self.") else None
-                if assign is not None:
-                    return self.expr(assign.value, site)
-            self.fail(node, site, "unknown attribute")
+            return self._attribute(node, site)
         if isinstance(node, ast.Call):
             return self.call(node, site)
         self.fail(node, site, f"{type(node).__name__} is not integer + - * // min max")
+
+    def _name(self, node: ast.Name, site: Site) -> list:
+        """A name's value: bound by the call being followed, a local assignment before it, or a known symbol."""
+        if node.id in site.bound:
+            value, where = site.bound[node.id]
+            return self.expr(value, where)
+        local = self._local(node, site)
+        if local is not None:
+            return self.expr(local, site)
+        sym = self.symbol(node.id, site)
+        if sym is not None:
+            return ["sym", sym]
+        self.fail(node, site, "unknown name")
+
+    def _attribute(self, node: ast.Attribute, site: Site) -> list:
+        """A dotted name's value: a known symbol, bound by the call being followed, or the last ``self.x = ...``
+        before it."""
+        name = dotted(node)
+        if name is not None:
+            sym = self.symbol(name, site)
+            if sym is not None:
+                return ["sym", sym]
+            if name in site.bound:
+                value, where = site.bound[name]
+                return self.expr(value, where)
+            assign = self._last(site.self_attrs.get(name, []), node) if name.startswith("self.") else None
+            if assign is not None:
+                return self.expr(assign.value, site)
+        self.fail(node, site, "unknown attribute")
 
     def _local(self, node: ast.Name, site: Site):
         """The value of the last plain ``name = ...`` of the enclosing function before ``node``."""
