@@ -41,11 +41,11 @@ def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, fold
     from kvfence.contracts.draft.strategies import cases, configs
     from kvfence.engine import campaign
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     shard = campaign.Shard(3, 8) if variant == "shard 3/8" else None
     if shard is not None:
         from kvfence.engine import registry
-        from kvfence.engine.plan import RunPlan
         from kvfence.engine.run import shard_fields
 
         draft = registry.get("draft")
