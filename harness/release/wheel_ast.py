@@ -303,12 +303,16 @@ class Evaluator:
         finally:
             self.nesting -= 1
 
-    def _expr(self, node, site: Site):
+    def _step(self, node: ast.AST, site: Site) -> None:
+        """One more evaluation step: refused past ``MAX_EVAL_STEPS`` or ``MAX_DEPTH``."""
         self.steps += 1
         if self.steps > MAX_EVAL_STEPS:
             self.fail(node, site, f"more than {MAX_EVAL_STEPS} evaluation steps (names expanding each other)")
         if site.depth > MAX_DEPTH:
             self.fail(node, site, "nested too deep")
+
+    def _expr(self, node, site: Site):
+        self._step(node, site)
         if isinstance(node, ast.Constant) and type(node.value) is int:
             if abs(node.value) > MAX_LITERAL:
                 self.fail(node, site, "an integer larger than 2^62")
@@ -317,41 +321,32 @@ class Evaluator:
             op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}[type(node.op)]
             return [op, self.expr(node.left, site), self.expr(node.right, site)]
         if isinstance(node, ast.Name):
-            return self._name(node, site)
+            if node.id in site.bound:
+                value, where = site.bound[node.id]
+                return self.expr(value, where)
+            local = self._local(node, site)
+            if local is not None:
+                return self.expr(local, site)
+            sym = self.symbol(node.id, site)
+            if sym is not None:
+                return ["sym", sym]
+            self.fail(node, site, "unknown name")
         if isinstance(node, ast.Attribute):
-            return self._attribute(node, site)
+            name = dotted(node)
+            if name is not None:
+                sym = self.symbol(name, site)
+                if sym is not None:
+                    return ["sym", sym]
+                if name in site.bound:
+                    value, where = site.bound[name]
+                    return self.expr(value, where)
+                assign = self._last(site.self_attrs.get(name, []), node) if name.startswith("self.") else None
+                if assign is not None:
+                    return self.expr(assign.value, site)
+            self.fail(node, site, "unknown attribute")
         if isinstance(node, ast.Call):
             return self.call(node, site)
         self.fail(node, site, f"{type(node).__name__} is not integer + - * // min max")
-
-    def _name(self, node: ast.Name, site: Site) -> list:
-        """A name's value: bound by the call being followed, a local assignment before it, or a known symbol."""
-        if node.id in site.bound:
-            value, where = site.bound[node.id]
-            return self.expr(value, where)
-        local = self._local(node, site)
-        if local is not None:
-            return self.expr(local, site)
-        sym = self.symbol(node.id, site)
-        if sym is not None:
-            return ["sym", sym]
-        self.fail(node, site, "unknown name")
-
-    def _attribute(self, node: ast.Attribute, site: Site) -> list:
-        """A dotted name's value: a known symbol, bound by the call being followed, or the last ``self.x = ...``
-        before it."""
-        name = dotted(node)
-        if name is not None:
-            sym = self.symbol(name, site)
-            if sym is not None:
-                return ["sym", sym]
-            if name in site.bound:
-                value, where = site.bound[name]
-                return self.expr(value, where)
-            assign = self._last(site.self_attrs.get(name, []), node) if name.startswith("self.") else None
-            if assign is not None:
-                return self.expr(assign.value, site)
-        self.fail(node, site, "unknown attribute")
 
     def _local(self, node: ast.Name, site: Site):
         """The value of the last plain ``name = ...`` of the enclosing function before ``node``."""
