@@ -95,6 +95,7 @@ def main() -> int:
               + ", ".join(TRIGGERS), file=sys.stderr)
         return 2
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     warnings.simplefilter("ignore")  # Hypothesis's "overly large repr" of a bulk example
     start = time.monotonic()
@@ -105,8 +106,8 @@ def main() -> int:
         for name in triggers:
             trigger, times = TRIGGERS[name], []
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                result = fuzz(TriggerSession(trigger), shape_strategy(batches, bulk), max_examples=10**9, seed=seed,
-                              max_seconds=args.cap, shrink_seconds=0)
+                result = fuzz(TriggerSession(trigger), shape_strategy(batches, bulk),
+                              RunPlan(max_examples=10**9, seed=seed, max_seconds=args.cap, shrink_seconds=0))
                 times.append(round(result.first_failure_s, 3) if result.first_failure_s is not None else 2 * args.cap)
             rows[name] = {"seconds": times, "median": round(statistics.median(times), 3), "worst": max(times)}
             print(f"{batches:3d}/{bulk:<5d} {name:22s} median {rows[name]['median']:7.3f} s  worst "

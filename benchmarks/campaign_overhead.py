@@ -41,11 +41,11 @@ def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, fold
     from kvfence.contracts.draft.strategies import cases, configs
     from kvfence.engine import campaign
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     shard = campaign.Shard(3, 8) if variant == "shard 3/8" else None
     if shard is not None:
         from kvfence.engine import registry
-        from kvfence.engine.plan import RunPlan
         from kvfence.engine.run import shard_fields
 
         draft = registry.get("draft")
@@ -63,8 +63,8 @@ def run(variant: str, examples: int, seed: int, targeting: bool, redis_url, fold
     # CPU seconds of this process (the Redis server's are not counted, its round trips are): on a
     # machine shared with other jobs, wall time mostly measures the neighbours.
     start = time.process_time()
-    result = fuzz(NullSession(), draft_launches(cases(config_strategy)), max_examples=examples, seed=seed,
-                  database=database, database_key=key, targeting=targeting)
+    result = fuzz(NullSession(), draft_launches(cases(config_strategy)),
+                  RunPlan(max_examples=examples, seed=seed, targeting=targeting), database=database, database_key=key)
     return result.examples / (time.process_time() - start)
 
 

@@ -30,6 +30,7 @@ def run(examples: int, seed: int, profile: bool):
     from kvfence.contracts.draft.session import Session, runtime_case
     from kvfence.contracts.draft.strategies import cases
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     programs = []
 
@@ -45,7 +46,7 @@ def run(examples: int, seed: int, profile: bool):
     if prof:
         prof.enable()
     t0 = time.perf_counter()
-    result = fuzz(session, draft_launches(cases()), max_examples=examples, seed=seed, targeting=False)
+    result = fuzz(session, draft_launches(cases()), RunPlan(max_examples=examples, seed=seed, targeting=False))
     elapsed = time.perf_counter() - t0
     if prof:
         prof.disable()

@@ -47,6 +47,7 @@ sitting is measured over several and still lands in one file.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -58,7 +59,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -420,7 +421,8 @@ def resumed(path: str, fresh: dict, mutants) -> dict:
     return doc
 
 
-def main() -> int:
+def _arguments() -> Tuple[argparse.Namespace, list]:
+    """The command line: the fuzz command's flags and this benchmark's own; returns ``(args, extra)``."""
     parser, argv, extra = fuzz_command_parser(__doc__, sys.argv[1:])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--only", nargs="*", default=None)
@@ -436,23 +438,34 @@ def main() -> int:
                              "[--bulk-per-example N]): the bulk on beside the default, off")
     parser.add_argument("--resume", default=None, metavar="FILE",
                         help="continue this cut results file of the same plan (rewritten in place)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv), extra
+
+
+def _results_file(args: argparse.Namespace, extra: list) -> Tuple[dict, List[dict], List[Planted]]:
+    """The arguments checked, the slots laid out, the mutants found: ``(result, layout, mutants)``, the result
+    that of ``--resume``'s file when given (``BadInput`` or ``ValueError`` on bad input)."""
+    require(args.seeds >= 1 and args.parallel >= 1 and args.reference_seeds >= 0, "--seeds and --parallel must be "
+                                                                                     ">= 1, --reference-seeds >= 0")
+    require(args.compare_bulk is None or args.compare_bulk >= 1,
+            f"--compare-bulk {args.compare_bulk}: expected the bulk to compare, N >= 1 batches per example")
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+    layout = slots(args.parallel, args.cores_per_run, gpus, args.device)
+    mutants = discover(names=args.only or None)
+    result = {"benchmark": "plain_fuzz_mutants", "command": shlex.join(["python", *sys.argv]),
+              "device": args.device, "seeds": args.seeds, "reference_seeds": args.reference_seeds,
+              "required": args.required, "compare_bulk": args.compare_bulk, "parallel": args.parallel,
+              "slots": layout, "extra": extra,
+              "cut": False, "stopped": [], "wall_s": 0.0, "reference": {}, "mutants": {}}
+    if args.resume:
+        result = resumed(args.resume, result, mutants)
+        args.json = args.json or args.resume
+    return result, layout, mutants
+
+
+def main() -> int:
+    args, extra = _arguments()
     try:
-        require(args.seeds >= 1 and args.parallel >= 1 and args.reference_seeds >= 0, "--seeds and --parallel must be "
-                                                                                         ">= 1, --reference-seeds >= 0")
-        require(args.compare_bulk is None or args.compare_bulk >= 1,
-                f"--compare-bulk {args.compare_bulk}: expected the bulk to compare, N >= 1 batches per example")
-        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
-        layout = slots(args.parallel, args.cores_per_run, gpus, args.device)
-        mutants = discover(names=args.only or None)
-        result = {"benchmark": "plain_fuzz_mutants", "command": shlex.join(["python", *sys.argv]),
-                  "device": args.device, "seeds": args.seeds, "reference_seeds": args.reference_seeds,
-                  "required": args.required, "compare_bulk": args.compare_bulk, "parallel": args.parallel,
-                  "slots": layout, "extra": extra,
-                  "cut": False, "stopped": [], "wall_s": 0.0, "reference": {}, "mutants": {}}
-        if args.resume:
-            result = resumed(args.resume, result, mutants)
-            args.json = args.json or args.resume
+        result, layout, mutants = _results_file(args, extra)
     except Exception as exc:  # BadInput, a malformed --gpus or --resume file: one line, exit 2
         print(f"plain_fuzz_mutants: {exc}", file=sys.stderr)
         return 2
@@ -523,6 +536,14 @@ def main() -> int:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             cut()
+    _totals(result, args)
+    clock()
+    save()
+    return _report(result, args)
+
+
+def _totals(result: dict, args: argparse.Namespace) -> None:
+    """The run's totals into ``result``: seeds run, whether it is complete and passed, the kill-time table."""
     rows = list(result["mutants"].values())
     # Rows' rates are over the seeds that ran; the whole passes only with every planned run done.
     result["min_seeds_run"] = min((len(r["seeds_run"]) for r in rows), default=0)
@@ -538,8 +559,11 @@ def main() -> int:
         result["bulk_comparison"] = {"flags": bulk_flags(args.compare_bulk), "mutants": len(compared),
                                      "slower_with_bulk": sum(e["bulk_slower"] for e in compared),
                                      "faster_with_bulk": sum(e["median_bulk_on"] < e["median"] for e in compared)}
-    clock()
-    save()
+
+
+def _report(result: dict, args: argparse.Namespace) -> int:
+    """Print each row and the verdict; returns the exit code (0 PASS, 1 FAIL, ``INCOMPLETE``)."""
+    rows = list(result["mutants"].values())
     for name, r in result["mutants"].items():
         print(f"{name:56s} {r['detected']:3d}/{len(r['seeds_run'])}  search median {r['median_search_s']} s, "
               f"worst {r['worst_search_s']} s  kinds {','.join(r['kinds']) or '-'}")
@@ -552,6 +576,7 @@ def main() -> int:
                    f"they ran, at least {result['min_seeds_run']} of {args.seeds} seeds each; {result['wall_s']} s"
                    f"{'; cut: --resume the file to run the rest' if not result['complete'] else ''})")
     return {"PASS": 0, "FAIL": 1, "INCOMPLETE": INCOMPLETE}[verdict]
+
 
 
 if __name__ == "__main__":

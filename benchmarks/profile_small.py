@@ -38,6 +38,7 @@ def main():
     from kvfence.contracts.draft.session import Session
     from kvfence.contracts.draft.strategies import cases, configs
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     strategy = draft_launches(cases(configs(sizing="safe", **SMALL)))  # the engine's launches, as fuzz takes
     drawn = []
@@ -75,7 +76,7 @@ def main():
 
     prof = cProfile.Profile()
     prof.enable()
-    result = fuzz(session, strategy, max_examples=args.examples, seed=3)
+    result = fuzz(session, strategy, RunPlan(max_examples=args.examples, seed=3))
     prof.disable()
     print(f"fuzz: {result.examples} examples, {result.cases_per_s:.0f} cases/s")
     text = io.StringIO()

@@ -73,16 +73,17 @@ def small_rate(device: str, examples: int, seed: int) -> dict:
     from kvfence.contracts.draft.session import Session
     from kvfence.contracts.draft.strategies import case_runs, cases, configs
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     session = Session(device, "reference")
     strategy = draft_launches(cases(configs(sizing="safe", **SMALL)))
     # Warm-up: compiles the kernels and captures every bucket's graphs.
-    fuzz(session, strategy, max_examples=min(examples, 200), seed=seed + 1)
+    fuzz(session, strategy, RunPlan(max_examples=min(examples, 200), seed=seed + 1))
     out = {}
     for targeting, key in ((False, "small_cases_per_s"), (True, "small_cases_per_s_targeting")):
         rates = []
         for rep in range(3 if device == "cuda" else 1):
-            result = fuzz(session, strategy, max_examples=examples, seed=seed + 2 + rep, targeting=targeting)
+            result = fuzz(session, strategy, RunPlan(max_examples=examples, seed=seed + 2 + rep, targeting=targeting))
             assert not result.findings, [f.headline() for f in result.findings]
             rates.append(result.cases_per_s)
         out[key] = round(statistics.median(rates), 1)
@@ -92,7 +93,7 @@ def small_rate(device: str, examples: int, seed: int) -> dict:
     runs = draft_launches(case_runs(configs(sizing="safe", **SMALL), max_batches=8))
     rates = []
     for rep in range(3 if device == "cuda" else 1):
-        result = fuzz(session, runs, max_examples=max(1, examples // 4), seed=seed + 7 + rep, targeting=False)
+        result = fuzz(session, runs, RunPlan(max_examples=max(1, examples // 4), seed=seed + 7 + rep, targeting=False))
         assert not result.findings, [f.headline() for f in result.findings]
         rates.append(result.cases_per_s)
     out["small_cases_per_s_8_per_example"] = round(statistics.median(rates), 1)
@@ -488,13 +489,15 @@ def parent_rate(seconds: float = 10.0, seed: int = 0) -> dict:
     from kvfence.cli.fuzz import GPU_BATCHES_PER_EXAMPLE
     from kvfence.contracts.draft.strategies import case_runs, configs
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     out = {}
     for name, bulk in (("bulk", PARENT_BULK), ("no_bulk", 0)):
         strategy = draft_launches(case_runs(configs(sizing="safe", **SMALL), max_batches=GPU_BATCHES_PER_EXAMPLE,
                                             bulk=bulk))
         cpu0, t0 = time.process_time(), time.perf_counter()
-        result = fuzz(_CleanStub(), strategy, max_examples=10**9, seed=seed, max_seconds=seconds, shrink_seconds=0)
+        result = fuzz(_CleanStub(), strategy,
+                      RunPlan(max_examples=10**9, seed=seed, max_seconds=seconds, shrink_seconds=0))
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         out[f"parent_cases_per_s_{name}"] = round(result.verified_cases / wall, 1)
         out[f"parent_structural_cases_per_s_{name}"] = round(result.structural_cases / wall, 1)

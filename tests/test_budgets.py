@@ -10,6 +10,7 @@ from kvfence.contracts.draft.record import launch_of
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.keepgoing import fuzz_keep_going
 from kvfence.engine.loop import fuzz
+from kvfence.engine.plan import RunPlan
 
 CONFIG = Config(topk=1, num_steps=1, page_size=1, ctx=64, max_bs=1)
 #: One example: 32 batches of one config (the engine's launches), every one of which kills the worker.
@@ -55,7 +56,7 @@ class EveryCaseCrashes:
 def test_a_first_failure_costs_two_restarts_not_one_per_case():
     """Exploring without --keep-going, an example fails at its first failing case: the re-runs stop there."""
     session = EveryCaseCrashes()
-    result = fuzz(session, hst.just(EXAMPLE), max_examples=1, seed=0, targeting=False, shrink_seconds=0)
+    result = fuzz(session, hst.just(EXAMPLE), RunPlan(max_examples=1, seed=0, targeting=False, shrink_seconds=0))
     assert [f.kind for f in result.findings] == [Kind.CRASH]
     assert session.restarts == 2 and result.verified_cases == 1
 
@@ -66,8 +67,8 @@ def test_keep_going_over_a_kernel_whose_every_case_crashes_ends_within_a_restart
     hold within about one restart, and the crash is kept."""
     session = EveryCaseCrashes()
     start = time.monotonic()
-    result = fuzz_keep_going(session, hst.just(EXAMPLE), max_examples=50, seed=0, max_seconds=1.0,
-                             targeting=False, shrink_seconds=0.5)
+    result = fuzz_keep_going(session, hst.just(EXAMPLE), RunPlan(max_examples=50, seed=0, max_seconds=1.0,
+                                                                 targeting=False, shrink_seconds=0.5))
     elapsed = time.monotonic() - start
     assert elapsed < 1.0 + 0.5 + 3 * EveryCaseCrashes.RESTART_S + 0.5, (elapsed, session.restarts)
     assert [f.kind for f in result.findings] == [Kind.CRASH] and result.time_cut
@@ -83,8 +84,8 @@ def test_a_crash_is_shrunk_one_case_per_message_so_each_crashing_candidate_costs
     config = Config(topk=1, num_steps=1, page_size=1, ctx=64, max_bs=6)
     batches = hst.lists(hst.integers(1, 64), min_size=1, max_size=6).map(
         lambda ls: launch_of(Case(config, Batch(tuple(ls), tuple(range(len(ls))), 0))))
-    result = fuzz(session, hst.lists(batches, min_size=2, max_size=4), max_examples=200, seed=0, targeting=False,
-                  shrink_seconds=30)
+    result = fuzz(session, hst.lists(batches, min_size=2, max_size=4),
+                  RunPlan(max_examples=200, seed=0, targeting=False, shrink_seconds=30))
     assert [f.kind for f in result.findings] == [Kind.CRASH]
     assert len(result.case.case.batch.seq_lens) == 2 and not result.shrink_cut
     first = next(i for i, call in enumerate(session.calls) if call[2])  # the first list that crashed

@@ -25,6 +25,7 @@ from kvfence.engine import launch as launches
 from kvfence.engine import registry
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.loop import fuzz
+from kvfence.engine.plan import RunPlan
 from kvfence.engine.result import SPLICE_REPLAYED, config_key, read_key, structure_key
 from kvfence.engine.run import BoundRun
 from kvfence.errors import BadInput
@@ -192,8 +193,9 @@ class CleanStub(PlantedStub):
 
 def _fuzz(session, bulk: int, seed: int = 1, **kw):
     strategy = case_runs(configs(**PINNED), max_batches=8, bulk=bulk).map(bound)
-    return fuzz(session, strategy, max_examples=kw.pop("max_examples", 3000), seed=seed, targeting=False,
-                shrink_seconds=kw.pop("shrink_seconds", 30.0), **kw)
+    return fuzz(session, strategy,
+                RunPlan(max_examples=kw.pop("max_examples", 3000), seed=seed, targeting=False,
+                        shrink_seconds=kw.pop("shrink_seconds", 30.0)), **kw)
 
 
 def test_a_bug_found_in_the_bulk_shrinks_to_the_minimal_case_and_no_further_from_it_than_hypothesis_alone():
@@ -260,8 +262,9 @@ def test_an_example_is_checked_up_to_its_first_failing_chunk():
     run = CaseRun([Case(config, Batch((length,), (0,), 0)) for length in range(1, 902)])
     run.bulk_start, run.bulk_choices, run.prefix = 1, [()] * 900, None  # one drawn case, then the bulk
     stop, every = RoundTrips(), RoundTrips()
-    found = fuzz(stop, hst.just(bound(run)), max_examples=1, seed=0, targeting=False, shrink_seconds=0)
-    full = fuzz(every, hst.just(bound(run)), max_examples=1, seed=0, targeting=False, shrink_seconds=0, known=set())
+    found = fuzz(stop, hst.just(bound(run)), RunPlan(max_examples=1, seed=0, targeting=False, shrink_seconds=0))
+    full = fuzz(every, hst.just(bound(run)),
+                RunPlan(max_examples=1, seed=0, targeting=False, shrink_seconds=0), known=set())
     assert found.case.case.batch.seq_lens == full.case.case.batch.seq_lens == (RoundTrips.RARE,)
     # Length 300 is bulk case 299: in the second chunk of 256.
     assert stop.calls == [1, BULK_CHECK_CHUNK, BULK_CHECK_CHUNK] and found.verified_cases == 1 + 2 * BULK_CHECK_CHUNK
@@ -296,8 +299,8 @@ def test_the_time_budget_holds_within_one_chunk_when_every_case_is_slow():
     run.bulk_start, run.bulk_choices, run.prefix = 1, [()] * 900, None
     slow = SlowChecks()
     start = time.monotonic()
-    result = fuzz(slow, hst.just(bound(run)), max_examples=10, seed=0, targeting=False, shrink_seconds=0,
-                  max_seconds=0.5)
+    result = fuzz(slow, hst.just(bound(run)),
+                  RunPlan(max_examples=10, seed=0, targeting=False, shrink_seconds=0, max_seconds=0.5))
     assert time.monotonic() - start < 0.5 + 2 * CHUNK_TARGET_S + 1, slow.calls
     assert result.time_cut and result.verified_cases < 900
     assert slow.calls[0] == 1 and max(slow.calls[1:]) <= CHUNK_TARGET_S / SlowChecks.SECONDS + 1
@@ -309,7 +312,7 @@ def test_the_bulk_never_launches_a_structure_the_run_has_verified():
     row assignment of a known structure is a read variant, not a structure)."""
     session = CleanStub()
     strategy = case_runs(configs(topk=1, num_steps=1, page_size=1, ctx=6, max_bs=2), max_batches=4, bulk=32).map(bound)
-    result = fuzz(session, strategy, max_examples=60, seed=0, targeting=False, shrink_seconds=0)
+    result = fuzz(session, strategy, RunPlan(max_examples=60, seed=0, targeting=False, shrink_seconds=0))
     record = registry.get("draft")
     digest = config_key(launches.keys(record, session.checked[0]).config)
     keys = [read_key(record, digest, c) for c in session.checked]

@@ -133,6 +133,7 @@ def test_a_failure_that_needs_two_requests_shrinks_to_two_not_to_a_full_batch():
     from kvfence.contracts.draft.strategies import case_runs
     from kvfence.engine.findings import Finding, Kind
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     class CrashesFromTwoRequests:
         stats: dict = {}
@@ -142,6 +143,7 @@ def test_a_failure_that_needs_two_requests_shrinks_to_two_not_to_a_full_batch():
 
     # The draft's strategy, each drawn case as the launch the engine checks.
     launches = case_runs(configs(), max_batches=1).map(lambda run: [launch_of(c) for c in run])
-    shrunk = [len(fuzz(CrashesFromTwoRequests(), launches, max_examples=200, seed=seed,
-                       shrink_seconds=30).case.case.batch.seq_lens) for seed in range(10)]
+    plan = RunPlan(max_examples=200, shrink_seconds=30)
+    shrunk = [len(fuzz(CrashesFromTwoRequests(), launches, plan.with_(seed=seed)).case.case.batch.seq_lens)
+              for seed in range(10)]
     assert shrunk == [2] * 10

@@ -120,13 +120,14 @@ def test_every_failure_fuzzing_reports_on_the_batched_path_replays_with_repro(de
     from kvfence.contracts.draft.strategies import case_runs
     from kvfence.engine.casefile import write_case
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
     from kvfence.engine.repro import run_repro
     from kvfence.engine.run import BoundRun
 
     session = Session(device, BUCKET_DIRTY, verifier="device")
     runs = case_runs(hst.just(CONFIG), kernel=BUCKET_DIRTY, max_batches=8).map(
         lambda run: BoundRun([launch_of(c) for c in run], run))  # the engine's launches, as a run binds them
-    result = fuzz(session, runs, max_examples=40, seed=seed, shrink_seconds=0.0, targeting=False)
+    result = fuzz(session, runs, RunPlan(max_examples=40, seed=seed, shrink_seconds=0.0, targeting=False))
     assert result.case is not None and session.stats["batches"] >= 1
     assert DRAFT.runtime(result.case).launch().num_seqs == 4  # the planted bug's bucket, not a clean case blamed
     path = write_case(result.case, result.findings, out_dir=tmp_path, device=device)

@@ -71,8 +71,8 @@ def test_the_worked_examples_buggy_sizing_is_found_in_its_first_examples(monkeyp
     with registry.registered("csr-kv-indices", "csr_contract:CSR"):
         for sizing, found in (("short", True), ("safe", False)):
             plan = RunPlan(contract="csr-kv-indices", sizing=sizing, isolate=False, shrink_seconds=0.0)
-            result = fuzz(pipeline.checker(plan), pipeline.draws(plan)[0], max_examples=10, seed=0,
-                          shrink_seconds=0, targeting=False)
+            result = fuzz(pipeline.checker(plan), pipeline.draws(plan)[0],
+                          plan.with_(max_examples=10, seed=0, targeting=False))
             assert bool(result.findings) is found, result.findings
             if found:
                 assert "SIZING_VIOLATION" in damage_kinds(result.findings) and result.examples_to_failure <= 10

@@ -49,8 +49,7 @@ def _fuzz(kernel: str, *, max_examples: int, shrink_seconds: float = 0.0):
                    case_timeout=TOY_CASE_TIMEOUT, shrink_seconds=shrink_seconds)
     pipeline.record(plan)
     with pipeline.checker(plan) as session:
-        return fuzz(session, pipeline.draws(plan)[0], max_examples=max_examples, seed=0,
-                    shrink_seconds=shrink_seconds)
+        return fuzz(session, pipeline.draws(plan)[0], plan)
 
 
 @pytest.mark.parametrize("how, kind, detail", [

@@ -245,7 +245,7 @@ def test_a_contract_from_outside_kvfence_runs_on_the_engine(monkeypatch):
             plan = RunPlan(contract="toy-copy", sizing=sizing, max_examples=examples, seed=0, shrink_seconds=30.0)
             pipeline.record(plan)
             with pipeline.checker(plan) as session:  # the worker loads the record by its entry
-                return fuzz(session, pipeline.draws(plan)[0], max_examples=examples, seed=0)
+                return fuzz(session, pipeline.draws(plan)[0], plan)
 
         clean = run("safe", 20)
         assert not clean.findings and clean.examples == 20
@@ -355,8 +355,8 @@ def test_fa3_self_test_search_reaches_both_edges_in_every_seed_of_the_gpu_domain
     for name, edge, sizing in (("spill", spills, "context"), ("short_row", short_row, "safe")):
         plan = RunPlan(contract=record.name, sizing=sizing, device="cuda", domain="gpu", max_examples=8,
                        shrink_seconds=0.0)
-        reached[name] = sum(bool(fuzz(EdgeChecker(edge), pipeline.draws(plan)[0], max_examples=8, seed=s,
-                                      shrink_seconds=0, targeting=False, contract=record).findings)
+        reached[name] = sum(bool(fuzz(EdgeChecker(edge), pipeline.draws(plan)[0], plan.with_(seed=s, targeting=False),
+                                         contract=record).findings)
                             for s in range(40))
     assert reached["spill"] == 40 and reached["short_row"] >= 39, reached
 

@@ -33,7 +33,7 @@ def run(seed, **pins):
     §6 fields off, so the pins fix the config)."""
     session = CleanStub()
     strategy, _ = runs.draws(RunPlan(contract="draft", pins={"family": "off", **pins}, batches_per_example=8))
-    result = fuzz(session, strategy, max_examples=30, seed=seed, shrink_seconds=0.0, targeting=False)
+    result = fuzz(session, strategy, RunPlan(max_examples=30, seed=seed, shrink_seconds=0.0, targeting=False))
     return result, session.checked
 
 

@@ -411,14 +411,15 @@ def test_the_plain_gpu_domain_strategy_now_catches_a_family_mutant_and_the_refer
     (``--family auto``): caught, by a kind it declares, in a §6 config of the share; unreachable with
     ``--family off``; the reference is clean under the same draws."""
     from kvfence.engine.loop import damage_kinds, fuzz
+    from kvfence.engine.plan import RunPlan
 
     (m,) = [m for m in DRAFT.mutants if m.name == "entry_page_no_offset"]
     kernel = f"mutant:{m.name}"
 
     def run(kernel, family, budget):
         strategy = _plain_gpu_strategy(kernel, family).map(lambda run: [launch_of(c) for c in run])
-        return fuzz(make_session(kernel), strategy, max_examples=budget, seed=0, shrink_seconds=0.0,
-                    targeting=False)
+        return fuzz(make_session(kernel), strategy,
+                    RunPlan(max_examples=budget, seed=0, shrink_seconds=0.0, targeting=False))
 
     caught = run(kernel, "auto", 300)  # found in 15-39 examples under seeds 0-2
     assert set(damage_kinds(caught.findings)) & set(m.detects), caught.findings

@@ -16,6 +16,7 @@ from kvfence.contracts.draft.session import Session
 from kvfence.contracts.draft.strategies import configs
 from kvfence.engine.findings import Kind
 from kvfence.engine.loop import fuzz
+from kvfence.engine.plan import RunPlan
 from kvfence.strategies import cases
 
 pytestmark = pytest.mark.gpu
@@ -52,7 +53,7 @@ def test_prefix_policy_is_caught_inside_a_captured_graph_within_seconds(device):
     for m in (1, 2, 4, 8):  # compile and capture every bucket of the prefix config
         session.check(Case(Config(sizing="prefix", **pinned), Batch(tuple([1] * m), tuple(range(m)))))
     t0 = time.perf_counter()
-    result = fuzz(session, cases(configs(sizing="prefix", **pinned)), max_examples=1000, seed=2)
+    result = fuzz(session, cases(configs(sizing="prefix", **pinned)), RunPlan(max_examples=1000, seed=2))
     assert result.findings, "prefix sizing not caught"
     # Alone it is well under a second; under `pytest -n auto` every core's worker shares the one GPU.
     assert result.first_failure_s < 5.0, result.first_failure_s

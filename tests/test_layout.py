@@ -13,8 +13,8 @@ own and the public strategies façade: the engine, the reports, the release tool
 sanitizer and the CLI find contracts by name through the registry (``kvfence.engine.registry``), and no module
 outside the contracts' folders, kernels and strategies names a contract. Every folder is covered, no two
 folders import each other, no two modules reach each other through imports (counting every import: a function's
-own, one under ``TYPE_CHECKING``, an ``importlib.import_module`` of a literal name), and no module is over 600
-lines.
+own, one under ``TYPE_CHECKING``, an ``importlib.import_module`` of a literal name), no module is over 600 lines
+and no function over 100.
 """
 
 import argparse
@@ -45,6 +45,8 @@ ENTRY = ("__init__", "__main__", "pytest_plugin", "sanitizer_child")
 #: Contract folders that build on another's (the FA3 metadata builder reuses the page tables' slot layout).
 CONTRACT_USES = {"fa3_metadata": {"page_table"}}
 MAX_LINES = 600
+#: Lines of a function or method at most, from its ``def`` to the last line of its body.
+MAX_FUNCTION_LINES = 100
 
 
 def modules() -> dict:
@@ -231,6 +233,33 @@ def test_no_module_is_over_600_lines():
     assert not long, "\n".join(long)
 
 
+def long_functions(source: str, max_lines: int = MAX_FUNCTION_LINES) -> list:
+    """``(qualified name, lines)`` of every function or method of ``source`` (nested ones too) longer than
+    ``max_lines``, counted from its ``def`` line to the last line of its body (decorators not counted)."""
+    out = []
+
+    def walk(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}{child.name}"
+                if (n := child.end_lineno - child.lineno + 1) > max_lines:
+                    out.append((name, n))
+                walk(child, f"{name}.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+            else:
+                walk(child, prefix)
+
+    walk(ast.parse(source), "")
+    return out
+
+
+def test_no_function_is_over_100_lines():
+    long = [f"{path.relative_to(ROOT)}:{name}:{n} lines" for path in modules().values()
+            for name, n in long_functions(path.read_text())]
+    assert not long, "split these into named steps:\n" + "\n".join(long)
+
+
 def circles(graph: dict) -> list:
     """The import circles of ``graph``: each strongly connected set of two or more nodes, sorted."""
     index, low, stack, on_stack, out = {}, {}, [], set(), []
@@ -270,6 +299,11 @@ def test_the_checks_see_what_they_forbid():
     assert allowed("contracts:draft", "engine") and not allowed("contracts:page_table", "contracts:draft")
     assert allowed("contracts:fa3_metadata", "contracts:page_table")
     assert feature("kvfence.contracts.draft.case") == "contracts:draft" and feature("kvfence.engine.loop") == "engine"
+    body = "    x = 1\n" * 99
+    assert long_functions(f"def f():\n{body}    return x\n") == [("f", 101)]
+    assert long_functions(f"@decorated\ndef f():\n{body}") == []  # 100 lines: the limit, not over it
+    inner = "".join("        " + line for line in f"def g():\n{body}    return x\n".splitlines(keepends=True))
+    assert long_functions(f"class C:\n    def m(self):\n{inner}        return g\n") == [("C.m", 103), ("C.m.g", 101)]
     known = modules()
     assert ("kvfence.release.upstream", 0) in [(t, 0) for t, _ in imports(known["kvfence.contracts.draft.targets"],
                                                                           known)]  # lazy imports are seen

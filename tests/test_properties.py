@@ -14,6 +14,7 @@ from kvfence.engine.casefile import raise_on_findings
 from kvfence.engine.findings import Kind
 from kvfence.engine.launch import utilisation
 from kvfence.engine.loop import fuzz
+from kvfence.engine.plan import RunPlan
 from kvfence.kernels.draft.draft_kv_indices import token_blocks_for
 
 layouts = st.sampled_from(["redzone", "production"])
@@ -47,7 +48,7 @@ def test_sizing_under_test_is_clean_when_requests_keep_draft_headroom(make_sessi
 
 def _fuzz(make_session, kernel, sizing, seq_len_limit, max_examples=120, seed=7):
     strategy = cases(configs(sizing=sizing), kernel=kernel, seq_len_limit=seq_len_limit).map(launch_of)
-    return fuzz(make_session(kernel), strategy, max_examples=max_examples, seed=seed, shrink_seconds=60)
+    return fuzz(make_session(kernel), strategy, RunPlan(max_examples=max_examples, seed=seed, shrink_seconds=60))
 
 
 def test_prefix_sizing_is_caught_and_shrunk_to_a_topk_bug(make_session, kernel_spec):

@@ -14,6 +14,7 @@ from kvfence.contracts.draft.record import launch_of
 from kvfence.contracts.draft.strategies import cases, configs
 from kvfence.engine import summary as summary_mod
 from kvfence.engine.loop import fuzz
+from kvfence.engine.plan import RunPlan
 from kvfence.engine.progress import Progress
 from kvfence.reports.render import coverage_png, write_reports
 from kvfence.reports.text import text_table
@@ -28,7 +29,7 @@ def doc(make_session, tmp_path_factory):
     from kvfence.engine import casefile
 
     strategy = cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")).map(launch_of)
-    result = fuzz(make_session(), strategy, max_examples=30, seed=4, shrink_seconds=20)
+    result = fuzz(make_session(), strategy, RunPlan(max_examples=30, seed=4, shrink_seconds=20))
     assert result.findings and result.stats and result.failure_stat is not None
     assert result.hypothesis["blob"].startswith("@reproduce_failure(")
     out = tmp_path_factory.mktemp("fuzzed")

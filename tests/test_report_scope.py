@@ -67,9 +67,10 @@ def failing_doc(make_session, tmp_path_factory):
     from kvfence.contracts.draft.strategies import cases, configs
     from kvfence.engine import casefile
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     result = fuzz(make_session(), cases(configs(max_ctx=8, max_max_bs=2, sizing="prefix")).map(launch_of),
-                  max_examples=30, seed=4, shrink_seconds=20)
+                  RunPlan(max_examples=30, seed=4, shrink_seconds=20))
     assert result.findings
     path = str(casefile.write_case(result.case, result.findings, out_dir=tmp_path_factory.mktemp("fuzzed")))
     return summary_mod.build(result, run={"sizing": "prefix"}, case_path=path)

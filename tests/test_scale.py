@@ -129,12 +129,13 @@ def test_cached_cases_are_not_counted_as_verified(make_session):
     """A strategy that repeats two cases: only two are launched; the rest are cache hits, outside the rate."""
     from kvfence.contracts.draft.record import launch_of
     from kvfence.engine.loop import fuzz
+    from kvfence.engine.plan import RunPlan
 
     config = Config(topk=1, num_steps=1, ctx=4, max_bs=1)
     pair = [launch_of(Case(config, Batch((1,), (0,), 0))), launch_of(Case(config, Batch((2,), (1,), 0)))]
     # Distinct draws (Hypothesis does not see the repeats) that map onto the same two cases.
     repeating = st.tuples(st.integers(0, 10**6), st.sampled_from(pair)).map(lambda t: t[1])
-    result = fuzz(make_session("reference"), repeating, max_examples=25, seed=0, targeting=False)
+    result = fuzz(make_session("reference"), repeating, RunPlan(max_examples=25, seed=0, targeting=False))
     assert result.verified_cases == 2 and result.generated_cases == result.examples
     assert result.cached_cases == result.generated_cases - 2 > 0
     assert result.cases_per_s == pytest.approx(2 / result.elapsed_s)

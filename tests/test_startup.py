@@ -52,6 +52,16 @@ def _fuzz(tmp_path, *flags):
 
 
 @pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
+def test_a_budget_spent_by_start_up_still_checks_the_first_example(tmp_path):
+    """``--max-seconds`` counts from the command's start: a budget start-up has spent (10 ms here) still gets the
+    first example checked, then the run ends by time with a verdict, never a refusal (the search's plan keeps a
+    positive budget: ``kvfence.engine.fuzzrun.SPENT_BUDGET_S``)."""
+    proc, doc, _, _ = _fuzz(tmp_path, "--max-seconds", "0.01", "--shrink-seconds", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert (doc["examples"], doc["verified_cases"], doc["ended_by"]) == (1, 1, "time")
+
+
+@pytest.mark.interpreter  # runs --device cpu (the Triton interpreter)
 def test_a_failing_run_is_announced_at_once_and_timed_from_the_command_start(tmp_path):
     """The seed's bug (sizing prefix): the supervisor never imports torch or triton (its worker does),
     the first failure is on stderr before the shrunk report, and the phases are ordered inside the wall time."""
@@ -110,11 +120,11 @@ class _SlowSession:
 
 
 def test_the_summary_says_the_time_budget_ended_the_run():
-    result = fuzz(_SlowSession(), _cases(), max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=2.0)
+    result = fuzz(_SlowSession(), _cases(), RunPlan(max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=2.0))
     assert result.time_cut and 0 < result.examples < 1000
     doc = build(result, run={}, case_path=None)
     assert doc["ended_by"] == "time"
-    doc = build(fuzz(_SlowSession(), _cases(), max_examples=3, seed=0, max_seconds=60), run={}, case_path=None)
+    doc = build(fuzz(_SlowSession(), _cases(), RunPlan(max_examples=3, seed=0, max_seconds=60)), run={}, case_path=None)
     assert doc["ended_by"] == "examples"
 
 
@@ -127,12 +137,12 @@ def test_a_stop_request_ends_the_exploration_and_the_summary_says_why():
         asked.append(time.perf_counter())
         return len(asked) >= 3
 
-    result = fuzz(_SlowSession(), _cases(), max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=60,
-                  stop_requested=stop)
+    result = fuzz(_SlowSession(), _cases(),
+                  RunPlan(max_examples=UNBOUNDED_EXAMPLES, seed=0, max_seconds=60), stop_requested=stop)
     assert result.job_failure_cut and not result.time_cut and len(asked) == 3
     assert 0 < result.examples < 40  # asked at most every STOP_POLL_S, each example sleeps 0.05 s
     assert build(result, run={}, case_path=None)["ended_by"] == "job_failure"
-    result = fuzz(_SlowSession(), _cases(), max_examples=3, seed=0, stop_requested=lambda: False)
+    result = fuzz(_SlowSession(), _cases(), RunPlan(max_examples=3, seed=0), stop_requested=lambda: False)
     assert not result.job_failure_cut and build(result, run={}, case_path=None)["ended_by"] == "examples"
 
 
@@ -315,6 +325,12 @@ sys.exit(1 if role == "fail" else 0)
 """
 
 
+def _parent(out, **fields) -> RunPlan:
+    """The parent's plan of a ``run_jobs`` test: its ``--out`` and the fields under test (device, budgets,
+    ``keep_going``: the other jobs go on after a failure)."""
+    return RunPlan(out=str(out), **fields)
+
+
 def _fake_jobs(tmp_path, monkeypatch, *roles):
     """``run_jobs`` argument lists for fake jobs of these roles (``_FAKE_JOB``), the fake put in as python."""
     from kvfence.engine import jobs
@@ -331,14 +347,14 @@ def _fake_jobs(tmp_path, monkeypatch, *roles):
 def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkeypatch, stop_on_failure):
     """``run_jobs``: the first failure of any job makes the parent write the stop file the other jobs
     were given, so the run ends with that failure, not with the time budget; under ``--keep-going``
-    (``stop_on_failure=False``) no job is given one and the others run their budget."""
+    (the parent plan's ``keep_going``) no job is given one and the others run their budget."""
     from kvfence.engine import jobs
 
     announced = []
     start = time.perf_counter()
     docs, problems, crashes, interrupted, not_started = jobs.run_jobs(
-        _fake_jobs(tmp_path, monkeypatch, "explore", "fail"), tmp_path / "out", device="cpu",
-        on_first_failure=announced.append, stop_on_failure=stop_on_failure)
+        _parent(tmp_path / "out", keep_going=not stop_on_failure), _fake_jobs(tmp_path, monkeypatch, "explore", "fail"),
+        on_first_failure=announced.append)
     wall = time.perf_counter() - start
     assert problems == [] and crashes == [] and interrupted is None and not_started == 0 and len(announced) == 1
     if stop_on_failure:
@@ -349,15 +365,16 @@ def test_a_jobs_parent_stops_the_other_jobs_once_one_has_failed(tmp_path, monkey
 
 
 def test_a_jobs_budget_counts_from_its_first_progress_so_a_slow_start_is_no_overrun(tmp_path, monkeypatch):
-    """``deadline_s``: a job whose start-up took long (a loaded machine) and which then runs within its
-    budget is not stopped, while one that runs past its budget and grace is stopped and named."""
+    """The run's budget (``jobs_deadline``): a job whose start-up took long (a loaded machine) and which then runs
+    within its budget is not stopped, while one that runs past its budget and grace is stopped and named."""
     from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "JOB_OVERRUN_GRACE_S", 2.0)
     monkeypatch.setattr(jobs, "STOP_WAIT_S", 1.0)
+    # A budget of 1 s in all (jobs_deadline: max_seconds + shrink_seconds on the CPU).
     docs, problems, crashes, interrupted, not_started = jobs.run_jobs(
-        _fake_jobs(tmp_path, monkeypatch, "late", "explore"), tmp_path / "out", device="cpu", deadline_s=1.0,
-        stop_on_failure=False)
+        _parent(tmp_path / "out", max_seconds=1.0, shrink_seconds=0.0, keep_going=True),
+        _fake_jobs(tmp_path, monkeypatch, "late", "explore"))
     # 4 s from the run's start, past 1 + 2; 2 s from its first progress, within: its own pace.
     # Job 1, stopped (SIGTERM), writes its summary as a real job does; it is merged and named in problems.
     assert [d["ended_by"] for d in docs] == ["time", "SIGTERM"] and [p for p in problems if "job 0" in p] == []
@@ -374,8 +391,8 @@ def test_the_lead_job_starts_alone_and_the_others_after_its_head_start(tmp_path,
     from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "LEAD_HEAD_START_S", 1.0)
-    docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "explore", "fail"),
-                                                      tmp_path / "out", device="cpu", lead=True)
+    docs, problems, _, _, not_started = jobs.run_jobs(_parent(tmp_path / "out"),
+                                                      _fake_jobs(tmp_path, monkeypatch, "explore", "fail"), lead=True)
     assert problems == [] and not_started == 0
     lead, other = docs
     # The lead's own clock, not the file's mtime: a file system stamps with a coarse clock that can lag
@@ -393,12 +410,12 @@ def test_a_lead_that_fails_first_ends_the_run_without_the_others(tmp_path, monke
     they are started."""
     from kvfence.engine import jobs
 
-    docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "fail", "explore", "explore"),
-                                                      tmp_path / "out", device="cpu", lead=True)
+    docs, problems, _, _, not_started = jobs.run_jobs(
+        _parent(tmp_path / "out"), _fake_jobs(tmp_path, monkeypatch, "fail", "explore", "explore"), lead=True)
     assert problems == [] and not_started == 2 and [d["ended_by"] for d in docs] == ["failure"]
     assert not (tmp_path / "out" / "jobs" / "job-1").exists()
-    docs, _, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "fail", "fail"), tmp_path / "again",
-                                               device="cpu", lead=True, stop_on_failure=False)
+    docs, _, _, _, not_started = jobs.run_jobs(_parent(tmp_path / "again", keep_going=True),
+                                               _fake_jobs(tmp_path, monkeypatch, "fail", "fail"), lead=True)
     assert not_started == 0 and [d["ended_by"] for d in docs] == ["failure", "failure"]
 
 
@@ -408,8 +425,8 @@ def test_the_others_do_not_wait_past_lead_wait_s_for_a_silent_lead(tmp_path, mon
     from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "LEAD_WAIT_S", 0.5)
-    docs, problems, _, _, not_started = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"),
-                                                      tmp_path / "out", device="cpu", lead=True)
+    docs, problems, _, _, not_started = jobs.run_jobs(_parent(tmp_path / "out"),
+                                                      _fake_jobs(tmp_path, monkeypatch, "silent", "fail"), lead=True)
     assert problems == [] and not_started == 0
     lead, other = docs
     assert lead["started"] + 0.4 <= other["started"] < lead["ended"]
@@ -421,9 +438,10 @@ def test_cuda_runs_lead_by_default_and_the_cpu_does_not(tmp_path, monkeypatch):
     from kvfence.engine import jobs
 
     monkeypatch.setattr(jobs, "visible_gpus", lambda: ["0"])
-    docs, *_ = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"), tmp_path / "cuda", device="cuda")
+    docs, *_ = jobs.run_jobs(_parent(tmp_path / "cuda", device="cuda"),
+                             _fake_jobs(tmp_path, monkeypatch, "silent", "fail"))
     assert docs[1]["started"] >= docs[0]["ended"] - 0.2  # the silent lead ended before job 1 started
-    docs, *_ = jobs.run_jobs(_fake_jobs(tmp_path, monkeypatch, "silent", "fail"), tmp_path / "cpu", device="cpu")
+    docs, *_ = jobs.run_jobs(_parent(tmp_path / "cpu"), _fake_jobs(tmp_path, monkeypatch, "silent", "fail"))
     assert docs[1]["started"] < docs[0]["ended"] - 1
 
 

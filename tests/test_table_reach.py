@@ -93,8 +93,8 @@ def _search(contract: str, kernel: str, seed: int, *, examples: int, targeting: 
     checker = TableChecker(record, "cpu")
     if keep is not None:
         checker = _Only(checker, keep)
-    return fuzz(checker, pipeline.draws(plan)[0], max_examples=examples, seed=seed, shrink_seconds=0,
-                targeting=targeting, contract=record)
+    return fuzz(checker, pipeline.draws(plan)[0], plan.with_(seed=seed, targeting=targeting),
+                contract=record)
 
 
 @pytest.mark.parametrize("bug", ["guard_pages", "offset_64"])
@@ -172,8 +172,7 @@ def test_the_gpu_domain_reaches_contexts_to_256k_at_every_page_size(contract):
                 pages.add(launch.case.page_size)
             return False
 
-        fuzz(_Edge(deep), pipeline.draws(plan)[0], max_examples=150, seed=seed, shrink_seconds=0, targeting=False,
-             contract=record)
+        fuzz(_Edge(deep), pipeline.draws(plan)[0], plan.with_(seed=seed, targeting=False), contract=record)
         assert pages, seed
         for page in pages:
             reached[page].add(seed)
@@ -198,7 +197,6 @@ def test_a_plain_run_spreads_its_examples_over_many_launch_structures(contract):
                 return []
 
         plan = RunPlan(contract=contract, device="cpu", max_examples=100, shrink_seconds=0.0)
-        fuzz(Collect(), pipeline.draws(plan)[0], max_examples=100, seed=seed, shrink_seconds=0, targeting=True,
-             contract=record)
+        fuzz(Collect(), pipeline.draws(plan)[0], plan.with_(seed=seed), contract=record)
         structures = collections.Counter(repr(record.keys(launch).structure) for launch in seen)
         assert len(structures) >= 30 and max(structures.values()) <= 15, (seed, len(seen), structures.most_common(2))

@@ -106,8 +106,7 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     # A signal during the search is the user's (``Interrupted``, raised again below); from the main thread only.
     signals = signals_interrupt() if threading.current_thread() is threading.main_thread() else nullcontext()
     with pipeline.checker(plan) as session, signals:
-        result = fuzz(session, strategy, max_examples=max_examples, seed=seed, shrink_seconds=shrink_seconds,
-                      max_seconds=max_seconds, contract=record)
+        result = fuzz(session, strategy, plan, contract=record)
     if result.interrupted:  # the user's Ctrl-C (or a signal): it interrupts the caller too, never a pass
         import signal
 

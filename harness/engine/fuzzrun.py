@@ -29,6 +29,9 @@ from kvfence.provenance import stamped
 
 #: How the first verdict begins on stderr (benchmarks/first_verdict.py times the command to this line).
 FIRST_FAILURE = "kvfence: first failure"
+#: ``max_seconds`` of a search whose ``--max-seconds`` was spent before it began (start-up on a loaded machine): a
+#: plan's budget is positive, and any budget below the first example's time ends the search after that example.
+SPENT_BUDGET_S = 1e-6
 #: Errnos of storage that stopped taking writes: a full disk or quota, a filesystem remounted read-only.
 FULL_DISK = ("ENOSPC", "EDQUOT", "EROFS", "EFBIG", "EIO")
 
@@ -198,16 +201,22 @@ class Run:
                 run_fuzz = fuzz_keep_going
                 wiring = {"on_failure": lambda failure: self._save_failure(run, failure)}
             try:
-                return run_fuzz(session, strategy, max_examples=plan.max_examples, on_first_failure=self._announcer(),
-                                seed=run["campaign"]["hypothesis_seed"], database=database, database_key=db_key,
-                                shrink_seconds=plan.shrink_seconds, journal=journal, targeting=plan.targeting,
-                                progress=callback, max_seconds=budget_left(plan.max_seconds),
+                return run_fuzz(session, strategy, self._search_plan(run), on_first_failure=self._announcer(),
+                                database=database, database_key=db_key, journal=journal, progress=callback,
                                 progress_every_s=POLL_S if outputs.progress_file else (
                                     progress.every_s if progress else 2.0),
                                 **wiring)
             finally:
                 if progress:
                     progress.close()
+
+    def _search_plan(self, run: dict) -> RunPlan:
+        """The plan the search runs: this shard's Hypothesis seed, and what is left of ``--max-seconds`` counted
+        from the command's start. A budget already spent stays positive (a plan's ``max_seconds`` is): the
+        search checks its first example whatever the clock says and stops after it, as at 0."""
+        left = budget_left(self.plan.max_seconds)
+        return self.plan.with_(seed=run["campaign"]["hypothesis_seed"],
+                               max_seconds=None if left is None else max(left, SPENT_BUDGET_S))
 
     @staticmethod
     def _phases(session, result) -> dict:
@@ -334,15 +343,6 @@ class Run:
         return EXIT_FINDINGS if new_findings else EXIT_CLEAN
 
     # -- --jobs ---------------------------------------------------------------------------------------------
-    def _deadline(self) -> Optional[float]:
-        """A ``--jobs`` run's whole budget, when it has one: exploring and shrinking (and on CUDA the lead's wait)."""
-        from kvfence.engine.jobs import LEAD_WAIT_S
-
-        plan = self.plan
-        if plan.max_seconds is None:
-            return None  # an example budget only: no time the parent could hold a job to
-        return (LEAD_WAIT_S if plan.device == "cuda" else 0.0) + plan.max_seconds + plan.shrink_seconds
-
     def child_plans(self, seed: int, db_spec) -> list:
         """Each job's plan: the parent's, with its own seed, share of the example budget, folder and one job."""
         from kvfence.engine.jobs import job_dir
@@ -378,9 +378,8 @@ class Run:
         start, started_at = time.perf_counter(), command_start()
         try:
             docs, problems, crashes, interrupted, not_started = run_jobs(
-                children, self.out_dir, device=plan.device, progress=progress.update if progress else None,
-                on_first_failure=lambda doc: self.announce(doc.get("first_failure_at"), doc.get("first_failure_text")),
-                stop_on_failure=not plan.keep_going, deadline_s=self._deadline())
+                plan, children, progress=progress.update if progress else None,
+                on_first_failure=lambda doc: self.announce(doc.get("first_failure_at"), doc.get("first_failure_text")))
         finally:
             if progress:
                 progress.close()

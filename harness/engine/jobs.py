@@ -53,14 +53,18 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from kvfence.device import usable_cores
 from kvfence.engine import casefile
 from kvfence.engine.clock import budget_left
 from kvfence.engine.plan import RunPlan
 from kvfence.errors import BadInput, require
+
+if TYPE_CHECKING:
+    from kvfence.engine.journal import Crash
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
@@ -184,42 +188,89 @@ FOLLOWER_NICENESS = 10
 FOLLOWER_MIN_LEFT_S = 5.0
 
 
-def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_first_failure=None,
-             stop_on_failure: bool = True, lead: Optional[bool] = None, deadline_s: Optional[float] = None):
-    """Run one ``python -m kvfence fuzz --plan FILE`` child per plan (``RunPlan``s, each its own seed, budget share
-    and folder: ``kvfence.engine.fuzzrun.Run.child_plans``), the plan written as data; return ``(docs, problems,
+def jobs_deadline(plan: RunPlan) -> Optional[float]:
+    """A ``--jobs`` run's whole budget, when it has one: exploring and shrinking (and on CUDA the lead's wait)."""
+    if plan.max_seconds is None:
+        return None  # an example budget only: no time the parent could hold a job to
+    return (LEAD_WAIT_S if plan.device == "cuda" else 0.0) + plan.max_seconds + plan.shrink_seconds
+
+
+#: What ``run_jobs`` returns: the children's summaries, problem lines, recovered ``CRASH`` records, the signal's
+#: name (or None) and how many jobs were never started.
+JobsOutcome = Tuple[List[Dict[str, Any]], List[str], List["Crash"], Optional[str], int]
+
+
+def run_jobs(plan: RunPlan, children: Sequence[RunPlan], *, progress: Optional[Callable[[_Summed], None]] = None,
+             on_first_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
+             lead: Optional[bool] = None) -> JobsOutcome:
+    """Run ``plan`` (the parent's: its ``--out``, device, budgets and ``--keep-going``) as one ``python -m kvfence
+    fuzz --plan FILE`` child per plan of ``children`` (``RunPlan``s, each its own seed, budget share and folder:
+    ``kvfence.engine.fuzzrun.Run.child_plans``), the plan written as data; return ``(docs, problems,
     crashes, interrupted, not_started)``: the children's summaries, one line per child that ended abnormally, the
     ``CRASH`` records recovered from dead children's journals, the signal's name if SIGINT/SIGTERM stopped
     the run (the children are then stopped too, and what they wrote is still merged), and how many jobs
     were never started (the lead found a failure, or a signal came, before they were).
     ``on_first_failure(progress doc)`` is called once, for the first job whose progress shows a failure;
-    with ``stop_on_failure`` the other jobs are then told to stop exploring (``STOP_FILE``), and stopped
+    without ``plan.keep_going`` the other jobs are then told to stop exploring (``STOP_FILE``), and stopped
     ``AFTER_FAILURE_GRACE_S`` after every job that found a failure has ended.
     ``lead`` (default: on CUDA) starts job 0 alone first (the module's docstring says why).
-    ``deadline_s``: a job's budget (exploring and shrinking; on CUDA the lead's wait), counted from its
-    first progress (its start-up is not its budget: on a loaded machine it can take seconds), or from the
-    run's start for a job that never reports; a job still running ``JOB_OVERRUN_GRACE_S`` past it is
+    The run's budget (``jobs_deadline``: exploring and shrinking; on CUDA the lead's wait) counts for each job
+    from its first progress (its start-up is not its budget: on a loaded machine it can take seconds), or from
+    the run's start for a job that never reports; a job still running ``JOB_OVERRUN_GRACE_S`` past it is
     stopped (SIGTERM, its outputs written; SIGKILL after ``STOP_WAIT_S``) and named in ``problems``."""
-    from kvfence.engine.interrupt import Interrupted, child_dies_with_parent, raise_pending, signals_interrupt
-    from kvfence.engine.journal import recover
+    from kvfence.engine.interrupt import Interrupted, raise_pending, signals_interrupt
 
-    gpus = visible_gpus() if device == "cuda" else []
-    lead = device == "cuda" if lead is None else lead
-    stop_file = Path(out_dir) / JOBS_DIR / STOP_FILE
-    # The scratch paths must have the type this run gives them, checked before anything moves or starts.
-    scratch = Path(out_dir) / JOBS_DIR
+    out_dir = Path(plan.out)
+    _check_scratch(out_dir, len(children))
+    run = _JobsRun(plan, _job_specs(plan, children, out_dir), progress, on_first_failure,
+                   plan.device == "cuda" if lead is None else lead)
+    try:
+        with signals_interrupt():
+            while run.waiting or run.any_running():
+                raise_pending()  # a signal while the jobs were starting
+                run.poll()
+    except Interrupted as exc:
+        run.stop_on_signal(exc.signal_name)
+    finally:
+        for _, _, log in run.procs:
+            log.close()
+    docs, problems, crashes = run.collect()
+    return docs, problems, crashes, run.interrupted, run.not_started
+
+
+def _check_scratch(out_dir: Path, count: int) -> None:
+    """The scratch paths must have the type this run gives them, checked before anything moves or starts; an
+    earlier run's stop file is removed."""
+    stop_file = out_dir / JOBS_DIR / STOP_FILE
+    scratch = out_dir / JOBS_DIR
     require(not scratch.exists() or scratch.is_dir(),
             f"--out {out_dir}: {scratch} exists and is not a directory: the jobs write there; move it away")
     require(not stop_file.is_dir() or stop_file.is_symlink(),
             f"--out {out_dir}: {stop_file} is a directory: the jobs' stop signal is a file there; move it away")
-    for i in range(len(children)):
+    for i in range(count):
         folder = job_dir(out_dir, i)
         require(not folder.exists() or folder.is_dir(),
                 f"--out {out_dir}: {folder} exists and is not a directory: job {i} writes there; move it away")
     if stop_file.exists() or stop_file.is_symlink():
         stop_file.unlink()  # an earlier run's
+
+
+@dataclass(frozen=True)
+class _JobSpec:
+    """One job to start: its command, environment, folder and plan (written to ``plan_file`` at its start)."""
+
+    cmd: List[str]
+    env: Dict[str, str]
+    folder: Path
+    plan: RunPlan
+    plan_file: Path
+
+
+def _job_specs(plan: RunPlan, children: Sequence[RunPlan], out_dir: Path) -> List[_JobSpec]:
+    """The jobs' specs, each job's folder emptied; with several GPUs, job ``i`` sees GPU ``i mod count``."""
+    gpus = visible_gpus() if plan.device == "cuda" else []
     specs = []
-    for i, plan in enumerate(children):
+    for i, child in enumerate(children):
         folder = job_dir(out_dir, i)
         if folder.exists():
             shutil.rmtree(folder)  # a job folder is this run's scratch; the merged outputs are the record
@@ -228,15 +279,45 @@ def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_fi
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
         plan_file = folder / PLAN_FILE
         cmd = [sys.executable, "-m", "kvfence", "fuzz", "--plan", str(plan_file)]
-        specs.append((cmd, env, folder, plan, plan_file))
-    stop_path = stop_file if stop_on_failure else Path(out_dir) / JOBS_DIR / "never-stop"
-    procs = []
+        specs.append(_JobSpec(cmd, env, folder, child, plan_file))
+    return specs
 
-    def launch(spec, niceness: int = 0) -> None:
-        cmd, env, folder, plan, plan_file = spec
-        folder.mkdir(parents=True)
-        write_job_file(plan_file, plan, folder / PROGRESS_FILE, stop_path)
-        log = open(folder / "log.txt", "w")
+
+#: One started job: its process, folder and open log.
+_Proc = Tuple["subprocess.Popen[bytes]", Path, IO[str]]
+
+
+class _JobsRun:
+    """The parent's watch over its jobs (``run_jobs``): which started, which wait, what their progress says."""
+
+    def __init__(self, plan: RunPlan, specs: List[_JobSpec], progress: Optional[Callable[[_Summed], None]],
+                 on_first_failure: Optional[Callable[[Dict[str, Any]], None]], lead: bool) -> None:
+        out_dir = Path(plan.out)
+        self.plan, self.progress, self.on_first_failure = plan, progress, on_first_failure
+        self.stop_on_failure = not plan.keep_going
+        self.deadline_s = jobs_deadline(plan)
+        self.stop_file = out_dir / JOBS_DIR / STOP_FILE
+        self.stop_path = self.stop_file if self.stop_on_failure else out_dir / JOBS_DIR / "never-stop"
+        self.procs: List[_Proc] = []
+        self.start = time.perf_counter()
+        self.began: Dict[int, float] = {}  # job index -> when its progress file first appeared
+        self.waiting = specs[1:] if lead else []
+        for spec in specs[:1] if lead else specs:
+            self.launch(spec)
+        self.not_started = 0
+        self.interrupted: Optional[str] = None
+        self.overrun: List[str] = []
+        self.finders_done_at: Optional[float] = None  # when every job that found a failure had ended
+        self.stopped_after_failure: Set[int] = set()
+        self.drawn = self.start
+        self.announced = on_first_failure is None and not self.stop_on_failure
+
+    def launch(self, spec: _JobSpec, niceness: int = 0) -> None:
+        from kvfence.engine.interrupt import child_dies_with_parent
+
+        spec.folder.mkdir(parents=True)
+        write_job_file(spec.plan_file, spec.plan, spec.folder / PROGRESS_FILE, self.stop_path)
+        log = open(spec.folder / "log.txt", "w")
         # A job stops (SIGTERM: its outputs written) when this process dies, even by SIGKILL: no orphans.
         orphan_guard = child_dies_with_parent(signal.SIGTERM)
 
@@ -246,108 +327,120 @@ def run_jobs(children: list, out_dir: Path, *, device: str, progress=None, on_fi
             if niceness:
                 os.nice(niceness)
 
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec),
-                      folder, log))
+        self.procs.append((subprocess.Popen(spec.cmd, stdout=log, stderr=subprocess.STDOUT, env=spec.env,
+                                            preexec_fn=preexec), spec.folder, log))
 
-    start = time.perf_counter()
-    began: Dict[int, float] = {}  # job index -> when its progress file first appeared
-    waiting = specs[1:] if lead else []
-    for spec in specs[:1] if lead else specs:
-        launch(spec)
-    not_started = 0
-    interrupted = None
-    overrun: List[str] = []
-    finders_done_at: Optional[float] = None  # when every job that found a failure had ended
-    stopped_after_failure: set = set()
-    drawn, announced = start, on_first_failure is None and not stop_on_failure
-    try:
-        with signals_interrupt():
-            while waiting or any(p.poll() is None for p, _, _ in procs):
-                raise_pending()  # a signal while the jobs were starting
-                time.sleep(FIRST_FAILURE_POLL_S if not announced or waiting else POLL_S)
-                now = time.perf_counter()
-                if announced and progress is None and not waiting and deadline_s is None and not stop_on_failure:
-                    continue  # nothing left to read the progress files for (a budget still needs them)
-                docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in procs]
-                failed = [d for d in docs if d.get("first_failure_at") is not None]
-                if not announced and failed:
-                    announced = True
-                    if stop_on_failure:
-                        casefile.atomic_write_text(stop_file, "a job found a failure\n")
-                    if on_first_failure is not None:
-                        on_first_failure(min(failed, key=lambda d: d["first_failure_at"]))
-                if stop_on_failure and failed and not stopped_after_failure:
-                    finders = [i for i, d in enumerate(docs) if d.get("first_failure_at") is not None]
-                    if all(procs[i][0].poll() is not None for i in finders):
-                        finders_done_at = finders_done_at or now
-                        rest = {i for i, (p, _, _) in enumerate(procs) if p.poll() is None}
-                        if rest and now - finders_done_at >= AFTER_FAILURE_GRACE_S:
-                            stopped_after_failure = rest
-                            _stop(procs, rest, signal.SIGTERM)
-                for i, d in enumerate(docs):
-                    if d and i not in began:
-                        began[i] = now  # its first progress: its start-up is over, its budget runs from here
-                left = budget_left(children[0].max_seconds)
-                if waiting and ((stop_on_failure and failed) or (left is not None and left < FOLLOWER_MIN_LEFT_S)):
-                    not_started, waiting = len(waiting), []  # they would only start up and stop
-                elif waiting and (now - began.get(0, now) >= LEAD_HEAD_START_S or procs[0][0].poll() is not None
-                                  or now - start >= LEAD_WAIT_S):
-                    for spec in waiting:
-                        launch(spec, FOLLOWER_NICENESS)
-                    waiting = []
-                if progress is not None and now - drawn >= POLL_S:
-                    drawn = now
-                    progress(_Summed(docs, now - start))
-                if deadline_s is not None:
-                    # A job's budget counts from its first progress (start-up on a loaded machine is not its
-                    # budget); one that never reported counts from the run's start.
-                    late = [i for i, (p, _, _) in enumerate(procs)
-                            if p.poll() is None and now - began.get(i, start) > deadline_s + JOB_OVERRUN_GRACE_S]
-                    if late:
-                        killed = set(_stop(procs, set(late), signal.SIGTERM))
-                        overrun += [f"job {i} was still running {now - began.get(i, start):.0f} s into a run budgeted "
-                                    f"{deadline_s:g} s (+{JOB_OVERRUN_GRACE_S:g} s grace"
-                                    f"{', counted from its first progress' if i in began else ''}): "
-                                    f"{'killed' if i in killed else 'stopped'} (log: {procs[i][1] / 'log.txt'})"
-                                    for i in late]
-                    if waiting and now - start > deadline_s + JOB_OVERRUN_GRACE_S:
-                        not_started, waiting = not_started + len(waiting), []
-    except Interrupted as exc:
-        # Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
-        # far written); the parent then merges what they wrote, like a finished run.
-        interrupted = exc.signal_name
-        not_started = len(waiting)
+    def any_running(self) -> bool:
+        return any(p.poll() is None for p, _, _ in self.procs)
+
+    def poll(self) -> None:
+        """One look at the jobs: their progress, a first failure, the followers' start, the budget."""
+        time.sleep(FIRST_FAILURE_POLL_S if not self.announced or self.waiting else POLL_S)
+        now = time.perf_counter()
+        if (self.announced and self.progress is None and not self.waiting and self.deadline_s is None
+                and not self.stop_on_failure):
+            return  # nothing left to read the progress files for (a budget still needs them)
+        docs = [_read_json(folder / PROGRESS_FILE) or {} for _, folder, _ in self.procs]
+        failed = [d for d in docs if d.get("first_failure_at") is not None]
+        self._on_failures(docs, failed, now)
+        for i, d in enumerate(docs):
+            if d and i not in self.began:
+                self.began[i] = now  # its first progress: its start-up is over, its budget runs from here
+        self._start_followers(bool(failed), now)
+        if self.progress is not None and now - self.drawn >= POLL_S:
+            self.drawn = now
+            self.progress(_Summed(docs, now - self.start))
+        if self.deadline_s is not None:
+            self._stop_overruns(self.deadline_s, now)
+
+    def _on_failures(self, docs: List[Dict[str, Any]], failed: List[Dict[str, Any]], now: float) -> None:
+        """The first failure announced (and the stop file written); once every job that found one has ended,
+        the others stopped after ``AFTER_FAILURE_GRACE_S``."""
+        if not self.announced and failed:
+            self.announced = True
+            if self.stop_on_failure:
+                casefile.atomic_write_text(self.stop_file, "a job found a failure\n")
+            if self.on_first_failure is not None:
+                self.on_first_failure(min(failed, key=lambda d: d["first_failure_at"]))
+        if self.stop_on_failure and failed and not self.stopped_after_failure:
+            finders = [i for i, d in enumerate(docs) if d.get("first_failure_at") is not None]
+            if all(self.procs[i][0].poll() is not None for i in finders):
+                self.finders_done_at = self.finders_done_at or now
+                rest = {i for i, (p, _, _) in enumerate(self.procs) if p.poll() is None}
+                if rest and now - self.finders_done_at >= AFTER_FAILURE_GRACE_S:
+                    self.stopped_after_failure = rest
+                    _stop(self.procs, rest, signal.SIGTERM)
+
+    def _start_followers(self, failed: bool, now: float) -> None:
+        """The jobs held back for the lead: dropped when they would only start up and stop, started after the
+        lead's head start (or its end, or ``LEAD_WAIT_S``)."""
+        if not self.waiting:
+            return
+        left = budget_left(self.plan.max_seconds)
+        if (self.stop_on_failure and failed) or (left is not None and left < FOLLOWER_MIN_LEFT_S):
+            self.not_started, self.waiting = len(self.waiting), []  # they would only start up and stop
+        elif (now - self.began.get(0, now) >= LEAD_HEAD_START_S or self.procs[0][0].poll() is not None
+              or now - self.start >= LEAD_WAIT_S):
+            for spec in self.waiting:
+                self.launch(spec, FOLLOWER_NICENESS)
+            self.waiting = []
+
+    def _stop_overruns(self, deadline_s: float, now: float) -> None:
+        """Stop and name the jobs running past the budget and its grace. A job's budget counts from its first
+        progress (start-up on a loaded machine is not its budget); one that never reported counts from the run's
+        start."""
+        began, start = self.began, self.start
+        late = [i for i, (p, _, _) in enumerate(self.procs)
+                if p.poll() is None and now - began.get(i, start) > deadline_s + JOB_OVERRUN_GRACE_S]
+        if late:
+            killed = set(_stop(self.procs, set(late), signal.SIGTERM))
+            self.overrun += [f"job {i} was still running {now - began.get(i, start):.0f} s into a run budgeted "
+                             f"{deadline_s:g} s (+{JOB_OVERRUN_GRACE_S:g} s grace"
+                             f"{', counted from its first progress' if i in began else ''}): "
+                             f"{'killed' if i in killed else 'stopped'} (log: {self.procs[i][1] / 'log.txt'})"
+                             for i in late]
+        if self.waiting and now - start > deadline_s + JOB_OVERRUN_GRACE_S:
+            self.not_started, self.waiting = self.not_started + len(self.waiting), []
+
+    def stop_on_signal(self, signal_name: Optional[str]) -> None:
+        """Every job ends the way one fuzz process does on a signal (summary, reports and the failure so
+        far written); the parent then merges what they wrote, like a finished run."""
+        self.interrupted = signal_name
+        self.not_started = len(self.waiting)
         # A Ctrl-C in a terminal reaches the jobs too (one process group): give them a moment to stop on
         # their own, since a second signal would cut their own summary short. Then signal the rest.
         grace = time.monotonic() + GRACE_S
-        while time.monotonic() < grace and any(p.poll() is None for p, _, _ in procs):
+        while time.monotonic() < grace and self.any_running():
             time.sleep(0.1)
         # Then ask the rest (SIGINT), and kill what still runs after STOP_WAIT_S (a hung or stopped job):
         # a Ctrl-C ends the run within GRACE_S + STOP_WAIT_S, with what the jobs wrote.
-        killed = _stop(procs, set(range(len(procs))), signal.SIGINT)
-        overrun += [f"job {i} did not stop within {GRACE_S + STOP_WAIT_S:g} s of the signal: killed "
-                    f"(log: {procs[i][1] / 'log.txt'})" for i in killed]
-    finally:
-        for _, _, log in procs:
-            log.close()
-    docs, problems, crashes = [], list(overrun), []
-    for i, (p, folder, _) in enumerate(procs):
-        doc = _read_json(folder / "summary.json")
-        # -SIGINT: a job that had already written its summary got the forwarded SIGINT while it was
-        # exiting (past its own handler), so Python died of it: still a job we stopped, not a dead one.
-        if interrupted and doc is not None and p.returncode in (0, 1, 130, 143, -signal.SIGINT):
-            docs.append(doc)  # stopped by the signal we forwarded: a partial run, not a dead job
-            continue
-        if i in stopped_after_failure and doc is not None and p.returncode in (0, 1, 143, -signal.SIGTERM):
-            docs.append(doc)  # stopped once another job's failure was written: what it checked still counts
-            continue
-        if p.returncode not in (0, 1) or doc is None:
-            tail = (folder / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-            problems.append(f"job {i} ended with exit code {p.returncode}: {tail[0]} (log: {folder / 'log.txt'})")
-            crashes += recover(folder, report=problems.append)
-        if doc is not None:
-            docs.append(doc)
-    return docs, problems, crashes, interrupted, not_started
+        killed = _stop(self.procs, set(range(len(self.procs))), signal.SIGINT)
+        self.overrun += [f"job {i} did not stop within {GRACE_S + STOP_WAIT_S:g} s of the signal: killed "
+                         f"(log: {self.procs[i][1] / 'log.txt'})" for i in killed]
+
+    def collect(self) -> Tuple[List[Dict[str, Any]], List[str], List[Crash]]:
+        """The jobs' summaries, the problem lines, and the ``CRASH`` records recovered from dead jobs' journals."""
+        from kvfence.engine.journal import recover
+
+        docs: List[Dict[str, Any]] = []
+        problems, crashes = list(self.overrun), []
+        for i, (p, folder, _) in enumerate(self.procs):
+            doc = _read_json(folder / "summary.json")
+            # -SIGINT: a job that had already written its summary got the forwarded SIGINT while it was
+            # exiting (past its own handler), so Python died of it: still a job we stopped, not a dead one.
+            if self.interrupted and doc is not None and p.returncode in (0, 1, 130, 143, -signal.SIGINT):
+                docs.append(doc)  # stopped by the signal we forwarded: a partial run, not a dead job
+                continue
+            if i in self.stopped_after_failure and doc is not None and p.returncode in (0, 1, 143, -signal.SIGTERM):
+                docs.append(doc)  # stopped once another job's failure was written: what it checked still counts
+                continue
+            if p.returncode not in (0, 1) or doc is None:
+                tail = (folder / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                problems.append(f"job {i} ended with exit code {p.returncode}: {tail[0]} (log: {folder / 'log.txt'})")
+                crashes += recover(folder, report=problems.append)
+            if doc is not None:
+                docs.append(doc)
+        return docs, problems, crashes
 
 
 def _read_json(path: Path) -> Optional[dict]:
@@ -389,7 +482,7 @@ def write_job_file(path: Path, plan: RunPlan, progress_file: Path, stop_file: Pa
                                 "stop_file": str(stop_file)}))
 
 
-def read_job_file(path: str):
+def read_job_file(path: str) -> Tuple[RunPlan, Path, Path]:
     """``(plan, progress file, stop file)`` of a ``--jobs`` child (``BadInput`` on anything malformed)."""
     data = casefile.parse_json_file(path, "job plan")
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):

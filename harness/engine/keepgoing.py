@@ -28,11 +28,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
+from kvfence.contract import Checker
 from kvfence.engine.findings import Finding
 from kvfence.engine.loop import fuzz
 from kvfence.engine.result import MAX_STATS, FuzzResult, failure_signature
+
+if TYPE_CHECKING:
+    from hypothesis.database import ExampleDatabase
+    from hypothesis.strategies import SearchStrategy
+
+    from kvfence.engine.plan import RunPlan
 
 
 @dataclass
@@ -115,17 +122,19 @@ def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
     total.interrupted = r.interrupted
 
 
-def fuzz_keep_going(session, strategy, *, max_examples: int, seed: Optional[int] = None,
-                    max_seconds: Optional[float] = None, database=None, database_key: Optional[bytes] = None,
+def fuzz_keep_going(session: Checker, strategy: SearchStrategy[Any], plan: RunPlan, *,
+                    database: Optional[ExampleDatabase] = None, database_key: Optional[bytes] = None,
                     on_failure: Optional[Callable[[Failure], Optional[str]]] = None,
-                    **fuzz_kwargs) -> FuzzResult:
-    """``kvfence.engine.loop.fuzz`` in phases until the budgets are spent (module docstring).
+                    **fuzz_kwargs: Any) -> FuzzResult:
+    """``kvfence.engine.loop.fuzz`` in phases until ``plan``'s budgets are spent (module docstring).
 
     Returns one ``FuzzResult`` for the whole run: counts summed, ``failures`` every distinct failure in
     the order found, ``case``/``findings`` the first of them. ``on_failure(failure)`` is called as soon
-    as a phase ends with a new one and may return the path it was saved under. ``fuzz_kwargs`` go to
-    every phase (``shrink_seconds`` is each phase's own shrink budget).
+    as a phase ends with a new one and may return the path it was saved under. Each phase runs ``plan``
+    with what is left of its budgets and the phase's seed (``plan.shrink_seconds`` is each phase's own shrink
+    budget); ``fuzz_kwargs`` go to every phase.
     """
+    max_examples, seed, max_seconds = plan.max_examples, plan.seed, plan.max_seconds
     total = FuzzResult()
     known: dict = {}
     carry: dict = {}
@@ -139,8 +148,9 @@ def fuzz_keep_going(session, strategy, *, max_examples: int, seed: Optional[int]
             total.time_cut = True
             break
         db = database if phase == 0 or database is None else read_only(database)
-        r = fuzz(session, strategy, max_examples=max_examples - total.examples, seed=phase_seed(seed, phase),
-                 database=db, database_key=database_key, max_seconds=left_s, known=known, carry=carry,
+        phase_plan = plan.with_(max_examples=max_examples - total.examples, seed=phase_seed(seed, phase),
+                                max_seconds=left_s)
+        r = fuzz(session, strategy, phase_plan, database=db, database_key=database_key, known=known, carry=carry,
                  **fuzz_kwargs)
         _absorb(total, r, offset)
         if r.case is not None and r.findings:

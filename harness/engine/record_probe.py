@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from kvfence.engine.boundary import ContractFault, unexpected
 from kvfence.errors import BadInput
@@ -80,13 +80,6 @@ def drawn(record, examples: int, seed: int, pins: dict) -> list:
 
 def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = True) -> dict:
     """What the child reports (see the module docstring)."""
-    from kvfence.engine import kernels
-    from kvfence.engine.checking import TableChecker
-    from kvfence.engine.launch import describe
-    from kvfence.engine.plan import RunPlan
-    from kvfence.engine.record_check import case_problems
-
-    problems: List[str] = []
     try:
         asked_cases = drawn(record, max(examples, METHOD_EXAMPLES) if launches else examples, seed, pins)
     except ContractFault as exc:
@@ -96,8 +89,29 @@ def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = T
                              "(pin its flags with --pin NAME=VALUE)"], "cases": 0, "launches": 0}
     if not asked_cases:
         return {"problems": ["cases(domain) draws nothing"], "cases": 0, "launches": 0}
-    cases = asked_cases[:examples]  # the cases the reference kernel is launched on (the costly part)
     refusals: List[dict] = []
+    problems = _case_problems(record, asked_cases, refusals)
+    if problems:
+        return {"problems": problems, "cases": len(asked_cases), "launches": 0}
+    for sizing in record.sizings:
+        if all(sizing in r for r in refusals):
+            problems.append(f"sizing {sizing!r} refuses every drawn case ({refusals[0][sizing]})")
+    if not launches:
+        return {"problems": problems, "cases": len(asked_cases), "launches": 0}
+    problems += _kernel_problems(record)
+    if problems:
+        return {"problems": problems, "cases": len(asked_cases), "launches": 0}
+    # The cases the reference kernel is launched on (the costly part).
+    found = _reference_problems(record, asked_cases[:examples])
+    return {"problems": found["problems"], "cases": len(asked_cases), "launches": found["launches"]}
+
+
+def _case_problems(record: Any, asked_cases: List[Any], refusals: List[dict]) -> List[str]:
+    """What the record's methods get wrong about the drawn cases, up to the first case with a problem; each case's
+    sizing refusals appended to ``refusals``."""
+    from kvfence.engine.record_check import case_problems
+
+    problems: List[str] = []
     for case in asked_cases:
         refused: dict = {}
         found = asked(lambda case=case, refused=refused: case_problems(record, case, refused=refused),
@@ -105,45 +119,60 @@ def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = T
         refusals.append(refused)
         problems += [p for p in found if p not in problems]
         if problems:
-            return {"problems": problems, "cases": len(asked_cases), "launches": 0}
-    for sizing in record.sizings:
-        if all(sizing in r for r in refusals):
-            problems.append(f"sizing {sizing!r} refuses every drawn case ({refusals[0][sizing]})")
-    if not launches:
-        return {"problems": problems, "cases": len(asked_cases), "launches": 0}
+            break
+    return problems
+
+
+def _kernel_problems(record: Any) -> List[str]:
+    """The record's reference kernels and mutants that do not resolve."""
+    from kvfence.engine import kernels
+
+    problems = []
     for spec in [*kernels.references(record)] + [f"mutant:{m.name}" for m in record.mutants if m.patch or m.kernel]:
         try:
             kernels.resolve(record, spec)
         except BadInput as exc:
             problems.append(f"kernel {spec}: {exc}")
-    if problems:
-        return {"problems": problems, "cases": len(asked_cases), "launches": 0}
-    # The engine's plain path (tables, oracle, launch), and the record's own checker where it has one.
+    return problems
+
+
+def _reference_problems(record: Any, cases: List[Any]) -> Dict[str, Any]:
+    """The reference kernel launched on ``cases`` through the engine's plain path (tables, oracle, launch) and the
+    record's own checker where it has one: ``{"problems", "launches"}``, the problems empty when every launch is
+    clean."""
+    from kvfence.engine.checking import TableChecker
+    from kvfence.engine.plan import RunPlan
+
     plan = RunPlan(contract=record.name, device="cpu", sizing="safe")
     checkers = [("the engine's check of its tables", TableChecker(record, "cpu"))]
     own = asked(lambda: record.checker(plan), "checker(plan)")
     if isinstance(own, list):
-        return {"problems": own, "cases": len(asked_cases), "launches": 0}
+        return {"problems": own, "launches": 0}
     if own is not None:
         checkers.append(("its own checker", own))
     launches = 0
     for case in cases:
         launch = asked(lambda case=case: _bind(record, case), "binding a drawn case")
         if isinstance(launch, list):
-            return {"problems": launch, "cases": len(asked_cases), "launches": launches}
+            return {"problems": launch, "launches": launches}
         for path, checker in checkers:
             findings = asked(lambda checker=checker, launch=launch: checker.check(launch),
                              f"checking the reference kernel ({path})")
             if findings and isinstance(findings[0], str):
-                return {"problems": findings, "cases": len(asked_cases), "launches": launches}
+                return {"problems": findings, "launches": launches}
             launches += 1
             if findings:
-                kinds = ", ".join(sorted({f.kind.value for f in findings}))
-                return {"problems": [f"its reference kernel is not clean under the 'safe' sizing on its own drawn "
-                                     f"case ({path}: {kinds}; {findings[0].headline()}; case "
-                                     f"{describe(record, launch)}): the oracle, the tables, the launch or the kernel "
-                                     "disagree"], "cases": len(asked_cases), "launches": launches}
-    return {"problems": [], "cases": len(asked_cases), "launches": launches}
+                return {"problems": [_unclean_reference(record, launch, path, findings)], "launches": launches}
+    return {"problems": [], "launches": launches}
+
+
+def _unclean_reference(record: Any, launch: Any, path: str, findings: List[Any]) -> str:
+    from kvfence.engine.launch import describe
+
+    kinds = ", ".join(sorted({f.kind.value for f in findings}))
+    return (f"its reference kernel is not clean under the 'safe' sizing on its own drawn case ({path}: {kinds}; "
+            f"{findings[0].headline()}; case {describe(record, launch)}): the oracle, the tables, the launch or the "
+            "kernel disagree")
 
 
 def _bind(record, case):

@@ -26,7 +26,7 @@ Python loop over a million elements). ``tests/test_contracts.py`` checks the two
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from kvfence.engine.findings import SEEN_BY_AUDIT, Finding, Kind, programs_text
 from kvfence.engine.tables import INPUT_POISON, POISON, Guarded
@@ -114,59 +114,76 @@ def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, objec
         return []
     findings: List[Finding] = []
     for name, g in buffers.items():
-        table = g.table
-        width = table.width  # this table's own: a launch's tables need not share the row width its sizing gave
-        wanted = expected.get(name, {}) if table.role == "output" else {}
-        open_run = None  # [kind, region, row, start, stop, samples, programs]
-        was_all, now_all = before[name], after[name]
-        # Only elements that changed or that the oracle defines can be findings (an unchanged element the
-        # oracle leaves alone is clean by the rules above), so the walk visits those, in order.
-        if every_element:  # the plain walk, which tests compare the restricted one with
-            visit = set(range(len(was_all)))
-        else:
-            visit = set((was_all != now_all).nonzero().flatten().tolist())
-            visit.update(g.position(r, c) for (r, c) in wanted if c < width)
-        for p in sorted(visit):
-            was, now = int(was_all[p]), int(now_all[p])
-            region, row, off = g.locate(p)
-            kind = exp = owner = None
-            if table.role == "input":
-                if now != was:
-                    kind, exp = Kind.STRAY_WRITE, was
-            elif region == "row":
-                if (row, off) in wanted:
-                    exp = wanted[(row, off)]
-                    if not matches(now, exp):
-                        exp = sample_value(exp)
-                        kind = (Kind.MISSING_WRITE if now == POISON else Kind.POISON_READ if poison_derived(now)
-                                else Kind.VALUE_MISMATCH)
-                elif now != POISON:
-                    kind, exp = (Kind.POISON_READ if poison_derived(now) else Kind.STRAY_WRITE), POISON
-                owner = record.owner(launch, name, row, off) if kind else None
-            elif now != was:
-                kind, exp = Kind.GUARD_OVERWRITE, was  # expected: the canary that was there
-                if region == "guard after row" and (row, width + off) in wanted:
-                    owner = record.owner(launch, name, row, width + off)  # the row's own entry past its width
-            if kind is not None and open_run and open_run[0] == kind and open_run[1] == region \
-                    and open_run[2] == row and open_run[4] == off and open_run[7] == p - 1:
-                open_run[4], open_run[7] = off + 1, p
-                if len(open_run[5]) < SAMPLES:
-                    open_run[5].append((off, exp, now))
-                if owner is not None and owner not in open_run[6]:
-                    open_run[6].append(owner)
-                continue
-            if open_run:
-                findings.append(_finding(name, open_run))
-                open_run = None
-            if kind is not None:
-                open_run = [kind, region, row, off, off + 1, [(off, exp, now)], [owner] if owner is not None else [], p]
-        if open_run:
-            findings.append(_finding(name, open_run))
+        wanted = expected.get(name, {}) if g.table.role == "output" else {}
+        findings += _table_findings(record, launch, name, g, before[name], after[name], wanted, every_element)
     for f in findings:
         if f.kind is Kind.POISON_READ and f.samples:
             f.detail = decode_poison(f.samples[0][2], buffers)
     attribute(record, launch, findings, expected, buffers)
     return findings
+
+
+def _table_findings(record: Any, launch: Any, name: str, g: Guarded, was_all: Any, now_all: Any,
+                    wanted: Dict[Tuple[int, int], Any], every_element: bool) -> List[Finding]:
+    """One table's findings: each element it visits classified (``_classify``), neighbouring elements of one
+    kind, region and row merged into one finding."""
+    findings: List[Finding] = []
+    open_run: Optional[list] = None  # [kind, region, row, start, stop, samples, programs, last position]
+    # Only elements that changed or that the oracle defines can be findings (an unchanged element the
+    # oracle leaves alone is clean by the rules above), so the walk visits those, in order.
+    if every_element:  # the plain walk, which tests compare the restricted one with
+        visit = set(range(len(was_all)))
+    else:
+        width = g.table.width  # this table's own: a launch's tables need not share the row width its sizing gave
+        visit = set((was_all != now_all).nonzero().flatten().tolist())
+        visit.update(g.position(r, c) for (r, c) in wanted if c < width)
+    for p in sorted(visit):
+        was, now = int(was_all[p]), int(now_all[p])
+        region, row, off = g.locate(p)
+        kind, exp, owner = _classify(record, launch, name, g, wanted, region, row, off, was, now)
+        if kind is not None and open_run and open_run[0] == kind and open_run[1] == region \
+                and open_run[2] == row and open_run[4] == off and open_run[7] == p - 1:
+            open_run[4], open_run[7] = off + 1, p
+            if len(open_run[5]) < SAMPLES:
+                open_run[5].append((off, exp, now))
+            if owner is not None and owner not in open_run[6]:
+                open_run[6].append(owner)
+            continue
+        if open_run:
+            findings.append(_finding(name, open_run))
+            open_run = None
+        if kind is not None:
+            open_run = [kind, region, row, off, off + 1, [(off, exp, now)], [owner] if owner is not None else [], p]
+    if open_run:
+        findings.append(_finding(name, open_run))
+    return findings
+
+
+def _classify(record: Any, launch: Any, name: str, g: Guarded, wanted: Dict[Tuple[int, int], Any], region: str,
+              row: int, off: int, was: int, now: int) -> Tuple[Optional[Kind], Optional[int], Optional[object]]:
+    """One element of table ``name`` at ``(region, row, off)``, ``was`` before the launch and ``now`` after it:
+    its finding kind (None: clean), the value expected there, and the program that owns it (the record's
+    ``owner``), where known."""
+    kind = exp = owner = None
+    if g.table.role == "input":
+        if now != was:
+            kind, exp = Kind.STRAY_WRITE, was
+    elif region == "row":
+        if (row, off) in wanted:
+            exp = wanted[(row, off)]
+            if not matches(now, exp):
+                exp = sample_value(exp)
+                kind = (Kind.MISSING_WRITE if now == POISON else Kind.POISON_READ if poison_derived(now)
+                        else Kind.VALUE_MISMATCH)
+        elif now != POISON:
+            kind, exp = (Kind.POISON_READ if poison_derived(now) else Kind.STRAY_WRITE), POISON
+        owner = record.owner(launch, name, row, off) if kind else None
+    elif now != was:
+        kind, exp = Kind.GUARD_OVERWRITE, was  # expected: the canary that was there
+        width = g.table.width
+        if region == "guard after row" and (row, width + off) in wanted:
+            owner = record.owner(launch, name, row, width + off)  # the row's own entry past its width
+    return kind, exp, owner
 
 
 def decode_canary(value: int, buffers: Dict[str, Guarded]) -> str:

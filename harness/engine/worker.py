@@ -24,7 +24,7 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from kvfence.engine.boundary import contract_failure, convert_exits, refusal
 from kvfence.engine.findings import Finding, Kind
@@ -149,6 +149,12 @@ def _worker_main(conn, progress, options: dict) -> None:
         _send(conn, {"op": "ready", "pid": os.getpid(), "device": device})
     except OSError:
         return  # the supervisor is gone (a spare it no longer needs)
+    _serve(conn, progress, session, decode, device)
+
+
+def _serve(conn: Connection, progress: ProgressCounter, session: Any, decode: Callable[[dict], List[Any]],
+           device: str) -> None:
+    """Answer ``check`` messages until the supervisor is gone, sends anything else, or a case was fatal."""
     while True:
         try:
             message = json.loads(conn.recv_bytes())
@@ -156,28 +162,8 @@ def _worker_main(conn, progress, options: dict) -> None:
             return  # the supervisor is gone
         if message.get("op") != "check":
             return
-        results = []
-        fatal = False
         try:
-            cases = decode(message)
-            groups = message.get("groups") or list(range(len(cases)))
-            if message.get("dry"):  # RemoteSession.round_trip: the messaging cost alone
-                results = [[] for _ in cases]
-            i = len(results)
-            while i < len(cases):
-                progress.value = i + 1  # cases started: the supervisor's clock for HANG and CRASH
-                j = i + 1  # a run of one config goes to the checker's check_many (one device round trip)
-                while j < len(cases) and groups[j] == groups[i]:
-                    j += 1
-                if j - i > 1 and hasattr(session, "check_many"):
-                    results += _worker_check_many(session, cases[i:j], device)
-                else:
-                    findings, fatal = _worker_check(session, cases[i], device)
-                    results.append(findings)
-                    j = i + 1
-                    if fatal:
-                        break
-                i = j
+            results, fatal = _check_message(message, progress, session, decode, device)
         except BadInput as exc:
             _send(conn, {"op": "bad_input", "message": refusal(exc)})
             continue
@@ -190,6 +176,34 @@ def _worker_main(conn, progress, options: dict) -> None:
         _send(conn, {"op": "results", "results": results, "fatal": fatal, "stats": stats})
         if fatal:
             return
+
+
+def _check_message(message: dict, progress: ProgressCounter, session: Any, decode: Callable[[dict], List[Any]],
+                   device: str) -> Tuple[List[Any], bool]:
+    """The findings of one ``check`` message's cases, as data, and whether one was fatal (the rest unchecked).
+    A run of cases of one group (one config) goes to the checker's ``check_many``: one device round trip."""
+    results: List[Any] = []
+    fatal = False
+    cases = decode(message)
+    groups = message.get("groups") or list(range(len(cases)))
+    if message.get("dry"):  # RemoteSession.round_trip: the messaging cost alone
+        results = [[] for _ in cases]
+    i = len(results)
+    while i < len(cases):
+        progress.value = i + 1  # cases started: the supervisor's clock for HANG and CRASH
+        j = i + 1
+        while j < len(cases) and groups[j] == groups[i]:
+            j += 1
+        if j - i > 1 and hasattr(session, "check_many"):
+            results += _worker_check_many(session, cases[i:j], device)
+        else:
+            findings, fatal = _worker_check(session, cases[i], device)
+            results.append(findings)
+            j = i + 1
+            if fatal:
+                break
+        i = j
+    return results, fatal
 
 
 class ProgressCounter:

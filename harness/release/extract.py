@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from kvfence.errors import BadInput, require
 from kvfence.release.kernel_text import BUILTINS, check_constant, check_function, check_kernel_text, check_nodes
@@ -59,16 +59,38 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise BadInput(f"{source_path} does not parse: {getattr(exc, 'msg', type(exc).__name__)} "
                        f"(line {getattr(exc, 'lineno', '?')})") from None
-    lines = source.splitlines(keepends=True)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    constants = {}
+    imports, future = _top_imports(tree)
+    taken = _taken(functions, _top_constants(tree), imports, roots, source_path)
+    nodes = sorted(set(taken.values()), key=lambda n: n.lineno)
+    check_nodes(nodes, source_path)  # the module as it will be written, with the wheel's line numbers
+    parts = ["from __future__ import annotations\n\n"] if future else []
+    parts.append("import triton\nimport triton.language as tl\n")
+    lines = source.splitlines(keepends=True)
+    for node in nodes:
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        parts.append(("\n\n" if isinstance(node, ast.FunctionDef) else "\n")
+                     + "".join(lines[start - 1:node.end_lineno]))
+    names = [n.name for n in nodes if isinstance(n, ast.FunctionDef)]
+    return "".join(parts).rstrip() + "\n", names
+
+
+def _top_constants(tree: ast.Module) -> Dict[str, ast.stmt]:
+    """The module's top-level assignments, by the names they assign."""
+    constants: Dict[str, ast.stmt] = {}
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, ast.AnnAssign) and node.value is not None else []
         for target in targets:
             if isinstance(target, ast.Name):
                 constants[target.id] = node
-    imports = {}
+    return constants
+
+
+def _top_imports(tree: ast.Module) -> Tuple[Dict[str, ast.stmt], bool]:
+    """The module's top-level imports, by the names they bind, and whether it has ``from __future__ import
+    annotations``."""
+    imports: Dict[str, ast.stmt] = {}
     future = False
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
@@ -76,6 +98,13 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 imports[alias.asname or alias.name.split(".")[0]] = node
+    return imports, future
+
+
+def _taken(functions: Dict[str, ast.FunctionDef], constants: Dict[str, Any], imports: Dict[str, ast.stmt],
+           roots: Tuple[str, ...], source_path: str) -> Dict[str, ast.AST]:
+    """The jit functions and constants the ``roots`` reach, each admitted by the kernel text rule as it is taken;
+    a name read that is no jit function or admitted constant is ``BadInput``."""
     # What a function may call or read at module level before each name is resolved below (which refuses a
     # function that is no jit function and an import, naming it).
     callable_names, readable = set(functions) | set(imports), set(constants)
@@ -110,16 +139,7 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
         taken[name] = fn
         for free in _free_names(fn, {name}):
             resolve(free, name)
-    nodes = sorted(set(taken.values()), key=lambda n: n.lineno)
-    check_nodes(nodes, source_path)  # the module as it will be written, with the wheel's line numbers
-    parts = ["from __future__ import annotations\n\n"] if future else []
-    parts.append("import triton\nimport triton.language as tl\n")
-    for node in nodes:
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        parts.append(("\n\n" if isinstance(node, ast.FunctionDef) else "\n")
-                     + "".join(lines[start - 1:node.end_lineno]))
-    names = [n.name for n in nodes if isinstance(n, ast.FunctionDef)]
-    return "".join(parts).rstrip() + "\n", names
+    return taken
 
 
 def entry_header(text: str) -> str:

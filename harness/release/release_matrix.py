@@ -22,12 +22,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 from kvfence.provenance import stamped
 from kvfence.release import upstream
 from kvfence.release.knowledge import shipped
+
+if TYPE_CHECKING:
+    from kvfence.engine.progress import CountBar
 
 #: Cell statuses and what each means (the report's legend).
 STATUSES = {
@@ -421,7 +424,6 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
     had). Returns the document and the signal name if SIGINT/SIGTERM stopped it. ``progress``: the stream
     of a bar over the cells, with a line of its own for each cell that decides the exit code (a correct
     sizing's findings, an error); ``None``: quiet."""
-    from kvfence.engine.interrupt import signals_interrupt
     from kvfence.engine.progress import CountBar
 
     def announce(text: str) -> None:
@@ -435,71 +437,84 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
     require(any(r.status != "not-cached" for r in releases),
             f"none of the {len(releases)} release(s) in --versions is in the cache {upstream.cache_root()} and "
             "fetching is off (--offline / KVFENCE_OFFLINE=1): nothing to test")
-    cells: List[Cell] = []
-    todo: List[Cell] = []
-    for r in releases:
-        for sizing in sizings:
-            for contract in contracts:
-                cells.append(settle(r, sizing, contract, checked))
-                if cells[-1].status == "pending":
-                    todo.append(cells[-1])
+    cells = [settle(r, sizing, contract, checked) for r in releases for sizing in sizings for contract in contracts]
     doc = {MARKER: FORMAT, "versions": versions, "sizings": sizings, "contracts": contracts,
            "safe_sizings": list(SAFE_SIZINGS), "device": settings.device, "max_examples": settings.max_examples,
            "seed": settings.seed, "shrink_seconds": settings.shrink_seconds, "cell_timeout": settings.cell_timeout,
            "jobs": jobs, "offline": offline, "cache": str(upstream.cache_root()), "started_at": started,
            "releases": [asdict(r) for r in releases], "statuses": STATUSES, "tool_versions": {}}
-    bar = CountBar(len(cells), "cells", progress) if progress is not None else None
+    matrix = _Matrix(doc, cells, out, json_path, write, t0,
+                     CountBar(len(cells), "cells", progress) if progress is not None else None)
+    for cell in cells:
+        if cell.status != "pending":
+            matrix.emit(cell)
+    # The correct sizings first (their verdict is the exit code, and their full budget compiles the
+    # kernel variants the other sizings' cells of the same release then find in Triton's cache).
+    queue = sorted([c for c in cells if c.status == "pending"],
+                   key=lambda c: (c.sizing not in SAFE_SIZINGS, sizings.index(c.sizing)))
+    interrupted = matrix.drive(queue, settings, jobs)
+    if matrix.bar is not None:
+        matrix.bar.close()
+    matrix.save(interrupted)
+    return doc, interrupted
 
-    def emit(cell: Cell) -> None:
+
+class _Matrix:
+    """A release matrix under way: its document, its cells, where it writes, and its progress bar."""
+
+    def __init__(self, doc: dict, cells: List[Cell], out: Path, json_path: Optional[Path],
+                 write: Callable[[dict, Path], None], t0: float, bar: Optional[CountBar]) -> None:
+        self.doc, self.cells, self.out, self.json_path, self.write = doc, cells, out, json_path, write
+        self.t0, self.bar = t0, bar  # t0: the run's start (time.monotonic), which elapsed_s counts from
+
+    def emit(self, cell: Cell) -> None:
+        """A settled cell on the bar (a line of its own when it decides the exit code)."""
         what = cell.status + (f" {', '.join(cell.kinds)}" if cell.kinds else "")
         more = f" ({cell.cases} cases, {cell.seconds:.1f} s)" if cell.status in ("clean", "findings") else \
             (f": {cell.message}" if cell.message and cell.status == "error" else "")
         text = f"sglang=={cell.version} {cell.sizing} {cell.contract}: {what}{more}"
-        if bar is not None:
+        if self.bar is not None:
             if cell.status == "error" or (cell.status == "findings" and cell.sizing in SAFE_SIZINGS):
-                bar.note(f"kvfence: {text}")
-            bar.advance(text[:100])
-        if cell.tool_versions and not doc["tool_versions"]:
-            doc["tool_versions"] = cell.tool_versions
+                self.bar.note(f"kvfence: {text}")
+            self.bar.advance(text[:100])
+        if cell.tool_versions and not self.doc["tool_versions"]:
+            self.doc["tool_versions"] = cell.tool_versions
 
-    def save(interrupted: Optional[str] = None) -> None:
-        doc.update(cells=[_cell_dict(c) for c in cells if c.status != "pending"],
-                   pending=sum(c.status == "pending" for c in cells), interrupted=interrupted,
-                   elapsed_s=round(time.monotonic() - t0, 2), exit_code=exit_code(cells))
-        write(doc, out)
-        _write_json(out / "matrix.json", doc)
-        if json_path is not None:
-            _write_json(json_path, doc)
+    def save(self, interrupted: Optional[str] = None) -> None:
+        """The document with the cells settled so far, rendered and written."""
+        cells = self.cells
+        self.doc.update(cells=[_cell_dict(c) for c in cells if c.status != "pending"],
+                        pending=sum(c.status == "pending" for c in cells), interrupted=interrupted,
+                        elapsed_s=round(time.monotonic() - self.t0, 2), exit_code=exit_code(cells))
+        self.write(self.doc, self.out)
+        _write_json(self.out / "matrix.json", self.doc)
+        if self.json_path is not None:
+            _write_json(self.json_path, self.doc)
 
-    for cell in cells:
-        if cell.status != "pending":
-            emit(cell)
-    running: List[Running] = []
-    interrupted = None
-    with signals_interrupt():
-        try:
-            # The correct sizings first (their verdict is the exit code, and their full budget compiles the
-            # kernel variants the other sizings' cells of the same release then find in Triton's cache).
-            queue = sorted(todo, key=lambda c: (c.sizing not in SAFE_SIZINGS, sizings.index(c.sizing)))
-            while queue or running:
-                while queue and len(running) < jobs:
-                    cell = queue.pop(0)
-                    running.append(Running(cell, out / cell.version / cell.name, settings))
-                for r in list(running):
-                    done = r.poll()
-                    if done is not None:
-                        running.remove(r)
-                        emit(done)
-                        save()
-                time.sleep(0.1)
-        except KeyboardInterrupt as exc:
-            interrupted = getattr(exc, "signal_name", "SIGINT")
-            for r in running:
-                r.kill()
-    if bar is not None:
-        bar.close()
-    save(interrupted)
-    return doc, interrupted
+    def drive(self, queue: List[Cell], settings: Settings, jobs: int) -> Optional[str]:
+        """Run the ``queue``'s cells, ``jobs`` at a time, each saved as it settles; returns the signal's name if
+        SIGINT/SIGTERM stopped the run (the cells running are then killed)."""
+        from kvfence.engine.interrupt import signals_interrupt
+
+        running: List[Running] = []
+        with signals_interrupt():
+            try:
+                while queue or running:
+                    while queue and len(running) < jobs:
+                        cell = queue.pop(0)
+                        running.append(Running(cell, self.out / cell.version / cell.name, settings))
+                    for r in list(running):
+                        done = r.poll()
+                        if done is not None:
+                            running.remove(r)
+                            self.emit(done)
+                            self.save()
+                    time.sleep(0.1)
+            except KeyboardInterrupt as exc:
+                for r in running:
+                    r.kill()
+                return getattr(exc, "signal_name", "SIGINT")
+        return None
 
 
 def _cell_dict(c: Cell) -> dict:

@@ -19,7 +19,7 @@ import math
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple
 
 from kvfence.errors import BadInput, require
 
@@ -277,7 +277,7 @@ class Evaluator:
         self.steps = 0  # MAX_EVAL_STEPS: reset for each site (``Reader.read``, one evaluator per site elsewhere)
         self.nesting = 0  # expressions being expanded inside each other (TREE_MAX_DEPTH)
 
-    def fail(self, node, site: Site, why: str):
+    def fail(self, node: ast.AST, site: Site, why: str) -> NoReturn:
         try:
             text = ast.unparse(node)
         except (RecursionError, ValueError):
@@ -303,12 +303,16 @@ class Evaluator:
         finally:
             self.nesting -= 1
 
-    def _expr(self, node, site: Site):
+    def _step(self, node: ast.AST, site: Site) -> None:
+        """One more evaluation step: refused past ``MAX_EVAL_STEPS`` or ``MAX_DEPTH``."""
         self.steps += 1
         if self.steps > MAX_EVAL_STEPS:
             self.fail(node, site, f"more than {MAX_EVAL_STEPS} evaluation steps (names expanding each other)")
         if site.depth > MAX_DEPTH:
             self.fail(node, site, "nested too deep")
+
+    def _expr(self, node, site: Site):
+        self._step(node, site)
         if isinstance(node, ast.Constant) and type(node.value) is int:
             if abs(node.value) > MAX_LITERAL:
                 self.fail(node, site, "an integer larger than 2^62")

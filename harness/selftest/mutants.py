@@ -195,8 +195,8 @@ def self_test(record, device: str, *, seeds, max_examples: Optional[int] = None,
             checker = _OnlyKinds(session, row.only) if row.only else session
             start = time.monotonic()
             for seed in seeds:
-                r = fuzz(checker, pipeline.draws(plan)[0], max_examples=plan.max_examples, seed=seed,
-                         shrink_seconds=0, targeting=False, contract=record)
+                search = plan.with_(seed=seed, shrink_seconds=0, targeting=False, max_seconds=None)
+                r = fuzz(checker, pipeline.draws(plan)[0], search, contract=record)
                 kinds = damage_kinds(r.findings)
                 row.runs.append({"seed": seed, "kinds": kinds, "declared": bool(set(kinds) & set(row.detects)),
                                  "examples": r.examples, "examples_to_failure": r.examples_to_failure,

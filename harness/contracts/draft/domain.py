@@ -42,7 +42,7 @@ GPU run reaches 513-token prefixes and 129-branch batches" is a measured stateme
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Set, Tuple
 
 from kvfence.contracts.draft.case import default_buckets as power_of_two_buckets  # 1, 2, 4, ... then max_bs
 from kvfence.errors import require
@@ -179,25 +179,10 @@ _BLOCK_CLASSES = tuple((block, f"len=block{block}+-1", f"len>block{block}") for 
 
 def boundary_classes(config, seq_lens, raw_bs: int) -> FrozenSet[str]:
     """The boundary classes one launch sits on (``seq_lens`` are the real requests, before padding)."""
-    out = set()
+    out: Set[str] = set()
     bucket = next((b for b in config.buckets if b >= raw_bs), config.max_bs) if config.mode == "graph" else raw_bs
     for L in set(seq_lens):  # classes of a length, not counts: each distinct length once
-        if L <= 128:
-            out.add("len<=block128")
-        for block, near, past in _BLOCK_CLASSES:
-            if abs(L - block) <= 1:
-                out.add(near)
-            if L > block:
-                out.add(past)
-        p = config.page_size
-        if p > 1 and (L % p in (0, 1, p - 1)) and L >= p - 1:
-            out.add("len=page-boundary+-1")
-        if p >= 64 and L >= p:
-            out.add("page>=64-filled")
-        if abs(L - (config.ctx - config.num_steps)) <= 1:
-            out.add("len=ctx-steps+-1")
-        if L == config.ctx:
-            out.add("len=ctx")
+        out |= _length_classes(config, L)
     for lanes in (16, 32, 64):
         if bucket > lanes:
             out.add(f"requests>{lanes}")
@@ -206,14 +191,36 @@ def boundary_classes(config, seq_lens, raw_bs: int) -> FrozenSet[str]:
             out.add(f"branches>{lanes}")
     if config.mode == "graph":
         out.add("full-bucket" if raw_bs == bucket else "padded-bucket")
-    if config.page_size == 128:
-        out.add("page=128")
-    if config.ctx >= 65536:
-        out.add("ctx>=65536")
-    if config.topk > 8:
-        out.add("topk>8")
-    if config.num_steps > 8:
-        out.add("steps>8")
+    out |= _config_classes(config)
     if len(set(seq_lens)) >= 3:
         out.add("distinct-lengths")
     return frozenset(out)
+
+
+def _length_classes(config: Any, L: int) -> Set[str]:
+    """The boundary classes of one request length ``L`` under ``config``: copy blocks, pages, the context's end."""
+    out = set()
+    if L <= 128:
+        out.add("len<=block128")
+    for block, near, past in _BLOCK_CLASSES:
+        if abs(L - block) <= 1:
+            out.add(near)
+        if L > block:
+            out.add(past)
+    p = config.page_size
+    if p > 1 and (L % p in (0, 1, p - 1)) and L >= p - 1:
+        out.add("len=page-boundary+-1")
+    if p >= 64 and L >= p:
+        out.add("page>=64-filled")
+    if abs(L - (config.ctx - config.num_steps)) <= 1:
+        out.add("len=ctx-steps+-1")
+    if L == config.ctx:
+        out.add("len=ctx")
+    return out
+
+
+def _config_classes(config: Any) -> Set[str]:
+    """The boundary classes ``config`` alone decides: a full page, a long context, wide trees and deep steps."""
+    flags = {"page=128": config.page_size == 128, "ctx>=65536": config.ctx >= 65536, "topk>8": config.topk > 8,
+             "steps>8": config.num_steps > 8}
+    return {name for name, on in flags.items() if on}
