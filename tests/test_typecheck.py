@@ -36,7 +36,7 @@ def mypy(tree: Path, plugin: Path) -> subprocess.CompletedProcess:
     """mypy over one plug-in module as its author would run it (kvfence's own modules followed silently)."""
     return subprocess.run(
         [sys.executable, "-m", "mypy", "--no-incremental", "--check-untyped-defs", "--follow-imports=silent",
-         "--python-version", "3.10", "--no-error-summary", plugin.name],
+         "--python-version", "3.11", "--no-error-summary", plugin.name],
         cwd=plugin.parent, env={**os.environ, "MYPYPATH": str(tree)}, capture_output=True, text=True, timeout=300)
 
 

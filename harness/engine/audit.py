@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -219,12 +219,12 @@ class Audit:
         allocs = sorted(self.allocations, key=lambda a: a.base)
         self._store_starts = np.array([a.base for a in allocs], dtype=np.uint64)
         self._store_ends = np.array([a.end for a in allocs], dtype=np.uint64)
-        self._constrained = [a for a in self.allocations if a.row_of_program is not None]
+        self._constrained = [a.row_of_program for a in self.allocations if a.row_of_program is not None]
         self._read_tables = {}
         self._tables_dirty = False
 
     def _read_table(self, grid) -> Tuple[np.ndarray, np.ndarray]:
-        key = tuple(a.row_of_program(grid) for a in self._constrained)
+        key = tuple(row_of_program(grid) for row_of_program in self._constrained)
         table = self._read_tables.get(key)
         if table is None:
             spans = []
@@ -250,7 +250,7 @@ class Audit:
 
     # -- the wrapped interpreter operations ---------------------------------------------------------
     def _grid(self) -> Tuple[int, int, int]:
-        return tuple(int(x) for x in self._builder.grid_idx)
+        return cast(Tuple[int, int, int], tuple(int(x) for x in self._builder.grid_idx))  # the interpreter's 3 axes
 
     @staticmethod
     def _elsize(ptrs) -> int:
@@ -459,7 +459,8 @@ class Audit:
             for n, (i0, i1) in enumerate(runs):
                 chunk = lanes[i0:i1]
                 programs = sorted({lane[1] for lane in chunk})
-                samples, seen = [], set()
+                samples: List[Tuple[int, Optional[int], Optional[int]]] = []
+                seen = set()
                 for off, _, v, _ in chunk:
                     # Reads have no value to show; stores show what the kernel tried to write.
                     if v is not None and off not in seen and len(samples) < MAX_SAMPLES:

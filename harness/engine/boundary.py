@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from kvfence.contract import MEMBERS, Contract
 from kvfence.errors import EXIT_BAD_INPUT, BadInput, printable
@@ -145,7 +145,7 @@ def calling(contract: str, method: str):
     except BaseException as exc:
         if getattr(exc, "kvfence_raised_in", None) is None:
             try:
-                exc.kvfence_raised_in = (contract, method)
+                setattr(exc, "kvfence_raised_in", (contract, method))  # noqa: B010 (an attribute no exception type declares)
             except AttributeError:
                 pass
         raise
@@ -370,7 +370,7 @@ def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Option
         where.write_bytes(b"")
         child_env = dict(os.environ, **registry.child_env(), **(env or {}),
                          **{STATUS_ENV: str(status), WHERE_ENV: str(where), CALL_LIMIT_ENV: f"{limit:g}"})
-        output = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL} if quiet else {}
+        output: Dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL} if quiet else {}
         proc = subprocess.Popen(cmd, env=child_env, process_group=0, stdin=subprocess.DEVNULL if quiet else None,
                                 **output)
         watch = _Watch(proc, where, limit)

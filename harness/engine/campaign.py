@@ -77,11 +77,13 @@ def parse_shard(text: str, environ: Optional[Mapping[str, str]] = None) -> Shard
         count = None
         if text != "auto":
             match = re.match(r"^auto/(\d+)$", text)
-            require(match is not None and int(match.group(1)) >= 1, f"--shard {text!r}: expected auto or auto/N")
+            if match is None or int(match.group(1)) < 1:
+                raise BadInput(f"--shard {text!r}: expected auto or auto/N")
             count = int(match.group(1))
         return shard_from_scheduler(os.environ if environ is None else environ, count)
     match = _SHARD.match(text)
-    require(match is not None, f"--shard {text!r}: expected I/N, e.g. 1/4 (shards are numbered 1..N), or auto")
+    if match is None:
+        raise BadInput(f"--shard {text!r}: expected I/N, e.g. 1/4 (shards are numbered 1..N), or auto")
     index, count = int(match.group(1)), int(match.group(2))
     require(count >= 1, f"--shard {text}: N must be at least 1")
     require(1 <= index <= count, f"--shard {text}: I must be in 1..{count} (shards are numbered 1..N)")
@@ -116,16 +118,18 @@ def shard_from_scheduler(environ: Mapping[str, str], count: Optional[int] = None
         first = _env_int(environ, "SLURM_ARRAY_TASK_MIN")
         step = _env_int(environ, "SLURM_ARRAY_TASK_STEP") or 1
         total = _env_int(environ, "SLURM_ARRAY_TASK_COUNT")
-        require(first is not None and total is not None and total >= 1,
-                "--shard auto: a Slurm array task needs SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_COUNT")
+        if first is None or total is None or total < 1:
+            raise BadInput("--shard auto: a Slurm array task needs SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_COUNT")
         require(count is None or count == total, f"--shard auto/{count}: the Slurm array has {total} tasks")
         require(slurm >= first and (slurm - first) % step == 0,
                 f"--shard auto: SLURM_ARRAY_TASK_ID={slurm} is not in the array {first}..(step {step})")
         index = (slurm - first) // step + 1
         require(index <= total, f"--shard auto: SLURM_ARRAY_TASK_ID={slurm} is task {index} of {total}")
         return Shard(index, total)
-    require(count is not None, "--shard auto: a Kubernetes Indexed Job exports JOB_COMPLETION_INDEX but not the "
-                               "completion count; give --shard auto/N with N = .spec.completions")
+    assert k8s is not None  # neither-nor and both are refused above
+    if count is None:
+        raise BadInput("--shard auto: a Kubernetes Indexed Job exports JOB_COMPLETION_INDEX but not the "
+                       "completion count; give --shard auto/N with N = .spec.completions")
     require(k8s < count, f"--shard auto/{count}: JOB_COMPLETION_INDEX={k8s} is not below {count}")
     return Shard(k8s + 1, count)
 
@@ -243,19 +247,20 @@ def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
             f"{where}: unsupported scheme {parts.scheme!r}; use none, a directory or redis://HOST:PORT/DB")
     require(not parts.query and not parts.fragment, f"{where}: unexpected ?query or #fragment")
     host = parts.hostname
-    require(bool(host), f"{where}: no host (expected redis://HOST:PORT/DB)")
-    path = parts.path.strip("/")
-    require(path == "" or path.isdigit(), f"{where}: the database must be a number, got {path!r}")
+    if not host:
+        raise BadInput(f"{where}: no host (expected redis://HOST:PORT/DB)")
+    database = parts.path.strip("/")
+    require(database == "" or database.isdigit(), f"{where}: the database must be a number, got {database!r}")
     username, _, password = userinfo.partition(":")
     require(username == "", f"{where}: Redis URLs take a password only (the password goes before the @ after a colon, "
                             "or in KVFENCE_REDIS_PASSWORD)")
     port = REDIS_DEFAULT_PORT if port is None else port
     require(1 <= port <= 65535, f"{where}: port {port} out of range")
-    db = int(path) if path else 0
+    db = int(database) if database else 0
     display = f"redis://{host}:{port}/{db}"
     # KVFENCE_REDIS_PASSWORD keeps the password off the command line (docs/security.md, "Secrets").
-    password = unquote(password) if at and password else os.environ.get(REDIS_PASSWORD_ENV) or None
-    return DatabaseSpec("redis", display, what, host=host, port=port, db=db, password=password)
+    secret = unquote(password) if at and password else os.environ.get(REDIS_PASSWORD_ENV) or None
+    return DatabaseSpec("redis", display, what, host=host, port=port, db=db, password=secret)
 
 
 def default_database(out_dir) -> str:
@@ -271,6 +276,8 @@ def open_database(spec: DatabaseSpec):
         return None
     if spec.kind == "directory":
         from hypothesis.database import DirectoryBasedExampleDatabase
+
+        assert spec.path is not None  # a directory spec always has one (parse_database)
 
         try:
             spec.path.mkdir(parents=True, exist_ok=True)

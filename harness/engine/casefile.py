@@ -32,8 +32,9 @@ import platform
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from kvfence.contract import Launch
 from kvfence.engine import kernels, registry
 from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding, Kind
@@ -259,7 +260,7 @@ class CaseFile:
     """A loaded, validated case file."""
 
     path: Path
-    case: object
+    case: Launch[Any]
     findings: List[Finding]
     device: str
     source: str
@@ -418,7 +419,7 @@ def raise_on_findings(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, dev
         from kvfence.device import interpreting
 
         device = "cpu" if interpreting() else "cuda"
-    extras = {"hypothesis": hypothesis_blob()}
+    extras: Dict[str, Any] = {"hypothesis": hypothesis_blob()}
     test = os.environ.get("PYTEST_CURRENT_TEST")
     if test:
         extras["pytest"] = test.rsplit(" (", 1)[0]

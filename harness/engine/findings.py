@@ -111,7 +111,7 @@ class Finding:
     run's own row first, then of the row before it (a spill); empty when no program stores such a value.
     """
 
-    kind: Kind
+    kind: Kind | ContractKind
     buffer: str
     region: str
     start: int = 0

@@ -55,7 +55,7 @@ def output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
     name = errno_mod.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
     text = f"cannot write {path}: {exc.strerror or exc} ({name})"
     cases = sorted((doc or {}).get("cases") or {})
-    if cases:
+    if doc is not None and cases:
         shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
         text += (f"; the run has {len(doc['findings'])} finding(s), saved before this in {len(cases)} case "
                  f"file(s): {shown}")
@@ -85,7 +85,7 @@ class Run:
     def __init__(self, plan: RunPlan, outputs: Outputs, say: Callable[[str], None], warn: Callable[[str], None]):
         self.plan, self.outputs, self.say, self.warn = plan, outputs, say, warn
         self.out_dir = Path(plan.out)
-        self.earlier = None
+        self.earlier: Optional[dict] = None
 
     # -- the whole run ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -120,11 +120,11 @@ class Run:
             run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
                                                      campaign.shard_seed(seed, shard),
                                                      campaign.stored_failures(database, db_key))
-            if hasattr(session, "wait_ready"):
+            if session is not None and hasattr(session, "wait_ready"):
                 session.wait_ready()  # resolves the kernel in the worker: BadInput here, before the first example
             return self._one(strategy, session, previous, run, database, db_key, db_spec)
         finally:
-            if hasattr(session, "close"):
+            if session is not None and hasattr(session, "close"):
                 session.close()
 
     def _previous_summary(self) -> Optional[dict]:
@@ -322,7 +322,7 @@ class Run:
         if self.outputs.json is not None:
             with output_errors(self.outputs.json, doc):
                 casefile.atomic_write_text(self.outputs.json, text)
-        if self.outputs.render is not None:
+        if self.outputs.render is not None and self.outputs.table is not None:  # the CLI gives both
             with output_errors(self.out_dir / "report.md", doc):
                 written = self.outputs.render(doc, self.out_dir)
             self.say("")

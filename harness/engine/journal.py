@@ -41,20 +41,26 @@ class Journal:
                 f"{self.folder} exists and is not a directory: the run's crash journal goes there; move it away")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / f"{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._head = json.dumps({"device": device, "pid": os.getpid(), "started": round(time.time(), 3),
                                  **(meta or {})}, separators=(",", ":"))
-        os.pwrite(self.fd, DONE + b"\n", 0)
+        os.pwrite(self._slot(), DONE + b"\n", 0)
 
     def _record(self, case, tail: str = "") -> str:
         record = registry.get(case.contract)
         body = json.dumps(launches.to_record(record, case), separators=(",", ":"))
         return f'{{"run":{self._head},"contract":{json.dumps(record.name)},"case":{body}{tail}}}\n'
 
+    def _slot(self) -> int:
+        """The open slot's descriptor."""
+        if self.fd is None:
+            raise ValueError(f"the journal {self.path} is closed")
+        return self.fd
+
     def begin(self, case) -> None:
         """Record ``case`` as in flight (call right before launching it)."""
-        os.pwrite(self.fd, IN_FLIGHT + self._record(case).encode(), 0)
+        os.pwrite(self._slot(), IN_FLIGHT + self._record(case).encode(), 0)
 
     def begin_many(self, cases) -> None:
         """Record a batch of cases of one config checked in one device round trip: the first as the case
@@ -62,11 +68,11 @@ class Journal:
         journal cannot know which case caused it; ``recover`` says so."""
         record = registry.get(cases[0].contract)
         others = json.dumps([launches.to_record(record, c) for c in cases[1:]], separators=(",", ":"))
-        os.pwrite(self.fd, IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
+        os.pwrite(self._slot(), IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
 
     def end(self) -> None:
         """The verdict is in: nothing is in flight."""
-        os.pwrite(self.fd, DONE, 0)
+        os.pwrite(self._slot(), DONE, 0)
 
     def close(self) -> None:
         if self.fd is None:

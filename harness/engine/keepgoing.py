@@ -41,7 +41,7 @@ class Failure:
 
     case: object
     findings: List[Finding]
-    stat: tuple
+    stat: Optional[tuple]
     phase: int
     hypothesis: Optional[dict] = None
     shrink_cut: bool = False

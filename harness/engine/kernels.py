@@ -80,6 +80,8 @@ def load_file(path: Path):
     if module is not None and getattr(module, "__file__", None) == str(resolved):
         return module
     module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import {resolved} (not a Python source file)")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # triton.jit needs the module to be importable by name
     try:
@@ -132,7 +134,8 @@ def module_file(spec: str) -> Path:
     if where.endswith(".py") or os.sep in where:
         return Path(where)
     found = importlib.util.find_spec(where)
-    require(found is not None and found.origin, f"cannot find the module of {spec!r}")
+    if found is None or not found.origin:
+        raise BadInput(f"cannot find the module of {spec!r}")
     return Path(found.origin)
 
 

@@ -98,7 +98,7 @@ def acquire(out_dir: Path, announce: Callable[[str], None]) -> None:
     except OSError as exc:  # a full disk (ENOSPC, EDQUOT) or a read-only one, before the run wrote anything
         os.close(fd)
         raise BadInput(f"--out {out_dir}: cannot write the run lock record {path}: {exc.strerror or exc} "
-                       f"({errno.errorcode.get(exc.errno, exc.errno)})") from None
+                       f"({errno.errorcode.get(exc.errno or 0, exc.errno)})") from None  # errno 0 has no name
     _HELD[key] = (fd, path)
 
 

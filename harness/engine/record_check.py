@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import List, Optional
+from typing import Any, List, Optional, Set
 
 from kvfence.contract import DOMAINS, GUARDS, MODES, REQUIRED, ROLES, Contract, FindingKind, Keys, Launch, Mutant, Table
 from kvfence.engine.findings import Finding, Kind, closest_kind
@@ -181,7 +181,7 @@ def case_problems(record, case, *, refused: Optional[dict] = None) -> List[str]:
         if type(need) is not int or need < 0:
             out.append(f"need(launch) must be an integer >= 0, got {printable(repr(need), 60)}")
             break
-    seen = set()
+    seen: Set[Any] = set()
     for launch in launches:
         if (launch.width, launch.mode) not in seen and len(seen) < 3:
             seen.add((launch.width, launch.mode))

@@ -125,24 +125,24 @@ def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = T
         return {"problems": own, "cases": len(asked_cases), "launches": 0}
     if own is not None:
         checkers.append(("its own checker", own))
-    launches = 0
+    launched = 0
     for case in cases:
         launch = asked(lambda case=case: _bind(record, case), "binding a drawn case")
         if isinstance(launch, list):
-            return {"problems": launch, "cases": len(asked_cases), "launches": launches}
+            return {"problems": launch, "cases": len(asked_cases), "launches": launched}
         for path, checker in checkers:
             findings = asked(lambda checker=checker, launch=launch: checker.check(launch),
                              f"checking the reference kernel ({path})")
             if findings and isinstance(findings[0], str):
-                return {"problems": findings, "cases": len(asked_cases), "launches": launches}
-            launches += 1
+                return {"problems": findings, "cases": len(asked_cases), "launches": launched}
+            launched += 1
             if findings:
                 kinds = ", ".join(sorted({f.kind.value for f in findings}))
                 return {"problems": [f"its reference kernel is not clean under the 'safe' sizing on its own drawn "
                                      f"case ({path}: {kinds}; {findings[0].headline()}; case "
                                      f"{describe(record, launch)}): the oracle, the tables, the launch or the kernel "
-                                     "disagree"], "cases": len(asked_cases), "launches": launches}
-    return {"problems": [], "cases": len(asked_cases), "launches": launches}
+                                     "disagree"], "cases": len(asked_cases), "launches": launched}
+    return {"problems": [], "cases": len(asked_cases), "launches": launched}
 
 
 def _bind(record, case):

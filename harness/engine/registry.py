@@ -60,7 +60,7 @@ def child_env() -> Dict[str, str]:
 
 def entry(name: str) -> str:
     """The ``module:attr`` a registered contract is loaded from (a checking worker loads it the same way)."""
-    specs = _entries().get(name)
+    specs = _entries().get(name) or []
     require(bool(specs), f"unknown contract {name!r}: choose from {', '.join(names()) or '(none registered)'}")
     require(len(specs) == 1, f"contract {name!r} is registered twice ({' and '.join(specs)}): kvfence will not "
                              "pick one; uninstall the package that should not provide it")

@@ -83,11 +83,11 @@ def _position(g, region: str, offset: int) -> Optional[int]:
         return g.front + g.rows * g.stride + offset
     if not row.isdigit():
         return None
-    row = int(row)
+    index = int(row)
     if name in ("row", "slack of row"):
-        return g.position(row, offset)
+        return g.position(index, offset)
     if name == "guard after row":
-        return g.position(row, g.table.width + offset)
+        return g.position(index, g.table.width + offset)
     return None
 
 

@@ -15,7 +15,7 @@ its summary says of it are assembled once:
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from kvfence.contract import Launch
 from kvfence.engine import registry
@@ -99,7 +99,7 @@ def draws(plan: RunPlan, shard=None) -> Tuple[object, Optional[dict]]:
     return shard_draws(shard, build, shard_fields(found, plan), found.name)
 
 
-def shard_fields(found, plan: RunPlan) -> Dict[str, tuple]:
+def shard_fields(found, plan: RunPlan) -> Dict[str, Sequence[Any]]:
     """The options a ``--shard`` deals out, each with its values on the plan's domain (a pinned one: its value)."""
     return {name: (plan.pins[name],) if plan.pins.get(name) is not None else tuple(values(plan.domain))
             for name, values in found.options.items() if values is not None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
@@ -150,7 +150,7 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
     (``started_at``, epoch seconds, dates the first failure from the merged run's start)."""
     import random
 
-    out = {MARKER: SUMMARY_VERSION}
+    out: Dict[str, Any] = {MARKER: SUMMARY_VERSION}
     for key in COUNTS + ("distinct_configs",) + SESSION_KEYS:
         out[key] = sum(d.get(key, 0) or 0 for d in docs)
         if key.endswith("_s"):
@@ -199,9 +199,9 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
     findings, cases, seen = [], {}, set()
     for d in docs:
         for f in d.get("findings", []):
-            key = (f.get("case"), f.get("kind"), f.get("region"), f.get("start"), f.get("stop"))
-            if key not in seen:
-                seen.add(key)
+            identity = (f.get("case"), f.get("kind"), f.get("region"), f.get("start"), f.get("stop"))
+            if identity not in seen:
+                seen.add(identity)
                 findings.append(f)
         cases.update(d.get("cases", {}))
     out["findings"], out["cases"] = findings, cases

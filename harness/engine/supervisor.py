@@ -128,7 +128,7 @@ class RemoteSession:
         self.codec = Wire(record)
         self._options = {"plan": plan.to_dict(), "loading": registry.loading(record), "device": self.device}
         self._proc: Optional[subprocess.Popen] = None
-        self._conn = None
+        self._conn: Optional[Connection] = None
         self._progress: Optional[ProgressCounter] = None
         self._output = None  # the file the current worker's stdout and stderr go to
         #: What the last worker killed had printed (``_kill``), for the finding of its death or hang.
@@ -251,7 +251,7 @@ class RemoteSession:
         self._proc, self._conn, self._progress = pending.proc, pending.conn, pending.progress
         self._output = pending.output
         self._warm = set()
-        readable = wait([self._conn], timeout=self.start_timeout)
+        readable = wait([self._pipe()], timeout=self.start_timeout)
         message = self._recv() if readable else None
         if message is None:
             code = self._kill()
@@ -269,7 +269,7 @@ class RemoteSession:
         """Take the reply to the warm-up case sent ahead (``_send_warm``): None when it came back clean (its
         config is warm now), ``_WARM_FAILED`` (the worker killed) when it died, hung or found anything."""
         limit = self._case_limit(case, self.warmup_s)
-        message = self._recv() if wait([self._conn], timeout=limit) else None
+        message = self._recv() if wait([self._pipe()], timeout=limit) else None
         if message is None or message.get("op") != "results" or message.get("fatal") \
                 or [r for r in message.get("results", [[]]) if r]:
             self._kill()
@@ -281,7 +281,7 @@ class RemoteSession:
 
     def _recv(self) -> Optional[dict]:
         try:
-            return json.loads(self._conn.recv_bytes())
+            return json.loads(self._pipe().recv_bytes())
         except (EOFError, OSError):
             return None
 
@@ -290,6 +290,16 @@ class RemoteSession:
         if message.get("op") == "bad_input":
             raise BadInput(message["message"])
         raise WorkerError("the checking worker failed:\n" + message.get("traceback", repr(message)))
+
+    def _pipe(self) -> Connection:
+        """The running worker's end of the pipe."""
+        assert self._conn is not None, "no checking worker is running"
+        return self._conn
+
+    def _counter(self) -> ProgressCounter:
+        """The running worker's progress counter."""
+        assert self._progress is not None, "no checking worker is running"
+        return self._progress
 
     def _kill(self) -> Optional[int]:
         """Kill the worker (if alive) and return its exit status; what it printed is ``_last_output``."""
@@ -338,7 +348,7 @@ class RemoteSession:
         proc = self._proc
         if proc is None:
             return
-        self._conn.close()
+        self._pipe().close()
         self._conn = None
         try:
             proc.wait(2.0)
@@ -389,10 +399,10 @@ class RemoteSession:
         """
         if self._proc is None:
             self._start()
-        self._progress.value = 0
+        self._counter().value = 0
         try:
             message = {"op": "check", "dry": dry, **self.codec.encode(cases)}
-            self._conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
+            self._pipe().send_bytes(json.dumps(message, separators=(",", ":")).encode())
         except OSError:
             pass  # the worker is already dead: the wait below says so
         try:
@@ -427,14 +437,15 @@ class RemoteSession:
         """The worker's reply to the list in flight; ``LostCase`` if it dies or stalls on a case first."""
         started, clock, limit = 0, time.monotonic(), 0.0
         while True:
-            if wait([self._conn], timeout=POLL_S):
+            if wait([self._pipe()], timeout=POLL_S):
                 message = self._recv()
                 if message is not None:
                     break
                 # End of file: the worker died without a reply.
-                index = max(self._progress.value - 1, 0)
+                index = max(self._counter().value - 1, 0)
                 self._prestart()  # the replacement starts while this one is reaped
                 code = self._kill()
+                assert code is not None  # a worker was running: _kill reaped it
                 external = code in _EXTERNAL
                 self.counters["external_kills" if external else "deaths"] += 1
                 detail = f"the checking worker died with {signal_name(code)} during this launch"
@@ -444,8 +455,8 @@ class RemoteSession:
                 raise LostCase(index, self._with_output(Finding(Kind.CRASH, "kernel", "launch", detail=detail)),
                             external)
             now = time.monotonic()
-            if self._progress.value != started:
-                started, clock = self._progress.value, now
+            if self._counter().value != started:
+                started, clock = self._counter().value, now
                 limit = self._run_limit(cases, started - 1)
             if started and now - clock > limit:
                 self._prestart()
@@ -507,10 +518,10 @@ class RemoteSession:
         results: List[Optional[List[Finding]]] = [None] * len(cases)
         if one_at_a_time:
             for j, case in enumerate(cases):
-                results[j] = self._check_alone(case)
-                if enough is not None and enough(results[j]):
+                results[j] = alone = self._check_alone(case)
+                if enough is not None and enough(alone):
                     break
-            return results  # type: ignore[return-value]
+            return results
         i = 0
         while i < len(cases):
             try:
@@ -520,11 +531,11 @@ class RemoteSession:
                 # one config into one launch sequence): every case without a verdict runs alone now.
                 for j in range(i, len(cases)):
                     if results[j] is None:
-                        results[j] = self._check_alone(cases[j])
-                        if enough is not None and enough(results[j]):
+                        results[j] = alone = self._check_alone(cases[j])
+                        if enough is not None and enough(alone):
                             break
                 break
             results[i:i + len(done)] = done
             i += len(done)
-        return results  # type: ignore[return-value]
+        return results
 

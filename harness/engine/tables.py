@@ -19,10 +19,13 @@ compute-sanitizer) there is no tail either, so a write past the last row leaves 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 from kvfence.contract import Table
 from kvfence.engine.capture import collector_paused
+
+if TYPE_CHECKING:  # torch is imported where a table is allocated, not at start-up
+    import torch
 
 POISON = -1
 CANARY_BASE = -1000
@@ -33,8 +36,8 @@ GUARD = 64
 @dataclass
 class Guarded:
     table: Table
-    flat: object  # torch tensor
-    view: object  # what the kernel gets
+    flat: torch.Tensor
+    view: torch.Tensor  # what the kernel gets
     guard: int  # elements between two rows
     front: int = GUARD
     tail: int = GUARD
@@ -98,7 +101,7 @@ def allocate_all(tables: List[Table], device: str, *, layout: str = "redzone", a
     return {t.name: allocate(t, device, layout=layout, absorb=absorb) for t in tables}
 
 
-def snapshot(buffers: Dict[str, Guarded]) -> Dict[str, object]:
+def snapshot(buffers: Dict[str, Guarded]) -> Dict[str, torch.Tensor]:
     """Each table's flat tensor, copied to the host (the verdict reads elements from it)."""
     return {name: g.flat.cpu().clone() for name, g in buffers.items()}
 

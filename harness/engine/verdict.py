@@ -24,10 +24,13 @@ Python loop over a million elements). ``tests/test_contracts.py`` checks the two
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.tables import INPUT_POISON, POISON, Guarded
+
+if TYPE_CHECKING:  # torch is imported where a verdict is made, not at start-up
+    import torch
 
 SAMPLES = 3
 #: The largest divisor of a read value that still makes a stored value poison-derived (a page id is a slot
@@ -90,7 +93,8 @@ def expected_flat(g: Guarded, before, after, wanted: Dict[Tuple[int, int], objec
     return want
 
 
-def clean(buffers: Dict[str, Guarded], before: Dict[str, object], after: Dict[str, object], expected) -> bool:
+def clean(buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor], after: Dict[str, torch.Tensor],
+          expected) -> bool:
     """Whether ``verdict`` would find nothing, by whole-tensor comparisons (see the module docstring)."""
     import torch
 
@@ -102,8 +106,8 @@ def clean(buffers: Dict[str, Guarded], before: Dict[str, object], after: Dict[st
     return True
 
 
-def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, object],
-            after: Dict[str, object], every_element: bool = False, expected=None) -> List[Finding]:
+def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor],
+            after: Dict[str, torch.Tensor], every_element: bool = False, expected=None) -> List[Finding]:
     """The findings of one launch; ``before``/``after`` are each table's flat host tensor (``snapshot``).
     ``every_element``: the plain walk over every element, without the ``clean`` fast path (what tests compare
     the engine's path with)."""
@@ -161,7 +165,7 @@ def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, objec
         if open_run:
             findings.append(_finding(name, open_run))
     for f in findings:
-        if f.kind is Kind.POISON_READ and f.samples:
+        if f.kind is Kind.POISON_READ and f.samples and f.samples[0][2] is not None:
             f.detail = decode_poison(f.samples[0][2], buffers)
     attribute(record, launch, findings, expected, buffers)
     return findings

@@ -24,7 +24,7 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from kvfence.engine.boundary import contract_failure, convert_exits, refusal
 from kvfence.engine.findings import Finding, Kind
@@ -156,7 +156,7 @@ def _worker_main(conn, progress, options: dict) -> None:
             return  # the supervisor is gone
         if message.get("op") != "check":
             return
-        results = []
+        results: List[Any] = []
         fatal = False
         try:
             cases = decode(message)
