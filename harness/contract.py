@@ -220,7 +220,7 @@ class Contract(Generic[C]):
 
     name: str = ""
     doc: str = ""
-    reference: str = ""
+    reference: Union[str, Mapping[str, str]] = ""
     sizings: Mapping[str, Sizing[C]] = {}
     mutants: Tuple[Mutant, ...] = ()
     kinds: Tuple[FindingKind, ...] = ()

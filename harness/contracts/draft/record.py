@@ -26,7 +26,7 @@ from kvfence.contracts.draft.case import Case, DraftCase, batch_from_dict, confi
 from kvfence.contracts.draft.domain import DOMAINS, boundary_classes
 from kvfence.contracts.draft.sizing import POLICIES
 from kvfence.contracts.draft.tokens import req_to_token_rows, v2p_table
-from kvfence.errors import require
+from kvfence.errors import BadInput, require
 from kvfence.kernels import KERNELS_DIR
 
 MUTANTS_DIR = KERNELS_DIR / "draft" / "mutants"
@@ -84,8 +84,8 @@ def _mutants(contract: str):
         domain = module.get("DOMAIN", "cpu")
         detects = module.get("DETECTS")
         # One line naming the file (a missing DETECTS was a KeyError, a string one its letters as kinds).
-        require(isinstance(detects, (tuple, list)) and detects and all(isinstance(k, str) for k in detects),
-                f"mutant {path.name}: DETECTS must be a non-empty tuple of finding kinds, got {detects!r}")
+        if not (isinstance(detects, (tuple, list)) and detects and all(isinstance(k, str) for k in detects)):
+            raise BadInput(f"mutant {path.name}: DETECTS must be a non-empty tuple of finding kinds, got {detects!r}")
         detects = tuple(detects)
         if module.get("KIND") == "sizing":
             out.append(Mutant(path.stem, doc, detects, sizing=f"{path}:row_width", domain=domain))
@@ -180,7 +180,8 @@ class DraftContract(Contract[DraftCase]):
                Table("req_pool_indices", lb.num_seqs, None, "input", list(lb.req_pool_indices), "int64"),
                Table("positions", lb.num_seqs * c.topk, None, "input", list(lb.positions), "int64")]
         if c.translate:
-            out.append(Table("v2p", c.v2p_pages, None, "input", lambda: v2p_table(c, case.batch.v2p_seed)))
+            # v2p_table is a list when the config translates, as here
+            out.append(Table("v2p", c.v2p_pages, None, "input", lambda: v2p_table(c, case.batch.v2p_seed) or []))
         return out + [Table(prefix + "kv_indices", launch.width, c.num_steps, "output"),
                       Table(prefix + "kv_indptr", lb.num_seqs * c.topk + 1, c.num_steps, "output")]
 
