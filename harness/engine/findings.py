@@ -117,9 +117,9 @@ class Finding:
     start: int = 0
     stop: int = 0
     samples: List[Tuple[int, Optional[int], Optional[int]]] = field(default_factory=list)
-    programs: List[Tuple[int, int, int]] = field(default_factory=list)
+    programs: List[Tuple[int, ...]] = field(default_factory=list)  # grid coordinates: (s, b, k) for the draft
     detail: str = ""
-    writers: List[Tuple[int, int, int]] = field(default_factory=list)
+    writers: List[Tuple[int, ...]] = field(default_factory=list)
     #: Structured facts of findings from outside tools (compute-sanitizer: access, address, thread, ...).
     extra: dict = field(default_factory=dict)
 

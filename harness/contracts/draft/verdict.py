@@ -237,7 +237,7 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
         if host[0] != Kind.HOST_CHECK_ADMITS_OVERFLOW.value:
             return findings  # the check fires: production stops before the launch, so nothing is written
     if expected.need > width:
-        over = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
+        over: List[Tuple[int, ...]] = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
         family = "".join(f", {k}={v}" for k, v in config.family_dict().items())
         findings.append(Finding(
             Kind.SIZING_VIOLATION, obs.kv_indices.name, f"row {config.num_steps - 1}", width, expected.need, [], over,
