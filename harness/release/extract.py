@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, Union
 
 from kvfence.errors import BadInput, require
 from kvfence.release.kernel_text import BUILTINS, check_constant, check_function, check_kernel_text, check_nodes
@@ -61,10 +61,15 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
                        f"(line {getattr(exc, 'lineno', '?')})") from None
     lines = source.splitlines(keepends=True)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    constants = {}
+    constants: Dict[str, Union[ast.Assign, ast.AnnAssign]] = {}
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) and node.value is not None else []
+        targets: List[ast.expr]
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
         for target in targets:
             if isinstance(target, ast.Name):
                 constants[target.id] = node
@@ -79,7 +84,7 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
     # What a function may call or read at module level before each name is resolved below (which refuses a
     # function that is no jit function and an import, naming it).
     callable_names, readable = set(functions) | set(imports), set(constants)
-    taken: Dict[str, ast.AST] = {}
+    taken: Dict[str, ast.stmt] = {}
     todo = [name for name in roots if name in functions]
 
     def resolve(name: str, user: str) -> None:
@@ -93,6 +98,7 @@ def extract(source: str, source_path: str, roots: Tuple[str, ...]) -> Tuple[str,
             node = constants[name]
             check_constant(node, source_path)
             taken[name] = node
+            assert node.value is not None  # constants holds annotated assignments with a value only
             for inner in _free_names(node.value, set()):
                 resolve(inner, name)
         elif name in imports:

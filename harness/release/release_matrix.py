@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 from kvfence.provenance import stamped
@@ -55,6 +55,7 @@ _KEY = re.compile(r"^([0-9]+(?:\.[0-9]+)*)(?:(a|b|rc)([0-9]+))?(?:\.post([0-9]+)
 def version_key(version: str) -> tuple:
     """PEP 440 order for the versions ``upstream.check_version`` accepts: dev < a < b < rc < final < post."""
     m = _KEY.match(upstream.check_version(version))
+    assert m is not None  # check_version admits only versions of this form
     release = [int(x) for x in m.group(1).split(".")]
     while len(release) > 1 and release[-1] == 0:
         release.pop()  # 0.5 == 0.5.0
@@ -69,6 +70,7 @@ def version_key(version: str) -> tuple:
 def is_prerelease(version: str) -> bool:
     """An alpha, beta, release candidate or dev release (PEP 440)."""
     m = _KEY.match(upstream.check_version(version))
+    assert m is not None  # check_version admits only versions of this form
     return bool(m.group(2) or m.group(5) is not None)
 
 
@@ -79,7 +81,8 @@ def parse_versions(text: str, known: Sequence[str], announce: Optional[Callable[
     empty range is ``BadInput``."""
     require(isinstance(text, str) and text.strip(), "--versions is empty: give A..B, a version, or a comma list")
     known = sorted(set(known), key=version_key)
-    chosen, skipped = set(), []
+    chosen: Set[str] = set()
+    skipped: List[str] = []
 
     def known_one(v: str) -> str:
         upstream.check_version(v)
@@ -143,8 +146,9 @@ def index_versions() -> List[str]:
     except subprocess.TimeoutExpired:
         proc = None
     line = re.search(r"^Available versions: *(.*)$", proc.stdout, re.M) if proc is not None else None
-    require(line is not None, "cannot list sglang releases: the package index is not reachable (no network?); "
-                              "use --offline (or KVFENCE_OFFLINE=1) to test the cached releases only")
+    if line is None:
+        raise BadInput("cannot list sglang releases: the package index is not reachable (no network?); "
+                       "use --offline (or KVFENCE_OFFLINE=1) to test the cached releases only")
     return [v.strip() for v in line.group(1).split(",") if upstream.is_version(v.strip())]
 
 
@@ -485,17 +489,17 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
                 while queue and len(running) < jobs:
                     cell = queue.pop(0)
                     running.append(Running(cell, out / cell.version / cell.name, settings))
-                for r in list(running):
-                    done = r.poll()
+                for job in list(running):
+                    done = job.poll()
                     if done is not None:
-                        running.remove(r)
+                        running.remove(job)
                         emit(done)
                         save()
                 time.sleep(0.1)
         except KeyboardInterrupt as exc:
             interrupted = getattr(exc, "signal_name", "SIGINT")
-            for r in running:
-                r.kill()
+            for job in running:
+                job.kill()
     if bar is not None:
         bar.close()
     save(interrupted)
