@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -102,9 +102,9 @@ class Audit:
         self.allocations: List[Allocation] = []
         #: Zero-element tables, launched as null pointers (``register_table``): an access near address 0 is theirs.
         self.null_views: List[Allocation] = []
-        self._events: Dict[Tuple[Kind, str, str], dict] = {}
+        self._events: Dict[Tuple[Kind, str, str], dict[str, Any]] = {}
         self._tables_dirty = True
-        self._read_tables: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
+        self._read_tables: Dict[tuple[Any, ...], Tuple[np.ndarray, np.ndarray]] = {}
         self._saved = None
         self._scratch = np.zeros(64, dtype=np.uint64)  # atomic_cas lanes that would have gone wild
 
@@ -482,7 +482,7 @@ class Audit:
         return out
 
 
-def for_launch(kernel_kwargs: dict, guarded: Sequence, *, request_axis: Optional[int],
+def for_launch(kernel_kwargs: dict[str, Any], guarded: Sequence[Any], *, request_axis: Optional[int],
                req_pool_indices: Sequence[int]) -> Audit:
     """The audit of one harness launch: guarded outputs by region, tensor inputs by the views passed.
 

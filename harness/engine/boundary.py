@@ -91,8 +91,8 @@ def call_limit(max_seconds: Optional[float] = None) -> float:
 
 
 # -- inside a process that runs the contract's code -------------------------------------------------------------
-_STACK: List[tuple] = []  # (contract, method) of the calls in progress, outermost first
-_LAST: List[tuple] = []  # the last call that returned
+_STACK: List[tuple[Any, ...]] = []  # (contract, method) of the calls in progress, outermost first
+_LAST: List[tuple[Any, ...]] = []  # the last call that returned
 _WHERE: List[int] = []  # the breadcrumb file's descriptor, in a child
 _CONVERT = [True]  # whether an exit or interrupt from the contract's code is a ContractFault here
 
@@ -287,7 +287,7 @@ def in_child() -> bool:
     return bool(_STATUS)
 
 
-def report(answer: dict) -> None:
+def report(answer: dict[str, Any]) -> None:
     """The child's answer (``{"exit": code, ...}``), written once the command returned (all or nothing)."""
     if not _STATUS:
         return
@@ -301,10 +301,10 @@ def report(answer: dict) -> None:
 class _Watch:
     """A child's process group, watched: the user's signals passed on, the call in progress timed."""
 
-    def __init__(self, proc: subprocess.Popen, where: Path, limit: float):
+    def __init__(self, proc: subprocess.Popen[Any], where: Path, limit: float):
         self.proc, self.where, self.limit = proc, where, limit
         self.signals: List[int] = []
-        self.overrun: Optional[dict] = None
+        self.overrun: Optional[dict[str, Any]] = None
 
     def _forward(self, signum, frame) -> None:
         self.signals.append(signum)
@@ -342,7 +342,7 @@ def _killpg(pgid: int, signum: int) -> None:
         pass
 
 
-def read_where(path: Path) -> dict:
+def read_where(path: Path) -> dict[str, Any]:
     """The breadcrumb a child left (``{}`` when it was in no call, or the file cannot be read)."""
     try:
         doc = json.loads(path.read_bytes().decode(errors="replace").strip() or "{}")
@@ -351,15 +351,15 @@ def read_where(path: Path) -> dict:
     return doc if isinstance(doc, dict) and isinstance(doc.get("method"), str) else {}
 
 
-def _where_text(crumb: dict, contracts: List[str]) -> tuple:
+def _where_text(crumb: dict[str, Any], contracts: List[str]) -> tuple[Any, ...]:
     contract = crumb.get("contract") if isinstance(crumb.get("contract"), str) else ", ".join(contracts)
     method = crumb.get("method") or "code"
     context = [c for c in crumb.get("context") or [] if isinstance(c, str)]
     return contract, printable(method + (f" (in {' in '.join(reversed(context))})" if context else ""), 200)
 
 
-def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict] = None,
-              quiet: bool = False) -> dict:
+def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict[str, Any]] = None,
+              quiet: bool = False) -> dict[str, Any]:
     """Run ``cmd`` (a kvfence child) for plug-in ``contracts``: the answer it reported (``{"exit": code, ...}``),
     ``{"exit": 128 + signal, "signal": name}`` when the user's signal interrupted it, or ``ContractFault``."""
     from kvfence.engine import registry
@@ -395,7 +395,7 @@ def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Option
     return answer
 
 
-def _read(path: Path) -> Optional[dict]:
+def _read(path: Path) -> Optional[dict[str, Any]]:
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -417,7 +417,7 @@ def run_command(argv: List[str], contracts: List[str], warn: Callable[[str], Non
     return answer["exit"]
 
 
-def call(target: str, payload: dict, contracts: List[str], max_seconds: Optional[float] = None):
+def call(target: str, payload: dict[str, Any], contracts: List[str], max_seconds: Optional[float] = None):
     """``target`` (``kvfence.module:function``, called with ``payload`` as keywords) in a child behind the
     boundary: its JSON result; its ``BadInput`` or ``AssertionError`` raised again here; the user's signal as
     ``Interrupted``; the contract's fault as ``ContractFault``."""

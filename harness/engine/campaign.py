@@ -34,7 +34,7 @@ import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlsplit
 
 from hypothesis import strategies as st
@@ -165,7 +165,7 @@ def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[T
     return tuple(mine), len(grid)
 
 
-def shard_draws(shard: Shard, build: Callable, fields: Dict[str, Sequence], contract: str = "?"):
+def shard_draws(shard: Shard, build: Callable[..., Any], fields: Dict[str, Sequence[Any]], contract: str = "?"):
     """A strategy drawing only from ``shard``'s config cells, and a description of the part.
 
     ``fields`` (the contract's ``shard_fields``) maps each field a shard deals out to the values it takes,
@@ -198,7 +198,7 @@ def shard_draws(shard: Shard, build: Callable, fields: Dict[str, Sequence], cont
     return sharded(), info
 
 
-def _why(build: Callable, cell: dict) -> str:
+def _why(build: Callable[..., Any], cell: dict[str, Any]) -> str:
     try:
         build(**cell)
     except BadInput as exc:
@@ -305,7 +305,7 @@ def open_database(spec: DatabaseSpec):
 
 
 # -- database key -------------------------------------------------------------------------------------
-def database_key(*, kernel: str, sizing: str, domain: dict) -> bytes:
+def database_key(*, kernel: str, sizing: str, domain: dict[str, Any]) -> bytes:
     """The example-database key of a fuzz target: sha384 of canonical JSON of the kernel spec, the
     sizing spec, ``KEY_VERSION`` and ``domain`` (everything that changes what a choice sequence means).
 
@@ -337,8 +337,8 @@ def stored_failures(database, key: bytes) -> int:
     return sum(1 for _ in database.fetch(key))
 
 
-def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict], hypothesis_seed,
-                  stored: int) -> dict:
+def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict[str, Any]], hypothesis_seed,
+                  stored: int) -> dict[str, Any]:
     """What ``summary.json`` records about the campaign: where examples live, under which key, the shard."""
     return {"host": platform.node(), "database": spec.display, "database_key": key.hex()[:24] if key else None,
             "stored_failures_at_start": stored, "shard": shard_info, "hypothesis_seed": hypothesis_seed}

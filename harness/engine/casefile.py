@@ -81,10 +81,10 @@ def _kvfence_version() -> str:
         return "unknown"
 
 
-_VERSIONS: Optional[dict] = None
+_VERSIONS: Optional[dict[str, Any]] = None
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     """Tool versions, from package metadata (never imports triton: the device choice precedes that)."""
     global _VERSIONS
     if _VERSIONS is None:
@@ -95,7 +95,7 @@ def versions() -> dict:
 
 
 # -- Hypothesis blob -----------------------------------------------------------------------------------
-def hypothesis_blob() -> dict:
+def hypothesis_blob() -> dict[str, Any]:
     """The ``@reproduce_failure`` decorator of the example Hypothesis is running now, or why there is none.
 
     Called from inside a test body: the build context's choices are the ones drawn for this example
@@ -152,7 +152,8 @@ def case_hash(case) -> str:
     return launches.digest(registry.get(case.contract), case)[:HASH_CHARS]
 
 
-def document(case, findings: List[Finding], *, device: str, source: str, extras: Optional[dict] = None) -> dict:
+def document(case, findings: List[Finding], *, device: str, source: str,
+             extras: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     record = registry.get(case.contract)
     try:
         sizing = {k: v for k, v in launches.summary(record, case).items() if k not in ("config", "case")}
@@ -191,7 +192,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_case(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: str = "cpu",
-               source: str = "fuzz", extras: Optional[dict] = None) -> Path:
+               source: str = "fuzz", extras: Optional[dict[str, Any]] = None) -> Path:
     """Write the case file under ``out_dir/cases/<hash>.json`` and return its path."""
     folder = Path(out_dir) / CASES_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -207,7 +208,7 @@ def sizing_is_plugin(record, spec: str) -> bool:
     return not launches.named(record, spec) and launches.is_plugin_spec(spec)
 
 
-def legacy_contract(data: dict) -> str:
+def legacy_contract(data: dict[str, Any]) -> str:
     """The contract of a record written before case files and summaries named one (every such record is the draft
     kernel's): the one of kvfence's own contracts whose ``from_json`` reads its case (``BadInput`` unless exactly
     one does)."""
@@ -247,7 +248,7 @@ def case_repro_command(path, case) -> str:
     return repro_command(path, case.kernel, case.sizing, case.contract)
 
 
-def record_repro_command(path, record: dict) -> str:
+def record_repro_command(path, record: dict[str, Any]) -> str:
     """``repro_command`` for a summary's case record (``kvfence.engine.summary.case_record``)."""
     sizing = record.get("sizing") or (record.get("config") or {}).get("sizing", "safe")
     return repro_command(path, record.get("kernel", "reference"), sizing,
@@ -264,12 +265,12 @@ class CaseFile:
     findings: List[Finding]
     device: str
     source: str
-    sizing: dict
-    versions: dict
-    extras: dict = field(default_factory=dict)
+    sizing: dict[str, Any]
+    versions: dict[str, Any]
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _triple_list(value, what: str) -> List[Tuple]:
+def _triple_list(value, what: str) -> List[Tuple[Any, ...]]:
     require(isinstance(value, list), f"{what} must be a list")
     for item in value:
         require(isinstance(item, list) and len(item) == 3, f"{what} entries must be lists of 3, got {item!r}")
@@ -338,7 +339,7 @@ def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
         raise BadInput(f"{what} {path}: JSON nested too deeply") from None
 
 
-def _from_contract_case(doc: dict, path) -> dict:
+def _from_contract_case(doc: dict[str, Any], path) -> dict[str, Any]:
     """A ``kvfence-contract-case/1`` document as this schema's (its fields, renamed)."""
     require(isinstance(doc.get("contract"), str), f"case file {path}: contract must be a string")
     case = {key: doc.get(key) for key in ("case", "width", "sizing", "kernel", "mode") if key in doc}

@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from kvfence.contract import Launch
 from kvfence.engine import kernels
@@ -31,7 +31,7 @@ from kvfence.errors import BadInput
 DEFAULT_MAX_BYTES = 1 << 30
 
 
-def arithmetic_findings(record, launch: Launch) -> List[Finding]:
+def arithmetic_findings(record, launch: Launch[Any]) -> List[Finding]:
     """What the case and width decide before any launch: ``SIZING_VIOLATION`` and the contract's own."""
     out: List[Finding] = []
     need = record.need(launch)
@@ -41,7 +41,7 @@ def arithmetic_findings(record, launch: Launch) -> List[Finding]:
     return out + list(record.findings_before_launch(launch))
 
 
-def require_fits(record, launch: Launch, max_bytes: Optional[int]) -> None:
+def require_fits(record, launch: Launch[Any], max_bytes: Optional[int]) -> None:
     """``BadInput`` (one line) when the launch's tables would take more than ``max_bytes`` (before any is built)."""
     limit = max_bytes or DEFAULT_MAX_BYTES
     size = table_bytes(record, launch)
@@ -50,8 +50,8 @@ def require_fits(record, launch: Launch, max_bytes: Optional[int]) -> None:
                        f"{limit / 2**20:.0f} MiB one case may take (--max-gpu-mem); nothing was allocated")
 
 
-def check_launch(record, kernel, launch: Launch, device: str, *, audit: bool = False, absorb: bool = True,
-                 max_bytes: Optional[int] = None, keep: Optional[dict] = None) -> List[Finding]:
+def check_launch(record, kernel, launch: Launch[Any], device: str, *, audit: bool = False, absorb: bool = True,
+                 max_bytes: Optional[int] = None, keep: Optional[dict[str, Any]] = None) -> List[Finding]:
     """The findings of one launch (see the module docstring). ``keep``: filled with the buffers and their
     before/after snapshots, for ``repro --verbose``."""
     from kvfence.engine import tables as guarded
@@ -107,9 +107,9 @@ class TableChecker:
         if not absorb and device != "cuda" and not self.audit:
             raise BadInput("--no-absorb on the CPU needs the address audit: a wild store would write host memory")
         self.stats = {"launches": 0, "compiles": 0}
-        self._compiled: set = set()
+        self._compiled: set[Any] = set()
 
-    def check(self, launch: Launch, keep: Optional[dict] = None) -> List[Finding]:
+    def check(self, launch: Launch[Any], keep: Optional[dict[str, Any]] = None) -> List[Finding]:
         kernel = kernels.resolve(self.record, launch.kernel)
         self.stats["launches"] += 1
         key = (launch.kernel, launch.mode, self.record.keys(launch).compile)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 
 class Kind(str, enum.Enum):
@@ -121,13 +121,13 @@ class Finding:
     detail: str = ""
     writers: List[Tuple[int, ...]] = field(default_factory=list)
     #: Structured facts of findings from outside tools (compute-sanitizer: access, address, thread, ...).
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         return self.stop - self.start
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["kind"] = self.kind.value
         d["count"] = self.count
@@ -137,7 +137,7 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, kinds=()) -> "Finding":
+    def from_dict(cls, d: dict[str, Any], kinds=()) -> "Finding":
         """The finding ``to_dict`` wrote; ``kinds``: the contract's own kinds it may carry."""
         return cls(
             kind=kind_of(d["kind"], kinds),

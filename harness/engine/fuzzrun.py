@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from kvfence.engine import casefile
 from kvfence.engine import run as pipeline
@@ -43,11 +43,11 @@ class Outputs:
     program: str = "python -m kvfence"
     progress_file: Optional[Path] = None
     stop_file: Optional[Path] = None
-    render: Optional[Callable] = None  # (doc, out_dir) -> {"md", "html", "plot_skipped"}: report.md / .html
-    table: Optional[Callable] = None  # (doc, program) -> the summary table printed at the end
+    render: Optional[Callable[..., Any]] = None  # (doc, out_dir) -> {"md", "html", "plot_skipped"}: report.md / .html
+    table: Optional[Callable[..., Any]] = None  # (doc, program) -> the summary table printed at the end
 
 
-def output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
+def output_failure(path, exc: OSError, doc: Optional[dict[str, Any]] = None) -> BadInput:
     """The one-line error for an output that cannot be written (full disk, read-only filesystem, ...): the path,
     the errno, and where the run's findings already are (case files are written first)."""
     import errno as errno_mod
@@ -67,7 +67,7 @@ def output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
 class output_errors:
     """``with output_errors(path, doc):`` turns an ``OSError`` of writing ``path`` into ``output_failure``."""
 
-    def __init__(self, path, doc: Optional[dict] = None):
+    def __init__(self, path, doc: Optional[dict[str, Any]] = None):
         self.path, self.doc = path, doc
 
     def __enter__(self):
@@ -85,7 +85,7 @@ class Run:
     def __init__(self, plan: RunPlan, outputs: Outputs, say: Callable[[str], None], warn: Callable[[str], None]):
         self.plan, self.outputs, self.say, self.warn = plan, outputs, say, warn
         self.out_dir = Path(plan.out)
-        self.earlier: Optional[dict] = None
+        self.earlier: Optional[dict[str, Any]] = None
 
     # -- the whole run ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -127,7 +127,7 @@ class Run:
             if session is not None and hasattr(session, "close"):
                 session.close()
 
-    def _previous_summary(self) -> Optional[dict]:
+    def _previous_summary(self) -> Optional[dict[str, Any]]:
         """``--resume`` adds to the folder's summary.json: it must be readable (or absent) before any work."""
         where = self.out_dir / "summary.json"
         if not where.exists():
@@ -138,7 +138,7 @@ class Run:
             raise BadInput(f"--resume adds to {where}, which cannot be read: {exc}") from None
 
     # -- one process ----------------------------------------------------------------------------------------
-    def _one(self, strategy, session, previous, run: dict, database, db_key, db_spec) -> int:
+    def _one(self, strategy, session, previous, run: dict[str, Any], database, db_key, db_spec) -> int:
         from kvfence.engine.interrupt import exit_code_for, signals_interrupt
         from kvfence.engine.journal import Journal, recover
         from kvfence.engine.loop import fuzz
@@ -210,7 +210,7 @@ class Run:
                     progress.close()
 
     @staticmethod
-    def _phases(session, result) -> dict:
+    def _phases(session, result) -> dict[str, Any]:
         """Seconds from the command's start (kvfence.engine.clock) to the worker's ready and the first launch."""
 
         return {"startup_s": since_start(getattr(session, "ready_at", None)),
@@ -239,7 +239,7 @@ class Run:
         return announce
 
     # -- outputs ------------------------------------------------------------------------------------------
-    def _case_extras(self, run: dict, *, interrupted: Optional[str], shrink_cut: bool) -> dict:
+    def _case_extras(self, run: dict[str, Any], *, interrupted: Optional[str], shrink_cut: bool) -> dict[str, Any]:
         """What a fuzz case file records besides the case: how it was found and how far it was shrunk."""
         extras = {"fuzz": {"seed": run["seed"], "max_examples": self.plan.max_examples, "domain": run["domain"]}}
         if interrupted:
@@ -251,7 +251,7 @@ class Run:
                                 "note": "shrunk as far as it got within --shrink-seconds: the case may not be minimal"}
         return extras
 
-    def _save_failure(self, run: dict, failure) -> str:
+    def _save_failure(self, run: dict[str, Any], failure) -> str:
         """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
         extras = self._case_extras(run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
         extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
@@ -264,7 +264,7 @@ class Run:
             self.say(casefile.format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
             raise output_failure(where, exc, {"findings": failure.findings}) from None
 
-    def _outputs(self, result, crashes, run: dict, previous: Optional[dict]) -> int:
+    def _outputs(self, result, crashes, run: dict[str, Any], previous: Optional[dict[str, Any]]) -> int:
         """The run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
 
         plan, out_dir = self.plan, self.out_dir
@@ -303,7 +303,7 @@ class Run:
                      "dropped)")
         return self.write_summary(doc, previous=previous)
 
-    def write_summary(self, doc: dict, *, previous: Optional[dict] = None) -> int:
+    def write_summary(self, doc: dict[str, Any], *, previous: Optional[dict[str, Any]] = None) -> int:
         """summary.json (and --json), report.md / report.html, the table on stdout; the exit code. With
         ``previous`` (``fuzz --resume``) the doc is added to that summary, and the exit code says whether this run
         found anything new."""
@@ -343,7 +343,7 @@ class Run:
             return None  # an example budget only: no time the parent could hold a job to
         return (LEAD_WAIT_S if plan.device == "cuda" else 0.0) + plan.max_seconds + plan.shrink_seconds
 
-    def child_plans(self, seed: int, db_spec) -> list:
+    def child_plans(self, seed: int, db_spec) -> list[Any]:
         """Each job's plan: the parent's, with its own seed, share of the example budget, folder and one job."""
         from kvfence.engine.jobs import job_dir
 
@@ -354,7 +354,7 @@ class Run:
         return [replace(plan, seed=seed + i, max_examples=share[i], jobs=1, host_jobs=jobs,
                         out=str(job_dir(self.out_dir, i)), database=db_spec.display) for i in range(jobs)]
 
-    def _jobs(self, run: dict, db_spec) -> int:
+    def _jobs(self, run: dict[str, Any], db_spec) -> int:
         """``--jobs N``: N child fuzz processes (kvfence.engine.jobs), merged into one summary, report and case
         folder."""
         from kvfence.engine import campaign
@@ -416,7 +416,7 @@ class Run:
         return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
 
 
-def target_text(run: dict) -> str:
+def target_text(run: dict[str, Any]) -> str:
     """What a run checked, in one phrase: contract, kernel, sizing, mode and layout."""
     return (f"contract {run['contract']}, kernel {run['kernel']}, sizing {run['sizing']}, mode {run['mode']}, "
             f"layout {run.get('layout', 'redzone')}")

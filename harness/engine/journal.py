@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List
+from typing import Any, Callable, List
 
 from kvfence.engine import casefile, registry
 from kvfence.engine import launch as launches
@@ -35,7 +35,7 @@ DONE = b"D"
 class Journal:
     """The in-flight slot of this process (see the module docstring). Use as a context manager."""
 
-    def __init__(self, out_dir, *, device: str, meta: dict | None = None):
+    def __init__(self, out_dir, *, device: str, meta: dict[str, Any] | None = None):
         self.folder = Path(out_dir) / JOURNAL_DIR
         require(not self.folder.exists() or self.folder.is_dir(),
                 f"{self.folder} exists and is not a directory: the run's crash journal goes there; move it away")
@@ -153,7 +153,7 @@ def _set_aside(folder: Path, path: Path, problem: str, report: Callable[[str], N
     report(line)
 
 
-def _crash(record: dict, path: Path, out_dir) -> Crash:
+def _crash(record: dict[str, Any], path: Path, out_dir) -> Crash:
     """The ``CRASH`` case file of a slot's in-flight case."""
     name = record.get("contract") or casefile.legacy_contract(record.get("case") or {})
     require(isinstance(name, str), "its contract is not a name")

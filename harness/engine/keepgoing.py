@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 from kvfence.engine.findings import Finding
 from kvfence.engine.loop import fuzz
@@ -41,16 +41,16 @@ class Failure:
 
     case: object
     findings: List[Finding]
-    stat: Optional[tuple]
+    stat: Optional[tuple[Any, ...]]
     phase: int
-    hypothesis: Optional[dict] = None
+    hypothesis: Optional[dict[str, Any]] = None
     shrink_cut: bool = False
     interrupted: Optional[str] = None
     #: Where ``on_failure`` saved it (the case file), when it did.
     path: Optional[str] = None
 
     @property
-    def signature(self) -> tuple:
+    def signature(self) -> tuple[Any, ...]:
         return failure_signature(self.case, self.findings)
 
 
@@ -127,8 +127,8 @@ def fuzz_keep_going(session, strategy, *, max_examples: int, seed: Optional[int]
     every phase (``shrink_seconds`` is each phase's own shrink budget).
     """
     total = FuzzResult()
-    known: dict = {}
-    carry: dict = {}
+    known: dict[str, Any] = {}
+    carry: dict[str, Any] = {}
     duplicates = 0
     start = time.perf_counter()
     phase = 0

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 from kvfence.errors import BadInput, require
 
@@ -177,7 +177,7 @@ def check_abi(record, spec: str, kernel) -> None:
 
 
 # -- planted bugs --------------------------------------------------------------------------------------------
-_SCRATCH: list = []
+_SCRATCH: list[Any] = []
 
 
 def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:

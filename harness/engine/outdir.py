@@ -17,7 +17,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from kvfence.engine.casefile import CASES_DIR
 from kvfence.engine.journal import JOURNAL_DIR
@@ -38,7 +38,7 @@ def _stamped(parent: Path, now: Optional[float]) -> Path:
     return dest
 
 
-def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[dict]:
+def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[dict[str, Any]]:
     """Move ``out_dir/cases/*.json`` to ``out_dir/cases/earlier/<YYYYmmdd-HHMMSS>/``.
 
     Returns ``{"folder": path, "count": n}`` for the summary, or ``None`` when there was nothing to move.
@@ -71,7 +71,7 @@ def moved_case(path) -> Optional[Path]:
     return found[0] if found else None
 
 
-def set_aside_earlier_report(out_dir, now: Optional[float] = None) -> Optional[dict]:
+def set_aside_earlier_report(out_dir, now: Optional[float] = None) -> Optional[dict[str, Any]]:
     """Move an earlier ``upstream matrix`` run's reports and release folders (``MATRIX_FILES``,
     ``RELEASE_DIR``) from ``out_dir`` to ``out_dir/earlier/<YYYYmmdd-HHMMSS>/``; anything else stays.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from kvfence.contract import DOMAINS, LAYOUTS, MODES, Domain
 from kvfence.engine.registry import default_name
@@ -131,7 +131,7 @@ class RunPlan:
         return Domain(self.domain, dict(self.pins), self.kernel, self.sizing, self.mode, self.layout, self.max_bytes,
                       self.batches_per_example, self.bulk_per_example, self.bulk_after)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The plan as JSON data: what a checking worker and a ``--jobs`` child get (``from_dict``)."""
         return asdict(self)
 

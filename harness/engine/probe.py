@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from kvfence.errors import BadInput
 
@@ -77,7 +77,7 @@ def _names(todo: Dict[str, str]) -> str:
     return " and ".join(f"{what} {spec!r}" for what, spec in todo.items())
 
 
-def _probe(report: Path, options: dict) -> None:
+def _probe(report: Path, options: dict[str, Any]) -> None:
     """The child: import each plug-in as the contract's record would, and write what happened to ``report``."""
     from kvfence.contract import Contract
     from kvfence.engine import kernels
@@ -85,7 +85,7 @@ def _probe(report: Path, options: dict) -> None:
     from kvfence.engine.registry import load_in_worker
     from kvfence.engine.run import sizing_policy
 
-    answer: dict = {"ok": True}
+    answer: dict[str, Any] = {"ok": True}
     try:
         record = load_in_worker(options["loading"])
         before = threads_now()

@@ -93,7 +93,7 @@ def _kind_problems(record) -> List[str]:
     return out
 
 
-def known_kinds(record) -> set:
+def known_kinds(record) -> set[Any]:
     return set(Kind.__members__) | {k.name for k in record.kinds if isinstance(k, FindingKind)}
 
 
@@ -144,7 +144,7 @@ def _budget_problems(record) -> List[str]:
 
 
 # -- on drawn cases ------------------------------------------------------------------------------------------
-def case_problems(record, case, *, refused: Optional[dict] = None) -> List[str]:
+def case_problems(record, case, *, refused: Optional[dict[str, Any]] = None) -> List[str]:
     """What is wrong with the record's answers about one drawn ``case``.
     A sizing that refuses the case (``BadInput``: a policy of some cases only) goes to ``refused``, by name: the
     caller decides whether refusing every drawn case is a problem."""

@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from kvfence.engine.boundary import ContractFault, unexpected
 from kvfence.errors import BadInput
@@ -26,14 +26,15 @@ from kvfence.errors import BadInput
 METHOD_EXAMPLES = 100
 
 
-def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = None) -> dict:
+def check_contract(record, *, examples: int, seed: int, pins: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``), the
     child behind the boundary (``kvfence.engine.boundary``: each call into the record timed and named; a
     ``ContractFault`` when the record's code ended it); the user's signal is ``Interrupted``."""
     return check_named(record.name, examples=examples, seed=seed, pins=pins)
 
 
-def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict] = None, launches: bool = True) -> dict:
+def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict[str, Any]] = None,
+                launches: bool = True) -> dict[str, Any]:
     """``check_contract`` of the contract registered as ``name``, never imported in this process; without
     ``launches`` only its methods are asked (no kernel is resolved or launched)."""
     from kvfence.engine import boundary, registry
@@ -56,14 +57,14 @@ def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict] = N
     return answer
 
 
-def drawn(record, examples: int, seed: int, pins: dict) -> list:
+def drawn(record, examples: int, seed: int, pins: dict[str, Any]) -> list[Any]:
     """``examples`` cases of the record's CPU domain with ``pins`` (Hypothesis's generate phase, seeded)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
     from kvfence.contract import Domain
 
-    out: list = []
+    out: list[Any] = []
     strategy = record.cases(Domain("cpu", pins=pins))
 
     @hypothesis_seed(seed)
@@ -77,7 +78,7 @@ def drawn(record, examples: int, seed: int, pins: dict) -> list:
     return [c for drawn_ in out for c in (drawn_ if isinstance(drawn_, list) else [drawn_])]
 
 
-def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = True) -> dict:
+def problems_of(record, examples: int, seed: int, pins: dict[str, Any], launches: bool = True) -> dict[str, Any]:
     """What the child reports (see the module docstring)."""
     from kvfence.engine import kernels
     from kvfence.engine.checking import TableChecker
@@ -96,9 +97,9 @@ def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = T
     if not asked_cases:
         return {"problems": ["cases(domain) draws nothing"], "cases": 0, "launches": 0}
     cases = asked_cases[:examples]  # the cases the reference kernel is launched on (the costly part)
-    refusals: List[dict] = []
+    refusals: List[dict[str, Any]] = []
     for case in asked_cases:
-        refused: dict = {}
+        refused: dict[str, Any] = {}
         found = asked(lambda case=case, refused=refused: case_problems(record, case, refused=refused),
                       "asking its methods about a drawn case")
         refusals.append(refused)
@@ -165,7 +166,7 @@ def asked(call, what: str):
         return [f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"]
 
 
-def _main(report: Path, options: dict) -> None:
+def _main(report: Path, options: dict[str, Any]) -> None:
     from kvfence.engine import boundary
     from kvfence.engine.registry import load_in_worker
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 from kvfence.contract import Contract
 from kvfence.errors import BadInput, require
@@ -27,7 +27,7 @@ ENTRY_POINT_GROUP = "kvfence.contracts"
 IMPORT_PROBE_TIMEOUT_S = 120.0
 
 _REGISTRY: Dict[str, List[str]] = {}
-_LOADED: Dict[str, Contract] = {}
+_LOADED: Dict[str, Contract[Any]] = {}
 
 
 #: A child command's registrations from its parent (``child_env``): JSON ``{"entries": {...}, "sys_path": [...]}``.
@@ -108,7 +108,7 @@ def builtin(name: str) -> bool:
     return entry(name).split(".")[0] == "kvfence"
 
 
-def get(name: str) -> Contract:
+def get(name: str) -> Contract[Any]:
     """The contract registered as ``name``; ``BadInput`` naming the known ones otherwise."""
     return _get(name, probe=True)
 
@@ -137,7 +137,7 @@ def _probe_import(name: str, spec: str) -> None:
     require(answer == "ok", f"contract {name!r}: cannot load {spec}: {answer[len('error '):]}")
 
 
-def _get(name: str, *, probe: bool) -> Contract:
+def _get(name: str, *, probe: bool) -> Contract[Any]:
     """``get``; ``probe=False`` in a process that is itself a throwaway one (a checking worker, a probe)."""
     if name in _LOADED:
         return _LOADED[name]
@@ -161,18 +161,18 @@ def _get(name: str, *, probe: bool) -> Contract:
     return record
 
 
-def loading(record: Contract) -> dict:
+def loading(record: Contract[Any]) -> dict[str, Any]:
     """What another process (a checking worker, a ``--jobs`` child) needs to load ``record`` as this one did: its
     registry entry and the import path it was found on; ``load_in_worker`` is the other end."""
     return loading_named(record.name)
 
 
-def loading_named(name: str) -> dict:
+def loading_named(name: str) -> dict[str, Any]:
     """``loading`` of the contract registered as ``name``, without importing it here."""
     return {"contract": name, "entry": entry(name), "sys_path": [p for p in sys.path if p]}
 
 
-def load_in_worker(options: dict) -> Contract:
+def load_in_worker(options: dict[str, Any]) -> Contract[Any]:
     """The other end of ``loading``: the record, registered and loaded in this (throwaway) process."""
     for path in reversed(options.get("sys_path", [])):
         if path not in sys.path:

@@ -11,7 +11,7 @@ finding is listed with what the oracle expected there.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO
 
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
@@ -91,7 +91,7 @@ def _position(g, region: str, offset: int) -> Optional[int]:
     return None
 
 
-def element_rows(kept: dict, f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[str]:
+def element_rows(kept: dict[str, Any], f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[str]:
     """Every element of ``f`` in the plain path's buffers (``kept``: ``check_launch(keep=...)``), with what the
     oracle expected there and what the launch left."""
     from kvfence.engine.verdict import sample_value
@@ -103,7 +103,7 @@ def element_rows(kept: dict, f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[
     if lo is None:
         return []
     region, row, _ = g.locate(lo)
-    wanted: Dict = kept["expected"].get(f.buffer, {})
+    wanted: Dict[str, Any] = kept["expected"].get(f.buffer, {})
     before, after = kept["before"][f.buffer], kept["after"][f.buffer]
     rows = [f"      {'offset':>8} {'expected':>12} {'found':>12}"]
     hi = min(lo + f.count, lo + limit, len(after))
@@ -127,7 +127,7 @@ def _plain(record, case, device: str, absorb: bool):
         kernel = kernels.resolve(record, case.kernel)
     except BadInput as exc:
         return None, f"the plain path cannot run this kernel: {exc}"
-    keep: dict = {}
+    keep: dict[str, Any] = {}
     check_launch(record, kernel, case, device, audit=False, absorb=absorb, keep=keep)
     return (keep, "") if "buffers" in keep else (None, "the plain path's launch failed")
 

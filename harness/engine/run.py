@@ -53,7 +53,7 @@ def sizing_policy(found, spec: str):
                        f"{', '.join(found.sizings)}") from None
 
 
-class BoundRun(list):
+class BoundRun(list[Any]):
     """The launches of one example that drew several cases of one config, with the drawn list's bulk
     bookkeeping (``bulk_start``, ``splice``) read through: the fuzz loop splices a bulk failure by it."""
 
@@ -72,7 +72,7 @@ class BoundRun(list):
 
 def binder(found, plan: RunPlan):
     """``drawn -> launches``: a drawn case (or list of them) bound to the plan's sizing, kernel, mode, layout."""
-    def bind_one(case) -> Launch:
+    def bind_one(case) -> Launch[Any]:
         return bind(found, case, plan.sizing, plan.kernel, plan.mode, plan.layout)
 
     def bind_drawn(drawn):
@@ -83,7 +83,7 @@ def binder(found, plan: RunPlan):
     return bind_drawn
 
 
-def draws(plan: RunPlan, shard=None) -> Tuple[object, Optional[dict]]:
+def draws(plan: RunPlan, shard=None) -> Tuple[object, Optional[dict[str, Any]]]:
     """``(strategy, shard description)``: the contract's launches for ``plan``, or with ``shard`` (``--shard I/N``)
     only its part of the contract's config cells (``kvfence.engine.campaign.shard_draws``: the options the
     contract deals out, each over its values on the plan's domain)."""
@@ -132,7 +132,7 @@ def database_key(plan: RunPlan, shard=None) -> bytes:
     return key(kernel=plan.kernel, sizing=plan.sizing, domain=domain)
 
 
-def run_record(plan: RunPlan, seed: int, seed_source: str) -> dict:
+def run_record(plan: RunPlan, seed: int, seed_source: str) -> dict[str, Any]:
     """The run's choices as summary.json records them."""
     return {"device": plan.device, "contract": plan.contract, "kernel": plan.kernel, "sizing": plan.sizing,
             "mode": plan.mode, "layout": plan.layout, "seed": seed, "seed_source": seed_source, "jobs": plan.jobs,

@@ -25,13 +25,13 @@ COVERAGE_FIELDS = ("topk", "num_steps", "page_size", "num_seqs", "raw_bs", "need
 NO_COVERAGE = ("panel",) + launches.COVERAGE
 
 
-def coverage_fields(doc: dict) -> tuple:
+def coverage_fields(doc: dict[str, Any]) -> tuple[Any, ...]:
     """The columns of a summary's coverage rows (its own ``coverage.fields``, else the draft kernel's)."""
     fields = (doc.get("coverage") or {}).get("fields")
     return tuple(fields) if isinstance(fields, list) and fields else COVERAGE_FIELDS
 
 
-def case_record(path: str, case, findings, *, source: str) -> dict:
+def case_record(path: str, case, findings, *, source: str) -> dict[str, Any]:
     """What the summary keeps about one case file (enough to plot, describe and map it without the file):
     the launch's summary (need, width, requests, config, its record as data), one line describing it and its
     coverage row."""
@@ -44,7 +44,7 @@ def case_record(path: str, case, findings, *, source: str) -> dict:
             "repro": case_repro_command(path, case)}
 
 
-def max_example(result, fields: tuple) -> Optional[dict]:
+def max_example(result, fields: tuple[Any, ...]) -> Optional[dict[str, Any]]:
     """The explored case with the highest need/width (the one "max need/width" comes from), as a dict of the
     contract's coverage ``fields`` (``FuzzResult.max_utilisation_stat``), or ``None`` before any case."""
     stat = getattr(result, "max_utilisation_stat", None)
@@ -69,15 +69,16 @@ def ended_by(*, interrupted, time_cut: bool, failed: bool, keep_going: bool = Fa
     return "failure" if failed and not keep_going else "examples"
 
 
-def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None,
-          earlier: Optional[dict] = None, started_at: Optional[float] = None) -> dict:
+def build(result, *, run: dict[str, Any], case_path: Optional[str], crashes: Iterable[Any] = (),
+          versions: Optional[dict[str, Any]] = None, earlier: Optional[dict[str, Any]] = None,
+          started_at: Optional[float] = None) -> dict[str, Any]:
     """The summary of one fuzz run. ``run`` holds the command's settings (device, kernel, sizing, ...);
     ``crashes`` are ``kvfence.engine.journal.Crash`` records recovered at the start of the run; ``earlier`` is
     where an earlier run's case files were moved (``kvfence.engine.outdir``), if any. ``started_at``
     (epoch seconds, the command's start) dates ``first_failure_s``; without it, it counts from the loop's start."""
     first_at = result.first_failure_at
-    findings: List[dict] = []
-    cases: Dict[str, dict] = {}
+    findings: List[dict[str, Any]] = []
+    cases: Dict[str, dict[str, Any]] = {}
     for crash in crashes:
         p = str(crash.path)
         findings.append(dict(crash.finding.to_dict(), case=p))
@@ -143,7 +144,8 @@ SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
                 "host_verified_cases")
 
 
-def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional[float] = None) -> dict:
+def merge(docs: List[dict[str, Any]], *, run: dict[str, Any], elapsed_s: float,
+          started_at: Optional[float] = None) -> dict[str, Any]:
     """One summary from several (``--jobs`` workers, or runs of several hosts): counts and session
     counters add up, coverage rows are pooled (reservoir-capped like one run's), findings and case
     files are kept once per case file, and the rate is recomputed over ``elapsed_s`` of wall time
@@ -301,7 +303,7 @@ _TOP_FIELDS = {
 }
 
 
-def _check_fields(obj, fields: dict, where: str, required=()) -> None:
+def _check_fields(obj, fields: dict[str, Any], where: str, required=()) -> None:
     require(isinstance(obj, dict), f"{where} must be an object")
     for key in required:
         require(key in obj, f"{where}.{key} is missing")
@@ -315,7 +317,7 @@ def _short(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def validate(doc, where: str) -> dict:
+def validate(doc, where: str) -> dict[str, Any]:
     """Check the type of every field of a parsed summary a report reads, so that rendering or merging it
     cannot fail; ``BadInput`` names the first problem (summaries are data: from another host, or
     written by hand)."""
@@ -389,7 +391,7 @@ def validate(doc, where: str) -> dict:
     return doc
 
 
-def merge_resumed(previous: dict, doc: dict) -> dict:
+def merge_resumed(previous: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     """``fuzz --resume`` into a folder: ``previous`` (its summary.json) plus the findings and case files
     of ``doc``, so resuming never replaces an earlier run's results. The earlier run's statistics and
     coverage stay; ``resumed`` counts how many times results were added."""

@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.interrupt import child_dies_with_parent
@@ -127,7 +127,7 @@ class RemoteSession:
         #: The contract's launches on the wire.
         self.codec = Wire(record)
         self._options = {"plan": plan.to_dict(), "loading": registry.loading(record), "device": self.device}
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[subprocess.Popen[Any]] = None
         self._conn: Optional[Connection] = None
         self._progress: Optional[ProgressCounter] = None
         self._output = None  # the file the current worker's stdout and stderr go to
@@ -141,7 +141,7 @@ class RemoteSession:
         #: Spares once the session has died ``CRASHING_AFTER`` times (``crash_spares``); never fewer.
         self._crashing_spare_count = max(self._spare_count, spares_crashing or 0)
         self._spares: List[PendingWorker] = []
-        self._warm: set = set()  # compiled specializations this worker has run: no warm-up allowance
+        self._warm: set[Any] = set()  # compiled specializations this worker has run: no warm-up allowance
         #: What a case's time limit is multiplied by (``CONFIRM_FACTOR`` while a HANG is confirmed).
         self._slack = 1.0
         #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
@@ -279,14 +279,14 @@ class RemoteSession:
         self.counters["warm_ups"] += 1
         return None
 
-    def _recv(self) -> Optional[dict]:
+    def _recv(self) -> Optional[dict[str, Any]]:
         try:
             return json.loads(self._pipe().recv_bytes())
         except (EOFError, OSError):
             return None
 
     @staticmethod
-    def _raise(message: dict) -> None:
+    def _raise(message: dict[str, Any]) -> None:
         if message.get("op") == "bad_input":
             raise BadInput(message["message"])
         raise WorkerError("the checking worker failed:\n" + message.get("traceback", repr(message)))
@@ -367,7 +367,7 @@ class RemoteSession:
         self.close()
 
     # -- checking --------------------------------------------------------------------------------------
-    def _run_limit(self, cases: Sequence, first: int) -> float:
+    def _run_limit(self, cases: Sequence[Any], first: int) -> float:
         """Seconds for the run of one config that starts at ``first`` (the worker checks such a run as
         one batch and moves its progress counter once): the sum of its cases' limits, times ``_slack``."""
         head = self.codec.group(cases[first])
@@ -386,13 +386,13 @@ class RemoteSession:
         warm = self.codec.compiled(case) in self._warm
         return self._case_limit(case, 0.0 if warm else self.warmup_s)
 
-    def round_trip(self, cases: Sequence) -> None:
+    def round_trip(self, cases: Sequence[Any]) -> None:
         """Send ``cases`` and get empty verdicts back without running them: what ``check_many`` adds to
         the checking itself (JSON both ways, the socket, rebuilding each case in the worker).
         For ``benchmarks/worker_ipc.py``."""
         self._exchange(cases, dry=True)
 
-    def _exchange(self, cases: Sequence, dry: bool = False) -> List[List[Finding]]:
+    def _exchange(self, cases: Sequence[Any], dry: bool = False) -> List[List[Finding]]:
         """One message to the worker; the verdicts of a prefix of ``cases`` (all, unless one was fatal).
 
         Raises ``LostCase`` when the worker dies or hangs before replying (its results are lost).
@@ -433,7 +433,7 @@ class RemoteSession:
             out[-1] = [self._with_output(f) if f.kind is Kind.CRASH else f for f in out[-1]]
         return out
 
-    def _await(self, cases: Sequence) -> dict:
+    def _await(self, cases: Sequence[Any]) -> dict[str, Any]:
         """The worker's reply to the list in flight; ``LostCase`` if it dies or stalls on a case first."""
         started, clock, limit = 0, time.monotonic(), 0.0
         while True:
@@ -499,7 +499,7 @@ class RemoteSession:
     #: ``check_many`` takes ``enough`` (``kvfence.engine.loop`` asks before passing it).
     STOPS_EARLY = True
 
-    def check_many(self, cases: Sequence, enough: Optional[Callable[[List[Finding]], bool]] = None,
+    def check_many(self, cases: Sequence[Any], enough: Optional[Callable[[List[Finding]], bool]] = None,
                    one_at_a_time: bool = False) -> List[Optional[List[Finding]]]:
         """One findings list per case, sent to the worker as one message.
 

@@ -49,7 +49,7 @@ def _cuda_context_alive() -> bool:
         return False
 
 
-def _send(conn, message: dict) -> None:
+def _send(conn, message: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
 
 
@@ -83,7 +83,7 @@ EXIT_CONTEXT_LOST = 70
 EXIT_PLUGIN_INTERRUPT = 71
 
 
-def _worker_check_many(session, cases: list, device: str) -> List[list]:
+def _worker_check_many(session, cases: list[Any], device: str) -> List[list[Any]]:
     """Finding dicts for a run of one config, through ``Session.check_many``. If the batch leaves the
     CUDA context dead, the worker exits without a reply: which case did it is not known here."""
     try:
@@ -102,7 +102,7 @@ def _worker_check_many(session, cases: list, device: str) -> List[list]:
     return [[f.to_dict() for f in findings] for findings in out]
 
 
-def _worker_side(options: dict, device: str):
+def _worker_side(options: dict[str, Any], device: str):
     """The contract's record, loaded here by its registry entry (a plug-in's import runs in this process only),
     and the checker of the run's plan on this device: ``(checker, decode(message) -> launches)``."""
     from kvfence.engine.checking import checker_for
@@ -114,13 +114,13 @@ def _worker_side(options: dict, device: str):
     plan = RunPlan.from_dict(dict(options["plan"], device=device))
     checker = checker_for(record, plan)
 
-    def decode(message: dict):
+    def decode(message: dict[str, Any]):
         return [from_record(record, data) for data in message["launches"]]
 
     return checker, decode
 
 
-def _worker_main(conn, progress, options: dict) -> None:
+def _worker_main(conn, progress, options: dict[str, Any]) -> None:
     """Entry point of the worker process: set up the device and session, then serve ``check`` messages."""
     # Ctrl-C in a terminal reaches the whole process group: the supervisor decides when the worker ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 from functools import lru_cache
-from typing import Dict
+from typing import Any, Dict
 
 from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding
@@ -61,7 +61,7 @@ class PendingWorker:
     """A worker process that was started and may not be ready yet: its pipe, progress counter and the
     file its stdout and stderr go to."""
 
-    def __init__(self, proc: subprocess.Popen, conn, progress: ProgressCounter, output):
+    def __init__(self, proc: subprocess.Popen[Any], conn, progress: ProgressCounter, output):
         self.proc, self.conn, self.progress, self.output = proc, conn, progress, output
         self.warming = None  # the case sent ahead for it to check once ready (``RemoteSession._prestart``)
 
@@ -110,7 +110,7 @@ class Wire:
         # A batch's launches (a few hundred at most): a larger cache only keeps old cases alive for the collector.
         self._keys = lru_cache(maxsize=512)(lambda x: launches.keys(record, x))
 
-    def encode(self, cases) -> dict:
+    def encode(self, cases) -> dict[str, Any]:
         ids: Dict[object, int] = {}
         return {"launches": [launches.to_record(self.record, x) for x in cases],
                 "groups": [ids.setdefault(self.group(x), len(ids)) for x in cases]}
