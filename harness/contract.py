@@ -206,7 +206,10 @@ class Checker(Protocol):
     engine runs it inside its checking worker). ``check_many`` is optional: a list of launches of one config
     in one device round trip, one findings list per launch."""
 
-    stats: Mapping[str, float]
+    @property
+    def stats(self) -> Mapping[str, float]:
+        """Counters of the checker's work (launches, compiles, ...), read by the run's summary."""
+        ...
 
     def check(self, launch: Launch[Any]) -> List[Any]: ...
 

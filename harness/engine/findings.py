@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 
 class Kind(str, enum.Enum):
@@ -70,27 +70,27 @@ ARITHMETIC_KINDS = frozenset({"SIZING_VIOLATION", "HOST_CHECK_FIRED", "HOST_CHEC
                               "HOST_CHECK_REJECTS_FIT"})
 
 
-def observed(record, kind: str) -> bool:
+def observed(record: object, kind: str) -> bool:
     """Whether ``kind`` is seen in what a kernel did (not decided by arithmetic before the launch): kvfence's own
     kinds but ``ARITHMETIC_KINDS``, and a contract's own kinds it declares observed."""
     declared = next((k for k in getattr(record, "kinds", ()) if k.name == kind), None)
     return declared.observed if declared is not None else kind not in ARITHMETIC_KINDS
 
 
-def closest_kind(name: str, kinds) -> Optional[str]:
+def closest_kind(name: str, kinds: Iterable[str]) -> Optional[str]:
     """The kind a misspelt or guessed kind name most likely means (``WRONG_VALUE``: ``VALUE_MISMATCH``): a close
     spelling first, else the kind sharing most of its words; None when nothing is near."""
-    kinds = sorted(kinds)
-    close = difflib.get_close_matches(name, kinds, n=1, cutoff=0.75)
+    names = sorted(kinds)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
     if close:
         return close[0]
     words = set(name.upper().split("_"))
-    shared = [(len(words & set(k.split("_"))), k) for k in kinds]
+    shared: List[Tuple[int, Optional[str]]] = [(len(words & set(k.split("_"))), k) for k in names]
     best = max(shared, key=lambda pair: pair[0], default=(0, None))
     return best[1] if best[0] else None
 
 
-def kind_of(value: str, declared=()) -> "Kind | ContractKind":
+def kind_of(value: str, declared: Iterable[str] = ()) -> "Kind | ContractKind":
     """The kind ``value`` names: a common ``Kind``, or one of ``declared`` (a contract's own kinds);
     ``ValueError`` for any other."""
     if value in declared:
@@ -137,7 +137,7 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], kinds=()) -> "Finding":
+    def from_dict(cls, d: dict[str, Any], kinds: Iterable[str] = ()) -> "Finding":
         """The finding ``to_dict`` wrote; ``kinds``: the contract's own kinds it may carry."""
         return cls(
             kind=kind_of(d["kind"], kinds),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 #: Seconds the threads an import started get to finish in the probe.
 THREAD_SETTLE_S = 3.0
@@ -43,7 +43,7 @@ def settle(before: set[Any]) -> Optional[str]:
     return None
 
 
-def _main(argv) -> None:
+def _main(argv: List[str]) -> None:
     import importlib
     import os
     import signal

@@ -127,7 +127,7 @@ def fuzz_keep_going(session, strategy, *, max_examples: int, seed: Optional[int]
     every phase (``shrink_seconds`` is each phase's own shrink budget).
     """
     total = FuzzResult()
-    known: dict[str, Any] = {}
+    known: dict[Any, Any] = {}  # failure signature -> its first Failure
     carry: dict[str, Any] = {}
     duplicates = 0
     start = time.perf_counter()

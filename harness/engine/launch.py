@@ -34,7 +34,7 @@ def is_plugin_spec(spec: str) -> bool:
     return isinstance(spec, str) and ":" in spec and not is_release_sizing(spec)
 
 
-def width_of(record: Contract[Any], case, sizing: str, mode: str) -> int:
+def width_of(record: Contract[Any], case: Any, sizing: str, mode: str) -> int:
     """The row width the named sizing gives ``case`` launched in ``mode``; ``BadInput`` (one line) for an unknown
     sizing or one that answers anything but an integer in ``[0, MAX_WIDTH]``."""
     try:
@@ -54,7 +54,7 @@ def named(record: Contract[Any], sizing: str) -> bool:
     return sizing in list(record.sizings)
 
 
-def bind(record: Contract[Any], case, sizing: str, kernel: str = "reference", mode: str = "eager",
+def bind(record: Contract[Any], case: Any, sizing: str, kernel: str = "reference", mode: str = "eager",
          layout: str = "redzone", width: Optional[int] = None) -> Launch[Any]:
     """``case`` launched under ``sizing``: its width computed by a named policy; for any other sizing (a
     release's shipped one, a plug-in's) the ``width`` given is taken as recorded, since computing it would run
@@ -81,14 +81,16 @@ def to_record(record: Contract[Any], launch: Launch[Any]) -> dict[str, Any]:
             "kernel": launch.kernel, "mode": launch.mode, "layout": launch.layout}
 
 
-def from_record(record: Contract[Any], data) -> Launch[Any]:
+def from_record(record: Contract[Any], data: object) -> Launch[Any]:
     """The launch ``to_record`` wrote (validated: ``BadInput`` naming the field). A record of an older format,
     without ``case``, goes to the contract's ``from_json`` whole: a contract whose case once carried its launch
     settings returns the bound launch from it."""
-    require(isinstance(data, dict), "case: expected a JSON object")
+    if not isinstance(data, dict):
+        raise BadInput("case: expected a JSON object")
     if "case" not in data:
         legacy = record.from_json(data)
-        require(isinstance(legacy, Launch), f"case: a {record.name} launch record needs its 'case' field")
+        if not isinstance(legacy, Launch):
+            raise BadInput(f"case: a {record.name} launch record needs its 'case' field")
         return legacy
     unknown = sorted(set(data) - {"case", *SETTINGS})
     require(not unknown, f"case: unknown field(s) {', '.join(unknown)}")
@@ -183,7 +185,7 @@ def summary(record: Contract[Any], launch: Launch[Any]) -> dict[str, Any]:
             "config": {k: _data(v) for k, v in found.config}, "case": to_record(record, launch)}
 
 
-def _data(value):
+def _data(value: Any) -> Any:
     """A key's value as JSON data (tuples as lists)."""
     if isinstance(value, (list, tuple)):
         return [_data(v) for v in value]

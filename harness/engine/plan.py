@@ -19,16 +19,16 @@ from typing import Any, Mapping, Optional
 
 from kvfence.contract import DOMAINS, LAYOUTS, MODES, Domain
 from kvfence.engine.registry import default_name
-from kvfence.errors import require
+from kvfence.errors import BadInput, require
 
 DEVICES = ("cpu", "cuda")
 
 
-def _int(v) -> bool:
+def _int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _seconds(v, *, positive: bool) -> bool:
+def _seconds(v: object, *, positive: bool) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and (v > 0 if positive else v >= 0))
 
@@ -72,7 +72,7 @@ class RunPlan:
     shard: Optional[str] = None
     resume: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("contract", "kernel", "sizing"):
             require(isinstance(getattr(self, name), str) and getattr(self, name),
                     f"{name} must be a non-empty string, got {getattr(self, name)!r}")
@@ -119,11 +119,11 @@ class RunPlan:
         """Launches are captured in CUDA graphs (graph mode on a CUDA device)."""
         return self.mode == "graph" and self.device == "cuda"
 
-    def pin(self, name: str, default=None):
+    def pin(self, name: str, default: Any = None) -> Any:
         value = self.pins.get(name)
         return default if value is None else value
 
-    def with_(self, **changes) -> "RunPlan":
+    def with_(self, **changes: Any) -> "RunPlan":
         return replace(self, **changes)
 
     def draw_domain(self) -> Domain:
@@ -136,8 +136,9 @@ class RunPlan:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data) -> "RunPlan":
-        require(isinstance(data, dict), "plan: expected a JSON object")
+    def from_dict(cls, data: object) -> "RunPlan":
+        if not isinstance(data, dict):
+            raise BadInput("plan: expected a JSON object")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         require(not unknown, f"plan: unknown field(s) {', '.join(unknown)}")

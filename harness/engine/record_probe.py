@@ -10,14 +10,16 @@ goes to the report file as JSON: ``{"problems": [...], "cases": n, "launches": n
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine.boundary import ContractFault, unexpected
 from kvfence.errors import BadInput
 
@@ -26,7 +28,8 @@ from kvfence.errors import BadInput
 METHOD_EXAMPLES = 100
 
 
-def check_contract(record, *, examples: int, seed: int, pins: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def check_contract(record: Contract[Any], *, examples: int, seed: int,
+                   pins: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``), the
     child behind the boundary (``kvfence.engine.boundary``: each call into the record timed and named; a
     ``ContractFault`` when the record's code ended it); the user's signal is ``Interrupted``."""
@@ -57,7 +60,7 @@ def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict[str,
     return answer
 
 
-def drawn(record, examples: int, seed: int, pins: dict[str, Any]) -> list[Any]:
+def drawn(record: Contract[Any], examples: int, seed: int, pins: dict[str, Any]) -> list[Any]:
     """``examples`` cases of the record's CPU domain with ``pins`` (Hypothesis's generate phase, seeded)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
@@ -71,14 +74,15 @@ def drawn(record, examples: int, seed: int, pins: dict[str, Any]) -> list[Any]:
     @settings(max_examples=examples, database=None, phases=[Phase.generate], deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(strategy)
-    def collect(case):
+    def collect(case: Any) -> None:
         out.append(case)
 
     collect()
     return [c for drawn_ in out for c in (drawn_ if isinstance(drawn_, list) else [drawn_])]
 
 
-def problems_of(record, examples: int, seed: int, pins: dict[str, Any], launches: bool = True) -> dict[str, Any]:
+def problems_of(record: Contract[Any], examples: int, seed: int, pins: dict[str, Any],
+                launches: bool = True) -> dict[str, Any]:
     """What the child reports (see the module docstring)."""
     from kvfence.engine import kernels
     from kvfence.engine.checking import TableChecker
@@ -100,7 +104,7 @@ def problems_of(record, examples: int, seed: int, pins: dict[str, Any], launches
     refusals: List[dict[str, Any]] = []
     for case in asked_cases:
         refused: dict[str, Any] = {}
-        found = asked(lambda case=case, refused=refused: case_problems(record, case, refused=refused),
+        found = asked(functools.partial(case_problems, record, case, refused=refused),
                       "asking its methods about a drawn case")
         refusals.append(refused)
         problems += [p for p in found if p not in problems]
@@ -128,11 +132,11 @@ def problems_of(record, examples: int, seed: int, pins: dict[str, Any], launches
         checkers.append(("its own checker", own))
     launched = 0
     for case in cases:
-        launch = asked(lambda case=case: _bind(record, case), "binding a drawn case")
+        launch = asked(functools.partial(_bind, record, case), "binding a drawn case")
         if isinstance(launch, list):
             return {"problems": launch, "cases": len(asked_cases), "launches": launched}
         for path, checker in checkers:
-            findings = asked(lambda checker=checker, launch=launch: checker.check(launch),
+            findings = asked(functools.partial(checker.check, launch),
                              f"checking the reference kernel ({path})")
             if findings and isinstance(findings[0], str):
                 return {"problems": findings, "cases": len(asked_cases), "launches": launched}
@@ -146,13 +150,13 @@ def problems_of(record, examples: int, seed: int, pins: dict[str, Any], launches
     return {"problems": [], "cases": len(asked_cases), "launches": launched}
 
 
-def _bind(record, case):
+def _bind(record: Contract[Any], case: Any) -> Launch[Any]:
     from kvfence.engine.launch import bind
 
     return bind(record, case, "safe")
 
 
-def asked(call, what: str):
+def asked(call: Callable[[], Any], what: str) -> Any:
     """``call()``, or its failure as a one-item list of problem text (the record's code raised)."""
     try:
         return call()

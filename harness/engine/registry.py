@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 from kvfence.contract import Contract
 from kvfence.errors import BadInput, require
@@ -74,7 +74,7 @@ def register(name: str, spec: str) -> None:
 
 
 @contextlib.contextmanager
-def registered(name: str, spec: str):
+def registered(name: str, spec: str) -> Iterator[None]:
     """``name`` registered as loaded from ``spec`` in this process for the block, as an installed package's entry
     point would be (a test's contract), then forgotten."""
     entries = _entries()
@@ -100,7 +100,7 @@ def default_name() -> str:
     """The contract a command checks when none is named (``default_contract.json`` beside this module)."""
     import json
 
-    return json.loads((Path(__file__).resolve().parent / "default_contract.json").read_text())["contract"]
+    return str(json.loads((Path(__file__).resolve().parent / "default_contract.json").read_text())["contract"])
 
 
 def builtin(name: str) -> bool:
@@ -147,7 +147,7 @@ def _get(name: str, *, probe: bool) -> Contract[Any]:
     if probe and module_name.split(".")[0] != "kvfence" and module_name not in sys.modules:
         _probe_import(name, spec)  # code from outside kvfence: its import cannot end this process
     try:
-        record = getattr(importlib.import_module(module_name), attr)
+        record: Contract[Any] = getattr(importlib.import_module(module_name), attr)
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code's import: bad input, one line
         raise BadInput(f"contract {name!r}: cannot load {spec}: {type(exc).__name__}: {exc}") from None
     from kvfence.engine.record_check import static

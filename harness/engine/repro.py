@@ -103,7 +103,7 @@ def element_rows(kept: dict[str, Any], f: Finding, limit: int = VERBOSE_ELEMENTS
     if lo is None:
         return []
     region, row, _ = g.locate(lo)
-    wanted: Dict[str, Any] = kept["expected"].get(f.buffer, {})
+    wanted: Dict[Any, Any] = kept["expected"].get(f.buffer, {})
     before, after = kept["before"][f.buffer], kept["after"][f.buffer]
     rows = [f"      {'offset':>8} {'expected':>12} {'found':>12}"]
     hi = min(lo + f.count, lo + limit, len(after))

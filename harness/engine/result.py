@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
 from kvfence.engine.casefile import format_failure
@@ -19,7 +20,7 @@ from kvfence.engine.findings import Finding, Kind
 class FindingsFound(AssertionError):
     """Raised inside the Hypothesis test when a case has findings; carries the case and findings."""
 
-    def __init__(self, case, findings: List[Finding]):
+    def __init__(self, case: Any, findings: List[Finding]) -> None:
         self.case = case
         self.findings = findings
         super().__init__(format_failure(case, findings))
@@ -41,7 +42,7 @@ class DuplicateFailure(BaseException):
     reaches one already saved: the phase ends there instead of shrinking a failure it already has."""
 
 
-def failure_signature(case, findings: List[Finding]) -> tuple[Any, ...]:
+def failure_signature(case: Any, findings: List[Finding]) -> tuple[Any, ...]:
     """What makes two failures the same for ``--keep-going``: their finding kinds and config (the contract's
     ``Keys.config`` with the launch's settings)."""
     return tuple(sorted({f.kind.value for f in findings})), launches.keys(registry.get(case.contract), case).config
@@ -52,7 +53,7 @@ class BulkFailure(BaseException):
     ``kvfence.contracts.draft.strategies.CaseRun``: ``fuzz`` then replays ``choices`` (the example spliced down to that
     case) through Hypothesis, which shrinks it as any failure."""
 
-    def __init__(self, case, findings: List[Finding], choices: Optional[tuple[Any, ...]]):
+    def __init__(self, case: Any, findings: List[Finding], choices: Optional[tuple[Any, ...]]) -> None:
         self.case, self.findings, self.choices = case, findings, choices
         super().__init__(format_failure(case, findings))
 
@@ -75,7 +76,7 @@ class RunAborted(BaseException):
     memory budget): not a failure of the kernel, so it is neither shrunk nor replayed; the search stops at once and
     the run ends with that one line (a ``BaseException``, which Hypothesis passes through)."""
 
-    def __init__(self, error):
+    def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -213,18 +214,18 @@ class FuzzResult:
         return self._per_s(self.distinct_configs)
 
 
-def config_key(config) -> int:
+def config_key(config: Any) -> int:
     """A digest of a value, the same in every process (``hash`` is not: strings and None hash per process)."""
     return int.from_bytes(hashlib.blake2b(repr(config).encode(), digest_size=8).digest(), "little")
 
 
-def structure_key(config_digest: int, structure) -> int:
+def structure_key(config_digest: int, structure: Any) -> int:
     """A case's structure (its config's digest and the contract's ``Keys.structure``: what changes where the
     kernel writes), the same in every process whatever the contract's structure holds."""
     return config_key((config_digest, structure))
 
 
-def read_key(record, config_digest: int, case) -> int:
+def read_key(record: Contract[Any], config_digest: int, case: Launch[Any]) -> int:
     """A case's structure and reads (its contract's ``Keys.structure`` and ``Keys.reads``): two cases of one
     read key differ only in values the kernel copies (the bulk skips the second)."""
     found = launches.keys(record, case)

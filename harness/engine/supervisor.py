@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence
 
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.interrupt import child_dies_with_parent
@@ -130,7 +130,7 @@ class RemoteSession:
         self._proc: Optional[subprocess.Popen[Any]] = None
         self._conn: Optional[Connection] = None
         self._progress: Optional[ProgressCounter] = None
-        self._output = None  # the file the current worker's stdout and stderr go to
+        self._output: Optional[BinaryIO] = None  # the file the current worker's stdout and stderr go to
         #: What the last worker killed had printed (``_kill``), for the finding of its death or hang.
         self._last_output = ""
         #: After the first crash or hang, ``spares`` replacement workers are always starting in the

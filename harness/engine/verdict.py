@@ -24,8 +24,9 @@ Python loop over a million elements). ``tests/test_contracts.py`` checks the two
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, cast
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.tables import INPUT_POISON, POISON, Guarded
 
@@ -54,21 +55,22 @@ def decode_poison(value: int, buffers: Dict[str, Guarded]) -> str:
     return f"{value} is derived from an input's guard poison: a read past an input's rows"
 
 
-def _region_name(region: str, row) -> str:
+def _region_name(region: str, row: Optional[int]) -> str:
     return region if row is None else f"{region} {row}"
 
 
-def matches(now: int, exp) -> bool:
+def matches(now: int, exp: object) -> bool:
     """An element holds what the oracle asks: its value, or one of the values of a set (two programs write it)."""
     return now in exp if isinstance(exp, frozenset) else now == exp
 
 
-def sample_value(exp) -> int:
+def sample_value(exp: object) -> int:
     """What a finding's sample records as expected: the value, or the least of a set of them."""
-    return min(exp) if isinstance(exp, frozenset) else exp
+    return int(min(exp)) if isinstance(exp, frozenset) else cast(int, exp)
 
 
-def expected_flat(g: Guarded, before, after, wanted: Dict[Tuple[int, int], object]):
+def expected_flat(g: Guarded, before: torch.Tensor, after: torch.Tensor,
+                  wanted: Mapping[Tuple[int, int], object]) -> torch.Tensor:
     """The flat tensor a clean launch leaves in output table ``g``: what it held (poisoned rows, canaries),
     with every element the oracle defines inside a row set to its value (one past the row stays the canary:
     the walk calls a change there a guard overwrite whatever the oracle asks). An element of a set of values
@@ -94,7 +96,7 @@ def expected_flat(g: Guarded, before, after, wanted: Dict[Tuple[int, int], objec
 
 
 def clean(buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor], after: Dict[str, torch.Tensor],
-          expected) -> bool:
+          expected: Mapping[str, Mapping[Tuple[int, int], object]]) -> bool:
     """Whether ``verdict`` would find nothing, by whole-tensor comparisons (see the module docstring)."""
     import torch
 
@@ -106,8 +108,10 @@ def clean(buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor], after: D
     return True
 
 
-def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor],
-            after: Dict[str, torch.Tensor], every_element: bool = False, expected=None) -> List[Finding]:
+def verdict(record: Contract[Any], launch: Launch[Any], buffers: Dict[str, Guarded],
+            before: Dict[str, torch.Tensor],
+            after: Dict[str, torch.Tensor], every_element: bool = False,
+            expected: Optional[Mapping[str, Mapping[Tuple[int, int], object]]] = None) -> List[Finding]:
     """The findings of one launch; ``before``/``after`` are each table's flat host tensor (``snapshot``).
     ``every_element``: the plain walk over every element, without the ``clean`` fast path (what tests compare
     the engine's path with)."""
@@ -119,7 +123,7 @@ def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, torch
         table = g.table
         width = table.width  # this table's own: a launch's tables need not share the row width its sizing gave
         wanted = expected.get(name, {}) if table.role == "output" else {}
-        open_run = None  # [kind, region, row, start, stop, samples, programs]
+        open_run: Optional[List[Any]] = None  # [kind, region, row, start, stop, samples, programs]
         was_all, now_all = before[name], after[name]
         # Only elements that changed or that the oracle defines can be findings (an unchanged element the
         # oracle leaves alone is clean by the rules above), so the walk visits those, in order.
@@ -131,11 +135,13 @@ def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, torch
         for p in sorted(visit):
             was, now = int(was_all[p]), int(now_all[p])
             region, row, off = g.locate(p)
-            kind = exp = owner = None
+            kind: Optional[Kind] = None
+            exp: object = None
+            owner: Optional[Tuple[int, ...]] = None
             if table.role == "input":
                 if now != was:
                     kind, exp = Kind.STRAY_WRITE, was
-            elif region == "row":
+            elif region == "row" and row is not None:  # a row region always has its row
                 if (row, off) in wanted:
                     exp = wanted[(row, off)]
                     if not matches(now, exp):
@@ -147,7 +153,7 @@ def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, torch
                 owner = record.owner(launch, name, row, off) if kind else None
             elif now != was:
                 kind, exp = Kind.GUARD_OVERWRITE, was  # expected: the canary that was there
-                if region == "guard after row" and (row, width + off) in wanted:
+                if region == "guard after row" and row is not None and (row, width + off) in wanted:
                     owner = record.owner(launch, name, row, width + off)  # the row's own entry past its width
             if kind is not None and open_run and open_run[0] == kind and open_run[1] == region \
                     and open_run[2] == row and open_run[4] == off and open_run[7] == p - 1:
@@ -185,12 +191,13 @@ def decode_canary(value: int, buffers: Dict[str, Guarded]) -> str:
     return f"{value} is the canary of {' or '.join(exact)}: a read of an output's guard" if exact else ""
 
 
-def _row_of(region: str):
+def _row_of(region: str) -> Optional[int]:
     last = region.rsplit(" ", 1)[-1]
     return int(last) if last.isdigit() else None
 
 
-def attribute(record, launch, findings: List[Finding], expected, buffers: Dict[str, Guarded]) -> None:
+def attribute(record: Contract[Any], launch: Launch[Any], findings: List[Finding],
+              expected: Mapping[str, Mapping[Tuple[int, int], object]], buffers: Dict[str, Guarded]) -> None:
     """Each output finding's ``writers`` and decoded values, from its samples' found values: the programs the
     contract says store such a value (``Contract.owner`` of the elements the oracle gives that value, those of the
     finding's own row first, then of the row before it: a spill, then any), and what a guard poison or canary
@@ -210,7 +217,8 @@ def attribute(record, launch, findings: List[Finding], expected, buffers: Dict[s
         if notes:
             f.detail = "; ".join([f.detail] * bool(f.detail) + notes)
         if f.buffer not in index:
-            where: Dict[int, List[Tuple[int, int]]] = {}
+            where: Dict[Any, List[Tuple[int, int]]] = {}
+
             for key, value in expected.get(f.buffer, {}).items():
                 for v in (value if isinstance(value, frozenset) else (value,)):
                     where.setdefault(v, []).append(key)
@@ -227,6 +235,7 @@ def attribute(record, launch, findings: List[Finding], expected, buffers: Dict[s
         f.writers = writers[:8]
 
 
-def _finding(buffer: str, run) -> Finding:
+def _finding(buffer: str, run: List[Any]) -> Finding:
+
     kind, region, row, start, stop, samples, programs, _ = run
     return Finding(kind, buffer, _region_name(region, row), start, stop, samples, programs)
