@@ -34,7 +34,7 @@ import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import unquote, urlsplit
 
 from hypothesis import strategies as st
@@ -165,7 +165,8 @@ def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[T
     return tuple(mine), len(grid)
 
 
-def shard_draws(shard: Shard, build: Callable[..., Any], fields: Dict[str, Sequence[Any]], contract: str = "?"):
+def shard_draws(shard: Shard, build: Callable[..., Any], fields: Dict[str, Sequence[Any]], contract: str = "?"
+                ) -> Tuple[st.SearchStrategy[Any], dict[str, Any]]:
     """A strategy drawing only from ``shard``'s config cells, and a description of the part.
 
     ``fields`` (the contract's ``shard_fields``) maps each field a shard deals out to the values it takes,
@@ -190,7 +191,7 @@ def shard_draws(shard: Shard, build: Callable[..., Any], fields: Dict[str, Seque
     index = st.integers(0, len(usable) - 1)
 
     @st.composite
-    def sharded(draw):
+    def sharded(draw: st.DrawFn) -> Any:
         return draw(strategies[usable[draw(index)]])
 
     info = {"shard": str(shard), "cells": len(usable), "of_cells": total, "unfit_cells": unfit,
@@ -263,12 +264,12 @@ def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
     return DatabaseSpec("redis", display, what, host=host, port=port, db=db, password=secret)
 
 
-def default_database(out_dir) -> str:
+def default_database(out_dir: Union[str, Path]) -> str:
     """``--database`` when none is given: next to the run's outputs, so a re-run replays its failures."""
     return str(Path(out_dir) / DEFAULT_DIR_NAME)
 
 
-def open_database(spec: DatabaseSpec):
+def open_database(spec: DatabaseSpec) -> Optional[CampaignDatabase]:
     """The Hypothesis ``ExampleDatabase`` for ``spec`` (``None`` for ``none``), as a ``CampaignDatabase``.
     A directory is created; a Redis server is pinged first, so an unreachable one is one line and exit 2
     before any work."""
@@ -317,7 +318,7 @@ def database_key(*, kernel: str, sizing: str, domain: dict[str, Any]) -> bytes:
     return hashlib.sha384(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
-def apply_database_key(test, inner, key: bytes) -> None:
+def apply_database_key(test: Any, inner: Any, key: bytes) -> None:
     """Make Hypothesis store ``test``'s examples under ``key``.
 
     ``test`` is what ``@given`` returned and ``inner`` the function it wraps. Hypothesis (checked on
@@ -330,14 +331,15 @@ def apply_database_key(test, inner, key: bytes) -> None:
     test._hypothesis_internal_database_key = key
 
 
-def stored_failures(database, key: bytes) -> int:
+def stored_failures(database: Optional[ExampleDatabase], key: bytes) -> int:
     """How many minimal failing examples the database holds under ``key`` (Hypothesis replays these first)."""
     if database is None:
         return 0
     return sum(1 for _ in database.fetch(key))
 
 
-def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict[str, Any]], hypothesis_seed,
+def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict[str, Any]],
+                  hypothesis_seed: Optional[int],
                   stored: int) -> dict[str, Any]:
     """What ``summary.json`` records about the campaign: where examples live, under which key, the shard."""
     return {"host": platform.node(), "database": spec.display, "database_key": key.hex()[:24] if key else None,
@@ -358,37 +360,37 @@ class CampaignDatabase(ExampleDatabase):
     update, no per-run state in a shared Redis) and pareto fetches come back empty.
     """
 
-    def __init__(self, inner, prefix: bytes = b""):
+    def __init__(self, inner: ExampleDatabase, prefix: bytes = b"") -> None:
         super().__init__()
         self.inner, self.prefix = inner, prefix
 
     def __repr__(self) -> str:
         return f"CampaignDatabase({self.inner!r}, prefix={self.prefix!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, CampaignDatabase) and (self.inner, self.prefix) == (other.inner, other.prefix)
 
     def __hash__(self) -> int:
         return hash(self.prefix)
 
-    def fetch(self, key):
+    def fetch(self, key: bytes) -> Iterable[bytes]:
         return iter(()) if key.endswith(PARETO_SUFFIX) else self.inner.fetch(self.prefix + key)
 
-    def save(self, key, value):
+    def save(self, key: bytes, value: bytes) -> None:
         if not key.endswith(PARETO_SUFFIX):
             self.inner.save(self.prefix + key, value)
 
-    def delete(self, key, value):
+    def delete(self, key: bytes, value: bytes) -> None:
         if not key.endswith(PARETO_SUFFIX):
             self.inner.delete(self.prefix + key, value)
 
-    def move(self, src, dest, value):
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         if src.endswith(PARETO_SUFFIX) or dest.endswith(PARETO_SUFFIX):
             return
         self.inner.move(self.prefix + src, self.prefix + dest, value)
 
 
-def pytest_database(text: str, *, kernel: str, sizing: str):
+def pytest_database(text: str, *, kernel: str, sizing: str) -> Optional[CampaignDatabase]:
     """The database the property tests use under ``KVFENCE_DATABASE`` (same syntax as ``--database``).
 
     Hypothesis keys each test by its source; the prefix adds the session's ``--kernel`` and

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 from kvfence.engine.findings import Finding
 from kvfence.engine.loop import fuzz
@@ -62,14 +62,15 @@ def phase_seed(seed: Optional[int], phase: int) -> Optional[int]:
     return seed + (phase << 32)
 
 
-def read_only(inner):
+def read_only(inner: Any) -> Any:
     """A view of the example database ``inner`` whose examples are read (replayed) but never saved,
     moved or deleted. (A function, so that importing this module does not import Hypothesis.)"""
     from hypothesis.database import ExampleDatabase
 
     class ReadOnlyDatabase(ExampleDatabase):
-        def fetch(self, key: bytes):
-            return inner.fetch(key)
+        def fetch(self, key: bytes) -> Iterable[bytes]:
+            found: Iterable[bytes] = inner.fetch(key)
+            return found
 
         def save(self, key: bytes, value: bytes) -> None:
             pass
@@ -115,10 +116,10 @@ def _absorb(total: FuzzResult, r: FuzzResult, offset_s: float) -> None:
     total.interrupted = r.interrupted
 
 
-def fuzz_keep_going(session, strategy, *, max_examples: int, seed: Optional[int] = None,
-                    max_seconds: Optional[float] = None, database=None, database_key: Optional[bytes] = None,
+def fuzz_keep_going(session: Any, strategy: Any, *, max_examples: int, seed: Optional[int] = None,
+                    max_seconds: Optional[float] = None, database: Any = None, database_key: Optional[bytes] = None,
                     on_failure: Optional[Callable[[Failure], Optional[str]]] = None,
-                    **fuzz_kwargs) -> FuzzResult:
+                    **fuzz_kwargs: Any) -> FuzzResult:
     """``kvfence.engine.loop.fuzz`` in phases until the budgets are spent (module docstring).
 
     Returns one ``FuzzResult`` for the whole run: counts summed, ``failures`` every distinct failure in

@@ -51,8 +51,9 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Dict, List, Optional, Sequence, Union
 
+from kvfence.contract import Launch
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.interrupt import child_dies_with_parent
 from kvfence.engine.worker import ProgressCounter
@@ -68,6 +69,9 @@ from kvfence.engine.workers import (
     signal_name,
 )
 from kvfence.errors import BadInput, printable, redact, require
+
+if TYPE_CHECKING:  # annotations only: the plan's module is the front end's
+    from kvfence.engine.plan import RunPlan
 
 #: Seconds a small case may take before it is a ``HANG`` (``--case-timeout``); scaled up by case size.
 DEFAULT_CASE_TIMEOUT = 5.0
@@ -109,8 +113,9 @@ class RemoteSession:
     is stopped on exit.
     """
 
-    def __init__(self, plan, *, warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
-                 spares: Optional[int] = None, spares_crashing: Optional[int] = None, background: bool = False):
+    def __init__(self, plan: RunPlan, *, warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
+                 spares: Optional[int] = None, spares_crashing: Optional[int] = None,
+                 background: bool = False) -> None:
         from kvfence.engine import registry
 
         case_timeout = plan.case_timeout
@@ -189,7 +194,7 @@ class RemoteSession:
             if spare is not None:
                 self.counters["spares_used"] += 1
             code = self._adopt(early or spare or self._spawn())
-            if code == _WARM_FAILED:
+            if isinstance(code, str):  # _WARM_FAILED
                 continue  # the next spare, or a fresh worker
             if code is None:
                 if self.ready_at is None:
@@ -245,7 +250,7 @@ class RemoteSession:
         self.counters["worker_starts"] += 1
         return PendingWorker(proc, Connection(ours.detach()), ProgressCounter(progress_file), output)
 
-    def _adopt(self, pending: "PendingWorker"):
+    def _adopt(self, pending: "PendingWorker") -> Union[int, str, None]:
         """Make ``pending`` the worker and wait for it to be ready (and for its warm-up case, if it was sent
         one); the exit status if it died instead, ``_WARM_FAILED`` if its warm-up did not come back clean."""
         self._proc, self._conn, self._progress = pending.proc, pending.conn, pending.progress
@@ -265,7 +270,7 @@ class RemoteSession:
             return self._warmed(pending.warming)
         return None
 
-    def _warmed(self, case) -> Optional[str]:
+    def _warmed(self, case: Launch[Any]) -> Optional[str]:
         """Take the reply to the warm-up case sent ahead (``_send_warm``): None when it came back clean (its
         config is warm now), ``_WARM_FAILED`` (the worker killed) when it died, hung or found anything."""
         limit = self._case_limit(case, self.warmup_s)
@@ -281,7 +286,8 @@ class RemoteSession:
 
     def _recv(self) -> Optional[dict[str, Any]]:
         try:
-            return json.loads(self._pipe().recv_bytes())
+            message: Optional[dict[str, Any]] = json.loads(self._pipe().recv_bytes())
+            return message
         except (EOFError, OSError):
             return None
 
@@ -363,7 +369,7 @@ class RemoteSession:
     def __enter__(self) -> "RemoteSession":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- checking --------------------------------------------------------------------------------------
@@ -377,12 +383,12 @@ class RemoteSession:
             i += 1
         return total * self._slack
 
-    def _case_limit(self, case, warmup: float = 0.0) -> float:
+    def _case_limit(self, case: Launch[Any], warmup: float = 0.0) -> float:
         """Seconds ``case`` may run: ``case_timeout`` per started ``ELEMENTS_PER_TIMEOUT`` elements of its work
         (the codec's measure), plus ``warmup``."""
         return self.case_timeout * (1 + self.codec.elements(case) // ELEMENTS_PER_TIMEOUT) + warmup
 
-    def _limit(self, case) -> float:
+    def _limit(self, case: Launch[Any]) -> float:
         warm = self.codec.compiled(case) in self._warm
         return self._case_limit(case, 0.0 if warm else self.warmup_s)
 
@@ -468,7 +474,7 @@ class RemoteSession:
                 raise LostCase(index, self._with_output(Finding(Kind.HANG, "kernel", "launch", detail=detail)), False)
         return message
 
-    def _check_alone(self, case) -> List[Finding]:
+    def _check_alone(self, case: Launch[Any]) -> List[Finding]:
         """One case in its own message: a death is this case's ``CRASH`` (after one retry if external). A hang
         is a finding only once confirmed: the case runs again, alone, in a fresh worker (whose first launch
         of a config has the warm-up allowance for compiling), with ``CONFIRM_FACTOR`` times its limit; a case
@@ -492,7 +498,7 @@ class RemoteSession:
                 self._slack = 1.0
             attempt += 1
 
-    def check(self, case) -> List[Finding]:
+    def check(self, case: Launch[Any]) -> List[Finding]:
         """The findings of one case (``CRASH`` / ``HANG`` when the worker died or stalled on it)."""
         return self._check_alone(case)
 
