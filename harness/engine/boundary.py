@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from kvfence.contract import MEMBERS, Contract
 from kvfence.errors import EXIT_BAD_INPUT, BadInput, printable
@@ -69,7 +69,7 @@ class ContractFault(BadInput):
         self.problem = problem or message
 
 
-def foreign(names) -> List[str]:
+def foreign(names: Iterable[str]) -> List[str]:
     """Those of ``names`` that are registered contracts not of kvfence's own (``registry.builtin``)."""
     from kvfence.engine import registry
 
@@ -121,7 +121,7 @@ def _fault(contract: str, method: str, what: str) -> ContractFault:
 
 
 @contextlib.contextmanager
-def calling(contract: str, method: str):
+def calling(contract: str, method: str) -> Iterator[None]:
     """Run the block as a call into ``contract``'s ``method`` (see the module docstring). In a checking worker
     (``convert_exits(False)``: its supervisor tells a kernel's exit from a contract's) it only notes where an
     exception rose."""
@@ -154,15 +154,15 @@ def calling(contract: str, method: str):
         _mark()
 
 
-def _guarded_callable(fn, contract: str, method: str):
-    def call(*args, **kwargs):
+def _guarded_callable(fn: Callable[..., Any], contract: str, method: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
         with calling(contract, method):
             return fn(*args, **kwargs)
 
     return call
 
 
-def _guarded_strategy(strategy, contract: str):
+def _guarded_strategy(strategy: Any, contract: str) -> Any:
     """``strategy`` drawn under ``calling`` (a composite strategy around it), or itself when it is none."""
     from hypothesis import strategies as st
     from hypothesis.strategies import SearchStrategy
@@ -171,14 +171,14 @@ def _guarded_strategy(strategy, contract: str):
         return strategy
 
     @st.composite
-    def drawn(draw):
+    def drawn(draw: st.DrawFn) -> Any:
         with calling(contract, "cases() strategy (drawing a case)"):
             return draw(strategy)
 
     return drawn()
 
 
-def guard(record, contract: str):
+def guard(record: Any, contract: str) -> Any:
     """``record`` (a plug-in's) with every member it defines run under ``calling``: its class is swapped for a
     subclass that wraps them (same name, no new slots); members it inherits from ``Contract`` are kvfence's code
     and stay as they are, so ``type(record).<method> is Contract.<method>`` still tells what it defines."""
@@ -203,16 +203,16 @@ def guard(record, contract: str):
     return record
 
 
-def _parent_attr(self, member: str):
+def _parent_attr(self: Any, member: str) -> Any:
     return getattr(super(_guarded_class(self), self), member)
 
 
-def _guarded_class(self):
+def _guarded_class(self: Any) -> type:
     return next(k for k in type(self).__mro__ if k.__dict__.get("_kvfence_guarded"))
 
 
-def _method(member: str, contract: str):
-    def method(self, *args, **kwargs):
+def _method(member: str, contract: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         with calling(contract, f"{member}()"):
             out = _parent_attr(self, member)(*args, **kwargs)
         return _guarded_strategy(out, contract) if member == "cases" else out
@@ -221,8 +221,8 @@ def _method(member: str, contract: str):
     return method
 
 
-def _member(member: str, contract: str):
-    def read(self):
+def _member(member: str, contract: str) -> property:
+    def read(self: Any) -> Any:
         with calling(contract, f"{member} (reading it)"):
             value = vars(self)[member] if member in getattr(self, "__dict__", {}) else _parent_attr(self, member)
         if member in ("sizings", "options") and isinstance(value, Mapping):
@@ -306,7 +306,7 @@ class _Watch:
         self.signals: List[int] = []
         self.overrun: Optional[dict[str, Any]] = None
 
-    def _forward(self, signum, frame) -> None:
+    def _forward(self, signum: int, frame: object) -> None:
         self.signals.append(signum)
         _killpg(self.proc.pid, signum)
 
@@ -414,10 +414,11 @@ def run_command(argv: List[str], contracts: List[str], warn: Callable[[str], Non
         return EXIT_BAD_INPUT
     if answer.get("signal"):
         warn("kvfence: interrupted")
-    return answer["exit"]
+    return int(answer["exit"])
 
 
-def call(target: str, payload: dict[str, Any], contracts: List[str], max_seconds: Optional[float] = None):
+def call(target: str, payload: dict[str, Any], contracts: List[str], max_seconds: Optional[float] = None) -> Any:
+
     """``target`` (``kvfence.module:function``, called with ``payload`` as keywords) in a child behind the
     boundary: its JSON result; its ``BadInput`` or ``AssertionError`` raised again here; the user's signal as
     ``Interrupted``; the contract's fault as ``ContractFault``."""
