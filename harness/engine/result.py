@@ -138,7 +138,7 @@ class FuzzResult:
     #: saying why the bulk failure is reported as found, unshrunk.
     bulk_splice: Optional[str] = None
     elapsed_s: float = 0.0
-    case: Optional[object] = None
+    case: Any = None  # the failing launch (or a run of them), None without a failure
     findings: List[Finding] = field(default_factory=list)
     max_utilisation: float = 0.0
     #: The case of ``max_utilisation`` (need/width), so the report can name it.
