@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Literal, Optional, Tuple, Union
 
 from kvfence.engine import casefile
 from kvfence.engine import run as pipeline
@@ -26,6 +26,11 @@ from kvfence.engine.clock import budget_left, command_start, since_start
 from kvfence.engine.plan import RunPlan
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
 from kvfence.provenance import stamped
+
+if TYPE_CHECKING:  # annotations only: the run's modules are imported where the run needs them
+    from kvfence.engine.campaign import DatabaseSpec
+    from kvfence.engine.keepgoing import Failure
+    from kvfence.engine.result import FuzzResult
 
 #: How the first verdict begins on stderr (benchmarks/first_verdict.py times the command to this line).
 FIRST_FAILURE = "kvfence: first failure"
@@ -47,7 +52,7 @@ class Outputs:
     table: Optional[Callable[..., Any]] = None  # (doc, program) -> the summary table printed at the end
 
 
-def output_failure(path, exc: OSError, doc: Optional[dict[str, Any]] = None) -> BadInput:
+def output_failure(path: Union[str, Path], exc: OSError, doc: Optional[dict[str, Any]] = None) -> BadInput:
     """The one-line error for an output that cannot be written (full disk, read-only filesystem, ...): the path,
     the errno, and where the run's findings already are (case files are written first)."""
     import errno as errno_mod
@@ -67,13 +72,13 @@ def output_failure(path, exc: OSError, doc: Optional[dict[str, Any]] = None) -> 
 class output_errors:
     """``with output_errors(path, doc):`` turns an ``OSError`` of writing ``path`` into ``output_failure``."""
 
-    def __init__(self, path, doc: Optional[dict[str, Any]] = None):
+    def __init__(self, path: Union[str, Path], doc: Optional[dict[str, Any]] = None) -> None:
         self.path, self.doc = path, doc
 
-    def __enter__(self):
+    def __enter__(self) -> "output_errors":
         return self
 
-    def __exit__(self, kind, exc, tb):
+    def __exit__(self, kind: object, exc: Optional[BaseException], tb: object) -> Literal[False]:
         if isinstance(exc, OSError):
             raise output_failure(self.path, exc, self.doc) from None
         return False
@@ -138,7 +143,8 @@ class Run:
             raise BadInput(f"--resume adds to {where}, which cannot be read: {exc}") from None
 
     # -- one process ----------------------------------------------------------------------------------------
-    def _one(self, strategy, session, previous, run: dict[str, Any], database, db_key, db_spec) -> int:
+    def _one(self, strategy: Any, session: Any, previous: Optional[dict[str, Any]], run: dict[str, Any],
+             database: Any, db_key: bytes, db_spec: DatabaseSpec) -> int:
         from kvfence.engine.interrupt import exit_code_for, signals_interrupt
         from kvfence.engine.journal import Journal, recover
         from kvfence.engine.loop import fuzz
@@ -179,7 +185,8 @@ class Run:
         code = self._outputs(result, crashes, run, previous)
         return exit_code_for(result.interrupted) if result.interrupted else code
 
-    def _search(self, strategy, session, run, database, db_key, fuzz, Journal, signals_interrupt):
+    def _search(self, strategy: Any, session: Any, run: dict[str, Any], database: Any, db_key: bytes,
+                fuzz: Callable[..., FuzzResult], Journal: Any, signals_interrupt: Any) -> FuzzResult:
         from kvfence.engine.jobs import POLL_S, write_progress
         from kvfence.engine.progress import Progress
 
@@ -191,7 +198,8 @@ class Run:
         stop = None if outputs.stop_file is None else (lambda path=outputs.stop_file: os.path.exists(path))
         # SIGINT/SIGTERM end fuzz() cleanly (kvfence.engine.interrupt); the journal slot closes as on any exit.
         with Journal(self.out_dir, device=plan.device) as journal, signals_interrupt():
-            run_fuzz, wiring = fuzz, {"stop_requested": stop}
+            run_fuzz = fuzz
+            wiring: dict[str, Any] = {"stop_requested": stop}
             if plan.keep_going:  # phases until the budgets are spent; each new failure saved at once
                 from kvfence.engine.keepgoing import fuzz_keep_going
 
@@ -210,7 +218,7 @@ class Run:
                     progress.close()
 
     @staticmethod
-    def _phases(session, result) -> dict[str, Any]:
+    def _phases(session: Any, result: FuzzResult) -> dict[str, Any]:
         """Seconds from the command's start (kvfence.engine.clock) to the worker's ready and the first launch."""
 
         return {"startup_s": since_start(getattr(session, "ready_at", None)),
@@ -226,12 +234,12 @@ class Run:
             sys.stderr.write("\r\x1b[2K")  # the progress line goes first
         self.warn(f"{FIRST_FAILURE} {since_start(at):.2f}s into the command: {text}; shrinking it")
 
-    def _announcer(self):
+    def _announcer(self) -> Callable[[FuzzResult], None]:
         """``fuzz(on_first_failure=)`` for one process: the run's first failure only (``--keep-going`` runs
         phases, each with a first failure of its own, and saves each at once)."""
-        done = []
+        done: list[bool] = []
 
-        def announce(result) -> None:
+        def announce(result: FuzzResult) -> None:
             if not done:
                 done.append(True)
                 self.announce(result.first_failure_at, result.first_failure_text)
@@ -251,7 +259,7 @@ class Run:
                                 "note": "shrunk as far as it got within --shrink-seconds: the case may not be minimal"}
         return extras
 
-    def _save_failure(self, run: dict[str, Any], failure) -> str:
+    def _save_failure(self, run: dict[str, Any], failure: Failure) -> str:
         """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
         extras = self._case_extras(run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
         extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
@@ -264,7 +272,8 @@ class Run:
             self.say(casefile.format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
             raise output_failure(where, exc, {"findings": failure.findings}) from None
 
-    def _outputs(self, result, crashes, run: dict[str, Any], previous: Optional[dict[str, Any]]) -> int:
+    def _outputs(self, result: FuzzResult, crashes: List[Any], run: dict[str, Any],
+                 previous: Optional[dict[str, Any]]) -> int:
         """The run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
 
         plan, out_dir = self.plan, self.out_dir
@@ -343,7 +352,7 @@ class Run:
             return None  # an example budget only: no time the parent could hold a job to
         return (LEAD_WAIT_S if plan.device == "cuda" else 0.0) + plan.max_seconds + plan.shrink_seconds
 
-    def child_plans(self, seed: int, db_spec) -> list[Any]:
+    def child_plans(self, seed: int, db_spec: DatabaseSpec) -> list[Any]:
         """Each job's plan: the parent's, with its own seed, share of the example budget, folder and one job."""
         from kvfence.engine.jobs import job_dir
 
@@ -354,7 +363,7 @@ class Run:
         return [replace(plan, seed=seed + i, max_examples=share[i], jobs=1, host_jobs=jobs,
                         out=str(job_dir(self.out_dir, i)), database=db_spec.display) for i in range(jobs)]
 
-    def _jobs(self, run: dict[str, Any], db_spec) -> int:
+    def _jobs(self, run: dict[str, Any], db_spec: DatabaseSpec) -> int:
         """``--jobs N``: N child fuzz processes (kvfence.engine.jobs), merged into one summary, report and case
         folder."""
         from kvfence.engine import campaign
@@ -428,7 +437,8 @@ def write_job_file(path: Path, plan: RunPlan, progress_file: Path, stop_file: Pa
                                 "stop_file": str(stop_file)}))
 
 
-def read_job_file(path: str):
+def read_job_file(path: str) -> Tuple[RunPlan, Path, Path]:
+
     """``(plan, progress file, stop file)`` of a ``--jobs`` child (``BadInput`` on anything malformed)."""
     data = casefile.parse_json_file(path, "job plan")
     if not isinstance(data, dict) or not isinstance(data.get("plan"), dict):

@@ -39,7 +39,7 @@ from kvfence.engine.result import MAX_STATS, FuzzResult, failure_signature
 class Failure:
     """One distinct failure of a keep-going run, shrunk (or as far as shrinking got)."""
 
-    case: object
+    case: Any  # the failing launch (or run of them)
     findings: List[Finding]
     stat: Optional[tuple[Any, ...]]
     phase: int
