@@ -55,10 +55,30 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Hashable, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    Hashable,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
 
 from kvfence.errors import BadInput, require
 
+if TYPE_CHECKING:  # the annotations only: the interface's module imports no Hypothesis at run time
+    from hypothesis.strategies import SearchStrategy
+
+#: A contract's case type (the contract's own frozen value).
 C = TypeVar("C")
 
 #: Values of ``Table.role``.
@@ -86,7 +106,7 @@ class Table:
     width: int
     rows: Optional[int] = None
     role: str = "output"
-    contents: Union[None, Sequence, Callable[[], Sequence]] = None
+    contents: Union[None, Sequence[Any], Callable[[], Sequence[Any]]] = None
     dtype: str = "int32"
     #: ``rows``: a guard after every row (the kernel takes the table's row stride, ``view.stride(0)``);
     #: ``ends``: the rows contiguous, guards before the first and after the last only (for an ABI whose kernel
@@ -278,7 +298,7 @@ class Domain:
     bulk: int = 0
     bulk_after: float = 0.0
 
-    def pin(self, name: str, default=None):
+    def pin(self, name: str, default: Any = None) -> Any:
         value = self.pins.get(name)
         return default if value is None else value
 
@@ -302,9 +322,12 @@ class Checker(Protocol):
     engine runs it inside its checking worker). ``check_many`` is optional: a list of launches of one config
     in one device round trip, one findings list per launch."""
 
-    stats: Mapping[str, float]
+    @property
+    def stats(self) -> Mapping[str, float]:
+        """Counters of the checker's work (launches, compiles, ...), read by the run's summary."""
+        ...
 
-    def check(self, launch: Launch) -> list: ...
+    def check(self, launch: Launch[Any]) -> List[Any]: ...
 
 
 #: ``(case, mode) -> width``: the row width a policy gives one launch.
@@ -316,8 +339,8 @@ class Contract(Generic[C]):
 
     name: str = ""
     doc: str = ""
-    reference: str = ""
-    sizings: Mapping[str, Sizing] = {}
+    reference: Union[str, Mapping[str, str]] = ""
+    sizings: Mapping[str, Sizing[C]] = {}
     mutants: Tuple[Mutant, ...] = ()
     kinds: Tuple[FindingKind, ...] = ()
     #: The command-line flags this contract declares (``Option``): ``kvfence fuzz --contract NAME --help`` lists
@@ -332,16 +355,16 @@ class Contract(Generic[C]):
     selftest_examples: Mapping[str, int] = {"cpu": 60, "gpu": 16}
 
     # -- required -----------------------------------------------------------------------------------------
-    def cases(self, domain: Domain):
+    def cases(self, domain: Domain) -> Union[SearchStrategy[C], SearchStrategy[List[C]]]:
         """A Hypothesis strategy of this contract's cases on ``domain``, or of lists of cases of one config (one
         example checks them as one run of one compiled config). Simplest first: Hypothesis shrinks toward it."""
         raise NotImplementedError(f"contract {self.name}: cases(domain)")
 
-    def to_json(self, case: C) -> dict:
+    def to_json(self, case: C) -> Dict[str, Any]:
         """The case as JSON data (a dict of JSON values), complete enough to replay it."""
         raise NotImplementedError(f"contract {self.name}: to_json(case)")
 
-    def from_json(self, data) -> C:
+    def from_json(self, data: Any) -> C:
         """The case ``to_json`` wrote; ``kvfence.errors.BadInput`` (one line) when ``data`` is malformed."""
         raise NotImplementedError(f"contract {self.name}: from_json(data)")
 
@@ -361,7 +384,7 @@ class Contract(Generic[C]):
         """The row width the launch needs (``need > width`` is a ``SIZING_VIOLATION``)."""
         raise NotImplementedError(f"contract {self.name}: need(launch)")
 
-    def launch(self, kernel, buffers: Mapping[str, object], launch: Launch[C]) -> None:
+    def launch(self, kernel: Any, buffers: Mapping[str, Any], launch: Launch[C]) -> None:
         """Launch ``kernel`` (a jit function of this contract's ABI) on ``buffers`` (each table's view: its rows,
         ``rows x width`` with a row stride of its own, or ``width`` elements)."""
         raise NotImplementedError(f"contract {self.name}: launch(kernel, buffers, launch)")
@@ -381,17 +404,17 @@ class Contract(Generic[C]):
         ``(request 2, block 5)``) instead of ``(2,5)``, and the address audit's program ids take that shape."""
         return None
 
-    def findings_before_launch(self, launch: Launch[C]) -> list:
+    def findings_before_launch(self, launch: Launch[C]) -> List[Any]:
         """Findings (``kvfence.engine.findings.Finding``) of the contract's *arithmetic* kinds that the case and
         width decide before any launch."""
         return []
 
-    def report(self, record: dict, findings: List[dict]) -> str:
+    def report(self, record: Dict[str, Any], findings: List[Dict[str, Any]]) -> str:
         """HTML drawing one case file's buffers in report.html (``record``: the summary's record of the case file,
         ``findings``: the run's findings as data); empty: the engine's table map."""
         return ""
 
-    def checker(self, plan) -> Optional[Checker]:
+    def checker(self, plan: Any) -> Optional[Checker]:
         """A checker of this contract's own for ``plan`` (``kvfence.engine.plan.RunPlan``), or None for the
         engine's (tables, the oracle, the launch, guarded buffers and the element-by-element verdict)."""
         return None
@@ -404,7 +427,7 @@ MEMBERS = ("name", "doc", "reference", "sizings", "mutants", "kinds", "options",
 REQUIRED = ("cases", "to_json", "from_json", "tables", "expected", "need", "launch")
 
 
-def declared(record: Contract, kind: str) -> Optional[FindingKind]:
+def declared(record: Contract[Any], kind: str) -> Optional[FindingKind]:
     """The record's declaration of finding kind ``kind``, or None."""
     return next((k for k in record.kinds if k.name == kind), None)
 
@@ -414,6 +437,6 @@ def option_named(record: "Contract[Any]", key: str) -> Optional[Option]:
     return next((o for o in record.options if o.key == key), None)
 
 
-def require_int(value, what: str) -> int:
+def require_int(value: object, what: str) -> int:
     require(type(value) is int, f"{what} must be an integer, got {value!r}")
-    return value
+    return cast(int, value)

@@ -89,7 +89,8 @@ def skip_discarded_overflow_checks() -> bool:
 
     builder = getattr(interpreter, "interpreter_builder", None)
     options = getattr(builder, "options", None)
-    if options is None or getattr(options, "debug", True) or not hasattr(options, "sanitize_overflow"):
+    if builder is None or options is None or getattr(options, "debug", True) \
+            or not hasattr(options, "sanitize_overflow"):
         return False
     import dataclasses
 

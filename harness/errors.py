@@ -21,7 +21,7 @@ class BadInput(ValueError):
         super().__init__(printable(redact(" ".join(str(message).split())), limit=None))
 
 
-def require(condition: bool, message: str) -> None:
+def require(condition: object, message: str) -> None:
     """Raise ``BadInput(message)`` unless ``condition`` holds (argument validation, Hypothesis-style)."""
     if not condition:
         raise BadInput(message)

@@ -243,10 +243,13 @@ def _no_deadline_for_kernel_checks(item) -> None:
     from hypothesis import settings
 
     test = getattr(item, "obj", None)
-    if "kvfence_session" not in getattr(item, "fixturenames", ()) or not getattr(test, "is_hypothesis_test", False):
+    if test is None or "kvfence_session" not in getattr(item, "fixturenames", ()) \
+            or not getattr(test, "is_hypothesis_test", False):
         return
     current = getattr(test, "_hypothesis_internal_use_settings", None)
-    if current is not None and current.deadline == settings.default.deadline and current.deadline is not None:
+    default = settings.default  # the loaded profile's
+    if current is not None and default is not None and current.deadline == default.deadline \
+            and current.deadline is not None:
         test._hypothesis_internal_use_settings = settings(current, deadline=None)
 
 

@@ -10,7 +10,7 @@ import base64
 import io
 import random
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from kvfence.engine.findings import program_text
 from kvfence.engine.summary import coverage_fields
@@ -152,7 +152,7 @@ def coverage_png(doc: dict) -> Tuple[Optional[bytes], str]:
         ax.grid(alpha=0.25)
     for ax in axes[:, 0]:
         ax.set_ylabel("need / width", fontsize=8)
-    handles = {}
+    handles: Dict[str, Any] = {}  # legend label -> its artist
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)

@@ -83,7 +83,9 @@ def table_map_html(record, launch, findings: List[dict]) -> Markup:
     for table_name, cells in expected.items():
         for row in touched:
             need = 1 + max([c for (r, c) in cells if r == row], default=-1)
-            row_marks, guard_marks, numbers = [], [], {}
+            row_marks: List[Tuple[int, int, str]] = []
+            guard_marks: List[Tuple[int, int, str]] = []
+            numbers: Dict[Tuple[int, int, str], int] = {}
             for _i, f in numbered.items():
                 if f.get("buffer") != table_name:
                     continue

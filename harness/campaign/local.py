@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import queue
 import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from kvfence.campaign.shards import ShardSpec
 from kvfence.campaign.task import STOP_WAIT_S, row, run_shard
@@ -43,7 +44,7 @@ def run_local(specs: List[ShardSpec], out: Path, *, parallel: int, slots: List[O
         free.put(slot)
     width = min(parallel, len(slots)) if slots else parallel
     stopping = threading.Event()
-    live = {}  # shard name -> its child process
+    live: Dict[str, subprocess.Popen] = {}  # shard name -> its child process (run_shard's on_start)
 
     def one(spec: ShardSpec) -> dict:
         if stopping.is_set():

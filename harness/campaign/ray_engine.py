@@ -17,6 +17,7 @@ retried shard replay any failure its lost attempt had stored. Ctrl-C cancels the
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -41,7 +42,7 @@ def connect(address: str) -> bool:
     if ray.is_initialized():
         return False  # the caller's own (the Python API, the tests): left as it is
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR", include_dashboard=False,
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, include_dashboard=False,
                  configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise BadInput(f"--address {address}: cannot connect to a Ray cluster ({' '.join(str(exc).split())[:200]})"
@@ -165,8 +166,10 @@ def run_ray(specs: List[ShardSpec], out: Path, *, cpus: float, retries: int,
         for ref in list(shards.spec):
             ray.cancel(ref, force=True)
         for ref in list(shards.spec):
-            rows.append(shards.collect(ref, out, retry=False))
-            on_row(rows[-1])
+            collected = shards.collect(ref, out, retry=False)
+            assert collected is not None  # without a retry a lost task is a failed row, not None
+            rows.append(collected)
+            on_row(collected)
     return rows, interrupted
 
 

@@ -18,6 +18,7 @@ Every target is parsed by ``fuzz``'s own parser before anything runs: a bad one 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -72,7 +73,8 @@ def flag_argv(values: Dict[str, object]) -> List[str]:
 
 
 def _target_values(doc: object, where: str) -> Dict[str, object]:
-    require(isinstance(doc, dict), f"{where}: expected a JSON object of fuzz flags")
+    if not isinstance(doc, dict):
+        raise BadInput(f"{where}: expected a JSON object of fuzz flags")
     out: Dict[str, object] = {}
     for key, value in doc.items():
         require(isinstance(key, str) and key.strip(), f"{where}: a flag name must be a non-empty string")
@@ -104,8 +106,8 @@ def read_plan(path: str) -> List[Dict[str, object]]:
 
 def _shard_count(values: Dict[str, object], default: int, where: str) -> int:
     count = values.pop("shards", default)
-    require(isinstance(count, int) and not isinstance(count, bool) and count >= 1,
-            f"{where}: shards must be a positive integer, got {count!r}")
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+        raise BadInput(f"{where}: shards must be a positive integer, got {count!r}")
     return count
 
 
@@ -123,7 +125,7 @@ def _label(parsed) -> str:
 
 
 def build_shards(targets: Sequence[Dict[str, object]], *, default_shards: int, seed: int, database: str,
-                 parse: Callable[[List[str]], object], timeout: Optional[float], gpus: float,
+                 parse: Callable[[List[str]], argparse.Namespace], timeout: Optional[float], gpus: float,
                  planned: bool = True) -> List[ShardSpec]:
     """Every shard of every target. ``parse(argv)`` is ``fuzz``'s parser (a bad flag: ``BadInput``, one line,
     naming the target when they come from a plan: ``planned``); a target's own ``seed`` and ``database`` win over

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 from kvfence.cli.common import _out_dir, _stderr
 from kvfence.errors import EXIT_BAD_INPUT, EXIT_CLEAN, EXIT_FINDINGS, printable
@@ -29,6 +30,7 @@ def cmd_affected(args) -> int:
         raise BadInput(f"{misplaced[0].split('=', 1)[0]} is kvfence's option, not the server's: put it before the "
                        f"release (kvfence affected {misplaced[0]} {args.version} ...)")
     vllm = args.project == "vllm" or (args.project == "auto" and affected_vllm.is_vllm_command(args.sglang_flags))
+    dep: Any  # a vLLM or an SGLang deployment, as vllm says
     if vllm:
         dep = affected_vllm.parse_vllm(args.version, args.sglang_flags, args.kv_cache_group or ())
     elif args.kv_cache_group:

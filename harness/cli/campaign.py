@@ -13,7 +13,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 from kvfence.cli.common import (
     _exit_codes,
@@ -141,7 +141,7 @@ def _no_follow_ups(cases: list, why: str = "") -> dict:
 
 
 def _report(doc: dict, out: Path, run: dict) -> None:
-    statuses = {}
+    statuses: Dict[str, int] = {}
     for r in doc["shards"]:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     print(f"kvfence campaign: {len(doc['shards'])} shard(s) ({', '.join(f'{n} {s}' for s, n in statuses.items())}), "

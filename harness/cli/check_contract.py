@@ -71,7 +71,7 @@ def _pins(record: Contract[Any], texts: List[str]) -> Dict[str, object]:
 
 def add_parser(sub) -> None:
     cc = sub.add_parser("check-contract", help="is a contract record well formed? (statically and on drawn cases)",
-                        description=sys.modules[__name__].__doc__.split("\n\n", 1)[1],
+                        description=str(sys.modules[__name__].__doc__).split("\n\n", 1)[1],
                         epilog=_exit_codes(zero="well formed", one=None,
                                            two="a record mistake (one line each), or an unknown contract"))
     cc.add_argument("name", nargs="?", default=None, help="a registered contract (entry point kvfence.contracts)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Dict, Optional
 
 from kvfence.cli.common import _exit_codes, _non_negative_int, _positive_int, _stderr, _writable
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
@@ -49,9 +50,9 @@ def cmd_mutants(args) -> int:
     json_path = _writable(args.json, "--json")
     device = select(args.device, announce=_stderr)
     max_bytes = parse_size(args.max_gpu_mem) if args.max_gpu_mem is not None else None
-    reports = {}
+    reports: Dict[str, dict] = {}
 
-    def doc(partial: dict = None) -> dict:
+    def doc(partial: Optional[dict] = None) -> dict:
         every = dict(reports, **({partial["contract"]: partial} if partial else {}))
         return {"passed": partial is None and all(r["passed"] for r in every.values()), "contracts": every}
 

@@ -123,8 +123,10 @@ def cmd_upstream_shipped(args, name: str, out_dir, offline: bool, json_path=None
     options = {dest.removeprefix("shipped_"): value for dest, value in vars(args).items()
                if dest.startswith("shipped_")}
     _set_aside(out_dir)
-    doc, text = shipped(name).tool.shipped_matrix(versions, options, device=device, offline=offline, out=out_dir,
-                                                  progress=sys.stderr)
+    tool = shipped(name).tool
+    assert tool is not None  # called for the contracts that have one (cmd_upstream)
+    doc, text = tool.shipped_matrix(versions, options, device=device, offline=offline, out=out_dir,
+                                    progress=sys.stderr)
     if json_path is not None:
         json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(text, end="")
@@ -180,7 +182,7 @@ def _matrix(args) -> int:
     if args.fetch_only:  # fill the cache for an offline host (e.g. a GPU machine without network)
         releases = [rm.prepare(v, offline, _stderr) for v in versions]
         for r in releases:
-            print(f"{r.version}: {r.status or 'testable'}: {r.reason or r.source_path + ' ' + str(r.abis)}")
+            print(f"{r.version}: {r.status or 'testable'}: {r.reason or f'{r.source_path} {r.abis}'}")
         failed = [r for r in releases if r.status in ("error", "not-cached")]
         if failed:
             raise BadInput(f"{len(failed)} of {len(releases)} release(s) not in the cache: "

@@ -21,7 +21,7 @@ import math
 import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from kvfence.errors import require
 
@@ -29,14 +29,14 @@ from kvfence.errors import require
 DEFAULT_MAX_EXAMPLES = 50
 
 
-def _seconds(value, positive: bool) -> bool:
+def _seconds(value: object, positive: bool) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and (value > 0 if positive else value >= 0))
 
 
 def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int = DEFAULT_MAX_EXAMPLES,
                  device: Optional[str] = None, seed: int = 0, shrink_seconds: float = 30.0,
-                 out_dir="reports/out", mode: str = "graph", case_timeout: Optional[float] = None,
+                 out_dir: Union[str, Path] = "reports/out", mode: str = "graph", case_timeout: Optional[float] = None,
                  contract: Optional[str] = None, max_seconds: Optional[float] = None) -> None:
     """Fuzz ``kernel`` (``path/to/file.py:attr``, ``package.module:attr`` or a builtin name) of ``contract``
     (``kvfence.contract``: ``draft`` unless named) with the sizing policy ``sizing`` (default: the

@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
 
 from kvfence.engine.findings import Finding, Kind
 from kvfence.errors import BadInput
+
+if TYPE_CHECKING:  # annotations only
+    from kvfence.engine.tables import Guarded
 
 #: Runs kept per (kind, argument, region); the last one says how many were left out.
 MAX_RUNS = 16
@@ -101,14 +104,14 @@ def _storage_range(t: torch.Tensor) -> Tuple[int, int]:
 class Audit:
     """Register allocations, then ``with audit:`` around interpreted launches; ``findings()`` after."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.allocations: List[Allocation] = []
         #: Zero-element tables, launched as null pointers (``register_table``): an access near address 0 is theirs.
         self.null_views: List[Allocation] = []
-        self._events: Dict[Tuple[Kind, str, str], dict] = {}
+        self._events: Dict[Tuple[Kind, str, str], dict[str, Any]] = {}
         self._tables_dirty = True
-        self._read_tables: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
-        self._saved = None
+        self._read_tables: Dict[tuple[Any, ...], Tuple[np.ndarray, np.ndarray]] = {}
+        self._saved: Optional[Tuple[Dict[str, Any], Any, Any]] = None
         self._scratch = np.zeros(64, dtype=np.uint64)  # atomic_cas lanes that would have gone wild
         #: ``(table, region, offset) -> (program, grid)``: the first program seen storing into each guard element
         #: of an output table (``register_table``), with the launch's grid dimensions. The store is performed
@@ -121,7 +124,7 @@ class Audit:
     def _covered(self, base: int) -> bool:
         return any(a.base <= base < a.end for a in self.allocations)
 
-    def register_guarded(self, buf) -> None:
+    def register_guarded(self, buf: Any) -> None:  # a draft GuardedBuffer (storage, view, rows, ...)
         """A ``GuardedBuffer``: the whole storage is ours; only its rows are readable."""
         base, nbytes = _storage_range(buf.storage)
         es = buf.storage.element_size()
@@ -142,7 +145,7 @@ class Audit:
 
         self._add(Allocation(buf.name, base, nbytes, es, readable, region, coords))
 
-    def register_table(self, g) -> None:
+    def register_table(self, g: Guarded) -> None:
         """A table of ``kvfence.engine.tables`` (``Guarded``): the flat tensor is ours; only its rows are
         readable (a load from a guard, or past the last row, is a read past the table). A table of no elements
         (width 0) reaches the kernel as a null pointer, as a zero-element tensor does in any launch: every access
@@ -215,7 +218,8 @@ class Audit:
         self.allocations.append(alloc)
         self._tables_dirty = True
 
-    def _register_launch_args(self, arg_names: Sequence[str], args_hst, kwargs_hst) -> None:
+    def _register_launch_args(self, arg_names: Sequence[str], args_hst: Sequence[Any],
+                              kwargs_hst: Dict[str, Any]) -> None:
         named = list(zip(arg_names, args_hst)) + list(kwargs_hst.items())
         for name, arg in named:
             # triton's TensorWrapper (a reinterpreted dtype) keeps the tensor in .base
@@ -239,8 +243,8 @@ class Audit:
         self._read_tables = {}
         self._tables_dirty = False
 
-    def _read_table(self, grid) -> Tuple[np.ndarray, np.ndarray]:
-        key = tuple(a.row_of_program(grid) for a in self._constrained)
+    def _read_table(self, grid: Tuple[int, int, int]) -> Tuple[np.ndarray, np.ndarray]:
+        key = tuple(row_of_program(grid) for row_of_program in self._constrained)
         table = self._read_tables.get(key)
         if table is None:
             spans = []
@@ -267,13 +271,14 @@ class Audit:
     # -- the wrapped interpreter operations ---------------------------------------------------------
     def _grid(self) -> Tuple[int, int, int]:
         self.grid_dims.add(tuple(int(x) for x in getattr(self._builder, "grid_dim", ())))
-        return tuple(int(x) for x in self._builder.grid_idx)
+        return cast(Tuple[int, int, int], tuple(int(x) for x in self._builder.grid_idx))  # the interpreter's 3 axes
 
     @staticmethod
-    def _elsize(ptrs) -> int:
-        return max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+    def _elsize(ptrs: Any) -> int:
+        return max(1, int(ptrs.get_element_ty().primitive_bitwidth) // 8)
 
-    def _check(self, kind: Kind, ptrs, mask: Optional[np.ndarray], values) -> Optional[np.ndarray]:
+    def _check(self, kind: Kind, ptrs: Any, mask: Optional[np.ndarray], values: Optional[np.ndarray]
+               ) -> Optional[np.ndarray]:
         """Record bad lanes; return the lanes to keep (full shape) or None when every lane is fine."""
         if self._tables_dirty:
             self._rebuild()
@@ -334,7 +339,7 @@ class Audit:
             region, offset = alloc.region((a - alloc.base) // alloc.elsize)
             self.guard_stores.setdefault((alloc.name, region, offset), (program, dims))
 
-    def _derive(self, name: str, orig, *args):
+    def _derive(self, name: str, orig: Callable[..., Any], *args: Any) -> Any:
         """A pointer-deriving op: its result carries the allocation its pointer operand came from, so a
         wild access is named after the pointer it went through, wherever it lands."""
         out = orig(*args)
@@ -347,25 +352,25 @@ class Audit:
             out._kvfence_origin = origin
         return out
 
-    def _load(self, orig, ptrs, mask, other, *rest):
+    def _load(self, orig: Callable[..., Any], ptrs: Any, mask: Any, other: Any, *rest: Any) -> Any:
         keep = self._check(Kind.OOB_READ, ptrs, mask.data, None)
         if keep is not None:
             mask = type(mask)(np.ascontiguousarray(keep), mask.dtype)
         return orig(ptrs, mask, other, *rest)
 
-    def _store(self, orig, ptrs, value, mask, *rest):
+    def _store(self, orig: Callable[..., Any], ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
         keep = self._check(Kind.OOB_WRITE, ptrs, mask.data, value.data)
         if keep is not None:
             mask = type(mask)(np.ascontiguousarray(keep), mask.dtype)
         return orig(ptrs, value, mask, *rest)
 
-    def _rmw(self, orig, op, ptr, val, mask, *rest):
+    def _rmw(self, orig: Callable[..., Any], op: Any, ptr: Any, val: Any, mask: Any, *rest: Any) -> Any:
         keep = self._check(Kind.OOB_WRITE, ptr, mask.data, val.data)
         if keep is not None:
             mask = type(mask)(np.ascontiguousarray(keep), mask.dtype)
         return orig(op, ptr, val, mask, *rest)
 
-    def _cas(self, orig, ptr, cmp, val, *rest):
+    def _cas(self, orig: Callable[..., Any], ptr: Any, cmp: Any, val: Any, *rest: Any) -> Any:
         keep = self._check(Kind.OOB_WRITE, ptr, None, val.data)
         if keep is not None:  # no mask operand: point the dropped lanes at a scratch word instead
             data = np.array(np.broadcast_to(ptr.data, keep.shape), dtype=np.uint64)
@@ -394,7 +399,7 @@ class Audit:
         original_init = executor.__dict__["_init_args_hst"]
         audit = self
 
-        def init_args_hst(self_, args_dev, kwargs):
+        def init_args_hst(self_: Any, args_dev: Any, kwargs: Any) -> Tuple[Any, Any]:
             args_hst, kwargs_hst = original_init(self_, args_dev, kwargs)
             audit._register_launch_args(self_.arg_names, args_hst, kwargs_hst)
             return args_hst, kwargs_hst
@@ -406,13 +411,14 @@ class Audit:
     def wrap(self, launch: Callable[[], None]) -> Callable[[], None]:
         """``launch`` run with this audit active."""
 
-        def audited():
+        def audited() -> None:
             with self:
                 launch()
 
         return audited
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
+        assert self._saved is not None  # set by __enter__
         saved, executor, original_init = self._saved
         for name, previous in saved.items():
             if previous is None:
@@ -454,7 +460,8 @@ class Audit:
             return min(after, key=lambda a: a.base)
         return min(self.allocations, key=lambda a: a.base - addr if addr < a.base else addr - a.end + 1)
 
-    def _locate(self, addr: int, grid, hint: Optional[Allocation] = None) -> Tuple[Allocation, str, int]:
+    def _locate(self, addr: int, grid: Tuple[int, int, int],
+                hint: Optional[Allocation] = None) -> Tuple[Allocation, str, int]:
         """The allocation an address is attributed to, and its region and element offset there."""
         alloc = self._attribute(addr, hint)
         flat = (addr - alloc.base) // alloc.elsize
@@ -467,7 +474,7 @@ class Audit:
         name, offset = alloc.region(flat)
         return alloc, name, offset
 
-    def _record(self, kind: Kind, addrs: np.ndarray, values: Optional[np.ndarray], grid,
+    def _record(self, kind: Kind, addrs: np.ndarray, values: Optional[np.ndarray], grid: Tuple[int, int, int],
                 hint: Optional[Allocation] = None) -> None:
         for i, a in enumerate(addrs.tolist()):
             alloc, region, offset = self._locate(a, grid, hint)
@@ -493,7 +500,8 @@ class Audit:
             for n, (i0, i1) in enumerate(runs):
                 chunk = lanes[i0:i1]
                 programs = sorted({lane[1] for lane in chunk})
-                samples, seen = [], set()
+                samples: List[Tuple[int, Optional[int], Optional[int]]] = []
+                seen = set()
                 for off, _, v, _ in chunk:
                     # Reads have no value to show; stores show what the kernel tried to write.
                     if v is not None and off not in seen and len(samples) < MAX_SAMPLES:
@@ -515,7 +523,7 @@ class Audit:
         return out
 
 
-def for_launch(kernel_kwargs: dict, guarded: Sequence, *, request_axis: Optional[int],
+def for_launch(kernel_kwargs: dict[str, Any], guarded: Sequence[Any], *, request_axis: Optional[int],
                req_pool_indices: Sequence[int]) -> Audit:
     """The audit of one harness launch: guarded outputs by region, tensor inputs by the views passed.
 
@@ -533,7 +541,7 @@ def for_launch(kernel_kwargs: dict, guarded: Sequence, *, request_axis: Optional
             continue
         owner = None
         if name == "req_to_token" and request_axis is not None:
-            def owner(grid, rows=rows, axis=request_axis):
+            def owner(grid: Tuple[int, int, int], rows: Tuple[int, ...] = rows, axis: int = request_axis) -> int:
                 return rows[grid[axis]]
         audit.register_tensor(name, value, owner)
     return audit

@@ -38,7 +38,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from kvfence.contract import MEMBERS, Contract, Option
 from kvfence.errors import BadInput, printable
@@ -83,8 +83,8 @@ def call_limit(max_seconds: Optional[float] = None) -> float:
 
 
 # -- inside a process that runs the contract's code -------------------------------------------------------------
-_STACK: List[tuple] = []  # (contract, method) of the calls in progress, outermost first
-_LAST: List[tuple] = []  # the last call that returned
+_STACK: List[tuple[Any, ...]] = []  # (contract, method) of the calls in progress, outermost first
+_LAST: List[tuple[Any, ...]] = []  # the last call that returned
 _WHERE: List[int] = []  # the breadcrumb file's descriptor, in a child
 _CONVERT = [True]  # whether an exit or interrupt from the contract's code is a ContractFault here
 
@@ -114,7 +114,7 @@ def fault(contract: str, method: str, what: str) -> ContractFault:
 
 
 @contextlib.contextmanager
-def calling(contract: str, method: str):
+def calling(contract: str, method: str) -> Iterator[None]:
     """Run the block as a call into ``contract``'s ``method`` (see the module docstring). In a checking worker
     (``convert_exits(False)``: its supervisor tells a kernel's exit from a contract's) it only notes where an
     exception rose."""
@@ -138,7 +138,7 @@ def calling(contract: str, method: str):
     except BaseException as exc:
         if getattr(exc, "kvfence_raised_in", None) is None:
             try:
-                exc.kvfence_raised_in = (contract, method)
+                setattr(exc, "kvfence_raised_in", (contract, method))  # noqa: B010 (an attribute no exception type declares)
             except AttributeError:
                 pass
         raise
@@ -147,15 +147,15 @@ def calling(contract: str, method: str):
         _mark()
 
 
-def _guarded_callable(fn, contract: str, method: str):
-    def call(*args, **kwargs):
+def _guarded_callable(fn: Callable[..., Any], contract: str, method: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
         with calling(contract, method):
             return fn(*args, **kwargs)
 
     return call
 
 
-def _guarded_strategy(strategy, contract: str):
+def _guarded_strategy(strategy: Any, contract: str) -> Any:
     """``strategy`` drawn under ``calling`` (a composite strategy around it), or itself when it is none."""
     from hypothesis import strategies as st
     from hypothesis.strategies import SearchStrategy
@@ -164,14 +164,14 @@ def _guarded_strategy(strategy, contract: str):
         return strategy
 
     @st.composite
-    def drawn(draw):
+    def drawn(draw: st.DrawFn) -> Any:
         with calling(contract, "cases() strategy (drawing a case)"):
             return draw(strategy)
 
     return drawn()
 
 
-def guard(record, contract: str):
+def guard(record: Any, contract: str) -> Any:
     """``record`` (a plug-in's) with every member it defines run under ``calling``: its class is swapped for a
     subclass that wraps them (same name, no new slots); members it inherits from ``Contract`` are kvfence's code
     and stay as they are, so ``type(record).<method> is Contract.<method>`` still tells what it defines."""
@@ -196,16 +196,16 @@ def guard(record, contract: str):
     return record
 
 
-def _parent_attr(self, member: str):
+def _parent_attr(self: Any, member: str) -> Any:
     return getattr(super(_guarded_class(self), self), member)
 
 
-def _guarded_class(self):
+def _guarded_class(self: Any) -> type:
     return next(k for k in type(self).__mro__ if k.__dict__.get("_kvfence_guarded"))
 
 
-def _method(member: str, contract: str):
-    def method(self, *args, **kwargs):
+def _method(member: str, contract: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         with calling(contract, f"{member}()"):
             out = _parent_attr(self, member)(*args, **kwargs)
         return _guarded_strategy(out, contract) if member == "cases" else out
@@ -214,8 +214,8 @@ def _method(member: str, contract: str):
     return method
 
 
-def _member(member: str, contract: str):
-    def read(self):
+def _member(member: str, contract: str) -> property:
+    def read(self: Any) -> Any:
         with calling(contract, f"{member} (reading it)"):
             value = vars(self)[member] if member in getattr(self, "__dict__", {}) else _parent_attr(self, member)
         if member == "sizings" and isinstance(value, Mapping):
@@ -287,7 +287,7 @@ def in_child() -> bool:
     return bool(_STATUS)
 
 
-def report(answer: dict) -> None:
+def report(answer: dict[str, Any]) -> None:
     """The child's answer (``{"exit": code, ...}``), written once the command returned (all or nothing)."""
     if not _STATUS:
         return

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from kvfence.errors import require
+from kvfence.errors import BadInput, require
 
 #: Fraction of free device memory the default budget takes (split between ``--jobs`` processes).
 DEFAULT_FRACTION = 0.6
@@ -21,7 +21,8 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 def parse_size(text: str) -> int:
     """``"8G"``, ``"512MiB"``, ``"1.5g"`` or a plain byte count -> bytes (``BadInput`` otherwise)."""
     m = _SIZE.match(str(text))
-    require(m is not None, f"--max-gpu-mem {text!r}: expected a size such as 8G, 512M or a byte count")
+    if m is None:
+        raise BadInput(f"--max-gpu-mem {text!r}: expected a size such as 8G, 512M or a byte count")
     value = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()[:1]]
     require(value >= 1, f"--max-gpu-mem {text!r} must be at least one byte")
     return int(value)

@@ -34,7 +34,7 @@ import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import unquote, urlsplit
 
 from hypothesis import strategies as st
@@ -77,11 +77,13 @@ def parse_shard(text: str, environ: Optional[Mapping[str, str]] = None) -> Shard
         count = None
         if text != "auto":
             match = re.match(r"^auto/(\d+)$", text)
-            require(match is not None and int(match.group(1)) >= 1, f"--shard {text!r}: expected auto or auto/N")
+            if match is None or int(match.group(1)) < 1:
+                raise BadInput(f"--shard {text!r}: expected auto or auto/N")
             count = int(match.group(1))
         return shard_from_scheduler(os.environ if environ is None else environ, count)
     match = _SHARD.match(text)
-    require(match is not None, f"--shard {text!r}: expected I/N, e.g. 1/4 (shards are numbered 1..N), or auto")
+    if match is None:
+        raise BadInput(f"--shard {text!r}: expected I/N, e.g. 1/4 (shards are numbered 1..N), or auto")
     index, count = int(match.group(1)), int(match.group(2))
     require(count >= 1, f"--shard {text}: N must be at least 1")
     require(1 <= index <= count, f"--shard {text}: I must be in 1..{count} (shards are numbered 1..N)")
@@ -116,16 +118,18 @@ def shard_from_scheduler(environ: Mapping[str, str], count: Optional[int] = None
         first = _env_int(environ, "SLURM_ARRAY_TASK_MIN")
         step = _env_int(environ, "SLURM_ARRAY_TASK_STEP") or 1
         total = _env_int(environ, "SLURM_ARRAY_TASK_COUNT")
-        require(first is not None and total is not None and total >= 1,
-                "--shard auto: a Slurm array task needs SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_COUNT")
+        if first is None or total is None or total < 1:
+            raise BadInput("--shard auto: a Slurm array task needs SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_COUNT")
         require(count is None or count == total, f"--shard auto/{count}: the Slurm array has {total} tasks")
         require(slurm >= first and (slurm - first) % step == 0,
                 f"--shard auto: SLURM_ARRAY_TASK_ID={slurm} is not in the array {first}..(step {step})")
         index = (slurm - first) // step + 1
         require(index <= total, f"--shard auto: SLURM_ARRAY_TASK_ID={slurm} is task {index} of {total}")
         return Shard(index, total)
-    require(count is not None, "--shard auto: a Kubernetes Indexed Job exports JOB_COMPLETION_INDEX but not the "
-                               "completion count; give --shard auto/N with N = .spec.completions")
+    assert k8s is not None  # neither-nor and both are refused above
+    if count is None:
+        raise BadInput("--shard auto: a Kubernetes Indexed Job exports JOB_COMPLETION_INDEX but not the "
+                       "completion count; give --shard auto/N with N = .spec.completions")
     require(k8s < count, f"--shard auto/{count}: JOB_COMPLETION_INDEX={k8s} is not below {count}")
     return Shard(k8s + 1, count)
 
@@ -161,7 +165,8 @@ def shard_cells(shard: Shard, domains: Sequence[Sequence[int]]) -> Tuple[Tuple[T
     return tuple(mine), len(grid)
 
 
-def shard_draws(shard: Shard, build: Callable, fields: Dict[str, Sequence], contract: str = "?"):
+def shard_draws(shard: Shard, build: Callable[..., Any], fields: Dict[str, Sequence[Any]], contract: str = "?"
+                ) -> Tuple[st.SearchStrategy[Any], dict[str, Any]]:
     """A strategy drawing only from ``shard``'s config cells, and a description of the part.
 
     ``fields`` (the contract's ``shard_fields``) maps each field a shard deals out to the values it takes,
@@ -186,7 +191,7 @@ def shard_draws(shard: Shard, build: Callable, fields: Dict[str, Sequence], cont
     index = st.integers(0, len(usable) - 1)
 
     @st.composite
-    def sharded(draw):
+    def sharded(draw: st.DrawFn) -> Any:
         return draw(strategies[usable[draw(index)]])
 
     info = {"shard": str(shard), "cells": len(usable), "of_cells": total, "unfit_cells": unfit,
@@ -194,7 +199,7 @@ def shard_draws(shard: Shard, build: Callable, fields: Dict[str, Sequence], cont
     return sharded(), info
 
 
-def _why(build: Callable, cell: dict) -> str:
+def _why(build: Callable[..., Any], cell: dict[str, Any]) -> str:
     try:
         build(**cell)
     except BadInput as exc:
@@ -243,27 +248,28 @@ def parse_database(text: str, what: str = "--database") -> DatabaseSpec:
             f"{where}: unsupported scheme {parts.scheme!r}; use none, a directory or redis://HOST:PORT/DB")
     require(not parts.query and not parts.fragment, f"{where}: unexpected ?query or #fragment")
     host = parts.hostname
-    require(bool(host), f"{where}: no host (expected redis://HOST:PORT/DB)")
-    path = parts.path.strip("/")
-    require(path == "" or path.isdigit(), f"{where}: the database must be a number, got {path!r}")
+    if not host:
+        raise BadInput(f"{where}: no host (expected redis://HOST:PORT/DB)")
+    database = parts.path.strip("/")
+    require(database == "" or database.isdigit(), f"{where}: the database must be a number, got {database!r}")
     username, _, password = userinfo.partition(":")
     require(username == "", f"{where}: Redis URLs take a password only (the password goes before the @ after a colon, "
                             "or in KVFENCE_REDIS_PASSWORD)")
     port = REDIS_DEFAULT_PORT if port is None else port
     require(1 <= port <= 65535, f"{where}: port {port} out of range")
-    db = int(path) if path else 0
+    db = int(database) if database else 0
     display = f"redis://{host}:{port}/{db}"
     # KVFENCE_REDIS_PASSWORD keeps the password off the command line (docs/security.md, "Secrets").
-    password = unquote(password) if at and password else os.environ.get(REDIS_PASSWORD_ENV) or None
-    return DatabaseSpec("redis", display, what, host=host, port=port, db=db, password=password)
+    secret = unquote(password) if at and password else os.environ.get(REDIS_PASSWORD_ENV) or None
+    return DatabaseSpec("redis", display, what, host=host, port=port, db=db, password=secret)
 
 
-def default_database(out_dir) -> str:
+def default_database(out_dir: Union[str, Path]) -> str:
     """``--database`` when none is given: next to the run's outputs, so a re-run replays its failures."""
     return str(Path(out_dir) / DEFAULT_DIR_NAME)
 
 
-def open_database(spec: DatabaseSpec):
+def open_database(spec: DatabaseSpec) -> Optional[CampaignDatabase]:
     """The Hypothesis ``ExampleDatabase`` for ``spec`` (``None`` for ``none``), as a ``CampaignDatabase``.
     A directory is created; a Redis server is pinged first, so an unreachable one is one line and exit 2
     before any work."""
@@ -271,6 +277,8 @@ def open_database(spec: DatabaseSpec):
         return None
     if spec.kind == "directory":
         from hypothesis.database import DirectoryBasedExampleDatabase
+
+        assert spec.path is not None  # a directory spec always has one (parse_database)
 
         try:
             spec.path.mkdir(parents=True, exist_ok=True)
@@ -298,7 +306,7 @@ def open_database(spec: DatabaseSpec):
 
 
 # -- database key -------------------------------------------------------------------------------------
-def database_key(*, kernel: str, sizing: str, domain: dict) -> bytes:
+def database_key(*, kernel: str, sizing: str, domain: dict[str, Any]) -> bytes:
     """The example-database key of a fuzz target: sha384 of canonical JSON of the kernel spec, the
     sizing spec, ``KEY_VERSION`` and ``domain`` (everything that changes what a choice sequence means).
 
@@ -310,7 +318,7 @@ def database_key(*, kernel: str, sizing: str, domain: dict) -> bytes:
     return hashlib.sha384(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
-def apply_database_key(test, inner, key: bytes) -> None:
+def apply_database_key(test: Any, inner: Any, key: bytes) -> None:
     """Make Hypothesis store ``test``'s examples under ``key``.
 
     ``test`` is what ``@given`` returned and ``inner`` the function it wraps. Hypothesis (checked on
@@ -323,15 +331,16 @@ def apply_database_key(test, inner, key: bytes) -> None:
     test._hypothesis_internal_database_key = key
 
 
-def stored_failures(database, key: bytes) -> int:
+def stored_failures(database: Optional[ExampleDatabase], key: bytes) -> int:
     """How many minimal failing examples the database holds under ``key`` (Hypothesis replays these first)."""
     if database is None:
         return 0
     return sum(1 for _ in database.fetch(key))
 
 
-def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict], hypothesis_seed,
-                  stored: int) -> dict:
+def summary_block(spec: DatabaseSpec, key: Optional[bytes], shard_info: Optional[dict[str, Any]],
+                  hypothesis_seed: Optional[int],
+                  stored: int) -> dict[str, Any]:
     """What ``summary.json`` records about the campaign: where examples live, under which key, the shard."""
     return {"host": platform.node(), "database": spec.display, "database_key": key.hex()[:24] if key else None,
             "stored_failures_at_start": stored, "shard": shard_info, "hypothesis_seed": hypothesis_seed}
@@ -351,37 +360,37 @@ class CampaignDatabase(ExampleDatabase):
     update, no per-run state in a shared Redis) and pareto fetches come back empty.
     """
 
-    def __init__(self, inner, prefix: bytes = b""):
+    def __init__(self, inner: ExampleDatabase, prefix: bytes = b"") -> None:
         super().__init__()
         self.inner, self.prefix = inner, prefix
 
     def __repr__(self) -> str:
         return f"CampaignDatabase({self.inner!r}, prefix={self.prefix!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, CampaignDatabase) and (self.inner, self.prefix) == (other.inner, other.prefix)
 
     def __hash__(self) -> int:
         return hash(self.prefix)
 
-    def fetch(self, key):
+    def fetch(self, key: bytes) -> Iterable[bytes]:
         return iter(()) if key.endswith(PARETO_SUFFIX) else self.inner.fetch(self.prefix + key)
 
-    def save(self, key, value):
+    def save(self, key: bytes, value: bytes) -> None:
         if not key.endswith(PARETO_SUFFIX):
             self.inner.save(self.prefix + key, value)
 
-    def delete(self, key, value):
+    def delete(self, key: bytes, value: bytes) -> None:
         if not key.endswith(PARETO_SUFFIX):
             self.inner.delete(self.prefix + key, value)
 
-    def move(self, src, dest, value):
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         if src.endswith(PARETO_SUFFIX) or dest.endswith(PARETO_SUFFIX):
             return
         self.inner.move(self.prefix + src, self.prefix + dest, value)
 
 
-def pytest_database(text: str, *, kernel: str, sizing: str):
+def pytest_database(text: str, *, kernel: str, sizing: str) -> Optional[CampaignDatabase]:
     """The database the property tests use under ``KVFENCE_DATABASE`` (same syntax as ``--database``).
 
     Hypothesis keys each test by its source; the prefix adds the session's ``--kernel`` and

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from typing import Iterator
 
 
 @contextlib.contextmanager
-def collector_paused():
+def collector_paused() -> Iterator[None]:
     """Hold off automatic cyclic collection for the ``with`` block (a capture); what was garbage before is
     collected at the next automatic collection after it, outside the capture."""
     enabled = gc.isenabled()

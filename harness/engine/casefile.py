@@ -33,8 +33,9 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple, Union
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine import kernels, registry
 from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding, Kind
@@ -56,7 +57,7 @@ _TOP_KEYS = {MARKER, "contract", "case", "device", "source", "sizing", "findings
 CONTRACT_CASE_FORMAT = "kvfence-contract-case/1"
 
 
-def _is_int(x) -> bool:
+def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -78,15 +79,15 @@ def _kvfence_version() -> str:
 
     try:
         with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as fh:
-            return tomllib.load(fh)["project"]["version"] + " (source)"
+            return str(tomllib.load(fh)["project"]["version"]) + " (source)"
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return "unknown"
 
 
-_VERSIONS: Optional[dict] = None
+_VERSIONS: Optional[dict[str, Any]] = None
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     """Tool versions, from package metadata (never imports triton: the device choice precedes that)."""
     global _VERSIONS
     if _VERSIONS is None:
@@ -97,7 +98,7 @@ def versions() -> dict:
 
 
 # -- Hypothesis blob -----------------------------------------------------------------------------------
-def hypothesis_blob() -> dict:
+def hypothesis_blob() -> dict[str, Any]:
     """The ``@reproduce_failure`` decorator of the example Hypothesis is running now, or why there is none.
 
     Called from inside a test body: the build context's choices are the ones drawn for this example
@@ -149,12 +150,13 @@ def current_choices() -> Optional[bytes]:
 
 
 # -- case files ----------------------------------------------------------------------------------------
-def case_hash(case) -> str:
+def case_hash(case: Launch[Any]) -> str:
     """Short sha256 of the launch's contract and record: the case file's name."""
     return launches.digest(registry.get(case.contract), case)[:HASH_CHARS]
 
 
-def document(case, findings: List[Finding], *, device: str, source: str, extras: Optional[dict] = None) -> dict:
+def document(case: Launch[Any], findings: List[Finding], *, device: str, source: str,
+             extras: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     record = registry.get(case.contract)
     try:
         sizing = {k: v for k, v in launches.summary(record, case).items() if k not in ("config", "case")}
@@ -192,8 +194,9 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def write_case(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: str = "cpu",
-               source: str = "fuzz", extras: Optional[dict] = None) -> Path:
+def write_case(case: Launch[Any], findings: List[Finding], *, out_dir: Union[str, Path] = DEFAULT_OUT,
+               device: str = "cpu",
+               source: str = "fuzz", extras: Optional[dict[str, Any]] = None) -> Path:
     """Write the case file under ``out_dir/cases/<hash>.json`` and return its path."""
     folder = Path(out_dir) / CASES_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -203,13 +206,13 @@ def write_case(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: st
     return path
 
 
-def sizing_is_plugin(record, spec: str) -> bool:
+def sizing_is_plugin(record: Contract[Any], spec: str) -> bool:
     """A sizing spec naming user code (not one of the contract's named policies nor a release's shipped sizing),
     which a case file never makes kvfence import: ``repro`` asks for it again."""
     return not launches.named(record, spec) and launches.is_plugin_spec(spec)
 
 
-def legacy_contract(data: dict) -> str:
+def legacy_contract(data: dict[str, Any]) -> str:
     """The contract of a record written before case files and summaries named one (every such record is the draft
     kernel's): the one of kvfence's own contracts whose ``from_json`` reads its case (``BadInput`` unless exactly
     one does)."""
@@ -228,7 +231,7 @@ def legacy_contract(data: dict) -> str:
     return readers[0]
 
 
-def repro_command(path, kernel: str, sizing: str, contract: str) -> str:
+def repro_command(path: Union[str, Path], kernel: str, sizing: str, contract: str) -> str:
     """The command that replays the case file ``path`` found with ``kernel`` and ``sizing``.
 
     A case file's plug-ins are data that ``repro`` never imports on its own (kvfence.engine.repro), so
@@ -244,12 +247,12 @@ def repro_command(path, kernel: str, sizing: str, contract: str) -> str:
     return shlex.join(words)
 
 
-def case_repro_command(path, case) -> str:
+def case_repro_command(path: Union[str, Path], case: Launch[Any]) -> str:
     """``repro_command`` for a case file holding ``case`` (a launch)."""
     return repro_command(path, case.kernel, case.sizing, case.contract)
 
 
-def record_repro_command(path, record: dict) -> str:
+def record_repro_command(path: Union[str, Path], record: dict[str, Any]) -> str:
     """``repro_command`` for a summary's case record (``kvfence.engine.summary.case_record``)."""
     sizing = record.get("sizing") or (record.get("config") or {}).get("sizing", "safe")
     return repro_command(path, record.get("kernel", "reference"), sizing,
@@ -262,23 +265,24 @@ class CaseFile:
     """A loaded, validated case file."""
 
     path: Path
-    case: object
+    case: Launch[Any]
     findings: List[Finding]
     device: str
     source: str
-    sizing: dict
-    versions: dict
-    extras: dict = field(default_factory=dict)
+    sizing: dict[str, Any]
+    versions: dict[str, Any]
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _triple_list(value, what: str) -> List[Tuple]:
-    require(isinstance(value, list), f"{what} must be a list")
+def _triple_list(value: object, what: str) -> List[Tuple[Any, ...]]:
+    if not isinstance(value, list):
+        raise BadInput(f"{what} must be a list")
     for item in value:
         require(isinstance(item, list) and len(item) == 3, f"{what} entries must be lists of 3, got {item!r}")
     return value
 
 
-def finding_from_dict(d, where: str, kinds=()) -> Finding:
+def finding_from_dict(d: Any, where: str, kinds: Iterable[str] = ()) -> Finding:
     """``Finding.from_dict`` with every field type-checked first (``BadInput`` names the field); ``kinds``: the
     contract's own kinds a finding may carry."""
     require(isinstance(d, dict), f"{where} must be a JSON object")
@@ -308,7 +312,7 @@ def finding_from_dict(d, where: str, kinds=()) -> Finding:
     return Finding.from_dict(d, kinds)
 
 
-def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
+def parse_json_file(path: Union[str, Path], what: str, max_bytes: int = MAX_BYTES) -> Any:
     """Read and parse a JSON file; every failure (missing, unreadable, too large, not JSON) is ``BadInput``."""
     import stat
 
@@ -328,7 +332,7 @@ def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
     require(len(raw) <= max_bytes, f"{what} {path}: larger than {max_bytes} bytes")
     require(raw.strip(), f"{what} {path}: file is empty")
 
-    def no_constants(name):
+    def no_constants(name: str) -> NoReturn:
         raise BadInput(f"{what} {path}: {name} is not valid JSON")
 
     try:
@@ -345,7 +349,7 @@ def parse_json_file(path, what: str, max_bytes: int = MAX_BYTES):
         raise BadInput(f"{what} {path}: JSON nested too deeply") from None
 
 
-def _from_contract_case(doc: dict, path) -> dict:
+def _from_contract_case(doc: dict[str, Any], path: Union[str, Path]) -> dict[str, Any]:
     """A ``kvfence-contract-case/1`` document as this schema's (its fields, renamed)."""
     require(isinstance(doc.get("contract"), str), f"case file {path}: contract must be a string")
     case = {key: doc.get(key) for key in ("case", "width", "sizing", "kernel", "mode") if key in doc}
@@ -353,7 +357,7 @@ def _from_contract_case(doc: dict, path) -> dict:
             "source": "fuzz", "findings": doc.get("findings", [])}
 
 
-def from_document(doc, path="<memory>") -> CaseFile:
+def from_document(doc: Any, path: Union[str, Path] = "<memory>") -> CaseFile:
     """Validate a parsed case-file document (see the module docstring for the schema)."""
     require(isinstance(doc, dict), f"case file {path}: top level must be a JSON object")
     if doc.get("format") == CONTRACT_CASE_FORMAT:
@@ -390,7 +394,7 @@ def from_document(doc, path="<memory>") -> CaseFile:
                     doc.get("versions", {}), doc.get("extras", {}))
 
 
-def contract_named(path) -> List[str]:
+def contract_named(path: Union[str, Path]) -> List[str]:
     """The contract a case file or summary names, read as data: ``[name]``, or ``[]`` for a file that cannot be
     read or names none (reading it for real says why, in one line)."""
     try:
@@ -401,13 +405,14 @@ def contract_named(path) -> List[str]:
     return [name] if isinstance(name, str) else []
 
 
-def load_case(path) -> CaseFile:
+def load_case(path: Union[str, Path]) -> CaseFile:
     """Load and validate a case file; ``BadInput`` (one line naming the problem) on anything wrong."""
     return from_document(parse_json_file(path, "case file"), path)
 
 
 # -- pytest --------------------------------------------------------------------------------------------
-def raise_on_findings(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, device: Optional[str] = None,
+def raise_on_findings(case: Launch[Any], findings: List[Finding], *, out_dir: Union[str, Path] = DEFAULT_OUT,
+                      device: Optional[str] = None,
                       limit: int = 12) -> None:
     """For property tests: if ``findings``, write the case file and raise ``AssertionError``.
 
@@ -426,7 +431,7 @@ def raise_on_findings(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, dev
         from kvfence.device import interpreting
 
         device = "cpu" if interpreting() else "cuda"
-    extras = {"hypothesis": hypothesis_blob()}
+    extras: Dict[str, Any] = {"hypothesis": hypothesis_blob()}
     test = os.environ.get("PYTEST_CURRENT_TEST")
     if test:
         extras["pytest"] = test.rsplit(" (", 1)[0]
@@ -434,7 +439,7 @@ def raise_on_findings(case, findings: List[Finding], *, out_dir=DEFAULT_OUT, dev
     raise AssertionError(f"{message}\ncase file: {path}\nrepro: {case_repro_command(path, case)}")
 
 
-def format_failure(case, findings: List[Finding], limit: int = 8) -> str:
+def format_failure(case: Launch[Any], findings: List[Finding], limit: int = 8) -> str:
     lines = [f"{len(findings)} finding(s) for {launches.describe(registry.get(case.contract), case, full=True)}"]
     lines += ["  " + f.headline() for f in findings[:limit]]
     if len(findings) > limit:

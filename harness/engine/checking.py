@@ -17,21 +17,24 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
-from kvfence.contract import Launch
+from kvfence.contract import Checker, Contract, Launch
 from kvfence.engine import kernels
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.launch import table_bytes
 from kvfence.engine.record_check import fail, require_well_formed
 from kvfence.errors import BadInput
 
+if TYPE_CHECKING:  # annotations only: the plan's module is the front end's
+    from kvfence.engine.plan import RunPlan
+
 #: Bytes one launch's tables may take when the run sets no budget (``--max-gpu-mem``): a case file holding a
 #: 2**30-token context is refused in one line instead of allocating gigabytes.
 DEFAULT_MAX_BYTES = 1 << 30
 
 
-def arithmetic_findings(record, launch: Launch) -> List[Finding]:
+def arithmetic_findings(record: Contract[Any], launch: Launch[Any]) -> List[Finding]:
     """What the case and width decide before any launch: ``SIZING_VIOLATION`` and the contract's own."""
     out: List[Finding] = []
     need = record.need(launch)
@@ -41,7 +44,7 @@ def arithmetic_findings(record, launch: Launch) -> List[Finding]:
     return out + list(record.findings_before_launch(launch))
 
 
-def require_fits(record, launch: Launch, max_bytes: Optional[int]) -> None:
+def require_fits(record: Contract[Any], launch: Launch[Any], max_bytes: Optional[int]) -> None:
     """``BadInput`` (one line) when the launch's tables would take more than ``max_bytes`` (before any is built)."""
     limit = max_bytes or DEFAULT_MAX_BYTES
     size = table_bytes(record, launch)
@@ -50,8 +53,9 @@ def require_fits(record, launch: Launch, max_bytes: Optional[int]) -> None:
                        f"{limit / 2**20:.0f} MiB one case may take (--max-gpu-mem); nothing was allocated")
 
 
-def check_launch(record, kernel, launch: Launch, device: str, *, audit: bool = False, absorb: bool = True,
-                 max_bytes: Optional[int] = None, keep: Optional[dict] = None) -> List[Finding]:
+def check_launch(record: Contract[Any], kernel: Any, launch: Launch[Any], device: str, *, audit: bool = False,
+                 absorb: bool = True,
+                 max_bytes: Optional[int] = None, keep: Optional[dict[str, Any]] = None) -> List[Finding]:
     """The findings of one launch (see the module docstring). ``keep``: filled with the buffers and their
     before/after snapshots, for ``repro --verbose``."""
     from kvfence.engine import tables as guarded
@@ -116,8 +120,8 @@ class TableChecker:
     """The engine's checker of one contract on one device (``Contract.checker`` returning None gets it):
     each launch through ``check_launch`` with the kernel its spec names, resolved once per spec."""
 
-    def __init__(self, record, device: str, *, audit: Optional[bool] = None, absorb: bool = True,
-                 max_bytes: Optional[int] = None):
+    def __init__(self, record: Contract[Any], device: str, *, audit: Optional[bool] = None, absorb: bool = True,
+                 max_bytes: Optional[int] = None) -> None:
         from kvfence.engine.audit import resolve_audit
 
         self.record, self.device = record, device
@@ -126,9 +130,9 @@ class TableChecker:
         if not absorb and device != "cuda" and not self.audit:
             raise BadInput("--no-absorb on the CPU needs the address audit: a wild store would write host memory")
         self.stats = {"launches": 0, "compiles": 0}
-        self._compiled: set = set()
+        self._compiled: set[Any] = set()
 
-    def check(self, launch: Launch, keep: Optional[dict] = None) -> List[Finding]:
+    def check(self, launch: Launch[Any], keep: Optional[dict[str, Any]] = None) -> List[Finding]:
         kernel = kernels.resolve(self.record, launch.kernel)
         self.stats["launches"] += 1
         key = (launch.kernel, launch.mode, self.record.keys(launch).compile)
@@ -139,7 +143,8 @@ class TableChecker:
                             max_bytes=self.max_bytes, keep=keep)
 
 
-def checker_for(record, plan):
+def checker_for(record: Contract[Any], plan: RunPlan) -> Checker:
+
     """The checker a run of ``plan`` uses for ``record``: the contract's own, else the engine's."""
     own = record.checker(plan)
     if own is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 #: Environment variable that carries the command's start (epoch seconds) to its child processes.
 START_ENV = "KVFENCE_COMMAND_START"
@@ -48,7 +48,7 @@ def command_start() -> float:
 
 
 @contextlib.contextmanager
-def command_clock():
+def command_clock() -> Iterator[float]:
     """For the duration of one top-level command: its start, recorded in ``START_ENV`` for every child it
     starts. The variable is restored afterwards, so a process that runs commands in-process (a test calling
     ``cli.main``) leaks no stale start into processes it starts later; a second command in one process

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 
 class Kind(str, enum.Enum):
@@ -70,27 +70,27 @@ ARITHMETIC_KINDS = frozenset({"SIZING_VIOLATION", "HOST_CHECK_FIRED", "HOST_CHEC
                               "HOST_CHECK_REJECTS_FIT"})
 
 
-def observed(record, kind: str) -> bool:
+def observed(record: object, kind: str) -> bool:
     """Whether ``kind`` is seen in what a kernel did (not decided by arithmetic before the launch): kvfence's own
     kinds but ``ARITHMETIC_KINDS``, and a contract's own kinds it declares observed."""
     declared = next((k for k in getattr(record, "kinds", ()) if k.name == kind), None)
     return declared.observed if declared is not None else kind not in ARITHMETIC_KINDS
 
 
-def closest_kind(name: str, kinds) -> Optional[str]:
+def closest_kind(name: str, kinds: Iterable[str]) -> Optional[str]:
     """The kind a misspelt or guessed kind name most likely means (``WRONG_VALUE``: ``VALUE_MISMATCH``): a close
     spelling first, else the kind sharing most of its words; None when nothing is near."""
-    kinds = sorted(kinds)
-    close = difflib.get_close_matches(name, kinds, n=1, cutoff=0.75)
+    names = sorted(kinds)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
     if close:
         return close[0]
     words = set(name.upper().split("_"))
-    shared = [(len(words & set(k.split("_"))), k) for k in kinds]
+    shared: List[Tuple[int, Optional[str]]] = [(len(words & set(k.split("_"))), k) for k in names]
     best = max(shared, key=lambda pair: pair[0], default=(0, None))
     return best[1] if best[0] else None
 
 
-def kind_of(value: str, declared=()) -> "Kind | ContractKind":
+def kind_of(value: str, declared: Iterable[str] = ()) -> "Kind | ContractKind":
     """The kind ``value`` names: a common ``Kind``, or one of ``declared`` (a contract's own kinds);
     ``ValueError`` for any other."""
     if value in declared:
@@ -133,20 +133,20 @@ class Finding:
     as ``request 2, block 5``; empty: bare coordinates ``(0,1,2)``.
     """
 
-    kind: Kind
+    kind: Kind | ContractKind
     buffer: str
     region: str
     start: int = 0
     stop: int = 0
     samples: List[Tuple[int, Optional[int], Optional[int]]] = field(default_factory=list)
-    programs: List[Tuple[int, int, int]] = field(default_factory=list)
+    programs: List[Tuple[int, ...]] = field(default_factory=list)  # grid coordinates: (s, b, k) for the draft
     detail: str = ""
-    writers: List[Tuple[int, int, int]] = field(default_factory=list)
+    writers: List[Tuple[int, ...]] = field(default_factory=list)
     #: Structured facts of findings from outside tools (compute-sanitizer: access, address, thread, ...).
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     owner_names: Tuple[str, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Programs given as a contract's named tuples: their names kept, the programs plain tuples (a finding
         # crosses processes as data, never as a contract module's type).
         named = next((p for p in [*self.programs, *self.writers] if hasattr(p, "_fields")), None)
@@ -160,7 +160,7 @@ class Finding:
     def count(self) -> int:
         return self.stop - self.start
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["kind"] = self.kind.value
         d["count"] = self.count
@@ -174,7 +174,7 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, kinds=()) -> "Finding":
+    def from_dict(cls, d: dict[str, Any], kinds: Iterable[str] = ()) -> "Finding":
         """The finding ``to_dict`` wrote; ``kinds``: the contract's own kinds it may carry."""
         return cls(
             kind=kind_of(d["kind"], kinds),

@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Literal, Optional, Union
 
 from kvfence.engine import casefile
 from kvfence.engine import run as pipeline
@@ -26,6 +26,11 @@ from kvfence.engine.clock import budget_left, command_start, since_start
 from kvfence.engine.plan import RunPlan
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
 from kvfence.provenance import stamped
+
+if TYPE_CHECKING:  # annotations only: the run's modules are imported where the run needs them
+    from kvfence.engine.campaign import DatabaseSpec
+    from kvfence.engine.keepgoing import Failure
+    from kvfence.engine.result import FuzzResult
 
 #: How the first verdict begins on stderr (benchmarks/first_verdict.py times the command to this line).
 FIRST_FAILURE = "kvfence: first failure"
@@ -46,11 +51,11 @@ class Outputs:
     program: str = "python -m kvfence"
     progress_file: Optional[Path] = None
     stop_file: Optional[Path] = None
-    render: Optional[Callable] = None  # (doc, out_dir) -> {"md", "html", "plot_skipped"}: report.md / .html
-    table: Optional[Callable] = None  # (doc, program) -> the summary table printed at the end
+    render: Optional[Callable[..., Any]] = None  # (doc, out_dir) -> {"md", "html", "plot_skipped"}: report.md / .html
+    table: Optional[Callable[..., Any]] = None  # (doc, program) -> the summary table printed at the end
 
 
-def output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
+def output_failure(path: Union[str, Path], exc: OSError, doc: Optional[dict[str, Any]] = None) -> BadInput:
     """The one-line error for an output that cannot be written (full disk, read-only filesystem, ...): the path,
     the errno, and where the run's findings already are (case files are written first)."""
     import errno as errno_mod
@@ -58,7 +63,7 @@ def output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
     name = errno_mod.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else type(exc).__name__
     text = f"cannot write {path}: {exc.strerror or exc} ({name})"
     cases = sorted((doc or {}).get("cases") or {})
-    if cases:
+    if doc is not None and cases:
         shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
         text += (f"; the run has {len(doc['findings'])} finding(s), saved before this in {len(cases)} case "
                  f"file(s): {shown}")
@@ -70,13 +75,13 @@ def output_failure(path, exc: OSError, doc: Optional[dict] = None) -> BadInput:
 class output_errors:
     """``with output_errors(path, doc):`` turns an ``OSError`` of writing ``path`` into ``output_failure``."""
 
-    def __init__(self, path, doc: Optional[dict] = None):
+    def __init__(self, path: Union[str, Path], doc: Optional[dict[str, Any]] = None) -> None:
         self.path, self.doc = path, doc
 
-    def __enter__(self):
+    def __enter__(self) -> "output_errors":
         return self
 
-    def __exit__(self, kind, exc, tb):
+    def __exit__(self, kind: object, exc: Optional[BaseException], tb: object) -> Literal[False]:
         if isinstance(exc, OSError):
             raise output_failure(self.path, exc, self.doc) from None
         return False
@@ -88,7 +93,7 @@ class Run:
     def __init__(self, plan: RunPlan, outputs: Outputs, say: Callable[[str], None], warn: Callable[[str], None]):
         self.plan, self.outputs, self.say, self.warn = plan, outputs, say, warn
         self.out_dir = Path(plan.out)
-        self.earlier = None
+        self.earlier: Optional[dict[str, Any]] = None
 
     # -- the whole run ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -123,14 +128,14 @@ class Run:
             run["campaign"] = campaign.summary_block(db_spec, db_key if database is not None else None, shard_info,
                                                      campaign.shard_seed(seed, shard),
                                                      campaign.stored_failures(database, db_key))
-            if hasattr(session, "wait_ready"):
+            if session is not None and hasattr(session, "wait_ready"):
                 session.wait_ready()  # resolves the kernel in the worker: BadInput here, before the first example
             return self._one(strategy, session, previous, run, database, db_key, db_spec)
         finally:
-            if hasattr(session, "close"):
+            if session is not None and hasattr(session, "close"):
                 session.close()
 
-    def _previous_summary(self) -> Optional[dict]:
+    def _previous_summary(self) -> Optional[dict[str, Any]]:
         """``--resume`` adds to the folder's summary.json: it must be readable (or absent) before any work."""
         where = self.out_dir / "summary.json"
         if not where.exists():
@@ -141,7 +146,8 @@ class Run:
             raise BadInput(f"--resume adds to {where}, which cannot be read: {exc}") from None
 
     # -- one process ----------------------------------------------------------------------------------------
-    def _one(self, strategy, session, previous, run: dict, database, db_key, db_spec) -> int:
+    def _one(self, strategy: Any, session: Any, previous: Optional[dict[str, Any]], run: dict[str, Any],
+             database: Any, db_key: bytes, db_spec: DatabaseSpec) -> int:
         from kvfence.engine.interrupt import exit_code_for, signals_interrupt
         from kvfence.engine.journal import Journal, recover
         from kvfence.engine.loop import fuzz
@@ -182,7 +188,8 @@ class Run:
         code = self._outputs(result, crashes, run, previous)
         return exit_code_for(result.interrupted) if result.interrupted else code
 
-    def _search(self, strategy, session, run, database, db_key, fuzz, Journal, signals_interrupt):
+    def _search(self, strategy: Any, session: Any, run: dict[str, Any], database: Any, db_key: bytes,
+                fuzz: Callable[..., FuzzResult], Journal: Any, signals_interrupt: Any) -> FuzzResult:
         from kvfence.engine.jobs import POLL_S, write_progress
         from kvfence.engine.progress import Progress
 
@@ -194,7 +201,8 @@ class Run:
         stop = None if outputs.stop_file is None else (lambda path=outputs.stop_file: os.path.exists(path))
         # SIGINT/SIGTERM end fuzz() cleanly (kvfence.engine.interrupt); the journal slot closes as on any exit.
         with Journal(self.out_dir, device=plan.device) as journal, signals_interrupt():
-            run_fuzz, wiring = fuzz, {"stop_requested": stop}
+            run_fuzz = fuzz
+            wiring: dict[str, Any] = {"stop_requested": stop}
             if plan.keep_going:  # phases until the budgets are spent; each new failure saved at once
                 from kvfence.engine.keepgoing import fuzz_keep_going
 
@@ -219,7 +227,7 @@ class Run:
                                max_seconds=None if left is None else max(left, SPENT_BUDGET_S))
 
     @staticmethod
-    def _phases(session, result) -> dict:
+    def _phases(session: Any, result: FuzzResult) -> dict[str, Any]:
         """Seconds from the command's start (kvfence.engine.clock) to the worker's ready and the first launch."""
 
         return {"startup_s": since_start(getattr(session, "ready_at", None)),
@@ -235,12 +243,12 @@ class Run:
             sys.stderr.write("\r\x1b[2K")  # the progress line goes first
         self.warn(f"{FIRST_FAILURE} {since_start(at):.2f}s into the command: {text}; shrinking it")
 
-    def _announcer(self):
+    def _announcer(self) -> Callable[[FuzzResult], None]:
         """``fuzz(on_first_failure=)`` for one process: the run's first failure only (``--keep-going`` runs
         phases, each with a first failure of its own, and saves each at once)."""
-        done = []
+        done: list[bool] = []
 
-        def announce(result) -> None:
+        def announce(result: FuzzResult) -> None:
             if not done:
                 done.append(True)
                 self.announce(result.first_failure_at, result.first_failure_text)
@@ -248,7 +256,7 @@ class Run:
         return announce
 
     # -- outputs ------------------------------------------------------------------------------------------
-    def _case_extras(self, run: dict, *, interrupted: Optional[str], shrink_cut: bool) -> dict:
+    def _case_extras(self, run: dict[str, Any], *, interrupted: Optional[str], shrink_cut: bool) -> dict[str, Any]:
         """What a fuzz case file records besides the case: how it was found and how far it was shrunk."""
         extras = {"fuzz": {"seed": run["seed"], "max_examples": self.plan.max_examples, "domain": run["domain"]}}
         if interrupted:
@@ -260,7 +268,7 @@ class Run:
                                 "note": "shrunk as far as it got within --shrink-seconds: the case may not be minimal"}
         return extras
 
-    def _save_failure(self, run: dict, failure) -> str:
+    def _save_failure(self, run: dict[str, Any], failure: Failure) -> str:
         """``--keep-going``: write one distinct failure's case file as soon as it is found; its path."""
         extras = self._case_extras(run, interrupted=failure.interrupted, shrink_cut=failure.shrink_cut)
         extras["hypothesis"] = failure.hypothesis or {"unavailable": "the final replay did not run"}
@@ -273,7 +281,8 @@ class Run:
             self.say(casefile.format_failure(failure.case, failure.findings, limit=20))  # the finding is never lost
             raise output_failure(where, exc, {"findings": failure.findings}) from None
 
-    def _outputs(self, result, crashes, run: dict, previous: Optional[dict]) -> int:
+    def _outputs(self, result: FuzzResult, crashes: List[Any], run: dict[str, Any],
+                 previous: Optional[dict[str, Any]]) -> int:
         """The run's outputs: case file, summary table, summary.json (and --json), report.md/html."""
 
         plan, out_dir = self.plan, self.out_dir
@@ -312,7 +321,7 @@ class Run:
                      "dropped)")
         return self.write_summary(doc, previous=previous)
 
-    def write_summary(self, doc: dict, *, previous: Optional[dict] = None) -> int:
+    def write_summary(self, doc: dict[str, Any], *, previous: Optional[dict[str, Any]] = None) -> int:
         """summary.json (and --json), report.md / report.html, the table on stdout; the exit code. With
         ``previous`` (``fuzz --resume``) the doc is added to that summary, and the exit code says whether this run
         found anything new."""
@@ -331,7 +340,7 @@ class Run:
         if self.outputs.json is not None:
             with output_errors(self.outputs.json, doc):
                 casefile.atomic_write_text(self.outputs.json, text)
-        if self.outputs.render is not None:
+        if self.outputs.render is not None and self.outputs.table is not None:  # the CLI gives both
             with output_errors(self.out_dir / "report.md", doc):
                 written = self.outputs.render(doc, self.out_dir)
             self.say("")
@@ -343,7 +352,7 @@ class Run:
         return EXIT_FINDINGS if new_findings else EXIT_CLEAN
 
     # -- --jobs ---------------------------------------------------------------------------------------------
-    def child_plans(self, seed: int, db_spec) -> list:
+    def child_plans(self, seed: int, db_spec: DatabaseSpec) -> list[Any]:
         """Each job's plan: the parent's, with its own seed, share of the example budget, folder and one job."""
         from kvfence.engine.jobs import job_dir
 
@@ -354,7 +363,7 @@ class Run:
         return [replace(plan, seed=seed + i, max_examples=share[i], jobs=1, host_jobs=jobs,
                         out=str(job_dir(self.out_dir, i)), database=db_spec.display) for i in range(jobs)]
 
-    def _jobs(self, run: dict, db_spec) -> int:
+    def _jobs(self, run: dict[str, Any], db_spec: DatabaseSpec) -> int:
         """``--jobs N``: N child fuzz processes (kvfence.engine.jobs), merged into one summary, report and case
         folder."""
         from kvfence.engine import campaign
@@ -415,7 +424,7 @@ class Run:
         return EXIT_FINDINGS if problems and code == EXIT_CLEAN else code
 
 
-def target_text(run: dict) -> str:
+def target_text(run: dict[str, Any]) -> str:
     """What a run checked, in one phrase: contract, kernel, sizing, mode and layout."""
     return (f"contract {run['contract']}, kernel {run['kernel']}, sizing {run['sizing']}, mode {run['mode']}, "
             f"layout {run.get('layout', 'redzone')}")

@@ -19,17 +19,17 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from typing import Optional
+from typing import Any, List, Optional
 
 #: Seconds the threads an import started get to finish in the probe.
 THREAD_SETTLE_S = 3.0
 
 
-def threads_now() -> set:
+def threads_now() -> set[Any]:
     return set(threading.enumerate())
 
 
-def settle(before: set) -> Optional[str]:
+def settle(before: set[Any]) -> Optional[str]:
     """Run out what an import left to run later (the module docstring); a problem (one line) or None."""
     started = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     deadline = time.monotonic() + THREAD_SETTLE_S
@@ -43,7 +43,7 @@ def settle(before: set) -> Optional[str]:
     return None
 
 
-def _main(argv) -> None:
+def _main(argv: List[str]) -> None:
     import importlib
     import os
     import signal

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from typing import List, Optional
+from types import FrameType
+from typing import Callable, Iterator, List, Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: Signals this process got (``defer`` and ``signals_interrupt`` remember them), oldest first.
@@ -37,10 +38,10 @@ def exit_code_for(signal_name: str) -> int:
 
 
 @contextlib.contextmanager
-def signals_interrupt():
+def signals_interrupt() -> Iterator[None]:
     """Inside the block, SIGINT and SIGTERM raise ``Interrupted``; the old handlers come back after."""
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
         _RECEIVED.append(signum)
         raise Interrupted(signum)
 
@@ -52,7 +53,7 @@ def signals_interrupt():
             signal.signal(sig, old)
 
 
-def _remember(signum, frame) -> None:
+def _remember(signum: int, frame: Optional[FrameType]) -> None:
     _RECEIVED.append(signum)
 
 
@@ -87,7 +88,8 @@ def raise_pending() -> None:
         raise Interrupted(_RECEIVED[0])
 
 
-def child_dies_with_parent(signum: int):
+def child_dies_with_parent(signum: int) -> Optional[Callable[[], None]]:
+
     """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``signum`` when this process dies, however
     it dies (Linux ``PR_SET_PDEATHSIG``, kept across exec), and exits at once if this process died before
     the child could ask; ``None`` where the platform has no such call (no orphan guard there)."""

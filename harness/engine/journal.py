@@ -19,8 +19,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
+from kvfence.contract import Launch
 from kvfence.engine import casefile, registry
 from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding, Kind
@@ -35,38 +36,44 @@ DONE = b"D"
 class Journal:
     """The in-flight slot of this process (see the module docstring). Use as a context manager."""
 
-    def __init__(self, out_dir, *, device: str, meta: dict | None = None):
+    def __init__(self, out_dir: Union[str, Path], *, device: str, meta: dict[str, Any] | None = None) -> None:
         self.folder = Path(out_dir) / JOURNAL_DIR
         require(not self.folder.exists() or self.folder.is_dir(),
                 f"{self.folder} exists and is not a directory: the run's crash journal goes there; move it away")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / f"{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._head = json.dumps({"device": device, "pid": os.getpid(), "started": round(time.time(), 3),
                                  **(meta or {})}, separators=(",", ":"))
-        os.pwrite(self.fd, DONE + b"\n", 0)
+        os.pwrite(self._slot(), DONE + b"\n", 0)
 
-    def _record(self, case, tail: str = "") -> str:
+    def _record(self, case: Launch[Any], tail: str = "") -> str:
         record = registry.get(case.contract)
         body = json.dumps(launches.to_record(record, case), separators=(",", ":"))
         return f'{{"run":{self._head},"contract":{json.dumps(record.name)},"case":{body}{tail}}}\n'
 
-    def begin(self, case) -> None:
-        """Record ``case`` as in flight (call right before launching it)."""
-        os.pwrite(self.fd, IN_FLIGHT + self._record(case).encode(), 0)
+    def _slot(self) -> int:
+        """The open slot's descriptor."""
+        if self.fd is None:
+            raise ValueError(f"the journal {self.path} is closed")
+        return self.fd
 
-    def begin_many(self, cases) -> None:
+    def begin(self, case: Launch[Any]) -> None:
+        """Record ``case`` as in flight (call right before launching it)."""
+        os.pwrite(self._slot(), IN_FLIGHT + self._record(case).encode(), 0)
+
+    def begin_many(self, cases: Sequence[Launch[Any]]) -> None:
         """Record a batch of cases of one config checked in one device round trip: the first as the case
         in flight, the others beside it. A fault surfaces only when the batch's results are read back, so the
         journal cannot know which case caused it; ``recover`` says so."""
         record = registry.get(cases[0].contract)
         others = json.dumps([launches.to_record(record, c) for c in cases[1:]], separators=(",", ":"))
-        os.pwrite(self.fd, IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
+        os.pwrite(self._slot(), IN_FLIGHT + self._record(cases[0], f',"batch_of":{others}').encode(), 0)
 
     def end(self) -> None:
         """The verdict is in: nothing is in flight."""
-        os.pwrite(self.fd, DONE, 0)
+        os.pwrite(self._slot(), DONE, 0)
 
     def close(self) -> None:
         if self.fd is None:
@@ -81,13 +88,13 @@ class Journal:
     def __enter__(self) -> "Journal":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         # An exception (not a dead process) ends the run: whatever was in flight did get a verdict or
         # raised in Python, which the caller reports. Only a dead process leaves a slot behind.
         self.close()
 
 
-def epoch_text(value) -> str:
+def epoch_text(value: object) -> str:
     """A recorded start time (epoch seconds) as local time, or ``?`` for anything else (a string, NaN,
     1e300, a negative time: records are data a dead or hostile process wrote)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -112,7 +119,7 @@ class Crash:
 UNUSABLE_DIR = "unusable"
 
 
-def _read_slot(path: Path):
+def _read_slot(path: Path) -> Tuple[Optional[dict[str, Any]], Optional[str]]:
     """Return (in_flight_record or None, problem or None) for a slot whose lock we hold."""
     data = path.read_bytes()
     if not data.startswith(IN_FLIGHT):
@@ -147,7 +154,7 @@ def _set_aside(folder: Path, path: Path, problem: str, report: Callable[[str], N
     report(line)
 
 
-def _crash(record: dict, path: Path, out_dir) -> Crash:
+def _crash(record: dict[str, Any], path: Path, out_dir: Union[str, Path]) -> Crash:
     """The ``CRASH`` case file of a slot's in-flight case."""
     name = record.get("contract") or casefile.legacy_contract(record.get("case") or {})
     require(isinstance(name, str), "its contract is not a name")
@@ -166,7 +173,7 @@ def _crash(record: dict, path: Path, out_dir) -> Crash:
     return Crash(case_path, case, finding)
 
 
-def contracts_in(out_dir) -> List[str]:
+def contracts_in(out_dir: Union[str, Path]) -> List[str]:
     """The contracts named by the in-flight records of ``out_dir``'s journal slots, read as data (an unreadable slot
     names none: ``recover`` sets it aside)."""
     names: List[str] = []
@@ -184,7 +191,8 @@ def contracts_in(out_dir) -> List[str]:
     return names
 
 
-def recover(out_dir, report: Callable[[str], None] = lambda line: None) -> List[Crash]:
+def recover(out_dir: Union[str, Path], report
+: Callable[[str], None] = lambda line: None) -> List[Crash]:
     """Turn every in-flight case of a dead process under ``out_dir`` into a ``CRASH`` case file.
 
     A slot that cannot be read (corrupt, not a file, an unusable case) is moved to ``journal/unusable/``

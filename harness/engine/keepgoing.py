@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional
 
 from kvfence.contract import Checker
 from kvfence.engine.findings import Finding
@@ -46,18 +46,18 @@ if TYPE_CHECKING:
 class Failure:
     """One distinct failure of a keep-going run, shrunk (or as far as shrinking got)."""
 
-    case: object
+    case: Any  # the failing launch (or run of them)
     findings: List[Finding]
-    stat: tuple
+    stat: Optional[tuple[Any, ...]]
     phase: int
-    hypothesis: Optional[dict] = None
+    hypothesis: Optional[dict[str, Any]] = None
     shrink_cut: bool = False
     interrupted: Optional[str] = None
     #: Where ``on_failure`` saved it (the case file), when it did.
     path: Optional[str] = None
 
     @property
-    def signature(self) -> tuple:
+    def signature(self) -> tuple[Any, ...]:
         return failure_signature(self.case, self.findings)
 
 
@@ -69,14 +69,15 @@ def phase_seed(seed: Optional[int], phase: int) -> Optional[int]:
     return seed + (phase << 32)
 
 
-def read_only(inner):
+def read_only(inner: Any) -> Any:
     """A view of the example database ``inner`` whose examples are read (replayed) but never saved,
     moved or deleted. (A function, so that importing this module does not import Hypothesis.)"""
     from hypothesis.database import ExampleDatabase
 
     class ReadOnlyDatabase(ExampleDatabase):
-        def fetch(self, key: bytes):
-            return inner.fetch(key)
+        def fetch(self, key: bytes) -> Iterable[bytes]:
+            found: Iterable[bytes] = inner.fetch(key)
+            return found
 
         def save(self, key: bytes, value: bytes) -> None:
             pass
@@ -136,8 +137,8 @@ def fuzz_keep_going(session: Checker, strategy: SearchStrategy[Any], plan: RunPl
     """
     max_examples, seed, max_seconds = plan.max_examples, plan.seed, plan.max_seconds
     total = FuzzResult()
-    known: dict = {}
-    carry: dict = {}
+    known: dict[Any, Any] = {}  # failure signature -> its first Failure
+    carry: dict[str, Any] = {}
     duplicates = 0
     start = time.perf_counter()
     phase = 0

@@ -19,8 +19,10 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Dict, Mapping, Tuple
+from types import ModuleType
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from kvfence.contract import Contract, Mutant
 from kvfence.errors import BadInput, require
 
 #: Kernel specs a case file may name that run no code the file chose.
@@ -30,7 +32,7 @@ RELEASE = re.compile(r"^([a-z][a-z0-9_-]*)==")
 SOURCES_GROUP = "kvfence.kernel_sources"
 
 
-def references(record) -> Dict[str, str]:
+def references(record: Contract[Any]) -> Dict[str, str]:
     """The contract's own kernels by name: ``{"reference": record.reference}``, or its ``reference`` mapping
     (``reference`` first; the others are the same ABI launched another way, which ``launch`` reads from
     ``Launch.kernel``)."""
@@ -38,12 +40,12 @@ def references(record) -> Dict[str, str]:
     return dict(ref) if isinstance(ref, Mapping) else {"reference": ref}
 
 
-def reference_spec(record) -> str:
+def reference_spec(record: Contract[Any]) -> str:
     """``module:attr`` of the contract's reference kernel."""
     return references(record)["reference"]
 
 
-def release_source(spec: str):
+def release_source(spec: str) -> Optional[str]:
     """The source name of a release spec (``sglang`` of ``sglang==0.5.23``), or None."""
     match = RELEASE.match(spec) if isinstance(spec, str) else None
     return match.group(1) if match else None
@@ -54,10 +56,10 @@ def is_plugin(spec: str) -> bool:
     return ":" in spec and not (spec.startswith("mutant:") or release_source(spec))
 
 
-def check_spec(spec, what: str = "kernel", record=None) -> None:
+def check_spec(spec: object, what: str = "kernel", record: Optional[Contract[Any]] = None) -> None:
     """Syntax only (``BadInput`` unless ``spec`` looks like a kernel spec); imports nothing."""
-    require(isinstance(spec, str) and spec and "\n" not in spec and len(spec) <= 4096,
-            f"{what} spec must be a non-empty one-line string, got {str(spec)[:80]!r}")
+    if not (isinstance(spec, str) and spec and "\n" not in spec and len(spec) <= 4096):
+        raise BadInput(f"{what} spec must be a non-empty one-line string, got {str(spec)[:80]!r}")
     if spec.startswith("mutant:") or release_source(spec):
         return
     if ":" not in spec:
@@ -72,7 +74,7 @@ def check_spec(spec, what: str = "kernel", record=None) -> None:
 
 
 # -- loading user code ---------------------------------------------------------------------------------------
-def load_file(path: Path):
+def load_file(path: Path) -> ModuleType:
     """Import a plug-in file once per process (kernel and sizing specs may name the same file)."""
     resolved = path.resolve()
     name = "kvfence_plugin_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:16]
@@ -80,6 +82,8 @@ def load_file(path: Path):
     if module is not None and getattr(module, "__file__", None) == str(resolved):
         return module
     module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import {resolved} (not a Python source file)")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # triton.jit needs the module to be importable by name
     try:
@@ -90,7 +94,7 @@ def load_file(path: Path):
     return module
 
 
-def import_module(name: str):
+def import_module(name: str) -> ModuleType:
     """Import ``name`` as ``python -m`` would from the current folder: the folder is on the import path
     (appended, so an installed package of the same name still wins), in every process that resolves a spec."""
     here = os.getcwd()
@@ -100,7 +104,7 @@ def import_module(name: str):
     return importlib.import_module(name)
 
 
-def load_attr(spec: str, what: str):
+def load_attr(spec: str, what: str) -> Any:
     """The attribute a ``module:attr`` or ``file.py:attr`` spec names; every failure is one line (``BadInput``)."""
     require(":" in spec, f"unknown {what} {spec!r}: expected a builtin name, module:attr or file.py:attr")
     where, _, attr = spec.rpartition(":")
@@ -132,19 +136,21 @@ def module_file(spec: str) -> Path:
     if where.endswith(".py") or os.sep in where:
         return Path(where)
     found = importlib.util.find_spec(where)
-    require(found is not None and found.origin, f"cannot find the module of {spec!r}")
+    if found is None or not found.origin:
+        raise BadInput(f"cannot find the module of {spec!r}")
     return Path(found.origin)
 
 
 # -- triton kernels ------------------------------------------------------------------------------------------
-def is_triton_kernel(obj) -> bool:
+def is_triton_kernel(obj: object) -> bool:
     """A ``@triton.jit`` function (compiled or interpreted), or an autotune / heuristics wrapper of one."""
     return hasattr(obj, "fn") and hasattr(obj, "run") and callable(obj.fn)
 
 
-def unwrap(kernel):
+def unwrap(kernel: Any) -> Tuple[Any, Any, Set[str]]:
     """``(jit_function, python_function, names the wrappers supply)`` of a possibly autotuned kernel."""
-    supplied, jit = set(), kernel
+    supplied: Set[str] = set()
+    jit = kernel
     while is_triton_kernel(jit) and is_triton_kernel(jit.fn):
         for config in getattr(jit, "configs", None) or []:  # triton.autotune
             supplied.update(getattr(config, "kwargs", {}))
@@ -153,7 +159,7 @@ def unwrap(kernel):
     return jit, jit.fn, supplied
 
 
-def parameters(kernel) -> Tuple[str, ...]:
+def parameters(kernel: Any) -> Tuple[str, ...]:
     """The parameter names of a ``@triton.jit`` kernel's Python function."""
     _, fn, _ = unwrap(kernel)
     try:
@@ -162,7 +168,7 @@ def parameters(kernel) -> Tuple[str, ...]:
         return ()
 
 
-def check_abi(record, spec: str, kernel) -> None:
+def check_abi(record: Contract[Any], spec: str, kernel: Any) -> None:
     """``BadInput`` unless ``kernel`` is a ``@triton.jit`` function taking as many parameters as the contract's
     reference kernel (an int, a class, a plain function or another ABI's kernel is refused before any launch)."""
     require(is_triton_kernel(kernel), f"kernel {spec!r} is {type(kernel).__name__}, not a @triton.jit function of "
@@ -174,10 +180,10 @@ def check_abi(record, spec: str, kernel) -> None:
 
 
 # -- planted bugs --------------------------------------------------------------------------------------------
-_SCRATCH: list = []
+_SCRATCH: List[Path] = []
 
 
-def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:
+def patched_kernel(name: str, patch: Sequence[Sequence[str]], reference: Path, file_name: str) -> Path:
     """A planted bug's kernel file: ``patch`` (``(reference text, mutated text)`` pairs, each matching exactly
     once) applied to ``reference``'s source, written as ``file_name`` in a per-process scratch folder (several
     pytest-xdist workers never share a file); loaded like any plug-in kernel file."""
@@ -200,7 +206,7 @@ def patched_kernel(name: str, patch, reference: Path, file_name: str) -> Path:
     return path
 
 
-def patched_release(record, spec: str, project: str) -> Tuple[Path, str]:
+def patched_release(record: Contract[Any], spec: str, project: str) -> Tuple[Path, str]:
     """A planted bug made from a release's text at run time, ``SOURCE==VERSION:MUTANT``: ``(file, function)`` of
     ``project==VERSION``'s kernel of ``record`` (through its kernel source: read from the wheel, admitted by the
     kernel text rule) with the record's mutant ``MUTANT``'s patch applied."""
@@ -214,7 +220,7 @@ def patched_release(record, spec: str, project: str) -> Tuple[Path, str]:
                           f"{project}-{version}-{record.name}-{name}.py"), function
 
 
-def mutant_of(record, name: str):
+def mutant_of(record: Contract[Any], name: str) -> Mutant:
     """The record's planted bug ``name`` (``BadInput`` naming the known ones otherwise)."""
     known = {m.name: m for m in record.mutants}
     require(name in known,
@@ -223,7 +229,7 @@ def mutant_of(record, name: str):
 
 
 # -- releases ------------------------------------------------------------------------------------------------
-def release_kernel_file(record, spec: str) -> Tuple[Path, str]:
+def release_kernel_file(record: Contract[Any], spec: str) -> Tuple[Path, str]:
     """``(file, function)`` of a release spec's kernel for ``record``, from the kernel source registered for its
     project (entry-point group ``kvfence.kernel_sources``): extracted from the release's wheel into the cache,
     as data. ``BadInput`` for a source nobody registered, a release without the kernel, another signature."""
@@ -234,14 +240,15 @@ def release_kernel_file(record, spec: str) -> Tuple[Path, str]:
     require(bool(found), f"kernel {spec!r}: no kernel source {source!r} is registered "
                          f"(known: {', '.join(sorted(ep.name for ep in entry_points(group=SOURCES_GROUP))) or 'none'})")
     extract = load_attr(found[0].value, "kernel source")
-    return extract(record, spec)
+    where: Tuple[Path, str] = extract(record, spec)
+    return where
 
 
 # -- resolving -----------------------------------------------------------------------------------------------
 _RESOLVED: Dict[Tuple[str, str], object] = {}
 
 
-def resolve(record, spec: str):
+def resolve(record: Contract[Any], spec: str) -> Any:
     """The ``@triton.jit`` kernel ``spec`` names for ``record`` (see the module docstring), checked against the
     contract's ABI; ``BadInput`` otherwise. Resolved once per process: the same jit function keeps its compiled
     specializations across runs."""
@@ -253,7 +260,8 @@ def resolve(record, spec: str):
     return _RESOLVED[key]
 
 
-def _resolve(record, spec: str):
+def _resolve(record: Contract[Any], spec: str) -> Any:
+
     check_spec(spec, record=record)
     named = references(record)
     if spec in named:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from kvfence.contract import LAYOUTS, MODES, Contract, Keys, Launch
 from kvfence.errors import BadInput, printable, require
@@ -34,7 +34,7 @@ def is_plugin_spec(spec: str) -> bool:
     return isinstance(spec, str) and ":" in spec and not is_release_sizing(spec)
 
 
-def sizing_policy(found: Contract, spec: str):
+def sizing_policy(found: Contract[Any], spec: str) -> Any:
     """The contract's sizing named ``spec`` (``BadInput`` naming the known ones otherwise)."""
     try:
         return found.sizings[spec]
@@ -43,7 +43,7 @@ def sizing_policy(found: Contract, spec: str):
                        f"{', '.join(found.sizings)}") from None
 
 
-def width_of(record: Contract, case, sizing: str, mode: str) -> int:
+def width_of(record: Contract[Any], case: Any, sizing: str, mode: str) -> int:
     """The row width the named sizing gives ``case`` launched in ``mode``; ``BadInput`` (one line) for an unknown
     sizing or one that answers anything but an integer in ``[0, MAX_WIDTH]``."""
     width = sizing_policy(record, sizing)(case, mode)
@@ -53,13 +53,13 @@ def width_of(record: Contract, case, sizing: str, mode: str) -> int:
     return width
 
 
-def named(record: Contract, sizing: str) -> bool:
+def named(record: Contract[Any], sizing: str) -> bool:
     """One of the contract's named policies (kvfence's own code: always recomputed, never taken from a file)."""
     return sizing in list(record.sizings)
 
 
-def bind(record: Contract, case, sizing: str, kernel: str = "reference", mode: str = "eager",
-         layout: str = "redzone", width: Optional[int] = None) -> Launch:
+def bind(record: Contract[Any], case: Any, sizing: str, kernel: str = "reference", mode: str = "eager",
+         layout: str = "redzone", width: Optional[int] = None) -> Launch[Any]:
     """``case`` launched under ``sizing``: its width computed by a named policy; for any other sizing (a
     release's shipped one, a plug-in's) the ``width`` given is taken as recorded, since computing it would run
     code a case file names, else computed."""
@@ -71,28 +71,30 @@ def bind(record: Contract, case, sizing: str, kernel: str = "reference", mode: s
     return Launch(record.name, case, width, sizing, kernel, mode, layout)
 
 
-def replace(record: Contract, launch: Launch, *, kernel: Optional[str] = None, sizing: Optional[str] = None,
-            mode: Optional[str] = None, layout: Optional[str] = None) -> Launch:
+def replace(record: Contract[Any], launch: Launch[Any], *, kernel: Optional[str] = None, sizing: Optional[str] = None,
+            mode: Optional[str] = None, layout: Optional[str] = None) -> Launch[Any]:
     """``launch`` under another kernel, sizing, mode or layout (the width recomputed by the new sizing)."""
     keep = sizing is None and mode is None and not named(record, launch.sizing)
     return bind(record, launch.case, sizing or launch.sizing, kernel or launch.kernel, mode or launch.mode,
                 layout or launch.layout, launch.width if keep else None)
 
 
-def to_record(record: Contract, launch: Launch) -> dict:
+def to_record(record: Contract[Any], launch: Launch[Any]) -> dict[str, Any]:
     """The launch as JSON data: ``{"case": to_json(case), "width", "sizing", "kernel", "mode", "layout"}``."""
     return {"case": record.to_json(launch.case), "width": launch.width, "sizing": launch.sizing,
             "kernel": launch.kernel, "mode": launch.mode, "layout": launch.layout}
 
 
-def from_record(record: Contract, data) -> Launch:
+def from_record(record: Contract[Any], data: object) -> Launch[Any]:
     """The launch ``to_record`` wrote (validated: ``BadInput`` naming the field). A record of an older format,
     without ``case``, goes to the contract's ``from_json`` whole: a contract whose case once carried its launch
     settings returns the bound launch from it."""
-    require(isinstance(data, dict), "case: expected a JSON object")
+    if not isinstance(data, dict):
+        raise BadInput("case: expected a JSON object")
     if "case" not in data:
         legacy = record.from_json(data)
-        require(isinstance(legacy, Launch), f"case: a {record.name} launch record needs its 'case' field")
+        if not isinstance(legacy, Launch):
+            raise BadInput(f"case: a {record.name} launch record needs its 'case' field")
         return legacy
     unknown = sorted(set(data) - {"case", *SETTINGS})
     require(not unknown, f"case: unknown field(s) {', '.join(unknown)}")
@@ -112,13 +114,13 @@ def from_record(record: Contract, data) -> Launch:
     return bind(record, case, data["sizing"], data["kernel"], mode, layout, width)
 
 
-def digest(record: Contract, launch: Launch) -> str:
+def digest(record: Contract[Any], launch: Launch[Any]) -> str:
     """A short sha256 of the launch's record and its contract: the name of its case file."""
     text = json.dumps({"contract": record.name, **to_record(record, launch)}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _flat(data: dict, full: bool) -> Dict[str, object]:
+def _flat(data: dict[str, Any], full: bool) -> Dict[str, object]:
     """A case's JSON fields, nested objects flattened (their fields, unprefixed where no name repeats)."""
     out: Dict[str, object] = {}
     for key, value in data.items():
@@ -130,7 +132,7 @@ def _flat(data: dict, full: bool) -> Dict[str, object]:
     return out
 
 
-def describe(record: Contract, launch: Launch, full: bool = False) -> str:
+def describe(record: Contract[Any], launch: Launch[Any], full: bool = False) -> str:
     """One line naming the launch: its contract, the case's fields (``full``: lists too), width and settings."""
     fields = " ".join(f"{k}={printable(v, 120)}" for k, v in _flat(record.to_json(launch.case), full).items())
     settings = f"{launch.mode}" + (f", {launch.layout} layout" if launch.layout != "redzone" else "")
@@ -139,7 +141,7 @@ def describe(record: Contract, launch: Launch, full: bool = False) -> str:
 
 
 @functools.lru_cache(maxsize=256)  # the recent launches only: thousands kept alive made every GC pass slower
-def keys(record: Contract, launch: Launch) -> Keys:
+def keys(record: Contract[Any], launch: Launch[Any]) -> Keys:
     """The contract's keys of the launch (``Contract.keys``), with the launch's settings in its config and its
     width in its structure (computed once per launch: the fuzz loop and the worker's wire both ask)."""
     found = record.keys(launch)
@@ -152,20 +154,20 @@ def keys(record: Contract, launch: Launch) -> Keys:
 COVERAGE = ("num_seqs", "need", "width", "failed")
 
 
-def coverage_fields(record: Contract, launch: Launch) -> tuple:
+def coverage_fields(record: Contract[Any], launch: Launch[Any]) -> tuple[Any, ...]:
     """The coverage plot's columns for the contract: its panel field, then ``COVERAGE``."""
     config = keys(record, launch).config
     return ((config[0][0] if config else "config"),) + COVERAGE
 
 
-def coverage_row(record: Contract, launch: Launch, failed: bool) -> tuple:
+def coverage_row(record: Contract[Any], launch: Launch[Any], failed: bool) -> tuple[Any, ...]:
     """One point of the coverage plot: the panel's value, the requests, need, width and whether it failed."""
     found = keys(record, launch)
     panel = found.config[0][1] if found.config else 0
     return (panel, requests(record, launch, found), record.need(launch), launch.width, failed)
 
 
-def requests(record: Contract, launch: Launch, found: Optional[Keys] = None) -> int:
+def requests(record: Contract[Any], launch: Launch[Any], found: Optional[Keys] = None) -> int:
     """How many requests the launch has (the contract's ``Keys.requests``, else rows of its first output)."""
     found = found or keys(record, launch)
     if found.requests is not None:
@@ -174,27 +176,27 @@ def requests(record: Contract, launch: Launch, found: Optional[Keys] = None) -> 
     return (outputs[0].rows or 1) if outputs else 1
 
 
-def table_bytes(record: Contract, launch: Launch) -> int:
+def table_bytes(record: Contract[Any], launch: Launch[Any]) -> int:
     """Bytes the launch's tables hold (guards aside), from their shapes alone: nothing is built."""
     size = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}
     return sum((t.rows or 1) * t.width * size.get(t.dtype, 8) for t in record.tables(launch))
 
 
-def summary(record: Contract, launch: Launch) -> dict:
+def summary(record: Contract[Any], launch: Launch[Any]) -> dict[str, Any]:
     """What summaries and case files keep of a launch: need, width, requests, its config and its record."""
     found = keys(record, launch)
     return {"need": record.need(launch), "width": launch.width, "num_seqs": requests(record, launch, found),
             "config": {k: _data(v) for k, v in found.config}, "case": to_record(record, launch)}
 
 
-def _data(value):
+def _data(value: Any) -> Any:
     """A key's value as JSON data (tuples as lists)."""
     if isinstance(value, (list, tuple)):
         return [_data(v) for v in value]
     return value
 
 
-def explain(record: Contract, launch: Launch) -> List[str]:
+def explain(record: Contract[Any], launch: Launch[Any]) -> List[str]:
     """The need/width arithmetic, as ``repro`` prints it: the need, the sizing (with its policy's formula, the
     first line of its docstring) and the verdict."""
     need = record.need(launch)
@@ -207,7 +209,7 @@ def explain(record: Contract, launch: Launch) -> List[str]:
             f"=> {verdict}"]
 
 
-def utilisation(record: Contract, launch: Launch) -> float:
+def utilisation(record: Contract[Any], launch: Launch[Any]) -> float:
     """need / width (Hypothesis's target phase climbs it toward the wall)."""
     need = record.need(launch)
     return need / launch.width if launch.width else float(need > 0)

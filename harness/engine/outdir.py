@@ -17,7 +17,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Union
 
 from kvfence.engine.casefile import CASES_DIR
 from kvfence.engine.journal import JOURNAL_DIR
@@ -38,7 +38,7 @@ def _stamped(parent: Path, now: Optional[float]) -> Path:
     return dest
 
 
-def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[dict]:
+def set_aside_earlier_cases(out_dir: Union[str, Path], now: Optional[float] = None) -> Optional[dict[str, Any]]:
     """Move ``out_dir/cases/*.json`` to ``out_dir/cases/earlier/<YYYYmmdd-HHMMSS>/``.
 
     Returns ``{"folder": path, "count": n}`` for the summary, or ``None`` when there was nothing to move.
@@ -58,7 +58,7 @@ def set_aside_earlier_cases(out_dir, now: Optional[float] = None) -> Optional[di
     return {"folder": str(dest), "count": len(files)}
 
 
-def moved_case(path) -> Optional[Path]:
+def moved_case(path: Union[str, Path]) -> Optional[Path]:
     """Where a later run into the same folder moved the case file ``path`` (``cases/earlier/<time>/<name>``, the
     first move: a case file's name is its content's hash), or None when ``path`` exists or was not moved."""
     path = Path(path)
@@ -71,7 +71,7 @@ def moved_case(path) -> Optional[Path]:
     return found[0] if found else None
 
 
-def set_aside_earlier_report(out_dir, now: Optional[float] = None) -> Optional[dict]:
+def set_aside_earlier_report(out_dir: Union[str, Path], now: Optional[float] = None) -> Optional[dict[str, Any]]:
     """Move an earlier ``upstream matrix`` run's reports and release folders (``MATRIX_FILES``,
     ``RELEASE_DIR``) from ``out_dir`` to ``out_dir/earlier/<YYYYmmdd-HHMMSS>/``; anything else stays.
 
@@ -94,7 +94,7 @@ def set_aside_earlier_report(out_dir, now: Optional[float] = None) -> Optional[d
     return {"folder": str(dest), "count": len(entries)}
 
 
-def probe_folder(folder: Path, what: str, path) -> None:
+def probe_folder(folder: Path, what: str, path: Union[str, Path]) -> None:
     """Create and remove a temp file in ``folder`` (or its nearest existing parent, where the folder
     would be created): the only check that holds for root, read-only mounts and /proc alike."""
     probe = folder

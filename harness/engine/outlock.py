@@ -25,7 +25,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 from kvfence.engine.journal import epoch_text
 from kvfence.errors import BadInput, printable, redact_word
@@ -36,14 +36,14 @@ LOCK_NAME = ".kvfence.lock"
 _HELD: Dict[str, Tuple[int, Path]] = {}
 
 
-def _describe(record: dict) -> str:
+def _describe(record: dict[str, Any]) -> str:
     """The record as one safe line: it is data another process wrote (a dead run, or anyone who can
     write the folder), so no field can break the line or reach the terminal as an escape code."""
     return (f"pid {printable(record.get('pid', '?'))} on {printable(record.get('host', '?'))}, "
             f"started {epoch_text(record.get('started'))}")
 
 
-def _read(fd: int) -> dict:
+def _read(fd: int) -> dict[str, Any]:
     os.lseek(fd, 0, os.SEEK_SET)
     raw = os.read(fd, 65536)
     try:
@@ -98,7 +98,7 @@ def acquire(out_dir: Path, announce: Callable[[str], None]) -> None:
     except OSError as exc:  # a full disk (ENOSPC, EDQUOT) or a read-only one, before the run wrote anything
         os.close(fd)
         raise BadInput(f"--out {out_dir}: cannot write the run lock record {path}: {exc.strerror or exc} "
-                       f"({errno.errorcode.get(exc.errno, exc.errno)})") from None
+                       f"({errno.errorcode.get(exc.errno or 0, exc.errno)})") from None  # errno 0 has no name
     _HELD[key] = (fd, path)
 
 

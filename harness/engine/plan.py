@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from kvfence.contract import DOMAINS, LAYOUTS, MODES, Domain
 from kvfence.engine.registry import default_name
-from kvfence.errors import require
+from kvfence.errors import BadInput, require
 
 DEVICES = ("cpu", "cuda")
 
 
-def _int(v) -> bool:
+def _int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _seconds(v, *, positive: bool) -> bool:
+def _seconds(v: object, *, positive: bool) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and (v > 0 if positive else v >= 0))
 
@@ -72,7 +72,7 @@ class RunPlan:
     shard: Optional[str] = None
     resume: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("contract", "kernel", "sizing"):
             require(isinstance(getattr(self, name), str) and getattr(self, name),
                     f"{name} must be a non-empty string, got {getattr(self, name)!r}")
@@ -119,11 +119,11 @@ class RunPlan:
         """Launches are captured in CUDA graphs (graph mode on a CUDA device)."""
         return self.mode == "graph" and self.device == "cuda"
 
-    def pin(self, name: str, default=None):
+    def pin(self, name: str, default: Any = None) -> Any:
         value = self.pins.get(name)
         return default if value is None else value
 
-    def with_(self, **changes) -> "RunPlan":
+    def with_(self, **changes: Any) -> "RunPlan":
         return replace(self, **changes)
 
     def draw_domain(self) -> Domain:
@@ -131,13 +131,14 @@ class RunPlan:
         return Domain(self.domain, dict(self.pins), self.kernel, self.sizing, self.mode, self.layout, self.max_bytes,
                       self.batches_per_example, self.bulk_per_example, self.bulk_after)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The plan as JSON data: what a checking worker and a ``--jobs`` child get (``from_dict``)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data) -> "RunPlan":
-        require(isinstance(data, dict), "plan: expected a JSON object")
+    def from_dict(cls, data: object) -> "RunPlan":
+        if not isinstance(data, dict):
+            raise BadInput("plan: expected a JSON object")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         require(not unknown, f"plan: unknown field(s) {', '.join(unknown)}")

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Union
 
+from kvfence.contract import Contract
 from kvfence.errors import BadInput
 
 #: Seconds a plug-in's import may take in the probe (a kernel file compiles nothing at import).
@@ -33,7 +34,8 @@ def _exit_text(code: int) -> str:
     return f"dies of {_signal_name(code)}" if code < 0 else f"ends the process ({_signal_name(code)})"
 
 
-def check_plugins(contract, specs: Dict[str, Optional[str]], timeout_s: float = PROBE_TIMEOUT_S) -> None:
+def check_plugins(contract: Union[str, Contract[Any]], specs: Dict[str, Optional[str]],
+                  timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Import each plug-in of ``specs`` (``{"kernel": spec, "sizing": spec}``; specs naming no user code and
     ``None`` are skipped) in one child process, checked there as far as the import goes (a kernel of a contract
     checked by the engine against its ABI, a sizing through the contract's ``sizings``); ``BadInput`` if an import
@@ -77,7 +79,7 @@ def _names(todo: Dict[str, str]) -> str:
     return " and ".join(f"{what} {spec!r}" for what, spec in todo.items())
 
 
-def _probe(report: Path, options: dict) -> None:
+def _probe(report: Path, options: dict[str, Any]) -> None:
     """The child: import each plug-in as the contract's record would, and write what happened to ``report``."""
     from kvfence.contract import Contract
     from kvfence.engine import kernels
@@ -85,7 +87,7 @@ def _probe(report: Path, options: dict) -> None:
     from kvfence.engine.launch import sizing_policy
     from kvfence.engine.registry import load_in_worker
 
-    answer: dict = {"ok": True}
+    answer: dict[str, Any] = {"ok": True}
     try:
         record = load_in_worker(options["loading"])
         before = threads_now()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, TextIO
+from typing import TYPE_CHECKING, Optional, TextIO
+
+if TYPE_CHECKING:  # for annotations: the bar is drawn in processes that load no run's modules
+    from kvfence.engine.result import FuzzResult
 
 BAR_WIDTH = 24
 #: An example budget this large is no budget (a run bounded by ``--max-seconds`` only): not shown.
@@ -64,7 +67,7 @@ class Progress(_Line):
         self.seconds = seconds
         self.every_s = TTY_EVERY_S if self.tty else PLAIN_EVERY_S
 
-    def line(self, result) -> str:
+    def line(self, result: FuzzResult) -> str:
         """One line in the run's vocabulary (kvfence.engine.loop.FuzzResult): examples against the budget,
         verified and cached cases, the verified rate, and what the run is doing now."""
         elapsed = result.elapsed_s or (time.perf_counter() - self._start)
@@ -84,7 +87,7 @@ class Progress(_Line):
                 f"{result.cached_cases} cached | {rate:.1f} verified cases/s | {state} | {clock} | "
                 f"max need/width {result.max_utilisation:.2f}")
 
-    def update(self, result) -> None:
+    def update(self, result: FuzzResult) -> None:
         self._draw(self.line(result))
 
 

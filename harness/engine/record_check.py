@@ -14,7 +14,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from typing import List, Optional
+from typing import Any, List, Optional, Set
 
 from kvfence.contract import (
     DOMAINS,
@@ -48,14 +48,14 @@ def fail(name: str, problem: str) -> RecordError:
     return RecordError(f"contract {name!r}: {problem}")
 
 
-def static(name: str, spec: str, record) -> None:
+def static(name: str, spec: str, record: object) -> None:
     """The record's data and method set (``RecordError`` naming the first problem)."""
     problems = static_problems(name, spec, record)
     if problems:
         raise fail(name, problems[0])
 
 
-def static_problems(name: str, spec: str, record) -> List[str]:
+def static_problems(name: str, spec: str, record: Any) -> List[str]:
     if not isinstance(record, Contract):
         return [f"{spec} is {type(record).__name__}, not a kvfence.contract.Contract"]
     out: List[str] = []
@@ -77,7 +77,7 @@ def static_problems(name: str, spec: str, record) -> List[str]:
     return out
 
 
-def _sizing_problems(record) -> List[str]:
+def _sizing_problems(record: Contract[Any]) -> List[str]:
     sizings = record.sizings
     if not isinstance(sizings, Mapping):
         return [f"sizings must map names to (case, mode) -> width, got {type(sizings).__name__}"]
@@ -86,7 +86,7 @@ def _sizing_problems(record) -> List[str]:
     return out
 
 
-def _kind_problems(record) -> List[str]:
+def _kind_problems(record: Contract[Any]) -> List[str]:
     out, seen = [], set()
     if not isinstance(record.kinds, tuple):
         return ["kinds must be a tuple of kvfence.contract.FindingKind"]
@@ -104,11 +104,11 @@ def _kind_problems(record) -> List[str]:
     return out
 
 
-def known_kinds(record) -> set:
+def known_kinds(record: Contract[Any]) -> set[Any]:
     return set(Kind.__members__) | {k.name for k in record.kinds if isinstance(k, FindingKind)}
 
 
-def _mutant_problems(record) -> List[str]:
+def _mutant_problems(record: Contract[Any]) -> List[str]:
     if not isinstance(record.mutants, tuple):
         return ["mutants must be a tuple of kvfence.contract.Mutant"]
     out, seen, kinds = [], set(), known_kinds(record)
@@ -137,7 +137,7 @@ def _mutant_problems(record) -> List[str]:
     return out
 
 
-def _option_problems(record) -> List[str]:
+def _option_problems(record: Contract[Any]) -> List[str]:
     """The declared options (``kvfence.contract.Option``, each checked when made): a tuple of them, no two with
     one flag or one draw field."""
     options = record.options
@@ -149,7 +149,7 @@ def _option_problems(record) -> List[str]:
     return out
 
 
-def _budget_problems(record) -> List[str]:
+def _budget_problems(record: Contract[Any]) -> List[str]:
     budgets = record.selftest_examples
     if not isinstance(budgets, Mapping) or not all(
             d in DOMAINS and type(n) is int and n >= 1 for d, n in budgets.items()):
@@ -159,7 +159,7 @@ def _budget_problems(record) -> List[str]:
 
 
 # -- on drawn cases ------------------------------------------------------------------------------------------
-def case_problems(record, case, *, refused: Optional[dict] = None) -> List[str]:
+def case_problems(record: Contract[Any], case: Any, *, refused: Optional[dict[str, Any]] = None) -> List[str]:
     """What is wrong with the record's answers about one drawn ``case``.
     A sizing that refuses the case (``BadInput``: a policy of some cases only) goes to ``refused``, by name: the
     caller decides whether refusing every drawn case is a problem."""
@@ -200,7 +200,7 @@ def case_problems(record, case, *, refused: Optional[dict] = None) -> List[str]:
         needs.setdefault(launch.mode, (launch, need))
     for launch, need in needs.values():
         out += need_problems(record, launch, need)
-    seen = set()
+    seen: Set[Any] = set()
     for launch in launches:
         if (launch.width, launch.mode) not in seen and len(seen) < 3:
             seen.add((launch.width, launch.mode))
@@ -208,7 +208,7 @@ def case_problems(record, case, *, refused: Optional[dict] = None) -> List[str]:
     return list(dict.fromkeys(out))
 
 
-def need_problems(record, launch, need: int) -> List[str]:
+def need_problems(record: Contract[Any], launch: Launch[Any], need: int) -> List[str]:
     """What ``need`` promises (docs/contract-api.md): a launch whose width is ``need`` has no ``SIZING_VIOLATION``,
     so every element the oracle defines there fits the tables the launch sizes from that width. An oracle element
     past its table's row (or rows) at ``width = need`` means ``need`` is below what the contract itself writes: a
@@ -239,7 +239,7 @@ def need_problems(record, launch, need: int) -> List[str]:
     return []
 
 
-def table_problems(record, launch) -> List[str]:
+def table_problems(record: Contract[Any], launch: Launch[Any]) -> List[str]:
     """``tables``, ``expected``, ``keys`` and ``findings_before_launch`` of one launch against each other."""
     out: List[str] = []
     tables = record.tables(launch)
@@ -302,7 +302,7 @@ def shape_problems(t: Table) -> List[str]:
     return out
 
 
-def contents_problems(t: Table, contents) -> List[str]:
+def contents_problems(t: Table, contents: Any) -> List[str]:
     """An input's contents against its shape (after a callable's are built)."""
     import numpy as np
 
@@ -320,7 +320,7 @@ def contents_problems(t: Table, contents) -> List[str]:
     return []
 
 
-def cell_problems(t: Table, cells) -> List[str]:
+def cell_problems(t: Table, cells: Any) -> List[str]:
     if not isinstance(cells, Mapping):
         return ["must map (row, column) pairs to values"]
     rows = 1 if t.rows is None else t.rows
@@ -335,7 +335,8 @@ def cell_problems(t: Table, cells) -> List[str]:
     return []
 
 
-def require_well_formed(record, expected, tables) -> None:
+def require_well_formed(record: Contract[Any], expected: Any, tables: List[Table]) -> None:
+
     """The engine's per-launch check, cheap: the oracle names only output tables the launch has (``RecordError``)."""
     outputs = {t.name for t in tables if t.role == "output"}
     extra = [name for name in expected if name not in outputs]

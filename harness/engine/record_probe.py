@@ -10,14 +10,16 @@ goes to the report file as JSON: ``{"problems": [...], "cases": n, "launches": n
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine.boundary import ContractFault, unexpected
 from kvfence.errors import BadInput
 
@@ -26,14 +28,16 @@ from kvfence.errors import BadInput
 METHOD_EXAMPLES = 100
 
 
-def check_contract(record, *, examples: int, seed: int, pins: Optional[dict] = None) -> dict:
+def check_contract(record: Contract[Any], *, examples: int, seed: int,
+                   pins: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The child's report for ``record`` on its CPU domain with ``pins`` (config flags: ``{"window": 4}``), the
     child behind the boundary (``kvfence.engine.boundary``: each call into the record timed and named; a
     ``ContractFault`` when the record's code ended it); the user's signal is ``Interrupted``."""
     return check_named(record.name, examples=examples, seed=seed, pins=pins)
 
 
-def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict] = None, launches: bool = True) -> dict:
+def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict[str, Any]] = None,
+                launches: bool = True) -> dict[str, Any]:
     """``check_contract`` of the contract registered as ``name``, never imported in this process; without
     ``launches`` only its methods are asked (no kernel is resolved or launched)."""
     from kvfence.engine import boundary, boundary_parent, registry
@@ -57,28 +61,29 @@ def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict] = N
     return answer
 
 
-def drawn(record, examples: int, seed: int, pins: dict) -> list:
+def drawn(record: Contract[Any], examples: int, seed: int, pins: dict[str, Any]) -> list[Any]:
     """``examples`` cases of the record's CPU domain with ``pins`` (Hypothesis's generate phase, seeded)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
     from kvfence.contract import Domain
 
-    out: list = []
+    out: list[Any] = []
     strategy = record.cases(Domain("cpu", pins=pins))
 
     @hypothesis_seed(seed)
     @settings(max_examples=examples, database=None, phases=[Phase.generate], deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(strategy)
-    def collect(case):
+    def collect(case: Any) -> None:
         out.append(case)
 
     collect()
     return [c for drawn_ in out for c in (drawn_ if isinstance(drawn_, list) else [drawn_])]
 
 
-def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = True) -> dict:
+def problems_of(record: Contract[Any], examples: int, seed: int, pins: dict[str, Any],
+                launches: bool = True) -> dict[str, Any]:
     """What the child reports (see the module docstring)."""
     try:
         asked_cases = drawn(record, max(examples, METHOD_EXAMPLES) if launches else examples, seed, pins)
@@ -89,7 +94,7 @@ def problems_of(record, examples: int, seed: int, pins: dict, launches: bool = T
                              "(pin its flags with --pin NAME=VALUE)"], "cases": 0, "launches": 0}
     if not asked_cases:
         return {"problems": ["cases(domain) draws nothing"], "cases": 0, "launches": 0}
-    refusals: List[dict] = []
+    refusals: List[dict[str, Any]] = []
     problems = _case_problems(record, asked_cases, refusals)
     if problems:
         return {"problems": problems, "cases": len(asked_cases), "launches": 0}
@@ -113,8 +118,8 @@ def _case_problems(record: Any, asked_cases: List[Any], refusals: List[dict]) ->
 
     problems: List[str] = []
     for case in asked_cases:
-        refused: dict = {}
-        found = asked(lambda case=case, refused=refused: case_problems(record, case, refused=refused),
+        refused: dict[str, Any] = {}
+        found = asked(functools.partial(case_problems, record, case, refused=refused),
                       "asking its methods about a drawn case")
         refusals.append(refused)
         problems += [p for p in found if p not in problems]
@@ -152,11 +157,11 @@ def _reference_problems(record: Any, cases: List[Any]) -> Dict[str, Any]:
         checkers.append(("its own checker", own))
     launches = 0
     for case in cases:
-        launch = asked(lambda case=case: _bind(record, case), "binding a drawn case")
+        launch = asked(functools.partial(_bind, record, case), "binding a drawn case")
         if isinstance(launch, list):
             return {"problems": launch, "launches": launches}
         for path, checker in checkers:
-            findings = asked(lambda checker=checker, launch=launch: checker.check(launch),
+            findings = asked(functools.partial(checker.check, launch),
                              f"checking the reference kernel ({path})")
             if findings and isinstance(findings[0], str):
                 return {"problems": findings, "launches": launches}
@@ -175,13 +180,13 @@ def _unclean_reference(record: Any, launch: Any, path: str, findings: List[Any])
             "kernel disagree")
 
 
-def _bind(record, case):
+def _bind(record: Contract[Any], case: Any) -> Launch[Any]:
     from kvfence.engine.launch import bind
 
     return bind(record, case, "safe")
 
 
-def asked(call, what: str):
+def asked(call: Callable[[], Any], what: str) -> Any:
     """``call()``, or its failure as a one-item list of problem text (the record's code raised)."""
     try:
         return call()
@@ -195,7 +200,7 @@ def asked(call, what: str):
         return [f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"]
 
 
-def _main(report: Path, options: dict) -> None:
+def _main(report: Path, options: dict[str, Any]) -> None:
     from kvfence.engine import boundary
     from kvfence.engine.registry import load_in_worker
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, Iterator, List
 
 from kvfence.contract import Contract
 from kvfence.errors import BadInput, require
@@ -27,7 +27,7 @@ ENTRY_POINT_GROUP = "kvfence.contracts"
 IMPORT_PROBE_TIMEOUT_S = 120.0
 
 _REGISTRY: Dict[str, List[str]] = {}
-_LOADED: Dict[str, Contract] = {}
+_LOADED: Dict[str, Contract[Any]] = {}
 
 
 #: A child command's registrations from its parent (``child_env``): JSON ``{"entries": {...}, "sys_path": [...]}``.
@@ -60,7 +60,7 @@ def child_env() -> Dict[str, str]:
 
 def entry(name: str) -> str:
     """The ``module:attr`` a registered contract is loaded from (a checking worker loads it the same way)."""
-    specs = _entries().get(name)
+    specs = _entries().get(name) or []
     require(bool(specs), f"unknown contract {name!r}: choose from {', '.join(names()) or '(none registered)'}")
     require(len(specs) == 1, f"contract {name!r} is registered twice ({' and '.join(specs)}): kvfence will not "
                              "pick one; uninstall the package that should not provide it")
@@ -74,7 +74,7 @@ def register(name: str, spec: str) -> None:
 
 
 @contextlib.contextmanager
-def registered(name: str, spec: str):
+def registered(name: str, spec: str) -> Iterator[None]:
     """``name`` registered as loaded from ``spec`` in this process for the block, as an installed package's entry
     point would be (a test's contract), then forgotten."""
     entries = _entries()
@@ -100,7 +100,7 @@ def default_name() -> str:
     """The contract a command checks when none is named (``default_contract.json`` beside this module)."""
     import json
 
-    return json.loads((Path(__file__).resolve().parent / "default_contract.json").read_text())["contract"]
+    return str(json.loads((Path(__file__).resolve().parent / "default_contract.json").read_text())["contract"])
 
 
 def builtin(name: str) -> bool:
@@ -108,7 +108,7 @@ def builtin(name: str) -> bool:
     return entry(name).split(".")[0] == "kvfence"
 
 
-def get(name: str) -> Contract:
+def get(name: str) -> Contract[Any]:
     """The contract registered as ``name``; ``BadInput`` naming the known ones otherwise."""
     return _get(name, probe=True)
 
@@ -137,7 +137,7 @@ def _probe_import(name: str, spec: str) -> None:
     require(answer == "ok", f"contract {name!r}: cannot load {spec}: {answer[len('error '):]}")
 
 
-def _get(name: str, *, probe: bool) -> Contract:
+def _get(name: str, *, probe: bool) -> Contract[Any]:
     """``get``; ``probe=False`` in a process that is itself a throwaway one (a checking worker, a probe)."""
     if name in _LOADED:
         return _LOADED[name]
@@ -147,7 +147,7 @@ def _get(name: str, *, probe: bool) -> Contract:
     if probe and module_name.split(".")[0] != "kvfence" and module_name not in sys.modules:
         _probe_import(name, spec)  # code from outside kvfence: its import cannot end this process
     try:
-        record = getattr(importlib.import_module(module_name), attr)
+        record: Contract[Any] = getattr(importlib.import_module(module_name), attr)
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code's import: bad input, one line
         raise BadInput(f"contract {name!r}: cannot load {spec}: {type(exc).__name__}: {exc}") from None
     from kvfence.engine.record_check import static
@@ -161,18 +161,18 @@ def _get(name: str, *, probe: bool) -> Contract:
     return record
 
 
-def loading(record: Contract) -> dict:
+def loading(record: Contract[Any]) -> dict[str, Any]:
     """What another process (a checking worker, a ``--jobs`` child) needs to load ``record`` as this one did: its
     registry entry and the import path it was found on; ``load_in_worker`` is the other end."""
     return loading_named(record.name)
 
 
-def loading_named(name: str) -> dict:
+def loading_named(name: str) -> dict[str, Any]:
     """``loading`` of the contract registered as ``name``, without importing it here."""
     return {"contract": name, "entry": entry(name), "sys_path": [p for p in sys.path if p]}
 
 
-def load_in_worker(options: dict) -> Contract:
+def load_in_worker(options: dict[str, Any]) -> Contract[Any]:
     """The other end of ``loading``: the record, registered and loaded in this (throwaway) process."""
     for path in reversed(options.get("sys_path", [])):
         if path not in sys.path:

@@ -11,14 +11,19 @@ finding is listed with what the oracle expected there.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
 from kvfence.engine.casefile import CaseFile, load_case, sizing_is_plugin
 from kvfence.engine.findings import SEEN_BY_AUDIT, Finding, Kind, programs_text
 from kvfence.engine.kernels import is_plugin
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
+
+if TYPE_CHECKING:  # annotations only: tables import torch
+    from kvfence.engine.tables import Guarded
 
 #: Programs a finding lists (its expected owners, the programs whose values were found there); more with
 #: ``--verbose``.
@@ -46,7 +51,7 @@ def require_trusted(loaded: CaseFile, *, kernel: Optional[str], sizing: Optional
                 f"case file: re-run with {flag} {named} (or --trust-case) if you trust that code{other}")
 
 
-def _program_text(programs, limit: int, names=()) -> str:
+def _program_text(programs: Sequence[Sequence[int]], limit: int, names: Sequence[str] = ()) -> str:
     shown = programs_text(programs[:limit], names)
     return shown + (f" and {len(programs) - limit} more" if len(programs) > limit else "")
 
@@ -76,7 +81,7 @@ def finding_lines(i: int, f: Finding, *, elements: Optional[List[str]] = None, v
     return out
 
 
-def _position(g, region: str, offset: int) -> Optional[int]:
+def _position(g: Guarded, region: str, offset: int) -> Optional[int]:
     """A finding's region and offset as a flat position of a guarded table (``kvfence.engine.tables``)."""
     name, _, row = region.rpartition(" ")
     if region == "front guard":
@@ -85,15 +90,15 @@ def _position(g, region: str, offset: int) -> Optional[int]:
         return g.front + g.rows * g.stride + offset
     if not row.isdigit():
         return None
-    row = int(row)
+    index = int(row)
     if name in ("row", "slack of row"):
-        return g.position(row, offset)
+        return g.position(index, offset)
     if name == "guard after row":
-        return g.position(row, g.table.width + offset)
+        return g.position(index, g.table.width + offset)
     return None
 
 
-def element_rows(kept: dict, f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[str]:
+def element_rows(kept: dict[str, Any], f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[str]:
     """Every element of ``f`` in the plain path's buffers (``kept``: ``check_launch(keep=...)``), with what the
     oracle expected there and what the launch left."""
     from kvfence.engine.verdict import sample_value
@@ -105,7 +110,7 @@ def element_rows(kept: dict, f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[
     if lo is None:
         return []
     region, row, _ = g.locate(lo)
-    wanted: Dict = kept["expected"].get(f.buffer, {})
+    wanted: Dict[Any, Any] = kept["expected"].get(f.buffer, {})
     before, after = kept["before"][f.buffer], kept["after"][f.buffer]
     rows = [f"      {'offset':>8} {'expected':>12} {'found':>12}"]
     hi = min(lo + f.count, lo + limit, len(after))
@@ -120,7 +125,8 @@ def element_rows(kept: dict, f: Finding, limit: int = VERBOSE_ELEMENTS) -> List[
     return rows
 
 
-def _plain(record, case, device: str, absorb: bool):
+def _plain(record: Contract[Any], case: Launch[Any], device: str, absorb: bool
+           ) -> Tuple[Optional[dict[str, Any]], str]:
     """The plain path's re-run of ``case`` in this process with its buffers kept, or ``(None, why not)``."""
     from kvfence.engine import kernels
     from kvfence.engine.checking import check_launch
@@ -129,14 +135,16 @@ def _plain(record, case, device: str, absorb: bool):
         kernel = kernels.resolve(record, case.kernel)
     except BadInput as exc:
         return None, f"the plain path cannot run this kernel: {exc}"
-    keep: dict = {}
+    keep: dict[str, Any] = {}
     check_launch(record, kernel, case, device, audit=False, absorb=absorb, keep=keep)
     return (keep, "") if "buffers" in keep else (None, "the plain path's launch failed")
 
 
-def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizing: Optional[str] = None,
+def run_repro(path: Union[str, Path], *, device: str = "auto", kernel: Optional[str] = None,
+              sizing: Optional[str] = None,
               mode: Optional[str] = None, layout: Optional[str] = None, absorb: bool = True,
-              verbose: bool = False, out: TextIO, announce=None, trust_case: bool = False,
+              verbose: bool = False, out: TextIO, announce: Optional[Callable[[str], None]] = None,
+              trust_case: bool = False,
               in_process: bool = False, case_timeout: Optional[float] = None) -> int:
     """Load, re-run and describe one case file; returns the exit code (1 reproduces, 0 passes).
 
@@ -161,7 +169,10 @@ def run_repro(path, *, device: str = "auto", kernel: Optional[str] = None, sizin
     else:
         with RemoteSession(plan) as worker:  # resolves the kernel in the worker: BadInput before anything runs
             findings = worker.check(case)
-    p = lambda line="": print(line, file=out)  # noqa: E731
+    def p(line: str = "") -> None:
+        print(line, file=out)
+
+
     p(f"kvfence repro {path}")
     p(f"case    {launches.describe(record, case, full=True)}")
     original = loaded.case

@@ -8,8 +8,9 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
 from kvfence.engine.casefile import format_failure
@@ -19,7 +20,7 @@ from kvfence.engine.findings import Finding, Kind
 class FindingsFound(AssertionError):
     """Raised inside the Hypothesis test when a case has findings; carries the case and findings."""
 
-    def __init__(self, case, findings: List[Finding]):
+    def __init__(self, case: Any, findings: List[Finding]) -> None:
         self.case = case
         self.findings = findings
         super().__init__(format_failure(case, findings))
@@ -41,7 +42,7 @@ class DuplicateFailure(BaseException):
     reaches one already saved: the phase ends there instead of shrinking a failure it already has."""
 
 
-def failure_signature(case, findings: List[Finding]) -> tuple:
+def failure_signature(case: Any, findings: List[Finding]) -> tuple[Any, ...]:
     """What makes two failures the same for ``--keep-going``: their finding kinds and config (the contract's
     ``Keys.config`` with the launch's settings)."""
     return tuple(sorted({f.kind.value for f in findings})), launches.keys(registry.get(case.contract), case).config
@@ -52,7 +53,7 @@ class BulkFailure(BaseException):
     ``kvfence.contracts.draft.strategies.CaseRun``: ``fuzz`` then replays ``choices`` (the example spliced down to that
     case) through Hypothesis, which shrinks it as any failure."""
 
-    def __init__(self, case, findings: List[Finding], choices: Optional[tuple]):
+    def __init__(self, case: Any, findings: List[Finding], choices: Optional[tuple[Any, ...]]) -> None:
         self.case, self.findings, self.choices = case, findings, choices
         super().__init__(format_failure(case, findings))
 
@@ -75,7 +76,7 @@ class RunAborted(BaseException):
     memory budget): not a failure of the kernel, so it is neither shrunk nor replayed; the search stops at once and
     the run ends with that one line (a ``BaseException``, which Hypothesis passes through)."""
 
-    def __init__(self, error):
+    def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -137,11 +138,11 @@ class FuzzResult:
     #: saying why the bulk failure is reported as found, unshrunk.
     bulk_splice: Optional[str] = None
     elapsed_s: float = 0.0
-    case: Optional[object] = None
+    case: Any = None  # the failing launch (or a run of them), None without a failure
     findings: List[Finding] = field(default_factory=list)
     max_utilisation: float = 0.0
     #: The case of ``max_utilisation`` (need/width), so the report can name it.
-    max_utilisation_stat: Optional[tuple] = None
+    max_utilisation_stat: Optional[tuple[Any, ...]] = None
     shrink_cut: bool = False
     shrinking: bool = False
     #: True when ``max_seconds`` ended the run before ``max_examples``.
@@ -159,17 +160,17 @@ class FuzzResult:
     first_failure_text: Optional[str] = None
     #: The first ``FIRST_EXAMPLES_KEPT`` explored examples: when each began and its check ended (seconds from the
     #: command's start), the cases it checked and its config (the contract's ``config_record``).
-    first_examples: List[dict] = field(default_factory=list)
+    first_examples: List[dict[str, Any]] = field(default_factory=list)
     #: Per-example stats (a reservoir sample of at most ``MAX_STATS``), and the shrunk failure's stat;
     #: ``coverage_fields`` names their columns (``kvfence.engine.launch.coverage_fields``).
-    stats: List[tuple] = field(default_factory=list)
-    coverage_fields: Optional[tuple] = None
-    failure_stat: Optional[tuple] = None
+    stats: List[tuple[Any, ...]] = field(default_factory=list)
+    coverage_fields: Optional[tuple[Any, ...]] = None
+    failure_stat: Optional[tuple[Any, ...]] = None
     #: ``kvfence.engine.casefile.hypothesis_blob()`` of the final replay of the shrunk failure.
-    hypothesis: Optional[dict] = None
+    hypothesis: Optional[dict[str, Any]] = None
     #: Distinct configs checked, and the largest one launched (by its memory estimate).
     distinct_configs: int = 0
-    largest_config: Optional[dict] = None
+    largest_config: Optional[dict[str, Any]] = None
     #: Edge class -> cases that reached it (the contract's ``Keys.edges``).
     boundaries: Dict[str, int] = field(default_factory=dict)
     #: The session's compile / capture counters and times (``Session.stats``), copied at the end.
@@ -182,16 +183,16 @@ class FuzzResult:
     #: explored (before shrinking), every distinct failure of the run
     #: (``keepgoing.Failure``), and the final replay's Hypothesis choices (to store it in the database).
     known_repeats: int = 0
-    duplicate_of: Optional[tuple] = None
-    first_signature: Optional[tuple] = None
-    failures: list = field(default_factory=list)
+    duplicate_of: Optional[tuple[Any, ...]] = None
+    first_signature: Optional[tuple[Any, ...]] = None
+    failures: list[Any] = field(default_factory=list)
     choices: Optional[bytes] = None
     #: ``--keep-going`` only: phases run, distinct failures, duplicates, known repeats.
-    keep_going: Optional[dict] = None
+    keep_going: Optional[dict[str, Any]] = None
 
-    structure_keys: set = field(default_factory=set)
-    read_keys: set = field(default_factory=set)
-    config_keys: set = field(default_factory=set)
+    structure_keys: set[Any] = field(default_factory=set)
+    read_keys: set[Any] = field(default_factory=set)
+    config_keys: set[Any] = field(default_factory=set)
 
     def _per_s(self, count: int) -> float:
         return count / self.elapsed_s if self.elapsed_s > 0 else 0.0
@@ -213,25 +214,26 @@ class FuzzResult:
         return self._per_s(self.distinct_configs)
 
 
-def config_key(config) -> int:
+def config_key(config: Any) -> int:
     """A digest of a value, the same in every process (``hash`` is not: strings and None hash per process)."""
     return int.from_bytes(hashlib.blake2b(repr(config).encode(), digest_size=8).digest(), "little")
 
 
-def structure_key(config_digest: int, structure) -> int:
+def structure_key(config_digest: int, structure: Any) -> int:
     """A case's structure (its config's digest and the contract's ``Keys.structure``: what changes where the
     kernel writes), the same in every process whatever the contract's structure holds."""
     return config_key((config_digest, structure))
 
 
-def read_key(record, config_digest: int, case) -> int:
+def read_key(record: Contract[Any], config_digest: int, case: Launch[Any]) -> int:
     """A case's structure and reads (its contract's ``Keys.structure`` and ``Keys.reads``): two cases of one
     read key differ only in values the kernel copies (the bulk skips the second)."""
     found = launches.keys(record, case)
     return structure_key(config_digest, (found.structure, found.reads))
 
 
-def keep_sample(result: FuzzResult, make_stat: Callable[[], tuple], rng: random.Random) -> Optional[tuple]:
+def keep_sample(result: FuzzResult, make_stat: Callable[[], tuple[Any, ...]],
+                rng: random.Random) -> Optional[tuple[Any, ...]]:
     """Reservoir sampling: ``result.stats`` is a uniform sample of the cases seen so far. The stat is
     built (``make_stat()``) only when it is kept, and returned then."""
     if len(result.stats) < MAX_STATS:

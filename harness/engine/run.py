@@ -15,7 +15,7 @@ its summary says of it are assembled once:
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from kvfence.contract import Contract, Launch, option_named
 from kvfence.engine import registry
@@ -24,8 +24,11 @@ from kvfence.engine.launch import bind, sizing_policy
 from kvfence.engine.plan import RunPlan
 from kvfence.errors import require
 
+if TYPE_CHECKING:  # annotations only: the campaign module is imported when a run shards
+    from kvfence.engine.campaign import Shard
 
-def record(plan: RunPlan):
+
+def record(plan: RunPlan) -> Contract[Any]:
     """The contract's record, with ``plan`` checked against it (``BadInput``, one line, before any work): every
     pinned flag one the contract takes, a sizing it knows, a kernel spec of the right shape."""
     found = registry.get(plan.contract)
@@ -55,11 +58,11 @@ def probe_plugins(plan: RunPlan) -> None:
     check_plugins(registry.get(plan.contract), {"kernel": plan.kernel, "sizing": plan.sizing})
 
 
-class BoundRun(list):
+class BoundRun(list[Any]):
     """The launches of one example that drew several cases of one config, with the drawn list's bulk
     bookkeeping (``bulk_start``, ``splice``) read through: the fuzz loop splices a bulk failure by it."""
 
-    def __init__(self, launches, drawn):
+    def __init__(self, launches: List[Launch[Any]], drawn: Any) -> None:
         super().__init__(launches)
         self.drawn = drawn
 
@@ -67,17 +70,17 @@ class BoundRun(list):
     def bulk_start(self) -> int:
         return getattr(self.drawn, "bulk_start", len(self))
 
-    def splice(self, index: int):
+    def splice(self, index: int) -> Optional[tuple[Any, ...]]:
         splice = getattr(self.drawn, "splice", None)
         return splice(index) if splice is not None else None
 
 
-def binder(found, plan: RunPlan):
+def binder(found: Contract[Any], plan: RunPlan) -> Callable[[Any], Any]:
     """``drawn -> launches``: a drawn case (or list of them) bound to the plan's sizing, kernel, mode, layout."""
-    def bind_one(case) -> Launch:
+    def bind_one(case: Any) -> Launch[Any]:
         return bind(found, case, plan.sizing, plan.kernel, plan.mode, plan.layout)
 
-    def bind_drawn(drawn):
+    def bind_drawn(drawn: Any) -> Union[BoundRun, Launch[Any]]:
         if isinstance(drawn, list):
             return BoundRun([bind_one(c) for c in drawn], drawn)
         return bind_one(drawn)
@@ -85,7 +88,7 @@ def binder(found, plan: RunPlan):
     return bind_drawn
 
 
-def draws(plan: RunPlan, shard=None) -> Tuple[object, Optional[dict]]:
+def draws(plan: RunPlan, shard: Optional[Shard] = None) -> Tuple[Any, Optional[dict[str, Any]]]:
     """``(strategy, shard description)``: the contract's launches for ``plan``, or with ``shard`` (``--shard I/N``)
     only its part of the contract's config cells (``kvfence.engine.campaign.shard_draws``: the options the
     contract deals out, each over its values on the plan's domain)."""
@@ -94,20 +97,20 @@ def draws(plan: RunPlan, shard=None) -> Tuple[object, Optional[dict]]:
         return found.cases(plan.draw_domain()).map(binder(found, plan)), None
     from kvfence.engine.campaign import shard_draws
 
-    def build(**cell):
+    def build(**cell: Any) -> Any:
         cut = plan.with_(pins={**plan.pins, **cell})
         return found.cases(cut.draw_domain()).map(binder(found, cut))
 
     return shard_draws(shard, build, shard_fields(found, plan), found.name)
 
 
-def shard_fields(found, plan: RunPlan) -> Dict[str, tuple]:
+def shard_fields(found: Contract[Any], plan: RunPlan) -> Dict[str, Sequence[Any]]:
     """The options a ``--shard`` deals out, each with its values on the plan's domain (a pinned one: its value)."""
     return {o.key: (plan.pins[o.key],) if plan.pins.get(o.key) is not None else tuple(o.shard(plan.domain))
             for o in found.options if o.shard is not None}
 
 
-def checker(plan: RunPlan, *, background: bool = False):
+def checker(plan: RunPlan, *, background: bool = False) -> Any:  # a Checker, or a RemoteSession of the worker
     """Where the plan's cases are checked: a worker process (``kvfence.engine.supervisor.RemoteSession``; with
     ``background`` it starts while the caller builds its strategies, joined by ``wait_ready()``), or the
     contract's checker in this process when ``plan.isolate`` is off (debugging: a crash ends the run)."""
@@ -122,7 +125,8 @@ def checker(plan: RunPlan, *, background: bool = False):
     return RemoteSession(plan, spares_crashing=crash_spares(plan.device, plan.host_jobs), background=background)
 
 
-def database_key(plan: RunPlan, shard=None) -> bytes:
+def database_key(plan: RunPlan, shard: Optional[Shard] = None) -> bytes:
+
     """The example database's key: everything that changes what a drawn choice sequence means."""
     from kvfence.engine.campaign import database_key as key
 
@@ -134,7 +138,7 @@ def database_key(plan: RunPlan, shard=None) -> bytes:
     return key(kernel=plan.kernel, sizing=plan.sizing, domain=domain)
 
 
-def run_record(plan: RunPlan, seed: int, seed_source: str) -> dict:
+def run_record(plan: RunPlan, seed: int, seed_source: str) -> dict[str, Any]:
     """The run's choices as summary.json records them."""
     return {"device": plan.device, "contract": plan.contract, "kernel": plan.kernel, "sizing": plan.sizing,
             "mode": plan.mode, "layout": plan.layout, "seed": seed, "seed_source": seed_source, "jobs": plan.jobs,

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Dict, Iterable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from kvfence.contract import Launch
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
 from kvfence.engine.casefile import case_repro_command
+from kvfence.engine.findings import Finding
 from kvfence.errors import require
+
+if TYPE_CHECKING:  # annotations only
+    from kvfence.engine.result import FuzzResult
 
 SUMMARY_VERSION = 1
 MARKER = "kvfence_summary"
@@ -25,13 +30,13 @@ COVERAGE_FIELDS = ("topk", "num_steps", "page_size", "num_seqs", "raw_bs", "need
 NO_COVERAGE = ("panel",) + launches.COVERAGE
 
 
-def coverage_fields(doc: dict) -> tuple:
+def coverage_fields(doc: dict[str, Any]) -> tuple[Any, ...]:
     """The columns of a summary's coverage rows (its own ``coverage.fields``, else the draft kernel's)."""
     fields = (doc.get("coverage") or {}).get("fields")
     return tuple(fields) if isinstance(fields, list) and fields else COVERAGE_FIELDS
 
 
-def case_record(path: str, case, findings, *, source: str) -> dict:
+def case_record(path: str, case: Launch[Any], findings: List[Finding], *, source: str) -> dict[str, Any]:
     """What the summary keeps about one case file (enough to plot, describe and map it without the file):
     the launch's summary (need, width, requests, config, its record as data), one line describing it and its
     coverage row."""
@@ -44,7 +49,7 @@ def case_record(path: str, case, findings, *, source: str) -> dict:
             "repro": case_repro_command(path, case)}
 
 
-def max_example(result, fields: tuple) -> Optional[dict]:
+def max_example(result: FuzzResult, fields: tuple[Any, ...]) -> Optional[dict[str, Any]]:
     """The explored case with the highest need/width (the one "max need/width" comes from), as a dict of the
     contract's coverage ``fields`` (``FuzzResult.max_utilisation_stat``), or ``None`` before any case."""
     stat = getattr(result, "max_utilisation_stat", None)
@@ -57,7 +62,7 @@ def max_example(result, fields: tuple) -> Optional[dict]:
 ENDINGS = ("signal", "time", "failure", "job_failure", "examples")
 
 
-def ended_by(*, interrupted, time_cut: bool, failed: bool, keep_going: bool = False,
+def ended_by(*, interrupted: Optional[str], time_cut: bool, failed: bool, keep_going: bool = False,
              job_failure_cut: bool = False) -> str:
     """Which of ``ENDINGS`` ended the run (``--keep-going`` goes on past failures: a budget ends it)."""
     if interrupted:
@@ -69,15 +74,16 @@ def ended_by(*, interrupted, time_cut: bool, failed: bool, keep_going: bool = Fa
     return "failure" if failed and not keep_going else "examples"
 
 
-def build(result, *, run: dict, case_path: Optional[str], crashes: Iterable = (), versions: Optional[dict] = None,
-          earlier: Optional[dict] = None, started_at: Optional[float] = None) -> dict:
+def build(result: FuzzResult, *, run: dict[str, Any], case_path: Optional[str], crashes: Iterable[Any] = (),
+          versions: Optional[dict[str, Any]] = None, earlier: Optional[dict[str, Any]] = None,
+          started_at: Optional[float] = None) -> dict[str, Any]:
     """The summary of one fuzz run. ``run`` holds the command's settings (device, kernel, sizing, ...);
     ``crashes`` are ``kvfence.engine.journal.Crash`` records recovered at the start of the run; ``earlier`` is
     where an earlier run's case files were moved (``kvfence.engine.outdir``), if any. ``started_at``
     (epoch seconds, the command's start) dates ``first_failure_s``; without it, it counts from the loop's start."""
     first_at = result.first_failure_at
-    findings: List[dict] = []
-    cases: Dict[str, dict] = {}
+    findings: List[dict[str, Any]] = []
+    cases: Dict[str, dict[str, Any]] = {}
     for crash in crashes:
         p = str(crash.path)
         findings.append(dict(crash.finding.to_dict(), case=p))
@@ -143,14 +149,15 @@ SESSION_KEYS = ("compiles", "captures", "compile_s", "capture_s", "runner_s",
                 "host_verified_cases")
 
 
-def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional[float] = None) -> dict:
+def merge(docs: List[dict[str, Any]], *, run: dict[str, Any], elapsed_s: float,
+          started_at: Optional[float] = None) -> dict[str, Any]:
     """One summary from several (``--jobs`` workers, or runs of several hosts): counts and session
     counters add up, coverage rows are pooled (reservoir-capped like one run's), findings and case
     files are kept once per case file, and the rate is recomputed over ``elapsed_s`` of wall time
     (``started_at``, epoch seconds, dates the first failure from the merged run's start)."""
     import random
 
-    out = {MARKER: SUMMARY_VERSION}
+    out: Dict[str, Any] = {MARKER: SUMMARY_VERSION}
     for key in COUNTS + ("distinct_configs",) + SESSION_KEYS:
         out[key] = sum(d.get(key, 0) or 0 for d in docs)
         if key.endswith("_s"):
@@ -199,9 +206,9 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
     findings, cases, seen = [], {}, set()
     for d in docs:
         for f in d.get("findings", []):
-            key = (f.get("case"), f.get("kind"), f.get("region"), f.get("start"), f.get("stop"))
-            if key not in seen:
-                seen.add(key)
+            identity = (f.get("case"), f.get("kind"), f.get("region"), f.get("start"), f.get("stop"))
+            if identity not in seen:
+                seen.add(identity)
                 findings.append(f)
         cases.update(d.get("cases", {}))
     out["findings"], out["cases"] = findings, cases
@@ -226,35 +233,39 @@ def merge(docs: List[dict], *, run: dict, elapsed_s: float, started_at: Optional
 MAX_COVERAGE_ROWS = 20000
 
 
-def _int(v) -> bool:
+#: A field's check: whether a parsed JSON value has the type (and range) the field needs.
+Check = Callable[[Any], bool]
+
+
+def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _count(v) -> bool:
+def _count(v: Any) -> bool:
     return _int(v) and v >= 0
 
 
-def _number(v) -> bool:
+def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _text(v) -> bool:
+def _text(v: Any) -> bool:
     return isinstance(v, str)
 
 
-def _optional(check):
+def _optional(check: Check) -> Check:
     return lambda v: v is None or check(v)
 
 
-def _flag(v) -> bool:
+def _flag(v: Any) -> bool:
     return v is None or isinstance(v, bool)
 
 
-def _list_of(check):
+def _list_of(check: Check) -> Check:
     return lambda v: isinstance(v, list) and all(check(x) for x in v)
 
 
-def _dict_of(check):
+def _dict_of(check: Check) -> Check:
     return lambda v: isinstance(v, dict) and all(isinstance(k, str) and check(x) for k, x in v.items())
 
 
@@ -264,14 +275,14 @@ _CONFIG_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx
 _SIZED_FIELDS = {"topk": _count, "num_steps": _count, "page_size": _count, "ctx": _count, "max_bs": _count}
 #: ``coverage.examples`` row columns: counts (a width may be 0: a launch with no room), except failed and the panel
 #: (the contract's own config field: any JSON scalar).
-_COLUMN_CHECKS = {"failed": lambda v: isinstance(v, (bool, int))}
+_COLUMN_CHECKS: Dict[str, Check] = {"failed": lambda v: isinstance(v, (bool, int))}
 
 
-def _scalar(v) -> bool:
+def _scalar(v: Any) -> bool:
     return v is None or isinstance(v, (bool, int, float, str))
 
 
-def _column_check(field: str, panel: bool = False):
+def _column_check(field: str, panel: bool = False) -> Check:
     return _scalar if panel else _COLUMN_CHECKS.get(field, _count)
 _FINDING_FIELDS = {"kind": _text, "region": _text, "case": _text, "buffer": _optional(_text), "start": _optional(_int),
                    "stop": _optional(_int), "detail": _optional(_text), "owner_names": _optional(_list_of(_text))}
@@ -301,7 +312,7 @@ _TOP_FIELDS = {
 }
 
 
-def _check_fields(obj, fields: dict, where: str, required=()) -> None:
+def _check_fields(obj: Any, fields: dict[str, Any], where: str, required: Iterable[str] = ()) -> None:
     require(isinstance(obj, dict), f"{where} must be an object")
     for key in required:
         require(key in obj, f"{where}.{key} is missing")
@@ -310,12 +321,12 @@ def _check_fields(obj, fields: dict, where: str, required=()) -> None:
             require(check(obj[key]), f"{where}.{key} has the wrong type or value ({_short(obj[key])})")
 
 
-def _short(value) -> str:
+def _short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def validate(doc, where: str) -> dict:
+def validate(doc: Any, where: str) -> dict[str, Any]:
     """Check the type of every field of a parsed summary a report reads, so that rendering or merging it
     cannot fail; ``BadInput`` names the first problem (summaries are data: from another host, or
     written by hand)."""
@@ -386,14 +397,18 @@ def validate(doc, where: str) -> dict:
                       f"{where}: merged", required=("runs",))
         for i, row in enumerate(merged["runs"]):
             _check_fields(row, _RUN_ROW_FIELDS, f"{where}: merged.runs[{i}]")
-    return doc
+    checked: dict[str, Any] = doc
+    return checked
 
 
-def merge_resumed(previous: dict, doc: dict) -> dict:
+def merge_resumed(previous: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     """``fuzz --resume`` into a folder: ``previous`` (its summary.json) plus the findings and case files
     of ``doc``, so resuming never replaces an earlier run's results. The earlier run's statistics and
     coverage stay; ``resumed`` counts how many times results were added."""
-    key = lambda f: (f["case"], f["kind"], f["region"], f.get("start", 0), f.get("stop", 0))  # noqa: E731
+    def key(f: dict[str, Any]) -> Tuple[Any, ...]:
+        return f["case"], f["kind"], f["region"], f.get("start", 0), f.get("stop", 0)
+
+
     seen = {key(f) for f in previous["findings"]}
     merged = dict(previous)
     merged["findings"] = list(previous["findings"]) + [f for f in doc["findings"] if key(f) not in seen]

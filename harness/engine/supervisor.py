@@ -51,8 +51,9 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Dict, List, Optional, Sequence, Union
 
+from kvfence.contract import Launch
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.interrupt import child_dies_with_parent
 from kvfence.engine.worker import ProgressCounter
@@ -68,6 +69,9 @@ from kvfence.engine.workers import (
     signal_name,
 )
 from kvfence.errors import BadInput, printable, redact, require
+
+if TYPE_CHECKING:  # annotations only: the plan's module is the front end's
+    from kvfence.engine.plan import RunPlan
 
 #: Seconds a small case may take before it is a ``HANG`` (``--case-timeout``); scaled up by case size.
 DEFAULT_CASE_TIMEOUT = 5.0
@@ -109,8 +113,9 @@ class RemoteSession:
     is stopped on exit.
     """
 
-    def __init__(self, plan, *, warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
-                 spares: Optional[int] = None, spares_crashing: Optional[int] = None, background: bool = False):
+    def __init__(self, plan: RunPlan, *, warmup_s: Optional[float] = None, start_timeout: float = START_TIMEOUT,
+                 spares: Optional[int] = None, spares_crashing: Optional[int] = None,
+                 background: bool = False) -> None:
         from kvfence.engine import registry
 
         case_timeout = plan.case_timeout
@@ -127,10 +132,10 @@ class RemoteSession:
         #: The contract's launches on the wire.
         self.codec = Wire(record)
         self._options = {"plan": plan.to_dict(), "loading": registry.loading(record), "device": self.device}
-        self._proc: Optional[subprocess.Popen] = None
-        self._conn = None
+        self._proc: Optional[subprocess.Popen[Any]] = None
+        self._conn: Optional[Connection] = None
         self._progress: Optional[ProgressCounter] = None
-        self._output = None  # the file the current worker's stdout and stderr go to
+        self._output: Optional[BinaryIO] = None  # the file the current worker's stdout and stderr go to
         #: What the last worker killed had printed (``_kill``), for the finding of its death or hang.
         self._last_output = ""
         #: After the first crash or hang, ``spares`` replacement workers are always starting in the
@@ -141,7 +146,7 @@ class RemoteSession:
         #: Spares once the session has died ``CRASHING_AFTER`` times (``crash_spares``); never fewer.
         self._crashing_spare_count = max(self._spare_count, spares_crashing or 0)
         self._spares: List[PendingWorker] = []
-        self._warm: set = set()  # compiled specializations this worker has run: no warm-up allowance
+        self._warm: set[Any] = set()  # compiled specializations this worker has run: no warm-up allowance
         #: What a case's time limit is multiplied by (``CONFIRM_FACTOR`` while a HANG is confirmed).
         self._slack = 1.0
         #: Worker starts, deaths (a dead worker or CUDA context), HANG kills, deaths caused from outside
@@ -189,7 +194,7 @@ class RemoteSession:
             if spare is not None:
                 self.counters["spares_used"] += 1
             code = self._adopt(early or spare or self._spawn())
-            if code == _WARM_FAILED:
+            if isinstance(code, str):  # _WARM_FAILED
                 continue  # the next spare, or a fresh worker
             if code is None:
                 if self.ready_at is None:
@@ -245,13 +250,13 @@ class RemoteSession:
         self.counters["worker_starts"] += 1
         return PendingWorker(proc, Connection(ours.detach()), ProgressCounter(progress_file), output)
 
-    def _adopt(self, pending: "PendingWorker"):
+    def _adopt(self, pending: "PendingWorker") -> Union[int, str, None]:
         """Make ``pending`` the worker and wait for it to be ready (and for its warm-up case, if it was sent
         one); the exit status if it died instead, ``_WARM_FAILED`` if its warm-up did not come back clean."""
         self._proc, self._conn, self._progress = pending.proc, pending.conn, pending.progress
         self._output = pending.output
         self._warm = set()
-        readable = wait([self._conn], timeout=self.start_timeout)
+        readable = wait([self._pipe()], timeout=self.start_timeout)
         message = self._recv() if readable else None
         if message is None:
             code = self._kill()
@@ -265,11 +270,11 @@ class RemoteSession:
             return self._warmed(pending.warming)
         return None
 
-    def _warmed(self, case) -> Optional[str]:
+    def _warmed(self, case: Launch[Any]) -> Optional[str]:
         """Take the reply to the warm-up case sent ahead (``_send_warm``): None when it came back clean (its
         config is warm now), ``_WARM_FAILED`` (the worker killed) when it died, hung or found anything."""
         limit = self._case_limit(case, self.warmup_s)
-        message = self._recv() if wait([self._conn], timeout=limit) else None
+        message = self._recv() if wait([self._pipe()], timeout=limit) else None
         if message is None or message.get("op") != "results" or message.get("fatal") \
                 or [r for r in message.get("results", [[]]) if r]:
             self._kill()
@@ -279,17 +284,28 @@ class RemoteSession:
         self.counters["warm_ups"] += 1
         return None
 
-    def _recv(self) -> Optional[dict]:
+    def _recv(self) -> Optional[dict[str, Any]]:
         try:
-            return json.loads(self._conn.recv_bytes())
+            message: Optional[dict[str, Any]] = json.loads(self._pipe().recv_bytes())
+            return message
         except (EOFError, OSError):
             return None
 
     @staticmethod
-    def _raise(message: dict) -> None:
+    def _raise(message: dict[str, Any]) -> None:
         if message.get("op") == "bad_input":
             raise BadInput(message["message"])
         raise WorkerError("the checking worker failed:\n" + message.get("traceback", repr(message)))
+
+    def _pipe(self) -> Connection:
+        """The running worker's end of the pipe."""
+        assert self._conn is not None, "no checking worker is running"
+        return self._conn
+
+    def _counter(self) -> ProgressCounter:
+        """The running worker's progress counter."""
+        assert self._progress is not None, "no checking worker is running"
+        return self._progress
 
     def _kill(self) -> Optional[int]:
         """Kill the worker (if alive) and return its exit status; what it printed is ``_last_output``."""
@@ -338,7 +354,7 @@ class RemoteSession:
         proc = self._proc
         if proc is None:
             return
-        self._conn.close()
+        self._pipe().close()
         self._conn = None
         try:
             proc.wait(2.0)
@@ -353,11 +369,11 @@ class RemoteSession:
     def __enter__(self) -> "RemoteSession":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- checking --------------------------------------------------------------------------------------
-    def _run_limit(self, cases: Sequence, first: int) -> float:
+    def _run_limit(self, cases: Sequence[Any], first: int) -> float:
         """Seconds for the run of one config that starts at ``first`` (the worker checks such a run as
         one batch and moves its progress counter once): the sum of its cases' limits, times ``_slack``."""
         head = self.codec.group(cases[first])
@@ -367,32 +383,32 @@ class RemoteSession:
             i += 1
         return total * self._slack
 
-    def _case_limit(self, case, warmup: float = 0.0) -> float:
+    def _case_limit(self, case: Launch[Any], warmup: float = 0.0) -> float:
         """Seconds ``case`` may run: ``case_timeout`` per started ``ELEMENTS_PER_TIMEOUT`` elements of its work
         (the codec's measure), plus ``warmup``."""
         return self.case_timeout * (1 + self.codec.elements(case) // ELEMENTS_PER_TIMEOUT) + warmup
 
-    def _limit(self, case) -> float:
+    def _limit(self, case: Launch[Any]) -> float:
         warm = self.codec.compiled(case) in self._warm
         return self._case_limit(case, 0.0 if warm else self.warmup_s)
 
-    def round_trip(self, cases: Sequence) -> None:
+    def round_trip(self, cases: Sequence[Any]) -> None:
         """Send ``cases`` and get empty verdicts back without running them: what ``check_many`` adds to
         the checking itself (JSON both ways, the socket, rebuilding each case in the worker).
         For ``benchmarks/worker_ipc.py``."""
         self._exchange(cases, dry=True)
 
-    def _exchange(self, cases: Sequence, dry: bool = False) -> List[List[Finding]]:
+    def _exchange(self, cases: Sequence[Any], dry: bool = False) -> List[List[Finding]]:
         """One message to the worker; the verdicts of a prefix of ``cases`` (all, unless one was fatal).
 
         Raises ``LostCase`` when the worker dies or hangs before replying (its results are lost).
         """
         if self._proc is None:
             self._start()
-        self._progress.value = 0
+        self._counter().value = 0
         try:
             message = {"op": "check", "dry": dry, **self.codec.encode(cases)}
-            self._conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
+            self._pipe().send_bytes(json.dumps(message, separators=(",", ":")).encode())
         except OSError:
             pass  # the worker is already dead: the wait below says so
         try:
@@ -423,18 +439,19 @@ class RemoteSession:
             out[-1] = [self._with_output(f) if f.kind is Kind.CRASH else f for f in out[-1]]
         return out
 
-    def _await(self, cases: Sequence) -> dict:
+    def _await(self, cases: Sequence[Any]) -> dict[str, Any]:
         """The worker's reply to the list in flight; ``LostCase`` if it dies or stalls on a case first."""
         started, clock, limit = 0, time.monotonic(), 0.0
         while True:
-            if wait([self._conn], timeout=POLL_S):
+            if wait([self._pipe()], timeout=POLL_S):
                 message = self._recv()
                 if message is not None:
                     break
                 # End of file: the worker died without a reply.
-                index = max(self._progress.value - 1, 0)
+                index = max(self._counter().value - 1, 0)
                 self._prestart()  # the replacement starts while this one is reaped
                 code = self._kill()
+                assert code is not None  # a worker was running: _kill reaped it
                 external = code in _EXTERNAL
                 self.counters["external_kills" if external else "deaths"] += 1
                 detail = f"the checking worker died with {signal_name(code)} during this launch"
@@ -444,8 +461,8 @@ class RemoteSession:
                 raise LostCase(index, self._with_output(Finding(Kind.CRASH, "kernel", "launch", detail=detail)),
                             external)
             now = time.monotonic()
-            if self._progress.value != started:
-                started, clock = self._progress.value, now
+            if self._counter().value != started:
+                started, clock = self._counter().value, now
                 limit = self._run_limit(cases, started - 1)
             if started and now - clock > limit:
                 self._prestart()
@@ -457,7 +474,7 @@ class RemoteSession:
                 raise LostCase(index, self._with_output(Finding(Kind.HANG, "kernel", "launch", detail=detail)), False)
         return message
 
-    def _check_alone(self, case) -> List[Finding]:
+    def _check_alone(self, case: Launch[Any]) -> List[Finding]:
         """One case in its own message: a death is this case's ``CRASH`` (after one retry if external). A hang
         is a finding only once confirmed: the case runs again, alone, in a fresh worker (whose first launch
         of a config has the warm-up allowance for compiling), with ``CONFIRM_FACTOR`` times its limit; a case
@@ -481,14 +498,14 @@ class RemoteSession:
                 self._slack = 1.0
             attempt += 1
 
-    def check(self, case) -> List[Finding]:
+    def check(self, case: Launch[Any]) -> List[Finding]:
         """The findings of one case (``CRASH`` / ``HANG`` when the worker died or stalled on it)."""
         return self._check_alone(case)
 
     #: ``check_many`` takes ``enough`` (``kvfence.engine.loop`` asks before passing it).
     STOPS_EARLY = True
 
-    def check_many(self, cases: Sequence, enough: Optional[Callable[[List[Finding]], bool]] = None,
+    def check_many(self, cases: Sequence[Any], enough: Optional[Callable[[List[Finding]], bool]] = None,
                    one_at_a_time: bool = False) -> List[Optional[List[Finding]]]:
         """One findings list per case, sent to the worker as one message.
 
@@ -507,10 +524,10 @@ class RemoteSession:
         results: List[Optional[List[Finding]]] = [None] * len(cases)
         if one_at_a_time:
             for j, case in enumerate(cases):
-                results[j] = self._check_alone(case)
-                if enough is not None and enough(results[j]):
+                results[j] = alone = self._check_alone(case)
+                if enough is not None and enough(alone):
                     break
-            return results  # type: ignore[return-value]
+            return results
         i = 0
         while i < len(cases):
             try:
@@ -520,11 +537,11 @@ class RemoteSession:
                 # one config into one launch sequence): every case without a verdict runs alone now.
                 for j in range(i, len(cases)):
                     if results[j] is None:
-                        results[j] = self._check_alone(cases[j])
-                        if enough is not None and enough(results[j]):
+                        results[j] = alone = self._check_alone(cases[j])
+                        if enough is not None and enough(alone):
                             break
                 break
             results[i:i + len(done)] = done
             i += len(done)
-        return results  # type: ignore[return-value]
+        return results
 

@@ -19,10 +19,13 @@ compute-sanitizer) there is no tail either, so a write past the last row leaves 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from kvfence.contract import Table
+from kvfence.contract import Contract, Launch, Table
 from kvfence.engine.capture import collector_paused
+
+if TYPE_CHECKING:  # torch is imported where a table is allocated, not at start-up
+    import torch
 
 POISON = -1
 CANARY_BASE = -1000
@@ -33,8 +36,8 @@ GUARD = 64
 @dataclass
 class Guarded:
     table: Table
-    flat: object  # torch tensor
-    view: object  # what the kernel gets
+    flat: torch.Tensor
+    view: torch.Tensor  # what the kernel gets
     guard: int  # elements between two rows
     front: int = GUARD
     tail: int = GUARD
@@ -47,7 +50,7 @@ class Guarded:
     def rows(self) -> int:
         return 1 if self.table.rows is None else self.table.rows
 
-    def locate(self, position: int):
+    def locate(self, position: int) -> Tuple[str, Optional[int], int]:
         """``(region, row, offset)`` of a flat position: region is ``front guard``, ``row``, ``guard after row``
         or ``tail``."""
         w = self.table.width
@@ -66,7 +69,7 @@ class Guarded:
         return self.front + row * self.stride + column
 
 
-def contents_of(table: Table):
+def contents_of(table: Table) -> Optional[Sequence[Any]]:
     """An input's contents, built now if the contract gave a callable."""
     return table.contents() if callable(table.contents) else table.contents
 
@@ -98,12 +101,13 @@ def allocate_all(tables: List[Table], device: str, *, layout: str = "redzone", a
     return {t.name: allocate(t, device, layout=layout, absorb=absorb) for t in tables}
 
 
-def snapshot(buffers: Dict[str, Guarded]) -> Dict[str, object]:
+def snapshot(buffers: Dict[str, Guarded]) -> Dict[str, torch.Tensor]:
     """Each table's flat tensor, copied to the host (the verdict reads elements from it)."""
     return {name: g.flat.cpu().clone() for name, g in buffers.items()}
 
 
-def launch(record, kernel, buffers: Dict[str, Guarded], value, device: str, graph: bool) -> None:
+def launch(record: Contract[Any], kernel: Any, buffers: Dict[str, Guarded], value: Launch[Any], device: str,
+           graph: bool) -> None:
     """One launch of ``kernel`` on the views (``value``: the engine's ``Launch``). ``graph`` (CUDA only): warm up
     (compiles), restore every buffer, capture the launch into a ``torch.cuda.CUDAGraph`` and replay it once, as a
     CUDA-graph runner does."""

@@ -18,7 +18,7 @@ import importlib.util
 import os
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 #: Modules the first compile imports lazily (those a Triton version lacks are skipped). triton 3.6 imports
 #: ``triton.experimental.gluon`` on the first compile (0.14 s on the H200).
@@ -32,7 +32,7 @@ def wanted(device: str) -> bool:
     return device != "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
-def _warm(record: dict) -> None:
+def _warm(record: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     for name in FIRST_COMPILE_MODULES:
         try:
@@ -53,7 +53,7 @@ class TritonWarmup:
     (None when it did not finish: an error, which the first launch will meet and report itself)."""
 
     def __init__(self) -> None:
-        self._record: dict = {}
+        self._record: dict[str, Any] = {}
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> "TritonWarmup":

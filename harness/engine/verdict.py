@@ -26,10 +26,14 @@ Python loop over a million elements). ``tests/test_contracts.py`` checks the two
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, cast
 
+from kvfence.contract import Contract, Launch
 from kvfence.engine.findings import SEEN_BY_AUDIT, Finding, Kind, programs_text
 from kvfence.engine.tables import INPUT_POISON, POISON, Guarded
+
+if TYPE_CHECKING:  # torch is imported where a verdict is made, not at start-up
+    import torch
 
 SAMPLES = 3
 #: The largest divisor of a read value that still makes a stored value poison-derived (a page id is a slot
@@ -53,21 +57,22 @@ def decode_poison(value: int, buffers: Dict[str, Guarded]) -> str:
     return f"{value} is derived from an input's guard poison: a read past an input's rows"
 
 
-def _region_name(region: str, row) -> str:
+def _region_name(region: str, row: Optional[int]) -> str:
     return region if row is None else f"{region} {row}"
 
 
-def matches(now: int, exp) -> bool:
+def matches(now: int, exp: object) -> bool:
     """An element holds what the oracle asks: its value, or one of the values of a set (two programs write it)."""
     return now in exp if isinstance(exp, frozenset) else now == exp
 
 
-def sample_value(exp) -> int:
+def sample_value(exp: object) -> int:
     """What a finding's sample records as expected: the value, or the least of a set of them."""
-    return min(exp) if isinstance(exp, frozenset) else exp
+    return int(min(exp)) if isinstance(exp, frozenset) else cast(int, exp)
 
 
-def expected_flat(g: Guarded, before, after, wanted: Dict[Tuple[int, int], object]):
+def expected_flat(g: Guarded, before: torch.Tensor, after: torch.Tensor,
+                  wanted: Mapping[Tuple[int, int], object]) -> torch.Tensor:
     """The flat tensor a clean launch leaves in output table ``g``: what it held (poisoned rows, canaries),
     with every element the oracle defines inside a row set to its value (one past the row stays the canary:
     the walk calls a change there a guard overwrite whatever the oracle asks). An element of a set of values
@@ -92,7 +97,8 @@ def expected_flat(g: Guarded, before, after, wanted: Dict[Tuple[int, int], objec
     return want
 
 
-def clean(buffers: Dict[str, Guarded], before: Dict[str, object], after: Dict[str, object], expected) -> bool:
+def clean(buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor], after: Dict[str, torch.Tensor],
+          expected: Mapping[str, Mapping[Tuple[int, int], object]]) -> bool:
     """Whether ``verdict`` would find nothing, by whole-tensor comparisons (see the module docstring)."""
     import torch
 
@@ -104,8 +110,10 @@ def clean(buffers: Dict[str, Guarded], before: Dict[str, object], after: Dict[st
     return True
 
 
-def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, object],
-            after: Dict[str, object], every_element: bool = False, expected=None) -> List[Finding]:
+def verdict(record: Contract[Any], launch: Launch[Any], buffers: Dict[str, Guarded],
+            before: Dict[str, torch.Tensor],
+            after: Dict[str, torch.Tensor], every_element: bool = False,
+            expected: Optional[Mapping[str, Mapping[Tuple[int, int], object]]] = None) -> List[Finding]:
     """The findings of one launch; ``before``/``after`` are each table's flat host tensor (``snapshot``).
     ``every_element``: the plain walk over every element, without the ``clean`` fast path (what tests compare
     the engine's path with)."""
@@ -117,7 +125,7 @@ def verdict(record, launch, buffers: Dict[str, Guarded], before: Dict[str, objec
         wanted = expected.get(name, {}) if g.table.role == "output" else {}
         findings += _table_findings(record, launch, name, g, before[name], after[name], wanted, every_element)
     for f in findings:
-        if f.kind is Kind.POISON_READ and f.samples:
+        if f.kind is Kind.POISON_READ and f.samples and f.samples[0][2] is not None:
             f.detail = decode_poison(f.samples[0][2], buffers)
     attribute(record, launch, findings, expected, buffers)
     return findings
@@ -200,12 +208,13 @@ def decode_canary(value: int, buffers: Dict[str, Guarded]) -> str:
     return f"{value} is the canary of {' or '.join(exact)}: a read of an output's guard" if exact else ""
 
 
-def _row_of(region: str):
+def _row_of(region: str) -> Optional[int]:
     last = region.rsplit(" ", 1)[-1]
     return int(last) if last.isdigit() else None
 
 
-def attribute(record, launch, findings: List[Finding], expected, buffers: Dict[str, Guarded]) -> None:
+def attribute(record: Contract[Any], launch: Launch[Any], findings: List[Finding],
+              expected: Mapping[str, Mapping[Tuple[int, int], object]], buffers: Dict[str, Guarded]) -> None:
     """Each output finding's ``writers`` and decoded values, from its samples' found values: the programs the
     contract says store such a value (``Contract.owner`` of the elements the oracle gives that value, those of the
     finding's own row first, then of the row before it: a spill, then any), and what a guard poison or canary
@@ -225,7 +234,8 @@ def attribute(record, launch, findings: List[Finding], expected, buffers: Dict[s
         if notes:
             f.detail = "; ".join([f.detail] * bool(f.detail) + notes)
         if f.buffer not in index:
-            where: Dict[int, List[Tuple[int, int]]] = {}
+            where: Dict[Any, List[Tuple[int, int]]] = {}
+
             for key, value in expected.get(f.buffer, {}).items():
                 for v in (value if isinstance(value, frozenset) else (value,)):
                     where.setdefault(v, []).append(key)
@@ -311,6 +321,6 @@ def _inferred_writer(record, launch, f: Finding, expected, g: Guarded) -> str:
             f"so a write running past its segment most likely came from {shown}")
 
 
-def _finding(buffer: str, run) -> Finding:
+def _finding(buffer: str, run: List[Any]) -> Finding:
     kind, region, row, start, stop, samples, programs, _ = run
     return Finding(kind, buffer, _region_name(region, row), start, stop, samples, programs)

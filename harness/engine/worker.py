@@ -24,8 +24,9 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, List, Optional, Tuple
 
+from kvfence.contract import Checker, Launch
 from kvfence.engine.boundary import contract_failure, convert_exits, refusal
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.triton_warmup import TritonWarmup
@@ -49,11 +50,11 @@ def _cuda_context_alive() -> bool:
         return False
 
 
-def _send(conn, message: dict) -> None:
+def _send(conn: Connection, message: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps(message, separators=(",", ":")).encode())
 
 
-def _worker_check(session, case, device: str):
+def _worker_check(session: Checker, case: Launch[Any], device: str) -> Tuple[List[dict[str, Any]], bool]:
     """``(finding dicts, fatal)`` for one case; ``fatal`` when the CUDA context died with it."""
     try:
         findings = session.check(case)
@@ -83,7 +84,7 @@ EXIT_CONTEXT_LOST = 70
 EXIT_PLUGIN_INTERRUPT = 71
 
 
-def _worker_check_many(session, cases: list, device: str) -> List[list]:
+def _worker_check_many(session: Any, cases: list[Any], device: str) -> List[list[Any]]:
     """Finding dicts for a run of one config, through ``Session.check_many``. If the batch leaves the
     CUDA context dead, the worker exits without a reply: which case did it is not known here."""
     try:
@@ -102,7 +103,8 @@ def _worker_check_many(session, cases: list, device: str) -> List[list]:
     return [[f.to_dict() for f in findings] for findings in out]
 
 
-def _worker_side(options: dict, device: str):
+def _worker_side(options: dict[str, Any], device: str
+                 ) -> Tuple[Checker, Callable[[dict[str, Any]], List[Launch[Any]]]]:
     """The contract's record, loaded here by its registry entry (a plug-in's import runs in this process only),
     and the checker of the run's plan on this device: ``(checker, decode(message) -> launches)``."""
     from kvfence.engine.checking import checker_for
@@ -114,13 +116,13 @@ def _worker_side(options: dict, device: str):
     plan = RunPlan.from_dict(dict(options["plan"], device=device))
     checker = checker_for(record, plan)
 
-    def decode(message: dict):
+    def decode(message: dict[str, Any]) -> List[Launch[Any]]:
         return [from_record(record, data) for data in message["launches"]]
 
     return checker, decode
 
 
-def _worker_main(conn, progress, options: dict) -> None:
+def _worker_main(conn: Connection, progress: ProgressCounter, options: dict[str, Any]) -> None:
     """Entry point of the worker process: set up the device and session, then serve ``check`` messages."""
     # Ctrl-C in a terminal reaches the whole process group: the supervisor decides when the worker ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -211,7 +213,7 @@ class ProgressCounter:
     in flight. The worker writes it before each case, so when it dies or stalls the supervisor knows
     which case it was on, at the cost of a memory store per case (no message)."""
 
-    def __init__(self, file):
+    def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self._map = mmap.mmap(file.fileno(), 8)
 

@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 from functools import lru_cache
-from typing import Dict
+from multiprocessing.connection import Connection
+from typing import Any, BinaryIO, Dict, Sequence, Tuple
 
 from kvfence import device as host
+from kvfence.contract import Contract, Launch
 from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding
 from kvfence.engine.worker import EXIT_PLUGIN_INTERRUPT, ProgressCounter
@@ -60,7 +62,8 @@ class PendingWorker:
     """A worker process that was started and may not be ready yet: its pipe, progress counter and the
     file its stdout and stderr go to."""
 
-    def __init__(self, proc: subprocess.Popen, conn, progress: ProgressCounter, output):
+    def __init__(self, proc: subprocess.Popen[Any], conn: Connection, progress: ProgressCounter,
+                 output: BinaryIO) -> None:
         self.proc, self.conn, self.progress, self.output = proc, conn, progress, output
         self.warming = None  # the case sent ahead for it to check once ready (``RemoteSession._prestart``)
 
@@ -74,7 +77,7 @@ class PendingWorker:
         self.output.close()
 
 
-def output_tail(output) -> str:
+def output_tail(output: BinaryIO) -> str:
     """The last ``OUTPUT_RELAYED`` bytes a worker wrote to ``output``, as text (bytes that are not UTF-8
     replaced; the JSON of a case file and the reports escape what is left)."""
     size = output.seek(0, os.SEEK_END)
@@ -103,24 +106,24 @@ class Wire:
     #: Elements of an output table weigh this much beside an input's: the plain-Python oracle builds each.
     OUTPUT_WEIGHT = 4
 
-    def __init__(self, record):
+    def __init__(self, record: Contract[Any]) -> None:
         self.record = record
         self.kinds = tuple(k.name for k in record.kinds)
         # A batch's launches (a few hundred at most): a larger cache only keeps old cases alive for the collector.
         self._keys = lru_cache(maxsize=512)(lambda x: launches.keys(record, x))
 
-    def encode(self, cases) -> dict:
+    def encode(self, cases: Sequence[Launch[Any]]) -> dict[str, Any]:
         ids: Dict[object, int] = {}
         return {"launches": [launches.to_record(self.record, x) for x in cases],
                 "groups": [ids.setdefault(self.group(x), len(ids)) for x in cases]}
 
-    def group(self, launch):
+    def group(self, launch: Launch[Any]) -> Tuple[Any, ...]:
         return launch.kernel, launch.sizing, launch.mode, launch.layout, self._keys(launch).config
 
-    def compiled(self, launch):
+    def compiled(self, launch: Launch[Any]) -> Tuple[Any, ...]:
         found = self._keys(launch)
         return launch.kernel, launch.mode, found.compile if found.compile is not None else found.config
 
-    def elements(self, launch) -> int:
+    def elements(self, launch: Launch[Any]) -> int:
         return sum((t.rows or 1) * t.width * (self.OUTPUT_WEIGHT if t.role == "output" else 1)
                    for t in self.record.tables(launch))

@@ -176,7 +176,7 @@ def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
     algorithm = "EAGLE" if algorithm == "NEXTN" else algorithm
     require(not args.speculative_adaptive, "SGLang flags: --speculative-adaptive changes the steps while serving; "
                                            "kvfence does not model it: ask with the steps you want answered")
-    assumed = []
+    assumed: List[str] = []
     steps, topk, tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
     if algorithm in DFLASH_FAMILY:
         steps, topk, tokens = _dflash_settings(algorithm, args, assumed)
@@ -222,8 +222,8 @@ def _model_arch(model_path: Optional[str]) -> Tuple[str, str]:
     if doc is None:
         return "", where
     archs = doc.get("architectures")
-    require(isinstance(archs, list) and archs and isinstance(archs[0], str) and len(archs[0]) <= 200,
-            f"{where}: no architectures list")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str) and len(archs[0]) <= 200):
+        raise BadInput(f"{where}: no architectures list")
     return archs[0], where
 
 
@@ -338,8 +338,10 @@ def assess_deployment(dep: Deployment, *, out: Path, device: str, offline: bool,
                 f"sglang {dep.version} is not a release kvfence finds (the package index, the cache"
                 + (", KVFENCE_WHEEL_DIR" if os.environ.get("KVFENCE_WHEEL_DIR") else "")
                 + f"; the newest it knows is {newest}): nothing of it can be read"))]
-        own = []
+        own: List[Verdict] = []
         for name in with_tool():
             shown.step(f"{name}: the release's backends")
-            own += shipped(name).tool.deployment_verdicts(dep, releases, out, device)
+            tool = shipped(name).tool
+            assert tool is not None  # with_tool lists the contracts that have one
+            own += tool.deployment_verdicts(dep, releases, out, device)
         return own + contract_verdicts(dep, releases, out, device, announce)

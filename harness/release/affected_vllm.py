@@ -118,7 +118,8 @@ def human_int(text: str, flag: str) -> Optional[int]:
     if text == "-1" or text.lower() == "auto":
         return None
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text)
-    require(match is not None, f"{flag} {text!r}: expected an integer such as 4096, 32k or 32K")
+    if match is None:
+        raise BadInput(f"{flag} {text!r}: expected an integer such as 4096, 32k or 32K")
     number, suffix = match.groups()
     require(len(number) <= 20, f"{flag} {text[:40]!r}: a number of more than 20 digits")  # float() would be inf
     mult = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30,
@@ -203,8 +204,8 @@ def _architectures(doc: Optional[dict], where: str) -> Tuple[str, ...]:
     if doc is None:
         return ()
     archs = doc.get("architectures")
-    require(isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs),
-            f"{where}: no architectures list")
+    if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+        raise BadInput(f"{where}: no architectures list")
     return tuple(archs)
 
 
@@ -286,7 +287,8 @@ def parse_vllm(version: str, argv: Sequence[str], kv_groups: Sequence[str] = ())
 def parse_group(text: str) -> KvGroup:
     """``BLOCK_SIZE:BLOCKS`` of ``--kv-cache-group``."""
     match = re.fullmatch(r"(\d+):(\d+)", text.strip()) if isinstance(text, str) else None
-    require(match is not None, f"--kv-cache-group {text!r}: expected BLOCK_SIZE:BLOCKS, e.g. 16:1")
+    if match is None:
+        raise BadInput(f"--kv-cache-group {text!r}: expected BLOCK_SIZE:BLOCKS, e.g. 16:1")
     block, blocks = int(match.group(1)), int(match.group(2))
     require(1 <= block <= 1 << 16 and 1 <= blocks <= 1 << 22,
             f"--kv-cache-group {text!r}: block size 1..65536, blocks 1..2^22")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import ast
 from dataclasses import asdict
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from kvfence.errors import require
+from kvfence.errors import BadInput, require
 from kvfence.release import wheel_ast
 from kvfence.release.knowledge import ShippedSite
 from kvfence.release.knowledge import shipped as knowledge_of
@@ -55,7 +55,8 @@ class _SiteEvaluator(wheel_ast.Evaluator):
     ``self`` attributes of the class's ``__init__`` (in its file), ``triton.cdiv`` and conditional
     expressions (their smaller branch: the width a launch may get)."""
 
-    def __init__(self, wheel: wheel_ast.Wheel, symbols: Dict[str, str], inits: Dict[str, Tuple[str, ast.AST]],
+    def __init__(self, wheel: wheel_ast.Wheel, symbols: Dict[str, str],
+                 inits: Dict[str, Tuple[str, ast.FunctionDef, ast.AST]],
                  mro=()):
         super().__init__(wheel)
         self.symbols, self.inits, self.mro = symbols, inits, mro
@@ -103,6 +104,7 @@ class _SiteEvaluator(wheel_ast.Evaluator):
     def method(self, call: ast.Call, site):
         """``self.NAME(args)``: a method of the class (or its bases) whose body is assignments, ``if`` blocks
         of assignments and one final ``return``, evaluated with its parameters bound to the arguments."""
+        assert isinstance(call.func, ast.Attribute)  # expr sends only self.NAME(...) calls here
         name = call.func.attr
         found = next(((f, fn) for f, cls in self.mro for fn in cls.body
                       if isinstance(fn, ast.FunctionDef) and fn.name == name), None)
@@ -178,7 +180,8 @@ def _find_class(wheel: wheel_ast.Wheel, name: str) -> Optional[Tuple[str, ast.Cl
 
 def _mro(wheel: wheel_ast.Wheel, name: str) -> List[Tuple[str, ast.ClassDef]]:
     """The class and its bases that the wheel defines, nearest first (at most 8 deep)."""
-    out, todo, seen = [], [name], set()
+    out: List[Tuple[str, ast.ClassDef]] = []
+    todo, seen = [name], set()
     while todo and len(out) < 8:
         n = todo.pop(0)
         if n in seen:
@@ -211,8 +214,8 @@ def _occurrence(scopes, text: str, within: str = ""):
         else:
             file, fn, node = scope
             bodies = [(fn, node)]
-        hits = [(n.lineno, fn, n) for fn, root in bodies for n in ast.walk(root)
-                if isinstance(n, kind) and ast.unparse(n) == wanted]
+        hits = [(n.lineno, fn, n) for fn, root in bodies for n in ast.walk(root)  # kind: ast.expr or ast.stmt
+                if isinstance(n, (ast.expr, ast.stmt)) and isinstance(n, kind) and ast.unparse(n) == wanted]
         if hits:
             _, fn, node = min(hits, key=lambda h: h[0])
             return file, fn, node
@@ -235,7 +238,7 @@ def _inits(mro) -> Dict[str, Tuple[str, ast.FunctionDef, ast.AST]]:
 
 def read_site(wheel: wheel_ast.Wheel, site: ShippedSite) -> dict:
     """One site's record: the width and delta as text, tree and ``file:line``, or why they are not read."""
-    record = {"site": asdict(site)}
+    record: Dict[str, Any] = {"site": asdict(site)}
     mro = _mro(wheel, site.cls)
     if not mro:
         record["absent"] = f"no class {site.cls} in this release"
@@ -421,7 +424,8 @@ def validate(doc: dict) -> dict:
     require(isinstance(fallback, dict) and all(isinstance(fallback.get(k), str) for k in fallback),
             "shipped record: bad eager_fallback")
     adm = doc.get("admission")
-    require(isinstance(adm, dict), "shipped record: admission must be an object")
+    if not isinstance(adm, dict):
+        raise BadInput("shipped record: admission must be an object")
     if "minus" in adm:
         require(type(adm["minus"]) is int and 0 <= adm["minus"] < 1 << 20 and isinstance(adm.get("max_length"), str)
                 and all(isinstance(adm.get(k), dict) and isinstance(adm[k].get("text"), str)

@@ -388,7 +388,7 @@ def _ranges(versions: List[str], order: List[str]) -> str:
     """``a..b`` runs of consecutive releases of ``order``."""
     idx = sorted(order.index(v) for v in versions)
     runs, begin = [], idx[0]
-    for prev, cur in zip(idx, idx[1:] + [None]):
+    for prev, cur in zip(idx, idx[1:] + [-1]):  # -1: past the last, never prev + 1
         if cur != prev + 1:
             runs.append(order[begin] if begin == prev else f"{order[begin]}..{order[prev]}")
             begin = cur
@@ -416,7 +416,7 @@ def sentences(doc: dict) -> List[str]:
             if not shown or all(k in ("fits", "unreadable") for k, _ in shown):
                 continue
             out.append(f"{name}, {site}: " + "; ".join(f"{k} in {_ranges(vs, order)}" for k, vs in shown) + ".")
-            last = next((c for c in have[-1]["cells"] if c["site"] == site), {})
+            last: dict = next((c for c in have[-1]["cells"] if c["site"] == site), {})
             for cls, e in last.get("classes", {}).items():
                 if cls == "fits":
                     continue

@@ -47,7 +47,8 @@ REACH = {"blocks": "the launch covers ceil(W / B) blocks of B pages",
 
 def models(block_pages) -> List[Tuple[str, Optional[Callable[[int], int]]]]:
     """The reach models to try, the declared one first."""
-    first = [("blocks", block_pages)] if block_pages is not None else [("row", None)]
+    first: List[Tuple[str, Optional[Callable[[int], int]]]] = (
+        [("blocks", block_pages)] if block_pages is not None else [("row", None)])
     return first + [(m, None) for m in ("length", "row") if m != first[0][0]]
 
 
@@ -102,6 +103,7 @@ def classify(site_record: dict, adm: dict, model, page: int, ctx, d, length=None
     elif name == "length":
         past = np.where(over, need - width, 0)
     else:
+        assert block_pages is not None  # the blocks model carries its block size
         b = block_pages(page)
         reach = -(-width // b) * b
         past = np.where(over, np.maximum(np.minimum(need, reach) - width, 0), 0)
@@ -259,7 +261,8 @@ def space(site_record: dict, adm: dict, model, ctx_range=CTX_RANGE, d_range=D_RA
     name, block_pages = _model(model)
     key = json.dumps([site_record["width"].get("tree"), site_record["delta"].get("tree"), adm.get("minus"),
                       site_record["site"]["page_sizes"], ctx_range, d_range, name,
-                      [block_pages(p) for p in site_record["site"]["page_sizes"]] if name == "blocks" else None])
+                      [block_pages(p) for p in site_record["site"]["page_sizes"]]
+                      if name == "blocks" and block_pages is not None else None])
     if key not in _MEMO:
         pages = [page_space(site_record, adm, (name, block_pages), p, ctx_range, d_range)
                  for p in site_record["site"]["page_sizes"]]

@@ -79,8 +79,13 @@ def _top_constants(tree: ast.Module) -> Dict[str, ast.stmt]:
     """The module's top-level assignments, by the names they assign."""
     constants: Dict[str, ast.stmt] = {}
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) and node.value is not None else []
+        targets: List[ast.expr]
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
         for target in targets:
             if isinstance(target, ast.Name):
                 constants[target.id] = node
@@ -108,7 +113,7 @@ def _taken(functions: Dict[str, ast.FunctionDef], constants: Dict[str, Any], imp
     # What a function may call or read at module level before each name is resolved below (which refuses a
     # function that is no jit function and an import, naming it).
     callable_names, readable = set(functions) | set(imports), set(constants)
-    taken: Dict[str, ast.AST] = {}
+    taken: Dict[str, ast.stmt] = {}
     todo = [name for name in roots if name in functions]
 
     def resolve(name: str, user: str) -> None:
@@ -122,6 +127,7 @@ def _taken(functions: Dict[str, ast.FunctionDef], constants: Dict[str, Any], imp
             node = constants[name]
             check_constant(node, source_path)
             taken[name] = node
+            assert node.value is not None  # constants holds annotated assignments with a value only
             for inner in _free_names(node.value, set()):
                 resolve(inner, name)
         elif name in imports:

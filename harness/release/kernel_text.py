@@ -38,7 +38,7 @@ extractor, which checks each piece of a wheel's module as it takes it (naming th
 from __future__ import annotations
 
 import ast
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, List, NoReturn, Optional, Sequence, cast
 
 from kvfence.errors import BadInput
 
@@ -87,7 +87,7 @@ class _Refusal:
     def __init__(self, where: str):
         self.where = where
 
-    def __call__(self, node, what: str):
+    def __call__(self, node, what: str) -> NoReturn:
         raise BadInput(f"{self.where}:{getattr(node, 'lineno', '?')}: {what}; kvfence admits only Triton kernel "
                        "text from a wheel (docs/security.md)")
 
@@ -306,6 +306,7 @@ def check_constant(node, where: str, known: Optional[dict] = None):
     ``None`` stands for a value not computed (a Triton dtype, an unknown constant)."""
     refuse = _Refusal(where)
     _no_dunder(refuse, node)
+    targets: List[ast.expr]
     if isinstance(node, ast.AnnAssign):
         targets = [node.target]
         _annotation(refuse, node.annotation)
@@ -315,7 +316,8 @@ def check_constant(node, where: str, known: Optional[dict] = None):
     else:
         refuse(node, f"a {type(node).__name__} statement ({_unparse(node)!r}) is not a constant")
     for target in targets:
-        refuse.require(isinstance(target, ast.Name), target, f"assigning to {_unparse(target)!r}, not to a name")
+        if not isinstance(target, ast.Name):
+            refuse(target, f"assigning to {_unparse(target)!r}, not to a name")
         _bindable(refuse, target, target.id)
     return _constant_value(refuse, node.value, known)
 
@@ -323,7 +325,7 @@ def check_constant(node, where: str, known: Optional[dict] = None):
 def _constant_value(refuse: _Refusal, node, known: Optional[dict]):
     """The value of a constant's expression (a number, or ``None`` for a Triton dtype / an unknown constant)."""
     if isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
-        refuse.require(abs(node.value) < CONSTANT_LIMIT, node, "a constant past 2**64")
+        refuse.require(abs(cast(float, node.value)) < CONSTANT_LIMIT, node, "a constant past 2**64")  # a number
         return node.value
     if isinstance(node, ast.Name):
         refuse.require(not _dunder(node.id) and node.id not in ALIASES and node.id not in BUILTINS, node,
@@ -368,7 +370,9 @@ def check_nodes(nodes: Sequence, where: str) -> None:
     for node in nodes:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             value = check_constant(node, where, known)
-            known.update((t.id, value) for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+            # check_constant admitted only names as targets
+            known.update((t.id, value) for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                         if isinstance(t, ast.Name))
     for node in nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             refuse.require(_unparse(node) in IMPORTS, node, f"the import {_unparse(node)!r} is not one of "

@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from kvfence.release.wheel_ast import Wheel
 
@@ -94,7 +94,7 @@ def _trees(wheel: Wheel, prefixes: Tuple[str, ...], needle: str) -> Iterator[Tup
                 yield name, tree
 
 
-def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef]:
+def _functions(tree: ast.AST) -> Iterator[Union[ast.FunctionDef, ast.AsyncFunctionDef]]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
@@ -104,7 +104,7 @@ def _calls(node: ast.AST, suffix: str) -> bool:
     return any(isinstance(n, ast.Call) and ast.unparse(n.func).endswith(suffix) for n in ast.walk(node))
 
 
-def _src(file: str, node: ast.AST) -> str:
+def _src(file: str, node: Union[ast.stmt, ast.expr]) -> str:
     return f"{file}:{node.lineno}"
 
 
@@ -117,7 +117,7 @@ def _bodies(node: ast.AST) -> Iterator[List[ast.stmt]]:
                 yield block
 
 
-def _chain(node: ast.If) -> Iterator[Tuple[Optional[ast.expr], List[ast.stmt], ast.AST]]:
+def _chain(node: ast.If) -> Iterator[Tuple[Optional[ast.expr], List[ast.stmt], ast.stmt]]:
     """``(test, body, node)`` of an ``if / elif / else`` chain (test None for the ``else``)."""
     while True:
         yield node.test, node.body, node
@@ -187,7 +187,7 @@ def _auto_function(wheel: Wheel) -> Optional[dict]:
     return None
 
 
-def _auto_choices(file: str, fn: ast.FunctionDef) -> dict:
+def _auto_choices(file: str, fn: Union[ast.FunctionDef, ast.AsyncFunctionDef]) -> dict:
     """The function's ``(steps, topk, draft tokens)`` by architecture list, and its default."""
     out: dict = {"source": _src(file, fn), "by_arch": [], "default": None}
     for stmt in fn.body:
@@ -214,7 +214,7 @@ def _returned(body: List[ast.stmt]) -> Optional[List[int]]:
         if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Tuple):
             values = [_int(e) for e in stmt.value.elts]
             if len(values) == 3 and None not in values:
-                return values
+                return [v for v in values if v is not None]
     return None
 
 
@@ -232,15 +232,17 @@ def _eagle(wheel: Wheel):
     return f"no `if ... speculative_num_steps is None` block calling {AUTO_CHOOSE}"
 
 
-def _eagle_record(file: str, fn: ast.FunctionDef, block: List[ast.stmt], at: int, auto: dict) -> dict:
+def _eagle_record(file: str, fn: Union[ast.FunctionDef, ast.AsyncFunctionDef], block: List[ast.stmt], at: int,
+                  auto: dict) -> dict:
     guard = block[at]
+    assert isinstance(guard, ast.If)  # at: the index of an if block (_eagle)
     check = next((s for s in guard.body if isinstance(s, ast.Assert)), None)
     consts = {}
     for n in ast.walk(fn):  # local names bound to literal lists (the backends a check allows)
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
                 and isinstance(n.value, (ast.Tuple, ast.List)) \
                 and all(isinstance(e, ast.Constant) for e in n.value.elts):
-            consts[n.targets[0].id] = [e.value for e in n.value.elts]
+            consts[n.targets[0].id] = [e.value for e in n.value.elts if isinstance(e, ast.Constant)]  # all are
     running = None
     for n in ast.walk(fn):
         if isinstance(n, ast.If) and ast.unparse(n.test).endswith("max_running_requests is None"):
@@ -346,8 +348,9 @@ def _page_set(body: List[ast.stmt]) -> Optional[int]:
     for n in ast.walk(ast.Module(body=body, type_ignores=[])):
         if isinstance(n, ast.Return) and isinstance(n.value, ast.Dict):
             for k, v in zip(n.value.keys, n.value.values):
-                if isinstance(k, ast.Constant) and k.value == "page_size" and _int(v) is not None and _int(v) > 1:
-                    return _int(v)
+                if isinstance(k, ast.Constant) and k.value == "page_size" and (page := _int(v)) is not None \
+                        and page > 1:
+                    return page
     return None
 
 

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 from kvfence.provenance import stamped
@@ -58,6 +58,7 @@ _KEY = re.compile(r"^([0-9]+(?:\.[0-9]+)*)(?:(a|b|rc)([0-9]+))?(?:\.post([0-9]+)
 def version_key(version: str) -> tuple:
     """PEP 440 order for the versions ``upstream.check_version`` accepts: dev < a < b < rc < final < post."""
     m = _KEY.match(upstream.check_version(version))
+    assert m is not None  # check_version admits only versions of this form
     release = [int(x) for x in m.group(1).split(".")]
     while len(release) > 1 and release[-1] == 0:
         release.pop()  # 0.5 == 0.5.0
@@ -72,6 +73,7 @@ def version_key(version: str) -> tuple:
 def is_prerelease(version: str) -> bool:
     """An alpha, beta, release candidate or dev release (PEP 440)."""
     m = _KEY.match(upstream.check_version(version))
+    assert m is not None  # check_version admits only versions of this form
     return bool(m.group(2) or m.group(5) is not None)
 
 
@@ -82,7 +84,8 @@ def parse_versions(text: str, known: Sequence[str], announce: Optional[Callable[
     empty range is ``BadInput``."""
     require(isinstance(text, str) and text.strip(), "--versions is empty: give A..B, a version, or a comma list")
     known = sorted(set(known), key=version_key)
-    chosen, skipped = set(), []
+    chosen: Set[str] = set()
+    skipped: List[str] = []
 
     def known_one(v: str) -> str:
         upstream.check_version(v)
@@ -146,8 +149,9 @@ def index_versions() -> List[str]:
     except subprocess.TimeoutExpired:
         proc = None
     line = re.search(r"^Available versions: *(.*)$", proc.stdout, re.M) if proc is not None else None
-    require(line is not None, "cannot list sglang releases: the package index is not reachable (no network?); "
-                              "use --offline (or KVFENCE_OFFLINE=1) to test the cached releases only")
+    if line is None:
+        raise BadInput("cannot list sglang releases: the package index is not reachable (no network?); "
+                       "use --offline (or KVFENCE_OFFLINE=1) to test the cached releases only")
     return [v.strip() for v in line.group(1).split(",") if upstream.is_version(v.strip())]
 
 

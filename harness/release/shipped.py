@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from kvfence.errors import BadInput, require
 from kvfence.release.wheel_ast import (
@@ -267,7 +267,7 @@ class Reader:
 
     def read(self, name: str) -> dict:
         file, cls = self.classes[name]
-        record = {"class": name, "file": file, "line": cls.lineno, "bases": _base_names(cls),
+        record: Dict[str, Any] = {"class": name, "file": file, "line": cls.lineno, "bases": _base_names(cls),
                   "kernels": sorted({k for _, c in self.mro(name) for m in _methods(c).values()
                                      for k, _ in [_launches(m) or (None, None)] if k})}
         for key, read in (("graph", self.graph), ("eager", self.eager), ("host_check", self.host_check),
@@ -288,7 +288,7 @@ class Reader:
         if alloc is None:
             return {"absent": f"init_cuda_graph_state ({file}:{fn.lineno}) allocates no self.cuda_graph_kv_indices"}
         stmt, (_, width_node) = alloc
-        out = {"formula_text": ast.unparse(width_node), "source": f"{file}:{stmt.lineno}"}
+        out: Dict[str, Any] = {"formula_text": ast.unparse(width_node), "source": f"{file}:{stmt.lineno}"}
         call = self.runner_call()
         if call is None:
             out.update(_unreadable(Unreadable("init_cuda_graph_state(...)", file,

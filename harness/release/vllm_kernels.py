@@ -198,6 +198,7 @@ def _imported_helpers(source: str, path: str, function: str) -> Dict[str, str]:
                     todo.append(sub.id)
                 elif sub.id in imported and imported[sub.id][0] != f"{PACKAGE}.triton_utils":
                     module, name = imported[sub.id]
+                    assert module is not None  # an import from PACKAGE (the test above)
                     require(name == sub.id, f"{path}: {fn.name} reads {sub.id}, imported as another name "
                                             f"({name} of {module}); kvfence extracts a helper by its own name")
                     out[sub.id] = module.replace(".", "/") + ".py"
@@ -213,7 +214,7 @@ def _with_helpers(source: str, path: str, helpers: Dict[str, Tuple[str, str]], v
     taken = set(helpers)
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) in taken for a in node.names):
-            for i in range(node.lineno - 1, node.end_lineno):
+            for i in range(node.lineno - 1, node.end_lineno or node.lineno):  # a parsed node has its end line
                 lines[i] = "\n"
     own = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     parts = ["".join(lines)]

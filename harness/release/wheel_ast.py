@@ -212,7 +212,7 @@ class Wheel:
                     self.files[n] = data.decode("utf-8", "replace")
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
             raise BadInput(f"wheel {path} is corrupt: {exc}") from None
-        self._trees: Dict[str, ast.Module] = {}
+        self._trees: Dict[str, Optional[ast.Module]] = {}
 
     def tree(self, name: str) -> Optional[ast.Module]:
         if name not in self._trees:
@@ -361,7 +361,7 @@ class Evaluator:
         return found.value if found is not None else None
 
     @staticmethod
-    def _last(assigns: List[ast.Assign], node) -> ast.Assign:
+    def _last(assigns: List[ast.Assign], node) -> Optional[ast.Assign]:
         before = [a for a in assigns if a.lineno < getattr(node, "lineno", 10**9)]
         return max(before, key=lambda a: a.lineno) if before else None
 
@@ -384,14 +384,14 @@ class Evaluator:
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name == name:
                 return file, node
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                for alias in node.names:
+        for imported in ast.walk(tree):
+            if isinstance(imported, ast.ImportFrom):
+                for alias in imported.names:
                     if (alias.asname or alias.name) == name:
-                        module = node.module or ""
-                        if node.level:
+                        module = imported.module or ""
+                        if imported.level:
                             pkg = package_of(file).split(".")
-                            pkg = pkg[:len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+                            pkg = pkg[:len(pkg) - (imported.level - 1)] if imported.level > 1 else pkg
                             module = ".".join(pkg + ([module] if module else []))
                         target = self.wheel.module_file(module)
                         if target is not None:
@@ -419,6 +419,7 @@ class Evaluator:
         for name, value in zip(params, call.args):
             bound[name] = (value, site)
         for kw in call.keywords:
+            assert kw.arg is not None  # **kwargs failed above
             bound[kw.arg] = (kw.value, site)
         callee = Site(site.file, fn, "helper", {}, {}, site.depth + 1)
         defaults = fn.args.defaults

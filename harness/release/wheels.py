@@ -156,7 +156,8 @@ def member_bytes(zf: zipfile.ZipFile, name: str) -> bytes:
     from kvfence.release.wheel_ast import read_member
 
     data, why = read_member(zf, zf.getinfo(name))
-    require(data is not None, f"wheel is corrupt: {name} is {why}")
+    if data is None:
+        raise BadInput(f"wheel is corrupt: {name} is {why}")
     return data
 
 

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from kvfence.sanitizer import tool as sanitizer
 
@@ -107,7 +107,8 @@ def run_matrix(exe: str, out_dir: Path, work: Path, *, timeout: float, jobs: int
     jobs_list = []
     rows: List[dict] = []
     for bug in bug_classes():
-        row = {"class": bug.name, "kernel": bug.kernel, "description": bug.description, "cases": {}, "cells": {}}
+        row: Dict[str, Any] = {"class": bug.name, "kernel": bug.kernel, "description": bug.description, "cases": {},
+                               "cells": {}}
         for mode in MODES:
             # Under matrix/, apart from the sweep's own cases/ (which --cases may re-run later).
             path = write_case(class_case(bug, mode), [], out_dir=out_dir / "matrix", device=device, source="matrix")

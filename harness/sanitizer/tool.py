@@ -45,7 +45,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from kvfence.engine.findings import Finding, Kind
 from kvfence.errors import BadInput, require
@@ -65,11 +65,11 @@ CHILD_VERDICTS = (0, 1)
 
 def locate(env: Optional[Dict[str, str]] = None, default_root: str = "/usr/local/cuda") -> str:
     """Path of compute-sanitizer: ``PATH``, then ``$CUDA_HOME/bin``, then ``/usr/local/cuda/bin``."""
-    env = os.environ if env is None else env
-    found = shutil.which("compute-sanitizer", path=env.get("PATH"))
+    environ: Mapping[str, str] = os.environ if env is None else env
+    found = shutil.which("compute-sanitizer", path=environ.get("PATH"))
     if found:
         return found
-    for root in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), default_root):
+    for root in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH"), default_root):
         if root:
             candidate = Path(root, "bin", "compute-sanitizer")
             if candidate.is_file() and os.access(candidate, os.X_OK):
@@ -407,7 +407,7 @@ def signal_findings(tool: str, *, exit_code: Optional[int], timed_out: bool, tim
         child_problem = _child_problem(child, log_text, f"tool exit {exit_code}", after)
         if child_problem:
             problems.append(child_problem)
-        elif not found and exit_code != child["exit"]:
+        elif not found and child is not None and exit_code != child["exit"]:  # None: a problem above
             problems.append(f"compute-sanitizer exited {exit_code} but its child exited {child['exit']}")
     return [tool_error(tool, p, log) for p in problems]
 

@@ -12,6 +12,8 @@ plant also runs inside CUDA-graph capture. A plant whose place does not exist in
 the bucket in a tensor exactly one bucket long) stores nothing, and that case is clean.
 """
 
+from typing import Optional
+
 import triton
 import triton.language as tl
 
@@ -51,7 +53,7 @@ def _room_past(t) -> bool:
     return t.untyped_storage().nbytes() // t.element_size() > t.storage_offset() + t.numel()
 
 
-def _plant(buffer: str, offset, value: int = BAD_VALUE, where: str = ""):
+def _plant(buffer: str, offset, value: Optional[int] = BAD_VALUE, where: str = ""):
     """A launcher: the reference kernel, then ``buffer[offset(kw)] = value`` (skipped when offset is None).
 
     ``req_pool_indices`` gets the next pool row instead (``value`` is ignored): a row index past the pool

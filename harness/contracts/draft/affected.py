@@ -84,7 +84,7 @@ def _draft_condition(version: str, cls: str, dep: Deployment, case, mode: str, k
     threshold is linear in it, and what it needs of the lengths."""
     requests, total = case.batch.raw_bs, sum(case.batch.seq_lens)
     at_wall = max(case.batch.seq_lens) > dep.ctx - dep.num_steps
-    points = []
+    points: List[Tuple[int, int]] = []
     for ctx in (dep.ctx, 2 * dep.ctx, 4 * dep.ctx):
         silent = _draft_witness(version, cls, dep, ctx, mode=mode)[0][key]
         if silent is None or silent.batch.raw_bs != requests:
@@ -143,7 +143,7 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
                         condition=f"the {dep.backend} backend of {dep.version} does not launch "
                                   "generate_draft_decode_kv_indices")]
     runs = sm.Runs(device)
-    verdicts = []
+    verdicts: List[Verdict] = []
     modes = ["graph", "eager"] if dep.graphs else ["eager"]
     for cls in classes:
         by_mode = {mode: _class_verdict(dep, record, cls, mode, releases, out, device, runs, name) for mode in modes}

@@ -138,12 +138,12 @@ def _raw_batch_size(draw, config: Config, min_requests: int) -> int:
     tier = draw(TIERS)
     if tier <= 1:
         return draw(integers(lo, lo + 3))
-    buckets = set(config.buckets)
+    buckets = set(config.capture_buckets)
     if tier == 2:
         full = tuple(sorted(b for b in buckets if lo <= b <= hi))
         return draw(sampled(full)) if full and draw(BOOLEANS) else draw(integers(lo, hi))
-    padded = {b + 1 for b in buckets} | {w + 1 for w in LANE_WIDTHS}
-    padded = tuple(sorted(x for x in padded if lo <= x <= hi and x not in buckets))
+    past = {b + 1 for b in buckets} | {w + 1 for w in LANE_WIDTHS}
+    padded = tuple(sorted(x for x in past if lo <= x <= hi and x not in buckets))
     return draw(sampled(padded)) if padded else draw(integers(lo, hi))
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from kvfence.contracts.draft.budget import MIN_GUARD
 from kvfence.reports.markup import Markup, html, join
@@ -250,12 +250,12 @@ def _axis(row: MapRow) -> Tuple[List[int], List[float]]:
     """Breakpoints of the row and their x positions. Idle guards get a fixed short width; the rest is
     to scale, with intervals under a finding or a program widened to a readable least width (taken
     from the long intervals)."""
-    points = {row.lo, row.hi}
+    breaks = {row.lo, row.hi}
     for lo, hi, _ in row.zones:
-        points |= {lo, hi}
+        breaks |= {lo, hi}
     for sp in row.segments + row.marks:
-        points |= {max(row.lo, min(row.hi, sp.lo)), max(row.lo, min(row.hi, sp.hi))}
-    points = sorted(points)
+        breaks |= {max(row.lo, min(row.hi, sp.lo)), max(row.lo, min(row.hi, sp.hi))}
+    points = sorted(breaks)
     intervals = list(zip(points, points[1:]))
     los = [sp.lo for sp in row.segments]
     idle = [_idle(row, a, b) for a, b in intervals]
@@ -265,6 +265,7 @@ def _axis(row: MapRow) -> Tuple[List[int], List[float]]:
     widths, least = [], []
     for (a, b), is_idle in zip(intervals, idle):
         seg = _covering(row.segments, los, a, b) if labelled else None
+        need: float
         if is_idle:
             need = GUARD_PX
         elif any(m.lo < b and m.hi > a for m in row.marks):
@@ -442,7 +443,8 @@ def case_map_html(record: dict, findings: List[dict]) -> Markup:
         maps = case_maps(record, findings)
     except (BadInput, KeyError, TypeError, ValueError) as exc:
         return html("<p class='bad'>No buffer map: the case record is not a valid case ({}).</p>", exc)
-    parts, listed = [], {}
+    parts: List[str] = []
+    listed: Dict[Any, Any] = {}
     for bmap in maps:
         for row in bmap.rows:
             parts.append(row_svg(bmap, row))

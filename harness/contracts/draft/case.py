@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from kvfence.contracts.draft import oracle
 from kvfence.contracts.draft.tokens import INT32_LIMIT, SLOT_BITS, req_to_token_rows, v2p_table
@@ -139,6 +139,12 @@ class Config:
                 f"(page_size={_short(self.page_size)}, ctx={_short(self.ctx)}, max_bs={self.max_bs}); "
                 f"kvfence allocates at most {_mib(MAX_POOL_BYTES)} for it")
 
+    @property
+    def capture_buckets(self) -> Tuple[int, ...]:
+        """``buckets`` as ``__post_init__`` settled them (None there means upstream's default)."""
+        assert self.buckets is not None
+        return self.buckets
+
     def _check_family(self) -> None:
         """The §6 fields (docs/contract.md §6), each a one-line ``BadInput`` when impossible."""
         for name in ("window_size", "sink_size"):
@@ -258,7 +264,7 @@ class Config:
 
     def bucket_for(self, raw_bs: int) -> int:
         """The smallest capture bucket ``>= raw_bs`` (graph mode replays that graph)."""
-        for b in self.buckets:
+        for b in self.capture_buckets:
             if b >= raw_bs:
                 return b
         raise BadInput(f"batch of {raw_bs} requests exceeds max_bs={self.max_bs}")
@@ -298,7 +304,7 @@ class Config:
         Guards are at least this long, so a buggy sizing never writes outside our allocation.
         """
         worst = 0
-        for n in (self.buckets if self.mode == "graph" else range(1, self.max_bs + 1)):
+        for n in (self.capture_buckets if self.mode == "graph" else range(1, self.max_bs + 1)):
             worst = max(worst, self.worst_need(n) - self.row_width(n))
         return worst
 
@@ -316,7 +322,7 @@ class Config:
             "page_size": self.page_size,
             "ctx": self.ctx,
             "max_bs": self.max_bs,
-            "buckets": list(self.buckets),
+            "buckets": list(self.capture_buckets),
             **{k: getattr(self, k) for k in ("sizing", "layout", "mode") if getattr(self, k) is not None},
             **self.family_dict(),  # §6 fields only when set: a §2 config's dict is unchanged
         }
@@ -487,7 +493,7 @@ class Case:
                 c.topk, c.num_steps, c.page_size)
         if not c.is_family:
             return oracle.expected_writes(*args)
-        family = dict(entry_page_size=c.entry_page_size, v2p=v2p_table(c, self.batch.v2p_seed))
+        family: Dict[str, Any] = dict(entry_page_size=c.entry_page_size, v2p=v2p_table(c, self.batch.v2p_seed))
         if c.is_rail:
             return oracle.expected_window_rail(*args, window=c.window_size, **family)
         return oracle.expected_writes_family(*args, window_size=c.window_size, sink_size=c.sink_size, **family)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import List
 
 from kvfence.contract import Launch
+from kvfence.contracts.draft.case import Case
 from kvfence.contracts.draft.session import runtime_case
 
 
@@ -38,7 +39,8 @@ class DraftChecker:
 
     runtime = staticmethod(runtime_case)
 
-    def check(self, launch: Launch) -> list:
+    def check(self, launch: Launch | Case) -> list:
+        """The findings of one launch (or of a runner's own case, as ``check_many`` passes them)."""
         self._fits(launch)
         case = self.runtime(launch)
         return self._session(case.kernel).check(case)

@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kvfence.contracts.draft.case import Case
 from kvfence.contracts.draft.compare_rows import (
@@ -239,7 +239,7 @@ class Paths:
         self.device = device
         self.oracle = Session(device, kernel, verifier="oracle")  # the address audit as by default
         # Our own verifier per device-path runner (its graphs are captured once per bucket, as the session's).
-        self._verifiers = WeakKeyDictionary()
+        self._verifiers: "WeakKeyDictionary[Any, Any]" = WeakKeyDictionary()
         self.dev = Session(device, kernel, verifier="device", audit=False)
         if device == "cpu":
             self.dev.kernel = _dropping_wild_stores(self.dev.kernel)
@@ -261,7 +261,7 @@ class Paths:
             # the buffers clean: a dirty round trip resets them).
             verifier = (self._verifiers.get(runner) or self._verifiers.setdefault(runner, DeviceVerifier(runner))
                         if judged else None)
-            counters.append(verifier.counters(case) if judged else None)
+            counters.append(verifier.counters(case) if verifier is not None else None)
         batched = len(cases) > 1
         device = self.dev.check_many(cases) if batched else [self.dev.check(cases[0])]
         # A case's extra device launches go through the path that judged it: the whole run through

@@ -32,7 +32,7 @@ benchmarks that time them one by one.
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -66,7 +66,7 @@ class DeviceVerifier:
         self.width = 1 + 2 * c.max_bs + c.max_bs * c.topk + 1
         cuda = self.device.type == "cuda"
         self.graphs: Dict[int, tuple] = {}
-        self.fused: Dict[int, object] = {}
+        self.fused: Dict[int, Callable[[], None]] = {}
         # Staging rows of a batch of cases, and the device cursor the graphs read them by.
         self.rows = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, device=self.device)
         self.rows_host = torch.zeros(BATCH_ROWS, self.width, dtype=torch.int64, pin_memory=cuda)
@@ -93,13 +93,14 @@ class DeviceVerifier:
         # the inputs, read only) and only add to the counters, so on CUDA the three small ones run on a
         # second stream beside the write-set pass: in a captured graph they become parallel branches,
         # and a case costs the longest pass instead of the sum of four.
-        main = torch.cuda.current_stream(self.device) if self.fork is not None else None
-        if main is not None:
-            self.fork.wait_stream(main)
+        fork = self.fork
+        main = torch.cuda.current_stream(self.device) if fork is not None else None
+        if fork is not None and main is not None:
+            fork.wait_stream(main)
         self._segments(r.kv_indices, seq_lens=seq_lens, req_pool_indices=inputs.req_pool_indices[:m],
                        rows=self.rows, cursor=self.cursor, counts=self.counts, pool_len=inputs.req_to_token.shape[1],
                        topk=c.topk, num_steps=c.num_steps, page_size=c.page_size, poison_back=True, poison=POISON)
-        with torch.cuda.stream(self.fork) if main is not None else contextlib.nullcontext():
+        with torch.cuda.stream(fork) if main is not None else contextlib.nullcontext():
             self._indptr(r.kv_indptr, positions=inputs.positions, counts=self.counts, num_seqs=m, topk=c.topk,
                          poison=POISON, poison_back=True)
             self._outside(r.kv_indices, counts=self.counts, slot=2, rows=self.rows, cursor=self.cursor, num_seqs=m,
@@ -107,8 +108,8 @@ class DeviceVerifier:
             self._inputs(rows=self.rows, cursor=self.cursor, seq_lens=inputs.seq_lens,
                          req_pool_indices=inputs.req_pool_indices, positions=inputs.positions,
                          req_to_token=inputs.req_to_token, counts=self.counts, max_bs=c.max_bs, topk=c.topk)
-        if main is not None:
-            main.wait_stream(self.fork)  # the join: the cursor moves (and the next case starts) after all four
+        if fork is not None and main is not None:
+            main.wait_stream(fork)  # the join: the cursor moves (and the next case starts) after all four
         if advance:
             self.cursor.add_(1)
 

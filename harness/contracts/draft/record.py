@@ -148,7 +148,8 @@ class DraftContract(Contract[DraftCase]):
                Table("req_pool_indices", lb.num_seqs, None, "input", list(lb.req_pool_indices), "int64"),
                Table("positions", lb.num_seqs * c.topk, None, "input", list(lb.positions), "int64")]
         if c.translate:
-            out.append(Table("v2p", c.v2p_pages, None, "input", lambda: v2p_table(c, case.batch.v2p_seed)))
+            # v2p_table is a list when the config translates, as here
+            out.append(Table("v2p", c.v2p_pages, None, "input", lambda: v2p_table(c, case.batch.v2p_seed) or []))
         return out + [Table(prefix + "kv_indices", launch.width, c.num_steps, "output"),
                       Table(prefix + "kv_indptr", lb.num_seqs * c.topk + 1, c.num_steps, "output")]
 

@@ -263,7 +263,7 @@ class GraphRunner(_RunnerBase):
     def capture_all(self) -> None:
         """Capture every bucket now (CUDA), as a production runner does at start-up, so no warm-up
         launch happens between later replays."""
-        for bucket in self.config.buckets:
+        for bucket in self.config.capture_buckets:
             self._bucket_launch(bucket)
 
     def _capture(self, kw: dict) -> "torch.cuda.CUDAGraph":

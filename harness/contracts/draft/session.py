@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import List, Optional
+from typing import Any, List, Optional, Set, cast
 from weakref import WeakKeyDictionary
 
 from kvfence.contract import Launch
@@ -68,7 +68,7 @@ class Session:
         self.stats = counters if stats is None else stats
         for key, value in counters.items():
             self.stats.setdefault(key, value)
-        self._variants = set()
+        self._variants: Set[Any] = set()
         self._runners: "OrderedDict[tuple, object]" = OrderedDict()
         self._runner_bytes: dict = {}
         self._device_verifiers: "WeakKeyDictionary[GraphRunner, DeviceVerifier]" = WeakKeyDictionary()
@@ -168,7 +168,7 @@ class Session:
                 continue
             for i in fast:  # some case is dirty: find which, one by one
                 out[i] = self.check(cases[i])
-        return out
+        return cast(List[List[Finding]], out)  # every case is in one group, and each group's cases got theirs
 
     def check(self, case: Case) -> List[Finding]:
         case = runtime_case(case)

@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from kvfence.contracts.draft.case import Batch, Case, Config, launch_batch, launch_need
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
@@ -188,13 +188,15 @@ class Runs:
 
     def __init__(self, device: str):
         self.device = device
-        self.sessions: Dict[str, object] = {}
+        self.sessions: Dict[str, Any] = {}  # Session, imported where one starts
         self.results: Dict[str, list] = {}
         self.bodies: Dict[str, str] = {}
 
     def body(self, version: str) -> str:
         if version not in self.bodies:
-            text = upstream.load_entry(version).module_path.read_text(encoding="utf-8")
+            entry = upstream.load_entry(version)
+            assert entry is not None  # in the cache: shipped_sizing.load_record fetched it before any cell
+            text = entry.module_path.read_text(encoding="utf-8")
             head, sep, rest = text.partition('"""\n\n')  # the header docstring names version and wheel
             self.bodies[version] = hashlib.sha256((rest if sep else text).encode()).hexdigest()
         return self.bodies[version]
@@ -273,7 +275,7 @@ def run(versions: List[str], *, domain: Domain, device: str, offline: bool, out:
     bar = CountBar(len(versions), "releases", progress) if progress is not None else None
     rows = []
     for version in versions:
-        row = {"version": version, "cells": [], "note": ""}
+        row: Dict[str, Any] = {"version": version, "cells": [], "note": ""}
         rows.append(row)
         try:
             if offline and upstream.load_entry(version) is None and not os.environ.get("KVFENCE_WHEEL_DIR"):

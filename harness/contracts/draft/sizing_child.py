@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from typing import Optional
+from typing import Dict, Optional
 
 from kvfence.contracts.draft.targets import resolve_sizing
 from kvfence.engine.worker import IN_WORKER_ENV
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
         policy, refused = None, said(str(exc))
     for line in sys.stdin:
         if policy is None:
-            answer = {"bad_input": refused}
+            answer: Dict[str, object] = {"bad_input": refused}
         else:
             n, topk, ctx, num_steps, window = json.loads(line)
             try:

@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import random
 import time
-from typing import Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from hypothesis import strategies as st
 
@@ -136,16 +136,16 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
                               ("ctx", ctx, "a positive integer"), ("max_bs", max_bs, "a positive integer")):
         _fixed_or(value, None, name, _positive, what)
     _fixed_or(page_size, None, "page_size", lambda v: _positive(v) and v & (v - 1) == 0, "a power of two")
-    pins = dict(topk=topk, num_steps=num_steps, page_size=page_size, ctx=ctx, max_bs=max_bs)
-    fixed = dict(sizing=sizing, layout=layout, mode=mode, contract=contract)
+    pins: Dict[str, Any] = dict(topk=topk, num_steps=num_steps, page_size=page_size, ctx=ctx, max_bs=max_bs)
+    fixed: Dict[str, Any] = dict(sizing=sizing, layout=layout, mode=mode, contract=contract)
     from kvfence.contracts.draft.sizing import WINDOW_POLICIES
 
     smallest_window = 1 if (contract == "window-rail" or sizing in WINDOW_POLICIES) else 0
-    least = dict(window_size=smallest_window, sink_size=0, entry_page_size=1, translate=False)
+    least: Dict[str, Any] = dict(window_size=smallest_window, sink_size=0, entry_page_size=1, translate=False)
     least.update(family_pins)
     if None not in pins.values() and (len(family_pins) == 4 or not (family or smallest_window)):
         # Fully pinned: one config, no draws (a pinned GPU run replays one captured config).
-        config = Config(**pins, buckets=dom.buckets_for(max_bs), **fixed, **least)
+        config = Config(**pins, buckets=dom.buckets_for(pins["max_bs"]), **fixed, **least)
         _require_fits(config, max_bytes)
         return st.just(config)
     # The smallest config the pins allow must fit the budget, or no draw ever could.
@@ -356,7 +356,7 @@ def _bounded_family_config(draw, dom: Domain, pinned: dict, fixed: dict, sizes: 
     table adds bytes). What the bound cannot hold (pins with a large page) is fitted to ``max_bytes``."""
     t, n, p, c, m = sizes
     free = _fit_order(draw, pinned)
-    least = dict(window_size=min_window, sink_size=0, entry_page_size=1, translate=False)
+    least: Dict[str, Any] = dict(window_size=min_window, sink_size=0, entry_page_size=1, translate=False)
     least.update(dict(family_pins))
     base = _fit_bounded(Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m),
                                **fixed, **least), (family_bytes, max_bytes), free)
@@ -435,7 +435,8 @@ class BulkGate:
     __slots__ = ("after", "start")
 
     def __init__(self, after: float):
-        self.after, self.start = float(after), None
+        self.after = float(after)
+        self.start: Optional[float] = None
 
     def open(self) -> bool:
         now = time.monotonic()
@@ -460,6 +461,9 @@ class CaseRun(list):
     Hypothesis does not expose them). Kept beside the cases, so a ``Case`` compares and hashes as ever."""
 
     __slots__ = ("bulk_start", "bulk_choices", "prefix")
+    bulk_start: int
+    bulk_choices: List[List[Any]]
+    prefix: Optional[tuple]
 
     def splice(self, index: int) -> Optional[tuple]:
         """The choice sequence of an example of the same strategy that holds only case ``index`` (a bulk
@@ -476,6 +480,8 @@ def _choices_so_far() -> Optional[tuple]:
         from hypothesis.control import _current_build_context
 
         context = _current_build_context.value
+        if context is None:  # outside Hypothesis
+            return None
         return tuple(node.value for node in context.data.nodes)
     except Exception:  # noqa: BLE001 - any other Hypothesis: the bulk still runs, a failure stays unshrunk
         return None

@@ -418,6 +418,7 @@ class IsolatedSizing:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = self._start()
         proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None  # _start opens both pipes
         try:
             proc.stdin.write(json.dumps([n, topk, ctx, num_steps, window]) + "\n")
             proc.stdin.flush()
@@ -448,7 +449,8 @@ class IsolatedSizing:
             self._proc.wait()
             for stream in (self._proc.stdin, self._proc.stdout):
                 try:
-                    stream.close()
+                    if stream is not None:
+                        stream.close()
                 except OSError:
                     pass
             self._proc = None

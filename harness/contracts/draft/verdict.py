@@ -107,7 +107,7 @@ def _programs_for_indptr(buf: GuardedBuffer, topk: int, bs: int, lo: int, hi: in
     out = []
     for flat in range(lo, hi):
         region = buf.region_of(flat)
-        if region.is_guard:
+        if region.row is None or region.is_guard:
             continue
         z = region.offset
         if z == bs:
@@ -155,7 +155,7 @@ def _writers_for_indices(buf: GuardedBuffer, write_set, after: torch.Tensor):
 
 
 def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos: torch.Tensor, val: torch.Tensor,
-             *, used: Optional[Sequence[int]], in_set_kind: Kind, attribute, writers=None,
+             *, used: Optional[Sequence[int]], in_set_kind: Optional[Kind], attribute, writers=None,
              either: Optional[Dict[int, Tuple[int, ...]]] = None) -> List[Finding]:
     """Findings for one buffer: every element whose value after the launch is not the expected one
     (``either``: positions where any of several values is right). ``writers(lo, hi)``, when given, names
@@ -207,7 +207,8 @@ def classify(buf: GuardedBuffer, before: torch.Tensor, after: torch.Tensor, pos:
         last = buf.region_of(hi - 1, used)
         region = first.name if first.name == last.name else f"{first.name} .. {last.name}"
         sample_idx = flat_list[i0: min(i1, i0 + MAX_SAMPLES)]
-        samples = [(buf.region_of(f, used).offset, int(expected[f]), int(after[f])) for f in sample_idx]
+        samples: List[Tuple[int, Optional[int], Optional[int]]] = [
+            (buf.region_of(f, used).offset, int(expected[f]), int(after[f])) for f in sample_idx]
         findings.append(Finding(kinds[codes[i0]], buf.name, region, first.offset, first.offset + (hi - lo),
                                 samples, attribute(lo, hi),
                                 writers=writers(lo, hi) if writers is not None and codes[i0] != 2 else []))
@@ -236,7 +237,7 @@ def check(obs, expected: Optional[ExpectedWrites] = None) -> List[Finding]:
         if host[0] != Kind.HOST_CHECK_ADMITS_OVERFLOW.value:
             return findings  # the check fires: production stops before the launch, so nothing is written
     if expected.need > width:
-        over = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
+        over: List[Tuple[int, ...]] = [(s, b, k) for s, b, k, _, stop in expected.segments if stop > width]
         family = "".join(f", {k}={v}" for k, v in config.family_dict().items())
         findings.append(Finding(
             Kind.SIZING_VIOLATION, obs.kv_indices.name, f"row {config.num_steps - 1}", width, expected.need, [], over,

@@ -107,7 +107,8 @@ def oracle(case: TopkCase, width: int) -> Dict[str, Dict[Tuple[int, int], object
     blocks = row_blocks(case, width)
     table = block_table(case, blocks)
     bs = case.block_size
-    slots, lens = {}, {}
+    slots: Dict[Tuple[int, int], object] = {}
+    lens: Dict[Tuple[int, int], object] = {}
     for t, (req, valid, row) in enumerate(zip(case.reqs, case.valid, case.indices)):
         mapped = 0
         for k, idx in enumerate(row):

@@ -33,7 +33,7 @@ import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 from kvfence.errors import BadInput, require
 from kvfence.release.wheels import cache_writes
@@ -207,7 +207,7 @@ class Answer:
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed(source: str, line: int) -> ast.AST:
+def _parsed(source: str, line: int) -> Any:  # the body's FunctionDef or ClassDef node
     """One body's tree at its lines in the wheel (parsed once: the interpreter only reads the trees)."""
     tree = ast.parse(textwrap.dedent(source))
     ast.increment_lineno(tree, line - 1)
@@ -228,7 +228,7 @@ class Interpreter:
         self.depth = 0
 
     # -- where things are
-    def body(self, key: str) -> Tuple[str, ast.AST]:
+    def body(self, key: str) -> Tuple[str, Any]:  # (file, its FunctionDef or ClassDef node)
         entry = self.doc["functions"][key]
         if "absent" in entry:
             raise Unreadable(entry["absent"])
@@ -240,7 +240,7 @@ class Interpreter:
     def cited(self) -> List[str]:
         return [f"{file}:{','.join(map(str, sorted(lines)))}" for file, lines in sorted(self.lines.items())]
 
-    def fail(self, file: str, node, why: str):
+    def fail(self, file: str, node, why: str) -> NoReturn:
         raise Unreadable(f"{why}: {ast.unparse(node)[:200]} ({file}:{getattr(node, 'lineno', '?')})")
 
     # -- functions
@@ -352,7 +352,8 @@ class Interpreter:
                 args = [self.expr(a, env, file) for a in node.args]
                 if not all(type(a) is int for a in args) or (name == "int") != (len(args) == 1):
                     self.fail(file, node, f"{name} of non-integers")
-                return {"max": max, "min": min, "int": lambda x: x}[name](*args)
+                builtin: Dict[str, Callable[..., int]] = {"max": max, "min": min, "int": lambda x: x}
+                return builtin[name](*args)
             if name == "get_spec" and not node.args:
                 return _SPEC
             if name == "get_schedule" and not node.args:
@@ -396,9 +397,9 @@ def merge(*cited: List[str]) -> List[str]:
 
 
 # -- the questions --------------------------------------------------------------------------------------------
-def _local(fn: ast.AST, name: str, before: int) -> Optional[ast.AST]:
-    """The value of the last plain ``name = ...`` of ``fn`` before line ``before``."""
-    found = None
+def _local(fn: ast.AST, name: str, before: int) -> Optional[ast.Assign]:
+    """The last plain ``name = ...`` of ``fn`` before line ``before``."""
+    found: Optional[ast.Assign] = None
     for stmt in ast.walk(fn):
         if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
                 and stmt.targets[0].id == name and stmt.lineno < before):
@@ -581,7 +582,8 @@ def host_checks(doc: dict, config: Config) -> List[dict]:
         test = ast.unparse(node.test)
         if not ("shape[1]" in test or any(name in test for name in width_names)):
             continue
-        guard, runs = parents.get(node), True
+        guard = parents.get(node)
+        runs: Optional[bool] = True
         while guard is not None and guard is not fn:
             if isinstance(guard, ast.If):
                 try:

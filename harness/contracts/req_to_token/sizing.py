@@ -92,7 +92,8 @@ def check_release(spec: str) -> Tuple[str, str]:
     from kvfence.release.upstream import check_version
 
     parsed = parse_release(spec)
-    require(parsed is not None, f"sizing {spec!r}: expected sglang==VERSION:ALGORITHM")
+    if parsed is None:
+        raise BadInput(f"sizing {spec!r}: expected sglang==VERSION:ALGORITHM")
     version, algorithm = parsed
     check_version(version)
     require(algorithm in ALGORITHMS, f"sizing {spec!r}: kvfence reads the row sizing of "

@@ -174,7 +174,7 @@ def oracle(case: SlotCase, width: int) -> Dict[Tuple[int, int], int]:
         table = block_table(case, g, blocks[g]) if grp.enabled else None
         for t in range(case.max_num_tokens):
             slot = PAD
-            if t < case.num_tokens and grp.enabled and case.req_rows[owners[t]] >= 0:
+            if t < case.num_tokens and table is not None and case.req_rows[owners[t]] >= 0:  # None: disabled
                 local = local_position(case, g, positions[t])
                 if local is not None and local // grp.block_size < blocks[g]:
                     j, o = divmod(local, grp.block_size)
@@ -201,7 +201,7 @@ def need(case: SlotCase) -> int:
     return most
 
 
-def reach(case: SlotCase, width: int) -> Tuple[Tuple[Tuple[int, int], ...], ...]:
+def reach(case: SlotCase, width: int) -> Tuple[Tuple[Tuple[int, ...], ...], ...]:
     """Per group, per request: ``(first, last)`` block index its local tokens ask for minus the row's width
     (``last >= 0``: the request reaches past its row), ``()`` for a dummy request, a disabled group or no local
     token."""

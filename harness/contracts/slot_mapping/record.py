@@ -21,6 +21,7 @@ This module is the record; the case and oracle are ``case``, the draws ``strateg
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections import OrderedDict
 from dataclasses import asdict
@@ -173,7 +174,7 @@ class SlotMapping(Contract[SlotCase]):
         blocks = model.row_blocks(case, launch.width)
         n, groups = case.num_reqs, len(case.groups)
         out = [Table(f"block_table_{g}", blocks[g], case.table_rows + 1, "input",
-                     (lambda g=g: _guarded_rows(case, g, blocks[g])), guards="ends") for g in range(groups)]
+                     functools.partial(_guarded_rows, case, g, blocks[g]), guards="ends") for g in range(groups)]
         return out + [
             Table("idx_mapping", n, None, "input", list(case.req_rows)),
             Table("query_start_loc", n + 1, None, "input", case.query_start_loc()),
