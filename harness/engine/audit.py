@@ -233,7 +233,7 @@ class Audit:
         allocs = sorted(self.allocations, key=lambda a: a.base)
         self._store_starts = np.array([a.base for a in allocs], dtype=np.uint64)
         self._store_ends = np.array([a.end for a in allocs], dtype=np.uint64)
-        self._constrained = [a for a in self.allocations if a.row_of_program is not None]
+        self._constrained = [a.row_of_program for a in self.allocations if a.row_of_program is not None]
         watched = [a for a in allocs if a.watch_guards]
         self._watched_starts = np.array([a.base for a in watched], dtype=np.uint64)
         self._watched_ends = np.array([a.end for a in watched], dtype=np.uint64)
