@@ -112,6 +112,11 @@ class Table:
     #: ``ends``: the rows contiguous, guards before the first and after the last only (for an ABI whose kernel
     #: computes a row's start from the row length, as the classic draft ABI does with ``req_to_token``).
     guards: str = "rows"
+    #: An input whose rows belong to programs: ``(axis, rows)``, the program whose index on launch-grid axis
+    #: ``axis`` is ``i`` may read row ``rows[i]`` only (a request's pool row, as the draft's ``req_to_token``), so
+    #: the CPU address audit reports its read of any other row as ``OOB_READ`` (a program past ``rows`` owns
+    #: none). None: any program may read any row.
+    row_owners: Optional[Tuple[int, Tuple[int, ...]]] = None
 
 
 @dataclass(frozen=True)

@@ -101,27 +101,9 @@ def normalised(draft: Iterable[Pair], engine: Iterable[Pair]) -> Tuple[FrozenSet
 
 
 # -- where the two differ for a real reason (the port must fix these) -----------------------------------------------
-OWN_ROW_READS = (
-    "the draft's address audit checks each program's req_to_token reads against the pool row its request owns "
-    "(engine/audit.py for_launch: the owner of req_to_token by the request axis); the engine's generic audit "
-    "registers req_to_token as one table (Audit.register_table), so a read of another request's row is inside it "
-    "and no OOB_READ; both see the wrong values stored (VALUE_MISMATCH)")
-SHORT_TAIL_GUARD = (
-    "the launch stores past kv_indices' last row, further than 64 elements (the planted bug writes a whole row "
-    "past it, or the planted sizing leaves the row far short of the need): the draft's tail guard holds a whole "
-    "row (contracts/draft/budget.py), so its verdict is GUARD_OVERWRITE; the engine's guards are 64 elements "
-    "(engine/tables.py GUARD), so the rest of the stores leave its allocation and what the engine reports depends "
-    "on what lies next in host memory: OOB_WRITE (the audit drops stores outside every table) or, where "
-    "kv_indptr's allocation is next, GUARD_OVERWRITE/STRAY_WRITE/VALUE_MISMATCH on kv_indptr, damage the kernel "
-    "never did to kv_indptr (both seen on the CPU); either fails this comparison")
-#: ``(target, seed, example) -> why``: launches whose verdicts differ for a real reason, on the CPU.
-KNOWN_MISSES: Dict[Tuple[str, int, int], str] = {
-    **{("draft/row_from_request_index", seed, example): OWN_ROW_READS for seed in (0, 1, 2) for example in (2, 4)},
-    ("draft/window_recent_off_by_one", 0, 2): OWN_ROW_READS,
-    **{("draft/last_row_past_end", seed, 4): SHORT_TAIL_GUARD for seed in (0, 1, 2)},
-    ("draft/sizing_missing_topk", 0, 4): SHORT_TAIL_GUARD,
-    ("draft/sizing_missing_topk", 1, 4): SHORT_TAIL_GUARD,
-}
+#: ``(target, seed, example) -> why``: launches whose verdicts differ for a real reason, on the CPU. None now: the
+#: two of issue 67 (an output tail shorter than a row, own-row reads of req_to_token) are closed.
+KNOWN_MISSES: Dict[Tuple[str, int, int], str] = {}
 #: Targets compared live in the default run (seed 0, first recorded launch): the kv_indptr and sizing renames, a
 #: spill past the last row, each kind of target (a kernel bug, a sizing bug, both references).
 LIVE = ("draft/reference", "window-rail/reference", "draft/indptr_without_drafts", "draft/no_z0_rule",
@@ -140,7 +122,7 @@ def _launch_ids() -> List[Tuple[str, int, int]]:
 def _params(live: bool = False, cuda: bool = False):
     """One param per recorded launch: by default ``DEFAULT_SEEDS``' first ``DEFAULT_FIRST`` and detecting
     launches (for ``live``: the first launch of ``LIVE``), the rest long; on CUDA all of them; a ``KNOWN_MISSES``
-    launch strict-xfail on the CPU (a ``SHORT_TAIL_GUARD`` one non-strict on CUDA: not run there yet)."""
+    launch strict-xfail on the CPU."""
     out, firsts = [], set()
     for key in _launch_ids():
         target, seed, example = key
@@ -150,8 +132,6 @@ def _params(live: bool = False, cuda: bool = False):
         marks = [] if default or cuda else [pytest.mark.long]
         if key in KNOWN_MISSES and not cuda:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[key]))
-        elif KNOWN_MISSES.get(key) is SHORT_TAIL_GUARD:  # not run on CUDA yet: where the spill lands is unknown
-            marks.append(pytest.mark.xfail(strict=False, reason=SHORT_TAIL_GUARD))
         out.append(pytest.param(key, marks=marks, id=f"{target}-seed{seed}-ex{example}"))
     return out
 
@@ -227,7 +207,7 @@ def test_the_fixture_records_every_target_under_three_seeds_each_detection_among
 def test_the_comparison_fails_on_a_disagreement_and_normalises_only_its_table():
     """The comparison is not vacuous: the engine's verdict of the *reference* kernel on a launch the draft
     checker caught the planted bug on differs from the recorded one and fails; the table renames only what it
-    lists (an ``OOB_WRITE`` beside a ``GUARD_OVERWRITE`` is a difference: ``SHORT_TAIL_GUARD``)."""
+    lists (an ``OOB_WRITE`` beside a ``GUARD_OVERWRITE`` is a difference: a store past an output's tail guard)."""
     target, launch, example = _bound(("draft/indptr_without_drafts", 0, 0))
     assert example["kinds"] == [["INDPTR_MISMATCH", "kv_indptr"]]
     reference = _engine("draft/reference", "cpu").check(bind(target.record, launch.case, "safe", "reference",

@@ -17,9 +17,10 @@ What is reported (as ``Finding``s of ``kvfence.engine.findings``), per registere
   ``STRAY_WRITE`` (changed input).
 * ``OOB_READ``: a load lane outside the *extent the kernel was handed*: outside every registered
   tensor view (a guard of kv_indices/kv_indptr counts as outside: reading it is reading past a row; so
-  does the part of a static graph-runner input past the bucket's slice), and, when the runner tells the
-  audit which grid axis indexes requests, a ``req_to_token`` read by program ``(., b, .)`` outside row
-  ``req_pool_indices[b]`` (a column ``>= pool_len`` that lands in another request's row). Lanes outside
+  does the part of a static graph-runner input past the bucket's slice), and, for an input whose contract
+  declares who owns its rows (``Table.row_owners``: ``(grid axis, rows)``, as the draft's ``req_to_token``),
+  a read by the program of index ``b`` on that axis outside row ``rows[b]`` (a column past a request's row
+  that lands in another request's row, or a row taken from the wrong index). Lanes outside
   every allocation are masked off (they read ``other``/0) so a wild read cannot fault either.
 
 A bad lane is attributed to the allocation its pointer was derived from (pointer arithmetic carries
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -86,6 +87,18 @@ class Allocation:
     def end(self) -> int:
         return self.base + self.nbytes
 
+    def row_span(self, row: int) -> Optional[Tuple[int, int]]:
+        """Byte range of row ``row`` (``row_of_program``'s answer), None where there is no such row: a contiguous
+        tensor's rows are ``row_bytes`` apart from its view's start, a table's are its readable spans."""
+        if self.row_bytes:
+            start = self.readable[0][0] + row * self.row_bytes
+            return start, start + self.row_bytes
+        return self.readable[row] if 0 <= row < len(self.readable) else None
+
+    def row_containing(self, addr: int) -> bool:
+        """Whether ``addr`` is inside a row that some program may read (the view's rows, or a table's)."""
+        return any(lo <= addr < hi for lo, hi in self.readable)
+
 
 def _view_extent(t: torch.Tensor) -> Tuple[int, int]:
     """Byte range ``[lo, hi)`` a strided view spans (empty views span nothing)."""
@@ -99,6 +112,21 @@ def _view_extent(t: torch.Tensor) -> Tuple[int, int]:
 def _storage_range(t: torch.Tensor) -> Tuple[int, int]:
     st = t.untyped_storage()
     return st.data_ptr(), st.nbytes()
+
+
+def owner_of_rows(row_owners: Optional[Tuple[int, Tuple[int, ...]]]
+                  ) -> Optional[Callable[[Tuple[int, int, int]], int]]:
+    """A table's ``row_owners`` (``kvfence.contract.Table``) as ``Allocation.row_of_program``: program ``grid``'s
+    row, -1 (no row) for a program past the declared ones; None when any program may read any row."""
+    if row_owners is None:
+        return None
+    axis, rows = row_owners
+
+    def row_of(grid: Tuple[int, int, int]) -> int:
+        index = grid[axis]
+        return rows[index] if index < len(rows) else -1
+
+    return row_of
 
 
 class Audit:
@@ -173,7 +201,7 @@ class Audit:
             return f"= {g.table.name}[{row}, {offset}]" if name == "row" else ""
 
         self._add(Allocation(g.table.name, base, nbytes, es, readable, region, coords,
-                             watch_guards=g.table.role == "output"))
+                             owner_of_rows(g.table.row_owners), watch_guards=g.table.role == "output"))
 
     def register_tensor(self, name: str, t: torch.Tensor,
                         row_of_program: Optional[Callable[[Tuple[int, int, int]], int]] = None) -> None:
@@ -250,9 +278,8 @@ class Audit:
             spans = []
             for a in self.allocations:
                 if a.row_of_program is not None:
-                    row = a.row_of_program(grid)
-                    start = a.readable[0][0] + row * a.row_bytes
-                    spans.append((start, start + a.row_bytes))
+                    span = a.row_span(a.row_of_program(grid))
+                    spans.extend([span] if span is not None else [])
                 else:
                     spans.extend(s for s in a.readable if s[1] > s[0])
             spans.sort()
@@ -465,12 +492,11 @@ class Audit:
         """The allocation an address is attributed to, and its region and element offset there."""
         alloc = self._attribute(addr, hint)
         flat = (addr - alloc.base) // alloc.elsize
-        if alloc.row_of_program is not None and alloc.base <= addr < alloc.end:
-            lo = alloc.readable[0][0]
-            if lo <= addr < alloc.readable[0][1]:
-                row = alloc.row_of_program(grid)
-                col = (addr - (lo + row * alloc.row_bytes)) // alloc.elsize
-                return alloc, f"outside own row {row}", col
+        if alloc.row_of_program is not None and alloc.base <= addr < alloc.end and alloc.row_containing(addr):
+            row = alloc.row_of_program(grid)
+            span = alloc.row_span(row)
+            col = (addr - span[0]) // alloc.elsize if span is not None else flat
+            return alloc, f"outside own row {row}", col
         name, offset = alloc.region(flat)
         return alloc, name, offset
 
@@ -523,27 +549,23 @@ class Audit:
         return out
 
 
-def for_launch(kernel_kwargs: dict[str, Any], guarded: Sequence[Any], *, request_axis: Optional[int],
-               req_pool_indices: Sequence[int]) -> Audit:
+def for_launch(kernel_kwargs: Dict[str, Any], guarded: Sequence[Any], *,
+               row_owners: Optional[Mapping[str, Tuple[int, Tuple[int, ...]]]] = None) -> Audit:
     """The audit of one harness launch: guarded outputs by region, tensor inputs by the views passed.
 
-    ``request_axis`` is the grid axis that indexes requests (1 for classic-ABI kernels, None for a
-    launcher plug-in whose grid is unknown); with it, ``req_to_token`` reads are checked per program
-    against the row ``req_pool_indices[b]`` that program owns.
+    ``row_owners``: per tensor input's name, who may read which of its rows (``kvfence.contract.Table``'s
+    ``row_owners``: ``(grid axis, rows)``), the caller's contract's declaration; reads of another row are
+    ``OOB_READ``.
     """
     audit = Audit()
     for buf in guarded:
         audit.register_guarded(buf)
     views = [buf.view for buf in guarded]  # by identity: the window rail's buffers have their own names
-    rows = tuple(req_pool_indices)
+    owners = row_owners or {}
     for name, value in kernel_kwargs.items():
         if not isinstance(value, torch.Tensor) or any(value is v for v in views):
             continue
-        owner = None
-        if name == "req_to_token" and request_axis is not None:
-            def owner(grid: Tuple[int, int, int], rows: Tuple[int, ...] = rows, axis: int = request_axis) -> int:
-                return rows[grid[axis]]
-        audit.register_tensor(name, value, owner)
+        audit.register_tensor(name, value, owner_of_rows(owners.get(name)))
     return audit
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 from kvfence.contract import Checker, Contract, Launch
 from kvfence.engine import kernels
 from kvfence.engine.findings import Finding, Kind
-from kvfence.engine.launch import table_bytes
+from kvfence.engine.launch import spill, table_bytes
 from kvfence.engine.record_check import fail, require_well_formed
 from kvfence.errors import BadInput
 
@@ -67,7 +67,8 @@ def check_launch(record: Contract[Any], kernel: Any, launch: Launch[Any], device
     expected = record.expected(launch)
     require_well_formed(record, expected, tables)
     try:
-        buffers = guarded.allocate_all(tables, device, layout=launch.layout, absorb=absorb)
+        buffers = guarded.allocate_all(tables, device, layout=launch.layout, absorb=absorb,
+                                       spill=spill(record, launch))
     except (TypeError, ValueError, RuntimeError) as exc:
         raise fail(record.name, f"tables(case, width) cannot be laid out: {type(exc).__name__}: {exc}") from None
     before = guarded.snapshot(buffers)

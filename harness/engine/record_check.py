@@ -299,7 +299,23 @@ def shape_problems(t: Table) -> List[str]:
         out.append("an input table needs its contents")
     if t.role == "output" and t.contents is not None:
         out.append("an output table has no contents (kvfence poisons its rows)")
-    return out
+    return out + row_owner_problems(t)
+
+
+def row_owner_problems(t: Table) -> List[str]:
+    """``row_owners``: None, or an input's ``(grid axis 0-2, rows)`` with each row one of the table's."""
+    if t.row_owners is None:
+        return []
+    owners = t.row_owners
+    if not (isinstance(owners, tuple) and len(owners) == 2 and owners[0] in (0, 1, 2)
+            and isinstance(owners[1], tuple) and all(type(r) is int for r in owners[1])):
+        return [f"row_owners must be (grid axis 0-2, tuple of row indices), got {printable(owners, 60)!r}"]
+    rows = 1 if t.rows is None else t.rows
+    if t.role != "input":
+        return ["row_owners is for an input table (who may read which row)"]
+    if type(rows) is int and not all(0 <= r < rows for r in owners[1]):
+        return [f"row_owners names a row outside the table's {rows}"]
+    return []
 
 
 def contents_problems(t: Table, contents: Any) -> List[str]:

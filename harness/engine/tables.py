@@ -14,6 +14,12 @@ A table whose ``guards`` are ``ends`` keeps its rows contiguous in every layout 
 The ``production`` layout lays the rows out contiguously, as upstream does (no guard between rows: a write past
 a row lands in the next one), keeping the front and tail guards; without ``absorb`` (``--no-absorb``, for
 compute-sanitizer) there is no tail either, so a write past the last row leaves the allocation.
+
+An output table's tail holds what a launch can store past its last row within the contract's own bounds
+(``tail_guard``): one whole row with its guard (a row index one past the end), or the launch's spill
+(``need - width``: a correct kernel under a too-narrow sizing writes that far past a row) where that is longer,
+plus ``GUARD``. So such a store lands in kvfence's own guard (``GUARD_OVERWRITE``), never past the allocation into
+another tensor (docs/contract.md §9, "Buffers"). An input's tail stays ``GUARD``: a read past it corrupts nothing.
 """
 
 from __future__ import annotations
@@ -74,12 +80,38 @@ def contents_of(table: Table) -> Optional[Sequence[Any]]:
     return table.contents() if callable(table.contents) else table.contents
 
 
-def allocate(table: Table, device: str, *, layout: str = "redzone", absorb: bool = True) -> Guarded:
+def row_guard(table: Table, layout: str) -> int:
+    """Elements between two rows of ``table`` under ``layout``."""
+    return GUARD if layout == "redzone" and table.guards == "rows" else 0
+
+
+def tail_guard(table: Table, *, layout: str = "redzone", absorb: bool = True, spill: int = 0) -> int:
+    """Elements after ``table``'s last row: ``GUARD`` for an input; for an output ``GUARD`` plus the longer of one
+    row with its guard and ``spill`` (how far past a row the launch may store within the contract's bounds); none
+    without ``absorb`` in the production layout (``--no-absorb``)."""
+    if not (layout == "redzone" or absorb):
+        return 0
+    if table.role != "output":
+        return GUARD
+    return GUARD + max(table.width + row_guard(table, layout), spill)
+
+
+def allocated_elements(table: Table, *, layout: str = "redzone", absorb: bool = True, spill: int = 0) -> int:
+    """Elements ``allocate`` gives ``table``: front guard, rows with their guards, tail."""
+    rows = 1 if table.rows is None else table.rows
+    stride = table.width + row_guard(table, layout)
+    return GUARD + rows * stride + tail_guard(table, layout=layout, absorb=absorb, spill=spill)
+
+
+def allocate(table: Table, device: str, *, layout: str = "redzone", absorb: bool = True, spill: int = 0
+             ) -> Guarded:
+    """``table`` in a guarded buffer on ``device`` (the module docstring's layout). ``spill``: elements past a row
+    that the launch may store within the contract's bounds (``need - width`` when positive), which the tail holds."""
     import torch
 
     rows = 1 if table.rows is None else table.rows
-    guard = GUARD if layout == "redzone" and table.guards == "rows" else 0
-    tail = GUARD if (layout == "redzone" or absorb) else 0
+    guard = row_guard(table, layout)
+    tail = tail_guard(table, layout=layout, absorb=absorb, spill=spill)
     stride = table.width + guard
     total = GUARD + rows * stride + tail
     dtype = getattr(torch, table.dtype)
@@ -96,9 +128,9 @@ def allocate(table: Table, device: str, *, layout: str = "redzone", absorb: bool
     return Guarded(table, flat, body[0] if table.rows is None else body, guard, GUARD, tail)
 
 
-def allocate_all(tables: List[Table], device: str, *, layout: str = "redzone", absorb: bool = True
+def allocate_all(tables: List[Table], device: str, *, layout: str = "redzone", absorb: bool = True, spill: int = 0
                  ) -> Dict[str, Guarded]:
-    return {t.name: allocate(t, device, layout=layout, absorb=absorb) for t in tables}
+    return {t.name: allocate(t, device, layout=layout, absorb=absorb, spill=spill) for t in tables}
 
 
 def snapshot(buffers: Dict[str, Guarded]) -> Dict[str, torch.Tensor]:

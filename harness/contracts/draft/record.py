@@ -138,12 +138,16 @@ class DraftContract(Contract[DraftCase]):
         lengths, pool rows and positions read (and TRANSLATE's page table), for one launch of the batch (padded
         to its bucket in graph mode). The plain path launches it once, as an eager launch of those rows: the
         CUDA-graph runner's stale buffers and replays are the checker's (``DraftChecker``)."""
+        from kvfence.contracts.draft.targets import CLASSIC_REQUEST_AXIS, pool_row_owners
+
         case, c = launch.case, launch.case.config
         lb = self.runtime(launch).launch()
         prefix = "window_" if c.is_rail else ""
         # The classic ABI passes req_to_token's row length as its row stride: its rows are contiguous.
+        # Each request's programs read only its own pool row (the classic ABI's grid: abi_launcher in launch).
         out = [Table("req_to_token", c.pool_cols, c.pool_rows, "input",
-                     lambda: req_to_token_rows(c, case.batch.token_seed), guards="ends"),
+                     lambda: req_to_token_rows(c, case.batch.token_seed), guards="ends",
+                     row_owners=pool_row_owners(CLASSIC_REQUEST_AXIS, lb.req_pool_indices)),
                Table("seq_lens", lb.num_seqs, None, "input", list(lb.seq_lens)),
                Table("req_pool_indices", lb.num_seqs, None, "input", list(lb.req_pool_indices), "int64"),
                Table("positions", lb.num_seqs * c.topk, None, "input", list(lb.positions), "int64")]

@@ -20,7 +20,7 @@ import torch
 from kvfence.contracts.draft.budget import buffer_geometry
 from kvfence.contracts.draft.case import Batch, Case, Config, LaunchBatch, launch_batch
 from kvfence.contracts.draft.guarded import GuardedBuffer
-from kvfence.contracts.draft.targets import KernelTarget
+from kvfence.contracts.draft.targets import KernelTarget, pool_row_owners
 from kvfence.contracts.draft.tokens import INT32_LIMIT, PERMUTE, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK
 from kvfence.engine.audit import for_launch as audit_for_launch
 from kvfence.engine.audit import resolve_audit
@@ -208,9 +208,9 @@ class _RunnerBase:
         error = None
         audit = None
         if self.audit:
+            owners = {"req_to_token": pool_row_owners(self.kernel.request_axis, lb.req_pool_indices)}
             audit = audit_for_launch(self._kernel_kwargs(inputs, kv_indices, kv_indptr, lb.num_seqs),
-                                     (kv_indices, kv_indptr), request_axis=self.kernel.request_axis,
-                                     req_pool_indices=lb.req_pool_indices)
+                                     (kv_indices, kv_indptr), row_owners=owners)
             launch = audit.wrap(launch)
         try:
             launch()

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, FrozenSet, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 from kvfence.device import ensure
 from kvfence.engine.worker import IN_WORKER_ENV
@@ -69,6 +69,19 @@ class Capabilities:
                              f"{', '.join(f'{k}={v}' for k, v in fields.items())} (docs/contract.md §6)")
 
 
+#: The launch grid's axis that indexes requests in the classic ABI (``abi_launcher``'s kernels).
+CLASSIC_REQUEST_AXIS = 1
+
+
+def pool_row_owners(request_axis: Optional[int], req_pool_indices: Sequence[int]
+                    ) -> Optional[Tuple[int, Tuple[int, ...]]]:
+    """req_to_token's ``row_owners`` (``kvfence.contract.Table``): request ``b``'s programs (index ``b`` on
+    ``request_axis``) read only pool row ``req_pool_indices[b]``; None where the grid is unknown (a launcher)."""
+    if request_axis is None:
+        return None
+    return request_axis, tuple(int(r) for r in req_pool_indices)
+
+
 @dataclass(frozen=True)
 class KernelTarget:
     """A resolved kernel: its spec and a launcher with the ``LAUNCH_KWARGS`` signature (plus, for a §6
@@ -81,7 +94,7 @@ class KernelTarget:
 
     spec: str
     launch: Callable[..., None]
-    request_axis: Optional[int] = 1
+    request_axis: Optional[int] = CLASSIC_REQUEST_AXIS
     capabilities: Capabilities = Capabilities()
 
     def check_config(self, config) -> None:
