@@ -60,7 +60,7 @@ def _draft_witness(version: str, cls: str, dep: Deployment, ctx: int, admitted: 
     from kvfence.release import upstream
 
     spec = f"{upstream.SPEC_PREFIX}{version}:{cls}"
-    domain = sm.Domain(ctx=ctx, num_steps=dep.num_steps, max_bs=_batches(dep, mode or dep.mode),
+    domain = sm.WitnessSpace(ctx=ctx, num_steps=dep.num_steps, max_bs=_batches(dep, mode or dep.mode),
                        max_topk=max(dep.topk, 1),
                        max_len=ctx - ADMITTED_MARGIN if admitted else None)
     return sm.search(spec, mode or dep.mode, domain, topks=range(dep.topk, dep.topk + 1)), domain

@@ -1,6 +1,8 @@
-"""The config space a run draws from: ``CPU`` (interpreter-sized) or ``GPU`` (production-sized).
+"""The draft's config space on each of the engine's domains: ``CPU`` (interpreter-sized) or ``GPU``
+(production-sized), by the name of the run's ``kvfence.contract.Domain`` (the one domain; this is only its bounds
+for the draft kernel's configs).
 
-A ``Domain`` is data, defined once here and used by the strategies, the CLI (``--scale``), the run
+A ``DraftSpace`` is data, defined once here and used by the strategies, the CLI (``--scale``), the run
 summary (``domain``) and the boundary-coverage statistics. The GPU domain reaches what SGLang really
 captures on an H200: up to 256 requests in speculative-decoding capture buckets, contexts up to
 131072 tokens, topk and draft steps up to 16, every page size from 1 to 128. The CPU domain keeps
@@ -24,7 +26,7 @@ counts them, and how often each mutant's trigger is drawn; docs/contract.md §5)
 context and batch draws, which this prior does not touch.
 
 The §6 fields (docs/contract.md §6: window, sinks, page-granular rows, translation) are drawn, for a
-kernel that takes them, in a share of the examples (``Domain.family_share``): every example on the CPU
+kernel that takes them, in a share of the examples (``DraftSpace.family_share``): every example on the CPU
 domain; on the GPU domain one in four (``GPU_FAMILY_SHARE``), each such config fitted to
 ``HOST_VERDICT_MAX_BYTES`` (16 MiB) and replayed for at most ``FAMILY_MAX_BATCHES`` batches. The device
 verifier checks §2 only, so a §6 case goes to the host verdict, one case at a time: small configs and
@@ -102,11 +104,11 @@ def capture_buckets(max_bs: int) -> Tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Domain:
-    """Bounds of one config space. ``buckets`` names the capture-bucket rule (``power-of-two`` or
-    ``capture-list``); ``family_share`` is the share of examples that draw the §6 fields under
-    ``--family auto`` (each fitted to ``family_max_bytes`` when set); everything else is an inclusive
-    upper bound or the set of page sizes."""
+class DraftSpace:
+    """The draft's bounds on one domain (``name``: the ``kvfence.contract.Domain`` name). ``buckets`` names the
+    capture-bucket rule (``power-of-two`` or ``capture-list``); ``family_share`` is the share of examples that draw
+    the §6 fields under ``--family auto`` (each fitted to ``family_max_bytes`` when set); everything else is an
+    inclusive upper bound or the set of page sizes."""
 
     name: str
     max_topk: int
@@ -148,16 +150,16 @@ class Domain:
 
 
 #: Interpreter-sized: a launch is ``num_steps*bucket*topk`` programs of ~2 ms each on the CPU.
-CPU = Domain("cpu", max_topk=8, max_steps=8, page_sizes=(1, 2, 4, 16, 64), max_ctx=48, max_bs=4,
+CPU = DraftSpace("cpu", max_topk=8, max_steps=8, page_sizes=(1, 2, 4, 16, 64), max_ctx=48, max_bs=4,
              buckets="power-of-two")
 #: Production-sized: what an H200 server captures.
-GPU = Domain("gpu", max_topk=16, max_steps=16, page_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_ctx=131072,
+GPU = DraftSpace("gpu", max_topk=16, max_steps=16, page_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_ctx=131072,
              max_bs=256, buckets="capture-list", family_share=GPU_FAMILY_SHARE,
              family_max_bytes=HOST_VERDICT_MAX_BYTES)
-DOMAINS: Dict[str, Domain] = {"cpu": CPU, "gpu": GPU}
+DOMAINS: Dict[str, DraftSpace] = {"cpu": CPU, "gpu": GPU}
 
 
-def domain_named(name: str) -> Domain:
+def domain_named(name: str) -> DraftSpace:
     require(name in DOMAINS, f"unknown scale {name!r}: choose {', '.join(DOMAINS)}")
     return DOMAINS[name]
 

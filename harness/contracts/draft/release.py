@@ -41,7 +41,7 @@ class DraftReleaseTool:
         from kvfence.contracts.draft.shipped_report import markdown, write
         from kvfence.provenance import stamped
 
-        domain = sm.Domain(ctx=options["ctx"], num_steps=options["steps"], max_bs=options["max_bs"],
+        domain = sm.WitnessSpace(ctx=options["ctx"], num_steps=options["steps"], max_bs=options["max_bs"],
                            max_topk=options["max_topk"], ordinary_only=options["lengths"] == "ordinary")
         doc = sm.run(versions, domain=domain, device=device, offline=offline, out=out,
                      progress=progress)

@@ -68,10 +68,11 @@ OVERFLOW_DAMAGE = {"GUARD_OVERWRITE", "STRAY_WRITE", "OOB_WRITE", "CRASH"}
 
 
 @dataclass
-class Domain:
-    """The launches searched: uniform batches up to ``max_bs`` requests, ``topk <= max_topk``, lengths up to
-    ``ctx`` (``ordinary_only``: up to ``ctx - num_steps``, for a deployment whose requests stay that far from
-    the context length; then only an overflow at ordinary lengths is a silent overflow)."""
+class WitnessSpace:
+    """The launches a release's witness search covers (not a run's domain, ``kvfence.contract.Domain``): uniform
+    batches up to ``max_bs`` requests, ``topk <= max_topk``, lengths up to ``ctx`` (``ordinary_only``: up to ``ctx -
+    num_steps``, for a deployment whose requests stay that far from the context length; then only an overflow at
+    ordinary lengths is a silent overflow)."""
 
     ctx: int = 64
     num_steps: int = 3
@@ -102,7 +103,7 @@ class Cell:
     refuses_topk: bool = False  # the constructor raises for topk > 1 (only topk = 1 was searched)
 
 
-def _config(spec: str, mode: str, topk: int, d: Domain) -> Config:
+def _config(spec: str, mode: str, topk: int, d: WitnessSpace) -> Config:
     return Config(topk=topk, num_steps=d.num_steps, ctx=d.ctx, max_bs=d.max_bs, sizing=spec, mode=mode)
 
 
@@ -121,7 +122,7 @@ def _even(total: int, raw_bs: int) -> Tuple[int, ...]:
     return tuple(total // raw_bs + (i < total % raw_bs) for i in range(raw_bs))
 
 
-def search(spec: str, mode: str, d: Domain, topks: Optional[range] = None
+def search(spec: str, mode: str, d: WitnessSpace, topks: Optional[range] = None
            ) -> Tuple[Optional[Case], Optional[Case], Optional[Case]]:
     """``(first silent overflow, first overflow the check rejects, first fitting case it rejects)`` of the
     domain, each the minimal one (ordinary lengths before the context limit, then topk, requests, total length).
@@ -169,7 +170,7 @@ def search(spec: str, mode: str, d: Domain, topks: Optional[range] = None
     return first(found["silent"]), first(found["caught"]), first(found["wrong"])
 
 
-def _describe(case: Case, d: Domain) -> dict:
+def _describe(case: Case, d: WitnessSpace) -> dict:
     lengths = list(case.batch.seq_lens)
     return {"topk": case.config.topk, "requests": case.batch.raw_bs, "seq_lens": lengths, "ctx": d.ctx,
             "num_steps": d.num_steps, "max_bs": d.max_bs, "at_context_limit": max(lengths) > d.ctx - d.num_steps}
@@ -217,7 +218,7 @@ class Runs:
         return self.results[key]
 
 
-def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, runs: Runs, out: Path) -> Cell:
+def settle_cell(version: str, backend: str, mode: str, record: dict, d: WitnessSpace, runs: Runs, out: Path) -> Cell:
     from kvfence.contracts.draft.record import launch_of
     from kvfence.engine.casefile import write_case
 
@@ -265,7 +266,7 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: Domain, 
     return cell
 
 
-def run(versions: List[str], *, domain: Domain, device: str, offline: bool, out: Path,
+def run(versions: List[str], *, domain: WitnessSpace, device: str, offline: bool, out: Path,
         progress: Optional[TextIO] = None) -> dict:
     """Every release's cells; ``progress``: the stream of a bar over the releases (``None``: quiet)."""
     from kvfence.engine.progress import CountBar

@@ -4,7 +4,7 @@ They compose: ``cases()`` draws a config, then a batch for it; ``case_runs()`` d
 several batches for it (one captured configuration replayed many times, as a server does). Every
 argument is validated up front (``BadInput``), as Hypothesis validates its own.
 
-Where the draws come from is a ``Domain`` (``kvfence.contracts.draft.domain``): ``cpu`` keeps interpreter-sized
+Where the draws come from is a ``DraftSpace`` (``kvfence.contracts.draft.domain``): ``cpu`` keeps interpreter-sized
 launches, ``gpu`` reaches production sizes. Draws are biased toward the edges where bugs live (copy
 blocks, lane widths, pages, the context limit, full and padded buckets) while small cases stay the most
 frequent, and everything shrinks toward small, readable cases (topk 1, one step, page 1, one request of
@@ -41,7 +41,7 @@ from kvfence.contracts.draft.domain import (
     LANE_WIDTHS,
     LARGEST_PAGE_SHARE,
     PAGE1_SHARE,
-    Domain,
+    DraftSpace,
     domain_named,
 )
 from kvfence.contracts.draft.fastdraw import (
@@ -74,10 +74,10 @@ def _fixed_or(value, strategy, name, ok, what):
     return st.just(value)
 
 
-def _domain(domain: Union[str, Domain]) -> Domain:
-    if isinstance(domain, Domain):
+def _domain(domain: Union[str, DraftSpace]) -> DraftSpace:
+    if isinstance(domain, DraftSpace):
         return domain
-    require(isinstance(domain, str), f"domain={domain!r} must be a Domain or one of cpu, gpu")
+    require(isinstance(domain, str), f"domain={domain!r} must be a DraftSpace or one of cpu, gpu")
     return domain_named(domain)
 
 
@@ -87,7 +87,7 @@ def _domain(domain: Union[str, Domain]) -> Domain:
 def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page_size: Optional[int] = None,
             ctx: Optional[int] = None, max_bs: Optional[int] = None, sizing: str = "safe", layout: str = "redzone",
             mode: str = "graph", max_ctx: Optional[int] = None, max_max_bs: Optional[int] = None,
-            domain: Union[str, Domain] = "cpu", max_bytes: Optional[int] = None, family: Union[bool, str] = False,
+            domain: Union[str, DraftSpace] = "cpu", max_bytes: Optional[int] = None, family: Union[bool, str] = False,
             window_size: Optional[int] = None, sink_size: Optional[int] = None,
             entry_page_size: Optional[int] = None, translate: Optional[bool] = None, contract: str = "draft"):
     """A ``Config`` from ``domain`` (``cpu``: topk 1-8, steps 1-8, pages 1-64, ctx <= 48, max_bs <= 4;
@@ -98,8 +98,8 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     ``family=True`` also draws the §6 fields (docs/contract.md §6; for a kernel that takes them, see
     ``_family``) in every example: a window shorter or longer than the requests, sinks longer than them,
     page-granular rows, page-table translation. ``family="auto"`` draws them in the domain's share of
-    examples (``Domain.family_share``: every example on the CPU domain, one in four on the GPU domain),
-    one draw per example that shrinks toward none; such a config is fitted to ``Domain.family_max_bytes``
+    examples (``DraftSpace.family_share``: every example on the CPU domain, one in four on the GPU domain),
+    one draw per example that shrinks toward none; such a config is fitted to ``DraftSpace.family_max_bytes``
     (16 MiB on the GPU domain: the host verdict checks it) as well as to ``max_bytes``. Off, they stay at
     their defaults unless pinned. ``contract`` picks the draft kernel or the window rail (whose window is
     then always drawn, >= 1).
@@ -174,7 +174,7 @@ def _require_fits(config: Config, max_bytes: Optional[int]) -> None:
                                f"({need} bytes for {config.to_dict()}); raise --max-gpu-mem or pin smaller fields")
 
 
-def _ctx_edges(dom: Domain, lo: int):
+def _ctx_edges(dom: DraftSpace, lo: int):
     return {lo, lo + 1, *COPY_BLOCKS, *(b + 1 for b in COPY_BLOCKS), 1024, 4096, 32768, 65536, dom.max_ctx}
 
 
@@ -192,7 +192,7 @@ _LARGEST_CODES = round(LARGEST_PAGE_SHARE * _SHARE_CODES)
 PAGE_SHARES = st.integers(0, _SHARE_CODES - 1)
 
 
-def _page_size(draw, dom: Domain) -> int:
+def _page_size(draw, dom: DraftSpace) -> int:
     """A page size of the domain: page 1 a third of the time (SGLang's default), on the GPU domain the
     largest page a quarter on top of its uniform share (arithmetic that assumes small pages breaks only
     there), else uniform over the pages above 1. Shrinks toward page 1."""
@@ -213,7 +213,7 @@ def _weighted(draw, common: tuple, hi: int) -> int:
     return draw(integers(1, hi))
 
 
-def _bs_edges(dom: Domain):
+def _bs_edges(dom: DraftSpace):
     buckets = dom.buckets_for(dom.max_bs)
     return {*buckets, *(lanes + 1 for lanes in LANE_WIDTHS), dom.max_bs}
 
@@ -238,7 +238,7 @@ def family_batches(config: Config, max_batches: int) -> int:
 
 
 #: Odds that a §6 path (sinks beside a window, translation) is on in a §6 config where §6 examples are only a
-#: share of the domain's (``Domain.family_share`` < 1: the GPU domain); half where every example is §6's. On the
+#: share of the domain's (``DraftSpace.family_share`` < 1: the GPU domain); half where every example is §6's. On the
 #: H200 the translation and sink mutants were the slowest kills at one in two
 #: (``h200_kill_time_path_on_half.json``); ``benchmarks/prior_reach.py --examples-to-trigger --gpu-path-on 0.5``
 #: draws as ``fuzz --device cuda`` draws (no kernel) and counts the examples to each trigger at these odds beside
@@ -269,7 +269,7 @@ def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, r
     * ``translate``: off or on (the page table itself is drawn per batch, ``v2p_seed``).
     Nothing is drawn for a §2 run (``family`` off, no window needed): its draws are exactly as before.
 
-    ``rare``: §6 examples are a share of the domain's (``Domain.family_share`` < 1, the GPU domain), so sinks
+    ``rare``: §6 examples are a share of the domain's (``DraftSpace.family_share`` < 1, the GPU domain), so sinks
     (beside a window) and translation are on at ``RARE_PATH_ON`` rather than half the time.
     """
     if "window_size" in pinned:
@@ -292,7 +292,7 @@ def _family(draw, n: int, c: int, pinned: dict, family: bool, min_window: int, r
 
 
 @st.composite
-def _configs(draw, dom: Domain, pins: tuple, fixed: tuple, max_bytes: Optional[int], family_pins: tuple = (),
+def _configs(draw, dom: DraftSpace, pins: tuple, fixed: tuple, max_bytes: Optional[int], family_pins: tuple = (),
              family_share: float = 0.0, min_window: int = 0, family_bytes: Optional[int] = None):
     pinned = dict(pins)
     # The production-weighted prior (kvfence.contracts.draft.domain): common topk and depths more often.
@@ -347,10 +347,10 @@ def _fit(config: Config, max_bytes: int, free: list) -> Config:
     return fit(config, max_bytes, free)
 
 
-def _bounded_family_config(draw, dom: Domain, pinned: dict, fixed: dict, sizes: tuple, family_pins: tuple,
+def _bounded_family_config(draw, dom: DraftSpace, pinned: dict, fixed: dict, sizes: tuple, family_pins: tuple,
                            min_window: int, rail: bool, max_bytes: Optional[int], family_bytes: int,
                            rare: bool) -> Config:
-    """A §6 config of a share example (``Domain.family_max_bytes``): the drawn sizes fitted to the bound
+    """A §6 config of a share example (``DraftSpace.family_max_bytes``): the drawn sizes fitted to the bound
     first, then the §6 fields drawn against the fitted ``num_steps`` and ``ctx`` (so windows and sinks
     fall shorter and longer than the requests this config really holds), then fitted again (a page
     table adds bytes). What the bound cannot hold (pins with a large page) is fitted to ``max_bytes``."""
