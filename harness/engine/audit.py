@@ -117,7 +117,7 @@ class Audit:
         #: of an output table (``register_table``), with the launch's grid dimensions. The store is performed
         #: (the canary check reports it as ``GUARD_OVERWRITE``); this says who made it.
         #: The grid dimensions of the launches seen making a bad access or a guard store.
-        self.grid_dims: set = set()
+        self.grid_dims: set[Tuple[int, ...]] = set()
         self.guard_stores: Dict[Tuple[str, str, int], Tuple[Tuple[int, ...], Tuple[int, ...]]] = {}
 
     # -- registration ------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class Audit:
         allocs = sorted(self.allocations, key=lambda a: a.base)
         self._store_starts = np.array([a.base for a in allocs], dtype=np.uint64)
         self._store_ends = np.array([a.end for a in allocs], dtype=np.uint64)
-        self._constrained = [a for a in self.allocations if a.row_of_program is not None]
+        self._constrained = [a.row_of_program for a in self.allocations if a.row_of_program is not None]
         watched = [a for a in allocs if a.watch_guards]
         self._watched_starts = np.array([a.base for a in watched], dtype=np.uint64)
         self._watched_ends = np.array([a.end for a in watched], dtype=np.uint64)
@@ -336,6 +336,7 @@ class Audit:
         dims = tuple(int(x) for x in getattr(self._builder, "grid_dim", ()))  # _grid noted them in grid_dims
         for a in lanes[:MAX_LANES].tolist():
             alloc = self._containing(a)
+            assert alloc is not None  # a lane inside a watched allocation's range is inside that allocation
             region, offset = alloc.region((a - alloc.base) // alloc.elsize)
             self.guard_stores.setdefault((alloc.name, region, offset), (program, dims))
 
