@@ -65,6 +65,7 @@ from kvfence.errors import BadInput, require
 
 if TYPE_CHECKING:
     from kvfence.engine.journal import Crash
+    from kvfence.engine.progress import Counts
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
@@ -151,12 +152,16 @@ def write_progress(path: Path, result) -> None:
 
 
 class _Summed:
-    """Duck-typed ``FuzzResult`` for ``kvfence.engine.progress.Progress``: the jobs' counts added up."""
+    """The jobs' counts added up, as ``kvfence.engine.progress.Progress`` reads a run (its ``Counts``)."""
 
-    def __init__(self, docs: List[dict], elapsed_s: float):
-        for key in ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases"):
-            setattr(self, key, sum(d.get(key, 0) for d in docs))
-        self.findings = [None] * sum(d.get("findings", 0) for d in docs)
+    def __init__(self, docs: List[dict[str, Any]], elapsed_s: float) -> None:
+        def total(key: str) -> int:
+            return int(sum(d.get(key, 0) for d in docs))
+
+        self.examples, self.generated_cases = total("examples"), total("generated_cases")
+        self.verified_cases, self.cached_cases, self.shrink_cases = (
+            total("verified_cases"), total("cached_cases"), total("shrink_cases"))
+        self.findings = [None] * total("findings")
         self.shrinking = any(d.get("shrinking") for d in docs)
         self.max_utilisation = max([d.get("max_utilisation", 0.0) for d in docs] + [0.0])
         self.elapsed_s = elapsed_s
@@ -200,7 +205,7 @@ def jobs_deadline(plan: RunPlan) -> Optional[float]:
 JobsOutcome = Tuple[List[Dict[str, Any]], List[str], List["Crash"], Optional[str], int]
 
 
-def run_jobs(plan: RunPlan, children: Sequence[RunPlan], *, progress: Optional[Callable[[_Summed], None]] = None,
+def run_jobs(plan: RunPlan, children: Sequence[RunPlan], *, progress: Optional[Callable[[Counts], None]] = None,
              on_first_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
              lead: Optional[bool] = None) -> JobsOutcome:
     """Run ``plan`` (the parent's: its ``--out``, device, budgets and ``--keep-going``) as one ``python -m kvfence
@@ -290,7 +295,7 @@ _Proc = Tuple["subprocess.Popen[bytes]", Path, IO[str]]
 class _JobsRun:
     """The parent's watch over its jobs (``run_jobs``): which started, which wait, what their progress says."""
 
-    def __init__(self, plan: RunPlan, specs: List[_JobSpec], progress: Optional[Callable[[_Summed], None]],
+    def __init__(self, plan: RunPlan, specs: List[_JobSpec], progress: Optional[Callable[[Counts], None]],
                  on_first_failure: Optional[Callable[[Dict[str, Any]], None]], lead: bool) -> None:
         out_dir = Path(plan.out)
         self.plan, self.progress, self.on_first_failure = plan, progress, on_first_failure
