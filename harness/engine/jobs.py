@@ -66,6 +66,7 @@ from kvfence.errors import BadInput, require
 if TYPE_CHECKING:
     from kvfence.engine.journal import Crash
     from kvfence.engine.progress import Counts
+    from kvfence.engine.result import FuzzResult
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
@@ -87,7 +88,7 @@ JOB_OVERRUN_GRACE_S = 15.0
 AFTER_FAILURE_GRACE_S = 2.0
 
 
-def _stop(procs, wanted: set, first: int) -> List[int]:
+def _stop(procs: Sequence[_Proc], wanted: Set[int], first: int) -> List[int]:
     """Stop the jobs ``wanted`` (indices) that still run: signal ``first`` (a stopped one is continued so it
     can act on it), then SIGKILL those still alive after ``STOP_WAIT_S``. Returns the indices killed."""
     alive = [i for i in wanted if procs[i][0].poll() is None]
@@ -142,7 +143,7 @@ def job_dir(out_dir: Path, i: int) -> Path:
     return Path(out_dir) / JOBS_DIR / f"job-{i}"
 
 
-def write_progress(path: Path, result) -> None:
+def write_progress(path: Path, result: FuzzResult) -> None:
     """A child's counts for the parent's progress line (atomic: the parent never reads half a file)."""
     doc = {key: getattr(result, key) for key in ("examples", "generated_cases", "verified_cases", "cached_cases",
                                                 "shrink_cases")}
@@ -448,14 +449,15 @@ class _JobsRun:
         return docs, problems, crashes
 
 
-def _read_json(path: Path) -> Optional[dict]:
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
     try:
-        return json.loads(Path(path).read_text())
+        doc: dict[str, Any] = json.loads(Path(path).read_text())  # the jobs' own files: a JSON object
+        return doc
     except (OSError, ValueError):
         return None
 
 
-def adopt_case_files(docs: List[dict], out_dir: Path) -> Dict[str, str]:
+def adopt_case_files(docs: List[dict[str, Any]], out_dir: Path) -> Dict[str, str]:
     """Copy every case file the jobs wrote into ``OUT/cases`` and point the summaries at the copies.
 
     Case files are named by content hash, so two jobs that shrank to the same case share one file.
