@@ -61,10 +61,8 @@ def _check_many(session: Checker, cases: List[Launch[Any]], journal: Optional[Jo
     if batch is not None and len(cases) > 1:
         if journal is not None:
             journal.begin_many(cases)
-        if getattr(session, "STOPS_EARLY", False):
-            out = batch(cases, enough=enough, one_at_a_time=one_at_a_time)
-        else:
-            out = batch(cases)
+        stops_early = getattr(session, "STOPS_EARLY", False)
+        out = batch(cases, enough=enough, one_at_a_time=one_at_a_time) if stops_early else batch(cases)
         if journal is not None:
             journal.end()
         return {case: findings for case, findings in zip(cases, out) if findings is not None}
@@ -418,9 +416,8 @@ class _Search:
             self.result.known_repeats += 1  # already saved by an earlier phase: passes while exploring
             return False
         if self.first_failure is not None:
-            first = self.result.first_signature
-            assert first is not None  # set below when the first failure counted, which every later one follows
-            if not set(signature[0]) & set(first[0]):
+            assert self.result.first_signature is not None  # set below when the first failure counted
+            if not set(signature[0]) & set(self.result.first_signature[0]):
                 return False  # another failure than the one being shrunk: no slipping from one bug to another
         if self.first_failure is not None and signature in known:
             self.result.duplicate_of = signature
