@@ -214,11 +214,9 @@ def add_declared_options(p: argparse.ArgumentParser, contract: str, options: Seq
     for option in options:
         require(option.name not in taken, f"contract {contract!r}: its option {option.flag} would overwrite kvfence's "
                                           f"own {option.name!r} of {p.prog}: rename it")
-        kwargs = dict(type=_option_type(option), default=option.default, help=option.help or "(the contract's)")
-        if option.choices is not None:
-            kwargs["choices"] = option.choices
-        try:
-            group.add_argument(option.flag, dest=option.name, **kwargs)
+        try:  # choices=None is argparse's own default: any value
+            group.add_argument(option.flag, dest=option.name, type=_option_type(option), default=option.default,
+                               help=option.help or "(the contract's)", choices=option.choices)
         except argparse.ArgumentError:
             raise BadInput(f"contract {contract!r}: its option {option.flag} is one of kvfence's own flags of "
                            f"{p.prog}: rename it") from None

@@ -145,7 +145,7 @@ class Audit:
         #: of an output table (``register_table``), with the launch's grid dimensions. The store is performed
         #: (the canary check reports it as ``GUARD_OVERWRITE``); this says who made it.
         #: The grid dimensions of the launches seen making a bad access or a guard store.
-        self.grid_dims: set = set()
+        self.grid_dims: set[Tuple[int, ...]] = set()
         self.guard_stores: Dict[Tuple[str, str, int], Tuple[Tuple[int, ...], Tuple[int, ...]]] = {}
 
     # -- registration ------------------------------------------------------------------------------
@@ -363,6 +363,7 @@ class Audit:
         dims = tuple(int(x) for x in getattr(self._builder, "grid_dim", ()))  # _grid noted them in grid_dims
         for a in lanes[:MAX_LANES].tolist():
             alloc = self._containing(a)
+            assert alloc is not None  # a lane inside a watched allocation's range is inside that allocation
             region, offset = alloc.region((a - alloc.base) // alloc.elsize)
             self.guard_stores.setdefault((alloc.name, region, offset), (program, dims))
 

@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from types import FrameType
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from kvfence.engine.boundary import (
     CALL_LIMIT_ENV,
@@ -40,7 +41,7 @@ GRACE_S = 20.0
 POLL_S = 0.1
 
 
-def foreign(names) -> List[str]:
+def foreign(names: Iterable[object]) -> List[str]:
     """Those of ``names`` that are registered contracts not of kvfence's own (``registry.builtin``)."""
     from kvfence.engine import registry
 
@@ -51,20 +52,20 @@ def foreign(names) -> List[str]:
 class _Watch:
     """A child's process group, watched: the user's signals passed on, the call in progress timed."""
 
-    def __init__(self, proc: subprocess.Popen, where: Path, limit: float):
+    def __init__(self, proc: subprocess.Popen[bytes], where: Path, limit: float) -> None:
         self.proc, self.where, self.limit = proc, where, limit
         self.signals: List[int] = []
-        self.overrun: Optional[dict] = None
+        self.overrun: Optional[dict[str, Any]] = None
 
-    def _forward(self, signum, frame) -> None:
+    def _forward(self, signum: int, frame: Optional[FrameType]) -> None:
         self.signals.append(signum)
         _killpg(self.proc.pid, signum)
 
     def wait(self) -> int:
-        handlers = {}
+        handlers: Dict[signal.Signals, Any] = {}  # signal.signal's earlier handlers, put back after
         if threading.current_thread() is threading.main_thread():
             handlers = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        deadline = None
+        deadline: Optional[float] = None
         try:
             while True:
                 try:
@@ -92,7 +93,7 @@ def _killpg(pgid: int, signum: int) -> None:
         pass
 
 
-def read_where(path: Path) -> dict:
+def read_where(path: Path) -> dict[str, Any]:
     """The breadcrumb a child left (``{}`` when it was in no call, or the file cannot be read)."""
     try:
         doc = json.loads(path.read_bytes().decode(errors="replace").strip() or "{}")
@@ -101,15 +102,16 @@ def read_where(path: Path) -> dict:
     return doc if isinstance(doc, dict) and isinstance(doc.get("method"), str) else {}
 
 
-def _where_text(crumb: dict, contracts: List[str]) -> tuple:
-    contract = crumb.get("contract") if isinstance(crumb.get("contract"), str) else ", ".join(contracts)
+def _where_text(crumb: dict[str, Any], contracts: List[str]) -> Tuple[str, str]:
+    named = crumb.get("contract")
+    contract = named if isinstance(named, str) else ", ".join(contracts)
     method = crumb.get("method") or "code"
     context = [c for c in crumb.get("context") or [] if isinstance(c, str)]
     return contract, printable(method + (f" (in {' in '.join(reversed(context))})" if context else ""), 200)
 
 
-def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict] = None,
-              quiet: bool = False) -> dict:
+def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict[str, str]] = None,
+              quiet: bool = False) -> dict[str, Any]:
     """Run ``cmd`` (a kvfence child) for plug-in ``contracts``: the answer it reported (``{"exit": code, ...}``),
     ``{"exit": 128 + signal, "signal": name}`` when the user's signal interrupted it, or ``ContractFault``."""
     from kvfence.engine import registry
@@ -120,9 +122,8 @@ def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Option
         where.write_bytes(b"")
         child_env = dict(os.environ, **registry.child_env(), **(env or {}),
                          **{STATUS_ENV: str(status), WHERE_ENV: str(where), CALL_LIMIT_ENV: f"{limit:g}"})
-        output = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL} if quiet else {}
-        proc = subprocess.Popen(cmd, env=child_env, process_group=0, stdin=subprocess.DEVNULL if quiet else None,
-                                **output)
+        silenced = subprocess.DEVNULL if quiet else None  # None: the child shares ours
+        proc = subprocess.Popen(cmd, env=child_env, process_group=0, stdin=silenced, stdout=silenced, stderr=silenced)
         watch = _Watch(proc, where, limit)
         code = watch.wait()
         crumb = read_where(where)
@@ -145,7 +146,7 @@ def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Option
     return answer
 
 
-def _read(path: Path) -> Optional[dict]:
+def _read(path: Path) -> Optional[dict[str, Any]]:
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -166,10 +167,10 @@ def run_command(argv: List[str], contracts: List[str], warn: Callable[[str], Non
         return EXIT_BAD_INPUT
     if answer.get("signal"):
         warn("kvfence: interrupted")
-    return answer["exit"]
+    return int(answer["exit"])  # an int: _read's check, or supervise's 128 + signal
 
 
-def call(target: str, payload: dict, contracts: List[str], max_seconds: Optional[float] = None):
+def call(target: str, payload: dict[str, Any], contracts: List[str], max_seconds: Optional[float] = None) -> Any:
     """``target`` (``kvfence.module:function``, called with ``payload`` as keywords) in a child behind the
     boundary: its JSON result; its ``BadInput`` or ``AssertionError`` raised again here; the user's signal as
     ``Interrupted``; the contract's fault as ``ContractFault``."""

@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from kvfence.contract import Checker, Contract, Launch
 from kvfence.engine import kernels
@@ -27,7 +27,10 @@ from kvfence.engine.record_check import fail, require_well_formed
 from kvfence.errors import BadInput
 
 if TYPE_CHECKING:  # annotations only: the plan's module is the front end's
+    from kvfence.engine.audit import Audit
     from kvfence.engine.plan import RunPlan
+    from kvfence.engine.tables import Guarded
+    from kvfence.engine.verdict import Expected
 
 #: Bytes one launch's tables may take when the run sets no budget (``--max-gpu-mem``): a case file holding a
 #: 2**30-token context is refused in one line instead of allocating gigabytes.
@@ -99,8 +102,8 @@ def check_launch(record: Contract[Any], kernel: Any, launch: Launch[Any], device
     return findings + audit_findings + found
 
 
-def name_programs(record, launch: Launch, audit_findings: List[Finding], found: List[Finding], expected, buffers,
-                  watch=None) -> None:
+def name_programs(record: Contract[Any], launch: Launch[Any], audit_findings: List[Finding], found: List[Finding],
+                  expected: Expected, buffers: Dict[str, Guarded], watch: Optional[Audit] = None) -> None:
     """The programs of a launch's findings in its contract's own shape: the audit's program ids ``(x, y, z)`` cut
     to the axes the contract's owner names (or the launch's grid has), and each guard overwrite's writer, seen by
     the audit or inferred from the oracle (``kvfence.engine.verdict.name_guard_writers``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 
 class Kind(str, enum.Enum):
@@ -103,7 +103,7 @@ def kind_of(value: str, declared: Iterable[str] = ()) -> "Kind | ContractKind":
 SEEN_BY_AUDIT = "address audit"
 
 
-def program_text(program, names=()) -> str:
+def program_text(program: Sequence[int], names: Sequence[str] = ()) -> str:
     """One program as a finding shows it: in its contract's own terms where ``names`` name its coordinates
     (``request 2``, ``(request 2, block 5)``), else its bare grid coordinates (``(0,1,2)``)."""
     if names and len(names) == len(program):
@@ -112,7 +112,7 @@ def program_text(program, names=()) -> str:
     return "(" + ",".join(str(x) for x in program) + ")"
 
 
-def programs_text(programs, names=()) -> str:
+def programs_text(programs: Iterable[Sequence[int]], names: Sequence[str] = ()) -> str:
     return ", ".join(program_text(p, names) for p in programs)
 
 

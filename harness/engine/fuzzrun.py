@@ -218,7 +218,7 @@ class Run:
                 if progress:
                     progress.close()
 
-    def _search_plan(self, run: dict) -> RunPlan:
+    def _search_plan(self, run: dict[str, Any]) -> RunPlan:
         """The plan the search runs: this shard's Hypothesis seed, and what is left of ``--max-seconds`` counted
         from the command's start. A budget already spent stays positive (a plan's ``max_seconds`` is): the
         search checks its first example whatever the clock says and stops after it, as at 0."""

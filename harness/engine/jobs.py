@@ -65,6 +65,8 @@ from kvfence.errors import BadInput, require
 
 if TYPE_CHECKING:
     from kvfence.engine.journal import Crash
+    from kvfence.engine.progress import Counts
+    from kvfence.engine.result import FuzzResult
 
 JOBS_DIR = "jobs"
 PROGRESS_FILE = "progress.json"
@@ -86,7 +88,7 @@ JOB_OVERRUN_GRACE_S = 15.0
 AFTER_FAILURE_GRACE_S = 2.0
 
 
-def _stop(procs, wanted: set, first: int) -> List[int]:
+def _stop(procs: Sequence[_Proc], wanted: Set[int], first: int) -> List[int]:
     """Stop the jobs ``wanted`` (indices) that still run: signal ``first`` (a stopped one is continued so it
     can act on it), then SIGKILL those still alive after ``STOP_WAIT_S``. Returns the indices killed."""
     alive = [i for i in wanted if procs[i][0].poll() is None]
@@ -141,7 +143,7 @@ def job_dir(out_dir: Path, i: int) -> Path:
     return Path(out_dir) / JOBS_DIR / f"job-{i}"
 
 
-def write_progress(path: Path, result) -> None:
+def write_progress(path: Path, result: FuzzResult) -> None:
     """A child's counts for the parent's progress line (atomic: the parent never reads half a file)."""
     doc = {key: getattr(result, key) for key in ("examples", "generated_cases", "verified_cases", "cached_cases",
                                                 "shrink_cases")}
@@ -151,12 +153,16 @@ def write_progress(path: Path, result) -> None:
 
 
 class _Summed:
-    """Duck-typed ``FuzzResult`` for ``kvfence.engine.progress.Progress``: the jobs' counts added up."""
+    """The jobs' counts added up, as ``kvfence.engine.progress.Progress`` reads a run (its ``Counts``)."""
 
-    def __init__(self, docs: List[dict], elapsed_s: float):
-        for key in ("examples", "generated_cases", "verified_cases", "cached_cases", "shrink_cases"):
-            setattr(self, key, sum(d.get(key, 0) for d in docs))
-        self.findings = [None] * sum(d.get("findings", 0) for d in docs)
+    def __init__(self, docs: List[dict[str, Any]], elapsed_s: float) -> None:
+        def total(key: str) -> int:
+            return int(sum(d.get(key, 0) for d in docs))
+
+        self.examples, self.generated_cases = total("examples"), total("generated_cases")
+        self.verified_cases, self.cached_cases, self.shrink_cases = (
+            total("verified_cases"), total("cached_cases"), total("shrink_cases"))
+        self.findings = [None] * total("findings")
         self.shrinking = any(d.get("shrinking") for d in docs)
         self.max_utilisation = max([d.get("max_utilisation", 0.0) for d in docs] + [0.0])
         self.elapsed_s = elapsed_s
@@ -200,7 +206,7 @@ def jobs_deadline(plan: RunPlan) -> Optional[float]:
 JobsOutcome = Tuple[List[Dict[str, Any]], List[str], List["Crash"], Optional[str], int]
 
 
-def run_jobs(plan: RunPlan, children: Sequence[RunPlan], *, progress: Optional[Callable[[_Summed], None]] = None,
+def run_jobs(plan: RunPlan, children: Sequence[RunPlan], *, progress: Optional[Callable[[Counts], None]] = None,
              on_first_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
              lead: Optional[bool] = None) -> JobsOutcome:
     """Run ``plan`` (the parent's: its ``--out``, device, budgets and ``--keep-going``) as one ``python -m kvfence
@@ -290,7 +296,7 @@ _Proc = Tuple["subprocess.Popen[bytes]", Path, IO[str]]
 class _JobsRun:
     """The parent's watch over its jobs (``run_jobs``): which started, which wait, what their progress says."""
 
-    def __init__(self, plan: RunPlan, specs: List[_JobSpec], progress: Optional[Callable[[_Summed], None]],
+    def __init__(self, plan: RunPlan, specs: List[_JobSpec], progress: Optional[Callable[[Counts], None]],
                  on_first_failure: Optional[Callable[[Dict[str, Any]], None]], lead: bool) -> None:
         out_dir = Path(plan.out)
         self.plan, self.progress, self.on_first_failure = plan, progress, on_first_failure
@@ -443,14 +449,15 @@ class _JobsRun:
         return docs, problems, crashes
 
 
-def _read_json(path: Path) -> Optional[dict]:
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
     try:
-        return json.loads(Path(path).read_text())
+        doc: dict[str, Any] = json.loads(Path(path).read_text())  # the jobs' own files: a JSON object
+        return doc
     except (OSError, ValueError):
         return None
 
 
-def adopt_case_files(docs: List[dict], out_dir: Path) -> Dict[str, str]:
+def adopt_case_files(docs: List[dict[str, Any]], out_dir: Path) -> Dict[str, str]:
     """Copy every case file the jobs wrote into ``OUT/cases`` and point the summaries at the copies.
 
     Case files are named by content hash, so two jobs that shrank to the same case share one file.

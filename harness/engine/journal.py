@@ -110,7 +110,7 @@ class Crash:
     """An in-flight case recovered from a dead process's slot, written as a case file."""
 
     path: Path
-    case: object
+    case: Launch[Any]
     finding: Finding
 
 

@@ -163,7 +163,8 @@ def fuzz_keep_going(session: Checker, strategy: SearchStrategy[Any], plan: RunPl
                 total.failures.append(failure)
                 if on_failure is not None:
                     failure.path = on_failure(failure)
-                if phase > 0 and database is not None and r.choices is not None:
+                # fuzz refuses a database without its key (ValueError): the key is there whenever the database is
+                if phase > 0 and database is not None and database_key is not None and r.choices is not None:
                     database.save(database_key, r.choices)  # replayed first by the next run
         elif r.duplicate_of is not None:
             duplicates += 1

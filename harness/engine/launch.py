@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any, Dict, List, Optional
 
-from kvfence.contract import LAYOUTS, MODES, Contract, Keys, Launch
+from kvfence.contract import LAYOUTS, MODES, Contract, Keys, Launch, Sizing
 from kvfence.engine.tables import allocated_elements
 from kvfence.errors import BadInput, printable, require
 
@@ -35,7 +35,7 @@ def is_plugin_spec(spec: str) -> bool:
     return isinstance(spec, str) and ":" in spec and not is_release_sizing(spec)
 
 
-def sizing_policy(found: Contract[Any], spec: str) -> Any:
+def sizing_policy(found: Contract[Any], spec: str) -> Sizing[Any]:
     """The contract's sizing named ``spec`` (``BadInput`` naming the known ones otherwise)."""
     try:
         return found.sizings[spec]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable, Container, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Container, Dict, Iterator, List, Optional, Set, Tuple
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
 from hypothesis import seed as hyp_seed
@@ -50,8 +50,9 @@ if TYPE_CHECKING:
     from kvfence.engine.plan import RunPlan
 
 
-def _check_many(session, cases: list, journal, enough: Callable[[List[Finding]], bool],
-                one_at_a_time: bool = False) -> dict:
+def _check_many(session: Checker, cases: List[Launch[Any]], journal: Optional[Journal],
+                enough: Callable[[List[Finding]], bool],
+                one_at_a_time: bool = False) -> Dict[Launch[Any], List[Finding]]:
     """Verdicts of ``cases`` (one config): in one device round trip when the session can batch them
     (with ``one_at_a_time``, a session that stops early checks them one per message instead).
     Cases checked one at a time (a session without ``check_many``, or a worker's re-runs after a crash,
@@ -60,14 +61,12 @@ def _check_many(session, cases: list, journal, enough: Callable[[List[Finding]],
     if batch is not None and len(cases) > 1:
         if journal is not None:
             journal.begin_many(cases)
-        if getattr(session, "STOPS_EARLY", False):
-            out = batch(cases, enough=enough, one_at_a_time=one_at_a_time)
-        else:
-            out = batch(cases)
+        stops_early = getattr(session, "STOPS_EARLY", False)
+        out = batch(cases, enough=enough, one_at_a_time=one_at_a_time) if stops_early else batch(cases)
         if journal is not None:
             journal.end()
         return {case: findings for case, findings in zip(cases, out) if findings is not None}
-    got = {}
+    got: Dict[Launch[Any], List[Finding]] = {}
     for case in cases:
         if journal is not None:
             journal.begin(case)
@@ -88,7 +87,7 @@ BULK_CHECK_CHUNK = 256
 CHUNK_TARGET_S = 1.0
 
 
-def _check_chunks(count: int, head: int, per_case_s: Callable[[], Optional[float]]):
+def _check_chunks(count: int, head: int, per_case_s: Callable[[], Optional[float]]) -> Iterator[Tuple[int, int]]:
     """``(lo, hi)`` slices of an example's ``count`` fresh cases, the first ``head`` (Hypothesis-drawn)
     on their own, then chunks sized by ``per_case_s()`` (the last round trip's seconds per case; None
     before any): ``BULK_CHECK_CHUNK`` when cases are fast, fewer when they are slow."""
@@ -161,7 +160,7 @@ class _Search:
         self.result = result = FuzzResult()
         self.rng = random.Random(0)
         carry = {} if carry is None else carry
-        self.verdicts: Dict[object, List[Finding]] = carry.setdefault("verdicts", {})
+        self.verdicts: Dict[Launch[Any], List[Finding]] = carry.setdefault("verdicts", {})
         self.configs_seen: Dict[object, int] = carry.setdefault("configs", {})
         self.shapes: Set[object] = carry.setdefault("shapes", set())
         self.read_shapes: Set[object] = carry.setdefault("read_shapes", set())
@@ -171,12 +170,12 @@ class _Search:
         self.last_progress, self.stop_asked = 0.0, 0.0
         self.largest = 0  # the largest config's memory estimate (the contract's config_bytes; none: never largest)
         self.restarts = False  # the failure being shrunk is a CRASH or HANG (RESTART_KINDS)
-        self.splice: Optional[Launch] = None  # the bulk case the splice replay's first example must be
+        self.splice: Optional[Launch[Any]] = None  # the bulk case the splice replay's first example must be
         self.work_before: Dict[str, float] = {}
-        self.last_failure: Optional[Tuple[Launch, List[Finding]]] = None  # the smallest failure so far
+        self.last_failure: Optional[Tuple[Launch[Any], List[Finding]]] = None  # the smallest failure so far
         self.start = time.perf_counter()
 
-    def _record(self, case: Launch) -> Contract[Any]:
+    def _record(self, case: Launch[Any]) -> Contract[Any]:
         if self.record is None:
             self.record = registry.get(case.contract)
         return self.record
@@ -186,7 +185,7 @@ class _Search:
         raise_pending()  # a signal that came while the run was starting: it ends the run here, cleanly
         # An example is one case, or a list of cases sharing a config (kvfence.contracts.draft.strategies.case_runs),
         # the bulk ones (a CaseRun) from bulk_start on.
-        cases: List[Launch] = example if isinstance(example, list) else [example]
+        cases: List[Launch[Any]] = example if isinstance(example, list) else [example]
         bulk_start: int = getattr(example, "bulk_start", len(cases))
         now = time.perf_counter()
         shrinking = self.first_failure is not None
@@ -202,12 +201,12 @@ class _Search:
         if self.progress is not None and now - self.last_progress >= self.progress_every_s:
             self.last_progress = now
             self.result.elapsed_s = now - self.start
-            self.result.launches = self.session.stats.get("launches", self.result.verified_cases)
+            self.result.launches = int(self.session.stats.get("launches", self.result.verified_cases))
             self.progress(self.result)
         if self.plan.targeting and utilisations and self.first_failure is None:
             target(max(utilisations), label="need/width")  # once per example: Hypothesis's rule
 
-    def _admit(self, cases: List[Launch], now: float, shrinking: bool) -> None:
+    def _admit(self, cases: List[Launch[Any]], now: float, shrinking: bool) -> None:
         """Before an example's checks: the splice replay's check, the budgets and the stop request (exploring
         only; each ends the exploration by raising), then the example counted."""
         expect, self.splice = self.splice, None
@@ -228,7 +227,7 @@ class _Search:
                 raise TimeBudgetSpent()
         self.result.examples += 1
 
-    def _bulk_to_launch(self, cases: List[Launch], bulk_start: int) -> List[Launch]:
+    def _bulk_to_launch(self, cases: List[Launch[Any]], bulk_start: int) -> List[Launch[Any]]:
         """The bulk cases of an explored example worth launching: a bulk case whose structure was verified before
         is not launched unless its verdict is cached (a replay keeps its verdict)."""
         rec = self._record(cases[0])
@@ -241,8 +240,8 @@ class _Search:
                 self.result.bulk_skipped += 1
         return bulk
 
-    def _launch(self, cases: List[Launch], head_set: Optional[Set[Launch]], now: float,
-                shrinking: bool) -> Tuple[Set[Launch], Dict[Launch, List[Finding]]]:
+    def _launch(self, cases: List[Launch[Any]], head_set: Optional[Set[Launch[Any]]], now: float,
+                shrinking: bool) -> Tuple[Set[Launch[Any]], Dict[Launch[Any], List[Finding]]]:
         """Check the example's cases with no verdict yet; returns those launched and their findings.
         ``head_set``: the Hypothesis-drawn cases of an example with a bulk (None: no bulk)."""
         fresh = [c for c in dict.fromkeys(cases) if c not in self.verdicts]
@@ -266,13 +265,13 @@ class _Search:
             self.verdicts.update(checked)
         return launched, checked
 
-    def _check_fresh(self, fresh: List[Launch], head_set: Optional[Set[Launch]],
-                     shrinking: bool) -> Dict[Launch, List[Finding]]:
+    def _check_fresh(self, fresh: List[Launch[Any]], head_set: Optional[Set[Launch[Any]]],
+                     shrinking: bool) -> Dict[Launch[Any], List[Finding]]:
         """Findings of ``fresh``, the drawn cases first, then the bulk in chunks (``_check_chunks``), up to the
         first chunk holding a failure or the budget's end."""
         head_fresh = sum(1 for c in fresh if c in head_set) if head_set is not None else len(fresh)
         timing: Dict[str, Optional[float]] = {"per_case": None}
-        checked: Dict[Launch, List[Finding]] = {}
+        checked: Dict[Launch[Any], List[Finding]] = {}
         for lo, hi in _check_chunks(len(fresh), head_fresh, lambda: timing["per_case"]):
             if lo and not shrinking and self._over_budget(False):
                 self.result.time_cut = True  # the rest of the bulk is not launched: the budget holds
@@ -290,8 +289,8 @@ class _Search:
                 break
         return checked
 
-    def _judge(self, example: Any, cases: List[Launch], bulk_start: int, launched: Set[Launch],
-               checked: Dict[Launch, List[Finding]], shrinking: bool) -> List[float]:
+    def _judge(self, example: Any, cases: List[Launch[Any]], bulk_start: int, launched: Set[Launch[Any]],
+               checked: Dict[Launch[Any], List[Finding]], shrinking: bool) -> List[float]:
         """Record each case's verdict (fresh or cached) and raise at the first failing one; returns the need/width
         of the explored Hypothesis-drawn cases."""
         utilisations = []
@@ -335,7 +334,7 @@ class _Search:
             return True
         return False
 
-    def _explored(self, case: Launch, findings: List[Finding], verified_now: bool) -> float:
+    def _explored(self, case: Launch[Any], findings: List[Finding], verified_now: bool) -> float:
         """Record one explored case (stats, coverage, largest config); returns its need/width."""
         result = self.result
         result.generated_cases += 1
@@ -368,7 +367,7 @@ class _Search:
             result.boundaries[name] = result.boundaries.get(name, 0) + 1
         return u
 
-    def _keep_first_example(self, case: Launch, *, began: float, checked: int) -> None:
+    def _keep_first_example(self, case: Launch[Any], *, began: float, checked: int) -> None:
         """One row of ``result.first_examples``: the example began at epoch ``began``; its check ended now.
         ``work`` is what the checking sessions counted since the row before (``EXAMPLE_WORK``): an example
         that took seconds says whether it compiled, built buffers, captured, or waited on the device."""
@@ -388,7 +387,7 @@ class _Search:
             digest = self.config_digests[config] = config_key(config)
         return digest
 
-    def _failed(self, case: Launch, findings: List[Finding], run: Any = None) -> None:
+    def _failed(self, case: Launch[Any], findings: List[Finding], run: Any = None) -> None:
         """A failing case: the first failure's bookkeeping, then ``FindingsFound`` for Hypothesis to
         shrink, or ``BulkFailure`` when it is a bulk case of the ``CaseRun`` ``run``."""
         if self.known is not None and not self._counts_for_keep_going(self.known, case, findings):
@@ -409,15 +408,17 @@ class _Search:
             raise BulkFailure(case, findings, run.splice(run.index(case)))
         raise FindingsFound(case, findings)
 
-    def _counts_for_keep_going(self, known: Container[object], case: Launch, findings: List[Finding]) -> bool:
+    def _counts_for_keep_going(self, known: Container[object], case: Launch[Any], findings: List[Finding]) -> bool:
         """``--keep-going`` (``known``: the failures saved): whether this failure is one to report and shrink (False:
         it passes); ``DuplicateFailure`` when shrinking reaches a failure already saved."""
         signature = failure_signature(case, findings)
         if self.first_failure is None and signature in known:
             self.result.known_repeats += 1  # already saved by an earlier phase: passes while exploring
             return False
-        if self.first_failure is not None and not set(signature[0]) & set(self.result.first_signature[0]):
-            return False  # another failure than the one being shrunk: no slipping from one bug to another
+        if self.first_failure is not None:
+            assert self.result.first_signature is not None  # set below when the first failure counted
+            if not set(signature[0]) & set(self.result.first_signature[0]):
+                return False  # another failure than the one being shrunk: no slipping from one bug to another
         if self.first_failure is not None and signature in known:
             self.result.duplicate_of = signature
             raise DuplicateFailure()
@@ -425,7 +426,7 @@ class _Search:
             self.result.first_signature = signature
         return True
 
-    def _first_failure(self, case: Launch, findings: List[Finding]) -> None:
+    def _first_failure(self, case: Launch[Any], findings: List[Finding]) -> None:
         """The run's first failure: its time and line, said at once (shrinking may take ``--shrink-seconds``)."""
         result = self.result
         self.first_failure = first = time.perf_counter()
@@ -528,7 +529,7 @@ class _Search:
         result.distinct_configs = len(self.configs_seen)
         result.config_keys = set(self.config_digests.values())
         result.session_stats = dict(self.session.stats)
-        result.launches = self.session.stats.get("launches", result.verified_cases)
+        result.launches = int(self.session.stats.get("launches", result.verified_cases))
         return result
 
 
@@ -577,7 +578,7 @@ def _shrink_bulk_failure(bulk: BulkFailure, search: _Search, strategy: SearchStr
     result.shrink_cut = True
 
 
-def require_launches(example) -> None:
+def require_launches(example: object) -> None:
     """Every value the loop hands a contract's record is an engine ``Launch`` (``kvfence.contract``): a contract's
     own case type (the draft runner's ``Case``, which ``kvfence.contracts.draft.strategies`` draws) reaching the
     record's ``keys`` or ``need`` would fail deep inside them, on one device's path only. Such a draw ends the run
@@ -590,7 +591,7 @@ def require_launches(example) -> None:
             "kernel, or the contract's cases(domain) through kvfence.engine.run.draws)"))
 
 
-def first_failure_line(case, findings: List[Finding]) -> str:
+def first_failure_line(case: Launch[Any], findings: List[Finding]) -> str:
     """One line naming a failure as first found: its finding kinds and its config."""
     return f"{', '.join(damage_kinds(findings))} at {launches.describe(registry.get(case.contract), case)}"
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Optional, TextIO
-
-if TYPE_CHECKING:  # for annotations: the bar is drawn in processes that load no run's modules
-    from kvfence.engine.result import FuzzResult
+from typing import Optional, Protocol, Sized, TextIO
 
 BAR_WIDTH = 24
 #: An example budget this large is no budget (a run bounded by ``--max-seconds`` only): not shown.
@@ -16,6 +13,28 @@ UNBOUNDED_EXAMPLES = 10**9
 #: How often the fuzz loop calls back: often on a terminal (the line redraws), rarely in CI logs.
 TTY_EVERY_S = 0.2
 PLAIN_EVERY_S = 5.0
+
+
+class Counts(Protocol):
+    """What ``Progress`` reads of a run: a ``kvfence.engine.result.FuzzResult``, or the counts of a run's jobs
+    added up (``kvfence.engine.jobs``)."""
+
+    @property
+    def elapsed_s(self) -> float: ...
+    @property
+    def examples(self) -> int: ...
+    @property
+    def verified_cases(self) -> int: ...
+    @property
+    def cached_cases(self) -> int: ...
+    @property
+    def shrink_cases(self) -> int: ...
+    @property
+    def shrinking(self) -> bool: ...
+    @property
+    def findings(self) -> Sized: ...
+    @property
+    def max_utilisation(self) -> float: ...
 
 
 def _bar(spent: float) -> str:
@@ -57,7 +76,8 @@ class _Line:
 
 
 class Progress(_Line):
-    """``update(result)`` takes a ``kvfence.engine.loop.FuzzResult``; ``close()`` ends the line (TTY)."""
+    """``update(result)`` takes a run's ``Counts`` (a ``kvfence.engine.result.FuzzResult``); ``close()`` ends the
+    line (TTY)."""
 
     def __init__(self, total: int, stream: Optional[TextIO] = None, *, tty: Optional[bool] = None,
                  seconds: Optional[float] = None):
@@ -67,8 +87,8 @@ class Progress(_Line):
         self.seconds = seconds
         self.every_s = TTY_EVERY_S if self.tty else PLAIN_EVERY_S
 
-    def line(self, result: FuzzResult) -> str:
-        """One line in the run's vocabulary (kvfence.engine.loop.FuzzResult): examples against the budget,
+    def line(self, result: Counts) -> str:
+        """One line in the run's vocabulary (kvfence.engine.result.FuzzResult): examples against the budget,
         verified and cached cases, the verified rate, and what the run is doing now."""
         elapsed = result.elapsed_s or (time.perf_counter() - self._start)
         rate = result.verified_cases / elapsed if elapsed > 0 else 0.0
@@ -87,7 +107,7 @@ class Progress(_Line):
                 f"{result.cached_cases} cached | {rate:.1f} verified cases/s | {state} | {clock} | "
                 f"max need/width {result.max_utilisation:.2f}")
 
-    def update(self, result: FuzzResult) -> None:
+    def update(self, result: Counts) -> None:
         self._draw(self.line(result))
 
 

@@ -191,7 +191,7 @@ def case_problems(record: Contract[Any], case: Any, *, refused: Optional[dict[st
                            "[0, 2**30]")
                 continue
             launches.append(Launch(record.name, case, width, sizing, mode=mode))
-    needs = {}
+    needs: dict[str, tuple[Launch[Any], int]] = {}
     for launch in launches:
         need = record.need(launch)
         if type(need) is not int or need < 0:

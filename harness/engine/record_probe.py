@@ -111,7 +111,7 @@ def problems_of(record: Contract[Any], examples: int, seed: int, pins: dict[str,
     return {"problems": found["problems"], "cases": len(asked_cases), "launches": found["launches"]}
 
 
-def _case_problems(record: Any, asked_cases: List[Any], refusals: List[dict]) -> List[str]:
+def _case_problems(record: Any, asked_cases: List[Any], refusals: List[dict[str, Any]]) -> List[str]:
     """What the record's methods get wrong about the drawn cases, up to the first case with a problem; each case's
     sizing refusals appended to ``refusals``."""
     from kvfence.engine.record_check import case_problems

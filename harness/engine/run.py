@@ -38,7 +38,7 @@ def record(plan: RunPlan) -> Contract[Any]:
     return found
 
 
-def check_pins(found: Contract, pins: Mapping[str, object]) -> None:
+def check_pins(found: Contract[Any], pins: Mapping[str, object]) -> None:
     """Every pinned field one the contract declares an option for (``Contract.options``), its value one the option
     takes: ``BadInput``, one line naming the flag, otherwise."""
     unknown = sorted(k for k, v in pins.items() if v is not None and option_named(found, k) is None)

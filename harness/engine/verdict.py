@@ -26,7 +26,7 @@ Python loop over a million elements). ``tests/test_contracts.py`` checks the two
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, cast
 
 from kvfence.contract import Contract, Launch
 from kvfence.engine.findings import SEEN_BY_AUDIT, Finding, Kind, programs_text
@@ -34,6 +34,11 @@ from kvfence.engine.tables import INPUT_POISON, POISON, Guarded
 
 if TYPE_CHECKING:  # torch is imported where a verdict is made, not at start-up
     import torch
+
+#: ``Contract.expected``'s answer: ``{output table: {(row, column): value}}``.
+Expected = Mapping[str, Mapping[Tuple[int, int], object]]
+#: ``Audit.guard_stores``: ``(table, region, offset) -> (program, grid dimensions)``.
+GuardStores = Mapping[Tuple[str, str, int], Tuple[Tuple[int, ...], Tuple[int, ...]]]
 
 SAMPLES = 3
 #: The largest divisor of a read value that still makes a stored value poison-derived (a page id is a slot
@@ -131,12 +136,13 @@ def verdict(record: Contract[Any], launch: Launch[Any], buffers: Dict[str, Guard
     return findings
 
 
-def _table_findings(record: Any, launch: Any, name: str, g: Guarded, was_all: Any, now_all: Any,
-                    wanted: Dict[Tuple[int, int], Any], every_element: bool) -> List[Finding]:
+def _table_findings(record: Contract[Any], launch: Launch[Any], name: str, g: Guarded, was_all: torch.Tensor,
+                    now_all: torch.Tensor, wanted: Mapping[Tuple[int, int], object],
+                    every_element: bool) -> List[Finding]:
     """One table's findings: each element it visits classified (``_classify``), neighbouring elements of one
     kind, region and row merged into one finding."""
     findings: List[Finding] = []
-    open_run: Optional[list] = None  # [kind, region, row, start, stop, samples, programs, last position]
+    open_run: Optional[List[Any]] = None  # [kind, region, row, start, stop, samples, programs, last position]
     # Only elements that changed or that the oracle defines can be findings (an unchanged element the
     # oracle leaves alone is clean by the rules above), so the walk visits those, in order.
     if every_element:  # the plain walk, which tests compare the restricted one with
@@ -167,20 +173,24 @@ def _table_findings(record: Any, launch: Any, name: str, g: Guarded, was_all: An
     return findings
 
 
-def _classify(record: Any, launch: Any, name: str, g: Guarded, wanted: Dict[Tuple[int, int], Any], region: str,
-              row: int, off: int, was: int, now: int) -> Tuple[Optional[Kind], Optional[int], Optional[object]]:
+def _classify(record: Contract[Any], launch: Launch[Any], name: str, g: Guarded,
+              wanted: Mapping[Tuple[int, int], object], region: str, row: Optional[int], off: int, was: int,
+              now: int) -> Tuple[Optional[Kind], Optional[int], Optional[Tuple[int, ...]]]:
     """One element of table ``name`` at ``(region, row, off)``, ``was`` before the launch and ``now`` after it:
     its finding kind (None: clean), the value expected there, and the program that owns it (the record's
     ``owner``), where known."""
-    kind = exp = owner = None
+    kind: Optional[Kind] = None
+    exp: Optional[int] = None
+    owner: Optional[Tuple[int, ...]] = None
     if g.table.role == "input":
         if now != was:
             kind, exp = Kind.STRAY_WRITE, was
     elif region == "row":
+        assert row is not None  # Guarded.locate gives the row index in its "row" region
         if (row, off) in wanted:
-            exp = wanted[(row, off)]
-            if not matches(now, exp):
-                exp = sample_value(exp)
+            value = wanted[(row, off)]
+            if not matches(now, value):
+                exp = sample_value(value)
                 kind = (Kind.MISSING_WRITE if now == POISON else Kind.POISON_READ if poison_derived(now)
                         else Kind.VALUE_MISMATCH)
         elif now != POISON:
@@ -189,7 +199,7 @@ def _classify(record: Any, launch: Any, name: str, g: Guarded, wanted: Dict[Tupl
     elif now != was:
         kind, exp = Kind.GUARD_OVERWRITE, was  # expected: the canary that was there
         width = g.table.width
-        if region == "guard after row" and (row, width + off) in wanted:
+        if region == "guard after row" and row is not None and (row, width + off) in wanted:
             owner = record.owner(launch, name, row, width + off)  # the row's own entry past its width
     return kind, exp, owner
 
@@ -253,7 +263,7 @@ def attribute(record: Contract[Any], launch: Launch[Any], findings: List[Finding
         f.writers = writers[:8]
 
 
-def grid_names(record, launch, expected) -> Tuple[str, ...]:
+def grid_names(record: Contract[Any], launch: Launch[Any], expected: Expected) -> Tuple[str, ...]:
     """The names the contract gives its programs' coordinates (``Contract.owner`` returning a ``NamedTuple``),
     read off the owner of an element the oracle defines (a few per table at most); () when it names none."""
     for table, cells in expected.items():
@@ -264,20 +274,21 @@ def grid_names(record, launch, expected) -> Tuple[str, ...]:
     return ()
 
 
-def as_program(grid, names: Tuple[str, ...], dims: Tuple[int, ...] = ()) -> Tuple[int, ...]:
+def as_program(grid: Iterable[int], names: Tuple[str, ...], dims: Tuple[int, ...] = ()) -> Tuple[int, ...]:
     """An interpreter program id ``(x, y, z)`` in its contract's shape: the axes its owner names when the others
     are 0; else without the trailing axes the launch's grid does not have (``dims``: extent 1 there)."""
-    grid = tuple(int(x) for x in grid)
-    if names and len(names) <= len(grid) and not any(grid[len(names):]):
-        return grid[:len(names)]
-    keep = len(grid) if len(dims) == len(grid) else 0
-    while keep > 1 and dims[keep - 1] == 1 and grid[keep - 1] == 0:
+    program = tuple(int(x) for x in grid)
+    if names and len(names) <= len(program) and not any(program[len(names):]):
+        return program[:len(names)]
+    keep = len(program) if len(dims) == len(program) else 0
+    while keep > 1 and dims[keep - 1] == 1 and program[keep - 1] == 0:
         keep -= 1
-    return grid[:keep] if keep else grid
+    return program[:keep] if keep else program
 
 
-def name_guard_writers(record, launch, findings: List[Finding], expected, buffers: Dict[str, Guarded],
-                       stores=None, names: Tuple[str, ...] = ()) -> None:
+def name_guard_writers(record: Contract[Any], launch: Launch[Any], findings: List[Finding], expected: Expected,
+                       buffers: Dict[str, Guarded], stores: Optional[GuardStores] = None,
+                       names: Tuple[str, ...] = ()) -> None:
     """Who wrote into an output's guard, on each ``GUARD_OVERWRITE``, said as known or as inferred: the programs
     the CPU address audit saw store there (``stores``: ``Audit.guard_stores``; seen, so they are its ``writers``),
     else the program the oracle gives the row's own entry past its width or, failing that, the owner of the last
@@ -303,7 +314,7 @@ def name_guard_writers(record, launch, findings: List[Finding], expected, buffer
         f.detail = "; ".join([f.detail] * bool(f.detail) + [said])
 
 
-def _inferred_writer(record, launch, f: Finding, expected, g: Guarded) -> str:
+def _inferred_writer(record: Contract[Any], launch: Launch[Any], f: Finding, expected: Expected, g: Guarded) -> str:
     if f.programs:
         return (f"inferred: the oracle puts {programs_text(f.programs[:4], f.owner_names)}'s entry there, past the "
                 "row's width")

@@ -154,7 +154,7 @@ def _worker_main(conn: Connection, progress: ProgressCounter, options: dict[str,
     _serve(conn, progress, session, decode, device)
 
 
-def _serve(conn: Connection, progress: ProgressCounter, session: Any, decode: Callable[[dict], List[Any]],
+def _serve(conn: Connection, progress: ProgressCounter, session: Any, decode: Callable[[dict[str, Any]], List[Any]],
            device: str) -> None:
     """Answer ``check`` messages until the supervisor is gone, sends anything else, or a case was fatal."""
     while True:
@@ -180,7 +180,8 @@ def _serve(conn: Connection, progress: ProgressCounter, session: Any, decode: Ca
             return
 
 
-def _check_message(message: dict, progress: ProgressCounter, session: Any, decode: Callable[[dict], List[Any]],
+def _check_message(message: dict[str, Any], progress: ProgressCounter, session: Any,
+                   decode: Callable[[dict[str, Any]], List[Any]],
                    device: str) -> Tuple[List[Any], bool]:
     """The findings of one ``check`` message's cases, as data, and whether one was fatal (the rest unchecked).
     A run of cases of one group (one config) goes to the checker's ``check_many``: one device round trip."""

@@ -107,7 +107,7 @@ def _top_imports(tree: ast.Module) -> Tuple[Dict[str, ast.stmt], bool]:
 
 
 def _taken(functions: Dict[str, ast.FunctionDef], constants: Dict[str, Any], imports: Dict[str, ast.stmt],
-           roots: Tuple[str, ...], source_path: str) -> Dict[str, ast.AST]:
+           roots: Tuple[str, ...], source_path: str) -> Dict[str, ast.stmt]:
     """The jit functions and constants the ``roots`` reach, each admitted by the kernel text rule as it is taken;
     a name read that is no jit function or admitted constant is ``BadInput``."""
     # What a function may call or read at module level before each name is resolved below (which refuses a

@@ -53,6 +53,7 @@ def _read(folder: Path, contract: str) -> Tuple[Mutant, ...]:
         # One line naming the file (a missing DETECTS was a KeyError, a string one its letters as kinds).
         require(isinstance(detects, (tuple, list)) and detects and all(isinstance(k, str) for k in detects),
                 f"mutant {path.name}: DETECTS must be a non-empty tuple of finding kinds, got {detects!r}")
+        assert isinstance(detects, (tuple, list))  # require refused anything else
         detects = tuple(detects)
         if module.get("KIND") == "sizing":
             out.append(Mutant(path.stem, doc, detects, sizing=f"{path}:row_width", domain=domain))
