@@ -208,7 +208,8 @@ class _RunnerBase:
         error = None
         audit = None
         if self.audit:
-            owners = {"req_to_token": pool_row_owners(self.kernel.request_axis, lb.req_pool_indices)}
+            own = pool_row_owners(self.kernel.request_axis, lb.req_pool_indices)
+            owners = {} if own is None else {"req_to_token": own}
             audit = audit_for_launch(self._kernel_kwargs(inputs, kv_indices, kv_indptr, lb.num_seqs),
                                      (kv_indices, kv_indptr), row_owners=owners)
             launch = audit.wrap(launch)
