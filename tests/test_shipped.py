@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
+from kvfence.contracts.draft import shipped_sizing
 from kvfence.errors import BadInput
-from kvfence.release import shipped, shipped_sizing, wheel_ast
+from kvfence.release import shipped, wheel_ast
 
 VERSION = "0.0.7"
 BACKENDS = "sglang/srt/layers/attention/toy_backends.py"

@@ -24,9 +24,10 @@ class DraftReleaseTool:
     """``kvfence.release.knowledge.ReleaseTool`` for the draft kernel."""
 
     def sizing_lines(self, version: str, announce) -> List[str]:
+        from kvfence.contracts.draft import shipped_sizing
         from kvfence.contracts.draft.shipped_report import sizing_lines
         from kvfence.errors import require
-        from kvfence.release import shipped, shipped_sizing
+        from kvfence.release import shipped
 
         record = shipped_sizing.load_record(version)
         require(record["backends"], f"sglang=={version} has no draft backend (no class launches "

@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
+from kvfence.contracts.draft import shipped_sizing
 from kvfence.contracts.draft.case import Batch, Case, Config, launch_batch, launch_need
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
-from kvfence.release import shipped, shipped_sizing, upstream
+from kvfence.release import shipped, upstream
 
 SILENT = "silent overflow"
 FIRES = "host check fires"
