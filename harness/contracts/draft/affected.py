@@ -184,7 +184,7 @@ def _not_run(dep: Deployment, record: dict, cls: str, mode: str) -> Optional[Tup
     if state != "ok":
         return ("not launched" if state == "absent" else "unknown"), text or f"no {mode}-mode buffer"
     replay = record["backends"][cls][mode].get("replay")
-    if replay:  # graph mode whose replays never run the kernel (kvfence.release.shipped)
+    if replay:  # graph mode whose replays never run the kernel (kvfence.contracts.draft.shipped_wheel)
         return "not launched", replay
     refuses = (record["backends"][cls].get("refuses") or {}).get("refuses") == "topk > 1"
     if refuses and dep.topk > 1:
