@@ -1,4 +1,5 @@
-"""Shipped sizing (kvfence.release.shipped): the buffer sizing a release ships, read from its wheel, and used.
+"""Shipped sizing (kvfence.contracts.draft.shipped_wheel): the buffer sizing a release ships, read from its wheel,
+and used.
 
 The wheels here are synthetic: tiny backends and a CUDA-graph runner written for these tests (no SGLang
 code), zipped with the classic-ABI kernel of tests/test_upstream.py. They cover the call-site rule (request
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 from test_upstream import FAKE_MODULE, MODULE, kvfence, make_wheel, one_line_exit_2
 
+from kvfence.contracts.draft import shipped_sizing, shipped_wheel
 from kvfence.errors import BadInput
-from kvfence.release import shipped, shipped_sizing, wheel_ast
+from kvfence.release import wheel_ast
 
 VERSION = "0.0.7"
 BACKENDS = "sglang/srt/layers/attention/toy_backends.py"
@@ -127,7 +129,7 @@ def toy_wheel(folder: Path, version: str = VERSION, *, backends: bool = True) ->
 @pytest.fixture(scope="module")
 def record(tmp_path_factory):
     folder = tmp_path_factory.mktemp("shipped")
-    return shipped.read_wheel(toy_wheel(folder))["backends"]
+    return shipped_wheel.read_wheel(toy_wheel(folder))["backends"]
 
 
 def test_backends_are_found_by_what_launches_the_kernel(record):
@@ -165,7 +167,7 @@ def test_refusal_and_unreadable_names(record):
 
 def test_malicious_body_never_runs(record, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    again = shipped.read_wheel(toy_wheel(tmp_path / "w"))["backends"]["SneakyBackend"]
+    again = shipped_wheel.read_wheel(toy_wheel(tmp_path / "w"))["backends"]["SneakyBackend"]
     assert shipped_sizing.site_state(again["graph"])[0] == "unreadable"
     assert not list(tmp_path.rglob(MARKER_NAME)) and not Path(MARKER_NAME).exists()
 
@@ -179,7 +181,8 @@ def test_upstream_sizing_prints_formulas_and_sources(tmp_path):
     assert "RequestsBackend: " in out and "graph  W = requests * ctx" in out and "[requests]" in out
     assert "refuses topk > 1" in out and "unreadable" in out
     assert not list(Path(__file__).resolve().parents[1].glob(MARKER_NAME))
-    assert json.loads((cache / f"sglang-{VERSION}" / shipped.RECORD_FILE).read_text())["format"] == shipped.FORMAT
+    record = json.loads((cache / f"sglang-{VERSION}" / shipped_wheel.RECORD_FILE).read_text())
+    assert record["format"] == shipped_wheel.FORMAT
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
@@ -266,7 +269,7 @@ def test_a_graph_site_whose_replay_never_launches_the_kernel_is_not_judged_by_it
     graph mode, named with its file:line, though its buffer is as small as its base's, which overflows."""
     modules = {MODULE: FAKE_MODULE, RUNNER: REPLAYING_RUNNER, BACKENDS: REPLAY_BACKENDS}
     wheel = make_wheel(tmp_path / "wheels", VERSION, modules)
-    record = shipped.read_wheel(wheel)["backends"]
+    record = shipped_wheel.read_wheel(wheel)["backends"]
     assert "replay" not in record["ReplayingBackend"]["graph"]
     note = record["CaptureOnlyBackend"]["graph"]["replay"]
     assert f"CaptureOnlyBackend.init_forward_metadata_out_graph ({BACKENDS}:" in note and "if in_capture:" in note
@@ -351,7 +354,7 @@ def test_names_that_refer_to_each_other_are_unreadable_not_a_hang(tmp_path):
     utils = "def loop(n):\n    return loop(n) + 1\n"
     wheel = make_wheel(tmp_path, VERSION, {MODULE: FAKE_MODULE, RUNNER: runner, UTILS: utils,
                                            BACKENDS: "from sglang.srt.speculative.toy_utils import loop\n\n" + loop})
-    graph = shipped.read_wheel(wheel)["backends"]["LoopBackend"]["graph"]
+    graph = shipped_wheel.read_wheel(wheel)["backends"]["LoopBackend"]["graph"]
     assert shipped_sizing.site_state(graph)[0] == "unreadable"
 
 
@@ -361,13 +364,13 @@ def test_old_cache_format_is_fetched_again_and_a_tampered_record_is_one_line_exi
     assert kvfence("upstream", "fetch", VERSION, cache=cache, wheel_dir=wheel.parent).returncode == 0
     folder = cache / f"sglang-{VERSION}"
     manifest = json.loads((folder / "manifest.json").read_text())
-    (folder / shipped.RECORD_FILE).unlink()
+    (folder / shipped_wheel.RECORD_FILE).unlink()
     (folder / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))  # as kvfence before shipped sizing
     proc = kvfence("upstream", "sizing", VERSION, cache=cache, wheel_dir=wheel.parent)
     assert proc.returncode == 0 and "RequestsBackend" in proc.stdout, proc.stderr
-    record = folder / shipped.RECORD_FILE
+    record = folder / shipped_wheel.RECORD_FILE
     record.write_text(record.read_text().replace('"max_bs * ctx"', '"max_bs * topk * ctx"'))
-    one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped.RECORD_FILE)
+    one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped_wheel.RECORD_FILE)
 
 
 def _tampered(record: dict):
@@ -378,8 +381,8 @@ def _tampered(record: dict):
         r = json.loads(json.dumps(record))
         fn(r["backends"][name])
         return r
-    yield {"format": shipped.FORMAT, "backends": []}
-    yield {"format": shipped.FORMAT, "backends": {name: 7}}
+    yield {"format": shipped_wheel.FORMAT, "backends": []}
+    yield {"format": shipped_wheel.FORMAT, "backends": {name: 7}}
     yield edit(lambda b: b.update(graph=None))
     yield edit(lambda b: b.update(graph={"formula": 3, "source": "x", "tree": ["int", 1]}))
     yield edit(lambda b: b["graph"].update(tree=["sym", "__import__"]))
@@ -407,17 +410,17 @@ def test_a_tampered_record_with_its_sha256_in_the_manifest_is_one_line_exit_2(tm
     wheel = toy_wheel(tmp_path / "wheels")
     assert kvfence("upstream", "fetch", VERSION, cache=cache, wheel_dir=wheel.parent).returncode == 0
     folder = cache / f"sglang-{VERSION}"
-    record_path, manifest_path = folder / shipped.RECORD_FILE, folder / "manifest.json"
+    record_path, manifest_path = folder / shipped_wheel.RECORD_FILE, folder / "manifest.json"
     original, manifest = json.loads(record_path.read_text()), json.loads(manifest_path.read_text())
-    assert shipped.validate_record(original) is original
+    assert shipped_wheel.validate_record(original) is original
     for bad in _tampered(original):
         with pytest.raises(BadInput):
-            shipped.validate_record(bad)
+            shipped_wheel.validate_record(bad)
     for bad in list(_tampered(original))[2:5]:  # the command users run, on three of them
         text = json.dumps(bad)
         record_path.write_text(text)
         manifest_path.write_text(json.dumps({**manifest, "shipped_sha256": _sha256(text.encode())}))
-        one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped.RECORD_FILE)
+        one_line_exit_2(kvfence("upstream", "sizing", VERSION, cache=cache), "corrupt", shipped_wheel.RECORD_FILE)
 
 
 # -- a hostile wheel stays harmless: bounded work, bounded memory, the kernel still extracted --------------
@@ -460,7 +463,7 @@ def test_a_runaway_site_is_unreadable_on_time_and_the_kernel_is_still_extracted(
 
     wheel = _hostile_wheel(tmp_path / "w", "0.0.9", graph, helpers)
     start, peak = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    record = shipped.read_wheel(wheel)["backends"]["HostileBackend"]
+    record = shipped_wheel.read_wheel(wheel)["backends"]["HostileBackend"]
     assert time.monotonic() - start < 10
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200 * 1024  # KiB: under 200 MB more
     assert "unreadable" in record["graph"], record["graph"]
@@ -484,7 +487,7 @@ def test_a_zip_bomb_member_is_left_out_not_inflated(tmp_path):
         zf.writestr("sglang/srt/layers/attention/bomb.py", bomb)
     assert wheel.stat().st_size < 1 << 20  # a small file that inflates past the bound
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    doc = shipped.read_wheel(wheel)
+    doc = shipped_wheel.read_wheel(wheel)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100 * 1024
     assert "sglang/srt/layers/attention/bomb.py" in doc["skipped_members"]
     assert doc["backends"]["HostileBackend"]["graph"]["formula"]
@@ -527,9 +530,9 @@ def test_a_member_that_does_not_parse_is_named_when_no_backend_is_found(tmp_path
     wheel = make_wheel(tmp_path / "w", "0.0.6", {MODULE: FAKE_MODULE, UTILS: TOY_UTILS, RUNNER: TOY_RUNNER,
                                                  BACKENDS: "from k import generate_draft_decode_kv_indices\n"
                                                            + "x = " + "(" * 300 + "1" + ")" * 300 + "\n"})
-    record = shipped.validate_record(shipped.read_wheel(wheel))
+    record = shipped_wheel.validate_record(shipped_wheel.read_wheel(wheel))
     assert record["backends"] == {} and BACKENDS in record["skipped_members"]
-    assert f"1 member(s) not read: {BACKENDS} (does not parse" in shipped.unread_note(record)
+    assert f"1 member(s) not read: {BACKENDS} (does not parse" in shipped_wheel.unread_note(record)
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
@@ -563,11 +566,11 @@ def test_one_shipped_matrix_command_runs_the_draft_family_and_a_table_contract(t
 def test_upstream_sizing_says_when_backend_classes_were_left_unread(tmp_path):
     """A wheel with more backend classes than kvfence reads: ``upstream sizing`` says so on its first line
     beside the count, instead of a count that reads as the whole wheel."""
-    many = "\n\n".join(backend(f"Backend{i}", "max_bs * self.topk") for i in range(shipped.MAX_BACKENDS + 6))
+    many = "\n\n".join(backend(f"Backend{i}", "max_bs * self.topk") for i in range(shipped_wheel.MAX_BACKENDS + 6))
     wheel = _hostile_wheel(tmp_path / "w", "0.0.9", "max_bs * self.topk",
                            extra={BACKENDS.replace(".py", "_more.py"): "import torch\n\n" + many})
     cache = tmp_path / "cache"
     sizing = kvfence("upstream", "sizing", "0.0.9", cache=cache, wheel_dir=wheel.parent)
     first = sizing.stdout.splitlines()[0]
-    assert sizing.returncode == 0 and f"{shipped.MAX_BACKENDS} draft backend(s)" in first, sizing.stdout[:400]
-    assert f"more than {shipped.MAX_BACKENDS}: the rest were not read" in first, first
+    assert sizing.returncode == 0 and f"{shipped_wheel.MAX_BACKENDS} draft backend(s)" in first, sizing.stdout[:400]
+    assert f"more than {shipped_wheel.MAX_BACKENDS}: the rest were not read" in first, first

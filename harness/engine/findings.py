@@ -24,7 +24,7 @@ class Kind(str, enum.Enum):
     INDPTR_MISMATCH = "INDPTR_MISMATCH"
     #: ``need > width`` for this launch: known before the kernel runs.
     SIZING_VIOLATION = "SIZING_VIOLATION"
-    #: A shipped sizing's host check (kvfence.release.shipped) rejects a launch that would overflow: a loud
+    #: A shipped sizing's host check (read from the release's wheel) rejects a launch that would overflow: a loud
     #: failure in production (the assertion fires before the launch), not a silent one.
     HOST_CHECK_FIRED = "HOST_CHECK_FIRED"
     #: The host check admits a launch the kernel overflows: the check's formula is wrong (too lax).

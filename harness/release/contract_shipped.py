@@ -4,7 +4,7 @@ sizing of the plug-in contracts"). It knows no contract by name.
 A contract's release knowledge lists its sites (``kvfence.release.knowledge.ShippedSite``): per SGLang backend,
 CUDA-graph mode and forward mode, the expression text of the table's row width and of the tokens the launch adds to each
 committed length. ``read(contract, wheel)`` finds each text in the backend's class (and its bases in the wheel)
-by ``ast`` equality, never importing or running anything, and evaluates it with ``kvfence.release.shipped``'s
+by ``ast`` equality, never importing or running anything, and evaluates it with ``kvfence.release.wheel_ast``'s
 restricted evaluator over the quantities of ``SYMBOLS`` (``ctx``, ``page``, ``d``, ``requests``, ``max_len``):
 locals of the enclosing method, ``self`` attributes of ``__init__``, module-level integer constants, wheel
 helpers, ``triton.cdiv``. A text that is not in the release, or that does not evaluate, is recorded as such

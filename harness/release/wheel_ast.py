@@ -8,8 +8,8 @@ assigned in ``__init__``, and calls of helper functions defined in the wheel (th
 the same way). Anything else raises ``Unreadable`` with the expression text and ``file:line``: never a guess.
 ``evaluate`` computes a tree at given values, with bounded work (``MAX_EVAL_STEPS``, ``TREE_MAX_DEPTH``).
 
-Two readers build on it: the draft kernel's shipped sizing (``kvfence.release.shipped``) and the sites of the
-contracts that list them (``kvfence.release.contract_shipped``, whose evaluator adds its own symbols).
+Two readers build on it: the draft kernel's shipped sizing (``kvfence.contracts.draft.shipped_wheel``) and the
+sites of the contracts that list them (``kvfence.release.contract_shipped``, whose evaluator adds its own symbols).
 """
 
 from __future__ import annotations

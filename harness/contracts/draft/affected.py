@@ -121,7 +121,8 @@ def _evidence(record: dict, cls: str, mode: str) -> List[str]:
 
 def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) -> List[Verdict]:
     from kvfence.contracts.draft import shipped_matrix as sm
-    from kvfence.release import shipped_sizing, upstream
+    from kvfence.contracts.draft import shipped_sizing
+    from kvfence.release import upstream
 
     name = "draft decode kv_indices"
     if dep.algorithm in DFLASH_FAMILY:  # its worker builds no multi-step draft backend (the kernel's launchers)
@@ -161,7 +162,7 @@ def _eager_clean(dep: Deployment, record: dict, cls: str, runs) -> bool:
     reaches it by size."""
     import dataclasses
 
-    from kvfence.release import shipped_sizing
+    from kvfence.contracts.draft import shipped_sizing
 
     state, _ = shipped_sizing.site_state(record["backends"][cls]["eager"])
     if state == "absent":
@@ -175,7 +176,7 @@ def _eager_clean(dep: Deployment, record: dict, cls: str, runs) -> bool:
 
 def _not_run(dep: Deployment, record: dict, cls: str, mode: str) -> Optional[Tuple[str, str]]:
     """``(status, condition)`` of a mode the deployment does not run (or kvfence cannot read), else None."""
-    from kvfence.release import shipped_sizing
+    from kvfence.contracts.draft import shipped_sizing
 
     if dep.graphs and mode == "eager" and dep.eager_note:
         return "not launched", dep.eager_note
@@ -183,7 +184,7 @@ def _not_run(dep: Deployment, record: dict, cls: str, mode: str) -> Optional[Tup
     if state != "ok":
         return ("not launched" if state == "absent" else "unknown"), text or f"no {mode}-mode buffer"
     replay = record["backends"][cls][mode].get("replay")
-    if replay:  # graph mode whose replays never run the kernel (kvfence.release.shipped)
+    if replay:  # graph mode whose replays never run the kernel (kvfence.contracts.draft.shipped_wheel)
         return "not launched", replay
     refuses = (record["backends"][cls].get("refuses") or {}).get("refuses") == "topk > 1"
     if refuses and dep.topk > 1:
@@ -274,7 +275,7 @@ def _caught(dep, record, cls, mode, caught, v: Verdict, runs, out, device) -> No
 
 
 def _later_overflows(dep: Deployment, mode: str):
-    from kvfence.release import shipped_sizing
+    from kvfence.contracts.draft import shipped_sizing
 
     def overflows(version: str) -> Optional[bool]:
         try:

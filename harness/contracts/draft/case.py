@@ -286,7 +286,7 @@ class Config:
         from kvfence.contracts.draft.targets import resolve_sizing  # late: plug-in policies resolve on first use
 
         policy = resolve_sizing(self.sizing)
-        # A shipped sizing (kvfence.release.shipped) reads a different site per mode.
+        # A shipped sizing (kvfence.contracts.draft.shipped_wheel) reads a different site per mode.
         mode = {"mode": self.mode} if getattr(policy, "takes_mode", False) else {}
         width = policy(n, self.topk, self.ctx, self.num_steps, window_size=self.window_size, sink_size=self.sink_size,
                        **mode)

@@ -3,8 +3,9 @@ under ``kvfence.shipped``): where their kernels are, the sizings and flags a rel
 the draft kernel's own release tooling (``DraftReleaseTool``).
 
 The draft kernel's shipped sizing is no list of sites: its backends are found in a wheel by what they launch and
-its graph-mode width is read through the CUDA-graph runner (``kvfence.release.shipped``), so ``upstream sizing``,
-``upstream matrix --shipped`` and ``affected`` reach it through the tool, never by the contract's name.
+its graph-mode width is read through the CUDA-graph runner (``kvfence.contracts.draft.shipped_wheel``), so
+``upstream sizing``, ``upstream matrix --shipped`` and ``affected`` reach it through the tool, never by the contract's
+name; ``upstream`` writes that reading beside the kernels of a release's cache entry (``Shipped.cache_record``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import List, Tuple
 
+from kvfence.contracts.draft.shipped_wheel import DRAFT_KERNEL, RECORD_FILE, WINDOW_KERNEL, read_wheel_or_note
 from kvfence.release.knowledge import Shipped, Upstream
-from kvfence.release.shipped import DRAFT_KERNEL, WINDOW_KERNEL
 
 #: The rail's window in a release matrix cell (``--contract window-rail`` needs one): longer than most drawn
 #: requests and shorter than the longest, so both of the rail's parts (prefix and chain) are exercised.
@@ -24,13 +25,13 @@ class DraftReleaseTool:
     """``kvfence.release.knowledge.ReleaseTool`` for the draft kernel."""
 
     def sizing_lines(self, version: str, announce) -> List[str]:
+        from kvfence.contracts.draft import shipped_sizing, shipped_wheel
         from kvfence.contracts.draft.shipped_report import sizing_lines
         from kvfence.errors import require
-        from kvfence.release import shipped, shipped_sizing
 
         record = shipped_sizing.load_record(version)
         require(record["backends"], f"sglang=={version} has no draft backend (no class launches "
-                                    f"{shipped.DRAFT_KERNEL})" + shipped.unread_note(record))
+                                    f"{shipped_wheel.DRAFT_KERNEL})" + shipped_wheel.unread_note(record))
         return sizing_lines(version, record)
 
     def shipped_matrix(self, versions: List[str], options: dict, *, device: str, offline: bool, out,
@@ -57,6 +58,6 @@ class DraftReleaseTool:
 
 
 DRAFT = Shipped(Upstream(DRAFT_KERNEL, ()), sizings=("eager", "fixed", "prefix", "safe"), tool=DraftReleaseTool(),
-                cache=True)
+                cache=True, cache_record=(RECORD_FILE, read_wheel_or_note))
 WINDOW_RAIL = Shipped(Upstream(WINDOW_KERNEL, ()), sizings=("window-fixed", "window-no-topk"),
                       flags=("--window", str(RAIL_WINDOW)), cache=True)

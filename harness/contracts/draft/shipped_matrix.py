@@ -1,7 +1,8 @@
 """``python -m kvfence upstream matrix --shipped``: is a release affected, as shipped, per backend and mode?
 
 One row per release, one cell per backend x mode (``graph``, ``eager``), each under the release's own
-shipped sizing (``--sizing sglang==VERSION:BACKEND``, kvfence.release.shipped) and its own kernel. A cell is:
+shipped sizing (``--sizing sglang==VERSION:BACKEND``, kvfence.contracts.draft.shipped_wheel) and its own kernel.
+A cell is:
 
 * ``silent overflow``: a launch the runner can make needs more than the row width and no host check stops
   it; the minimal such case (smallest topk, then requests, then length) is run through the kernel, which
@@ -32,9 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
+from kvfence.contracts.draft import shipped_sizing, shipped_wheel
 from kvfence.contracts.draft.case import Batch, Case, Config, launch_batch, launch_need
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
-from kvfence.release import shipped, shipped_sizing, upstream
+from kvfence.release import upstream
 
 SILENT = "silent overflow"
 FIRES = "host check fires"
@@ -59,7 +61,7 @@ STATUSES = {
     NOT_CACHED: "the release is not in the cache (fetch it where PyPI is reachable)",
     ERROR: "the witness did not reproduce as the arithmetic predicts, or the release could not be read",
 }
-MODES = shipped.MODES
+MODES = shipped_wheel.MODES
 FORMAT = 1
 #: What a ``silent overflow`` cell's witness must show the kernel did: a canary past its row or buffer
 #: changed, an element outside the write set changed (the next row), a store outside every allocation
@@ -232,7 +234,7 @@ def settle_cell(version: str, backend: str, mode: str, record: dict, d: WitnessS
         cell.status, cell.detail = UNREADABLE, text
         return cell
     cell.formula = site["formula"]
-    if site.get("replay"):  # the arithmetic would judge launches that never happen (kvfence.release.shipped)
+    if site.get("replay"):  # the arithmetic would judge launches that never happen (shipped_wheel)
         cell.status, cell.detail = NOT_REPLAYED, site["replay"]
         return cell
     spec = f"{upstream.SPEC_PREFIX}{version}:{backend}"

@@ -122,8 +122,8 @@ def write(doc: dict, out: Path) -> Path:
 
 def sizing_lines(version: str, record: dict) -> List[str]:
     """``upstream sizing VERSION``: per backend, both widths, the host check and where each came from."""
-    from kvfence.release.shipped import unread_note
-    from kvfence.release.shipped_sizing import site_state
+    from kvfence.contracts.draft.shipped_sizing import site_state
+    from kvfence.contracts.draft.shipped_wheel import unread_note
 
     # What was not read (too many backend classes, members left out) is said on the first line: a count of
     # backends alone would hide that the rest of the wheel was never looked at.

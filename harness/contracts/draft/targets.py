@@ -493,7 +493,7 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
             return builtin(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
 
         return builtin_policy
-    from kvfence.release import shipped_sizing
+    from kvfence.contracts.draft import shipped_sizing
 
     if shipped_sizing.is_spec(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
         return shipped_sizing.policy(spec)

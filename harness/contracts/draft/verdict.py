@@ -16,9 +16,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from kvfence.contracts.draft import shipped_sizing
 from kvfence.contracts.draft.guarded import GuardedBuffer
 from kvfence.engine.findings import Finding, Kind
-from kvfence.release import shipped_sizing
 
 #: Findings kept per buffer; the last one says how many runs were left out.
 MAX_RUNS = 32

@@ -1,7 +1,7 @@
 """Using a release's shipped-sizing record (docs/contract.md, "Shipped sizing"): ``--sizing
 sglang==VERSION:BACKEND`` as a row-width policy, and the release's host check on one launch.
 
-The record is what ``kvfence.release.shipped`` read from the wheel, stored as data in the release's cache
+The record is what ``kvfence.contracts.draft.shipped_wheel`` read from the wheel, stored as data in the release's cache
 entry by ``kvfence.release.upstream`` (fetched here when allowed). This module reads only that file.
 """
 
@@ -11,9 +11,16 @@ import functools
 import json
 from typing import Optional, Tuple
 
+from kvfence.contracts.draft.shipped_wheel import (
+    DRAFT_KERNEL,
+    MODES,
+    RECORD_FILE,
+    evaluate,
+    unread_note,
+    validate_record,
+)
 from kvfence.errors import BadInput, require
 from kvfence.release import upstream
-from kvfence.release.shipped import DRAFT_KERNEL, MODES, RECORD_FILE, evaluate, unread_note, validate_record
 
 
 def is_spec(spec: str) -> bool:
