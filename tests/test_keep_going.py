@@ -36,7 +36,7 @@ def test_a_crash_and_a_value_bug_are_both_found_shrunk_and_saved_in_one_run(tmp_
     by_kind = {record["kinds"][0]: casefile.load_case(path) for path, record in summary["cases"].items()}
     assert sorted(by_kind) == [Kind.CRASH.value, Kind.VALUE_MISMATCH.value]
     # Each shrunk to the smallest case of its own bug (crashers.crash_or_wrong), not slipped into the other.
-    crash, wrong = by_kind[Kind.CRASH.value].case, by_kind[Kind.VALUE_MISMATCH.value].case
+    crash, wrong = by_kind[Kind.CRASH.value].case.case, by_kind[Kind.VALUE_MISMATCH.value].case.case
     assert crash.config.page_size == 64 and list(crash.batch.seq_lens) == [2]
     assert wrong.config.page_size == 1 and list(wrong.batch.seq_lens) == [3]
     assert summary["keep_going"]["distinct_failures"] == 2 and summary["keep_going"]["phases"] >= 2
