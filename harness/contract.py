@@ -247,6 +247,9 @@ class Option:
         # An integer is ASCII digits with one optional sign, at most 20 of them ("²", "1_000" and a number of
         # thousands of digits are none, though int() takes the first two and spends seconds on the last).
         if self.type is int and not _INTEGER.fullmatch(text):
+            digits = text.lstrip("+-")
+            if digits.isascii() and digits.isdigit() and len(digits) > 20:
+                raise BadInput(f"expected {self.expected()}, got an integer of more than 20 digits ({text[:24]!r}...)")
             raise BadInput(f"expected {self.expected()}, got {text[:40]!r}")
         try:
             value = self.type(text)

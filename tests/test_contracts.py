@@ -180,6 +180,7 @@ def test_a_release_kernel_is_extracted_as_data_and_a_different_signature_is_one_
     assert absent.returncode == 2 and "has no create_flashmla_kv_indices_triton" in absent.stderr
 
 
+@pytest.mark.long  # about 20-40 s of CPU; CI's 20 minutes (tox -e long runs it)
 def test_the_verdict_visiting_changed_and_defined_elements_equals_the_walk_over_every_element():
     """Random damage (writes anywhere in the flat tensors, inputs included) on drawn cases, and in a third of the
     draws a clean launch (every page the oracle wants, nothing else): the verdict the engine runs (its whole-

@@ -100,6 +100,7 @@ def _planted(monkeypatch, directory: Path):
     return draft_record.DRAFT
 
 
+@pytest.mark.long  # about 20-40 s of CPU; CI's 20 minutes (tox -e long runs it)
 def test_a_mutant_that_is_not_a_bug_fails_the_self_test(device, tmp_path, monkeypatch):
     """The pair of the test above: a correct kernel posing as a mutant is not 'detected'."""
     from kvfence.selftest.mutants import self_test

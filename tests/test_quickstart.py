@@ -56,7 +56,8 @@ def test_quickstart_install_lines_match_pyproject():
     pyproject = (ROOT / "pyproject.toml").read_text()
     extras = set(re.findall(r"^(\w+)\s*=\s*\[", pyproject.split("[project.optional-dependencies]", 1)[1]
                             .split("\n[", 1)[0], re.M))
-    (torch_range,) = [Requirement(r) for r in re.findall(r'"(torch[^"]*)"', pyproject)]
+    # A requirement string (torch and a version range), not the type checker's bare module name "torch".
+    (torch_range,) = [Requirement(r) for r in re.findall(r'"(torch\s*[<>=!~][^"]*)"', pyproject)]
     pins = [w for c, _ in LINES if c.startswith("pip install") for w in shlex.split(c) if w.startswith("torch==")]
     assert pins, "the quickstart installs no pinned torch"
     for pin in pins:

@@ -219,6 +219,7 @@ def release_env(tmp_path):
     return {"KVFENCE_WHEEL_DIR": str(wheels), "KVFENCE_CACHE": str(tmp_path / "cache"), "KVFENCE_OFFLINE": "1"}
 
 
+@pytest.mark.long  # about 20-40 s of CPU; CI's 20 minutes (tox -e long runs it)
 def test_a_release_whose_page1_row_lacks_the_dflash_reserve_spills_and_the_minimal_case_replays(tmp_path,
                                                                                                  release_env):
     run = _kvfence("fuzz", "--contract", "req-to-token", "--kernel", "sglang==9.9.1", "--sizing",

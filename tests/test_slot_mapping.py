@@ -163,6 +163,7 @@ def as_release(text: str) -> dict:
     return {"vllm/v1/worker/gpu/block_table.py": module, "vllm/v1/worker/gpu/buffer_utils.py": helper}
 
 
+@pytest.mark.long  # about 20-40 s of CPU; CI's 20 minutes (tox -e long runs it)
 def test_a_vllm_kernel_is_extracted_with_its_imported_helper_a_bug_caught_a_guard_clean_refusals_one_line(tmp_path):
     wheels, cache = tmp_path / "wheels", tmp_path / "cache"
     wheels.mkdir()

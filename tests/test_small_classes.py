@@ -112,7 +112,8 @@ def test_an_os_error_no_command_caught_is_one_line_naming_the_path(monkeypatch, 
 
 # -- flags and case fields that are not what they look like -----------------------------------------------------
 def test_a_pin_that_is_no_ascii_integer_is_one_line(tmp_path):
-    for value, said in (("²", "must be a positive integer, got '²'"), ("--5", "must be a positive integer, got '--5'"),
+    for value, said in (("²", "expected a positive integer, got '²'"),
+                        ("--5", "expected a positive integer, got '--5'"),
                         ("5", "must be a power of two, got 5"),  # an integer reaches the contract as one
                         ("9" * 30, "an integer of more than 20 digits")):
         _one_line(_kvfence("check-contract", "draft", "--pin", f"page_size={value}", "--examples", "1",
