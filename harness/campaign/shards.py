@@ -8,8 +8,10 @@ shard gets the campaign's example database, ``--quiet`` and ``--jobs 1`` unless 
 A plan file is JSON data (never code)::
 
     {"defaults": {"device": "cuda", "max-seconds": 600, "no-target": true},
-     "targets": [{"contract": "draft", "sizing": "fixed", "shards": 4},
-                 {"contract": "slot-mapping", "kernel": "vllm==0.11.0", "shards": 2}]}
+     "targets": [{"contract": "CONTRACT", "sizing": "SIZING", "shards": 4},
+                 {"contract": "OTHER", "kernel": "KERNEL SPEC", "shards": 2}]}
+
+(a worked plan file, with kvfence's own contracts, is in docs/campaigns.md.)
 
 Keys are ``fuzz`` flags without the dashes (``max-seconds`` or ``max_seconds``); ``true`` is a switch, ``false`` or
 ``null`` leaves a flag out. A target's keys override ``defaults``, which override the command line's flags.
