@@ -11,6 +11,7 @@ one number (``kvfence.engine.budget.launch_bytes``) of its widest launch (``conf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kvfence.contract import Launch
 from kvfence.contracts.draft.case import Batch, Config, DraftCase
@@ -97,7 +98,9 @@ def widest_launch(config: Config) -> Launch:
                   "reference", config.mode, config.layout)
 
 
+@lru_cache(maxsize=4096)
 def config_bytes(config: Config) -> int:
     """What a bound config costs against the run's budget: ``launch_bytes`` of its widest launch, the number every
-    launch of it is held to (``kvfence.engine.checking.require_fits``)."""
+    launch of it is held to (``kvfence.engine.checking.require_fits``). Kept per config: Hypothesis draws the same
+    configs again, and fitting one halves it through the same smaller ones."""
     return launch_bytes(registry.get(config.contract), widest_launch(config))
