@@ -73,6 +73,13 @@ def default_budget(device: str, jobs: int = 1) -> int:
 
 
 
+def size_text(nbytes: int) -> str:
+    """``nbytes`` for a message: whole MiB from 1 MiB up (``12288 MiB``), else KiB or bytes."""
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.0f} MiB"
+    return f"{nbytes / 2**10:.1f} KiB" if nbytes >= 2**10 else f"{nbytes} bytes"
+
+
 def table_bytes(record: Contract[Any], launch: Launch[Any]) -> int:
     """Bytes the launch's tables take in their guarded buffers (``kvfence.engine.tables``: guards and the output
     tails included, as ``absorb`` lays them out), from their shapes alone: nothing is built."""

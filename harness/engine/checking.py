@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from kvfence.contract import Checker, Contract, Launch
 from kvfence.engine import kernels
-from kvfence.engine.budget import launch_bytes
+from kvfence.engine.budget import launch_bytes, size_text
 from kvfence.engine.findings import Finding, Kind
 from kvfence.engine.launch import spill
 from kvfence.engine.record_check import fail, require_well_formed
@@ -55,8 +55,8 @@ def require_fits(record: Contract[Any], launch: Launch[Any], max_bytes: Optional
     limit = max_bytes or DEFAULT_MAX_BYTES
     size = launch_bytes(record, launch)
     if size > limit:
-        raise BadInput(f"contract {record.name}: this launch takes {size / 2**20:.0f} MiB, over the "
-                       f"{limit / 2**20:.0f} MiB one case may take (--max-gpu-mem); nothing was allocated")
+        raise BadInput(f"contract {record.name}: this launch takes {size_text(size)}, over the {size_text(limit)} "
+                       "one case may take (--max-gpu-mem); nothing was allocated")
 
 
 def check_launch(record: Contract[Any], kernel: Any, launch: Launch[Any], device: str, *, audit: bool = False,
