@@ -111,3 +111,28 @@ def test_a_plug_ins_draw_is_fitted_by_the_engines_fit_to_the_number_its_launch_i
         require_fits(record, bind(record, big, "safe"), budget)
     assert fit(big, None, ("width",), cost) is big
     assert fit(big, 100, ("width",), cost) is None  # the smallest width still takes more: nothing left to halve
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_every_launch_of_a_fitted_draw_costs_at_most_its_configs_bytes(mode):
+    """A draft config's bytes are its widest launch's: every launch drawn of it (fewer or shorter requests) costs at
+    most that, so a draw fitted to the budget is never refused by ``require_fits`` at that budget. On the GPU
+    domain, where fitting shrinks most draws; no kernel runs."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from kvfence.contracts.draft.record import launch_of
+    from kvfence.contracts.draft.strategies import cases, configs
+
+    budget, seen = 8 * 2**20, []
+
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases(configs(domain="gpu", max_bytes=budget, mode=mode)))
+    def check(case):
+        launch = launch_of(case)
+        assert launch_bytes(DRAFT, launch) <= config_bytes(case.config) <= budget
+        require_fits(DRAFT, launch, budget)
+        seen.append(case.batch.raw_bs < case.config.max_bs)
+
+    check()
+    assert any(seen) and not all(seen)  # launches below and at the widest were both checked
