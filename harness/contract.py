@@ -43,6 +43,7 @@ optional (engine default)           what for
 ``findings_before_launch(launch)``  findings the case's arithmetic decides before any launch (none)
 ``report(record, findings)``        HTML drawing one case file's buffers (the engine's table map)
 ``checker(plan)``                   a checker of the contract's own (``Checker``; None: the engine's)
+``checker_bytes(launch)``           device bytes that checker holds beside the tables (0)
 ==================================  ====================================================================
 
 ``checker`` is the escape hatch for a contract that checks its own way: the draft kernel keeps its CUDA-graph
@@ -427,11 +428,18 @@ class Contract(Generic[C]):
         engine's (tables, the oracle, the launch, guarded buffers and the element-by-element verdict)."""
         return None
 
+    def checker_bytes(self, launch: Launch[C]) -> int:
+        """Device bytes this contract's own ``checker`` holds for ``launch`` beside its tables (its own buffers,
+        copies and temporaries), known before anything is built. The engine adds them to the tables' bytes
+        (``kvfence.engine.budget.launch_bytes``), the one number a launch and a draw are held to under
+        ``--max-gpu-mem``. 0: the engine's checker allocates the tables only."""
+        return 0
+
 
 #: The interface's members, as the contract author's reference lists them (tests hold both to this).
 MEMBERS = ("name", "doc", "reference", "sizings", "mutants", "kinds", "options", "selftest_examples",
            "cases", "to_json", "from_json", "tables", "expected", "need", "launch",
-           "keys", "owner", "findings_before_launch", "report", "checker")
+           "keys", "owner", "findings_before_launch", "report", "checker", "checker_bytes")
 REQUIRED = ("cases", "to_json", "from_json", "tables", "expected", "need", "launch")
 
 

@@ -309,11 +309,12 @@ def kvfence_contract(pytestconfig) -> str:
 def kvfence_plan(pytestconfig, kvfence_device, kvfence_contract):
     """The run plan of the options (``kvfence.engine.plan.RunPlan``): contract, kernel, sizing, device; what
     ``kvfence.engine.run`` builds a run's draws and checker from, as ``kvfence fuzz`` does."""
+    from kvfence.engine.budget import default_budget
     from kvfence.engine.plan import RunPlan
 
     return RunPlan(contract=kvfence_contract, kernel=option(pytestconfig, "kernel"),
                    sizing=option(pytestconfig, "sizing"), device=kvfence_device,
-                   domain="gpu" if kvfence_device == "cuda" else "cpu")
+                   domain="gpu" if kvfence_device == "cuda" else "cpu", max_bytes=default_budget(kvfence_device))
 
 
 @pytest.fixture(scope="session")

@@ -150,12 +150,12 @@ def test_gpu_domain_cells_are_dealt_too():
 
 
 def test_cells_that_exceed_the_memory_budget_are_left_out_and_counted():
-    from kvfence.contracts.draft.budget import estimate_bytes
     from kvfence.contracts.draft.case import Config
+    from kvfence.contracts.draft.runner_buffers import config_bytes
 
     # A budget that the smallest topk-8 config exceeds but the smallest topk-1 config fits.
-    small = estimate_bytes(Config(topk=1, num_steps=1, page_size=1, ctx=2, max_bs=1))
-    big = estimate_bytes(Config(topk=8, num_steps=8, page_size=1, ctx=9, max_bs=1))
+    small = config_bytes(Config(topk=1, num_steps=1, page_size=1, ctx=2, max_bs=1))
+    big = config_bytes(Config(topk=8, num_steps=8, page_size=1, ctx=9, max_bs=1))
     assert small < big
     budget = (small + big) // 2
     _, info = campaign.shard_draws(campaign.Shard(1, 1), lambda **pins: configs(**pins, max_bytes=budget), DOMAINS)

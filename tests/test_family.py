@@ -327,8 +327,8 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
     config, each within the host verdict's 16 MiB, while the others keep production sizes; ``off``
     never draws a §6 field, ``on`` in every example, as before (a few draw every field at its default). No kernel
     runs."""
-    from kvfence.contracts.draft.budget import estimate_bytes
     from kvfence.contracts.draft.domain import GPU_FAMILY_SHARE, HOST_VERDICT_MAX_BYTES
+    from kvfence.contracts.draft.runner_buffers import config_bytes
 
     gpu = dict(device="cuda", domain="gpu", max_bytes=4 << 30)
     auto = _draw_all(draws.configs(DRAFT, _plan("auto", **gpu).draw_domain()), 600)
@@ -337,10 +337,10 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
     # example whose every field came out at its default is no §6 config: at one in four, 0.13 of these
     # 600 configs.
     assert GPU_FAMILY_SHARE / 4 <= len(family) / len(auto) <= 2 * GPU_FAMILY_SHARE, len(family)
-    assert all(estimate_bytes(c) <= HOST_VERDICT_MAX_BYTES for c in family)
+    assert all(config_bytes(c) <= HOST_VERDICT_MAX_BYTES for c in family)
     assert {"window", "E>1", "translate"} <= {k for c in family for k, on in (
         ("window", c.window_size > 0), ("E>1", c.entry_page_size > 1), ("translate", c.translate)) if on}
-    assert max(estimate_bytes(c) for c in auto if not c.is_family) > 16 * HOST_VERDICT_MAX_BYTES
+    assert max(config_bytes(c) for c in auto if not c.is_family) > 16 * HOST_VERDICT_MAX_BYTES
     assert draws.family_share(_plan("auto", **gpu).draw_domain()) == GPU_FAMILY_SHARE
     off = _draw_all(draws.configs(DRAFT, _plan("off", **gpu).draw_domain()), 200)
     assert not any(c.is_family for c in off) and draws.family_share(_plan("off", **gpu).draw_domain()) == 0
@@ -351,13 +351,13 @@ def test_the_gpu_domain_draws_family_configs_at_its_share_under_the_host_verdict
 
 
 def test_pins_larger_than_the_bound_keep_the_share_at_the_smallest_config_they_allow():
-    from kvfence.contracts.draft.budget import estimate_bytes
     from kvfence.contracts.draft.domain import HOST_VERDICT_MAX_BYTES
+    from kvfence.contracts.draft.runner_buffers import config_bytes
 
     drawn = _draw_all(configs(domain="gpu", family="auto", ctx=131072, max_bs=256, topk=4, num_steps=5), 200)
     family = [c for c in drawn if c.is_family]
     assert family and all(c.ctx == 131072 and c.max_bs == 256 for c in drawn)
-    assert min(estimate_bytes(c) for c in family) > HOST_VERDICT_MAX_BYTES  # the pins need more than the bound
+    assert min(config_bytes(c) for c in family) > HOST_VERDICT_MAX_BYTES  # the pins need more than the bound
 
 
 def test_family_examples_hold_few_batches_and_classic_ones_keep_theirs():

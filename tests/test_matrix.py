@@ -21,8 +21,8 @@ CLASSES = {b.name: b for b in matrix.bug_classes()}
 REDZONE = {
     "row-to-row overflow": (Kind.GUARD_OVERWRITE, "kv_indices", "guard after row 0"),
     "short tail overflow": (Kind.GUARD_OVERWRITE, "kv_indices", "guard after row 2"),
-    # kv_indices' tail guard reaches past the far-tail store (kvfence.contracts.draft.budget.TAIL_REACH): it lands
-    # in kvfence's own guard, whatever the allocator put next to the buffer.
+    # kv_indices' tail guard reaches past the far-tail store (kvfence.contracts.draft.runner_buffers.TAIL_REACH): it
+    # lands in kvfence's own guard, whatever the allocator put next to the buffer.
     "far tail overflow": (Kind.GUARD_OVERWRITE, "kv_indices", "tail"),
     "stray write into an input": (Kind.STRAY_WRITE, "req_to_token", "input"),
 }

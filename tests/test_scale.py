@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from kvfence.contracts.draft.budget import buffer_geometry, estimate_bytes, fit
 from kvfence.contracts.draft.case import Batch, Case, Config
 from kvfence.contracts.draft.domain import BOUNDARY_CLASSES, CPU, GPU, boundary_classes, capture_buckets
-from kvfence.contracts.draft.strategies import RARE_PATH_ON, case_runs, cases, configs
-from kvfence.engine.budget import parse_size
+from kvfence.contracts.draft.runner_buffers import buffer_geometry, config_bytes, runner_bytes, widest_launch
+from kvfence.contracts.draft.strategies import RARE_PATH_ON, case_runs, cases, configs, fit_config
+from kvfence.engine.budget import launch_bytes, parse_size, table_bytes
 from kvfence.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,24 +90,29 @@ def test_memory_budget_bounds_every_draw():
     budget = 64 * 2**20
     unbounded = _draw_all(configs(domain="gpu"), 300)
     bounded = _draw_all(configs(domain="gpu", max_bytes=budget), 300)
-    assert max(estimate_bytes(c) for c in unbounded) > budget  # the pair: without a budget draws exceed it
-    assert max(estimate_bytes(c) for c in bounded) <= budget
+    assert max(config_bytes(c) for c in unbounded) > budget  # the pair: without a budget draws exceed it
+    assert max(config_bytes(c) for c in bounded) <= budget
     assert max(c.ctx for c in bounded) >= 4096 and max(c.max_bs for c in bounded) >= 64  # still large, just fitted
 
 
 def test_fit_shrinks_free_fields_only_and_refuses_what_cannot_fit():
     big = Config(topk=16, num_steps=16, page_size=1, ctx=131072, max_bs=256, buckets=capture_buckets(256))
-    small = fit(big, 256 * 2**20)
-    assert estimate_bytes(small) <= 256 * 2**20 and small.topk == 16 and small.max_bs == 256 and small.ctx < 131072
-    only_bs = fit(big, 4 * 2**30, free=("max_bs",))
+    small = fit_config(big, 256 * 2**20)
+    assert config_bytes(small) <= 256 * 2**20 and small.topk == 16 and small.max_bs == 256 and small.ctx < 131072
+    only_bs = fit_config(big, 4 * 2**30, free=("max_bs",))
     assert only_bs.ctx == 131072 and only_bs.max_bs < 256 and only_bs.buckets[-1] == only_bs.max_bs
-    assert fit(big, 1024, free=("ctx",)) is None
+    assert fit_config(big, 1024, free=("ctx",)) is None
 
 
 def test_budget_estimate_covers_the_real_allocation(device):
-    """The estimate is built from the geometry the runner allocates: every guarded buffer matches it."""
+    """A config's bytes are the engine's one number for its widest launch: its tables as the engine allocates them
+    plus the draft checker's own (``runner_bytes``, built from the geometry the runner allocates). Each path's real
+    allocation fits under it: the runner's buffers and pool, and the plain path's guarded tables."""
+    from kvfence.contracts.draft.record import DRAFT
     from kvfence.contracts.draft.runner import GraphRunner
     from kvfence.contracts.draft.targets import resolve_kernel
+    from kvfence.engine import tables as guarded
+    from kvfence.engine.launch import spill
 
     config = Config(topk=3, num_steps=2, page_size=4, ctx=20, max_bs=4, sizing="prefix")
     runner = GraphRunner(config, resolve_kernel("reference", device), device)
@@ -115,7 +120,11 @@ def test_budget_estimate_covers_the_real_allocation(device):
     assert runner.kv_indices.storage.numel() == kvi.length and runner.kv_indptr.storage.numel() == kvp.length
     held = sum(t.numel() * t.element_size() for t in (runner.kv_indices.storage, runner.kv_indptr.storage,
                                                        runner.inputs.req_to_token))
-    assert held <= estimate_bytes(config)
+    launch = widest_launch(config)
+    plain = guarded.allocate_all(DRAFT.tables(launch), "cpu", layout=launch.layout, spill=spill(DRAFT, launch))
+    tables = sum(g.flat.numel() * g.flat.element_size() for g in plain.values())
+    assert tables == table_bytes(DRAFT, launch) and held <= runner_bytes(config) == DRAFT.checker_bytes(launch)
+    assert config_bytes(config) == launch_bytes(DRAFT, launch) == tables + runner_bytes(config)
 
 
 def test_parse_size():

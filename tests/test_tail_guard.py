@@ -9,8 +9,9 @@ import pytest
 
 from kvfence.contract import Launch, Table
 from kvfence.engine import tables as guarded
+from kvfence.engine.budget import table_bytes
 from kvfence.engine.findings import Finding, Kind
-from kvfence.engine.launch import spill, table_bytes
+from kvfence.engine.launch import spill
 from kvfence.engine.verdict import verdict
 
 ROWS = 3

@@ -13,6 +13,7 @@ def cmd_sweep(args) -> int:
     """The nightly job (kvfence.sanitizer.sweep): canary fuzzing, then compute-sanitizer on the cases it found."""
     from kvfence.engine import registry
     from kvfence.engine import run as pipeline
+    from kvfence.engine.budget import default_budget
     from kvfence.engine.plan import RunPlan
     from kvfence.engine.probe import check_plugins
     from kvfence.sanitizer import tool as sanitizer
@@ -34,7 +35,7 @@ def cmd_sweep(args) -> int:
 
     def plan_for(device: str) -> RunPlan:
         return RunPlan(contract=record.name, kernel=kernel, sizing=sizing, device=device, mode=args.mode,
-                       layout=args.layout, domain="cpu", pins=pins)
+                       layout=args.layout, domain="cpu", pins=pins, max_bytes=default_budget(device))
 
     # A bad --kernel or --sizing is exit 2 naming it, before the tool and GPU checks (it needs neither).
     pipeline.record(plan_for("cpu"))

@@ -4,7 +4,8 @@
 
 1. the findings the case's arithmetic decides before any launch: ``SIZING_VIOLATION`` (``need > width``) and the
    contract's own arithmetic kinds (``Contract.findings_before_launch``);
-2. the launch's memory, from the tables' shapes alone, against the run's budget (nothing is built past it);
+2. the launch's memory (``kvfence.engine.budget.launch_bytes``: its tables and its checker's own buffers, from
+   their shapes alone) against the run's budget (nothing is built past it);
 3. the tables in guarded buffers (``kvfence.engine.tables``), the launch (captured in a CUDA graph in graph mode
    on CUDA; under the interpreter's address audit on the CPU, so a load or store outside every table's rows is
    ``OOB_READ`` / ``OOB_WRITE``), a launch that raises a ``LAUNCH_ERROR``;
@@ -21,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from kvfence.contract import Checker, Contract, Launch
 from kvfence.engine import kernels
+from kvfence.engine.budget import launch_bytes, size_text
 from kvfence.engine.findings import Finding, Kind
-from kvfence.engine.launch import spill, table_bytes
+from kvfence.engine.launch import spill
 from kvfence.engine.record_check import fail, require_well_formed
 from kvfence.errors import BadInput
 
@@ -32,8 +34,8 @@ if TYPE_CHECKING:  # annotations only: the plan's module is the front end's
     from kvfence.engine.tables import Guarded
     from kvfence.engine.verdict import Expected
 
-#: Bytes one launch's tables may take when the run sets no budget (``--max-gpu-mem``): a case file holding a
-#: 2**30-token context is refused in one line instead of allocating gigabytes.
+#: Bytes one launch may take when the run sets no budget (``--max-gpu-mem``): a case file holding a 2**30-token
+#: context is refused in one line instead of allocating gigabytes.
 DEFAULT_MAX_BYTES = 1 << 30
 
 
@@ -48,12 +50,13 @@ def arithmetic_findings(record: Contract[Any], launch: Launch[Any]) -> List[Find
 
 
 def require_fits(record: Contract[Any], launch: Launch[Any], max_bytes: Optional[int]) -> None:
-    """``BadInput`` (one line) when the launch's tables would take more than ``max_bytes`` (before any is built)."""
+    """``BadInput`` (one line) when the launch would take more than ``max_bytes`` (``launch_bytes``: the number its
+    draws were fitted to), before anything is built."""
     limit = max_bytes or DEFAULT_MAX_BYTES
-    size = table_bytes(record, launch)
+    size = launch_bytes(record, launch)
     if size > limit:
-        raise BadInput(f"contract {record.name}: this launch's tables take {size / 2**20:.0f} MiB, over the "
-                       f"{limit / 2**20:.0f} MiB one case may take (--max-gpu-mem); nothing was allocated")
+        raise BadInput(f"contract {record.name}: this launch takes {size_text(size)}, over the {size_text(limit)} "
+                       "one case may take (--max-gpu-mem); nothing was allocated")
 
 
 def check_launch(record: Contract[Any], kernel: Any, launch: Launch[Any], device: str, *, audit: bool = False,

@@ -15,7 +15,6 @@ import json
 from typing import Any, Dict, List, Optional
 
 from kvfence.contract import LAYOUTS, MODES, Contract, Keys, Launch, Sizing
-from kvfence.engine.tables import allocated_elements
 from kvfence.errors import BadInput, printable, require
 
 #: Widest row kvfence allocates (elements): a sizing answering more is refused in one line.
@@ -181,15 +180,6 @@ def spill(record: Contract[Any], launch: Launch[Any]) -> int:
     """Elements past a row that the launch may store within its contract's bounds: ``need - width`` when the
     sizing leaves the row short (a correct kernel writes the whole need), else 0. Output tails hold it."""
     return max(0, record.need(launch) - launch.width)
-
-
-def table_bytes(record: Contract[Any], launch: Launch[Any]) -> int:
-    """Bytes the launch's tables take in their guarded buffers (``kvfence.engine.tables``: guards and the output
-    tails included, as ``absorb`` lays them out), from their shapes alone: nothing is built."""
-    size = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}
-    past = spill(record, launch)
-    return sum(allocated_elements(t, layout=launch.layout, spill=past) * size.get(t.dtype, 8)
-               for t in record.tables(launch))
 
 
 def summary(record: Contract[Any], launch: Launch[Any]) -> dict[str, Any]:

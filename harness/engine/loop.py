@@ -17,8 +17,8 @@ from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
 from kvfence.contract import Checker, Contract, Launch
+from kvfence.engine import budget, registry
 from kvfence.engine import launch as launches
-from kvfence.engine import registry
 from kvfence.engine.findings import Finding
 from kvfence.engine.interrupt import Interrupted, pending, raise_pending
 from kvfence.engine.result import (
@@ -359,7 +359,7 @@ class _Search:
             result.max_utilisation = u
             result.max_utilisation_stat = stat or launches.coverage_row(rec, case, bool(findings))
         if config not in self.configs_seen:
-            self.configs_seen[config] = size = launches.table_bytes(rec, case)
+            self.configs_seen[config] = size = budget.launch_bytes(rec, case)
             if size > self.largest:
                 self.largest = size
                 result.largest_config = dict(launches.summary(rec, case)["config"], estimated_bytes=size)

@@ -125,7 +125,7 @@ def element_rows(kept: dict[str, Any], f: Finding, limit: int = VERBOSE_ELEMENTS
     return rows
 
 
-def _plain(record: Contract[Any], case: Launch[Any], device: str, absorb: bool
+def _plain(record: Contract[Any], case: Launch[Any], device: str, absorb: bool, max_bytes: Optional[int]
            ) -> Tuple[Optional[dict[str, Any]], str]:
     """The plain path's re-run of ``case`` in this process with its buffers kept, or ``(None, why not)``."""
     from kvfence.engine import kernels
@@ -136,7 +136,7 @@ def _plain(record: Contract[Any], case: Launch[Any], device: str, absorb: bool
     except BadInput as exc:
         return None, f"the plain path cannot run this kernel: {exc}"
     keep: dict[str, Any] = {}
-    check_launch(record, kernel, case, device, audit=False, absorb=absorb, keep=keep)
+    check_launch(record, kernel, case, device, audit=False, absorb=absorb, max_bytes=max_bytes, keep=keep)
     return (keep, "") if "buffers" in keep else (None, "the plain path's launch failed")
 
 
@@ -152,6 +152,7 @@ def run_repro(path: Union[str, Path], *, device: str = "auto", kernel: Optional[
     under compute-sanitizer (``kvfence.sanitizer.tool``). ``in_process`` skips the worker (debugging, and the
     sanitizer, which must watch the launch in the process it traces)."""
     from kvfence.device import select
+    from kvfence.engine.budget import default_budget
     from kvfence.engine.checking import checker_for
     from kvfence.engine.plan import RunPlan
     from kvfence.engine.supervisor import DEFAULT_CASE_TIMEOUT, RemoteSession
@@ -161,8 +162,9 @@ def run_repro(path: Union[str, Path], *, device: str = "auto", kernel: Optional[
     require_trusted(loaded, kernel=kernel, sizing=sizing, trust=trust_case)
     case = launches.replace(record, loaded.case, kernel=kernel, sizing=sizing, mode=mode, layout=layout)
     device = select(device, announce=announce)
+    # The budget a fuzz run on this device has by default (kvfence.engine.budget): a case it found replays here.
     plan = RunPlan(contract=record.name, kernel=case.kernel, sizing=case.sizing, device=device, mode=case.mode,
-                   layout=case.layout, absorb=absorb, isolate=not in_process,
+                   layout=case.layout, absorb=absorb, isolate=not in_process, max_bytes=default_budget(device),
                    case_timeout=DEFAULT_CASE_TIMEOUT if case_timeout is None else case_timeout)
     if in_process:
         findings = checker_for(record, plan).check(case)
@@ -193,7 +195,7 @@ def run_repro(path: Union[str, Path], *, device: str = "auto", kernel: Optional[
     p(f"FAIL: {len(findings)} finding(s) (the file recorded {len(loaded.findings)}: {recorded})")
     kept, why = (None, "")
     if verbose and not any(f.kind in (Kind.CRASH, Kind.HANG) for f in findings):
-        kept, why = _plain(record, case, device, absorb)
+        kept, why = _plain(record, case, device, absorb, plan.max_bytes)
     for i, f in enumerate(findings, 1):
         p()
         for line in finding_lines(i, f, elements=element_rows(kept, f) if kept else None, verbose=verbose):

@@ -3,7 +3,7 @@
 For each step row of kv_indices and kv_indptr the map draws, on one axis of row elements:
 
 * the zones of the guarded buffer (front guard, the row, its slack after ``U(s)``, the guard after it,
-  the tail; kv_indptr's column 0, which no program writes), from ``kvfence.contracts.draft.budget.buffer_geometry``;
+  the tail; kv_indptr's column 0, which no program writes), from ``runner_buffers.buffer_geometry``;
 * the segment of every program ``(s, b, k)`` where the oracle expects it (``Case.expected``), past the
   row's end when the sizing is too small;
 * what the kernel did, from the case's findings: wrong values, missing writes, writes outside the write
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from kvfence.contracts.draft.budget import MIN_GUARD
+from kvfence.contracts.draft.runner_buffers import MIN_GUARD
 from kvfence.reports.markup import Markup, html, join
 
 #: Fill colour of each finding kind on the map (the legend repeats them).
@@ -162,9 +162,9 @@ def _finding_text(f: dict) -> str:
 def case_maps(record: dict, findings: List[dict]) -> List[BufferMap]:
     """The kv_indices and kv_indptr maps of one case record (``reports/summary.case_record``) and the
     findings that name its case file. ``BadInput`` when the record does not describe a valid case."""
-    from kvfence.contracts.draft.budget import buffer_geometry
     from kvfence.contracts.draft.case import Case, batch_from_dict, config_from_dict
     from kvfence.contracts.draft.oracle import ProgramSegment, segment_offset
+    from kvfence.contracts.draft.runner_buffers import buffer_geometry
     from kvfence.errors import require
 
     config = config_from_dict(record["config"])

@@ -23,7 +23,7 @@ MAX_ENTRY_PAGE_SIZE = 64
 #: The most bytes a config's req_to_token pool may take, checked by arithmetic on construction (before
 #: ``pool_len`` or anything else is computed): far above any real pool (257 rows x 131072 tokens is
 #: 137 MB), so it only refuses absurd inputs such as ``--page-size 2**40`` or a 5,000-digit number in a
-#: case file. The memory budget of a run (``kvfence.contracts.draft.budget``, ``--max-gpu-mem``) is the real limit.
+#: case file. The memory budget of a run (``kvfence.engine.budget``, ``--max-gpu-mem``) is the real limit.
 MAX_POOL_BYTES = 1 << 34
 
 

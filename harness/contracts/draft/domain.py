@@ -85,7 +85,7 @@ COMMON_SHARE = 1 / 2
 #: one in eight missed those mutants in 1-2 of 6 seeds, one in four none in 20 (BENCHMARKS.md). Three in
 #: four examples keep the production-sized §2 search. A fraction ``1/k``: one draw of ``k`` codes per example.
 GPU_FAMILY_SHARE = 1 / 4
-#: Device bytes a §6 config of a share example may take (``kvfence.contracts.draft.budget``). The host verdict
+#: Device bytes a §6 config of a share example may take (``runner_buffers.config_bytes``). The host verdict
 #: builds and compares the whole write set case by case (no batching, no device counters), so it is kept
 #: to configs it checks in a fraction of a second (``kvfence.contracts.draft.compare`` bounds every config it
 #: checks on both paths by it too, for the same reason). Requests of a few thousand

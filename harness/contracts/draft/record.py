@@ -10,7 +10,8 @@ graphs, docs/contract.md §4) and the layout. The record answers the engine (``k
 * ``tables``/``expected``/``launch``: the plain path, one launch of the padded batch in guarded tables against
   the oracle (``oracle``), what ``repro --verbose`` and the checker's equality tests run;
 * ``checker``: the production path, ``DraftChecker``: the CUDA-graph runner of §4 (``runner``), guarded buffers,
-  the verdict (``verdict``) and, on CUDA, the device verifier (``device_verify``);
+  the verdict (``verdict``) and, on CUDA, the device verifier (``device_verify``); ``checker_bytes`` the memory it
+  holds (``runner_buffers``);
 * ``report``: the buffer map of report.html (``buffer_map``).
 
 Its planted bugs live in ``kernels/draft/mutants/`` (each file one bug, its docstring and ``DETECTS``).
@@ -26,6 +27,7 @@ from kvfence.contracts.draft.case import Case, DraftCase, batch_from_dict, confi
 from kvfence.contracts.draft.domain import boundary_classes
 from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, kernel_spec, mutants
 from kvfence.contracts.draft.options import OPTIONS
+from kvfence.contracts.draft.runner_buffers import runner_bytes
 from kvfence.contracts.draft.sizing import POLICIES
 from kvfence.contracts.draft.tokens import req_to_token_rows, v2p_table
 from kvfence.errors import require
@@ -229,6 +231,13 @@ class DraftContract(Contract[DraftCase]):
         from kvfence.contracts.draft.checker import DraftChecker
 
         return DraftChecker(self, plan)
+
+    def checker_bytes(self, launch: Launch) -> int:
+        """What ``DraftChecker`` holds for the launch's config beside the tables (``runner_buffers.runner_bytes``:
+        the runner's guarded outputs at ``max_bs``, its pool with the verifier's copy and graph temporaries, a dirty
+        case's full-verdict transients). Its buffers stand in for the tables there, so the engine's sum of the two
+        (``launch_bytes``) bounds what either path allocates."""
+        return runner_bytes(launch.case.config.bind(launch.sizing, launch.mode, launch.layout))
 
     def report(self, record: dict, findings: List[dict]) -> str:
         from kvfence.contracts.draft.buffer_map import case_map_with_legend

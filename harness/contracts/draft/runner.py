@@ -17,9 +17,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from kvfence.contracts.draft.budget import buffer_geometry
 from kvfence.contracts.draft.case import Batch, Case, Config, LaunchBatch, launch_batch
 from kvfence.contracts.draft.guarded import GuardedBuffer
+from kvfence.contracts.draft.runner_buffers import buffer_geometry
 from kvfence.contracts.draft.targets import KernelTarget, pool_row_owners
 from kvfence.contracts.draft.tokens import INT32_LIMIT, PERMUTE, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK
 from kvfence.engine.audit import for_launch as audit_for_launch
@@ -84,7 +84,7 @@ class Observation:
 
 def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = True):
     """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded, laid out
-    by ``kvfence.contracts.draft.budget.buffer_geometry`` (the same numbers the memory budget counts)."""
+    by ``kvfence.contracts.draft.runner_buffers.buffer_geometry`` (the same numbers the memory budget counts)."""
     kvi, kvp = buffer_geometry(config, n, absorb)
     # On the CPU (the address audit's device) each buffer gets a never-read spacer after it: without one
     # a row stored past the end can land in the next registered tensor (an input), where the audit

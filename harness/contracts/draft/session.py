@@ -13,11 +13,11 @@ from typing import Any, List, Optional, Set, cast
 from weakref import WeakKeyDictionary
 
 from kvfence.contract import Launch
-from kvfence.contracts.draft.budget import estimate_bytes
 from kvfence.contracts.draft.case import Case, Config
 from kvfence.contracts.draft.device_verify import COUNTERS, DeviceVerifier
 from kvfence.contracts.draft.fastcheck import expected_writes_torch
 from kvfence.contracts.draft.runner import GraphRunner, Observation, make_runner
+from kvfence.contracts.draft.runner_buffers import config_bytes as estimate_bytes
 from kvfence.contracts.draft.targets import KernelTarget, resolve_kernel
 from kvfence.contracts.draft.verdict import check
 from kvfence.engine.audit import resolve_audit
@@ -39,7 +39,7 @@ class Session:
                  verifier: str = "auto", audit: Optional[bool] = None, absorb: bool = True,
                  max_bytes: Optional[int] = None, stats: Optional[dict] = None):
         self.device = device
-        #: Device memory the cached runners may hold together (kvfence.contracts.draft.budget estimates);
+        #: Device memory the cached runners may hold together (kvfence.contracts.draft.runner_buffers estimates);
         #: None: no bound.
         self.max_bytes = max_bytes
         # Interpreter address audit (kvfence.engine.audit): None = on for cpu, off for cuda; True on cuda is BadInput.

@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import random
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from hypothesis import strategies as st
 
@@ -52,7 +52,9 @@ from kvfence.contracts.draft.fastdraw import (
     sampled,
     sized,
 )
+from kvfence.contracts.draft.runner_buffers import config_bytes
 from kvfence.contracts.draft.tokens import SLOT_BITS
+from kvfence.engine.budget import fit
 from kvfence.errors import require
 
 __all__ = ["batches", "case_runs", "cases", "configs", "seq_len_bound"]
@@ -104,8 +106,9 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     their defaults unless pinned. ``contract`` picks the draft kernel or the window rail (whose window is
     then always drawn, >= 1).
 
-    ``max_bytes`` bounds the device memory a config costs (``kvfence.contracts.draft.budget``): a draw over it is
-    halved in its unpinned fields, ctx first, until it fits. Shrinks toward topk 1, one step, page 1,
+    ``max_bytes`` bounds the device memory a config costs (``runner_buffers.config_bytes``: the engine's
+    ``launch_bytes`` of its widest launch): a draw over it is halved in its unpinned fields, ctx first, until it fits
+    (``kvfence.engine.budget.fit``). Shrinks toward topk 1, one step, page 1,
     the smallest ctx and max_bs, no window, no sinks, E = 1, no translation.
     """
     dom = _domain(domain)
@@ -155,10 +158,8 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
     _require_fits(smallest, max_bytes)
     share, family_bytes = (dom.family_share, dom.family_max_bytes) if family == "auto" else (float(family), None)
     if family_bytes is not None:
-        from kvfence.contracts.draft.budget import estimate_bytes
-
         # Pins larger than the bound keep the share: its configs are then the smallest the pins allow.
-        family_bytes = max(family_bytes, estimate_bytes(smallest))
+        family_bytes = max(family_bytes, config_bytes(smallest))
         family_bytes = family_bytes if max_bytes is None else min(max_bytes, family_bytes)
     return _configs(dom, tuple(sorted((k, v) for k, v in pins.items() if v is not None)), tuple(sorted(fixed.items())),
                     max_bytes, family_pins, share, smallest_window, family_bytes)
@@ -167,9 +168,7 @@ def configs(*, topk: Optional[int] = None, num_steps: Optional[int] = None, page
 def _require_fits(config: Config, max_bytes: Optional[int]) -> None:
     if max_bytes is None:
         return
-    from kvfence.contracts.draft.budget import estimate_bytes
-
-    need = estimate_bytes(config)
+    need = config_bytes(config)
     require(need <= max_bytes, f"memory budget {max_bytes} bytes is below the smallest config allowed "
                                f"({need} bytes for {config.to_dict()}); raise --max-gpu-mem or pin smaller fields")
 
@@ -330,7 +329,9 @@ def _configs(draw, dom: DraftSpace, pins: tuple, fixed: tuple, max_bytes: Option
     fields = _family(draw, n, c, dict(family_pins), family, min_window, rail, rare=family_share < 1)
     config = Config(topk=t, num_steps=n, page_size=p, ctx=c, max_bs=m, buckets=dom.buckets_for(m), **fixed_d, **fields)
     if max_bytes is not None:
-        config = _fit(config, max_bytes, _fit_order(draw, pinned))  # configs() checked that the smallest one fits
+        # configs() checked that the smallest config the pins allow fits; one whose drawn §6 fields cannot shrink to
+        # fit stays as drawn, and its launch is refused in one line (kvfence.engine.checking.require_fits)
+        config = _fit_bounded(config, (max_bytes,), _fit_order(draw, pinned))
     return config
 
 
@@ -341,10 +342,25 @@ def _fit_order(draw, pinned: dict) -> list:
     return [name for name in order if name not in pinned]
 
 
-def _fit(config: Config, max_bytes: int, free: list) -> Config:
-    from kvfence.contracts.draft.budget import fit
+def fit_config(config: Config, max_bytes: Optional[int], free: Sequence[str] = ("ctx", "max_bs", "topk", "num_steps")
+               ) -> Optional[Config]:
+    """``config`` fitted to ``max_bytes`` by the engine's ``fit``, priced by ``config_bytes`` (the engine's number
+    for its widest launch), halving the ``free`` fields in order (ctx first: long contexts cost memory); None
+    when even the smallest does not fit."""
+    return fit(config, max_bytes, free, config_bytes, _halve)
 
-    return fit(config, max_bytes, free)
+
+def _halve(config: Config, name: str) -> Optional[Config]:
+    """``config`` with field ``name`` halved (ctx stays above num_steps, the buckets end at max_bs), or None when
+    it is at its floor already (``kvfence.engine.budget.fit``'s ``halve``)."""
+    value = getattr(config, name)
+    floor = config.num_steps + 1 if name == "ctx" else 1
+    if value <= floor:
+        return None
+    changes: Dict[str, Any] = {name: max(floor, value // 2)}
+    if name == "max_bs":
+        changes["buckets"] = tuple(b for b in config.capture_buckets if b < changes[name]) + (changes[name],)
+    return dataclasses.replace(config, **changes)
 
 
 def _bounded_family_config(draw, dom: DraftSpace, pinned: dict, fixed: dict, sizes: tuple, family_pins: tuple,
@@ -369,7 +385,7 @@ def _fit_bounded(config: Config, bounds: tuple, free: list) -> Config:
     for bound in bounds:
         if bound is None:
             return config
-        fitted = _fit(config, bound, free)
+        fitted = fit_config(config, bound, free)
         if fitted is not None:
             return fitted
     return config

@@ -2,7 +2,7 @@
 
 Bug class (docs/contract.md §3/§5): an out-of-bounds row. The last step ``s = num_steps - 1`` writes at row
 ``s + 1``, one whole row past the last row of kv_indices, and leaves that row unwritten. kvfence's
-tail guard holds one whole row (``kvfence.contracts.draft.budget``), so the stores land there on every path;
+tail guard holds one whole row (``kvfence.contracts.draft.runner_buffers``), so the stores land there on every path;
 without a tail guard (``--no-absorb``) they leave the allocation, where the interpreter address audit
 reports them as ``OOB_WRITE`` and drops them. Shows with any config.
 """

@@ -1,17 +1,23 @@
-"""Device memory a config costs, known before anything is allocated, and fitting draws to a budget.
+"""The buffers the draft's CUDA-graph runner allocates for a config, and what its checker holds beside its tables.
 
-A production-sized draw (256 requests x 131072 tokens x topk 16 x 16 steps) would need tens of GB for
-kv_indices alone. Every buffer kvfence allocates for a config is sized here first: the guarded outputs
-(``buffer_geometry`` is also what ``kvfence.contracts.draft.runner`` allocates from, so the estimate cannot drift),
-the req_to_token pool with the verifier's copy and the graph-held temporaries that regenerate it, and
-the full verdict's transient tensors for a dirty case. ``fit`` shrinks a draw's free fields until it
-fits, so an over-budget draw becomes a smaller config instead of an out-of-memory crash.
+``buffer_geometry`` is the guarded kv_indices/kv_indptr layout ``kvfence.contracts.draft.runner`` allocates from;
+``runner_bytes`` prices it with everything else the draft's checker holds for a config (the req_to_token pool with
+the verifier's copy and the graph-held temporaries that regenerate it, and the full verdict's transient tensors for
+a dirty case): the draft's ``Contract.checker_bytes``. What a config costs against the run's budget is the engine's
+one number (``kvfence.engine.budget.launch_bytes``) of its widest launch (``config_bytes``), which the draws fit to
+(``kvfence.contracts.draft.strategies``) and the runner cache counts (``kvfence.contracts.draft.session``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kvfence.contract import Launch
+from kvfence.contracts.draft.case import Batch, Config, DraftCase
+from kvfence.engine import registry
+from kvfence.engine.budget import launch_bytes
+from kvfence.errors import require
 
 #: kvfence's minimum guard (elements) at the front, after rows (redzone layout) and at the tail.
 MIN_GUARD = 64
@@ -46,7 +52,7 @@ class Geometry:
         return self.front + self.rows * (self.width + self.row_guard) + self.tail
 
 
-def buffer_geometry(config, n: int, absorb: bool = True):
+def buffer_geometry(config: Config, n: int, absorb: bool = True) -> tuple[Geometry, Geometry]:
     """``(kv_indices, kv_indptr)`` geometries for a launch sized with ``n`` (``max_bs`` in graph mode).
 
     Guards are at least as long as the farthest element a correct kernel can write past a row under
@@ -70,8 +76,8 @@ def buffer_geometry(config, n: int, absorb: bool = True):
     return kv_indices, kv_indptr
 
 
-def estimate_bytes(config) -> int:
-    """Peak device bytes of one config's runner, verifier and a dirty case's full verdict."""
+def runner_bytes(config: Config) -> int:
+    """Peak device bytes of one config's runner, verifier and a dirty case's full verdict (a bound config)."""
     n = config.max_bs  # graph: sized once at max_bs; eager: the largest batch it can be given
     kvi, kvp = buffer_geometry(config, n)
     outputs = (kvi.length + kvp.length) * GUARDED_BYTES
@@ -83,24 +89,18 @@ def estimate_bytes(config) -> int:
     return outputs + pool + transient
 
 
-def fit(config, max_bytes: Optional[int], free: Iterable[str] = ("ctx", "max_bs", "topk", "num_steps")):
-    """The config itself if it fits ``max_bytes``, else a smaller one: halve the ``free`` fields in order
-    (ctx first: long contexts are what cost memory), keeping ``ctx > num_steps``. Deterministic, so a
-    shrinking Hypothesis draw maps to a shrinking config. ``None`` when even the smallest does not fit.
-    """
-    if max_bytes is None:
-        return config
-    free = list(free)
-    while estimate_bytes(config) > max_bytes:
-        for name in free:
-            value = getattr(config, name)
-            floor = config.num_steps + 1 if name == "ctx" else 1
-            if value > floor:
-                changes = {name: max(floor, value // 2)}
-                if name == "max_bs":
-                    changes["buckets"] = tuple(b for b in config.buckets if b < changes[name]) + (changes[name],)
-                config = replace(config, **changes)
-                break
-        else:
-            return None
-    return config
+def widest_launch(config: Config) -> Launch:
+    """The launch of a bound config that takes the most memory: ``max_bs`` requests of length ``ctx`` (the runner
+    sizes its buffers at ``max_bs``; the longest requests need the most)."""
+    require(config.bound, f"a config's bytes need its sizing, mode and layout: {config.to_dict()}")
+    batch = Batch((config.ctx,) * config.max_bs, tuple(range(config.max_bs)))
+    return Launch(config.contract, DraftCase(config, batch), config.row_width(config.max_bs), config.sizing,
+                  "reference", config.mode, config.layout)
+
+
+@lru_cache(maxsize=4096)
+def config_bytes(config: Config) -> int:
+    """What a bound config costs against the run's budget: ``launch_bytes`` of its widest launch, the number every
+    launch of it is held to (``kvfence.engine.checking.require_fits``). Kept per config: Hypothesis draws the same
+    configs again, and fitting one halves it through the same smaller ones."""
+    return launch_bytes(registry.get(config.contract), widest_launch(config))
