@@ -120,6 +120,8 @@ def run_plain(args, contracts, extra: List[str], before: Optional[dict], work: P
         argv += ["--max-seconds", str(args.max_seconds)]
     if args.only:
         argv += ["--only", *args.only]
+    if args.run_to_exit:
+        argv += ["--run-to-exit"]
     if before is not None:
         part_file.write_text(json.dumps(before))
         argv += ["--resume", str(part_file)]
@@ -259,6 +261,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="start no plain run after this many seconds (default 480 on CUDA)")
     parser.add_argument("--run-timeout", type=float, default=40.0)
+    parser.add_argument("--run-to-exit", action="store_true",
+                        help="plain parts: let each mutant's run end on its own, not at its first failure")
     parser.add_argument("--repeats", type=int, default=3, help="first-verdict: measured runs")
     args = parser.parse_args(own)
     kind, covers = PARTS[args.part]
