@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from kvfence.engine.fuzzrun import FIRST_FAILURE
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.cpu_only]
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = "slot-mapping.tail_starts_one_late"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import kill_time  # noqa: E402
+import plain_fuzz_mutants  # noqa: E402
+import run_end  # noqa: E402
 
 
 def _kill_time(tmp_path, *argv):
@@ -43,6 +52,10 @@ def test_a_part_is_cut_resumed_and_skipped_and_every_part_lands_in_one_file(tmp_
     doc = json.loads(out.read_text())
     row = doc["parts"]["r2t-slot"]["mutants"][ROW]
     assert row["detected"] == 1 and row["search_s"][0] is not None and row["kinds"] == ["MISSING_WRITE"]
+    # Stopped at its first failure (no exit code of its own), its search time kept; the reference ran to its end.
+    assert row["stopped_at_failure"] == [0] and row["exit_codes"] == [None]
+    assert 0 < row["search_s"][0] < row["first_failure_s"][0] <= row["wall_s"][0]
+    assert doc["parts"]["r2t-slot"]["reference"]["reference (slot-mapping)"]["exit_codes"] == [0]
     assert "--kernel mutant:tail_starts_one_late --contract slot-mapping" in row["command"]
     assert doc["parts"]["r2t-slot"]["reference"]["reference (slot-mapping)"]["clean"] is True
     assert len(doc["parts"]["r2t-slot"]["sessions"]) == 2
@@ -76,3 +89,60 @@ def test_an_unknown_mutant_of_a_part_is_one_line_exit_2(tmp_path):
     bad = _kill_time(tmp_path, "--part", "pages", "--only", "slot-mapping.tail_starts_one_late")
     assert bad.returncode == 2 and "unknown mutant(s) slot-mapping.tail_starts_one_late" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def _job(out: Path, i: int, **summary) -> Path:
+    """Job ``i`` of a ``--jobs`` run in ``out``, started (its plan written), with ``summary`` written when given."""
+    folder = out / "jobs" / f"job-{i}"
+    folder.mkdir(parents=True)
+    (folder / "plan.json").write_text("{}")
+    if summary:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_a_run_is_recorded_at_its_first_failure_once_every_started_job_has_written_its_summary(tmp_path):
+    """``run_end``: nothing before the first-failure line; the jobs' summaries merged as the run merges them (the
+    earliest failure, the first worker ready, every finding) once each job the run started has written one; a run
+    whose failing job is done while another still runs is asked to stop (SIGINT to its group), then recorded."""
+    out, stderr = tmp_path / "out", tmp_path / "out.stderr"
+    stderr.write_text("kvfence: starting\n")
+    assert not run_end.announced(stderr)
+    stderr.write_text(f"kvfence: starting\n{FIRST_FAILURE} 7.25s into the command: MISSING_WRITE at ...\n")
+    assert run_end.announced(stderr)
+    failing = {"startup_s": 5.1, "first_failure_s": 7.25, "first_failure_at": 1e9 + 7.25,
+               "findings": [{"kind": "MISSING_WRITE"}]}
+    _job(out, 0, **failing)
+    late = _job(out, 1)
+    assert run_end.failure_written(out) == (None, True)  # job 1 started and has not written its summary
+    (late / "summary.json").write_text(json.dumps({"startup_s": 6.4, "first_failure_s": None,
+                                                   "first_failure_at": None, "findings": []}))
+    doc, finder_done = run_end.failure_written(out)
+    assert finder_done and (doc["startup_s"], doc["first_failure_s"]) == (5.1, 7.25)
+    assert [f["kind"] for f in doc["findings"]] == ["MISSING_WRITE"]
+    one = tmp_path / "one"  # a run of one process: its own summary
+    one.mkdir()
+    assert run_end.failure_written(one) == (None, False)
+    (one / "summary.json").write_text(json.dumps(failing))
+    assert run_end.failure_written(one) == (failing, True)
+    # The benchmark's view: job 1 still running, so the run (its own session) is interrupted, not yet recorded.
+    (late / "summary.json").unlink()
+    run = plain_fuzz_mutants.Run("m", 0, [], out, stop_at_failure=True)
+    run.stderr.write_text(stderr.read_text())
+    run.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    run.started = time.monotonic()
+    assert plain_fuzz_mutants.ended(run, run_timeout=60) == (False, None)
+    assert run.proc.wait(timeout=10) == -signal.SIGINT and run.interrupted and run.at_failure is None
+
+
+def test_part_all_takes_the_parts_a_cut_loses_first_each_only_where_it_fits_then_fills_with_plain_parts():
+    doc = {"parts": {}}
+    assert kill_time.next_part(doc, 570, set()) == ("first-verdict", None)
+    assert kill_time.next_part(doc, 570, {"first-verdict"}) == ("verifiers-0-4", None)
+    # 300 s left: no verifier part fits; the first plain part starts no run in the budget's last 50 s.
+    assert kill_time.next_part(doc, 300, {"first-verdict"}) == ("draft", 250)
+    doc["parts"] = {"first-verdict": {"complete": True}, "verifiers-0-4": {"complete": True},
+                    "draft": {"complete": True}, "pages": {"complete": False}}
+    assert kill_time.next_part(doc, 570, set()) == ("verifiers-5-9", None)
+    assert kill_time.next_part(doc, 200, set()) == ("pages", 150)  # a cut part is resumed first
+    assert kill_time.next_part(doc, 60, set()) is None  # too little left for any part
