@@ -103,8 +103,9 @@ def _job(out: Path, i: int, **summary) -> Path:
 
 def test_a_run_is_recorded_at_its_first_failure_once_every_started_job_has_written_its_summary(tmp_path):
     """``run_end``: nothing before the first-failure line; the jobs' summaries merged as the run merges them (the
-    earliest failure, the first worker ready, every finding) once each job the run started has written one; a run
-    whose failing job is done while another still runs is asked to stop (SIGINT to its group), then recorded."""
+    earliest failure, the first worker ready, every finding) once each job the run started has written one or is
+    still starting after the first worker was ready; a run whose failing job is done while another still runs
+    is asked to stop (SIGINT to its group), then recorded."""
     out, stderr = tmp_path / "out", tmp_path / "out.stderr"
     stderr.write_text("kvfence: starting\n")
     assert not run_end.announced(stderr)
@@ -114,7 +115,15 @@ def test_a_run_is_recorded_at_its_first_failure_once_every_started_job_has_writt
                "findings": [{"kind": "MISSING_WRITE"}]}
     _job(out, 0, **failing)
     late = _job(out, 1)
-    assert run_end.failure_written(out) == (None, True)  # job 1 started and has not written its summary
+    # Job 1 has written no summary: it is waited for when it started before the first worker was ready (1e9 is
+    # the command's start) or has checked an example (its progress file); not when it is still starting after.
+    os.utime(late / "plan.json", (1e9 + 3.0, 1e9 + 3.0))
+    assert run_end.failure_written(out) == (None, True)
+    os.utime(late / "plan.json", (1e9 + 6.0, 1e9 + 6.0))
+    starting, _ = run_end.failure_written(out)
+    assert (starting["startup_s"], starting["first_failure_s"]) == (5.1, 7.25)
+    (late / "progress.json").write_text(json.dumps({"examples": 1}))
+    assert run_end.failure_written(out) == (None, True)
     (late / "summary.json").write_text(json.dumps({"startup_s": 6.4, "first_failure_s": None,
                                                    "first_failure_at": None, "findings": []}))
     doc, finder_done = run_end.failure_written(out)
@@ -125,7 +134,7 @@ def test_a_run_is_recorded_at_its_first_failure_once_every_started_job_has_writt
     assert run_end.failure_written(one) == (None, False)
     (one / "summary.json").write_text(json.dumps(failing))
     assert run_end.failure_written(one) == (failing, True)
-    # The benchmark's view: job 1 still running, so the run (its own session) is interrupted, not yet recorded.
+    # The benchmark's view: job 1 still searching, so the run (its own session) is interrupted, not yet recorded.
     (late / "summary.json").unlink()
     run = plain_fuzz_mutants.Run("m", 0, [], out, stop_at_failure=True)
     run.stderr.write_text(stderr.read_text())
