@@ -155,3 +155,19 @@ def test_part_all_takes_the_parts_a_cut_loses_first_each_only_where_it_fits_then
     assert kill_time.next_part(doc, 570, set()) == ("verifiers-5-9", None)
     assert kill_time.next_part(doc, 200, set()) == ("pages", 150)  # a cut part is resumed first
     assert kill_time.next_part(doc, 60, set()) is None  # too little left for any part
+
+
+@pytest.mark.long
+def test_the_first_verdict_stops_each_measured_run_at_its_verdict_and_keeps_its_summary(tmp_path):
+    """``first_verdict.py``: a measured run is stopped at its first-failure line as by a Ctrl-C (exit 130, not
+    left to shrink), its time to the verdict and its summary's figures kept; ``--run-to-exit`` lets it end."""
+    out = tmp_path / "verdict.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_verdict.py"), "--device", "cpu",
+                           "--repeats", "1", "--warmup", "0", "--json", str(out), "--", "--max-examples", "30",
+                           "--jobs", "2"], cwd=tmp_path, env=dict(os.environ, TRITON_INTERPRET="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["stopped_at_verdict"] is True and run["exit"] == 130 and run["ended_by"] == "signal"
+    assert 0 < run["startup_s"] < run["first_failure_s"] < run["first_verdict_s"] < run["wall_s"]
+    assert run["first_failing_job_examples_to_failure"] >= 1 and len(run["jobs_ready_s"]) == 2
