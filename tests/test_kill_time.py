@@ -171,3 +171,27 @@ def test_the_first_verdict_stops_each_measured_run_at_its_verdict_and_keeps_its_
     assert run["stopped_at_verdict"] is True and run["exit"] == 130 and run["ended_by"] == "signal"
     assert 0 < run["startup_s"] < run["first_failure_s"] < run["first_verdict_s"] < run["wall_s"]
     assert run["first_failing_job_examples_to_failure"] >= 1 and len(run["jobs_ready_s"]) == 2
+
+
+def test_part_all_runs_the_parts_that_fit_stops_at_a_cut_and_says_what_is_left(tmp_path, monkeypatch, capsys):
+    """``run_all`` over made-up parts: each part ``next_part`` picks is run and saved; a cut plain part ends the
+    call (INCOMPLETE, the parts left named); the next call runs the rest and the file is complete (exit 0)."""
+    ran = []
+
+    def fake_part(args, name, extra, doc, argv):
+        ran.append((name, args.max_seconds))
+        part = {"complete": not (name == "draft" and len(ran) < 5), "passed": True, "seeds": {}}
+        doc["parts"][name] = part
+        kill_time.totals(doc)
+        return part
+
+    monkeypatch.setattr(kill_time, "run_part", fake_part)
+    args = kill_time._arguments(["--device", "cpu", "--part", "all", "--budget", "1000"])
+    doc, saved = {"parts": {}}, []
+    assert kill_time.run_all(args, doc, tmp_path / "k.json", lambda: saved.append(1), [], []) == kill_time.INCOMPLETE
+    assert [n for n, _ in ran] == ["first-verdict", "verifiers-0-4", "verifiers-5-9", "draft"] and len(saved) == 4
+    assert ran[0][1] is None and 900 < ran[3][1] < 950  # the plain part's last start: the budget less its tail
+    assert "left for the next call: draft, pages, r2t-slot, fa3-rail" in capsys.readouterr().out
+    assert kill_time.run_all(args, doc, tmp_path / "k.json", lambda: saved.append(1), [], []) == 0
+    assert [n for n, _ in ran[4:]] == ["draft", "pages", "r2t-slot", "fa3-rail"]
+    assert "every part is complete" in capsys.readouterr().out
