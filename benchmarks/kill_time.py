@@ -144,11 +144,17 @@ def run_first_verdict(args, extra: List[str], before: Optional[dict], work: Path
     part_file = work / "first_verdict.json"
     sys.argv = ["benchmarks/kill_time.py", "--device", args.device, "--repeats", str(args.repeats),
                 "--json", str(part_file), *(["--run-to-exit"] if args.run_to_exit else []), "--", *extra]
+    error = None
     try:
         code = first_verdict.main()
     except KeyboardInterrupt:  # cut: the runs measured so far (first_verdict.py saves after each)
         code = None
+    except SystemExit as exc:  # a run without its first-failure line: first_verdict.py says so in one line
+        code, error = None, str(exc.code)
+        print(f"kill_time: first-verdict: {error}", file=sys.stderr)
     doc = json.loads(part_file.read_text()) if part_file.exists() else {"runs": []}
+    if error:
+        doc["error"] = error
     doc.update(exit=code, complete=code == 0 and len(doc["runs"]) == args.repeats,
                meets_target=doc.get("first_verdict_over_floor") is not None
                and doc["first_verdict_over_floor"] <= FIRST_VERDICT_TARGET)
@@ -354,9 +360,10 @@ def _said(doc: dict, path: Path, name: str, part: dict) -> None:
           flush=True)
 
 
-def run_all(args, doc: dict, path: Path, save, argv: List[str], stopped: list) -> int:
+def run_all(args, doc: dict, path: Path, save, argv: List[str], stopped: list, on_term=signal.SIG_DFL) -> int:
     """``--part all``: the parts ``next_part`` picks while the budget lasts; 0 when the file is complete and every
-    part passed, 1 when one failed, ``INCOMPLETE`` when parts are left for the next call."""
+    part passed, 1 when one failed, ``INCOMPLETE`` when parts are left for the next call. ``on_term``, the
+    SIGTERM handler (it appends to ``stopped``), is set again before each part (a plain part sets its own)."""
     start, tried, failed = time.monotonic(), set(), False
     try:
         while not stopped:
@@ -367,13 +374,14 @@ def run_all(args, doc: dict, path: Path, save, argv: List[str], stopped: list) -
             name, args.max_seconds = chosen
             tried.add(name)
             print(f"kill_time: part {name} ({left:.0f} s of the budget left)", flush=True)
+            signal.signal(signal.SIGTERM, on_term)
             part = run_part(args, name, [], doc, argv)
             if part is None:
                 return 2
             save()
             _said(doc, path, name, part)
             failed = failed or part_exit(name, part) == 1
-            if not part.get("complete"):  # cut: the budget is spent (or a signal came); the next call resumes it
+            if PARTS[name][0] == "plain" and not part.get("complete"):  # cut where the budget ends: resumed next
                 break
     except KeyboardInterrupt:  # a signal between two parts: each part so far is saved
         pass
@@ -405,7 +413,7 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, terminated)
     if args.part == "all":
-        return run_all(args, doc, path, save, argv, stopped)
+        return run_all(args, doc, path, save, argv, stopped, terminated)
     before = doc["parts"].get(args.part) if args.resume else None
     if before is not None and before.get("complete"):
         print(f"kill_time: part {args.part} is complete in {path}: nothing to run")
