@@ -49,7 +49,8 @@
 #                                                                 until its log's last line says every part is complete
 #                                                                 (not in the default list)
 #   kill-PART        560      $KILL_TIME_FILE                    one part of it: PART is draft, pages, r2t-slot,
-#                                                                 fa3-rail, first-verdict, verifiers-0-4, verifiers-5-9
+#                                                                 fa3-rail, dsv4, first-verdict, verifiers-0-4,
+#                                                                 verifiers-5-9
 #                                                                 (not in the default list; a cut part resumes when run
 #                                                                 again, a complete one is skipped)
 #   kill-time-bulk   560      h200_kill_time_bulk.json           the draft's and the rail's kill time, 4 seeds, beside
@@ -73,7 +74,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests default-run contracts contract-jobs contract-shipped first-verdict scale-mutants"
-KILL_PARTS="draft pages r2t-slot fa3-rail first-verdict verifiers-0-4 verifiers-5-9"
+KILL_PARTS="draft pages r2t-slot fa3-rail dsv4 first-verdict verifiers-0-4 verifiers-5-9"
 EXTRA="plain-mutants kill-time-bulk kill-all $(for p in $KILL_PARTS; do printf 'kill-%s ' "$p"; done)"
 mkdir -p "$RESULTS" "$LOGS"
 

@@ -12,8 +12,8 @@ command run again on the same code completes the file. ``--part NAME`` runs one 
 writes its section of the one results file (``--json``, default ``benchmarks/results/DEVICE_kill_time.json``,
 rewritten with the totals after the part):
 
-* a plain part (``draft``, ``pages``, ``r2t-slot``, ``fa3-rail``): ``benchmarks/plain_fuzz_mutants.py`` over its
-  contracts' shipped mutants, the release-text ones included (rows ``CONTRACT.NAME``: names repeat across
+* a plain part (``draft``, ``pages``, ``r2t-slot``, ``fa3-rail``, ``dsv4``): ``benchmarks/plain_fuzz_mutants.py``
+  over its contracts' shipped mutants, the release-text ones included (rows ``CONTRACT.NAME``: names repeat across
   contracts), ``--seeds`` seeds each, the reference of each contract ``--reference-seeds`` times: the plain
   ``kvfence fuzz`` a user runs per mutant and seed, the search time (first failure less the first worker
   ready); on CUDA 8 runs share the GPU, 2 cores and ``--jobs 2 --max-seconds 15 --max-gpu-mem 10G`` each (the
@@ -67,13 +67,14 @@ from kvfence.errors import BadInput, require  # noqa: E402
 from kvfence.provenance import code_stamp  # noqa: E402
 
 #: Each part: its kind and what it covers (a plain part: its contracts; a verifiers part: its seeds). Sized from
-#: the H200 file of the draft's 31 mutants (8 runs sharing the GPU, about 12.6 s a run: 310 runs in 490 s): a
-#: plain part of up to 27 mutants x 10 seeds and a reference run per contract fits a 560 s cap, cut or not.
+#: the H200 file of the draft's 31 mutants (8 runs sharing the GPU, about 12.6 s a run run to its end: 310 runs in
+#: 490 s): a plain part of up to 27 mutants x 10 seeds and a reference run per contract fits a 560 s cap.
 PARTS = {
     "draft": ("plain", ("draft",)),
     "pages": ("plain", ("flashmla-page-table", "trtllm-mha-page-table")),
     "r2t-slot": ("plain", ("req-to-token", "slot-mapping")),
     "fa3-rail": ("plain", ("fa3-decode-metadata", "window-rail")),
+    "dsv4": ("plain", ("dsv4-topk-indices",)),
     "first-verdict": ("first-verdict", ()),
     "verifiers-0-4": ("verifiers", (0, 1, 2, 3, 4)),
     "verifiers-5-9": ("verifiers", (5, 6, 7, 8, 9)),
@@ -257,7 +258,7 @@ def totals(doc: dict) -> None:
 #: ``--part all``: the order parts are taken in, the ones a cut loses first (each starts only with its
 #: ``WHOLE_PART_S`` left in ``--budget``), then the plain parts, which a cut keeps and the next call resumes, filling
 #: what is left.
-ALL_ORDER = ("first-verdict", "verifiers-0-4", "verifiers-5-9", "draft", "pages", "r2t-slot", "fa3-rail")
+ALL_ORDER = ("first-verdict", "verifiers-0-4", "verifiers-5-9", "draft", "pages", "r2t-slot", "fa3-rail", "dsv4")
 #: Seconds a part that a cut loses needs, from the recorded GPU files: the first verdict's warm-up run to its end
 #: (12.6-20.8 s), four floors (about 5 s each) and three runs stopped at their verdict (7-14.5 s, then the
 #: Ctrl-C's summaries: h200_first_verdict.json), about 80 s; five verifier seeds side by side, 310 s for seeds 0-4

@@ -193,7 +193,7 @@ def test_part_all_runs_the_parts_that_fit_stops_at_a_cut_and_says_what_is_left(t
     assert code == kill_time.INCOMPLETE
     assert [n for n, _ in ran] == ["first-verdict", "verifiers-0-4", "verifiers-5-9", "draft"] and len(saved) == 4
     assert ran[0][1] is None and 900 < ran[3][1] < 950  # the plain part's last start: the budget less its tail
-    assert "left for the next call: draft, pages, r2t-slot, fa3-rail" in capsys.readouterr().out
+    assert "left for the next call: draft, pages, r2t-slot, fa3-rail, dsv4" in capsys.readouterr().out
     assert kill_time.run_all(args, doc, tmp_path / "k.json", lambda: saved.append(1), [], [], keep) == 0
-    assert [n for n, _ in ran[4:]] == ["draft", "pages", "r2t-slot", "fa3-rail"]
+    assert [n for n, _ in ran[4:]] == ["draft", "pages", "r2t-slot", "fa3-rail", "dsv4"]
     assert "every part is complete" in capsys.readouterr().out
