@@ -8,7 +8,9 @@
 ``--part all --budget S`` runs, within ``S`` seconds, every part not yet complete that fits (``next_part``: first
 the parts a cut would lose, the first verdict and the two verifier parts, each only with its ``WHOLE_PART_S``
 left; then the plain parts, the last one cut where the budget ends and resumed by the next call), so the same
-command run again on the same code completes the file. ``--part NAME`` runs one part (``PARTS``). Every part
+command run again on the same code completes the file; the parts that are not plain compile into a Triton cache
+of their own (``WHOLE_PART_TRITON_CACHE``), so running them first never warms the plain runs' kernels. ``--part
+NAME`` runs one part (``PARTS``). Every part
 writes its section of the one results file (``--json``, default ``benchmarks/results/DEVICE_kill_time.json``,
 rewritten with the totals after the part):
 
@@ -44,6 +46,7 @@ reach them (``KVFENCE_WHEEL_DIR``, or a ``KVFENCE_CACHE`` filled where the netwo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -323,13 +326,34 @@ def _checked(args, extra: List[str], path: Path) -> dict:
     return _opened(path, args.device, args.resume)
 
 
+#: Triton's kernel cache of the first verdict and the verifier parts: a folder of their own (kept between calls on
+#: one machine), so the kernels they compile (the draft's mutants among them) never warm the plain runs' cache:
+#: a plain run's first seed finds only what the plain runs before it compiled, whichever order the parts run in.
+WHOLE_PART_TRITON_CACHE = Path(tempfile.gettempdir()) / "kvfence-kill-time-triton"
+
+
+@contextlib.contextmanager
+def triton_cache(kind: str):
+    """For a part that is not plain, ``TRITON_CACHE_DIR`` set to ``WHOLE_PART_TRITON_CACHE`` (restored after)."""
+    before = os.environ.get("TRITON_CACHE_DIR")
+    if kind != "plain":
+        os.environ["TRITON_CACHE_DIR"] = str(WHOLE_PART_TRITON_CACHE)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = before
+
+
 def run_part(args, name: str, extra: List[str], doc: dict, argv: List[str]) -> Optional[dict]:
     """One part run into ``doc`` (its section and the totals); the part's section, or None on bad input."""
     kind, covers = PARTS[name]
     if kind == "plain" and not extra and args.device == "cuda":
         extra = list(CUDA_FUZZ_FLAGS)
     before = doc["parts"].get(name) if args.resume else None
-    with tempfile.TemporaryDirectory(prefix="kvfence-kill-time-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvfence-kill-time-") as tmp, triton_cache(kind):
         work = Path(tmp)
         if kind == "plain":
             part = run_plain(args, covers, extra, before, work)

@@ -197,3 +197,15 @@ def test_part_all_runs_the_parts_that_fit_stops_at_a_cut_and_says_what_is_left(t
     assert kill_time.run_all(args, doc, tmp_path / "k.json", lambda: saved.append(1), [], [], keep) == 0
     assert [n for n, _ in ran[4:]] == ["draft", "pages", "r2t-slot", "fa3-rail", "dsv4"]
     assert "every part is complete" in capsys.readouterr().out
+
+
+def test_the_parts_that_are_not_plain_compile_into_a_triton_cache_of_their_own(monkeypatch):
+    """The first verdict's and the verifiers' kernels (the draft's mutants among them) never warm the cache the
+    plain runs use, whichever order ``--part all`` runs the parts in."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/shared-cache")
+    for kind in ("first-verdict", "verifiers"):
+        with kill_time.triton_cache(kind):
+            assert os.environ["TRITON_CACHE_DIR"] == str(kill_time.WHOLE_PART_TRITON_CACHE) != "/shared-cache"
+    with kill_time.triton_cache("plain"):
+        assert os.environ["TRITON_CACHE_DIR"] == "/shared-cache"
+    assert os.environ["TRITON_CACHE_DIR"] == "/shared-cache"
