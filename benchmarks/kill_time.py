@@ -7,12 +7,11 @@
 
 ``--part all --budget S`` runs, within ``S`` seconds, every part not yet complete that fits (``next_part``: first
 the parts a cut would lose, the first verdict and the two verifier parts, each only with its ``WHOLE_PART_S``
-left; then the plain parts, the last one cut where the budget ends and resumed by the next call), so the same
-command run again on the same code completes the file; the parts that are not plain compile into a Triton cache
-of their own (``WHOLE_PART_TRITON_CACHE``), so running them first never warms the plain runs' kernels. ``--part
-NAME`` runs one part (``PARTS``). Every part
-writes its section of the one results file (``--json``, default ``benchmarks/results/DEVICE_kill_time.json``,
-rewritten with the totals after the part):
+left; then the plain parts, the last one cut where the budget ends and resumed by the next call: ``--resume`` is
+implied), so the same command run again on the same code completes the file; the parts that are not plain
+compile into a Triton cache of their own (``WHOLE_PART_TRITON_CACHE``), so running them first never warms the
+plain runs' kernels. ``--part NAME`` runs one part (``PARTS``). Every part writes its section of the one results
+file (``--json``, default ``benchmarks/results/DEVICE_kill_time.json``, rewritten with the totals after the part):
 
 * a plain part (``draft``, ``pages``, ``r2t-slot``, ``fa3-rail``, ``dsv4``): ``benchmarks/plain_fuzz_mutants.py``
   over its contracts' shipped mutants, the release-text ones included (rows ``CONTRACT.NAME``: names repeat across
@@ -421,6 +420,7 @@ def main(argv=None) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     own, extra = argv[:cut], argv[cut + 1:]
     args = _arguments(own)
+    args.resume = args.resume or args.part == "all"  # --part all goes on where the file of this code stopped
     path = Path(args.json or Path(__file__).resolve().parent / "results" / f"{args.device}_kill_time.json")
     try:
         doc = _checked(args, extra, path)
