@@ -65,8 +65,8 @@
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
 # contract-jobs and contract-shipped: likewise contract-cache/, filled by one CPU run per contract of
 # KVFENCE_CACHE=contract-cache kvfence fuzz --contract C --kernel sglang==0.5.23 --device cpu --max-examples 1
-# kill-PART and contracts: the release-text mutants of the table contracts (sglang 0.5.23 and 0.5.3.post3) in
-# contract-cache/ too, filled by one CPU run per contract of
+# kill-all, kill-PART and contracts: the release-text mutants of the table contracts (sglang 0.5.23 and
+# 0.5.3.post3; dsv4-topk-indices: vllm 0.34.0) in contract-cache/ too, filled by one CPU run per contract of
 # KVFENCE_CACHE=contract-cache kvfence mutants --contract C --device cpu --max-examples 1 (its verdict aside)
 set -u
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
