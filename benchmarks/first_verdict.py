@@ -14,10 +14,13 @@ In one run, on one machine:
   (``jobs_ready_s``, job 0 first: it leads on CUDA), and of the job that failed first its examples to the
   failure and its compile and capture seconds (``first_failing_job_*``).
 
-Each is measured ``--repeats`` times after ``--warmup`` unmeasured runs (a warm Triton disk cache, as a
-user's second run has); the medians give ``first_verdict_over_floor``. Flags after ``--`` go to the fuzz
-command (e.g. ``-- --max-examples 5`` for a quick CPU check). Every run also records what the lead (job 0)
-did (``lead``: its examples, when it was ready and failed, its compiles and captures, and when each of its
+Each is measured ``--repeats`` times after ``--warmup`` unmeasured runs, each to its end (a warm Triton disk
+cache, as a user's second run has); the medians give ``first_verdict_over_floor``. A measured run is stopped at
+its first-failure line as by a Ctrl-C (``run_end.interrupt``; ``stopped_at_verdict``): its jobs and the run
+still write their summaries, whose figures below are kept, and the shrinking that would follow measures
+nothing here; ``--run-to-exit`` lets each end on its own (``wall_s`` is then the whole run). Flags after ``--``
+go to the fuzz command (e.g. ``-- --max-examples 5`` for a quick CPU check). Every run also records what the lead
+(job 0) did (``lead``: its examples, when it was ready and failed, its compiles and captures, and when each of its
 first examples began and was checked, with its config: ``first_examples``), so a slow verdict shows whether
 the lead was unlucky (many examples) or held up (few).
 
@@ -43,6 +46,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import run_end  # noqa: E402
 from result_file import first_failing, fuzz_command_parser, job_summaries, saver  # noqa: E402
 
 from kvfence.engine.fuzzrun import FIRST_FAILURE  # noqa: E402
@@ -70,21 +74,28 @@ LEAD_FIELDS = ("startup_s", "first_failure_s", "examples", "examples_to_failure"
                "capture_s", "captures", "ended_by", "first_examples")
 
 
-def verdict_run(device: str, extra, out_dir: Path, head_start: Optional[float] = None) -> dict:
+def verdict_run(device: str, extra, out_dir: Path, head_start: Optional[float] = None,
+                to_exit: bool = False) -> dict:
     """One ``kvfence fuzz --sizing prefix`` run (with ``head_start``: the lead's head start set to it): seconds
-    to the first-failure line and to the exit."""
+    to the first-failure line and to the exit. At that line the run is stopped as by a Ctrl-C (``run_end``: its
+    jobs and then the run write their summaries, whose figures are kept), not left to shrink; ``to_exit``: left
+    to end on its own."""
     launcher = ["-m", "kvfence"] if head_start is None else ["-c", _HEAD_START_LAUNCHER, str(head_start)]
     cmd = [sys.executable, *launcher, "fuzz", "--sizing", "prefix", "--device", device, "--out", str(out_dir),
            *extra]
     env = dict(os.environ)
     env.pop("KVFENCE_COMMAND_START", None)  # the fuzz command's own start, not this script's
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    # Its own session: the stop at the verdict reaches every job of the run and nothing else.
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     verdict, lines = None, []
     for line in proc.stderr:
         lines.append(line.rstrip())
         if verdict is None and line.startswith(FIRST_FAILURE):
             verdict = time.perf_counter() - start
+            if not to_exit:
+                run_end.interrupt(proc)
     code = proc.wait()
     total = time.perf_counter() - start
     summary = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").exists() else {}
@@ -97,6 +108,7 @@ def verdict_run(device: str, extra, out_dir: Path, head_start: Optional[float] =
     # spent compiling and capturing (the seed is random per run, as a user's is).
     first = first_failing(jobs, summary)
     return {"first_verdict_s": round(verdict, 3), "wall_s": round(total, 3), "exit": code,
+            "stopped_at_verdict": not to_exit,
             "lead_head_start_s": LEAD_HEAD_START_S if head_start is None else head_start,
             "lead": {k: jobs[0].get(k) for k in LEAD_FIELDS} if jobs else None,
             **{k: summary.get(k) for k in ("seed", "startup_s", "first_launch_s", "first_failure_s", "ended_by",
@@ -115,6 +127,8 @@ def main() -> int:
                         help="comma-separated lead head starts (seconds) to run beside the default (docstring)")
     parser.add_argument("--jobs-list", default="",
                         help="comma-separated --jobs values to run beside the default (docstring)")
+    parser.add_argument("--run-to-exit", action="store_true",
+                        help="let each run end on its own, not stop it at its first verdict (the docstring)")
     args = parser.parse_args(argv)
     try:
         head_starts = [float(v) for v in args.head_starts.split(",") if v.strip()]
@@ -137,17 +151,18 @@ def main() -> int:
         result.setdefault(group, {})[key] = {"runs": []}
     save = saver(args.json, result)
     with tempfile.TemporaryDirectory(prefix="kvfence-first-verdict-") as tmp:
-        for i in range(args.warmup):
-            verdict_run(args.device, extra, Path(tmp) / f"warmup-{i}")
+        for i in range(args.warmup):  # to its end, shrinking included: the cache a user's first run leaves
+            verdict_run(args.device, extra, Path(tmp) / f"warmup-{i}", to_exit=True)
             floor_seconds(args.device)
         for i in range(args.repeats):  # interleaved, so every variant sees the same machine load
             result["floor_s"].append(round(floor_seconds(args.device), 3))
-            result["runs"].append(verdict_run(args.device, extra, Path(tmp) / f"run-{i}"))
+            result["runs"].append(verdict_run(args.device, extra, Path(tmp) / f"run-{i}", to_exit=args.run_to_exit))
             save()
             for group, key, how in variants:
                 out = Path(tmp) / f"run-{i}-{group}-{key}"
                 result[group][key]["runs"].append(verdict_run(args.device, how.get("extra", extra), out,
-                                                              head_start=how.get("head_start")))
+                                                              head_start=how.get("head_start"),
+                                                              to_exit=args.run_to_exit))
                 save()
     floor = statistics.median(result["floor_s"])
     verdict = statistics.median(r["first_verdict_s"] for r in result["runs"])

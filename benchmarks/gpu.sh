@@ -42,10 +42,15 @@
 #                                                                 sitting's)
 #   scale-mutants    400      h200_mutants_gpu_domain.json       the scale and page-1 mutants through their declared
 #                                                                 kinds, 2 seeds, reference clean on both domains
-#   kill-PART        560      $KILL_TIME_FILE                    benchmarks/kill_time.py --part PART --resume: one file
-#                                (default h100_kill_time.json)      for every contract's kill time, the first verdict and
-#                                                                 the two verifiers; PART is draft, pages, r2t-slot,
-#                                                                 fa3-rail, first-verdict, verifiers-0-4, verifiers-5-9
+#   kill-all         570      $KILL_TIME_FILE                    benchmarks/kill_time.py --part all --budget $KILL_CALL_S
+#                                (default h100_kill_time.json)      (default 550) --resume: every part of the one kill-time
+#                                                                 file that fits the call, the last plain part cut and
+#                                                                 resumed by the next; run it again on the same code
+#                                                                 until its log's last line says every part is complete
+#                                                                 (not in the default list)
+#   kill-PART        560      $KILL_TIME_FILE                    one part of it: PART is draft, pages, r2t-slot,
+#                                                                 fa3-rail, dsv4, first-verdict, verifiers-0-4,
+#                                                                 verifiers-5-9
 #                                                                 (not in the default list; a cut part resumes when run
 #                                                                 again, a complete one is skipped)
 #   kill-time-bulk   560      h200_kill_time_bulk.json           the draft's and the rail's kill time, 4 seeds, beside
@@ -60,8 +65,8 @@
 # machine with network: KVFENCE_CACHE=upstream-cache kvfence upstream matrix --fetch-only --versions "$VERSIONS"
 # contract-jobs and contract-shipped: likewise contract-cache/, filled by one CPU run per contract of
 # KVFENCE_CACHE=contract-cache kvfence fuzz --contract C --kernel sglang==0.5.23 --device cpu --max-examples 1
-# kill-PART and contracts: the release-text mutants of the table contracts (sglang 0.5.23 and 0.5.3.post3) in
-# contract-cache/ too, filled by one CPU run per contract of
+# kill-all, kill-PART and contracts: the release-text mutants of the table contracts (sglang 0.5.23 and
+# 0.5.3.post3; dsv4-topk-indices: vllm 0.34.0) in contract-cache/ too, filled by one CPU run per contract of
 # KVFENCE_CACHE=contract-cache kvfence mutants --contract C --device cpu --max-examples 1 (its verdict aside)
 set -u
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
@@ -69,8 +74,8 @@ RESULTS=${RESULTS:-benchmarks/results}
 LOGS=${LOGS:-reports/out/gpu-logs}
 VERSIONS=${VERSIONS:-0.4.0,0.4.2,0.4.3,0.4.5,0.4.8,0.4.10,0.5.1..0.5.23}
 ALL="throughput verify-variants verifiers mutants family nightly sanitizer-clean worker crash crash-budget upstream tests default-run contracts contract-jobs contract-shipped first-verdict scale-mutants"
-KILL_PARTS="draft pages r2t-slot fa3-rail first-verdict verifiers-0-4 verifiers-5-9"
-EXTRA="plain-mutants kill-time-bulk $(for p in $KILL_PARTS; do printf 'kill-%s ' "$p"; done)"
+KILL_PARTS="draft pages r2t-slot fa3-rail dsv4 first-verdict verifiers-0-4 verifiers-5-9"
+EXTRA="plain-mutants kill-time-bulk kill-all $(for p in $KILL_PARTS; do printf 'kill-%s ' "$p"; done)"
 mkdir -p "$RESULTS" "$LOGS"
 
 run_throughput() {
@@ -340,6 +345,18 @@ kill_part() {
   return $rc
 }
 for p in $KILL_PARTS; do eval "run_kill_${p//-/_}() { kill_part $p; }"; done
+
+run_kill_all() {
+  # Every part that fits one call: the budget leaves 20 s to the timeout and the machine's call its margin.
+  local budget=${KILL_CALL_S:-550}
+  KVFENCE_CACHE=${KVFENCE_CACHE:-$PWD/contract-cache} KVFENCE_OFFLINE=1 timeout $((budget + 20)) \
+    python benchmarks/kill_time.py --device cuda --part all --budget "$budget" --resume \
+    --json "$RESULTS/${KILL_TIME_FILE:-h100_kill_time.json}" > "$LOGS/kill_all.txt" 2>&1
+  local rc=$?
+  tail -n 1 "$LOGS/kill_all.txt"
+  [ "$rc" -eq 3 ] && return 0  # parts left for the next call (the log's last line names them)
+  return $rc
+}
 
 run_kill_time_bulk() {
   # The default (no bulk) beside the bulk on (256 batches per example, opened after the default 5 s), 4 seeds.

@@ -9,12 +9,15 @@ For every planted bug of the draft kernel's contracts (``CONTRACTS``: each recor
 would run, ``python -m kvfence fuzz --device D --kernel mutant:NAME`` (a patch or kernel mutant, built as
 ``kvfence mutants`` builds it) or ``--sizing SPEC`` with the reference kernel (a sizing mutant: its
 ``sizing``), with the default budget of the device and ``--shrink-seconds 0`` (the first failure is the
-detection; shrinking would only add time). A seed counts as a detection when the run exits 1 with
-findings that name one of the mutant's ``detects`` kinds (``names_the_bug``, as ``kvfence mutants``
-counts: ``kvfence.selftest.mutants``). Window-rail mutants get ``--contract window-rail --window 4`` (the
-command needs the window, part of the rail's ABI; see ``RAIL_FLAGS`` for why 4). The reference kernel runs the
-same command under ``--reference-seeds`` seeds for each contract a mutant breaks, and must stay clean (exit 0).
-The result per mutant: seeds detected, the rate against
+detection; shrinking would only add time). A mutant's run is stopped at its first failure, once every job it
+started has written its summary (``run_end``: what it does after, its jobs' reports and the merge, measures
+nothing; ``--run-to-exit`` lets it end on its own), and recorded from those summaries merged as the run merges
+them (``stopped_at_failure`` lists those seeds). A seed counts as a detection when the run found findings that
+name one of the mutant's ``detects`` kinds (``names_the_bug``, as ``kvfence mutants`` counts:
+``kvfence.selftest.mutants``) and exited 1 or was stopped at its first failure. Window-rail mutants get
+``--contract window-rail --window 4`` (the command needs the window, part of the rail's ABI; see ``RAIL_FLAGS``
+for why 4). The reference kernel runs the same command under ``--reference-seeds`` seeds for each contract a
+mutant breaks, to its end, and must stay clean (exit 0). The result per mutant: seeds detected, the rate against
 ``--required`` (0.95), the seconds from each command's start to its first failure (the run's
 ``first_failure_s``), the search time (that less the start-up to the first worker ready, the summary's
 ``startup_s``: ``search_s``, median and worst per row, a miss counted as its whole wall time), each run's
@@ -59,10 +62,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import run_end  # noqa: E402
+from machine import gpu_local_cpus, physical_order  # noqa: E402
 from result_file import first_failing, fuzz_command_parser, job_summaries, saver  # noqa: E402
 
 from kvfence.engine import registry  # noqa: E402
@@ -142,6 +147,9 @@ class Run:
     proc: Optional[subprocess.Popen] = None
     slot: int = -1
     started: float = 0.0
+    stop_at_failure: bool = False  # stopped once its first failure is written (``run_end``), not left to exit
+    interrupted: bool = False  # asked to stop (SIGINT) after its first failure, another job still running
+    at_failure: Optional[dict] = None  # what ``record`` reads, once written at the first failure
 
     @property
     def stderr(self) -> Path:
@@ -149,49 +157,6 @@ class Run:
 
 
 # -- where each run may run -------------------------------------------------------------------------
-def _cpu_list(text: str) -> List[int]:
-    """``"0-3,8,10-11"`` (a sysfs cpulist) -> ``[0, 1, 2, 3, 8, 10, 11]``."""
-    out = []
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def _physical_order(cpus: List[int]) -> List[int]:
-    """``cpus`` ordered by socket, then physical core, so consecutive slices hold whole cores (both
-    hyperthreads of a core go to the same run) on one socket; plain order where sysfs does not say."""
-    def key(cpu):
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            return (int((topo / "physical_package_id").read_text()), int((topo / "core_id").read_text()), cpu)
-        except (OSError, ValueError):
-            return (0, cpu, cpu)
-
-    return sorted(cpus, key=key)
-
-
-def _gpu_local_cpus(gpus: List[int]) -> Dict[int, set]:
-    """Per GPU index, the CPUs of its NUMA node (``nvidia-smi`` bus ids, then sysfs); empty if unknown."""
-    try:
-        lines = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    out = {}
-    for line in lines:
-        index, _, bus = (x.strip() for x in line.partition(","))
-        domain, _, rest = bus.lower().partition(":")
-        path = Path(f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/local_cpulist")
-        try:
-            if int(index) in gpus:
-                out[int(index)] = set(_cpu_list(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 def _gpu_count() -> Optional[int]:
     """GPUs ``nvidia-smi -L`` lists (the benchmark itself never creates a CUDA context), None if it cannot say."""
     try:
@@ -208,7 +173,7 @@ def slots(parallel: int, cores_per_run: Optional[int], gpus: Optional[List[int]]
     require(per_run >= 1 and per_run * parallel <= len(usable),
             f"--parallel {parallel} x --cores-per-run {per_run} needs {parallel * max(per_run, 1)} cores; this process "
             f"may use {len(usable)}")
-    ordered = _physical_order(usable)
+    ordered = physical_order(usable)
     chunks = [ordered[i * per_run:(i + 1) * per_run] for i in range(parallel)]
     if device != "cuda":
         return [{"gpu": None, "cpus": sorted(c)} for c in chunks]
@@ -218,7 +183,7 @@ def slots(parallel: int, cores_per_run: Optional[int], gpus: Optional[List[int]]
     present = _gpu_count()
     require(present is None or max(gpus) < present,
             f"--parallel {parallel} / --gpus {','.join(map(str, gpus))}: this machine has {present} GPU(s)")
-    local = _gpu_local_cpus(gpus)
+    local = gpu_local_cpus(gpus)
     out = []
     for gpu in gpus:  # each run's GPU takes the free chunk with most of its NUMA node's cores
         best = max(range(len(chunks)), key=lambda i: len(set(chunks[i]) & local.get(gpu, set())))
@@ -236,6 +201,34 @@ def _start(run: Run, slot: dict, index: int) -> None:
     with open(run.stderr, "w") as err:
         run.proc = subprocess.Popen(run.argv, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,
                                     preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+
+
+#: Seconds between looks at the runs (their exit, their first failure).
+POLL_S = 0.1
+
+
+def written_at_failure(run: Run) -> bool:
+    """Whether ``run`` is past its first failure with what ``record`` reads written (kept in ``run.at_failure``);
+    a run whose failing job is done while another is still searching is asked to stop (``run_end``)."""
+    if not run_end.announced(run.stderr):
+        return False
+    run.at_failure, finder_done = run_end.failure_written(run.out)
+    if run.at_failure is None and finder_done and not run.interrupted:
+        run_end.interrupt(run.proc)
+        run.interrupted = True
+    return run.at_failure is not None
+
+
+def ended(run: Run, run_timeout: float) -> Tuple[bool, Optional[int]]:
+    """``(over, exit code)`` of ``run``: over when it exited, or was stopped here (exit code None) at its first
+    failure (``written_at_failure``) or past ``run_timeout`` seconds (a miss)."""
+    code = run.proc.poll()
+    if code is not None:
+        return True, code
+    if (run.stop_at_failure and written_at_failure(run)) or time.monotonic() - run.started > run_timeout:
+        _stop(run)
+        return True, None
+    return False, None
 
 
 def _stop(run: Run) -> None:
@@ -257,10 +250,12 @@ FAILING_JOB_WORK = ("compiles", "compile_s", "runner_s", "captures", "capture_s"
 
 
 def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> None:
-    """One finished (or stopped: ``returncode`` None) run into its row."""
+    """One finished (or stopped: ``returncode`` None) run into its row: its summary, or for a run stopped at its
+    first failure what was written then (``run.at_failure``)."""
     row = _row(result, run)
     summary = run.out / "summary.json"
-    doc = json.loads(summary.read_text()) if summary.exists() else {}
+    doc = run.at_failure or (json.loads(summary.read_text()) if summary.exists() else {})
+    at_failure = run.at_failure is not None or run.interrupted
     kinds = sorted({f["kind"] for f in doc.get("findings", [])})
     row["seeds_run"].append(run.seed)
     row["exit_codes"].append(returncode)
@@ -274,7 +269,9 @@ def record(result: dict, run: Run, returncode: Optional[int], wall_s: float) -> 
         if not (returncode == 0 and not kinds):
             row["problems"].append({"seed": run.seed, "exit": returncode, "kinds": kinds, "stderr": last_error})
         return
-    found = returncode == 1 and names_the_bug(kinds, run.detects)
+    found = (returncode == 1 or at_failure) and names_the_bug(kinds, run.detects)
+    if at_failure:
+        row.setdefault("stopped_at_failure", []).append(run.seed)
     row["first_failure_s"].append(doc.get("first_failure_s") if found else None)
     # Where a slow kill's time went: the first failing job's examples to its failure (many: the draws were
     # slow to reach the bug; few: its examples were slow) and what its checking session spent on the way.
@@ -433,6 +430,8 @@ def _arguments() -> Tuple[argparse.Namespace, list]:
     parser.add_argument("--reference-seeds", type=int, default=2)
     parser.add_argument("--max-seconds", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT_S)
+    parser.add_argument("--run-to-exit", action="store_true",
+                        help="let each mutant's run end on its own, not at its first failure (the docstring)")
     parser.add_argument("--compare-bulk", type=int, default=None, metavar="N",
                         help="run every mutant and seed again with --bulk-per-example N (rows NAME "
                              "[--bulk-per-example N]): the bulk on beside the default, off")
@@ -487,6 +486,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvfence-plain-mutants-") as tmp:
         pending = plan(mutants, args.seeds, args.reference_seeds, args.device, extra, Path(tmp), result,
                        args.compare_bulk)
+        for run in pending:  # a reference run has no failure to stop at: it runs its whole budget
+            run.stop_at_failure = not (run.reference or args.run_to_exit)
         running: List[Run] = []
 
         def finish(run: Run, returncode: Optional[int]) -> None:
@@ -527,13 +528,10 @@ def main() -> int:
                     _start(run, layout[i], i)
                     running.append(run)
                 for run in list(running):
-                    code = run.proc.poll()
-                    if code is None and time.monotonic() - run.started > args.run_timeout:
-                        _stop(run)
-                        finish(run, None)
-                    elif code is not None:
+                    over, code = ended(run, args.run_timeout)
+                    if over:
                         finish(run, code)
-                time.sleep(0.2)
+                time.sleep(POLL_S)
         except KeyboardInterrupt:
             cut()
     _totals(result, args)
