@@ -28,6 +28,7 @@ from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, kernel_spec, muta
 from kvfence.contracts.draft.options import OPTIONS
 from kvfence.contracts.draft.sizing import POLICIES
 from kvfence.contracts.draft.tokens import req_to_token_rows, v2p_table
+from kvfence.engine.kernels import is_plugin, release_source
 from kvfence.errors import require
 
 
@@ -44,7 +45,7 @@ class DraftSizings(Mapping):
         return len(POLICIES)
 
     def __contains__(self, spec) -> bool:
-        return isinstance(spec, str) and (spec in POLICIES or ":" in spec)
+        return isinstance(spec, str) and (spec in POLICIES or bool(release_source(spec)) or is_plugin(spec))
 
     def __getitem__(self, spec: str):
         from kvfence.contracts.draft.targets import resolve_sizing
@@ -124,7 +125,7 @@ class DraftContract(Contract[DraftCase]):
         require(isinstance(kernel, str) and kernel, f"case.kernel must be a non-empty string, got {kernel!r}")
         # A plug-in sizing is not run to learn the width (a case file never makes kvfence import what it names):
         # 0 until the user names it again (``repro --sizing``, which computes it).
-        plugin = config.sizing not in POLICIES and "==" not in config.sizing.split(":", 1)[0]
+        plugin = is_plugin(config.sizing)
         return bind(self, case, config.sizing, kernel, config.mode, config.layout, 0 if plugin else None)
 
     # -- the plain path: tables, oracle, launch ---------------------------------------------------------

@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
+from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, mutants, reference_spec
 from kvfence.device import ensure
+from kvfence.engine.kernels import is_triton_kernel, load_attr, load_file, mutant_kernel_spec, release_source, unwrap
 from kvfence.engine.worker import IN_WORKER_ENV
 from kvfence.errors import BadInput, require
+from kvfence.release import upstream
 
 #: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
 LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
@@ -139,58 +142,35 @@ def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
 
 
 def mutant_spec(spec: str) -> str:
-    """``mutant:NAME``: the ``file.py:attr`` spec of the planted bug's kernel (``kvfence.contracts.draft.mutants``:
-    the draft kernel's or the rail's reference file with the mutant's patch applied, written to a scratch folder);
-    ``BadInput`` for an unknown name or a sizing mutant."""
-    from kvfence.contracts.draft.mutants import mutants, reference_spec
-    from kvfence.engine.kernels import module_file, patched_kernel
-
+    """``mutant:NAME``: the ``file.py:attr`` spec of the planted bug's kernel (``kvfence.engine.kernels``'s
+    ``mutant_kernel_spec`` on the draft's or the rail's planted bugs, ``kvfence.contracts.draft.mutants``: this
+    resolver is not told which contract runs it); ``BadInput`` for an unknown name or a sizing mutant."""
     name = spec.split(":", 1)[1]
-    for contract in ("draft", "window-rail"):
+    for contract in REFERENCE_KERNELS:
         mutant = next((m for m in mutants(contract) if m.name == name), None)
-        if mutant is None:
-            continue
-        require(bool(mutant.patch), f"mutant {name} is a sizing mutant: run the reference kernel with --sizing "
-                                    f"{mutant.sizing}")
-        path = patched_kernel(name, [list(p) for p in mutant.patch], module_file(reference_spec(contract)),
-                              f"{name}.py")
-        return f"{path}:{reference_spec(contract).rpartition(':')[2]}"
-    known = [m.name for m in mutants("draft") + mutants("window-rail") if m.patch]
+        if mutant is not None:
+            return mutant_kernel_spec(contract, mutant, reference_spec(contract))
+    known = [m.name for contract in REFERENCE_KERNELS for m in mutants(contract) if m.patch]
     raise BadInput(f"unknown mutant {name!r} of the draft kernel: choose from {', '.join(known)}")
-
-
-def _load_attr(spec: str, what: str):
-    from kvfence.engine.kernels import load_attr
-
-    return load_attr(spec, what)
-
-
-def _load_file(path: Path):
-    from kvfence.engine.kernels import load_file
-
-    return load_file(path)
-
-
-def _is_triton_kernel(obj) -> bool:
-    from kvfence.engine.kernels import is_triton_kernel
-
-    return is_triton_kernel(obj)
-
-
-def _unwrap(kernel):
-    from kvfence.engine.kernels import unwrap
-
-    return unwrap(kernel)
 
 
 #: The window rail's required parameter after the classic 13 (docs/contract.md §6).
 RAIL_WINDOW = "window"
 
 
+def _sglang_release(spec: str) -> bool:
+    """A release spec (``kvfence.engine.kernels.release_source``): the draft kernel's are SGLang's, extracted from
+    its wheels by ``kvfence.release.upstream`` (``BadInput`` for another project's)."""
+    source = release_source(spec)
+    require(source in (None, "sglang"), f"kernel {spec!r}: the draft kernel's releases are SGLang's "
+                                        f"(sglang==VERSION[:attr]), not {source}'s")
+    return source is not None
+
+
 def _check_classic_signature(spec: str, kernel) -> Capabilities:
     """13 positional parameters without a default (docs/contract.md §2), or 14 ending in ``window`` (the
     window rail, §6); any other must have one or be supplied. Returns what the kernel can be given."""
-    _, fn, supplied = _unwrap(kernel)
+    _, fn, supplied = unwrap(kernel)
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -211,7 +191,7 @@ def _for_device(kernel, device: str):
     from triton.runtime.interpreter import InterpretedFunction
 
     ensure(device)
-    interpreted = isinstance(_unwrap(kernel)[0], InterpretedFunction)
+    interpreted = isinstance(unwrap(kernel)[0], InterpretedFunction)
     require(interpreted == (device == "cpu"),
             f"kernel was {'interpreted' if interpreted else 'compiled'} but device is {device}: "
             "choose the device before importing the kernel")
@@ -230,11 +210,9 @@ def kernel_capabilities(spec: str) -> Capabilities:
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
         return REFERENCE_CAPABILITIES
-    from kvfence.release import upstream
-
-    if upstream.is_spec(spec):
+    if _sglang_release(spec):
         return _upstream_capabilities(upstream.resolve(spec)[2])
-    if _is_triton_kernel(obj):
+    if is_triton_kernel(obj):
         return _check_classic_signature(spec, obj)
     return Capabilities()
 
@@ -248,13 +226,11 @@ def check_kernel_spec(spec: str):
         return None
     if spec.startswith("mutant:"):
         spec = mutant_spec(spec)
-    from kvfence.release import upstream
-
-    if upstream.is_spec(spec):
+    if _sglang_release(spec):
         upstream.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
         return None
-    obj = _load_attr(spec, "kernel")
-    if _is_triton_kernel(obj):
+    obj = load_attr(spec, "kernel")
+    if is_triton_kernel(obj):
         _check_classic_signature(spec, obj)
         return obj
     require(callable(obj), f"kernel {spec!r} is neither a @triton.jit function nor a launcher callable")
@@ -273,17 +249,12 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
         return KernelTarget(spec, target.launch, target.request_axis, target.capabilities)
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
-        from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices
-        from kvfence.kernels.draft.window_kv_indices import generate_draft_decode_window_kv_indices
-
-        launch = abi_launcher(_for_device(generate_draft_decode_kv_indices, device),
-                              _for_device(generate_draft_decode_window_kv_indices, device), spec == "reference-blocked")
+        draft, rail = (_for_device(load_attr(reference_spec(c), "kernel"), device) for c in ("draft", "window-rail"))
+        launch = abi_launcher(draft, rail, spec == "reference-blocked")
         return KernelTarget(spec, launch, capabilities=REFERENCE_CAPABILITIES)
-    from kvfence.release import upstream
-
-    if upstream.is_spec(spec):
+    if _sglang_release(spec):
         return _upstream_kernel(spec, device)
-    if _is_triton_kernel(obj):
+    if is_triton_kernel(obj):
         caps = _check_classic_signature(spec, obj)
         kernel = _for_device(obj, device)
         rail = caps.contracts == ("window-rail",)
@@ -292,39 +263,11 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
     return KernelTarget(spec, obj, request_axis=None)
 
 
-def is_plugin(spec: str) -> bool:
-    """A ``module:attr`` / ``file.py:attr`` spec (user code), as opposed to a builtin name or an SGLang
-    release (``sglang==VERSION``: extracted and vetted by ``kvfence.release.upstream``, never imported as is)."""
-    from kvfence.contracts.draft.sizing import POLICIES
-    from kvfence.release.upstream import is_spec as is_upstream_spec
-
-    return spec not in BUILTIN_KERNELS and spec not in POLICIES and not is_upstream_spec(spec)
-
-
-def check_spec(spec: str, what: str) -> None:
-    """``BadInput`` unless ``spec`` is a builtin ``what`` (kernel or sizing) or looks like a plug-in spec.
-
-    Imports nothing: for specs read from a case file, which are data until the user vouches for them.
-    """
-    from kvfence.contracts.draft.sizing import POLICIES
-    from kvfence.release.upstream import is_spec as is_upstream_spec
-
-    builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
-    if spec in builtins or is_upstream_spec(spec):  # a sizing sglang==VERSION:BACKEND is data too
-        return
-    where, _, attr = spec.rpartition(":")
-    require(bool(where and attr),
-            f"unknown {what} {spec!r}: expected {', '.join(builtins)}, module:attr or file.py:attr"
-            + (" or sglang==VERSION" if what == "kernel" else ""))
-
-
 def _upstream_kernel(spec: str, device: str) -> KernelTarget:
     """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (kvfence.release.upstream), fetched if
     allowed."""
-    from kvfence.release import upstream
-
     entry, attr, abi = upstream.resolve(spec)
-    kernel = getattr(_load_file(entry.module_path), attr)
+    kernel = getattr(load_file(entry.module_path), attr)
     return KernelTarget(spec, _upstream_launcher(_for_device(kernel, device), abi),
                         capabilities=_upstream_capabilities(abi))
 
@@ -495,10 +438,10 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
         return builtin_policy
     from kvfence.contracts.draft import shipped_sizing
 
-    if shipped_sizing.is_spec(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
+    if release_source(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
         return shipped_sizing.policy(spec)
     require(":" in spec, f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
-    obj = _load_attr(spec, "sizing")
+    obj = load_attr(spec, "sizing")
     require(callable(obj), f"sizing {spec!r} is not callable")
     try:
         inspect.signature(obj).bind(1, 1, 1, 1)
