@@ -51,7 +51,7 @@ def release_source(spec: str) -> Optional[str]:
     return match.group(1) if match else None
 
 
-def is_plugin(spec: str) -> bool:
+def is_plugin(spec: object) -> bool:
     """A ``module:attr`` / ``file.py:attr`` spec (a kernel's or a sizing's): user code, which a case file never
     makes kvfence import. The one test of it: every command asks here."""
     return isinstance(spec, str) and ":" in spec and not (spec.startswith("mutant:") or release_source(spec))

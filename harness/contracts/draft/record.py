@@ -34,9 +34,9 @@ from kvfence.errors import require
 
 class DraftSizings(Mapping):
     """The draft's sizings: the builtin policies by name (``kvfence.contracts.draft.sizing``), and on lookup also a
-    release's shipped sizing (``sglang==V:BACKEND``) or a plug-in ``(n, topk, ctx, num_steps) -> width`` (run in a
-    child process: ``targets.resolve_sizing``). Each answers ``(case, mode) -> width`` as the engine asks: ``n`` is
-    ``max_bs`` in graph mode, the batch's requests in eager mode."""
+    release's shipped sizing (``sglang==V:BACKEND``) or a plug-in ``(n, topk, ctx, num_steps) -> width`` (each call
+    under the engine's boundary: ``targets.resolve_sizing``). Each answers ``(case, mode) -> width`` as the engine
+    asks: ``n`` is ``max_bs`` in graph mode, the batch's requests in eager mode."""
 
     def __iter__(self):
         return iter(POLICIES)

@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import operator
-import os
-import select
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Any, Callable, FrozenSet, Optional, Sequence, Tuple
 
 from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, mutants, reference_spec
 from kvfence.device import ensure
-from kvfence.engine.kernels import is_triton_kernel, load_attr, load_file, mutant_kernel_spec, release_source, unwrap
-from kvfence.engine.worker import IN_WORKER_ENV
+from kvfence.engine.boundary import ContractFault, calling
+from kvfence.engine.kernels import (
+    is_plugin,
+    is_triton_kernel,
+    load_attr,
+    load_file,
+    mutant_kernel_spec,
+    release_source,
+    unwrap,
+)
 from kvfence.errors import BadInput, require
 from kvfence.release import upstream
 
@@ -319,103 +320,12 @@ def _window_kwargs_of(fn) -> Tuple[str, ...]:
     return tuple(name for name in WINDOW_KWARGS if name in params)
 
 
-# -- a sizing plug-in's callable runs in a child of its own -----------------------------------------------
-# ``--sizing file.py:attr`` (and ``check_kernel(sizing=...)``, ``--kvfence-sizing``) is user code the
-# strategies call for every config they draw. Called in the fuzzing process (or the user's pytest), an
-# ``os._exit(0)`` there would end the run with exit 0 and no output: a silent pass in CI. So, outside the
-# processes where a plug-in's death is already handled (the checking worker, where it is the case's
-# ``CRASH``, and the child itself), ``resolve_sizing`` returns an ``IsolatedSizing``: each distinct call goes
-# to one child process (``kvfence.contracts.draft.sizing_child``) over a pipe, as plain JSON; a child that exits, dies
-# of a signal or does not answer within ``CALL_TIMEOUT_S`` is ``BadInput`` naming the call.
-
-#: Seconds one call of a sizing plug-in may take (a width is arithmetic: this is a hang, not slowness).
-CALL_TIMEOUT_S = 30.0
-#: Set (to "1") in the processes that call a sizing plug-in themselves: the checking worker and the child.
-
-
-def _ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"died of {signal.Signals(-code).name}"
-        except ValueError:
-            return f"died of signal {-code}"
-    return f"ended its process (exit code {code})"
-
-
-class IsolatedSizing:
-    """``(n, topk, ctx, num_steps, **window) -> width`` of the plug-in ``spec``, computed in a child process
-    started on the first call and kept for the next; answers are kept per distinct call."""
-
-    def __init__(self, spec: str, timeout_s: float = CALL_TIMEOUT_S):
-        self.spec, self.timeout_s = spec, timeout_s
-        # The child resolves the file this process resolved (an absolute path: a later call may come from
-        # another folder, the one this spec was given in may be gone); its messages name the spec as given.
-        where, _, attr = spec.rpartition(":")
-        self._child_spec = f"{Path(where).resolve()}:{attr}" if where.endswith(".py") else spec
-        self._proc: Optional[subprocess.Popen] = None
-        self._answers: Dict[Tuple, int] = {}
-
-    def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, **{IN_WORKER_ENV: "1"})
-        return subprocess.Popen([sys.executable, "-m", "kvfence.contracts.draft.sizing_child", self._child_spec,
-                                 str(os.getpid()), self.spec],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=env, text=True, bufsize=1)
-
-    def _fail(self, call: str, what: str) -> BadInput:
-        self.close()
-        return BadInput(f"sizing {self.spec!r} {what} when called for {call} (a sizing must return a row width)")
-
-    def __call__(self, n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
-        key = (n, topk, ctx, num_steps, tuple(sorted(window.items())))
-        if key in self._answers:
-            return self._answers[key]
-        call = f"n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}"
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = self._start()
-        proc = self._proc
-        assert proc.stdin is not None and proc.stdout is not None  # _start opens both pipes
-        try:
-            proc.stdin.write(json.dumps([n, topk, ctx, num_steps, window]) + "\n")
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._fail(call, _ended(proc.wait())) from None
-        ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
-        if not ready:
-            raise self._fail(call, f"did not return within {self.timeout_s:g}s")
-        line = proc.stdout.readline()
-        if not line:
-            raise self._fail(call, _ended(proc.wait()))
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            raise self._fail(call, "answered something other than a width") from None
-        if "bad_input" in answer:
-            raise BadInput(str(answer["bad_input"]))
-        width = answer.get("width")
-        if type(width) is not int:
-            raise self._fail(call, "answered something other than a width")
-        self._answers[key] = width
-        return width
-
-    def close(self) -> None:
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.kill()
-            self._proc.wait()
-            for stream in (self._proc.stdin, self._proc.stdout):
-                try:
-                    if stream is not None:
-                        stream.close()
-                except OSError:
-                    pass
-            self._proc = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+# -- a sizing plug-in's callable runs behind the engine's boundary ----------------------------------------
+# ``--sizing file.py:attr`` (and ``check_kernel(sizing=...)``) is user code the strategies call for every config
+# they draw: a command that names one runs in a supervised child (``kvfence.engine.boundary_parent``, as for a
+# plug-in contract's code), and each call runs under ``kvfence.engine.boundary.calling``, so an exit, a signal, an
+# interrupt or a call past the call limit is one line naming the sizing and the call, exit 2. What it raises or
+# returns is checked here (``policy``).
 
 
 @functools.lru_cache(maxsize=None)
@@ -440,7 +350,7 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
 
     if release_source(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
         return shipped_sizing.policy(spec)
-    require(":" in spec, f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
+    require(is_plugin(spec), f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
     obj = load_attr(spec, "sizing")
     require(callable(obj), f"sizing {spec!r} is not callable")
     try:
@@ -448,19 +358,28 @@ def resolve_sizing(spec: str) -> Callable[..., int]:
     except (TypeError, ValueError):
         raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
 
+    return _plugin_policy(spec, obj)
+
+
+def _plugin_policy(spec: str, obj: Callable[..., Any]) -> Callable[..., int]:
+    """A sizing plug-in's callable, each call under the boundary's ``calling`` (see above); an exception or an
+    answer other than an integer width is bad input (one line), never a traceback."""
     accepted = _window_kwargs_of(obj)
-    if os.environ.get(IN_WORKER_ENV) != "1":  # user code runs in a child: its exit or hang cannot end this one
-        return functools.update_wrapper(IsolatedSizing(spec), obj)
 
     @functools.wraps(obj)
     def policy(n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
-        # User code: an exception or a non-integer width is bad input (one line), not a traceback.
+        call = f"n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}"
         try:
-            width = obj(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
+            with calling(spec, f"call for {call}", who=f"sizing {spec!r}"):
+                width = obj(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
+        except ContractFault:
+            raise  # an exit or an interrupt, named by the boundary
+        except (Exception, SystemExit) as exc:  # SystemExit: in a checking worker, which converts no exit
+            raise BadInput(f"sizing {spec!r} failed for {call}: {type(exc).__name__}: {exc}") from None
+        try:
             require(not isinstance(width, bool), f"returned a bool ({width!r}), not a row width")
             return operator.index(width)
-        except (Exception, SystemExit) as exc:  # SystemExit: a plug-in's sys.exit() is no silent exit 0
-            raise BadInput(f"sizing {spec!r} failed for n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}: "
-                           f"{type(exc).__name__}: {exc}") from None
+        except (BadInput, TypeError) as exc:
+            raise BadInput(f"sizing {spec!r} failed for {call}: {type(exc).__name__}: {exc}") from None
 
     return policy
