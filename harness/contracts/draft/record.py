@@ -35,7 +35,7 @@ from kvfence.errors import require
 class DraftSizings(Mapping):
     """The draft's sizings: the builtin policies by name (``kvfence.contracts.draft.sizing``), and on lookup also a
     release's shipped sizing (``sglang==V:BACKEND``) or a plug-in ``(n, topk, ctx, num_steps) -> width`` (each call
-    under the engine's boundary: ``targets.resolve_sizing``). Each answers ``(case, mode) -> width`` as the engine
+    under the engine's boundary: ``sizing.resolve_sizing``). Each answers ``(case, mode) -> width`` as the engine
     asks: ``n`` is ``max_bs`` in graph mode, the batch's requests in eager mode."""
 
     def __iter__(self):
@@ -48,7 +48,7 @@ class DraftSizings(Mapping):
         return isinstance(spec, str) and (spec in POLICIES or bool(release_source(spec)) or is_plugin(spec))
 
     def __getitem__(self, spec: str):
-        from kvfence.contracts.draft.targets import resolve_sizing
+        from kvfence.contracts.draft.sizing import resolve_sizing
 
         if not (isinstance(spec, str) and spec in self):
             raise KeyError(spec)

@@ -1,25 +1,23 @@
-"""What is under test: kernels and sizing policies, by builtin name or plug-in spec.
+"""The draft's kernels under test, by builtin name or spec, resolved through ``kvfence.engine.kernels``.
 
-A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
-``package.module:attr``, ``path/to/file.py:attr`` or, for kernels, ``sglang==VERSION[:attr]`` (SGLang's own
-kernel from its wheel, kvfence.release.upstream). A kernel attr is either a ``@triton.jit`` function
-with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
-A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
+A spec is a builtin name (``reference``, ``reference-blocked``), ``mutant:NAME`` (the engine's
+``mutant_kernel_spec``), ``package.module:attr``, ``path/to/file.py:attr`` (loaded by the engine's ``load_attr``) or
+``sglang==VERSION[:attr]`` (SGLang's own kernel from its wheel, kvfence.release.upstream). A kernel attr is either a
+``@triton.jit`` function with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword
+arguments of ``LAUNCH_KWARGS``. What is the draft's own here: the ABI launcher (``abi_launcher``,
+``family_constexprs``), the §6 ``Capabilities`` a kernel declares, and the launchers of the releases' older ABIs.
+Anything else is ``BadInput``. Sizing specs resolve in ``kvfence.contracts.draft.sizing``.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-import operator
 from dataclasses import dataclass
-from typing import Any, Callable, FrozenSet, Optional, Sequence, Tuple
+from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 
 from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, mutants, reference_spec
 from kvfence.device import ensure
-from kvfence.engine.boundary import ContractFault, calling
 from kvfence.engine.kernels import (
-    is_plugin,
     is_triton_kernel,
     load_attr,
     load_file,
@@ -303,83 +301,3 @@ def _upstream_launcher(kernel, abi):
         kernel[(num_steps, num_seqs, topk)](*(values[p] for p in abi.required))
 
     return launch_by_name
-
-
-#: The window parameters a sizing policy may take as keywords (docs/contract.md §3, §6).
-WINDOW_KWARGS = ("window_size", "sink_size")
-
-
-def _window_kwargs_of(fn) -> Tuple[str, ...]:
-    """Which ``WINDOW_KWARGS`` a policy accepts: a 4-argument plug-in gets none of them."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return ()
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return WINDOW_KWARGS
-    return tuple(name for name in WINDOW_KWARGS if name in params)
-
-
-# -- a sizing plug-in's callable runs behind the engine's boundary ----------------------------------------
-# ``--sizing file.py:attr`` (and ``check_kernel(sizing=...)``) is user code the strategies call for every config
-# they draw: a command that names one runs in a supervised child (``kvfence.engine.boundary_parent``, as for a
-# plug-in contract's code), and each call runs under ``kvfence.engine.boundary.calling``, so an exit, a signal, an
-# interrupt or a call past the call limit is one line naming the sizing and the call, exit 2. What it raises or
-# returns is checked here (``policy``).
-
-
-@functools.lru_cache(maxsize=None)
-def resolve_sizing(spec: str) -> Callable[..., int]:
-    """Resolve a sizing spec to ``(n, topk, ctx, num_steps, *, window_size=0, sink_size=0) -> width``.
-
-    The window parameters reach only policies that declare them (or ``**kwargs``): a 4-argument
-    plug-in keeps working unchanged."""
-    from kvfence.contracts.draft.sizing import POLICIES
-
-    require(isinstance(spec, str) and spec, "sizing spec must be a non-empty string")
-    if spec in POLICIES:
-        builtin = POLICIES[spec]
-        accepted = _window_kwargs_of(builtin)
-
-        @functools.wraps(builtin)
-        def builtin_policy(n, topk, ctx, num_steps, **window):
-            return builtin(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
-
-        return builtin_policy
-    from kvfence.contracts.draft import shipped_sizing
-
-    if release_source(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
-        return shipped_sizing.policy(spec)
-    require(is_plugin(spec), f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
-    obj = load_attr(spec, "sizing")
-    require(callable(obj), f"sizing {spec!r} is not callable")
-    try:
-        inspect.signature(obj).bind(1, 1, 1, 1)
-    except (TypeError, ValueError):
-        raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
-
-    return _plugin_policy(spec, obj)
-
-
-def _plugin_policy(spec: str, obj: Callable[..., Any]) -> Callable[..., int]:
-    """A sizing plug-in's callable, each call under the boundary's ``calling`` (see above); an exception or an
-    answer other than an integer width is bad input (one line), never a traceback."""
-    accepted = _window_kwargs_of(obj)
-
-    @functools.wraps(obj)
-    def policy(n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
-        call = f"n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}"
-        try:
-            with calling(spec, f"call for {call}", who=f"sizing {spec!r}"):
-                width = obj(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
-        except ContractFault:
-            raise  # an exit or an interrupt, named by the boundary
-        except (Exception, SystemExit) as exc:  # SystemExit: in a checking worker, which converts no exit
-            raise BadInput(f"sizing {spec!r} failed for {call}: {type(exc).__name__}: {exc}") from None
-        try:
-            require(not isinstance(width, bool), f"returned a bool ({width!r}), not a row width")
-            return operator.index(width)
-        except (BadInput, TypeError) as exc:
-            raise BadInput(f"sizing {spec!r} failed for {call}: {type(exc).__name__}: {exc}") from None
-
-    return policy
