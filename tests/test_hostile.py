@@ -877,9 +877,10 @@ def test_fuzz_with_a_sizing_that_exits_0_is_one_line_and_exit_2(capsys, tmp_path
     ("é" * 40_000 + ".py:launch", None),  # 80 KB on the command line, 240 KB once JSON-escaped
     ("a" * 70_000 + ".py:launch", "a" * 70_000 + ".py:s"),
 ], ids=["non-ascii-kernel", "two-long-specs"])
-def test_a_very_long_plug_in_spec_is_one_line_not_a_traceback(capsys, tmp_path, kernel, sizing):
+def test_a_very_long_plug_in_spec_is_one_line_not_a_traceback(capfd, tmp_path, kernel, sizing):
     """The plug-in probe's options go to its child in a file: as one command-line argument, a spec past
-    Linux's 128 KiB per argument made the probe's start fail with an ``OSError`` traceback."""
+    Linux's 128 KiB per argument made the probe's start fail with an ``OSError`` traceback. (``capfd``: with a
+    sizing plug-in the command runs in the boundary's child, whose line reaches this process's stderr.)"""
     argv = ["fuzz", "--device", "cpu", "--kernel", kernel, "--max-examples", "2", "--out", tmp_path / "o"]
-    line = one_line_exit_2(capsys, argv + (["--sizing", sizing] if sizing else []), "kernel '")
+    line = one_line_exit_2(capfd, argv + (["--sizing", sizing] if sizing else []), "kernel '")
     assert "Argument list too long" not in line
