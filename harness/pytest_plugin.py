@@ -124,13 +124,14 @@ def _probe_plugins(config) -> None:
     """``--kvfence-kernel`` / ``--kvfence-sizing`` plug-ins are imported in a throwaway process first
     (``kvfence.engine.probe``): an import that exits, aborts or raises ``KeyboardInterrupt`` is a usage
     error naming it, never a pytest that ends with exit 0 and no output."""
-    from kvfence.engine.boundary_parent import foreign
+    from kvfence.engine.boundary_parent import call, foreign
+    from kvfence.engine.kernels import is_plugin
     from kvfence.engine.probe import check_plugins
     from kvfence.engine.record_probe import check_named
     from kvfence.engine.registry import get
     from kvfence.errors import BadInput
 
-    name = option(config, "contract")
+    name, sizing = option(config, "contract"), option(config, "sizing")
     try:
         if foreign([name]):
             # A plug-in contract's methods are asked about a few drawn cases behind the boundary first
@@ -139,6 +140,11 @@ def _probe_plugins(config) -> None:
             for problem in check_named(name, examples=PROBE_EXAMPLES, seed=0, launches=False)["problems"]:
                 raise BadInput(f"contract {name!r}: {problem}")
         check_plugins(get(name), {what: option(config, what) for what in ("kernel", "sizing")})
+        if is_plugin(sizing):
+            # A sizing plug-in is called in this process wherever a test draws cases: it is asked about a few
+            # drawn cases behind the boundary first (one that exits, hangs or raises is a usage error naming it).
+            call("kvfence.engine.record_probe:sizing_widths",
+                 dict(contract=name, sizing=sizing, examples=PROBE_EXAMPLES, seed=0), [name])
     except BadInput as exc:
         raise pytest.UsageError(f"kvfence: {exc}") from None
 

@@ -210,7 +210,7 @@ def test_family_flag_decides_the_draws_per_domain(flag, drawn):
 
 # -- sizing --------------------------------------------------------------------------------------------
 def test_window_policies_and_four_argument_plugins(tmp_path):
-    from kvfence.contracts.draft.targets import resolve_sizing
+    from kvfence.contracts.draft.sizing import resolve_sizing
 
     plugin = tmp_path / "sizing_plugin.py"
     plugin.write_text("def four(n, topk, ctx, num_steps):\n    return n * topk * (ctx + num_steps)\n"

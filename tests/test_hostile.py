@@ -809,7 +809,7 @@ def test_merge_refuses_a_case_file_edited_after_its_run(capsys, real_run, tmp_pa
     assert not (tmp_path / "merged").exists()
 
 
-# -- a sizing plug-in's callable runs in a child of its own ------------------------------------------------
+# -- a sizing plug-in's callable runs behind the engine's boundary -----------------------------------------
 _SIZINGS = '''
 import os, time
 def exits(n, topk, ctx, num_steps):
@@ -820,30 +820,40 @@ def interrupts(n, topk, ctx, num_steps):
     raise KeyboardInterrupt
 def hangs(n, topk, ctx, num_steps):
     time.sleep(600)
-def chatty(n, topk, ctx, num_steps):
-    print("a width is coming")
-    return n * topk * (ctx + num_steps)
 '''
 
 
-@pytest.mark.parametrize("name, needle", [("exits", "ended its process (exit code 0)"), ("aborts", "died of SIGABRT"),
-                                          ("interrupts", "raised KeyboardInterrupt"),
-                                          ("hangs", "did not return within 1s")])
-def test_a_sizing_that_ends_or_stalls_its_process_is_bad_input_naming_the_call(tmp_path, monkeypatch, name, needle):
+@pytest.mark.parametrize("name, needle", [
+    ("exits", "ended its process with exit status 0 before the command returned"),
+    ("aborts", "died of SIGABRT"),
+    ("interrupts", "raised KeyboardInterrupt while no signal came"),
+    ("hangs", "did not return within 1s (kvfence's limit on one call into a plug-in's code, KVFENCE_CALL_LIMIT_S)")])
+def test_a_sizing_plugin_that_ends_or_stalls_its_process_is_one_line_exit_2(tmp_path, name, needle):
     """The callable of ``--sizing file.py:attr`` is user code called for every drawn config: in the fuzzing
-    process (or the user's pytest) an ``os._exit(0)`` would be a silent pass. It runs in a child; what
-    ends or stalls the child is one ``BadInput`` naming the call, and the next call starts a new child."""
-    from kvfence.contracts.draft.targets import IsolatedSizing, resolve_sizing
+    process an ``os._exit(0)`` would be a silent pass. It runs behind the engine's boundary, as a plug-in
+    contract's methods do (the command in a supervised child, each call under the call limit
+    ``KVFENCE_CALL_LIMIT_S``): each of these is one line naming the sizing and the call, exit 2. (One that raises,
+    ``sys.exit``s or answers no width: tests/test_plugins.py, tests/test_bad_input.py.)"""
+    (tmp_path / "sz.py").write_text(_SIZINGS)
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "fuzz", "--device", "cpu", "--sizing", f"sz.py:{name}",
+                           "--max-examples", "3", "--out", str(tmp_path / "o")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, KVFENCE_CALL_LIMIT_S="1"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith(f"kvfence: error: sizing 'sz.py:{name}'") and needle in lines[0], lines[0]
+
+
+def test_check_kernel_with_a_sizing_plugin_that_exits_is_a_contract_fault_naming_it(tmp_path, monkeypatch):
+    """``kvfence.check_kernel(sizing=...)`` runs behind the same boundary as a plug-in contract's code: the
+    sizing's ``os._exit(0)`` ends the boundary's child, never the caller, and is one ``ContractFault`` line."""
+    import kvfence
+    from kvfence.engine.boundary import ContractFault
 
     (tmp_path / "sz.py").write_text(_SIZINGS)
     monkeypatch.chdir(tmp_path)
-    assert isinstance(resolve_sizing(f"sz.py:{name}"), IsolatedSizing)
-    policy = IsolatedSizing(f"sz.py:{name}", timeout_s=1)
-    with pytest.raises(BadInput, match=rf"sizing 'sz.py:{name}' .*when called for n=2, topk=1, ctx=5"):
-        policy(2, 1, 5, 3)
-    assert needle in str(pytest.raises(BadInput, policy, 2, 1, 5, 3).value)
-    chatty = IsolatedSizing("sz.py:chatty")
-    assert chatty(2, 3, 5, 1) == 36 and chatty(2, 3, 5, 1) == 36  # its print is not an answer
+    with pytest.raises(ContractFault, match=r"^sizing 'sz.py:exits': its call for n=1, topk=1, ctx=2, num_steps=1 "
+                                            r"ended its process with exit status 0"):
+        kvfence.check_kernel("reference", sizing="sz.py:exits", device="cpu", max_examples=3, out_dir=tmp_path / "o")
 
 
 @pytest.mark.interpreter  # --device cpu: the Triton interpreter must be usable here
@@ -851,7 +861,7 @@ def test_fuzz_with_a_sizing_that_exits_0_is_one_line_and_exit_2(capsys, tmp_path
     (tmp_path / "sz.py").write_text(_SIZINGS)
     monkeypatch.chdir(tmp_path)
     one_line_exit_2(capsys, ["fuzz", "--device", "cpu", "--sizing", "sz.py:exits", "--max-examples", "3",
-                             "--out", tmp_path / "o"], "ended its process (exit code 0) when called for")
+                             "--out", tmp_path / "o"], "its call for n=1, topk=1, ctx=2, num_steps=1 ended its process")
 
 
 @pytest.mark.interpreter  # --device cpu: the Triton interpreter must be usable here
@@ -859,9 +869,10 @@ def test_fuzz_with_a_sizing_that_exits_0_is_one_line_and_exit_2(capsys, tmp_path
     ("é" * 40_000 + ".py:launch", None),  # 80 KB on the command line, 240 KB once JSON-escaped
     ("a" * 70_000 + ".py:launch", "a" * 70_000 + ".py:s"),
 ], ids=["non-ascii-kernel", "two-long-specs"])
-def test_a_very_long_plug_in_spec_is_one_line_not_a_traceback(capsys, tmp_path, kernel, sizing):
+def test_a_very_long_plug_in_spec_is_one_line_not_a_traceback(capfd, tmp_path, kernel, sizing):
     """The plug-in probe's options go to its child in a file: as one command-line argument, a spec past
-    Linux's 128 KiB per argument made the probe's start fail with an ``OSError`` traceback."""
+    Linux's 128 KiB per argument made the probe's start fail with an ``OSError`` traceback. (``capfd``: with a
+    sizing plug-in the command runs in the boundary's child, whose line reaches this process's stderr.)"""
     argv = ["fuzz", "--device", "cpu", "--kernel", kernel, "--max-examples", "2", "--out", tmp_path / "o"]
-    line = one_line_exit_2(capsys, argv + (["--sizing", sizing] if sizing else []), "kernel '")
+    line = one_line_exit_2(capfd, argv + (["--sizing", sizing] if sizing else []), "kernel '")
     assert "Argument list too long" not in line

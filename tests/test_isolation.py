@@ -87,6 +87,18 @@ def test_the_plugin_refuses_a_kernel_option_whose_import_ends_pytest(tmp_path, w
     assert "kvfence: importing kernel 'k.py:launch' ends the process" in proc.stderr
 
 
+@pytest.mark.parametrize("body, code", [("import os\n    os._exit(0)", 4), ("return n * topk * (ctx + num_steps)", 0)])
+def test_the_plugin_asks_a_sizing_option_behind_the_boundary_before_pytest_calls_it(tmp_path, body, code):
+    """``--kvfence-sizing file.py:attr`` is called in pytest's own process where a test draws cases: it is asked
+    about a few drawn cases behind the boundary first, so one whose call ends its process is a usage error naming
+    the sizing and the call (pytest exit 4), never a session that ends 0 with no output; a correct one passes."""
+    (tmp_path / "sz.py").write_text(f"def width(n, topk, ctx, num_steps):\n    {body}\n")
+    (tmp_path / "test_x.py").write_text("def test_nothing():\n    pass\n")
+    proc = _pytest(tmp_path, "--kvfence-sizing", "sz.py:width", "--kvfence-device", "cpu")
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert code == 0 or "kvfence: sizing 'sz.py:width': its call for n=1" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("what", ["thread", "atexit"])
 def test_fuzz_refuses_a_kernel_whose_import_leaves_an_exit_behind(tmp_path, what):
     """The same for ``fuzz``: one line, exit 2 (it ran to exit 0 with no output, or printed its findings

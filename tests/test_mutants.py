@@ -35,7 +35,8 @@ def _records():
 
 
 def test_shipped_mutants_are_well_formed(device):
-    from kvfence.contracts.draft.targets import resolve_kernel, resolve_sizing
+    from kvfence.contracts.draft.sizing import resolve_sizing
+    from kvfence.contracts.draft.targets import resolve_kernel
     from kvfence.engine.record_check import static_problems
 
     draft, rail = _records()

@@ -225,7 +225,7 @@ def test_repro_command_names_only_plugins():
 # -- module:attr from the current folder -----------------------------------------------------------------
 def test_module_spec_resolves_from_the_current_folder_or_says_how(tmp_path):
     (tmp_path / "my_sizing.py").write_text(SIZING)
-    probe = ("from kvfence.contracts.draft.targets import resolve_sizing; import sys; "
+    probe = ("from kvfence.contracts.draft.sizing import resolve_sizing; import sys; "
              "print(resolve_sizing(sys.argv[1])(1, 2, 8, 1))")
     # -I: the current folder is not on sys.path (as for the console script, whose sys.path[0] is its bin
     # folder; the plug-in run above goes through it): kvfence adds it.

@@ -151,24 +151,34 @@ def test_sizing_file_plugin(tmp_path, body, code):
     ("def width(n, topk, ctx, num_steps):\n    return 2.5\n", ("failed for", "TypeError")),
 ])
 def test_bad_sizing_plugins_are_one_line_exit_2(tmp_path, source, needles):
-    import io
-    from contextlib import redirect_stderr
-
-    from kvfence.cli import main
-
+    """A command that names a sizing plug-in runs behind the boundary (its line comes from the child)."""
     path = tmp_path / "bad_sizing.py"
     path.write_text(source)
-    err = io.StringIO()
-    with redirect_stderr(err):
-        code = main(list(fuzz_args(tmp_path, "--sizing", f"{path}:width")))
-    one_line_exit_2(subprocess.CompletedProcess([], code, "", err.getvalue()), *needles)
+    one_line_exit_2(kvfence(*fuzz_args(tmp_path, "--sizing", f"{path}:width")), *needles)
 
 
 def test_same_file_loaded_once_for_kernel_and_sizing(tmp_path, outside_kernel, device):
-    from kvfence.contracts.draft.targets import _load_attr
+    from kvfence.engine.kernels import load_attr
 
-    first = _load_attr(f"{outside_kernel}:{ATTR}", "kernel")
-    assert _load_attr(f"{outside_kernel}:{ATTR}", "kernel") is first
+    first = load_attr(f"{outside_kernel}:{ATTR}", "kernel")
+    assert load_attr(f"{outside_kernel}:{ATTR}", "kernel") is first
+
+
+def test_the_drafts_kernel_specs_resolve_through_the_engines_resolver():
+    """One resolver: a draft or rail ``mutant:NAME`` is the file the engine's ``mutant_kernel_spec`` patches (the
+    runner and the engine launch the same file), and a release of a project with no draft kernel is one line."""
+    from kvfence.contracts.draft.record import DRAFT, WINDOW_RAIL
+    from kvfence.contracts.draft.targets import check_kernel_spec, mutant_spec
+    from kvfence.engine.kernels import mutant_kernel_spec, reference_spec
+    from kvfence.errors import BadInput
+
+    for record in (DRAFT, WINDOW_RAIL):
+        mutant = next(m for m in record.mutants if m.patch)
+        spec = mutant_spec(f"mutant:{mutant.name}")
+        assert spec == mutant_kernel_spec(record.name, mutant, reference_spec(record))
+        assert f"-{record.name}-{mutant.name}.py:" in spec
+    with pytest.raises(BadInput, match="the draft kernel's releases are SGLang's"):
+        check_kernel_spec("vllm==0.9.0")
 
 
 # -- the kernel / sizing under test in pytest ----------------------------------------------------------

@@ -232,9 +232,9 @@ def test_a_kernel_whose_launches_alternate_findings_is_racy_and_agrees():
     on odd ones. The two paths' first launches name different kinds (equal kinds per launch would call
     that a disagreement), the case is racy, and it agrees: each path saw both kinds over its launches,
     and the counters saw what some launch named."""
-    from kvfence.contracts.draft.targets import _load_file
+    from kvfence.engine.kernels import load_file
 
-    _load_file(SPILLS).LAUNCHES.clear()  # launch 0 is the counters' own, launch 2 the device path's full one
+    load_file(SPILLS).LAUNCHES.clear()  # launch 0 is the counters' own, launch 2 the device path's full one
     spec = f"{SPILLS}:parity"
     result = compare.Paths("cpu", spec).check(case_for(spec))
     assert {f.kind for f in result.device} == {Kind.VALUE_MISMATCH}
@@ -257,9 +257,9 @@ def test_a_race_that_follows_the_buffers_is_found_by_judging_one_launch_twice():
     launch's buffers, the findings are the same, so the verifiers agree and the case is racy (launch-
     dependent); judged by the plain oracle on that launch, a verifier that named other findings would be
     a disagreement."""
-    from kvfence.contracts.draft.targets import _load_file
+    from kvfence.engine.kernels import load_file
 
-    _load_file(SPILLS).ALLOCATIONS.clear()
+    load_file(SPILLS).ALLOCATIONS.clear()
     spec = f"{SPILLS}:by_allocation"
     paths = compare.Paths("cpu", spec)
     case = case_for(spec)

@@ -62,12 +62,20 @@ def main(argv: Optional[List[str]] = None, prog: str = PROG) -> int:
 
 
 def _plugin_contracts(args) -> List[str]:
-    """The contracts the command is about that are not kvfence's own (their code runs in a child)."""
+    """The contracts the command is about that are not kvfence's own (their code runs in a child); when none is
+    but the command names a sizing plug-in (``--sizing file.py:attr``, user code called for every config drawn),
+    the contract it sizes: the command runs in a child all the same."""
     from kvfence.engine.boundary_parent import foreign
+    from kvfence.engine.kernels import is_plugin
+    from kvfence.engine.registry import default_name
 
     module = next((m for m in COMMANDS if getattr(m, "contracts_of", None) and args.func.__module__ == m.__name__),
                   None)
-    return foreign(module.contracts_of(args) if module is not None else [])
+    names = module.contracts_of(args) if module is not None else []
+    plugins = foreign(names)
+    if not plugins and is_plugin(getattr(args, "sizing", None)):
+        plugins = [next((n for n in names if isinstance(n, str)), None) or default_name()]
+    return plugins
 
 
 def _os_error(exc: OSError) -> str:

@@ -59,6 +59,7 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     from kvfence.engine.boundary_parent import call, foreign
     from kvfence.engine.budget import default_budget
     from kvfence.engine.casefile import CASES_DIR, case_repro_command, format_failure, write_case
+    from kvfence.engine.kernels import is_plugin
     from kvfence.engine.loop import fuzz
     from kvfence.engine.outdir import probe_folder
     from kvfence.engine.plan import RunPlan
@@ -80,7 +81,8 @@ def check_kernel(kernel: str, *, sizing: Optional[str] = None, max_examples: int
     contract = contract or registry.default_name()
     if device is None:
         device = "cpu" if interpreting() else "auto"
-    if foreign([contract]) and not in_child():  # a plug-in contract's code runs behind the boundary
+    # A plug-in contract's code, and a sizing plug-in's (called for every config drawn), run behind the boundary.
+    if (foreign([contract]) or is_plugin(sizing)) and not in_child():
         call("kvfence.engine.api:check_kernel", dict(
             kernel=kernel, sizing=sizing, max_examples=max_examples, device=device, seed=seed,
             shrink_seconds=shrink_seconds, out_dir=os.fspath(out_dir), mode=mode, case_timeout=case_timeout,

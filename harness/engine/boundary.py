@@ -11,10 +11,12 @@ its own:
 * the child reports how the command ended through a file, written only once the command returned; a child that
   ended without it (``os._exit``, ``SystemExit`` past every handler, a signal, an abort) is ``ContractFault``:
   one line naming the contract and the method it was in, exit 2, never the child's own status (0 would pass);
-* inside the child every method of the record, every sizing and option callable, and every draw from its
-  ``cases()`` strategy runs under ``calling``, which leaves a breadcrumb (contract, method, start time) in a
-  file the parent reads: a call that outlives ``call_limit`` seconds has the child's group killed and is one line
-  naming it; a ``SystemExit`` or a ``KeyboardInterrupt`` no signal sent is ``ContractFault`` naming the method;
+* inside the child every method of the record, every sizing and option callable, every draw from its
+  ``cases()`` strategy, and every call of a sizing plug-in (``--sizing file.py:attr``, whatever the contract: a
+  command that names one runs in a child too) runs under ``calling``, which leaves a breadcrumb (contract,
+  method, start time) in a file the parent reads: a call that outlives ``call_limit`` seconds has the child's
+  group killed and is one line naming it; a ``SystemExit`` or a ``KeyboardInterrupt`` no signal sent is
+  ``ContractFault`` naming the method;
   any other exception that escapes the command names the method that raised it, or the last one that returned
   (a wrong type);
 * the user's SIGINT or SIGTERM is the parent's: it is passed to the child's group, the child ends as interrupted
@@ -83,7 +85,7 @@ def call_limit(max_seconds: Optional[float] = None) -> float:
 
 
 # -- inside a process that runs the contract's code -------------------------------------------------------------
-_STACK: List[tuple[Any, ...]] = []  # (contract, method) of the calls in progress, outermost first
+_STACK: List[tuple[Any, ...]] = []  # (contract, method, who) of the calls in progress, outermost first
 _LAST: List[tuple[Any, ...]] = []  # the last call that returned
 _WHERE: List[int] = []  # the breadcrumb file's descriptor, in a child
 _CONVERT = [True]  # whether an exit or interrupt from the contract's code is a ContractFault here
@@ -98,8 +100,8 @@ def convert_exits(on: bool) -> None:
 def _mark() -> None:
     if not _WHERE:
         return
-    doc = {"contract": _STACK[-1][0], "method": _STACK[-1][1], "context": [m for _, m in _STACK[:-1]],
-           "since": time.time()} if _STACK else {}
+    doc = {"contract": _STACK[-1][0], "method": _STACK[-1][1], "who": _STACK[-1][2],
+           "context": [entry[1] for entry in _STACK[:-1]], "since": time.time()} if _STACK else {}
     data = json.dumps(doc).encode()[:_WHERE_BYTES - 1]
     try:
         os.pwrite(_WHERE[0], data.ljust(_WHERE_BYTES), 0)
@@ -107,21 +109,24 @@ def _mark() -> None:
         pass
 
 
-def fault(contract: str, method: str, what: str) -> ContractFault:
-    """The ``ContractFault`` of ``contract``'s ``method`` that did ``what`` (one line, the run no verdict)."""
+def fault(contract: str, method: str, what: str, who: Optional[str] = None) -> ContractFault:
+    """The ``ContractFault`` of ``contract``'s ``method`` that did ``what`` (one line, the run no verdict); ``who``
+    names the code when it is no contract's own (``sizing 'file.py:attr'``)."""
     problem = f"its {method} {what}; the run is not a verdict"
-    return ContractFault(f"contract {contract!r}: {problem}", problem)
+    return ContractFault(f"{who or f'contract {contract!r}'}: {problem}", problem)
 
 
 @contextlib.contextmanager
-def calling(contract: str, method: str) -> Iterator[None]:
-    """Run the block as a call into ``contract``'s ``method`` (see the module docstring). In a checking worker
+def calling(contract: str, method: str, who: Optional[str] = None) -> Iterator[None]:
+    """Run the block as a call into ``contract``'s ``method`` (see the module docstring); ``who``: the plug-in's
+    name in its lines when it is no contract's code (a sizing plug-in), whose caller checks what it returns (it
+    is not blamed for a later failure, as ``unexpected`` blames a contract's last method). In a checking worker
     (``convert_exits(False)``: its supervisor tells a kernel's exit from a contract's) it only notes where an
     exception rose."""
     from kvfence.engine.interrupt import Interrupted, pending
 
     convert = _CONVERT[0]
-    _STACK.append((contract, method))
+    _STACK.append((contract, method, who))
     _mark()
     try:
         yield
@@ -130,20 +135,22 @@ def calling(contract: str, method: str) -> Iterator[None]:
     except SystemExit as exc:
         if not convert:
             raise
-        raise fault(contract, method, f"raised SystemExit({exc.code!r})") from None
+        raise fault(contract, method, f"raised SystemExit({exc.code!r})", who) from None
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted) or pending() is not None or not convert:
             raise  # the user's signal, or the worker's to judge
-        raise fault(contract, method, "raised KeyboardInterrupt while no signal came") from None
+        raise fault(contract, method, "raised KeyboardInterrupt while no signal came", who) from None
     except BaseException as exc:
         if getattr(exc, "kvfence_raised_in", None) is None:
             try:
-                setattr(exc, "kvfence_raised_in", (contract, method))  # noqa: B010 (an attribute no exception type declares)
+                setattr(exc, "kvfence_raised_in", (contract, method, who))  # noqa: B010 (an attribute no exception type declares)
             except AttributeError:
                 pass
         raise
     finally:
-        _LAST[:] = [_STACK.pop()]
+        done = _STACK.pop()
+        if who is None:
+            _LAST[:] = [done]
         _mark()
 
 
@@ -236,11 +243,12 @@ def unexpected(exc: BaseException, named: bool = True) -> str:
     raised_in = getattr(exc, "kvfence_raised_in", None) or (_LAST[0] if _LAST else None)
     if raised_in is None:
         return f"the command failed: {cause}"
+    who = raised_in[2] if len(raised_in) > 2 else None
     if getattr(exc, "kvfence_raised_in", None):
-        found = fault(raised_in[0], raised_in[1], f"raised {cause}")
+        found = fault(raised_in[0], raised_in[1], f"raised {cause}", who)
     else:
         found = fault(raised_in[0], raised_in[1], f"answered something kvfence cannot use ({cause}; "
-                                                  "docs/contract-api.md says what each method returns)")
+                                                  "docs/contract-api.md says what each method returns)", who)
     return str(found) if named else found.problem
 
 
@@ -249,9 +257,10 @@ def refusal(exc: BadInput) -> str:
     ``from_json`` refusing a case its own ``cases()`` drew, say): the line says whose refusal it is."""
     raised_in = getattr(exc, "kvfence_raised_in", None)
     text = str(exc)
-    if isinstance(exc, ContractFault) or not raised_in or text.startswith(f"contract {raised_in[0]!r}"):
+    who = (raised_in[2] if raised_in and len(raised_in) > 2 else None) or (raised_in and f"contract {raised_in[0]!r}")
+    if isinstance(exc, ContractFault) or not raised_in or text.startswith(str(who)):
         return text
-    return f"contract {raised_in[0]!r}: its {raised_in[1]} refused: {text}"
+    return f"{who}: its {raised_in[1]} refused: {text}"
 
 
 def contract_failure(exc: BaseException) -> Optional[str]:

@@ -102,12 +102,14 @@ def read_where(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) and isinstance(doc.get("method"), str) else {}
 
 
-def _where_text(crumb: dict[str, Any], contracts: List[str]) -> Tuple[str, str]:
+def _where_text(crumb: dict[str, Any], contracts: List[str]) -> Tuple[str, str, Optional[str]]:
+    """``(contract, method, who)`` of a breadcrumb, for ``fault``."""
     named = crumb.get("contract")
     contract = named if isinstance(named, str) else ", ".join(contracts)
     method = crumb.get("method") or "code"
     context = [c for c in crumb.get("context") or [] if isinstance(c, str)]
-    return contract, printable(method + (f" (in {' in '.join(reversed(context))})" if context else ""), 200)
+    who = crumb.get("who") if isinstance(crumb.get("who"), str) else None
+    return contract, printable(method + (f" (in {' in '.join(reversed(context))})" if context else ""), 200), who
 
 
 def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Optional[dict[str, str]] = None,
@@ -132,17 +134,17 @@ def supervise(cmd: List[str], contracts: List[str], *, limit: float, env: Option
         name = signal.Signals(watch.signals[0]).name
         return {"exit": 128 + watch.signals[0], "signal": name, **({"answer": answer} if answer else {})}
     if watch.overrun is not None:
-        contract, method = _where_text(watch.overrun, contracts)
+        contract, method, who = _where_text(watch.overrun, contracts)
         raise fault(contract, method, f"did not return within {limit:g}s (kvfence's limit on one call into a "
-                                       f"plug-in contract's code, {CALL_LIMIT_ENV}); its processes were killed")
+                                       f"plug-in's code, {CALL_LIMIT_ENV}); its processes were killed", who)
     if answer is None:
-        contract, method = _where_text(crumb, contracts)
+        contract, method, who = _where_text(crumb, contracts)
         how = f"died of {signal_name(code)}" if code < 0 else f"ended its process with exit status {code}"
-        raise fault(contract, method, f"{how} before the command returned (a contract's methods must return or "
-                                       "raise, never exit or kill their process); nothing it printed counts")
+        raise fault(contract, method, f"{how} before the command returned (a plug-in's code must return or "
+                                       "raise, never exit or kill its process); nothing it printed counts", who)
     if answer.get("exit") in (130, 143):
-        contract, method = _where_text(crumb, contracts)
-        raise fault(contract, method, "raised an interrupt while no signal came")
+        contract, method, who = _where_text(crumb, contracts)
+        raise fault(contract, method, "raised an interrupt while no signal came", who)
     return answer
 
 

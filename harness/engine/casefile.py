@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple, Union
 
-from kvfence.contract import Contract, Launch
+from kvfence.contract import Launch
 from kvfence.engine import kernels, registry
 from kvfence.engine import launch as launches
 from kvfence.engine.findings import Finding, Kind
@@ -206,12 +206,6 @@ def write_case(case: Launch[Any], findings: List[Finding], *, out_dir: Union[str
     return path
 
 
-def sizing_is_plugin(record: Contract[Any], spec: str) -> bool:
-    """A sizing spec naming user code (not one of the contract's named policies nor a release's shipped sizing),
-    which a case file never makes kvfence import: ``repro`` asks for it again."""
-    return not launches.named(record, spec) and launches.is_plugin_spec(spec)
-
-
 def legacy_contract(data: dict[str, Any]) -> str:
     """The contract of a record written before case files and summaries named one (every such record is the draft
     kernel's): the one of kvfence's own contracts whose ``from_json`` reads its case (``BadInput`` unless exactly
@@ -242,7 +236,7 @@ def repro_command(path: Union[str, Path], kernel: str, sizing: str, contract: st
     words = ["python", "-m", "kvfence", "repro", str(path)]
     if kernels.is_plugin(kernel):
         words += ["--kernel", kernel]
-    if sizing_is_plugin(record, sizing):
+    if kernels.sizing_is_plugin(record, sizing):
         words += ["--sizing", sizing]
     return shlex.join(words)
 

@@ -51,9 +51,16 @@ def release_source(spec: str) -> Optional[str]:
     return match.group(1) if match else None
 
 
-def is_plugin(spec: str) -> bool:
-    """A ``module:attr`` / ``file.py:attr`` spec: user code, which a case file never makes kvfence import."""
-    return ":" in spec and not (spec.startswith("mutant:") or release_source(spec))
+def is_plugin(spec: object) -> bool:
+    """A ``module:attr`` / ``file.py:attr`` spec (a kernel's or a sizing's): user code, which a case file never
+    makes kvfence import. The one test of it: every command asks here."""
+    return isinstance(spec, str) and ":" in spec and not (spec.startswith("mutant:") or release_source(spec))
+
+
+def sizing_is_plugin(record: Contract[Any], spec: str) -> bool:
+    """A sizing spec naming user code (not one of ``record``'s named sizings nor a release's shipped sizing,
+    ``SOURCE==VERSION:...``), which a case file never makes kvfence import: ``repro`` asks for it again."""
+    return is_plugin(spec) and spec not in list(record.sizings)
 
 
 def check_spec(spec: object, what: str = "kernel", record: Optional[Contract[Any]] = None) -> None:
@@ -220,6 +227,20 @@ def patched_release(record: Contract[Any], spec: str, project: str) -> Tuple[Pat
                           f"{project}-{version}-{record.name}-{name}.py"), function
 
 
+def mutant_kernel_spec(owner: str, mutant: Mutant, reference: str) -> str:
+    """The kernel spec of contract ``owner``'s planted bug ``mutant``: its own kernel spec, or ``file.py:attr`` of
+    the file of ``reference`` (``module:attr``, the contract's reference kernel) with the mutant's patch applied
+    (``patched_kernel``); ``BadInput`` for a sizing mutant."""
+    if mutant.kernel:
+        return mutant.kernel
+    require(bool(mutant.patch), f"mutant {mutant.name} of {owner} is a sizing mutant: run the reference "
+                                f"kernel with --sizing {mutant.sizing}")
+    path = module_file(reference)
+    patched = patched_kernel(mutant.name, [list(p) for p in mutant.patch], path,
+                             f"{path.stem}-{owner}-{mutant.name}.py")
+    return f"{patched}:{reference.rpartition(':')[2]}"
+
+
 def mutant_of(record: Contract[Any], name: str) -> Mutant:
     """The record's planted bug ``name`` (``BadInput`` naming the known ones otherwise)."""
     known = {m.name: m for m in record.mutants}
@@ -261,21 +282,13 @@ def resolve(record: Contract[Any], spec: str) -> Any:
 
 
 def _resolve(record: Contract[Any], spec: str) -> Any:
-
     check_spec(spec, record=record)
     named = references(record)
     if spec in named:
         return load_attr(named[spec], "kernel")
     if spec.startswith("mutant:"):
         mutant = mutant_of(record, spec.split(":", 1)[1])
-        if mutant.kernel:
-            return _resolve(record, mutant.kernel)
-        require(bool(mutant.patch), f"mutant {mutant.name} of {record.name} is a sizing mutant: run the reference "
-                                    f"kernel with --sizing {mutant.sizing}")
-        reference = module_file(reference_spec(record))
-        path = patched_kernel(mutant.name, [list(p) for p in mutant.patch], reference,
-                              f"{reference.stem}-{record.name}-{mutant.name}.py")
-        return load_attr(f"{path}:{reference_spec(record).rpartition(':')[2]}", "kernel")
+        return _resolve(record, mutant_kernel_spec(record.name, mutant, reference_spec(record)))
     if release_source(spec):
         path, function = release_kernel_file(record, spec)
         return load_attr(f"{path}:{function}", "kernel")

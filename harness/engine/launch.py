@@ -15,23 +15,13 @@ import json
 from typing import Any, Dict, List, Optional
 
 from kvfence.contract import LAYOUTS, MODES, Contract, Keys, Launch, Sizing
+from kvfence.engine.kernels import is_plugin, release_source
 from kvfence.errors import BadInput, printable, require
 
 #: Widest row kvfence allocates (elements): a sizing answering more is refused in one line.
 MAX_WIDTH = 1 << 30
 #: The record's fields beside ``case`` (the launch's settings).
 SETTINGS = ("width", "sizing", "kernel", "mode", "layout")
-
-
-def is_release_sizing(spec: str) -> bool:
-    """A release's shipped sizing (``sglang==V:...``): its width is the release's formula at the case, recorded
-    with the launch, not a policy kvfence can call."""
-    return isinstance(spec, str) and "==" in spec.split(":", 1)[0]
-
-
-def is_plugin_spec(spec: str) -> bool:
-    """A spec naming user code: ``module:attr`` or ``path.py:attr``."""
-    return isinstance(spec, str) and ":" in spec and not is_release_sizing(spec)
 
 
 def sizing_policy(found: Contract[Any], spec: str) -> Sizing[Any]:
@@ -104,7 +94,8 @@ def from_record(record: Contract[Any], data: object) -> Launch[Any]:
     require(mode in MODES, "case: mode must be graph or eager")
     require(layout in LAYOUTS, "case: layout must be redzone or production")
     width = data.get("width")
-    require(named(record, data["sizing"]) or is_release_sizing(data["sizing"]) or is_plugin_spec(data["sizing"]),
+    # A release's shipped sizing (``sglang==V:...``) or a plug-in's: its width is recorded with the launch.
+    require(named(record, data["sizing"]) or release_source(data["sizing"]) or is_plugin(data["sizing"]),
             f"case: unknown sizing '{printable(data['sizing'], 80)}' of contract {record.name}: choose from "
             f"{', '.join(record.sizings)}, a release's (sglang==V:...) or a plug-in (module:attr)")
     if not named(record, data["sizing"]):

@@ -41,12 +41,14 @@ def check_plugins(contract: Union[str, Contract[Any]], specs: Dict[str, Optional
     checked by the engine against its ABI, a sizing through the contract's ``sizings``); ``BadInput`` if an import
     does anything but return or raise."""
     from kvfence.engine import registry
-    from kvfence.engine.kernels import is_plugin
-    from kvfence.engine.launch import is_release_sizing, named
+    from kvfence.engine.kernels import is_plugin, release_source, sizing_is_plugin
+    from kvfence.engine.launch import sizing_policy
 
     record = registry.get(contract) if isinstance(contract, str) else contract
-    plugin = {"kernel": lambda s: is_plugin(s),
-              "sizing": lambda s: not named(record, s) and not is_release_sizing(s)}
+    sizing = specs.get("sizing")
+    if sizing and not (release_source(sizing) or is_plugin(sizing)):
+        sizing_policy(record, sizing)  # a name the contract does not know: one line now, before anything starts
+    plugin = {"kernel": lambda s: is_plugin(s), "sizing": lambda s: sizing_is_plugin(record, s)}
     todo = {what: spec for what, spec in specs.items() if spec and plugin[what](spec)}
     if not todo:
         return

@@ -61,6 +61,18 @@ def check_named(name: str, *, examples: int, seed: int, pins: Optional[dict[str,
     return answer
 
 
+def sizing_widths(contract: str, sizing: str, examples: int, seed: int) -> List[int]:
+    """The widths the sizing ``sizing`` gives ``examples`` drawn cases of ``contract`` in each mode, computed in this
+    process: the pytest plugin asks a sizing plug-in here, behind the boundary (``boundary_parent.call``), before
+    its test process calls it (one that exits, hangs or raises is a usage error naming it)."""
+    from kvfence.contract import MODES
+    from kvfence.engine import registry
+    from kvfence.engine.launch import width_of
+
+    record = registry.get(contract)
+    return [width_of(record, case, sizing, mode) for case in drawn(record, examples, seed, {}) for mode in MODES]
+
+
 def drawn(record: Contract[Any], examples: int, seed: int, pins: dict[str, Any]) -> list[Any]:
     """``examples`` cases of the record's CPU domain with ``pins`` (Hypothesis's generate phase, seeded)."""
     from hypothesis import HealthCheck, Phase, given, settings

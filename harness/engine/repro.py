@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from kvfence.contract import Contract, Launch
 from kvfence.engine import launch as launches
 from kvfence.engine import registry
-from kvfence.engine.casefile import CaseFile, load_case, sizing_is_plugin
+from kvfence.engine.casefile import CaseFile, load_case
 from kvfence.engine.findings import SEEN_BY_AUDIT, Finding, Kind, programs_text
-from kvfence.engine.kernels import is_plugin
+from kvfence.engine.kernels import is_plugin, sizing_is_plugin
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 
 if TYPE_CHECKING:  # annotations only: tables import torch

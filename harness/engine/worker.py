@@ -33,9 +33,6 @@ from kvfence.engine.triton_warmup import TritonWarmup
 from kvfence.engine.triton_warmup import wanted as triton_warmup_wanted
 from kvfence.errors import BadInput
 
-#: Set in every process where a plug-in's death is already the case's finding (a worker, a sizing child):
-#: there, plug-in code is called directly instead of in a child of its own.
-IN_WORKER_ENV = "KVFENCE_SIZING_IN_PROCESS"
 
 def _cuda_context_alive() -> bool:
     """After a launch error on CUDA: can the context still run a kernel? (A fault makes it sticky.)"""
@@ -234,7 +231,6 @@ class ProgressCounter:
 def main(argv: Optional[List[str]] = None) -> None:
     """``python -m kvfence.engine.worker SOCKET_FD PROGRESS_FD OPTIONS_JSON``: started by ``RemoteSession``."""
     argv = sys.argv[1:] if argv is None else argv
-    os.environ[IN_WORKER_ENV] = "1"  # a sizing plug-in that ends this process is this case's CRASH already
     convert_exits(False)  # a contract's exit or interrupt here is judged by the supervisor (module docstring)
     conn = Connection(int(argv[0]))
     progress = ProgressCounter(os.fdopen(int(argv[1]), "r+b"))

@@ -454,10 +454,6 @@ def _find_kernel_module(version: str, wheel: Path) -> Tuple[str, str]:
 
 
 # -- resolving a --kernel spec ------------------------------------------------------------------------
-def is_spec(spec: str) -> bool:
-    return isinstance(spec, str) and spec.startswith(SPEC_PREFIX)
-
-
 def parse_spec(spec: str) -> Tuple[str, str]:
     """``sglang==VERSION[:attr]`` -> ``(version, attr)``."""
     version, _, attr = spec[len(SPEC_PREFIX):].partition(":")

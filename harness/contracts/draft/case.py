@@ -283,7 +283,7 @@ class Config:
         return widths[n]
 
     def _policy_width(self, n: int) -> int:
-        from kvfence.contracts.draft.targets import resolve_sizing  # late: plug-in policies resolve on first use
+        from kvfence.contracts.draft.sizing import resolve_sizing  # late: plug-in policies resolve on first use
 
         policy = resolve_sizing(self.sizing)
         # A shipped sizing (kvfence.contracts.draft.shipped_wheel) reads a different site per mode.

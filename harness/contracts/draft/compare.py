@@ -430,7 +430,7 @@ def _dropping_wild_stores(target):
 def run(device: str, *, max_examples: int = DEFAULT_EXAMPLES, seed: int = 0, names: Optional[List[str]] = None,
         max_bytes: Optional[int] = None, progress: Optional[Callable[[Comparison, Row], None]] = None) -> Comparison:
     """Every target's cases through both paths; ``progress`` is called after each target."""
-    from kvfence.contracts.draft.targets import resolve_sizing
+    from kvfence.contracts.draft.sizing import resolve_sizing
     from kvfence.errors import require
 
     require(max_examples >= 1, f"max_examples must be positive, got {max_examples}")

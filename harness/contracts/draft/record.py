@@ -30,14 +30,15 @@ from kvfence.contracts.draft.options import OPTIONS
 from kvfence.contracts.draft.runner_buffers import runner_bytes
 from kvfence.contracts.draft.sizing import POLICIES
 from kvfence.contracts.draft.tokens import req_to_token_rows, v2p_table
+from kvfence.engine.kernels import is_plugin, release_source
 from kvfence.errors import require
 
 
 class DraftSizings(Mapping):
     """The draft's sizings: the builtin policies by name (``kvfence.contracts.draft.sizing``), and on lookup also a
-    release's shipped sizing (``sglang==V:BACKEND``) or a plug-in ``(n, topk, ctx, num_steps) -> width`` (run in a
-    child process: ``targets.resolve_sizing``). Each answers ``(case, mode) -> width`` as the engine asks: ``n`` is
-    ``max_bs`` in graph mode, the batch's requests in eager mode."""
+    release's shipped sizing (``sglang==V:BACKEND``) or a plug-in ``(n, topk, ctx, num_steps) -> width`` (each call
+    under the engine's boundary: ``sizing.resolve_sizing``). Each answers ``(case, mode) -> width`` as the engine
+    asks: ``n`` is ``max_bs`` in graph mode, the batch's requests in eager mode."""
 
     def __iter__(self):
         return iter(POLICIES)
@@ -46,10 +47,10 @@ class DraftSizings(Mapping):
         return len(POLICIES)
 
     def __contains__(self, spec) -> bool:
-        return isinstance(spec, str) and (spec in POLICIES or ":" in spec)
+        return isinstance(spec, str) and (spec in POLICIES or bool(release_source(spec)) or is_plugin(spec))
 
     def __getitem__(self, spec: str):
-        from kvfence.contracts.draft.targets import resolve_sizing
+        from kvfence.contracts.draft.sizing import resolve_sizing
 
         if not (isinstance(spec, str) and spec in self):
             raise KeyError(spec)
@@ -126,7 +127,7 @@ class DraftContract(Contract[DraftCase]):
         require(isinstance(kernel, str) and kernel, f"case.kernel must be a non-empty string, got {kernel!r}")
         # A plug-in sizing is not run to learn the width (a case file never makes kvfence import what it names):
         # 0 until the user names it again (``repro --sizing``, which computes it).
-        plugin = config.sizing not in POLICIES and "==" not in config.sizing.split(":", 1)[0]
+        plugin = is_plugin(config.sizing)
         return bind(self, case, config.sizing, kernel, config.mode, config.layout, 0 if plugin else None)
 
     # -- the plain path: tables, oracle, launch ---------------------------------------------------------

@@ -19,16 +19,14 @@ from kvfence.contracts.draft.shipped_wheel import (
     unread_note,
     validate_record,
 )
+from kvfence.engine.kernels import release_source
 from kvfence.errors import BadInput, require
 from kvfence.release import upstream
 
 
-def is_spec(spec: str) -> bool:
-    """``sglang==VERSION:BACKEND`` (a shipped sizing), as opposed to a builtin or plug-in sizing."""
-    return upstream.is_spec(spec)
-
-
 def parse_spec(spec: str) -> Tuple[str, str]:
+    require(release_source(spec) == "sglang", f"sizing {spec!r}: the draft's shipped sizings are SGLang's "
+                                               "(sglang==VERSION:BACKEND)")
     version, _, backend = spec[len(upstream.SPEC_PREFIX):].partition(":")
     upstream.check_version(version)
     require(backend, f"sizing {spec!r}: name the backend, sglang==VERSION:BACKEND "
@@ -123,7 +121,7 @@ def check_verdict(sizing: str, topk: int, num_steps: int, num_seqs: int, sum_seq
     """The host check of a shipped sizing on one launch: None when there is none or it admits a launch
     that fits; else ``(kind, detail)``: ``HOST_CHECK_FIRED`` (rejects an overflow: loud, as in
     production), ``HOST_CHECK_REJECTS_FIT`` or ``HOST_CHECK_ADMITS_OVERFLOW`` (the check's formula is wrong)."""
-    if not is_spec(sizing):
+    if release_source(sizing) is None:  # a builtin or plug-in sizing: no release's host check
         return None
     check = policy(sizing).host_check()
     if check is None:

@@ -1,30 +1,32 @@
-"""What is under test: kernels and sizing policies, by builtin name or plug-in spec.
+"""The draft's kernels under test, by builtin name or spec, resolved through ``kvfence.engine.kernels``.
 
-A spec is a builtin name (``reference``, ``reference-blocked``; ``eager``, ``fixed``, ``prefix``, ``safe``),
-``package.module:attr``, ``path/to/file.py:attr`` or, for kernels, ``sglang==VERSION[:attr]`` (SGLang's own
-kernel from its wheel, kvfence.release.upstream). A kernel attr is either a ``@triton.jit`` function
-with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword arguments of ``LAUNCH_KWARGS``.
-A sizing attr is a callable ``(n, topk, ctx, num_steps) -> width``. Anything else is ``BadInput``.
+A spec is a builtin name (``reference``, ``reference-blocked``), ``mutant:NAME`` (the engine's
+``mutant_kernel_spec``), ``package.module:attr``, ``path/to/file.py:attr`` (loaded by the engine's ``load_attr``) or
+``sglang==VERSION[:attr]`` (SGLang's own kernel from its wheel, kvfence.release.upstream). A kernel attr is either a
+``@triton.jit`` function with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword
+arguments of ``LAUNCH_KWARGS``. What is the draft's own here: the ABI launcher (``abi_launcher``,
+``family_constexprs``), the §6 ``Capabilities`` a kernel declares, and the launchers of the releases' older ABIs.
+Anything else is ``BadInput``. Sizing specs resolve in ``kvfence.contracts.draft.sizing``.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-import json
-import operator
-import os
-import select
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 
+from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, mutants, reference_spec
 from kvfence.device import ensure
-from kvfence.engine.worker import IN_WORKER_ENV
+from kvfence.engine.kernels import (
+    is_triton_kernel,
+    load_attr,
+    load_file,
+    mutant_kernel_spec,
+    release_source,
+    unwrap,
+)
 from kvfence.errors import BadInput, require
+from kvfence.release import upstream
 
 #: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
 LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
@@ -139,58 +141,35 @@ def abi_launcher(draft=None, rail=None, token_blocks_for_batch: bool = False):
 
 
 def mutant_spec(spec: str) -> str:
-    """``mutant:NAME``: the ``file.py:attr`` spec of the planted bug's kernel (``kvfence.contracts.draft.mutants``:
-    the draft kernel's or the rail's reference file with the mutant's patch applied, written to a scratch folder);
-    ``BadInput`` for an unknown name or a sizing mutant."""
-    from kvfence.contracts.draft.mutants import mutants, reference_spec
-    from kvfence.engine.kernels import module_file, patched_kernel
-
+    """``mutant:NAME``: the ``file.py:attr`` spec of the planted bug's kernel (``kvfence.engine.kernels``'s
+    ``mutant_kernel_spec`` on the draft's or the rail's planted bugs, ``kvfence.contracts.draft.mutants``: this
+    resolver is not told which contract runs it); ``BadInput`` for an unknown name or a sizing mutant."""
     name = spec.split(":", 1)[1]
-    for contract in ("draft", "window-rail"):
+    for contract in REFERENCE_KERNELS:
         mutant = next((m for m in mutants(contract) if m.name == name), None)
-        if mutant is None:
-            continue
-        require(bool(mutant.patch), f"mutant {name} is a sizing mutant: run the reference kernel with --sizing "
-                                    f"{mutant.sizing}")
-        path = patched_kernel(name, [list(p) for p in mutant.patch], module_file(reference_spec(contract)),
-                              f"{name}.py")
-        return f"{path}:{reference_spec(contract).rpartition(':')[2]}"
-    known = [m.name for m in mutants("draft") + mutants("window-rail") if m.patch]
+        if mutant is not None:
+            return mutant_kernel_spec(contract, mutant, reference_spec(contract))
+    known = [m.name for contract in REFERENCE_KERNELS for m in mutants(contract) if m.patch]
     raise BadInput(f"unknown mutant {name!r} of the draft kernel: choose from {', '.join(known)}")
-
-
-def _load_attr(spec: str, what: str):
-    from kvfence.engine.kernels import load_attr
-
-    return load_attr(spec, what)
-
-
-def _load_file(path: Path):
-    from kvfence.engine.kernels import load_file
-
-    return load_file(path)
-
-
-def _is_triton_kernel(obj) -> bool:
-    from kvfence.engine.kernels import is_triton_kernel
-
-    return is_triton_kernel(obj)
-
-
-def _unwrap(kernel):
-    from kvfence.engine.kernels import unwrap
-
-    return unwrap(kernel)
 
 
 #: The window rail's required parameter after the classic 13 (docs/contract.md §6).
 RAIL_WINDOW = "window"
 
 
+def _sglang_release(spec: str) -> bool:
+    """A release spec (``kvfence.engine.kernels.release_source``): the draft kernel's are SGLang's, extracted from
+    its wheels by ``kvfence.release.upstream`` (``BadInput`` for another project's)."""
+    source = release_source(spec)
+    require(source in (None, "sglang"), f"kernel {spec!r}: the draft kernel's releases are SGLang's "
+                                        f"(sglang==VERSION[:attr]), not {source}'s")
+    return source is not None
+
+
 def _check_classic_signature(spec: str, kernel) -> Capabilities:
     """13 positional parameters without a default (docs/contract.md §2), or 14 ending in ``window`` (the
     window rail, §6); any other must have one or be supplied. Returns what the kernel can be given."""
-    _, fn, supplied = _unwrap(kernel)
+    _, fn, supplied = unwrap(kernel)
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -211,7 +190,7 @@ def _for_device(kernel, device: str):
     from triton.runtime.interpreter import InterpretedFunction
 
     ensure(device)
-    interpreted = isinstance(_unwrap(kernel)[0], InterpretedFunction)
+    interpreted = isinstance(unwrap(kernel)[0], InterpretedFunction)
     require(interpreted == (device == "cpu"),
             f"kernel was {'interpreted' if interpreted else 'compiled'} but device is {device}: "
             "choose the device before importing the kernel")
@@ -230,11 +209,9 @@ def kernel_capabilities(spec: str) -> Capabilities:
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
         return REFERENCE_CAPABILITIES
-    from kvfence.release import upstream
-
-    if upstream.is_spec(spec):
+    if _sglang_release(spec):
         return _upstream_capabilities(upstream.resolve(spec)[2])
-    if _is_triton_kernel(obj):
+    if is_triton_kernel(obj):
         return _check_classic_signature(spec, obj)
     return Capabilities()
 
@@ -248,13 +225,11 @@ def check_kernel_spec(spec: str):
         return None
     if spec.startswith("mutant:"):
         spec = mutant_spec(spec)
-    from kvfence.release import upstream
-
-    if upstream.is_spec(spec):
+    if _sglang_release(spec):
         upstream.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
         return None
-    obj = _load_attr(spec, "kernel")
-    if _is_triton_kernel(obj):
+    obj = load_attr(spec, "kernel")
+    if is_triton_kernel(obj):
         _check_classic_signature(spec, obj)
         return obj
     require(callable(obj), f"kernel {spec!r} is neither a @triton.jit function nor a launcher callable")
@@ -273,17 +248,12 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
         return KernelTarget(spec, target.launch, target.request_axis, target.capabilities)
     obj = check_kernel_spec(spec)
     if spec in BUILTIN_KERNELS:
-        from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indices
-        from kvfence.kernels.draft.window_kv_indices import generate_draft_decode_window_kv_indices
-
-        launch = abi_launcher(_for_device(generate_draft_decode_kv_indices, device),
-                              _for_device(generate_draft_decode_window_kv_indices, device), spec == "reference-blocked")
+        draft, rail = (_for_device(load_attr(reference_spec(c), "kernel"), device) for c in ("draft", "window-rail"))
+        launch = abi_launcher(draft, rail, spec == "reference-blocked")
         return KernelTarget(spec, launch, capabilities=REFERENCE_CAPABILITIES)
-    from kvfence.release import upstream
-
-    if upstream.is_spec(spec):
+    if _sglang_release(spec):
         return _upstream_kernel(spec, device)
-    if _is_triton_kernel(obj):
+    if is_triton_kernel(obj):
         caps = _check_classic_signature(spec, obj)
         kernel = _for_device(obj, device)
         rail = caps.contracts == ("window-rail",)
@@ -292,39 +262,11 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
     return KernelTarget(spec, obj, request_axis=None)
 
 
-def is_plugin(spec: str) -> bool:
-    """A ``module:attr`` / ``file.py:attr`` spec (user code), as opposed to a builtin name or an SGLang
-    release (``sglang==VERSION``: extracted and vetted by ``kvfence.release.upstream``, never imported as is)."""
-    from kvfence.contracts.draft.sizing import POLICIES
-    from kvfence.release.upstream import is_spec as is_upstream_spec
-
-    return spec not in BUILTIN_KERNELS and spec not in POLICIES and not is_upstream_spec(spec)
-
-
-def check_spec(spec: str, what: str) -> None:
-    """``BadInput`` unless ``spec`` is a builtin ``what`` (kernel or sizing) or looks like a plug-in spec.
-
-    Imports nothing: for specs read from a case file, which are data until the user vouches for them.
-    """
-    from kvfence.contracts.draft.sizing import POLICIES
-    from kvfence.release.upstream import is_spec as is_upstream_spec
-
-    builtins = BUILTIN_KERNELS if what == "kernel" else tuple(POLICIES)
-    if spec in builtins or is_upstream_spec(spec):  # a sizing sglang==VERSION:BACKEND is data too
-        return
-    where, _, attr = spec.rpartition(":")
-    require(bool(where and attr),
-            f"unknown {what} {spec!r}: expected {', '.join(builtins)}, module:attr or file.py:attr"
-            + (" or sglang==VERSION" if what == "kernel" else ""))
-
-
 def _upstream_kernel(spec: str, device: str) -> KernelTarget:
     """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (kvfence.release.upstream), fetched if
     allowed."""
-    from kvfence.release import upstream
-
     entry, attr, abi = upstream.resolve(spec)
-    kernel = getattr(_load_file(entry.module_path), attr)
+    kernel = getattr(load_file(entry.module_path), attr)
     return KernelTarget(spec, _upstream_launcher(_for_device(kernel, device), abi),
                         capabilities=_upstream_capabilities(abi))
 
@@ -359,165 +301,3 @@ def _upstream_launcher(kernel, abi):
         kernel[(num_steps, num_seqs, topk)](*(values[p] for p in abi.required))
 
     return launch_by_name
-
-
-#: The window parameters a sizing policy may take as keywords (docs/contract.md §3, §6).
-WINDOW_KWARGS = ("window_size", "sink_size")
-
-
-def _window_kwargs_of(fn) -> Tuple[str, ...]:
-    """Which ``WINDOW_KWARGS`` a policy accepts: a 4-argument plug-in gets none of them."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return ()
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return WINDOW_KWARGS
-    return tuple(name for name in WINDOW_KWARGS if name in params)
-
-
-# -- a sizing plug-in's callable runs in a child of its own -----------------------------------------------
-# ``--sizing file.py:attr`` (and ``check_kernel(sizing=...)``, ``--kvfence-sizing``) is user code the
-# strategies call for every config they draw. Called in the fuzzing process (or the user's pytest), an
-# ``os._exit(0)`` there would end the run with exit 0 and no output: a silent pass in CI. So, outside the
-# processes where a plug-in's death is already handled (the checking worker, where it is the case's
-# ``CRASH``, and the child itself), ``resolve_sizing`` returns an ``IsolatedSizing``: each distinct call goes
-# to one child process (``kvfence.contracts.draft.sizing_child``) over a pipe, as plain JSON; a child that exits, dies
-# of a signal or does not answer within ``CALL_TIMEOUT_S`` is ``BadInput`` naming the call.
-
-#: Seconds one call of a sizing plug-in may take (a width is arithmetic: this is a hang, not slowness).
-CALL_TIMEOUT_S = 30.0
-#: Set (to "1") in the processes that call a sizing plug-in themselves: the checking worker and the child.
-
-
-def _ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"died of {signal.Signals(-code).name}"
-        except ValueError:
-            return f"died of signal {-code}"
-    return f"ended its process (exit code {code})"
-
-
-class IsolatedSizing:
-    """``(n, topk, ctx, num_steps, **window) -> width`` of the plug-in ``spec``, computed in a child process
-    started on the first call and kept for the next; answers are kept per distinct call."""
-
-    def __init__(self, spec: str, timeout_s: float = CALL_TIMEOUT_S):
-        self.spec, self.timeout_s = spec, timeout_s
-        # The child resolves the file this process resolved (an absolute path: a later call may come from
-        # another folder, the one this spec was given in may be gone); its messages name the spec as given.
-        where, _, attr = spec.rpartition(":")
-        self._child_spec = f"{Path(where).resolve()}:{attr}" if where.endswith(".py") else spec
-        self._proc: Optional[subprocess.Popen] = None
-        self._answers: Dict[Tuple, int] = {}
-
-    def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, **{IN_WORKER_ENV: "1"})
-        return subprocess.Popen([sys.executable, "-m", "kvfence.contracts.draft.sizing_child", self._child_spec,
-                                 str(os.getpid()), self.spec],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=env, text=True, bufsize=1)
-
-    def _fail(self, call: str, what: str) -> BadInput:
-        self.close()
-        return BadInput(f"sizing {self.spec!r} {what} when called for {call} (a sizing must return a row width)")
-
-    def __call__(self, n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
-        key = (n, topk, ctx, num_steps, tuple(sorted(window.items())))
-        if key in self._answers:
-            return self._answers[key]
-        call = f"n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}"
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = self._start()
-        proc = self._proc
-        assert proc.stdin is not None and proc.stdout is not None  # _start opens both pipes
-        try:
-            proc.stdin.write(json.dumps([n, topk, ctx, num_steps, window]) + "\n")
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._fail(call, _ended(proc.wait())) from None
-        ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
-        if not ready:
-            raise self._fail(call, f"did not return within {self.timeout_s:g}s")
-        line = proc.stdout.readline()
-        if not line:
-            raise self._fail(call, _ended(proc.wait()))
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            raise self._fail(call, "answered something other than a width") from None
-        if "bad_input" in answer:
-            raise BadInput(str(answer["bad_input"]))
-        width = answer.get("width")
-        if type(width) is not int:
-            raise self._fail(call, "answered something other than a width")
-        self._answers[key] = width
-        return width
-
-    def close(self) -> None:
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.kill()
-            self._proc.wait()
-            for stream in (self._proc.stdin, self._proc.stdout):
-                try:
-                    if stream is not None:
-                        stream.close()
-                except OSError:
-                    pass
-            self._proc = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
-@functools.lru_cache(maxsize=None)
-def resolve_sizing(spec: str) -> Callable[..., int]:
-    """Resolve a sizing spec to ``(n, topk, ctx, num_steps, *, window_size=0, sink_size=0) -> width``.
-
-    The window parameters reach only policies that declare them (or ``**kwargs``): a 4-argument
-    plug-in keeps working unchanged."""
-    from kvfence.contracts.draft.sizing import POLICIES
-
-    require(isinstance(spec, str) and spec, "sizing spec must be a non-empty string")
-    if spec in POLICIES:
-        builtin = POLICIES[spec]
-        accepted = _window_kwargs_of(builtin)
-
-        @functools.wraps(builtin)
-        def builtin_policy(n, topk, ctx, num_steps, **window):
-            return builtin(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
-
-        return builtin_policy
-    from kvfence.contracts.draft import shipped_sizing
-
-    if shipped_sizing.is_spec(spec):  # sglang==VERSION:BACKEND: read from the release's cache entry, never run
-        return shipped_sizing.policy(spec)
-    require(":" in spec, f"unknown sizing {spec!r}: choose {', '.join(POLICIES)} or module:attr / file.py:attr")
-    obj = _load_attr(spec, "sizing")
-    require(callable(obj), f"sizing {spec!r} is not callable")
-    try:
-        inspect.signature(obj).bind(1, 1, 1, 1)
-    except (TypeError, ValueError):
-        raise BadInput(f"sizing {spec!r} must take (n, topk, ctx, num_steps)") from None
-
-    accepted = _window_kwargs_of(obj)
-    if os.environ.get(IN_WORKER_ENV) != "1":  # user code runs in a child: its exit or hang cannot end this one
-        return functools.update_wrapper(IsolatedSizing(spec), obj)
-
-    @functools.wraps(obj)
-    def policy(n: int, topk: int, ctx: int, num_steps: int, **window) -> int:
-        # User code: an exception or a non-integer width is bad input (one line), not a traceback.
-        try:
-            width = obj(n, topk, ctx, num_steps, **{k: v for k, v in window.items() if k in accepted})
-            require(not isinstance(width, bool), f"returned a bool ({width!r}), not a row width")
-            return operator.index(width)
-        except (Exception, SystemExit) as exc:  # SystemExit: a plug-in's sys.exit() is no silent exit 0
-            raise BadInput(f"sizing {spec!r} failed for n={n}, topk={topk}, ctx={ctx}, num_steps={num_steps}: "
-                           f"{type(exc).__name__}: {exc}") from None
-
-    return policy
