@@ -12,9 +12,9 @@ What is reported (as ``Finding``s of ``kvfence.engine.findings``), per registere
 
 * ``OOB_WRITE``: a store or atomic lane outside every registered allocation. The lane is **dropped**
   (masked off, or for ``atomic_cas`` redirected to a scratch word) so host memory is never corrupted.
-  A store into our own allocation is performed and not reported here: a store into a guard of a
-  ``GuardedBuffer`` is the canary check's ``GUARD_OVERWRITE``, a store into an input is the verdict's
-  ``STRAY_WRITE`` (changed input).
+  A store into our own allocation is performed and not reported here: a store into a guard of a guarded table
+  (``kvfence.engine.tables.Guarded``) is the canary check's ``GUARD_OVERWRITE``, a store into an input is the
+  verdict's ``STRAY_WRITE`` (changed input).
 * ``OOB_READ``: a load lane outside the *extent the kernel was handed*: outside every registered
   tensor view (a guard of kv_indices/kv_indptr counts as outside: reading it is reading past a row; so
   does the part of a static graph-runner input past the bucket's slice), and, for an input whose contract
@@ -151,27 +151,6 @@ class Audit:
     # -- registration ------------------------------------------------------------------------------
     def _covered(self, base: int) -> bool:
         return any(a.base <= base < a.end for a in self.allocations)
-
-    def register_guarded(self, buf: Any) -> None:  # a draft GuardedBuffer (storage, view, rows, ...)
-        """A ``GuardedBuffer``: the whole storage is ours; only its rows are readable."""
-        base, nbytes = _storage_range(buf.storage)
-        es = buf.storage.element_size()
-        view0 = buf.view.data_ptr()
-        readable = [(view0 + r * buf.stride * es, view0 + (r * buf.stride + buf.width) * es) for r in range(buf.rows)]
-
-        def region(flat: int) -> Tuple[str, int]:
-            if flat < 0:
-                return "before the allocation", flat
-            if flat >= buf.length:
-                return "past the allocation", flat - buf.length
-            r = buf.region_of(flat)
-            return r.name, r.offset
-
-        def coords(flat: int) -> str:
-            row, col = divmod(flat - buf.front, buf.stride)
-            return f"= {buf.name}[{row}, {col}] of the ({buf.rows}, {buf.width}) view, row stride {buf.stride}"
-
-        self._add(Allocation(buf.name, base, nbytes, es, readable, region, coords))
 
     def register_table(self, g: Guarded) -> None:
         """A table of ``kvfence.engine.tables`` (``Guarded``): the flat tensor is ours; only its rows are
@@ -550,7 +529,7 @@ class Audit:
         return out
 
 
-def for_launch(kernel_kwargs: Dict[str, Any], guarded: Sequence[Any], *,
+def for_launch(kernel_kwargs: Dict[str, Any], guarded: Sequence[Guarded], *,
                row_owners: Optional[Mapping[str, Tuple[int, Tuple[int, ...]]]] = None) -> Audit:
     """The audit of one harness launch: guarded outputs by region, tensor inputs by the views passed.
 
@@ -560,7 +539,7 @@ def for_launch(kernel_kwargs: Dict[str, Any], guarded: Sequence[Any], *,
     """
     audit = Audit()
     for buf in guarded:
-        audit.register_guarded(buf)
+        audit.register_table(buf)
     views = [buf.view for buf in guarded]  # by identity: the window rail's buffers have their own names
     owners = row_owners or {}
     for name, value in kernel_kwargs.items():

@@ -3,8 +3,9 @@
 ``verdict(record, launch, buffers, before, after)`` walks each table's flat tensor once (plain Python, the
 specification; docs/contract.md §9, "Verdict"):
 
-* an element of a row that the oracle defines: equal (clean), still ``POISON`` (``MISSING_WRITE``) or another
-  value (``VALUE_MISMATCH``);
+* an element of a row that the oracle defines: equal (clean), unchanged (``MISSING_WRITE``: still ``POISON`` in a
+  fresh table, or what an earlier launch left in a table kept between launches) or another value
+  (``VALUE_MISMATCH``);
 * an element of a row the oracle does not define that changed: ``STRAY_WRITE``;
 * a guard or tail element that changed: ``GUARD_OVERWRITE`` (a write past a row; the sample's expected value is
   the canary, and when the oracle asks for an entry the row cannot hold there, its program is named);
@@ -102,6 +103,31 @@ def expected_flat(g: Guarded, before: torch.Tensor, after: torch.Tensor,
     return want
 
 
+def with_spills(expected: Expected, buffers: Dict[str, Guarded]) -> Expected:
+    """``expected`` with every row element of an output laid out without guards between its rows (the
+    ``production`` layout) that a store past another row also lands on accepting either value: the two stores
+    race, and which lands last is up to the device. A spill landing where the oracle defines nothing (a guard,
+    the tail, an element no program owns) stays damage."""
+    out = dict(expected)
+    for name, cells in expected.items():
+        g = buffers.get(name)
+        width = g.table.width if g is not None else 0
+        if g is None or g.guard or g.table.role != "output" or not width:
+            continue
+        merged: Dict[Tuple[int, int], object] = {}
+        for (row, column), value in cells.items():
+            landed = (row + column // width, column % width)
+            if column >= width and landed in cells and landed[0] < g.rows:
+                have = merged.get(landed, cells[landed])
+                values = set(have) if isinstance(have, frozenset) else {have}
+                values.update(value if isinstance(value, frozenset) else (value,))
+                if len(values) > 1:
+                    merged[landed] = frozenset(values)
+        if merged:
+            out[name] = {**cells, **merged}
+    return out
+
+
 def clean(buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor], after: Dict[str, torch.Tensor],
           expected: Mapping[str, Mapping[Tuple[int, int], object]]) -> bool:
     """Whether ``verdict`` would find nothing, by whole-tensor comparisons (see the module docstring)."""
@@ -191,10 +217,10 @@ def _classify(record: Contract[Any], launch: Launch[Any], name: str, g: Guarded,
             value = wanted[(row, off)]
             if not matches(now, value):
                 exp = sample_value(value)
-                kind = (Kind.MISSING_WRITE if now == POISON else Kind.POISON_READ if poison_derived(now)
+                kind = (Kind.MISSING_WRITE if now == was else Kind.POISON_READ if poison_derived(now)
                         else Kind.VALUE_MISMATCH)
-        elif now != POISON:
-            kind, exp = (Kind.POISON_READ if poison_derived(now) else Kind.STRAY_WRITE), POISON
+        elif now != was:
+            kind, exp = (Kind.POISON_READ if poison_derived(now) else Kind.STRAY_WRITE), was
         owner = record.owner(launch, name, row, off) if kind else None
     elif now != was:
         kind, exp = Kind.GUARD_OVERWRITE, was  # expected: the canary that was there
@@ -210,8 +236,8 @@ def decode_canary(value: int, buffers: Dict[str, Guarded]) -> str:
 
     position = CANARY_BASE - value
     exact = []
-    for g in buffers.values():
-        if g.table.role == "output" and 0 <= position < len(g.flat):
+    for g in buffers.values():  # a seeded canary (``Guarded.canary_seed``) says nothing of its position
+        if g.table.role == "output" and g.canary_seed is None and 0 <= position < len(g.flat):
             region, row, off = g.locate(position)
             if region != "row":
                 exact.append(f"{g.table.name} {_region_name(region, row)} [{off}]")
