@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvfence.contracts.draft import compare
-from kvfence.contracts.draft.case import Batch, Case, Config, launch_of
+from kvfence.contracts.draft.case import Batch, Case, Config
+from kvfence.contracts.draft.launches import launch_of
 from kvfence.contracts.draft.record import DRAFT
 from kvfence.contracts.draft.session import Session, host_verdict
 from kvfence.engine.verdict import with_spills

@@ -176,7 +176,13 @@ class Audit:
             return (f"{name} {row}" if row is not None else name), offset
 
         def coords(flat: int) -> str:
-            name, row, offset = g.locate(flat) if 0 <= flat < len(g.flat) else ("", None, 0)
+            if not 0 <= flat < len(g.flat):  # past the allocation: where the view's row arithmetic put it
+                if not g.stride:
+                    return ""
+                past_row, column = divmod(flat - g.front, g.stride)
+                return (f"= {g.table.name}[{past_row}, {column}] of the ({g.rows}, {g.table.width}) view, row stride "
+                        f"{g.stride}")
+            name, row, offset = g.locate(flat)
             return f"= {g.table.name}[{row}, {offset}]" if name == "row" else ""
 
         self._add(Allocation(g.table.name, base, nbytes, es, readable, region, coords,

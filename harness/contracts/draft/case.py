@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
-from kvfence.contract import Launch
 from kvfence.contracts.draft import oracle
 from kvfence.contracts.draft.tokens import INT32_LIMIT, SLOT_BITS, req_to_token_rows, v2p_table
 from kvfence.errors import BadInput, require
@@ -597,12 +596,3 @@ class DraftCase:
         found.__dict__.update(config=case.config.unbound(), batch=case.batch, canary_seed=case.canary_seed,
                               _runtime={(case.config.sizing, case.config.mode, case.config.layout, case.kernel): case})
         return found
-
-
-def launch_of(case: Case) -> Launch:
-    """A runner's case (what ``strategies`` draws, with its config's sizing, mode and layout and its kernel) as
-    the engine's launch of its contract (``config.contract``: ``draft`` or ``window-rail``): what a checker, a
-    checking worker, a case file and a summary take."""
-    c = case.config
-    return Launch(c.contract, DraftCase.of(case), case.sizing_summary()["width"], c.sizing, case.kernel, c.mode,
-                  c.layout)

@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from typing import Dict, List
 
 from kvfence.contract import Contract, Keys, Launch, Table
-from kvfence.contracts.draft.case import Case, DraftCase, batch_from_dict, config_from_dict, launch_of  # noqa: F401
+from kvfence.contracts.draft.case import Case, DraftCase, batch_from_dict, config_from_dict
 from kvfence.contracts.draft.domain import boundary_classes
+from kvfence.contracts.draft.launches import launch_of  # noqa: F401 (where callers have always found it)
 from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, kernel_spec, mutants
 from kvfence.contracts.draft.options import OPTIONS
 from kvfence.contracts.draft.sizing import POLICIES

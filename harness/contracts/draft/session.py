@@ -16,8 +16,9 @@ from weakref import WeakKeyDictionary
 from kvfence.contract import Launch
 from kvfence.contracts.draft import shipped_sizing
 from kvfence.contracts.draft.budget import estimate_bytes
-from kvfence.contracts.draft.case import Case, Config, launch_of
+from kvfence.contracts.draft.case import Case, Config
 from kvfence.contracts.draft.device_verify import COUNTERS, DeviceVerifier
+from kvfence.contracts.draft.launches import launch_of
 from kvfence.contracts.draft.runner import GraphRunner, Observation, make_runner
 from kvfence.contracts.draft.targets import KernelTarget, resolve_kernel
 from kvfence.engine import registry
