@@ -116,8 +116,10 @@ def with_spills(expected: Expected, buffers: Dict[str, Guarded]) -> Expected:
             continue
         merged: Dict[Tuple[int, int], object] = {}
         for (row, column), value in cells.items():
+            if column < width:
+                continue
             landed = (row + column // width, column % width)
-            if column >= width and landed in cells and landed[0] < g.rows:
+            if landed in cells and landed[0] < g.rows:
                 have = merged.get(landed, cells[landed])
                 values = set(have) if isinstance(have, frozenset) else {have}
                 values.update(value if isinstance(value, frozenset) else (value,))
@@ -289,23 +291,25 @@ def attribute(record: Contract[Any], launch: Launch[Any], findings: List[Finding
         f.writers = writers[:8]
 
 
-def grid_names(record: Contract[Any], launch: Launch[Any], expected: Expected) -> Tuple[str, ...]:
-    """The names the contract gives its programs' coordinates (``Contract.owner`` returning a ``NamedTuple``),
-    read off the owner of an element the oracle defines (a few per table at most); () when it names none."""
+def grid_shape(record: Contract[Any], launch: Launch[Any], expected: Expected) -> Tuple[Tuple[str, ...], int]:
+    """The names the contract gives its programs' coordinates (``Contract.owner`` returning a ``NamedTuple``; ()
+    when it names none) and how many coordinates a program has (the owner's length), read off the owner of an
+    element the oracle defines (a few per table at most); ``((), 0)`` when no element has an owner."""
     for table, cells in expected.items():
         for row, column in list(cells)[:8]:
             who = record.owner(launch, table, row, column)
             if who is not None:
-                return tuple(getattr(who, "_fields", ()))
-    return ()
+                return tuple(getattr(who, "_fields", ())), len(tuple(who))
+    return (), 0
 
 
-def as_program(grid: Iterable[int], names: Tuple[str, ...], dims: Tuple[int, ...] = ()) -> Tuple[int, ...]:
-    """An interpreter program id ``(x, y, z)`` in its contract's shape: the axes its owner names when the others
-    are 0; else without the trailing axes the launch's grid does not have (``dims``: extent 1 there)."""
+def as_program(grid: Iterable[int], axes: int, dims: Tuple[int, ...] = ()) -> Tuple[int, ...]:
+    """An interpreter program id ``(x, y, z)`` in its contract's shape: the ``axes`` coordinates its owner has
+    when the others are 0; else without the trailing axes the launch's grid does not have (``dims``: extent 1
+    there)."""
     program = tuple(int(x) for x in grid)
-    if names and len(names) <= len(program) and not any(program[len(names):]):
-        return program[:len(names)]
+    if axes and axes <= len(program) and not any(program[axes:]):
+        return program[:axes]
     keep = len(program) if len(dims) == len(program) else 0
     while keep > 1 and dims[keep - 1] == 1 and program[keep - 1] == 0:
         keep -= 1
@@ -314,7 +318,7 @@ def as_program(grid: Iterable[int], names: Tuple[str, ...], dims: Tuple[int, ...
 
 def name_guard_writers(record: Contract[Any], launch: Launch[Any], findings: List[Finding], expected: Expected,
                        buffers: Dict[str, Guarded], stores: Optional[GuardStores] = None,
-                       names: Tuple[str, ...] = ()) -> None:
+                       names: Tuple[str, ...] = (), axes: int = 0) -> None:
     """Who wrote into an output's guard, on each ``GUARD_OVERWRITE``, said as known or as inferred: the programs
     the CPU address audit saw store there (``stores``: ``Audit.guard_stores``; seen, so they are its ``writers``),
     else the program the oracle gives the row's own entry past its width or, failing that, the owner of the last
@@ -327,8 +331,8 @@ def name_guard_writers(record: Contract[Any], launch: Launch[Any], findings: Lis
         seen: List[Tuple[int, ...]] = []
         for off in range(f.start, f.stop):
             hit = (stores or {}).get((f.buffer, f.region, off))
-            if hit is not None and as_program(hit[0], names, hit[1]) not in seen:
-                seen.append(as_program(hit[0], names, hit[1]))
+            if hit is not None and as_program(hit[0], axes, hit[1]) not in seen:
+                seen.append(as_program(hit[0], axes, hit[1]))
         if seen:
             f.writers, f.extra["writers"] = seen[:8], SEEN_BY_AUDIT
             more = f" and {len(seen) - 4} more" if len(seen) > 4 else ""
