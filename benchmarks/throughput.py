@@ -295,7 +295,7 @@ def large(device: str, naive: bool = True) -> dict:
     fused_us = triton.testing.do_bench(lambda: (verifier.cursor.zero_(), fused()), warmup=25, rep=200,
                                        return_mode="median") * 1e3
     # Where verification time goes: each verify kernel alone (direct launches, do_bench medians).
-    from kvfence.contracts.draft.guarded import POISON
+    from kvfence.engine.tables import POISON
 
     c, m, inputs = config, case.launch().num_seqs, runner.inputs
 

@@ -6,11 +6,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvfence.contract import Table
 from kvfence.contracts.draft.case import Batch, Case, Config
-from kvfence.contracts.draft.guarded import POISON, GuardedBuffer, canary_values
 from kvfence.contracts.draft.runner import slot_table
 from kvfence.contracts.draft.strategies import batches, cases, configs, seq_len_bound
 from kvfence.contracts.draft.tokens import slot_id
+from kvfence.engine.tables import POISON, allocate_laid_out, seeded_canaries
 from kvfence.errors import BadInput
 
 
@@ -51,28 +52,38 @@ def test_torch_slot_table_equals_the_plain_definition():
 
 
 def test_canaries_depend_on_position_and_seed():
-    a = canary_values(1, 1000, "cpu")
+    a = seeded_canaries(1, torch.arange(1000))
     assert int(a.max()) < POISON  # never a slot id, never poison
     assert not torch.equal(a[1:], a[:-1])  # a copy shifted by one is wrong everywhere
     assert (a[1:] != a[:-1]).all()
-    assert (canary_values(2, 1000, "cpu") != a).all()
+    assert (seeded_canaries(2, torch.arange(1000)) != a).all()
 
 
-def test_guarded_buffer_layout_and_regions():
-    buf = GuardedBuffer("kv_indices", 3, 10, row_guard=4, front=5, tail=6, device="cpu", canary_seed=0)
+def test_the_runners_laid_out_table_layout_regions_and_reset():
+    """The draft runner's outputs: engine tables in the runner's geometry, seeded canaries in every guard (and in
+    column 0 with ``column0_canary``), poisoned rows, and ``reset`` puts both back."""
+    buf = allocate_laid_out(Table("kv_indices", 10, 3), "cpu", guard=4, front=5, tail=6, canary_seed=0)
     assert buf.view.shape == (3, 10) and buf.view.stride() == (14, 1)
-    assert buf.length == 5 + 3 * 14 + 6
-    assert (buf.view == POISON).all() and buf.guards_intact()
-    assert buf.region_of(0).name == "front guard"
-    assert buf.region_of(buf.flat_index(1, 3), used=[10, 5, 10]).name == "row 1"
-    assert buf.region_of(buf.flat_index(1, 7), used=[10, 5, 10]).name == "slack of row 1"
-    r = buf.region_of(buf.flat_index(1, 11))
-    assert (r.name, r.offset, r.is_guard) == ("guard after row 1", 1, True)
-    assert buf.region_of(buf.length - 1).name == "tail"
-    buf.storage[0] = 7
-    assert not buf.guards_intact()
+    assert len(buf.flat) == 5 + 3 * 14 + 6 and buf.spacer is None
+    guards = torch.ones(len(buf.flat), dtype=torch.bool)
+    for row in range(3):
+        guards[buf.position(row, 0):buf.position(row, 10)] = False
+    fresh = buf.flat.clone()
+    assert (buf.view == POISON).all()
+    assert torch.equal(fresh[guards], seeded_canaries(0, torch.arange(len(fresh)))[guards])
+    assert buf.locate(0) == ("front guard", None, 0)
+    assert buf.locate(buf.position(1, 3)) == ("row", 1, 3)
+    assert buf.locate(buf.position(1, 11)) == ("guard after row", 1, 1)
+    assert buf.locate(len(buf.flat) - 1)[0] == "tail"
+    buf.flat[0] = 7
+    buf.view[1, 2] = 9
     buf.reset()
-    assert buf.guards_intact()
+    assert torch.equal(buf.flat, fresh)
+    indptr = allocate_laid_out(Table("kv_indptr", 4, 2), "cpu", guard=2, front=3, tail=3, canary_seed=5,
+                               column0_canary=True, spacer=True)
+    assert indptr.spacer is not None and len(indptr.spacer) == len(indptr.flat)
+    assert (indptr.view[:, 1:] == POISON).all()
+    assert torch.equal(indptr.view[:, 0], seeded_canaries(5, torch.tensor([3, 9])))
 
 
 @given(data=st.data())

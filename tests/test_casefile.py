@@ -127,3 +127,20 @@ def test_inside_hypothesis_only_the_shrunk_case_is_written_with_its_blob(tmp_pat
     assert loaded.case.case.batch.seq_lens == (2,) and loaded.case.case.batch.token_seed == 0
     assert loaded.extras["hypothesis"]["blob"].startswith("@reproduce_failure(")
     assert str(info.value).endswith(f"python -m kvfence repro {files[0]}")
+
+
+def test_a_case_file_naming_the_retired_indptr_kind_loads_as_a_value_mismatch(tmp_path):
+    """A draft case file written before the draft's verdict became the engine's names kv_indptr damage
+    ``INDPTR_MISMATCH``, a kind kvfence no longer has: it loads (its recorded finding read as ``VALUE_MISMATCH``,
+    ``casefile.RETIRED_KINDS``), while a kind that never existed is still one line naming it."""
+    case = prefix_case()
+    path = casefile.write_case(case, [], out_dir=tmp_path)
+    doc = json.loads(path.read_text())
+    doc["findings"] = [{"kind": "INDPTR_MISMATCH", "buffer": "kv_indptr", "region": "row 0", "start": 1, "stop": 2}]
+    path.write_text(json.dumps(doc))
+    (finding,) = casefile.load_case(path).findings
+    assert (finding.kind, finding.buffer, finding.region) == (Kind.VALUE_MISMATCH, "kv_indptr", "row 0")
+    doc["findings"][0]["kind"] = "INDPTR_WRONG"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BadInput, match="findings\\[0\\].kind must be one of .*got 'INDPTR_WRONG'"):
+        casefile.load_case(path)

@@ -1,18 +1,20 @@
 """Elements two programs store to in the production layout: a row overflow's spill landing on the next
 row's write set (docs/contract.md, the verdict). Which store lands last is a race on a GPU, so the
-verdict accepts any writer's value there (``ExpectedWrites.either``) and still names a value that is
+verdict accepts any writer's value there (``kvfence.engine.verdict.with_spills``) and still names a value that is
 none of them. Under the CPU interpreter programs run in grid order (row ``s + 1`` last); the launchers
 of tests/targets/spills.py fix the other order and a third value."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from kvfence.contracts.draft import compare
 from kvfence.contracts.draft.case import Batch, Case, Config
-from kvfence.contracts.draft.fastcheck import expected_writes_torch
-from kvfence.contracts.draft.session import Session
-from kvfence.contracts.draft.verdict import check, expected_from_oracle
+from kvfence.contracts.draft.launches import launch_of
+from kvfence.contracts.draft.record import DRAFT
+from kvfence.contracts.draft.session import Session, host_verdict
+from kvfence.engine.verdict import with_spills
 
 ROOT = Path(__file__).resolve().parents[1]
 SPILLS = ROOT / "tests" / "targets" / "spills.py"
@@ -31,39 +33,48 @@ def with_kernel(kernel: str) -> Case:
     return Case(SPILL_CASE.config, SPILL_CASE.batch, kernel)
 
 
-def verdicts(device, kernel):
-    """The case's findings through the plain oracle's write set and through the torch builder's."""
+def verdict(device, kernel):
+    """The case's launch and its findings (``host_verdict``: the engine's verdict on the runner's buffers)."""
     obs = Session(device, kernel).observe(with_kernel(kernel))
-    return obs, compare.named(check(obs)), compare.named(check(obs, expected_writes_torch(obs)))
+    return obs, compare.named(host_verdict(obs))
+
+
+def contended(obs):
+    """The kv_indices elements ``with_spills`` accepts several values at, by flat position."""
+    expected = with_spills(DRAFT.expected(launch_of(obs.case)), obs.buffers)["kv_indices"]
+    return {obs.kv_indices.position(*key): value for key, value in expected.items() if isinstance(value, frozenset)}
 
 
 @pytest.mark.cpu_only
 def test_the_contended_elements_are_the_spills_onto_the_next_rows_write_set():
     obs = Session("cpu", "reference").observe(SPILL_CASE)
-    either = expected_from_oracle(obs).either
+    either = contended(obs)
     kvi = obs.kv_indices
-    assert sorted(either) == [kvi.flat_index(2, e) for e in range(2)] + [kvi.flat_index(3, e) for e in range(5)]
+    assert sorted(either) == [kvi.position(2, e) for e in range(2)] + [kvi.position(3, e) for e in range(5)]
     assert all(len(values) == 2 for values in either.values())
-    assert expected_writes_torch(obs).either == either
+    # Without the production layout's missing row guards nothing races: the redzone layout has no such element.
+    redzone = Case(dataclasses.replace(SPILL_CASE.config, layout="redzone"), SPILL_CASE.batch, "reference")
+    assert not contended(Session("cpu", "reference").observe(redzone))
 
 
 @pytest.mark.cpu_only
 def test_a_spill_that_lands_last_is_no_value_mismatch():
     """The pair's correct half: the spilling program stores last (as a GPU may order it). Its values are
-    really what row 2 and 3 hold, and both write-set builders accept them."""
-    obs, plain, torch_built = verdicts("cpu", f"{SPILLS}:spill_wins")
-    expected = expected_from_oracle(obs)
-    in_row = dict(zip(expected.indices_pos.tolist(), expected.indices_val.tolist()))
-    left = {f: int(obs.after["kv_indices"][f]) for f in expected.either}
-    assert all(left[f] != in_row[f] and left[f] in values for f, values in expected.either.items())  # spills won
-    assert plain == torch_built == sorted([HOST_KNOWN, TAIL])
+    really what row 2 and 3 hold, and the verdict accepts them."""
+    obs, found = verdict("cpu", f"{SPILLS}:spill_wins")
+    expected = DRAFT.expected(launch_of(obs.case))["kv_indices"]
+    either = contended(obs)
+    in_row = {obs.kv_indices.position(*key): value for key, value in expected.items()}
+    left = {f: int(obs.after["kv_indices"][f]) for f in either}
+    assert all(left[f] != in_row[f] and left[f] in values for f, values in either.items())  # spills won
+    assert found == sorted([HOST_KNOWN, TAIL])
 
 
 @pytest.mark.cpu_only
 def test_a_third_value_at_a_contended_element_is_a_value_mismatch():
     """The buggy half: neither writer's value at row 2 element 0."""
-    _, plain, torch_built = verdicts("cpu", f"{SPILLS}:spill_third_value")
-    assert plain == torch_built == sorted([HOST_KNOWN, TAIL, ("VALUE_MISMATCH", "kv_indices", "row 2", 0, 1)])
+    _, found = verdict("cpu", f"{SPILLS}:spill_third_value")
+    assert found == sorted([HOST_KNOWN, TAIL, ("VALUE_MISMATCH", "kv_indices", "row 2", 0, 1)])
 
 
 @pytest.mark.cpu_only

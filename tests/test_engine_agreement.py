@@ -1,11 +1,12 @@
-"""The draft kernel's two checking stacks agree (issue 67, item 1): its own checker and the engine's generic check.
+"""The draft kernel's two checking paths agree (issue 67, item 1): its own checker and the engine's generic check.
 
-The draft kernel (``draft``) and the window rail (``window-rail``) are checked in production by their own stack
-(``kvfence.contracts.draft.checker.DraftChecker``: the CUDA-graph runner, the draft's guarded buffers, its verdict,
-its address audit), every other contract by the engine's (``kvfence.engine.checking.TableChecker``: the record's
-tables, oracle and launch, the engine's guarded tables, verdict and address audit). Issue 67 ports the draft onto
-the engine's and deletes its own; this test holds the two to one verdict meanwhile, and the engine's to what the
-draft's said after that.
+The draft kernel (``draft``) and the window rail (``window-rail``) are checked in production by their own checker
+(``kvfence.contracts.draft.checker.DraftChecker``: the CUDA-graph runner of docs/contract.md §4, buffers sized once
+at ``max_bs`` and kept between replays, the device verifier on CUDA), every other contract by the engine's
+(``kvfence.engine.checking.TableChecker``: the record's tables, oracle and launch, one launch in fresh tables).
+Since issue 67's port the draft checker's host verdict is the engine's (``kvfence.contracts.draft.session.
+host_verdict``: ``kvfence.engine.verdict`` on the runner's buffers, which are engine tables); this test holds the
+runner's path and the generic one to one verdict.
 
 The draft's verdicts are recorded in ``tests/fixtures/draft_verdicts.json`` by one command, ``python
 tests/fixtures/record_draft_verdicts.py`` (its docstring says what it draws: every planted bug of both contracts
@@ -62,15 +63,9 @@ RECORDER = _recorder()
 RECORDED = json.loads(FIXTURE.read_text())
 
 # -- where the two stacks name the same damage differently -------------------------------------------------------
-INDPTR_BUFFERS = ("kv_indptr", "window_kv_indptr")
 INDICES_BUFFERS = ("kv_indices", "window_kv_indices")
 #: ``(kinds, buffers, kind it becomes, buffer it becomes or None for the same, why)``: applied to both verdicts.
 RENAMED = (
-    (("VALUE_MISMATCH", "MISSING_WRITE"), INDPTR_BUFFERS, "INDPTR_MISMATCH", None,
-     "the draft's verdict files every kv_indptr element the oracle defines that does not hold its value under one "
-     "kind, INDPTR_MISMATCH, poison left or a wrong value (contracts/draft/verdict.py: check() passes "
-     "in_set_kind=INDPTR_MISMATCH to classify for kv_indptr); the engine's tells the two apart there as in every "
-     "table (MISSING_WRITE: poison left, VALUE_MISMATCH: another value)"),
     (("SIZING_VIOLATION",), INDICES_BUFFERS, "SIZING_VIOLATION", "launch",
      "SIZING_VIOLATION is arithmetic (need > width, decided before the launch): the draft files it under its "
      "kv_indices buffer, the engine under 'launch' (engine/checking.py arithmetic_findings); neither is a "
@@ -210,13 +205,13 @@ def test_the_comparison_fails_on_a_disagreement_and_normalises_only_its_table():
     checker caught the planted bug on differs from the recorded one and fails; the table renames only what it
     lists (an ``OOB_WRITE`` beside a ``GUARD_OVERWRITE`` is a difference: a store past an output's tail guard)."""
     target, launch, example = _bound(("draft/indptr_without_drafts", 0, 0))
-    assert example["kinds"] == [["INDPTR_MISMATCH", "kv_indptr"]]
+    assert example["kinds"] == [["VALUE_MISMATCH", "kv_indptr"]]
     reference = _engine("draft/reference", "cpu").check(bind(target.record, launch.case, "safe", "reference",
                                                              launch.mode, launch.layout))
     with pytest.raises(AssertionError, match="only the draft's"):
         _agree(target, "reference kernel", [tuple(k) for k in example["kinds"]], RECORDER.kinds_of(reference))
-    assert normalised([("INDPTR_MISMATCH", "kv_indptr")], [("MISSING_WRITE", "kv_indptr")])[1] == {
-        ("INDPTR_MISMATCH", "kv_indptr")}
+    assert normalised([("VALUE_MISMATCH", "kv_indptr")], [("MISSING_WRITE", "kv_indptr")]) == (
+        {("VALUE_MISMATCH", "kv_indptr")}, {("MISSING_WRITE", "kv_indptr")})
     kept = normalised([("VALUE_MISMATCH", "kv_indices")], [("MISSING_WRITE", "kv_indices")])
     assert kept[0] != kept[1]
     guard, oob = ("GUARD_OVERWRITE", "kv_indices"), ("OOB_WRITE", "kv_indices")

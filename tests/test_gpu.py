@@ -84,4 +84,4 @@ def test_each_xdist_worker_runs_on_its_own_gpu(device):
     session = Session(device, "reference")
     config = Config(topk=2, num_steps=2, ctx=16, max_bs=2, sizing="safe")
     assert session.check(Case(config, Batch((16, 3), (0, 1)))) == []
-    assert session.runner(config).kv_indices.storage.device.index == expected
+    assert session.runner(config).kv_indices.flat.device.index == expected

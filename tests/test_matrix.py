@@ -24,14 +24,14 @@ REDZONE = {
     # kv_indices' tail guard reaches past the far-tail store (kvfence.contracts.draft.runner_buffers.TAIL_REACH): it
     # lands in kvfence's own guard, whatever the allocator put next to the buffer.
     "far tail overflow": (Kind.GUARD_OVERWRITE, "kv_indices", "tail"),
-    "stray write into an input": (Kind.STRAY_WRITE, "req_to_token", "input"),
+    "stray write into an input": (Kind.STRAY_WRITE, "req_to_token", "row 0"),
 }
 #: ... and in the sanitizer children's layout: rows contiguous, nothing after the last row.
 PRODUCTION = {
     "row-to-row overflow": (Kind.VALUE_MISMATCH, "kv_indices", "row 1"),
     "short tail overflow": (Kind.OOB_WRITE, None, None),  # leaves the allocation at its first element
     "far tail overflow": (None, None, None),
-    "stray write into an input": (Kind.STRAY_WRITE, "req_to_token", "input"),
+    "stray write into an input": (Kind.STRAY_WRITE, "req_to_token", "row 0"),
 }
 
 

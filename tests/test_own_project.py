@@ -25,7 +25,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTR = "generate_draft_decode_kv_indices"
-#: The planted bug: the empty-prefix fix-up of kv_indptr dropped (INDPTR_MISMATCH), from the reference kernel.
+#: The planted bug: the empty-prefix fix-up of kv_indptr dropped (its column bs a MISSING_WRITE), from the reference
+#: kernel.
 CORRECT_LINE = "z = tl.where(z == 0, num_seqs * topk, z)"
 #: What docs/own-kernel.md shows a user's test to be (the kernel file sits next to tests/).
 USER_TEST = '''
@@ -149,7 +150,7 @@ def test_a_projects_own_tests_pass_a_correct_kernel_and_fail_a_planted_bug(proje
     kernel.write_text(kernel.read_text().replace(CORRECT_LINE, "z = z"))
     bad = run_pytest(project)
     assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-2000:]
-    assert "INDPTR_MISMATCH" in bad.stdout
+    assert "MISSING_WRITE" in bad.stdout
     section = bad.stdout.split("kvfence: replay this case", 1)[1]
     line = next(t for t in section.splitlines() if t.startswith("python -m kvfence repro "))
     assert "--kernel my_kernel.py:" + ATTR in line
@@ -161,7 +162,7 @@ def test_a_projects_own_tests_pass_a_correct_kernel_and_fail_a_planted_bug(proje
     assert (c.topk, c.num_steps, c.page_size, b.raw_bs) == (1, 1, 1, 1), (c, b)  # shrunk to the simplest shape
     replay = run_verbatim(line, project)
     assert replay.returncode == 1, replay.stdout + replay.stderr
-    assert "INDPTR_MISMATCH" in replay.stdout
+    assert "MISSING_WRITE" in replay.stdout
 
 
 # -- repro lines that work -------------------------------------------------------------------------------

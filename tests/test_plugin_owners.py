@@ -88,14 +88,15 @@ def test_shipped_plugin_contracts_name_their_owners_and_the_draft_keeps_its_trip
     """Every shipped contract but the draft names its owners' coordinates; the draft's stay ``(s, b, k)``, printed
     and written as before (no ``owner_names`` in its findings' data)."""
     from kvfence.engine.record_probe import drawn
-    from kvfence.engine.verdict import grid_names
+    from kvfence.engine.verdict import grid_shape
 
     for name in registry.names():
         record = registry.get(name)
         case = drawn(record, 3, 0, {})[-1]
         launch = bind(record, case, "safe")
-        names = grid_names(record, launch, record.expected(launch))
+        names, axes = grid_shape(record, launch, record.expected(launch))
         assert (names == ()) is (name in ("draft", "window-rail")), (name, names)
+        assert axes == (3 if names == () else len(names)), (name, axes)  # the draft's (s, b, k)
     draft = Finding(Kind.GUARD_OVERWRITE, "kv_indices", "guard after row 0", 0, 2, programs=[(0, 1, 0)],
                     writers=[(0, 1, 1)])
     assert "owner_names" not in draft.to_dict()

@@ -206,4 +206,4 @@ def test_pytest_kernel_option_tests_a_users_kernel(tmp_path, outside_kernel):
                            "--kvfence-device", "cpu", f"{Path(__file__)}::test_kernel_under_test_matches_the_oracle"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:]
-    assert "INDPTR_MISMATCH" in proc.stdout
+    assert "MISSING_WRITE" in proc.stdout

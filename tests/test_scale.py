@@ -117,8 +117,8 @@ def test_budget_estimate_covers_the_real_allocation(device):
     config = Config(topk=3, num_steps=2, page_size=4, ctx=20, max_bs=4, sizing="prefix")
     runner = GraphRunner(config, resolve_kernel("reference", device), device)
     kvi, kvp = buffer_geometry(config, config.max_bs)
-    assert runner.kv_indices.storage.numel() == kvi.length and runner.kv_indptr.storage.numel() == kvp.length
-    held = sum(t.numel() * t.element_size() for t in (runner.kv_indices.storage, runner.kv_indptr.storage,
+    assert len(runner.kv_indices.flat) == kvi.length and len(runner.kv_indptr.flat) == kvp.length
+    held = sum(t.numel() * t.element_size() for t in (runner.kv_indices.flat, runner.kv_indptr.flat,
                                                        runner.inputs.req_to_token))
     launch = widest_launch(config)
     plain = guarded.allocate_all(DRAFT.tables(launch), "cpu", layout=launch.layout, spill=spill(DRAFT, launch))

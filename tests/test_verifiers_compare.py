@@ -38,7 +38,7 @@ PLANTS = {
     "kvi_row_overflow": ("outside", Kind.GUARD_OVERWRITE),
     "kvi_tail": ("outside", Kind.GUARD_OVERWRITE),
     "indptr_column0_zero": ("outside", Kind.STRAY_WRITE),
-    "indptr_bs": ("kv_indptr", Kind.INDPTR_MISMATCH),
+    "indptr_bs": ("kv_indptr", Kind.VALUE_MISMATCH),
     "seq_lens_past": ("inputs", Kind.STRAY_WRITE),
     "req_pool_indices_live": ("inputs", Kind.STRAY_WRITE),
     "positions_bucket_end": ("inputs", Kind.STRAY_WRITE),
@@ -349,19 +349,20 @@ def test_a_guarded_buffer_keeps_nothing_but_its_storage_on_the_device():
     canaries are computed when needed, so the only tensor it holds is its storage (and a view of it)."""
     import torch
 
-    from kvfence.contracts.draft.guarded import POISON, GuardedBuffer, canary_values
+    from kvfence.contract import Table
+    from kvfence.engine.tables import POISON, allocate_laid_out, seeded_canaries
 
-    buf = GuardedBuffer("kv_indptr", 3, 5, row_guard=2, front=4, tail=4, device="cpu", canary_seed=7,
-                        guard_column0=True)
+    buf = allocate_laid_out(Table("kv_indptr", 5, 3), "cpu", guard=2, front=4, tail=4, canary_seed=7,
+                            column0_canary=True)
     held = {name for name, value in vars(buf).items() if isinstance(value, torch.Tensor)}
-    assert held == {"storage", "view"}
-    assert buf.view.data_ptr() == buf.storage[buf.front:].data_ptr()
-    expected = canary_values(7, buf.length, "cpu")
+    assert held == {"flat", "view"}
+    assert buf.view.data_ptr() == buf.flat[buf.front:].data_ptr()
+    expected = seeded_canaries(7, torch.arange(len(buf.flat)))
     for r in range(3):
         for c in range(1, 5):
-            expected[buf.flat_index(r, c)] = POISON
-    assert torch.equal(buf.storage, expected)  # reset: canaries in guards and column 0, poison in the rows
-    assert buf.is_live(torch.tensor([3, 4, 8, 9, 11])).tolist() == [False, True, True, False, True]
+            expected[buf.position(r, c)] = POISON
+    assert torch.equal(buf.flat, expected)  # reset: canaries in guards and column 0, poison in the rows
+    assert [buf.locate(p)[0] for p in (3, 4, 8, 9, 11)] == ["front guard", "row", "row", "guard after row", "row"]
 
 
 def test_a_lossy_batched_path_is_a_disagreement_not_a_race(device, monkeypatch):

@@ -12,9 +12,9 @@ What is reported (as ``Finding``s of ``kvfence.engine.findings``), per registere
 
 * ``OOB_WRITE``: a store or atomic lane outside every registered allocation. The lane is **dropped**
   (masked off, or for ``atomic_cas`` redirected to a scratch word) so host memory is never corrupted.
-  A store into our own allocation is performed and not reported here: a store into a guard of a
-  ``GuardedBuffer`` is the canary check's ``GUARD_OVERWRITE``, a store into an input is the verdict's
-  ``STRAY_WRITE`` (changed input).
+  A store into our own allocation is performed and not reported here: a store into a guard of a guarded table
+  (``kvfence.engine.tables.Guarded``) is the canary check's ``GUARD_OVERWRITE``, a store into an input is the
+  verdict's ``STRAY_WRITE`` (changed input).
 * ``OOB_READ``: a load lane outside the *extent the kernel was handed*: outside every registered
   tensor view (a guard of kv_indices/kv_indptr counts as outside: reading it is reading past a row; so
   does the part of a static graph-runner input past the bucket's slice), and, for an input whose contract
@@ -152,27 +152,6 @@ class Audit:
     def _covered(self, base: int) -> bool:
         return any(a.base <= base < a.end for a in self.allocations)
 
-    def register_guarded(self, buf: Any) -> None:  # a draft GuardedBuffer (storage, view, rows, ...)
-        """A ``GuardedBuffer``: the whole storage is ours; only its rows are readable."""
-        base, nbytes = _storage_range(buf.storage)
-        es = buf.storage.element_size()
-        view0 = buf.view.data_ptr()
-        readable = [(view0 + r * buf.stride * es, view0 + (r * buf.stride + buf.width) * es) for r in range(buf.rows)]
-
-        def region(flat: int) -> Tuple[str, int]:
-            if flat < 0:
-                return "before the allocation", flat
-            if flat >= buf.length:
-                return "past the allocation", flat - buf.length
-            r = buf.region_of(flat)
-            return r.name, r.offset
-
-        def coords(flat: int) -> str:
-            row, col = divmod(flat - buf.front, buf.stride)
-            return f"= {buf.name}[{row}, {col}] of the ({buf.rows}, {buf.width}) view, row stride {buf.stride}"
-
-        self._add(Allocation(buf.name, base, nbytes, es, readable, region, coords))
-
     def register_table(self, g: Guarded) -> None:
         """A table of ``kvfence.engine.tables`` (``Guarded``): the flat tensor is ours; only its rows are
         readable (a load from a guard, or past the last row, is a read past the table). A table of no elements
@@ -197,7 +176,13 @@ class Audit:
             return (f"{name} {row}" if row is not None else name), offset
 
         def coords(flat: int) -> str:
-            name, row, offset = g.locate(flat) if 0 <= flat < len(g.flat) else ("", None, 0)
+            if not 0 <= flat < len(g.flat):  # past the allocation: where the view's row arithmetic put it
+                if not g.stride:
+                    return ""
+                past_row, column = divmod(flat - g.front, g.stride)
+                return (f"= {g.table.name}[{past_row}, {column}] of the ({g.rows}, {g.table.width}) view, row stride "
+                        f"{g.stride}")
+            name, row, offset = g.locate(flat)
             return f"= {g.table.name}[{row}, {offset}]" if name == "row" else ""
 
         self._add(Allocation(g.table.name, base, nbytes, es, readable, region, coords,
@@ -550,7 +535,7 @@ class Audit:
         return out
 
 
-def for_launch(kernel_kwargs: Dict[str, Any], guarded: Sequence[Any], *,
+def for_launch(kernel_kwargs: Dict[str, Any], guarded: Sequence[Guarded], *,
                row_owners: Optional[Mapping[str, Tuple[int, Tuple[int, ...]]]] = None) -> Audit:
     """The audit of one harness launch: guarded outputs by region, tensor inputs by the views passed.
 
@@ -560,7 +545,7 @@ def for_launch(kernel_kwargs: Dict[str, Any], guarded: Sequence[Any], *,
     """
     audit = Audit()
     for buf in guarded:
-        audit.register_guarded(buf)
+        audit.register_table(buf)
     views = [buf.view for buf in guarded]  # by identity: the window rail's buffers have their own names
     owners = row_owners or {}
     for name, value in kernel_kwargs.items():

@@ -276,10 +276,18 @@ def _triple_list(value: object, what: str) -> List[Tuple[Any, ...]]:
     return value
 
 
+#: Kinds a case file of an older kvfence may carry that it no longer names, and the kind each is read as:
+#: ``INDPTR_MISMATCH`` (the draft's kv_indptr column not holding the oracle's value) is the engine's
+#: ``VALUE_MISMATCH`` there (or its ``MISSING_WRITE``, when the column kept its poison: the old kind did not say).
+RETIRED_KINDS = {"INDPTR_MISMATCH": Kind.VALUE_MISMATCH.value}
+
+
 def finding_from_dict(d: Any, where: str, kinds: Iterable[str] = ()) -> Finding:
     """``Finding.from_dict`` with every field type-checked first (``BadInput`` names the field); ``kinds``: the
-    contract's own kinds a finding may carry."""
+    contract's own kinds a finding may carry (a retired kind is read as its successor, ``RETIRED_KINDS``)."""
     require(isinstance(d, dict), f"{where} must be a JSON object")
+    if d.get("kind") in RETIRED_KINDS and d.get("kind") not in kinds:
+        d = {**d, "kind": RETIRED_KINDS[d["kind"]]}
     known = [k.value for k in Kind] + list(kinds)
     require(d.get("kind") in known, f"{where}.kind must be one of {', '.join(known)}, got {d.get('kind')!r}")
     for key in ("buffer", "region"):

@@ -108,19 +108,19 @@ def check_launch(record: Contract[Any], kernel: Any, launch: Launch[Any], device
 def name_programs(record: Contract[Any], launch: Launch[Any], audit_findings: List[Finding], found: List[Finding],
                   expected: Expected, buffers: Dict[str, Guarded], watch: Optional[Audit] = None) -> None:
     """The programs of a launch's findings in its contract's own shape: the audit's program ids ``(x, y, z)`` cut
-    to the axes the contract's owner names (or the launch's grid has), and each guard overwrite's writer, seen by
+    to the axes the contract's owner has (or the launch's grid has), and each guard overwrite's writer, seen by
     the audit or inferred from the oracle (``kvfence.engine.verdict.name_guard_writers``)."""
-    from kvfence.engine.verdict import as_program, grid_names, name_guard_writers
+    from kvfence.engine.verdict import as_program, grid_shape, name_guard_writers
 
     if not audit_findings and not any(f.kind is Kind.GUARD_OVERWRITE for f in found):
         return
-    names = grid_names(record, launch, expected)
+    names, axes = grid_shape(record, launch, expected)
     dims = tuple(next(iter(watch.grid_dims))) if watch is not None and len(watch.grid_dims) == 1 else ()
     for f in audit_findings:
-        f.programs = list(dict.fromkeys(as_program(p, names, dims) for p in f.programs))
+        f.programs = list(dict.fromkeys(as_program(p, axes, dims) for p in f.programs))
         f.owner_names = f.owner_names or names
     name_guard_writers(record, launch, found, expected, buffers, watch.guard_stores if watch is not None else None,
-                       names)
+                       names, axes)
 
 
 class TableChecker:

@@ -20,8 +20,6 @@ class Kind(str, enum.Enum):
     STRAY_WRITE = "STRAY_WRITE"
     #: A canary in a front/row/tail guard changed: the kernel wrote outside the buffer's rows.
     GUARD_OVERWRITE = "GUARD_OVERWRITE"
-    #: A kv_indptr column the contract defines holds the wrong value.
-    INDPTR_MISMATCH = "INDPTR_MISMATCH"
     #: ``need > width`` for this launch: known before the kernel runs.
     SIZING_VIOLATION = "SIZING_VIOLATION"
     #: A shipped sizing's host check (read from the release's wheel) rejects a launch that would overflow: a loud

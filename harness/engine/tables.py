@@ -20,6 +20,14 @@ An output table's tail holds what a launch can store past its last row within th
 (``need - width``: a correct kernel under a too-narrow sizing writes that far past a row) where that is longer,
 plus ``GUARD``. So such a store lands in kvfence's own guard (``GUARD_OVERWRITE``), never past the allocation into
 another tensor (docs/contract.md §9, "Buffers"). An input's tail stays ``GUARD``: a read past it corrupts nothing.
+
+A checker that lays out its own tables (the draft's CUDA-graph runner: buffers sized once at ``max_bs``, kept
+between replays, its geometry its memory budget's) allocates them with ``allocate_laid_out``: the same ``Guarded``,
+with optional fields the engine's own tables leave at their defaults: seeded canaries (``canary_seed``: a
+per-case seed, so a canary copied from another case or position is wrong), a canary kept in column 0 of every
+row (``column0_canary``: a column the kernel never writes), and a never-read spacer after the allocation
+(``spacer``). ``reset`` puts canaries and poison back between launches; the verdict compares what a launch left
+with what the table held before it, so stale rows between replays are judged as any other.
 """
 
 from __future__ import annotations
@@ -37,6 +45,19 @@ POISON = -1
 CANARY_BASE = -1000
 INPUT_POISON = -(1 << 24)
 GUARD = 64
+#: Seeded canaries are ``-(2 + h)`` for a hash ``h`` of this many bits: below ``POISON``, never a slot id.
+SEEDED_CANARY_BITS = 30
+#: Elements whose seeded canaries ``Guarded.reset`` computes at once (bounds its int64 temporaries).
+RESET_CHUNK = 1 << 22
+
+
+def seeded_canaries(seed: int, positions: torch.Tensor) -> torch.Tensor:
+    """The seeded canary of each flat position: ``-(2 + ((i*0x2545F491 + seed*0x9E37) mod 2**30))`` (int32);
+    the device verifier's kernels compute the same (``kernels/draft/verify``)."""
+    import torch
+
+    h = (positions.to(torch.int64) * 0x2545F491 + seed * 0x9E37) & ((1 << SEEDED_CANARY_BITS) - 1)
+    return (-(h + 2)).to(torch.int32)
 
 
 @dataclass
@@ -47,6 +68,13 @@ class Guarded:
     guard: int  # elements between two rows
     front: int = GUARD
     tail: int = GUARD
+    #: None: positional canaries (``CANARY_BASE - position`` in an output's guards); a seed: ``seeded_canaries``.
+    canary_seed: Optional[int] = None
+    #: Column 0 of every row holds its canary, not poison (a column the kernel never writes, so a write of any
+    #: value there, 0 included, is seen).
+    column0_canary: bool = False
+    #: A never-read allocation of the table's size made right after it (``allocate_laid_out``).
+    spacer: Optional[torch.Tensor] = None
 
     @property
     def stride(self) -> int:
@@ -73,6 +101,31 @@ class Guarded:
 
     def position(self, row: int, column: int) -> int:
         return self.front + row * self.stride + column
+
+    def canaries(self, start: int, length: int) -> torch.Tensor:
+        """The guard value of flat positions ``start .. start + length - 1`` of an output, on its device."""
+        import torch
+
+        return self._canaries_at(torch.arange(start, start + length, dtype=torch.int64, device=self.flat.device))
+
+    def _canaries_at(self, positions: torch.Tensor) -> torch.Tensor:
+        if self.canary_seed is not None:
+            return seeded_canaries(self.canary_seed, positions)
+        return (CANARY_BASE - positions).to(self.flat.dtype)
+
+    def reset(self) -> None:
+        """An output as before its first launch: canaries outside the rows (and in column 0 with
+        ``column0_canary``), poison in the rows."""
+        for lo in range(0, len(self.flat), RESET_CHUNK):
+            hi = min(lo + RESET_CHUNK, len(self.flat))
+            self.flat[lo:hi].copy_(self.canaries(lo, hi - lo))
+        self.view.fill_(POISON)
+        if self.column0_canary and self.rows and self.table.width:
+            import torch
+
+            column0 = torch.arange(self.front, self.front + self.rows * self.stride, self.stride, dtype=torch.int64,
+                                   device=self.flat.device)
+            self.flat[column0] = self._canaries_at(column0)
 
 
 def contents_of(table: Table) -> Optional[Sequence[Any]]:
@@ -126,6 +179,27 @@ def allocate(table: Table, device: str, *, layout: str = "redzone", absorb: bool
     flat = flat.to(device)
     body = flat[GUARD:GUARD + rows * stride].view(rows, stride)[:, :table.width]
     return Guarded(table, flat, body[0] if table.rows is None else body, guard, GUARD, tail)
+
+
+def allocate_laid_out(table: Table, device: str, *, guard: int, front: int, tail: int,
+                      canary_seed: Optional[int] = None, column0_canary: bool = False, spacer: bool = False
+                      ) -> Guarded:
+    """Output ``table`` in a guarded buffer of the caller's geometry (``guard`` between rows, ``front``, ``tail``),
+    reset (canaries, poisoned rows). ``spacer``: a never-read allocation of the same size right after it, so a
+    store running past the end most likely lands where nothing is read (the CPU address audit drops a store
+    outside every registered tensor and names the table, instead of performing it in a neighbour)."""
+    import torch
+
+    rows = 1 if table.rows is None else table.rows
+    stride = table.width + guard
+    total = front + rows * stride + tail
+    dtype = getattr(torch, table.dtype)
+    flat = torch.empty(total, dtype=dtype, device=device)
+    view = flat.as_strided((rows, table.width), (stride, 1), front)
+    g = Guarded(table, flat, view[0] if table.rows is None else view, guard, front, tail, canary_seed,
+                column0_canary, torch.empty(total, dtype=dtype, device=device) if spacer else None)
+    g.reset()
+    return g
 
 
 def allocate_all(tables: List[Table], device: str, *, layout: str = "redzone", absorb: bool = True, spill: int = 0

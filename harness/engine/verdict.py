@@ -3,8 +3,9 @@
 ``verdict(record, launch, buffers, before, after)`` walks each table's flat tensor once (plain Python, the
 specification; docs/contract.md §9, "Verdict"):
 
-* an element of a row that the oracle defines: equal (clean), still ``POISON`` (``MISSING_WRITE``) or another
-  value (``VALUE_MISMATCH``);
+* an element of a row that the oracle defines: equal (clean), unchanged (``MISSING_WRITE``: still ``POISON`` in a
+  fresh table, or what an earlier launch left in a table kept between launches) or another value
+  (``VALUE_MISMATCH``);
 * an element of a row the oracle does not define that changed: ``STRAY_WRITE``;
 * a guard or tail element that changed: ``GUARD_OVERWRITE`` (a write past a row; the sample's expected value is
   the canary, and when the oracle asks for an entry the row cannot hold there, its program is named);
@@ -102,6 +103,33 @@ def expected_flat(g: Guarded, before: torch.Tensor, after: torch.Tensor,
     return want
 
 
+def with_spills(expected: Expected, buffers: Dict[str, Guarded]) -> Expected:
+    """``expected`` with every row element of an output laid out without guards between its rows (the
+    ``production`` layout) that a store past another row also lands on accepting either value: the two stores
+    race, and which lands last is up to the device. A spill landing where the oracle defines nothing (a guard,
+    the tail, an element no program owns) stays damage."""
+    out = dict(expected)
+    for name, cells in expected.items():
+        g = buffers.get(name)
+        width = g.table.width if g is not None else 0
+        if g is None or g.guard or g.table.role != "output" or not width:
+            continue
+        merged: Dict[Tuple[int, int], object] = {}
+        for (row, column), value in cells.items():
+            if column < width:
+                continue
+            landed = (row + column // width, column % width)
+            if landed in cells and landed[0] < g.rows:
+                have = merged.get(landed, cells[landed])
+                values = set(have) if isinstance(have, frozenset) else {have}
+                values.update(value if isinstance(value, frozenset) else (value,))
+                if len(values) > 1:
+                    merged[landed] = frozenset(values)
+        if merged:
+            out[name] = {**cells, **merged}
+    return out
+
+
 def clean(buffers: Dict[str, Guarded], before: Dict[str, torch.Tensor], after: Dict[str, torch.Tensor],
           expected: Mapping[str, Mapping[Tuple[int, int], object]]) -> bool:
     """Whether ``verdict`` would find nothing, by whole-tensor comparisons (see the module docstring)."""
@@ -191,10 +219,10 @@ def _classify(record: Contract[Any], launch: Launch[Any], name: str, g: Guarded,
             value = wanted[(row, off)]
             if not matches(now, value):
                 exp = sample_value(value)
-                kind = (Kind.MISSING_WRITE if now == POISON else Kind.POISON_READ if poison_derived(now)
+                kind = (Kind.MISSING_WRITE if now == was else Kind.POISON_READ if poison_derived(now)
                         else Kind.VALUE_MISMATCH)
-        elif now != POISON:
-            kind, exp = (Kind.POISON_READ if poison_derived(now) else Kind.STRAY_WRITE), POISON
+        elif now != was:
+            kind, exp = (Kind.POISON_READ if poison_derived(now) else Kind.STRAY_WRITE), was
         owner = record.owner(launch, name, row, off) if kind else None
     elif now != was:
         kind, exp = Kind.GUARD_OVERWRITE, was  # expected: the canary that was there
@@ -210,8 +238,8 @@ def decode_canary(value: int, buffers: Dict[str, Guarded]) -> str:
 
     position = CANARY_BASE - value
     exact = []
-    for g in buffers.values():
-        if g.table.role == "output" and 0 <= position < len(g.flat):
+    for g in buffers.values():  # a seeded canary (``Guarded.canary_seed``) says nothing of its position
+        if g.table.role == "output" and g.canary_seed is None and 0 <= position < len(g.flat):
             region, row, off = g.locate(position)
             if region != "row":
                 exact.append(f"{g.table.name} {_region_name(region, row)} [{off}]")
@@ -263,23 +291,25 @@ def attribute(record: Contract[Any], launch: Launch[Any], findings: List[Finding
         f.writers = writers[:8]
 
 
-def grid_names(record: Contract[Any], launch: Launch[Any], expected: Expected) -> Tuple[str, ...]:
-    """The names the contract gives its programs' coordinates (``Contract.owner`` returning a ``NamedTuple``),
-    read off the owner of an element the oracle defines (a few per table at most); () when it names none."""
+def grid_shape(record: Contract[Any], launch: Launch[Any], expected: Expected) -> Tuple[Tuple[str, ...], int]:
+    """The names the contract gives its programs' coordinates (``Contract.owner`` returning a ``NamedTuple``; ()
+    when it names none) and how many coordinates a program has (the owner's length), read off the owner of an
+    element the oracle defines (a few per table at most); ``((), 0)`` when no element has an owner."""
     for table, cells in expected.items():
         for row, column in list(cells)[:8]:
             who = record.owner(launch, table, row, column)
             if who is not None:
-                return tuple(getattr(who, "_fields", ()))
-    return ()
+                return tuple(getattr(who, "_fields", ())), len(tuple(who))
+    return (), 0
 
 
-def as_program(grid: Iterable[int], names: Tuple[str, ...], dims: Tuple[int, ...] = ()) -> Tuple[int, ...]:
-    """An interpreter program id ``(x, y, z)`` in its contract's shape: the axes its owner names when the others
-    are 0; else without the trailing axes the launch's grid does not have (``dims``: extent 1 there)."""
+def as_program(grid: Iterable[int], axes: int, dims: Tuple[int, ...] = ()) -> Tuple[int, ...]:
+    """An interpreter program id ``(x, y, z)`` in its contract's shape: the ``axes`` coordinates its owner has
+    when the others are 0; else without the trailing axes the launch's grid does not have (``dims``: extent 1
+    there)."""
     program = tuple(int(x) for x in grid)
-    if names and len(names) <= len(program) and not any(program[len(names):]):
-        return program[:len(names)]
+    if axes and axes <= len(program) and not any(program[axes:]):
+        return program[:axes]
     keep = len(program) if len(dims) == len(program) else 0
     while keep > 1 and dims[keep - 1] == 1 and program[keep - 1] == 0:
         keep -= 1
@@ -288,7 +318,7 @@ def as_program(grid: Iterable[int], names: Tuple[str, ...], dims: Tuple[int, ...
 
 def name_guard_writers(record: Contract[Any], launch: Launch[Any], findings: List[Finding], expected: Expected,
                        buffers: Dict[str, Guarded], stores: Optional[GuardStores] = None,
-                       names: Tuple[str, ...] = ()) -> None:
+                       names: Tuple[str, ...] = (), axes: int = 0) -> None:
     """Who wrote into an output's guard, on each ``GUARD_OVERWRITE``, said as known or as inferred: the programs
     the CPU address audit saw store there (``stores``: ``Audit.guard_stores``; seen, so they are its ``writers``),
     else the program the oracle gives the row's own entry past its width or, failing that, the owner of the last
@@ -301,8 +331,8 @@ def name_guard_writers(record: Contract[Any], launch: Launch[Any], findings: Lis
         seen: List[Tuple[int, ...]] = []
         for off in range(f.start, f.stop):
             hit = (stores or {}).get((f.buffer, f.region, off))
-            if hit is not None and as_program(hit[0], names, hit[1]) not in seen:
-                seen.append(as_program(hit[0], names, hit[1]))
+            if hit is not None and as_program(hit[0], axes, hit[1]) not in seen:
+                seen.append(as_program(hit[0], axes, hit[1]))
         if seen:
             f.writers, f.extra["writers"] = seen[:8], SEEN_BY_AUDIT
             more = f" and {len(seen) - 4} more" if len(seen) > 4 else ""

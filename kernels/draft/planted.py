@@ -21,7 +21,7 @@ from kvfence.kernels.draft.draft_kv_indices import generate_draft_decode_kv_indi
 
 #: Written by the bad stores: no slot id, canary, poison or kv_indptr value equals it in these cases.
 BAD_VALUE = 777_777
-#: What a "missing write" leaves: the poison the harness fills rows with (kvfence.contracts.draft.guarded.POISON).
+#: What a "missing write" leaves: the poison the harness fills rows with (kvfence.engine.tables.POISON).
 POISON = -1
 
 
@@ -100,7 +100,7 @@ kvi_tail = _plant("kv_indices", lambda kw: _past_rows(kw["kv_indices"]) + 3, whe
 indptr_column0 = _plant("kv_indptr", lambda kw: 0, where="column 0, never written by the contract (STRAY_WRITE)")
 indptr_column0_zero = _plant("kv_indptr", lambda kw: 0, 0,
                              where="column 0 written with 0, the value production keeps there (STRAY_WRITE)")
-indptr_first = _plant("kv_indptr", lambda kw: 1, where="column 1 gets a wrong value (INDPTR_MISMATCH)")
+indptr_first = _plant("kv_indptr", lambda kw: 1, where="column 1 gets a wrong value (VALUE_MISMATCH)")
 indptr_bs = _plant("kv_indptr", lambda kw: _bs(kw), where="column bs, written by program (s, 0, 0), gets a wrong value")
 indptr_past_bs = _plant("kv_indptr", lambda kw: _bs(kw) + 1,
                         where="column bs + 1, past the launch's columns (a stray write, or the row's guard)")

@@ -82,13 +82,13 @@ def indptr_column0_zero(**kw):
 
 
 def indptr_value(**kw):
-    """kv_indptr[0, 1] gets a wrong value: INDPTR_MISMATCH."""
+    """kv_indptr[0, 1] gets a wrong value: VALUE_MISMATCH."""
     _reference(**kw)
     _poke(kw["kv_indptr"], 1)
 
 
 def indptr_last_column(**kw):
-    """kv_indptr[0, bs] (written by program 0: the total) gets a wrong value: INDPTR_MISMATCH. With more
+    """kv_indptr[0, bs] (written by program 0: the total) gets a wrong value: VALUE_MISMATCH. With more
     than a few hundred branches it sits past the first piece a verifier prefix-sums."""
     _reference(**kw)
     _poke(kw["kv_indptr"], kw["positions"].shape[0])

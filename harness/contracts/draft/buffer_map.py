@@ -26,7 +26,7 @@ from kvfence.contracts.draft.runner_buffers import MIN_GUARD
 from kvfence.reports.markup import Markup, html, join
 
 #: Fill colour of each finding kind on the map (the legend repeats them).
-KIND_COLOURS = {"VALUE_MISMATCH": "#f28e2b", "INDPTR_MISMATCH": "#b5651d", "MISSING_WRITE": "#9e9e9e",
+KIND_COLOURS = {"VALUE_MISMATCH": "#f28e2b", "MISSING_WRITE": "#9e9e9e",
                 "STRAY_WRITE": "#d62728", "GUARD_OVERWRITE": "#7b1fa2", "SIZING_VIOLATION": "#f2c40f",
                 "OOB_WRITE": "#d62728"}
 OTHER_COLOUR = "#e377c2"
@@ -89,7 +89,7 @@ _REGION = re.compile(r"^(?:(front guard|tail)|(?:slack of )?row (\d+)|guard afte
 
 
 def _flat_start(region: str, start: int, geo, stride: int) -> Optional[int]:
-    """Flat position of element ``start`` of a finding's first region (``GuardedBuffer.region_of``)."""
+    """Flat position of element ``start`` of a finding's first region (``kvfence.engine.tables.Guarded.locate``)."""
     m = _REGION.match(region.split(" .. ")[0].strip())
     if not m:
         return None

@@ -1,11 +1,11 @@
 """The two verifiers compared on dirty cases: ``python -m kvfence mutants --verifiers both``.
 
 kvfence judges a graph-mode case on one of two paths. The **oracle path** (the CPU default) compares
-every element with the plain-Python oracle (``kvfence.contracts.draft.verdict.check``). The **device path** (the CUDA
-default) runs the case through ``kvfence.contracts.draft.device_verify.DeviceVerifier`` and trusts its four counters
-when they are all zero; otherwise it re-runs the case through the full verdict with the torch write-set
-builder (``kvfence.contracts.draft.fastcheck``), which names the findings. Whatever the device path misses, kvfence
-misses on a GPU, so both paths must agree on cases that really are dirty, not only on clean ones.
+every element with the plain-Python oracle (``kvfence.contracts.draft.session.host_verdict``: the engine's verdict on
+the runner's tables). The **device path** (the CUDA default) runs the case through
+``kvfence.contracts.draft.device_verify.DeviceVerifier`` and trusts its four counters when they are all zero;
+otherwise it re-runs the case through the same full verdict, which names the findings. Whatever the device path
+misses, kvfence misses on a GPU, so both paths must agree on cases that really are dirty, not only on clean ones.
 
 For every target, the same drawn cases go through both paths, the device path as fuzzing runs it:
 each drawn config brings a run of batches that ``Session.check_many`` judges in one round trip (the
@@ -44,10 +44,10 @@ A kernel whose stores race (two programs storing different values to one element
 do on a GPU) can leave different values on two launches of one case. Where the contract itself lets
 two programs store to one element (graph padding of the window rail, a row overflow whose spill lands
 on the next row's write set in the production layout), the oracle accepts any of their values
-(``ExpectedWrites.either``), so the reference kernel and the planted writes are deterministic by
-construction. Each path launches the case itself, so every case is launched on the oracle path twice,
-and when the paths disagree or those two launches differ, ``RACE_RETRIES`` more times on each path; the
-device path's extra launches go through the path that judged the case (the whole run through
+(the oracle's sets of values, and ``kvfence.engine.verdict.with_spills``), so the reference kernel and the
+planted writes are deterministic by construction. Each path launches the case itself, so every case is launched
+on the oracle path twice, and when the paths disagree or those two launches differ, ``RACE_RETRIES`` more
+times on each path; the device path's extra launches go through the path that judged the case (the whole run through
 ``check_many`` again when it was batched), so a batched path that loses findings is never excused by
 one-case launches that see them. Each launch's verdict is recorded (``launches``: path, how it ran, kinds).
 When two launches on one path name different findings, the case is **racy**: what it leaves depends on
@@ -315,20 +315,19 @@ class Paths:
         return CaseResult(case, counters, implied, oracle, device, problems, racy, launches)
 
     def cross_judge(self, case: Case) -> Optional[Tuple[List[Finding], List[Finding]]]:
-        """One launch of ``case`` on the device path's runner, judged by the device path's full verdict
-        (the torch write-set builder) and by the plain oracle, on the same buffers (then reset); None
-        where the device path does not run the full verdict on the torch builder (``Session.check``)."""
-        from kvfence.contracts.draft.fastcheck import expected_writes_torch
-        from kvfence.contracts.draft.verdict import check
+        """One launch of ``case`` on the device path's runner, judged by the full verdict both paths run on a
+        dirty case (``host_verdict``), on the same buffers (then reset), as each path's; None where the device
+        path does not judge the case on its device counters first (``Session.check``)."""
+        from kvfence.contracts.draft.session import host_verdict
 
         if self.dev.verifier != "device":
             return None
         obs = self.dev.runner(case.config, case.canary_seed).run(case.batch)
         try:
-            return check(obs, expected_writes_torch(obs)), check(obs)
+            found = host_verdict(obs)
+            return found, list(found)
         finally:
-            obs.kv_indices.reset()
-            obs.kv_indptr.reset()
+            obs.reset()
 
     @staticmethod
     def compare_racy(counters: Optional[List[int]], oracle_runs: List[List[Finding]],

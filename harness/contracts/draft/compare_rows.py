@@ -25,7 +25,7 @@ def counter_of(f: Finding) -> Optional[int]:
     None for findings no counter stands for (``SIZING_VIOLATION``, launch errors, the audit's)."""
     if f.buffer == "kv_indices" and f.kind in (Kind.VALUE_MISMATCH, Kind.MISSING_WRITE):
         return COUNTERS.index("kv_indices")
-    if f.buffer == "kv_indptr" and f.kind == Kind.INDPTR_MISMATCH:
+    if f.buffer == "kv_indptr" and f.kind in (Kind.VALUE_MISMATCH, Kind.MISSING_WRITE):
         return COUNTERS.index("kv_indptr")
     if f.buffer in ("kv_indices", "kv_indptr") and f.kind in (Kind.STRAY_WRITE, Kind.GUARD_OVERWRITE):
         return COUNTERS.index("outside")

@@ -21,9 +21,9 @@ scalar, so the same graph serves every row) and runs:
 
 Counters only grow, so after the whole batch four numbers come back in one read: all zero proves every
 case clean, and leaves the rows poisoned for the next batch. Otherwise (or when ``need > width``, known
-on the host) cases go to the full path (``kvfence.contracts.draft.verdict.check`` with
-``kvfence.contracts.draft.fastcheck.expected_writes_torch``), one by one, which names regions, ranges and programs and
-resets the buffers. Guards are not rewritten per case: a clean verdict proves they are intact.
+on the host) cases go to the full path (``kvfence.contracts.draft.session.host_verdict``: the engine's verdict),
+one by one, which names regions, ranges and programs and resets the buffers. Guards are not rewritten per case: a
+clean verdict proves they are intact.
 
 ``_steps(m)`` keeps prepare, the runner's own kernel graph and verify as separate graphs, for
 benchmarks that time them one by one.
@@ -37,8 +37,8 @@ from typing import Callable, Dict, List
 import torch
 
 from kvfence.contracts.draft.case import Case, LaunchBatch
-from kvfence.contracts.draft.guarded import POISON
 from kvfence.contracts.draft.runner import GraphRunner, capture_graph
+from kvfence.engine.tables import POISON
 
 #: counters: [kv_indices write set, kv_indptr write set, outside the write sets, inputs changed]
 COUNTERS = ("kv_indices", "kv_indptr", "outside", "inputs")

@@ -25,6 +25,7 @@ from typing import Dict, List
 from kvfence.contract import Contract, Keys, Launch, Table
 from kvfence.contracts.draft.case import Case, DraftCase, batch_from_dict, config_from_dict
 from kvfence.contracts.draft.domain import boundary_classes
+from kvfence.contracts.draft.launches import launch_of  # noqa: F401 (where callers have always found it)
 from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, kernel_spec, mutants
 from kvfence.contracts.draft.options import OPTIONS
 from kvfence.contracts.draft.runner_buffers import runner_bytes
@@ -189,6 +190,10 @@ class DraftContract(Contract[DraftCase]):
                       entry_page_size=c.entry_page_size, v2p=buffers.get("v2p"))
         launcher(**kw)
 
+    def segments(self, launch: Launch):
+        """The oracle's program segments of the launch (``s, b, k, start, stop`` each)."""
+        return self._writes(launch).segments
+
     def _writes(self, launch: Launch):
         """The oracle's write set of the launch (computed once per launch: ``owner`` asks it per element)."""
         runtime = self.runtime(launch)
@@ -256,15 +261,6 @@ def _runtime_record(record: dict) -> dict:
     config = dict(case.get("config") or {}, sizing=launch.get("sizing"), mode=launch.get("mode"),
                   layout=launch.get("layout", "redzone"))
     return dict(record, config=config, batch=case.get("batch"), kernel=launch.get("kernel"))
-
-
-def launch_of(case: Case) -> Launch:
-    """A runner's case (what ``strategies`` draws, with its config's sizing, mode and layout and its kernel) as
-    the engine's launch: what a checker, a checking worker, a case file and a summary take."""
-    c = case.config
-    record = WINDOW_RAIL if c.is_rail else DRAFT
-    return Launch(record.name, DraftCase.of(case), case.sizing_summary()["width"], c.sizing, case.kernel, c.mode,
-                  c.layout)
 
 
 DRAFT = DraftContract("draft", "docs/contract.md §2-§4", *REFERENCE_KERNELS["draft"])

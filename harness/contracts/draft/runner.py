@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from kvfence.contract import Table
 from kvfence.contracts.draft.case import Batch, Case, Config, LaunchBatch, launch_batch
-from kvfence.contracts.draft.guarded import GuardedBuffer
 from kvfence.contracts.draft.runner_buffers import buffer_geometry
 from kvfence.contracts.draft.targets import KernelTarget, pool_row_owners
 from kvfence.contracts.draft.tokens import INT32_LIMIT, PERMUTE, SLOT_BITS, V2P_FAR, V2P_NEGATIVE, V2P_SINK
+from kvfence.engine.audit import Audit, resolve_audit
 from kvfence.engine.audit import for_launch as audit_for_launch
-from kvfence.engine.audit import resolve_audit
 from kvfence.engine.capture import collector_paused
 from kvfence.engine.findings import Finding
+from kvfence.engine.tables import Guarded, allocate_laid_out
 
 
 def _slot_ids(i: torch.Tensor, token_seed: int, bits: int) -> torch.Tensor:
@@ -68,23 +69,41 @@ def v2p_tensor(config: Config, seed: int, device) -> torch.Tensor:
 
 @dataclass
 class Observation:
-    """What one launch left behind: buffers before and after, inputs it changed, and any error."""
+    """What one launch left behind, as the engine's verdict reads it: the outputs and the inputs the launch changed
+    (``kvfence.engine.tables.Guarded``), each table's flat contents before and after on the host (by table name),
+    any launch error and the address audit's findings."""
 
     case: Case
     launch: LaunchBatch
-    kv_indices: GuardedBuffer
-    kv_indptr: GuardedBuffer
+    kv_indices: Guarded
+    kv_indptr: Guarded
     before: Dict[str, torch.Tensor]
     after: Dict[str, torch.Tensor]
-    changed_inputs: List[str] = field(default_factory=list)
+    #: The inputs the launch changed, as tables (an input it left alone has nothing to say).
+    changed: Dict[str, Guarded] = field(default_factory=dict)
     error: Optional[str] = None
     #: ``OOB_READ`` / ``OOB_WRITE`` from the interpreter address audit (``kvfence.engine.audit``), when it ran.
     audit_findings: List[Finding] = field(default_factory=list)
+    #: The audit itself (who stored into a guard, the grid), for the engine's naming of programs.
+    audit: Optional[Audit] = None
+
+    @property
+    def buffers(self) -> Dict[str, Guarded]:
+        """Every table the verdict compares: the two outputs and the changed inputs."""
+        return {self.kv_indices.table.name: self.kv_indices, self.kv_indptr.table.name: self.kv_indptr,
+                **self.changed}
+
+    def reset(self) -> None:
+        """Both outputs as before their first launch (canaries, poison)."""
+        self.kv_indices.reset()
+        self.kv_indptr.reset()
 
 
-def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = True):
-    """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, both guarded, laid out
-    by ``kvfence.contracts.draft.runner_buffers.buffer_geometry`` (the same numbers the memory budget counts)."""
+def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = True) -> Tuple[Guarded, Guarded]:
+    """kv_indices ``(num_steps, W)`` and kv_indptr ``(num_steps, n*topk + 1)``, engine tables
+    (``kvfence.engine.tables.allocate_laid_out``) laid out by ``kvfence.contracts.draft.runner_buffers.buffer_geometry``
+    (the same numbers the memory budget counts), with seeded canaries (the case's canary seed; kv_indptr's the next)
+    and kv_indptr's column 0 holding its canary (the kernel never writes it)."""
     kvi, kvp = buffer_geometry(config, n, absorb)
     # On the CPU (the address audit's device) each buffer gets a never-read spacer after it: without one
     # a row stored past the end can land in the next registered tensor (an input), where the audit
@@ -94,12 +113,20 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
     spacer = absorb and torch.device(device).type == "cpu"
     # The window rail's outputs are named as the rail names them (docs/contract.md §6); same guards.
     prefix = "window_" if config.is_rail else ""
-    kv_indices = GuardedBuffer(prefix + "kv_indices", kvi.rows, kvi.width, row_guard=kvi.row_guard, front=kvi.front,
-                               tail=kvi.tail, device=device, canary_seed=canary_seed, spacer=spacer)
-    kv_indptr = GuardedBuffer(prefix + "kv_indptr", kvp.rows, kvp.width, row_guard=kvp.row_guard, front=kvp.front,
-                              tail=kvp.tail, device=device, canary_seed=canary_seed + 1, guard_column0=True,
-                              spacer=spacer)
+    kv_indices = allocate_laid_out(Table(prefix + "kv_indices", kvi.width, kvi.rows), device, guard=kvi.row_guard,
+                                   front=kvi.front, tail=kvi.tail, canary_seed=canary_seed, spacer=spacer)
+    kv_indptr = allocate_laid_out(Table(prefix + "kv_indptr", kvp.width, kvp.rows), device, guard=kvp.row_guard,
+                                  front=kvp.front, tail=kvp.tail, canary_seed=canary_seed + 1, column0_canary=True,
+                                  spacer=spacer)
     return kv_indices, kv_indptr
+
+
+def input_table(name: str, tensor: torch.Tensor) -> Guarded:
+    """One of the runner's inputs as an engine table without guards (the runner allocates its inputs as production
+    does: a store past one lands in whatever lies next, which the address audit names on the CPU)."""
+    rows, width = (tensor.shape[0], tensor.shape[1]) if tensor.dim() == 2 else (None, tensor.numel())
+    table = Table(name, width, rows, "input", dtype=str(tensor.dtype).removeprefix("torch."))
+    return Guarded(table, tensor.view(-1), tensor, 0, 0, 0)
 
 
 class _Inputs:
@@ -181,7 +208,7 @@ class _RunnerBase:
         # The interpreter address audit (kvfence.engine.audit): on by default on the CPU, impossible on CUDA.
         self.audit = resolve_audit(audit, self.device.type)
 
-    def _kernel_kwargs(self, inputs: _Inputs, kv_indices: GuardedBuffer, kv_indptr: GuardedBuffer, m: int) -> dict:
+    def _kernel_kwargs(self, inputs: _Inputs, kv_indices: Guarded, kv_indptr: Guarded, m: int) -> dict:
         c = self.config
         kw = dict(req_pool_indices=inputs.req_pool_indices[:m], req_to_token=inputs.req_to_token,
                   seq_lens=inputs.seq_lens[:m], kv_indices=kv_indices.view, kv_indptr=kv_indptr.view,
@@ -204,7 +231,7 @@ class _RunnerBase:
         # wrong kinds and regions (the device verifier computes what it expects, so it never had this gap).
         host = torch.device("cpu")
         inputs_before = {k: v.to(host, copy=True) for k, v in inputs.named().items()}
-        before = {"kv_indices": kv_indices.snapshot().to(host), "kv_indptr": kv_indptr.snapshot().to(host)}  # by role
+        before = {g.table.name: g.flat.to(host, copy=True) for g in (kv_indices, kv_indptr)}
         error = None
         audit = None
         if self.audit:
@@ -219,13 +246,17 @@ class _RunnerBase:
                 torch.cuda.synchronize(self.device)
         except (Exception, SystemExit) as exc:  # the verdict reports it as LAUNCH_ERROR (a plug-in's sys.exit too)
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
-        after = {"kv_indices": kv_indices.snapshot(), "kv_indptr": kv_indptr.snapshot()}
-        before = {role: v.to(self.device) for role, v in before.items()}
-        changed = [k for k, v in inputs.named().items() if not torch.equal(v.to(host), inputs_before[k])]
+        after = {g.table.name: g.flat.to(host, copy=True) for g in (kv_indices, kv_indptr)}
+        changed = {}
+        for name, tensor in inputs.named().items():
+            now = tensor.to(host)
+            if not torch.equal(now, inputs_before[name]):
+                changed[name] = input_table(name, tensor)
+                before[name], after[name] = inputs_before[name].view(-1), now.clone().view(-1)
         if "req_to_token" in changed:
             inputs.token_seed = None  # the next load regenerates the pool instead of keeping this damage
         audit_findings = audit.findings() if audit is not None else []
-        return Observation(case, lb, kv_indices, kv_indptr, before, after, changed, error, audit_findings)
+        return Observation(case, lb, kv_indices, kv_indptr, before, after, changed, error, audit_findings, audit)
 
 
 class EagerRunner(_RunnerBase):

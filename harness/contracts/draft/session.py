@@ -2,26 +2,30 @@
 
 ``Session.check(case)`` is the whole pipeline for one case: pick (or build) the runner for the case's
 config (graph mode keeps its buffers and captured graphs across cases, as production does), launch,
-and return the verdict's findings.
+and return the verdict's findings: on CUDA the device verifier's counters decide a clean case; every other case
+gets ``host_verdict``, the engine's verdict (``kvfence.engine.verdict``) on the runner's tables.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Any, List, Optional, Set, cast
+from typing import Any, List, Optional, Set, Tuple, cast
 from weakref import WeakKeyDictionary
 
 from kvfence.contract import Launch
+from kvfence.contracts.draft import shipped_sizing
 from kvfence.contracts.draft.case import Case, Config
 from kvfence.contracts.draft.device_verify import COUNTERS, DeviceVerifier
-from kvfence.contracts.draft.fastcheck import expected_writes_torch
+from kvfence.contracts.draft.launches import launch_of
 from kvfence.contracts.draft.runner import GraphRunner, Observation, make_runner
 from kvfence.contracts.draft.runner_buffers import config_bytes as estimate_bytes
 from kvfence.contracts.draft.targets import KernelTarget, resolve_kernel
-from kvfence.contracts.draft.verdict import check
+from kvfence.engine import registry
 from kvfence.engine.audit import resolve_audit
+from kvfence.engine.checking import name_programs
 from kvfence.engine.findings import Finding, Kind
+from kvfence.engine.verdict import verdict, with_spills
 from kvfence.errors import require
 
 
@@ -188,12 +192,10 @@ class Session:
         if counters is not None:
             self.stats["launches"] += 1  # the full path launches the dirty case again
         obs = runner.run(case.batch)
-        expected = expected_writes_torch(obs) if self.verifier == "device" else None
-        findings = check(obs, expected)
+        findings = host_verdict(obs)
         if counters is not None or (findings and self.verifier == "device"):
             # The device fast path re-poisons rows but trusts the guards: restore what this case broke.
-            obs.kv_indices.reset()
-            obs.kv_indptr.reset()
+            obs.reset()
         if counters is not None and not findings:
             # The device counters saw damage that a second launch of the same case did not repeat.
             findings.append(Finding(Kind.VALUE_MISMATCH, "kv_indices", "unrepeatable",
@@ -207,3 +209,49 @@ def runtime_case(case) -> Case:
     if isinstance(case, Launch):
         return case.case.runtime(case.sizing, case.mode, case.layout, case.kernel)
     return case
+
+
+#: The host check's kinds that stop the launch in production: nothing the kernel did is then a finding.
+STOPPED = (Kind.HOST_CHECK_FIRED.value, Kind.HOST_CHECK_REJECTS_FIT.value)
+
+
+def host_verdict(obs: Observation) -> List[Finding]:
+    """The findings of one runner launch, on the host: the draft's arithmetic (``arithmetic``), the address
+    audit's, a launch error, then the engine's verdict (``kvfence.engine.verdict.verdict``) on the runner's tables
+    (its outputs, the inputs the launch changed) against the record's oracle (``Contract.expected``), with a
+    production layout's spills onto another row accepted where they race (``with_spills``), and the programs named
+    as the engine names them (``kvfence.engine.checking.name_programs``)."""
+    launch = launch_of(obs.case)
+    record = registry.get(launch.contract)  # the draft's record (``kvfence.contracts.draft.record``) by its name
+    findings = arithmetic(record, launch, obs)
+    if any(f.kind.value in STOPPED for f in findings):
+        return findings  # the check fires: production stops before the launch, so nothing is written
+    if obs.error is not None:
+        return findings + obs.audit_findings + [Finding(Kind.LAUNCH_ERROR, "kernel", "launch", detail=obs.error)]
+    buffers = obs.buffers
+    expected = with_spills(record.expected(launch), buffers)
+    found = verdict(record, launch, buffers, obs.before, obs.after, expected=expected)
+    name_programs(record, launch, obs.audit_findings, found, expected, buffers, obs.audit)
+    return findings + obs.audit_findings + found
+
+
+def arithmetic(record: Any, launch: Launch, obs: Observation) -> List[Finding]:
+    """What the case decides before the launch: a release's host check on it (read from the wheel,
+    ``shipped_sizing.check_verdict``) and ``SIZING_VIOLATION`` (need > width), with the programs whose segments
+    run past the row."""
+    case, config = obs.case, obs.case.config
+    width, need = obs.kv_indices.table.width, case.need()
+    name = obs.kv_indices.table.name
+    out = []
+    host = shipped_sizing.check_verdict(config.sizing, config.topk, config.num_steps, obs.launch.num_seqs,
+                                        sum(obs.launch.seq_lens), width, need)
+    if host is not None:
+        out.append(Finding(Kind(host[0]), name, "host check", detail=host[1]))
+    if need > width and not any(f.kind.value in STOPPED for f in out):
+        over: List[Tuple[int, ...]] = [(g.s, g.b, g.k) for g in record.segments(launch) if g.stop > width]
+        family = "".join(f", {k}={v}" for k, v in config.family_dict().items())
+        out.append(Finding(
+            Kind.SIZING_VIOLATION, name, f"row {config.num_steps - 1}", width, need, [], over,
+            f"need {need} > width {width} (topk={config.topk}, num_seqs={obs.launch.num_seqs}, "
+            f"sum(L)={sum(obs.launch.seq_lens)}, num_steps={config.num_steps}, sizing={config.sizing}{family})"))
+    return out

@@ -205,8 +205,7 @@ class Runs:
         return self.bodies[version]
 
     def findings(self, case: Case):
-        from kvfence.contracts.draft.session import Session
-        from kvfence.contracts.draft.verdict import check
+        from kvfence.contracts.draft.session import Session, host_verdict
 
         body = self.body(case.kernel[len(upstream.SPEC_PREFIX):])
         lb = case.launch()
@@ -216,7 +215,7 @@ class Runs:
         if key not in self.results:
             if body not in self.sessions:
                 self.sessions[body] = Session(self.device, case.kernel)
-            self.results[key] = check(self.sessions[body].observe(case))
+            self.results[key] = host_verdict(self.sessions[body].observe(case))
         return self.results[key]
 
 

@@ -8,7 +8,7 @@ by program ``(s, 0, 0)``) is wrong once the batch has more than 64 real branches
 
 KIND = "kernel"
 #: Finding kinds that count as detecting this bug (any one of them; kvfence.selftest.mutants).
-DETECTS = ("INDPTR_MISMATCH",)
+DETECTS = ("VALUE_MISMATCH",)
 #: The domain whose default draws must reach the bug (``kvfence.contracts.draft.domain``): production-sized.
 DOMAIN = "gpu"
 #: Config pins that reach the bug, for ``mutants --verifiers both``'s extra rounds when default draws

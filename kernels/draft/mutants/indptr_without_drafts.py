@@ -6,7 +6,7 @@ consumer's ranges omit every branch's draft tokens. Shows with any config.
 
 KIND = "kernel"
 #: Finding kinds that count as detecting this bug (any one of them; kvfence.selftest.mutants).
-DETECTS = ("INDPTR_MISMATCH",)
+DETECTS = ("VALUE_MISMATCH",)
 #: (reference text, mutated text): applied to kernels/draft/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('(tl.sum(pos) + z * n).to(kv_indptr.dtype.element_ty))\n',

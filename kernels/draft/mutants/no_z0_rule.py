@@ -7,7 +7,7 @@ length) is never written. Shows with any config.
 
 KIND = "kernel"
 #: Finding kinds that count as detecting this bug (any one of them; kvfence.selftest.mutants).
-DETECTS = ("INDPTR_MISMATCH", "STRAY_WRITE")
+DETECTS = ("MISSING_WRITE", "STRAY_WRITE")
 #: (reference text, mutated text): applied to kernels/draft/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        z = tl.where(z == 0, num_seqs * topk, z)\n',

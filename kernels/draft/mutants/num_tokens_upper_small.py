@@ -7,7 +7,7 @@ Bug class (docs/contract.md §5): an upper smaller than needed. The kv_indptr su
 
 KIND = "kernel"
 #: Finding kinds that count as detecting this bug (any one of them; kvfence.selftest.mutants).
-DETECTS = ("INDPTR_MISMATCH",)
+DETECTS = ("VALUE_MISMATCH",)
 #: (reference text, mutated text): applied to kernels/draft/draft_kv_indices.py, each matching exactly once.
 PATCH = [
     ('        offs_p = tl.arange(0, num_tokens_upper)\n',

@@ -6,7 +6,7 @@ indptr must be ``B(s, z) = sum(min(positions[i] + n, w))``. Segments stay right;
 
 KIND = "kernel"
 #: Finding kinds that count as detecting this bug (any one of them; kvfence.selftest.mutants).
-DETECTS = ("INDPTR_MISMATCH",)
+DETECTS = ("VALUE_MISMATCH",)
 CONTRACT = "window-rail"
 PATCH = [
     ('    total_before = tl.sum(tl.where(offs_p < column, tl.minimum(pos_all + n, window), 0))\n',

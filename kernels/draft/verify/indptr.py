@@ -48,7 +48,7 @@ def verify_indptr_kernel(
 
     in_range = cols < count
     i = (base + cols).to(tl.int64)
-    # kvfence.contracts.draft.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the
+    # kvfence.engine.tables.seeded_canaries; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on the
     # host.
     canary = -(((i * 0x2545F491 + seed_term) & ((1 << 30) - 1)) + 2)
     # (cols < width*is_row) rather than is_row & (...): the interpreter keeps a scalar&block mask as int32.
@@ -72,11 +72,11 @@ def verify_indptr_kernel(
 
 
 def verify_indptr(buf, *, positions, counts, num_seqs: int, topk: int, poison: int, poison_back: bool = False):
-    """Launch over ``buf`` (the kv_indptr ``kvfence.contracts.draft.guarded.GuardedBuffer``) for a launch of
+    """Launch over ``buf`` (the kv_indptr ``kvfence.engine.tables.Guarded`` of the draft's runner) for a launch of
     ``num_seqs`` requests whose ``positions`` (``num_seqs * topk`` of them) are on the device."""
     span = max(buf.stride, buf.front, buf.tail)
     verify_indptr_kernel[(triton.cdiv(span, BLOCK_COLUMNS), buf.rows + 2)](
-        buf.storage, positions, counts, buf.front, buf.rows, buf.width, buf.stride, buf.tail, num_seqs, topk,
+        buf.flat, positions, counts, buf.front, buf.rows, buf.table.width, buf.stride, buf.tail, num_seqs, topk,
         (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), poison,
-        BLOCK=BLOCK_COLUMNS, GUARD_COL0=buf.guard_column0, POISON_BACK=poison_back,
+        BLOCK=BLOCK_COLUMNS, GUARD_COL0=buf.column0_canary, POISON_BACK=poison_back,
     )

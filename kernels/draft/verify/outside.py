@@ -60,7 +60,7 @@ def verify_outside_kernel(
         live = cols < width * is_row.to(tl.int32)
         check = (cols >= used) & (cols < count)
         i = (base + cols).to(tl.int64)
-        # kvfence.contracts.draft.guarded.canary_values; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on
+        # kvfence.engine.tables.seeded_canaries; seed_term = (canary_seed * 0x9E37) mod 2**30, precomputed on
         # the host.
         h = (i * 0x2545F491 + seed_term) & ((1 << 30) - 1)
         expected = tl.where(live, poison, -(h + 2))
@@ -73,12 +73,12 @@ def verify_outside_kernel(
 
 
 def verify_outside(buf, *, counts, slot: int, rows, cursor, num_seqs: int, topk: int, poison: int):
-    """Launch over the whole allocation of ``buf`` (the kv_indices ``kvfence.contracts.draft.guarded.GuardedBuffer``)
+    """Launch over the whole allocation of ``buf`` (the kv_indices ``kvfence.engine.tables.Guarded`` of the runner)
     for a launch of ``num_seqs`` requests; ``rows[cursor, -1]`` is the sum of their (padded) lengths.
     The canary seed is the buffer's own."""
     span = max(buf.stride, buf.front, buf.tail)
     grid = (min(triton.cdiv(span, BLOCK_ELEMENTS), PROGRAMS_PER_ROW), buf.rows + 2)
     verify_outside_kernel[grid](
-        buf.storage, counts, rows, cursor, rows.shape[1], slot, buf.front, buf.rows, buf.width, buf.stride, buf.tail,
+        buf.flat, counts, rows, cursor, rows.shape[1], slot, buf.front, buf.rows, buf.table.width, buf.stride, buf.tail,
         num_seqs, topk, (buf.canary_seed * 0x9E37) & ((1 << 30) - 1), poison, BLOCK=BLOCK_ELEMENTS,
     )

@@ -98,7 +98,7 @@ def verify_segments_kernel(
 
 def verify_segments(buf, *, seq_lens, req_pool_indices, rows, cursor, counts, pool_len: int, topk: int,
                     num_steps: int, page_size: int, poison_back: bool = False, poison: int = -1):
-    """Launch over ``(num_steps, num_seqs, topk)`` on ``buf`` (the kv_indices ``GuardedBuffer``).
+    """Launch over ``(num_steps, num_seqs, topk)`` on ``buf`` (the kv_indices ``kvfence.engine.tables.Guarded``).
 
     ``rows[cursor, 0]`` is the case's token seed (``harness/contracts/draft/device_verify.py``'s staging rows).
     ``poison_back``: each checked element is overwritten with ``poison`` after the comparison (one pass
@@ -107,8 +107,8 @@ def verify_segments(buf, *, seq_lens, req_pool_indices, rows, cursor, counts, po
     """
     num_seqs = seq_lens.shape[0]
     verify_segments_kernel[(num_steps, num_seqs, topk)](
-        buf.storage, seq_lens, req_pool_indices, rows, cursor, rows.shape[1], counts,
-        pool_len, buf.front, buf.stride, buf.width, num_steps, page_size, poison,
+        buf.flat, seq_lens, req_pool_indices, rows, cursor, rows.shape[1], counts,
+        pool_len, buf.front, buf.stride, buf.table.width, num_steps, page_size, poison,
         LANES=LANES, BLOCK=BLOCK_TOKENS, POISON_BACK=poison_back, EVICT=LOAD_EVICTION, STORE_CACHE=STORE_CACHE,
         num_warps=NUM_WARPS,
     )
