@@ -282,8 +282,14 @@ class Audit:
 
     # -- the wrapped interpreter operations ---------------------------------------------------------
     def _grid(self) -> Tuple[int, int, int]:
-        self.grid_dims.add(tuple(int(x) for x in getattr(self._builder, "grid_dim", ())))
         return cast(Tuple[int, int, int], tuple(int(x) for x in self._builder.grid_idx))  # the interpreter's 3 axes
+
+    def _grid_dims(self) -> Tuple[int, ...]:
+        """The launch's grid, noted in ``grid_dims`` (only where a lane is recorded: asking on every access costs
+        the hot path, and only a recorded program is ever cut to the grid's shape)."""
+        dims = tuple(int(x) for x in getattr(self._builder, "grid_dim", ()))
+        self.grid_dims.add(dims)
+        return dims
 
     @staticmethod
     def _elsize(ptrs: Any) -> int:
@@ -314,6 +320,7 @@ class Audit:
         if not bad.any():
             return None
         grid = self._grid()
+        self._grid_dims()
         bad_addr = addr[bad]
         wild = self._outside(bad_addr, size, self._store_starts, self._store_ends)
         vals = None
@@ -339,13 +346,15 @@ class Audit:
         """Record the program of each store lane into an output table's guard (``guard_stores``)."""
         if not self._watched_starts.size or len(self.guard_stores) >= MAX_LANES:
             return
+        if self._row_starts.size:  # rows first: nearly every store lands in a row, and then one search decides
+            addr = addr[self._outside(addr, size, self._row_starts, self._row_ends)]
+            if not addr.size:
+                return
         lanes = addr[~self._outside(addr, size, self._watched_starts, self._watched_ends)]
-        if lanes.size and self._row_starts.size:
-            lanes = lanes[self._outside(lanes, size, self._row_starts, self._row_ends)]
         if not lanes.size:
             return
         program = self._grid()
-        dims = tuple(int(x) for x in getattr(self._builder, "grid_dim", ()))  # _grid noted them in grid_dims
+        dims = self._grid_dims()
         for a in lanes[:MAX_LANES].tolist():
             alloc = self._containing(a)
             assert alloc is not None  # a lane inside a watched allocation's range is inside that allocation
