@@ -10,7 +10,6 @@ the engine finds records, and names no contract itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from kvfence.errors import BadInput, require
@@ -126,9 +125,8 @@ class Shipped:
     ``severity``: what a deployment suffers, per class of a site (``"writes past its row"``, ``"width formula
     short"``), in a deployer's words. ``vllm_affected(deployment, out, device)``: the contract's
     ``kvfence.release.affected.Verdict``s for a vLLM deployment (``kvfence.release.affected_vllm``).
-    ``cache_record``: ``(file name, reader)``, the record the ``release_cache`` writes beside the kernels
-    of a release's cache entry, ``reader(wheel)`` its data read from the wheel (the draft family's shipped
-    sizing). ``release_cache``: its cache of the kernels it extracts from the wheels (``ReleaseCache``)."""
+    ``release_cache``: its cache of the kernels it extracts from the wheels, with what it keeps beside them
+    (``ReleaseCache``: the draft family's, its shipped sizing beside its kernels)."""
 
     upstream: Optional[Upstream] = None
     sites: Tuple[ShippedSite, ...] = ()
@@ -140,7 +138,6 @@ class Shipped:
     block_pages: Optional[Callable[[int], int]] = None
     severity: Tuple[Tuple[str, str], ...] = ()
     vllm_affected: Optional[Callable] = None
-    cache_record: Optional[Tuple[str, Callable[[Path], dict]]] = None
     release_cache: Optional[ReleaseCache] = None
 
 
@@ -180,16 +177,6 @@ def shipped(name: str) -> Shipped:
 def with_tool() -> List[str]:
     """The contracts with release tooling of their own (``Shipped.tool``), sorted."""
     return [n for n in names() if shipped(n).tool is not None]
-
-
-def cache_record() -> Tuple[str, Callable[[Path], dict]]:
-    """The first ``Shipped.cache_record`` registered, by contract name: what a release's cache entry keeps beside
-    its kernels (loading the knowledge of only the contracts up to it)."""
-    for name in names():
-        record = shipped(name).cache_record
-        if record is not None:
-            return record
-    raise BadInput(f"no contract registers a cache record ({GROUP}): a release's cache entry needs one")
 
 
 def release_cache() -> ReleaseCache:

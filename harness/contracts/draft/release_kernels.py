@@ -5,10 +5,9 @@ sglang==VERSION[:attr]``.
 SGLang import, no GPU dependency), finds the module that defines ``generate_draft_decode_kv_indices`` (it
 moved between releases), and writes a standalone module into the cache folder (``$KVFENCE_CACHE`` or
 ``~/.cache/kvfence/``), ``sglang-VERSION/<module>.py``, next to a ``manifest.json`` and ``shipped.json`` (how
-the release's backends size the kernel's buffer, read as data by the reader a contract registers as its
-``kvfence.release.knowledge.Shipped.cache_record``: the draft kernel's). The module holds only what the kernels
-need, extracted with ``ast``: the kernel, ``generate_draft_decode_window_kv_indices`` when the release has it, the
-``@triton.jit`` helpers they call, and the module-level constants they read, plus ``import triton`` /
+the release's backends size the kernel's buffer, read as data by ``shipped_wheel``). The module holds only what
+the kernels need, extracted with ``ast``: the kernel, ``generate_draft_decode_window_kv_indices`` when the release
+has it, the ``@triton.jit`` helpers they call, and the module-level constants they read, plus ``import triton`` /
 ``import triton.language as tl``.
 
 The wheel is data. kvfence never imports SGLang and never runs anything from the wheel except those jit
@@ -41,9 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from kvfence.contracts.draft.shipped_wheel import DRAFT_KERNEL, WINDOW_KERNEL
+from kvfence.contracts.draft.shipped_wheel import DRAFT_KERNEL, RECORD_FILE, WINDOW_KERNEL, read_wheel_or_note
 from kvfence.errors import BadInput, require
-from kvfence.release import knowledge
 from kvfence.release.extract import check_entry, entry_header, extract
 from kvfence.release.upstream import (
     ABI_UNSUPPORTED,
@@ -343,8 +341,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
                           "Generated; do not edit (the manifest holds its sha256).")
     text = header + "\n" + text
     check_entry(text, f"{source_path} (as extracted)", set(functions))  # as load_entry will, before it is written
-    record_file, read_record = knowledge.cache_record()  # the wheel's sizing sites, read as data (never imported)
-    shipped_text = json.dumps(read_record(wheel), indent=1) + "\n"
+    shipped_text = json.dumps(read_wheel_or_note(wheel), indent=1) + "\n"  # its sizing sites, as data (never imported)
     manifest = {"format": CACHE_FORMAT, "version": version, "source_path": source_path, "wheel": wheel.name,
                 "wheel_sha256": sha256_hex(wheel_bytes), "module_file": module_file,
                 "module_sha256": sha256_hex(text.encode()), "functions": functions, "abi": abi,
@@ -352,7 +349,7 @@ def _extract_to_cache(version: str, wheel: Path) -> Entry:
     # Write a sibling folder, then swap it in: a reader never sees half an entry.
     folder = entry_folder(version)
     with cache_writes(folder):
-        _swap_in(folder, module_file, text, record_file, shipped_text, manifest)
+        _swap_in(folder, module_file, text, RECORD_FILE, shipped_text, manifest)
         refusal_path(version).unlink(missing_ok=True)  # the release is testable now (a --refresh, another wheel)
     return _validate_entry(version, folder)
 
