@@ -345,43 +345,43 @@ def cached_entry(tmp_path, monkeypatch):
     """A real cache entry, fetched from a small local wheel (tests/test_upstream.py builds it)."""
     from test_upstream import VERSION, make_wheel
 
-    from kvfence.release import upstream
+    from kvfence.contracts.draft import release_kernels
 
     monkeypatch.setenv("KVFENCE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVFENCE_OFFLINE", "1")
-    upstream.fetch(VERSION, wheel=str(make_wheel(tmp_path / "wheels")), announce=lambda line: None)
-    return upstream.entry_folder(VERSION), VERSION
+    release_kernels.fetch(VERSION, wheel=str(make_wheel(tmp_path / "wheels")), announce=lambda line: None)
+    return release_kernels.entry_folder(VERSION), VERSION
 
 
 @pytest.mark.parametrize("what", ["root", "entry", "module", "manifest"])
 def test_a_cache_writable_by_others_is_refused(cached_entry, what):
-    from kvfence.release import upstream
+    from kvfence.contracts.draft import release_kernels
 
     folder, version = cached_entry
-    assert upstream.load_entry(version) is not None  # as fetched: trusted
+    assert release_kernels.load_entry(version) is not None  # as fetched: trusted
     path = {"root": folder.parent, "entry": folder, "module": folder / "spec_utils.py",
-            "manifest": folder / upstream.MANIFEST}[what]
+            "manifest": folder / release_kernels.MANIFEST}[what]
     path.chmod(path.stat().st_mode | 0o002)
     with pytest.raises(BadInput, match="writable by others"):
-        upstream.load_entry(version)
+        release_kernels.load_entry(version)
     path.chmod(path.stat().st_mode & ~0o022)
-    assert upstream.load_entry(version) is not None
+    assert release_kernels.load_entry(version) is not None
 
 
 def test_a_cache_root_reached_through_a_link_is_judged_by_where_it_points(cached_entry, monkeypatch):
     """A symlinked cache root (``~/.cache -> /data/cache``) is trusted when its target is: a link's own mode
     reads 777 and means nothing. A target writable by others is still refused, named by the link."""
-    from kvfence.release import upstream
+    from kvfence.contracts.draft import release_kernels
 
     folder, version = cached_entry
     link = folder.parent.parent / "linked-cache"
     link.symlink_to(folder.parent, target_is_directory=True)
     monkeypatch.setenv("KVFENCE_CACHE", str(link))
-    assert upstream.entry_folder(version).parent == link
-    assert upstream.load_entry(version) is not None
+    assert release_kernels.entry_folder(version).parent == link
+    assert release_kernels.load_entry(version) is not None
     folder.parent.chmod(folder.parent.stat().st_mode | 0o002)
     with pytest.raises(BadInput, match=f"{link} is writable by others"):
-        upstream.load_entry(version)
+        release_kernels.load_entry(version)
     folder.parent.chmod(folder.parent.stat().st_mode & ~0o022)
 
 
@@ -391,10 +391,10 @@ def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cach
     re-extracting 20 times while this one loads, with no "corrupt"."""
     from test_upstream import make_wheel
 
-    from kvfence.release import upstream
+    from kvfence.contracts.draft import release_kernels
 
     folder, version = cached_entry
-    real = upstream._validate_entry
+    real = release_kernels._validate_entry
     calls = []
 
     def swapped_once(v, f):
@@ -403,33 +403,34 @@ def test_an_entry_swapped_while_it_is_read_is_read_again_not_called_corrupt(cach
             raise FileNotFoundError(2, "No such file or directory", str(f / "spec_utils.py"))
         return real(v, f)
 
-    monkeypatch.setattr(upstream, "_validate_entry", swapped_once)
-    assert upstream.load_entry(version) is not None and len(calls) == 2
-    monkeypatch.setattr(upstream, "_validate_entry", real)
+    monkeypatch.setattr(release_kernels, "_validate_entry", swapped_once)
+    assert release_kernels.load_entry(version) is not None and len(calls) == 2
+    monkeypatch.setattr(release_kernels, "_validate_entry", real)
     wheel, errors = make_wheel(tmp_path / "again"), []
     # Another process (as another first user would be; ast.parse is not safe across threads in CPython 3.11).
     writer = subprocess.Popen([sys.executable, "-c", "import sys\nfrom pathlib import Path\n"
-                               "from kvfence.release import upstream\n"
-                               "for _ in range(20):\n    upstream._extract_to_cache(sys.argv[1], Path(sys.argv[2]))\n",
+                               "from kvfence.contracts.draft import release_kernels\n"
+                               "for _ in range(20):\n"
+                               "    release_kernels._extract_to_cache(sys.argv[1], Path(sys.argv[2]))\n",
                                version, str(wheel)], stderr=subprocess.PIPE, text=True)
     while writer.poll() is None:
         try:
-            upstream.load_entry(version)
+            release_kernels.load_entry(version)
         except BadInput as exc:
             errors.append(str(exc))
     assert writer.wait() == 0, writer.stderr.read()[-2000:]
-    assert errors == [] and upstream.load_entry(version) is not None
+    assert errors == [] and release_kernels.load_entry(version) is not None
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []  # no folder left aside
 
 
 def test_a_manifest_abi_of_the_wrong_type_is_corrupt(cached_entry):
-    from kvfence.release import upstream
+    from kvfence.contracts.draft import release_kernels
 
     folder, version = cached_entry
-    manifest = json.loads((folder / upstream.MANIFEST).read_text())
-    (folder / upstream.MANIFEST).write_text(json.dumps(dict(manifest, abi="x")))
+    manifest = json.loads((folder / release_kernels.MANIFEST).read_text())
+    (folder / release_kernels.MANIFEST).write_text(json.dumps(dict(manifest, abi="x")))
     with pytest.raises(BadInput, match="is corrupt.*abi"):
-        upstream.load_entry(version)
+        release_kernels.load_entry(version)
 
 
 # -- lock records ------------------------------------------------------------------------------------------

@@ -330,8 +330,9 @@ def test_every_real_release_kernel_is_admitted(tmp_path, monkeypatch):
     """Every kernel kvfence reads from each wheel in $KVFENCE_TEST_WHEELS, through every path that admits one: the
     draft entry (draft and window-rail), each contract's release kernel (its entry written and read back), and the
     bare extraction of each contract's function whatever its signature (the planted release mutants' text)."""
+    from kvfence.contracts.draft import release_kernels
     from kvfence.engine.registry import get
-    from kvfence.release import contract_kernels, knowledge, upstream, vllm_kernels
+    from kvfence.release import contract_kernels, knowledge, vllm_kernels
     from kvfence.release.upstream import Refused
 
     monkeypatch.setenv("KVFENCE_WHEEL_DIR", WHEELS)
@@ -342,7 +343,7 @@ def test_every_real_release_kernel_is_admitted(tmp_path, monkeypatch):
         project, version = wheel.name.split("-")[:2]
         if project == "sglang":
             try:
-                admitted += [f"{version} {k}" for k in upstream.fetch(version).manifest["functions"]]
+                admitted += [f"{version} {k}" for k in release_kernels.fetch(version).manifest["functions"]]
             except Refused:
                 pass
         with zipfile.ZipFile(wheel) as zf:

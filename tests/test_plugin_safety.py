@@ -77,7 +77,7 @@ def test_a_journal_slot_holding_the_huge_case_becomes_a_crash_case_file_without_
 
 @pytest.mark.parametrize("version", ["0.5.23\n", "9" * 100_000, "0.5.23/../../etc", " 0.5.23"])
 def test_a_version_that_is_not_a_version_is_one_line(version, tmp_path):
-    from kvfence.release.upstream import check_version
+    from kvfence.release.wheels import check_version
 
     with pytest.raises(BadInput) as err:
         check_version(version)

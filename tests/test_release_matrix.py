@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from kvfence.contracts.draft import release_kernels
 from kvfence.engine.progress import PLAIN_EVERY_S
 from kvfence.errors import BadInput
 from kvfence.release import release_matrix as rm
-from kvfence.release import upstream
 from tests.test_upstream import (
     EXTRA_REQUIRED,
     INCLUSIVE_PREFIX_SUM,
@@ -114,18 +114,18 @@ def test_bad_version_ranges_are_bad_input(text, needle):
 
 # -- cells that need no fuzzing ------------------------------------------------------------------------
 def test_cells_that_cannot_run_say_why():
-    ok = rm.Release("1.0", abis={upstream.DRAFT_KERNEL: "classic"}, source_path="m.py")
+    ok = rm.Release("1.0", abis={release_kernels.DRAFT_KERNEL: "classic"}, source_path="m.py")
     assert rm.settle(ok, "safe", "draft", ("draft",)).status == "pending"
     cell = rm.settle(ok, "safe", "window-rail", ("draft",))
     assert (cell.status, cell.message) == ("not-applicable", "this kvfence build does not check the window-rail "
                                                              "contract yet")
     cell = rm.settle(ok, "safe", "window-rail", ("draft", "window-rail"))
-    assert cell.status == "not-applicable" and upstream.WINDOW_KERNEL in cell.message
+    assert cell.status == "not-applicable" and release_kernels.WINDOW_KERNEL in cell.message
     refused = rm.Release("0.4.2", "abi-unsupported", "no known ABI fits")
     assert (rm.settle(refused, "prefix", "draft", ("draft",)).status,
             rm.settle(refused, "prefix", "draft", ("draft",)).message) == ("abi-unsupported", "no known ABI fits")
     # A release whose ABI has no page_size is asked only for the flat layout it has.
-    old = rm.Release("0.4.5", abis={upstream.DRAFT_KERNEL: "num-seqs-topk"}, source_path="m.py")
+    old = rm.Release("0.4.5", abis={release_kernels.DRAFT_KERNEL: "num-seqs-topk"}, source_path="m.py")
     assert rm.settle(old, "safe", "draft", ("draft",)).pins == ["--page-size", "1"]
     assert rm.settle(ok, "safe", "draft", ("draft",)).pins == []
 
@@ -276,7 +276,7 @@ def test_corrupt_refusal_record_is_one_line_exit_2(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     # This kvfence's format (one of another format is fetched again), with a status no refusal has.
-    upstream_refusal(cache).write_text(json.dumps({"format": upstream.CACHE_FORMAT, "version": "0.0.1",
+    upstream_refusal(cache).write_text(json.dumps({"format": release_kernels.CACHE_FORMAT, "version": "0.0.1",
                                                    "status": "exec", "reason": "x"}))
     one_line_exit_2(kvfence("upstream", "fetch", CLEAN, cache=cache), "is corrupt", "--refresh")
 

@@ -404,7 +404,7 @@ def _tampered(record: dict):
 def test_a_tampered_record_with_its_sha256_in_the_manifest_is_one_line_exit_2(tmp_path):
     """A record someone edited and re-hashed into the manifest is read only after its schema and types are
     checked: every kind of damage is one line naming the record, exit 2, never a traceback."""
-    from kvfence.release.upstream import sha256_hex as _sha256
+    from kvfence.release.wheels import sha256_hex as _sha256
 
     cache = tmp_path / "cache"
     wheel = toy_wheel(tmp_path / "wheels")
@@ -498,7 +498,7 @@ def test_kernel_extraction_reads_no_member_past_the_bound_and_names_what_it_left
     left out, not inflated), and a release whose kernel is not found says which members were not read."""
     import zipfile
 
-    from kvfence.release import upstream
+    from kvfence.contracts.draft import release_kernels
 
     monkeypatch.setattr(wheel_ast, "MAX_MEMBER_BYTES", 64 << 10)
     bomb = "x = 0\n" + "#" * (1 << 20)
@@ -515,13 +515,13 @@ def test_kernel_extraction_reads_no_member_past_the_bound_and_names_what_it_left
         return handle
 
     monkeypatch.setattr(zipfile.ZipFile, "open", counting_open)
-    name, source = upstream._find_kernel_module("0.0.9", wheel)
+    name, source = release_kernels._find_kernel_module("0.0.9", wheel)
     assert name == MODULE and "def generate_draft_decode_kv_indices(" in source
     assert reads and all(0 <= n <= wheel_ast.MAX_MEMBER_BYTES + 1 for n in reads)  # never a whole-member read
     without = make_wheel(tmp_path / "w2", "0.0.8", {"sglang/srt/x.py": "x = 1\n", "sglang/srt/bomb.py": bomb})
-    with pytest.raises(upstream.Refused,
+    with pytest.raises(release_kernels.Refused,
                        match=r"1 member\(s\) not read: sglang/srt/bomb.py \(\d+ bytes, more than 65536"):
-        upstream._find_kernel_module("0.0.8", without)
+        release_kernels._find_kernel_module("0.0.8", without)
 
 
 def test_a_member_that_does_not_parse_is_named_when_no_backend_is_found(tmp_path):

@@ -99,12 +99,12 @@ def test_an_os_error_no_command_caught_is_one_line_naming_the_path(monkeypatch, 
     import errno
 
     from kvfence.cli import main
-    from kvfence.release import upstream
+    from kvfence.contracts.draft import release_kernels
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", "/mnt/ro/kvfence-cache/sglang-0.0.1")
 
-    monkeypatch.setattr(upstream, "fetch", read_only)
+    monkeypatch.setattr(release_kernels, "fetch", read_only)
     assert main(["upstream", "fetch", "0.0.1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kvfence: error: /mnt/ro/kvfence-cache/sglang-0.0.1: Read-only file system (EROFS)"], err

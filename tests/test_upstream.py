@@ -1,4 +1,5 @@
-"""SGLang's kernels from its wheel (kvfence.release.upstream): ``upstream fetch`` and ``--kernel sglang==VERSION``.
+"""SGLang's kernels from its wheel (kvfence.contracts.draft.release_kernels): ``upstream fetch`` and ``--kernel
+sglang==VERSION``.
 
 The unit tests build small fake wheels in tmp_path: a zip with a dist-info and an ``sglang/.../spec_utils.py``
 holding a classic-ABI kernel written here from docs/contract.md (no SGLang code), plus module-level code that would
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from kvfence.contracts.draft import release_kernels
 from kvfence.errors import BadInput
-from kvfence.release import upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.0.1"
@@ -209,8 +210,8 @@ def test_fetch_extracts_only_the_jit_code_and_writes_a_manifest(tmp_path, cache)
 @pytest.mark.parametrize("edits,abi", [([], "classic"), (ROW_STRIDE, "row-stride"), (NUM_SEQS_TOPK, "num-seqs-topk"),
                                        (NEUTRAL_DEFAULTS, "classic")])
 def test_abi_is_detected_from_the_signature(edits, abi):
-    fn = next(n for n in ast.parse(edited(edits)).body if getattr(n, "name", "") == upstream.DRAFT_KERNEL)
-    detected = upstream.detect_abi(fn)
+    fn = next(n for n in ast.parse(edited(edits)).body if getattr(n, "name", "") == release_kernels.DRAFT_KERNEL)
+    detected = release_kernels.detect_abi(fn)
     assert (detected.name, detected.rail) == (abi, False)
 
 
@@ -243,10 +244,10 @@ def test_the_window_rail_kernel_is_extracted_and_needs_its_contract(tmp_path, ca
     wheel = make_wheel(tmp_path / "wheels", modules={MODULE: FAKE_MODULE + WINDOW_RAIL})
     assert kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache).returncode == 0
     manifest = json.loads((cache / f"sglang-{VERSION}" / "manifest.json").read_text())
-    rail = manifest["abi"][upstream.WINDOW_KERNEL]
+    rail = manifest["abi"][release_kernels.WINDOW_KERNEL]
     assert (rail["name"], rail["rail"], rail["required"][-1]) == ("row-stride", True, "window")
     # Fuzzed under the draft contract (the default) it is refused in one line: it is the rail.
-    one_line_exit_2(fuzz(cache, tmp_path, f"sglang=={VERSION}:{upstream.WINDOW_KERNEL}"),
+    one_line_exit_2(fuzz(cache, tmp_path, f"sglang=={VERSION}:{release_kernels.WINDOW_KERNEL}"),
                     "implements the window-rail contract, not draft")
 
 
@@ -341,7 +342,7 @@ def test_hand_edited_module_with_matching_hash_is_still_refused(tmp_path, cache,
     (folder / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setenv("KVFENCE_CACHE", str(cache))
     with pytest.raises(BadInput, match=f"is corrupt.*({needle})"):
-        upstream.load_entry(VERSION)
+        release_kernels.load_entry(VERSION)
 
 
 @pytest.mark.interpreter  # runs --device cpu in a subprocess
@@ -380,8 +381,8 @@ def test_real_release_from_pypi_is_extracted_and_fuzzes_clean(tmp_path, cache):
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((Path(proc.stdout.strip()).parent / "manifest.json").read_text())
     assert manifest["source_path"] == "sglang/kernels/ops/speculative/cache_locs.py"
-    assert {k: v["name"] for k, v in manifest["abi"].items()} == {upstream.DRAFT_KERNEL: "row-stride",
-                                                                    upstream.WINDOW_KERNEL: "row-stride"}
+    assert {k: v["name"] for k, v in manifest["abi"].items()} == {release_kernels.DRAFT_KERNEL: "row-stride",
+                                                                    release_kernels.WINDOW_KERNEL: "row-stride"}
     proc = fuzz(cache, tmp_path, "sglang==0.5.23")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     one_line_exit_2(kvfence("upstream", "fetch", "9.9.9", cache=cache, KVFENCE_OFFLINE="0"),
@@ -394,7 +395,7 @@ def test_an_extracted_rail_kernel_is_fuzzed_under_the_rail_contract(tmp_path, ca
     # launch with its window (the ABI's 14th argument) and the verdict catches it (exit 1, not 2).
     wheel = make_wheel(tmp_path / "wheels", modules={MODULE: FAKE_MODULE + WINDOW_RAIL})
     assert kvfence("upstream", "fetch", VERSION, "--wheel", str(wheel), cache=cache).returncode == 0
-    proc = fuzz(cache, tmp_path, f"sglang=={VERSION}:{upstream.WINDOW_KERNEL}", "--contract", "window-rail",
+    proc = fuzz(cache, tmp_path, f"sglang=={VERSION}:{release_kernels.WINDOW_KERNEL}", "--contract", "window-rail",
                 "--window", "3", "--sizing", "window-fixed")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "window_kv_indptr" in proc.stdout

@@ -1,4 +1,4 @@
-"""``kvfence upstream fetch|matrix|sizing``: SGLang's own kernels from its wheels (kvfence.release.upstream,
+"""``kvfence upstream fetch|matrix|sizing``: SGLang's own kernels from its wheels (the registered release cache,
 kvfence.release.release_matrix; a contract's shipped sizing through kvfence.release.knowledge).
 
 ``add_parser(sub)`` adds ``upstream`` to ``sub`` (kvfence.cli.build_parser), each action with its handler as
@@ -35,12 +35,14 @@ def contracts_of(args) -> list:
 
 
 def cmd_upstream(args) -> int:
-    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the cache (kvfence.release.upstream)."""
-    from kvfence.release import upstream
+    """``upstream fetch VERSION``: SGLang's kernels from its wheel into the registered release cache
+    (``kvfence.release.knowledge.release_cache``)."""
+    from kvfence.release.knowledge import release_cache
 
-    entry = upstream.fetch(args.version, wheel=args.wheel, offline=True if args.offline else None,
+    cache = release_cache()
+    entry = cache.fetch(args.version, wheel=args.wheel, offline=True if args.offline else None,
                            refresh=args.refresh, announce=_stderr)
-    _stderr(f"kvfence: {upstream.describe(entry)}")
+    _stderr(f"kvfence: {cache.describe(entry)}")
     print(entry.module_path)
     return EXIT_CLEAN
 
@@ -152,7 +154,7 @@ def _matrix(args) -> int:
     from kvfence.engine.budget import parse_size
     from kvfence.release import release_matrix as rm
     from kvfence.release.matrix_report import headline, write
-    from kvfence.release.upstream import offline_by_env
+    from kvfence.release.wheels import offline_by_env
 
     json_path = _writable(args.json, "--json")
     out_dir = _out_dir(args.out)

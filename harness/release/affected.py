@@ -138,9 +138,9 @@ class _Refuse(argparse.ArgumentParser):
 
 def parse_deployment(version: str, argv: Sequence[str]) -> Deployment:
     """The deployment of ``argv`` (SGLang's flags, or a whole launch command) on release ``version``."""
-    from kvfence.release import upstream
+    from kvfence.release.wheels import check_version
 
-    upstream.check_version(version)
+    check_version(version)
     parser = _flag_parser()
     parser.__class__ = _Refuse
     try:

@@ -317,8 +317,7 @@ def deployment_json(dep: VllmDeployment, verdicts: list) -> dict:
 def vllm_releases() -> List[str]:
     """The vLLM releases kvfence has on this host: ``KVFENCE_WHEEL_DIR``'s wheels and the cache's entries."""
     from kvfence.release.release_matrix import version_key
-    from kvfence.release.upstream import cache_root
-    from kvfence.release.wheels import is_version
+    from kvfence.release.wheels import cache_root, is_version
 
     found = set()
     folders = [Path(os.environ["KVFENCE_WHEEL_DIR"])] if os.environ.get("KVFENCE_WHEEL_DIR") else []

@@ -51,9 +51,9 @@ def _record_path(version: str, contract) -> Path:
 def load_record(version: str, contract, *, announce=None) -> dict:
     """The contract's shipped record of ``sglang==version``: from the cache, else read from the wheel."""
     from kvfence.release import contract_shipped as cs
-    from kvfence.release import upstream
+    from kvfence.release import upstream, wheels
 
-    upstream.check_version(version)
+    wheels.check_version(version)
     path = _record_path(version, contract)
     why = "missing from the cache"
     if path.is_file():
@@ -71,7 +71,7 @@ def load_record(version: str, contract, *, announce=None) -> dict:
             except (BadInput, RecursionError):
                 pass  # a damaged cache record is read again from the wheel (offline: one line, exit 2)
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
-        wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce, (path, why))
+        wheel = upstream.find_wheel(version, None, wheels.offline_by_env(), Path(tmp), announce, (path, why))
         doc = cs.read(contract, wheel)
     with cache_writes(path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,8 @@ _RUNS: dict = {}
 
 def _kernel_text(contract, kernel: str) -> str:
     from kvfence.release.contract_kernels import contract_entry
-    from kvfence.release.upstream import SPEC_PREFIX, sha256_hex
+    from kvfence.release.upstream import SPEC_PREFIX
+    from kvfence.release.wheels import sha256_hex
 
     if not kernel.startswith(SPEC_PREFIX):
         return kernel

@@ -10,8 +10,7 @@ the engine finds records, and names no contract itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from kvfence.errors import BadInput, require
 
@@ -88,6 +87,28 @@ class ReleaseTool(Protocol):
         """``affected``: ``kvfence.release.affected.Verdict``s of one deployment."""
 
 
+class ReleaseCache(Protocol):
+    """A contract's cache of the kernels it extracts from SGLang's wheels, one entry per release: the draft
+    kernel's (``kvfence.contracts.draft.release_kernels``). ``upstream fetch`` and the release matrix reach it
+    through ``release_cache()``. ``kernel``: the kernel a ``sglang==VERSION`` spec names by default."""
+
+    kernel: str
+
+    def fetch(self, version: str, *, wheel: Optional[str] = None, offline: Optional[bool] = None,
+              refresh: bool = False, announce: Optional[Callable[[str], None]] = None) -> Any:
+        """The release's cache entry (``.version``, ``.module_path``, ``.manifest``, ``.abis``): from the cache,
+        else extracted from its wheel; ``kvfence.release.upstream.Refused`` where the wheel says why not."""
+
+    def cached_versions(self) -> Dict[str, str]:
+        """Releases the cache knows: version -> ``"entry"`` or ``"refused"``."""
+
+    def describe(self, entry: Any) -> str:
+        """One line: where an entry's kernels came from and their ABIs."""
+
+    def abi_parameters(self, abi: str) -> Tuple[str, ...]:
+        """The required parameters of the ABI named ``abi``."""
+
+
 @dataclass(frozen=True)
 class Shipped:
     """One contract's release knowledge. ``upstream``: where its kernel is; ``sites``: where backends size its
@@ -104,9 +125,8 @@ class Shipped:
     ``severity``: what a deployment suffers, per class of a site (``"writes past its row"``, ``"width formula
     short"``), in a deployer's words. ``vllm_affected(deployment, out, device)``: the contract's
     ``kvfence.release.affected.Verdict``s for a vLLM deployment (``kvfence.release.affected_vllm``).
-    ``cache_record``: ``(file name, reader)``, the record ``kvfence.release.upstream`` writes beside the kernels
-    of a release's cache entry, ``reader(wheel)`` its data read from the wheel (the draft family's shipped
-    sizing)."""
+    ``release_cache``: its cache of the kernels it extracts from the wheels, with what it keeps beside them
+    (``ReleaseCache``: the draft family's, its shipped sizing beside its kernels)."""
 
     upstream: Optional[Upstream] = None
     sites: Tuple[ShippedSite, ...] = ()
@@ -118,7 +138,7 @@ class Shipped:
     block_pages: Optional[Callable[[int], int]] = None
     severity: Tuple[Tuple[str, str], ...] = ()
     vllm_affected: Optional[Callable] = None
-    cache_record: Optional[Tuple[str, Callable[[Path], dict]]] = None
+    release_cache: Optional[ReleaseCache] = None
 
 
 _FOUND: Dict[str, str] = {}
@@ -159,14 +179,14 @@ def with_tool() -> List[str]:
     return [n for n in names() if shipped(n).tool is not None]
 
 
-def cache_record() -> Tuple[str, Callable[[Path], dict]]:
-    """The first ``Shipped.cache_record`` registered, by contract name: what a release's cache entry keeps beside
-    its kernels (loading the knowledge of only the contracts up to it)."""
+def release_cache() -> ReleaseCache:
+    """The first ``Shipped.release_cache`` registered, by contract name: the cache of SGLang's kernels that
+    ``upstream fetch`` fills and the release matrix reads."""
     for name in names():
-        record = shipped(name).cache_record
-        if record is not None:
-            return record
-    raise BadInput(f"no contract registers a cache record ({GROUP}): a release's cache entry needs one")
+        cache = shipped(name).release_cache
+        if cache is not None:
+            return cache
+    raise BadInput(f"no contract registers a release cache ({GROUP}): `upstream fetch` and the matrix need one")
 
 
 def upstream_of(name: str) -> Upstream:

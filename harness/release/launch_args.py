@@ -49,9 +49,9 @@ def record_path(version: str) -> Path:
 def load(version: str, *, announce=None) -> dict:
     """The argument facts of ``sglang==version``: from the cache, else read from the wheel (``BadInput`` when the
     wheel cannot be found or read)."""
-    from kvfence.release import upstream
+    from kvfence.release import upstream, wheels
 
-    upstream.check_version(version)
+    wheels.check_version(version)
     path = record_path(version)
     if path.is_file():
         try:
@@ -61,7 +61,7 @@ def load(version: str, *, announce=None) -> dict:
         if isinstance(doc, dict) and doc.get("format") == FORMAT and doc.get("version") == version:
             return doc
     with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
-        wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce)
+        wheel = upstream.find_wheel(version, None, wheels.offline_by_env(), Path(tmp), announce)
         doc = read(Wheel(wheel), version)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(f".{os.getpid()}.tmp")

@@ -3,8 +3,8 @@
 Which SGLang release is safe under which buffer sizing? Every release of a version range x every sizing x
 every contract is one *cell*, fuzzed with a fixed example budget and seed by its own ``python -m kvfence
 fuzz`` process (so a cell that crashes, hangs or is refused is that cell's result, never the matrix's end).
-Releases come from ``kvfence.release.upstream`` (fetched into its cache unless offline); the table is rendered by
-``harness/release/matrix_report.py``.
+Releases come from the registered release cache (``kvfence.release.knowledge.release_cache``: fetched unless
+offline); the table is rendered by ``harness/release/matrix_report.py``.
 
 A cell's ``status`` is one of ``STATUSES``. The exit code is about the releases, not the harness: 0 when
 every applicable cell of a correct sizing (``SAFE_SIZINGS``) is clean, 1 when one has findings or could not
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set,
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput, require
 from kvfence.provenance import stamped
 from kvfence.release import upstream
-from kvfence.release.knowledge import shipped
+from kvfence.release.knowledge import release_cache, shipped
+from kvfence.release.wheels import cache_root, check_version, is_version
 
 if TYPE_CHECKING:
     from kvfence.engine.progress import CountBar
@@ -56,8 +57,8 @@ _KEY = re.compile(r"^([0-9]+(?:\.[0-9]+)*)(?:(a|b|rc)([0-9]+))?(?:\.post([0-9]+)
 
 
 def version_key(version: str) -> tuple:
-    """PEP 440 order for the versions ``upstream.check_version`` accepts: dev < a < b < rc < final < post."""
-    m = _KEY.match(upstream.check_version(version))
+    """PEP 440 order for the versions ``check_version`` accepts: dev < a < b < rc < final < post."""
+    m = _KEY.match(check_version(version))
     assert m is not None  # check_version admits only versions of this form
     release = [int(x) for x in m.group(1).split(".")]
     while len(release) > 1 and release[-1] == 0:
@@ -72,7 +73,7 @@ def version_key(version: str) -> tuple:
 
 def is_prerelease(version: str) -> bool:
     """An alpha, beta, release candidate or dev release (PEP 440)."""
-    m = _KEY.match(upstream.check_version(version))
+    m = _KEY.match(check_version(version))
     assert m is not None  # check_version admits only versions of this form
     return bool(m.group(2) or m.group(5) is not None)
 
@@ -88,7 +89,7 @@ def parse_versions(text: str, known: Sequence[str], announce: Optional[Callable[
     skipped: List[str] = []
 
     def known_one(v: str) -> str:
-        upstream.check_version(v)
+        check_version(v)
         span = f" (known: {known[0]} .. {known[-1]}, {len(known)} releases)" if known else " (no release is known)"
         require(v in known, f"--versions: sglang {v} is not a known release{span}")
         return v
@@ -116,19 +117,19 @@ def known_releases(offline: bool, *, announce: Callable[[str], None] = lambda m:
     """Releases a range may name: the cache (entries, remembered refusals, the last index listing),
     ``KVFENCE_WHEEL_DIR``'s wheels, and, online without a wheel folder, the package index (whose listing
     is saved in the cache for later offline runs)."""
-    found = set(upstream.cached_versions())
-    listing = upstream.cache_root() / RELEASES_FILE
+    found = set(release_cache().cached_versions())
+    listing = cache_root() / RELEASES_FILE
     if listing.is_file():
         try:
             saved = json.loads(listing.read_text(encoding="utf-8"))["versions"]
-            found.update(v for v in saved if isinstance(v, str) and upstream.is_version(v))
+            found.update(v for v in saved if isinstance(v, str) and is_version(v))
         except (OSError, ValueError, KeyError, TypeError):
             announce(f"kvfence: ignoring {listing}: not a release listing")
     wheel_dir = os.environ.get("KVFENCE_WHEEL_DIR")
     if wheel_dir:
         for wheel in Path(wheel_dir).glob("sglang-*.whl"):
             version = wheel.name.split("-")[1]
-            if upstream.is_version(version):
+            if is_version(version):
                 found.add(version)
     elif not offline:
         listed = index_versions()
@@ -152,7 +153,7 @@ def index_versions() -> List[str]:
     if line is None:
         raise BadInput("cannot list sglang releases: the package index is not reachable (no network?); "
                        "use --offline (or KVFENCE_OFFLINE=1) to test the cached releases only")
-    return [v.strip() for v in line.group(1).split(",") if upstream.is_version(v.strip())]
+    return [v.strip() for v in line.group(1).split(",") if is_version(v.strip())]
 
 
 # -- what the fuzz command checks ----------------------------------------------------------------------
@@ -246,13 +247,13 @@ class Cell:
 
 def prepare(version: str, offline: bool, announce: Callable[[str], None]) -> Release:
     """The release's cache entry (fetched unless offline): testable, or the status of all its cells."""
-    cached = upstream.cached_versions().get(version)
+    cached = release_cache().cached_versions().get(version)
     if offline and cached is None and not os.environ.get("KVFENCE_WHEEL_DIR"):
-        return Release(version, "not-cached", f"not in the cache {upstream.cache_root()}")
+        return Release(version, "not-cached", f"not in the cache {cache_root()}")
     if cached is None:
         announce(f"kvfence: fetching sglang=={version}")
     try:
-        entry = upstream.fetch(version, offline=offline, announce=announce)
+        entry = release_cache().fetch(version, offline=offline, announce=announce)
     except upstream.Refused as exc:
         status = "not-applicable" if exc.status == upstream.NO_KERNEL else "abi-unsupported"
         return Release(version, status, str(exc))
@@ -280,7 +281,7 @@ def settle(release: Release, sizing: str, contract: str, checked: Sequence[str])
         cell.status, cell.message = "not-applicable", f"{sizing} does not size the {contract} kernel's rows"
     else:
         cell.status = "pending"
-        if "page_size" not in upstream.ABIS[release.abis[kernel]]:
+        if "page_size" not in release_cache().abi_parameters(release.abis[kernel]):
             # 0.4.3-0.4.7: no page_size parameter, so no paged layout to ask of it (the flat one is checked).
             cell.pins = ["--page-size", "1"]
             cell.message = f"page_size pinned to 1: the {release.abis[kernel]} ABI has no page_size"
@@ -324,7 +325,7 @@ class Settings:
 
 def fuzz_command(cell: Cell, out: Path, s: Settings) -> List[str]:
     spec = f"{upstream.SPEC_PREFIX}{cell.version}"
-    if shipped(cell.contract).cache and contract_kernel(cell.contract) != upstream.DRAFT_KERNEL:
+    if shipped(cell.contract).cache and contract_kernel(cell.contract) != release_cache().kernel:
         spec += f":{contract_kernel(cell.contract)}"
     cmd = [sys.executable, "-m", "kvfence", "fuzz", "--kernel", spec, "--sizing", cell.sizing, "--device", s.device,
            "--max-examples", str(s.max_examples), "--seed", str(s.seed), "--shrink-seconds", str(s.shrink_seconds),
@@ -336,7 +337,7 @@ def fuzz_command(cell: Cell, out: Path, s: Settings) -> List[str]:
 
 def _child_env() -> Dict[str, str]:
     # The cache as the parent left it, never the network; the same installed kvfence the parent runs.
-    return dict(os.environ, KVFENCE_OFFLINE="1", KVFENCE_CACHE=str(upstream.cache_root()))
+    return dict(os.environ, KVFENCE_OFFLINE="1", KVFENCE_CACHE=str(cache_root()))
 
 
 class Running:
@@ -439,13 +440,13 @@ def run(*, versions: List[str], sizings: List[str], contracts: List[str], settin
     checked = fuzz_contracts()
     releases = [prepare(v, offline, announce) for v in versions]
     require(any(r.status != "not-cached" for r in releases),
-            f"none of the {len(releases)} release(s) in --versions is in the cache {upstream.cache_root()} and "
+            f"none of the {len(releases)} release(s) in --versions is in the cache {cache_root()} and "
             "fetching is off (--offline / KVFENCE_OFFLINE=1): nothing to test")
     cells = [settle(r, sizing, contract, checked) for r in releases for sizing in sizings for contract in contracts]
     doc = {MARKER: FORMAT, "versions": versions, "sizings": sizings, "contracts": contracts,
            "safe_sizings": list(SAFE_SIZINGS), "device": settings.device, "max_examples": settings.max_examples,
            "seed": settings.seed, "shrink_seconds": settings.shrink_seconds, "cell_timeout": settings.cell_timeout,
-           "jobs": jobs, "offline": offline, "cache": str(upstream.cache_root()), "started_at": started,
+           "jobs": jobs, "offline": offline, "cache": str(cache_root()), "started_at": started,
            "releases": [asdict(r) for r in releases], "statuses": STATUSES, "tool_versions": {}}
     matrix = _Matrix(doc, cells, out, json_path, write, t0,
                      CountBar(len(cells), "cells", progress) if progress is not None else None)

@@ -1,7 +1,7 @@
 """A project's release wheels, as data: versions, the cache, finding or downloading a wheel, reading its members.
 
-Shared by every reader of upstream wheels (SGLang's draft cache ``kvfence.release.upstream``, any contract's
-SGLang kernel ``kvfence.release.contract_kernels``, vLLM's ``kvfence.release.vllm_kernels``): a version is checked
+Shared by every reader of upstream wheels (SGLang's draft cache, the draft's ``release_kernels``; any contract's
+SGLang kernel ``kvfence.release.contract_kernels``; vLLM's ``kvfence.release.vllm_kernels``): a version is checked
 before it names a file or reaches pip's argv, a wheel comes from ``--wheel``, ``KVFENCE_WHEEL_DIR`` or ``pip
 download --no-deps`` (never installed), nothing offline downloads, every member is read within a bound, and the
 cache holds code kvfence runs, so it must be its user's alone (``check_trusted``).

@@ -120,8 +120,8 @@ def _evidence(record: dict, cls: str, mode: str) -> List[str]:
 
 
 def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) -> List[Verdict]:
+    from kvfence.contracts.draft import release_kernels, shipped_sizing
     from kvfence.contracts.draft import shipped_matrix as sm
-    from kvfence.contracts.draft import shipped_sizing
     from kvfence.release import upstream
 
     name = "draft decode kv_indices"
@@ -132,7 +132,7 @@ def draft_verdict(dep: Deployment, releases: List[str], out: Path, device: str) 
             "speculative/draft_utils.py's DraftBackendFactory for the EAGLE workers, eagle_worker_v2.py:396)"))]
     step(f"{name}: reading sglang=={dep.version}'s draft backends")
     try:
-        upstream.fetch(dep.version, announce=lambda m: None)
+        release_kernels.fetch(dep.version, announce=lambda m: None)
     except upstream.Refused as exc:  # a release without the kernel (or of an ABI kvfence does not know)
         status = "not launched" if exc.status == upstream.NO_KERNEL else "unknown"
         return [Verdict(name, status, condition=str(exc), basis=BASIS_NOT_RUN if status == "not launched" else

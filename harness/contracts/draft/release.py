@@ -5,7 +5,8 @@ the draft kernel's own release tooling (``DraftReleaseTool``).
 The draft kernel's shipped sizing is no list of sites: its backends are found in a wheel by what they launch and
 its graph-mode width is read through the CUDA-graph runner (``kvfence.contracts.draft.shipped_wheel``), so
 ``upstream sizing``, ``upstream matrix --shipped`` and ``affected`` reach it through the tool, never by the contract's
-name; ``upstream`` writes that reading beside the kernels of a release's cache entry (``Shipped.cache_record``).
+name; the draft's release cache (``kvfence.contracts.draft.release_kernels``, ``Shipped.release_cache``) writes that
+reading beside the kernels of a release's cache entry.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import json
 from typing import List, Tuple
 
-from kvfence.contracts.draft.shipped_wheel import DRAFT_KERNEL, RECORD_FILE, WINDOW_KERNEL, read_wheel_or_note
+from kvfence.contracts.draft.release_kernels import DraftReleaseCache
+from kvfence.contracts.draft.shipped_wheel import DRAFT_KERNEL, WINDOW_KERNEL
 from kvfence.release.knowledge import Shipped, Upstream
 
 #: The rail's window in a release matrix cell (``--contract window-rail`` needs one): longer than most drawn
@@ -58,6 +60,6 @@ class DraftReleaseTool:
 
 
 DRAFT = Shipped(Upstream(DRAFT_KERNEL, ()), sizings=("eager", "fixed", "prefix", "safe"), tool=DraftReleaseTool(),
-                cache=True, cache_record=(RECORD_FILE, read_wheel_or_note))
+                cache=True, release_cache=DraftReleaseCache())
 WINDOW_RAIL = Shipped(Upstream(WINDOW_KERNEL, ()), sizings=("window-fixed", "window-no-topk"),
                       flags=("--window", str(RAIL_WINDOW)), cache=True)

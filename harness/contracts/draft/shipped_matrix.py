@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
-from kvfence.contracts.draft import shipped_sizing, shipped_wheel
+from kvfence.contracts.draft import release_kernels, shipped_sizing, shipped_wheel
 from kvfence.contracts.draft.case import Batch, Case, Config, launch_batch, launch_need
 from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, BadInput
 from kvfence.release import upstream
@@ -197,7 +197,7 @@ class Runs:
 
     def body(self, version: str) -> str:
         if version not in self.bodies:
-            entry = upstream.load_entry(version)
+            entry = release_kernels.load_entry(version)
             assert entry is not None  # in the cache: shipped_sizing.load_record fetched it before any cell
             text = entry.module_path.read_text(encoding="utf-8")
             head, sep, rest = text.partition('"""\n\n')  # the header docstring names version and wheel
@@ -280,7 +280,7 @@ def run(versions: List[str], *, domain: WitnessSpace, device: str, offline: bool
         row: Dict[str, Any] = {"version": version, "cells": [], "note": ""}
         rows.append(row)
         try:
-            if offline and upstream.load_entry(version) is None and not os.environ.get("KVFENCE_WHEEL_DIR"):
+            if offline and release_kernels.load_entry(version) is None and not os.environ.get("KVFENCE_WHEEL_DIR"):
                 row["note"] = NOT_CACHED
                 continue
             record = shipped_sizing.load_record(version)

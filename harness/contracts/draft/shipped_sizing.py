@@ -2,7 +2,7 @@
 sglang==VERSION:BACKEND`` as a row-width policy, and the release's host check on one launch.
 
 The record is what ``kvfence.contracts.draft.shipped_wheel`` read from the wheel, stored as data in the release's cache
-entry by ``kvfence.release.upstream`` (fetched here when allowed). This module reads only that file.
+entry by ``kvfence.contracts.draft.release_kernels`` (fetched here when allowed). This module reads only that file.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import functools
 import json
 from typing import Optional, Tuple
 
+from kvfence.contracts.draft import release_kernels
 from kvfence.contracts.draft.shipped_wheel import (
     DRAFT_KERNEL,
     MODES,
@@ -21,14 +22,14 @@ from kvfence.contracts.draft.shipped_wheel import (
 )
 from kvfence.engine.kernels import release_source
 from kvfence.errors import BadInput, require
-from kvfence.release import upstream
+from kvfence.release import upstream, wheels
 
 
 def parse_spec(spec: str) -> Tuple[str, str]:
     require(release_source(spec) == "sglang", f"sizing {spec!r}: the draft's shipped sizings are SGLang's "
                                                "(sglang==VERSION:BACKEND)")
     version, _, backend = spec[len(upstream.SPEC_PREFIX):].partition(":")
-    upstream.check_version(version)
+    wheels.check_version(version)
     require(backend, f"sizing {spec!r}: name the backend, sglang==VERSION:BACKEND "
                      f"(`python -m kvfence upstream sizing {version}` lists them)")
     return version, backend
@@ -37,13 +38,13 @@ def parse_spec(spec: str) -> Tuple[str, str]:
 def load_record(version: str) -> dict:
     """The release's record from its cache entry (fetched when allowed); ``BadInput`` if it is unusable."""
     try:
-        entry = upstream.fetch(version, announce=lambda m: None)
+        entry = release_kernels.fetch(version, announce=lambda m: None)
     except upstream.Refused as exc:
         raise BadInput(f"sglang=={version} has no draft kernel kvfence can test, so no shipped sizing: {exc}") from None
     path = entry.folder / RECORD_FILE
     try:
         record = validate_record(json.loads(path.read_text(encoding="utf-8")))
-        require(upstream.sha256_hex(path.read_bytes()) == entry.manifest.get("shipped_sha256"),
+        require(wheels.sha256_hex(path.read_bytes()) == entry.manifest.get("shipped_sha256"),
                 "does not match the manifest's sha256")
     except (OSError, ValueError, RecursionError, BadInput) as exc:
         raise BadInput(f"cache entry {entry.folder} is corrupt ({RECORD_FILE}: {exc}); run "

@@ -22,7 +22,7 @@ Expressions are evaluated by ``kvfence.release.wheel_ast.Evaluator`` over its ``
 ``max_bs`` among them); anything it does not know is ``Unreadable`` with the text and ``file:line``: never a
 guess.
 
-The result is data (``shipped.json`` in the release's cache entry, written by ``kvfence.release.upstream``):
+The result is data (``shipped.json`` in the release's cache entry, written by the draft's ``release_kernels``):
 formulas as text and as trees over the symbols, and where they came from. Fuzzing reads only that file.
 """
 
@@ -53,7 +53,7 @@ from kvfence.release.wheel_ast import (
     tree_depth,
 )
 
-#: Bumped when the record's layout changes (kvfence.release.upstream's cache format follows it).
+#: Bumped when the record's layout changes (``kvfence.contracts.draft.release_kernels``' cache format follows it).
 FORMAT = 2  # 2: a graph site says when the replay path launches no kernel (``replay``)
 RECORD_FILE = "shipped.json"
 DRAFT_KERNEL = "generate_draft_decode_kv_indices"

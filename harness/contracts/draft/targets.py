@@ -2,7 +2,7 @@
 
 A spec is a builtin name (``reference``, ``reference-blocked``), ``mutant:NAME`` (the engine's
 ``mutant_kernel_spec``), ``package.module:attr``, ``path/to/file.py:attr`` (loaded by the engine's ``load_attr``) or
-``sglang==VERSION[:attr]`` (SGLang's own kernel from its wheel, kvfence.release.upstream). A kernel attr is either a
+``sglang==VERSION[:attr]`` (SGLang's own kernel from its wheel, ``release_kernels``). A kernel attr is either a
 ``@triton.jit`` function with the classic ABI of docs/contract.md §2, or a launcher callable taking the keyword
 arguments of ``LAUNCH_KWARGS``. What is the draft's own here: the ABI launcher (``abi_launcher``,
 ``family_constexprs``), the §6 ``Capabilities`` a kernel declares, and the launchers of the releases' older ABIs.
@@ -15,6 +15,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 
+from kvfence.contracts.draft import release_kernels
 from kvfence.contracts.draft.mutants import REFERENCE_KERNELS, mutants, reference_spec
 from kvfence.device import ensure
 from kvfence.engine.kernels import (
@@ -26,7 +27,6 @@ from kvfence.engine.kernels import (
     unwrap,
 )
 from kvfence.errors import BadInput, require
-from kvfence.release import upstream
 
 #: Keyword arguments a launcher plug-in receives; kv_indices / kv_indptr are 2-D (num_steps, .) views.
 LAUNCH_KWARGS = ("req_pool_indices", "req_to_token", "seq_lens", "kv_indices", "kv_indptr", "positions", "topk",
@@ -159,7 +159,7 @@ RAIL_WINDOW = "window"
 
 def _sglang_release(spec: str) -> bool:
     """A release spec (``kvfence.engine.kernels.release_source``): the draft kernel's are SGLang's, extracted from
-    its wheels by ``kvfence.release.upstream`` (``BadInput`` for another project's)."""
+    its wheels by ``kvfence.contracts.draft.release_kernels`` (``BadInput`` for another project's)."""
     source = release_source(spec)
     require(source in (None, "sglang"), f"kernel {spec!r}: the draft kernel's releases are SGLang's "
                                         f"(sglang==VERSION[:attr]), not {source}'s")
@@ -210,7 +210,7 @@ def kernel_capabilities(spec: str) -> Capabilities:
     if spec in BUILTIN_KERNELS:
         return REFERENCE_CAPABILITIES
     if _sglang_release(spec):
-        return _upstream_capabilities(upstream.resolve(spec)[2])
+        return _upstream_capabilities(release_kernels.resolve(spec)[2])
     if is_triton_kernel(obj):
         return _check_classic_signature(spec, obj)
     return Capabilities()
@@ -226,7 +226,7 @@ def check_kernel_spec(spec: str):
     if spec.startswith("mutant:"):
         spec = mutant_spec(spec)
     if _sglang_release(spec):
-        upstream.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
+        release_kernels.resolve(spec)  # found in the cache (or fetched) and its ABI checked now
         return None
     obj = load_attr(spec, "kernel")
     if is_triton_kernel(obj):
@@ -263,9 +263,9 @@ def resolve_kernel(spec: str, device: str) -> KernelTarget:
 
 
 def _upstream_kernel(spec: str, device: str) -> KernelTarget:
-    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (kvfence.release.upstream), fetched if
+    """``sglang==VERSION[:attr]``: a kernel extracted from SGLang's wheel (``release_kernels``), fetched if
     allowed."""
-    entry, attr, abi = upstream.resolve(spec)
+    entry, attr, abi = release_kernels.resolve(spec)
     kernel = getattr(load_file(entry.module_path), attr)
     return KernelTarget(spec, _upstream_launcher(_for_device(kernel, device), abi),
                         capabilities=_upstream_capabilities(abi))

@@ -83,7 +83,7 @@ def release_text(contract: str, version: str) -> Tuple[Path, str]:
     of its own beside the contract's kernel entry (``kvfence.release.contract_kernels``)."""
     from kvfence.release.contract_kernels import contract_entry, load_contract_entry, store_extracted, wheel_source
     from kvfence.release.knowledge import upstream_of
-    from kvfence.release.upstream import check_version
+    from kvfence.release.wheels import check_version
 
     check_version(version)
     where = upstream_of(contract)

@@ -141,12 +141,12 @@ def record_path(version: str) -> Path:
 def load(version: str, announce=None) -> dict:
     """The record of ``sglang==version``: from this process, the cache, else read from the wheel (which
     ``kvfence.release.upstream.find_wheel`` finds or downloads; offline: one line)."""
-    from kvfence.release import upstream
+    from kvfence.release import upstream, wheels
     from kvfence.release.wheel_ast import Wheel
 
     if version in _LOADED:
         return _LOADED[version]
-    upstream.check_version(version)
+    wheels.check_version(version)
     path = record_path(version)
     doc, why = None, "missing from the cache"
     if path.is_file():
@@ -156,7 +156,7 @@ def load(version: str, announce=None) -> dict:
             doc, why = None, f"damaged in the cache ({type(exc).__name__})"  # read again from the wheel
     if doc is None:
         with tempfile.TemporaryDirectory(prefix="kvfence-wheel-") as tmp:
-            wheel = upstream.find_wheel(version, None, upstream.offline_by_env(), Path(tmp), announce, (path, why))
+            wheel = upstream.find_wheel(version, None, wheels.offline_by_env(), Path(tmp), announce, (path, why))
             doc = validate(extract(Wheel(wheel)))
         with cache_writes(path):
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,7 @@ def parse_release(spec) -> Optional[Tuple[str, str]]:
 
 def check_release(spec: str) -> Tuple[str, str]:
     from kvfence.contracts.req_to_token.release_read import ALGORITHMS
-    from kvfence.release.upstream import check_version
+    from kvfence.release.wheels import check_version
 
     parsed = parse_release(spec)
     if parsed is None:
