@@ -824,6 +824,7 @@ def hangs(n, topk, ctx, num_steps):
 '''
 
 
+@pytest.mark.interpreter  # --device cpu: the Triton interpreter must be usable here
 @pytest.mark.parametrize("name, needle", [
     ("exits", "ended its process with exit status 0 before the command returned"),
     ("aborts", "died of SIGABRT"),
@@ -844,6 +845,7 @@ def test_a_sizing_plugin_that_ends_or_stalls_its_process_is_one_line_exit_2(tmp_
     assert lines[0].startswith(f"kvfence: error: sizing 'sz.py:{name}'") and needle in lines[0], lines[0]
 
 
+@pytest.mark.interpreter  # --device cpu: the Triton interpreter must be usable here
 def test_check_kernel_with_a_sizing_plugin_that_exits_is_a_contract_fault_naming_it(tmp_path, monkeypatch):
     """``kvfence.check_kernel(sizing=...)`` runs behind the same boundary as a plug-in contract's code: the
     sizing's ``os._exit(0)`` ends the boundary's child, never the caller, and is one ``ContractFault`` line."""

@@ -37,7 +37,7 @@ class ReplayMachine(RuleBasedStateMachine):
         self.config = config
         self.runner = self.runner_class(config, resolve_kernel("reference", self.device), self.device, poison=False)
         self.runner.capture_all()
-        self.previous = {g.table.name: g.flat.clone() for g in (self.runner.kv_indices, self.runner.kv_indptr)}
+        self.previous = {g.table.name: g.flat.cpu().clone() for g in (self.runner.kv_indices, self.runner.kv_indptr)}
         self.replays = 0
 
     @rule(data=st.data())
