@@ -119,7 +119,7 @@ def test_budget_estimate_covers_the_real_allocation(device):
     kvi, kvp = buffer_geometry(config, config.max_bs)
     assert len(runner.kv_indices.flat) == kvi.length and len(runner.kv_indptr.flat) == kvp.length
     held = sum(t.numel() * t.element_size() for t in (runner.kv_indices.flat, runner.kv_indptr.flat,
-                                                       runner.inputs.req_to_token))
+                                                       runner.inputs.req_to_token_table.flat))
     launch = widest_launch(config)
     plain = guarded.allocate_all(DRAFT.tables(launch), "cpu", layout=launch.layout, spill=spill(DRAFT, launch))
     tables = sum(g.flat.numel() * g.flat.element_size() for g in plain.values())

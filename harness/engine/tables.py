@@ -115,7 +115,10 @@ class Guarded:
 
     def reset(self) -> None:
         """An output as before its first launch: canaries outside the rows (and in column 0 with
-        ``column0_canary``), poison in the rows."""
+        ``column0_canary``), poison in the rows. An input: its guards' poison back, its rows as they are."""
+        if self.table.role != "output":
+            self._poison_input_guards()
+            return
         for lo in range(0, len(self.flat), RESET_CHUNK):
             hi = min(lo + RESET_CHUNK, len(self.flat))
             self.flat[lo:hi].copy_(self.canaries(lo, hi - lo))
@@ -126,6 +129,23 @@ class Guarded:
             column0 = torch.arange(self.front, self.front + self.rows * self.stride, self.stride, dtype=torch.int64,
                                    device=self.flat.device)
             self.flat[column0] = self._canaries_at(column0)
+
+
+    def _poison_input_guards(self) -> None:
+        import torch
+
+        def poison(positions: torch.Tensor) -> torch.Tensor:
+            return (INPUT_POISON - positions).to(self.flat.dtype)
+
+        device = self.flat.device
+        body = self.front + self.rows * self.stride
+        self.flat[:self.front].copy_(poison(torch.arange(self.front, dtype=torch.int64, device=device)))
+        self.flat[body:].copy_(poison(torch.arange(body, len(self.flat), dtype=torch.int64, device=device)))
+        if self.guard and self.rows:
+            start = self.front + self.table.width
+            between = self.flat.as_strided((self.rows, self.guard), (self.stride, 1), start)
+            rows = torch.arange(self.rows, dtype=torch.int64, device=device)[:, None] * self.stride
+            between.copy_(poison(start + rows + torch.arange(self.guard, dtype=torch.int64, device=device)))
 
 
 def contents_of(table: Table) -> Optional[Sequence[Any]]:
@@ -184,17 +204,19 @@ def allocate(table: Table, device: str, *, layout: str = "redzone", absorb: bool
 def allocate_laid_out(table: Table, device: str, *, guard: int, front: int, tail: int,
                       canary_seed: Optional[int] = None, column0_canary: bool = False, spacer: bool = False
                       ) -> Guarded:
-    """Output ``table`` in a guarded buffer of the caller's geometry (``guard`` between rows, ``front``, ``tail``),
-    reset (canaries, poisoned rows). ``spacer``: a never-read allocation of the same size right after it, so a
-    store running past the end most likely lands where nothing is read (the CPU address audit drops a store
-    outside every registered tensor and names the table, instead of performing it in a neighbour)."""
+    """``table`` in a guarded buffer of the caller's geometry (``guard`` between rows, ``front``, ``tail``). An
+    output is reset (canaries, poisoned rows); an input's guards hold ``INPUT_POISON - position`` and its rows
+    zeros, for the caller to fill (a read past its rows returns poison, as from ``allocate``'s inputs).
+    ``spacer``: a never-read allocation of the same size right after it, so a store running past the end most
+    likely lands where nothing is read (the CPU address audit drops a store outside every registered tensor and
+    names the table, instead of performing it in a neighbour)."""
     import torch
 
     rows = 1 if table.rows is None else table.rows
     stride = table.width + guard
     total = front + rows * stride + tail
     dtype = getattr(torch, table.dtype)
-    flat = torch.empty(total, dtype=dtype, device=device)
+    flat = torch.zeros(total, dtype=dtype, device=device)
     view = flat.as_strided((rows, table.width), (stride, 1), front)
     g = Guarded(table, flat, view[0] if table.rows is None else view, guard, front, tail, canary_seed,
                 column0_canary, torch.empty(total, dtype=dtype, device=device) if spacer else None)

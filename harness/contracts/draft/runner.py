@@ -26,7 +26,7 @@ from kvfence.engine.audit import Audit, resolve_audit
 from kvfence.engine.audit import for_launch as audit_for_launch
 from kvfence.engine.capture import collector_paused
 from kvfence.engine.findings import Finding
-from kvfence.engine.tables import Guarded, allocate_laid_out
+from kvfence.engine.tables import GUARD, Guarded, allocate_laid_out
 
 
 def _slot_ids(i: torch.Tensor, token_seed: int, bits: int) -> torch.Tensor:
@@ -122,8 +122,8 @@ def _buffers(config: Config, n: int, device, canary_seed: int, absorb: bool = Tr
 
 
 def input_table(name: str, tensor: torch.Tensor) -> Guarded:
-    """One of the runner's inputs as an engine table without guards (the runner allocates its inputs as production
-    does: a store past one lands in whatever lies next, which the address audit names on the CPU)."""
+    """One of the runner's per-request vectors as an engine table without guards (allocated as production does: a
+    store past one lands in whatever lies next, which the address audit names on the CPU)."""
     rows, width = (tensor.shape[0], tensor.shape[1]) if tensor.dim() == 2 else (None, tensor.numel())
     table = Table(name, width, rows, "input", dtype=str(tensor.dtype).removeprefix("torch."))
     return Guarded(table, tensor.view(-1), tensor, 0, 0, 0)
@@ -133,7 +133,11 @@ class _Inputs:
     """Input tensors of one shape: the req_to_token pool and the per-request vectors."""
 
     def __init__(self, config: Config, rows: int, device):
-        self.req_to_token = torch.zeros(config.pool_rows, config.pool_cols, dtype=torch.int32, device=device)
+        # The pool is laid out as production's (rows contiguous, the row stride its width) inside the engine's
+        # input guards: a read before or past it returns poison, which the verdict names (POISON_READ).
+        self.req_to_token_table = allocate_laid_out(Table("req_to_token", config.pool_cols, config.pool_rows, "input"),
+                                                    device, guard=0, front=GUARD, tail=GUARD)
+        self.req_to_token = self.req_to_token_table.view
         self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
         self.req_pool_indices = torch.zeros(rows, dtype=torch.int64, device=device)
         self.positions = torch.zeros(rows * config.topk, dtype=torch.int64, device=device)
@@ -146,6 +150,7 @@ class _Inputs:
         if self.token_seed != batch.token_seed:  # regenerating the pool is the costliest copy
             self.req_to_token.copy_(slot_table(batch.token_seed, config.pool_rows, config.pool_cols,
                                                self.seq_lens.device, config))
+            self.req_to_token_table.reset()  # its guards too: a launch that stored into one left it changed
             self.token_seed = batch.token_seed
         if self.v2p is not None and self.v2p_seed != batch.v2p_seed:
             self.v2p.copy_(v2p_tensor(config, batch.v2p_seed, self.v2p.device))
@@ -160,8 +165,13 @@ class _Inputs:
         self.req_pool_indices[m:].zero_()
         self.positions[m * config.topk:].zero_()
 
+    def table(self, name: str) -> Guarded:
+        """Input ``name`` as an engine table (its snapshots in ``named`` are of the same elements)."""
+        return self.req_to_token_table if name == "req_to_token" else input_table(name, self.named()[name])
+
     def named(self) -> Dict[str, torch.Tensor]:
-        named = {"req_to_token": self.req_to_token, "seq_lens": self.seq_lens,
+        """Every input by name; the pool with its guards (a store into them is a change to it)."""
+        named = {"req_to_token": self.req_to_token_table.flat, "seq_lens": self.seq_lens,
                  "req_pool_indices": self.req_pool_indices, "positions": self.positions}
         if self.v2p is not None:
             named["v2p"] = self.v2p
@@ -251,7 +261,7 @@ class _RunnerBase:
         for name, tensor in inputs.named().items():
             now = tensor.to(host)
             if not torch.equal(now, inputs_before[name]):
-                changed[name] = input_table(name, tensor)
+                changed[name] = inputs.table(name)
                 before[name], after[name] = inputs_before[name].view(-1), now.clone().view(-1)
         if "req_to_token" in changed:
             inputs.token_seed = None  # the next load regenerates the pool instead of keeping this damage

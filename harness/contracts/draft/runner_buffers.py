@@ -1,9 +1,10 @@
 """The buffers the draft's CUDA-graph runner allocates for a config, and what its checker holds beside its tables.
 
 ``buffer_geometry`` is the guarded kv_indices/kv_indptr layout ``kvfence.contracts.draft.runner`` allocates from;
-``runner_bytes`` prices it with everything else the draft's checker holds for a config (the req_to_token pool with
-the verifier's copy and the graph-held temporaries that regenerate it, and the full verdict's transient tensors for
-a dirty case): the draft's ``Contract.checker_bytes``. What a config costs against the run's budget is the engine's
+``runner_bytes`` prices it with everything else the draft's checker holds on the device for a config (the guarded
+req_to_token pool with the verifier's copy and the graph-held temporaries that regenerate it): the draft's
+``Contract.checker_bytes``. A dirty case's full verdict adds nothing there: it reads host snapshots
+(``kvfence.contracts.draft.session.host_verdict``). What a config costs against the run's budget is the engine's
 one number (``kvfence.engine.budget.launch_bytes``) of its widest launch (``config_bytes``), which the draws fit to
 (``kvfence.contracts.draft.strategies``) and the runner cache counts (``kvfence.contracts.draft.session``).
 """
@@ -17,6 +18,7 @@ from kvfence.contract import Launch
 from kvfence.contracts.draft.case import Batch, Config, DraftCase
 from kvfence.engine import registry
 from kvfence.engine.budget import launch_bytes
+from kvfence.engine.tables import GUARD
 from kvfence.errors import require
 
 #: kvfence's minimum guard (elements) at the front, after rows (redzone layout) and at the tail.
@@ -32,9 +34,6 @@ GUARDED_BYTES = 4 + 4 + 1 + 4
 #: Bytes per req_to_token element: the table, the verifier's copy, and the int64 temporaries of the
 #: regeneration that a captured graph keeps in its pool.
 POOL_BYTES = 4 + 4 + 3 * 8
-#: Bytes per written element on the full (dirty-case) path: two snapshots and the verdict's expected
-#: copy and masks, plus the torch write-set builder's int64 temporaries.
-FULL_PATH_BYTES = 3 * 4 + 2 + 8 * 8
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,14 @@ def buffer_geometry(config: Config, n: int, absorb: bool = True) -> tuple[Geomet
 
 
 def runner_bytes(config: Config) -> int:
-    """Peak device bytes of one config's runner, verifier and a dirty case's full verdict (a bound config)."""
+    """Peak device bytes of one config's runner and verifier (a bound config)."""
     n = config.max_bs  # graph: sized once at max_bs; eager: the largest batch it can be given
     kvi, kvp = buffer_geometry(config, n)
     outputs = (kvi.length + kvp.length) * GUARDED_BYTES
-    # req_to_token (one entry per E tokens with page-granular rows) and TRANSLATE's page table (§6).
-    pool = (config.pool_rows * config.pool_cols + config.v2p_pages) * POOL_BYTES
-    # The full path builds the write set of every step row (at most need entries each).
-    written = config.num_steps * config.worst_need(n)
-    transient = kvi.length * 3 * 4 + written * FULL_PATH_BYTES
-    return outputs + pool + transient
+    # req_to_token (one entry per E tokens with page-granular rows) in its front and tail guards, and TRANSLATE's
+    # page table (§6).
+    pool = (config.pool_rows * config.pool_cols + 2 * GUARD + config.v2p_pages) * POOL_BYTES
+    return outputs + pool
 
 
 def widest_launch(config: Config) -> Launch:
