@@ -195,6 +195,8 @@ class Config:
         found = self.__dict__.get("_unbound")
         if found is None:
             found = self.__dict__["_unbound"] = self._with_settings(None, None, None)
+            # Bound again to these settings it is this config, with the widths and extents it has computed.
+            found.__dict__["_bound"] = {(self.sizing, self.mode, self.layout): self}
         return found
 
     def _with_settings(self, sizing, mode, layout) -> "Config":
