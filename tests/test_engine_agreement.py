@@ -222,6 +222,25 @@ def test_the_comparison_fails_on_a_disagreement_and_normalises_only_its_table():
 
 @pytest.mark.interpreter
 @pytest.mark.cpu_only
+@pytest.mark.parametrize("kernel", ["mutant:window_recent_off_by_one", "reference"])
+def test_the_runner_reads_its_pool_inside_the_engines_input_guards(kernel):
+    """The draft runner's req_to_token pool has the engine's input guards: the window mutant that reads one slot
+    before a request's window reads the guard before the pool for the request in pool row 0, and stores its poison
+    (``POISON_READ``, named as the engine's verdict names it, besides the audit's ``OOB_READ``); the reference on
+    the same launch is clean."""
+    target, launch, example = _bound(("draft/window_recent_off_by_one", 2, 4))
+    launch = bind(target.record, launch.case, launch.sizing, kernel, launch.mode, launch.layout, launch.width)
+    findings = _draft_checker(target, "cpu").check(launch)
+    if kernel == "reference":
+        assert findings == []
+        return
+    poison = [f for f in findings if f.kind.value == "POISON_READ"]
+    assert poison and poison[0].buffer == "kv_indices" and "guard poison of req_to_token" in poison[0].detail, findings
+    assert [list(k) for k in RECORDER.kinds_of(findings)] == example["kinds"]
+
+
+@pytest.mark.interpreter
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("key", _params())
 def test_the_engine_gives_the_recorded_draft_verdict(key):
     """The engine's generic check (CPU, address audit on) of a recorded launch: the recorded draft verdict's

@@ -26,8 +26,9 @@ between replays, its geometry its memory budget's) allocates them with ``allocat
 with optional fields the engine's own tables leave at their defaults: seeded canaries (``canary_seed``: a
 per-case seed, so a canary copied from another case or position is wrong), a canary kept in column 0 of every
 row (``column0_canary``: a column the kernel never writes), and a never-read spacer after the allocation
-(``spacer``). ``reset`` puts canaries and poison back between launches; the verdict compares what a launch left
-with what the table held before it, so stale rows between replays are judged as any other.
+(``spacer``). ``reset`` puts canaries and poison back between launches (an input's: its guards' poison, its rows
+left to the caller); the verdict compares what a launch left with what the table held before it, so stale rows
+between replays are judged as any other.
 """
 
 from __future__ import annotations
@@ -129,7 +130,6 @@ class Guarded:
             column0 = torch.arange(self.front, self.front + self.rows * self.stride, self.stride, dtype=torch.int64,
                                    device=self.flat.device)
             self.flat[column0] = self._canaries_at(column0)
-
 
     def _poison_input_guards(self) -> None:
         import torch

@@ -69,9 +69,9 @@ def v2p_tensor(config: Config, seed: int, device) -> torch.Tensor:
 
 @dataclass
 class Observation:
-    """What one launch left behind, as the engine's verdict reads it: the outputs and the inputs the launch changed
-    (``kvfence.engine.tables.Guarded``), each table's flat contents before and after on the host (by table name),
-    any launch error and the address audit's findings."""
+    """What one launch left behind, as the engine's verdict reads it: the outputs, the req_to_token pool and the
+    other inputs the launch changed (``kvfence.engine.tables.Guarded``), each table's flat contents before and after
+    on the host (by table name), any launch error and the address audit's findings."""
 
     case: Case
     launch: LaunchBatch
@@ -79,8 +79,9 @@ class Observation:
     kv_indptr: Guarded
     before: Dict[str, torch.Tensor]
     after: Dict[str, torch.Tensor]
-    #: The inputs the launch changed, as tables (an input it left alone has nothing to say).
-    changed: Dict[str, Guarded] = field(default_factory=dict)
+    #: The pool (whose guard poison the verdict decodes in an output: which input a read went past) and the other
+    #: inputs the launch changed, as tables (a per-request vector it left alone has nothing to say).
+    inputs: Dict[str, Guarded] = field(default_factory=dict)
     error: Optional[str] = None
     #: ``OOB_READ`` / ``OOB_WRITE`` from the interpreter address audit (``kvfence.engine.audit``), when it ran.
     audit_findings: List[Finding] = field(default_factory=list)
@@ -89,9 +90,9 @@ class Observation:
 
     @property
     def buffers(self) -> Dict[str, Guarded]:
-        """Every table the verdict compares: the two outputs and the changed inputs."""
+        """Every table the verdict compares: the two outputs and the inputs."""
         return {self.kv_indices.table.name: self.kv_indices, self.kv_indptr.table.name: self.kv_indptr,
-                **self.changed}
+                **self.inputs}
 
     def reset(self) -> None:
         """Both outputs as before their first launch (canaries, poison)."""
@@ -257,16 +258,17 @@ class _RunnerBase:
         except (Exception, SystemExit) as exc:  # the verdict reports it as LAUNCH_ERROR (a plug-in's sys.exit too)
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
         after = {g.table.name: g.flat.to(host, copy=True) for g in (kv_indices, kv_indptr)}
-        changed = {}
+        tables = {}
         for name, tensor in inputs.named().items():
-            now = tensor.to(host)
-            if not torch.equal(now, inputs_before[name]):
-                changed[name] = inputs.table(name)
-                before[name], after[name] = inputs_before[name].view(-1), now.clone().view(-1)
-        if "req_to_token" in changed:
-            inputs.token_seed = None  # the next load regenerates the pool instead of keeping this damage
+            now, was = tensor.to(host), inputs_before[name]
+            changed = not torch.equal(now, was)
+            if changed or name == "req_to_token":
+                tables[name] = inputs.table(name)
+                before[name], after[name] = was.view(-1), (now.clone() if changed else was).view(-1)
+            if changed and name == "req_to_token":
+                inputs.token_seed = None  # the next load regenerates the pool instead of keeping this damage
         audit_findings = audit.findings() if audit is not None else []
-        return Observation(case, lb, kv_indices, kv_indptr, before, after, changed, error, audit_findings, audit)
+        return Observation(case, lb, kv_indices, kv_indptr, before, after, tables, error, audit_findings, audit)
 
 
 class EagerRunner(_RunnerBase):
