@@ -3,7 +3,7 @@
 ``launch_bytes(record, launch)`` is the device memory a launch takes, known from shapes before anything is built:
 its tables in the engine's guarded buffers (``table_bytes``: ``kvfence.engine.tables.allocated_elements``, guards
 and output tails included) plus what the contract's own checker holds beside them (``Contract.checker_bytes``: 0
-for the engine's checker; the draft's CUDA-graph runner, pool copies and verdict temporaries). The engine refuses a
+for the engine's checker; the draft's CUDA-graph runner, its pool and the verifier's copy). The engine refuses a
 launch over the budget before anything is built (``kvfence.engine.checking.require_fits``), and a contract's draws
 are fitted to it with ``fit``: a draw over the budget becomes a smaller case (its free fields halved), not an
 out-of-memory crash.

@@ -240,9 +240,9 @@ class DraftContract(Contract[DraftCase]):
 
     def checker_bytes(self, launch: Launch) -> int:
         """What ``DraftChecker`` holds for the launch's config beside the tables (``runner_buffers.runner_bytes``:
-        the runner's guarded outputs at ``max_bs``, its pool with the verifier's copy and graph temporaries, a dirty
-        case's full-verdict transients). Its buffers stand in for the tables there, so the engine's sum of the two
-        (``launch_bytes``) bounds what either path allocates."""
+        the runner's guarded outputs at ``max_bs``, its guarded pool with the verifier's copy and graph temporaries;
+        a dirty case's full verdict reads host snapshots). Its buffers stand in for the tables there, so the engine's
+        sum of the two (``launch_bytes``) bounds what either path allocates."""
         return runner_bytes(launch.case.config.bind(launch.sizing, launch.mode, launch.layout))
 
     def report(self, record: dict, findings: List[dict]) -> str:
