@@ -43,6 +43,8 @@ PLANTS = {
     "req_pool_indices_live": ("inputs", Kind.STRAY_WRITE),
     "positions_bucket_end": ("inputs", Kind.STRAY_WRITE),
     "req_to_token_first": ("inputs", Kind.STRAY_WRITE),
+    "req_to_token_front_guard": ("inputs", Kind.STRAY_WRITE),
+    "req_to_token_tail": ("inputs", Kind.STRAY_WRITE),
 }
 
 

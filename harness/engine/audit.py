@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -282,7 +282,8 @@ class Audit:
 
     # -- the wrapped interpreter operations ---------------------------------------------------------
     def _grid(self) -> Tuple[int, int, int]:
-        return cast(Tuple[int, int, int], tuple(int(x) for x in self._builder.grid_idx))  # the interpreter's 3 axes
+        x, y, z = self._builder.grid_idx  # the interpreter's 3 axes (unpacked: this runs on every load)
+        return int(x), int(y), int(z)
 
     def _grid_dims(self) -> Tuple[int, ...]:
         """The launch's grid, noted in ``grid_dims`` (only where a lane is recorded: asking on every access costs

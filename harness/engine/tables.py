@@ -52,6 +52,12 @@ SEEDED_CANARY_BITS = 30
 RESET_CHUNK = 1 << 22
 
 
+def guard_values(role: str, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The unseeded guard value of each flat position of a table of ``role``: ``CANARY_BASE - position`` in an
+    output's guards, ``INPUT_POISON - position`` in an input's."""
+    return ((CANARY_BASE if role == "output" else INPUT_POISON) - positions).to(dtype)
+
+
 def seeded_canaries(seed: int, positions: torch.Tensor) -> torch.Tensor:
     """The seeded canary of each flat position: ``-(2 + ((i*0x2545F491 + seed*0x9E37) mod 2**30))`` (int32);
     the device verifier's kernels compute the same (``kernels/draft/verify``)."""
@@ -112,7 +118,7 @@ class Guarded:
     def _canaries_at(self, positions: torch.Tensor) -> torch.Tensor:
         if self.canary_seed is not None:
             return seeded_canaries(self.canary_seed, positions)
-        return (CANARY_BASE - positions).to(self.flat.dtype)
+        return guard_values("output", positions, self.flat.dtype)
 
     def reset(self) -> None:
         """An output as before its first launch: canaries outside the rows (and in column 0 with
@@ -135,7 +141,7 @@ class Guarded:
         import torch
 
         def poison(positions: torch.Tensor) -> torch.Tensor:
-            return (INPUT_POISON - positions).to(self.flat.dtype)
+            return guard_values("input", positions, self.flat.dtype)
 
         device = self.flat.device
         body = self.front + self.rows * self.stride
@@ -188,8 +194,7 @@ def allocate(table: Table, device: str, *, layout: str = "redzone", absorb: bool
     stride = table.width + guard
     total = GUARD + rows * stride + tail
     dtype = getattr(torch, table.dtype)
-    base = CANARY_BASE if table.role == "output" else INPUT_POISON
-    flat = (base - torch.arange(total, dtype=torch.int64)).to(dtype)
+    flat = guard_values(table.role, torch.arange(total, dtype=torch.int64), dtype)
     body = flat[GUARD:GUARD + rows * stride].view(rows, stride)[:, :table.width]
     if table.role == "output":
         body.fill_(POISON)

@@ -136,6 +136,9 @@ positions_live, positions_bucket_end, positions_past = _input_plants("positions"
 req_to_token_first = _plant("req_to_token", lambda kw: 0, where="the pool's first element")
 req_to_token_last = _plant("req_to_token", lambda kw: kw["req_to_token"].numel() - 1,
                            where="the pool's last element (a row no request may own)")
+req_to_token_front_guard = _plant("req_to_token", lambda kw: -1, where="just before the pool: its front guard")
+req_to_token_tail = _plant("req_to_token", lambda kw: kw["req_to_token"].numel() + 3,
+                           where="past the pool's last element: its tail guard")
 
 #: Every plant, in table order.
 PLANTS = (
@@ -145,5 +148,5 @@ PLANTS = (
     "seq_lens_live", "seq_lens_bucket_end", "seq_lens_past",
     "req_pool_indices_live", "req_pool_indices_bucket_end", "req_pool_indices_past",
     "positions_live", "positions_bucket_end", "positions_past",
-    "req_to_token_first", "req_to_token_last",
+    "req_to_token_first", "req_to_token_last", "req_to_token_front_guard", "req_to_token_tail",
 )

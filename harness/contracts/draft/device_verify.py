@@ -16,8 +16,8 @@ scalar, so the same graph serves every row) and runs:
    ``kernels/verify/indptr.py`` does the same for the whole kv_indptr allocation (column-0 canary,
    written columns, slack, guards), ``kernels/verify/outside.py`` counts changed kv_indices elements
    outside the write set (guards, slack), ``kernels/verify/inputs.py`` changed input elements (whole
-   tensors); then the cursor moves to the next row. On CUDA the last three run on a second stream,
-   parallel branches of the graph beside the write-set pass (``PARALLEL_BRANCHES``).
+   tensors, and the pool's guards); then the cursor moves to the next row. On CUDA the last three run on a
+   second stream, parallel branches of the graph beside the write-set pass (``PARALLEL_BRANCHES``).
 
 Counters only grow, so after the whole batch four numbers come back in one read: all zero proves every
 case clean, and leaves the rows poisoned for the next batch. Otherwise (or when ``need > width``, known
@@ -38,7 +38,7 @@ import torch
 
 from kvfence.contracts.draft.case import Case, LaunchBatch
 from kvfence.contracts.draft.runner import GraphRunner, capture_graph
-from kvfence.engine.tables import POISON
+from kvfence.engine.tables import INPUT_POISON, POISON
 
 #: counters: [kv_indices write set, kv_indptr write set, outside the write sets, inputs changed]
 COUNTERS = ("kv_indices", "kv_indptr", "outside", "inputs")
@@ -105,9 +105,11 @@ class DeviceVerifier:
                          poison=POISON, poison_back=True)
             self._outside(r.kv_indices, counts=self.counts, slot=2, rows=self.rows, cursor=self.cursor, num_seqs=m,
                           topk=c.topk, poison=POISON)
+            pool = inputs.req_to_token_table
             self._inputs(rows=self.rows, cursor=self.cursor, seq_lens=inputs.seq_lens,
                          req_pool_indices=inputs.req_pool_indices, positions=inputs.positions,
-                         req_to_token=inputs.req_to_token, counts=self.counts, max_bs=c.max_bs, topk=c.topk)
+                         req_to_token=inputs.req_to_token, counts=self.counts, max_bs=c.max_bs, topk=c.topk,
+                         front=pool.front, tail=pool.tail, poison_base=INPUT_POISON)
         if fork is not None and main is not None:
             main.wait_stream(fork)  # the join: the cursor moves (and the next case starts) after all four
         if advance:
