@@ -179,6 +179,31 @@ def test_cli_both_verifiers_writes_the_agreement_table(tmp_path):
     assert f"PASS: {doc['cases']}/{doc['cases']} cases agree" in proc.stdout
 
 
+@pytest.mark.cpu_only  # it runs the CLI with --device cpu (the interpreter)
+def test_cli_both_verifiers_prints_each_target_as_it_ends():
+    """Without ``--quiet`` a line per target as it ends: its verdict, cases and dirty cases."""
+    proc = subprocess.run([sys.executable, "-m", "kvfence", "mutants", "--device", "cpu", "--verifiers", "both",
+                           "--only", "reference", "req_to_token_tail", "--max-examples", "1"], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("kvfence: ") and " domain): " in line]
+    assert [line.split(" (")[0] for line in progress] == ["kvfence: reference", "kvfence: req_to_token_tail"], \
+        proc.stderr
+    assert "0 dirty" in progress[0] and " 0 dirty" not in progress[1], progress
+
+
+def test_the_draft_comparison_provides_what_the_command_uses():
+    from importlib import import_module
+    from importlib.metadata import entry_points
+
+    from kvfence.cli.mutants import COMPARISON_MEMBERS, COMPARISONS
+
+    (draft,) = [ep for ep in entry_points(group=COMPARISONS) if ep.name == "draft"]
+    module = import_module(draft.value)
+    assert [m for m in COMPARISON_MEMBERS if not hasattr(module, m)] == []
+    assert set(COMPARISON_MEMBERS) <= set(module.__all__)
+
+
 def test_cli_both_verifiers_refuses_seeds():
     proc = subprocess.run([sys.executable, "-m", "kvfence", "mutants", "--device", "cpu", "--verifiers", "both",
                            "--seeds", "3"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),

@@ -18,6 +18,8 @@ from kvfence.errors import EXIT_CLEAN, EXIT_FINDINGS, require
 from kvfence.provenance import stamped
 
 COMPARISONS = "kvfence.verifier_comparisons"
+#: What a module registered under ``COMPARISONS`` provides (docs/contract-api.md, "Entry-point groups").
+COMPARISON_MEMBERS = ("DEFAULT_EXAMPLES", "run", "row_verdict", "format_table")
 
 
 def _save(json_path, doc: dict) -> None:
@@ -84,6 +86,9 @@ def _both_verifiers(args) -> int:
     require(bool(found), f"--verifiers both: contract {contract} has one checking path (no comparison is "
                          f"registered under {COMPARISONS})")
     compare = import_module(found[0].value)
+    missing = [member for member in COMPARISON_MEMBERS if not hasattr(compare, member)]
+    require(not missing, f"--verifiers both: {found[0].value} (registered under {COMPARISONS}) lacks "
+                         f"{', '.join(missing)}")
     require(args.seeds == 1, "--seeds applies to the mutation self-test; --verifiers both draws --max-examples "
                              "cases per target from --seed")
     require(not args.no_audit, "--no-audit: with --verifiers both the audit only guards host memory and is not "

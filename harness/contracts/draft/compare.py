@@ -98,11 +98,13 @@ from kvfence.contracts.draft.compare_rows import (
     format_table,
     must_be_deterministic,
     named,
+    row_verdict,
 )
 from kvfence.contracts.draft.device_verify import COUNTERS
 from kvfence.contracts.draft.domain import HOST_VERDICT_MAX_BYTES
 
-__all__ = ["DEFAULT_EXAMPLES", "Comparison", "format_table", "run"]  # what ``kvfence mutants --verifiers both`` uses
+#: What ``kvfence mutants --verifiers both`` uses (``kvfence.cli.mutants.COMPARISON_MEMBERS``), and ``Comparison``.
+__all__ = ["DEFAULT_EXAMPLES", "Comparison", "format_table", "row_verdict", "run"]
 from kvfence.engine.findings import Finding, Kind
 from kvfence.kernels import KERNELS_DIR
 
